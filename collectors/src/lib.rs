@@ -1,0 +1,301 @@
+//! What watches hardware. For now: the system inventory that goes into every result's
+//! provenance (CPU model, topology, caches, OS, kernel, host) and the current time.
+
+use roofline_model::{CacheInfo, CpuInfo};
+use std::collections::BTreeSet;
+use std::fs;
+use std::path::Path;
+
+/// The fields of /proc/cpuinfo's first processor block that matter here.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct CpuIdent {
+    pub vendor: String,
+    pub model_name: String,
+    pub family: u32,
+    pub model: u32,
+    pub stepping: u32,
+    pub mhz: Option<f64>,
+    pub flags: BTreeSet<String>,
+}
+
+/// Parses /proc/cpuinfo text (first processor block).
+pub fn parse_cpuinfo(text: &str) -> CpuIdent {
+    let mut id = CpuIdent::default();
+    for line in text.lines() {
+        if line.trim().is_empty() && !id.vendor.is_empty() {
+            break;
+        }
+        let Some((k, v)) = line.split_once(':') else { continue };
+        let (k, v) = (k.trim(), v.trim());
+        match k {
+            "vendor_id" => id.vendor = v.to_string(),
+            "model name" => id.model_name = v.to_string(),
+            "cpu family" => id.family = v.parse().unwrap_or(0),
+            "model" => id.model = v.parse().unwrap_or(0),
+            "stepping" => id.stepping = v.parse().unwrap_or(0),
+            "cpu MHz" => id.mhz = v.parse().ok(),
+            "flags" => id.flags = v.split_whitespace().map(String::from).collect(),
+            _ => {}
+        }
+    }
+    id
+}
+
+/// Parses sizes like `48K`, `1024K`, `32M`.
+pub fn parse_size(s: &str) -> Option<u64> {
+    let s = s.trim();
+    let (num, mult) = match s.chars().last()? {
+        'K' | 'k' => (&s[..s.len() - 1], 1024),
+        'M' | 'm' => (&s[..s.len() - 1], 1024 * 1024),
+        'G' | 'g' => (&s[..s.len() - 1], 1024 * 1024 * 1024),
+        _ => (s, 1),
+    };
+    num.trim().parse::<u64>().ok().map(|n| n * mult)
+}
+
+/// Parses CPU lists like `0-3,8,10-11`.
+pub fn parse_cpu_list(s: &str) -> Vec<usize> {
+    let mut v = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => {
+                if let Ok(a) = part.trim().parse() {
+                    v.push(a);
+                }
+            }
+        }
+    }
+    v
+}
+
+fn read(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+/// The caches of the machine from sysfs (`/sys/devices/system/cpu/cpu*/cache/index*`),
+/// one entry per distinct (level, type), with the number of instances.
+pub fn caches_from_sysfs(root: &Path) -> Vec<CacheInfo> {
+    let mut found: Vec<(CacheInfo, BTreeSet<String>)> = Vec::new();
+    let Ok(cpus) = fs::read_dir(root) else { return Vec::new() };
+    for cpu in cpus.flatten() {
+        let name = cpu.file_name().to_string_lossy().into_owned();
+        if !(name.starts_with("cpu") && name[3..].chars().all(|c| c.is_ascii_digit()) && name.len() > 3) {
+            continue;
+        }
+        let Ok(indices) = fs::read_dir(cpu.path().join("cache")) else { continue };
+        for idx in indices.flatten() {
+            let p = idx.path();
+            if !idx.file_name().to_string_lossy().starts_with("index") {
+                continue;
+            }
+            let (Some(level), Some(ty), Some(size)) = (
+                read(&p.join("level")).and_then(|s| s.parse::<u32>().ok()),
+                read(&p.join("type")),
+                read(&p.join("size")).and_then(|s| parse_size(&s)),
+            ) else {
+                continue;
+            };
+            let shared = read(&p.join("shared_cpu_list")).unwrap_or_default();
+            let sharing = parse_cpu_list(&shared).len().max(1);
+            match found.iter_mut().find(|(c, _)| c.level == level && c.cache_type == ty) {
+                Some((_, sets)) => {
+                    sets.insert(shared);
+                }
+                None => found.push((
+                    CacheInfo { level, cache_type: ty, size_bytes: size, shared_by_cpus: sharing, instances: 0 },
+                    BTreeSet::from([shared]),
+                )),
+            }
+        }
+    }
+    let mut out: Vec<CacheInfo> = found
+        .into_iter()
+        .map(|(mut c, sets)| {
+            c.instances = sets.len();
+            c
+        })
+        .collect();
+    out.sort_by(|a, b| (a.level, &a.cache_type).cmp(&(b.level, &b.cache_type)));
+    out
+}
+
+/// (package, core) of a logical CPU from sysfs topology.
+fn core_of(root: &Path, cpu: usize) -> Option<(u32, u32)> {
+    let t = root.join(format!("cpu{cpu}/topology"));
+    let pkg = read(&t.join("physical_package_id"))?.parse().ok()?;
+    let core = read(&t.join("core_id"))?.parse().ok()?;
+    Some((pkg, core))
+}
+
+/// From the CPUs this process may use, the first logical CPU of every physical core.
+/// Without topology information every allowed CPU counts as a core.
+pub fn one_cpu_per_core(root: &Path, allowed: &[usize]) -> Vec<usize> {
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for &c in allowed {
+        match core_of(root, c) {
+            Some(k) => {
+                if seen.insert(k) {
+                    out.push(c);
+                }
+            }
+            None => out.push(c),
+        }
+    }
+    out
+}
+
+/// The sysfs directory of CPUs.
+pub const SYSFS_CPU: &str = "/sys/devices/system/cpu";
+
+/// The CPU inventory (measured clocks left empty: the probe fills them).
+pub fn cpu_info(cores: usize, simd: &str, features: Vec<String>) -> CpuInfo {
+    let id = parse_cpuinfo(&fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+    let root = Path::new(SYSFS_CPU);
+    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let mut packages = BTreeSet::new();
+    for c in 0..logical {
+        if let Some((p, _)) = core_of(root, c) {
+            packages.insert(p);
+        }
+    }
+    CpuInfo {
+        vendor: id.vendor,
+        model_name: id.model_name,
+        family: id.family,
+        model: id.model,
+        stepping: id.stepping,
+        sockets: packages.len().max(1),
+        cores,
+        logical_cpus: logical,
+        features,
+        simd: simd.to_string(),
+        caches: caches_from_sysfs(root),
+        cpuinfo_mhz: id.mhz,
+        measured_clock_hz_t1: None,
+        measured_clock_hz_all: None,
+    }
+}
+
+/// The CPU identity alone (vendor, family, model) for the peak rule.
+pub fn cpu_ident() -> CpuIdent {
+    parse_cpuinfo(&fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
+}
+
+/// Host name.
+pub fn hostname() -> String {
+    read(Path::new("/proc/sys/kernel/hostname"))
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown".into())
+}
+
+/// `PRETTY_NAME` of /etc/os-release, else the OS family.
+pub fn os_name() -> String {
+    fs::read_to_string("/etc/os-release")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+        })
+        .unwrap_or_else(|| std::env::consts::OS.to_string())
+}
+
+/// The kernel release (`uname -r`).
+pub fn kernel_release() -> String {
+    read(Path::new("/proc/sys/kernel/osrelease")).unwrap_or_else(|| "unknown".into())
+}
+
+/// Now, UTC, RFC 3339 (seconds).
+pub fn now_utc() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    rfc3339(secs)
+}
+
+/// Seconds since the epoch as RFC 3339 UTC.
+pub fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil from days (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, (rem / 60) % 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_cpuinfo() {
+        let text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nstepping\t: 1\ncpu MHz\t\t: 2600.000\nflags\t\t: fpu avx512f fma\n\nprocessor\t: 1\nvendor_id\t: Other\n";
+        let id = parse_cpuinfo(text);
+        assert_eq!((id.vendor.as_str(), id.family, id.model, id.stepping), ("AuthenticAMD", 26, 2, 1));
+        assert_eq!(id.model_name, "AMD EPYC");
+        assert_eq!(id.mhz, Some(2600.0));
+        assert!(id.flags.contains("avx512f"));
+    }
+
+    #[test]
+    fn parses_sizes_and_lists() {
+        assert_eq!(parse_size("48K"), Some(48 * 1024));
+        assert_eq!(parse_size("32M"), Some(32 << 20));
+        assert_eq!(parse_size("512"), Some(512));
+        assert_eq!(parse_size("x"), None);
+        assert_eq!(parse_cpu_list("0-3,8,10-11"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list(""), Vec::<usize>::new());
+    }
+
+    #[test]
+    fn reads_a_fake_sysfs_tree() {
+        let root = std::env::temp_dir().join(format!("roofline-sysfs-{}", std::process::id()));
+        for cpu in 0..4 {
+            let idx = |i: usize, level: u32, ty: &str, size: &str, shared: &str| {
+                let p = root.join(format!("cpu{cpu}/cache/index{i}"));
+                fs::create_dir_all(&p).unwrap();
+                fs::write(p.join("level"), level.to_string()).unwrap();
+                fs::write(p.join("type"), ty).unwrap();
+                fs::write(p.join("size"), size).unwrap();
+                fs::write(p.join("shared_cpu_list"), shared).unwrap();
+            };
+            // Two cores with two hardware threads each; one L3.
+            let core = cpu / 2;
+            let pair = format!("{}-{}", 2 * core, 2 * core + 1);
+            idx(0, 1, "Data", "32K", &pair);
+            idx(1, 2, "Unified", "1024K", &pair);
+            idx(2, 3, "Unified", "16M", "0-3");
+            let t = root.join(format!("cpu{cpu}/topology"));
+            fs::create_dir_all(&t).unwrap();
+            fs::write(t.join("physical_package_id"), "0").unwrap();
+            fs::write(t.join("core_id"), core.to_string()).unwrap();
+        }
+        let caches = caches_from_sysfs(&root);
+        assert_eq!(caches.len(), 3);
+        assert_eq!((caches[0].size_bytes, caches[0].shared_by_cpus, caches[0].instances), (32768, 2, 2));
+        assert_eq!((caches[2].size_bytes, caches[2].shared_by_cpus, caches[2].instances), (16 << 20, 4, 1));
+        assert_eq!(one_cpu_per_core(&root, &[0, 1, 2, 3]), vec![0, 2]);
+        assert_eq!(one_cpu_per_core(&root, &[1, 3, 9]), vec![1, 3, 9]);
+        fs::remove_dir_all(&root).unwrap();
+    }
+
+    #[test]
+    fn formats_time() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(rfc3339(1_795_219_200 + 3661), "2026-11-21T01:01:01Z");
+    }
+}

@@ -1,0 +1,76 @@
+//! Pinning threads to CPUs (Linux `sched_setaffinity`); a no-op elsewhere.
+
+/// The CPUs this process may run on, in increasing order.
+pub fn allowed_cpus() -> Vec<usize> {
+    #[cfg(target_os = "linux")]
+    {
+        // SAFETY: cpu_set_t is plain data; sched_getaffinity writes at most its size.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0 {
+                let v: Vec<usize> = (0..libc::CPU_SETSIZE as usize)
+                    .filter(|&c| libc::CPU_ISSET(c, &set))
+                    .collect();
+                if !v.is_empty() {
+                    return v;
+                }
+            }
+        }
+    }
+    (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect()
+}
+
+/// Pins the calling thread to `cpu`. Returns false when the OS refused.
+pub fn pin_current_thread(cpu: usize) -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        if cpu >= libc::CPU_SETSIZE as usize {
+            return false;
+        }
+        // SAFETY: as above; the set holds one valid CPU index.
+        unsafe {
+            let mut set: libc::cpu_set_t = std::mem::zeroed();
+            libc::CPU_SET(cpu, &mut set);
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    {
+        let _ = cpu;
+        false
+    }
+}
+
+/// A rayon pool with one thread per CPU in `cpus`, each pinned to its CPU.
+pub fn pinned_pool(cpus: &[usize]) -> Result<rayon::ThreadPool, rayon::ThreadPoolBuildError> {
+    let cpus = cpus.to_vec();
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(cpus.len().max(1))
+        .thread_name(|i| format!("roofline-{i}"))
+        .start_handler(move |i| {
+            if let Some(&c) = cpus.get(i) {
+                pin_current_thread(c);
+            }
+        })
+        .build()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pins_to_an_allowed_cpu() {
+        let cpus = allowed_cpus();
+        assert!(!cpus.is_empty());
+        let last = *cpus.last().unwrap();
+        std::thread::spawn(move || {
+            assert!(pin_current_thread(last));
+            #[cfg(target_os = "linux")]
+            // SAFETY: sched_getcpu has no preconditions.
+            assert_eq!(unsafe { libc::sched_getcpu() } as usize, last);
+        })
+        .join()
+        .unwrap();
+    }
+}

@@ -1,0 +1,345 @@
+//! 2-D convolution, f32, NHWC activations and RSCK (HWIO) weights, written for both the probe
+//! and the trainer: a 1×1 stride-1 convolution is one GEMM over the activations as they lie;
+//! every other shape is an im2col in blocks of output rows (each block's patch matrix stays in
+//! the cache) followed by a GEMM of the block, blocks spread over the rayon pool.
+
+use crate::buffer::Buffer;
+use crate::cpu::gemm::{check_product, matmul, noise, Shape};
+use crate::driver::Kernel;
+use crate::ProbeError;
+use gemm::Parallelism;
+use rayon::prelude::*;
+use std::cell::RefCell;
+
+/// One convolution layer's shape: input `n × h × w × c`, `k` filters of `r × s × c`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ConvShape {
+    pub n: usize,
+    pub c: usize,
+    pub h: usize,
+    pub w: usize,
+    pub k: usize,
+    pub r: usize,
+    pub s: usize,
+    pub stride: usize,
+    pub pad: usize,
+}
+
+impl ConvShape {
+    pub fn oh(&self) -> usize {
+        (self.h + 2 * self.pad - self.r) / self.stride + 1
+    }
+    pub fn ow(&self) -> usize {
+        (self.w + 2 * self.pad - self.s) / self.stride + 1
+    }
+    /// Output rows of the implicit GEMM (n × oh × ow).
+    pub fn rows(&self) -> usize {
+        self.n * self.oh() * self.ow()
+    }
+    /// Reduction length of the implicit GEMM (r × s × c).
+    pub fn depth(&self) -> usize {
+        self.r * self.s * self.c
+    }
+    /// FLOPs of the forward pass: 2 × n × oh × ow × k × r × s × c.
+    pub fn flops(&self) -> f64 {
+        2.0 * self.rows() as f64 * self.k as f64 * self.depth() as f64
+    }
+    /// Bytes the forward pass must move at least: input, weights and output once each.
+    pub fn min_bytes(&self) -> f64 {
+        4.0 * (self.n * self.h * self.w * self.c + self.depth() * self.k + self.rows() * self.k) as f64
+    }
+    pub fn input_len(&self) -> usize {
+        self.n * self.h * self.w * self.c
+    }
+    pub fn weight_len(&self) -> usize {
+        self.depth() * self.k
+    }
+    pub fn output_len(&self) -> usize {
+        self.rows() * self.k
+    }
+    pub fn valid(&self) -> bool {
+        self.n > 0
+            && self.c > 0
+            && self.k > 0
+            && self.r > 0
+            && self.s > 0
+            && self.stride > 0
+            && self.h + 2 * self.pad >= self.r
+            && self.w + 2 * self.pad >= self.s
+    }
+    pub fn describe(&self) -> String {
+        format!(
+            "n={} c={} h={} w={} k={} r={} s={} stride={} pad={}",
+            self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride, self.pad
+        )
+    }
+    fn is_pointwise(&self) -> bool {
+        self.r == 1 && self.s == 1 && self.stride == 1 && self.pad == 0
+    }
+}
+
+/// A named layer shape.
+#[derive(Clone, Debug)]
+pub struct Layer {
+    pub name: String,
+    pub shape: ConvShape,
+}
+
+/// The distinct convolution shapes of ResNet-50 v1.5 (stride 2 in the 3×3 convolution of each
+/// down-sampling bottleneck) for a batch of `n` images of 224×224.
+pub fn resnet50_layers(n: usize) -> Vec<Layer> {
+    let conv = |name: &str, c, h, k, r, stride| Layer {
+        name: name.to_string(),
+        shape: ConvShape { n, c, h, w: h, k, r, s: r, stride, pad: r / 2 },
+    };
+    let mut v = vec![conv("conv1 7x7/2", 3, 224, 64, 7, 2)];
+    // (stage, input size of the stage, input channels, bottleneck width)
+    for (stage, hin, cin, width) in [(2, 56, 64, 64), (3, 56, 256, 128), (4, 28, 512, 256), (5, 14, 1024, 512)] {
+        let out = 4 * width;
+        let first_stride = if stage == 2 { 1 } else { 2 };
+        let hout = hin / first_stride;
+        let p = format!("layer{}", stage - 1);
+        v.push(conv(&format!("{p}.0 conv1 1x1"), cin, hin, width, 1, 1));
+        v.push(conv(&format!("{p}.0 conv2 3x3/{first_stride}"), width, hin, width, 3, first_stride));
+        v.push(conv(&format!("{p}.0 conv3 1x1"), width, hout, out, 1, 1));
+        if stage != 2 || cin != out {
+            v.push(conv(&format!("{p}.0 downsample 1x1/{first_stride}"), cin, hin, out, 1, first_stride));
+        }
+        v.push(conv(&format!("{p}.1 conv1 1x1"), out, hout, width, 1, 1));
+        if stage != 2 {
+            v.push(conv(&format!("{p}.1 conv2 3x3"), width, hout, width, 3, 1));
+        }
+    }
+    // Drop shapes that repeat (layer1.0's downsample equals its conv3).
+    let mut seen = Vec::new();
+    v.retain(|l| {
+        let dup = seen.contains(&l.shape);
+        seen.push(l.shape);
+        !dup
+    });
+    v
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Output rows per im2col block: the patch block near 512 KiB, between 64 and 1024 rows.
+fn block_rows(depth: usize) -> usize {
+    ((512 * 1024) / (4 * depth)).clamp(64, 1024) / 16 * 16
+}
+
+/// Writes the patch rows `[r0, r0 + rows)` of the implicit GEMM into `patch` (rows × depth).
+fn im2col(x: &[f32], sh: &ConvShape, r0: usize, rows: usize, patch: &mut [f32]) {
+    let (oh, ow, c, depth) = (sh.oh(), sh.ow(), sh.c, sh.depth());
+    for (t, prow) in patch.chunks_exact_mut(depth).take(rows).enumerate() {
+        let row = r0 + t;
+        let img = row / (oh * ow);
+        let oy = (row / ow) % oh;
+        let ox = row % ow;
+        let mut off = 0;
+        for ky in 0..sh.r {
+            let iy = (oy * sh.stride + ky) as isize - sh.pad as isize;
+            for kx in 0..sh.s {
+                let ix = (ox * sh.stride + kx) as isize - sh.pad as isize;
+                let dst = &mut prow[off..off + c];
+                if iy >= 0 && (iy as usize) < sh.h && ix >= 0 && (ix as usize) < sh.w {
+                    let src = ((img * sh.h + iy as usize) * sh.w + ix as usize) * c;
+                    dst.copy_from_slice(&x[src..src + c]);
+                } else {
+                    dst.fill(0.0);
+                }
+                off += c;
+            }
+        }
+    }
+}
+
+/// Forward convolution `y = conv(x, w)`: x is NHWC, w is RSCK, y is N·OH·OW × K (NHWC).
+/// `parallel` spreads the work over the current rayon pool.
+///
+/// Panics if the slices do not have the lengths the shape implies (a programming error).
+pub fn conv2d_forward(x: &[f32], w: &[f32], y: &mut [f32], sh: &ConvShape, parallel: bool) {
+    assert!(sh.valid(), "invalid convolution shape {}", sh.describe());
+    assert_eq!(x.len(), sh.input_len(), "input length");
+    assert_eq!(w.len(), sh.weight_len(), "weight length");
+    assert_eq!(y.len(), sh.output_len(), "output length");
+    let (rows, depth, k) = (sh.rows(), sh.depth(), sh.k);
+    if sh.is_pointwise() {
+        let par = if parallel { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+        // SAFETY: x is rows × c (= depth), w is depth × k, y is rows × k, all dense row-major.
+        unsafe { matmul(Shape { m: rows, n: k, k: depth }, y.as_mut_ptr(), k, x.as_ptr(), depth, w.as_ptr(), k, par) };
+        return;
+    }
+    let mb = block_rows(depth);
+    let block = |(bi, yb): (usize, &mut [f32])| {
+        let r0 = bi * mb;
+        let nrows = yb.len() / k;
+        SCRATCH.with(|s| {
+            let mut patch = s.borrow_mut();
+            if patch.len() < nrows * depth {
+                patch.resize(mb * depth, 0.0);
+            }
+            im2col(x, sh, r0, nrows, &mut patch);
+            // SAFETY: patch holds nrows × depth, w depth × k, yb nrows × k.
+            unsafe {
+                matmul(
+                    Shape { m: nrows, n: k, k: depth },
+                    yb.as_mut_ptr(),
+                    k,
+                    patch.as_ptr(),
+                    depth,
+                    w.as_ptr(),
+                    k,
+                    Parallelism::None,
+                )
+            };
+        });
+    };
+    if parallel {
+        y.par_chunks_mut(mb * k).enumerate().for_each(block);
+    } else {
+        y.chunks_mut(mb * k).enumerate().for_each(block);
+    }
+}
+
+/// The convolution probe kernel: forward passes over its own tensors.
+pub struct ConvKernel {
+    shape: ConvShape,
+    x: Buffer<f32>,
+    w: Buffer<f32>,
+    y: Buffer<f32>,
+    parallel: bool,
+}
+
+impl ConvKernel {
+    pub fn new(shape: ConvShape, parallel: bool) -> Result<ConvKernel, ProbeError> {
+        if !shape.valid() {
+            return Err(ProbeError::Unsupported(format!("invalid convolution shape {}", shape.describe())));
+        }
+        let alloc = |len: usize, seed: u64| {
+            Buffer::from_fn(len, |i| noise(seed, i) as f32).ok_or(ProbeError::Alloc(len * 4))
+        };
+        Ok(ConvKernel {
+            shape,
+            x: alloc(shape.input_len(), 11)?,
+            w: alloc(shape.weight_len(), 12)?,
+            y: Buffer::zeroed(shape.output_len()).ok_or(ProbeError::Alloc(shape.output_len() * 4))?,
+            parallel,
+        })
+    }
+
+    /// The output (N·OH·OW × K).
+    pub fn output(&self) -> &[f32] {
+        &self.y
+    }
+}
+
+/// Checks 16 outputs against a direct f64 convolution.
+pub fn check_conv(x: &[f32], w: &[f32], y: &[f32], sh: &ConvShape) -> Result<f64, String> {
+    // Build the 16 sampled patch rows explicitly and reuse the GEMM check.
+    let (rows, depth, k) = (sh.rows(), sh.depth(), sh.k);
+    let mut worst = 0.0f64;
+    for s in 0..16usize {
+        let row = (s * 7919 + 3) % rows;
+        let col = (s * 104_729 + 5) % k;
+        let mut patch = vec![0.0f32; depth];
+        im2col_direct(x, sh, row, &mut patch);
+        let one = Shape { m: 1, n: 1, k: depth };
+        let wcol: Vec<f32> = (0..depth).map(|p| w[p * k + col]).collect();
+        let err = check_product(one, &patch, depth, &wcol, 1, &y[row * k + col..row * k + col + 1], 1)
+            .map_err(|e| format!("convolution {} output row {row} channel {col}: {e}", sh.describe()))?;
+        worst = worst.max(err);
+    }
+    Ok(worst)
+}
+
+/// One patch row computed index by index (independent of the blocked im2col).
+fn im2col_direct(x: &[f32], sh: &ConvShape, row: usize, out: &mut [f32]) {
+    let (oh, ow) = (sh.oh(), sh.ow());
+    let (img, oy, ox) = (row / (oh * ow), (row / ow) % oh, row % ow);
+    for ky in 0..sh.r {
+        for kx in 0..sh.s {
+            for ch in 0..sh.c {
+                let iy = (oy * sh.stride + ky) as isize - sh.pad as isize;
+                let ix = (ox * sh.stride + kx) as isize - sh.pad as isize;
+                let inside = iy >= 0 && (iy as usize) < sh.h && ix >= 0 && (ix as usize) < sh.w;
+                out[(ky * sh.s + kx) * sh.c + ch] = if inside {
+                    x[((img * sh.h + iy as usize) * sh.w + ix as usize) * sh.c + ch]
+                } else {
+                    0.0
+                };
+            }
+        }
+    }
+}
+
+impl Kernel for ConvKernel {
+    fn ops_per_iter(&self) -> f64 {
+        self.shape.flops()
+    }
+    fn bytes_per_iter(&self) -> f64 {
+        self.shape.min_bytes()
+    }
+    fn run(&mut self, iters: u64) {
+        for _ in 0..iters {
+            conv2d_forward(&self.x, &self.w, &mut self.y, &self.shape, self.parallel);
+        }
+    }
+    fn check(&mut self) -> Result<f64, String> {
+        check_conv(&self.x, &self.w, &self.y, &self.shape)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resnet50_has_the_known_distinct_shapes_and_flops() {
+        let layers = resnet50_layers(1);
+        assert_eq!(layers.len(), 23);
+        assert!(layers.iter().all(|l| l.shape.valid()));
+        // Every 3×3 convolution of ResNet-50 does 2 × 56² × 64² × 9 FLOPs per image.
+        for l in layers.iter().filter(|l| l.shape.r == 3) {
+            assert_eq!(l.shape.flops(), 2.0 * 56.0 * 56.0 * 64.0 * 64.0 * 9.0, "{}", l.name);
+        }
+        // conv1: 2 × 112² × 64 × 147.
+        assert_eq!(layers[0].shape.flops(), 2.0 * 112.0 * 112.0 * 64.0 * 147.0);
+        assert_eq!((layers[0].shape.oh(), layers[0].shape.ow()), (112, 112));
+    }
+
+    #[test]
+    fn forward_matches_direct_convolution_for_every_kind_of_shape() {
+        let shapes = [
+            ConvShape { n: 2, c: 3, h: 11, w: 9, k: 5, r: 3, s: 3, stride: 1, pad: 1 },
+            ConvShape { n: 1, c: 4, h: 12, w: 12, k: 8, r: 7, s: 7, stride: 2, pad: 3 },
+            ConvShape { n: 3, c: 16, h: 6, w: 6, k: 7, r: 1, s: 1, stride: 1, pad: 0 },
+            ConvShape { n: 2, c: 8, h: 7, w: 7, k: 4, r: 1, s: 1, stride: 2, pad: 0 },
+            ConvShape { n: 1, c: 2, h: 5, w: 4, k: 3, r: 2, s: 3, stride: 3, pad: 0 },
+            ConvShape { n: 2, c: 64, h: 20, w: 20, k: 32, r: 3, s: 3, stride: 2, pad: 1 },
+        ];
+        let pool = crate::affinity::pinned_pool(&crate::affinity::allowed_cpus()).unwrap();
+        for sh in shapes {
+            for parallel in [false, true] {
+                let mut k = ConvKernel::new(sh, parallel).unwrap();
+                pool.install(|| k.run(1));
+                // Every output, not only the 16 sampled.
+                for row in 0..sh.rows() {
+                    let mut patch = vec![0.0; sh.depth()];
+                    im2col_direct(&k.x, &sh, row, &mut patch);
+                    for col in 0..sh.k {
+                        let want: f64 = (0..sh.depth()).map(|p| patch[p] as f64 * k.w[p * sh.k + col] as f64).sum();
+                        let got = k.y[row * sh.k + col] as f64;
+                        assert!((got - want).abs() < 1e-4, "{} parallel={parallel}: {got} vs {want}", sh.describe());
+                    }
+                }
+                assert!(k.check().is_ok());
+                // The first sampled output is row 3 % rows, channel 5 % k.
+                let at = (3 % sh.rows()) * sh.k + 5 % sh.k;
+                k.y[at] += 1.0;
+                assert!(k.check().is_err(), "a wrong output is caught");
+            }
+        }
+    }
+}

@@ -1,0 +1,576 @@
+//! Peak arithmetic: chains of fused multiply-adds (and bf16 / int8 dot products) on 12
+//! independent vector accumulators, written in inline assembly so that the compiler can neither
+//! fold nor drop them: each loop iteration executes exactly [`INSTR_PER_ITER`] arithmetic
+//! instructions (12 accumulators × 2), plus one `dec`/`jnz` pair. 12 chains cover a 4-to-6-cycle
+//! latency on two pipes.
+//!
+//! Checks: a short run of the very same kernel is compared bit for bit with a scalar reference
+//! (an FMA is one correctly rounded operation, so vector and scalar agree exactly), and the state
+//! after the timed runs is compared with the recurrence's closed form.
+
+use crate::driver::Kernel;
+use crate::ProbeError;
+
+/// Independent accumulators (vector registers) per kernel.
+pub const ACCUMULATORS: usize = 12;
+/// Arithmetic instructions per loop iteration: every accumulator updated twice.
+pub const INSTR_PER_ITER: usize = 2 * ACCUMULATORS;
+
+/// The instruction set a kernel runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Isa {
+    /// 512-bit `vfmadd213ps/pd`, `vdpbf16ps`, `vpdpbusd`.
+    Avx512,
+    /// 256-bit `vfmadd213ps/pd`.
+    Avx2,
+    /// Scalar multiply and add (no FMA instruction assumed).
+    Scalar,
+}
+
+impl Isa {
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Avx512 => "avx512",
+            Isa::Avx2 => "avx2",
+            Isa::Scalar => "scalar",
+        }
+    }
+    /// Vector width in bits.
+    pub fn bits(self) -> u32 {
+        match self {
+            Isa::Avx512 => 512,
+            Isa::Avx2 => 256,
+            Isa::Scalar => 64,
+        }
+    }
+}
+
+/// What the peak kernel computes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Precision {
+    F64,
+    F32,
+    /// `vdpbf16ps`: f32 += bf16 × bf16 + bf16 × bf16 per lane.
+    Bf16,
+    /// `vpdpbusd`: i32 += four u8 × i8 products per lane.
+    Int8,
+}
+
+impl Precision {
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F64 => "f64",
+            Precision::F32 => "f32",
+            Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
+        }
+    }
+    pub fn unit(self) -> &'static str {
+        match self {
+            Precision::Int8 => "OP/s",
+            _ => "FLOP/s",
+        }
+    }
+}
+
+/// The best instruction set this CPU offers for `p`, or `None` when it has no instruction for it.
+pub fn best_isa(p: Precision) -> Option<Isa> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx512 = std::arch::is_x86_feature_detected!("avx512f");
+        match p {
+            Precision::F64 | Precision::F32 => {
+                if avx512 {
+                    Some(Isa::Avx512)
+                } else if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    Some(Isa::Avx2)
+                } else {
+                    Some(Isa::Scalar)
+                }
+            }
+            Precision::Bf16 => {
+                (avx512 && std::arch::is_x86_feature_detected!("avx512bf16")).then_some(Isa::Avx512)
+            }
+            Precision::Int8 => {
+                (avx512 && std::arch::is_x86_feature_detected!("avx512vnni")).then_some(Isa::Avx512)
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        matches!(p, Precision::F64 | Precision::F32).then_some(Isa::Scalar)
+    }
+}
+
+/// The recurrence x ← a·x + b: contracting towards b / (1 − a) = 1.
+const A: f64 = 1.0 - 1.0 / 1024.0;
+const B: f64 = 1.0 / 1024.0;
+
+/// Operations one loop iteration performs.
+pub fn ops_per_iter(p: Precision, isa: Isa) -> f64 {
+    let lanes = |elem_bits: u32| (isa.bits() / elem_bits) as f64;
+    let per_instr = match p {
+        Precision::F64 => lanes(64) * 2.0,
+        Precision::F32 => lanes(32) * 2.0,
+        Precision::Bf16 => lanes(32) * 2.0 * 2.0,
+        Precision::Int8 => lanes(32) * 4.0 * 2.0,
+    };
+    match isa {
+        // The scalar fallback keeps 8 chains of one multiply and one add.
+        Isa::Scalar => 8.0 * 2.0,
+        _ => INSTR_PER_ITER as f64 * per_instr,
+    }
+}
+
+/// Accumulator state: 12 vectors of 64 bytes (the AVX2 and scalar paths use a prefix).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct State([u8; 64 * ACCUMULATORS]);
+
+/// A peak-arithmetic kernel.
+pub struct FmaKernel {
+    p: Precision,
+    isa: Isa,
+    state: State,
+    initial: State,
+    /// Operand vectors (64 bytes each), for bf16 and int8.
+    ops: [State; 1],
+    total_iters: u64,
+}
+
+impl FmaKernel {
+    pub fn new(p: Precision, isa: Isa) -> Result<FmaKernel, ProbeError> {
+        if best_isa(p).is_none() || (isa == Isa::Avx512 && best_isa(p) != Some(Isa::Avx512)) {
+            return Err(ProbeError::Unsupported(format!(
+                "{} on {} is not supported by this CPU",
+                p.name(),
+                isa.name()
+            )));
+        }
+        let mut k = FmaKernel {
+            p,
+            isa,
+            state: State([0; 64 * ACCUMULATORS]),
+            initial: State([0; 64 * ACCUMULATORS]),
+            ops: [State([0; 64 * ACCUMULATORS])],
+            total_iters: 0,
+        };
+        k.reset(false);
+        Ok(k)
+    }
+
+    /// Initial accumulators and operands. `counting` selects operands whose effect grows with
+    /// every instruction (for the exact short check); otherwise bf16 operands cancel exactly
+    /// (so long runs stay exact and finite).
+    fn reset(&mut self, counting: bool) {
+        self.total_iters = 0;
+        match self.p {
+            Precision::F32 => {
+                for (i, x) in as_f32_mut(&mut self.state).iter_mut().enumerate() {
+                    *x = 0.5 + (i % 97) as f32 / 64.0;
+                }
+            }
+            Precision::F64 => {
+                for (i, x) in as_f64_mut(&mut self.state).iter_mut().enumerate() {
+                    *x = 0.5 + (i % 97) as f64 / 64.0;
+                }
+            }
+            Precision::Bf16 => {
+                for (i, x) in as_f32_mut(&mut self.state).iter_mut().enumerate() {
+                    *x = (i % 13) as f32;
+                }
+                // Operand 1: all ones; operand 2: pairs (2^-8, ±2^-8).
+                let one = half::bf16::from_f32(1.0).to_bits();
+                let pos = half::bf16::from_f32(1.0 / 256.0).to_bits();
+                let second = if counting { pos } else { half::bf16::from_f32(-1.0 / 256.0).to_bits() };
+                let ops = &mut self.ops[0].0;
+                for j in 0..32 {
+                    ops[2 * j..2 * j + 2].copy_from_slice(&one.to_le_bytes());
+                    let v = if j % 2 == 0 { pos } else { second };
+                    ops[64 + 2 * j..64 + 2 * j + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            Precision::Int8 => {
+                for (i, x) in as_i32_mut(&mut self.state).iter_mut().enumerate() {
+                    *x = i as i32 * 1000;
+                }
+                let ops = &mut self.ops[0].0;
+                ops[..64].fill(1); // u8 operand
+                ops[64..128].fill(if counting { 1 } else { 255 }); // i8 operand: 1 or −1
+            }
+        }
+        self.initial = self.state;
+    }
+
+    fn run_raw(&mut self, iters: u64) {
+        if iters == 0 {
+            return;
+        }
+        self.total_iters += iters;
+        let s = self.state.0.as_mut_ptr();
+        let o = self.ops[0].0.as_ptr();
+        // SAFETY: `new` verified the CPU has the instructions of (p, isa); `s` points to 768
+        // bytes, 64-aligned; `o` to 768 bytes of which 128 are read; iters ≥ 1.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            match (self.p, self.isa) {
+                (Precision::F32, Isa::Avx512) => x86::f32_avx512(s, iters),
+                (Precision::F64, Isa::Avx512) => x86::f64_avx512(s, iters),
+                (Precision::F32, Isa::Avx2) => x86::f32_avx2(s, iters),
+                (Precision::F64, Isa::Avx2) => x86::f64_avx2(s, iters),
+                (Precision::Bf16, _) => x86::bf16_avx512(s, o, iters),
+                (Precision::Int8, _) => x86::int8_avx512(s, o, iters),
+                (p, Isa::Scalar) => scalar(&mut self.state, p, iters),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            let _ = (s, o);
+            scalar(&mut self.state, self.p, iters);
+        }
+    }
+
+    /// Values the state must hold after `n` recurrence steps from the initial state, and the
+    /// tolerance: exact (bit for bit) when `exact`, else the closed form within 1e-3.
+    fn verify(&self, steps: u64, exact: bool, counting: bool) -> Result<f64, String> {
+        let lanes_used = |elem: usize| match self.isa {
+            Isa::Avx512 => 64 / elem,
+            Isa::Avx2 => 32 / elem,
+            Isa::Scalar => 1,
+        };
+        let used = |elem: usize, reg: usize, lane: usize| -> usize { reg * (64 / elem) + lane };
+        let regs = if self.isa == Isa::Scalar { 8 } else { ACCUMULATORS };
+        let mut worst = 0.0f64;
+        match self.p {
+            Precision::F32 | Precision::F64 => {
+                for r in 0..regs {
+                    for l in 0..lanes_used(if self.p == Precision::F32 { 4 } else { 8 }) {
+                        let (got, x0) = if self.p == Precision::F32 {
+                            let i = used(4, r, l);
+                            (as_f32(&self.state)[i] as f64, as_f32(&self.initial)[i] as f64)
+                        } else {
+                            let i = used(8, r, l);
+                            (as_f64(&self.state)[i], as_f64(&self.initial)[i])
+                        };
+                        let want = if exact {
+                            reference_chain(self.p, self.isa, x0, steps)
+                        } else {
+                            1.0 + A.powf(steps as f64) * (x0 - 1.0)
+                        };
+                        let rel = ((got - want) / want).abs();
+                        if (exact && got != want) || !got.is_finite() || rel > 1e-3 {
+                            return Err(format!(
+                                "{} accumulator {r} lane {l}: {got} after {steps} steps, expected {want}",
+                                self.p.name()
+                            ));
+                        }
+                        worst = worst.max(rel);
+                    }
+                }
+            }
+            Precision::Bf16 => {
+                for (i, (&got, &x0)) in as_f32(&self.state).iter().zip(as_f32(&self.initial)).enumerate() {
+                    // Each instruction adds 2^-8 + 2^-8 (counting) or 2^-8 − 2^-8 (cancelling).
+                    let want = if counting { x0 + steps as f32 / 128.0 } else { x0 };
+                    if got != want {
+                        return Err(format!("bf16 lane {i}: {got} after {steps} dot products, expected {want}"));
+                    }
+                }
+            }
+            Precision::Int8 => {
+                for (i, (&got, &x0)) in as_i32(&self.state).iter().zip(as_i32(&self.initial)).enumerate() {
+                    let per = if counting { 4i64 } else { -4 };
+                    let want = (x0 as i64).wrapping_add(per.wrapping_mul(steps as i64)) as i32;
+                    if got != want {
+                        return Err(format!("int8 lane {i}: {got} after {steps} dot products, expected {want}"));
+                    }
+                }
+            }
+        }
+        Ok(worst)
+    }
+
+    /// Recurrence steps (updates of each accumulator) done so far.
+    fn steps(&self) -> u64 {
+        match self.isa {
+            Isa::Scalar => self.total_iters,
+            _ => 2 * self.total_iters,
+        }
+    }
+
+    /// The exact short check: a fresh state, `iters` iterations, compared bit for bit.
+    pub fn self_test(p: Precision, isa: Isa, iters: u64) -> Result<(), String> {
+        let mut k = FmaKernel::new(p, isa).map_err(|e| e.to_string())?;
+        k.reset(true);
+        k.run_raw(iters);
+        k.verify(k.steps(), true, true).map(|_| ())
+    }
+}
+
+impl Kernel for FmaKernel {
+    fn ops_per_iter(&self) -> f64 {
+        ops_per_iter(self.p, self.isa)
+    }
+    fn bytes_per_iter(&self) -> f64 {
+        0.0
+    }
+    fn run(&mut self, iters: u64) {
+        self.run_raw(iters)
+    }
+    fn check(&mut self) -> Result<f64, String> {
+        FmaKernel::self_test(self.p, self.isa, 1000)?;
+        self.verify(self.steps(), false, false)
+    }
+}
+
+/// The scalar reference of one f32/f64 accumulator: `steps` FMAs (or multiply-then-add on the
+/// scalar path) from `x0`.
+fn reference_chain(p: Precision, isa: Isa, x0: f64, steps: u64) -> f64 {
+    let mut x = x0;
+    let mut x32 = x0 as f32;
+    for _ in 0..steps {
+        match (p, isa) {
+            (Precision::F32, Isa::Scalar) => x32 = std::hint::black_box(x32 * A as f32) + B as f32,
+            (Precision::F32, _) => x32 = x32.mul_add(A as f32, B as f32),
+            (_, Isa::Scalar) => x = std::hint::black_box(x * A) + B,
+            _ => x = x.mul_add(A, B),
+        }
+    }
+    if p == Precision::F32 {
+        x32 as f64
+    } else {
+        x
+    }
+}
+
+/// Eight scalar chains of multiply-then-add, for CPUs without vector FMA. Chain r lives in
+/// lane 0 of "register" r (byte offset 64·r), where `verify` looks for it.
+fn scalar(state: &mut State, p: Precision, iters: u64) {
+    match p {
+        Precision::F32 => {
+            let s = as_f32_mut(state);
+            let (a, b) = (std::hint::black_box(A as f32), std::hint::black_box(B as f32));
+            for _ in 0..iters {
+                for r in 0..8 {
+                    s[16 * r] = std::hint::black_box(s[16 * r] * a) + b;
+                }
+            }
+        }
+        _ => {
+            let s = as_f64_mut(state);
+            let (a, b) = (std::hint::black_box(A), std::hint::black_box(B));
+            for _ in 0..iters {
+                for r in 0..8 {
+                    s[8 * r] = std::hint::black_box(s[8 * r] * a) + b;
+                }
+            }
+        }
+    }
+}
+
+fn as_f32(s: &State) -> &[f32] {
+    // SAFETY: State is 64-aligned, 768 bytes; every bit pattern is a valid f32.
+    unsafe { std::slice::from_raw_parts(s.0.as_ptr() as *const f32, s.0.len() / 4) }
+}
+fn as_f32_mut(s: &mut State) -> &mut [f32] {
+    // SAFETY: as above, exclusive borrow.
+    unsafe { std::slice::from_raw_parts_mut(s.0.as_mut_ptr() as *mut f32, s.0.len() / 4) }
+}
+fn as_f64(s: &State) -> &[f64] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts(s.0.as_ptr() as *const f64, s.0.len() / 8) }
+}
+fn as_f64_mut(s: &mut State) -> &mut [f64] {
+    // SAFETY: as above, exclusive borrow.
+    unsafe { std::slice::from_raw_parts_mut(s.0.as_mut_ptr() as *mut f64, s.0.len() / 8) }
+}
+fn as_i32(s: &State) -> &[i32] {
+    // SAFETY: as above.
+    unsafe { std::slice::from_raw_parts(s.0.as_ptr() as *const i32, s.0.len() / 4) }
+}
+fn as_i32_mut(s: &mut State) -> &mut [i32] {
+    // SAFETY: as above, exclusive borrow.
+    unsafe { std::slice::from_raw_parts_mut(s.0.as_mut_ptr() as *mut i32, s.0.len() / 4) }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    //! The kernels. Each loads 12 accumulators from `s` (64 bytes apart), broadcasts or loads
+    //! its operands into registers 12 and 13, runs `n` iterations of 24 instructions, and stores
+    //! the accumulators back.
+    use std::arch::asm;
+
+    macro_rules! kernel {
+        ($name:ident, $ty:ty, $feat:literal, $reg:literal, $load:literal, $store:literal,
+         $setup:literal, $op:literal) => {
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name(s: *mut u8, n: u64) {
+                let a = super::A as $ty;
+                let b = super::B as $ty;
+                let pa = &a as *const $ty;
+                let pb = &b as *const $ty;
+                asm!(
+                    concat!($load, " ", $reg, "0, [{s}]"),
+                    concat!($load, " ", $reg, "1, [{s} + 64]"),
+                    concat!($load, " ", $reg, "2, [{s} + 128]"),
+                    concat!($load, " ", $reg, "3, [{s} + 192]"),
+                    concat!($load, " ", $reg, "4, [{s} + 256]"),
+                    concat!($load, " ", $reg, "5, [{s} + 320]"),
+                    concat!($load, " ", $reg, "6, [{s} + 384]"),
+                    concat!($load, " ", $reg, "7, [{s} + 448]"),
+                    concat!($load, " ", $reg, "8, [{s} + 512]"),
+                    concat!($load, " ", $reg, "9, [{s} + 576]"),
+                    concat!($load, " ", $reg, "10, [{s} + 640]"),
+                    concat!($load, " ", $reg, "11, [{s} + 704]"),
+                    $setup,
+                    "2:",
+                    ".rept 2",
+                    concat!($op, " ", $reg, "0, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "1, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "2, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "3, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "4, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "5, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "6, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "7, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "8, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "9, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "10, ", $reg, "12, ", $reg, "13"),
+                    concat!($op, " ", $reg, "11, ", $reg, "12, ", $reg, "13"),
+                    ".endr",
+                    "dec {n}",
+                    "jnz 2b",
+                    concat!($store, " [{s}], ", $reg, "0"),
+                    concat!($store, " [{s} + 64], ", $reg, "1"),
+                    concat!($store, " [{s} + 128], ", $reg, "2"),
+                    concat!($store, " [{s} + 192], ", $reg, "3"),
+                    concat!($store, " [{s} + 256], ", $reg, "4"),
+                    concat!($store, " [{s} + 320], ", $reg, "5"),
+                    concat!($store, " [{s} + 384], ", $reg, "6"),
+                    concat!($store, " [{s} + 448], ", $reg, "7"),
+                    concat!($store, " [{s} + 512], ", $reg, "8"),
+                    concat!($store, " [{s} + 576], ", $reg, "9"),
+                    concat!($store, " [{s} + 640], ", $reg, "10"),
+                    concat!($store, " [{s} + 704], ", $reg, "11"),
+                    s = in(reg) s,
+                    n = inout(reg) n => _,
+                    pa = in(reg) pa,
+                    pb = in(reg) pb,
+                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                    out("xmm12") _, out("xmm13") _,
+                    options(nostack),
+                );
+            }
+        };
+    }
+
+    kernel!(f32_avx512, f32, "avx512f", "zmm", "vmovaps", "vmovaps",
+        "vbroadcastss zmm12, dword ptr [{pa}]\nvbroadcastss zmm13, dword ptr [{pb}]",
+        "vfmadd213ps");
+    kernel!(f64_avx512, f64, "avx512f", "zmm", "vmovapd", "vmovapd",
+        "vbroadcastsd zmm12, qword ptr [{pa}]\nvbroadcastsd zmm13, qword ptr [{pb}]",
+        "vfmadd213pd");
+    kernel!(f32_avx2, f32, "avx2,fma", "ymm", "vmovaps", "vmovaps",
+        "vbroadcastss ymm12, dword ptr [{pa}]\nvbroadcastss ymm13, dword ptr [{pb}]",
+        "vfmadd213ps");
+    kernel!(f64_avx2, f64, "avx2,fma", "ymm", "vmovapd", "vmovapd",
+        "vbroadcastsd ymm12, qword ptr [{pa}]\nvbroadcastsd ymm13, qword ptr [{pb}]",
+        "vfmadd213pd");
+
+    macro_rules! dot_kernel {
+        ($name:ident, $feat:literal, $op:literal) => {
+            #[target_feature(enable = $feat)]
+            pub unsafe fn $name(s: *mut u8, o: *const u8, n: u64) {
+                // Reuse the FMA body: operands come from memory instead of broadcasts, and the
+                // operation accumulates into the destination (acc += dot(zmm12, zmm13)).
+                asm!(
+                    "vmovaps zmm0, [{s}]", "vmovaps zmm1, [{s} + 64]", "vmovaps zmm2, [{s} + 128]",
+                    "vmovaps zmm3, [{s} + 192]", "vmovaps zmm4, [{s} + 256]", "vmovaps zmm5, [{s} + 320]",
+                    "vmovaps zmm6, [{s} + 384]", "vmovaps zmm7, [{s} + 448]", "vmovaps zmm8, [{s} + 512]",
+                    "vmovaps zmm9, [{s} + 576]", "vmovaps zmm10, [{s} + 640]", "vmovaps zmm11, [{s} + 704]",
+                    "vmovaps zmm12, [{o}]", "vmovaps zmm13, [{o} + 64]",
+                    "2:",
+                    ".rept 2",
+                    concat!($op, " zmm0, zmm12, zmm13"), concat!($op, " zmm1, zmm12, zmm13"),
+                    concat!($op, " zmm2, zmm12, zmm13"), concat!($op, " zmm3, zmm12, zmm13"),
+                    concat!($op, " zmm4, zmm12, zmm13"), concat!($op, " zmm5, zmm12, zmm13"),
+                    concat!($op, " zmm6, zmm12, zmm13"), concat!($op, " zmm7, zmm12, zmm13"),
+                    concat!($op, " zmm8, zmm12, zmm13"), concat!($op, " zmm9, zmm12, zmm13"),
+                    concat!($op, " zmm10, zmm12, zmm13"), concat!($op, " zmm11, zmm12, zmm13"),
+                    ".endr",
+                    "dec {n}",
+                    "jnz 2b",
+                    "vmovaps [{s}], zmm0", "vmovaps [{s} + 64], zmm1", "vmovaps [{s} + 128], zmm2",
+                    "vmovaps [{s} + 192], zmm3", "vmovaps [{s} + 256], zmm4", "vmovaps [{s} + 320], zmm5",
+                    "vmovaps [{s} + 384], zmm6", "vmovaps [{s} + 448], zmm7", "vmovaps [{s} + 512], zmm8",
+                    "vmovaps [{s} + 576], zmm9", "vmovaps [{s} + 640], zmm10", "vmovaps [{s} + 704], zmm11",
+                    s = in(reg) s,
+                    o = in(reg) o,
+                    n = inout(reg) n => _,
+                    out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
+                    out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
+                    out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
+                    out("xmm12") _, out("xmm13") _,
+                    options(nostack),
+                );
+            }
+        };
+    }
+
+    dot_kernel!(bf16_avx512, "avx512f,avx512bf16", "vdpbf16ps");
+    dot_kernel!(int8_avx512, "avx512f,avx512vnni", "vpdpbusd");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_supported_kernel_is_exact_against_the_scalar_reference() {
+        let mut tested = 0;
+        for p in [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8] {
+            let Some(best) = best_isa(p) else { continue };
+            for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar] {
+                let allowed = match (best, isa) {
+                    (Isa::Avx512, _) => p == Precision::F32 || p == Precision::F64 || isa == Isa::Avx512,
+                    (Isa::Avx2, Isa::Avx512) => false,
+                    (Isa::Avx2, _) => true,
+                    (Isa::Scalar, i) => i == Isa::Scalar,
+                };
+                if !allowed || (matches!(p, Precision::Bf16 | Precision::Int8) && isa != Isa::Avx512) {
+                    continue;
+                }
+                for iters in [1, 7, 1000] {
+                    FmaKernel::self_test(p, isa, iters)
+                        .unwrap_or_else(|e| panic!("{} {}: {e}", p.name(), isa.name()));
+                }
+                tested += 1;
+            }
+        }
+        assert!(tested >= 2);
+    }
+
+    #[test]
+    fn long_runs_match_the_closed_form_and_a_corrupted_state_is_caught() {
+        let isa = best_isa(Precision::F32).unwrap();
+        let mut k = FmaKernel::new(Precision::F32, isa).unwrap();
+        k.run(100_000);
+        assert!(k.check().is_ok());
+        // Corrupt one accumulator: the check must fail.
+        as_f32_mut(&mut k.state)[0] = 3.0;
+        assert!(k.check().is_err());
+    }
+
+    #[test]
+    fn counts_are_what_the_instructions_do() {
+        assert_eq!(ops_per_iter(Precision::F32, Isa::Avx512), 24.0 * 16.0 * 2.0);
+        assert_eq!(ops_per_iter(Precision::F64, Isa::Avx512), 24.0 * 8.0 * 2.0);
+        assert_eq!(ops_per_iter(Precision::F32, Isa::Avx2), 24.0 * 8.0 * 2.0);
+        assert_eq!(ops_per_iter(Precision::Bf16, Isa::Avx512), 24.0 * 16.0 * 4.0);
+        assert_eq!(ops_per_iter(Precision::Int8, Isa::Avx512), 24.0 * 16.0 * 8.0);
+    }
+}

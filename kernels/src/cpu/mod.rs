@@ -1,0 +1,7 @@
+//! CPU kernels.
+
+pub mod clock;
+pub mod conv;
+pub mod fma;
+pub mod gemm;
+pub mod stream;

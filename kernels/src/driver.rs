@@ -1,0 +1,365 @@
+//! The one driver every probe runs under: it builds the kernel on each (pinned) thread, finds an
+//! iteration count that makes a sample long enough to time, warms up, takes the samples with all
+//! threads released together, and has every thread check its own result.
+
+use crate::affinity::pin_current_thread;
+use crate::ProbeError;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::Instant;
+
+/// What a probe kernel states about itself and how it runs.
+pub trait Kernel {
+    /// Operations (FLOPs, or integer ops) per iteration, this thread's share.
+    fn ops_per_iter(&self) -> f64;
+    /// Bytes counted per iteration, this thread's share.
+    fn bytes_per_iter(&self) -> f64;
+    /// Runs `iters` iterations.
+    fn run(&mut self, iters: u64);
+    /// Checks the result of everything run so far against a reference. Returns the largest
+    /// relative error seen (0 for exact checks) or an error saying what was wrong.
+    fn check(&mut self) -> Result<f64, String>;
+}
+
+/// How long and how often to measure.
+#[derive(Clone, Copy, Debug)]
+pub struct Plan {
+    /// Timed samples kept.
+    pub samples: usize,
+    /// Samples run and discarded before the kept ones.
+    pub warmup: usize,
+    /// Minimum duration of one sample, seconds.
+    pub min_sample_s: f64,
+    /// Upper bound on iterations per sample (a kernel whose iteration is already long).
+    pub max_iters: u64,
+}
+
+impl Plan {
+    pub fn new(samples: usize, warmup: usize, min_sample_s: f64) -> Plan {
+        Plan { samples: samples.max(1), warmup, min_sample_s, max_iters: u64::MAX / 4 }
+    }
+}
+
+/// The raw outcome of one measurement.
+#[derive(Clone, Debug)]
+pub struct Measurement {
+    /// Wall time of each kept sample, seconds (start of the slowest-starting thread's release to
+    /// the end of the slowest thread).
+    pub seconds: Vec<f64>,
+    /// Iterations per sample on every thread.
+    pub iters: u64,
+    /// Operations per iteration, all threads together.
+    pub ops_per_iter: f64,
+    /// Bytes per iteration, all threads together.
+    pub bytes_per_iter: f64,
+    pub threads: usize,
+    /// Largest relative error any thread's check reported.
+    pub max_rel_error: f64,
+}
+
+impl Measurement {
+    /// Operations per second of each sample.
+    pub fn op_rates(&self) -> Vec<f64> {
+        self.seconds.iter().map(|s| self.ops_per_iter * self.iters as f64 / s).collect()
+    }
+    /// Bytes per second of each sample.
+    pub fn byte_rates(&self) -> Vec<f64> {
+        self.seconds.iter().map(|s| self.bytes_per_iter * self.iters as f64 / s).collect()
+    }
+}
+
+/// Runs a kernel on the calling thread (no pinning, no extra threads): for kernels that
+/// parallelise themselves (a GEMM inside a pinned rayon pool).
+pub fn measure_here<K: Kernel>(
+    plan: &Plan,
+    cancel: &AtomicBool,
+    kernel: &mut K,
+) -> Result<Measurement, ProbeError> {
+    let mut ctl = Controller::new(plan);
+    loop {
+        if cancel.load(Ordering::Relaxed) {
+            return Err(ProbeError::Interrupted);
+        }
+        let n = ctl.iters;
+        let t0 = Instant::now();
+        kernel.run(n);
+        if !ctl.record(t0.elapsed().as_secs_f64()) {
+            break;
+        }
+    }
+    let err = kernel.check().map_err(ProbeError::Check)?;
+    Ok(ctl.finish(kernel.ops_per_iter(), kernel.bytes_per_iter(), 1, err))
+}
+
+/// Runs one kernel per CPU in `cpus`, each thread pinned and building its own kernel with
+/// `make(thread_index)` (so that its memory is first touched, and therefore placed, locally).
+/// All threads run the same iteration count per sample; a sample's time is from the common
+/// release to the moment the last thread finishes.
+pub fn measure_threads<K, F>(
+    cpus: &[usize],
+    plan: &Plan,
+    cancel: &AtomicBool,
+    make: F,
+) -> Result<Measurement, ProbeError>
+where
+    K: Kernel,
+    F: Fn(usize) -> Result<K, ProbeError> + Sync,
+{
+    let threads = cpus.len().max(1);
+    let barrier = Barrier::new(threads);
+    let iters = AtomicU64::new(0);
+    let failed = AtomicBool::new(false);
+    let check_failed = AtomicBool::new(false);
+    let errors: Mutex<Vec<ProbeError>> = Mutex::new(Vec::new());
+    let totals: Mutex<(f64, f64, f64)> = Mutex::new((0.0, 0.0, 0.0));
+    let result: Mutex<Option<Measurement>> = Mutex::new(None);
+
+    std::thread::scope(|scope| {
+        for (t, &cpu) in cpus.iter().enumerate() {
+            let (barrier, iters, failed, check_failed, errors, totals, result, make) =
+                (&barrier, &iters, &failed, &check_failed, &errors, &totals, &result, &make);
+            scope.spawn(move || {
+                pin_current_thread(cpu);
+                let fail = |e: ProbeError| {
+                    failed.store(true, Ordering::SeqCst);
+                    if let Ok(mut v) = errors.lock() {
+                        v.push(e);
+                    }
+                };
+                let mut kernel = match make(t) {
+                    Ok(k) => Some(k),
+                    Err(e) => {
+                        fail(e);
+                        None
+                    }
+                };
+                let mut ctl = Controller::new(plan);
+                if t == 0 {
+                    iters.store(ctl.iters, Ordering::SeqCst);
+                }
+                barrier.wait();
+                let mut aborted = false;
+                loop {
+                    // Every thread reads the same `failed` here: it is written only before the
+                    // first barrier and by thread 0 after the end-of-sample barrier.
+                    barrier.wait();
+                    if failed.load(Ordering::SeqCst) {
+                        aborted = true;
+                        break;
+                    }
+                    let n = iters.load(Ordering::SeqCst);
+                    if n == 0 {
+                        break;
+                    }
+                    let t0 = Instant::now();
+                    if let Some(k) = kernel.as_mut() {
+                        k.run(n);
+                    }
+                    barrier.wait();
+                    if t == 0 {
+                        let more = ctl.record(t0.elapsed().as_secs_f64());
+                        let next = if cancel.load(Ordering::Relaxed) {
+                            fail(ProbeError::Interrupted);
+                            0
+                        } else if more {
+                            ctl.iters
+                        } else {
+                            0
+                        };
+                        iters.store(next, Ordering::SeqCst);
+                    }
+                }
+                if aborted {
+                    return;
+                }
+                if let Some(k) = kernel.as_mut() {
+                    match k.check() {
+                        Ok(err) => {
+                            if let Ok(mut tot) = totals.lock() {
+                                tot.0 += k.ops_per_iter();
+                                tot.1 += k.bytes_per_iter();
+                                tot.2 = tot.2.max(err);
+                            }
+                        }
+                        Err(msg) => {
+                            // Not `fail`: `failed` must not change while other threads may
+                            // still be reading it in the loop above.
+                            check_failed.store(true, Ordering::SeqCst);
+                            if let Ok(mut v) = errors.lock() {
+                                v.push(ProbeError::Check(format!("thread {t} (CPU {cpu}): {msg}")));
+                            }
+                        }
+                    }
+                }
+                barrier.wait();
+                if t == 0 && !check_failed.load(Ordering::SeqCst) {
+                    let (ops, bytes, err) = totals.lock().map(|t| *t).unwrap_or_default();
+                    if let Ok(mut r) = result.lock() {
+                        *r = Some(ctl.finish(ops, bytes, threads, err));
+                    }
+                }
+            });
+        }
+    });
+
+    let mut errors = errors.into_inner().unwrap_or_default();
+    if !errors.is_empty() {
+        // An interruption wins over the errors it may have caused; otherwise the first error.
+        if errors.iter().any(|e| matches!(e, ProbeError::Interrupted)) {
+            return Err(ProbeError::Interrupted);
+        }
+        return Err(errors.swap_remove(0));
+    }
+    result
+        .into_inner()
+        .ok()
+        .flatten()
+        .ok_or_else(|| ProbeError::Check("no measurement was recorded".into()))
+}
+
+/// The iteration-count and sample bookkeeping shared by both drivers.
+struct Controller {
+    plan: Plan,
+    iters: u64,
+    calibrating: bool,
+    warmups_left: usize,
+    seconds: Vec<f64>,
+}
+
+impl Controller {
+    fn new(plan: &Plan) -> Controller {
+        Controller {
+            plan: *plan,
+            iters: 1,
+            calibrating: true,
+            warmups_left: plan.warmup,
+            seconds: Vec::with_capacity(plan.samples),
+        }
+    }
+
+    /// Records the time of the run just done; returns whether to run again (with `self.iters`).
+    fn record(&mut self, dt: f64) -> bool {
+        let target = self.plan.min_sample_s;
+        if self.calibrating {
+            if dt < target && self.iters < self.plan.max_iters {
+                // Grow towards the target, at most ×16 at a time, at least ×2.
+                let factor = if dt > 0.0 { (1.2 * target / dt).clamp(2.0, 16.0) } else { 16.0 };
+                self.iters = ((self.iters as f64 * factor).ceil() as u64).min(self.plan.max_iters);
+                return true;
+            }
+            self.calibrating = false;
+            // This run was long enough: it counts as the first warm-up.
+            self.warmups_left = self.warmups_left.saturating_sub(1);
+            return true;
+        }
+        if self.warmups_left > 0 {
+            self.warmups_left -= 1;
+            return true;
+        }
+        self.seconds.push(dt);
+        self.seconds.len() < self.plan.samples
+    }
+
+    fn finish(self, ops: f64, bytes: f64, threads: usize, err: f64) -> Measurement {
+        Measurement {
+            seconds: self.seconds,
+            iters: self.iters,
+            ops_per_iter: ops,
+            bytes_per_iter: bytes,
+            threads,
+            max_rel_error: err,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sums a vector: the result is known, and a wrong count of runs is caught.
+    struct Summer {
+        data: Vec<u64>,
+        runs: u64,
+        acc: u64,
+    }
+
+    impl Kernel for Summer {
+        fn ops_per_iter(&self) -> f64 {
+            self.data.len() as f64
+        }
+        fn bytes_per_iter(&self) -> f64 {
+            8.0 * self.data.len() as f64
+        }
+        fn run(&mut self, iters: u64) {
+            for _ in 0..iters {
+                self.acc = self.acc.wrapping_add(std::hint::black_box(&self.data).iter().sum::<u64>());
+            }
+            self.runs += iters;
+        }
+        fn check(&mut self) -> Result<f64, String> {
+            let per: u64 = self.data.iter().sum();
+            if self.acc == per.wrapping_mul(self.runs) {
+                Ok(0.0)
+            } else {
+                Err("wrong sum".into())
+            }
+        }
+    }
+
+    fn summer() -> Summer {
+        Summer { data: (0..4096).collect(), runs: 0, acc: 0 }
+    }
+
+    #[test]
+    fn threads_agree_and_samples_are_long_enough() {
+        let cpus = crate::affinity::allowed_cpus();
+        let plan = Plan::new(3, 1, 0.002);
+        let m = measure_threads(&cpus, &plan, &AtomicBool::new(false), |_| Ok(summer())).unwrap();
+        assert_eq!(m.seconds.len(), 3);
+        assert_eq!(m.threads, cpus.len());
+        assert_eq!(m.ops_per_iter, 4096.0 * cpus.len() as f64);
+        assert!(m.seconds.iter().all(|&s| s > 0.0));
+        assert!(m.iters > 1);
+    }
+
+    #[test]
+    fn a_failed_check_and_a_failed_setup_are_errors_not_hangs() {
+        struct Bad;
+        impl Kernel for Bad {
+            fn ops_per_iter(&self) -> f64 {
+                1.0
+            }
+            fn bytes_per_iter(&self) -> f64 {
+                1.0
+            }
+            fn run(&mut self, _: u64) {}
+            fn check(&mut self) -> Result<f64, String> {
+                Err("deliberately wrong".into())
+            }
+        }
+        let plan = Plan::new(2, 0, 0.0);
+        let cancel = AtomicBool::new(false);
+        let e = measure_threads(&[0, 0], &plan, &cancel, |_| Ok(Bad)).unwrap_err();
+        assert!(e.to_string().contains("deliberately wrong"), "{e}");
+        let e = measure_threads(&[0, 0], &plan, &cancel, |t| {
+            if t == 1 {
+                Err(ProbeError::Alloc(1 << 40))
+            } else {
+                Ok(summer())
+            }
+        })
+        .unwrap_err();
+        assert!(matches!(e, ProbeError::Alloc(_)));
+        assert!(measure_here(&plan, &cancel, &mut Bad).is_err());
+    }
+
+    #[test]
+    fn cancellation_stops_the_run() {
+        let cancel = AtomicBool::new(true);
+        let plan = Plan::new(1000, 0, 0.01);
+        let e = measure_threads(&[0, 0], &plan, &cancel, |_| Ok(summer())).unwrap_err();
+        assert!(matches!(e, ProbeError::Interrupted));
+        let e = measure_here(&plan, &cancel, &mut summer()).unwrap_err();
+        assert!(matches!(e, ProbeError::Interrupted));
+    }
+}

@@ -1,0 +1,504 @@
+//! The CPU probe: clock, peak arithmetic, the memory working-set sweep, GEMM and convolution,
+//! each on one thread (`t1`) and on one pinned thread per core (`all`).
+
+use super::{ceiling, rate_stats, Progress, Section};
+use crate::affinity::pinned_pool;
+use crate::cpu::conv::{resnet50_layers, ConvKernel, ConvShape};
+use crate::cpu::fma::{best_isa, FmaKernel, Isa, Precision};
+use crate::cpu::gemm::{Elem, GemmKernel, Shape};
+use crate::cpu::stream::{Op, StreamKernel};
+use crate::cpu::{clock::ClockKernel, stream};
+use crate::driver::{measure_here, measure_threads, Measurement, Plan};
+use crate::ProbeError;
+use roofline_model::{
+    cpu_peak, CacheInfo, Ceiling, CeilingKind, Curve, CurvePoint, PeakDb, Stats, Table, TableRow,
+    TheoreticalPeak,
+};
+use std::sync::atomic::AtomicBool;
+
+/// What to probe and where.
+#[derive(Clone, Debug)]
+pub struct CpuConfig {
+    /// One CPU per physical core: the `all` configuration runs one pinned thread on each.
+    pub cores: Vec<usize>,
+    /// The cache hierarchy as the OS reports it (data and unified caches are used).
+    pub caches: Vec<CacheInfo>,
+    pub vendor: String,
+    pub family: u32,
+    pub model: u32,
+    /// Fewer repeats and coarser sweeps (same ids).
+    pub quick: bool,
+    pub sections: Vec<Section>,
+}
+
+/// Everything the CPU probe measured.
+#[derive(Clone, Debug, Default)]
+pub struct CpuResult {
+    pub ceilings: Vec<Ceiling>,
+    pub curves: Vec<Curve>,
+    pub tables: Vec<Table>,
+    pub clock_t1: Option<Stats>,
+    pub clock_all: Option<Stats>,
+    /// The widest SIMD the compute probes used.
+    pub simd: String,
+    pub notes: Vec<String>,
+}
+
+struct Ctx<'a> {
+    cfg: &'a CpuConfig,
+    cancel: &'a AtomicBool,
+    progress: &'a dyn Progress,
+    plan: Plan,
+    big_plan: Plan,
+    db: PeakDb,
+    pool: rayon::ThreadPool,
+}
+
+/// The thread configurations: (suffix, CPUs).
+fn configs(cfg: &CpuConfig) -> Vec<(&'static str, Vec<usize>)> {
+    vec![("t1", cfg.cores[..1].to_vec()), ("all", cfg.cores.clone())]
+}
+
+/// Working-set sizes of the memory sweep (all arrays of all threads together), bytes.
+pub fn sweep_sizes(cfg: &CpuConfig) -> Vec<usize> {
+    let llc = cfg.caches.iter().map(|c| c.size_bytes as usize * c.instances.max(1)).max().unwrap_or(0);
+    let max = (4 * llc).max(512 << 20);
+    let step: f64 = if cfg.quick { 2.0 } else { std::f64::consts::SQRT_2 };
+    let mut v = Vec::new();
+    let mut x = 4096.0f64;
+    while x <= max as f64 * 1.0001 {
+        let b = (x.round() as usize) / 4096 * 4096;
+        if v.last() != Some(&b) {
+            v.push(b);
+        }
+        x *= step;
+    }
+    v
+}
+
+fn gemm_squares(cfg: &CpuConfig, precision: &str) -> Vec<usize> {
+    match (cfg.quick, precision) {
+        (true, "f32") => vec![256, 1024, 2048],
+        (true, _) => vec![256, 1024],
+        (false, "f32") => vec![256, 512, 1024, 2048, 4096],
+        (false, _) => vec![256, 512, 1024, 2048],
+    }
+}
+
+/// GEMM shapes of ResNet-50's 1×1 convolutions and classifier, batch `n`.
+fn resnet50_gemms(n: usize) -> Vec<(String, Shape)> {
+    let mut v: Vec<(String, Shape)> = resnet50_layers(n)
+        .into_iter()
+        .filter(|l| l.shape.r == 1 && l.shape.stride == 1)
+        .map(|l| (format!("resnet50 {}", l.name), Shape { m: l.shape.rows(), n: l.shape.k, k: l.shape.c }))
+        .collect();
+    v.push(("resnet50 fc".into(), Shape { m: n.max(64), n: 1000, k: 2048 }));
+    v
+}
+
+fn conv_layers(cfg: &CpuConfig) -> Vec<(String, ConvShape)> {
+    let layers = resnet50_layers(if cfg.quick { 4 } else { 8 });
+    let keep = |name: &str| !cfg.quick || ["conv1 7x7/2", "layer1.0 conv2 3x3/1", "layer3.1 conv2 3x3", "layer4.1 conv1 1x1"].contains(&name);
+    layers.into_iter().filter(|l| keep(&l.name)).map(|l| (format!("resnet50 {}", l.name), l.shape)).collect()
+}
+
+/// How many measurements `run` will make (for the progress bar).
+pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
+    let has = |s| cfg.sections.contains(&s);
+    let mut n = 2; // clock t1 and all
+    if has(Section::Fma) {
+        let precisions = [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8];
+        n += 2 * precisions.iter().filter(|p| best_isa(**p).is_some()).count() as u64;
+    }
+    if has(Section::Mem) {
+        n += 2 * Op::ALL.len() as u64 * sweep_sizes(cfg).len() as u64;
+    }
+    if has(Section::Gemm) {
+        for p in ["f64", "f32", "f16"] {
+            let extra = if p == "f32" { resnet50_gemms(if cfg.quick { 2 } else { 8 }).len() } else { 0 };
+            let shapes = gemm_squares(cfg, p).len() + if cfg.quick { extra.min(3) } else { extra };
+            n += 2 * shapes as u64;
+        }
+    }
+    if has(Section::Conv) {
+        n += conv_layers(cfg).len() as u64;
+    }
+    n
+}
+
+/// Runs the CPU probe.
+pub fn run(cfg: &CpuConfig, cancel: &AtomicBool, progress: &dyn Progress) -> Result<CpuResult, ProbeError> {
+    if cfg.cores.is_empty() {
+        return Err(ProbeError::Threads("no CPU to run on".into()));
+    }
+    let (plan, big_plan) = if cfg.quick {
+        (Plan::new(3, 1, 0.01), Plan::new(3, 1, 0.02))
+    } else {
+        (Plan::new(5, 1, 0.02), Plan::new(5, 1, 0.08))
+    };
+    let ctx = Ctx {
+        cfg,
+        cancel,
+        progress,
+        plan,
+        big_plan,
+        db: PeakDb::builtin().map_err(|e| ProbeError::Unsupported(e.to_string()))?,
+        pool: pinned_pool(&cfg.cores).map_err(|e| ProbeError::Threads(e.to_string()))?,
+    };
+    progress.begin(planned_measurements(cfg));
+    let mut out = CpuResult::default();
+
+    // The clock first: the theoretical peaks need it.
+    for (suffix, cpus) in configs(cfg) {
+        progress.advance(&format!("clock {suffix}"));
+        let m = measure_threads(&cpus, &ctx.plan, cancel, |_| Ok(ClockKernel::new()))?;
+        // ops = adds = cycles on every thread; per-thread clock = total / threads.
+        let per_thread: Vec<f64> = m.op_rates().iter().map(|r| r / cpus.len() as f64).collect();
+        let s = Stats::from_samples(&per_thread);
+        if suffix == "t1" {
+            out.clock_t1 = s;
+        } else {
+            out.clock_all = s;
+        }
+    }
+    let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
+    out.simd = isa.name().to_string();
+
+    let has = |s| cfg.sections.contains(&s);
+    if has(Section::Fma) {
+        fma(&ctx, &mut out)?;
+    }
+    if has(Section::Mem) {
+        memory(&ctx, &mut out)?;
+    }
+    if has(Section::Gemm) {
+        gemm_section::<f64>(&ctx, &mut out, "f64")?;
+        gemm_section::<f32>(&ctx, &mut out, "f32")?;
+        gemm_section::<half::f16>(&ctx, &mut out, "f16")?;
+    }
+    if has(Section::Conv) {
+        conv(&ctx, &mut out)?;
+    }
+    Ok(out)
+}
+
+impl Ctx<'_> {
+    /// The CPU rule's peak for `threads` cores at the measured clock.
+    fn peak(&self, out: &CpuResult, precision: &str, threads: usize, isa: Isa) -> Option<TheoreticalPeak> {
+        let clock = if threads == 1 { out.clock_t1.as_ref() } else { out.clock_all.as_ref() }?;
+        let units = self.db.fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
+        let fma_units = match isa {
+            Isa::Avx512 => units.avx512,
+            Isa::Avx2 => units.avx2,
+            Isa::Scalar => return None,
+        };
+        // The highest clock sample: the peak errs high rather than flag a true measurement.
+        let (value, rule) = cpu_peak(threads, clock.max, isa.bits(), fma_units, precision)?;
+        let unit = if precision == "int8" { "OP/s" } else { "FLOP/s" };
+        Some(TheoreticalPeak { value, unit: unit.into(), source: format!("{rule} [{}]", units.name) })
+    }
+}
+
+fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
+    for p in [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8] {
+        let Some(isa) = best_isa(p) else {
+            out.notes.push(format!("cpu/fma/{}: this CPU has no {} instruction; not measured", p.name(), p.name()));
+            continue;
+        };
+        for (suffix, cpus) in configs(ctx.cfg) {
+            ctx.progress.advance(&format!("fma {} {suffix}", p.name()));
+            let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| FmaKernel::new(p, isa))?;
+            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+            let instr = match p {
+                Precision::F64 => "vfmadd213pd",
+                Precision::F32 => "vfmadd213ps",
+                Precision::Bf16 => "vdpbf16ps",
+                Precision::Int8 => "vpdpbusd",
+            };
+            let method = format!(
+                "{} {instr} ({}-bit) on 12 independent accumulators, inline assembly, {} threads pinned one per core; result checked bit-exact against a scalar reference",
+                isa.name(), isa.bits(), cpus.len()
+            );
+            let peak = ctx.peak(out, p.name(), cpus.len(), isa);
+            let mut c = ceiling(format!("cpu/fma/{}/{suffix}", p.name()), CeilingKind::Compute, p.unit(), cpus.len(), stats, &m, method, peak);
+            c.precision = Some(p.name().into());
+            out.ceilings.push(c);
+        }
+    }
+    Ok(())
+}
+
+/// A cache level's capacity available to one of `threads` threads, bytes.
+fn per_thread_capacity(cache: &CacheInfo, threads: usize) -> f64 {
+    let sharing = cache.shared_by_cpus.max(1).min(threads.max(1));
+    cache.size_bytes as f64 / sharing as f64
+}
+
+/// The level a per-thread working set lies clearly inside, if any. Windows: L1 up to half its
+/// size; L(i) from twice L(i−1) to half L(i); DRAM from four times the last level (all threads).
+pub fn level_of(caches: &[CacheInfo], total_ws: usize, threads: usize) -> Option<String> {
+    let data: Vec<&CacheInfo> = {
+        let mut v: Vec<&CacheInfo> = caches.iter().filter(|c| c.cache_type != "Instruction").collect();
+        v.sort_by_key(|c| c.level);
+        v
+    };
+    let per_thread = total_ws as f64 / threads.max(1) as f64;
+    let mut prev = 0.0;
+    for c in &data {
+        let cap = per_thread_capacity(c, threads);
+        if per_thread >= 2.0 * prev && per_thread <= 0.5 * cap {
+            return Some(format!("L{}", c.level));
+        }
+        prev = cap;
+    }
+    let llc_total = data.last().map(|c| c.size_bytes as f64 * c.instances.max(1) as f64).unwrap_or(64e6);
+    (total_ws as f64 >= 4.0 * llc_total).then(|| "DRAM".to_string())
+}
+
+fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
+    let sizes = sweep_sizes(ctx.cfg);
+    let llc_total = ctx.cfg.caches.iter().map(|c| c.size_bytes as usize * c.instances.max(1)).max().unwrap_or(32 << 20);
+    for op in Op::ALL {
+        for (suffix, cpus) in configs(ctx.cfg) {
+            let threads = cpus.len();
+            let mut points = Vec::new();
+            let mut best: Vec<(String, Stats, Measurement, usize, bool)> = Vec::new();
+            for &ws in &sizes {
+                ctx.progress.advance(&format!("memory {} {suffix} {}", op.name(), human_bytes(ws as f64)));
+                // Beyond the caches, non-temporal stores: no write-allocate, counted = moved.
+                let nt = ws > llc_total;
+                let per_thread = ws / threads;
+                let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| StreamKernel::new(op, per_thread, nt))?;
+                let actual = stream::elems_for(op, per_thread) * op.bytes_per_elem() * threads;
+                let Some(stats) = rate_stats(&m, CeilingKind::Memory) else { continue };
+                let level = level_of(&ctx.cfg.caches, actual, threads);
+                if let Some(l) = &level {
+                    match best.iter_mut().find(|b| &b.0 == l) {
+                        Some(b) if b.1.median >= stats.median => {}
+                        Some(b) => *b = (l.clone(), stats.clone(), m.clone(), actual, nt),
+                        None => best.push((l.clone(), stats.clone(), m.clone(), actual, nt)),
+                    }
+                }
+                points.push(CurvePoint { x: actual as f64, value: stats.median, stats, level });
+            }
+            out.curves.push(Curve {
+                id: format!("cpu/mem/sweep/{}/{suffix}", op.name()),
+                x_label: "working set (all arrays, all threads)".into(),
+                x_unit: "B".into(),
+                unit: "B/s".into(),
+                threads,
+                points,
+            });
+            for (level, stats, m, ws, nt) in best {
+                let method = format!(
+                    "{} {}: best plateau point at a working set of {} ({} per thread), {} threads pinned one per core; bytes counted as STREAM counts them (reads + writes, no write-allocate){}; every element checked",
+                    op.name(),
+                    stream_formula(op),
+                    human_bytes(ws as f64),
+                    human_bytes(ws as f64 / threads as f64),
+                    threads,
+                    if nt { "; non-temporal stores" } else { "" }
+                );
+                let mut c = ceiling(format!("cpu/mem/{level}/{}/{suffix}", op.name()), CeilingKind::Memory, "B/s", threads, stats, &m, method, None);
+                c.level = Some(level);
+                out.ceilings.push(c);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn stream_formula(op: Op) -> &'static str {
+    match op {
+        Op::Read => "(s += b[i], 8 B/element)",
+        Op::Write => "(a[i] = q, 8 B/element)",
+        Op::Copy => "(a[i] = b[i], 16 B/element)",
+        Op::Triad => "(a[i] = b[i] + q·c[i], 24 B/element)",
+    }
+}
+
+fn gemm_section<T: Elem>(ctx: &Ctx, out: &mut CpuResult, precision: &str) -> Result<(), ProbeError> {
+    let mut shapes: Vec<(String, Shape)> =
+        gemm_squares(ctx.cfg, precision).into_iter().map(|n| (format!("square {n}"), Shape { m: n, n, k: n })).collect();
+    if precision == "f32" {
+        let mut r = resnet50_gemms(if ctx.cfg.quick { 2 } else { 8 });
+        if ctx.cfg.quick {
+            r.truncate(3);
+        }
+        shapes.extend(r);
+    }
+    let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
+    for (suffix, cpus) in configs(ctx.cfg) {
+        let threads = cpus.len();
+        let mut rows = Vec::new();
+        let mut best: Option<(usize, Stats, Measurement)> = None;
+        for (i, (name, shape)) in shapes.iter().enumerate() {
+            ctx.progress.advance(&format!("gemm {precision} {suffix} {name}"));
+            let plan = if shape.flops() > 1e9 { ctx.big_plan } else { ctx.plan };
+            let m = if threads == 1 {
+                let mut k = GemmKernel::<T>::new(*shape, 1)?;
+                ctx.pool.install(|| measure_here(&plan, ctx.cancel, &mut k))?
+            } else {
+                ctx.pool.install(|| -> Result<Measurement, ProbeError> {
+                    let mut k = GemmKernel::<T>::new(*shape, threads)?;
+                    measure_here(&plan, ctx.cancel, &mut k)
+                })?
+            };
+            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+            if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
+                best = Some((i, stats.clone(), m.clone()));
+            }
+            rows.push(TableRow {
+                name: name.clone(),
+                shape: shape.describe(),
+                precision: Some(precision.into()),
+                threads,
+                value: stats.median,
+                stats,
+                max_rel_error: Some(m.max_rel_error),
+            });
+        }
+        out.tables.push(Table { id: format!("cpu/gemm/{precision}/{suffix}/shapes"), unit: "FLOP/s".into(), rows });
+        if let Some((i, stats, m)) = best {
+            let f16_note = if precision == "f16" { ", computed in f32 and rounded (no native f16 arithmetic used)" } else { "" };
+            let method = format!(
+                "gemm crate (x86-v4 kernels){f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {} threads pinned one per core; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
+                shapes.len(), shapes[i].0, shapes[i].1.describe(), threads, m.max_rel_error
+            );
+            let peak_precision = if precision == "f16" { "f32" } else { precision };
+            let peak = ctx.peak(out, peak_precision, threads, isa);
+            let mut c = ceiling(format!("cpu/gemm/{precision}/{suffix}"), CeilingKind::Compute, "FLOP/s", threads, stats, &m, method, peak);
+            c.precision = Some(precision.into());
+            out.ceilings.push(c);
+        }
+    }
+    Ok(())
+}
+
+fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
+    let layers = conv_layers(ctx.cfg);
+    let threads = ctx.cfg.cores.len();
+    let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
+    let mut rows = Vec::new();
+    let mut best: Option<(usize, Stats, Measurement)> = None;
+    for (i, (name, shape)) in layers.iter().enumerate() {
+        ctx.progress.advance(&format!("conv f32 all {name}"));
+        let m = ctx.pool.install(|| -> Result<Measurement, ProbeError> {
+            let mut k = ConvKernel::new(*shape, threads > 1)?;
+            measure_here(&ctx.big_plan, ctx.cancel, &mut k)
+        })?;
+        let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+        if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
+            best = Some((i, stats.clone(), m.clone()));
+        }
+        rows.push(TableRow {
+            name: name.clone(),
+            shape: shape.describe(),
+            precision: Some("f32".into()),
+            threads,
+            value: stats.median,
+            stats,
+            max_rel_error: Some(m.max_rel_error),
+        });
+    }
+    out.tables.push(Table { id: "cpu/conv/f32/all/layers".into(), unit: "FLOP/s".into(), rows });
+    if let Some((i, stats, m)) = best {
+        let method = format!(
+            "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {threads} threads pinned one per core; 16 outputs checked against f64",
+            layers.len(), layers[i].0, layers[i].1.describe()
+        );
+        let peak = ctx.peak(out, "f32", threads, isa);
+        let mut c = ceiling("cpu/conv/f32/all".into(), CeilingKind::Compute, "FLOP/s", threads, stats, &m, method, peak);
+        c.precision = Some("f32".into());
+        out.ceilings.push(c);
+    }
+    Ok(())
+}
+
+/// `1.5 MiB`-style sizes.
+pub fn human_bytes(b: f64) -> String {
+    const U: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i < U.len() - 1 {
+        v /= 1024.0;
+        i += 1;
+    }
+    if v.fract() == 0.0 {
+        format!("{v:.0} {}", U[i])
+    } else {
+        format!("{v:.1} {}", U[i])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn caches() -> Vec<CacheInfo> {
+        let c = |level, t: &str, kib: u64, shared, instances| CacheInfo {
+            level,
+            cache_type: t.into(),
+            size_bytes: kib * 1024,
+            shared_by_cpus: shared,
+            instances,
+        };
+        vec![c(1, "Data", 48, 1, 2), c(1, "Instruction", 32, 1, 2), c(2, "Unified", 1024, 1, 2), c(3, "Unified", 32768, 2, 1)]
+    }
+
+    #[test]
+    fn working_sets_map_to_levels() {
+        let c = caches();
+        assert_eq!(level_of(&c, 16 << 10, 1).as_deref(), Some("L1"));
+        assert_eq!(level_of(&c, 40 << 10, 1), None); // between L1/2 and 2·L1
+        assert_eq!(level_of(&c, 256 << 10, 1).as_deref(), Some("L2"));
+        assert_eq!(level_of(&c, 8 << 20, 1).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 20 << 20, 1), None);
+        assert_eq!(level_of(&c, 512 << 20, 1).as_deref(), Some("DRAM"));
+        // Two threads: L1 and L2 are private, L3 is split.
+        assert_eq!(level_of(&c, 32 << 10, 2).as_deref(), Some("L1"));
+        assert_eq!(level_of(&c, 16 << 20, 2).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 24 << 20, 2), None);
+    }
+
+    #[test]
+    fn sweep_covers_4k_to_512m_and_four_times_the_llc() {
+        let mut cfg = CpuConfig {
+            cores: vec![0],
+            caches: caches(),
+            vendor: "x".into(),
+            family: 0,
+            model: 0,
+            quick: true,
+            sections: Section::ALL.to_vec(),
+        };
+        let s = sweep_sizes(&cfg);
+        assert_eq!(s[0], 4096);
+        assert_eq!(*s.last().unwrap(), 512 << 20);
+        cfg.quick = false;
+        let fine = sweep_sizes(&cfg);
+        assert!(fine.len() > s.len());
+        cfg.caches[3].size_bytes = 256 << 20;
+        assert_eq!(*sweep_sizes(&cfg).last().unwrap(), 1 << 30);
+        assert_eq!(human_bytes(1536.0), "1.5 KiB");
+    }
+
+    #[test]
+    fn a_quick_probe_of_fma_on_one_core_measures_and_checks() {
+        let cfg = CpuConfig {
+            cores: crate::affinity::allowed_cpus()[..1].to_vec(),
+            caches: caches(),
+            vendor: "AuthenticAMD".into(),
+            family: 26,
+            model: 2,
+            quick: true,
+            sections: vec![Section::Fma],
+        };
+        let r = run(&cfg, &AtomicBool::new(false), &super::super::Silent).unwrap();
+        let f32t1 = r.ceilings.iter().find(|c| c.id == "cpu/fma/f32/t1").unwrap();
+        assert!(f32t1.value > 1e8, "{}", f32t1.value);
+        assert_eq!(f32t1.stats.samples, 3);
+        assert!(r.clock_t1.unwrap().median > 1e8);
+        assert!(r.ceilings.iter().any(|c| c.id == "cpu/fma/f64/all"));
+    }
+}

@@ -1,0 +1,84 @@
+//! Probes: sweeps of kernels under the driver, turned into ceilings, curves and tables.
+
+pub mod cpu;
+
+use crate::driver::Measurement;
+use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats, TheoreticalPeak};
+
+/// Receives progress: one `advance` per measurement.
+pub trait Progress: Sync {
+    /// The number of measurements planned.
+    fn begin(&self, total: u64);
+    /// One measurement is about to run.
+    fn advance(&self, label: &str);
+}
+
+/// A progress sink that says nothing.
+pub struct Silent;
+
+impl Progress for Silent {
+    fn begin(&self, _: u64) {}
+    fn advance(&self, _: &str) {}
+}
+
+/// What a probe section measures; `--only` takes these names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Section {
+    Fma,
+    Mem,
+    Gemm,
+    Conv,
+}
+
+impl Section {
+    pub const ALL: [Section; 4] = [Section::Fma, Section::Mem, Section::Gemm, Section::Conv];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Section::Fma => "fma",
+            Section::Mem => "mem",
+            Section::Gemm => "gemm",
+            Section::Conv => "conv",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Section> {
+        Section::ALL.into_iter().find(|x| x.name() == s)
+    }
+}
+
+/// The rate samples of a measurement (ops/s for compute, B/s for memory) as statistics.
+pub fn rate_stats(m: &Measurement, kind: CeilingKind) -> Option<Stats> {
+    let rates = if kind == CeilingKind::Compute { m.op_rates() } else { m.byte_rates() };
+    Stats::from_samples(&rates)
+}
+
+/// A ceiling from the statistics of its best configuration.
+#[allow(clippy::too_many_arguments)]
+pub fn ceiling(
+    id: String,
+    kind: CeilingKind,
+    unit: &str,
+    threads: usize,
+    stats: Stats,
+    m: &Measurement,
+    method: String,
+    peak: Option<TheoreticalPeak>,
+) -> Ceiling {
+    let mut c = Ceiling {
+        id,
+        kind,
+        value: stats.median,
+        unit: unit.to_string(),
+        threads,
+        precision: None,
+        level: None,
+        stats,
+        theoretical_peak: peak,
+        above_peak: false,
+        method,
+        per_iteration: PerIteration { ops: m.ops_per_iter, bytes: m.bytes_per_iter },
+    };
+    c.flag_against_peak();
+    c
+}

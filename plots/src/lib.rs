@@ -1,0 +1,365 @@
+//! SVG rooflines. Knows only the model's types.
+//!
+//! The classic roofline (log-log, operational intensity in FLOP/byte against FLOP/s): every
+//! memory level a slanted roof (bandwidth × intensity) drawn up to the highest compute roof,
+//! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
+//! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
+
+use plotters::prelude::*;
+use roofline_model::{Ceiling, CeilingKind, Machine};
+
+/// Errors of plotting.
+#[derive(Debug, thiserror::Error)]
+pub enum PlotError {
+    #[error("nothing to plot: {0}")]
+    Empty(String),
+    #[error("drawing failed: {0}")]
+    Draw(String),
+}
+
+/// What to draw.
+#[derive(Clone, Debug)]
+pub struct ClassicOptions {
+    /// Which thread configuration: ids ending in `/t1` or `/all`.
+    pub threads: String,
+    /// Which memory operation's ceilings make the slanted roofs (`triad`, `read`, ...).
+    pub op: String,
+    pub width: u32,
+    pub height: u32,
+}
+
+impl Default for ClassicOptions {
+    fn default() -> Self {
+        ClassicOptions { threads: "all".into(), op: "triad".into(), width: 1100, height: 760 }
+    }
+}
+
+/// One roof as drawn.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DrawnRoof {
+    pub label: String,
+    pub value: f64,
+    pub slanted: bool,
+    pub dashed: bool,
+}
+
+/// A ridge point: where a bandwidth roof meets the top compute roof.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ridge {
+    pub memory: String,
+    pub compute: String,
+    /// FLOP/byte
+    pub intensity: f64,
+    /// FLOP/s
+    pub performance: f64,
+}
+
+/// The roofs and ridges the classic plot shows, computed from the machine (testable without
+/// rendering).
+#[derive(Clone, Debug)]
+pub struct ClassicModel {
+    pub flat: Vec<DrawnRoof>,
+    pub slanted: Vec<DrawnRoof>,
+    pub ridges: Vec<Ridge>,
+    pub x_range: (f64, f64),
+    pub y_range: (f64, f64),
+}
+
+fn suffix_matches(c: &Ceiling, threads: &str) -> bool {
+    c.id.rsplit('/').next() == Some(threads)
+}
+
+/// Level order for the legend: L1, L2, L3, DRAM.
+fn level_rank(level: &str) -> u32 {
+    level.strip_prefix('L').and_then(|n| n.parse().ok()).unwrap_or(100)
+}
+
+/// Picks the roofs of the classic plot.
+pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, PlotError> {
+    let mut flat: Vec<DrawnRoof> = Vec::new();
+    for c in m.ceilings.iter().filter(|c| c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && suffix_matches(c, &opt.threads)) {
+        flat.push(DrawnRoof { label: c.id.clone(), value: c.value, slanted: false, dashed: false });
+        if let Some(p) = &c.theoretical_peak {
+            // One dashed roof per distinct theoretical value (GEMM and FMA share theirs).
+            if p.unit == "FLOP/s" && !flat.iter().any(|r| r.dashed && (r.value - p.value).abs() <= 1e-9 * p.value) {
+                let prec = c.precision.clone().unwrap_or_default();
+                flat.push(DrawnRoof { label: format!("theoretical {prec} peak ({})", opt.threads), value: p.value, slanted: false, dashed: true });
+            }
+        }
+    }
+    let mut mem: Vec<&Ceiling> = m
+        .ceilings
+        .iter()
+        .filter(|c| {
+            c.kind == CeilingKind::Memory && suffix_matches(c, &opt.threads) && c.id.split('/').nth(3) == Some(opt.op.as_str())
+        })
+        .collect();
+    mem.sort_by_key(|c| level_rank(c.level.as_deref().unwrap_or("")));
+    let slanted: Vec<DrawnRoof> = mem
+        .iter()
+        .map(|c| DrawnRoof { label: c.id.clone(), value: c.value, slanted: true, dashed: false })
+        .collect();
+    if flat.is_empty() && slanted.is_empty() {
+        return Err(PlotError::Empty(format!(
+            "machine.json has no compute or `{}` memory ceilings for `{}` threads; run `roofline probe` without --only, or pick --threads / --op",
+            opt.op, opt.threads
+        )));
+    }
+    let top = flat.iter().filter(|r| !r.dashed).map(|r| (r.value, r.label.clone())).fold(None::<(f64, String)>, |a, b| match a {
+        Some(a) if a.0 >= b.0 => Some(a),
+        _ => Some(b),
+    });
+    let mut ridges = Vec::new();
+    if let Some((peak, label)) = &top {
+        for s in &slanted {
+            ridges.push(Ridge { memory: s.label.clone(), compute: label.clone(), intensity: peak / s.value, performance: *peak });
+        }
+    }
+    // Ranges: a decade around the ridges; FLOP/s from the lowest roof at the left edge.
+    let (mut xmin, mut xmax) = (f64::INFINITY, 0.0f64);
+    for r in &ridges {
+        xmin = xmin.min(r.intensity);
+        xmax = xmax.max(r.intensity);
+    }
+    if !xmin.is_finite() {
+        (xmin, xmax) = (1.0, 1.0);
+    }
+    let x_range = (pow10_floor(xmin / 8.0), pow10_ceil(xmax * 8.0));
+    let ymax = flat.iter().map(|r| r.value).fold(0.0, f64::max).max(slanted.iter().map(|r| r.value * x_range.1).fold(0.0, f64::max).min(f64::MAX));
+    let ymax_all = if flat.is_empty() { ymax } else { flat.iter().map(|r| r.value).fold(0.0, f64::max) };
+    let ymin_candidates = slanted.iter().map(|r| r.value * x_range.0).chain(flat.iter().map(|r| r.value));
+    let ymin = ymin_candidates.fold(f64::INFINITY, f64::min);
+    let y_range = (pow10_floor(ymin / 2.0), pow10_ceil(ymax_all * 2.0));
+    Ok(ClassicModel { flat, slanted, ridges, x_range, y_range })
+}
+
+fn pow10_floor(x: f64) -> f64 {
+    10f64.powf(x.log10().floor())
+}
+fn pow10_ceil(x: f64) -> f64 {
+    10f64.powf(x.log10().ceil())
+}
+
+/// SI prefix formatting: 1.2e11 → "120 G".
+pub fn si(v: f64) -> String {
+    let (p, s) = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m")]
+        .into_iter()
+        .find(|(p, _)| v.abs() >= *p)
+        .unwrap_or((1e-3, "m"));
+    let x = v / p;
+    let digits = if x >= 100.0 { 0 } else if x >= 10.0 { 1 } else { 2 };
+    format!("{x:.digits$} {s}")
+}
+
+/// Renders the classic roofline of `m` as SVG text.
+pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotError> {
+    let model = classic_model(m, opt)?;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (opt.width, opt.height)).into_drawing_area();
+        draw(&root, m, &model, opt).map_err(|e| PlotError::Draw(e.to_string()))?;
+        root.present().map_err(|e| PlotError::Draw(e.to_string()))?;
+    }
+    Ok(svg)
+}
+
+const COLORS: [RGBColor; 10] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+    RGBColor(255, 127, 14),
+    RGBColor(140, 86, 75),
+    RGBColor(227, 119, 194),
+    RGBColor(23, 190, 207),
+    RGBColor(188, 189, 34),
+    RGBColor(127, 127, 127),
+];
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
+
+fn draw(root: &Area, m: &Machine, model: &ClassicModel, opt: &ClassicOptions) -> Result<(), Box<dyn std::error::Error>> {
+    root.fill(&WHITE)?;
+    let (x0, x1) = model.x_range;
+    let (y0, y1) = model.y_range;
+    let title = format!(
+        "Roofline: {} ({} threads: {})",
+        m.provenance.cpu.model_name,
+        opt.threads,
+        m.ceilings.iter().find(|c| suffix_matches(c, &opt.threads)).map(|c| c.threads).unwrap_or(0)
+    );
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(80)
+        .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
+    chart
+        .configure_mesh()
+        .x_desc("Operational intensity [FLOP/byte]")
+        .y_desc("Performance [FLOP/s]")
+        .x_label_formatter(&|x| si(*x))
+        .y_label_formatter(&|y| si(*y))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()?;
+
+    let top_bw = model.slanted.iter().map(|r| r.value).fold(0.0, f64::max);
+    let top_flat = model.flat.iter().filter(|r| !r.dashed).map(|r| r.value).fold(0.0, f64::max);
+    let mut color = 0;
+    for r in &model.slanted {
+        let c = COLORS[color % COLORS.len()];
+        color += 1;
+        // From the left edge up to the highest compute roof (or the right edge).
+        let x_end = if top_flat > 0.0 { (top_flat / r.value).min(x1) } else { x1 };
+        let pts = vec![(x0, r.value * x0), (x_end, r.value * x_end)];
+        chart
+            .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
+            .label(format!("{}: {}B/s", r.label, si(r.value)))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+    }
+    for r in &model.flat {
+        let c = if r.dashed { RGBColor(90, 90, 90) } else { COLORS[color % COLORS.len()] };
+        if !r.dashed {
+            color += 1;
+        }
+        // From where it meets the highest bandwidth roof to the right edge.
+        let x_start = if top_bw > 0.0 { (r.value / top_bw).max(x0) } else { x0 };
+        let pts = vec![(x_start, r.value), (x1, r.value)];
+        let label = format!("{}: {}FLOP/s", r.label, si(r.value));
+        if r.dashed {
+            chart
+                .draw_series(DashedLineSeries::new(pts, 6, 4, c.stroke_width(1)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+        } else {
+            chart
+                .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
+                .label(label)
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        }
+    }
+    for rdg in &model.ridges {
+        chart.draw_series(std::iter::once(Circle::new((rdg.intensity, rdg.performance), 4, BLACK.filled())))?;
+        let level = rdg.memory.split('/').nth(2).unwrap_or("");
+        chart.draw_series(std::iter::once(Text::new(
+            format!("{level} ridge {:.3} FLOP/B", rdg.intensity),
+            (rdg.intensity, rdg.performance * 0.82),
+            ("sans-serif", 12).into_font().color(&BLACK),
+        )))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::LowerRight)
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 12))
+        .draw()?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_model::*;
+
+    pub fn machine() -> Machine {
+        let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
+        let c = |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
+            id: id.into(),
+            kind,
+            value: v,
+            unit: unit.into(),
+            threads: 2,
+            precision: Some("f32".into()),
+            level: level.map(String::from),
+            stats: stats(v),
+            theoretical_peak: peak.map(|p| TheoreticalPeak { value: p, unit: unit.into(), source: "rule".into() }),
+            above_peak: false,
+            method: "test".into(),
+            per_iteration: PerIteration { ops: 1.0, bytes: 1.0 },
+        };
+        Machine {
+            schema: MACHINE_SCHEMA.into(),
+            provenance: Provenance {
+                tool: "roofline test".into(),
+                git_revision: None,
+                command_line: vec![],
+                time_utc: "2026-01-01T00:00:00Z".into(),
+                host: "h".into(),
+                os: "os".into(),
+                kernel: "k".into(),
+                cpu: CpuInfo {
+                    vendor: "v".into(),
+                    model_name: "Test CPU".into(),
+                    family: 0,
+                    model: 0,
+                    stepping: 0,
+                    sockets: 1,
+                    cores: 2,
+                    logical_cpus: 2,
+                    features: vec![],
+                    simd: "avx512".into(),
+                    caches: vec![],
+                    cpuinfo_mhz: None,
+                    measured_clock_hz_t1: None,
+                    measured_clock_hz_all: None,
+                },
+                devices: vec![],
+                notes: vec![],
+                quick: true,
+                duration_s: 1.0,
+            },
+            ceilings: vec![
+                c("cpu/fma/f32/all", CeilingKind::Compute, 5e11, "FLOP/s", None, Some(5.1e11)),
+                c("cpu/gemm/f32/all", CeilingKind::Compute, 4.5e11, "FLOP/s", None, Some(5.1e11)),
+                c("cpu/fma/int8/all", CeilingKind::Compute, 2e12, "OP/s", None, None),
+                c("cpu/mem/L1/triad/all", CeilingKind::Memory, 1e12, "B/s", Some("L1"), None),
+                c("cpu/mem/DRAM/triad/all", CeilingKind::Memory, 5e10, "B/s", Some("DRAM"), None),
+                c("cpu/mem/DRAM/read/all", CeilingKind::Memory, 6e10, "B/s", Some("DRAM"), None),
+                c("cpu/mem/DRAM/triad/t1", CeilingKind::Memory, 3e10, "B/s", Some("DRAM"), None),
+            ],
+            curves: vec![],
+            tables: vec![],
+        }
+    }
+
+    #[test]
+    fn roofs_and_exact_ridges() {
+        let m = machine();
+        let model = classic_model(&m, &ClassicOptions::default()).unwrap();
+        assert_eq!(model.slanted.len(), 2, "L1 and DRAM triad of `all`");
+        assert_eq!(model.slanted[0].label, "cpu/mem/L1/triad/all");
+        // Two measured flat roofs (int8 OP/s is not a FLOP/s roof) and one theoretical.
+        assert_eq!(model.flat.iter().filter(|r| !r.dashed).count(), 2);
+        assert_eq!(model.flat.iter().filter(|r| r.dashed).count(), 1);
+        let dram = model.ridges.iter().find(|r| r.memory.contains("DRAM")).unwrap();
+        assert_eq!(dram.intensity, 5e11 / 5e10);
+        assert_eq!(dram.compute, "cpu/fma/f32/all");
+        assert!(model.x_range.0 <= 0.5 / 8.0 && model.x_range.1 >= 80.0);
+    }
+
+    #[test]
+    fn renders_svg_with_axes_units_and_legend() {
+        let svg = classic_svg(&machine(), &ClassicOptions::default()).unwrap();
+        assert!(svg.starts_with("<svg"));
+        assert!(svg.contains("Operational intensity [FLOP/byte]"));
+        assert!(svg.contains("Performance [FLOP/s]"));
+        assert!(svg.contains("cpu/mem/DRAM/triad/all"));
+        assert!(svg.contains("DRAM ridge 10.000 FLOP/B"));
+        assert!(svg.contains("stroke-dasharray") || svg.contains("theoretical"));
+    }
+
+    #[test]
+    fn nothing_to_plot_is_an_error() {
+        let mut m = machine();
+        m.ceilings.clear();
+        assert!(matches!(classic_svg(&m, &ClassicOptions::default()), Err(PlotError::Empty(_))));
+    }
+
+    #[test]
+    fn si_prefixes() {
+        assert_eq!(si(1.2e11), "120 G");
+        assert_eq!(si(2.5e9), "2.50 G");
+        assert_eq!(si(0.25), "250 m");
+    }
+}

@@ -1,0 +1,43 @@
+//! roofline's model: the `machine.json` types, ceilings and their statistics, the attainable
+//! bound, ridge points and binding ceilings, and the theoretical-peak database.
+//!
+//! Pure: no hardware, no unsafe, no threads. Every other crate of the workspace depends on this
+//! one; it depends on none of them.
+
+pub mod bound;
+pub mod machine;
+pub mod peaks;
+pub mod stats;
+pub mod write;
+
+pub use bound::{binding, Binding, Roof, Roofline, Side};
+pub use machine::*;
+pub use peaks::{cpu_peak, PeakDb};
+pub use stats::Stats;
+
+/// Errors of the model: reading, parsing and writing its files.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("cannot read {path}: {message}")]
+    Io { path: String, message: String },
+    #[error("malformed JSON: {0}")]
+    Json(String),
+    #[error("unknown schema {found}; expected \"{expected}\" (was the file written by another tool or another version of roofline?)")]
+    Schema { expected: String, found: String },
+    #[error("{path}: {inner}")]
+    InFile { path: String, inner: Box<ModelError> },
+    #[error("cannot write {path}: {message}")]
+    Write { path: String, message: String },
+    #[error("peak database: {0}")]
+    Peaks(String),
+}
+
+impl ModelError {
+    /// Attaches the file the error came from (I/O errors already name it).
+    pub fn in_file(self, path: &std::path::Path) -> ModelError {
+        match self {
+            e @ (ModelError::Io { .. } | ModelError::Write { .. } | ModelError::InFile { .. }) => e,
+            e => ModelError::InFile { path: path.display().to_string(), inner: Box::new(e) },
+        }
+    }
+}

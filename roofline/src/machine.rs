@@ -1,0 +1,271 @@
+//! `machine.json` (schema `roofline/machine/v1`): what a machine can do.
+
+use crate::stats::Stats;
+use crate::ModelError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The schema tag every `machine.json` of this version carries.
+pub const MACHINE_SCHEMA: &str = "roofline/machine/v1";
+
+/// What a ceiling limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum CeilingKind {
+    /// Operations per second (flat roof).
+    Compute,
+    /// Bytes per second to or from a memory level (slanted roof, OI = FLOPs / byte of memory).
+    Memory,
+    /// Bytes per second communicated (slanted roof, COI = FLOPs / byte communicated).
+    Comm,
+    /// Bytes per second read from storage.
+    Io,
+}
+
+impl CeilingKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CeilingKind::Compute => "compute",
+            CeilingKind::Memory => "memory",
+            CeilingKind::Comm => "comm",
+            CeilingKind::Io => "io",
+        }
+    }
+}
+
+/// A theoretical peak attached to a ceiling, with where it comes from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TheoreticalPeak {
+    pub value: f64,
+    pub unit: String,
+    /// How it was obtained: a datasheet entry or the CPU rule with its factors written out.
+    pub source: String,
+}
+
+/// Work done by one iteration of the kernel that measured a ceiling.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PerIteration {
+    /// Floating-point (or integer) operations per iteration, all threads together.
+    pub ops: f64,
+    /// Bytes counted per iteration, all threads together (see `method` for what is counted).
+    pub bytes: f64,
+}
+
+/// One measured ceiling.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ceiling {
+    /// Stable identifier, e.g. `cpu/fma/f32/all` or `cpu/mem/L2/triad/t1`.
+    pub id: String,
+    pub kind: CeilingKind,
+    /// The ceiling: the median of the samples of the best configuration.
+    pub value: f64,
+    /// SI, decimal: `FLOP/s`, `OP/s` (integer), `B/s`.
+    pub unit: String,
+    /// Threads that ran the kernel (one per core for `all`).
+    pub threads: usize,
+    /// Precision for compute ceilings (`f64`, `f32`, `f16`, `bf16`, `int8`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+    /// Memory level for memory ceilings (`L1`, `L2`, `L3`, `DRAM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+    /// The statistics of the samples behind `value`, in `unit`.
+    pub stats: Stats,
+    /// The theoretical peak when one is known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub theoretical_peak: Option<TheoreticalPeak>,
+    /// True when `value` is above `theoretical_peak`: the measurement or the peak is wrong.
+    #[serde(default)]
+    pub above_peak: bool,
+    /// How it was measured: the kernel, what is counted, the configuration that gave the best.
+    pub method: String,
+    pub per_iteration: PerIteration,
+}
+
+impl Ceiling {
+    /// Sets `above_peak` from `value` and `theoretical_peak`.
+    pub fn flag_against_peak(&mut self) {
+        self.above_peak = match &self.theoretical_peak {
+            Some(p) => p.unit == self.unit && self.value > p.value,
+            None => false,
+        };
+    }
+
+    /// Fraction of the theoretical peak reached, when a peak is known.
+    pub fn fraction_of_peak(&self) -> Option<f64> {
+        self.theoretical_peak
+            .as_ref()
+            .filter(|p| p.unit == self.unit && p.value > 0.0)
+            .map(|p| self.value / p.value)
+    }
+}
+
+/// One point of a measured curve (e.g. bandwidth against working-set size).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CurvePoint {
+    /// The x value, in the curve's `x_unit`.
+    pub x: f64,
+    /// The median of the samples, in the curve's `unit`.
+    pub value: f64,
+    pub stats: Stats,
+    /// The memory level this point was attributed to, if any (the plateau it belongs to).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub level: Option<String>,
+}
+
+/// A whole measured curve, kept for plotting (e.g. `cpu/mem/sweep/triad/t1`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Curve {
+    pub id: String,
+    pub x_label: String,
+    pub x_unit: String,
+    pub unit: String,
+    pub threads: usize,
+    pub points: Vec<CurvePoint>,
+}
+
+/// One row of a kept table (e.g. every GEMM shape measured).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TableRow {
+    /// What was measured, e.g. `square 1024` or `resnet50 layer3 conv2`.
+    pub name: String,
+    /// The shape, e.g. `m=1024 n=1024 k=1024` or `n=8 c=64 h=56 w=56 k=64 r=3 s=3 stride=1 pad=1`.
+    pub shape: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub precision: Option<String>,
+    pub threads: usize,
+    pub value: f64,
+    pub stats: Stats,
+    /// Largest relative error of the checked entries against the reference.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_rel_error: Option<f64>,
+}
+
+/// A kept table of measurements (e.g. `cpu/gemm/f32/table`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Table {
+    pub id: String,
+    pub unit: String,
+    pub rows: Vec<TableRow>,
+}
+
+/// A cache level as the OS reports it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CacheInfo {
+    /// 1, 2, 3, ...
+    pub level: u32,
+    /// `Data`, `Instruction` or `Unified`.
+    #[serde(rename = "type")]
+    pub cache_type: String,
+    pub size_bytes: u64,
+    /// How many logical CPUs share one instance.
+    pub shared_by_cpus: usize,
+    /// How many instances the machine has.
+    pub instances: usize,
+}
+
+/// The CPU as the OS and our own measurement see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CpuInfo {
+    pub vendor: String,
+    pub model_name: String,
+    pub family: u32,
+    pub model: u32,
+    pub stepping: u32,
+    pub sockets: usize,
+    pub cores: usize,
+    pub logical_cpus: usize,
+    /// The CPU features roofline uses, as detected at run time.
+    pub features: Vec<String>,
+    /// The widest SIMD instruction set the probes used (`avx512`, `avx2`, `scalar`).
+    pub simd: String,
+    pub caches: Vec<CacheInfo>,
+    /// The clock /proc/cpuinfo states (often wrong on virtual machines), MHz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpuinfo_mhz: Option<f64>,
+    /// Core clock measured with a chain of dependent adds, one thread, Hz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_clock_hz_t1: Option<Stats>,
+    /// Core clock measured with every core running the chain at once (slowest core), Hz.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured_clock_hz_all: Option<Stats>,
+}
+
+/// Where, when, how and with what a result was measured.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// `roofline <version>`.
+    pub tool: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub git_revision: Option<String>,
+    pub command_line: Vec<String>,
+    /// UTC, RFC 3339.
+    pub time_utc: String,
+    pub host: String,
+    pub os: String,
+    pub kernel: String,
+    pub cpu: CpuInfo,
+    /// Accelerators found (empty on a CPU-only machine).
+    #[serde(default)]
+    pub devices: Vec<String>,
+    /// Notes on what was and was not measured (e.g. "no GPU found").
+    #[serde(default)]
+    pub notes: Vec<String>,
+    /// True for `--quick` runs (fewer repeats, coarser sweeps).
+    pub quick: bool,
+    /// Wall time of the whole probe, seconds.
+    pub duration_s: f64,
+}
+
+/// The whole `machine.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Machine {
+    pub schema: String,
+    pub provenance: Provenance,
+    pub ceilings: Vec<Ceiling>,
+    #[serde(default)]
+    pub curves: Vec<Curve>,
+    #[serde(default)]
+    pub tables: Vec<Table>,
+}
+
+impl Machine {
+    /// The ceiling with this id.
+    pub fn ceiling(&self, id: &str) -> Option<&Ceiling> {
+        self.ceilings.iter().find(|c| c.id == id)
+    }
+
+    /// Parses a `machine.json` text, rejecting any other schema with a clear error.
+    pub fn from_json(text: &str) -> Result<Machine, ModelError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+        let schema = value
+            .get("schema")
+            .and_then(|s| s.as_str())
+            .ok_or_else(|| ModelError::Schema {
+                expected: MACHINE_SCHEMA.into(),
+                found: "no \"schema\" field".into(),
+            })?;
+        if schema != MACHINE_SCHEMA {
+            return Err(ModelError::Schema {
+                expected: MACHINE_SCHEMA.into(),
+                found: format!("\"{schema}\""),
+            });
+        }
+        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+    }
+
+    /// Reads and parses a `machine.json` file.
+    pub fn read(path: &Path) -> Result<Machine, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Machine::from_json(&text).map_err(|e| e.in_file(path))
+    }
+
+    /// Pretty JSON text.
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
+    }
+}
