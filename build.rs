@@ -14,7 +14,11 @@ fn main() {
         .filter(|o| o.status.success() && !o.stdout.is_empty())
         .map(|_| "-dirty")
         .unwrap_or("");
-    let rev = if rev.is_empty() { rev } else { format!("{rev}{dirty}") };
+    let rev = if rev.is_empty() {
+        rev
+    } else {
+        format!("{rev}{dirty}")
+    };
     println!("cargo:rustc-env=ROOFLINE_GIT_REVISION={rev}");
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/index");

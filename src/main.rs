@@ -102,8 +102,19 @@ impl From<anyhow::Error> for Failure {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Probe { output, quick, only, threads, json } => probe(&output, quick, only.as_deref(), threads, json),
-        Command::Plot { machine, output, threads, op } => plot(&machine, &output, &threads, &op),
+        Command::Probe {
+            output,
+            quick,
+            only,
+            threads,
+            json,
+        } => probe(&output, quick, only.as_deref(), threads, json),
+        Command::Plot {
+            machine,
+            output,
+            threads,
+            op,
+        } => plot(&machine, &output, &threads, &op),
         Command::Peaks { json } => output::peaks(json).map_err(Failure::Input),
     };
     match result {
@@ -125,7 +136,9 @@ fn main() -> ExitCode {
 
 /// Parses `--only`.
 fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
-    let Some(list) = only else { return Ok(Section::ALL.to_vec()) };
+    let Some(list) = only else {
+        return Ok(Section::ALL.to_vec());
+    };
     let mut v = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let s = Section::parse(item).ok_or_else(|| {
@@ -136,7 +149,9 @@ fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
         }
     }
     if v.is_empty() {
-        return Err(anyhow!("--only is empty; expected a comma-separated list of: fma, mem, gemm, conv"));
+        return Err(anyhow!(
+            "--only is empty; expected a comma-separated list of: fma, mem, gemm, conv"
+        ));
     }
     Ok(v)
 }
@@ -144,12 +159,20 @@ fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
 /// Fails early (before minutes of probing) when `path` cannot be written.
 fn check_writable(path: &Path) -> Result<(), anyhow::Error> {
     if path.is_dir() {
-        return Err(anyhow!("cannot write {}: it is a directory; give a file name with -o", path.display()));
+        return Err(anyhow!(
+            "cannot write {}: it is a directory; give a file name with -o",
+            path.display()
+        ));
     }
     let tmp = roofline_model::write::temp_path(path);
     std::fs::File::create(&tmp)
         .and_then(|_| std::fs::remove_file(&tmp))
-        .with_context(|| format!("cannot write {} (choose another path with -o)", path.display()))
+        .with_context(|| {
+            format!(
+                "cannot write {} (choose another path with -o)",
+                path.display()
+            )
+        })
 }
 
 struct Bar(Option<indicatif::ProgressBar>);
@@ -170,11 +193,18 @@ impl Progress for Bar {
     }
 }
 
-fn probe(output: &Path, quick: bool, only: Option<&str>, threads: Option<usize>, json: bool) -> Result<(), Failure> {
+fn probe(
+    output: &Path,
+    quick: bool,
+    only: Option<&str>,
+    threads: Option<usize>,
+    json: bool,
+) -> Result<(), Failure> {
     let sections = parse_only(only).map_err(Failure::Input)?;
     check_writable(output).map_err(Failure::Input)?;
     let allowed = roofline_kernels::affinity::allowed_cpus();
-    let mut cores = roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
+    let mut cores =
+        roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
     if let Some(n) = threads {
         if n == 0 || n > cores.len() {
             return Err(Failure::Input(anyhow!(
@@ -202,9 +232,11 @@ fn probe(output: &Path, quick: bool, only: Option<&str>, threads: Option<usize>,
     let bar = if std::io::stderr().is_terminal() {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-                .map(|s| s.progress_chars("=> "))
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         Some(b)
     } else {
@@ -237,7 +269,9 @@ fn probe(output: &Path, quick: bool, only: Option<&str>, threads: Option<usize>,
         schema: MACHINE_SCHEMA.into(),
         provenance: Provenance {
             tool: format!("roofline {}", env!("CARGO_PKG_VERSION")),
-            git_revision: option_env!("ROOFLINE_GIT_REVISION").filter(|s| !s.is_empty()).map(String::from),
+            git_revision: option_env!("ROOFLINE_GIT_REVISION")
+                .filter(|s| !s.is_empty())
+                .map(String::from),
             command_line: std::env::args().collect(),
             time_utc: roofline_collectors::now_utc(),
             host: roofline_collectors::hostname(),
@@ -262,7 +296,12 @@ fn probe(output: &Path, quick: bool, only: Option<&str>, threads: Option<usize>,
         println!("{text}");
     } else {
         output::machine_table(&machine);
-        println!("\nwrote {} ({:.0} s); draw it with: roofline plot {}", output.display(), machine.provenance.duration_s, output.display());
+        println!(
+            "\nwrote {} ({:.0} s); draw it with: roofline plot {}",
+            output.display(),
+            machine.provenance.duration_s,
+            output.display()
+        );
     }
     Ok(())
 }
@@ -270,7 +309,11 @@ fn probe(output: &Path, quick: bool, only: Option<&str>, threads: Option<usize>,
 fn plot(machine: &Path, output: &Path, threads: &str, op: &str) -> Result<(), Failure> {
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
     check_writable(output).map_err(Failure::Input)?;
-    let opt = roofline_plots::ClassicOptions { threads: threads.into(), op: op.into(), ..Default::default() };
+    let opt = roofline_plots::ClassicOptions {
+        threads: threads.into(),
+        op: op.into(),
+        ..Default::default()
+    };
     let svg = roofline_plots::classic_svg(&m, &opt).map_err(|e| Failure::Input(e.into()))?;
     write_atomic(output, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     println!("wrote {}", output.display());

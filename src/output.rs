@@ -20,11 +20,24 @@ pub fn machine_table(m: &Machine) {
     let cpu = &m.provenance.cpu;
     println!("{} — {} cores, {}", cpu.model_name, cpu.cores, cpu.simd);
     if let Some(c) = &cpu.measured_clock_hz_t1 {
-        let all = cpu.measured_clock_hz_all.as_ref().map(|a| format!(", all cores {:.3} GHz", a.median / 1e9)).unwrap_or_default();
-        println!("measured clock: one core {:.3} GHz{all} (cpuinfo says {} MHz)", c.median / 1e9, cpu.cpuinfo_mhz.map(|v| format!("{v:.0}")).unwrap_or("?".into()));
+        let all = cpu
+            .measured_clock_hz_all
+            .as_ref()
+            .map(|a| format!(", all cores {:.3} GHz", a.median / 1e9))
+            .unwrap_or_default();
+        println!(
+            "measured clock: one core {:.3} GHz{all} (cpuinfo says {} MHz)",
+            c.median / 1e9,
+            cpu.cpuinfo_mhz
+                .map(|v| format!("{v:.0}"))
+                .unwrap_or("?".into())
+        );
     }
     println!();
-    println!("{:<28} {:>14} {:>7} {:>14} {:>18}", "ceiling", "value", "threads", "samples", "of theoretical peak");
+    println!(
+        "{:<28} {:>14} {:>7} {:>14} {:>18}",
+        "ceiling", "value", "threads", "samples", "of theoretical peak"
+    );
     for c in &m.ceilings {
         println!(
             "{:<28} {:>14} {:>7} {:>14} {:>18}",
@@ -35,7 +48,12 @@ pub fn machine_table(m: &Machine) {
             peak_cell(c)
         );
     }
-    let flagged: Vec<&str> = m.ceilings.iter().filter(|c| c.above_peak).map(|c| c.id.as_str()).collect();
+    let flagged: Vec<&str> = m
+        .ceilings
+        .iter()
+        .filter(|c| c.above_peak)
+        .map(|c| c.id.as_str())
+        .collect();
     if !flagged.is_empty() {
         println!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));
     }
@@ -51,7 +69,10 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
         println!("{}", serde_json::to_string_pretty(&db)?);
         return Ok(());
     }
-    println!("{:<24} {:<6} {:<7} {:<6} {:>16} {:>10}  source", "device", "prec.", "engine", "sparse", "peak", "clock");
+    println!(
+        "{:<24} {:<6} {:<7} {:<6} {:>16} {:>10}  source",
+        "device", "prec.", "engine", "sparse", "peak", "clock"
+    );
     for d in &db.devices {
         for p in &d.peaks {
             println!(
@@ -66,12 +87,26 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
                 p.note.as_deref().unwrap_or(&d.source),
             );
         }
-        println!("{:<24} memory {}B/s, {} GiB  ({})", d.name, si(d.memory_bandwidth), d.memory_bytes >> 30, d.source);
+        println!(
+            "{:<24} memory {}B/s, {} GiB  ({})",
+            d.name,
+            si(d.memory_bandwidth),
+            d.memory_bytes >> 30,
+            d.source
+        );
     }
-    println!("\nCPUs: {}", db.cpu_rule.formula);
+    println!("\nCPU rule: {}", db.cpu_rule.formula);
     println!("  {}", db.cpu_rule.note);
-    for f in db.cpu_rule.fma_units.iter().chain(std::iter::once(&db.cpu_rule.default)) {
-        println!("  {}: {} × 512-bit, {} × 256-bit FMA units ({})", f.name, f.avx512, f.avx2, f.source);
+    for f in db
+        .cpu_rule
+        .fma_units
+        .iter()
+        .chain(std::iter::once(&db.cpu_rule.default))
+    {
+        println!(
+            "  {}: {} × 512-bit, {} × 256-bit FMA units ({})",
+            f.name, f.avx512, f.avx2, f.source
+        );
     }
     Ok(())
 }

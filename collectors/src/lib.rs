@@ -25,7 +25,9 @@ pub fn parse_cpuinfo(text: &str) -> CpuIdent {
         if line.trim().is_empty() && !id.vendor.is_empty() {
             break;
         }
-        let Some((k, v)) = line.split_once(':') else { continue };
+        let Some((k, v)) = line.split_once(':') else {
+            continue;
+        };
         let (k, v) = (k.trim(), v.trim());
         match k {
             "vendor_id" => id.vendor = v.to_string(),
@@ -81,13 +83,20 @@ fn read(p: &Path) -> Option<String> {
 /// one entry per distinct (level, type), with the number of instances.
 pub fn caches_from_sysfs(root: &Path) -> Vec<CacheInfo> {
     let mut found: Vec<(CacheInfo, BTreeSet<String>)> = Vec::new();
-    let Ok(cpus) = fs::read_dir(root) else { return Vec::new() };
+    let Ok(cpus) = fs::read_dir(root) else {
+        return Vec::new();
+    };
     for cpu in cpus.flatten() {
         let name = cpu.file_name().to_string_lossy().into_owned();
-        if !(name.starts_with("cpu") && name[3..].chars().all(|c| c.is_ascii_digit()) && name.len() > 3) {
+        if !(name.starts_with("cpu")
+            && name[3..].chars().all(|c| c.is_ascii_digit())
+            && name.len() > 3)
+        {
             continue;
         }
-        let Ok(indices) = fs::read_dir(cpu.path().join("cache")) else { continue };
+        let Ok(indices) = fs::read_dir(cpu.path().join("cache")) else {
+            continue;
+        };
         for idx in indices.flatten() {
             let p = idx.path();
             if !idx.file_name().to_string_lossy().starts_with("index") {
@@ -102,12 +111,21 @@ pub fn caches_from_sysfs(root: &Path) -> Vec<CacheInfo> {
             };
             let shared = read(&p.join("shared_cpu_list")).unwrap_or_default();
             let sharing = parse_cpu_list(&shared).len().max(1);
-            match found.iter_mut().find(|(c, _)| c.level == level && c.cache_type == ty) {
+            match found
+                .iter_mut()
+                .find(|(c, _)| c.level == level && c.cache_type == ty)
+            {
                 Some((_, sets)) => {
                     sets.insert(shared);
                 }
                 None => found.push((
-                    CacheInfo { level, cache_type: ty, size_bytes: size, shared_by_cpus: sharing, instances: 0 },
+                    CacheInfo {
+                        level,
+                        cache_type: ty,
+                        size_bytes: size,
+                        shared_by_cpus: sharing,
+                        instances: 0,
+                    },
                     BTreeSet::from([shared]),
                 )),
             }
@@ -157,7 +175,9 @@ pub const SYSFS_CPU: &str = "/sys/devices/system/cpu";
 pub fn cpu_info(cores: usize, simd: &str, features: Vec<String>) -> CpuInfo {
     let id = parse_cpuinfo(&fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
     let root = Path::new(SYSFS_CPU);
-    let logical = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let logical = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut packages = BTreeSet::new();
     for c in 0..logical {
         if let Some((p, _)) = core_of(root, c) {
@@ -199,8 +219,10 @@ pub fn os_name() -> String {
     fs::read_to_string("/etc/os-release")
         .ok()
         .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("PRETTY_NAME=").map(|v| v.trim_matches('"').to_string()))
+            t.lines().find_map(|l| {
+                l.strip_prefix("PRETTY_NAME=")
+                    .map(|v| v.trim_matches('"').to_string())
+            })
         })
         .unwrap_or_else(|| std::env::consts::OS.to_string())
 }
@@ -233,7 +255,12 @@ pub fn rfc3339(secs: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, (rem / 60) % 60, rem % 60)
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        (rem / 60) % 60,
+        rem % 60
+    )
 }
 
 #[cfg(test)]
@@ -244,7 +271,10 @@ mod tests {
     fn parses_cpuinfo() {
         let text = "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\nmodel\t\t: 2\nmodel name\t: AMD EPYC\nstepping\t: 1\ncpu MHz\t\t: 2600.000\nflags\t\t: fpu avx512f fma\n\nprocessor\t: 1\nvendor_id\t: Other\n";
         let id = parse_cpuinfo(text);
-        assert_eq!((id.vendor.as_str(), id.family, id.model, id.stepping), ("AuthenticAMD", 26, 2, 1));
+        assert_eq!(
+            (id.vendor.as_str(), id.family, id.model, id.stepping),
+            ("AuthenticAMD", 26, 2, 1)
+        );
         assert_eq!(id.model_name, "AMD EPYC");
         assert_eq!(id.mhz, Some(2600.0));
         assert!(id.flags.contains("avx512f"));
@@ -285,8 +315,22 @@ mod tests {
         }
         let caches = caches_from_sysfs(&root);
         assert_eq!(caches.len(), 3);
-        assert_eq!((caches[0].size_bytes, caches[0].shared_by_cpus, caches[0].instances), (32768, 2, 2));
-        assert_eq!((caches[2].size_bytes, caches[2].shared_by_cpus, caches[2].instances), (16 << 20, 4, 1));
+        assert_eq!(
+            (
+                caches[0].size_bytes,
+                caches[0].shared_by_cpus,
+                caches[0].instances
+            ),
+            (32768, 2, 2)
+        );
+        assert_eq!(
+            (
+                caches[2].size_bytes,
+                caches[2].shared_by_cpus,
+                caches[2].instances
+            ),
+            (16 << 20, 4, 1)
+        );
         assert_eq!(one_cpu_per_core(&root, &[0, 1, 2, 3]), vec![0, 2]);
         assert_eq!(one_cpu_per_core(&root, &[1, 3, 9]), vec![1, 3, 9]);
         fs::remove_dir_all(&root).unwrap();

@@ -17,7 +17,10 @@ pub fn allowed_cpus() -> Vec<usize> {
             }
         }
     }
-    (0..std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1)).collect()
+    (0..std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1))
+        .collect()
 }
 
 /// Pins the calling thread to `cpu`. Returns false when the OS refused.

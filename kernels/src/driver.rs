@@ -36,7 +36,12 @@ pub struct Plan {
 
 impl Plan {
     pub fn new(samples: usize, warmup: usize, min_sample_s: f64) -> Plan {
-        Plan { samples: samples.max(1), warmup, min_sample_s, max_iters: u64::MAX / 4 }
+        Plan {
+            samples: samples.max(1),
+            warmup,
+            min_sample_s,
+            max_iters: u64::MAX / 4,
+        }
     }
 }
 
@@ -60,11 +65,17 @@ pub struct Measurement {
 impl Measurement {
     /// Operations per second of each sample.
     pub fn op_rates(&self) -> Vec<f64> {
-        self.seconds.iter().map(|s| self.ops_per_iter * self.iters as f64 / s).collect()
+        self.seconds
+            .iter()
+            .map(|s| self.ops_per_iter * self.iters as f64 / s)
+            .collect()
     }
     /// Bytes per second of each sample.
     pub fn byte_rates(&self) -> Vec<f64> {
-        self.seconds.iter().map(|s| self.bytes_per_iter * self.iters as f64 / s).collect()
+        self.seconds
+            .iter()
+            .map(|s| self.bytes_per_iter * self.iters as f64 / s)
+            .collect()
     }
 }
 
@@ -116,8 +127,16 @@ where
 
     std::thread::scope(|scope| {
         for (t, &cpu) in cpus.iter().enumerate() {
-            let (barrier, iters, failed, check_failed, errors, totals, result, make) =
-                (&barrier, &iters, &failed, &check_failed, &errors, &totals, &result, &make);
+            let (barrier, iters, failed, check_failed, errors, totals, result, make) = (
+                &barrier,
+                &iters,
+                &failed,
+                &check_failed,
+                &errors,
+                &totals,
+                &result,
+                &make,
+            );
             scope.spawn(move || {
                 pin_current_thread(cpu);
                 let fail = |e: ProbeError| {
@@ -243,7 +262,11 @@ impl Controller {
         if self.calibrating {
             if dt < target && self.iters < self.plan.max_iters {
                 // Grow towards the target, at most ×16 at a time, at least ×2.
-                let factor = if dt > 0.0 { (1.2 * target / dt).clamp(2.0, 16.0) } else { 16.0 };
+                let factor = if dt > 0.0 {
+                    (1.2 * target / dt).clamp(2.0, 16.0)
+                } else {
+                    16.0
+                };
                 self.iters = ((self.iters as f64 * factor).ceil() as u64).min(self.plan.max_iters);
                 return true;
             }
@@ -292,7 +315,9 @@ mod tests {
         }
         fn run(&mut self, iters: u64) {
             for _ in 0..iters {
-                self.acc = self.acc.wrapping_add(std::hint::black_box(&self.data).iter().sum::<u64>());
+                self.acc = self
+                    .acc
+                    .wrapping_add(std::hint::black_box(&self.data).iter().sum::<u64>());
             }
             self.runs += iters;
         }
@@ -307,7 +332,11 @@ mod tests {
     }
 
     fn summer() -> Summer {
-        Summer { data: (0..4096).collect(), runs: 0, acc: 0 }
+        Summer {
+            data: (0..4096).collect(),
+            runs: 0,
+            acc: 0,
+        }
     }
 
     #[test]

@@ -30,7 +30,12 @@ pub struct ClassicOptions {
 
 impl Default for ClassicOptions {
     fn default() -> Self {
-        ClassicOptions { threads: "all".into(), op: "triad".into(), width: 1100, height: 760 }
+        ClassicOptions {
+            threads: "all".into(),
+            op: "triad".into(),
+            width: 1100,
+            height: 760,
+        }
     }
 }
 
@@ -71,19 +76,38 @@ fn suffix_matches(c: &Ceiling, threads: &str) -> bool {
 
 /// Level order for the legend: L1, L2, L3, DRAM.
 fn level_rank(level: &str) -> u32 {
-    level.strip_prefix('L').and_then(|n| n.parse().ok()).unwrap_or(100)
+    level
+        .strip_prefix('L')
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(100)
 }
 
 /// Picks the roofs of the classic plot.
 pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, PlotError> {
     let mut flat: Vec<DrawnRoof> = Vec::new();
-    for c in m.ceilings.iter().filter(|c| c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && suffix_matches(c, &opt.threads)) {
-        flat.push(DrawnRoof { label: c.id.clone(), value: c.value, slanted: false, dashed: false });
+    for c in m.ceilings.iter().filter(|c| {
+        c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && suffix_matches(c, &opt.threads)
+    }) {
+        flat.push(DrawnRoof {
+            label: c.id.clone(),
+            value: c.value,
+            slanted: false,
+            dashed: false,
+        });
         if let Some(p) = &c.theoretical_peak {
             // One dashed roof per distinct theoretical value (GEMM and FMA share theirs).
-            if p.unit == "FLOP/s" && !flat.iter().any(|r| r.dashed && (r.value - p.value).abs() <= 1e-9 * p.value) {
+            if p.unit == "FLOP/s"
+                && !flat
+                    .iter()
+                    .any(|r| r.dashed && (r.value - p.value).abs() <= 1e-9 * p.value)
+            {
                 let prec = c.precision.clone().unwrap_or_default();
-                flat.push(DrawnRoof { label: format!("theoretical {prec} peak ({})", opt.threads), value: p.value, slanted: false, dashed: true });
+                flat.push(DrawnRoof {
+                    label: format!("theoretical {prec} peak ({})", opt.threads),
+                    value: p.value,
+                    slanted: false,
+                    dashed: true,
+                });
             }
         }
     }
@@ -91,13 +115,20 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .ceilings
         .iter()
         .filter(|c| {
-            c.kind == CeilingKind::Memory && suffix_matches(c, &opt.threads) && c.id.split('/').nth(3) == Some(opt.op.as_str())
+            c.kind == CeilingKind::Memory
+                && suffix_matches(c, &opt.threads)
+                && c.id.split('/').nth(3) == Some(opt.op.as_str())
         })
         .collect();
     mem.sort_by_key(|c| level_rank(c.level.as_deref().unwrap_or("")));
     let slanted: Vec<DrawnRoof> = mem
         .iter()
-        .map(|c| DrawnRoof { label: c.id.clone(), value: c.value, slanted: true, dashed: false })
+        .map(|c| DrawnRoof {
+            label: c.id.clone(),
+            value: c.value,
+            slanted: true,
+            dashed: false,
+        })
         .collect();
     if flat.is_empty() && slanted.is_empty() {
         return Err(PlotError::Empty(format!(
@@ -105,17 +136,33 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             opt.op, opt.threads
         )));
     }
-    let top = flat.iter().filter(|r| !r.dashed).map(|r| (r.value, r.label.clone())).fold(None::<(f64, String)>, |a, b| match a {
-        Some(a) if a.0 >= b.0 => Some(a),
-        _ => Some(b),
+    // Ridge points against the single-precision peak (HPC AI500's reference precision), or the
+    // highest measured compute roof when there is none.
+    let measured = || flat.iter().filter(|r| !r.dashed);
+    let f32_peak = measured()
+        .filter(|r| r.label.starts_with("cpu/fma/f32/"))
+        .map(|r| (r.value, r.label.clone()))
+        .next();
+    let top = f32_peak.or_else(|| {
+        measured()
+            .map(|r| (r.value, r.label.clone()))
+            .fold(None::<(f64, String)>, |a, b| match a {
+                Some(a) if a.0 >= b.0 => Some(a),
+                _ => Some(b),
+            })
     });
     let mut ridges = Vec::new();
     if let Some((peak, label)) = &top {
         for s in &slanted {
-            ridges.push(Ridge { memory: s.label.clone(), compute: label.clone(), intensity: peak / s.value, performance: *peak });
+            ridges.push(Ridge {
+                memory: s.label.clone(),
+                compute: label.clone(),
+                intensity: peak / s.value,
+                performance: *peak,
+            });
         }
     }
-    // Ranges: a decade around the ridges; FLOP/s from the lowest roof at the left edge.
+    // Ranges: around the ridges; FLOP/s from the lowest roof at the left edge to above the top.
     let (mut xmin, mut xmax) = (f64::INFINITY, 0.0f64);
     for r in &ridges {
         xmin = xmin.min(r.intensity);
@@ -124,30 +171,71 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
     if !xmin.is_finite() {
         (xmin, xmax) = (1.0, 1.0);
     }
-    let x_range = (pow10_floor(xmin / 8.0), pow10_ceil(xmax * 8.0));
-    let ymax = flat.iter().map(|r| r.value).fold(0.0, f64::max).max(slanted.iter().map(|r| r.value * x_range.1).fold(0.0, f64::max).min(f64::MAX));
-    let ymax_all = if flat.is_empty() { ymax } else { flat.iter().map(|r| r.value).fold(0.0, f64::max) };
-    let ymin_candidates = slanted.iter().map(|r| r.value * x_range.0).chain(flat.iter().map(|r| r.value));
-    let ymin = ymin_candidates.fold(f64::INFINITY, f64::min);
-    let y_range = (pow10_floor(ymin / 2.0), pow10_ceil(ymax_all * 2.0));
-    Ok(ClassicModel { flat, slanted, ridges, x_range, y_range })
+    let x_range = (pow10_floor(xmin / 4.0), pow10_ceil(xmax * 4.0));
+    let ymax = if flat.is_empty() {
+        slanted
+            .iter()
+            .map(|r| r.value * x_range.1)
+            .fold(0.0, f64::max)
+    } else {
+        flat.iter().map(|r| r.value).fold(0.0, f64::max)
+    };
+    let ymin = slanted
+        .iter()
+        .map(|r| r.value * x_range.0)
+        .chain(flat.iter().map(|r| r.value))
+        .fold(f64::INFINITY, f64::min);
+    let y_range = (pow10_floor(ymin / 1.5), pow10_ceil(ymax * 1.5));
+    Ok(ClassicModel {
+        flat,
+        slanted,
+        ridges,
+        x_range,
+        y_range,
+    })
 }
 
+/// The largest of 1, 2, 5 × 10^k not above `x`.
 fn pow10_floor(x: f64) -> f64 {
-    10f64.powf(x.log10().floor())
+    let d = 10f64.powf(x.log10().floor());
+    [5.0, 2.0, 1.0]
+        .into_iter()
+        .map(|m| m * d)
+        .find(|v| *v <= x * (1.0 + 1e-9))
+        .unwrap_or(d)
 }
+/// The smallest of 1, 2, 5 × 10^k not below `x`.
 fn pow10_ceil(x: f64) -> f64 {
-    10f64.powf(x.log10().ceil())
+    let d = 10f64.powf(x.log10().floor());
+    [1.0, 2.0, 5.0, 10.0]
+        .into_iter()
+        .map(|m| m * d)
+        .find(|v| *v >= x * (1.0 - 1e-9))
+        .unwrap_or(10.0 * d)
 }
 
 /// SI prefix formatting: 1.2e11 → "120 G".
 pub fn si(v: f64) -> String {
-    let (p, s) = [(1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k"), (1.0, ""), (1e-3, "m")]
-        .into_iter()
-        .find(|(p, _)| v.abs() >= *p)
-        .unwrap_or((1e-3, "m"));
+    let (p, s) = [
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1.0, ""),
+        (1e-3, "m"),
+    ]
+    .into_iter()
+    .find(|(p, _)| v.abs() >= *p)
+    .unwrap_or((1e-3, "m"));
     let x = v / p;
-    let digits = if x >= 100.0 { 0 } else if x >= 10.0 { 1 } else { 2 };
+    let digits = if x >= 100.0 {
+        0
+    } else if x >= 10.0 {
+        1
+    } else {
+        2
+    };
     format!("{x:.digits$} {s}")
 }
 
@@ -163,7 +251,7 @@ pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotErro
     Ok(svg)
 }
 
-const COLORS: [RGBColor; 10] = [
+const COLORS: [RGBColor; 14] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
@@ -174,11 +262,20 @@ const COLORS: [RGBColor; 10] = [
     RGBColor(23, 190, 207),
     RGBColor(188, 189, 34),
     RGBColor(127, 127, 127),
+    RGBColor(0, 0, 128),
+    RGBColor(128, 0, 0),
+    RGBColor(0, 100, 0),
+    RGBColor(184, 134, 11),
 ];
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
-fn draw(root: &Area, m: &Machine, model: &ClassicModel, opt: &ClassicOptions) -> Result<(), Box<dyn std::error::Error>> {
+fn draw(
+    root: &Area,
+    m: &Machine,
+    model: &ClassicModel,
+    opt: &ClassicOptions,
+) -> Result<(), Box<dyn std::error::Error>> {
     root.fill(&WHITE)?;
     let (x0, x1) = model.x_range;
     let (y0, y1) = model.y_range;
@@ -186,7 +283,11 @@ fn draw(root: &Area, m: &Machine, model: &ClassicModel, opt: &ClassicOptions) ->
         "Roofline: {} ({} threads: {})",
         m.provenance.cpu.model_name,
         opt.threads,
-        m.ceilings.iter().find(|c| suffix_matches(c, &opt.threads)).map(|c| c.threads).unwrap_or(0)
+        m.ceilings
+            .iter()
+            .find(|c| suffix_matches(c, &opt.threads))
+            .map(|c| c.threads)
+            .unwrap_or(0)
     );
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
@@ -204,13 +305,22 @@ fn draw(root: &Area, m: &Machine, model: &ClassicModel, opt: &ClassicOptions) ->
         .draw()?;
 
     let top_bw = model.slanted.iter().map(|r| r.value).fold(0.0, f64::max);
-    let top_flat = model.flat.iter().filter(|r| !r.dashed).map(|r| r.value).fold(0.0, f64::max);
+    let top_flat = model
+        .flat
+        .iter()
+        .filter(|r| !r.dashed)
+        .map(|r| r.value)
+        .fold(0.0, f64::max);
     let mut color = 0;
     for r in &model.slanted {
         let c = COLORS[color % COLORS.len()];
         color += 1;
         // From the left edge up to the highest compute roof (or the right edge).
-        let x_end = if top_flat > 0.0 { (top_flat / r.value).min(x1) } else { x1 };
+        let x_end = if top_flat > 0.0 {
+            (top_flat / r.value).min(x1)
+        } else {
+            x1
+        };
         let pts = vec![(x0, r.value * x0), (x_end, r.value * x_end)];
         chart
             .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
@@ -218,32 +328,50 @@ fn draw(root: &Area, m: &Machine, model: &ClassicModel, opt: &ClassicOptions) ->
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
     }
     for r in &model.flat {
-        let c = if r.dashed { RGBColor(90, 90, 90) } else { COLORS[color % COLORS.len()] };
+        let c = if r.dashed {
+            RGBColor(90, 90, 90)
+        } else {
+            COLORS[color % COLORS.len()]
+        };
         if !r.dashed {
             color += 1;
         }
         // From where it meets the highest bandwidth roof to the right edge.
-        let x_start = if top_bw > 0.0 { (r.value / top_bw).max(x0) } else { x0 };
+        let x_start = if top_bw > 0.0 {
+            (r.value / top_bw).max(x0)
+        } else {
+            x0
+        };
         let pts = vec![(x_start, r.value), (x1, r.value)];
         let label = format!("{}: {}FLOP/s", r.label, si(r.value));
         if r.dashed {
             chart
                 .draw_series(DashedLineSeries::new(pts, 6, 4, c.stroke_width(1)))?
                 .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1))
+                });
         } else {
             chart
                 .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
                 .label(label)
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
         }
     }
-    for rdg in &model.ridges {
-        chart.draw_series(std::iter::once(Circle::new((rdg.intensity, rdg.performance), 4, BLACK.filled())))?;
+    for (i, rdg) in model.ridges.iter().enumerate() {
+        chart.draw_series(std::iter::once(Circle::new(
+            (rdg.intensity, rdg.performance),
+            4,
+            BLACK.filled(),
+        )))?;
         let level = rdg.memory.split('/').nth(2).unwrap_or("");
+        // Labels step down one line each so that close ridges stay readable.
+        let below = 0.8f64.powi(i as i32 + 1);
         chart.draw_series(std::iter::once(Text::new(
             format!("{level} ridge {:.3} FLOP/B", rdg.intensity),
-            (rdg.intensity, rdg.performance * 0.82),
+            (rdg.intensity * 1.05, rdg.performance * below),
             ("sans-serif", 12).into_font().color(&BLACK),
         )))?;
     }
@@ -264,20 +392,28 @@ mod tests {
 
     pub fn machine() -> Machine {
         let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
-        let c = |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
-            id: id.into(),
-            kind,
-            value: v,
-            unit: unit.into(),
-            threads: 2,
-            precision: Some("f32".into()),
-            level: level.map(String::from),
-            stats: stats(v),
-            theoretical_peak: peak.map(|p| TheoreticalPeak { value: p, unit: unit.into(), source: "rule".into() }),
-            above_peak: false,
-            method: "test".into(),
-            per_iteration: PerIteration { ops: 1.0, bytes: 1.0 },
-        };
+        let c =
+            |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
+                id: id.into(),
+                kind,
+                value: v,
+                unit: unit.into(),
+                threads: 2,
+                precision: Some("f32".into()),
+                level: level.map(String::from),
+                stats: stats(v),
+                theoretical_peak: peak.map(|p| TheoreticalPeak {
+                    value: p,
+                    unit: unit.into(),
+                    source: "rule".into(),
+                }),
+                above_peak: false,
+                method: "test".into(),
+                per_iteration: PerIteration {
+                    ops: 1.0,
+                    bytes: 1.0,
+                },
+            };
         Machine {
             schema: MACHINE_SCHEMA.into(),
             provenance: Provenance {
@@ -310,13 +446,62 @@ mod tests {
                 duration_s: 1.0,
             },
             ceilings: vec![
-                c("cpu/fma/f32/all", CeilingKind::Compute, 5e11, "FLOP/s", None, Some(5.1e11)),
-                c("cpu/gemm/f32/all", CeilingKind::Compute, 4.5e11, "FLOP/s", None, Some(5.1e11)),
-                c("cpu/fma/int8/all", CeilingKind::Compute, 2e12, "OP/s", None, None),
-                c("cpu/mem/L1/triad/all", CeilingKind::Memory, 1e12, "B/s", Some("L1"), None),
-                c("cpu/mem/DRAM/triad/all", CeilingKind::Memory, 5e10, "B/s", Some("DRAM"), None),
-                c("cpu/mem/DRAM/read/all", CeilingKind::Memory, 6e10, "B/s", Some("DRAM"), None),
-                c("cpu/mem/DRAM/triad/t1", CeilingKind::Memory, 3e10, "B/s", Some("DRAM"), None),
+                c(
+                    "cpu/fma/f32/all",
+                    CeilingKind::Compute,
+                    5e11,
+                    "FLOP/s",
+                    None,
+                    Some(5.1e11),
+                ),
+                c(
+                    "cpu/gemm/f32/all",
+                    CeilingKind::Compute,
+                    4.5e11,
+                    "FLOP/s",
+                    None,
+                    Some(5.1e11),
+                ),
+                c(
+                    "cpu/fma/int8/all",
+                    CeilingKind::Compute,
+                    2e12,
+                    "OP/s",
+                    None,
+                    None,
+                ),
+                c(
+                    "cpu/mem/L1/triad/all",
+                    CeilingKind::Memory,
+                    1e12,
+                    "B/s",
+                    Some("L1"),
+                    None,
+                ),
+                c(
+                    "cpu/mem/DRAM/triad/all",
+                    CeilingKind::Memory,
+                    5e10,
+                    "B/s",
+                    Some("DRAM"),
+                    None,
+                ),
+                c(
+                    "cpu/mem/DRAM/read/all",
+                    CeilingKind::Memory,
+                    6e10,
+                    "B/s",
+                    Some("DRAM"),
+                    None,
+                ),
+                c(
+                    "cpu/mem/DRAM/triad/t1",
+                    CeilingKind::Memory,
+                    3e10,
+                    "B/s",
+                    Some("DRAM"),
+                    None,
+                ),
             ],
             curves: vec![],
             tables: vec![],
@@ -332,10 +517,14 @@ mod tests {
         // Two measured flat roofs (int8 OP/s is not a FLOP/s roof) and one theoretical.
         assert_eq!(model.flat.iter().filter(|r| !r.dashed).count(), 2);
         assert_eq!(model.flat.iter().filter(|r| r.dashed).count(), 1);
-        let dram = model.ridges.iter().find(|r| r.memory.contains("DRAM")).unwrap();
+        let dram = model
+            .ridges
+            .iter()
+            .find(|r| r.memory.contains("DRAM"))
+            .unwrap();
         assert_eq!(dram.intensity, 5e11 / 5e10);
         assert_eq!(dram.compute, "cpu/fma/f32/all");
-        assert!(model.x_range.0 <= 0.5 / 8.0 && model.x_range.1 >= 80.0);
+        assert!(model.x_range.0 <= 0.5 / 4.0 && model.x_range.1 >= 40.0);
     }
 
     #[test]
@@ -353,7 +542,19 @@ mod tests {
     fn nothing_to_plot_is_an_error() {
         let mut m = machine();
         m.ceilings.clear();
-        assert!(matches!(classic_svg(&m, &ClassicOptions::default()), Err(PlotError::Empty(_))));
+        assert!(matches!(
+            classic_svg(&m, &ClassicOptions::default()),
+            Err(PlotError::Empty(_))
+        ));
+    }
+
+    #[test]
+    fn ranges_snap_to_1_2_5() {
+        assert_eq!(pow10_floor(0.0999), 0.05);
+        assert_eq!(pow10_floor(0.1), 0.1);
+        assert_eq!(pow10_floor(3.7e9), 2e9);
+        assert_eq!(pow10_ceil(1.13e12 * 1.5), 2e12);
+        assert_eq!(pow10_ceil(6e3), 1e4);
     }
 
     #[test]

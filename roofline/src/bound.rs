@@ -129,10 +129,26 @@ mod tests {
 
     fn roofs() -> Vec<Roof> {
         vec![
-            Roof { id: "fma".into(), slanted: false, value: 1e12 },
-            Roof { id: "gemm".into(), slanted: false, value: 8e11 },
-            Roof { id: "L1".into(), slanted: true, value: 1e12 },
-            Roof { id: "DRAM".into(), slanted: true, value: 1e11 },
+            Roof {
+                id: "fma".into(),
+                slanted: false,
+                value: 1e12,
+            },
+            Roof {
+                id: "gemm".into(),
+                slanted: false,
+                value: 8e11,
+            },
+            Roof {
+                id: "L1".into(),
+                slanted: true,
+                value: 1e12,
+            },
+            Roof {
+                id: "DRAM".into(),
+                slanted: true,
+                value: 1e11,
+            },
         ]
     }
 

@@ -25,7 +25,10 @@ pub enum ModelError {
     #[error("unknown schema {found}; expected \"{expected}\" (was the file written by another tool or another version of roofline?)")]
     Schema { expected: String, found: String },
     #[error("{path}: {inner}")]
-    InFile { path: String, inner: Box<ModelError> },
+    InFile {
+        path: String,
+        inner: Box<ModelError>,
+    },
     #[error("cannot write {path}: {message}")]
     Write { path: String, message: String },
     #[error("peak database: {0}")]
@@ -37,7 +40,10 @@ impl ModelError {
     pub fn in_file(self, path: &std::path::Path) -> ModelError {
         match self {
             e @ (ModelError::Io { .. } | ModelError::Write { .. } | ModelError::InFile { .. }) => e,
-            e => ModelError::InFile { path: path.display().to_string(), inner: Box::new(e) },
+            e => ModelError::InFile {
+                path: path.display().to_string(),
+                inner: Box::new(e),
+            },
         }
     }
 }

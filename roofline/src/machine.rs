@@ -269,3 +269,61 @@ impl Machine {
         serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn minimal() -> serde_json::Value {
+        serde_json::json!({
+            "schema": MACHINE_SCHEMA,
+            "provenance": {
+                "tool": "roofline 0", "command_line": [], "time_utc": "t", "host": "h", "os": "o",
+                "kernel": "k", "quick": true, "duration_s": 1.0,
+                "cpu": { "vendor": "v", "model_name": "m", "family": 1, "model": 2, "stepping": 3,
+                         "sockets": 1, "cores": 2, "logical_cpus": 2, "features": [], "simd": "avx512",
+                         "caches": [] }
+            },
+            "ceilings": [{
+                "id": "cpu/fma/f32/t1", "kind": "compute", "value": 2.0, "unit": "FLOP/s", "threads": 1,
+                "stats": { "samples": 1, "min": 2.0, "median": 2.0, "max": 2.0, "mean": 2.0, "cv": 0.0, "values": [2.0] },
+                "theoretical_peak": { "value": 1.0, "unit": "FLOP/s", "source": "s" },
+                "method": "m", "per_iteration": { "ops": 1.0, "bytes": 0.0 }
+            }]
+        })
+    }
+
+    #[test]
+    fn round_trips_and_flags_above_peak() {
+        let m = Machine::from_json(&minimal().to_string()).unwrap();
+        let mut c = m.ceiling("cpu/fma/f32/t1").unwrap().clone();
+        assert!(!c.above_peak, "as read");
+        c.flag_against_peak();
+        assert!(c.above_peak);
+        assert_eq!(c.fraction_of_peak(), Some(2.0));
+        let again = Machine::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(again, m);
+    }
+
+    #[test]
+    fn rejects_other_schemas_and_malformed_text() {
+        let mut v = minimal();
+        v["schema"] = "roofline/machine/v2".into();
+        let e = Machine::from_json(&v.to_string()).unwrap_err();
+        assert!(
+            e.to_string()
+                .contains("unknown schema \"roofline/machine/v2\""),
+            "{e}"
+        );
+        v.as_object_mut().unwrap().remove("schema");
+        assert!(matches!(
+            Machine::from_json(&v.to_string()),
+            Err(ModelError::Schema { .. })
+        ));
+        assert!(matches!(Machine::from_json("{"), Err(ModelError::Json(_))));
+        let e = Machine::read(Path::new("/nonexistent/machine.json")).unwrap_err();
+        assert!(e
+            .to_string()
+            .starts_with("cannot read /nonexistent/machine.json"));
+    }
+}

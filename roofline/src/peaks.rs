@@ -95,7 +95,10 @@ impl PeakDb {
         }
         for d in &db.devices {
             for p in &d.peaks {
-                if !(p.value.is_finite() && p.value > 0.0) || !matches!(p.unit.as_str(), "FLOP/s" | "OP/s") {
+                let valid = p.value.is_finite()
+                    && p.value > 0.0
+                    && matches!(p.unit.as_str(), "FLOP/s" | "OP/s");
+                if !valid {
                     return Err(ModelError::Peaks(format!(
                         "{}: {} {} has value {} {}; expected a positive FLOP/s or OP/s figure",
                         d.name, p.precision, p.engine, p.value, p.unit
@@ -109,9 +112,11 @@ impl PeakDb {
     /// The device whose match strings occur in the name the driver reports.
     pub fn device(&self, reported_name: &str) -> Option<&Device> {
         let name = reported_name.to_ascii_lowercase();
-        self.devices
-            .iter()
-            .find(|d| d.matches.iter().any(|m| name.contains(&m.to_ascii_lowercase())))
+        self.devices.iter().find(|d| {
+            d.matches
+                .iter()
+                .any(|m| name.contains(&m.to_ascii_lowercase()))
+        })
     }
 
     /// The FMA-unit entry for a CPU.
@@ -166,7 +171,11 @@ pub fn cpu_peak(
     }
     let lanes = (vector_bits / elem_bits) as f64;
     let value = cores as f64 * clock_hz * lanes * per_lane * fma_units as f64 * 2.0;
-    let dot = if per_lane > 1.0 { format!(" × {per_lane} products per lane") } else { String::new() };
+    let dot = if per_lane > 1.0 {
+        format!(" × {per_lane} products per lane")
+    } else {
+        String::new()
+    };
     let text = format!(
         "CPU rule: {cores} cores × {:.3} GHz (measured) × {lanes} lanes ({vector_bits}-bit / {elem_bits}-bit){dot} × {fma_units} FMA units × 2",
         clock_hz / 1e9
@@ -194,8 +203,14 @@ mod tests {
             "AMD Instinct MI300X",
         ] {
             let d = db.device(name).unwrap_or_else(|| panic!("{name} missing"));
-            assert!(d.dense_peak("f32").is_some() || d.dense_peak("f16").is_some(), "{name}");
-            assert!(d.source.starts_with("https://"), "{name} has no public source");
+            assert!(
+                d.dense_peak("f32").is_some() || d.dense_peak("f16").is_some(),
+                "{name}"
+            );
+            assert!(
+                d.source.starts_with("https://"),
+                "{name} has no public source"
+            );
             assert!(d.clock_mhz > 500.0);
         }
         let h100 = db.device("NVIDIA H100 80GB HBM3").unwrap();
@@ -210,7 +225,12 @@ mod tests {
                     .find(|q| !q.sparse && q.precision == p.precision && q.engine == p.engine)
                     .unwrap();
                 let r = p.value / dense.value;
-                assert!((r - 2.0).abs() < 0.01, "{} {} sparse/dense = {r}", d.name, p.precision);
+                assert!(
+                    (r - 2.0).abs() < 0.01,
+                    "{} {} sparse/dense = {r}",
+                    d.name,
+                    p.precision
+                );
             }
         }
     }
@@ -220,7 +240,10 @@ mod tests {
         let db = PeakDb::builtin().unwrap();
         assert_eq!(db.fma_units("AuthenticAMD", 26, 2).avx512, 2);
         assert_eq!(db.fma_units("AuthenticAMD", 25, 17).avx512, 1);
-        assert_eq!(db.fma_units("SomeVendor", 1, 1).name, db.cpu_rule.default.name);
+        assert_eq!(
+            db.fma_units("SomeVendor", 1, 1).name,
+            db.cpu_rule.default.name
+        );
         // One Zen 5 core at 4 GHz: 16 f32 lanes × 2 units × 2 = 64 FLOP/cycle = 256 GFLOP/s.
         let (v, text) = cpu_peak(1, 4e9, 512, 2, "f32").unwrap();
         assert_eq!(v, 256e9);

@@ -7,7 +7,10 @@ use std::path::{Path, PathBuf};
 
 /// The temporary path used while writing `path`.
 pub fn temp_path(path: &Path) -> PathBuf {
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 

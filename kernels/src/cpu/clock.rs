@@ -4,8 +4,8 @@
 
 use crate::driver::Kernel;
 
-/// Dependent adds per loop iteration.
-pub const ADDS_PER_ITER: u64 = 200;
+/// Dependent adds per loop iteration (long, so that the loop branch costs < 0.05%).
+pub const ADDS_PER_ITER: u64 = 1000;
 
 /// A kernel whose "operations" are clock cycles.
 pub struct ClockKernel {
@@ -15,7 +15,10 @@ pub struct ClockKernel {
 
 impl ClockKernel {
     pub fn new() -> ClockKernel {
-        ClockKernel { value: 0, total_iters: 0 }
+        ClockKernel {
+            value: 0,
+            total_iters: 0,
+        }
     }
 }
 
@@ -34,7 +37,7 @@ fn chain(mut x: u64, n: u64) -> u64 {
     unsafe {
         std::arch::asm!(
             "2:",
-            ".rept 200",
+            ".rept 1000",
             "add {x}, 1",
             ".endr",
             "dec {n}",
@@ -71,7 +74,10 @@ impl Kernel for ClockKernel {
         if self.value == want {
             Ok(0.0)
         } else {
-            Err(format!("add chain gave {} after {} iterations, expected {want}", self.value, self.total_iters))
+            Err(format!(
+                "add chain gave {} after {} iterations, expected {want}",
+                self.value, self.total_iters
+            ))
         }
     }
 }

@@ -46,7 +46,8 @@ impl ConvShape {
     }
     /// Bytes the forward pass must move at least: input, weights and output once each.
     pub fn min_bytes(&self) -> f64 {
-        4.0 * (self.n * self.h * self.w * self.c + self.depth() * self.k + self.rows() * self.k) as f64
+        4.0 * (self.n * self.h * self.w * self.c + self.depth() * self.k + self.rows() * self.k)
+            as f64
     }
     pub fn input_len(&self) -> usize {
         self.n * self.h * self.w * self.c
@@ -90,20 +91,49 @@ pub struct Layer {
 pub fn resnet50_layers(n: usize) -> Vec<Layer> {
     let conv = |name: &str, c, h, k, r, stride| Layer {
         name: name.to_string(),
-        shape: ConvShape { n, c, h, w: h, k, r, s: r, stride, pad: r / 2 },
+        shape: ConvShape {
+            n,
+            c,
+            h,
+            w: h,
+            k,
+            r,
+            s: r,
+            stride,
+            pad: r / 2,
+        },
     };
     let mut v = vec![conv("conv1 7x7/2", 3, 224, 64, 7, 2)];
     // (stage, input size of the stage, input channels, bottleneck width)
-    for (stage, hin, cin, width) in [(2, 56, 64, 64), (3, 56, 256, 128), (4, 28, 512, 256), (5, 14, 1024, 512)] {
+    for (stage, hin, cin, width) in [
+        (2, 56, 64, 64),
+        (3, 56, 256, 128),
+        (4, 28, 512, 256),
+        (5, 14, 1024, 512),
+    ] {
         let out = 4 * width;
         let first_stride = if stage == 2 { 1 } else { 2 };
         let hout = hin / first_stride;
         let p = format!("layer{}", stage - 1);
         v.push(conv(&format!("{p}.0 conv1 1x1"), cin, hin, width, 1, 1));
-        v.push(conv(&format!("{p}.0 conv2 3x3/{first_stride}"), width, hin, width, 3, first_stride));
+        v.push(conv(
+            &format!("{p}.0 conv2 3x3/{first_stride}"),
+            width,
+            hin,
+            width,
+            3,
+            first_stride,
+        ));
         v.push(conv(&format!("{p}.0 conv3 1x1"), width, hout, out, 1, 1));
         if stage != 2 || cin != out {
-            v.push(conv(&format!("{p}.0 downsample 1x1/{first_stride}"), cin, hin, out, 1, first_stride));
+            v.push(conv(
+                &format!("{p}.0 downsample 1x1/{first_stride}"),
+                cin,
+                hin,
+                out,
+                1,
+                first_stride,
+            ));
         }
         v.push(conv(&format!("{p}.1 conv1 1x1"), out, hout, width, 1, 1));
         if stage != 2 {
@@ -166,9 +196,28 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], y: &mut [f32], sh: &ConvShape, paral
     assert_eq!(y.len(), sh.output_len(), "output length");
     let (rows, depth, k) = (sh.rows(), sh.depth(), sh.k);
     if sh.is_pointwise() {
-        let par = if parallel { Parallelism::Rayon(rayon::current_num_threads()) } else { Parallelism::None };
+        let par = if parallel {
+            Parallelism::Rayon(rayon::current_num_threads())
+        } else {
+            Parallelism::None
+        };
         // SAFETY: x is rows × c (= depth), w is depth × k, y is rows × k, all dense row-major.
-        unsafe { matmul(Shape { m: rows, n: k, k: depth }, y.as_mut_ptr(), k, x.as_ptr(), depth, w.as_ptr(), k, par) };
+        unsafe {
+            matmul(
+                Shape {
+                    m: rows,
+                    n: k,
+                    k: depth,
+                },
+                y.as_mut_ptr(),
+                k,
+                x.as_ptr(),
+                depth,
+                w.as_ptr(),
+                k,
+                par,
+            )
+        };
         return;
     }
     let mb = block_rows(depth);
@@ -184,7 +233,11 @@ pub fn conv2d_forward(x: &[f32], w: &[f32], y: &mut [f32], sh: &ConvShape, paral
             // SAFETY: patch holds nrows × depth, w depth × k, yb nrows × k.
             unsafe {
                 matmul(
-                    Shape { m: nrows, n: k, k: depth },
+                    Shape {
+                        m: nrows,
+                        n: k,
+                        k: depth,
+                    },
                     yb.as_mut_ptr(),
                     k,
                     patch.as_ptr(),
@@ -215,7 +268,10 @@ pub struct ConvKernel {
 impl ConvKernel {
     pub fn new(shape: ConvShape, parallel: bool) -> Result<ConvKernel, ProbeError> {
         if !shape.valid() {
-            return Err(ProbeError::Unsupported(format!("invalid convolution shape {}", shape.describe())));
+            return Err(ProbeError::Unsupported(format!(
+                "invalid convolution shape {}",
+                shape.describe()
+            )));
         }
         let alloc = |len: usize, seed: u64| {
             Buffer::from_fn(len, |i| noise(seed, i) as f32).ok_or(ProbeError::Alloc(len * 4))
@@ -224,7 +280,8 @@ impl ConvKernel {
             shape,
             x: alloc(shape.input_len(), 11)?,
             w: alloc(shape.weight_len(), 12)?,
-            y: Buffer::zeroed(shape.output_len()).ok_or(ProbeError::Alloc(shape.output_len() * 4))?,
+            y: Buffer::zeroed(shape.output_len())
+                .ok_or(ProbeError::Alloc(shape.output_len() * 4))?,
             parallel,
         })
     }
@@ -245,10 +302,27 @@ pub fn check_conv(x: &[f32], w: &[f32], y: &[f32], sh: &ConvShape) -> Result<f64
         let col = (s * 104_729 + 5) % k;
         let mut patch = vec![0.0f32; depth];
         im2col_direct(x, sh, row, &mut patch);
-        let one = Shape { m: 1, n: 1, k: depth };
+        let one = Shape {
+            m: 1,
+            n: 1,
+            k: depth,
+        };
         let wcol: Vec<f32> = (0..depth).map(|p| w[p * k + col]).collect();
-        let err = check_product(one, &patch, depth, &wcol, 1, &y[row * k + col..row * k + col + 1], 1)
-            .map_err(|e| format!("convolution {} output row {row} channel {col}: {e}", sh.describe()))?;
+        let err = check_product(
+            one,
+            &patch,
+            depth,
+            &wcol,
+            1,
+            &y[row * k + col..row * k + col + 1],
+            1,
+        )
+        .map_err(|e| {
+            format!(
+                "convolution {} output row {row} channel {col}: {e}",
+                sh.describe()
+            )
+        })?;
         worst = worst.max(err);
     }
     Ok(worst)
@@ -302,7 +376,12 @@ mod tests {
         assert!(layers.iter().all(|l| l.shape.valid()));
         // Every 3×3 convolution of ResNet-50 does 2 × 56² × 64² × 9 FLOPs per image.
         for l in layers.iter().filter(|l| l.shape.r == 3) {
-            assert_eq!(l.shape.flops(), 2.0 * 56.0 * 56.0 * 64.0 * 64.0 * 9.0, "{}", l.name);
+            assert_eq!(
+                l.shape.flops(),
+                2.0 * 56.0 * 56.0 * 64.0 * 64.0 * 9.0,
+                "{}",
+                l.name
+            );
         }
         // conv1: 2 × 112² × 64 × 147.
         assert_eq!(layers[0].shape.flops(), 2.0 * 112.0 * 112.0 * 64.0 * 147.0);
@@ -312,12 +391,72 @@ mod tests {
     #[test]
     fn forward_matches_direct_convolution_for_every_kind_of_shape() {
         let shapes = [
-            ConvShape { n: 2, c: 3, h: 11, w: 9, k: 5, r: 3, s: 3, stride: 1, pad: 1 },
-            ConvShape { n: 1, c: 4, h: 12, w: 12, k: 8, r: 7, s: 7, stride: 2, pad: 3 },
-            ConvShape { n: 3, c: 16, h: 6, w: 6, k: 7, r: 1, s: 1, stride: 1, pad: 0 },
-            ConvShape { n: 2, c: 8, h: 7, w: 7, k: 4, r: 1, s: 1, stride: 2, pad: 0 },
-            ConvShape { n: 1, c: 2, h: 5, w: 4, k: 3, r: 2, s: 3, stride: 3, pad: 0 },
-            ConvShape { n: 2, c: 64, h: 20, w: 20, k: 32, r: 3, s: 3, stride: 2, pad: 1 },
+            ConvShape {
+                n: 2,
+                c: 3,
+                h: 11,
+                w: 9,
+                k: 5,
+                r: 3,
+                s: 3,
+                stride: 1,
+                pad: 1,
+            },
+            ConvShape {
+                n: 1,
+                c: 4,
+                h: 12,
+                w: 12,
+                k: 8,
+                r: 7,
+                s: 7,
+                stride: 2,
+                pad: 3,
+            },
+            ConvShape {
+                n: 3,
+                c: 16,
+                h: 6,
+                w: 6,
+                k: 7,
+                r: 1,
+                s: 1,
+                stride: 1,
+                pad: 0,
+            },
+            ConvShape {
+                n: 2,
+                c: 8,
+                h: 7,
+                w: 7,
+                k: 4,
+                r: 1,
+                s: 1,
+                stride: 2,
+                pad: 0,
+            },
+            ConvShape {
+                n: 1,
+                c: 2,
+                h: 5,
+                w: 4,
+                k: 3,
+                r: 2,
+                s: 3,
+                stride: 3,
+                pad: 0,
+            },
+            ConvShape {
+                n: 2,
+                c: 64,
+                h: 20,
+                w: 20,
+                k: 32,
+                r: 3,
+                s: 3,
+                stride: 2,
+                pad: 1,
+            },
         ];
         let pool = crate::affinity::pinned_pool(&crate::affinity::allowed_cpus()).unwrap();
         for sh in shapes {
@@ -329,9 +468,15 @@ mod tests {
                     let mut patch = vec![0.0; sh.depth()];
                     im2col_direct(&k.x, &sh, row, &mut patch);
                     for col in 0..sh.k {
-                        let want: f64 = (0..sh.depth()).map(|p| patch[p] as f64 * k.w[p * sh.k + col] as f64).sum();
+                        let want: f64 = (0..sh.depth())
+                            .map(|p| patch[p] as f64 * k.w[p * sh.k + col] as f64)
+                            .sum();
                         let got = k.y[row * sh.k + col] as f64;
-                        assert!((got - want).abs() < 1e-4, "{} parallel={parallel}: {got} vs {want}", sh.describe());
+                        assert!(
+                            (got - want).abs() < 1e-4,
+                            "{} parallel={parallel}: {got} vs {want}",
+                            sh.describe()
+                        );
                     }
                 }
                 assert!(k.check().is_ok());

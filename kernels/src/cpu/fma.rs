@@ -184,7 +184,11 @@ impl FmaKernel {
                 // Operand 1: all ones; operand 2: pairs (2^-8, ±2^-8).
                 let one = half::bf16::from_f32(1.0).to_bits();
                 let pos = half::bf16::from_f32(1.0 / 256.0).to_bits();
-                let second = if counting { pos } else { half::bf16::from_f32(-1.0 / 256.0).to_bits() };
+                let second = if counting {
+                    pos
+                } else {
+                    half::bf16::from_f32(-1.0 / 256.0).to_bits()
+                };
                 let ops = &mut self.ops[0].0;
                 for j in 0..32 {
                     ops[2 * j..2 * j + 2].copy_from_slice(&one.to_le_bytes());
@@ -241,7 +245,11 @@ impl FmaKernel {
             Isa::Scalar => 1,
         };
         let used = |elem: usize, reg: usize, lane: usize| -> usize { reg * (64 / elem) + lane };
-        let regs = if self.isa == Isa::Scalar { 8 } else { ACCUMULATORS };
+        let regs = if self.isa == Isa::Scalar {
+            8
+        } else {
+            ACCUMULATORS
+        };
         let mut worst = 0.0f64;
         match self.p {
             Precision::F32 | Precision::F64 => {
@@ -249,7 +257,10 @@ impl FmaKernel {
                     for l in 0..lanes_used(if self.p == Precision::F32 { 4 } else { 8 }) {
                         let (got, x0) = if self.p == Precision::F32 {
                             let i = used(4, r, l);
-                            (as_f32(&self.state)[i] as f64, as_f32(&self.initial)[i] as f64)
+                            (
+                                as_f32(&self.state)[i] as f64,
+                                as_f32(&self.initial)[i] as f64,
+                            )
                         } else {
                             let i = used(8, r, l);
                             (as_f64(&self.state)[i], as_f64(&self.initial)[i])
@@ -271,20 +282,36 @@ impl FmaKernel {
                 }
             }
             Precision::Bf16 => {
-                for (i, (&got, &x0)) in as_f32(&self.state).iter().zip(as_f32(&self.initial)).enumerate() {
+                for (i, (&got, &x0)) in as_f32(&self.state)
+                    .iter()
+                    .zip(as_f32(&self.initial))
+                    .enumerate()
+                {
                     // Each instruction adds 2^-8 + 2^-8 (counting) or 2^-8 − 2^-8 (cancelling).
-                    let want = if counting { x0 + steps as f32 / 128.0 } else { x0 };
+                    let want = if counting {
+                        x0 + steps as f32 / 128.0
+                    } else {
+                        x0
+                    };
                     if got != want {
-                        return Err(format!("bf16 lane {i}: {got} after {steps} dot products, expected {want}"));
+                        return Err(format!(
+                            "bf16 lane {i}: {got} after {steps} dot products, expected {want}"
+                        ));
                     }
                 }
             }
             Precision::Int8 => {
-                for (i, (&got, &x0)) in as_i32(&self.state).iter().zip(as_i32(&self.initial)).enumerate() {
+                for (i, (&got, &x0)) in as_i32(&self.state)
+                    .iter()
+                    .zip(as_i32(&self.initial))
+                    .enumerate()
+                {
                     let per = if counting { 4i64 } else { -4 };
                     let want = (x0 as i64).wrapping_add(per.wrapping_mul(steps as i64)) as i32;
                     if got != want {
-                        return Err(format!("int8 lane {i}: {got} after {steps} dot products, expected {want}"));
+                        return Err(format!(
+                            "int8 lane {i}: {got} after {steps} dot products, expected {want}"
+                        ));
                     }
                 }
             }
@@ -351,7 +378,10 @@ fn scalar(state: &mut State, p: Precision, iters: u64) {
     match p {
         Precision::F32 => {
             let s = as_f32_mut(state);
-            let (a, b) = (std::hint::black_box(A as f32), std::hint::black_box(B as f32));
+            let (a, b) = (
+                std::hint::black_box(A as f32),
+                std::hint::black_box(B as f32),
+            );
             for _ in 0..iters {
                 for r in 0..8 {
                     s[16 * r] = std::hint::black_box(s[16 * r] * a) + b;
@@ -468,18 +498,46 @@ mod x86 {
         };
     }
 
-    kernel!(f32_avx512, f32, "avx512f", "zmm", "vmovaps", "vmovaps",
+    kernel!(
+        f32_avx512,
+        f32,
+        "avx512f",
+        "zmm",
+        "vmovaps",
+        "vmovaps",
         "vbroadcastss zmm12, dword ptr [{pa}]\nvbroadcastss zmm13, dword ptr [{pb}]",
-        "vfmadd213ps");
-    kernel!(f64_avx512, f64, "avx512f", "zmm", "vmovapd", "vmovapd",
+        "vfmadd213ps"
+    );
+    kernel!(
+        f64_avx512,
+        f64,
+        "avx512f",
+        "zmm",
+        "vmovapd",
+        "vmovapd",
         "vbroadcastsd zmm12, qword ptr [{pa}]\nvbroadcastsd zmm13, qword ptr [{pb}]",
-        "vfmadd213pd");
-    kernel!(f32_avx2, f32, "avx2,fma", "ymm", "vmovaps", "vmovaps",
+        "vfmadd213pd"
+    );
+    kernel!(
+        f32_avx2,
+        f32,
+        "avx2,fma",
+        "ymm",
+        "vmovaps",
+        "vmovaps",
         "vbroadcastss ymm12, dword ptr [{pa}]\nvbroadcastss ymm13, dword ptr [{pb}]",
-        "vfmadd213ps");
-    kernel!(f64_avx2, f64, "avx2,fma", "ymm", "vmovapd", "vmovapd",
+        "vfmadd213ps"
+    );
+    kernel!(
+        f64_avx2,
+        f64,
+        "avx2,fma",
+        "ymm",
+        "vmovapd",
+        "vmovapd",
         "vbroadcastsd ymm12, qword ptr [{pa}]\nvbroadcastsd ymm13, qword ptr [{pb}]",
-        "vfmadd213pd");
+        "vfmadd213pd"
+    );
 
     macro_rules! dot_kernel {
         ($name:ident, $feat:literal, $op:literal) => {
@@ -532,16 +590,25 @@ mod tests {
     #[test]
     fn every_supported_kernel_is_exact_against_the_scalar_reference() {
         let mut tested = 0;
-        for p in [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8] {
+        for p in [
+            Precision::F64,
+            Precision::F32,
+            Precision::Bf16,
+            Precision::Int8,
+        ] {
             let Some(best) = best_isa(p) else { continue };
             for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar] {
                 let allowed = match (best, isa) {
-                    (Isa::Avx512, _) => p == Precision::F32 || p == Precision::F64 || isa == Isa::Avx512,
+                    (Isa::Avx512, _) => {
+                        p == Precision::F32 || p == Precision::F64 || isa == Isa::Avx512
+                    }
                     (Isa::Avx2, Isa::Avx512) => false,
                     (Isa::Avx2, _) => true,
                     (Isa::Scalar, i) => i == Isa::Scalar,
                 };
-                if !allowed || (matches!(p, Precision::Bf16 | Precision::Int8) && isa != Isa::Avx512) {
+                if !allowed
+                    || (matches!(p, Precision::Bf16 | Precision::Int8) && isa != Isa::Avx512)
+                {
                     continue;
                 }
                 for iters in [1, 7, 1000] {
@@ -570,7 +637,13 @@ mod tests {
         assert_eq!(ops_per_iter(Precision::F32, Isa::Avx512), 24.0 * 16.0 * 2.0);
         assert_eq!(ops_per_iter(Precision::F64, Isa::Avx512), 24.0 * 8.0 * 2.0);
         assert_eq!(ops_per_iter(Precision::F32, Isa::Avx2), 24.0 * 8.0 * 2.0);
-        assert_eq!(ops_per_iter(Precision::Bf16, Isa::Avx512), 24.0 * 16.0 * 4.0);
-        assert_eq!(ops_per_iter(Precision::Int8, Isa::Avx512), 24.0 * 16.0 * 8.0);
+        assert_eq!(
+            ops_per_iter(Precision::Bf16, Isa::Avx512),
+            24.0 * 16.0 * 4.0
+        );
+        assert_eq!(
+            ops_per_iter(Precision::Int8, Isa::Avx512),
+            24.0 * 16.0 * 8.0
+        );
     }
 }

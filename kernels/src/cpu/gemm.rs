@@ -76,7 +76,7 @@ impl Shape {
 pub fn leading_dim(cols: usize, size: usize) -> usize {
     let per_line = (64 / size).max(1);
     let ld = cols.div_ceil(per_line) * per_line;
-    if (ld * size) % 4096 == 0 {
+    if (ld * size).is_multiple_of(4096) {
         ld + per_line
     } else {
         ld
@@ -111,8 +111,25 @@ pub unsafe fn matmul<T: Elem>(
     let one = T::from_f64(1.0);
     let zero = T::from_f64(0.0);
     gemm::gemm(
-        shape.m, shape.n, shape.k, dst, 1, ldd as isize, false, lhs, 1, lda as isize, rhs, 1,
-        ldb as isize, zero, one, false, false, false, par,
+        shape.m,
+        shape.n,
+        shape.k,
+        dst,
+        1,
+        ldd as isize,
+        false,
+        lhs,
+        1,
+        lda as isize,
+        rhs,
+        1,
+        ldb as isize,
+        zero,
+        one,
+        false,
+        false,
+        false,
+        par,
     );
 }
 
@@ -132,9 +149,14 @@ impl<T: Elem> GemmKernel<T> {
     /// `threads` = 1 runs single-threaded; more runs on the current rayon pool.
     pub fn new(shape: Shape, threads: usize) -> Result<GemmKernel<T>, ProbeError> {
         let size = std::mem::size_of::<T>();
-        let (lda, ldb, ldc) = (leading_dim(shape.k, size), leading_dim(shape.n, size), leading_dim(shape.n, size));
+        let (lda, ldb, ldc) = (
+            leading_dim(shape.k, size),
+            leading_dim(shape.n, size),
+            leading_dim(shape.n, size),
+        );
         let alloc = |len: usize, seed: u64| {
-            Buffer::from_fn(len, |i| T::from_f64(noise(seed, i))).ok_or(ProbeError::Alloc(len * size))
+            Buffer::from_fn(len, |i| T::from_f64(noise(seed, i)))
+                .ok_or(ProbeError::Alloc(len * size))
         };
         Ok(GemmKernel {
             shape,
@@ -205,12 +227,23 @@ impl<T: Elem> Kernel for GemmKernel<T> {
         for _ in 0..iters {
             // SAFETY: buffers sized m×lda, k×ldb, m×ldc in `new`; c does not alias a or b.
             unsafe {
-                matmul(self.shape, self.c.as_mut_ptr(), self.ldc, self.a.as_ptr(), self.lda, self.b.as_ptr(), self.ldb, self.par());
+                matmul(
+                    self.shape,
+                    self.c.as_mut_ptr(),
+                    self.ldc,
+                    self.a.as_ptr(),
+                    self.lda,
+                    self.b.as_ptr(),
+                    self.ldb,
+                    self.par(),
+                );
             }
         }
     }
     fn check(&mut self) -> Result<f64, String> {
-        check_product(self.shape, &self.a, self.lda, &self.b, self.ldb, &self.c, self.ldc)
+        check_product(
+            self.shape, &self.a, self.lda, &self.b, self.ldb, &self.c, self.ldc,
+        )
     }
 }
 
@@ -219,9 +252,24 @@ mod tests {
     use super::*;
 
     fn product_checks<T: Elem>() {
-        for shape in [Shape { m: 1, n: 1, k: 1 }, Shape { m: 37, n: 50, k: 129 }, Shape { m: 256, n: 64, k: 576 }] {
+        for shape in [
+            Shape { m: 1, n: 1, k: 1 },
+            Shape {
+                m: 37,
+                n: 50,
+                k: 129,
+            },
+            Shape {
+                m: 256,
+                n: 64,
+                k: 576,
+            },
+        ] {
             let mut k = GemmKernel::<T>::new(shape, 1).unwrap();
-            assert!(k.check().is_err() || shape.m == 1, "an unrun product must fail its check");
+            assert!(
+                k.check().is_err() || shape.m == 1,
+                "an unrun product must fail its check"
+            );
             k.run(1);
             let err = k.check().unwrap();
             assert!(err <= T::TOLERANCE);
@@ -243,7 +291,15 @@ mod tests {
     #[test]
     fn parallel_product_in_a_pool_is_right() {
         let pool = crate::affinity::pinned_pool(&crate::affinity::allowed_cpus()).unwrap();
-        let mut k = GemmKernel::<f32>::new(Shape { m: 300, n: 200, k: 100 }, 2).unwrap();
+        let mut k = GemmKernel::<f32>::new(
+            Shape {
+                m: 300,
+                n: 200,
+                k: 100,
+            },
+            2,
+        )
+        .unwrap();
         pool.install(|| k.run(2));
         assert!(k.check().is_ok());
     }

@@ -84,7 +84,9 @@ impl StreamKernel {
     /// Arrays for a working set of `bytes`; `nt` selects non-temporal stores.
     pub fn new(op: Op, bytes: usize, nt: bool) -> Result<StreamKernel, ProbeError> {
         let n = elems_for(op, bytes);
-        let alloc = |len: usize, f: fn(usize) -> f64| Buffer::from_fn(len, f).ok_or(ProbeError::Alloc(len * 8));
+        let alloc = |len: usize, f: fn(usize) -> f64| {
+            Buffer::from_fn(len, f).ok_or(ProbeError::Alloc(len * 8))
+        };
         let zero = |_| 0.0;
         // Only the arrays the op touches are sized; the others are empty.
         let (na, nb, nc) = match op {
@@ -147,7 +149,8 @@ impl StreamKernel {
                     self.sum = acc.iter().sum();
                 }
                 Op::Write => std::slice::from_raw_parts_mut(a, n).fill(Q),
-                Op::Copy => std::slice::from_raw_parts_mut(a, n).copy_from_slice(std::slice::from_raw_parts(b, n)),
+                Op::Copy => std::slice::from_raw_parts_mut(a, n)
+                    .copy_from_slice(std::slice::from_raw_parts(b, n)),
                 Op::Triad => {
                     let (a, b, c) = (
                         std::slice::from_raw_parts_mut(a, n),
@@ -182,7 +185,10 @@ impl Kernel for StreamKernel {
     fn check(&mut self) -> Result<f64, String> {
         let n = self.n;
         let bad = |i: usize, got: f64, want: f64| {
-            Err(format!("{} element {i} of {n}: {got}, expected {want}", self.op.name()))
+            Err(format!(
+                "{} element {i} of {n}: {got}, expected {want}",
+                self.op.name()
+            ))
         };
         match self.op {
             Op::Read => {
@@ -288,7 +294,10 @@ mod x86 {
             while i < n {
                 for j in 0..8 {
                     let k = i + 8 * j;
-                    _mm512_stream_pd(a.add(k), _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))));
+                    _mm512_stream_pd(
+                        a.add(k),
+                        _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))),
+                    );
                 }
                 i += 64;
             }
@@ -297,7 +306,10 @@ mod x86 {
             while i < n {
                 for j in 0..8 {
                     let k = i + 8 * j;
-                    _mm512_store_pd(a.add(k), _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))));
+                    _mm512_store_pd(
+                        a.add(k),
+                        _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))),
+                    );
                 }
                 i += 64;
             }
@@ -317,7 +329,8 @@ mod tests {
                     let mut k = StreamKernel::new(op, bytes, nt).unwrap();
                     assert!(k.working_set() <= bytes.max(BLOCK * op.bytes_per_elem()));
                     k.run(3);
-                    k.check().unwrap_or_else(|e| panic!("{} nt={nt} {bytes}: {e}", op.name()));
+                    k.check()
+                        .unwrap_or_else(|e| panic!("{} nt={nt} {bytes}: {e}", op.name()));
                 }
             }
         }

@@ -61,9 +61,18 @@ fn configs(cfg: &CpuConfig) -> Vec<(&'static str, Vec<usize>)> {
 
 /// Working-set sizes of the memory sweep (all arrays of all threads together), bytes.
 pub fn sweep_sizes(cfg: &CpuConfig) -> Vec<usize> {
-    let llc = cfg.caches.iter().map(|c| c.size_bytes as usize * c.instances.max(1)).max().unwrap_or(0);
+    let llc = cfg
+        .caches
+        .iter()
+        .map(|c| c.size_bytes as usize * c.instances.max(1))
+        .max()
+        .unwrap_or(0);
     let max = (4 * llc).max(512 << 20);
-    let step: f64 = if cfg.quick { 2.0 } else { std::f64::consts::SQRT_2 };
+    let step: f64 = if cfg.quick {
+        2.0
+    } else {
+        std::f64::consts::SQRT_2
+    };
     let mut v = Vec::new();
     let mut x = 4096.0f64;
     while x <= max as f64 * 1.0001 {
@@ -90,16 +99,45 @@ fn resnet50_gemms(n: usize) -> Vec<(String, Shape)> {
     let mut v: Vec<(String, Shape)> = resnet50_layers(n)
         .into_iter()
         .filter(|l| l.shape.r == 1 && l.shape.stride == 1)
-        .map(|l| (format!("resnet50 {}", l.name), Shape { m: l.shape.rows(), n: l.shape.k, k: l.shape.c }))
+        .map(|l| {
+            (
+                format!("resnet50 {}", l.name),
+                Shape {
+                    m: l.shape.rows(),
+                    n: l.shape.k,
+                    k: l.shape.c,
+                },
+            )
+        })
         .collect();
-    v.push(("resnet50 fc".into(), Shape { m: n.max(64), n: 1000, k: 2048 }));
+    v.push((
+        "resnet50 fc".into(),
+        Shape {
+            m: n.max(64),
+            n: 1000,
+            k: 2048,
+        },
+    ));
     v
 }
 
 fn conv_layers(cfg: &CpuConfig) -> Vec<(String, ConvShape)> {
     let layers = resnet50_layers(if cfg.quick { 4 } else { 8 });
-    let keep = |name: &str| !cfg.quick || ["conv1 7x7/2", "layer1.0 conv2 3x3/1", "layer3.1 conv2 3x3", "layer4.1 conv1 1x1"].contains(&name);
-    layers.into_iter().filter(|l| keep(&l.name)).map(|l| (format!("resnet50 {}", l.name), l.shape)).collect()
+    let keep = |name: &str| {
+        !cfg.quick
+            || [
+                "conv1 7x7/2",
+                "layer1.0 conv2 3x3/1",
+                "layer3.1 conv2 3x3",
+                "layer4.1 conv1 1x1",
+            ]
+            .contains(&name)
+    };
+    layers
+        .into_iter()
+        .filter(|l| keep(&l.name))
+        .map(|l| (format!("resnet50 {}", l.name), l.shape))
+        .collect()
 }
 
 /// How many measurements `run` will make (for the progress bar).
@@ -107,15 +145,27 @@ pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
     let has = |s| cfg.sections.contains(&s);
     let mut n = 2; // clock t1 and all
     if has(Section::Fma) {
-        let precisions = [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8];
-        n += 2 * precisions.iter().filter(|p| best_isa(**p).is_some()).count() as u64;
+        let precisions = [
+            Precision::F64,
+            Precision::F32,
+            Precision::Bf16,
+            Precision::Int8,
+        ];
+        n += 2 * precisions
+            .iter()
+            .filter(|p| best_isa(**p).is_some())
+            .count() as u64;
     }
     if has(Section::Mem) {
         n += 2 * Op::ALL.len() as u64 * sweep_sizes(cfg).len() as u64;
     }
     if has(Section::Gemm) {
         for p in ["f64", "f32", "f16"] {
-            let extra = if p == "f32" { resnet50_gemms(if cfg.quick { 2 } else { 8 }).len() } else { 0 };
+            let extra = if p == "f32" {
+                resnet50_gemms(if cfg.quick { 2 } else { 8 }).len()
+            } else {
+                0
+            };
             let shapes = gemm_squares(cfg, p).len() + if cfg.quick { extra.min(3) } else { extra };
             n += 2 * shapes as u64;
         }
@@ -127,7 +177,11 @@ pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
 }
 
 /// Runs the CPU probe.
-pub fn run(cfg: &CpuConfig, cancel: &AtomicBool, progress: &dyn Progress) -> Result<CpuResult, ProbeError> {
+pub fn run(
+    cfg: &CpuConfig,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<CpuResult, ProbeError> {
     if cfg.cores.is_empty() {
         return Err(ProbeError::Threads("no CPU to run on".into()));
     }
@@ -184,9 +238,21 @@ pub fn run(cfg: &CpuConfig, cancel: &AtomicBool, progress: &dyn Progress) -> Res
 
 impl Ctx<'_> {
     /// The CPU rule's peak for `threads` cores at the measured clock.
-    fn peak(&self, out: &CpuResult, precision: &str, threads: usize, isa: Isa) -> Option<TheoreticalPeak> {
-        let clock = if threads == 1 { out.clock_t1.as_ref() } else { out.clock_all.as_ref() }?;
-        let units = self.db.fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
+    fn peak(
+        &self,
+        out: &CpuResult,
+        precision: &str,
+        threads: usize,
+        isa: Isa,
+    ) -> Option<TheoreticalPeak> {
+        let clock = if threads == 1 {
+            out.clock_t1.as_ref()
+        } else {
+            out.clock_all.as_ref()
+        }?;
+        let units = self
+            .db
+            .fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
         let fma_units = match isa {
             Isa::Avx512 => units.avx512,
             Isa::Avx2 => units.avx2,
@@ -194,21 +260,40 @@ impl Ctx<'_> {
         };
         // The highest clock sample: the peak errs high rather than flag a true measurement.
         let (value, rule) = cpu_peak(threads, clock.max, isa.bits(), fma_units, precision)?;
-        let unit = if precision == "int8" { "OP/s" } else { "FLOP/s" };
-        Some(TheoreticalPeak { value, unit: unit.into(), source: format!("{rule} [{}]", units.name) })
+        let unit = if precision == "int8" {
+            "OP/s"
+        } else {
+            "FLOP/s"
+        };
+        Some(TheoreticalPeak {
+            value,
+            unit: unit.into(),
+            source: format!("{rule} [{}]", units.name),
+        })
     }
 }
 
 fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
-    for p in [Precision::F64, Precision::F32, Precision::Bf16, Precision::Int8] {
+    for p in [
+        Precision::F64,
+        Precision::F32,
+        Precision::Bf16,
+        Precision::Int8,
+    ] {
         let Some(isa) = best_isa(p) else {
-            out.notes.push(format!("cpu/fma/{}: this CPU has no {} instruction; not measured", p.name(), p.name()));
+            out.notes.push(format!(
+                "cpu/fma/{}: this CPU has no {} instruction; not measured",
+                p.name(),
+                p.name()
+            ));
             continue;
         };
         for (suffix, cpus) in configs(ctx.cfg) {
             ctx.progress.advance(&format!("fma {} {suffix}", p.name()));
             let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| FmaKernel::new(p, isa))?;
-            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
+                continue;
+            };
             let instr = match p {
                 Precision::F64 => "vfmadd213pd",
                 Precision::F32 => "vfmadd213ps",
@@ -220,7 +305,16 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 isa.name(), isa.bits(), cpus.len()
             );
             let peak = ctx.peak(out, p.name(), cpus.len(), isa);
-            let mut c = ceiling(format!("cpu/fma/{}/{suffix}", p.name()), CeilingKind::Compute, p.unit(), cpus.len(), stats, &m, method, peak);
+            let mut c = ceiling(
+                format!("cpu/fma/{}/{suffix}", p.name()),
+                CeilingKind::Compute,
+                p.unit(),
+                cpus.len(),
+                stats,
+                &m,
+                method,
+                peak,
+            );
             c.precision = Some(p.name().into());
             out.ceilings.push(c);
         }
@@ -235,10 +329,20 @@ fn per_thread_capacity(cache: &CacheInfo, threads: usize) -> f64 {
 }
 
 /// The level a per-thread working set lies clearly inside, if any. Windows: L1 up to half its
-/// size; L(i) from twice L(i−1) to half L(i); DRAM from four times the last level (all threads).
-pub fn level_of(caches: &[CacheInfo], total_ws: usize, threads: usize) -> Option<String> {
+/// size; L(i) from twice L(i−1) to half L(i); DRAM from four times the last level (all threads)
+/// and from half the sweep's largest working set `max_ws` (caches of the host of a virtual
+/// machine, or victim caches, can still serve part of a set four times the reported LLC).
+pub fn level_of(
+    caches: &[CacheInfo],
+    total_ws: usize,
+    threads: usize,
+    max_ws: usize,
+) -> Option<String> {
     let data: Vec<&CacheInfo> = {
-        let mut v: Vec<&CacheInfo> = caches.iter().filter(|c| c.cache_type != "Instruction").collect();
+        let mut v: Vec<&CacheInfo> = caches
+            .iter()
+            .filter(|c| c.cache_type != "Instruction")
+            .collect();
         v.sort_by_key(|c| c.level);
         v
     };
@@ -251,27 +355,47 @@ pub fn level_of(caches: &[CacheInfo], total_ws: usize, threads: usize) -> Option
         }
         prev = cap;
     }
-    let llc_total = data.last().map(|c| c.size_bytes as f64 * c.instances.max(1) as f64).unwrap_or(64e6);
-    (total_ws as f64 >= 4.0 * llc_total).then(|| "DRAM".to_string())
+    let llc_total = data
+        .last()
+        .map(|c| c.size_bytes as f64 * c.instances.max(1) as f64)
+        .unwrap_or(64e6);
+    // 1% slack: working sets are rounded down to whole blocks of elements.
+    (total_ws as f64 >= 0.99 * (4.0 * llc_total).max(max_ws as f64 / 2.0))
+        .then(|| "DRAM".to_string())
 }
 
 fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
     let sizes = sweep_sizes(ctx.cfg);
-    let llc_total = ctx.cfg.caches.iter().map(|c| c.size_bytes as usize * c.instances.max(1)).max().unwrap_or(32 << 20);
+    let max_ws = sizes.last().copied().unwrap_or(0);
+    let llc_total = ctx
+        .cfg
+        .caches
+        .iter()
+        .map(|c| c.size_bytes as usize * c.instances.max(1))
+        .max()
+        .unwrap_or(32 << 20);
     for op in Op::ALL {
         for (suffix, cpus) in configs(ctx.cfg) {
             let threads = cpus.len();
             let mut points = Vec::new();
             let mut best: Vec<(String, Stats, Measurement, usize, bool)> = Vec::new();
             for &ws in &sizes {
-                ctx.progress.advance(&format!("memory {} {suffix} {}", op.name(), human_bytes(ws as f64)));
+                ctx.progress.advance(&format!(
+                    "memory {} {suffix} {}",
+                    op.name(),
+                    human_bytes(ws as f64)
+                ));
                 // Beyond the caches, non-temporal stores: no write-allocate, counted = moved.
                 let nt = ws > llc_total;
                 let per_thread = ws / threads;
-                let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| StreamKernel::new(op, per_thread, nt))?;
+                let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| {
+                    StreamKernel::new(op, per_thread, nt)
+                })?;
                 let actual = stream::elems_for(op, per_thread) * op.bytes_per_elem() * threads;
-                let Some(stats) = rate_stats(&m, CeilingKind::Memory) else { continue };
-                let level = level_of(&ctx.cfg.caches, actual, threads);
+                let Some(stats) = rate_stats(&m, CeilingKind::Memory) else {
+                    continue;
+                };
+                let level = level_of(&ctx.cfg.caches, actual, threads, max_ws);
                 if let Some(l) = &level {
                     match best.iter_mut().find(|b| &b.0 == l) {
                         Some(b) if b.1.median >= stats.median => {}
@@ -279,7 +403,12 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                         None => best.push((l.clone(), stats.clone(), m.clone(), actual, nt)),
                     }
                 }
-                points.push(CurvePoint { x: actual as f64, value: stats.median, stats, level });
+                points.push(CurvePoint {
+                    x: actual as f64,
+                    value: stats.median,
+                    stats,
+                    level,
+                });
             }
             out.curves.push(Curve {
                 id: format!("cpu/mem/sweep/{}/{suffix}", op.name()),
@@ -299,7 +428,16 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     threads,
                     if nt { "; non-temporal stores" } else { "" }
                 );
-                let mut c = ceiling(format!("cpu/mem/{level}/{}/{suffix}", op.name()), CeilingKind::Memory, "B/s", threads, stats, &m, method, None);
+                let mut c = ceiling(
+                    format!("cpu/mem/{level}/{}/{suffix}", op.name()),
+                    CeilingKind::Memory,
+                    "B/s",
+                    threads,
+                    stats,
+                    &m,
+                    method,
+                    None,
+                );
                 c.level = Some(level);
                 out.ceilings.push(c);
             }
@@ -317,9 +455,15 @@ fn stream_formula(op: Op) -> &'static str {
     }
 }
 
-fn gemm_section<T: Elem>(ctx: &Ctx, out: &mut CpuResult, precision: &str) -> Result<(), ProbeError> {
-    let mut shapes: Vec<(String, Shape)> =
-        gemm_squares(ctx.cfg, precision).into_iter().map(|n| (format!("square {n}"), Shape { m: n, n, k: n })).collect();
+fn gemm_section<T: Elem>(
+    ctx: &Ctx,
+    out: &mut CpuResult,
+    precision: &str,
+) -> Result<(), ProbeError> {
+    let mut shapes: Vec<(String, Shape)> = gemm_squares(ctx.cfg, precision)
+        .into_iter()
+        .map(|n| (format!("square {n}"), Shape { m: n, n, k: n }))
+        .collect();
     if precision == "f32" {
         let mut r = resnet50_gemms(if ctx.cfg.quick { 2 } else { 8 });
         if ctx.cfg.quick {
@@ -333,18 +477,26 @@ fn gemm_section<T: Elem>(ctx: &Ctx, out: &mut CpuResult, precision: &str) -> Res
         let mut rows = Vec::new();
         let mut best: Option<(usize, Stats, Measurement)> = None;
         for (i, (name, shape)) in shapes.iter().enumerate() {
-            ctx.progress.advance(&format!("gemm {precision} {suffix} {name}"));
-            let plan = if shape.flops() > 1e9 { ctx.big_plan } else { ctx.plan };
+            ctx.progress
+                .advance(&format!("gemm {precision} {suffix} {name}"));
+            let plan = if shape.flops() > 1e9 {
+                ctx.big_plan
+            } else {
+                ctx.plan
+            };
             let m = if threads == 1 {
                 let mut k = GemmKernel::<T>::new(*shape, 1)?;
-                ctx.pool.install(|| measure_here(&plan, ctx.cancel, &mut k))?
+                ctx.pool
+                    .install(|| measure_here(&plan, ctx.cancel, &mut k))?
             } else {
                 ctx.pool.install(|| -> Result<Measurement, ProbeError> {
                     let mut k = GemmKernel::<T>::new(*shape, threads)?;
                     measure_here(&plan, ctx.cancel, &mut k)
                 })?
             };
-            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
+                continue;
+            };
             if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
                 best = Some((i, stats.clone(), m.clone()));
             }
@@ -358,16 +510,33 @@ fn gemm_section<T: Elem>(ctx: &Ctx, out: &mut CpuResult, precision: &str) -> Res
                 max_rel_error: Some(m.max_rel_error),
             });
         }
-        out.tables.push(Table { id: format!("cpu/gemm/{precision}/{suffix}/shapes"), unit: "FLOP/s".into(), rows });
+        out.tables.push(Table {
+            id: format!("cpu/gemm/{precision}/{suffix}/shapes"),
+            unit: "FLOP/s".into(),
+            rows,
+        });
         if let Some((i, stats, m)) = best {
-            let f16_note = if precision == "f16" { ", computed in f32 and rounded (no native f16 arithmetic used)" } else { "" };
+            let f16_note = if precision == "f16" {
+                ", computed in f32 and rounded (no native f16 arithmetic used)"
+            } else {
+                ""
+            };
             let method = format!(
                 "gemm crate (x86-v4 kernels){f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {} threads pinned one per core; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
                 shapes.len(), shapes[i].0, shapes[i].1.describe(), threads, m.max_rel_error
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa);
-            let mut c = ceiling(format!("cpu/gemm/{precision}/{suffix}"), CeilingKind::Compute, "FLOP/s", threads, stats, &m, method, peak);
+            let mut c = ceiling(
+                format!("cpu/gemm/{precision}/{suffix}"),
+                CeilingKind::Compute,
+                "FLOP/s",
+                threads,
+                stats,
+                &m,
+                method,
+                peak,
+            );
             c.precision = Some(precision.into());
             out.ceilings.push(c);
         }
@@ -387,7 +556,9 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             let mut k = ConvKernel::new(*shape, threads > 1)?;
             measure_here(&ctx.big_plan, ctx.cancel, &mut k)
         })?;
-        let Some(stats) = rate_stats(&m, CeilingKind::Compute) else { continue };
+        let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
+            continue;
+        };
         if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
             best = Some((i, stats.clone(), m.clone()));
         }
@@ -401,14 +572,27 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             max_rel_error: Some(m.max_rel_error),
         });
     }
-    out.tables.push(Table { id: "cpu/conv/f32/all/layers".into(), unit: "FLOP/s".into(), rows });
+    out.tables.push(Table {
+        id: "cpu/conv/f32/all/layers".into(),
+        unit: "FLOP/s".into(),
+        rows,
+    });
     if let Some((i, stats, m)) = best {
         let method = format!(
             "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {threads} threads pinned one per core; 16 outputs checked against f64",
             layers.len(), layers[i].0, layers[i].1.describe()
         );
         let peak = ctx.peak(out, "f32", threads, isa);
-        let mut c = ceiling("cpu/conv/f32/all".into(), CeilingKind::Compute, "FLOP/s", threads, stats, &m, method, peak);
+        let mut c = ceiling(
+            "cpu/conv/f32/all".into(),
+            CeilingKind::Compute,
+            "FLOP/s",
+            threads,
+            stats,
+            &m,
+            method,
+            peak,
+        );
         c.precision = Some("f32".into());
         out.ceilings.push(c);
     }
@@ -443,22 +627,38 @@ mod tests {
             shared_by_cpus: shared,
             instances,
         };
-        vec![c(1, "Data", 48, 1, 2), c(1, "Instruction", 32, 1, 2), c(2, "Unified", 1024, 1, 2), c(3, "Unified", 32768, 2, 1)]
+        vec![
+            c(1, "Data", 48, 1, 2),
+            c(1, "Instruction", 32, 1, 2),
+            c(2, "Unified", 1024, 1, 2),
+            c(3, "Unified", 32768, 2, 1),
+        ]
     }
 
     #[test]
     fn working_sets_map_to_levels() {
         let c = caches();
-        assert_eq!(level_of(&c, 16 << 10, 1).as_deref(), Some("L1"));
-        assert_eq!(level_of(&c, 40 << 10, 1), None); // between L1/2 and 2·L1
-        assert_eq!(level_of(&c, 256 << 10, 1).as_deref(), Some("L2"));
-        assert_eq!(level_of(&c, 8 << 20, 1).as_deref(), Some("L3"));
-        assert_eq!(level_of(&c, 20 << 20, 1), None);
-        assert_eq!(level_of(&c, 512 << 20, 1).as_deref(), Some("DRAM"));
+        let max = 512 << 20;
+        assert_eq!(level_of(&c, 16 << 10, 1, max).as_deref(), Some("L1"));
+        assert_eq!(level_of(&c, 40 << 10, 1, max), None); // between L1/2 and 2·L1
+        assert_eq!(level_of(&c, 256 << 10, 1, max).as_deref(), Some("L2"));
+        assert_eq!(level_of(&c, 8 << 20, 1, max).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 20 << 20, 1, max), None);
+        assert_eq!(level_of(&c, 512 << 20, 1, max).as_deref(), Some("DRAM"));
+        assert_eq!(
+            level_of(&c, (256 << 20) - 1024, 1, max).as_deref(),
+            Some("DRAM")
+        );
+        // Four times the LLC but under half the sweep: not trusted as DRAM.
+        assert_eq!(level_of(&c, 128 << 20, 1, max), None);
+        assert_eq!(
+            level_of(&c, 128 << 20, 1, 128 << 20).as_deref(),
+            Some("DRAM")
+        );
         // Two threads: L1 and L2 are private, L3 is split.
-        assert_eq!(level_of(&c, 32 << 10, 2).as_deref(), Some("L1"));
-        assert_eq!(level_of(&c, 16 << 20, 2).as_deref(), Some("L3"));
-        assert_eq!(level_of(&c, 24 << 20, 2), None);
+        assert_eq!(level_of(&c, 32 << 10, 2, max).as_deref(), Some("L1"));
+        assert_eq!(level_of(&c, 16 << 20, 2, max).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 24 << 20, 2, max), None);
     }
 
     #[test]
@@ -495,7 +695,11 @@ mod tests {
             sections: vec![Section::Fma],
         };
         let r = run(&cfg, &AtomicBool::new(false), &super::super::Silent).unwrap();
-        let f32t1 = r.ceilings.iter().find(|c| c.id == "cpu/fma/f32/t1").unwrap();
+        let f32t1 = r
+            .ceilings
+            .iter()
+            .find(|c| c.id == "cpu/fma/f32/t1")
+            .unwrap();
         assert!(f32t1.value > 1e8, "{}", f32t1.value);
         assert_eq!(f32t1.stats.samples, 3);
         assert!(r.clock_t1.unwrap().median > 1e8);

@@ -49,7 +49,11 @@ impl Section {
 
 /// The rate samples of a measurement (ops/s for compute, B/s for memory) as statistics.
 pub fn rate_stats(m: &Measurement, kind: CeilingKind) -> Option<Stats> {
-    let rates = if kind == CeilingKind::Compute { m.op_rates() } else { m.byte_rates() };
+    let rates = if kind == CeilingKind::Compute {
+        m.op_rates()
+    } else {
+        m.byte_rates()
+    };
     Stats::from_samples(&rates)
 }
 
@@ -77,7 +81,10 @@ pub fn ceiling(
         theoretical_peak: peak,
         above_peak: false,
         method,
-        per_iteration: PerIteration { ops: m.ops_per_iter, bytes: m.bytes_per_iter },
+        per_iteration: PerIteration {
+            ops: m.ops_per_iter,
+            bytes: m.bytes_per_iter,
+        },
     };
     c.flag_against_peak();
     c

@@ -1,0 +1,256 @@
+//! End-to-end tests of the `roofline` binary: a quick probe, the plot, and bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_roofline"))
+}
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("roofline-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One quick probe shared by the tests that need a machine.json.
+fn quick_machine() -> &'static (PathBuf, String) {
+    static M: OnceLock<(PathBuf, String)> = OnceLock::new();
+    M.get_or_init(|| {
+        let dir = tmpdir("quick");
+        let out = dir.join("machine.json");
+        let o = bin()
+            .args(["probe", "--quick", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "probe failed: {}", stderr(&o));
+        (out, String::from_utf8_lossy(&o.stdout).into_owned())
+    })
+}
+
+#[test]
+fn quick_probe_writes_every_required_ceiling_with_statistics() {
+    let (path, table) = quick_machine();
+    let m = roofline_model::Machine::read(path).unwrap();
+    assert_eq!(m.schema, "roofline/machine/v1");
+    let mut required: Vec<String> = [
+        "cpu/fma/f64/t1",
+        "cpu/fma/f32/t1",
+        "cpu/fma/f64/all",
+        "cpu/fma/f32/all",
+        "cpu/gemm/f32/t1",
+        "cpu/gemm/f32/all",
+        "cpu/gemm/f64/all",
+        "cpu/conv/f32/all",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Every cache level the OS reports, and DRAM.
+    let mut levels: Vec<String> = m
+        .provenance
+        .cpu
+        .caches
+        .iter()
+        .filter(|c| c.cache_type != "Instruction")
+        .map(|c| format!("L{}", c.level))
+        .collect();
+    levels.dedup();
+    levels.push("DRAM".into());
+    for level in &levels {
+        for op in ["read", "copy", "triad"] {
+            for t in ["t1", "all"] {
+                required.push(format!("cpu/mem/{level}/{op}/{t}"));
+            }
+        }
+    }
+    for id in &required {
+        let c = m.ceiling(id).unwrap_or_else(|| panic!("{id} missing"));
+        assert!(c.value > 0.0 && c.value.is_finite(), "{id}");
+        assert_eq!(c.stats.samples, c.stats.values.len());
+        assert!(c.stats.samples >= 3);
+        assert!(
+            c.stats.min <= c.value && c.value <= c.stats.max,
+            "{id}: value is the median"
+        );
+        assert!(c.unit == "FLOP/s" || c.unit == "B/s", "{id}: {}", c.unit);
+        assert!(table.contains(id.as_str()), "the table shows {id}");
+    }
+    // Compute ceilings carry a theoretical peak from the CPU rule; the flag is consistent.
+    for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/fma/f")) {
+        let p = c.theoretical_peak.as_ref().expect("peak");
+        assert!(p.source.contains("CPU rule"));
+        assert_eq!(c.above_peak, c.value > p.value);
+    }
+    // Bandwidth falls (or stays) from L1 to DRAM: the plateaus are attributed in order.
+    let bw = |l: &str| m.ceiling(&format!("cpu/mem/{l}/read/t1")).unwrap().value;
+    assert!(
+        bw("L1") > bw("DRAM"),
+        "L1 {} vs DRAM {}",
+        bw("L1"),
+        bw("DRAM")
+    );
+    // The memory curves are kept, from 4 KiB to at least 512 MiB.
+    let curve = m
+        .curves
+        .iter()
+        .find(|c| c.id == "cpu/mem/sweep/triad/t1")
+        .unwrap();
+    assert!(curve.points.first().unwrap().x <= 4096.0);
+    assert!(curve.points.last().unwrap().x >= 0.99 * (512 << 20) as f64);
+    assert!(
+        m.provenance
+            .cpu
+            .measured_clock_hz_t1
+            .as_ref()
+            .unwrap()
+            .median
+            > 1e8
+    );
+    assert!(m
+        .tables
+        .iter()
+        .any(|t| t.id == "cpu/gemm/f32/t1/shapes" && t.rows.len() >= 3));
+}
+
+#[test]
+fn plot_draws_the_machine() {
+    let (path, _) = quick_machine();
+    let dir = tmpdir("plot");
+    let svg = dir.join("r.svg");
+    let o = bin()
+        .arg("plot")
+        .arg(path)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        text.contains("<svg") && text.contains("cpu/mem/DRAM/triad/all") && text.contains("ridge")
+    );
+    let o = bin()
+        .arg("plot")
+        .arg(path)
+        .args(["--threads", "t1", "--op", "read", "-o"])
+        .arg(dir.join("t1.svg"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(dir.join("t1.svg"))
+        .unwrap()
+        .contains("cpu/mem/DRAM/read/t1"));
+}
+
+/// Runs the binary and expects exit code 2 and one line on stderr naming `needle`.
+fn expect_input_error(args: &[&str], extra: Option<&Path>, needle: &str) {
+    let mut cmd = bin();
+    cmd.args(args);
+    if let Some(p) = extra {
+        cmd.arg(p);
+    }
+    let o = cmd.output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: one line, got: {err}"
+    );
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_exit_code_2() {
+    let dir = tmpdir("bad");
+    expect_input_error(&["plot"], Some(&dir.join("missing.json")), "cannot read");
+    let malformed = dir.join("malformed.json");
+    std::fs::write(&malformed, "{ not json").unwrap();
+    expect_input_error(&["plot"], Some(&malformed), "malformed JSON");
+    let other = dir.join("other.json");
+    std::fs::write(
+        &other,
+        r#"{"schema": "roofline/machine/v99", "ceilings": []}"#,
+    )
+    .unwrap();
+    expect_input_error(&["plot"], Some(&other), "unknown schema");
+    let noschema = dir.join("noschema.json");
+    std::fs::write(&noschema, r#"{"ceilings": []}"#).unwrap();
+    expect_input_error(&["plot"], Some(&noschema), "unknown schema");
+    expect_input_error(
+        &["probe", "--only", "fma,cache", "-o"],
+        Some(&dir.join("m.json")),
+        "unknown --only entry `cache`",
+    );
+    expect_input_error(
+        &["probe", "--quick", "-o"],
+        Some(&dir.join("no/such/dir/m.json")),
+        "cannot write",
+    );
+    expect_input_error(&["probe", "--quick", "-o"], Some(&dir), "directory");
+    expect_input_error(
+        &["probe", "--threads", "100000", "-o"],
+        Some(&dir.join("m.json")),
+        "--threads",
+    );
+    // Nothing was written by the failed probes.
+    assert!(!dir.join("m.json").exists());
+}
+
+#[test]
+fn ctrl_c_leaves_no_file_behind() {
+    let dir = tmpdir("sigint");
+    let out = dir.join("machine.json");
+    let child = bin()
+        .args(["probe", "-o"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing was written"));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn peaks_lists_the_database() {
+    let o = bin().arg("peaks").output().unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    for name in [
+        "V100",
+        "A100",
+        "H100 SXM5",
+        "H100 PCIe",
+        "H200",
+        "L40S",
+        "T4",
+        "MI250X",
+        "MI300X",
+        "CPU rule",
+    ] {
+        assert!(text.contains(name), "{name}");
+    }
+    let o = bin().args(["peaks", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema"], "roofline/peaks/v1");
+}
