@@ -8,9 +8,14 @@ fn stats_cell(c: &Ceiling) -> String {
 }
 
 fn peak_cell(c: &Ceiling) -> String {
+    let u = c
+        .theoretical_peak
+        .as_ref()
+        .map(|p| 100.0 * p.uncertainty)
+        .unwrap_or(0.0);
     match (c.fraction_of_peak(), c.above_peak) {
-        (Some(f), true) => format!("{:>5.1}% ABOVE PEAK", 100.0 * f),
-        (Some(f), false) => format!("{:>5.1}%", 100.0 * f),
+        (Some(f), true) => format!("{:>5.1}% ±{u:.1}% ABOVE PEAK", 100.0 * f),
+        (Some(f), false) => format!("{:>5.1}% ±{u:.1}%", 100.0 * f),
         (None, _) => String::new(),
     }
 }
@@ -35,12 +40,12 @@ pub fn machine_table(m: &Machine) {
     }
     println!();
     println!(
-        "{:<28} {:>14} {:>7} {:>14} {:>18}",
+        "{:<28} {:>14} {:>7} {:>14} {:>24}",
         "ceiling", "value", "threads", "samples", "of theoretical peak"
     );
     for c in &m.ceilings {
         println!(
-            "{:<28} {:>14} {:>7} {:>14} {:>18}",
+            "{:<28} {:>14} {:>7} {:>14} {:>24}",
             c.id,
             format!("{}{}", si(c.value), c.unit),
             c.threads,

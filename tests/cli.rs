@@ -76,10 +76,7 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
         assert!(c.value > 0.0 && c.value.is_finite(), "{id}");
         assert_eq!(c.stats.samples, c.stats.values.len());
         assert!(c.stats.samples >= 3);
-        assert!(
-            c.stats.min <= c.value && c.value <= c.stats.max,
-            "{id}: value is the median"
-        );
+        assert_eq!(c.value, c.stats.max, "{id}: value is the best sample");
         assert!(c.unit == "FLOP/s" || c.unit == "B/s", "{id}: {}", c.unit);
         assert!(table.contains(id.as_str()), "the table shows {id}");
     }
@@ -87,7 +84,8 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
     for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/fma/f")) {
         let p = c.theoretical_peak.as_ref().expect("peak");
         assert!(p.source.contains("CPU rule"));
-        assert_eq!(c.above_peak, c.value > p.value);
+        assert!(p.uncertainty >= 0.005);
+        assert_eq!(c.above_peak, c.value > p.value * (1.0 + p.uncertainty));
     }
     // Bandwidth falls (or stays) from L1 to DRAM: the plateaus are attributed in order.
     let bw = |l: &str| m.ceiling(&format!("cpu/mem/{l}/read/t1")).unwrap().value;

@@ -406,6 +406,7 @@ mod tests {
                     value: p,
                     unit: unit.into(),
                     source: "rule".into(),
+                    uncertainty: 0.0,
                 }),
                 above_peak: false,
                 method: "test".into(),

@@ -40,6 +40,10 @@ pub struct TheoreticalPeak {
     pub unit: String,
     /// How it was obtained: a datasheet entry or the CPU rule with its factors written out.
     pub source: String,
+    /// Relative uncertainty of the peak itself (for CPUs: the spread of the measured clock over
+    /// the run). A ceiling is flagged when it exceeds the peak by more than this.
+    #[serde(default)]
+    pub uncertainty: f64,
 }
 
 /// Work done by one iteration of the kernel that measured a ceiling.
@@ -57,7 +61,7 @@ pub struct Ceiling {
     /// Stable identifier, e.g. `cpu/fma/f32/all` or `cpu/mem/L2/triad/t1`.
     pub id: String,
     pub kind: CeilingKind,
-    /// The ceiling: the median of the samples of the best configuration.
+    /// The ceiling: the best sample of the best configuration (the spread is in `stats`).
     pub value: f64,
     /// SI, decimal: `FLOP/s`, `OP/s` (integer), `B/s`.
     pub unit: String,
@@ -83,10 +87,11 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
-    /// Sets `above_peak` from `value` and `theoretical_peak`.
+    /// Sets `above_peak` from `value` and `theoretical_peak`: above the peak by more than the
+    /// peak's own uncertainty.
     pub fn flag_against_peak(&mut self) {
         self.above_peak = match &self.theoretical_peak {
-            Some(p) => p.unit == self.unit && self.value > p.value,
+            Some(p) => p.unit == self.unit && self.value > p.value * (1.0 + p.uncertainty.max(0.0)),
             None => false,
         };
     }
@@ -105,7 +110,7 @@ impl Ceiling {
 pub struct CurvePoint {
     /// The x value, in the curve's `x_unit`.
     pub x: f64,
-    /// The median of the samples, in the curve's `unit`.
+    /// The best sample, in the curve's `unit`.
     pub value: f64,
     pub stats: Stats,
     /// The memory level this point was attributed to, if any (the plateau it belongs to).
@@ -183,7 +188,8 @@ pub struct CpuInfo {
     /// The clock /proc/cpuinfo states (often wrong on virtual machines), MHz.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cpuinfo_mhz: Option<f64>,
-    /// Core clock measured with a chain of dependent adds, one thread, Hz.
+    /// Core clock measured with a chain of dependent adds, one thread, Hz (every clock
+    /// measurement of the run: the probe measures it again around every peak measurement).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_clock_hz_t1: Option<Stats>,
     /// Core clock measured with every core running the chain at once (slowest core), Hz.
@@ -300,6 +306,10 @@ mod tests {
         assert!(!c.above_peak, "as read");
         c.flag_against_peak();
         assert!(c.above_peak);
+        // Within the peak's uncertainty (2.0 against 1.0 ± 150%): not flagged.
+        c.theoretical_peak.as_mut().unwrap().uncertainty = 1.5;
+        c.flag_against_peak();
+        assert!(!c.above_peak);
         assert_eq!(c.fraction_of_peak(), Some(2.0));
         let again = Machine::from_json(&m.to_json().unwrap()).unwrap();
         assert_eq!(again, m);

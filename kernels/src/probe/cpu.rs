@@ -42,6 +42,8 @@ pub struct CpuResult {
     /// The widest SIMD the compute probes used.
     pub simd: String,
     pub notes: Vec<String>,
+    clock_samples_t1: Vec<f64>,
+    clock_samples_all: Vec<f64>,
 }
 
 struct Ctx<'a> {
@@ -50,6 +52,7 @@ struct Ctx<'a> {
     progress: &'a dyn Progress,
     plan: Plan,
     big_plan: Plan,
+    peak_plan: Plan,
     db: PeakDb,
     pool: rayon::ThreadPool,
 }
@@ -151,7 +154,7 @@ pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
             Precision::Bf16,
             Precision::Int8,
         ];
-        n += 2 * precisions
+        n += 6 * precisions
             .iter()
             .filter(|p| best_isa(**p).is_some())
             .count() as u64;
@@ -185,10 +188,19 @@ pub fn run(
     if cfg.cores.is_empty() {
         return Err(ProbeError::Threads("no CPU to run on".into()));
     }
-    let (plan, big_plan) = if cfg.quick {
-        (Plan::new(3, 1, 0.01), Plan::new(3, 1, 0.02))
+    // Peak arithmetic is cheap to sample: more and longer samples ride out clock changes.
+    let (plan, big_plan, peak_plan) = if cfg.quick {
+        (
+            Plan::new(3, 1, 0.01),
+            Plan::new(3, 1, 0.02),
+            Plan::new(5, 1, 0.01),
+        )
     } else {
-        (Plan::new(5, 1, 0.02), Plan::new(5, 1, 0.08))
+        (
+            Plan::new(5, 1, 0.02),
+            Plan::new(5, 1, 0.08),
+            Plan::new(10, 2, 0.05),
+        )
     };
     let ctx = Ctx {
         cfg,
@@ -196,6 +208,7 @@ pub fn run(
         progress,
         plan,
         big_plan,
+        peak_plan,
         db: PeakDb::builtin().map_err(|e| ProbeError::Unsupported(e.to_string()))?,
         pool: pinned_pool(&cfg.cores).map_err(|e| ProbeError::Threads(e.to_string()))?,
     };
@@ -204,16 +217,7 @@ pub fn run(
 
     // The clock first: the theoretical peaks need it.
     for (suffix, cpus) in configs(cfg) {
-        progress.advance(&format!("clock {suffix}"));
-        let m = measure_threads(&cpus, &ctx.plan, cancel, |_| Ok(ClockKernel::new()))?;
-        // ops = adds = cycles on every thread; per-thread clock = total / threads.
-        let per_thread: Vec<f64> = m.op_rates().iter().map(|r| r / cpus.len() as f64).collect();
-        let s = Stats::from_samples(&per_thread);
-        if suffix == "t1" {
-            out.clock_t1 = s;
-        } else {
-            out.clock_all = s;
-        }
+        measure_clock(&ctx, &mut out, suffix, &cpus, &ctx.peak_plan)?;
     }
     let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
     out.simd = isa.name().to_string();
@@ -236,20 +240,54 @@ pub fn run(
     Ok(out)
 }
 
+/// Measures the core clock on `cpus` (every thread runs the add chain; a sample's clock is the
+/// slowest thread's), adds the samples to the run's clock statistics and returns this
+/// measurement's highest sample, Hz.
+fn measure_clock(
+    ctx: &Ctx,
+    out: &mut CpuResult,
+    suffix: &str,
+    cpus: &[usize],
+    plan: &Plan,
+) -> Result<f64, ProbeError> {
+    ctx.progress.advance(&format!("clock {suffix}"));
+    let m = measure_threads(cpus, plan, ctx.cancel, |_| Ok(ClockKernel::new()))?;
+    // ops = adds = cycles on every thread; per-thread clock = total / threads.
+    let per_thread: Vec<f64> = m.op_rates().iter().map(|r| r / cpus.len() as f64).collect();
+    let all = if suffix == "t1" {
+        &mut out.clock_samples_t1
+    } else {
+        &mut out.clock_samples_all
+    };
+    all.extend(&per_thread);
+    let stats = Stats::from_samples(all);
+    if suffix == "t1" {
+        out.clock_t1 = stats;
+    } else {
+        out.clock_all = stats;
+    }
+    Ok(per_thread.iter().copied().fold(0.0, f64::max))
+}
+
 impl Ctx<'_> {
-    /// The CPU rule's peak for `threads` cores at the measured clock.
+    /// The CPU rule's peak for `threads` cores at the higher of `clock_hz` = (higher, lower)
+    /// measured around the ceiling (default: the highest clock sample of the run), so that the
+    /// peak errs high rather than flag a true measurement.
     fn peak(
         &self,
         out: &CpuResult,
         precision: &str,
         threads: usize,
         isa: Isa,
+        clock_hz: Option<(f64, f64)>,
     ) -> Option<TheoreticalPeak> {
-        let clock = if threads == 1 {
+        let run_max = if threads == 1 {
             out.clock_t1.as_ref()
         } else {
             out.clock_all.as_ref()
-        }?;
+        }
+        .map(|s| s.max);
+        let clock = clock_hz.map(|c| c.0).or(run_max)?;
         let units = self
             .db
             .fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
@@ -258,17 +296,23 @@ impl Ctx<'_> {
             Isa::Avx2 => units.avx2,
             Isa::Scalar => return None,
         };
-        // The highest clock sample: the peak errs high rather than flag a true measurement.
-        let (value, rule) = cpu_peak(threads, clock.max, isa.bits(), fma_units, precision)?;
+        let (value, rule) = cpu_peak(threads, clock, isa.bits(), fma_units, precision)?;
         let unit = if precision == "int8" {
             "OP/s"
         } else {
             "FLOP/s"
         };
+        // The clock is known to within the drift between the measurements before and after
+        // (`clock_hz` = (higher, lower)), at least ±0.5%.
+        let uncertainty = clock_hz
+            .map(|(hi, lo)| (hi - lo) / hi)
+            .unwrap_or(0.0)
+            .max(0.005);
         Some(TheoreticalPeak {
             value,
             unit: unit.into(),
             source: format!("{rule} [{}]", units.name),
+            uncertainty,
         })
     }
 }
@@ -289,8 +333,14 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             continue;
         };
         for (suffix, cpus) in configs(ctx.cfg) {
+            // The clock moves (turbo, the host's load): measure it right before and after, and
+            // take the peak at the higher of the two.
+            let before = measure_clock(ctx, out, suffix, &cpus, &ctx.peak_plan)?;
             ctx.progress.advance(&format!("fma {} {suffix}", p.name()));
-            let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| FmaKernel::new(p, isa))?;
+            let m = measure_threads(&cpus, &ctx.peak_plan, ctx.cancel, |_| {
+                FmaKernel::new(p, isa)
+            })?;
+            let after = measure_clock(ctx, out, suffix, &cpus, &ctx.peak_plan)?;
             let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
                 continue;
             };
@@ -304,7 +354,13 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 "{} {instr} ({}-bit) on 12 independent accumulators, inline assembly, {} threads pinned one per core; result checked bit-exact against a scalar reference",
                 isa.name(), isa.bits(), cpus.len()
             );
-            let peak = ctx.peak(out, p.name(), cpus.len(), isa);
+            let peak = ctx.peak(
+                out,
+                p.name(),
+                cpus.len(),
+                isa,
+                Some((before.max(after), before.min(after))),
+            );
             let mut c = ceiling(
                 format!("cpu/fma/{}/{suffix}", p.name()),
                 CeilingKind::Compute,
@@ -398,14 +454,14 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 let level = level_of(&ctx.cfg.caches, actual, threads, max_ws);
                 if let Some(l) = &level {
                     match best.iter_mut().find(|b| &b.0 == l) {
-                        Some(b) if b.1.median >= stats.median => {}
+                        Some(b) if b.1.max >= stats.max => {}
                         Some(b) => *b = (l.clone(), stats.clone(), m.clone(), actual, nt),
                         None => best.push((l.clone(), stats.clone(), m.clone(), actual, nt)),
                     }
                 }
                 points.push(CurvePoint {
                     x: actual as f64,
-                    value: stats.median,
+                    value: stats.max,
                     stats,
                     level,
                 });
@@ -497,7 +553,7 @@ fn gemm_section<T: Elem>(
             let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
                 continue;
             };
-            if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
+            if best.as_ref().is_none_or(|b| stats.max > b.1.max) {
                 best = Some((i, stats.clone(), m.clone()));
             }
             rows.push(TableRow {
@@ -505,7 +561,7 @@ fn gemm_section<T: Elem>(
                 shape: shape.describe(),
                 precision: Some(precision.into()),
                 threads,
-                value: stats.median,
+                value: stats.max,
                 stats,
                 max_rel_error: Some(m.max_rel_error),
             });
@@ -526,7 +582,7 @@ fn gemm_section<T: Elem>(
                 shapes.len(), shapes[i].0, shapes[i].1.describe(), threads, m.max_rel_error
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
-            let peak = ctx.peak(out, peak_precision, threads, isa);
+            let peak = ctx.peak(out, peak_precision, threads, isa, None);
             let mut c = ceiling(
                 format!("cpu/gemm/{precision}/{suffix}"),
                 CeilingKind::Compute,
@@ -559,7 +615,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
             continue;
         };
-        if best.as_ref().is_none_or(|b| stats.median > b.1.median) {
+        if best.as_ref().is_none_or(|b| stats.max > b.1.max) {
             best = Some((i, stats.clone(), m.clone()));
         }
         rows.push(TableRow {
@@ -567,7 +623,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             shape: shape.describe(),
             precision: Some("f32".into()),
             threads,
-            value: stats.median,
+            value: stats.max,
             stats,
             max_rel_error: Some(m.max_rel_error),
         });
@@ -582,7 +638,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {threads} threads pinned one per core; 16 outputs checked against f64",
             layers.len(), layers[i].0, layers[i].1.describe()
         );
-        let peak = ctx.peak(out, "f32", threads, isa);
+        let peak = ctx.peak(out, "f32", threads, isa, None);
         let mut c = ceiling(
             "cpu/conv/f32/all".into(),
             CeilingKind::Compute,
@@ -701,7 +757,8 @@ mod tests {
             .find(|c| c.id == "cpu/fma/f32/t1")
             .unwrap();
         assert!(f32t1.value > 1e8, "{}", f32t1.value);
-        assert_eq!(f32t1.stats.samples, 3);
+        assert_eq!(f32t1.stats.samples, 5);
+        assert_eq!(f32t1.value, f32t1.stats.max, "a ceiling is its best sample");
         assert!(r.clock_t1.unwrap().median > 1e8);
         assert!(r.ceilings.iter().any(|c| c.id == "cpu/fma/f64/all"));
     }
