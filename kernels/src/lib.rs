@@ -5,6 +5,7 @@ pub mod affinity;
 pub mod buffer;
 pub mod cpu;
 pub mod driver;
+pub mod perf;
 pub mod probe;
 
 /// Errors of kernels and probes.

@@ -327,6 +327,33 @@ impl FmaKernel {
         }
     }
 
+    /// Instructions one loop iteration retires, as the CPU's counter sees them: the difference
+    /// of two runs of different lengths, so that call overhead cancels. `Ok(None)` when no
+    /// counter is available; an error when the count is not the expected
+    /// [`INSTR_PER_ITER`] + 2 (`dec`, `jnz`).
+    pub fn confirm_instructions(p: Precision, isa: Isa) -> Result<Option<f64>, String> {
+        if isa == Isa::Scalar {
+            return Ok(None);
+        }
+        let mut k = FmaKernel::new(p, isa).map_err(|e| e.to_string())?;
+        let (short, long) = (100_000u64, 300_000u64);
+        let (_, a) = crate::perf::count_instructions(|| k.run_raw(short));
+        let (_, b) = crate::perf::count_instructions(|| k.run_raw(long));
+        let (Some(a), Some(b)) = (a, b) else {
+            return Ok(None);
+        };
+        let per_iter = (b as f64 - a as f64) / (long - short) as f64;
+        let want = (INSTR_PER_ITER + 2) as f64;
+        if (per_iter - want).abs() > 0.25 {
+            return Err(format!(
+                "{} {}: the CPU retired {per_iter:.2} instructions per loop iteration, expected {want}",
+                p.name(),
+                isa.name()
+            ));
+        }
+        Ok(Some(per_iter))
+    }
+
     /// The exact short check: a fresh state, `iters` iterations, compared bit for bit.
     pub fn self_test(p: Precision, isa: Isa, iters: u64) -> Result<(), String> {
         let mut k = FmaKernel::new(p, isa).map_err(|e| e.to_string())?;
@@ -630,6 +657,26 @@ mod tests {
         // Corrupt one accumulator: the check must fail.
         as_f32_mut(&mut k.state)[0] = 3.0;
         assert!(k.check().is_err());
+    }
+
+    #[test]
+    fn the_cpu_retires_exactly_the_stated_instructions() {
+        for p in [
+            Precision::F64,
+            Precision::F32,
+            Precision::Bf16,
+            Precision::Int8,
+        ] {
+            let Some(isa) = best_isa(p) else { continue };
+            match FmaKernel::confirm_instructions(p, isa) {
+                Ok(Some(n)) => assert!((n - 26.0).abs() <= 0.25, "{n}"),
+                Ok(None) => eprintln!(
+                    "no perf counters: instruction count of {} not confirmed",
+                    p.name()
+                ),
+                Err(e) => panic!("{e}"),
+            }
+        }
     }
 
     #[test]
