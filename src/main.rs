@@ -273,6 +273,12 @@ fn probe(
                 .filter(|s| !s.is_empty())
                 .map(String::from),
             command_line: std::env::args().collect(),
+            compiler: env!("ROOFLINE_RUSTC_VERSION").to_string(),
+            libraries: env!("ROOFLINE_LIBRARIES")
+                .split(", ")
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
             time_utc: roofline_collectors::now_utc(),
             host: roofline_collectors::hostname(),
             os: roofline_collectors::os_name(),

@@ -421,6 +421,8 @@ mod tests {
                 tool: "roofline test".into(),
                 git_revision: None,
                 command_line: vec![],
+                compiler: String::new(),
+                libraries: vec![],
                 time_utc: "2026-01-01T00:00:00Z".into(),
                 host: "h".into(),
                 os: "os".into(),

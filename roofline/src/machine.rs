@@ -205,6 +205,12 @@ pub struct Provenance {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub git_revision: Option<String>,
     pub command_line: Vec<String>,
+    /// The compiler that built the tool (`rustc --version`).
+    #[serde(default)]
+    pub compiler: String,
+    /// Libraries that do measured work, with their versions (e.g. `gemm 0.19.0`).
+    #[serde(default)]
+    pub libraries: Vec<String>,
     /// UTC, RFC 3339.
     pub time_utc: String,
     pub host: String,

@@ -20,6 +20,9 @@ pub trait Elem: Zeroable {
     const NAME: &'static str;
     /// Bound on |c − reference| / Σ|a·b| for a correct product.
     const TOLERANCE: f64;
+    /// Whether partial sums over blocks of k may be stored in the destination type (not for
+    /// f16: each store would round the partial sum to 11 bits).
+    const SPLIT_K: bool = true;
     fn from_f64(x: f64) -> Self;
     fn to_f64(self) -> f64;
 }
@@ -46,6 +49,7 @@ impl Elem for f32 {
 }
 impl Elem for half::f16 {
     const NAME: &'static str = "f16";
+    const SPLIT_K: bool = false;
     const TOLERANCE: f64 = 4e-3;
     fn from_f64(x: f64) -> Self {
         half::f16::from_f64(x)
@@ -92,6 +96,11 @@ pub fn noise(seed: u64, i: usize) -> f64 {
     (z >> 11) as f64 / (1u64 << 52) as f64 - 1.0
 }
 
+/// Products larger than this in any dimension are computed block by block: the `gemm` crate's
+/// own cache blocking loses 3-5% at n = 4096 on a 1 MiB-L2 core against 1024-blocks (measured
+/// here, interleaved: 241 against 253 GFLOP/s), so the outer blocking is ours.
+pub const OUTER_BLOCK: usize = 1024;
+
 /// `dst[m×n] = lhs[m×k] · rhs[k×n]` for row-major matrices with leading dimensions.
 ///
 /// # Safety
@@ -109,28 +118,39 @@ pub unsafe fn matmul<T: Elem>(
     par: Parallelism,
 ) {
     let one = T::from_f64(1.0);
-    let zero = T::from_f64(0.0);
-    gemm::gemm(
-        shape.m,
-        shape.n,
-        shape.k,
-        dst,
-        1,
-        ldd as isize,
-        false,
-        lhs,
-        1,
-        lda as isize,
-        rhs,
-        1,
-        ldb as isize,
-        zero,
-        one,
-        false,
-        false,
-        false,
-        par,
-    );
+    let b = OUTER_BLOCK;
+    let kb = if T::SPLIT_K { b } else { shape.k.max(1) };
+    for i0 in (0..shape.m).step_by(b) {
+        let mm = b.min(shape.m - i0);
+        for j0 in (0..shape.n).step_by(b) {
+            let nn = b.min(shape.n - j0);
+            for p0 in (0..shape.k).step_by(kb) {
+                let kk = kb.min(shape.k - p0);
+                // dst = 1·dst + 1·lhs·rhs, except for the first block of k, which overwrites.
+                gemm::gemm(
+                    mm,
+                    nn,
+                    kk,
+                    dst.add(i0 * ldd + j0),
+                    1,
+                    ldd as isize,
+                    p0 > 0,
+                    lhs.add(i0 * lda + p0),
+                    1,
+                    lda as isize,
+                    rhs.add(p0 * ldb + j0),
+                    1,
+                    ldb as isize,
+                    one,
+                    one,
+                    false,
+                    false,
+                    false,
+                    par,
+                );
+            }
+        }
+    }
 }
 
 /// A GEMM probe kernel over its own matrices.
@@ -264,6 +284,12 @@ mod tests {
                 n: 64,
                 k: 576,
             },
+            // Crosses the outer blocks in every dimension.
+            Shape {
+                m: OUTER_BLOCK + 3,
+                n: OUTER_BLOCK + 70,
+                k: 2 * OUTER_BLOCK + 5,
+            },
         ] {
             let mut k = GemmKernel::<T>::new(shape, 1).unwrap();
             assert!(
@@ -276,7 +302,7 @@ mod tests {
             // A wrong entry is caught (entry 0 of the sample is row 3 % m, column 5 % n).
             let (i, j) = (3 % shape.m, 5 % shape.n);
             let v = k.c[i * k.ldc + j].to_f64();
-            k.c[i * k.ldc + j] = T::from_f64(v + 1.0);
+            k.c[i * k.ldc + j] = T::from_f64(v + 100.0);
             assert!(k.check().is_err(), "{} {:?}", T::NAME, shape);
         }
     }
