@@ -97,7 +97,8 @@ fn gemm_squares(cfg: &CpuConfig, precision: &str) -> Vec<usize> {
     }
 }
 
-/// GEMM shapes of ResNet-50's 1×1 convolutions and classifier, batch `n`.
+/// GEMM shapes of ResNet-50's 1×1 stride-1 convolutions (batch `n`: m = n·h·w) and of its
+/// classifier (batch at least 64, as m = 8 is a matrix-vector product).
 fn resnet50_gemms(n: usize) -> Vec<(String, Shape)> {
     let mut v: Vec<(String, Shape)> = resnet50_layers(n)
         .into_iter()
@@ -114,7 +115,7 @@ fn resnet50_gemms(n: usize) -> Vec<(String, Shape)> {
         })
         .collect();
     v.push((
-        "resnet50 fc".into(),
+        format!("resnet50 fc, batch {}", n.max(64)),
         Shape {
             m: n.max(64),
             n: 1000,
