@@ -517,6 +517,48 @@ fn stream_formula(op: Op) -> &'static str {
     }
 }
 
+/// The rows of a swept table and its best row so far.
+struct Sweep {
+    rows: Vec<TableRow>,
+    best: Option<(usize, Stats, Measurement)>,
+}
+
+impl Sweep {
+    fn new() -> Sweep {
+        Sweep {
+            rows: Vec::new(),
+            best: None,
+        }
+    }
+
+    /// Records configuration `i` (a table row) and keeps it if it is the best so far.
+    fn add(
+        &mut self,
+        i: usize,
+        name: &str,
+        shape: String,
+        precision: &str,
+        threads: usize,
+        m: Measurement,
+    ) {
+        let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
+            return;
+        };
+        if self.best.as_ref().is_none_or(|b| stats.max > b.1.max) {
+            self.best = Some((i, stats.clone(), m.clone()));
+        }
+        self.rows.push(TableRow {
+            name: name.to_string(),
+            shape,
+            precision: Some(precision.into()),
+            threads,
+            value: stats.max,
+            stats,
+            max_rel_error: Some(m.max_rel_error),
+        });
+    }
+}
+
 fn gemm_section<T: Elem>(
     ctx: &Ctx,
     out: &mut CpuResult,
@@ -536,8 +578,7 @@ fn gemm_section<T: Elem>(
     let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
     for (suffix, cpus) in configs(ctx.cfg) {
         let threads = cpus.len();
-        let mut rows = Vec::new();
-        let mut best: Option<(usize, Stats, Measurement)> = None;
+        let mut sweep = Sweep::new();
         for (i, (name, shape)) in shapes.iter().enumerate() {
             ctx.progress
                 .advance(&format!("gemm {precision} {suffix} {name}"));
@@ -546,38 +587,19 @@ fn gemm_section<T: Elem>(
             } else {
                 ctx.plan
             };
-            let m = if threads == 1 {
-                let mut k = GemmKernel::<T>::new(*shape, 1)?;
-                ctx.pool
-                    .install(|| measure_here(&plan, ctx.cancel, &mut k))?
-            } else {
-                ctx.pool.install(|| -> Result<Measurement, ProbeError> {
-                    let mut k = GemmKernel::<T>::new(*shape, threads)?;
-                    measure_here(&plan, ctx.cancel, &mut k)
-                })?
-            };
-            let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|b| stats.max > b.1.max) {
-                best = Some((i, stats.clone(), m.clone()));
-            }
-            rows.push(TableRow {
-                name: name.clone(),
-                shape: shape.describe(),
-                precision: Some(precision.into()),
-                threads,
-                value: stats.max,
-                stats,
-                max_rel_error: Some(m.max_rel_error),
-            });
+            // Built and run on a pinned pool thread; `threads` > 1 spreads over the pool.
+            let m = ctx.pool.install(|| -> Result<Measurement, ProbeError> {
+                let mut k = GemmKernel::<T>::new(*shape, threads)?;
+                measure_here(&plan, ctx.cancel, &mut k)
+            })?;
+            sweep.add(i, name, shape.describe(), precision, threads, m);
         }
         out.tables.push(Table {
             id: format!("cpu/gemm/{precision}/{suffix}/shapes"),
             unit: "FLOP/s".into(),
-            rows,
+            rows: sweep.rows,
         });
-        if let Some((i, stats, m)) = best {
+        if let Some((i, stats, m)) = sweep.best {
             let f16_note = if precision == "f16" {
                 ", computed in f32 and rounded (no native f16 arithmetic used)"
             } else {
@@ -610,36 +632,21 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
     let layers = conv_layers(ctx.cfg);
     let threads = ctx.cfg.cores.len();
     let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
-    let mut rows = Vec::new();
-    let mut best: Option<(usize, Stats, Measurement)> = None;
+    let mut sweep = Sweep::new();
     for (i, (name, shape)) in layers.iter().enumerate() {
         ctx.progress.advance(&format!("conv f32 all {name}"));
         let m = ctx.pool.install(|| -> Result<Measurement, ProbeError> {
             let mut k = ConvKernel::new(*shape, threads > 1)?;
             measure_here(&ctx.big_plan, ctx.cancel, &mut k)
         })?;
-        let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
-            continue;
-        };
-        if best.as_ref().is_none_or(|b| stats.max > b.1.max) {
-            best = Some((i, stats.clone(), m.clone()));
-        }
-        rows.push(TableRow {
-            name: name.clone(),
-            shape: shape.describe(),
-            precision: Some("f32".into()),
-            threads,
-            value: stats.max,
-            stats,
-            max_rel_error: Some(m.max_rel_error),
-        });
+        sweep.add(i, name, shape.describe(), "f32", threads, m);
     }
     out.tables.push(Table {
         id: "cpu/conv/f32/all/layers".into(),
         unit: "FLOP/s".into(),
-        rows,
+        rows: sweep.rows,
     });
-    if let Some((i, stats, m)) = best {
+    if let Some((i, stats, m)) = sweep.best {
         let method = format!(
             "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {threads} threads pinned one per core; 16 outputs checked against f64",
             layers.len(), layers[i].0, layers[i].1.describe()
