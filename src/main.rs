@@ -203,8 +203,9 @@ fn probe(
     let sections = parse_only(only).map_err(Failure::Input)?;
     check_writable(output).map_err(Failure::Input)?;
     let allowed = roofline_kernels::affinity::allowed_cpus();
-    let mut cores =
+    let machine_cores =
         roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
+    let mut cores = machine_cores.clone();
     if let Some(n) = threads {
         if n == 0 || n > cores.len() {
             return Err(Failure::Input(anyhow!(
@@ -219,7 +220,7 @@ fn probe(
         .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
 
     let ident = roofline_collectors::cpu_ident();
-    let mut cpu = roofline_collectors::cpu_info(cores.len(), "", Vec::new());
+    let mut cpu = roofline_collectors::cpu_info(machine_cores.len(), "", Vec::new());
     let cfg = cpu_probe::CpuConfig {
         cores: cores.clone(),
         caches: cpu.caches.clone(),
@@ -264,6 +265,14 @@ fn probe(
     cpu.measured_clock_hz_t1 = result.clock_t1.clone();
     cpu.measured_clock_hz_all = result.clock_all.clone();
     let mut notes = result.notes.clone();
+    if cores.len() < machine_cores.len() {
+        notes.push(format!(
+            "the `all` ceilings ran on {} of the {} cores roofline may use (--threads {})",
+            cores.len(),
+            machine_cores.len(),
+            cores.len()
+        ));
+    }
     notes.push("no GPU probed: this version of roofline measures CPUs only".into());
     let machine = Machine {
         schema: MACHINE_SCHEMA.into(),
