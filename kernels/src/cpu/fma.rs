@@ -1,8 +1,10 @@
-//! Peak arithmetic: chains of fused multiply-adds (and bf16 / int8 dot products) on 12
-//! independent vector accumulators, written in inline assembly so that the compiler can neither
-//! fold nor drop them: each loop iteration executes exactly [`INSTR_PER_ITER`] arithmetic
-//! instructions (12 accumulators × 2), plus one `dec`/`jnz` pair. 12 chains cover a 4-to-6-cycle
-//! latency on two pipes.
+//! Peak arithmetic: chains of fused multiply-adds (and bf16 / int8 dot products) on independent
+//! vector accumulators, written in inline assembly so that the compiler can neither fold nor drop
+//! them: each loop iteration executes exactly [`INSTR_PER_ITER`] arithmetic instructions, plus
+//! one `dec`/`jnz` pair. AVX-512 uses 24 accumulators (zmm0–23), one instruction each per
+//! iteration: 12 cover an FMA's 4-cycle latency on two pipes, but `vdpbf16ps` needs more (12
+//! chains reached 92% of the FMA rate on Zen 5, 24 chains 100%). AVX2 has 16 registers: 12
+//! accumulators, two instructions each per iteration.
 //!
 //! Checks: a short run of the very same kernel is compared bit for bit with a scalar reference
 //! (an FMA is one correctly rounded operation, so vector and scalar agree exactly), and the state
@@ -11,10 +13,19 @@
 use crate::driver::Kernel;
 use crate::ProbeError;
 
-/// Independent accumulators (vector registers) per kernel.
-pub const ACCUMULATORS: usize = 12;
-/// Arithmetic instructions per loop iteration: every accumulator updated twice.
-pub const INSTR_PER_ITER: usize = 2 * ACCUMULATORS;
+/// Accumulator slots (64 bytes each) in a kernel's state: the most any ISA uses.
+pub const ACCUMULATORS: usize = 24;
+/// Arithmetic instructions per loop iteration, on every vector ISA.
+pub const INSTR_PER_ITER: usize = 24;
+
+/// Independent accumulators (vector registers) of a kernel.
+pub fn accumulators(isa: Isa) -> usize {
+    match isa {
+        Isa::Avx512 => 24,
+        Isa::Avx2 => 12,
+        Isa::Scalar => 8,
+    }
+}
 
 /// The instruction set a kernel runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -171,11 +182,18 @@ impl FmaKernel {
                 for (i, x) in as_f32_mut(&mut self.state).iter_mut().enumerate() {
                     *x = 0.5 + (i % 97) as f32 / 64.0;
                 }
+                // Operands a and b, broadcast by the kernel from bytes 0 and 64.
+                let ops = &mut self.ops[0].0;
+                ops[..4].copy_from_slice(&(A as f32).to_le_bytes());
+                ops[64..68].copy_from_slice(&(B as f32).to_le_bytes());
             }
             Precision::F64 => {
                 for (i, x) in as_f64_mut(&mut self.state).iter_mut().enumerate() {
                     *x = 0.5 + (i % 97) as f64 / 64.0;
                 }
+                let ops = &mut self.ops[0].0;
+                ops[..8].copy_from_slice(&A.to_le_bytes());
+                ops[64..72].copy_from_slice(&B.to_le_bytes());
             }
             Precision::Bf16 => {
                 for (i, x) in as_f32_mut(&mut self.state).iter_mut().enumerate() {
@@ -215,15 +233,15 @@ impl FmaKernel {
         self.total_iters += iters;
         let s = self.state.0.as_mut_ptr();
         let o = self.ops[0].0.as_ptr();
-        // SAFETY: `new` verified the CPU has the instructions of (p, isa); `s` points to 768
-        // bytes, 64-aligned; `o` to 768 bytes of which 128 are read; iters ≥ 1.
+        // SAFETY: `new` verified the CPU has the instructions of (p, isa); `s` points to 1536
+        // bytes, 64-aligned; `o` to 1536 bytes of which 128 are read; iters ≥ 1.
         #[cfg(target_arch = "x86_64")]
         unsafe {
             match (self.p, self.isa) {
-                (Precision::F32, Isa::Avx512) => x86::f32_avx512(s, iters),
-                (Precision::F64, Isa::Avx512) => x86::f64_avx512(s, iters),
-                (Precision::F32, Isa::Avx2) => x86::f32_avx2(s, iters),
-                (Precision::F64, Isa::Avx2) => x86::f64_avx2(s, iters),
+                (Precision::F32, Isa::Avx512) => x86::f32_avx512(s, o, iters),
+                (Precision::F64, Isa::Avx512) => x86::f64_avx512(s, o, iters),
+                (Precision::F32, Isa::Avx2) => x86::f32_avx2(s, o, iters),
+                (Precision::F64, Isa::Avx2) => x86::f64_avx2(s, o, iters),
                 (Precision::Bf16, _) => x86::bf16_avx512(s, o, iters),
                 (Precision::Int8, _) => x86::int8_avx512(s, o, iters),
                 (p, Isa::Scalar) => scalar(&mut self.state, p, iters),
@@ -245,11 +263,7 @@ impl FmaKernel {
             Isa::Scalar => 1,
         };
         let used = |elem: usize, reg: usize, lane: usize| -> usize { reg * (64 / elem) + lane };
-        let regs = if self.isa == Isa::Scalar {
-            8
-        } else {
-            ACCUMULATORS
-        };
+        let regs = accumulators(self.isa);
         let mut worst = 0.0f64;
         match self.p {
             Precision::F32 | Precision::F64 => {
@@ -322,8 +336,8 @@ impl FmaKernel {
     /// Recurrence steps (updates of each accumulator) done so far.
     fn steps(&self) -> u64 {
         match self.isa {
-            Isa::Scalar => self.total_iters,
-            _ => 2 * self.total_iters,
+            Isa::Avx2 => 2 * self.total_iters,
+            _ => self.total_iters,
         }
     }
 
@@ -428,7 +442,7 @@ fn scalar(state: &mut State, p: Precision, iters: u64) {
 }
 
 fn as_f32(s: &State) -> &[f32] {
-    // SAFETY: State is 64-aligned, 768 bytes; every bit pattern is a valid f32.
+    // SAFETY: State is 64-aligned, 1536 bytes; every bit pattern is a valid f32.
     unsafe { std::slice::from_raw_parts(s.0.as_ptr() as *const f32, s.0.len() / 4) }
 }
 fn as_f32_mut(s: &mut State) -> &mut [f32] {
@@ -454,145 +468,94 @@ fn as_i32_mut(s: &mut State) -> &mut [i32] {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    //! The kernels. Each loads 12 accumulators from `s` (64 bytes apart), broadcasts or loads
-    //! its operands into registers 12 and 13, runs `n` iterations of 24 instructions, and stores
-    //! the accumulators back.
+    //! The kernels. Each loads its accumulators from `s` (64 bytes apart), broadcasts or loads its
+    //! operands into two registers, runs `n` iterations of 24 instructions, and stores the
+    //! accumulators back.
     use std::arch::asm;
 
-    macro_rules! kernel {
-        ($name:ident, $ty:ty, $feat:literal, $reg:literal, $load:literal, $store:literal,
-         $setup:literal, $op:literal) => {
+    /// 24 AVX-512 accumulators zmm0–23, operands zmm30, zmm31; `$setup` fills the operands.
+    macro_rules! kernel512 {
+        ($name:ident, $feat:literal, $setup:literal, $op:literal) => {
             #[target_feature(enable = $feat)]
-            pub unsafe fn $name(s: *mut u8, n: u64) {
-                let a = super::A as $ty;
-                let b = super::B as $ty;
-                let pa = &a as *const $ty;
-                let pb = &b as *const $ty;
+            pub unsafe fn $name(s: *mut u8, o: *const u8, n: u64) {
                 asm!(
-                    concat!($load, " ", $reg, "0, [{s}]"),
-                    concat!($load, " ", $reg, "1, [{s} + 64]"),
-                    concat!($load, " ", $reg, "2, [{s} + 128]"),
-                    concat!($load, " ", $reg, "3, [{s} + 192]"),
-                    concat!($load, " ", $reg, "4, [{s} + 256]"),
-                    concat!($load, " ", $reg, "5, [{s} + 320]"),
-                    concat!($load, " ", $reg, "6, [{s} + 384]"),
-                    concat!($load, " ", $reg, "7, [{s} + 448]"),
-                    concat!($load, " ", $reg, "8, [{s} + 512]"),
-                    concat!($load, " ", $reg, "9, [{s} + 576]"),
-                    concat!($load, " ", $reg, "10, [{s} + 640]"),
-                    concat!($load, " ", $reg, "11, [{s} + 704]"),
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,16,17,18,19,20,21,22,23,24,25,26,27",
+                    "vmovaps zmm\\r, [{s} + 64 * (\\r - 4 * (\\r / 16))]",
+                    ".endr",
                     $setup,
                     "2:",
-                    ".rept 2",
-                    concat!($op, " ", $reg, "0, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "1, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "2, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "3, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "4, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "5, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "6, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "7, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "8, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "9, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "10, ", $reg, "12, ", $reg, "13"),
-                    concat!($op, " ", $reg, "11, ", $reg, "12, ", $reg, "13"),
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,16,17,18,19,20,21,22,23,24,25,26,27",
+                    concat!($op, " zmm\\r, zmm30, zmm31"),
                     ".endr",
                     "dec {n}",
                     "jnz 2b",
-                    concat!($store, " [{s}], ", $reg, "0"),
-                    concat!($store, " [{s} + 64], ", $reg, "1"),
-                    concat!($store, " [{s} + 128], ", $reg, "2"),
-                    concat!($store, " [{s} + 192], ", $reg, "3"),
-                    concat!($store, " [{s} + 256], ", $reg, "4"),
-                    concat!($store, " [{s} + 320], ", $reg, "5"),
-                    concat!($store, " [{s} + 384], ", $reg, "6"),
-                    concat!($store, " [{s} + 448], ", $reg, "7"),
-                    concat!($store, " [{s} + 512], ", $reg, "8"),
-                    concat!($store, " [{s} + 576], ", $reg, "9"),
-                    concat!($store, " [{s} + 640], ", $reg, "10"),
-                    concat!($store, " [{s} + 704], ", $reg, "11"),
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,16,17,18,19,20,21,22,23,24,25,26,27",
+                    "vmovaps [{s} + 64 * (\\r - 4 * (\\r / 16))], zmm\\r",
+                    ".endr",
                     s = in(reg) s,
+                    o = in(reg) o,
                     n = inout(reg) n => _,
-                    pa = in(reg) pa,
-                    pb = in(reg) pb,
                     out("xmm0") _, out("xmm1") _, out("xmm2") _, out("xmm3") _,
                     out("xmm4") _, out("xmm5") _, out("xmm6") _, out("xmm7") _,
                     out("xmm8") _, out("xmm9") _, out("xmm10") _, out("xmm11") _,
-                    out("xmm12") _, out("xmm13") _,
+                    out("xmm16") _, out("xmm17") _, out("xmm18") _, out("xmm19") _,
+                    out("xmm20") _, out("xmm21") _, out("xmm22") _, out("xmm23") _,
+                    out("xmm24") _, out("xmm25") _, out("xmm26") _, out("xmm27") _,
+                    out("xmm30") _, out("xmm31") _,
                     options(nostack),
                 );
             }
         };
     }
 
-    kernel!(
+    // FMA kernels take their operands a, b as broadcast scalars at o[0..8] and o[64..72].
+    kernel512!(
         f32_avx512,
-        f32,
         "avx512f",
-        "zmm",
-        "vmovaps",
-        "vmovaps",
-        "vbroadcastss zmm12, dword ptr [{pa}]\nvbroadcastss zmm13, dword ptr [{pb}]",
+        "vbroadcastss zmm30, dword ptr [{o}]\nvbroadcastss zmm31, dword ptr [{o} + 64]",
         "vfmadd213ps"
     );
-    kernel!(
+    kernel512!(
         f64_avx512,
-        f64,
         "avx512f",
-        "zmm",
-        "vmovapd",
-        "vmovapd",
-        "vbroadcastsd zmm12, qword ptr [{pa}]\nvbroadcastsd zmm13, qword ptr [{pb}]",
+        "vbroadcastsd zmm30, qword ptr [{o}]\nvbroadcastsd zmm31, qword ptr [{o} + 64]",
         "vfmadd213pd"
     );
-    kernel!(
-        f32_avx2,
-        f32,
-        "avx2,fma",
-        "ymm",
-        "vmovaps",
-        "vmovaps",
-        "vbroadcastss ymm12, dword ptr [{pa}]\nvbroadcastss ymm13, dword ptr [{pb}]",
-        "vfmadd213ps"
+    // Dot products take full operand vectors: acc += dot(zmm30, zmm31).
+    kernel512!(
+        bf16_avx512,
+        "avx512f,avx512bf16",
+        "vmovaps zmm30, [{o}]\nvmovaps zmm31, [{o} + 64]",
+        "vdpbf16ps"
     );
-    kernel!(
-        f64_avx2,
-        f64,
-        "avx2,fma",
-        "ymm",
-        "vmovapd",
-        "vmovapd",
-        "vbroadcastsd ymm12, qword ptr [{pa}]\nvbroadcastsd ymm13, qword ptr [{pb}]",
-        "vfmadd213pd"
+    kernel512!(
+        int8_avx512,
+        "avx512f,avx512vnni",
+        "vmovaps zmm30, [{o}]\nvmovaps zmm31, [{o} + 64]",
+        "vpdpbusd"
     );
 
-    macro_rules! dot_kernel {
-        ($name:ident, $feat:literal, $op:literal) => {
-            #[target_feature(enable = $feat)]
+    /// 12 AVX2 accumulators ymm0–11, operands ymm12, ymm13, two instructions each per iteration.
+    macro_rules! kernel256 {
+        ($name:ident, $setup:literal, $op:literal) => {
+            #[target_feature(enable = "avx2,fma")]
             pub unsafe fn $name(s: *mut u8, o: *const u8, n: u64) {
-                // Reuse the FMA body: operands come from memory instead of broadcasts, and the
-                // operation accumulates into the destination (acc += dot(zmm12, zmm13)).
                 asm!(
-                    "vmovaps zmm0, [{s}]", "vmovaps zmm1, [{s} + 64]", "vmovaps zmm2, [{s} + 128]",
-                    "vmovaps zmm3, [{s} + 192]", "vmovaps zmm4, [{s} + 256]", "vmovaps zmm5, [{s} + 320]",
-                    "vmovaps zmm6, [{s} + 384]", "vmovaps zmm7, [{s} + 448]", "vmovaps zmm8, [{s} + 512]",
-                    "vmovaps zmm9, [{s} + 576]", "vmovaps zmm10, [{s} + 640]", "vmovaps zmm11, [{s} + 704]",
-                    "vmovaps zmm12, [{o}]", "vmovaps zmm13, [{o} + 64]",
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11",
+                    "vmovaps ymm\\r, [{s} + 64 * \\r]",
+                    ".endr",
+                    $setup,
                     "2:",
                     ".rept 2",
-                    concat!($op, " zmm0, zmm12, zmm13"), concat!($op, " zmm1, zmm12, zmm13"),
-                    concat!($op, " zmm2, zmm12, zmm13"), concat!($op, " zmm3, zmm12, zmm13"),
-                    concat!($op, " zmm4, zmm12, zmm13"), concat!($op, " zmm5, zmm12, zmm13"),
-                    concat!($op, " zmm6, zmm12, zmm13"), concat!($op, " zmm7, zmm12, zmm13"),
-                    concat!($op, " zmm8, zmm12, zmm13"), concat!($op, " zmm9, zmm12, zmm13"),
-                    concat!($op, " zmm10, zmm12, zmm13"), concat!($op, " zmm11, zmm12, zmm13"),
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11",
+                    concat!($op, " ymm\\r, ymm12, ymm13"),
+                    ".endr",
                     ".endr",
                     "dec {n}",
                     "jnz 2b",
-                    "vmovaps [{s}], zmm0", "vmovaps [{s} + 64], zmm1", "vmovaps [{s} + 128], zmm2",
-                    "vmovaps [{s} + 192], zmm3", "vmovaps [{s} + 256], zmm4", "vmovaps [{s} + 320], zmm5",
-                    "vmovaps [{s} + 384], zmm6", "vmovaps [{s} + 448], zmm7", "vmovaps [{s} + 512], zmm8",
-                    "vmovaps [{s} + 576], zmm9", "vmovaps [{s} + 640], zmm10", "vmovaps [{s} + 704], zmm11",
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11",
+                    "vmovaps [{s} + 64 * \\r], ymm\\r",
+                    ".endr",
                     s = in(reg) s,
                     o = in(reg) o,
                     n = inout(reg) n => _,
@@ -606,8 +569,16 @@ mod x86 {
         };
     }
 
-    dot_kernel!(bf16_avx512, "avx512f,avx512bf16", "vdpbf16ps");
-    dot_kernel!(int8_avx512, "avx512f,avx512vnni", "vpdpbusd");
+    kernel256!(
+        f32_avx2,
+        "vbroadcastss ymm12, dword ptr [{o}]\nvbroadcastss ymm13, dword ptr [{o} + 64]",
+        "vfmadd213ps"
+    );
+    kernel256!(
+        f64_avx2,
+        "vbroadcastsd ymm12, qword ptr [{o}]\nvbroadcastsd ymm13, qword ptr [{o} + 64]",
+        "vfmadd213pd"
+    );
 }
 
 #[cfg(test)]

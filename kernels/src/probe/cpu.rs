@@ -4,7 +4,7 @@
 use super::{ceiling, rate_stats, Progress, Section};
 use crate::affinity::pinned_pool;
 use crate::cpu::conv::{resnet50_layers, ConvKernel, ConvShape};
-use crate::cpu::fma::{best_isa, FmaKernel, Isa, Precision};
+use crate::cpu::fma::{accumulators, best_isa, FmaKernel, Isa, Precision};
 use crate::cpu::gemm::{Elem, GemmKernel, Shape};
 use crate::cpu::stream::{Op, StreamKernel};
 use crate::cpu::{clock::ClockKernel, stream};
@@ -357,8 +357,8 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 Precision::Int8 => "vpdpbusd",
             };
             let method = format!(
-                "{} {instr} ({}-bit) on 12 independent accumulators, inline assembly, {} threads pinned one per core; result checked bit-exact against a scalar reference; {confirmed}",
-                isa.name(), isa.bits(), cpus.len()
+                "{} {instr} ({}-bit) on {} independent accumulators, inline assembly, {} threads pinned one per core; result checked bit-exact against a scalar reference; {confirmed}",
+                isa.name(), isa.bits(), accumulators(isa), cpus.len()
             );
             let peak = ctx.peak(
                 out,
