@@ -252,3 +252,43 @@ fn peaks_lists_the_database() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["schema"], "roofline/peaks/v1");
 }
+
+#[test]
+fn json_output_and_fewer_threads() {
+    let dir = tmpdir("json");
+    let out = dir.join("m.json");
+    let o = bin()
+        .args([
+            "probe",
+            "--quick",
+            "--only",
+            "fma",
+            "--threads",
+            "1",
+            "--json",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // stdout is exactly the machine.json that was written.
+    let printed = roofline_model::Machine::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    let written = roofline_model::Machine::read(&out).unwrap();
+    assert_eq!(printed, written);
+    let all = written.ceiling("cpu/fma/f32/all").unwrap();
+    assert_eq!(
+        all.threads, 1,
+        "--threads 1 runs the `all` ceilings on one core"
+    );
+    assert!(written
+        .provenance
+        .notes
+        .iter()
+        .any(|n| n.contains("--threads 1")));
+    assert!(
+        written.ceiling("cpu/mem/L1/triad/t1").is_none(),
+        "--only fma measures no memory"
+    );
+    assert!(all.method.contains("instruction count"));
+}
