@@ -292,3 +292,17 @@ fn json_output_and_fewer_threads() {
     );
     assert!(all.method.contains("instruction count"));
 }
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut child = bin()
+        .arg("peaks")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close our end of stdout before the table is written.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}

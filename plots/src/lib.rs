@@ -95,15 +95,16 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             dashed: false,
         });
         if let Some(p) = &c.theoretical_peak {
-            // One dashed roof per distinct theoretical value (GEMM and FMA share theirs).
-            if p.unit == "FLOP/s"
-                && !flat
-                    .iter()
-                    .any(|r| r.dashed && (r.value - p.value).abs() <= 1e-9 * p.value)
-            {
-                let prec = c.precision.clone().unwrap_or_default();
+            // One dashed roof per precision (GEMM and FMA share the rule's peak; the first
+            // ceiling of a precision, the FMA one, gives it).
+            let prec = c.precision.clone().unwrap_or_default();
+            let label = format!("theoretical {prec} peak ({})", opt.threads);
+            let drawn = flat.iter().any(|r| {
+                r.dashed && (r.label == label || (r.value - p.value).abs() <= 1e-9 * p.value)
+            });
+            if p.unit == "FLOP/s" && !drawn {
                 flat.push(DrawnRoof {
-                    label: format!("theoretical {prec} peak ({})", opt.threads),
+                    label,
                     value: p.value,
                     slanted: false,
                     dashed: true,
