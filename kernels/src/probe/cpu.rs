@@ -357,8 +357,8 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 Precision::Int8 => "vpdpbusd",
             };
             let method = format!(
-                "{} {instr} ({}-bit) on {} independent accumulators, inline assembly, {} threads pinned one per core; result checked bit-exact against a scalar reference; {confirmed}",
-                isa.name(), isa.bits(), accumulators(isa), cpus.len()
+                "{} {instr} ({}-bit) on {} independent accumulators, inline assembly, {}; result checked bit-exact against a scalar reference; {confirmed}",
+                isa.name(), isa.bits(), accumulators(isa), pinned(cpus.len())
             );
             let peak = ctx.peak(
                 out,
@@ -482,12 +482,12 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             });
             for (level, stats, m, ws, nt) in best {
                 let method = format!(
-                    "{} {}: best plateau point at a working set of {} ({} per thread), {} threads pinned one per core; bytes counted as STREAM counts them (reads + writes, no write-allocate){}; every element checked",
+                    "{} {}: best plateau point at a working set of {} ({} per thread), {}; bytes counted as STREAM counts them (reads + writes, no write-allocate){}; every element checked",
                     op.name(),
                     stream_formula(op),
                     human_bytes(ws as f64),
                     human_bytes(ws as f64 / threads as f64),
-                    threads,
+                    pinned(threads),
                     if nt { "; non-temporal stores" } else { "" }
                 );
                 let mut c = ceiling(
@@ -606,8 +606,8 @@ fn gemm_section<T: Elem>(
                 ""
             };
             let method = format!(
-                "gemm crate (x86-v4 kernels){f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {} threads pinned one per core; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
-                shapes.len(), shapes[i].0, shapes[i].1.describe(), threads, m.max_rel_error
+                "gemm crate (x86-v4 kernels) in blocks of 1024{f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
+                shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
@@ -648,8 +648,8 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
     });
     if let Some((i, stats, m)) = sweep.best {
         let method = format!(
-            "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {threads} threads pinned one per core; 16 outputs checked against f64",
-            layers.len(), layers[i].0, layers[i].1.describe()
+            "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm (1×1 stride 1: one GEMM); best of {} ResNet-50 layer shapes: {} ({}), {}; 16 outputs checked against f64",
+            layers.len(), layers[i].0, layers[i].1.describe(), pinned(threads)
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
         let mut c = ceiling(
@@ -666,6 +666,15 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         out.ceilings.push(c);
     }
     Ok(())
+}
+
+/// "1 thread" or "N threads pinned one per core".
+fn pinned(threads: usize) -> String {
+    if threads == 1 {
+        "1 thread, pinned".into()
+    } else {
+        format!("{threads} threads pinned one per core")
+    }
 }
 
 /// `1.5 MiB`-style sizes.
