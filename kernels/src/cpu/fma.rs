@@ -1,7 +1,7 @@
 //! Peak arithmetic: chains of fused multiply-adds (and bf16 / int8 dot products) on independent
 //! vector accumulators, written in inline assembly so that the compiler can neither fold nor drop
 //! them: each loop iteration executes exactly [`INSTR_PER_ITER`] arithmetic instructions, plus
-//! one `dec`/`jnz` pair. AVX-512 uses 24 accumulators (zmm0–23), one instruction each per
+//! one `dec`/`jnz` pair. AVX-512 uses 24 accumulators (zmm0–11, zmm16–27), one instruction each per
 //! iteration: 12 cover an FMA's 4-cycle latency on two pipes, but `vdpbf16ps` needs more (12
 //! chains reached 92% of the FMA rate on Zen 5, 24 chains 100%). AVX2 has 16 registers: 12
 //! accumulators, two instructions each per iteration.
@@ -473,7 +473,7 @@ mod x86 {
     //! accumulators back.
     use std::arch::asm;
 
-    /// 24 AVX-512 accumulators zmm0–23, operands zmm30, zmm31; `$setup` fills the operands.
+    /// 24 AVX-512 accumulators zmm0–11 and zmm16–27 (state slots 0–23), operands zmm30, zmm31; `$setup` fills the operands.
     macro_rules! kernel512 {
         ($name:ident, $feat:literal, $setup:literal, $op:literal) => {
             #[target_feature(enable = $feat)]
