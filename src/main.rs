@@ -165,12 +165,7 @@ fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
 
 /// Fails early (before minutes of probing) when `path` cannot be written.
 fn check_writable(path: &Path) -> Result<(), anyhow::Error> {
-    if path.is_dir() {
-        return Err(anyhow!(
-            "cannot write {}: it is a directory; give a file name with -o",
-            path.display()
-        ));
-    }
+    roofline_model::write::check_target(path)?;
     let tmp = roofline_model::write::temp_path(path);
     std::fs::File::create(&tmp)
         .and_then(|_| std::fs::remove_file(&tmp))

@@ -196,6 +196,11 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     );
     expect_input_error(&["probe", "--quick", "-o"], Some(&dir), "directory");
     expect_input_error(
+        &["probe", "--quick", "-o", "/dev/null"],
+        None,
+        "not a regular file",
+    );
+    expect_input_error(
         &["probe", "--threads", "100000", "-o"],
         Some(&dir.join("m.json")),
         "--threads",

@@ -14,18 +14,33 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(format!(".{name}.tmp.{}", std::process::id()))
 }
 
+/// Refuses targets an atomic rename must not replace: directories, paths without a file name,
+/// and anything that exists but is not a regular file (renaming over `/dev/null` as root would
+/// replace the device).
+pub fn check_target(path: &Path) -> Result<(), ModelError> {
+    let refuse = |message: &str| {
+        Err(ModelError::Write {
+            path: path.display().to_string(),
+            message: message.into(),
+        })
+    };
+    if path.as_os_str().is_empty() || path.file_name().is_none() {
+        return refuse("no file name; give one, e.g. -o machine.json");
+    }
+    match std::fs::metadata(path) {
+        Ok(m) if m.is_dir() => refuse("it is a directory; give a file name"),
+        Ok(m) if !m.is_file() => refuse("it exists and is not a regular file; give a file name"),
+        _ => Ok(()),
+    }
+}
+
 /// Writes `contents` to `path` atomically.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), ModelError> {
     let err = |e: std::io::Error| ModelError::Write {
         path: path.display().to_string(),
         message: e.to_string(),
     };
-    if path.is_dir() {
-        return Err(ModelError::Write {
-            path: path.display().to_string(),
-            message: "it is a directory; give a file name".into(),
-        });
-    }
+    check_target(path)?;
     let tmp = temp_path(path);
     let result = (|| {
         let mut f = std::fs::File::create(&tmp)?;
@@ -54,6 +69,11 @@ mod tests {
         assert!(!temp_path(&p).exists());
         assert!(write_atomic(&dir.join("missing/x.json"), b"x").is_err());
         assert!(write_atomic(&dir, b"x").is_err());
+        assert!(write_atomic(Path::new(""), b"x").is_err());
+        assert!(write_atomic(Path::new("/dev/null"), b"x").is_err());
+        assert!(std::fs::metadata("/dev/null")
+            .map(|m| !m.is_file())
+            .unwrap_or(true));
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }
