@@ -222,7 +222,7 @@ fn probe(
         .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
 
     let ident = roofline_collectors::cpu_ident();
-    let mut cpu = roofline_collectors::cpu_info(machine_cores.len(), "", Vec::new());
+    let mut cpu = roofline_collectors::cpu_info(&ident, machine_cores.len());
     let cfg = cpu_probe::CpuConfig {
         cores: cores.clone(),
         caches: cpu.caches.clone(),

@@ -171,9 +171,9 @@ pub fn one_cpu_per_core(root: &Path, allowed: &[usize]) -> Vec<usize> {
 /// The sysfs directory of CPUs.
 pub const SYSFS_CPU: &str = "/sys/devices/system/cpu";
 
-/// The CPU inventory (measured clocks left empty: the probe fills them).
-pub fn cpu_info(cores: usize, simd: &str, features: Vec<String>) -> CpuInfo {
-    let id = parse_cpuinfo(&fs::read_to_string("/proc/cpuinfo").unwrap_or_default());
+/// The CPU inventory from its identity (see [`cpu_ident`]); the SIMD level, features and
+/// measured clocks are left empty for the probe to fill.
+pub fn cpu_info(id: &CpuIdent, cores: usize) -> CpuInfo {
     let root = Path::new(SYSFS_CPU);
     let logical = std::thread::available_parallelism()
         .map(|n| n.get())
@@ -185,16 +185,16 @@ pub fn cpu_info(cores: usize, simd: &str, features: Vec<String>) -> CpuInfo {
         }
     }
     CpuInfo {
-        vendor: id.vendor,
-        model_name: id.model_name,
+        vendor: id.vendor.clone(),
+        model_name: id.model_name.clone(),
         family: id.family,
         model: id.model,
         stepping: id.stepping,
         sockets: packages.len().max(1),
         cores,
         logical_cpus: logical,
-        features,
-        simd: simd.to_string(),
+        features: Vec::new(),
+        simd: String::new(),
         caches: caches_from_sysfs(root),
         cpuinfo_mhz: id.mhz,
         measured_clock_hz_t1: None,

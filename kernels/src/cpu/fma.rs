@@ -68,6 +68,13 @@ pub enum Precision {
 }
 
 impl Precision {
+    pub const ALL: [Precision; 4] = [
+        Precision::F64,
+        Precision::F32,
+        Precision::Bf16,
+        Precision::Int8,
+    ];
+
     pub fn name(self) -> &'static str {
         match self {
             Precision::F64 => "f64",
@@ -588,12 +595,7 @@ mod tests {
     #[test]
     fn every_supported_kernel_is_exact_against_the_scalar_reference() {
         let mut tested = 0;
-        for p in [
-            Precision::F64,
-            Precision::F32,
-            Precision::Bf16,
-            Precision::Int8,
-        ] {
+        for p in Precision::ALL {
             let Some(best) = best_isa(p) else { continue };
             for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar] {
                 let allowed = match (best, isa) {
@@ -632,12 +634,7 @@ mod tests {
 
     #[test]
     fn the_cpu_retires_exactly_the_stated_instructions() {
-        for p in [
-            Precision::F64,
-            Precision::F32,
-            Precision::Bf16,
-            Precision::Int8,
-        ] {
+        for p in Precision::ALL {
             let Some(isa) = best_isa(p) else { continue };
             match FmaKernel::confirm_instructions(p, isa) {
                 Ok(Some(n)) => assert!((n - 26.0).abs() <= 0.25, "{n}"),

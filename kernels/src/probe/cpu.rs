@@ -1,7 +1,7 @@
 //! The CPU probe: clock, peak arithmetic, the memory working-set sweep, GEMM and convolution,
 //! each on one thread (`t1`) and on one pinned thread per core (`all`).
 
-use super::{ceiling, rate_stats, Progress, Section};
+use super::{ceiling, compute_ceiling, rate_stats, Progress, Section};
 use crate::affinity::pinned_pool;
 use crate::cpu::conv::{resnet50_layers, ConvKernel, ConvShape};
 use crate::cpu::fma::{accumulators, best_isa, FmaKernel, Isa, Precision};
@@ -147,15 +147,10 @@ fn conv_layers(cfg: &CpuConfig) -> Vec<(String, ConvShape)> {
 /// How many measurements `run` will make (for the progress bar).
 pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
     let has = |s| cfg.sections.contains(&s);
-    let mut n = 2; // clock t1 and all
+    // Clock t1 and all: around every FMA measurement, or once without that section.
+    let mut n = if has(Section::Fma) { 0 } else { 2 };
     if has(Section::Fma) {
-        let precisions = [
-            Precision::F64,
-            Precision::F32,
-            Precision::Bf16,
-            Precision::Int8,
-        ];
-        n += 6 * precisions
+        n += 6 * Precision::ALL
             .iter()
             .filter(|p| best_isa(**p).is_some())
             .count() as u64;
@@ -216,9 +211,12 @@ pub fn run(
     progress.begin(planned_measurements(cfg));
     let mut out = CpuResult::default();
 
-    // The clock first: the theoretical peaks need it.
-    for (suffix, cpus) in configs(cfg) {
-        measure_clock(&ctx, &mut out, suffix, &cpus, &ctx.peak_plan)?;
+    // The theoretical peaks need the clock. The FMA section measures it around each of its
+    // measurements; without that section, measure it once here.
+    if !cfg.sections.contains(&Section::Fma) {
+        for (suffix, cpus) in configs(cfg) {
+            measure_clock(&ctx, &mut out, suffix, &cpus, &ctx.peak_plan)?;
+        }
     }
     let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
     out.simd = isa.name().to_string();
@@ -319,12 +317,7 @@ impl Ctx<'_> {
 }
 
 fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
-    for p in [
-        Precision::F64,
-        Precision::F32,
-        Precision::Bf16,
-        Precision::Int8,
-    ] {
+    for p in Precision::ALL {
         let Some(isa) = best_isa(p) else {
             out.notes.push(format!(
                 "cpu/fma/{}: this CPU has no {} instruction; not measured",
@@ -367,18 +360,16 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 isa,
                 Some((before.max(after), before.min(after))),
             );
-            let mut c = ceiling(
+            out.ceilings.push(compute_ceiling(
                 format!("cpu/fma/{}/{suffix}", p.name()),
-                CeilingKind::Compute,
+                p.name(),
                 p.unit(),
                 cpus.len(),
                 stats,
                 &m,
                 method,
                 peak,
-            );
-            c.precision = Some(p.name().into());
-            out.ceilings.push(c);
+            ));
         }
     }
     Ok(())
@@ -611,18 +602,16 @@ fn gemm_section<T: Elem>(
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
-            let mut c = ceiling(
+            out.ceilings.push(compute_ceiling(
                 format!("cpu/gemm/{precision}/{suffix}"),
-                CeilingKind::Compute,
+                precision,
                 "FLOP/s",
                 threads,
                 stats,
                 &m,
                 method,
                 peak,
-            );
-            c.precision = Some(precision.into());
-            out.ceilings.push(c);
+            ));
         }
     }
     Ok(())
@@ -652,18 +641,16 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             layers.len(), layers[i].0, layers[i].1.describe(), pinned(threads)
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
-        let mut c = ceiling(
+        out.ceilings.push(compute_ceiling(
             "cpu/conv/f32/all".into(),
-            CeilingKind::Compute,
+            "f32",
             "FLOP/s",
             threads,
             stats,
             &m,
             method,
             peak,
-        );
-        c.precision = Some("f32".into());
-        out.ceilings.push(c);
+        ));
     }
     Ok(())
 }

@@ -91,3 +91,29 @@ pub fn ceiling(
     c.flag_against_peak();
     c
 }
+
+/// A compute ceiling (flat roof) of `precision`.
+#[allow(clippy::too_many_arguments)]
+pub fn compute_ceiling(
+    id: String,
+    precision: &str,
+    unit: &str,
+    threads: usize,
+    stats: Stats,
+    m: &Measurement,
+    method: String,
+    peak: Option<TheoreticalPeak>,
+) -> Ceiling {
+    let mut c = ceiling(
+        id,
+        CeilingKind::Compute,
+        unit,
+        threads,
+        stats,
+        m,
+        method,
+        peak,
+    );
+    c.precision = Some(precision.into());
+    c
+}
