@@ -4,7 +4,7 @@ mod output;
 
 use anyhow::{anyhow, Context};
 use clap::{Parser, Subcommand};
-use roofline_kernels::probe::{cpu as cpu_probe, Progress, Section};
+use roofline_kernels::probe::{cpu as cpu_probe, gpu as gpu_probe, Progress, Section};
 use roofline_model::{write::write_atomic, Machine, Provenance, MACHINE_SCHEMA};
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -54,6 +54,30 @@ enum Command {
         #[arg(long, value_name = "N")]
         threads: Option<usize>,
         /// Print machine.json on stdout instead of the table (the file is written too).
+        #[arg(long)]
+        json: bool,
+        /// What to probe: `auto` probes the CPU and every NVIDIA GPU found (saying so when
+        /// none is); `cpu` only the CPU; `cuda` only the GPUs, and fails (exit 2) without an
+        /// NVIDIA driver.
+        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
+        device: String,
+        /// GPU self-test: run every GPU kernel and library call once on small inputs, compare
+        /// with CPU references, print pass/fail per kernel (exit 1 on any failure). Writes
+        /// nothing. The first thing to run on a new GPU machine.
+        #[arg(long)]
+        check: bool,
+    },
+    /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
+    ///
+    /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to
+    /// SASS for each architecture and shows registers per thread, shared memory and spills;
+    /// no GPU is needed, only NVRTC (libnvrtc: the CUDA toolkit, or the pip wheel
+    /// nvidia-cuda-nvrtc-cu12 with ROOFLINE_CUDA_LIBS pointing at its site-packages/nvidia).
+    Kernels {
+        /// Architectures (compute capability × 10), comma-separated.
+        #[arg(long, default_value = "80,90", value_name = "LIST")]
+        arch: String,
+        /// Print the report as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -115,7 +139,16 @@ fn main() -> ExitCode {
             only,
             threads,
             json,
-        } => probe(&output, quick, only.as_deref(), threads, json),
+            device,
+            check,
+        } => {
+            if check {
+                gpu_check(&device)
+            } else {
+                probe(&output, quick, only.as_deref(), threads, json, &device)
+            }
+        }
+        Command::Kernels { arch, json } => output::kernels(&arch, json).map_err(Failure::Input),
         Command::Plot {
             machine,
             output,
@@ -149,7 +182,7 @@ fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
     let mut v = Vec::new();
     for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         let s = Section::parse(item).ok_or_else(|| {
-            anyhow!("unknown --only entry `{item}`; expected a comma-separated list of: fma, mem, gemm, conv")
+            anyhow!("unknown --only entry `{item}`; expected a comma-separated list of: fma, mem, gemm, conv, copy")
         })?;
         if !v.contains(&s) {
             v.push(s);
@@ -157,7 +190,7 @@ fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
     }
     if v.is_empty() {
         return Err(anyhow!(
-            "--only is empty; expected a comma-separated list of: fma, mem, gemm, conv"
+            "--only is empty; expected a comma-separated list of: fma, mem, gemm, conv, copy"
         ));
     }
     Ok(v)
@@ -201,8 +234,16 @@ fn probe(
     only: Option<&str>,
     threads: Option<usize>,
     json: bool,
+    device: &str,
 ) -> Result<(), Failure> {
     let sections = parse_only(only).map_err(Failure::Input)?;
+    // With --device cuda and no driver, say so before any work.
+    let gpu_count = match (device, gpu_probe::init()) {
+        ("cpu", _) => Err("GPUs not probed (--device cpu)".to_string()),
+        ("cuda", Err(e)) => return Err(Failure::Input(anyhow!("--device cuda: {e}"))),
+        (_, Err(e)) => Err(e.to_string()),
+        (_, Ok(n)) => Ok(n),
+    };
     check_writable(output).map_err(Failure::Input)?;
     let allowed = roofline_kernels::affinity::allowed_cpus();
     let machine_cores =
@@ -247,15 +288,55 @@ fn probe(
     };
     let progress = Bar(bar);
     let start = Instant::now();
-    let result = cpu_probe::run(&cfg, &CANCEL, &progress);
+    let result = if device == "cuda" {
+        Ok(cpu_probe::CpuResult::default())
+    } else {
+        cpu_probe::run(&cfg, &CANCEL, &progress)
+    };
+    let mut result = match result {
+        Ok(r) => r,
+        Err(roofline_kernels::ProbeError::Interrupted) => {
+            if let Some(b) = &progress.0 {
+                b.finish_and_clear();
+            }
+            return Err(Failure::Interrupted);
+        }
+        Err(e) => {
+            if let Some(b) = &progress.0 {
+                b.finish_and_clear();
+            }
+            return Err(Failure::Run(anyhow!("probe failed: {e}")));
+        }
+    };
+    let mut gpus = Vec::new();
+    match gpu_count {
+        Err(why) => {
+            if device == "auto" && !json {
+                eprintln!("roofline: no GPU found, probing the CPU only ({why})");
+            }
+            result.notes.push(format!("no GPU found: {why}"))
+        }
+        Ok(_) => {
+            let mode = if quick {
+                gpu_probe::Mode::Quick
+            } else {
+                gpu_probe::Mode::Full
+            };
+            let gpu = run_gpus(mode, &cfg.sections, &progress);
+            if let Some(b) = &progress.0 {
+                b.finish_and_clear();
+            }
+            let g = gpu?;
+            result.ceilings.extend(g.ceilings);
+            result.curves.extend(g.curves);
+            result.tables.extend(g.tables);
+            result.notes.extend(g.notes);
+            gpus = g.gpus;
+        }
+    }
     if let Some(b) = &progress.0 {
         b.finish_and_clear();
     }
-    let result = match result {
-        Ok(r) => r,
-        Err(roofline_kernels::ProbeError::Interrupted) => return Err(Failure::Interrupted),
-        Err(e) => return Err(Failure::Run(anyhow!("probe failed: {e}"))),
-    };
 
     cpu.simd = result.simd.clone();
     // /proc/cpuinfo's names of the features the probes use.
@@ -275,7 +356,6 @@ fn probe(
             cores.len()
         ));
     }
-    notes.push("no GPU probed: this version of roofline measures CPUs only".into());
     let machine = Machine {
         schema: MACHINE_SCHEMA.into(),
         provenance: Provenance {
@@ -295,7 +375,20 @@ fn probe(
             os: roofline_collectors::os_name(),
             kernel: roofline_collectors::kernel_release(),
             cpu,
-            devices: Vec::new(),
+            devices: gpus
+                .iter()
+                .map(|g| {
+                    format!(
+                        "gpu{}: {} (sm_{}, {} SMs, {})",
+                        g.index,
+                        g.name,
+                        g.compute_capability.replace('.', ""),
+                        g.sm_count,
+                        roofline_plots::si(g.memory_bytes as f64) + "B"
+                    )
+                })
+                .collect(),
+            gpus,
             notes,
             quick,
             duration_s: start.elapsed().as_secs_f64(),
@@ -334,5 +427,88 @@ fn plot(machine: &Path, output: &Path, threads: &str, op: &str) -> Result<(), Fa
     let svg = roofline_plots::classic_svg(&m, &opt).map_err(|e| Failure::Input(e.into()))?;
     write_atomic(output, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     println!("wrote {}", output.display());
+    Ok(())
+}
+
+/// Probes every GPU with NVML sampling clocks, power, temperature and throttle reasons.
+fn run_gpus(
+    mode: gpu_probe::Mode,
+    sections: &[Section],
+    progress: &dyn Progress,
+) -> Result<gpu_probe::GpuResult, Failure> {
+    let peaks = roofline_model::PeakDb::builtin().map_err(|e| Failure::Run(e.into()))?;
+    let nvml_path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
+    let nvml = roofline_collectors::nvml::open(nvml_path.as_deref());
+    // The sampler needs the GPUs' UUIDs: open them once for the inventory.
+    let uuids = gpu_probe::uuids().unwrap_or_default();
+    let sampler = nvml.as_ref().ok().map(|n| {
+        roofline_collectors::nvml::Sampler::start(
+            n.clone(),
+            uuids.clone(),
+            std::time::Duration::from_millis(200),
+        )
+    });
+    let cfg = gpu_probe::GpuConfig {
+        mode,
+        sections: sections.to_vec(),
+    };
+    let result = gpu_probe::run(&cfg, &CANCEL, progress, &peaks);
+    let telemetry = sampler.map(|s| s.stop()).unwrap_or_default();
+    let mut r = match result {
+        Ok(r) => r,
+        Err(roofline_kernels::cuda::CudaError::Interrupted) => return Err(Failure::Interrupted),
+        Err(e) => return Err(Failure::Run(anyhow!("GPU probe failed: {e}"))),
+    };
+    match &nvml {
+        Ok(n) => {
+            for g in r.gpus.iter_mut() {
+                if let Err(e) = roofline_collectors::nvml::fill_inventory(n, g) {
+                    r.notes.push(format!("gpu{}: {e}", g.index));
+                }
+                if let Some(pos) = uuids.iter().position(|u| *u == g.uuid) {
+                    g.telemetry = telemetry.get(pos).cloned();
+                }
+                if let Some(t) = &g.telemetry {
+                    if !t.throttle_reasons.is_empty() {
+                        r.notes.push(format!(
+                            "gpu{} was throttled during the probe: {}",
+                            g.index,
+                            t.throttle_reasons.join(", ")
+                        ));
+                    }
+                }
+            }
+        }
+        Err(e) => r.notes.push(format!("no NVML inventory or telemetry: {e}")),
+    }
+    Ok(r)
+}
+
+/// `roofline probe --check`: every GPU kernel once, against CPU references.
+fn gpu_check(device: &str) -> Result<(), Failure> {
+    if device == "cpu" {
+        return Err(Failure::Input(anyhow!(
+            "--check tests the GPU kernels; it does not go with --device cpu (the CPU probes check themselves on every run)"
+        )));
+    }
+    if let Err(e) = gpu_probe::init() {
+        return Err(Failure::Input(anyhow!("--check: {e}")));
+    }
+    ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst))
+        .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
+    let peaks = roofline_model::PeakDb::builtin().map_err(|e| Failure::Run(e.into()))?;
+    let cfg = gpu_probe::GpuConfig {
+        mode: gpu_probe::Mode::Check,
+        sections: Section::ALL.to_vec(),
+    };
+    let r = match gpu_probe::run(&cfg, &CANCEL, &roofline_kernels::probe::Silent, &peaks) {
+        Ok(r) => r,
+        Err(roofline_kernels::cuda::CudaError::Interrupted) => return Err(Failure::Interrupted),
+        Err(e) => return Err(Failure::Run(anyhow!("GPU self-test could not run: {e}"))),
+    };
+    let failed = output::check_table(&r);
+    if failed > 0 {
+        return Err(Failure::Run(anyhow!("{failed} GPU kernel check(s) failed")));
+    }
     Ok(())
 }

@@ -24,6 +24,23 @@ fn peak_cell(c: &Ceiling) -> String {
 pub fn machine_table(m: &Machine) {
     let cpu = &m.provenance.cpu;
     println!("{} — {} cores, {}", cpu.model_name, cpu.cores, cpu.simd);
+    for g in &m.provenance.gpus {
+        let clocks = g
+            .telemetry
+            .as_ref()
+            .and_then(|t| t.sm_clock_mhz.as_ref())
+            .map(|c| format!(", SM clock {:.0}-{:.0} MHz during the probe", c.min, c.max))
+            .unwrap_or_default();
+        println!(
+            "gpu{}: {} — compute capability {}, {} SMs, {}B, driver {}{clocks}",
+            g.index,
+            g.name,
+            g.compute_capability,
+            g.sm_count,
+            si(g.memory_bytes as f64),
+            g.driver_version.as_deref().unwrap_or("?")
+        );
+    }
     if let Some(c) = &cpu.measured_clock_hz_t1 {
         let all = cpu
             .measured_clock_hz_all
@@ -40,12 +57,12 @@ pub fn machine_table(m: &Machine) {
     }
     println!();
     println!(
-        "{:<28} {:>14} {:>7} {:>14} {:>24}",
+        "{:<32} {:>14} {:>7} {:>14} {:>24}",
         "ceiling", "value", "threads", "samples", "of theoretical peak"
     );
     for c in &m.ceilings {
         println!(
-            "{:<28} {:>14} {:>7} {:>14} {:>24}",
+            "{:<32} {:>14} {:>7} {:>14} {:>24}",
             c.id,
             format!("{}{}", si(c.value), c.unit),
             c.threads,
@@ -65,6 +82,132 @@ pub fn machine_table(m: &Machine) {
     for n in &m.provenance.notes {
         println!("note: {n}");
     }
+}
+
+/// `probe --check`: one line per GPU kernel; returns the number of failures.
+pub fn check_table(r: &roofline_kernels::probe::gpu::GpuResult) -> usize {
+    for g in &r.gpus {
+        println!(
+            "gpu{}: {} (compute capability {}, {} SMs, {}B, L2 {}B)",
+            g.index,
+            g.name,
+            g.compute_capability,
+            g.sm_count,
+            si(g.memory_bytes as f64),
+            si(g.l2_bytes as f64)
+        );
+    }
+    println!();
+    println!("{:<6} {:<28} {:<6}  detail", "gpu", "kernel", "result");
+    let mut failed = 0;
+    for c in &r.checks {
+        let (word, detail) = match (&c.failure, c.skipped) {
+            (None, _) => ("pass", c.detail.clone()),
+            (Some(why), true) => ("skip", why.clone()),
+            (Some(why), false) => {
+                failed += 1;
+                ("FAIL", why.clone())
+            }
+        };
+        println!(
+            "gpu{:<3} {:<28} {:<6}  {}",
+            c.gpu,
+            c.kernel,
+            word,
+            detail.replace('\n', " | ")
+        );
+    }
+    for n in &r.notes {
+        println!("note: {n}");
+    }
+    println!(
+        "\n{} passed, {} failed, {} skipped",
+        r.checks.iter().filter(|c| c.failure.is_none()).count(),
+        failed,
+        r.checks.iter().filter(|c| c.skipped).count()
+    );
+    failed
+}
+
+/// `roofline kernels`: every CUDA kernel source compiled for each architecture.
+pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
+    use roofline_kernels::cuda::nvrtc::{self, Target, SOURCES};
+    let mut archs = Vec::new();
+    for a in arch.split(',').map(str::trim).filter(|a| !a.is_empty()) {
+        let v: u32 = a.trim_start_matches("sm_").parse().map_err(|_| {
+            anyhow::anyhow!("--arch {a}: expected compute capabilities × 10, e.g. 80,90")
+        })?;
+        if !(50..=130).contains(&v) {
+            return Err(anyhow::anyhow!(
+                "--arch {a}: expected a compute capability × 10 between 50 and 130, e.g. 80"
+            ));
+        }
+        archs.push(v);
+    }
+    if archs.is_empty() {
+        return Err(anyhow::anyhow!("--arch is empty; expected e.g. 80,90"));
+    }
+    let (major, minor) = nvrtc::version()?;
+    let mut report = Vec::new();
+    for src in SOURCES {
+        for &a in &archs {
+            let c = nvrtc::compile(src, Target::Sass(a))?;
+            for k in src.kernels {
+                let r = c
+                    .resources
+                    .iter()
+                    .find(|r| r.kernel == *k)
+                    .cloned()
+                    .unwrap_or_default();
+                report.push(serde_json::json!({
+                    "kernel": k,
+                    "source": src.file,
+                    "purpose": src.purpose,
+                    "arch": format!("sm_{a}"),
+                    "registers": r.registers,
+                    "shared_bytes": r.shared_bytes,
+                    "spill_store_bytes": r.spill_store_bytes,
+                    "spill_load_bytes": r.spill_load_bytes,
+                    "stack_bytes": r.stack_bytes,
+                }));
+            }
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"nvrtc": format!("{major}.{minor}"), "kernels": report})
+            )?
+        );
+        return Ok(());
+    }
+    println!(
+        "NVRTC {major}.{minor}; SASS for {}",
+        archs
+            .iter()
+            .map(|a| format!("sm_{a}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "{:<12} {:<10} {:<7} {:>5} {:>6} {:>7} {:>7}  purpose",
+        "kernel", "source", "arch", "regs", "smem", "spill-st", "spill-ld"
+    );
+    for r in &report {
+        println!(
+            "{:<12} {:<10} {:<7} {:>5} {:>6} {:>7} {:>7}  {}",
+            r["kernel"].as_str().unwrap_or(""),
+            r["source"].as_str().unwrap_or(""),
+            r["arch"].as_str().unwrap_or(""),
+            r["registers"].as_u64().unwrap_or(0),
+            r["shared_bytes"].as_u64().unwrap_or(0),
+            r["spill_store_bytes"].as_u64().unwrap_or(0),
+            r["spill_load_bytes"].as_u64().unwrap_or(0),
+            r["purpose"].as_str().unwrap_or("")
+        );
+    }
+    Ok(())
 }
 
 /// The peak database as a table (or JSON).

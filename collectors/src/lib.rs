@@ -1,6 +1,8 @@
 //! What watches hardware. For now: the system inventory that goes into every result's
 //! provenance (CPU model, topology, caches, OS, kernel, host) and the current time.
 
+pub mod nvml;
+
 use roofline_model::{CacheInfo, CpuInfo};
 use std::collections::BTreeSet;
 use std::fs;

@@ -4,6 +4,7 @@
 pub mod affinity;
 pub mod buffer;
 pub mod cpu;
+pub mod cuda;
 pub mod driver;
 pub mod perf;
 pub mod probe;

@@ -445,6 +445,7 @@ mod tests {
                     measured_clock_hz_all: None,
                 },
                 devices: vec![],
+                gpus: vec![],
                 notes: vec![],
                 quick: true,
                 duration_s: 1.0,

@@ -144,6 +144,9 @@ pub struct TableRow {
     /// Largest relative error of the checked entries against the reference.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_rel_error: Option<f64>,
+    /// What ran, when the library chose it (e.g. the cuDNN algorithm, the cuBLAS library).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub detail: Option<String>,
 }
 
 /// A kept table of measurements (e.g. `cpu/gemm/f32/table`).
@@ -217,9 +220,13 @@ pub struct Provenance {
     pub os: String,
     pub kernel: String,
     pub cpu: CpuInfo,
-    /// Accelerators found (empty on a CPU-only machine).
+    /// Accelerators found (empty on a CPU-only machine), one line each.
     #[serde(default)]
     pub devices: Vec<String>,
+    /// The GPUs in detail: inventory from NVML and the driver, and what NVML saw while the
+    /// probe ran (clocks, power, temperature, throttle reasons).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gpus: Vec<GpuInfo>,
     /// Notes on what was and was not measured (e.g. "no GPU found").
     #[serde(default)]
     pub notes: Vec<String>,
@@ -227,6 +234,83 @@ pub struct Provenance {
     pub quick: bool,
     /// Wall time of the whole probe, seconds.
     pub duration_s: f64,
+}
+
+/// One NVLink link of a GPU.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NvLink {
+    pub link: u32,
+    pub version: u32,
+    /// PCI bus id of the device at the other end.
+    pub remote_pci_bus_id: String,
+}
+
+/// What NVML sampled on one GPU while the probe ran.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuTelemetry {
+    pub samples: usize,
+    pub interval_ms: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<Stats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_clock_mhz: Option<Stats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<Stats>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature_c: Option<Stats>,
+    /// Every throttle (clock event) reason seen in any sample, e.g. `SW_POWER_CAP`.
+    #[serde(default)]
+    pub throttle_reasons: Vec<String>,
+    /// Energy used over the run from the GPU's energy counter, joules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+}
+
+/// One GPU: what the driver API and NVML report. Fields NVML could not give are absent.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GpuInfo {
+    /// CUDA device ordinal (`gpu<index>` in ceiling ids).
+    pub index: usize,
+    pub name: String,
+    pub uuid: String,
+    /// e.g. `9.0`.
+    pub compute_capability: String,
+    pub sm_count: u32,
+    pub memory_bytes: u64,
+    pub l2_bytes: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pci_bus_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_max_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_clock_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_clock_max_mhz: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_limit_w: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_generation: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_generation_max: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_width: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pcie_width_max: Option<u32>,
+    #[serde(default)]
+    pub nvlinks: Vec<NvLink>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub driver_version: Option<String>,
+    /// The CUDA version the driver supports, e.g. `12.4`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cuda_driver_version: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persistence_mode: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ecc_enabled: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub telemetry: Option<GpuTelemetry>,
 }
 
 /// The whole `machine.json`.

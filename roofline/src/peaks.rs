@@ -134,6 +134,13 @@ impl PeakDb {
 }
 
 impl Device {
+    /// The dense peak for a precision on one engine (`vector` or `matrix`).
+    pub fn engine_peak(&self, precision: &str, engine: &str) -> Option<&Peak> {
+        self.peaks
+            .iter()
+            .find(|p| p.precision == precision && p.engine == engine && !p.sparse)
+    }
+
     /// The dense peak for a precision, the highest over engines.
     pub fn dense_peak(&self, precision: &str) -> Option<&Peak> {
         self.peaks

@@ -546,6 +546,7 @@ impl Sweep {
             value: stats.max,
             stats,
             max_rel_error: Some(m.max_rel_error),
+            detail: None,
         });
     }
 }

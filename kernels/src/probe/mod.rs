@@ -1,6 +1,7 @@
 //! Probes: sweeps of kernels under the driver, turned into ceilings, curves and tables.
 
 pub mod cpu;
+pub mod gpu;
 
 use crate::driver::Measurement;
 use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats, TheoreticalPeak};
@@ -28,10 +29,18 @@ pub enum Section {
     Mem,
     Gemm,
     Conv,
+    /// Host-device, device-device and peer copies (GPUs only).
+    Copy,
 }
 
 impl Section {
-    pub const ALL: [Section; 4] = [Section::Fma, Section::Mem, Section::Gemm, Section::Conv];
+    pub const ALL: [Section; 5] = [
+        Section::Fma,
+        Section::Mem,
+        Section::Gemm,
+        Section::Conv,
+        Section::Copy,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
@@ -39,6 +48,7 @@ impl Section {
             Section::Mem => "mem",
             Section::Gemm => "gemm",
             Section::Conv => "conv",
+            Section::Copy => "copy",
         }
     }
 

@@ -1,0 +1,245 @@
+//! NVML: a GPU's inventory (clocks, power limit, PCIe, NVLink, driver, persistence, ECC) and a
+//! sampler that records clocks, power, temperature and throttle reasons while a probe runs.
+//!
+//! NVML is opened at run time from the path the caller found (libnvidia-ml ships with the
+//! driver); without it every function here returns an error or nothing, never panics.
+
+use nvml_wrapper::bitmasks::device::ThrottleReasons;
+use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
+use nvml_wrapper::Nvml;
+use roofline_model::{GpuInfo, GpuTelemetry, NvLink, Stats};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// NVML's largest link count (NVML_NVLINK_MAX_LINKS).
+const MAX_NVLINKS: u32 = 18;
+
+/// Opens NVML from `lib_path` (or the linker's default name when `None`).
+pub fn open(lib_path: Option<&str>) -> Result<Arc<Nvml>, String> {
+    let mut b = Nvml::builder();
+    let path;
+    if let Some(p) = lib_path {
+        path = std::ffi::OsString::from(p);
+        b.lib_path(&path);
+    }
+    b.init().map(Arc::new).map_err(|e| format!("NVML: {e}"))
+}
+
+/// NVML's UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) from the driver's 16 bytes.
+pub fn uuid_string(bytes: &[u8; 16]) -> String {
+    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
+        "GPU-{}-{}-{}-{}-{}",
+        h[0..4].concat(),
+        h[4..6].concat(),
+        h[6..8].concat(),
+        h[8..10].concat(),
+        h[10..16].concat()
+    )
+}
+
+/// Fills the NVML half of `info` (found by `info.uuid`); fields NVML refuses stay `None`.
+pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), String> {
+    let d = nvml
+        .device_by_uuid(info.uuid.as_str())
+        .map_err(|e| format!("NVML has no device {}: {e}", info.uuid))?;
+    info.pci_bus_id = d.pci_info().ok().map(|p| p.bus_id);
+    info.sm_clock_mhz = d.clock_info(Clock::SM).ok();
+    info.sm_clock_max_mhz = d.max_clock_info(Clock::SM).ok();
+    info.memory_clock_mhz = d.clock_info(Clock::Memory).ok();
+    info.memory_clock_max_mhz = d.max_clock_info(Clock::Memory).ok();
+    info.power_limit_w = d
+        .enforced_power_limit()
+        .or_else(|_| d.power_management_limit())
+        .ok()
+        .map(|mw| mw as f64 / 1000.0);
+    info.pcie_generation = d.current_pcie_link_gen().ok();
+    info.pcie_generation_max = d.max_pcie_link_gen().ok();
+    info.pcie_width = d.current_pcie_link_width().ok();
+    info.pcie_width_max = d.max_pcie_link_width().ok();
+    info.driver_version = nvml.sys_driver_version().ok();
+    info.cuda_driver_version = nvml
+        .sys_cuda_driver_version()
+        .ok()
+        .map(|v| format!("{}.{}", v / 1000, (v % 1000) / 10));
+    info.persistence_mode = d.is_in_persistent_mode().ok();
+    info.ecc_enabled = d.is_ecc_enabled().ok().map(|e| e.currently_enabled);
+    info.nvlinks = (0..MAX_NVLINKS)
+        .filter_map(|l| {
+            let link = d.link_wrapper_for(l);
+            if !link.is_active().ok()? {
+                return None;
+            }
+            Some(NvLink {
+                link: l,
+                version: link.version().unwrap_or(0),
+                remote_pci_bus_id: link.remote_pci_info().map(|p| p.bus_id).unwrap_or_default(),
+            })
+        })
+        .collect();
+    Ok(())
+}
+
+/// Names of the throttle (clock event) reasons set in `r`, idle excluded.
+pub fn throttle_names(r: ThrottleReasons) -> Vec<String> {
+    let all = [
+        (
+            ThrottleReasons::APPLICATIONS_CLOCKS_SETTING,
+            "APPLICATIONS_CLOCKS_SETTING",
+        ),
+        (ThrottleReasons::SW_POWER_CAP, "SW_POWER_CAP"),
+        (ThrottleReasons::HW_SLOWDOWN, "HW_SLOWDOWN"),
+        (ThrottleReasons::SYNC_BOOST, "SYNC_BOOST"),
+        (ThrottleReasons::SW_THERMAL_SLOWDOWN, "SW_THERMAL_SLOWDOWN"),
+        (ThrottleReasons::HW_THERMAL_SLOWDOWN, "HW_THERMAL_SLOWDOWN"),
+        (
+            ThrottleReasons::HW_POWER_BRAKE_SLOWDOWN,
+            "HW_POWER_BRAKE_SLOWDOWN",
+        ),
+        (
+            ThrottleReasons::DISPLAY_CLOCK_SETTING,
+            "DISPLAY_CLOCK_SETTING",
+        ),
+    ];
+    all.iter()
+        .filter(|(bit, _)| r.contains(*bit))
+        .map(|(_, n)| n.to_string())
+        .collect()
+}
+
+#[derive(Default)]
+struct Series {
+    sm: Vec<f64>,
+    mem: Vec<f64>,
+    power: Vec<f64>,
+    temp: Vec<f64>,
+    reasons: Vec<String>,
+    energy_start_mj: Option<u64>,
+    energy_end_mj: Option<u64>,
+}
+
+/// Samples every GPU every `interval` on a background thread until `stop`.
+pub struct Sampler {
+    stop: Arc<AtomicBool>,
+    handle: Option<JoinHandle<Vec<Series>>>,
+    interval: Duration,
+}
+
+impl Sampler {
+    pub fn start(nvml: Arc<Nvml>, uuids: Vec<String>, interval: Duration) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let handle = std::thread::Builder::new()
+            .name("nvml-sampler".into())
+            .spawn(move || {
+                let devices: Vec<_> = uuids
+                    .iter()
+                    .map(|u| nvml.device_by_uuid(u.as_str()).ok())
+                    .collect();
+                let mut series: Vec<Series> = devices.iter().map(|_| Series::default()).collect();
+                for (d, s) in devices.iter().zip(series.iter_mut()) {
+                    s.energy_start_mj = d.as_ref().and_then(|d| d.total_energy_consumption().ok());
+                }
+                loop {
+                    let t = Instant::now();
+                    for (d, s) in devices.iter().zip(series.iter_mut()) {
+                        let Some(d) = d else { continue };
+                        if let Ok(v) = d.clock_info(Clock::SM) {
+                            s.sm.push(v as f64);
+                        }
+                        if let Ok(v) = d.clock_info(Clock::Memory) {
+                            s.mem.push(v as f64);
+                        }
+                        if let Ok(v) = d.power_usage() {
+                            s.power.push(v as f64 / 1000.0);
+                        }
+                        if let Ok(v) = d.temperature(TemperatureSensor::Gpu) {
+                            s.temp.push(v as f64);
+                        }
+                        if let Ok(r) = d.current_throttle_reasons() {
+                            for n in throttle_names(r) {
+                                if !s.reasons.contains(&n) {
+                                    s.reasons.push(n);
+                                }
+                            }
+                        }
+                    }
+                    if flag.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    let spent = t.elapsed();
+                    if spent < interval {
+                        std::thread::sleep(interval - spent);
+                    }
+                }
+                for (d, s) in devices.iter().zip(series.iter_mut()) {
+                    s.energy_end_mj = d.as_ref().and_then(|d| d.total_energy_consumption().ok());
+                }
+                series
+            })
+            .ok();
+        Sampler {
+            stop,
+            handle,
+            interval,
+        }
+    }
+
+    /// Stops sampling and returns one telemetry record per GPU, in `uuids` order.
+    pub fn stop(mut self) -> Vec<GpuTelemetry> {
+        self.stop.store(true, Ordering::Relaxed);
+        let series = self
+            .handle
+            .take()
+            .and_then(|h| h.join().ok())
+            .unwrap_or_default();
+        series
+            .into_iter()
+            .map(|s| GpuTelemetry {
+                samples: s.sm.len().max(s.power.len()),
+                interval_ms: self.interval.as_millis() as u64,
+                sm_clock_mhz: Stats::from_samples(&s.sm),
+                memory_clock_mhz: Stats::from_samples(&s.mem),
+                power_w: Stats::from_samples(&s.power),
+                temperature_c: Stats::from_samples(&s.temp),
+                throttle_reasons: s.reasons,
+                energy_j: match (s.energy_start_mj, s.energy_end_mj) {
+                    (Some(a), Some(b)) if b >= a => Some((b - a) as f64 / 1000.0),
+                    _ => None,
+                },
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_is_formatted_like_nvml() {
+        let b: [u8; 16] = [
+            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
+            0xcd, 0xef,
+        ];
+        assert_eq!(uuid_string(&b), "GPU-12345678-9abc-def0-0123-456789abcdef");
+    }
+
+    #[test]
+    fn throttle_names_skip_idle() {
+        let r = ThrottleReasons::GPU_IDLE
+            | ThrottleReasons::SW_POWER_CAP
+            | ThrottleReasons::HW_THERMAL_SLOWDOWN;
+        assert_eq!(
+            throttle_names(r),
+            vec!["SW_POWER_CAP", "HW_THERMAL_SLOWDOWN"]
+        );
+    }
+
+    #[test]
+    fn missing_library_is_an_error_not_a_panic() {
+        assert!(open(Some("/nonexistent/libnvidia-ml.so.1")).is_err());
+    }
+}

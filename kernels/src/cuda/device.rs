@@ -1,0 +1,407 @@
+//! One GPU through the CUDA driver API: its primary context, one non-blocking stream, device
+//! and pinned host buffers, NVRTC-compiled kernels, launches and event timing.
+//!
+//! Raw `cudarc::driver::result` calls, each checked and turned into an error naming the call;
+//! every resource is released in `Drop`. A `Gpu` makes its context current on the calling
+//! thread when opened; call [`Gpu::bind`] before using it from another thread.
+
+use super::libs::{self, Lib};
+use super::nvrtc::{self, Target};
+use super::CudaError;
+use cudarc::driver::result::{self as cu, DriverError};
+use cudarc::driver::sys;
+use std::ffi::c_void;
+
+/// Turns a driver result into our error, naming the call.
+pub fn check<T>(call: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
+    r.map_err(|e| {
+        let name = e
+            .error_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|_| format!("{:?}", e.0));
+        CudaError::Call {
+            call: call.to_string(),
+            detail: name,
+        }
+    })
+}
+
+/// Loads the driver and counts the GPUs. `Missing` when there is no driver library,
+/// `NoDevice` when the driver sees no GPU.
+pub fn init() -> Result<usize, CudaError> {
+    if !libs::present(Lib::Driver) {
+        return Err(CudaError::Missing(libs::not_found(Lib::Driver)));
+    }
+    match cu::init() {
+        Ok(()) => {}
+        Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => {
+            return Err(CudaError::NoDevice("cuInit: CUDA_ERROR_NO_DEVICE".into()))
+        }
+        Err(e) => return check("cuInit", Err(e)),
+    }
+    let n = check("cuDeviceGetCount", cu::device::get_count())?;
+    if n <= 0 {
+        return Err(CudaError::NoDevice("cuDeviceGetCount: 0".into()));
+    }
+    Ok(n as usize)
+}
+
+/// The driver's CUDA version, e.g. 12040 → "12.4".
+pub fn driver_version() -> Result<String, CudaError> {
+    let mut v = 0;
+    // SAFETY: out-parameter.
+    check(
+        "cuDriverGetVersion",
+        unsafe { sys::cuDriverGetVersion(&mut v) }.result(),
+    )?;
+    Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
+}
+
+/// A device allocation, freed on drop.
+pub struct DevBuf {
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+    ctx: sys::CUcontext,
+}
+
+impl Drop for DevBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAlloc in `ctx`, freed once.
+        unsafe {
+            let _ = cu::ctx::set_current(self.ctx);
+            let _ = cu::free_sync(self.ptr);
+        }
+    }
+}
+
+/// Page-locked host memory (cuMemHostAlloc), freed on drop.
+pub struct PinnedBuf {
+    ptr: *mut c_void,
+    pub bytes: usize,
+}
+
+impl PinnedBuf {
+    pub fn as_mut_slice<T: bytemuck_like::Pod>(&mut self) -> &mut [T] {
+        // SAFETY: the allocation is `bytes` long, page-aligned, and T is plain old data.
+        unsafe {
+            std::slice::from_raw_parts_mut(
+                self.ptr as *mut T,
+                self.bytes / std::mem::size_of::<T>(),
+            )
+        }
+    }
+}
+
+impl Drop for PinnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc, freed once.
+        unsafe {
+            let _ = cu::free_host(self.ptr);
+        }
+    }
+}
+
+/// Plain-old-data element types that may be viewed from raw device/host bytes.
+pub mod bytemuck_like {
+    /// # Safety
+    /// Every bit pattern is a valid value and the type has no padding.
+    pub unsafe trait Pod: Copy + Default + 'static {}
+    unsafe impl Pod for u8 {}
+    unsafe impl Pod for i8 {}
+    unsafe impl Pod for u16 {}
+    unsafe impl Pod for u32 {}
+    unsafe impl Pod for i32 {}
+    unsafe impl Pod for u64 {}
+    unsafe impl Pod for f32 {}
+    unsafe impl Pod for f64 {}
+}
+use bytemuck_like::Pod;
+
+/// A CUDA event, destroyed on drop.
+pub struct Event(sys::CUevent);
+
+impl Event {
+    pub fn new() -> Result<Event, CudaError> {
+        check(
+            "cuEventCreate",
+            cu::event::create(sys::CUevent_flags::CU_EVENT_DEFAULT),
+        )
+        .map(Event)
+    }
+
+    fn record(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        // SAFETY: live event and stream.
+        check("cuEventRecord", unsafe {
+            cu::event::record(self.0, stream)
+        })
+    }
+
+    /// Seconds from `self` to `end` (both recorded, `end` waited for).
+    pub fn seconds_to(&self, end: &Event) -> Result<f64, CudaError> {
+        // SAFETY: live events.
+        unsafe {
+            check("cuEventSynchronize", cu::event::synchronize(end.0))?;
+            let ms = check("cuEventElapsedTime", cu::event::elapsed(self.0, end.0))?;
+            Ok(ms as f64 * 1e-3)
+        }
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe {
+            let _ = cu::event::destroy(self.0);
+        }
+    }
+}
+
+/// One kernel argument: a pointer to the value, as cuLaunchKernel wants it.
+pub fn arg<T>(v: &T) -> *mut c_void {
+    v as *const T as *mut c_void
+}
+
+struct Module {
+    file: &'static str,
+    module: sys::CUmodule,
+    /// `sm_90` (SASS) or `compute_90` (PTX, JIT-compiled by the driver).
+    loaded_as: String,
+}
+
+/// One GPU with its primary context and a stream.
+pub struct Gpu {
+    pub ordinal: usize,
+    pub dev: sys::CUdevice,
+    pub ctx: sys::CUcontext,
+    pub stream: sys::CUstream,
+    pub name: String,
+    pub uuid: [u8; 16],
+    pub cc: (i32, i32),
+    pub sms: u32,
+    pub l2_bytes: u64,
+    pub memory_bytes: u64,
+    pub max_threads_per_sm: u32,
+    modules: Vec<Module>,
+}
+
+impl Gpu {
+    /// Opens device `ordinal` (after [`init`]).
+    pub fn open(ordinal: usize) -> Result<Gpu, CudaError> {
+        let dev = check("cuDeviceGet", cu::device::get(ordinal as i32))?;
+        // SAFETY: `dev` is a valid device; the retained primary context is released in Drop.
+        let ctx = check("cuDevicePrimaryCtxRetain", unsafe {
+            cu::primary_ctx::retain(dev)
+        })?;
+        // SAFETY: a live context.
+        check("cuCtxSetCurrent", unsafe { cu::ctx::set_current(ctx) })?;
+        let stream = match check(
+            "cuStreamCreate",
+            cu::stream::create(cu::stream::StreamKind::NonBlocking),
+        ) {
+            Ok(s) => s,
+            Err(e) => {
+                // SAFETY: retained above.
+                unsafe {
+                    let _ = cu::primary_ctx::release(dev);
+                }
+                return Err(e);
+            }
+        };
+        let mut gpu = Gpu {
+            ordinal,
+            dev,
+            ctx,
+            stream,
+            name: String::new(),
+            uuid: [0; 16],
+            cc: (0, 0),
+            sms: 0,
+            l2_bytes: 0,
+            memory_bytes: 0,
+            max_threads_per_sm: 0,
+            modules: Vec::new(),
+        };
+        use sys::CUdevice_attribute as A;
+        gpu.name = check("cuDeviceGetName", cu::device::get_name(dev))?;
+        let uuid = check("cuDeviceGetUuid", cu::device::get_uuid(dev))?;
+        for (d, s) in gpu.uuid.iter_mut().zip(uuid.bytes.iter()) {
+            *d = *s as u8;
+        }
+        gpu.cc = (
+            gpu.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+            gpu.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+        );
+        gpu.sms = gpu.attribute(A::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)? as u32;
+        gpu.l2_bytes = gpu.attribute(A::CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE)? as u64;
+        gpu.max_threads_per_sm =
+            gpu.attribute(A::CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR)? as u32;
+        // SAFETY: valid device.
+        gpu.memory_bytes = check("cuDeviceTotalMem", unsafe { cu::device::total_mem(dev) })? as u64;
+        Ok(gpu)
+    }
+
+    pub fn attribute(&self, a: sys::CUdevice_attribute) -> Result<i32, CudaError> {
+        // SAFETY: valid device.
+        check("cuDeviceGetAttribute", unsafe {
+            cu::device::get_attribute(self.dev, a)
+        })
+    }
+
+    /// Compute capability as one number: 8.0 → 80, 9.0 → 90.
+    pub fn arch(&self) -> u32 {
+        (self.cc.0 * 10 + self.cc.1) as u32
+    }
+
+    /// Makes this GPU's context current on the calling thread.
+    pub fn bind(&self) -> Result<(), CudaError> {
+        // SAFETY: a live context.
+        check("cuCtxSetCurrent", unsafe { cu::ctx::set_current(self.ctx) })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
+        self.bind()?;
+        // SAFETY: plain allocation; freed by DevBuf's Drop.
+        let ptr = check("cuMemAlloc", unsafe { cu::malloc_sync(bytes.max(1)) })?;
+        Ok(DevBuf {
+            ptr,
+            bytes,
+            ctx: self.ctx,
+        })
+    }
+
+    pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf, CudaError> {
+        self.bind()?;
+        // SAFETY: plain allocation; freed by PinnedBuf's Drop.
+        let ptr = check("cuMemHostAlloc", unsafe {
+            cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
+        })?;
+        Ok(PinnedBuf { ptr, bytes })
+    }
+
+    /// Copies host data into a new device buffer.
+    pub fn upload<T: Pod>(&self, data: &[T]) -> Result<DevBuf, CudaError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        // SAFETY: `b` holds exactly size_of_val(data) bytes.
+        check("cuMemcpyHtoD", unsafe { cu::memcpy_htod_sync(b.ptr, data) })?;
+        Ok(b)
+    }
+
+    /// Copies a whole device buffer back as `T`s (after the stream's work is done).
+    pub fn download<T: Pod>(&self, b: &DevBuf) -> Result<Vec<T>, CudaError> {
+        self.sync()?;
+        let mut v = vec![T::default(); b.bytes / std::mem::size_of::<T>()];
+        // SAFETY: `v` is no larger than the buffer.
+        check("cuMemcpyDtoH", unsafe {
+            cu::memcpy_dtoh_sync(&mut v, b.ptr)
+        })?;
+        Ok(v)
+    }
+
+    pub fn zero(&self, b: &DevBuf) -> Result<(), CudaError> {
+        // SAFETY: the whole buffer, on our stream.
+        check("cuMemsetD8Async", unsafe {
+            cu::memset_d8_async(b.ptr, 0, b.bytes, self.stream)
+        })
+    }
+
+    pub fn sync(&self) -> Result<(), CudaError> {
+        // SAFETY: live stream.
+        check("cuStreamSynchronize", unsafe {
+            cu::stream::synchronize(self.stream)
+        })
+    }
+
+    /// The function `kernel`, compiling and loading its source on first use: SASS for this
+    /// GPU's architecture when NVRTC knows it, else PTX for the driver to JIT.
+    pub fn function(&mut self, kernel: &str) -> Result<sys::CUfunction, CudaError> {
+        let source = nvrtc::source_of(kernel)
+            .ok_or_else(|| CudaError::Check(format!("no kernel named {kernel}")))?;
+        self.bind()?;
+        if !self.modules.iter().any(|m| m.file == source.file) {
+            let arch = self.arch();
+            let compiled = nvrtc::compile(source, Target::Sass(arch))
+                .or_else(|_| nvrtc::compile(source, Target::Ptx(arch)))
+                .or_else(|_| nvrtc::compile(source, Target::Ptx(arch.min(90))))?;
+            let mut image = compiled.image;
+            if matches!(compiled.target, Target::Ptx(_)) {
+                image.push(0); // PTX is loaded as a C string
+            }
+            // SAFETY: a complete cubin or NUL-terminated PTX image.
+            let module = check("cuModuleLoadData", unsafe {
+                cu::module::load_data(image.as_ptr() as *const c_void)
+            })?;
+            self.modules.push(Module {
+                file: source.file,
+                module,
+                loaded_as: compiled.target.name(),
+            });
+        }
+        let m = self
+            .modules
+            .iter()
+            .find(|m| m.file == source.file)
+            .ok_or_else(|| CudaError::Check("module vanished".into()))?;
+        let name =
+            std::ffi::CString::new(kernel).map_err(|_| CudaError::Check("kernel name".into()))?;
+        // SAFETY: a loaded module.
+        check(&format!("cuModuleGetFunction({kernel})"), unsafe {
+            cu::module::get_function(m.module, name)
+        })
+    }
+
+    /// How each loaded source was compiled (`fma.cu: sm_90`).
+    pub fn loaded(&self) -> Vec<String> {
+        self.modules
+            .iter()
+            .map(|m| format!("{}: {}", m.file, m.loaded_as))
+            .collect()
+    }
+
+    /// Launches `f` on this GPU's stream.
+    ///
+    /// # Safety
+    /// `f` comes from [`Gpu::function`] of this GPU, and `args` has one pointer per kernel
+    /// parameter, in order, each to a value of the parameter's exact type (device pointers as
+    /// `CUdeviceptr`), with every buffer they point to alive until the kernel has finished.
+    pub unsafe fn launch(
+        &self,
+        f: sys::CUfunction,
+        grid: u32,
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract above; cuLaunchKernel copies the argument values.
+        check("cuLaunchKernel", unsafe {
+            cu::launch_kernel(f, (grid, 1, 1), (block, 1, 1), 0, self.stream, args)
+        })
+    }
+
+    /// Seconds taken on the GPU by what `work` enqueues on this GPU's stream.
+    pub fn time(&self, mut work: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+        let (start, end) = (Event::new()?, Event::new()?);
+        start.record(self.stream)?;
+        work()?;
+        end.record(self.stream)?;
+        start.seconds_to(&end)
+    }
+
+    /// Blocks of `block` threads that fill every SM `per_sm_threads` deep.
+    pub fn grid_for(&self, block: u32, per_sm_threads: u32) -> u32 {
+        (self.sms * (per_sm_threads.min(self.max_threads_per_sm.max(block)) / block)).max(1)
+    }
+}
+
+impl Drop for Gpu {
+    fn drop(&mut self) {
+        // SAFETY: everything below was created by this Gpu and is released once.
+        unsafe {
+            let _ = cu::ctx::set_current(self.ctx);
+            let _ = cu::stream::synchronize(self.stream);
+            for m in self.modules.drain(..) {
+                let _ = cu::module::unload(m.module);
+            }
+            let _ = cu::stream::destroy(self.stream);
+            let _ = cu::primary_ctx::release(self.dev);
+        }
+    }
+}

@@ -1,0 +1,335 @@
+//! The CUDA C kernel sources and their compilation by NVRTC, to PTX (for the driver to JIT) or
+//! to SASS (a cubin for one architecture), with ptxas's resource report (registers, shared
+//! memory, spills) for every kernel.
+
+use super::libs::{self, Lib};
+use super::CudaError;
+use cudarc::nvrtc::{result as nvrtc, sys};
+use std::ffi::{c_char, CString};
+
+/// One `.cu` file of `kernels/cuda/` and the kernels it defines.
+#[derive(Clone, Copy, Debug)]
+pub struct Source {
+    pub file: &'static str,
+    pub text: &'static str,
+    pub kernels: &'static [&'static str],
+    /// What the kernels measure, for `roofline kernels`.
+    pub purpose: &'static str,
+}
+
+/// Every kernel source roofline compiles at run time.
+pub const SOURCES: &[Source] = &[
+    Source {
+        file: "fma.cu",
+        text: include_str!("../../cuda/fma.cu"),
+        kernels: &["fma_f64", "fma_f32", "fma_f16x2", "fma_bf16x2"],
+        purpose: "FMA peak per precision (CUDA cores)",
+    },
+    Source {
+        file: "mma.cu",
+        text: include_str!("../../cuda/mma.cu"),
+        kernels: &["mma_f16", "mma_bf16", "mma_tf32", "mma_int8", "mma_fp8"],
+        purpose: "tensor-core peak through mma.sync",
+    },
+    Source {
+        file: "stream.cu",
+        text: include_str!("../../cuda/stream.cu"),
+        kernels: &[
+            "stream_init",
+            "stream_read",
+            "stream_write",
+            "stream_copy",
+            "stream_triad",
+            "stream_check",
+        ],
+        purpose: "memory bandwidth sweep (L2, HBM) and the SM copy kernel for peer copies",
+    },
+    Source {
+        file: "ert.cu",
+        text: include_str!("../../cuda/ert.cu"),
+        kernels: &[
+            "ert_f32_1",
+            "ert_f32_2",
+            "ert_f32_4",
+            "ert_f32_8",
+            "ert_f32_16",
+            "ert_f32_32",
+            "ert_f32_64",
+            "ert_f32_128",
+            "ert_f32_256",
+            "ert_f32_512",
+        ],
+        purpose: "ERT sweep of FLOPs per element: the roofline curve between its two ends",
+    },
+];
+
+/// The source that defines `kernel`.
+pub fn source_of(kernel: &str) -> Option<&'static Source> {
+    SOURCES.iter().find(|s| s.kernels.contains(&kernel))
+}
+
+/// What to compile to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// PTX for a virtual architecture (`compute_XY`), JIT-compiled by the driver.
+    Ptx(u32),
+    /// SASS (a cubin) for a real architecture (`sm_XY`).
+    Sass(u32),
+}
+
+impl Target {
+    pub fn arch_option(self) -> String {
+        match self {
+            Target::Ptx(cc) => format!("--gpu-architecture=compute_{cc}"),
+            Target::Sass(cc) => format!("--gpu-architecture=sm_{cc}"),
+        }
+    }
+
+    pub fn name(self) -> String {
+        match self {
+            Target::Ptx(cc) => format!("compute_{cc}"),
+            Target::Sass(cc) => format!("sm_{cc}"),
+        }
+    }
+}
+
+/// The architectures CI compiles every kernel for.
+pub const CI_TARGETS: [Target; 4] = [
+    Target::Ptx(80),
+    Target::Ptx(90),
+    Target::Sass(80),
+    Target::Sass(90),
+];
+
+/// ptxas's resource report for one kernel.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    pub kernel: String,
+    pub registers: u32,
+    pub shared_bytes: u32,
+    pub spill_store_bytes: u32,
+    pub spill_load_bytes: u32,
+    pub stack_bytes: u32,
+}
+
+/// The result of one compilation.
+#[derive(Clone, Debug)]
+pub struct Compiled {
+    pub target: Target,
+    /// PTX text (for `Target::Ptx`) or the cubin (for `Target::Sass`).
+    pub image: Vec<u8>,
+    /// One entry per kernel (SASS targets only: ptxas reports when it runs).
+    pub resources: Vec<Resources>,
+    pub log: String,
+}
+
+/// NVRTC's version, e.g. (12, 4).
+pub fn version() -> Result<(i32, i32), CudaError> {
+    ensure_nvrtc()?;
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: plain out-parameters.
+    unsafe { sys::nvrtcVersion(&mut major, &mut minor) }
+        .result()
+        .map_err(|e| CudaError::call("nvrtcVersion", e))?;
+    Ok((major, minor))
+}
+
+/// Fails with the "not found, looked in ..." message when NVRTC is absent.
+pub fn ensure_nvrtc() -> Result<(), CudaError> {
+    if libs::present(Lib::Nvrtc) {
+        Ok(())
+    } else {
+        Err(CudaError::Missing(libs::not_found(Lib::Nvrtc)))
+    }
+}
+
+/// Compiles `source` for `target` with `-O3`-level defaults, C++17, and (SASS) ptxas's
+/// verbose report. A compilation error returns NVRTC's log in the error.
+pub fn compile(source: &Source, target: Target) -> Result<Compiled, CudaError> {
+    compile_text(source.file, source.text, target)
+}
+
+/// `compile` for any text (the tests feed it a broken kernel).
+pub fn compile_text(file: &str, text: &str, target: Target) -> Result<Compiled, CudaError> {
+    ensure_nvrtc()?;
+    let src = CString::new(text).map_err(|_| CudaError::Compile {
+        file: file.into(),
+        target: target.name(),
+        log: "source has a NUL byte".into(),
+    })?;
+    let name = CString::new(file).unwrap_or_default();
+    let prog = nvrtc::create_program(&src, Some(&name))
+        .map_err(|e| CudaError::call("nvrtcCreateProgram", e))?;
+    let mut options = vec![target.arch_option(), "--std=c++17".to_string()];
+    if matches!(target, Target::Sass(_)) {
+        options.push("--ptxas-options=-v".to_string());
+    }
+    // SAFETY: `prog` is live until destroy_program below; every call's status is checked.
+    let result = unsafe {
+        let compiled = nvrtc::compile_program(prog, &options);
+        let log = nvrtc::get_program_log(prog)
+            .map(|l| c_chars_to_string(&l))
+            .unwrap_or_default();
+        match compiled {
+            Err(e) if e.0 == sys::nvrtcResult::NVRTC_ERROR_COMPILATION => Err(CudaError::Compile {
+                file: file.into(),
+                target: target.name(),
+                log,
+            }),
+            Err(e) => Err(CudaError::call("nvrtcCompileProgram", e)),
+            Ok(()) => image(prog, target).map(|image| Compiled {
+                target,
+                resources: parse_ptxas_report(&log),
+                image,
+                log,
+            }),
+        }
+    };
+    // SAFETY: created above, destroyed once.
+    let destroyed = unsafe { nvrtc::destroy_program(prog) };
+    let compiled = result?;
+    destroyed.map_err(|e| CudaError::call("nvrtcDestroyProgram", e))?;
+    Ok(compiled)
+}
+
+unsafe fn image(prog: sys::nvrtcProgram, target: Target) -> Result<Vec<u8>, CudaError> {
+    match target {
+        Target::Ptx(_) => {
+            let ptx = nvrtc::get_ptx(prog).map_err(|e| CudaError::call("nvrtcGetPTX", e))?;
+            Ok(c_chars_to_string(&ptx).into_bytes())
+        }
+        Target::Sass(_) => {
+            let mut size = 0usize;
+            sys::nvrtcGetCUBINSize(prog, &mut size)
+                .result()
+                .map_err(|e| CudaError::call("nvrtcGetCUBINSize", e))?;
+            let mut cubin = vec![0u8; size];
+            sys::nvrtcGetCUBIN(prog, cubin.as_mut_ptr() as *mut c_char)
+                .result()
+                .map_err(|e| CudaError::call("nvrtcGetCUBIN", e))?;
+            if cubin.len() < 4 || &cubin[..4] != b"\x7fELF" {
+                return Err(CudaError::Check(format!(
+                    "NVRTC returned no cubin for {} ({} bytes)",
+                    target.name(),
+                    cubin.len()
+                )));
+            }
+            Ok(cubin)
+        }
+    }
+}
+
+fn c_chars_to_string(v: &[c_char]) -> String {
+    let bytes: Vec<u8> = v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// Parses ptxas `-v` output:
+/// ```text
+/// ptxas info    : Compiling entry function 'fma_f32' for 'sm_80'
+/// ptxas info    : Function properties for fma_f32
+///     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+/// ptxas info    : Used 30 registers, 376 bytes cmem[0]
+/// ```
+/// ("Used N registers, M bytes smem, ..." when the kernel has shared memory.)
+pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
+    let mut out: Vec<Resources> = Vec::new();
+    for line in log.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.split("Compiling entry function '").nth(1) {
+            let name = rest.split('\'').next().unwrap_or("").to_string();
+            out.push(Resources {
+                kernel: name,
+                ..Resources::default()
+            });
+            continue;
+        }
+        let Some(cur) = out.last_mut() else { continue };
+        if line.contains("bytes stack frame") {
+            for part in line.split(',') {
+                let n = leading_number(part);
+                if part.contains("stack frame") {
+                    cur.stack_bytes = n;
+                } else if part.contains("spill stores") {
+                    cur.spill_store_bytes = n;
+                } else if part.contains("spill loads") {
+                    cur.spill_load_bytes = n;
+                }
+            }
+        } else if let Some(rest) = line.split("Used ").nth(1) {
+            for part in rest.split(',') {
+                let n = leading_number(part);
+                if part.contains("registers") {
+                    cur.registers = n;
+                } else if part.contains("smem") {
+                    cur.shared_bytes = n;
+                }
+            }
+        }
+    }
+    out
+}
+
+fn leading_number(s: &str) -> u32 {
+    s.split_whitespace()
+        .next()
+        .and_then(|w| w.parse().ok())
+        .unwrap_or(0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ptxas_report_is_parsed() {
+        let log = "ptxas info    : 0 bytes gmem\n\
+            ptxas info    : Compiling entry function 'fma_f32' for 'sm_80'\n\
+            ptxas info    : Function properties for fma_f32\n\
+            \x20   8 bytes stack frame, 4 bytes spill stores, 12 bytes spill loads\n\
+            ptxas info    : Used 30 registers, 2048 bytes smem, 376 bytes cmem[0]\n\
+            ptxas info    : Compiling entry function 'fma_f64' for 'sm_80'\n\
+            ptxas info    : Function properties for fma_f64\n\
+            \x20   0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n\
+            ptxas info    : Used 40 registers, 376 bytes cmem[0]\n";
+        let r = parse_ptxas_report(log);
+        assert_eq!(r.len(), 2);
+        assert_eq!(
+            r[0],
+            Resources {
+                kernel: "fma_f32".into(),
+                registers: 30,
+                shared_bytes: 2048,
+                spill_store_bytes: 4,
+                spill_load_bytes: 12,
+                stack_bytes: 8,
+            }
+        );
+        assert_eq!(r[1].registers, 40);
+        assert_eq!(r[1].spill_store_bytes, 0);
+    }
+
+    #[test]
+    fn every_kernel_name_is_unique_and_found() {
+        let mut names: Vec<&str> = SOURCES
+            .iter()
+            .flat_map(|s| s.kernels.iter().copied())
+            .collect();
+        let n = names.len();
+        names.sort_unstable();
+        names.dedup();
+        assert_eq!(names.len(), n);
+        for s in SOURCES {
+            for k in s.kernels {
+                assert!(
+                    s.text.contains(&format!("void {k}("))
+                        || s.text.contains("ERT(")
+                        || s.text.contains("(NAME"),
+                    "{k} not in {}",
+                    s.file
+                );
+                assert_eq!(source_of(k).map(|x| x.file), Some(s.file));
+            }
+        }
+    }
+}
