@@ -98,6 +98,10 @@ enum Command {
         /// Which memory operation's ceilings form the slanted roofs.
         #[arg(long, default_value = "triad", value_parser = ["read", "write", "copy", "triad"])]
         op: String,
+        /// Whose roofline: `cpu`, or a GPU of the machine.json (`gpu0`, `gpu1`, ...): its FMA,
+        /// mma and GEMM roofs, its L2 and HBM roofs, and its measured ERT curve.
+        #[arg(long, default_value = "cpu", value_name = "cpu|gpuN")]
+        device: String,
     },
     /// Show the theoretical-peak database (accelerators, and the CPU rule).
     Peaks {
@@ -154,7 +158,8 @@ fn main() -> ExitCode {
             output,
             threads,
             op,
-        } => plot(&machine, &output, &threads, &op),
+            device,
+        } => plot(&machine, &output, &threads, &op, &device),
         Command::Peaks { json } => output::peaks(json).map_err(Failure::Input),
     };
     match result {
@@ -416,10 +421,39 @@ fn probe(
     Ok(())
 }
 
-fn plot(machine: &Path, output: &Path, threads: &str, op: &str) -> Result<(), Failure> {
+fn plot(
+    machine: &Path,
+    output: &Path,
+    threads: &str,
+    op: &str,
+    device: &str,
+) -> Result<(), Failure> {
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
+    let gpus: Vec<String> = m
+        .provenance
+        .gpus
+        .iter()
+        .map(|g| format!("gpu{}", g.index))
+        .collect();
+    if device != "cpu" && !gpus.iter().any(|g| g == device) {
+        return Err(Failure::Input(anyhow!(
+            "--device {device}: {} has {}; use cpu{}",
+            machine.display(),
+            if gpus.is_empty() {
+                "no GPU".to_string()
+            } else {
+                format!("GPUs {}", gpus.join(", "))
+            },
+            if gpus.is_empty() {
+                String::new()
+            } else {
+                format!(" or one of {}", gpus.join(", "))
+            }
+        )));
+    }
     check_writable(output).map_err(Failure::Input)?;
     let opt = roofline_plots::ClassicOptions {
+        device: device.into(),
         threads: threads.into(),
         op: op.into(),
         ..Default::default()

@@ -311,3 +311,95 @@ fn a_closed_pipe_ends_quietly() {
     let o = child.wait_with_output().unwrap();
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }
+
+fn driver_present() -> bool {
+    roofline_kernels::cuda::libs::present(roofline_kernels::cuda::libs::Lib::Driver)
+}
+
+#[test]
+fn without_a_gpu_cuda_is_refused_and_auto_probes_the_cpu() {
+    if driver_present() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let dir = tmpdir("nogpu");
+    let out = dir.join("m.json");
+    let out_s = out.to_str().unwrap();
+    for args in [
+        vec!["probe", "--device", "cuda", "-o", out_s],
+        vec!["probe", "--device", "cuda", "--check"],
+        vec!["probe", "--check"],
+    ] {
+        expect_input_error(
+            &args,
+            None,
+            "no NVIDIA driver (libcuda) found: looked for libcuda.so.1",
+        );
+    }
+    assert!(!out.exists());
+    // auto (the default): the CPU is probed and the file says no GPU was found.
+    let o = bin()
+        .args(["probe", "--quick", "--only", "fma", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no GPU found"), "{}", stderr(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    assert!(m.provenance.gpus.is_empty() && m.provenance.devices.is_empty());
+    assert!(m
+        .provenance
+        .notes
+        .iter()
+        .any(|n| n.starts_with("no GPU found: no NVIDIA driver")));
+    assert!(m.ceiling("cpu/fma/f32/all").is_some());
+    // --device cpu says why the GPUs were not probed, and --check does not go with it.
+    expect_input_error(
+        &["probe", "--device", "cpu", "--check"],
+        None,
+        "--check tests the GPU kernels",
+    );
+    // A GPU plot of a CPU-only machine.json.
+    expect_input_error(
+        &["plot", "--device", "gpu0", "-o", "/tmp/x.svg"],
+        Some(&out),
+        "has no GPU",
+    );
+}
+
+#[test]
+fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
+    expect_input_error(&["kernels", "--arch", "eighty"], None, "--arch eighty");
+    let o = bin().args(["kernels", "--arch", "80,90"]).output().unwrap();
+    if roofline_kernels::cuda::nvrtc::ensure_nvrtc().is_err() {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no NVRTC (libnvrtc) found"),
+            "{}",
+            stderr(&o)
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for src in roofline_kernels::cuda::nvrtc::SOURCES {
+        for k in src.kernels {
+            for arch in ["sm_80", "sm_90"] {
+                assert!(
+                    text.lines()
+                        .any(|l| l.split_whitespace().next() == Some(k) && l.contains(arch)),
+                    "{k} {arch} missing from:\n{text}"
+                );
+            }
+        }
+    }
+    let o = bin()
+        .args(["kernels", "--json", "--arch", "90"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ks = v["kernels"].as_array().unwrap();
+    assert!(ks
+        .iter()
+        .all(|k| k["registers"].as_u64().unwrap() > 0 && k["arch"] == "sm_90"));
+}

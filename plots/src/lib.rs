@@ -20,7 +20,9 @@ pub enum PlotError {
 /// What to draw.
 #[derive(Clone, Debug)]
 pub struct ClassicOptions {
-    /// Which thread configuration: ids ending in `/t1` or `/all`.
+    /// Whose roofline: `cpu`, or a GPU as `gpu0`, `gpu1`, ...
+    pub device: String,
+    /// Which thread configuration (CPU only): ids ending in `/t1` or `/all`.
     pub threads: String,
     /// Which memory operation's ceilings make the slanted roofs (`triad`, `read`, ...).
     pub op: String,
@@ -31,6 +33,7 @@ pub struct ClassicOptions {
 impl Default for ClassicOptions {
     fn default() -> Self {
         ClassicOptions {
+            device: "cpu".into(),
             threads: "all".into(),
             op: "triad".into(),
             width: 1100,
@@ -74,6 +77,33 @@ fn suffix_matches(c: &Ceiling, threads: &str) -> bool {
     c.id.rsplit('/').next() == Some(threads)
 }
 
+/// Whether `c` belongs on the chosen device's plot: CPU ceilings of the chosen thread
+/// configuration, or a GPU's own ceilings (compute: FMA, mma and GEMM roofs; convolution
+/// ceilings stay in the table to keep the plot readable).
+fn selected(c: &Ceiling, opt: &ClassicOptions) -> bool {
+    if opt.device == "cpu" {
+        return c.id.starts_with("cpu/") && suffix_matches(c, &opt.threads);
+    }
+    let mut parts = c.id.split('/');
+    if parts.next() != Some(opt.device.as_str()) {
+        return false;
+    }
+    match c.kind {
+        CeilingKind::Compute => matches!(parts.next(), Some("fma" | "mma" | "gemm")),
+        CeilingKind::Memory => parts.next() == Some("mem"),
+        _ => false,
+    }
+}
+
+/// The configuration named in the legend and the title.
+fn config_name(opt: &ClassicOptions) -> String {
+    if opt.device == "cpu" {
+        opt.threads.clone()
+    } else {
+        opt.device.clone()
+    }
+}
+
 /// Level order for the legend: L1, L2, L3, DRAM.
 fn level_rank(level: &str) -> u32 {
     level
@@ -85,9 +115,11 @@ fn level_rank(level: &str) -> u32 {
 /// Picks the roofs of the classic plot.
 pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, PlotError> {
     let mut flat: Vec<DrawnRoof> = Vec::new();
-    for c in m.ceilings.iter().filter(|c| {
-        c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && suffix_matches(c, &opt.threads)
-    }) {
+    for c in m
+        .ceilings
+        .iter()
+        .filter(|c| c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && selected(c, opt))
+    {
         flat.push(DrawnRoof {
             label: c.id.clone(),
             value: c.value,
@@ -98,7 +130,7 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             // One dashed roof per precision (GEMM and FMA share the rule's peak; the first
             // ceiling of a precision, the FMA one, gives it).
             let prec = c.precision.clone().unwrap_or_default();
-            let label = format!("theoretical {prec} peak ({})", opt.threads);
+            let label = format!("theoretical {prec} peak ({})", config_name(opt));
             let drawn = flat.iter().any(|r| {
                 r.dashed && (r.label == label || (r.value - p.value).abs() <= 1e-9 * p.value)
             });
@@ -117,10 +149,11 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .iter()
         .filter(|c| {
             c.kind == CeilingKind::Memory
-                && suffix_matches(c, &opt.threads)
+                && selected(c, opt)
                 && c.id.split('/').nth(3) == Some(opt.op.as_str())
         })
         .collect();
+    // L1, L2, L3, then DRAM/HBM.
     mem.sort_by_key(|c| level_rank(c.level.as_deref().unwrap_or("")));
     let slanted: Vec<DrawnRoof> = mem
         .iter()
@@ -133,15 +166,17 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .collect();
     if flat.is_empty() && slanted.is_empty() {
         return Err(PlotError::Empty(format!(
-            "machine.json has no compute or `{}` memory ceilings for `{}` threads; run `roofline probe` without --only, or pick --threads / --op",
-            opt.op, opt.threads
+            "machine.json has no compute or `{}` memory ceilings for `{}`; run `roofline probe` without --only, or pick --device / --threads / --op",
+            opt.op, config_name(opt)
         )));
     }
     // Ridge points against the single-precision peak (HPC AI500's reference precision), or the
     // highest measured compute roof when there is none.
     let measured = || flat.iter().filter(|r| !r.dashed);
     let f32_peak = measured()
-        .filter(|r| r.label.starts_with("cpu/fma/f32/"))
+        .filter(|r| {
+            r.label.starts_with("cpu/fma/f32/") || r.label == format!("{}/fma/f32", opt.device)
+        })
         .map(|r| (r.value, r.label.clone()))
         .next();
     let top = f32_peak.or_else(|| {
@@ -280,16 +315,27 @@ fn draw(
     root.fill(&WHITE)?;
     let (x0, x1) = model.x_range;
     let (y0, y1) = model.y_range;
-    let title = format!(
-        "Roofline: {} ({} threads: {})",
-        m.provenance.cpu.model_name,
-        opt.threads,
-        m.ceilings
+    let title = if opt.device == "cpu" {
+        format!(
+            "Roofline: {} ({} threads: {})",
+            m.provenance.cpu.model_name,
+            opt.threads,
+            m.ceilings
+                .iter()
+                .find(|c| suffix_matches(c, &opt.threads))
+                .map(|c| c.threads)
+                .unwrap_or(0)
+        )
+    } else {
+        let name = m
+            .provenance
+            .gpus
             .iter()
-            .find(|c| suffix_matches(c, &opt.threads))
-            .map(|c| c.threads)
-            .unwrap_or(0)
-    );
+            .find(|g| format!("gpu{}", g.index) == opt.device)
+            .map(|g| g.name.clone())
+            .unwrap_or_default();
+        format!("Roofline: {} {name}", opt.device)
+    };
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
         .margin(16)
@@ -359,6 +405,31 @@ fn draw(
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
                 });
+        }
+    }
+    // The measured ERT curve (FLOPs per element swept), where the probe made one.
+    if let Some(curve) = m
+        .curves
+        .iter()
+        .find(|c| c.id == format!("{}/ert/f32", opt.device) && c.unit == "FLOP/s")
+    {
+        let pts: Vec<(f64, f64)> = curve
+            .points
+            .iter()
+            .filter(|p| p.x >= x0 && p.x <= x1 && p.value >= y0 && p.value <= y1)
+            .map(|p| (p.x, p.value))
+            .collect();
+        if !pts.is_empty() {
+            chart
+                .draw_series(LineSeries::new(pts.clone(), BLACK.stroke_width(1)))?
+                .label(format!("{} (measured, FLOPs per element swept)", curve.id))
+                .legend(|(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1))
+                });
+            chart.draw_series(
+                pts.into_iter()
+                    .map(|p| Cross::new(p, 4, BLACK.stroke_width(1))),
+            )?;
         }
     }
     for (i, rdg) in model.ridges.iter().enumerate() {
@@ -541,6 +612,92 @@ mod tests {
         assert!(svg.contains("cpu/mem/DRAM/triad/all"));
         assert!(svg.contains("DRAM ridge 10.000 FLOP/B"));
         assert!(svg.contains("stroke-dasharray") || svg.contains("theoretical"));
+    }
+
+    /// `machine()` with one GPU's ceilings and ERT curve added.
+    fn machine_with_gpu() -> Machine {
+        let mut m = machine();
+        let template = m.ceilings[0].clone();
+        let mk = |id: &str, kind, v: f64, level: Option<&str>| {
+            let mut c = template.clone();
+            c.id = id.into();
+            c.kind = kind;
+            c.value = v;
+            c.unit = if kind == CeilingKind::Memory {
+                "B/s"
+            } else {
+                "FLOP/s"
+            }
+            .into();
+            c.level = level.map(String::from);
+            c.theoretical_peak = None;
+            c.threads = 1;
+            c
+        };
+        m.ceilings.extend([
+            mk("gpu0/fma/f32", CeilingKind::Compute, 6e13, None),
+            mk("gpu0/mma/f16", CeilingKind::Compute, 6e14, None),
+            mk("gpu0/gemm/f16", CeilingKind::Compute, 7e14, None),
+            mk("gpu0/conv/f16/fwd", CeilingKind::Compute, 5e14, None),
+            mk("gpu0/mem/L2/triad", CeilingKind::Memory, 1e13, Some("L2")),
+            mk("gpu0/mem/HBM/triad", CeilingKind::Memory, 3e12, Some("HBM")),
+            mk("gpu0/d2d", CeilingKind::Memory, 2.5e12, None),
+        ]);
+        m.provenance.gpus.push(GpuInfo {
+            index: 0,
+            name: "Test GPU".into(),
+            ..GpuInfo::default()
+        });
+        let stats = Stats::from_samples(&[1.0]).unwrap();
+        m.curves.push(Curve {
+            id: "gpu0/ert/f32".into(),
+            x_label: "operational intensity".into(),
+            x_unit: "FLOP/B".into(),
+            unit: "FLOP/s".into(),
+            threads: 1,
+            points: [0.25, 1.0, 4.0, 16.0, 64.0]
+                .iter()
+                .map(|&x| CurvePoint {
+                    x,
+                    value: (3e12 * x).min(6e13) * 0.9,
+                    stats: stats.clone(),
+                    level: None,
+                })
+                .collect(),
+        });
+        m
+    }
+
+    #[test]
+    fn gpu_plot_takes_only_that_gpus_roofs() {
+        let m = machine_with_gpu();
+        let opt = ClassicOptions {
+            device: "gpu0".into(),
+            ..ClassicOptions::default()
+        };
+        let model = classic_model(&m, &opt).unwrap();
+        let flat: Vec<&str> = model.flat.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(flat, ["gpu0/fma/f32", "gpu0/mma/f16", "gpu0/gemm/f16"]);
+        let slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+        assert_eq!(slanted, ["gpu0/mem/L2/triad", "gpu0/mem/HBM/triad"]);
+        // Ridges against the GPU's own f32 FMA roof: 6e13 / 3e12 = 20 FLOP/B for HBM.
+        let hbm = model
+            .ridges
+            .iter()
+            .find(|r| r.memory == "gpu0/mem/HBM/triad")
+            .unwrap();
+        assert_eq!(hbm.compute, "gpu0/fma/f32");
+        assert!((hbm.intensity - 20.0).abs() < 1e-12);
+        // The CPU plot of the same file is unchanged by the GPU's ceilings.
+        let cpu = classic_model(&m, &ClassicOptions::default()).unwrap();
+        assert!(cpu
+            .flat
+            .iter()
+            .chain(&cpu.slanted)
+            .all(|r| r.label.starts_with("cpu/") || r.dashed));
+        let svg = classic_svg(&m, &opt).unwrap();
+        assert!(svg.contains("Test GPU"));
+        assert!(svg.contains("gpu0/ert/f32 (measured"));
     }
 
     #[test]

@@ -16,6 +16,19 @@ use roofline_model::{
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 
+/// A library's "not supported" status becomes `Unsupported` (a note and a skipped check),
+/// not a failed probe: the GPU or library version lacks that precision or shape.
+pub(crate) fn not_supported(e: CudaError) -> CudaError {
+    match e {
+        CudaError::Call { call, detail }
+            if detail.contains("NOT_SUPPORTED") || detail.contains("ARCH_MISMATCH") =>
+        {
+            CudaError::Unsupported(format!("{call}: {detail}"))
+        }
+        e => e,
+    }
+}
+
 /// What a library section hands back to the probe.
 #[derive(Default)]
 pub struct SectionResult {
@@ -81,6 +94,7 @@ impl Prec {
     fn min_arch(self) -> u32 {
         match self {
             Prec::Fp8 => 89,
+            Prec::Tf32 | Prec::Bf16 => 80,
             _ => 70,
         }
     }
@@ -676,7 +690,7 @@ pub fn gemm_section(
             ));
             continue;
         }
-        let r = gemm_precision(gpu, &h, p, mode, cancel, peaks, &mut out);
+        let r = gemm_precision(gpu, &h, p, mode, cancel, peaks, &mut out).map_err(not_supported);
         if matches!(r, Err(CudaError::Interrupted)) {
             return Err(CudaError::Interrupted);
         }

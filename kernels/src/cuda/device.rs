@@ -288,6 +288,7 @@ impl Gpu {
 
     /// Copies a whole device buffer back as `T`s (after the stream's work is done).
     pub fn download<T: Pod>(&self, b: &DevBuf) -> Result<Vec<T>, CudaError> {
+        self.bind()?;
         self.sync()?;
         let mut v = vec![T::default(); b.bytes / std::mem::size_of::<T>()];
         // SAFETY: `v` is no larger than the buffer.
@@ -298,6 +299,7 @@ impl Gpu {
     }
 
     pub fn zero(&self, b: &DevBuf) -> Result<(), CudaError> {
+        self.bind()?;
         // SAFETY: the whole buffer, on our stream.
         check("cuMemsetD8Async", unsafe {
             cu::memset_d8_async(b.ptr, 0, b.bytes, self.stream)

@@ -136,11 +136,39 @@ impl Drop for Handle {
     }
 }
 
-/// The chosen algorithm (as cuDNN names it) and its workspace, per direction.
-fn choose(h: &Handle, d: &Descs, dir: Dir) -> Result<(i32, String, usize), CudaError> {
+/// The algorithm cuDNN's heuristic chose for one direction.
+#[derive(Clone, Copy, Debug)]
+enum Algo {
+    Fwd(dsys::cudnnConvolutionFwdAlgo_t),
+    BwdData(dsys::cudnnConvolutionBwdDataAlgo_t),
+    BwdFilter(dsys::cudnnConvolutionBwdFilterAlgo_t),
+}
+
+impl Algo {
+    fn name(&self) -> String {
+        match self {
+            Algo::Fwd(a) => format!("{a:?}"),
+            Algo::BwdData(a) => format!("{a:?}"),
+            Algo::BwdFilter(a) => format!("{a:?}"),
+        }
+    }
+}
+
+/// Whether a heuristic entry may be used: it succeeded, fits the workspace, and (plain f32)
+/// uses FMA math, so that no TF32 rounding slips into the f32 ceiling.
+fn usable(p: Prec, status: dsys::cudnnStatus_t, memory: usize, m: dsys::cudnnMathType_t) -> bool {
+    status == dsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
+        && memory <= WORKSPACE_LIMIT
+        && (p != Prec::F32 || m == dsys::cudnnMathType_t::CUDNN_FMA_MATH)
+}
+
+/// The heuristic's first usable algorithm for `dir`, with the math type it wants set on the
+/// convolution descriptor (cuDNN's rule for the _v7 heuristics).
+fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
     let mut n = 0i32;
-    // SAFETY: live handle and descriptors; out-arrays of the requested length.
-    unsafe {
+    // SAFETY: live handle and descriptors; out-arrays of the requested length; cuDNN fills
+    // `n` ≤ 8 entries, the rest stay zeroed and are not read.
+    let found = unsafe {
         match dir {
             Dir::Fwd => {
                 let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; 8] = std::mem::zeroed();
@@ -157,11 +185,8 @@ fn choose(h: &Handle, d: &Descs, dir: Dir) -> Result<(i32, String, usize), CudaE
                 .map_err(e("cudnnGetConvolutionForwardAlgorithm_v7"))?;
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
-                    .find(|p| {
-                        p.status == dsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                            && p.memory <= WORKSPACE_LIMIT
-                    })
-                    .map(|p| (p.algo as i32, format!("{:?}", p.algo), p.memory))
+                    .find(|q| usable(p, q.status, q.memory, q.mathType))
+                    .map(|q| (Algo::Fwd(q.algo), q.mathType))
             }
             Dir::BwdData => {
                 let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; 8] = std::mem::zeroed();
@@ -178,11 +203,8 @@ fn choose(h: &Handle, d: &Descs, dir: Dir) -> Result<(i32, String, usize), CudaE
                 .map_err(e("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
-                    .find(|p| {
-                        p.status == dsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                            && p.memory <= WORKSPACE_LIMIT
-                    })
-                    .map(|p| (p.algo as i32, format!("{:?}", p.algo), p.memory))
+                    .find(|q| usable(p, q.status, q.memory, q.mathType))
+                    .map(|q| (Algo::BwdData(q.algo), q.mathType))
             }
             Dir::BwdFilter => {
                 let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; 8] = std::mem::zeroed();
@@ -199,20 +221,21 @@ fn choose(h: &Handle, d: &Descs, dir: Dir) -> Result<(i32, String, usize), CudaE
                 .map_err(e("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
-                    .find(|p| {
-                        p.status == dsys::cudnnStatus_t::CUDNN_STATUS_SUCCESS
-                            && p.memory <= WORKSPACE_LIMIT
-                    })
-                    .map(|p| (p.algo as i32, format!("{:?}", p.algo), p.memory))
+                    .find(|q| usable(p, q.status, q.memory, q.mathType))
+                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType))
             }
         }
-    }
-    .ok_or_else(|| {
+    };
+    let (algo, math_type) = found.ok_or_else(|| {
         CudaError::Unsupported(format!(
-            "cuDNN offers no {} algorithm for this shape",
+            "cuDNN offers no usable {} algorithm for this shape",
             dir.name()
         ))
-    })
+    })?;
+    // SAFETY: live descriptor.
+    unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
+        .map_err(e("cudnnSetConvolutionMathType"))?;
+    Ok(algo)
 }
 
 struct Tensors {
@@ -225,25 +248,19 @@ struct Tensors {
     dy: DevBuf,
 }
 
-fn run_once(
-    h: &Handle,
-    d: &Descs,
-    t: &Tensors,
-    dir: Dir,
-    algo: i32,
-    ws: &DevBuf,
-) -> Result<(), CudaError> {
+fn run_once(h: &Handle, d: &Descs, t: &Tensors, algo: Algo, ws: &DevBuf) -> Result<(), CudaError> {
     let (one, zero) = (1.0f32, 0.0f32);
     let (a, b) = (
         &one as *const f32 as *const c_void,
         &zero as *const f32 as *const c_void,
     );
     let wsp = ws.ptr as *mut c_void;
-    // SAFETY: live handle/descriptors; the algorithm value came from cuDNN for this direction;
-    // buffers are sized for the layer; the workspace is at least the algorithm's.
+    // SAFETY: live handle/descriptors; the algorithm came from cuDNN's heuristic for this
+    // direction and descriptors; buffers are sized for the layer (the output buffer `y` holds
+    // the largest of y, dx and dw); the workspace is at least the algorithm's.
     unsafe {
-        match dir {
-            Dir::Fwd => dnn::convolution_forward(
+        match algo {
+            Algo::Fwd(al) => dnn::convolution_forward(
                 h.0,
                 a,
                 d.x,
@@ -251,7 +268,7 @@ fn run_once(
                 d.w,
                 t.w.ptr as *const c_void,
                 d.conv,
-                std::mem::transmute::<i32, dsys::cudnnConvolutionFwdAlgo_t>(algo),
+                al,
                 wsp,
                 ws.bytes,
                 b,
@@ -259,8 +276,7 @@ fn run_once(
                 t.y.ptr as *mut c_void,
             )
             .map_err(e("cudnnConvolutionForward")),
-            // dx is written into x's buffer: the forward result is checked before this runs.
-            Dir::BwdData => dnn::convolution_backward_data(
+            Algo::BwdData(al) => dnn::convolution_backward_data(
                 h.0,
                 a,
                 d.w,
@@ -268,7 +284,7 @@ fn run_once(
                 d.y,
                 t.dy.ptr as *const c_void,
                 d.conv,
-                std::mem::transmute::<i32, dsys::cudnnConvolutionBwdDataAlgo_t>(algo),
+                al,
                 wsp,
                 ws.bytes,
                 b,
@@ -276,7 +292,7 @@ fn run_once(
                 t.y.ptr as *mut c_void,
             )
             .map_err(e("cudnnConvolutionBackwardData")),
-            Dir::BwdFilter => dnn::convolution_backward_filter(
+            Algo::BwdFilter(al) => dnn::convolution_backward_filter(
                 h.0,
                 a,
                 d.x,
@@ -284,7 +300,7 @@ fn run_once(
                 d.y,
                 t.dy.ptr as *const c_void,
                 d.conv,
-                std::mem::transmute::<i32, dsys::cudnnConvolutionBwdFilterAlgo_t>(algo),
+                al,
                 wsp,
                 ws.bytes,
                 b,
@@ -529,7 +545,7 @@ fn conv_precision(
             if cancel.load(Ordering::Relaxed) {
                 return Err(CudaError::Interrupted);
             }
-            let (algo, algo_name, _) = match choose(h, &d, dir) {
+            let algo = match choose(h, &d, p, dir).map_err(super::blas::not_supported) {
                 Ok(a) => a,
                 Err(CudaError::Unsupported(why)) => {
                     out.notes.push(format!(
@@ -543,13 +559,14 @@ fn conv_precision(
                 }
                 Err(e) => return Err(e),
             };
-            run_once(h, &d, &t, dir, algo, ws)?;
+            run_once(h, &d, &t, algo, ws)?;
             let got: Vec<u8> = gpu.download(&t.y)?;
-            worst = worst.max(check(p, s, &t, dir, &got)?);
+            let err = check(p, s, &t, dir, &got)?;
+            worst = worst.max(err);
             if mode == Mode::Check {
                 continue;
             }
-            let one = gpu.time(|| run_once(h, &d, &t, dir, algo, ws))?;
+            let one = gpu.time(|| run_once(h, &d, &t, algo, ws))?;
             let reps = ((if mode == Mode::Quick { 0.005 } else { 0.02 } / one.max(1e-6)).ceil()
                 as usize)
                 .clamp(1, 200);
@@ -557,7 +574,7 @@ fn conv_precision(
             for _ in 0..(if mode == Mode::Quick { 3 } else { 5 }) {
                 let tm = gpu.time(|| {
                     for _ in 0..reps {
-                        run_once(h, &d, &t, dir, algo, ws)?;
+                        run_once(h, &d, &t, algo, ws)?;
                     }
                     Ok(())
                 })?;
@@ -566,6 +583,7 @@ fn conv_precision(
             let Some(stats) = Stats::from_samples(&rates) else {
                 continue;
             };
+            let algo_name = algo.name();
             let shape = format!(
                 "n={} c={} h={} w={} k={} r={} s={} stride={} pad={}",
                 s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
@@ -584,7 +602,7 @@ fn conv_precision(
                 threads: 1,
                 value: stats.max,
                 stats,
-                max_rel_error: Some(worst),
+                max_rel_error: Some(err),
                 detail: Some(algo_name),
             });
         }
