@@ -40,6 +40,12 @@ enum Command {
     /// cache (at least 512 MiB) for read, write, copy and triad; its plateaus become the L1, L2,
     /// L3 and DRAM ceilings. Each on one thread (ids ending in /t1) and one pinned thread per core
     /// (/all). Ctrl-C stops the probe and writes nothing.
+    ///
+    /// With an NVIDIA driver present (or --device cuda), every GPU is measured too, each result
+    /// checked against a CPU reference: FMA and tensor-core (mma.sync) peaks per precision, an
+    /// L2/HBM bandwidth sweep and the ERT FLOPs-per-element curve, cuBLAS/cuBLASLt GEMM, cuDNN
+    /// convolution (forward and both backward passes), host/device and peer copies. Run
+    /// `roofline probe --check` first on a new GPU machine.
     Probe {
         /// Where to write the result.
         #[arg(short, long, default_value = "machine.json")]
@@ -47,7 +53,8 @@ enum Command {
         /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
         #[arg(long)]
         quick: bool,
-        /// Measure only these sections, comma-separated: fma, mem, gemm, conv.
+        /// Measure only these sections, comma-separated: fma, mem, gemm, conv, copy (copy:
+        /// host-device and peer copies, GPUs only).
         #[arg(long, value_name = "LIST")]
         only: Option<String>,
         /// Threads for the `all` ceilings (default: one per physical core).
@@ -249,6 +256,13 @@ fn probe(
         (_, Err(e)) => Err(e.to_string()),
         (_, Ok(n)) => Ok(n),
     };
+    if let Err(why) = &gpu_count {
+        if sections.iter().all(|s| *s == Section::Copy) {
+            return Err(Failure::Input(anyhow!(
+                "--only copy measures GPU copies, and no GPU is probed: {why}"
+            )));
+        }
+    }
     check_writable(output).map_err(Failure::Input)?;
     let allowed = roofline_kernels::affinity::allowed_cpus();
     let machine_cores =

@@ -104,7 +104,7 @@ impl Prec {
         match self {
             Prec::F64 => 1e-12,
             Prec::F32 => 1e-5,
-            Prec::Tf32 => 2e-3,
+            Prec::Tf32 => 5e-4,
             Prec::F16 | Prec::Bf16 | Prec::Fp8 => 1e-2,
             Prec::Int8 => 0.0,
         }

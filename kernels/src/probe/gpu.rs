@@ -159,7 +159,7 @@ impl Ctx<'_> {
                 Ok(())
             }
             Err(CudaError::Interrupted) => Err(CudaError::Interrupted),
-            Err(CudaError::Unsupported(why)) => {
+            Err(CudaError::Unsupported(why) | CudaError::Missing(why)) => {
                 self.out
                     .notes
                     .push(format!("gpu{gpu} {kernel}: not measured: {why}"));
@@ -321,6 +321,12 @@ pub fn run(
     );
     for gpu in gpus.iter_mut() {
         ctx.out.gpus.push(inventory(gpu));
+        if let Err(e) = crate::cuda::nvrtc::ensure_nvrtc() {
+            ctx.out.notes.push(format!(
+                "gpu{}: roofline's own kernels (FMA, mma, memory sweep, ERT, SM peer copies) are not measured: {e}",
+                gpu.ordinal
+            ));
+        }
         if gpu.arch() < 80 {
             ctx.out.notes.push(format!(
                 "gpu{}: compute capability {}.{}: roofline's own kernels (FMA, mma, memory, ERT) need 8.0 or newer; only the libraries and copies are measured",
