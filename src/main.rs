@@ -500,34 +500,30 @@ fn run_gpus(
         mode,
         sections: sections.to_vec(),
     };
-    let result = gpu_probe::run(&cfg, &CANCEL, progress, &peaks);
+    let enrich = |g: &mut roofline_model::GpuInfo| match &nvml {
+        Ok(n) => roofline_collectors::nvml::fill_inventory(n, g),
+        Err(e) => Err(format!("no NVML inventory or telemetry: {e}")),
+    };
+    let result = gpu_probe::run(&cfg, &CANCEL, progress, &peaks, &enrich);
     let telemetry = sampler.map(|s| s.stop()).unwrap_or_default();
     let mut r = match result {
         Ok(r) => r,
         Err(roofline_kernels::cuda::CudaError::Interrupted) => return Err(Failure::Interrupted),
         Err(e) => return Err(Failure::Run(anyhow!("GPU probe failed: {e}"))),
     };
-    match &nvml {
-        Ok(n) => {
-            for g in r.gpus.iter_mut() {
-                if let Err(e) = roofline_collectors::nvml::fill_inventory(n, g) {
-                    r.notes.push(format!("gpu{}: {e}", g.index));
-                }
-                if let Some(pos) = uuids.iter().position(|u| *u == g.uuid) {
-                    g.telemetry = telemetry.get(pos).cloned();
-                }
-                if let Some(t) = &g.telemetry {
-                    if !t.throttle_reasons.is_empty() {
-                        r.notes.push(format!(
-                            "gpu{} was throttled during the probe: {}",
-                            g.index,
-                            t.throttle_reasons.join(", ")
-                        ));
-                    }
-                }
+    for g in r.gpus.iter_mut() {
+        if let Some(pos) = uuids.iter().position(|u| *u == g.uuid) {
+            g.telemetry = telemetry.get(pos).cloned();
+        }
+        if let Some(t) = &g.telemetry {
+            if !t.throttle_reasons.is_empty() {
+                r.notes.push(format!(
+                    "gpu{} was throttled during the probe: {}",
+                    g.index,
+                    t.throttle_reasons.join(", ")
+                ));
             }
         }
-        Err(e) => r.notes.push(format!("no NVML inventory or telemetry: {e}")),
     }
     Ok(r)
 }
@@ -549,7 +545,19 @@ fn gpu_check(device: &str) -> Result<(), Failure> {
         mode: gpu_probe::Mode::Check,
         sections: Section::ALL.to_vec(),
     };
-    let r = match gpu_probe::run(&cfg, &CANCEL, &roofline_kernels::probe::Silent, &peaks) {
+    let nvml_path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
+    let nvml = roofline_collectors::nvml::open(nvml_path.as_deref());
+    let enrich = |g: &mut roofline_model::GpuInfo| match &nvml {
+        Ok(n) => roofline_collectors::nvml::fill_inventory(n, g),
+        Err(e) => Err(format!("no NVML inventory: {e}")),
+    };
+    let r = match gpu_probe::run(
+        &cfg,
+        &CANCEL,
+        &roofline_kernels::probe::Silent,
+        &peaks,
+        &enrich,
+    ) {
         Ok(r) => r,
         Err(roofline_kernels::cuda::CudaError::Interrupted) => return Err(Failure::Interrupted),
         Err(e) => return Err(Failure::Run(anyhow!("GPU self-test could not run: {e}"))),

@@ -27,20 +27,8 @@ pub fn open(lib_path: Option<&str>) -> Result<Arc<Nvml>, String> {
     b.init().map(Arc::new).map_err(|e| format!("NVML: {e}"))
 }
 
-/// NVML's UUID string (`GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`) from the driver's 16 bytes.
-pub fn uuid_string(bytes: &[u8; 16]) -> String {
-    let h: Vec<String> = bytes.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        h[0..4].concat(),
-        h[4..6].concat(),
-        h[6..8].concat(),
-        h[8..10].concat(),
-        h[10..16].concat()
-    )
-}
-
-/// Fills the NVML half of `info` (found by `info.uuid`); fields NVML refuses stay `None`.
+/// Fills the NVML half of `info` (found by `info.uuid`, NVML's `GPU-…` form); fields NVML
+/// refuses stay `None`.
 pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), String> {
     let d = nvml
         .device_by_uuid(info.uuid.as_str())
@@ -217,15 +205,6 @@ impl Sampler {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn uuid_is_formatted_like_nvml() {
-        let b: [u8; 16] = [
-            0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x01, 0x23, 0x45, 0x67, 0x89, 0xab,
-            0xcd, 0xef,
-        ];
-        assert_eq!(uuid_string(&b), "GPU-12345678-9abc-def0-0123-456789abcdef");
-    }
 
     #[test]
     fn throttle_names_skip_idle() {

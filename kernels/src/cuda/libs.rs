@@ -29,9 +29,10 @@ impl Lib {
     fn names(self) -> &'static [&'static str] {
         match self {
             Lib::Driver => &["libcuda.so.1", "libcuda.so"],
-            Lib::Nvrtc => &["libnvrtc.so.12", "libnvrtc.so", "libnvrtc.so.13"],
-            Lib::Cublas => &["libcublas.so.12", "libcublas.so", "libcublas.so.13"],
-            Lib::CublasLt => &["libcublasLt.so.12", "libcublasLt.so", "libcublasLt.so.13"],
+            // CUDA 12 only: the bindings are cudarc's cuda-12040 ones.
+            Lib::Nvrtc => &["libnvrtc.so.12", "libnvrtc.so"],
+            Lib::Cublas => &["libcublas.so.12", "libcublas.so"],
+            Lib::CublasLt => &["libcublasLt.so.12", "libcublasLt.so"],
             Lib::Cudnn => &["libcudnn.so.9", "libcudnn.so"],
             Lib::Nccl => &["libnccl.so.2", "libnccl.so"],
             Lib::Nvml => &["libnvidia-ml.so.1", "libnvidia-ml.so"],

@@ -288,6 +288,7 @@ pub fn run(
     cancel: &AtomicBool,
     progress: &dyn Progress,
     peaks: &PeakDb,
+    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>,
 ) -> Result<GpuResult, CudaError> {
     let n = device::init()?;
     let mut gpus = Vec::with_capacity(n);
@@ -320,7 +321,13 @@ pub fn run(
             }) as u64,
     );
     for gpu in gpus.iter_mut() {
-        ctx.out.gpus.push(inventory(gpu));
+        // The collector's part of the inventory (NVML: PCIe, NVLink, clocks) comes first: the
+        // copy ceilings take their peaks from it.
+        let mut info = inventory(gpu);
+        if let Err(e) = enrich(&mut info) {
+            ctx.out.notes.push(format!("gpu{}: {e}", gpu.ordinal));
+        }
+        ctx.out.gpus.push(info);
         if let Err(e) = crate::cuda::nvrtc::ensure_nvrtc() {
             ctx.out.notes.push(format!(
                 "gpu{}: roofline's own kernels (FMA, mma, memory sweep, ERT, SM peer copies) are not measured: {e}",
@@ -1280,7 +1287,13 @@ fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> {
         .gpus
         .iter()
         .find(|g| g.index == gpu.ordinal)
-        .and_then(|g| Some((g.pcie_generation?, g.pcie_width?)));
+        // The link's maximum: an idle link reports a lower current generation (power saving).
+        .and_then(|g| {
+            Some((
+                g.pcie_generation_max.or(g.pcie_generation)?,
+                g.pcie_width_max.or(g.pcie_width)?,
+            ))
+        });
     let pcie_peak = |_: ()| {
         pcie.and_then(|(g, w)| pcie_peak(g, w))
             .map(|v| TheoreticalPeak {
@@ -1516,6 +1529,7 @@ fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String, CudaError
     }
     // SM copy kernel on `a` writing into `b`'s memory (needs peer access).
     let mut sm = Vec::new();
+    let mut sm_both = Vec::new();
     if peer {
         b.zero(&dst)?;
         b.sync()?;
@@ -1537,6 +1551,49 @@ fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String, CudaError
             return Err(CudaError::Check(format!(
                 "SM peer copy gpu{}->gpu{}: word {i} wrong",
                 a.ordinal, b.ordinal
+            )));
+        }
+        // Both ways at once: a's SMs write into b while b's SMs write into a (wall clock).
+        a.zero(&back_dst)?;
+        let fb = b.function("stream_copy")?;
+        let grid_b = b.grid_for(MEM_BLOCK, b.max_threads_per_sm);
+        for i in 0..ctx.mode.samples() + 1 {
+            ctx.cancelled()?;
+            a.sync()?;
+            b.sync()?;
+            let t = Instant::now();
+            a.bind()?;
+            // SAFETY: stream_copy(dst, src, n, reps) with buffers of `bytes` bytes that live
+            // until both GPUs are synchronized below.
+            unsafe {
+                a.launch(
+                    f,
+                    grid,
+                    MEM_BLOCK,
+                    &mut [arg(&dst.ptr), arg(&src.ptr), arg(&n), arg(&reps)],
+                )?;
+            }
+            b.bind()?;
+            // SAFETY: as above, on b (peer access was enabled both ways).
+            unsafe {
+                b.launch(
+                    fb,
+                    grid_b,
+                    MEM_BLOCK,
+                    &mut [arg(&back_dst.ptr), arg(&back_src.ptr), arg(&n), arg(&reps)],
+                )?;
+            }
+            a.sync()?;
+            b.sync()?;
+            if i > 0 {
+                sm_both.push(t.elapsed().as_secs_f64());
+            }
+        }
+        let got: Vec<u32> = a.download(&back_dst)?;
+        if let Some(i) = first_mismatch(&got, 17) {
+            return Err(CudaError::Check(format!(
+                "SM peer copy gpu{}->gpu{}: word {i} wrong",
+                b.ordinal, a.ordinal
             )));
         }
     } else {
@@ -1573,7 +1630,23 @@ fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String, CudaError
     );
     ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }), None, None);
     if !sm.is_empty() {
-        ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak, None, None);
+        ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone(), None, None);
+    }
+    if !sm_both.is_empty() {
+        ctx.push(
+            format!("{pair}/p2p/sm/bidir"),
+            CeilingKind::Comm,
+            "B/s",
+            &rate(&sm_both, 2.0 * bf),
+            PerIteration { ops: 0.0, bytes: 2.0 * bf },
+            format!("NVRTC kernel stream_copy on both GPUs at once, each storing into the other's memory, {size} each way, both directions counted, wall clock, verified"),
+            nvlink_peak.map(|mut p| {
+                p.value *= 2.0;
+                p
+            }),
+            None,
+            None,
+        );
     }
     Ok(format!(
         "{size} verified, peer access {}",
