@@ -348,7 +348,9 @@ mod tests {
         assert_eq!(m.threads, cpus.len());
         assert_eq!(m.ops_per_iter, 4096.0 * cpus.len() as f64);
         assert!(m.seconds.iter().all(|&s| s > 0.0));
-        assert!(m.iters > 1);
+        // Calibration chose a count (usually thousands; under a preempted core it can be 1, so
+        // nothing more is asserted: tests never assert timings).
+        assert!(m.iters >= 1);
     }
 
     #[test]
