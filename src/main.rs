@@ -226,8 +226,9 @@ struct Bar(Option<indicatif::ProgressBar>);
 
 impl Progress for Bar {
     fn begin(&self, total: u64) {
+        // The CPU probe and then the GPU probe each announce their own steps.
         if let Some(b) = &self.0 {
-            b.set_length(total);
+            b.inc_length(total);
         }
     }
     fn advance(&self, label: &str) {

@@ -20,6 +20,39 @@ fn nvrtc_or_skip() -> bool {
     }
 }
 
+/// The PTX of one entry point (up to the next one).
+fn entry_body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
+    let start = ptx.find(&format!(".entry {kernel}(")).unwrap_or(0);
+    let rest = &ptx[start + 1..];
+    let end = rest
+        .find(".entry ")
+        .map(|e| e + start + 1)
+        .unwrap_or(ptx.len());
+    &ptx[start..end]
+}
+
+/// An instruction each kernel's PTX must hold at least so many times.
+fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
+    Some(match kernel {
+        // fma.cu: 8 chains × 16 unrolled steps per loop iteration.
+        "fma_f64" => ("fma.rn.f64", 128),
+        "fma_f32" => ("fma.rn.f32", 128),
+        "fma_f16x2" => ("fma.rn.f16x2", 128),
+        "fma_bf16x2" => ("fma.rn.bf16x2", 128),
+        // mma.cu: 4 independent accumulators per iteration.
+        "mma_f16" => ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 4),
+        "mma_bf16" => ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 4),
+        "mma_tf32" => ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4),
+        "mma_int8" => ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 4),
+        "mma_fp8" if cc >= 89 => ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 4),
+        "stream_read" | "stream_copy" => ("ld.global.cg.v4.u32", 1),
+        "stream_triad" => ("ld.global.cg.v4.u32", 2),
+        "stream_write" => ("st.global.v4.u32", 1),
+        "ert_f32_512" => ("fma.rn.f32", 4 * 512),
+        _ => return None,
+    })
+}
+
 #[test]
 fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
     if !nvrtc_or_skip() {
@@ -48,6 +81,14 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                             "{} PTX lacks entry {k}",
                             source.file
                         );
+                        // The work is really there: the compiler neither folded nor dropped it.
+                        if let Some((instr, min)) = expected_work(k, cc) {
+                            let n = entry_body(&ptx, k).matches(instr).count();
+                            assert!(
+                                n >= min,
+                                "{k} (compute_{cc}): {n} × `{instr}`, expected ≥ {min}"
+                            );
+                        }
                     }
                 }
                 Target::Sass(_) => {

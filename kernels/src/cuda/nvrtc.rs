@@ -93,11 +93,13 @@ impl Target {
     }
 }
 
-/// The architectures CI compiles every kernel for.
-pub const CI_TARGETS: [Target; 4] = [
+/// The architectures CI compiles every kernel for: PTX and SASS for Ampere (sm_80) and Hopper
+/// (sm_90), and SASS for Ada (sm_89, the first with fp8 mma).
+pub const CI_TARGETS: [Target; 5] = [
     Target::Ptx(80),
     Target::Ptx(90),
     Target::Sass(80),
+    Target::Sass(89),
     Target::Sass(90),
 ];
 
