@@ -1,6 +1,7 @@
 //! The CI gate for the CUDA kernels: every `.cu` source compiles with NVRTC to PTX for
 //! compute_80 and compute_90 and to SASS for sm_80 and sm_90, with ptxas's register and spill
-//! report for every kernel. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12`, found through
+//! report for every kernel; and the standalone ptxas (the pip wheel `nvidia-cuda-nvcc-cu12`)
+//! assembles the PTX for sm_80 and sm_90, as the driver's JIT would. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12`, found through
 //! `ROOFLINE_CUDA_LIBS` or the linker path). Without it the test skips, except under `CI=true`,
 //! where it fails: CI must never pass without compiling the kernels.
 
@@ -148,4 +149,74 @@ fn a_syntax_error_fails_with_nvrtcs_log() {
         }
         other => panic!("a kernel with a syntax error compiled: {other:?}"),
     }
+}
+
+/// ptxas from the `nvidia-cuda-nvcc-cu12` wheel (under ROOFLINE_CUDA_LIBS) or the CUDA toolkit.
+fn ptxas() -> Option<std::path::PathBuf> {
+    let mut candidates = Vec::new();
+    if let Some(list) = std::env::var_os("ROOFLINE_CUDA_LIBS") {
+        for d in std::env::split_paths(&list) {
+            candidates.push(d.join("cuda_nvcc/bin/ptxas"));
+            candidates.push(d.join("bin/ptxas"));
+        }
+    }
+    if let Some(home) = std::env::var_os("CUDA_HOME") {
+        candidates.push(std::path::PathBuf::from(home).join("bin/ptxas"));
+    }
+    candidates.push("/usr/local/cuda/bin/ptxas".into());
+    candidates.into_iter().find(|p| p.is_file())
+}
+
+/// The driver's path for PTX: every kernel's PTX (compute_80, and compute_90) assembles with the
+/// standalone ptxas for every newer real architecture, without spills.
+#[test]
+fn ptx_assembles_with_ptxas_for_every_target() {
+    if !nvrtc_or_skip() {
+        return;
+    }
+    let Some(ptxas) = ptxas() else {
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("CI=true and ptxas is missing (pip wheel nvidia-cuda-nvcc-cu12 under ROOFLINE_CUDA_LIBS)");
+        }
+        eprintln!("skipped: no ptxas");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("roofline-ptxas-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for source in SOURCES {
+        for (virt, real) in [(80, 80), (80, 90), (90, 90)] {
+            let c = nvrtc::compile(source, Target::Ptx(virt)).unwrap_or_else(|e| panic!("{e}"));
+            let ptx = dir.join(format!("{}.compute_{virt}.ptx", source.file));
+            std::fs::write(&ptx, &c.image).unwrap();
+            let out = std::process::Command::new(&ptxas)
+                .arg(format!("-arch=sm_{real}"))
+                .arg("-v")
+                .arg(&ptx)
+                .arg("-o")
+                .arg(dir.join("out.cubin"))
+                .output()
+                .unwrap();
+            let log = String::from_utf8_lossy(&out.stderr).into_owned()
+                + &String::from_utf8_lossy(&out.stdout);
+            assert!(
+                out.status.success(),
+                "ptxas sm_{real} on {} compute_{virt}:\n{log}",
+                source.file
+            );
+            let report = nvrtc::parse_ptxas_report(&log);
+            for k in source.kernels {
+                let r = report
+                    .iter()
+                    .find(|r| r.kernel == *k)
+                    .unwrap_or_else(|| panic!("ptxas reported nothing for {k}:\n{log}"));
+                assert!(r.registers > 0, "{k}: no registers reported");
+                assert_eq!(
+                    r.spill_store_bytes + r.spill_load_bytes,
+                    0,
+                    "{k} spills (sm_{real})"
+                );
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
