@@ -1,9 +1,10 @@
 //! The CI gate for the CUDA kernels: every `.cu` source compiles with NVRTC to PTX for
-//! compute_80 and compute_90 and to SASS for sm_80 and sm_90, with ptxas's register and spill
-//! report for every kernel; and the standalone ptxas (the pip wheel `nvidia-cuda-nvcc-cu12`)
-//! assembles the PTX for sm_80 and sm_90, as the driver's JIT would. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12`, found through
-//! `ROOFLINE_CUDA_LIBS` or the linker path). Without it the test skips, except under `CI=true`,
-//! where it fails: CI must never pass without compiling the kernels.
+//! compute_80 and compute_90 and to SASS for sm_80, sm_89 and sm_90, with ptxas's register and
+//! spill report for every kernel; the PTX holds each kernel's work; and the standalone ptxas
+//! (the pip wheel `nvidia-cuda-nvcc-cu12`) assembles the PTX for sm_80 and sm_90, as the
+//! driver's JIT would. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12`, found through
+//! `ROOFLINE_CUDA_LIBS` or the linker path). Without it the tests skip, except under `CI=true`,
+//! where they fail: CI must never pass without compiling the kernels.
 
 use roofline_kernels::cuda::nvrtc::{self, Target, CI_TARGETS, SOURCES};
 use roofline_kernels::cuda::CudaError;
