@@ -328,7 +328,9 @@ pub fn run(
             ctx.out.notes.push(format!("gpu{}: {e}", gpu.ordinal));
         }
         ctx.out.gpus.push(info);
-        if let Err(e) = crate::cuda::nvrtc::ensure_nvrtc() {
+        let nvrtc = crate::cuda::nvrtc::ensure_nvrtc();
+        let own_kernels = nvrtc.is_ok() && gpu.arch() >= 80;
+        if let Err(e) = nvrtc {
             ctx.out.notes.push(format!(
                 "gpu{}: roofline's own kernels (FMA, mma, memory sweep, ERT, SM peer copies) are not measured: {e}",
                 gpu.ordinal
@@ -346,12 +348,12 @@ pub fn run(
                 gpu.ordinal, gpu.name
             ));
         }
-        if has(Section::Fma) && gpu.arch() >= 80 {
+        if has(Section::Fma) && own_kernels {
             progress.advance(&format!("gpu{} fma and mma peaks", gpu.ordinal));
             fma_section(&mut ctx, gpu)?;
             mma_section(&mut ctx, gpu)?;
         }
-        if has(Section::Mem) && gpu.arch() >= 80 {
+        if has(Section::Mem) && own_kernels {
             progress.advance(&format!("gpu{} memory sweep and ERT", gpu.ordinal));
             mem_section(&mut ctx, gpu)?;
             ert_section(&mut ctx, gpu)?;
@@ -370,11 +372,13 @@ pub fn run(
             progress.advance(&format!("gpu{} host-device copies", gpu.ordinal));
             copy_section(&mut ctx, gpu)?;
         }
-        ctx.out.notes.push(format!(
-            "gpu{} kernels loaded as {}",
-            gpu.ordinal,
-            gpu.loaded().join(", ")
-        ));
+        if !gpu.loaded().is_empty() {
+            ctx.out.notes.push(format!(
+                "gpu{} kernels loaded as {}",
+                gpu.ordinal,
+                gpu.loaded().join(", ")
+            ));
+        }
     }
     if has(Section::Copy) {
         for i in 0..n {
@@ -912,7 +916,7 @@ fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
         for &size in &sizes {
             ctx.cancelled()?;
             match mem_point(ctx, gpu, &bufs, op, size, grid) {
-                Ok(rates) => {
+                Ok((rates, size)) => {
                     if let Some(stats) = Stats::from_samples(&rates) {
                         let level = if size * 2 <= l2 {
                             Some("L2".to_string())
@@ -965,7 +969,7 @@ fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
                     CeilingKind::Memory,
                     "B/s",
                     &samples,
-                    PerIteration { ops: 0.0, bytes: p.x * stream_factor(op) },
+                    PerIteration { ops: 0.0, bytes: p.x },
                     format!(
                         "NVRTC kernel stream_{op}: 16-byte ld.global.cg/st.global, {grid} blocks × {MEM_BLOCK} threads, grid-stride; best working set {} of the {level} plateau ({}), repeated in-kernel so a sample lasts ≥ {:.0} ms; bytes counted: {}; every word checked on the GPU",
                         super::cpu::human_bytes(p.x),
@@ -982,7 +986,7 @@ fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
         if ctx.mode != Mode::Check {
             ctx.out.curves.push(Curve {
                 id: format!("gpu{}/mem/sweep/{op}", gpu.ordinal),
-                x_label: "working set".into(),
+                x_label: "working set (all arrays)".into(),
                 x_unit: "B".into(),
                 unit: "B/s".into(),
                 threads: 1,
@@ -1010,7 +1014,8 @@ fn stream_counted(op: &str) -> &'static str {
     }
 }
 
-/// Measures `op` over `size` bytes per buffer; returns B/s samples after checking the result.
+/// Measures `op` over a working set of `size` bytes (all its arrays together); returns B/s
+/// samples after checking the result, and the working set actually used.
 fn mem_point(
     ctx: &Ctx,
     gpu: &mut Gpu,
@@ -1018,8 +1023,10 @@ fn mem_point(
     op: &str,
     size: u64,
     grid: u32,
-) -> Result<Vec<f64>, CudaError> {
-    let n: u64 = size / 16;
+) -> Result<(Vec<f64>, u64), CudaError> {
+    // `size` is the whole working set (all arrays), as in the CPU sweep: each array gets its share.
+    let n: u64 = (size as f64 / stream_factor(op)) as u64 / 16;
+    let size = n * 16; // bytes per array
     if n > bufs.words16 {
         return Err(CudaError::Check(
             "working set larger than the buffers".into(),
@@ -1126,7 +1133,7 @@ fn mem_point(
         }
     }
     let bytes = per_pass * reps as f64;
-    Ok(times.iter().map(|t| bytes / t).collect())
+    Ok((times.iter().map(|t| bytes / t).collect(), per_pass as u64))
 }
 
 // ---------------------------------------------------------------------------------------------
