@@ -58,19 +58,21 @@ pub struct PerIteration {
 /// One measured ceiling.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Ceiling {
-    /// Stable identifier, e.g. `cpu/fma/f32/all` or `cpu/mem/L2/triad/t1`.
+    /// Stable identifier, e.g. `cpu/fma/f32/all`, `cpu/mem/L2/triad/t1`, `gpu0/mma/bf16`,
+    /// `gpu0/mem/HBM/triad`, `gpu0-gpu1/p2p`.
     pub id: String,
     pub kind: CeilingKind,
     /// The ceiling: the best sample of the best configuration (the spread is in `stats`).
     pub value: f64,
     /// SI, decimal: `FLOP/s`, `OP/s` (integer), `B/s`.
     pub unit: String,
-    /// Threads that ran the kernel (one per core for `all`).
+    /// CPU threads that ran the kernel (one per core for `all`); 1 for a GPU ceiling (one
+    /// device; its launch configuration is in `method`).
     pub threads: usize,
-    /// Precision for compute ceilings (`f64`, `f32`, `f16`, `bf16`, `int8`).
+    /// Precision for compute ceilings (`f64`, `f32`, `tf32`, `f16`, `bf16`, `fp8`, `int8`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub precision: Option<String>,
-    /// Memory level for memory ceilings (`L1`, `L2`, `L3`, `DRAM`).
+    /// Memory level for memory ceilings (`L1`, `L2`, `L3`, `DRAM`; GPUs: `L2`, `HBM`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<String>,
     /// The statistics of the samples behind `value`, in `unit`.
