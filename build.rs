@@ -32,7 +32,7 @@ fn main() {
     println!("cargo:rustc-env=ROOFLINE_RUSTC_VERSION={rustc_version}");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
     let mut libs = Vec::new();
-    for name in ["gemm", "plotters"] {
+    for name in ["gemm", "plotters", "cudarc", "nvml-wrapper"] {
         let needle = format!("name = \"{name}\"\nversion = \"");
         if let Some(i) = lock.find(&needle) {
             let rest = &lock[i + needle.len()..];

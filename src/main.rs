@@ -329,6 +329,7 @@ fn probe(
         }
     };
     let mut gpus = Vec::new();
+    let mut gpu_libraries = Vec::new();
     match gpu_count {
         Err(why) => {
             if device == "auto" && !json {
@@ -352,6 +353,7 @@ fn probe(
             result.tables.extend(g.tables);
             result.notes.extend(g.notes);
             gpus = g.gpus;
+            gpu_libraries = gpu_probe::library_versions();
         }
     }
     if let Some(b) = &progress.0 {
@@ -389,6 +391,7 @@ fn probe(
                 .split(", ")
                 .filter(|s| !s.is_empty())
                 .map(String::from)
+                .chain(gpu_libraries)
                 .collect(),
             time_utc: roofline_collectors::now_utc(),
             host: roofline_collectors::hostname(),

@@ -110,6 +110,48 @@ pub fn uuids() -> Result<Vec<String>, CudaError> {
         .collect()
 }
 
+/// The versions of the CUDA libraries in use, for provenance (those present).
+pub fn library_versions() -> Vec<String> {
+    use crate::cuda::libs::{self, Lib};
+    let mut v = Vec::new();
+    if let Ok(d) = device::driver_version() {
+        v.push(format!("CUDA driver API {d}"));
+    }
+    if let Ok((major, minor)) = crate::cuda::nvrtc::version() {
+        v.push(format!(
+            "NVRTC {major}.{minor} ({})",
+            libs::locate(Lib::Nvrtc).unwrap_or_default()
+        ));
+    }
+    if libs::present(Lib::Cublas) {
+        use cudarc::cublas::sys as b;
+        let mut parts = [0i32; 3];
+        let props = [
+            b::libraryPropertyType::MAJOR_VERSION,
+            b::libraryPropertyType::MINOR_VERSION,
+            b::libraryPropertyType::PATCH_LEVEL,
+        ];
+        // SAFETY: out-parameters; the status is checked.
+        let ok = props
+            .iter()
+            .zip(parts.iter_mut())
+            .all(|(p, out)| unsafe { b::cublasGetProperty(*p, out).result().is_ok() });
+        if ok {
+            v.push(format!("cuBLAS {}.{}.{}", parts[0], parts[1], parts[2]));
+        }
+    }
+    if libs::present(Lib::CublasLt) {
+        // SAFETY: no arguments.
+        v.push(format!("cuBLASLt {}", unsafe {
+            cudarc::cublaslt::sys::cublasLtGetVersion()
+        }));
+    }
+    if libs::present(Lib::Cudnn) {
+        v.push(format!("cuDNN {}", cudarc::cudnn::result::get_version()));
+    }
+    v
+}
+
 /// NVML's form of the UUID (`GPU-` + 8-4-4-4-12 hex digits).
 fn roofline_uuid(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
