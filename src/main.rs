@@ -360,7 +360,9 @@ fn probe(
         b.finish_and_clear();
     }
 
-    cpu.simd = result.simd.clone();
+    if !result.simd.is_empty() {
+        cpu.simd = result.simd.clone();
+    }
     // /proc/cpuinfo's names of the features the probes use.
     cpu.features = ["fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
         .iter()
