@@ -23,6 +23,59 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// Parses a CPU list such as `0-3,8,10-11` (sysfs `online`, cgroup `cpuset.cpus`).
+pub fn parse_cpu_list(s: &str) -> Vec<usize> {
+    let mut v = Vec::new();
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        match part.split_once('-') {
+            Some((a, b)) => {
+                if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
+                    v.extend(a..=b);
+                }
+            }
+            None => v.extend(part.trim().parse::<usize>().ok()),
+        }
+    }
+    v
+}
+
+/// Widens this process's CPU affinity to every CPU it may use on the node (the cgroup's
+/// cpuset, else every online CPU): an MPI launcher binds each rank to one core, and the rank
+/// that probes its node needs them all. Returns (before, after) CPU counts; unchanged when the
+/// OS refuses.
+pub fn widen_to_node() -> (usize, usize) {
+    let before = allowed_cpus().len();
+    #[cfg(target_os = "linux")]
+    {
+        let list = [
+            "/sys/fs/cgroup/cpuset.cpus.effective",
+            "/sys/devices/system/cpu/online",
+        ]
+        .iter()
+        .find_map(|p| {
+            std::fs::read_to_string(p)
+                .ok()
+                .filter(|s| !s.trim().is_empty())
+        })
+        .unwrap_or_default();
+        let cpus: Vec<usize> = parse_cpu_list(&list)
+            .into_iter()
+            .filter(|c| *c < libc::CPU_SETSIZE as usize)
+            .collect();
+        if !cpus.is_empty() {
+            // SAFETY: cpu_set_t is plain data; every index is below CPU_SETSIZE.
+            unsafe {
+                let mut set: libc::cpu_set_t = std::mem::zeroed();
+                for c in &cpus {
+                    libc::CPU_SET(*c, &mut set);
+                }
+                libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+            }
+        }
+    }
+    (before, allowed_cpus().len())
+}
+
 /// Pins the calling thread to `cpu`. Returns false when the OS refused.
 pub fn pin_current_thread(cpu: usize) -> bool {
     #[cfg(target_os = "linux")]
@@ -61,6 +114,13 @@ pub fn pinned_pool(cpus: &[usize]) -> Result<rayon::ThreadPool, rayon::ThreadPoo
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cpu_lists() {
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list("5"), [5]);
+        assert!(parse_cpu_list("").is_empty());
+    }
 
     #[test]
     fn pins_to_an_allowed_cpu() {

@@ -3,9 +3,11 @@
 
 pub mod affinity;
 pub mod buffer;
+pub mod comm;
 pub mod cpu;
 pub mod cuda;
 pub mod driver;
+pub mod io;
 pub mod perf;
 pub mod probe;
 
@@ -22,4 +24,6 @@ pub enum ProbeError {
     Unsupported(String),
     #[error("cannot start threads: {0}")]
     Threads(String),
+    #[error("{0}")]
+    Io(String),
 }

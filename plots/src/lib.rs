@@ -20,7 +20,9 @@ pub enum PlotError {
 /// What to draw.
 #[derive(Clone, Debug)]
 pub struct ClassicOptions {
-    /// Whose roofline: `cpu`, or a GPU as `gpu0`, `gpu1`, ...
+    /// Which roofline: memory (classic), or communication (HPC AI500's COI models).
+    pub model: Model,
+    /// Whose roofline: `cpu`, or a GPU as `gpu0`, `gpu1`, ... (classic model).
     pub device: String,
     /// Which thread configuration (CPU only): ids ending in `/t1` or `/all`.
     pub threads: String,
@@ -33,12 +35,81 @@ pub struct ClassicOptions {
 impl Default for ClassicOptions {
     fn default() -> Self {
         ClassicOptions {
+            model: Model::Classic,
             device: "cpu".into(),
             threads: "all".into(),
             op: "triad".into(),
             width: 1100,
             height: 760,
         }
+    }
+}
+
+/// The rooflines `roofline plot` draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Model {
+    /// Operational intensity (FLOP per byte of memory traffic): memory roofs.
+    Classic,
+    /// HPC AI500 V2.0's single-node COI roofline: FLOP per byte communicated; flat roofs are
+    /// the node's compute, GEMM and convolution ceilings; slanted roofs its intra-node
+    /// communication and its memory bandwidth.
+    NodeCoi,
+    /// The distributed COI roofline: flat roofs are the aggregate (all nodes) compute
+    /// ceilings; slanted roofs the inter-node network, and intra-node communication as the
+    /// better ceiling.
+    DistCoi,
+}
+
+impl Model {
+    pub fn parse(s: &str) -> Option<Model> {
+        match s {
+            "classic" => Some(Model::Classic),
+            "node-coi" => Some(Model::NodeCoi),
+            "dist-coi" => Some(Model::DistCoi),
+            _ => None,
+        }
+    }
+}
+
+/// Whether `c` is a flat roof of the COI model `model`.
+fn coi_flat(c: &Ceiling, model: Model) -> bool {
+    if c.kind != CeilingKind::Compute || c.unit != "FLOP/s" {
+        return false;
+    }
+    let id = c.id.as_str();
+    match model {
+        Model::NodeCoi => {
+            (id.starts_with("cpu/") && id.ends_with("/all"))
+                || (id.starts_with("gpu")
+                    && (id.contains("/gemm/") || (id.contains("/conv/") && id.ends_with("/fwd"))))
+        }
+        Model::DistCoi => {
+            id.starts_with("agg/") && (!id.starts_with("agg/cpu/") || id.ends_with("/all"))
+        }
+        Model::Classic => false,
+    }
+}
+
+/// Whether `c` is a slanted roof of the COI model `model`.
+fn coi_slanted(c: &Ceiling, model: Model, op: &str) -> bool {
+    let id = c.id.as_str();
+    match model {
+        Model::NodeCoi => {
+            matches!(
+                id,
+                "net/allreduce/intra" | "net/p2p/intra/bw" | "net/nccl/allreduce/world"
+            ) || (c.kind == CeilingKind::Memory
+                && (id == format!("cpu/mem/DRAM/{op}/all")
+                    || (id.starts_with("gpu") && id.ends_with(&format!("/mem/HBM/{op}")))))
+        }
+        Model::DistCoi => matches!(
+            id,
+            "net/allreduce/inter"
+                | "net/p2p/inter/bw"
+                | "net/allreduce/intra"
+                | "net/nccl/allreduce/world"
+        ),
+        Model::Classic => false,
     }
 }
 
@@ -115,11 +186,11 @@ fn level_rank(level: &str) -> u32 {
 /// Picks the roofs of the classic plot.
 pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, PlotError> {
     let mut flat: Vec<DrawnRoof> = Vec::new();
-    for c in m
-        .ceilings
-        .iter()
-        .filter(|c| c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && selected(c, opt))
-    {
+    let flat_roof = |c: &Ceiling| match opt.model {
+        Model::Classic => c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && selected(c, opt),
+        model => coi_flat(c, model),
+    };
+    for c in m.ceilings.iter().filter(|c| flat_roof(c)) {
         flat.push(DrawnRoof {
             label: c.id.clone(),
             value: c.value,
@@ -147,10 +218,13 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
     let mut mem: Vec<&Ceiling> = m
         .ceilings
         .iter()
-        .filter(|c| {
-            c.kind == CeilingKind::Memory
-                && selected(c, opt)
-                && c.id.split('/').nth(3) == Some(opt.op.as_str())
+        .filter(|c| match opt.model {
+            Model::Classic => {
+                c.kind == CeilingKind::Memory
+                    && selected(c, opt)
+                    && c.id.split('/').nth(3) == Some(opt.op.as_str())
+            }
+            model => coi_slanted(c, model, &opt.op),
         })
         .collect();
     // L1, L2, L3, then DRAM/HBM.
@@ -165,17 +239,31 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         })
         .collect();
     if flat.is_empty() && slanted.is_empty() {
-        return Err(PlotError::Empty(format!(
-            "machine.json has no compute or `{}` memory ceilings for `{}`; run `roofline probe` without --only, or pick --device / --threads / --op",
-            opt.op, config_name(opt)
-        )));
+        return Err(PlotError::Empty(match opt.model {
+            Model::Classic => format!(
+                "machine.json has no compute or `{}` memory ceilings for `{}`; run `roofline probe` without --only, or pick --device / --threads / --op",
+                opt.op,
+                config_name(opt)
+            ),
+            Model::NodeCoi => "machine.json has no node compute or intra-node communication ceilings; run `mpirun -np 2 roofline probe` (a build with --features mpi)".into(),
+            Model::DistCoi => "machine.json has no aggregate or inter-node ceilings; run `roofline probe` under mpirun across two or more nodes".into(),
+        }));
+    }
+    if opt.model == Model::DistCoi && !slanted.iter().any(|r| r.label.contains("inter")) {
+        return Err(PlotError::Empty(
+            "machine.json has no inter-node communication ceilings: it was probed on one node; run `roofline probe` under mpirun across two or more nodes".into(),
+        ));
     }
     // Ridge points against the single-precision peak (HPC AI500's reference precision), or the
     // highest measured compute roof when there is none.
     let measured = || flat.iter().filter(|r| !r.dashed);
     let f32_peak = measured()
-        .filter(|r| {
-            r.label.starts_with("cpu/fma/f32/") || r.label == format!("{}/fma/f32", opt.device)
+        .filter(|r| match opt.model {
+            Model::Classic => {
+                r.label.starts_with("cpu/fma/f32/") || r.label == format!("{}/fma/f32", opt.device)
+            }
+            Model::NodeCoi => r.label == "cpu/fma/f32/all",
+            Model::DistCoi => r.label == "agg/cpu/fma/f32/all",
         })
         .map(|r| (r.value, r.label.clone()))
         .next();
@@ -260,10 +348,12 @@ pub fn si(v: f64) -> String {
         (1e3, "k"),
         (1.0, ""),
         (1e-3, "m"),
+        (1e-6, "µ"),
+        (1e-9, "n"),
     ]
     .into_iter()
     .find(|(p, _)| v.abs() >= *p)
-    .unwrap_or((1e-3, "m"));
+    .unwrap_or((1e-9, "n"));
     let x = v / p;
     let digits = if x >= 100.0 {
         0
@@ -315,7 +405,17 @@ fn draw(
     root.fill(&WHITE)?;
     let (x0, x1) = model.x_range;
     let (y0, y1) = model.y_range;
-    let title = if opt.device == "cpu" {
+    let cluster = m
+        .provenance
+        .cluster
+        .as_ref()
+        .map(|c| format!("{} nodes, {} ranks", c.nodes, c.ranks))
+        .unwrap_or_else(|| "one node".into());
+    let title = if opt.model == Model::NodeCoi {
+        format!("Single-node COI roofline: {}", m.provenance.cpu.model_name)
+    } else if opt.model == Model::DistCoi {
+        format!("Distributed COI roofline: {cluster}")
+    } else if opt.device == "cpu" {
         format!(
             "Roofline: {} ({} threads: {})",
             m.provenance.cpu.model_name,
@@ -344,7 +444,11 @@ fn draw(
         .build_cartesian_2d((x0..x1).log_scale(), (y0..y1).log_scale())?;
     chart
         .configure_mesh()
-        .x_desc("Operational intensity [FLOP/byte]")
+        .x_desc(if opt.model == Model::Classic {
+            "Operational intensity [FLOP/byte of memory traffic]"
+        } else {
+            "Communication intensity, COI [FLOP/byte communicated]"
+        })
         .y_desc("Performance [FLOP/s]")
         .x_label_formatter(&|x| si(*x))
         .y_label_formatter(&|y| si(*y))
@@ -438,7 +542,11 @@ fn draw(
             4,
             BLACK.filled(),
         )))?;
-        let level = rdg.memory.split('/').nth(2).unwrap_or("");
+        let level = if opt.model == Model::Classic {
+            rdg.memory.split('/').nth(2).unwrap_or("")
+        } else {
+            rdg.memory.as_str()
+        };
         // Labels step down one line each so that close ridges stay readable.
         let below = 0.8f64.powi(i as i32 + 1);
         chart.draw_series(std::iter::once(Text::new(
@@ -518,6 +626,7 @@ mod tests {
                 devices: vec![],
                 gpus: vec![],
                 notes: vec![],
+                cluster: None,
                 quick: true,
                 duration_s: 1.0,
             },
@@ -581,6 +690,7 @@ mod tests {
             ],
             curves: vec![],
             tables: vec![],
+            nodes: vec![],
         }
     }
 

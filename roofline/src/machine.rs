@@ -232,6 +232,9 @@ pub struct Provenance {
     /// Notes on what was and was not measured (e.g. "no GPU found").
     #[serde(default)]
     pub notes: Vec<String>,
+    /// The MPI world, when the probe ran under mpirun/srun with more than one rank.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterInfo>,
     /// True for `--quick` runs (fewer repeats, coarser sweeps).
     pub quick: bool,
     /// Wall time of the whole probe, seconds.
@@ -315,16 +318,46 @@ pub struct GpuInfo {
     pub telemetry: Option<GpuTelemetry>,
 }
 
+/// The MPI world a distributed probe ran in.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct ClusterInfo {
+    pub ranks: usize,
+    pub nodes: usize,
+    /// Ranks on each node, in node order (node 0 holds world rank 0).
+    pub ranks_per_node: Vec<usize>,
+    /// Each node's host name, in node order.
+    pub hosts: Vec<String>,
+    /// `MPI_Get_library_version`, first line.
+    pub mpi_library: String,
+    /// True when the node identity came from `ROOFLINE_FAKE_NODES` (one host pretending to be
+    /// several nodes, for tests), not from shared memory.
+    #[serde(default)]
+    pub fake_nodes: bool,
+}
+
+/// One node's own ceilings in a distributed probe (each node probes itself, concurrently).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NodeCeilings {
+    pub node: usize,
+    pub host: String,
+    pub ceilings: Vec<Ceiling>,
+}
+
 /// The whole `machine.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Machine {
     pub schema: String,
     pub provenance: Provenance,
+    /// Node 0's ceilings, the communication (`net/…`) and storage (`io/…`) ceilings, and in a
+    /// distributed run the aggregate compute ceilings (`agg/…`: sums over the nodes).
     pub ceilings: Vec<Ceiling>,
     #[serde(default)]
     pub curves: Vec<Curve>,
     #[serde(default)]
     pub tables: Vec<Table>,
+    /// Every node's own ceilings (distributed runs only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub nodes: Vec<NodeCeilings>,
 }
 
 impl Machine {

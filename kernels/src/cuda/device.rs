@@ -129,6 +129,11 @@ impl Event {
         .map(Event)
     }
 
+    /// Records the event on `gpu`'s stream.
+    pub fn record_on(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        self.record(gpu.stream)
+    }
+
     fn record(&self, stream: sys::CUstream) -> Result<(), CudaError> {
         // SAFETY: live event and stream.
         check("cuEventRecord", unsafe {

@@ -31,16 +31,38 @@ pub enum Section {
     Conv,
     /// Host-device, device-device and peer copies (GPUs only).
     Copy,
+    /// Collectives and point-to-point between MPI ranks (under mpirun only).
+    Comm,
+    /// The storage read ceiling (only when asked: it writes test files).
+    Io,
 }
 
 impl Section {
-    pub const ALL: [Section; 5] = [
+    /// What a plain `roofline probe` measures (everything but `io`).
+    pub const ALL: [Section; 6] = [
         Section::Fma,
         Section::Mem,
         Section::Gemm,
         Section::Conv,
         Section::Copy,
+        Section::Comm,
     ];
+
+    /// Every section `--only` accepts.
+    pub const NAMES: [Section; 7] = [
+        Section::Fma,
+        Section::Mem,
+        Section::Gemm,
+        Section::Conv,
+        Section::Copy,
+        Section::Comm,
+        Section::Io,
+    ];
+
+    /// Measured by each node on itself (CPU and GPUs), as opposed to between ranks or storage.
+    pub fn on_node(self) -> bool {
+        !matches!(self, Section::Comm | Section::Io)
+    }
 
     pub fn name(self) -> &'static str {
         match self {
@@ -49,11 +71,13 @@ impl Section {
             Section::Gemm => "gemm",
             Section::Conv => "conv",
             Section::Copy => "copy",
+            Section::Comm => "comm",
+            Section::Io => "io",
         }
     }
 
     pub fn parse(s: &str) -> Option<Section> {
-        Section::ALL.into_iter().find(|x| x.name() == s)
+        Section::NAMES.into_iter().find(|x| x.name() == s)
     }
 }
 

@@ -1,0 +1,365 @@
+//! Communication ceilings: collectives and point-to-point transfers between ranks (MPI on host
+//! memory; NCCL on device memory), in three scopes — inside a node, between nodes, the whole
+//! world. This module holds what needs no MPI: the collectives' definitions, the bus-bandwidth
+//! factors of nccl-tests, the size sweep, the data each rank sends and the result it must get.
+//! The MPI driver is `comm::mpi` (cargo feature `mpi`).
+
+#[cfg(feature = "mpi")]
+pub mod mpi;
+pub mod nccl;
+pub mod watchdog;
+
+/// A collective operation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Collective {
+    AllReduce,
+    AllGather,
+    ReduceScatter,
+    Broadcast,
+    AllToAll,
+}
+
+impl Collective {
+    pub const ALL: [Collective; 5] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::AllToAll,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "allreduce",
+            Collective::AllGather => "allgather",
+            Collective::ReduceScatter => "reducescatter",
+            Collective::Broadcast => "broadcast",
+            Collective::AllToAll => "alltoall",
+        }
+    }
+
+    /// busbw = algbw × this (nccl-tests' PERFORMANCE.md): the bandwidth each link must carry,
+    /// comparable with the hardware's, whatever the rank count.
+    pub fn bus_factor(self, ranks: usize) -> f64 {
+        let n = ranks.max(1) as f64;
+        match self {
+            Collective::AllReduce => 2.0 * (n - 1.0) / n,
+            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
+                (n - 1.0) / n
+            }
+            Collective::Broadcast => 1.0,
+        }
+    }
+
+    /// Elements of f32 per rank in the send and receive buffers for a "size" of `bytes`
+    /// (nccl-tests' convention: the whole buffer — the gathered output of allgather, the input
+    /// of reduce-scatter, each rank's whole buffer of alltoall). `None` when the size is too
+    /// small to give every rank one element.
+    pub fn counts(self, bytes: usize, ranks: usize) -> Option<(usize, usize)> {
+        let total = bytes / 4;
+        let per = total / ranks.max(1);
+        match self {
+            Collective::AllReduce | Collective::Broadcast => (total >= 1).then_some((total, total)),
+            Collective::AllGather => (per >= 1).then_some((per, per * ranks)),
+            Collective::ReduceScatter => (per >= 1).then_some((per * ranks, per)),
+            Collective::AllToAll => (per >= 1).then_some((per * ranks, per * ranks)),
+        }
+    }
+
+    /// The bytes the size stands for, once rounded to whole elements per rank.
+    pub fn size_bytes(self, bytes: usize, ranks: usize) -> Option<usize> {
+        self.counts(bytes, ranks).map(|(s, r)| {
+            4 * match self {
+                Collective::AllGather => r,
+                _ => s,
+            }
+        })
+    }
+}
+
+/// Where a measurement ran.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Scope {
+    /// Ranks of one node.
+    Intra,
+    /// One rank per node.
+    Inter,
+    /// Every rank.
+    World,
+}
+
+impl Scope {
+    pub fn name(self) -> &'static str {
+        match self {
+            Scope::Intra => "intra",
+            Scope::Inter => "inter",
+            Scope::World => "world",
+        }
+    }
+}
+
+/// Message sizes: 8 B doubling to `max` (inclusive when a power of two).
+pub fn sizes(max: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = 8usize;
+    while s <= max {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+/// Repetitions per size: many for small messages, a few for large ones.
+pub fn iterations(bytes: usize, quick: bool) -> usize {
+    let want = (256usize << 20) / bytes.max(1);
+    if quick {
+        want.clamp(3, 40)
+    } else {
+        want.clamp(10, 200)
+    }
+}
+
+/// Small integers (exact in f32 sums over thousands of ranks).
+fn v(rank: usize, i: usize) -> f32 {
+    ((rank * 7 + i * 3) % 17) as f32
+}
+
+/// Element `j` of rank `s`'s alltoall send buffer (`per` elements per destination): block d
+/// goes to rank d and says where it came from and where it goes.
+fn a2a(s: usize, ranks: usize, per: usize, j: usize) -> f32 {
+    let per = per.max(1);
+    ((s * ranks + j / per) % 4093) as f32 + (j % per % 3) as f32 * 8192.0
+}
+
+/// What rank `rank` of `ranks` sends, `count` elements.
+pub fn send_data(c: Collective, rank: usize, ranks: usize, count: usize) -> Vec<f32> {
+    match c {
+        Collective::AllToAll => {
+            let per = count / ranks.max(1);
+            (0..count).map(|j| a2a(rank, ranks, per, j)).collect()
+        }
+        _ => (0..count).map(|i| v(rank, i)).collect(),
+    }
+}
+
+/// What rank `rank` must hold after the collective (broadcast root: rank 0).
+pub fn expected(c: Collective, rank: usize, ranks: usize, recv_count: usize) -> Vec<f32> {
+    match c {
+        Collective::AllReduce => (0..recv_count)
+            .map(|i| (0..ranks).map(|r| v(r, i)).sum())
+            .collect(),
+        Collective::Broadcast => (0..recv_count).map(|i| v(0, i)).collect(),
+        Collective::AllGather => {
+            let per = recv_count / ranks.max(1);
+            (0..recv_count)
+                .map(|i| v(i / per.max(1), i % per.max(1)))
+                .collect()
+        }
+        Collective::ReduceScatter => (0..recv_count)
+            .map(|i| (0..ranks).map(|r| v(r, rank * recv_count + i)).sum())
+            .collect(),
+        Collective::AllToAll => {
+            // Block s of the result came from rank s: it is block `rank` of s's send buffer.
+            let per = recv_count / ranks.max(1);
+            (0..recv_count)
+                .map(|i| a2a(i / per.max(1), ranks, per, rank * per + i % per.max(1)))
+                .collect()
+        }
+    }
+}
+
+/// The first index where `got` differs from `want`, with both values.
+pub fn first_difference(got: &[f32], want: &[f32]) -> Option<(usize, f32, f32)> {
+    if got.len() != want.len() {
+        return Some((got.len().min(want.len()), f32::NAN, f32::NAN));
+    }
+    got.iter()
+        .zip(want)
+        .position(|(a, b)| a != b)
+        .map(|i| (i, got[i], want[i]))
+}
+
+/// Where the ranks of this process's world live: the node identity of every rank.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Node index of every world rank (nodes numbered by their lowest rank).
+    pub node_of: Vec<usize>,
+    pub fake: bool,
+}
+
+impl Layout {
+    /// Nodes from host names (one per distinct host), or, with `fake_nodes = Some(k)`
+    /// (`ROOFLINE_FAKE_NODES`), k nodes of consecutive ranks.
+    pub fn new(hosts: &[String], fake_nodes: Option<usize>) -> Layout {
+        let n = hosts.len();
+        if let Some(k) = fake_nodes.filter(|k| *k >= 1) {
+            let per = n.div_ceil(k.min(n.max(1)));
+            return Layout {
+                node_of: (0..n).map(|r| r / per.max(1)).collect(),
+                fake: true,
+            };
+        }
+        let mut seen: Vec<&String> = Vec::new();
+        let node_of = hosts
+            .iter()
+            .map(|h| match seen.iter().position(|s| *s == h) {
+                Some(i) => i,
+                None => {
+                    seen.push(h);
+                    seen.len() - 1
+                }
+            })
+            .collect();
+        Layout {
+            node_of,
+            fake: false,
+        }
+    }
+
+    pub fn nodes(&self) -> usize {
+        self.node_of.iter().max().map_or(0, |m| m + 1)
+    }
+
+    pub fn ranks_on(&self, node: usize) -> Vec<usize> {
+        (0..self.node_of.len())
+            .filter(|r| self.node_of[*r] == node)
+            .collect()
+    }
+
+    /// The lowest rank of each node, in node order.
+    pub fn leaders(&self) -> Vec<usize> {
+        (0..self.nodes())
+            .filter_map(|n| self.ranks_on(n).first().copied())
+            .collect()
+    }
+}
+
+/// `ROOFLINE_FAKE_NODES`: pretend the ranks are spread over this many nodes (tests on one host).
+pub fn fake_nodes_from_env() -> Result<Option<usize>, String> {
+    match std::env::var("ROOFLINE_FAKE_NODES") {
+        Err(_) => Ok(None),
+        Ok(s) => s
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|k| *k >= 1)
+            .map(Some)
+            .ok_or_else(|| format!("ROOFLINE_FAKE_NODES={s}: expected a number of nodes ≥ 1")),
+    }
+}
+
+/// Whether this process was started by an MPI launcher with more than one rank (whatever MPI
+/// support this binary was built with).
+pub fn launched_ranks() -> Option<usize> {
+    [
+        "OMPI_COMM_WORLD_SIZE",
+        "PMI_SIZE",
+        "PMIX_SIZE",
+        "MPI_LOCALNRANKS",
+        "SLURM_NTASKS",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+    .filter(|n| *n > 1)
+    .filter(|_| {
+        // SLURM_NTASKS is also set inside a batch script that did not use srun.
+        std::env::var("OMPI_COMM_WORLD_SIZE").is_ok()
+            || std::env::var("PMI_SIZE").is_ok()
+            || std::env::var("PMIX_RANK").is_ok()
+            || std::env::var("SLURM_PROCID").is_ok()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Simulates every collective on `ranks` ranks in memory and checks `expected`.
+    fn simulate(c: Collective, ranks: usize, bytes: usize) {
+        let Some((sc, rc)) = c.counts(bytes, ranks) else {
+            return;
+        };
+        let sends: Vec<Vec<f32>> = (0..ranks).map(|r| send_data(c, r, ranks, sc)).collect();
+        for rank in 0..ranks {
+            let got: Vec<f32> = match c {
+                Collective::AllReduce => {
+                    (0..rc).map(|i| sends.iter().map(|s| s[i]).sum()).collect()
+                }
+                Collective::Broadcast => sends[0].clone(),
+                Collective::AllGather => sends.iter().flat_map(|s| s.iter().copied()).collect(),
+                Collective::ReduceScatter => (0..rc)
+                    .map(|i| sends.iter().map(|s| s[rank * rc + i]).sum())
+                    .collect(),
+                Collective::AllToAll => {
+                    let per = rc / ranks;
+                    (0..ranks)
+                        .flat_map(|s| sends[s][rank * per..(rank + 1) * per].to_vec())
+                        .collect()
+                }
+            };
+            assert_eq!(
+                first_difference(&got, &expected(c, rank, ranks, rc)),
+                None,
+                "{c:?} {ranks} {bytes}"
+            );
+        }
+    }
+
+    #[test]
+    fn expected_results_match_a_simulation_of_every_collective() {
+        for c in Collective::ALL {
+            for ranks in [1, 2, 3, 4, 7] {
+                for bytes in [8, 64, 1000, 4096] {
+                    simulate(c, ranks, bytes);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_wrong_result_is_found() {
+        let mut got = expected(Collective::AllReduce, 0, 4, 100);
+        got[37] += 1.0;
+        assert_eq!(
+            first_difference(&got, &expected(Collective::AllReduce, 0, 4, 100)).map(|d| d.0),
+            Some(37)
+        );
+    }
+
+    #[test]
+    fn bus_factors_are_nccl_tests() {
+        assert_eq!(Collective::AllReduce.bus_factor(8), 1.75);
+        assert_eq!(Collective::AllGather.bus_factor(4), 0.75);
+        assert_eq!(Collective::Broadcast.bus_factor(4), 1.0);
+        assert_eq!(Collective::AllReduce.bus_factor(1), 0.0);
+    }
+
+    #[test]
+    fn sizes_and_counts() {
+        let s = sizes(256 << 20);
+        assert_eq!(s.first(), Some(&8));
+        assert_eq!(s.last(), Some(&(256 << 20)));
+        assert_eq!(s.len(), 26);
+        assert_eq!(Collective::AllGather.counts(8, 4), None);
+        assert_eq!(Collective::AllGather.counts(64, 4), Some((4, 16)));
+        assert_eq!(Collective::ReduceScatter.counts(64, 4), Some((16, 4)));
+        assert_eq!(Collective::AllReduce.size_bytes(64, 3), Some(64));
+        assert_eq!(Collective::AllToAll.size_bytes(64, 3), Some(60));
+    }
+
+    #[test]
+    fn layout_by_host_and_fake() {
+        let hosts: Vec<String> = ["a", "a", "b", "a", "b"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect();
+        let l = Layout::new(&hosts, None);
+        assert_eq!(l.node_of, [0, 0, 1, 0, 1]);
+        assert_eq!(l.leaders(), [0, 2]);
+        assert_eq!(l.ranks_on(0), [0, 1, 3]);
+        let f = Layout::new(&hosts[..4], Some(2));
+        assert_eq!(f.node_of, [0, 0, 1, 1]);
+        assert!(f.fake);
+        assert_eq!(Layout::new(&hosts[..3], Some(2)).node_of, [0, 0, 1]);
+    }
+}

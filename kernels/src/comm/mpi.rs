@@ -1,0 +1,1124 @@
+//! The MPI driver (cargo feature `mpi`): the world, its nodes, and the communication probes.
+//!
+//! Ranks on one host form the intra-node communicator (`MPI_Comm_split_type` shared; or, with
+//! `ROOFLINE_FAKE_NODES=k`, k nodes of consecutive ranks so that one host exercises the
+//! inter-node paths); the lowest rank of each node joins the inter-node communicator. Every
+//! measurement starts with an arrival check on its communicator (the root waits at most
+//! `--comm-timeout` for each rank and names the ones that never came) and runs under the
+//! watchdog (a collective that never completes ends the run). Timing: a barrier, then each
+//! iteration timed on every rank; the iteration's time is the maximum over ranks.
+
+use super::watchdog;
+use super::{expected, first_difference, iterations, send_data, sizes, Collective, Layout, Scope};
+use mpi::collective::SystemOperation;
+use mpi::ffi;
+use mpi::raw::AsRaw;
+use mpi::topology::{Color, SimpleCommunicator};
+use mpi::traits::*;
+use roofline_model::{Ceiling, CeilingKind, ClusterInfo, Curve, CurvePoint, PerIteration, Stats};
+use std::ffi::{c_int, c_void};
+use std::time::{Duration, Instant};
+
+const TAG_ARRIVE: c_int = 7001;
+const TAG_GO: c_int = 7002;
+const TAG_DATA: c_int = 7003;
+const TAG_ACK: c_int = 7004;
+
+/// A communicator with the world ranks of its members.
+struct Group {
+    comm: SimpleCommunicator,
+    members: Vec<usize>,
+    scope: Scope,
+}
+
+impl Group {
+    fn new(comm: SimpleCommunicator, world_rank: usize, scope: Scope) -> Group {
+        let n = comm.size() as usize;
+        let mut members = vec![0u64; n];
+        comm.all_gather_into(&(world_rank as u64), &mut members[..]);
+        Group {
+            comm,
+            members: members.into_iter().map(|m| m as usize).collect(),
+            scope,
+        }
+    }
+
+    fn rank(&self) -> usize {
+        self.comm.rank() as usize
+    }
+
+    fn size(&self) -> usize {
+        self.comm.size() as usize
+    }
+}
+
+/// The MPI world of this run.
+pub struct World {
+    world: Group,
+    intra: Group,
+    inter: Option<Group>,
+    pub rank: usize,
+    pub size: usize,
+    pub layout: Layout,
+    pub hosts: Vec<String>,
+    pub library: String,
+    timeout: Duration,
+    // Last: MPI_Finalize runs when the universe drops, after the communicators.
+    _universe: mpi::environment::Universe,
+}
+
+/// Host name of this process (MPI's processor name).
+fn host() -> String {
+    mpi::environment::processor_name().unwrap_or_else(|_| "?".into())
+}
+
+impl World {
+    /// Initialises MPI (call only under a launcher: see `super::launched_ranks`).
+    pub fn init(timeout: Duration) -> Result<World, String> {
+        let fake = super::fake_nodes_from_env()?;
+        let universe = mpi::initialize().ok_or("MPI was already initialised")?;
+        let world = universe.world();
+        let rank = world.rank() as usize;
+        let size = world.size() as usize;
+        // Every rank's host name, fixed 256-byte records.
+        let mut name = [0u8; 256];
+        let h = host();
+        let n = h.len().min(255);
+        name[..n].copy_from_slice(&h.as_bytes()[..n]);
+        let mut all = vec![0u8; 256 * size];
+        world.all_gather_into(&name[..], &mut all[..]);
+        let hosts: Vec<String> = all
+            .chunks(256)
+            .map(|c| {
+                String::from_utf8_lossy(&c[..c.iter().position(|b| *b == 0).unwrap_or(256)])
+                    .into_owned()
+            })
+            .collect();
+        let layout = match fake {
+            Some(k) => Layout::new(&hosts, Some(k)),
+            None => {
+                // Nodes as MPI sees shared memory: each rank learns its node's lowest rank.
+                let shared = world.split_shared(rank as c_int);
+                let mut leader = rank as u64;
+                shared.process_at_rank(0).broadcast_into(&mut leader);
+                let mut leaders = vec![0u64; size];
+                world.all_gather_into(&leader, &mut leaders[..]);
+                let mut order: Vec<u64> = leaders.clone();
+                order.sort_unstable();
+                order.dedup();
+                Layout {
+                    node_of: leaders
+                        .iter()
+                        .map(|l| order.iter().position(|o| o == l).unwrap_or(0))
+                        .collect(),
+                    fake: false,
+                }
+            }
+        };
+        let node = layout.node_of[rank];
+        let intra_comm = world
+            .split_by_color_with_key(Color::with_value(node as c_int), rank as c_int)
+            .ok_or("MPI_Comm_split (intra-node) returned no communicator")?;
+        let leader = layout.leaders().contains(&rank);
+        let inter_comm = world.split_by_color_with_key(
+            if leader {
+                Color::with_value(0)
+            } else {
+                Color::undefined()
+            },
+            rank as c_int,
+        );
+        let library = mpi::environment::library_version()
+            .unwrap_or_default()
+            .lines()
+            .next()
+            .unwrap_or("")
+            .trim_matches(|c: char| c.is_whitespace() || c == '\0')
+            .to_string();
+        watchdog::start(timeout, format!("rank {rank} ({})", hosts[rank]));
+        let world_group = Group::new(world, rank, Scope::World);
+        let intra = Group::new(intra_comm, rank, Scope::Intra);
+        let inter = inter_comm.map(|c| Group::new(c, rank, Scope::Inter));
+        Ok(World {
+            world: world_group,
+            intra,
+            inter,
+            rank,
+            size,
+            layout,
+            hosts,
+            library,
+            timeout,
+            _universe: universe,
+        })
+    }
+
+    pub fn is_root(&self) -> bool {
+        self.rank == 0
+    }
+
+    /// The lowest rank of its node: it probes the node's CPU and GPUs.
+    pub fn is_leader(&self) -> bool {
+        self.intra.rank() == 0
+    }
+
+    pub fn node(&self) -> usize {
+        self.layout.node_of[self.rank]
+    }
+
+    pub fn cluster_info(&self) -> ClusterInfo {
+        let nodes = self.layout.nodes();
+        ClusterInfo {
+            ranks: self.size,
+            nodes,
+            ranks_per_node: (0..nodes).map(|n| self.layout.ranks_on(n).len()).collect(),
+            hosts: (0..nodes)
+                .map(|n| {
+                    self.layout
+                        .ranks_on(n)
+                        .first()
+                        .map(|r| self.hosts[*r].clone())
+                        .unwrap_or_default()
+                })
+                .collect(),
+            mpi_library: self.library.clone(),
+            fake_nodes: self.layout.fake,
+        }
+    }
+
+    /// A barrier on the whole world that sleeps while it waits (ranks that wait for the node
+    /// leaders' CPU probe must not take the cores it measures), under the watchdog.
+    pub fn wait_all(&self, label: &str) {
+        relaxed_barrier(&self.world.comm, label, None);
+    }
+
+    /// Like `wait_all`, without a deadline: for waits as long as another rank's CPU probe.
+    pub fn wait_unbounded(&self) {
+        let mut req = self.world.comm.immediate_barrier();
+        loop {
+            match req.test() {
+                Ok(_) => break,
+                Err(r) => {
+                    req = r;
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        }
+    }
+
+    /// The logical OR of `flag` over every rank (e.g. "did any rank fail?").
+    pub fn any(&self, flag: bool) -> bool {
+        let mut out = 0u8;
+        self.world
+            .comm
+            .all_reduce_into(&(flag as u8), &mut out, SystemOperation::max());
+        out != 0
+    }
+
+    /// Gathers every node leader's bytes on the root (in node order); other ranks get `None`.
+    pub fn gather_from_leaders(&self, bytes: &[u8]) -> Option<Vec<Vec<u8>>> {
+        let inter = self.inter.as_ref()?;
+        let n = inter.size();
+        let len = bytes.len() as u64;
+        let mut lens = vec![0u64; n];
+        inter.comm.all_gather_into(&len, &mut lens[..]);
+        let total: u64 = lens.iter().sum();
+        let mut all = vec![0u8; total as usize];
+        let counts: Vec<c_int> = lens.iter().map(|l| *l as c_int).collect();
+        let displs: Vec<c_int> = counts
+            .iter()
+            .scan(0, |acc, c| {
+                let d = *acc;
+                *acc += c;
+                Some(d)
+            })
+            .collect();
+        {
+            let mut partition =
+                mpi::datatype::PartitionMut::new(&mut all[..], &counts[..], &displs[..]);
+            inter.comm.all_gather_varcount_into(bytes, &mut partition);
+        }
+        if !self.is_root() {
+            return None;
+        }
+        let mut out = Vec::with_capacity(n);
+        for (c, d) in counts.iter().zip(&displs) {
+            out.push(all[*d as usize..(*d + *c) as usize].to_vec());
+        }
+        Some(out)
+    }
+
+    /// Ends every rank of the job (after a message on this rank).
+    pub fn abort(&self, code: i32) -> ! {
+        self.world.comm.abort(code)
+    }
+
+    /// Broadcasts bytes from the root to every rank.
+    pub fn broadcast_bytes(&self, bytes: &mut Vec<u8>) {
+        let mut len = bytes.len() as u64;
+        self.world.comm.process_at_rank(0).broadcast_into(&mut len);
+        bytes.resize(len as usize, 0);
+        self.world
+            .comm
+            .process_at_rank(0)
+            .broadcast_into(&mut bytes[..]);
+    }
+
+    /// Runs the communication probes on every rank; the root's result holds the ceilings.
+    pub fn comm_probe(
+        &self,
+        cfg: &CommConfig,
+        progress: &dyn crate::probe::Progress,
+    ) -> Result<CommResult, String> {
+        let mut out = CommResult::default();
+        let sweep = sizes(cfg.max_size);
+        let nodes = self.layout.nodes();
+        let mut steps = 0;
+        if self.intra.size() > 1 {
+            steps += Collective::ALL.len() + 1;
+        }
+        if nodes > 1 {
+            steps += Collective::ALL.len() + 1;
+        }
+        steps += Collective::ALL.len();
+        progress.begin(steps as u64);
+        // Intra-node: every node at once (the root reports node 0's).
+        for (group, what) in [
+            (Some(&self.intra), Scope::Intra),
+            (self.inter.as_ref(), Scope::Inter),
+            (Some(&self.world), Scope::World),
+        ] {
+            let active = match what {
+                Scope::Intra => self.intra.size() > 1,
+                Scope::Inter => nodes > 1,
+                Scope::World => self.size > 1,
+            };
+            if !active {
+                continue;
+            }
+            if let Some(g) = group {
+                for c in Collective::ALL {
+                    progress.advance(&format!("{} {}", c.name(), what.name()));
+                    let points = collective_sweep(g, c, &sweep, cfg.quick, self.timeout)?;
+                    if self.is_root() {
+                        out.add_collective(
+                            "net",
+                            c,
+                            what,
+                            g.size(),
+                            &points,
+                            &format!("MPI, {}", self.library),
+                            nodes,
+                            "host memory",
+                        );
+                    }
+                }
+                if what != Scope::World {
+                    progress.advance(&format!("p2p {}", what.name()));
+                    if let Some(points) = p2p_pair(g, &sweep, cfg.quick, self.timeout)? {
+                        if self.is_root() {
+                            out.add_p2p(what, &points, &self.library);
+                        }
+                    }
+                }
+            }
+            // Ranks outside this scope's communicator (inter: non-leaders) wait here.
+            self.wait_all(&format!("the end of the {} measurements", what.name()));
+        }
+        self.nccl_probe(&sweep, cfg.quick, progress, &mut out)?;
+        if self.is_root() {
+            if self.intra.size() <= 1 {
+                out.notes.push("one rank on node 0: no intra-node communication measured (run more ranks per node)".into());
+            }
+            if nodes <= 1 {
+                out.notes
+                    .push("one node: no inter-node communication measured".into());
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl World {
+    /// NCCL over the whole world, one rank per GPU, when every rank has a GPU and NCCL.
+    fn nccl_probe(
+        &self,
+        sweep: &[usize],
+        quick: bool,
+        progress: &dyn crate::probe::Progress,
+        out: &mut CommResult,
+    ) -> Result<(), String> {
+        use super::nccl;
+        let local_rank = self.intra.rank();
+        let gpus = crate::cuda::device::init().unwrap_or(0);
+        let mine = if local_rank >= gpus {
+            Err(format!(
+                "rank {} has no GPU of its own ({gpus} on its node)",
+                self.rank
+            ))
+        } else {
+            nccl::available().map_err(|e| e.to_string())
+        };
+        if self.any(mine.is_err()) {
+            if self.is_root() {
+                out.notes.push(match mine {
+                    Err(why) => format!("no NCCL measured: {why}"),
+                    Ok(()) => {
+                        "no NCCL measured: some ranks have no GPU of their own or no NCCL".into()
+                    }
+                });
+            }
+            return Ok(());
+        }
+        let log = std::env::temp_dir().join(format!("roofline-nccl-{}.%h.%p", std::process::id()));
+        nccl::log_tuning_to(&log);
+        let mut id = if self.is_root() {
+            nccl::unique_id().map_err(|e| e.to_string())?.to_vec()
+        } else {
+            Vec::new()
+        };
+        self.broadcast_bytes(&mut id);
+        let id: [u8; 128] = id
+            .try_into()
+            .map_err(|_| "the NCCL unique id did not arrive whole".to_string())?;
+        watchdog::arm("ncclCommInitRank");
+        let comm = nccl::Communicator::new(&id, self.size, self.rank, local_rank)
+            .map_err(|e| format!("rank {}: {e}", self.rank))?;
+        watchdog::disarm();
+        let version = nccl::version().unwrap_or_default();
+        for c in Collective::ALL {
+            progress.advance(&format!("NCCL {}", c.name()));
+            let mut points = Vec::new();
+            for &bytes in sweep {
+                if c.counts(bytes, self.size).is_none() {
+                    continue;
+                }
+                let label = format!("NCCL {} of {}", c.name(), human(bytes));
+                arrival(&self.world, &label, self.timeout)?;
+                watchdog::arm(&label);
+                let world = &self.world.comm;
+                let mut barrier = || world.barrier();
+                let result = comm.measure(c, bytes, iterations(bytes, quick), &mut barrier);
+                watchdog::disarm();
+                let failed = self.any(result.is_err());
+                let times = match result {
+                    Ok(t) => t,
+                    Err(e) => return Err(e.to_string()),
+                };
+                if failed {
+                    return Err(format!("{label}: another rank's result was wrong"));
+                }
+                let mut slowest = vec![0f64; times.len()];
+                self.world.comm.all_reduce_into(
+                    &times[..],
+                    &mut slowest[..],
+                    SystemOperation::max(),
+                );
+                points.push(Point {
+                    bytes: c.size_bytes(bytes, self.size).unwrap_or(bytes),
+                    seconds: slowest,
+                });
+            }
+            if self.is_root() {
+                out.add_collective(
+                    "net/nccl",
+                    c,
+                    Scope::World,
+                    self.size,
+                    &points,
+                    &format!("NCCL {version}"),
+                    self.layout.nodes(),
+                    "device memory",
+                );
+            }
+        }
+        drop(comm);
+        if self.is_root() {
+            // NCCL's algorithm/protocol choices on this host, from its TUNING log.
+            let pattern = log
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let prefix = pattern.split("%h").next().unwrap_or("").to_string();
+            let mut choices = Vec::new();
+            if let Ok(dir) = std::fs::read_dir(std::env::temp_dir()) {
+                for e in dir.flatten() {
+                    if e.file_name().to_string_lossy().starts_with(&prefix) {
+                        if let Ok(text) = std::fs::read_to_string(e.path()) {
+                            choices.extend(nccl::parse_tuning(&text));
+                        }
+                        let _ = std::fs::remove_file(e.path());
+                    }
+                }
+            }
+            choices.sort();
+            choices.dedup();
+            if choices.is_empty() {
+                out.notes.push(format!("NCCL {version}: its algorithm/protocol choices were not in its TUNING log (NCCL before 2.20 logs them only at TRACE level)"));
+            } else {
+                let list: Vec<String> = choices.iter().map(|(w, c)| format!("{w}: {c}")).collect();
+                out.notes.push(format!(
+                    "NCCL {version} chose (busbw is wire bandwidth only for Ring): {}",
+                    list.join("; ")
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Options of the communication probe.
+pub struct CommConfig {
+    pub max_size: usize,
+    pub quick: bool,
+}
+
+/// What the root reports.
+#[derive(Default)]
+pub struct CommResult {
+    pub ceilings: Vec<Ceiling>,
+    pub curves: Vec<Curve>,
+    pub notes: Vec<String>,
+}
+
+/// One size of a sweep: the bytes the size stands for and each iteration's seconds (max over
+/// ranks).
+pub struct Point {
+    pub bytes: usize,
+    pub seconds: Vec<f64>,
+}
+
+impl CommResult {
+    #[allow(clippy::too_many_arguments)]
+    fn add_collective(
+        &mut self,
+        prefix: &str,
+        c: Collective,
+        scope: Scope,
+        ranks: usize,
+        points: &[Point],
+        library: &str,
+        nodes: usize,
+        memory: &str,
+    ) {
+        let factor = c.bus_factor(ranks);
+        let id = format!("{prefix}/{}/{}", c.name(), scope.name());
+        let mut bus = Vec::new();
+        let mut alg = Vec::new();
+        for p in points {
+            let algbw: Vec<f64> = p.seconds.iter().map(|t| p.bytes as f64 / t).collect();
+            let busbw: Vec<f64> = algbw.iter().map(|a| a * factor).collect();
+            if let (Some(a), Some(b)) = (Stats::from_samples(&algbw), Stats::from_samples(&busbw)) {
+                alg.push(CurvePoint {
+                    x: p.bytes as f64,
+                    value: a.max,
+                    stats: a,
+                    level: None,
+                });
+                bus.push(CurvePoint {
+                    x: p.bytes as f64,
+                    value: b.max,
+                    stats: b,
+                    level: None,
+                });
+            }
+        }
+        if let Some(last) = bus.last() {
+            let mut ceiling = Ceiling {
+                id: id.clone(),
+                kind: CeilingKind::Comm,
+                value: last.value,
+                unit: "B/s".into(),
+                threads: ranks,
+                precision: Some("f32".into()),
+                level: Some(scope.name().into()),
+                stats: last.stats.clone(),
+                theoretical_peak: None,
+                above_peak: false,
+                method: format!(
+                    "{} ({library}) on {memory} over {ranks} ranks ({} scope, {nodes} node(s)), f32, {} B; busbw = algbw × {factor:.3} (nccl-tests' factor); each iteration timed after a barrier, its time the maximum over ranks; best of {} iterations; every rank's result checked; the whole size sweep is in curves {id} (busbw) and {id}/algbw",
+                    c.name(),
+                    scope.name(),
+                    last.x,
+                    last.stats.samples
+                ),
+                per_iteration: PerIteration { ops: 0.0, bytes: last.x * factor },
+            };
+            ceiling.flag_against_peak();
+            self.ceilings.push(ceiling);
+        }
+        for (suffix, pts) in [("", bus), ("/algbw", alg)] {
+            self.curves.push(Curve {
+                id: format!("{id}{suffix}"),
+                x_label: "message size".into(),
+                x_unit: "B".into(),
+                unit: "B/s".into(),
+                threads: ranks,
+                points: pts,
+            });
+        }
+    }
+
+    fn add_p2p(&mut self, scope: Scope, r: &P2p, library: &str) {
+        let base = format!("net/p2p/{}", scope.name());
+        if let Some(stats) = Stats::from_samples(&r.latency) {
+            self.ceilings.push(Ceiling {
+                id: format!("{base}/latency"),
+                kind: CeilingKind::Comm,
+                value: stats.min,
+                unit: "s".into(),
+                threads: 2,
+                precision: None,
+                level: Some(scope.name().into()),
+                stats,
+                theoretical_peak: None,
+                above_peak: false,
+                method: format!("MPI ping-pong of 8 B between two ranks ({library}); half the round trip; the value is the smallest (lower is better)"),
+                per_iteration: PerIteration { ops: 0.0, bytes: 8.0 },
+            });
+        }
+        for (name, pts, what) in [
+            ("bw", &r.one_way, "one way"),
+            (
+                "bw_bidir",
+                &r.both_ways,
+                "both ways at once (both directions counted)",
+            ),
+        ] {
+            let curve: Vec<CurvePoint> = pts
+                .iter()
+                .filter_map(|(bytes, bw)| {
+                    Stats::from_samples(bw).map(|s| CurvePoint {
+                        x: *bytes as f64,
+                        value: s.max,
+                        stats: s,
+                        level: None,
+                    })
+                })
+                .collect();
+            if let Some(last) = curve.last() {
+                self.ceilings.push(Ceiling {
+                    id: format!("{base}/{name}"),
+                    kind: CeilingKind::Comm,
+                    value: last.value,
+                    unit: "B/s".into(),
+                    threads: 2,
+                    precision: None,
+                    level: Some(scope.name().into()),
+                    stats: last.stats.clone(),
+                    theoretical_peak: None,
+                    above_peak: false,
+                    method: format!(
+                        "MPI_Isend/MPI_Irecv windows between two ranks ({library}), {what}, {} B messages; the last message of each window checked; best sample; the size sweep is in curve {base}/{name}",
+                        last.x
+                    ),
+                    per_iteration: PerIteration { ops: 0.0, bytes: last.x },
+                });
+            }
+            self.curves.push(Curve {
+                id: format!("{base}/{name}"),
+                x_label: "message size".into(),
+                x_unit: "B".into(),
+                unit: "B/s".into(),
+                threads: 2,
+                points: curve,
+            });
+        }
+    }
+}
+
+/// MPI_Ibarrier, polled with short sleeps, under the watchdog.
+fn relaxed_barrier(comm: &SimpleCommunicator, label: &str, _timeout: Option<Duration>) {
+    watchdog::arm(&format!("the barrier before {label}"));
+    let mut req = comm.immediate_barrier();
+    loop {
+        match req.test() {
+            Ok(_) => break,
+            Err(r) => {
+                req = r;
+                std::thread::sleep(Duration::from_micros(500));
+            }
+        }
+    }
+    watchdog::disarm();
+}
+
+fn check_rc(call: &str, rc: c_int) -> Result<(), String> {
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(format!("{call} failed (MPI error {rc})"))
+    }
+}
+
+/// Every member shows up for `label`, or the root names the ones that did not.
+fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
+    if let Ok(r) = std::env::var("ROOFLINE_TEST_STALL_RANK") {
+        // Test hook: this rank stops answering (as a hung rank would).
+        if r.trim().parse::<usize>().ok() == Some(g.members[g.rank()]) {
+            eprintln!(
+                "roofline: rank {} stalls on purpose (ROOFLINE_TEST_STALL_RANK)",
+                g.members[g.rank()]
+            );
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+    let n = g.size();
+    if n <= 1 {
+        return Ok(());
+    }
+    let comm = g.comm.as_raw();
+    let deadline = Instant::now() + timeout;
+    let mut byte = 1u8;
+    // SAFETY: one-byte messages on this communicator with tags no other code uses; the
+    // buffers outlive the blocking calls.
+    unsafe {
+        if g.rank() == 0 {
+            let mut missing: Vec<usize> = (1..n).collect();
+            while !missing.is_empty() {
+                let mut still = Vec::new();
+                for &p in &missing {
+                    let mut flag: c_int = 0;
+                    check_rc(
+                        "MPI_Iprobe",
+                        ffi::MPI_Iprobe(
+                            p as c_int,
+                            TAG_ARRIVE,
+                            comm,
+                            &mut flag,
+                            ffi::RSMPI_STATUS_IGNORE,
+                        ),
+                    )?;
+                    if flag != 0 {
+                        check_rc(
+                            "MPI_Recv",
+                            ffi::MPI_Recv(
+                                &mut byte as *mut u8 as *mut c_void,
+                                1,
+                                ffi::RSMPI_UINT8_T,
+                                p as c_int,
+                                TAG_ARRIVE,
+                                comm,
+                                ffi::RSMPI_STATUS_IGNORE,
+                            ),
+                        )?;
+                    } else {
+                        still.push(p);
+                    }
+                }
+                missing = still;
+                if !missing.is_empty() {
+                    if Instant::now() > deadline {
+                        let names: Vec<String> =
+                            missing.iter().map(|p| g.members[*p].to_string()).collect();
+                        return Err(format!(
+                            "rank {} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
+                            names.join(", rank "),
+                            timeout.as_secs_f64()
+                        ));
+                    }
+                    std::thread::sleep(Duration::from_micros(200));
+                }
+            }
+            for p in 1..n {
+                check_rc(
+                    "MPI_Send",
+                    ffi::MPI_Send(
+                        &byte as *const u8 as *const c_void,
+                        1,
+                        ffi::RSMPI_UINT8_T,
+                        p as c_int,
+                        TAG_GO,
+                        comm,
+                    ),
+                )?;
+            }
+        } else {
+            check_rc(
+                "MPI_Send",
+                ffi::MPI_Send(
+                    &byte as *const u8 as *const c_void,
+                    1,
+                    ffi::RSMPI_UINT8_T,
+                    0,
+                    TAG_ARRIVE,
+                    comm,
+                ),
+            )?;
+            loop {
+                let mut flag: c_int = 0;
+                check_rc(
+                    "MPI_Iprobe",
+                    ffi::MPI_Iprobe(0, TAG_GO, comm, &mut flag, ffi::RSMPI_STATUS_IGNORE),
+                )?;
+                if flag != 0 {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(format!(
+                        "rank {} (the root of this {} communicator) did not answer before {label} within {:.0} s",
+                        g.members[0],
+                        g.scope.name(),
+                        timeout.as_secs_f64()
+                    ));
+                }
+                std::thread::sleep(Duration::from_micros(200));
+            }
+            check_rc(
+                "MPI_Recv",
+                ffi::MPI_Recv(
+                    &mut byte as *mut u8 as *mut c_void,
+                    1,
+                    ffi::RSMPI_UINT8_T,
+                    0,
+                    TAG_GO,
+                    comm,
+                    ffi::RSMPI_STATUS_IGNORE,
+                ),
+            )?;
+        }
+    }
+    Ok(())
+}
+
+fn human(bytes: usize) -> String {
+    crate::probe::cpu::human_bytes(bytes as f64)
+}
+
+/// One collective over every size: warm-up, timed iterations, max over ranks, result check.
+fn collective_sweep(
+    g: &Group,
+    c: Collective,
+    sweep: &[usize],
+    quick: bool,
+    timeout: Duration,
+) -> Result<Vec<Point>, String> {
+    let n = g.size();
+    let r = g.rank();
+    let me = g.members[r];
+    let mut points = Vec::new();
+    for &bytes in sweep {
+        let Some((sc, rc)) = c.counts(bytes, n) else {
+            continue;
+        };
+        let label = format!(
+            "{} of {} ({}, {n} ranks)",
+            c.name(),
+            human(bytes),
+            g.scope.name()
+        );
+        arrival(g, &label, timeout)?;
+        let send = send_data(c, r, n, sc);
+        let mut recv = if c == Collective::Broadcast && r == 0 {
+            send.clone()
+        } else {
+            vec![0f32; rc]
+        };
+        let iters = iterations(bytes, quick);
+        watchdog::arm(&label);
+        let op = |recv: &mut Vec<f32>| match c {
+            Collective::AllReduce => {
+                g.comm
+                    .all_reduce_into(&send[..], &mut recv[..], SystemOperation::sum())
+            }
+            Collective::AllGather => g.comm.all_gather_into(&send[..], &mut recv[..]),
+            Collective::ReduceScatter => {
+                g.comm
+                    .reduce_scatter_block_into(&send[..], &mut recv[..], SystemOperation::sum())
+            }
+            Collective::Broadcast => g.comm.process_at_rank(0).broadcast_into(&mut recv[..]),
+            Collective::AllToAll => g.comm.all_to_all_into(&send[..], &mut recv[..]),
+        };
+        op(&mut recv);
+        op(&mut recv);
+        let mut times = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            g.comm.barrier();
+            let t0 = mpi::time();
+            op(&mut recv);
+            times.push(mpi::time() - t0);
+        }
+        let mut slowest = vec![0f64; iters];
+        g.comm
+            .all_reduce_into(&times[..], &mut slowest[..], SystemOperation::max());
+        watchdog::disarm();
+        // Every rank checks its own result; all agree on whether one failed.
+        let wrong = first_difference(&recv, &expected(c, r, n, rc));
+        let mut first_bad = 0u64;
+        g.comm.all_reduce_into(
+            &(if wrong.is_some() { me as u64 + 1 } else { 0 }),
+            &mut first_bad,
+            SystemOperation::max(),
+        );
+        if let Some((i, got, want)) = wrong {
+            return Err(format!(
+                "{label}: rank {me} holds {got} at element {i}, expected {want}"
+            ));
+        }
+        if first_bad != 0 {
+            return Err(format!(
+                "{label}: rank {} holds a wrong result",
+                first_bad - 1
+            ));
+        }
+        let size = c.size_bytes(bytes, n).unwrap_or(bytes);
+        points.push(Point {
+            bytes: size,
+            seconds: slowest,
+        });
+    }
+    Ok(points)
+}
+
+/// Point-to-point results of one pair.
+pub struct P2p {
+    /// Half round trips of 8 B, seconds.
+    pub latency: Vec<f64>,
+    /// (bytes, B/s samples) per size.
+    pub one_way: Vec<(usize, Vec<f64>)>,
+    pub both_ways: Vec<(usize, Vec<f64>)>,
+}
+
+fn pattern(bytes: usize, i: usize) -> u8 {
+    (i.wrapping_mul(31) ^ bytes) as u8
+}
+
+/// Latency and bandwidth between the group's ranks 0 and 1 (the others wait). `None` on the
+/// ranks that are not in the pair, and on a group of one.
+fn p2p_pair(
+    g: &Group,
+    sweep: &[usize],
+    quick: bool,
+    timeout: Duration,
+) -> Result<Option<P2p>, String> {
+    if g.size() < 2 {
+        return Ok(None);
+    }
+    let label = format!("point-to-point ({})", g.scope.name());
+    arrival(g, &label, timeout)?;
+    let r = g.rank();
+    if r > 1 {
+        return Ok(None);
+    }
+    let peer: c_int = 1 - r as c_int;
+    let comm = g.comm.as_raw();
+    let mut out = P2p {
+        latency: Vec::new(),
+        one_way: Vec::new(),
+        both_ways: Vec::new(),
+    };
+    watchdog::arm(&format!("{label}: latency"));
+    let mut small = [0u8; 8];
+    let rounds = if quick { 200 } else { 2000 };
+    // SAFETY: blocking 8-byte messages between the pair; buffers outlive the calls.
+    unsafe {
+        for i in 0..rounds + 10 {
+            let t0 = mpi::time();
+            if r == 0 {
+                check_rc(
+                    "MPI_Send",
+                    ffi::MPI_Send(
+                        small.as_ptr() as *const c_void,
+                        8,
+                        ffi::RSMPI_UINT8_T,
+                        peer,
+                        TAG_DATA,
+                        comm,
+                    ),
+                )?;
+                check_rc(
+                    "MPI_Recv",
+                    ffi::MPI_Recv(
+                        small.as_mut_ptr() as *mut c_void,
+                        8,
+                        ffi::RSMPI_UINT8_T,
+                        peer,
+                        TAG_DATA,
+                        comm,
+                        ffi::RSMPI_STATUS_IGNORE,
+                    ),
+                )?;
+                if i >= 10 {
+                    out.latency.push((mpi::time() - t0) / 2.0);
+                }
+            } else {
+                check_rc(
+                    "MPI_Recv",
+                    ffi::MPI_Recv(
+                        small.as_mut_ptr() as *mut c_void,
+                        8,
+                        ffi::RSMPI_UINT8_T,
+                        peer,
+                        TAG_DATA,
+                        comm,
+                        ffi::RSMPI_STATUS_IGNORE,
+                    ),
+                )?;
+                check_rc(
+                    "MPI_Send",
+                    ffi::MPI_Send(
+                        small.as_ptr() as *const c_void,
+                        8,
+                        ffi::RSMPI_UINT8_T,
+                        peer,
+                        TAG_DATA,
+                        comm,
+                    ),
+                )?;
+            }
+        }
+    }
+    watchdog::disarm();
+    for &bytes in sweep {
+        let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 64);
+        let send: Vec<u8> = (0..bytes).map(|i| pattern(bytes, i)).collect();
+        let mut recv = vec![0u8; bytes * window];
+        let iters = iterations(bytes * window, quick).min(if quick { 10 } else { 30 });
+        for both in [false, true] {
+            watchdog::arm(&format!(
+                "{label}: {} B {}",
+                bytes,
+                if both { "both ways" } else { "one way" }
+            ));
+            let mut samples = Vec::with_capacity(iters);
+            for it in 0..iters + 1 {
+                let t0 = mpi::time();
+                let ok = window_exchange(comm, r, peer, &send, &mut recv, window, both)?;
+                let t = mpi::time() - t0;
+                if !ok {
+                    return Err(format!("{label}: a {} B message arrived wrong", bytes));
+                }
+                if it > 0 {
+                    let moved = (bytes * window) as f64 * if both { 2.0 } else { 1.0 };
+                    samples.push(moved / t);
+                }
+            }
+            watchdog::disarm();
+            if both {
+                out.both_ways.push((bytes, samples));
+            } else {
+                out.one_way.push((bytes, samples));
+            }
+        }
+    }
+    Ok((r == 0).then_some(out))
+}
+
+/// One window: `window` messages of `send` from rank 0 to rank 1 (and back at once when `both`),
+/// then an acknowledgement from rank 1 that says whether its last message arrived intact.
+fn window_exchange(
+    comm: ffi::MPI_Comm,
+    r: usize,
+    peer: c_int,
+    send: &[u8],
+    recv: &mut [u8],
+    window: usize,
+    both: bool,
+) -> Result<bool, String> {
+    let bytes = send.len();
+    let mut reqs: Vec<ffi::MPI_Request> = Vec::with_capacity(2 * window);
+    // SAFETY: every request's buffer (`send`, a distinct chunk of `recv`) outlives MPI_Waitall
+    // below; counts fit in c_int (sizes ≤ 2 GiB).
+    unsafe {
+        let post_recvs =
+            |reqs: &mut Vec<ffi::MPI_Request>, recv: &mut [u8]| -> Result<(), String> {
+                for k in 0..window {
+                    let mut q = std::mem::zeroed();
+                    check_rc(
+                        "MPI_Irecv",
+                        ffi::MPI_Irecv(
+                            recv[k * bytes..].as_mut_ptr() as *mut c_void,
+                            bytes as c_int,
+                            ffi::RSMPI_UINT8_T,
+                            peer,
+                            TAG_DATA,
+                            comm,
+                            &mut q,
+                        ),
+                    )?;
+                    reqs.push(q);
+                }
+                Ok(())
+            };
+        let post_sends = |reqs: &mut Vec<ffi::MPI_Request>| -> Result<(), String> {
+            for _ in 0..window {
+                let mut q = std::mem::zeroed();
+                check_rc(
+                    "MPI_Isend",
+                    ffi::MPI_Isend(
+                        send.as_ptr() as *const c_void,
+                        bytes as c_int,
+                        ffi::RSMPI_UINT8_T,
+                        peer,
+                        TAG_DATA,
+                        comm,
+                        &mut q,
+                    ),
+                )?;
+                reqs.push(q);
+            }
+            Ok(())
+        };
+        if r == 1 || both {
+            post_recvs(&mut reqs, recv)?;
+        }
+        if r == 0 || both {
+            post_sends(&mut reqs)?;
+        }
+        check_rc(
+            "MPI_Waitall",
+            ffi::MPI_Waitall(
+                reqs.len() as c_int,
+                reqs.as_mut_ptr(),
+                ffi::RSMPI_STATUSES_IGNORE,
+            ),
+        )?;
+        let mut ack = [0u8; 1];
+        if r == 1 {
+            let last = &recv[(window - 1) * bytes..window * bytes];
+            ack[0] = if last
+                .iter()
+                .enumerate()
+                .all(|(i, b)| *b == pattern(bytes, i))
+            {
+                1
+            } else {
+                2
+            };
+            check_rc(
+                "MPI_Send",
+                ffi::MPI_Send(
+                    ack.as_ptr() as *const c_void,
+                    1,
+                    ffi::RSMPI_UINT8_T,
+                    peer,
+                    TAG_ACK,
+                    comm,
+                ),
+            )?;
+            Ok(ack[0] == 1)
+        } else {
+            check_rc(
+                "MPI_Recv",
+                ffi::MPI_Recv(
+                    ack.as_mut_ptr() as *mut c_void,
+                    1,
+                    ffi::RSMPI_UINT8_T,
+                    peer,
+                    TAG_ACK,
+                    comm,
+                    ffi::RSMPI_STATUS_IGNORE,
+                ),
+            )?;
+            let mine = !both || {
+                let last = &recv[(window - 1) * bytes..window * bytes];
+                last.iter()
+                    .enumerate()
+                    .all(|(i, b)| *b == pattern(bytes, i))
+            };
+            Ok(ack[0] == 1 && mine)
+        }
+    }
+}

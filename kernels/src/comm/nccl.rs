@@ -1,0 +1,295 @@
+//! NCCL collectives on device memory: one rank per GPU, the communicator bootstrapped by the
+//! MPI driver (which broadcasts NCCL's unique id), the same collectives, sizes, bus-bandwidth
+//! factors and result checks as on host memory. Alltoall is grouped ncclSend/ncclRecv (NCCL has
+//! no alltoall call). NCCL's own choice of algorithm and protocol is read from its TUNING debug
+//! output (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=TUNING, NCCL_DEBUG_FILE) and recorded, because
+//! busbw stops meaning wire bandwidth under NVLS, tree or CollNet/SHARP.
+//!
+//! Built in every build; it needs a GPU and libnccl only when it runs.
+
+use super::{expected, first_difference, send_data, Collective};
+use crate::cuda::device::{self, DevBuf, Event, Gpu};
+use crate::cuda::libs::{self, Lib};
+use crate::cuda::CudaError;
+use cudarc::nccl::{result as nr, sys as ns};
+use std::ffi::c_void;
+
+fn e(call: &str) -> impl Fn(nr::NcclError) -> CudaError + '_ {
+    move |err| CudaError::call(call, err)
+}
+
+/// Whether NCCL can be used; the error says where we looked and what cudarc needs.
+pub fn available() -> Result<(), CudaError> {
+    if libs::present(Lib::Nccl) {
+        return Ok(());
+    }
+    Err(CudaError::Missing(format!(
+        "{} (cudarc opens it as libnccl.so: where only libnccl.so.2 exists, as in the pip wheel nvidia-nccl-cu12, add a libnccl.so link to it in a folder on LD_LIBRARY_PATH)",
+        libs::not_found(Lib::Nccl)
+    )))
+}
+
+/// NCCL's version, e.g. "2.21.5".
+pub fn version() -> Result<String, CudaError> {
+    available()?;
+    let v = nr::get_nccl_version().map_err(e("ncclGetVersion"))?;
+    Ok(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+}
+
+/// Asks NCCL to log its algorithm and protocol choices into `path` (call before the first
+/// communicator is created; NCCL reads these at initialisation).
+pub fn log_tuning_to(path: &std::path::Path) {
+    std::env::set_var("NCCL_DEBUG", "INFO");
+    std::env::set_var("NCCL_DEBUG_SUBSYS", "INIT,TUNING");
+    std::env::set_var("NCCL_DEBUG_FILE", path);
+}
+
+/// NCCL's algorithm and protocol numbers (nccl.h's NCCL_ALGO_* and NCCL_PROTO_*).
+fn algo_name(n: u32) -> &'static str {
+    match n {
+        0 => "Tree",
+        1 => "Ring",
+        2 => "CollNetDirect",
+        3 => "CollNetChain",
+        4 => "NVLS",
+        5 => "NVLSTree",
+        6 => "PAT",
+        _ => "?",
+    }
+}
+
+fn proto_name(n: u32) -> &'static str {
+    match n {
+        0 => "LL",
+        1 => "LL128",
+        2 => "Simple",
+        _ => "?",
+    }
+}
+
+/// The algorithm/protocol choices in an NCCL debug log: lines such as
+/// `AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 34.5`, returned as
+/// ("AllReduce 4194304 B", "Ring/Simple"), each distinct line once.
+pub fn parse_tuning(log: &str) -> Vec<(String, String)> {
+    let mut out: Vec<(String, String)> = Vec::new();
+    for line in log.lines() {
+        let Some(pos) = line.find("-> Algo ") else {
+            continue;
+        };
+        let before = &line[..pos];
+        let after = &line[pos + "-> Algo ".len()..];
+        let mut words = after.split_whitespace();
+        let algo: Option<u32> = words.next().and_then(|w| w.parse().ok());
+        let proto: Option<u32> = match (words.next(), words.next()) {
+            (Some(p), Some(n)) if p.eq_ignore_ascii_case("proto") => n.parse().ok(),
+            _ => None,
+        };
+        let (Some(a), Some(p)) = (algo, proto) else {
+            continue;
+        };
+        // "... NCCL INFO AllReduce: 4194304 Bytes " → "AllReduce 4194304 B"
+        let what = before
+            .rsplit("INFO")
+            .next()
+            .unwrap_or(before)
+            .replace(':', "")
+            .replace("Bytes", "B");
+        let what = what.split_whitespace().collect::<Vec<_>>().join(" ");
+        let choice = format!("{}/{}", algo_name(a), proto_name(p));
+        if !out.iter().any(|(w, c)| *w == what && *c == choice) {
+            out.push((what, choice));
+        }
+    }
+    out
+}
+
+/// One rank's NCCL communicator on its GPU, destroyed on drop.
+pub struct Communicator {
+    pub gpu: Gpu,
+    comm: ns::ncclComm_t,
+    pub rank: usize,
+    pub ranks: usize,
+}
+
+impl Drop for Communicator {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+        // SAFETY: created by ncclCommInitRank, destroyed once.
+        unsafe {
+            let _ = nr::comm_destroy(self.comm);
+        }
+    }
+}
+
+/// A new unique id (on the root rank; the MPI driver broadcasts its 128 bytes).
+pub fn unique_id() -> Result<[u8; 128], CudaError> {
+    available()?;
+    let id = nr::get_uniqueid().map_err(e("ncclGetUniqueId"))?;
+    Ok(std::array::from_fn(|i| id.internal[i] as u8))
+}
+
+impl Communicator {
+    /// Joins the communicator `id` as `rank` of `ranks`, on GPU `ordinal`.
+    pub fn new(
+        id: &[u8; 128],
+        ranks: usize,
+        rank: usize,
+        ordinal: usize,
+    ) -> Result<Communicator, CudaError> {
+        available()?;
+        device::init()?;
+        let gpu = Gpu::open(ordinal)?;
+        let uid = ns::ncclUniqueId {
+            internal: std::array::from_fn(|i| id[i] as std::ffi::c_char),
+        };
+        let mut comm: ns::ncclComm_t = std::ptr::null_mut();
+        gpu.bind()?;
+        // SAFETY: out-parameter; every rank calls this collectively with the same id.
+        unsafe { nr::comm_init_rank(&mut comm, ranks as i32, uid, rank as i32) }
+            .map_err(e("ncclCommInitRank"))?;
+        Ok(Communicator {
+            gpu,
+            comm,
+            rank,
+            ranks,
+        })
+    }
+
+    fn stream(&self) -> ns::cudaStream_t {
+        self.gpu.stream as ns::cudaStream_t
+    }
+
+    /// Enqueues one collective of `send_count`/`recv_count` f32 elements.
+    fn enqueue(
+        &self,
+        c: Collective,
+        send: &DevBuf,
+        recv: &DevBuf,
+        send_count: usize,
+        recv_count: usize,
+    ) -> Result<(), CudaError> {
+        let f32t = ns::ncclDataType_t::ncclFloat32;
+        let sum = ns::ncclRedOp_t::ncclSum;
+        let (s, r) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
+        // SAFETY: device buffers of this GPU, sized by `counts` for this collective.
+        unsafe {
+            match c {
+                Collective::AllReduce => {
+                    nr::all_reduce(s, r, recv_count, f32t, sum, self.comm, self.stream())
+                        .map(|_| ())
+                        .map_err(e("ncclAllReduce"))
+                }
+                Collective::AllGather => {
+                    nr::all_gather(s, r, send_count, f32t, self.comm, self.stream())
+                        .map(|_| ())
+                        .map_err(e("ncclAllGather"))
+                }
+                Collective::ReduceScatter => {
+                    nr::reduce_scatter(s, r, recv_count, f32t, sum, self.comm, self.stream())
+                        .map(|_| ())
+                        .map_err(e("ncclReduceScatter"))
+                }
+                Collective::Broadcast => {
+                    nr::broadcast(s, r, recv_count, f32t, 0, self.comm, self.stream())
+                        .map(|_| ())
+                        .map_err(e("ncclBroadcast"))
+                }
+                Collective::AllToAll => {
+                    let per = send_count / self.ranks.max(1);
+                    nr::group_start().map_err(e("ncclGroupStart"))?;
+                    let mut result = Ok(());
+                    for peer in 0..self.ranks {
+                        let off = (peer * per * 4) as u64;
+                        let sp = (send.ptr + off) as *const c_void;
+                        let rp = (recv.ptr + off) as *mut c_void;
+                        if let Err(err) =
+                            nr::send(sp, per, f32t, peer as i32, self.comm, self.stream())
+                        {
+                            result = Err(e("ncclSend")(err));
+                            break;
+                        }
+                        if let Err(err) =
+                            nr::recv(rp, per, f32t, peer as i32, self.comm, self.stream())
+                        {
+                            result = Err(e("ncclRecv")(err));
+                            break;
+                        }
+                    }
+                    // The group is always closed, even after a failed call.
+                    let end = nr::group_end().map(|_| ()).map_err(e("ncclGroupEnd"));
+                    result.and(end)
+                }
+            }
+        }
+    }
+
+    /// Measures `c` at `bytes`: `iters` timed operations after a warm-up, each preceded by
+    /// `barrier`; returns this rank's seconds per operation (the caller takes the maximum over
+    /// ranks) after checking the result against the CPU's expectation.
+    pub fn measure(
+        &self,
+        c: Collective,
+        bytes: usize,
+        iters: usize,
+        barrier: &mut dyn FnMut(),
+    ) -> Result<Vec<f64>, CudaError> {
+        let Some((sc, rc)) = c.counts(bytes, self.ranks) else {
+            return Ok(Vec::new());
+        };
+        let send = self.gpu.upload(&send_data(c, self.rank, self.ranks, sc))?;
+        let recv = self.gpu.alloc(rc * 4)?;
+        self.gpu.zero(&recv)?;
+        self.enqueue(c, &send, &recv, sc, rc)?;
+        self.gpu.sync()?;
+        let mut times = Vec::with_capacity(iters);
+        let (start, end) = (Event::new()?, Event::new()?);
+        for _ in 0..iters {
+            barrier();
+            self.gpu.bind()?;
+            start.record_on(&self.gpu)?;
+            self.enqueue(c, &send, &recv, sc, rc)?;
+            end.record_on(&self.gpu)?;
+            times.push(start.seconds_to(&end)?);
+        }
+        let got: Vec<f32> = self.gpu.download(&recv)?;
+        if let Some((i, g, w)) = first_difference(&got, &expected(c, self.rank, self.ranks, rc)) {
+            return Err(CudaError::Check(format!(
+                "NCCL {} of {bytes} B on rank {}: element {i} is {g}, expected {w}",
+                c.name(),
+                self.rank
+            )));
+        }
+        Ok(times)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tuning_lines_are_parsed() {
+        let log = "host:123:456 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 34.500000\n\
+                   host:123:456 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 34.500000\n\
+                   host:123:456 [0] NCCL INFO AllGather: 1024 Bytes -> Algo 4 proto 0 time 5.0\n\
+                   host:123:456 [0] NCCL INFO Channel 00/02 : 0 1\n";
+        let t = parse_tuning(log);
+        assert_eq!(
+            t,
+            vec![
+                ("AllReduce 4194304 B".to_string(), "Ring/Simple".to_string()),
+                ("AllGather 1024 B".to_string(), "NVLS/LL".to_string()),
+            ]
+        );
+    }
+
+    #[test]
+    fn without_nccl_the_error_says_what_to_do() {
+        if libs::present(Lib::Nccl) {
+            return;
+        }
+        let err = unique_id().unwrap_err().to_string();
+        assert!(err.contains("NCCL") && err.contains("libnccl.so"), "{err}");
+    }
+}
