@@ -403,3 +403,49 @@ fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
         .iter()
         .all(|k| k["registers"].as_u64().unwrap() > 0 && k["arch"] == "sm_90"));
 }
+
+#[test]
+fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
+    // A world of one says nothing about communication.
+    if roofline_kernels::comm::launched_ranks().is_none() {
+        expect_input_error(
+            &["probe", "--only", "comm", "-o", "/tmp/roofline-comm.json"],
+            None,
+            "world of one",
+        );
+    }
+    let dir = tmpdir("io");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let out = dir.join("m.json");
+    let o = bin()
+        .args(["probe", "--quick", "--only", "io", "--io"])
+        .arg(&data)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    for id in ["io/data/seq", "io/data/small", "io/data/small/files"] {
+        let c = m.ceiling(id).unwrap_or_else(|| panic!("{id} missing"));
+        assert!(c.value > 0.0);
+    }
+    assert_eq!(m.ceiling("io/data/small/files").unwrap().unit, "file/s");
+    assert_eq!(
+        std::fs::read_dir(&data).unwrap().count(),
+        0,
+        "test files left behind"
+    );
+    expect_input_error(
+        &["probe", "--only", "io", "--io", "/nonexistent/dir", "-o"],
+        Some(&dir.join("x.json")),
+        "is not a folder",
+    );
+    // The COI rooflines need communication ceilings.
+    expect_input_error(
+        &["plot", "--model", "node-coi", "-o", "/tmp/x.svg"],
+        Some(&out),
+        "intra-node",
+    );
+}

@@ -1,0 +1,208 @@
+//! The distributed probe under `mpirun` (build with `--features mpi`; needs Open MPI's
+//! `mpirun`): two and four ranks, two pretend nodes on one host (so the inter-node paths run),
+//! TCP only (a real network stack), and a rank that stops answering.
+#![cfg(feature = "mpi")]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("roofline-mpi-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// `mpirun -np <n> [mpi args] roofline <args>`.
+fn mpirun(n: usize, mpi_args: &[&str], args: &[&str], out: Option<&Path>) -> Output {
+    let mut c = Command::new("mpirun");
+    c.args([
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        &n.to_string(),
+    ]);
+    c.args(mpi_args);
+    c.arg(env!("CARGO_BIN_EXE_roofline"));
+    c.args(args);
+    if let Some(p) = out {
+        c.arg("-o").arg(p);
+    }
+    c.output().expect("mpirun runs (Open MPI's openmpi-bin)")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "status {:?}\nstdout:\n{}\nstderr:\n{}",
+        o.status,
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+const COLLECTIVES: [&str; 5] = [
+    "allreduce",
+    "allgather",
+    "reducescatter",
+    "broadcast",
+    "alltoall",
+];
+
+#[test]
+fn two_ranks_write_every_intra_node_ceiling_with_its_size_curve() {
+    let dir = tmpdir("np2");
+    let out = dir.join("m.json");
+    let o = mpirun(
+        2,
+        &[],
+        &["probe", "--only", "comm", "--quick", "--max-size", "4M"],
+        Some(&out),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    let cluster = m.provenance.cluster.as_ref().expect("cluster info");
+    assert_eq!((cluster.ranks, cluster.nodes), (2, 1));
+    for c in COLLECTIVES {
+        for scope in ["intra", "world"] {
+            let id = format!("net/{c}/{scope}");
+            let ceiling = m.ceiling(&id).unwrap_or_else(|| panic!("{id} missing"));
+            assert!(ceiling.value > 0.0 && ceiling.unit == "B/s");
+            let curve = m.curves.iter().find(|k| k.id == id).unwrap();
+            // 8 B (or the smallest size that gives each rank an element) to 4 MiB.
+            assert!(
+                curve.points.len() >= 15,
+                "{id}: {} points",
+                curve.points.len()
+            );
+            assert_eq!(curve.points.last().unwrap().x, (4 << 20) as f64);
+            assert!(m.curves.iter().any(|k| k.id == format!("{id}/algbw")));
+        }
+    }
+    for id in [
+        "net/p2p/intra/latency",
+        "net/p2p/intra/bw",
+        "net/p2p/intra/bw_bidir",
+    ] {
+        assert!(m.ceiling(id).is_some(), "{id} missing");
+    }
+    assert!(m.ceiling("net/p2p/intra/latency").unwrap().unit == "s");
+    // Only the root wrote, and the table was printed once.
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout).matches("wrote ").count(),
+        1
+    );
+}
+
+#[test]
+fn two_pretend_nodes_give_inter_node_ceilings_aggregates_and_the_distributed_plot() {
+    let dir = tmpdir("fake");
+    let out = dir.join("m.json");
+    let o = mpirun(
+        4,
+        &["-x", "ROOFLINE_FAKE_NODES=2"],
+        &["probe", "--only", "fma,comm", "--quick", "--max-size", "1M"],
+        Some(&out),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    let cluster = m.provenance.cluster.as_ref().unwrap();
+    assert_eq!(
+        (cluster.ranks, cluster.nodes, cluster.fake_nodes),
+        (4, 2, true)
+    );
+    assert_eq!(cluster.ranks_per_node, [2, 2]);
+    for c in COLLECTIVES {
+        for scope in ["intra", "inter", "world"] {
+            assert!(
+                m.ceiling(&format!("net/{c}/{scope}")).is_some(),
+                "net/{c}/{scope}"
+            );
+        }
+    }
+    assert!(m.ceiling("net/p2p/inter/bw").is_some());
+    // Every node probed itself; the aggregate is the sum of the nodes' values.
+    assert_eq!(m.nodes.len(), 2);
+    let agg = m.ceiling("agg/cpu/fma/f32/all").unwrap();
+    let sum: f64 = m
+        .nodes
+        .iter()
+        .map(|n| {
+            n.ceilings
+                .iter()
+                .find(|c| c.id == "cpu/fma/f32/all")
+                .unwrap()
+                .value
+        })
+        .sum();
+    assert!((agg.value - sum).abs() <= 1e-9 * sum);
+    let svg = dir.join("dist.svg");
+    let p = Command::new(env!("CARGO_BIN_EXE_roofline"))
+        .args(["plot", "--model", "dist-coi"])
+        .arg(&out)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", text(&p));
+    let s = std::fs::read_to_string(&svg).unwrap();
+    for roof in [
+        "net/allreduce/inter",
+        "net/allreduce/intra",
+        "agg/cpu/fma/f32/all",
+        "COI",
+    ] {
+        assert!(s.contains(roof), "{roof} not drawn");
+    }
+    let p = Command::new(env!("CARGO_BIN_EXE_roofline"))
+        .args(["plot", "--model", "node-coi"])
+        .arg(&out)
+        .arg("-o")
+        .arg(dir.join("node.svg"))
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", text(&p));
+}
+
+#[test]
+fn tcp_only_measures_a_network_path() {
+    let dir = tmpdir("tcp");
+    let out = dir.join("m.json");
+    let o = mpirun(
+        2,
+        &["--mca", "pml", "ob1", "--mca", "btl", "self,tcp"],
+        &["probe", "--only", "comm", "--quick", "--max-size", "1M"],
+        Some(&out),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    assert!(
+        m.ceiling("net/allreduce/intra").is_some() && m.ceiling("net/p2p/intra/latency").is_some()
+    );
+}
+
+#[test]
+fn a_rank_that_stops_answering_ends_the_run_with_its_name_and_nothing_written() {
+    let dir = tmpdir("stall");
+    let out = dir.join("m.json");
+    let start = Instant::now();
+    let o = mpirun(
+        2,
+        &["-x", "ROOFLINE_TEST_STALL_RANK=1"],
+        &["probe", "--only", "comm", "--quick", "--comm-timeout", "2"],
+        Some(&out),
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("rank 1 did not reach allreduce"),
+        "{}",
+        text(&o)
+    );
+    assert!(!out.exists(), "a file was written");
+    assert!(
+        start.elapsed() < Duration::from_secs(60),
+        "took {:?}",
+        start.elapsed()
+    );
+}
