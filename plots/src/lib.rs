@@ -717,7 +717,7 @@ mod tests {
     fn renders_svg_with_axes_units_and_legend() {
         let svg = classic_svg(&machine(), &ClassicOptions::default()).unwrap();
         assert!(svg.starts_with("<svg"));
-        assert!(svg.contains("Operational intensity [FLOP/byte]"));
+        assert!(svg.contains("Operational intensity [FLOP/byte of memory traffic]"));
         assert!(svg.contains("Performance [FLOP/s]"));
         assert!(svg.contains("cpu/mem/DRAM/triad/all"));
         assert!(svg.contains("DRAM ridge 10.000 FLOP/B"));
@@ -808,6 +808,74 @@ mod tests {
         let svg = classic_svg(&m, &opt).unwrap();
         assert!(svg.contains("Test GPU"));
         assert!(svg.contains("gpu0/ert/f32 (measured"));
+    }
+
+    #[test]
+    fn coi_models_take_communication_roofs() {
+        let mut m = machine();
+        let template = m.ceilings[0].clone();
+        let mk = |id: &str, kind, v: f64, unit: &str| {
+            let mut c = template.clone();
+            c.id = id.into();
+            c.kind = kind;
+            c.value = v;
+            c.unit = unit.into();
+            c.theoretical_peak = None;
+            c
+        };
+        m.ceilings.extend([
+            mk("net/allreduce/intra", CeilingKind::Comm, 1e10, "B/s"),
+            mk("net/allgather/intra", CeilingKind::Comm, 2e10, "B/s"),
+            mk("net/p2p/intra/latency", CeilingKind::Comm, 1e-6, "s"),
+        ]);
+        let node = ClassicOptions {
+            model: Model::NodeCoi,
+            ..ClassicOptions::default()
+        };
+        let model = classic_model(&m, &node).unwrap();
+        let mut slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+        slanted.sort_unstable();
+        assert_eq!(slanted, ["cpu/mem/DRAM/triad/all", "net/allreduce/intra"]);
+        let flat: Vec<&str> = model
+            .flat
+            .iter()
+            .filter(|r| !r.dashed)
+            .map(|r| r.label.as_str())
+            .collect();
+        assert_eq!(flat, ["cpu/fma/f32/all", "cpu/gemm/f32/all"]);
+        // COI ridge of intra-node allreduce against the f32 peak: 5e11 / 1e10 = 50 FLOP/B.
+        let r = model
+            .ridges
+            .iter()
+            .find(|r| r.memory == "net/allreduce/intra")
+            .unwrap();
+        assert!((r.intensity - 50.0).abs() < 1e-9);
+        assert!(classic_svg(&m, &node).unwrap().contains("COI"));
+        // No inter-node ceilings: the distributed model refuses with a reason.
+        let dist = ClassicOptions {
+            model: Model::DistCoi,
+            ..ClassicOptions::default()
+        };
+        assert!(matches!(classic_model(&m, &dist), Err(PlotError::Empty(_))));
+        m.ceilings.push(mk(
+            "agg/cpu/fma/f32/all",
+            CeilingKind::Compute,
+            1e12,
+            "FLOP/s",
+        ));
+        m.ceilings
+            .push(mk("net/allreduce/inter", CeilingKind::Comm, 2e9, "B/s"));
+        let model = classic_model(&m, &dist).unwrap();
+        let mut slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+        slanted.sort_unstable();
+        assert_eq!(slanted, ["net/allreduce/inter", "net/allreduce/intra"]);
+        let r = model
+            .ridges
+            .iter()
+            .find(|r| r.memory == "net/allreduce/inter")
+            .unwrap();
+        assert_eq!(r.compute, "agg/cpu/fma/f32/all");
+        assert!((r.intensity - 500.0).abs() < 1e-9);
     }
 
     #[test]
