@@ -2,7 +2,7 @@
 # roofline's MPI allreduce busbw against a plain C loop calling MPI_Allreduce
 # (scripts/mpi_allreduce.c), same sizes, same timing rule (barrier; per-iteration time = max
 # over ranks; best iteration), in alternating rounds. Needs a build with --features mpi.
-#   scripts/compare-mpi.sh [ranks] [rounds]
+#   scripts/compare-mpi.sh [ranks] [rounds]      (QUICK=1: roofline with --quick)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 NP=${1:-2}
@@ -13,7 +13,7 @@ cargo build --release --features mpi -q
 mpicc -O2 -o target/mpi_allreduce scripts/mpi_allreduce.c
 out=$(mktemp -d)
 for r in $(seq "$ROUNDS"); do
-    $RUN target/release/roofline probe --only comm --max-size 64M -o "$out/m$r.json" >/dev/null
+    $RUN target/release/roofline probe --only comm ${QUICK:+--quick} --max-size 64M -o "$out/m$r.json" >/dev/null
     $RUN target/mpi_allreduce $SIZES > "$out/c$r.txt"
 done
 python3 - "$out" "$ROUNDS" <<'PY'

@@ -87,6 +87,17 @@ fn two_ranks_write_every_intra_node_ceiling_with_its_size_curve() {
         assert!(m.ceiling(id).is_some(), "{id} missing");
     }
     assert!(m.ceiling("net/p2p/intra/latency").unwrap().unit == "s");
+    // NCCL ran up to where a GPU is needed, and said why it stopped.
+    if roofline_kernels::cuda::device::init().is_err() {
+        assert!(
+            m.provenance
+                .notes
+                .iter()
+                .any(|n| n.starts_with("no NCCL measured")),
+            "{:?}",
+            m.provenance.notes
+        );
+    }
     // Only the root wrote, and the table was printed once.
     assert_eq!(
         String::from_utf8_lossy(&o.stdout).matches("wrote ").count(),
