@@ -272,6 +272,19 @@ pub fn launched_ranks() -> Option<usize> {
     })
 }
 
+/// This process's rank as the launcher set it (before any MPI call), when under a launcher.
+pub fn launched_rank() -> Option<usize> {
+    launched_ranks()?;
+    [
+        "OMPI_COMM_WORLD_RANK",
+        "PMI_RANK",
+        "PMIX_RANK",
+        "SLURM_PROCID",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
