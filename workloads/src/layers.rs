@@ -1,0 +1,596 @@
+//! Layers with explicit forward and backward passes. Each keeps what its backward pass needs
+//! from the last forward pass; parameter gradients are overwritten by each backward pass.
+
+use crate::conv::{self, ConvShape};
+use crate::tensor::{gemm, Float, Mat, Tensor};
+use rayon::prelude::*;
+
+/// A trainable parameter with its gradient and momentum buffer.
+#[derive(Clone, Debug)]
+pub struct Param<T> {
+    pub name: String,
+    pub value: Vec<T>,
+    pub grad: Vec<T>,
+    pub momentum: Vec<T>,
+    /// Whether weight decay applies (not to batch-norm parameters or biases by default).
+    pub decay: bool,
+}
+
+impl<T: Float> Param<T> {
+    pub fn new(name: String, value: Vec<T>, decay: bool) -> Param<T> {
+        let n = value.len();
+        Param {
+            name,
+            value,
+            grad: vec![T::zero(); n],
+            momentum: vec![T::zero(); n],
+            decay,
+        }
+    }
+}
+
+/// Rows per parallel chunk of the element-wise layers.
+const CHUNK_ROWS: usize = 256;
+
+/// Per-channel sums over the rows of an NHWC tensor: (Σ a, Σ a·b) for each channel.
+fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<f64>) {
+    let fold = a
+        .par_chunks(CHUNK_ROWS * c)
+        .enumerate()
+        .fold(
+            || (vec![0.0f64; c], vec![0.0f64; c]),
+            |(mut s1, mut s2), (ci, chunk)| {
+                let off = ci * CHUNK_ROWS * c;
+                for (r, row) in chunk.chunks_exact(c).enumerate() {
+                    match b {
+                        Some(b) => {
+                            let brow = &b[off + r * c..off + (r + 1) * c];
+                            for j in 0..c {
+                                s1[j] += row[j].to_f64();
+                                s2[j] += (row[j] * brow[j]).to_f64();
+                            }
+                        }
+                        None => {
+                            for j in 0..c {
+                                let v = row[j].to_f64();
+                                s1[j] += v;
+                                s2[j] += v * v;
+                            }
+                        }
+                    }
+                }
+                (s1, s2)
+            },
+        )
+        .reduce(
+            || (vec![0.0f64; c], vec![0.0f64; c]),
+            |(mut a1, mut a2), (b1, b2)| {
+                for j in 0..c {
+                    a1[j] += b1[j];
+                    a2[j] += b2[j];
+                }
+                (a1, a2)
+            },
+        );
+    fold
+}
+
+/// A 2-D convolution without bias (ResNet's convolutions are followed by batch norm).
+pub struct Conv2d<T> {
+    pub shape: ConvShape,
+    pub weight: Param<T>,
+    input: Option<Tensor<T>>,
+}
+
+impl<T: Float> Conv2d<T> {
+    /// He-initialised (normal, fan-out mode, as torchvision's ResNet) from `rng`.
+    pub fn new(name: &str, c: usize, k: usize, r: usize, stride: usize, pad: usize, rng: &mut crate::data::Rng) -> Conv2d<T> {
+        let std = (2.0 / (k * r * r) as f64).sqrt();
+        let w = (0..r * r * c * k).map(|_| T::from_f64(rng.normal() * std)).collect();
+        Conv2d {
+            shape: ConvShape { n: 0, c, h: 0, w: 0, k, r, s: r, stride, pad },
+            weight: Param::new(format!("{name}.weight"), w, true),
+            input: None,
+        }
+    }
+
+    fn shape_for(&self, x: &Tensor<T>) -> ConvShape {
+        assert_eq!(x.c, self.shape.c, "{}: input channels", self.weight.name);
+        ConvShape { n: x.n, h: x.h, w: x.w, ..self.shape }
+    }
+
+    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        let sh = self.shape_for(x);
+        let mut y = Tensor::zeros(x.n, sh.oh(), sh.ow(), sh.k);
+        conv::forward(&x.data, &self.weight.value, &mut y.data, &sh);
+        self.input = Some(x.clone());
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let x = self.input.take().expect("backward before forward");
+        let sh = self.shape_for(&x);
+        conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
+        let mut dx = Tensor::zeros(x.n, x.h, x.w, x.c);
+        conv::backward_data(&dy.data, &self.weight.value, &mut dx.data, &sh);
+        dx
+    }
+}
+
+/// Batch normalisation over N·H·W per channel, with running statistics for inference.
+pub struct BatchNorm<T> {
+    pub gamma: Param<T>,
+    pub beta: Param<T>,
+    pub running_mean: Vec<T>,
+    pub running_var: Vec<T>,
+    pub momentum: f64,
+    pub eps: f64,
+    xhat: Vec<T>,
+    inv_std: Vec<T>,
+}
+
+impl<T: Float> BatchNorm<T> {
+    pub fn new(name: &str, c: usize, gamma: f64) -> BatchNorm<T> {
+        BatchNorm {
+            gamma: Param::new(format!("{name}.weight"), vec![T::from_f64(gamma); c], false),
+            beta: Param::new(format!("{name}.bias"), vec![T::zero(); c], false),
+            running_mean: vec![T::zero(); c],
+            running_var: vec![T::one(); c],
+            momentum: 0.1,
+            eps: 1e-5,
+            xhat: Vec::new(),
+            inv_std: Vec::new(),
+        }
+    }
+
+    pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
+        let c = x.c;
+        let m = x.rows() as f64;
+        let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
+            let (s1, s2) = channel_sums(&x.data, None, c);
+            let mut mean = Vec::with_capacity(c);
+            let mut inv = Vec::with_capacity(c);
+            for j in 0..c {
+                let mu = s1[j] / m;
+                let var = (s2[j] / m - mu * mu).max(0.0);
+                let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
+                self.running_mean[j] = T::from_f64((1.0 - self.momentum) * self.running_mean[j].to_f64() + self.momentum * mu);
+                self.running_var[j] = T::from_f64((1.0 - self.momentum) * self.running_var[j].to_f64() + self.momentum * unbiased);
+                mean.push(T::from_f64(mu));
+                inv.push(T::from_f64(1.0 / (var + self.eps).sqrt()));
+            }
+            (mean, inv)
+        } else {
+            (
+                self.running_mean.clone(),
+                self.running_var.iter().map(|v| T::from_f64(1.0 / (v.to_f64() + self.eps).sqrt())).collect(),
+            )
+        };
+        let mut y = Tensor::zeros(x.n, x.h, x.w, c);
+        let mut xhat = vec![T::zero(); x.len()];
+        let (g, b) = (&self.gamma.value, &self.beta.value);
+        y.data
+            .par_chunks_mut(CHUNK_ROWS * c)
+            .zip(xhat.par_chunks_mut(CHUNK_ROWS * c))
+            .zip(x.data.par_chunks(CHUNK_ROWS * c))
+            .for_each(|((yc, hc), xc)| {
+                for ((yr, hr), xr) in yc.chunks_exact_mut(c).zip(hc.chunks_exact_mut(c)).zip(xc.chunks_exact(c)) {
+                    for j in 0..c {
+                        let h = (xr[j] - mean[j]) * inv_std[j];
+                        hr[j] = h;
+                        yr[j] = g[j] * h + b[j];
+                    }
+                }
+            });
+        if train {
+            self.xhat = xhat;
+            self.inv_std = inv_std;
+        }
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let c = dy.c;
+        let m = dy.rows() as f64;
+        let (dbeta, dgamma) = channel_sums(&dy.data, Some(&self.xhat), c);
+        for j in 0..c {
+            self.gamma.grad[j] = T::from_f64(dgamma[j]);
+            self.beta.grad[j] = T::from_f64(dbeta[j]);
+        }
+        // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂))
+        let scale: Vec<T> = (0..c).map(|j| self.gamma.value[j] * self.inv_std[j]).collect();
+        let mdb: Vec<T> = dbeta.iter().map(|v| T::from_f64(v / m)).collect();
+        let mdg: Vec<T> = dgamma.iter().map(|v| T::from_f64(v / m)).collect();
+        let mut dx = Tensor::zeros(dy.n, dy.h, dy.w, c);
+        dx.data
+            .par_chunks_mut(CHUNK_ROWS * c)
+            .zip(dy.data.par_chunks(CHUNK_ROWS * c))
+            .zip(self.xhat.par_chunks(CHUNK_ROWS * c))
+            .for_each(|((dxc, dyc), hc)| {
+                for ((dxr, dyr), hr) in dxc.chunks_exact_mut(c).zip(dyc.chunks_exact(c)).zip(hc.chunks_exact(c)) {
+                    for j in 0..c {
+                        dxr[j] = scale[j] * (dyr[j] - mdb[j] - hr[j] * mdg[j]);
+                    }
+                }
+            });
+        dx
+    }
+}
+
+/// ReLU, in place on the forward output (which the backward pass uses as its mask).
+pub fn relu_forward<T: Float>(x: &mut Tensor<T>) {
+    x.data.par_chunks_mut(1 << 14).for_each(|c| {
+        for v in c {
+            if *v < T::zero() {
+                *v = T::zero();
+            }
+        }
+    });
+}
+
+/// dx = dy where the forward output `y` was positive, in place on `dy`.
+pub fn relu_backward<T: Float>(y: &Tensor<T>, dy: &mut Tensor<T>) {
+    dy.data.par_chunks_mut(1 << 14).zip(y.data.par_chunks(1 << 14)).for_each(|(d, yc)| {
+        for (g, v) in d.iter_mut().zip(yc) {
+            if *v <= T::zero() {
+                *g = T::zero();
+            }
+        }
+    });
+}
+
+/// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
+pub struct MaxPool<T> {
+    argmax: Vec<u32>,
+    input_shape: (usize, usize, usize, usize),
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Float> Default for MaxPool<T> {
+    fn default() -> Self {
+        MaxPool { argmax: Vec::new(), input_shape: (0, 0, 0, 0), _t: std::marker::PhantomData }
+    }
+}
+
+impl<T: Float> MaxPool<T> {
+    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        let (oh, ow) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
+        let mut y = Tensor::zeros(x.n, oh, ow, x.c);
+        let mut arg = vec![0u32; y.len()];
+        let c = x.c;
+        y.data
+            .par_chunks_mut(oh * ow * c)
+            .zip(arg.par_chunks_mut(oh * ow * c))
+            .enumerate()
+            .for_each(|(n, (yi, ai))| {
+                for oy in 0..oh {
+                    for ox in 0..ow {
+                        for j in 0..c {
+                            let mut best = None::<(T, usize)>;
+                            for ky in 0..3 {
+                                let iy = (oy * 2 + ky) as isize - 1;
+                                if iy < 0 || iy >= x.h as isize {
+                                    continue;
+                                }
+                                for kx in 0..3 {
+                                    let ix = (ox * 2 + kx) as isize - 1;
+                                    if ix < 0 || ix >= x.w as isize {
+                                        continue;
+                                    }
+                                    let idx = ((iy as usize) * x.w + ix as usize) * c + j;
+                                    let v = x.data[n * x.h * x.w * c + idx];
+                                    if best.is_none_or(|(b, _)| v > b) {
+                                        best = Some((v, idx));
+                                    }
+                                }
+                            }
+                            let o = (oy * ow + ox) * c + j;
+                            let (v, i) = best.unwrap_or((T::zero(), 0));
+                            yi[o] = v;
+                            ai[o] = i as u32;
+                        }
+                    }
+                }
+            });
+        self.argmax = arg;
+        self.input_shape = (x.n, x.h, x.w, x.c);
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let (n, h, w, c) = self.input_shape;
+        let mut dx = Tensor::zeros(n, h, w, c);
+        let per_out = dy.h * dy.w * c;
+        dx.data
+            .par_chunks_mut(h * w * c)
+            .enumerate()
+            .for_each(|(img, dxi)| {
+                for o in 0..per_out {
+                    dxi[self.argmax[img * per_out + o] as usize] += dy.data[img * per_out + o];
+                }
+            });
+        dx
+    }
+}
+
+/// Global average pooling: n × h × w × c → n × 1 × 1 × c.
+pub fn avgpool_forward<T: Float>(x: &Tensor<T>) -> Tensor<T> {
+    let hw = x.h * x.w;
+    let inv = T::from_f64(1.0 / hw as f64);
+    let mut y = Tensor::zeros(x.n, 1, 1, x.c);
+    for n in 0..x.n {
+        for p in 0..hw {
+            let row = &x.data[(n * hw + p) * x.c..(n * hw + p + 1) * x.c];
+            for (o, v) in y.data[n * x.c..(n + 1) * x.c].iter_mut().zip(row) {
+                *o += *v;
+            }
+        }
+        for o in &mut y.data[n * x.c..(n + 1) * x.c] {
+            *o *= inv;
+        }
+    }
+    y
+}
+
+pub fn avgpool_backward<T: Float>(dy: &Tensor<T>, h: usize, w: usize) -> Tensor<T> {
+    let inv = T::from_f64(1.0 / (h * w) as f64);
+    let mut dx = Tensor::zeros(dy.n, h, w, dy.c);
+    let c = dy.c;
+    dx.data.par_chunks_mut(h * w * c).enumerate().for_each(|(n, di)| {
+        for row in di.chunks_exact_mut(c) {
+            for (d, g) in row.iter_mut().zip(&dy.data[n * c..(n + 1) * c]) {
+                *d = *g * inv;
+            }
+        }
+    });
+    dx
+}
+
+/// A fully connected layer `y = x·W + b` (W is in × out).
+pub struct Linear<T> {
+    pub weight: Param<T>,
+    pub bias: Param<T>,
+    pub inputs: usize,
+    pub outputs: usize,
+    input: Option<Tensor<T>>,
+}
+
+impl<T: Float> Linear<T> {
+    /// Uniform ±1/√in, as torchvision's default for the classifier.
+    pub fn new(name: &str, inputs: usize, outputs: usize, rng: &mut crate::data::Rng) -> Linear<T> {
+        let bound = 1.0 / (inputs as f64).sqrt();
+        Linear {
+            weight: Param::new(format!("{name}.weight"), (0..inputs * outputs).map(|_| T::from_f64(rng.uniform(-bound, bound))).collect(), true),
+            bias: Param::new(format!("{name}.bias"), (0..outputs).map(|_| T::from_f64(rng.uniform(-bound, bound))).collect(), false),
+            inputs,
+            outputs,
+            input: None,
+        }
+    }
+
+    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        let n = x.rows();
+        assert_eq!(x.c, self.inputs, "{}: input features", self.weight.name);
+        let mut y = Tensor::zeros(x.n, x.h, x.w, self.outputs);
+        for row in y.data.chunks_exact_mut(self.outputs) {
+            row.copy_from_slice(&self.bias.value);
+        }
+        // SAFETY: x n × in, W in × out, y n × out.
+        unsafe {
+            gemm(n, self.outputs, self.inputs, y.data.as_mut_ptr(), self.outputs, true, Mat::rows(x.data.as_ptr(), self.inputs), Mat::rows(self.weight.value.as_ptr(), self.outputs), true)
+        };
+        self.input = Some(x.clone());
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let x = self.input.take().expect("backward before forward");
+        let n = x.rows();
+        // SAFETY: xᵀ in × n, dy n × out → dW in × out; dy n × out, Wᵀ out × in → dx n × in.
+        unsafe {
+            gemm(self.inputs, self.outputs, n, self.weight.grad.as_mut_ptr(), self.outputs, false, Mat::transposed(x.data.as_ptr(), self.inputs), Mat::rows(dy.data.as_ptr(), self.outputs), true);
+        }
+        for (j, g) in self.bias.grad.iter_mut().enumerate() {
+            *g = (0..n).fold(T::zero(), |s, i| s + dy.data[i * self.outputs + j]);
+        }
+        let mut dx = Tensor::zeros(x.n, x.h, x.w, self.inputs);
+        // SAFETY: as above.
+        unsafe {
+            gemm(n, self.inputs, self.outputs, dx.data.as_mut_ptr(), self.inputs, false, Mat::rows(dy.data.as_ptr(), self.outputs), Mat::transposed(self.weight.value.as_ptr(), self.outputs), true);
+        }
+        dx
+    }
+}
+
+/// Softmax cross-entropy with label smoothing ε: mean over the batch of −Σ t·log softmax(z),
+/// t = (1−ε)·onehot + ε/K. Returns (loss, ∂loss/∂logits, correct top-1, correct top-5).
+pub fn softmax_cross_entropy<T: Float>(logits: &Tensor<T>, labels: &[usize], smoothing: f64) -> (f64, Tensor<T>, usize, usize) {
+    let k = logits.c;
+    let n = logits.rows();
+    assert_eq!(labels.len(), n, "one label per row");
+    let mut grad = Tensor::zeros(logits.n, logits.h, logits.w, k);
+    let (mut loss, mut top1, mut top5) = (0.0, 0, 0);
+    for i in 0..n {
+        let z = &logits.data[i * k..(i + 1) * k];
+        let max = z.iter().fold(f64::NEG_INFINITY, |m, v| m.max(v.to_f64()));
+        let sum: f64 = z.iter().map(|v| (v.to_f64() - max).exp()).sum();
+        let lse = max + sum.ln();
+        let label = labels[i];
+        for j in 0..k {
+            let p = (z[j].to_f64() - lse).exp();
+            let t = if j == label { 1.0 - smoothing } else { 0.0 } + smoothing / k as f64;
+            loss -= t * (z[j].to_f64() - lse);
+            grad.data[i * k + j] = T::from_f64((p - t) / n as f64);
+        }
+        let zl = z[label].to_f64();
+        let higher = z.iter().filter(|v| v.to_f64() > zl).count();
+        top1 += (higher == 0) as usize;
+        top5 += (higher < 5) as usize;
+    }
+    (loss / n as f64, grad, top1, top5)
+}
+
+#[cfg(test)]
+mod tests {
+    //! Finite-difference gradient checks in f64: for a layer f and a fixed random projection r,
+    //! L(x, θ) = Σ r·f(x, θ); the backward pass fed with r must give ∂L/∂x and ∂L/∂θ.
+    use super::*;
+    use crate::data::Rng;
+
+    fn rand_tensor(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
+        let mut r = Rng::new(seed);
+        Tensor::from_vec(n, h, w, c, (0..n * h * w * c).map(|_| r.normal()).collect())
+    }
+
+    fn dot(a: &[f64], b: &[f64]) -> f64 {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+
+    /// Central differences of `loss` over a sample of `v`'s entries against `grad`.
+    fn check(name: &str, v: &mut [f64], grad: &[f64], mut loss: impl FnMut(&[f64]) -> f64) {
+        let h = 1e-5;
+        let step = (v.len() / 23).max(1);
+        for i in (0..v.len()).step_by(step) {
+            let orig = v[i];
+            v[i] = orig + h;
+            let up = loss(v);
+            v[i] = orig - h;
+            let down = loss(v);
+            v[i] = orig;
+            let fd = (up - down) / (2.0 * h);
+            let err = (fd - grad[i]).abs() / (fd.abs() + grad[i].abs()).max(1e-6);
+            assert!(err < 1e-5, "{name}[{i}]: finite difference {fd}, backward {}", grad[i]);
+        }
+    }
+
+    #[test]
+    fn conv_gradients() {
+        let mut rng = Rng::new(1);
+        for (stride, pad, r) in [(1, 1, 3), (2, 1, 3), (1, 0, 1), (2, 0, 1)] {
+            let mut layer = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
+            let x = rand_tensor(2, 5, 6, 3, 2);
+            let y = layer.forward(&x);
+            let proj = rand_tensor(y.n, y.h, y.w, y.c, 3);
+            let dx = layer.backward(&proj);
+            let mut xv = x.data.clone();
+            let w = layer.weight.value.clone();
+            let mut l2 = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
+            l2.weight.value = w.clone();
+            check("conv x", &mut xv, &dx.data, |v| dot(&l2.forward(&Tensor::from_vec(2, 5, 6, 3, v.to_vec())).data, &proj.data));
+            let mut wv = w.clone();
+            let grad = layer.weight.grad.clone();
+            check("conv w", &mut wv, &grad, |v| {
+                l2.weight.value = v.to_vec();
+                dot(&l2.forward(&x).data, &proj.data)
+            });
+        }
+    }
+
+    #[test]
+    fn batch_norm_gradients_and_running_statistics() {
+        let mut bn = BatchNorm::<f64>::new("bn", 3, 1.0);
+        bn.gamma.value = vec![0.5, 1.5, -0.7];
+        bn.beta.value = vec![0.1, -0.2, 0.3];
+        let x = rand_tensor(2, 3, 4, 3, 5);
+        let y = bn.forward(&x, true);
+        let proj = rand_tensor(2, 3, 4, 3, 6);
+        let dx = bn.backward(&proj);
+        let (g, b) = (bn.gamma.value.clone(), bn.beta.value.clone());
+        let fresh = |g: &[f64], b: &[f64]| {
+            let mut l = BatchNorm::<f64>::new("bn", 3, 1.0);
+            l.gamma.value = g.to_vec();
+            l.beta.value = b.to_vec();
+            l
+        };
+        let mut xv = x.data.clone();
+        check("bn x", &mut xv, &dx.data, |v| dot(&fresh(&g, &b).forward(&Tensor::from_vec(2, 3, 4, 3, v.to_vec()), true).data, &proj.data));
+        let mut gv = g.clone();
+        check("bn gamma", &mut gv, &bn.gamma.grad.clone(), |v| dot(&fresh(v, &b).forward(&x, true).data, &proj.data));
+        let mut bv = b.clone();
+        check("bn beta", &mut bv, &bn.beta.grad.clone(), |v| dot(&fresh(&g, v).forward(&x, true).data, &proj.data));
+        // Training output: per channel mean β, and running statistics moved 10% of the way.
+        let m = y.rows() as f64;
+        for j in 0..3 {
+            let mean: f64 = (0..y.rows()).map(|r| y.data[r * 3 + j]).sum::<f64>() / m;
+            assert!((mean - bn.beta.value[j]).abs() < 1e-12);
+            let xm: f64 = (0..x.rows()).map(|r| x.data[r * 3 + j]).sum::<f64>() / m;
+            assert!((bn.running_mean[j] - 0.1 * xm).abs() < 1e-12);
+        }
+        // Inference uses the running statistics.
+        let yi = bn.forward(&x, false);
+        let want = g[0] * (x.data[0] - bn.running_mean[0]) / (bn.running_var[0] + 1e-5).sqrt() + b[0];
+        assert!((yi.data[0] - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn relu_pool_linear_and_loss_gradients() {
+        // ReLU
+        let x = rand_tensor(2, 3, 3, 2, 7);
+        let proj = rand_tensor(2, 3, 3, 2, 8);
+        let mut y = x.clone();
+        relu_forward(&mut y);
+        let mut dx = proj.clone();
+        relu_backward(&y, &mut dx);
+        let mut xv = x.data.clone();
+        check("relu", &mut xv, &dx.data, |v| {
+            let mut t = Tensor::from_vec(2, 3, 3, 2, v.to_vec());
+            relu_forward(&mut t);
+            dot(&t.data, &proj.data)
+        });
+        // Max pool
+        let x = rand_tensor(2, 7, 6, 3, 9);
+        let mut mp = MaxPool::<f64>::default();
+        let y = mp.forward(&x);
+        assert_eq!((y.h, y.w), (4, 3));
+        let proj = rand_tensor(y.n, y.h, y.w, y.c, 10);
+        let dx = mp.backward(&proj);
+        let mut xv = x.data.clone();
+        check("maxpool", &mut xv, &dx.data, |v| dot(&MaxPool::default().forward(&Tensor::from_vec(2, 7, 6, 3, v.to_vec())).data, &proj.data));
+        // Global average pool
+        let x = rand_tensor(2, 3, 4, 5, 11);
+        let proj = rand_tensor(2, 1, 1, 5, 12);
+        let dx = avgpool_backward(&proj, 3, 4);
+        let mut xv = x.data.clone();
+        check("avgpool", &mut xv, &dx.data, |v| dot(&avgpool_forward(&Tensor::from_vec(2, 3, 4, 5, v.to_vec())).data, &proj.data));
+        // Linear
+        let mut rng = Rng::new(13);
+        let mut lin = Linear::<f64>::new("fc", 5, 4, &mut rng);
+        let x = rand_tensor(3, 1, 1, 5, 14);
+        let y = lin.forward(&x);
+        let proj = rand_tensor(y.n, 1, 1, 4, 15);
+        let dx = lin.backward(&proj);
+        let (w, b) = (lin.weight.value.clone(), lin.bias.value.clone());
+        let mut other = Linear::<f64>::new("fc", 5, 4, &mut rng);
+        let mut xv = x.data.clone();
+        other.weight.value = w.clone();
+        other.bias.value = b.clone();
+        check("linear x", &mut xv, &dx.data, |v| dot(&other.forward(&Tensor::from_vec(3, 1, 1, 5, v.to_vec())).data, &proj.data));
+        let mut wv = w.clone();
+        check("linear w", &mut wv, &lin.weight.grad.clone(), |v| {
+            other.weight.value = v.to_vec();
+            dot(&other.forward(&x).data, &proj.data)
+        });
+        other.weight.value = w.clone();
+        let mut bv = b.clone();
+        check("linear b", &mut bv, &lin.bias.grad.clone(), |v| {
+            other.bias.value = v.to_vec();
+            dot(&other.forward(&x).data, &proj.data)
+        });
+        // Softmax cross-entropy with label smoothing
+        let z = rand_tensor(4, 1, 1, 6, 16);
+        let labels = [0usize, 5, 2, 2];
+        let (_, g, _, _) = softmax_cross_entropy(&z, &labels, 0.1);
+        let mut zv = z.data.clone();
+        check("loss", &mut zv, &g.data, |v| softmax_cross_entropy(&Tensor::from_vec(4, 1, 1, 6, v.to_vec()), &labels, 0.1).0);
+    }
+
+    #[test]
+    fn loss_values() {
+        // Uniform logits: loss = ln K whatever the smoothing; top-1 counts ties as wrong only
+        // when a larger logit exists.
+        let z = Tensor::<f64>::zeros(2, 1, 1, 10);
+        let (l, _, top1, top5) = softmax_cross_entropy(&z, &[3, 7], 0.1);
+        assert!((l - 10f64.ln()).abs() < 1e-12);
+        assert_eq!((top1, top5), (2, 2));
+    }
+}

@@ -1,0 +1,253 @@
+//! Tensors: dense NHWC arrays of f32 (training) or f64 (gradient checks), and the GEMM that
+//! every heavy layer reduces to.
+
+use gemm::Parallelism;
+use std::fmt::Debug;
+use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
+
+/// The element types the layers run in: f32 for training, f64 for gradient checks.
+pub trait Float:
+    Copy
+    + Default
+    + Debug
+    + PartialOrd
+    + Send
+    + Sync
+    + 'static
+    + Add<Output = Self>
+    + Sub<Output = Self>
+    + Mul<Output = Self>
+    + Div<Output = Self>
+    + Neg<Output = Self>
+    + AddAssign
+    + SubAssign
+    + MulAssign
+{
+    fn from_f64(v: f64) -> Self;
+    fn to_f64(self) -> f64;
+    fn sqrt(self) -> Self;
+    fn exp(self) -> Self;
+    fn ln(self) -> Self;
+    fn zero() -> Self {
+        Self::from_f64(0.0)
+    }
+    fn one() -> Self {
+        Self::from_f64(1.0)
+    }
+    fn max(self, o: Self) -> Self {
+        if self >= o {
+            self
+        } else {
+            o
+        }
+    }
+}
+
+impl Float for f32 {
+    fn from_f64(v: f64) -> Self {
+        v as f32
+    }
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+    fn sqrt(self) -> Self {
+        f32::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        f32::exp(self)
+    }
+    fn ln(self) -> Self {
+        f32::ln(self)
+    }
+}
+
+impl Float for f64 {
+    fn from_f64(v: f64) -> Self {
+        v
+    }
+    fn to_f64(self) -> f64 {
+        self
+    }
+    fn sqrt(self) -> Self {
+        f64::sqrt(self)
+    }
+    fn exp(self) -> Self {
+        f64::exp(self)
+    }
+    fn ln(self) -> Self {
+        f64::ln(self)
+    }
+}
+
+/// An NHWC tensor (a matrix is `n × 1 × 1 × c`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor<T> {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub data: Vec<T>,
+}
+
+impl<T: Float> Tensor<T> {
+    pub fn zeros(n: usize, h: usize, w: usize, c: usize) -> Tensor<T> {
+        Tensor {
+            n,
+            h,
+            w,
+            c,
+            data: vec![T::zero(); n * h * w * c],
+        }
+    }
+
+    pub fn from_vec(n: usize, h: usize, w: usize, c: usize, data: Vec<T>) -> Tensor<T> {
+        assert_eq!(data.len(), n * h * w * c, "tensor data length");
+        Tensor { n, h, w, c, data }
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    /// Rows of the NHWC matrix view (n·h·w, each of c channels).
+    pub fn rows(&self) -> usize {
+        self.n * self.h * self.w
+    }
+
+    pub fn same_shape(&self, o: &Tensor<T>) -> bool {
+        (self.n, self.h, self.w, self.c) == (o.n, o.h, o.w, o.c)
+    }
+}
+
+/// A matrix operand: base pointer and strides (row stride, column stride), so that transposes
+/// cost nothing.
+#[derive(Clone, Copy)]
+pub struct Mat<T> {
+    pub ptr: *const T,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl<T> Mat<T> {
+    /// A row-major matrix with leading dimension `ld`.
+    pub fn rows(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat {
+            ptr,
+            rs: ld as isize,
+            cs: 1,
+        }
+    }
+
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    pub fn transposed(ptr: *const T, ld: usize) -> Mat<T> {
+        Mat {
+            ptr,
+            rs: 1,
+            cs: ld as isize,
+        }
+    }
+}
+
+/// `c[m×n] (+)= a[m×k] · b[k×n]`, `c` row-major with leading dimension `ldc`; accumulates into
+/// `c` when `accumulate`.
+///
+/// # Safety
+/// The operands must cover the matrices their sizes and strides describe; `c` must not overlap
+/// them.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    a: Mat<T>,
+    b: Mat<T>,
+    parallel: bool,
+) {
+    if m == 0 || n == 0 {
+        return;
+    }
+    if k == 0 {
+        if !accumulate {
+            for i in 0..m {
+                for j in 0..n {
+                    *c.add(i * ldc + j) = T::zero();
+                }
+            }
+        }
+        return;
+    }
+    let par = if parallel {
+        Parallelism::Rayon(rayon::current_num_threads())
+    } else {
+        Parallelism::None
+    };
+    gemm::gemm(
+        m,
+        n,
+        k,
+        c,
+        1,
+        ldc as isize,
+        accumulate,
+        a.ptr,
+        a.cs,
+        a.rs,
+        b.ptr,
+        b.cs,
+        b.rs,
+        T::one(),
+        T::one(),
+        false,
+        false,
+        false,
+        par,
+    );
+}
+
+/// Safe row-major `c = a · b` (tests, small layers).
+pub fn matmul<T: Float>(a: &[T], b: &[T], m: usize, k: usize, n: usize) -> Vec<T> {
+    assert_eq!(a.len(), m * k);
+    assert_eq!(b.len(), k * n);
+    let mut c = vec![T::zero(); m * n];
+    // SAFETY: lengths checked above.
+    unsafe { gemm(m, n, k, c.as_mut_ptr(), n, false, Mat::rows(a.as_ptr(), k), Mat::rows(b.as_ptr(), n), false) };
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gemm_with_transposes_matches_a_loop() {
+        let (m, k, n) = (5, 7, 3);
+        let a: Vec<f64> = (0..m * k).map(|i| (i as f64 * 0.37).sin()).collect();
+        let b: Vec<f64> = (0..k * n).map(|i| (i as f64 * 0.11).cos()).collect();
+        let c = matmul(&a, &b, m, k, n);
+        for i in 0..m {
+            for j in 0..n {
+                let want: f64 = (0..k).map(|p| a[i * k + p] * b[p * n + j]).sum();
+                assert!((c[i * n + j] - want).abs() < 1e-12);
+            }
+        }
+        // aᵀ (k×m) · c (m×n) through strides.
+        let mut d = vec![0.0f64; k * n];
+        // SAFETY: sizes as described.
+        unsafe {
+            gemm(k, n, m, d.as_mut_ptr(), n, false, Mat::transposed(a.as_ptr(), k), Mat::rows(c.as_ptr(), n), false)
+        };
+        for p in 0..k {
+            for j in 0..n {
+                let want: f64 = (0..m).map(|i| a[i * k + p] * c[i * n + j]).sum();
+                assert!((d[p * n + j] - want).abs() < 1e-12);
+            }
+        }
+    }
+}
