@@ -107,8 +107,13 @@ impl<T: Float> Conv2d<T> {
         y
     }
 
+    /// The input kept by the last forward pass (for the backward pass).
+    pub(crate) fn take_input(&mut self) -> Tensor<T> {
+        self.input.take().expect("backward before forward")
+    }
+
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
-        let x = self.input.take().expect("backward before forward");
+        let x = self.take_input();
         let sh = self.shape_for(&x);
         conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
         let mut dx = Tensor::zeros(x.n, x.h, x.w, x.c);

@@ -5,4 +5,5 @@
 pub mod conv;
 pub mod data;
 pub mod layers;
+pub mod resnet;
 pub mod tensor;

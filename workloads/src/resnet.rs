@@ -1,0 +1,367 @@
+//! ResNet-50 v1.5 (stride 2 in the 3×3 convolution of each down-sampling bottleneck) and v1
+//! (stride in the first 1×1), He initialisation, optional zero-initialised last batch-norm γ of
+//! each block, width and depth multipliers for small test models; and its analytic FLOP count.
+
+use crate::conv::ConvShape;
+use crate::data::Rng;
+use crate::layers::{
+    avgpool_backward, avgpool_forward, relu_backward, relu_forward, BatchNorm, Conv2d, Linear, MaxPool, Param,
+};
+use crate::tensor::{Float, Tensor};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Version {
+    /// Stride 2 in the first 1×1 convolution of a down-sampling block (the original paper).
+    V1,
+    /// Stride 2 in the 3×3 convolution (torchvision, MLPerf, HPC AI500).
+    V1_5,
+}
+
+#[derive(Clone, Debug)]
+pub struct Config {
+    pub version: Version,
+    /// Bottlenecks per stage: [3, 4, 6, 3] for ResNet-50.
+    pub blocks: [usize; 4],
+    /// Multiplier on every width (64 base channels, 4× expansion).
+    pub width: f64,
+    pub classes: usize,
+    /// Zero-initialise the last batch-norm γ of each block (Goyal et al.).
+    pub zero_init_residual: bool,
+}
+
+impl Config {
+    pub fn resnet50(classes: usize) -> Config {
+        Config {
+            version: Version::V1_5,
+            blocks: [3, 4, 6, 3],
+            width: 1.0,
+            classes,
+            zero_init_residual: false,
+        }
+    }
+
+    fn channels(&self, base: usize) -> usize {
+        ((base as f64 * self.width).round() as usize).max(1)
+    }
+}
+
+/// One bottleneck: 1×1 → 3×3 → 1×1 (×4 expansion) plus the shortcut.
+pub struct Bottleneck<T> {
+    pub conv1: Conv2d<T>,
+    pub bn1: BatchNorm<T>,
+    pub conv2: Conv2d<T>,
+    pub bn2: BatchNorm<T>,
+    pub conv3: Conv2d<T>,
+    pub bn3: BatchNorm<T>,
+    pub down: Option<(Conv2d<T>, BatchNorm<T>)>,
+    a1: Tensor<T>,
+    b1: Tensor<T>,
+    out: Tensor<T>,
+}
+
+impl<T: Float> Bottleneck<T> {
+    #[allow(clippy::too_many_arguments)]
+    fn new(name: &str, cin: usize, mid: usize, stride: usize, version: Version, zero_last: bool, rng: &mut Rng) -> Bottleneck<T> {
+        let out = mid * 4;
+        let (s1, s2) = match version {
+            Version::V1 => (stride, 1),
+            Version::V1_5 => (1, stride),
+        };
+        let down = (stride != 1 || cin != out).then(|| {
+            (
+                Conv2d::new(&format!("{name}.downsample.0"), cin, out, 1, stride, 0, rng),
+                BatchNorm::new(&format!("{name}.downsample.1"), out, 1.0),
+            )
+        });
+        Bottleneck {
+            conv1: Conv2d::new(&format!("{name}.conv1"), cin, mid, 1, s1, 0, rng),
+            bn1: BatchNorm::new(&format!("{name}.bn1"), mid, 1.0),
+            conv2: Conv2d::new(&format!("{name}.conv2"), mid, mid, 3, s2, 1, rng),
+            bn2: BatchNorm::new(&format!("{name}.bn2"), mid, 1.0),
+            conv3: Conv2d::new(&format!("{name}.conv3"), mid, out, 1, 1, 0, rng),
+            bn3: BatchNorm::new(&format!("{name}.bn3"), out, if zero_last { 0.0 } else { 1.0 }),
+            down,
+            a1: Tensor::zeros(0, 0, 0, 0),
+            b1: Tensor::zeros(0, 0, 0, 0),
+            out: Tensor::zeros(0, 0, 0, 0),
+        }
+    }
+
+    fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
+        let mut a = self.bn1.forward(&self.conv1.forward(x), train);
+        relu_forward(&mut a);
+        let mut b = self.bn2.forward(&self.conv2.forward(&a), train);
+        relu_forward(&mut b);
+        let mut c = self.bn3.forward(&self.conv3.forward(&b), train);
+        match &mut self.down {
+            Some((conv, bn)) => {
+                let s = bn.forward(&conv.forward(x), train);
+                for (o, v) in c.data.iter_mut().zip(&s.data) {
+                    *o += *v;
+                }
+            }
+            None => {
+                for (o, v) in c.data.iter_mut().zip(&x.data) {
+                    *o += *v;
+                }
+            }
+        }
+        relu_forward(&mut c);
+        if train {
+            self.a1 = a;
+            self.b1 = b;
+            self.out = c.clone();
+        }
+        c
+    }
+
+    fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
+        relu_backward(&self.out, &mut d);
+        let mut db = self.conv3.backward(&self.bn3.backward(&d));
+        relu_backward(&self.b1, &mut db);
+        let mut da = self.conv2.backward(&self.bn2.backward(&db));
+        relu_backward(&self.a1, &mut da);
+        let mut dx = self.conv1.backward(&self.bn1.backward(&da));
+        let ds = match &mut self.down {
+            Some((conv, bn)) => conv.backward(&bn.backward(&d)),
+            None => d,
+        };
+        for (o, v) in dx.data.iter_mut().zip(&ds.data) {
+            *o += *v;
+        }
+        dx
+    }
+
+    fn params(&mut self) -> Vec<&mut Param<T>> {
+        let mut v = vec![
+            &mut self.conv1.weight,
+            &mut self.bn1.gamma,
+            &mut self.bn1.beta,
+            &mut self.conv2.weight,
+            &mut self.bn2.gamma,
+            &mut self.bn2.beta,
+            &mut self.conv3.weight,
+            &mut self.bn3.gamma,
+            &mut self.bn3.beta,
+        ];
+        if let Some((c, b)) = &mut self.down {
+            v.push(&mut c.weight);
+            v.push(&mut b.gamma);
+            v.push(&mut b.beta);
+        }
+        v
+    }
+
+    fn convs(&self) -> Vec<&Conv2d<T>> {
+        let mut v = vec![&self.conv1, &self.conv2, &self.conv3];
+        if let Some((c, _)) = &self.down {
+            v.push(c);
+        }
+        v
+    }
+}
+
+/// The network.
+pub struct ResNet<T> {
+    pub config: Config,
+    pub stem: Conv2d<T>,
+    pub stem_bn: BatchNorm<T>,
+    pool: MaxPool<T>,
+    pub blocks: Vec<Bottleneck<T>>,
+    pub fc: Linear<T>,
+    stem_out: Tensor<T>,
+    last_hw: (usize, usize),
+}
+
+impl<T: Float> ResNet<T> {
+    pub fn new(config: Config, seed: u64) -> ResNet<T> {
+        let mut rng = Rng::new(seed);
+        let c0 = config.channels(64);
+        let stem = Conv2d::new("conv1", 3, c0, 7, 2, 3, &mut rng);
+        let mut blocks = Vec::new();
+        let mut cin = c0;
+        for (stage, &n) in config.blocks.iter().enumerate() {
+            let mid = config.channels(64 << stage);
+            for b in 0..n {
+                let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+                let name = format!("layer{}.{b}", stage + 1);
+                blocks.push(Bottleneck::new(&name, cin, mid, stride, config.version, config.zero_init_residual, &mut rng));
+                cin = mid * 4;
+            }
+        }
+        let fc = Linear::new("fc", cin, config.classes, &mut rng);
+        ResNet {
+            config,
+            stem,
+            stem_bn: BatchNorm::new("bn1", c0, 1.0),
+            pool: MaxPool::default(),
+            blocks,
+            fc,
+            stem_out: Tensor::zeros(0, 0, 0, 0),
+            last_hw: (0, 0),
+        }
+    }
+
+    /// Logits for an NHWC batch of 3-channel images.
+    pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
+        let mut s = self.stem_bn.forward(&self.stem.forward(x), train);
+        relu_forward(&mut s);
+        let mut h = self.pool.forward(&s);
+        if train {
+            self.stem_out = s;
+        }
+        for b in &mut self.blocks {
+            h = b.forward(&h, train);
+        }
+        self.last_hw = (h.h, h.w);
+        let p = avgpool_forward(&h);
+        self.fc.forward(&p)
+    }
+
+    /// Gradients of every parameter from ∂loss/∂logits (after a training forward pass).
+    pub fn backward(&mut self, dlogits: &Tensor<T>) {
+        let dp = self.fc.backward(dlogits);
+        let mut d = avgpool_backward(&dp, self.last_hw.0, self.last_hw.1);
+        for b in self.blocks.iter_mut().rev() {
+            d = b.backward(d);
+        }
+        let mut ds = self.pool.backward(&d);
+        relu_backward(&self.stem_out, &mut ds);
+        let dstem = self.stem_bn.backward(&ds);
+        // The input image needs no gradient: only the filter gradient of the stem.
+        self.stem.backward_filter_only(&dstem);
+    }
+
+    pub fn params(&mut self) -> Vec<&mut Param<T>> {
+        let mut v: Vec<&mut Param<T>> = vec![&mut self.stem.weight, &mut self.stem_bn.gamma, &mut self.stem_bn.beta];
+        for b in &mut self.blocks {
+            v.extend(b.params());
+        }
+        v.push(&mut self.fc.weight);
+        v.push(&mut self.fc.bias);
+        v
+    }
+
+    pub fn parameter_count(&mut self) -> usize {
+        self.params().iter().map(|p| p.value.len()).sum()
+    }
+
+    /// Analytic FLOPs per image at `resolution` (multiply-accumulate = 2): convolutions and the
+    /// classifier, forward; the training step adds backward-data (not for the stem, whose
+    /// input needs no gradient) and backward-weight passes of the same size each.
+    pub fn flops_per_image(&self, resolution: usize) -> Flops {
+        let mut fwd = 0.0;
+        let mut bwd = 0.0;
+        let mut h = resolution;
+        let conv = |c: &Conv2d<T>, h: usize| {
+            let sh = ConvShape { n: 1, h, w: h, ..c.shape };
+            (sh.flops(), sh.oh())
+        };
+        let (f, oh) = conv(&self.stem, h);
+        fwd += f;
+        bwd += f; // weight gradient only
+        h = (oh + 2 - 3) / 2 + 1; // max pool
+        for b in &self.blocks {
+            let mut hb = h;
+            for (i, c) in b.convs().into_iter().enumerate() {
+                let input_h = if i == 3 { h } else { hb };
+                let (f, oh) = conv(c, input_h);
+                fwd += f;
+                bwd += 2.0 * f;
+                if i < 3 {
+                    hb = oh;
+                }
+            }
+            h = hb;
+        }
+        let fc = 2.0 * (self.fc.inputs * self.fc.outputs) as f64;
+        fwd += fc;
+        bwd += 2.0 * fc;
+        Flops { forward: fwd, backward: bwd }
+    }
+}
+
+/// FLOPs per image of a forward pass and of the backward pass.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Flops {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+impl Flops {
+    pub fn training(&self) -> f64 {
+        self.forward + self.backward
+    }
+}
+
+impl<T: Float> Conv2d<T> {
+    /// The filter gradient alone (for a layer whose input needs no gradient).
+    pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
+        let x = self.take_input();
+        let sh = ConvShape { n: x.n, h: x.h, w: x.w, ..self.shape };
+        crate::conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::layers::softmax_cross_entropy;
+
+    #[test]
+    fn resnet50_has_the_standard_parameter_count_and_flops() {
+        let mut m = ResNet::<f32>::new(Config::resnet50(1000), 1);
+        // torchvision's resnet50: 25,557,032 parameters (v1 and v1.5 alike).
+        assert_eq!(m.parameter_count(), 25_557_032);
+        let f = m.flops_per_image(224);
+        // v1.5 forward: 4.09 GMAC of convolutions and classifier → ≈ 8.18 GFLOP.
+        assert!((f.forward / 1e9 - 8.18).abs() < 0.05, "{}", f.forward);
+        let mut v1 = Config::resnet50(1000);
+        v1.version = Version::V1;
+        let m1 = ResNet::<f32>::new(v1, 1);
+        // v1 moves the stride to the first 1×1: fewer FLOPs (3.86 GMAC ≈ 7.72 GFLOP).
+        assert!(m1.flops_per_image(224).forward < f.forward);
+        assert!((m1.flops_per_image(224).forward / 1e9 - 7.72).abs() < 0.05);
+    }
+
+    /// The whole network's backward pass, through every layer, against finite differences of
+    /// the loss on a tiny model in f64.
+    #[test]
+    fn tiny_network_gradient_check() {
+        let cfg = Config { version: Version::V1_5, blocks: [1, 1, 0, 0], width: 1.0 / 16.0, classes: 3, zero_init_residual: false };
+        let mut m = ResNet::<f64>::new(cfg.clone(), 3);
+        let mut rng = Rng::new(4);
+        let x = Tensor::from_vec(2, 16, 16, 3, (0..2 * 16 * 16 * 3).map(|_| rng.normal()).collect());
+        let labels = [1usize, 2];
+        let logits = m.forward(&x, true);
+        let (_, g, _, _) = softmax_cross_entropy(&logits, &labels, 0.0);
+        m.backward(&g);
+        let grads: Vec<Vec<f64>> = m.params().iter().map(|p| p.grad.clone()).collect();
+        let values: Vec<Vec<f64>> = m.params().iter().map(|p| p.value.clone()).collect();
+        let loss = |vals: &[Vec<f64>]| {
+            let mut n = ResNet::<f64>::new(cfg.clone(), 3);
+            for (p, v) in n.params().into_iter().zip(vals) {
+                p.value = v.clone();
+            }
+            let z = n.forward(&x, true);
+            softmax_cross_entropy(&z, &labels, 0.0).0
+        };
+        let h = 1e-5;
+        let mut checked = 0;
+        for (pi, vals) in values.iter().enumerate() {
+            for i in (0..vals.len()).step_by((vals.len() / 3).max(1)) {
+                let mut up = values.clone();
+                up[pi][i] += h;
+                let mut down = values.clone();
+                down[pi][i] -= h;
+                let fd = (loss(&up) - loss(&down)) / (2.0 * h);
+                let g = grads[pi][i];
+                // Absolute floor: gradients of ~0 (a channel ReLU switched off) are noise-level.
+                let err = (fd - g).abs() / (fd.abs() + g.abs()).max(1e-6);
+                assert!(err < 1e-4, "param {pi} [{i}]: finite difference {fd}, backward {g}");
+                checked += 1;
+            }
+        }
+        assert!(checked > 40);
+    }
+}
