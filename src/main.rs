@@ -2,6 +2,7 @@
 
 mod output;
 mod probe_cmd;
+mod train_cmd;
 
 use anyhow::anyhow;
 use clap::{Parser, Subcommand};
@@ -86,6 +87,14 @@ enum Command {
         #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = parse_seconds)]
         comm_timeout: Duration,
     },
+    /// Train a workload with the embedded trainer and report throughput, loss and accuracy.
+    ///
+    /// ResNet-50 v1.5 (or v1) on a synthetic, learnable image set: SGD with momentum 0.9 and
+    /// weight decay 1e-4, learning rate 0.1 per 256 images scaled with the batch, linear
+    /// warm-up then cosine decay. Prints images/s, the loss and Top-1/Top-5 on held-out images;
+    /// --json gives the parameter count, images/s, achieved FLOP/s and FLOPs per image.
+    /// Example: roofline train --workload resnet50 --synthetic --batch 32 --steps 20
+    Train(train_cmd::TrainArgs),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
     /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to
@@ -232,6 +241,7 @@ fn main() -> ExitCode {
                 })
             }
         }
+        Command::Train(args) => train_cmd::train(&args),
         Command::Kernels { arch, json } => output::kernels(&arch, json).map_err(Failure::Input),
         Command::Plot {
             machine,

@@ -130,8 +130,31 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     check_lengths::<T>(sh, x.len(), dw.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
-        // SAFETY: xᵀ c × rows, dy rows × k, dw c × k.
-        unsafe { gemm(depth, k, sh.rows(), dw.as_mut_ptr(), k, false, Mat::transposed(x.as_ptr(), depth), Mat::rows(dy.as_ptr(), k), true) };
+        // dw = xᵀ·dy has a small output and a long reduction (all rows): the GEMM's own
+        // parallelism (over the output) would leave cores idle, so the rows are split instead.
+        const ROWS: usize = 4096;
+        let total = x
+            .par_chunks(ROWS * depth)
+            .zip(dy.par_chunks(ROWS * k))
+            .fold(
+                || vec![T::zero(); depth * k],
+                |mut acc, (xc, dyc)| {
+                    let rows = xc.len() / depth;
+                    // SAFETY: xcᵀ depth × rows, dyc rows × k, acc depth × k.
+                    unsafe { gemm(depth, k, rows, acc.as_mut_ptr(), k, true, Mat::transposed(xc.as_ptr(), depth), Mat::rows(dyc.as_ptr(), k), false) };
+                    acc
+                },
+            )
+            .reduce(
+                || vec![T::zero(); depth * k],
+                |mut a, b| {
+                    for (x, y) in a.iter_mut().zip(&b) {
+                        *x += *y;
+                    }
+                    a
+                },
+            );
+        dw.copy_from_slice(&total);
         return;
     }
     let per_img = sh.oh() * sh.ow();

@@ -4,6 +4,7 @@
 use crate::conv::{self, ConvShape};
 use crate::tensor::{gemm, Float, Mat, Tensor};
 use rayon::prelude::*;
+use std::sync::Arc;
 
 /// A trainable parameter with its gradient and momentum buffer.
 #[derive(Clone, Debug)]
@@ -32,32 +33,28 @@ impl<T: Float> Param<T> {
 /// Rows per parallel chunk of the element-wise layers.
 const CHUNK_ROWS: usize = 256;
 
-/// Per-channel sums over the rows of an NHWC tensor: (Σ a, Σ a·b) for each channel.
+/// Per-channel sums over the rows of an NHWC tensor: (Σ a, Σ a·b) for each channel (Σ a² when
+/// `b` is `None`). Each chunk of rows sums in the element type (vectorised), chunks combine in
+/// f64.
 fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<f64>) {
-    let fold = a
-        .par_chunks(CHUNK_ROWS * c)
-        .enumerate()
+    let chunk = CHUNK_ROWS * c;
+    let b = b.unwrap_or(a);
+    a.par_chunks(chunk)
+        .zip(b.par_chunks(chunk))
         .fold(
             || (vec![0.0f64; c], vec![0.0f64; c]),
-            |(mut s1, mut s2), (ci, chunk)| {
-                let off = ci * CHUNK_ROWS * c;
-                for (r, row) in chunk.chunks_exact(c).enumerate() {
-                    match b {
-                        Some(b) => {
-                            let brow = &b[off + r * c..off + (r + 1) * c];
-                            for j in 0..c {
-                                s1[j] += row[j].to_f64();
-                                s2[j] += (row[j] * brow[j]).to_f64();
-                            }
-                        }
-                        None => {
-                            for j in 0..c {
-                                let v = row[j].to_f64();
-                                s1[j] += v;
-                                s2[j] += v * v;
-                            }
-                        }
+            |(mut s1, mut s2), (ac, bc)| {
+                let mut p1 = vec![T::zero(); c];
+                let mut p2 = vec![T::zero(); c];
+                for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
+                    for (((x, y), q1), q2) in ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut()) {
+                        *q1 += *x;
+                        *q2 += *x * *y;
                     }
+                }
+                for j in 0..c {
+                    s1[j] += p1[j].to_f64();
+                    s2[j] += p2[j].to_f64();
                 }
                 (s1, s2)
             },
@@ -71,15 +68,14 @@ fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<
                 }
                 (a1, a2)
             },
-        );
-    fold
+        )
 }
 
 /// A 2-D convolution without bias (ResNet's convolutions are followed by batch norm).
 pub struct Conv2d<T> {
     pub shape: ConvShape,
     pub weight: Param<T>,
-    input: Option<Tensor<T>>,
+    input: Option<Arc<Tensor<T>>>,
 }
 
 impl<T: Float> Conv2d<T> {
@@ -99,16 +95,17 @@ impl<T: Float> Conv2d<T> {
         ConvShape { n: x.n, h: x.h, w: x.w, ..self.shape }
     }
 
-    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+    /// The input is shared, not copied: the backward pass needs it for the filter gradient.
+    pub fn forward(&mut self, x: &Arc<Tensor<T>>) -> Tensor<T> {
         let sh = self.shape_for(x);
-        let mut y = Tensor::zeros(x.n, sh.oh(), sh.ow(), sh.k);
+        let mut y = Tensor::for_overwrite(x.n, sh.oh(), sh.ow(), sh.k);
         conv::forward(&x.data, &self.weight.value, &mut y.data, &sh);
-        self.input = Some(x.clone());
+        self.input = Some(Arc::clone(x));
         y
     }
 
     /// The input kept by the last forward pass (for the backward pass).
-    pub(crate) fn take_input(&mut self) -> Tensor<T> {
+    pub(crate) fn take_input(&mut self) -> Arc<Tensor<T>> {
         self.input.take().expect("backward before forward")
     }
 
@@ -116,7 +113,9 @@ impl<T: Float> Conv2d<T> {
         let x = self.take_input();
         let sh = self.shape_for(&x);
         conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
-        let mut dx = Tensor::zeros(x.n, x.h, x.w, x.c);
+        // backward_data overwrites every element (GEMM without accumulation, or zero-filled
+        // images for col2im).
+        let mut dx = Tensor::for_overwrite(x.n, x.h, x.w, x.c);
         conv::backward_data(&dy.data, &self.weight.value, &mut dx.data, &sh);
         dx
     }
@@ -130,7 +129,8 @@ pub struct BatchNorm<T> {
     pub running_var: Vec<T>,
     pub momentum: f64,
     pub eps: f64,
-    xhat: Vec<T>,
+    input: Option<Tensor<T>>,
+    mean: Vec<T>,
     inv_std: Vec<T>,
 }
 
@@ -143,12 +143,19 @@ impl<T: Float> BatchNorm<T> {
             running_var: vec![T::one(); c],
             momentum: 0.1,
             eps: 1e-5,
-            xhat: Vec::new(),
+            input: None,
+            mean: Vec::new(),
             inv_std: Vec::new(),
         }
     }
 
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
+        self.forward_act(x.clone(), train, false)
+    }
+
+    /// `forward` followed by ReLU when `relu`, in one pass over memory. Takes the input by
+    /// value: training keeps it (not a normalised copy) for the backward pass.
+    pub fn forward_act(&mut self, x: Tensor<T>, train: bool, relu: bool) -> Tensor<T> {
         let c = x.c;
         let m = x.rows() as f64;
         let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
@@ -171,50 +178,100 @@ impl<T: Float> BatchNorm<T> {
                 self.running_var.iter().map(|v| T::from_f64(1.0 / (v.to_f64() + self.eps).sqrt())).collect(),
             )
         };
-        let mut y = Tensor::zeros(x.n, x.h, x.w, c);
-        let mut xhat = vec![T::zero(); x.len()];
-        let (g, b) = (&self.gamma.value, &self.beta.value);
-        y.data
-            .par_chunks_mut(CHUNK_ROWS * c)
-            .zip(xhat.par_chunks_mut(CHUNK_ROWS * c))
-            .zip(x.data.par_chunks(CHUNK_ROWS * c))
-            .for_each(|((yc, hc), xc)| {
-                for ((yr, hr), xr) in yc.chunks_exact_mut(c).zip(hc.chunks_exact_mut(c)).zip(xc.chunks_exact(c)) {
-                    for j in 0..c {
-                        let h = (xr[j] - mean[j]) * inv_std[j];
-                        hr[j] = h;
-                        yr[j] = g[j] * h + b[j];
-                    }
+        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
+        let zero = T::zero();
+        // y = γ·(x − μ)/σ + β = x·a + d per channel.
+        let a: Vec<T> = (0..c).map(|j| self.gamma.value[j] * inv_std[j]).collect();
+        let d: Vec<T> = (0..c).map(|j| self.beta.value[j] - mean[j] * a[j]).collect();
+        y.data.par_chunks_mut(CHUNK_ROWS * c).zip(x.data.par_chunks(CHUNK_ROWS * c)).for_each(|(yc, xc)| {
+            for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
+                for (((o, v), a), d) in yr.iter_mut().zip(xr).zip(&a).zip(&d) {
+                    let t = *v * *a + *d;
+                    *o = if relu && t < zero { zero } else { t };
                 }
-            });
+            }
+        });
         if train {
-            self.xhat = xhat;
+            self.input = Some(x);
+            self.mean = mean;
             self.inv_std = inv_std;
         }
         y
     }
 
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        self.backward_act(dy, None)
+    }
+
+    /// `backward` of `forward_act(.., relu = true)`: `relu_out` is that pass's output, whose
+    /// sign masks `dy` (the ReLU's backward pass, fused into this one's reads).
+    pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
+        let x = self.input.take().expect("backward before forward");
         let c = dy.c;
         let m = dy.rows() as f64;
-        let (dbeta, dgamma) = channel_sums(&dy.data, Some(&self.xhat), c);
-        for j in 0..c {
-            self.gamma.grad[j] = T::from_f64(dgamma[j]);
-            self.beta.grad[j] = T::from_f64(dbeta[j]);
-        }
-        // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂))
-        let scale: Vec<T> = (0..c).map(|j| self.gamma.value[j] * self.inv_std[j]).collect();
-        let mdb: Vec<T> = dbeta.iter().map(|v| T::from_f64(v / m)).collect();
-        let mdg: Vec<T> = dgamma.iter().map(|v| T::from_f64(v / m)).collect();
-        let mut dx = Tensor::zeros(dy.n, dy.h, dy.w, c);
-        dx.data
-            .par_chunks_mut(CHUNK_ROWS * c)
-            .zip(dy.data.par_chunks(CHUNK_ROWS * c))
-            .zip(self.xhat.par_chunks(CHUNK_ROWS * c))
-            .for_each(|((dxc, dyc), hc)| {
-                for ((dxr, dyr), hr) in dxc.chunks_exact_mut(c).zip(dyc.chunks_exact(c)).zip(hc.chunks_exact(c)) {
+        let chunk = CHUNK_ROWS * c;
+        let zero = T::zero();
+        let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
+        let masked = relu_out.is_some();
+        // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
+        let (sd, sdx) = dy
+            .data
+            .par_chunks(chunk)
+            .zip(x.data.par_chunks(chunk))
+            .zip(mask.par_chunks(chunk))
+            .fold(
+                || (vec![0.0f64; c], vec![0.0f64; c]),
+                |(mut s1, mut s2), ((dc, xc), mc)| {
+                    let mut p1 = vec![zero; c];
+                    let mut p2 = vec![zero; c];
+                    for ((dr, xr), mr) in dc.chunks_exact(c).zip(xc.chunks_exact(c)).zip(mc.chunks_exact(c)) {
+                        for ((((g, v), k), q1), q2) in dr.iter().zip(xr).zip(mr).zip(p1.iter_mut()).zip(p2.iter_mut()) {
+                            let g = if masked && *k <= zero { zero } else { *g };
+                            *q1 += g;
+                            *q2 += g * *v;
+                        }
+                    }
                     for j in 0..c {
-                        dxr[j] = scale[j] * (dyr[j] - mdb[j] - hr[j] * mdg[j]);
+                        s1[j] += p1[j].to_f64();
+                        s2[j] += p2[j].to_f64();
+                    }
+                    (s1, s2)
+                },
+            )
+            .reduce(
+                || (vec![0.0f64; c], vec![0.0f64; c]),
+                |(mut a1, mut a2), (b1, b2)| {
+                    for j in 0..c {
+                        a1[j] += b1[j];
+                        a2[j] += b2[j];
+                    }
+                    (a1, a2)
+                },
+            );
+        // Σ dy·x̂ = (Σ dy·x − μ Σ dy)/σ
+        let mut dgamma = vec![0.0f64; c];
+        for j in 0..c {
+            dgamma[j] = (sdx[j] - self.mean[j].to_f64() * sd[j]) * self.inv_std[j].to_f64();
+            self.gamma.grad[j] = T::from_f64(dgamma[j]);
+            self.beta.grad[j] = T::from_f64(sd[j]);
+        }
+        // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)), x̂ = (x − μ)/σ recomputed.
+        let scale: Vec<T> = (0..c).map(|j| self.gamma.value[j] * self.inv_std[j]).collect();
+        let mdb: Vec<T> = sd.iter().map(|v| T::from_f64(v / m)).collect();
+        let mdg: Vec<T> = dgamma.iter().map(|v| T::from_f64(v / m)).collect();
+        let (mean, inv) = (&self.mean, &self.inv_std);
+        let mut dx = Tensor::for_overwrite(dy.n, dy.h, dy.w, c);
+        dx.data
+            .par_chunks_mut(chunk)
+            .zip(dy.data.par_chunks(chunk))
+            .zip(x.data.par_chunks(chunk))
+            .zip(mask.par_chunks(chunk))
+            .for_each(|(((dxc, dyc), xc), mc)| {
+                for (((dxr, dyr), xr), mr) in dxc.chunks_exact_mut(c).zip(dyc.chunks_exact(c)).zip(xc.chunks_exact(c)).zip(mc.chunks_exact(c)) {
+                    for j in 0..c {
+                        let g = if masked && mr[j] <= zero { zero } else { dyr[j] };
+                        let h = (xr[j] - mean[j]) * inv[j];
+                        dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                     }
                 }
             });
@@ -244,6 +301,27 @@ pub fn relu_backward<T: Float>(y: &Tensor<T>, dy: &mut Tensor<T>) {
     });
 }
 
+/// `y = relu(y + s)` (a residual connection and its activation, in one pass).
+pub fn add_relu<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
+    assert!(y.same_shape(s), "residual shapes");
+    y.data.par_chunks_mut(1 << 14).zip(s.data.par_chunks(1 << 14)).for_each(|(o, v)| {
+        for (o, v) in o.iter_mut().zip(v) {
+            let t = *o + *v;
+            *o = if t < T::zero() { T::zero() } else { t };
+        }
+    });
+}
+
+/// `y += s`, in parallel.
+pub fn add_into<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
+    assert!(y.same_shape(s), "shapes");
+    y.data.par_chunks_mut(1 << 14).zip(s.data.par_chunks(1 << 14)).for_each(|(o, v)| {
+        for (o, v) in o.iter_mut().zip(v) {
+            *o += *v;
+        }
+    });
+}
+
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
 pub struct MaxPool<T> {
     argmax: Vec<u32>,
@@ -260,7 +338,7 @@ impl<T: Float> Default for MaxPool<T> {
 impl<T: Float> MaxPool<T> {
     pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
         let (oh, ow) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
-        let mut y = Tensor::zeros(x.n, oh, ow, x.c);
+        let mut y = Tensor::for_overwrite(x.n, oh, ow, x.c);
         let mut arg = vec![0u32; y.len()];
         let c = x.c;
         y.data
@@ -473,7 +551,7 @@ mod tests {
         let mut rng = Rng::new(1);
         for (stride, pad, r) in [(1, 1, 3), (2, 1, 3), (1, 0, 1), (2, 0, 1)] {
             let mut layer = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
-            let x = rand_tensor(2, 5, 6, 3, 2);
+            let x = Arc::new(rand_tensor(2, 5, 6, 3, 2));
             let y = layer.forward(&x);
             let proj = rand_tensor(y.n, y.h, y.w, y.c, 3);
             let dx = layer.backward(&proj);
@@ -481,7 +559,7 @@ mod tests {
             let w = layer.weight.value.clone();
             let mut l2 = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
             l2.weight.value = w.clone();
-            check("conv x", &mut xv, &dx.data, |v| dot(&l2.forward(&Tensor::from_vec(2, 5, 6, 3, v.to_vec())).data, &proj.data));
+            check("conv x", &mut xv, &dx.data, |v| dot(&l2.forward(&Arc::new(Tensor::from_vec(2, 5, 6, 3, v.to_vec()))).data, &proj.data));
             let mut wv = w.clone();
             let grad = layer.weight.grad.clone();
             check("conv w", &mut wv, &grad, |v| {
@@ -525,6 +603,28 @@ mod tests {
         let yi = bn.forward(&x, false);
         let want = g[0] * (x.data[0] - bn.running_mean[0]) / (bn.running_var[0] + 1e-5).sqrt() + b[0];
         assert!((yi.data[0] - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn fused_batch_norm_relu_and_residual_match_the_separate_layers() {
+        let x = rand_tensor(2, 3, 4, 3, 21);
+        let proj = rand_tensor(2, 3, 4, 3, 22);
+        let mut a = BatchNorm::<f64>::new("a", 3, 1.0);
+        let mut b = BatchNorm::<f64>::new("b", 3, 1.0);
+        let mut y1 = a.forward(&x, true);
+        relu_forward(&mut y1);
+        let y2 = b.forward_act(x.clone(), true, true);
+        assert_eq!(y1, y2);
+        let mut d1 = proj.clone();
+        relu_backward(&y1, &mut d1);
+        assert_eq!(a.backward(&d1), b.backward_act(&proj, Some(&y2)));
+        assert_eq!(a.gamma.grad, b.gamma.grad);
+        let mut r1 = x.clone();
+        add_into(&mut r1, &proj);
+        relu_forward(&mut r1);
+        let mut r2 = x.clone();
+        add_relu(&mut r2, &proj);
+        assert_eq!(r1, r2);
     }
 
     #[test]

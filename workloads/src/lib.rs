@@ -7,3 +7,4 @@ pub mod data;
 pub mod layers;
 pub mod resnet;
 pub mod tensor;
+pub mod train;

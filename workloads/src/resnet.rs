@@ -5,9 +5,10 @@
 use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{
-    avgpool_backward, avgpool_forward, relu_backward, relu_forward, BatchNorm, Conv2d, Linear, MaxPool, Param,
+    add_into, add_relu, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d, Linear, MaxPool, Param,
 };
 use crate::tensor::{Float, Tensor};
+use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Version {
@@ -54,9 +55,9 @@ pub struct Bottleneck<T> {
     pub conv3: Conv2d<T>,
     pub bn3: BatchNorm<T>,
     pub down: Option<(Conv2d<T>, BatchNorm<T>)>,
-    a1: Tensor<T>,
-    b1: Tensor<T>,
-    out: Tensor<T>,
+    a1: Arc<Tensor<T>>,
+    b1: Arc<Tensor<T>>,
+    out: Arc<Tensor<T>>,
 }
 
 impl<T: Float> Bottleneck<T> {
@@ -81,53 +82,35 @@ impl<T: Float> Bottleneck<T> {
             conv3: Conv2d::new(&format!("{name}.conv3"), mid, out, 1, 1, 0, rng),
             bn3: BatchNorm::new(&format!("{name}.bn3"), out, if zero_last { 0.0 } else { 1.0 }),
             down,
-            a1: Tensor::zeros(0, 0, 0, 0),
-            b1: Tensor::zeros(0, 0, 0, 0),
-            out: Tensor::zeros(0, 0, 0, 0),
+            a1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
+            b1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
+            out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
         }
     }
 
-    fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
-        let mut a = self.bn1.forward(&self.conv1.forward(x), train);
-        relu_forward(&mut a);
-        let mut b = self.bn2.forward(&self.conv2.forward(&a), train);
-        relu_forward(&mut b);
-        let mut c = self.bn3.forward(&self.conv3.forward(&b), train);
-        match &mut self.down {
-            Some((conv, bn)) => {
-                let s = bn.forward(&conv.forward(x), train);
-                for (o, v) in c.data.iter_mut().zip(&s.data) {
-                    *o += *v;
-                }
-            }
-            None => {
-                for (o, v) in c.data.iter_mut().zip(&x.data) {
-                    *o += *v;
-                }
-            }
-        }
-        relu_forward(&mut c);
+    fn forward(&mut self, x: &Arc<Tensor<T>>, train: bool) -> Arc<Tensor<T>> {
+        let a = Arc::new(self.bn1.forward_act(self.conv1.forward(x), train, true));
+        let b = Arc::new(self.bn2.forward_act(self.conv2.forward(&a), train, true));
+        let mut c = self.bn3.forward_act(self.conv3.forward(&b), train, false);
+        let shortcut = self.down.as_mut().map(|(conv, bn)| bn.forward_act(conv.forward(x), train, false));
+        add_relu(&mut c, shortcut.as_ref().unwrap_or(x));
+        let out = Arc::new(c);
         if train {
             self.a1 = a;
             self.b1 = b;
-            self.out = c.clone();
+            self.out = Arc::clone(&out);
         }
-        c
+        out
     }
 
     fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
         relu_backward(&self.out, &mut d);
-        let mut db = self.conv3.backward(&self.bn3.backward(&d));
-        relu_backward(&self.b1, &mut db);
-        let mut da = self.conv2.backward(&self.bn2.backward(&db));
-        relu_backward(&self.a1, &mut da);
-        let mut dx = self.conv1.backward(&self.bn1.backward(&da));
-        let ds = match &mut self.down {
-            Some((conv, bn)) => conv.backward(&bn.backward(&d)),
-            None => d,
-        };
-        for (o, v) in dx.data.iter_mut().zip(&ds.data) {
-            *o += *v;
+        let db = self.conv3.backward(&self.bn3.backward(&d));
+        let da = self.conv2.backward(&self.bn2.backward_act(&db, Some(&self.b1)));
+        let mut dx = self.conv1.backward(&self.bn1.backward_act(&da, Some(&self.a1)));
+        match &mut self.down {
+            Some((conv, bn)) => add_into(&mut dx, &conv.backward(&bn.backward(&d))),
+            None => add_into(&mut dx, &d),
         }
         dx
     }
@@ -169,7 +152,7 @@ pub struct ResNet<T> {
     pool: MaxPool<T>,
     pub blocks: Vec<Bottleneck<T>>,
     pub fc: Linear<T>,
-    stem_out: Tensor<T>,
+    stem_out: Arc<Tensor<T>>,
     last_hw: (usize, usize),
 }
 
@@ -197,16 +180,16 @@ impl<T: Float> ResNet<T> {
             pool: MaxPool::default(),
             blocks,
             fc,
-            stem_out: Tensor::zeros(0, 0, 0, 0),
+            stem_out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
             last_hw: (0, 0),
         }
     }
 
     /// Logits for an NHWC batch of 3-channel images.
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
-        let mut s = self.stem_bn.forward(&self.stem.forward(x), train);
-        relu_forward(&mut s);
-        let mut h = self.pool.forward(&s);
+        let x = Arc::new(x.clone());
+        let s = Arc::new(self.stem_bn.forward_act(self.stem.forward(&x), train, true));
+        let mut h = Arc::new(self.pool.forward(&s));
         if train {
             self.stem_out = s;
         }
@@ -225,9 +208,8 @@ impl<T: Float> ResNet<T> {
         for b in self.blocks.iter_mut().rev() {
             d = b.backward(d);
         }
-        let mut ds = self.pool.backward(&d);
-        relu_backward(&self.stem_out, &mut ds);
-        let dstem = self.stem_bn.backward(&ds);
+        let ds = self.pool.backward(&d);
+        let dstem = self.stem_bn.backward_act(&ds, Some(&self.stem_out));
         // The input image needs no gradient: only the filter gradient of the stem.
         self.stem.backward_filter_only(&dstem);
     }

@@ -100,6 +100,17 @@ impl<T: Float> Tensor<T> {
         }
     }
 
+    /// A tensor whose every element the caller overwrites before reading (no zeroing pass over
+    /// memory: activations are large and this is the hot path).
+    pub fn for_overwrite(n: usize, h: usize, w: usize, c: usize) -> Tensor<T> {
+        let len = n * h * w * c;
+        let mut data = Vec::with_capacity(len);
+        // SAFETY: `Float` types (f32, f64) are plain data for which every bit pattern is a
+        // value; callers overwrite every element before reading it.
+        unsafe { data.set_len(len) };
+        Tensor { n, h, w, c, data }
+    }
+
     pub fn from_vec(n: usize, h: usize, w: usize, c: usize, data: Vec<T>) -> Tensor<T> {
         assert_eq!(data.len(), n * h * w * c, "tensor data length");
         Tensor { n, h, w, c, data }

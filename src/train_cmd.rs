@@ -1,0 +1,194 @@
+//! `roofline train`: the embedded trainer on the command line.
+
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_workloads::data::Synthetic;
+use roofline_workloads::resnet::{Config, Version};
+use roofline_workloads::train::{self, Decay, Monitor, TrainConfig};
+use std::io::IsTerminal;
+
+#[derive(clap::Args)]
+pub struct TrainArgs {
+    /// The workload: resnet50 (ImageNet-style classification; ewa is not built yet).
+    #[arg(long, default_value = "resnet50", value_parser = ["resnet50"])]
+    workload: String,
+    /// Train on the synthetic image set (the only data source of this version).
+    #[arg(long, default_value_t = true)]
+    synthetic: bool,
+    /// Images per step (the global batch).
+    #[arg(long, default_value_t = 32)]
+    batch: usize,
+    /// Image side in pixels.
+    #[arg(long, default_value_t = 224)]
+    resolution: usize,
+    /// Training steps (default: 20; --epochs overrides).
+    #[arg(long)]
+    steps: Option<usize>,
+    /// Epochs over --train-images.
+    #[arg(long)]
+    epochs: Option<usize>,
+    /// Images in the synthetic training set.
+    #[arg(long, default_value_t = 1281)]
+    train_images: usize,
+    /// Held-out images evaluated at the end (0: none).
+    #[arg(long, default_value_t = 0)]
+    eval_images: usize,
+    /// Classes.
+    #[arg(long, default_value_t = 1000)]
+    classes: usize,
+    /// Width multiplier (1 = ResNet-50; 0.25 for small test models).
+    #[arg(long, default_value_t = 1.0)]
+    width: f64,
+    /// Bottlenecks per stage, comma-separated (ResNet-50: 3,4,6,3).
+    #[arg(long, default_value = "3,4,6,3")]
+    depth: String,
+    /// ResNet version: 1.5 (stride in the 3×3) or 1 (stride in the first 1×1).
+    #[arg(long, default_value = "1.5", value_parser = ["1", "1.5"])]
+    version: String,
+    /// Warm-up epochs (linear), as a fraction of the run when no epochs are given: steps/10.
+    #[arg(long)]
+    warmup_steps: Option<usize>,
+    /// Learning rate per 256 images.
+    #[arg(long, default_value_t = 0.1)]
+    lr: f64,
+    /// Label smoothing.
+    #[arg(long, default_value_t = 0.0)]
+    label_smoothing: f64,
+    /// Seed (same seed, same thread count: the same run).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Threads (default: every CPU roofline may use).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Where to run.
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// Print a JSON summary instead of the text one.
+    #[arg(long)]
+    json: bool,
+}
+
+struct Bar(Option<indicatif::ProgressBar>);
+
+impl Monitor for Bar {
+    fn step(&self, step: usize, steps: usize, loss: f64, ips: f64) {
+        if let Some(b) = &self.0 {
+            b.set_length(steps as u64);
+            b.set_position(step as u64);
+            b.set_message(format!("loss {loss:.4}, {ips:.1} images/s"));
+        }
+    }
+}
+
+pub fn train(a: &TrainArgs) -> Result<(), Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
+    if a.device == "cuda" {
+        return Err(input(
+            "--device cuda: the trainer's CUDA path is not built yet (the layers run on the CPU); use --device cpu".into(),
+        ));
+    }
+    let blocks: Vec<usize> = a
+        .depth
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| input(format!("--depth {}: expected four numbers, e.g. 3,4,6,3", a.depth)))?;
+    let blocks: [usize; 4] = blocks
+        .try_into()
+        .map_err(|_| input(format!("--depth {}: expected four numbers, e.g. 3,4,6,3", a.depth)))?;
+    if a.batch == 0 || a.resolution < 32 || a.classes < 2 || !(a.width > 0.0 && a.width <= 4.0) || a.train_images == 0 {
+        return Err(input(
+            "expected --batch ≥ 1, --resolution ≥ 32, --classes ≥ 2, 0 < --width ≤ 4, --train-images ≥ 1".into(),
+        ));
+    }
+    let steps = match (a.steps, a.epochs) {
+        (_, Some(e)) => (e * a.train_images).div_ceil(a.batch),
+        (Some(s), None) => s,
+        (None, None) => 20,
+    };
+    if steps == 0 {
+        return Err(input("nothing to train: --steps or --epochs is 0".into()));
+    }
+    let cfg = TrainConfig {
+        model: Config {
+            version: if a.version == "1" { Version::V1 } else { Version::V1_5 },
+            blocks,
+            width: a.width,
+            classes: a.classes,
+            zero_init_residual: false,
+        },
+        data: Synthetic::new(a.classes, a.resolution, a.seed),
+        batch: a.batch,
+        steps,
+        train_images: a.train_images,
+        eval_images: a.eval_images,
+        warmup_steps: a.warmup_steps.unwrap_or(steps / 10),
+        base_lr_per_256: a.lr,
+        label_smoothing: a.label_smoothing,
+        seed: a.seed,
+        decay: Decay::Cosine,
+        target_top1: None,
+        eval_every: steps,
+    };
+    let threads = a.threads.unwrap_or_else(|| roofline_kernels::affinity::allowed_cpus().len());
+    let pool = roofline_kernels::affinity::pinned_pool(&roofline_kernels::affinity::allowed_cpus()[..threads.min(roofline_kernels::affinity::allowed_cpus().len()).max(1)])
+        .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(steps as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
+                .map(|s| s.progress_chars("=> "))
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let monitor = Bar(bar);
+    let s = pool.install(|| train::train::<f32>(&cfg, &monitor));
+    if let Some(b) = &monitor.0 {
+        b.finish_and_clear();
+    }
+    let last = s.evals.last();
+    if a.json {
+        let v = serde_json::json!({
+            "workload": a.workload,
+            "model": format!("ResNet-50 v{} (width {}, depth {:?})", a.version, a.width, blocks),
+            "parameters": s.parameters,
+            "batch": a.batch,
+            "resolution": a.resolution,
+            "threads": threads,
+            "steps": s.steps,
+            "images": s.images,
+            "train_seconds": s.train_seconds,
+            "images_per_second": s.images_per_second,
+            "steady_images_per_second": s.steady_images_per_second,
+            "achieved_flops": s.achieved_flops,
+            "flops_forward_per_image": s.flops_forward_per_image,
+            "flops_step_per_image": s.flops_step_per_image,
+            "final_loss": s.final_loss,
+            "top1": last.map(|e| e.top1),
+            "top5": last.map(|e| e.top5),
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?);
+    } else {
+        println!(
+            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} synthetic images, batch {}, {} threads",
+            a.version, a.width, blocks, s.parameters, a.resolution, a.resolution, a.batch, threads
+        );
+        println!(
+            "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
+            s.steps,
+            s.images,
+            s.train_seconds,
+            s.images_per_second,
+            s.steady_images_per_second,
+            roofline_plots::si(s.achieved_flops),
+            roofline_plots::si(s.flops_step_per_image),
+            roofline_plots::si(s.flops_forward_per_image)
+        );
+        println!("final training loss {:.4}", s.final_loss);
+        if let Some(e) = last {
+            println!("held-out: Top-1 {:.2}%, Top-5 {:.2}% on {} images", 100.0 * e.top1, 100.0 * e.top5, a.eval_images);
+        }
+    }
+    Ok(())
+}
