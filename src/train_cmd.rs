@@ -92,11 +92,24 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         .split(',')
         .map(|s| s.trim().parse::<usize>())
         .collect::<Result<_, _>>()
-        .map_err(|_| input(format!("--depth {}: expected four numbers, e.g. 3,4,6,3", a.depth)))?;
-    let blocks: [usize; 4] = blocks
-        .try_into()
-        .map_err(|_| input(format!("--depth {}: expected four numbers, e.g. 3,4,6,3", a.depth)))?;
-    if a.batch == 0 || a.resolution < 32 || a.classes < 2 || !(a.width > 0.0 && a.width <= 4.0) || a.train_images == 0 {
+        .map_err(|_| {
+            input(format!(
+                "--depth {}: expected four numbers, e.g. 3,4,6,3",
+                a.depth
+            ))
+        })?;
+    let blocks: [usize; 4] = blocks.try_into().map_err(|_| {
+        input(format!(
+            "--depth {}: expected four numbers, e.g. 3,4,6,3",
+            a.depth
+        ))
+    })?;
+    if a.batch == 0
+        || a.resolution < 32
+        || a.classes < 2
+        || !(a.width > 0.0 && a.width <= 4.0)
+        || a.train_images == 0
+    {
         return Err(input(
             "expected --batch ≥ 1, --resolution ≥ 32, --classes ≥ 2, 0 < --width ≤ 4, --train-images ≥ 1".into(),
         ));
@@ -111,7 +124,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     }
     let cfg = TrainConfig {
         model: Config {
-            version: if a.version == "1" { Version::V1 } else { Version::V1_5 },
+            version: if a.version == "1" {
+                Version::V1
+            } else {
+                Version::V1_5
+            },
             blocks,
             width: a.width,
             classes: a.classes,
@@ -130,15 +147,23 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         target_top1: None,
         eval_every: steps,
     };
-    let threads = a.threads.unwrap_or_else(|| roofline_kernels::affinity::allowed_cpus().len());
-    let pool = roofline_kernels::affinity::pinned_pool(&roofline_kernels::affinity::allowed_cpus()[..threads.min(roofline_kernels::affinity::allowed_cpus().len()).max(1)])
-        .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| roofline_kernels::affinity::allowed_cpus().len());
+    let pool = roofline_kernels::affinity::pinned_pool(
+        &roofline_kernels::affinity::allowed_cpus()[..threads
+            .min(roofline_kernels::affinity::allowed_cpus().len())
+            .max(1)],
+    )
+    .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
     let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(steps as u64);
         b.set_style(
-            indicatif::ProgressStyle::with_template("{elapsed_precise} [{bar:30}] {pos}/{len} {msg}")
-                .map(|s| s.progress_chars("=> "))
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
         b
     });
@@ -148,6 +173,9 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b.finish_and_clear();
     }
     let last = s.evals.last();
+    let counted = roofline_workloads::accounting::layers(&cfg.model, a.resolution);
+    let aiperf = roofline_workloads::accounting::aiperf(&counted);
+    let v3 = roofline_workloads::accounting::hpc_ai500_v3(&counted);
     if a.json {
         let v = serde_json::json!({
             "workload": a.workload,
@@ -165,10 +193,16 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "flops_forward_per_image": s.flops_forward_per_image,
             "flops_step_per_image": s.flops_step_per_image,
             "final_loss": s.final_loss,
+            "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
+            "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
+            "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),
             "top1": last.map(|e| e.top1),
             "top5": last.map(|e| e.top5),
         });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?);
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
+        );
     } else {
         println!(
             "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} synthetic images, batch {}, {} threads",
@@ -185,9 +219,22 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             roofline_plots::si(s.flops_step_per_image),
             roofline_plots::si(s.flops_forward_per_image)
         );
+        println!(
+            "per image: AIPerf rules {} forward, {} backward, {} total; HPC AI500 V3.0 rules {} forward, {} training",
+            roofline_plots::si(aiperf.forward),
+            roofline_plots::si(aiperf.backward),
+            roofline_plots::si(aiperf.total()),
+            roofline_plots::si(v3.forward),
+            roofline_plots::si(v3.total())
+        );
         println!("final training loss {:.4}", s.final_loss);
         if let Some(e) = last {
-            println!("held-out: Top-1 {:.2}%, Top-5 {:.2}% on {} images", 100.0 * e.top1, 100.0 * e.top5, a.eval_images);
+            println!(
+                "held-out: Top-1 {:.2}%, Top-5 {:.2}% on {} images",
+                100.0 * e.top1,
+                100.0 * e.top5,
+                a.eval_images
+            );
         }
     }
     Ok(())

@@ -449,3 +449,57 @@ fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
         "intra-node",
     );
 }
+
+#[test]
+fn train_runs_a_small_resnet_and_reports_json() {
+    let o = bin()
+        .args([
+            "train",
+            "--workload",
+            "resnet50",
+            "--synthetic",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "4",
+            "--steps",
+            "3",
+            "--eval-images",
+            "8",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 3);
+    assert_eq!(v["images"], 12);
+    assert!(v["parameters"].as_u64().unwrap() > 1000);
+    for k in [
+        "images_per_second",
+        "achieved_flops",
+        "flops_forward_per_image",
+        "flops_step_per_image",
+        "final_loss",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {}", v[k]);
+    }
+    assert!(v["top1"].as_f64().is_some());
+    assert!(
+        v["aiperf_ops_per_image"]["total"].as_f64().unwrap()
+            > v["aiperf_ops_per_image"]["forward"].as_f64().unwrap()
+    );
+    expect_input_error(&["train", "--depth", "1,2"], None, "--depth 1,2");
+    expect_input_error(
+        &["train", "--device", "cuda"],
+        None,
+        "CUDA path is not built yet",
+    );
+    expect_input_error(&["train", "--steps", "0"], None, "nothing to train");
+}

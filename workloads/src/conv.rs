@@ -77,7 +77,19 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // SAFETY: x is rows × c, w is c × k, y is rows × k, dense.
-        unsafe { gemm(sh.rows(), k, depth, y.as_mut_ptr(), k, false, Mat::rows(x.as_ptr(), depth), Mat::rows(w.as_ptr(), k), true) };
+        unsafe {
+            gemm(
+                sh.rows(),
+                k,
+                depth,
+                y.as_mut_ptr(),
+                k,
+                false,
+                Mat::rows(x.as_ptr(), depth),
+                Mat::rows(w.as_ptr(), k),
+                true,
+            )
+        };
         return;
     }
     let per_img = sh.oh() * sh.ow();
@@ -90,7 +102,17 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
                 im2col(x, sh, img, r0, rows, patch);
                 // SAFETY: patch rows × depth, w depth × k, the block of y rows × k.
                 unsafe {
-                    gemm(rows, k, depth, y_img[r0 * k..].as_mut_ptr(), k, false, Mat::rows(patch.as_ptr(), depth), Mat::rows(w.as_ptr(), k), false)
+                    gemm(
+                        rows,
+                        k,
+                        depth,
+                        y_img[r0 * k..].as_mut_ptr(),
+                        k,
+                        false,
+                        Mat::rows(patch.as_ptr(), depth),
+                        Mat::rows(w.as_ptr(), k),
+                        false,
+                    )
                 };
             }
         },
@@ -103,26 +125,50 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // SAFETY: dy rows × k, wᵀ k × c (w is c × k), dx rows × c.
-        unsafe { gemm(sh.rows(), depth, k, dx.as_mut_ptr(), depth, false, Mat::rows(dy.as_ptr(), k), Mat::transposed(w.as_ptr(), k), true) };
+        unsafe {
+            gemm(
+                sh.rows(),
+                depth,
+                k,
+                dx.as_mut_ptr(),
+                depth,
+                false,
+                Mat::rows(dy.as_ptr(), k),
+                Mat::transposed(w.as_ptr(), k),
+                true,
+            )
+        };
         return;
     }
     let per_img = sh.oh() * sh.ow();
     let mb = block_rows::<T>(depth);
-    dx.par_chunks_mut(sh.h * sh.w * sh.c).enumerate().for_each_init(
-        || vec![T::zero(); mb * depth],
-        |patch, (img, dx_img)| {
-            dx_img.fill(T::zero());
-            for r0 in (0..per_img).step_by(mb) {
-                let rows = mb.min(per_img - r0);
-                let dyb = &dy[(img * per_img + r0) * k..];
-                // SAFETY: dy block rows × k, wᵀ k × depth, patch rows × depth.
-                unsafe {
-                    gemm(rows, depth, k, patch.as_mut_ptr(), depth, false, Mat::rows(dyb.as_ptr(), k), Mat::transposed(w.as_ptr(), k), false)
-                };
-                col2im(patch, sh, r0, rows, dx_img);
-            }
-        },
-    );
+    dx.par_chunks_mut(sh.h * sh.w * sh.c)
+        .enumerate()
+        .for_each_init(
+            || vec![T::zero(); mb * depth],
+            |patch, (img, dx_img)| {
+                dx_img.fill(T::zero());
+                for r0 in (0..per_img).step_by(mb) {
+                    let rows = mb.min(per_img - r0);
+                    let dyb = &dy[(img * per_img + r0) * k..];
+                    // SAFETY: dy block rows × k, wᵀ k × depth, patch rows × depth.
+                    unsafe {
+                        gemm(
+                            rows,
+                            depth,
+                            k,
+                            patch.as_mut_ptr(),
+                            depth,
+                            false,
+                            Mat::rows(dyb.as_ptr(), k),
+                            Mat::transposed(w.as_ptr(), k),
+                            false,
+                        )
+                    };
+                    col2im(patch, sh, r0, rows, dx_img);
+                }
+            },
+        );
 }
 
 /// `dw = ∂L/∂w` from the layer's input `x` and `dy`.
@@ -141,7 +187,19 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
                 |mut acc, (xc, dyc)| {
                     let rows = xc.len() / depth;
                     // SAFETY: xcᵀ depth × rows, dyc rows × k, acc depth × k.
-                    unsafe { gemm(depth, k, rows, acc.as_mut_ptr(), k, true, Mat::transposed(xc.as_ptr(), depth), Mat::rows(dyc.as_ptr(), k), false) };
+                    unsafe {
+                        gemm(
+                            depth,
+                            k,
+                            rows,
+                            acc.as_mut_ptr(),
+                            k,
+                            true,
+                            Mat::transposed(xc.as_ptr(), depth),
+                            Mat::rows(dyc.as_ptr(), k),
+                            false,
+                        )
+                    };
                     acc
                 },
             )
@@ -170,7 +228,17 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
                     let dyb = &dy[(img * per_img + r0) * k..];
                     // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k.
                     unsafe {
-                        gemm(depth, k, rows, acc.as_mut_ptr(), k, true, Mat::transposed(patch.as_ptr(), depth), Mat::rows(dyb.as_ptr(), k), false)
+                        gemm(
+                            depth,
+                            k,
+                            rows,
+                            acc.as_mut_ptr(),
+                            k,
+                            true,
+                            Mat::transposed(patch.as_ptr(), depth),
+                            Mat::rows(dyb.as_ptr(), k),
+                            false,
+                        )
                     };
                 }
                 (acc, patch)
@@ -193,8 +261,26 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
 mod tests {
     use super::*;
 
-    fn shape(n: usize, c: usize, h: usize, k: usize, r: usize, stride: usize, pad: usize) -> ConvShape {
-        ConvShape { n, c, h, w: h + 1, k, r, s: r, stride, pad }
+    fn shape(
+        n: usize,
+        c: usize,
+        h: usize,
+        k: usize,
+        r: usize,
+        stride: usize,
+        pad: usize,
+    ) -> ConvShape {
+        ConvShape {
+            n,
+            c,
+            h,
+            w: h + 1,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+        }
     }
 
     fn direct(x: &[f64], w: &[f64], sh: &ConvShape) -> Vec<f64> {
@@ -212,7 +298,9 @@ mod tests {
                                     continue;
                                 }
                                 for c in 0..sh.c {
-                                    s += x[((n * sh.h + iy as usize) * sh.w + ix as usize) * sh.c + c] * w[((ky * sh.s + kx) * sh.c + c) * sh.k + k];
+                                    s += x[((n * sh.h + iy as usize) * sh.w + ix as usize) * sh.c
+                                        + c]
+                                        * w[((ky * sh.s + kx) * sh.c + c) * sh.k + k];
                                 }
                             }
                         }
@@ -225,14 +313,22 @@ mod tests {
     }
 
     fn data(len: usize, seed: f64) -> Vec<f64> {
-        (0..len).map(|i| ((i as f64 + seed) * 0.618).sin()).collect()
+        (0..len)
+            .map(|i| ((i as f64 + seed) * 0.618).sin())
+            .collect()
     }
 
     /// Forward against a direct loop; both backward passes through the adjoint identities
     /// <conv(x,w), g> = <x, bwd_data(g,w)> = <w, bwd_filter(x,g)>.
     #[test]
     fn all_three_passes_agree_with_direct_sums() {
-        for sh in [shape(2, 3, 7, 4, 3, 1, 1), shape(2, 5, 8, 3, 3, 2, 1), shape(3, 4, 5, 6, 1, 1, 0), shape(2, 4, 6, 5, 1, 2, 0), shape(1, 3, 9, 2, 7, 2, 3)] {
+        for sh in [
+            shape(2, 3, 7, 4, 3, 1, 1),
+            shape(2, 5, 8, 3, 3, 2, 1),
+            shape(3, 4, 5, 6, 1, 1, 0),
+            shape(2, 4, 6, 5, 1, 2, 0),
+            shape(1, 3, 9, 2, 7, 2, 3),
+        ] {
             let x = data(sh.input_len(), 0.1);
             let w = data(sh.weight_len(), 2.0);
             let g = data(sh.output_len(), 5.0);
@@ -249,8 +345,16 @@ mod tests {
             let yg: f64 = y.iter().zip(&g).map(|(a, b)| a * b).sum();
             let xdx: f64 = x.iter().zip(&dx).map(|(a, b)| a * b).sum();
             let wdw: f64 = w.iter().zip(&dw).map(|(a, b)| a * b).sum();
-            assert!((yg - xdx).abs() < 1e-9 * yg.abs().max(1.0), "{}: {yg} {xdx}", sh.describe());
-            assert!((yg - wdw).abs() < 1e-9 * yg.abs().max(1.0), "{}: {yg} {wdw}", sh.describe());
+            assert!(
+                (yg - xdx).abs() < 1e-9 * yg.abs().max(1.0),
+                "{}: {yg} {xdx}",
+                sh.describe()
+            );
+            assert!(
+                (yg - wdw).abs() < 1e-9 * yg.abs().max(1.0),
+                "{}: {yg} {wdw}",
+                sh.describe()
+            );
         }
     }
 }

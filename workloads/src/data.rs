@@ -17,7 +17,10 @@ impl Rng {
         let mut z = seed.wrapping_add(0x9E37_79B9_7F4A_7C15);
         z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
         z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        Rng { state: (z ^ (z >> 31)) | 1, spare: None }
+        Rng {
+            state: (z ^ (z >> 31)) | 1,
+            spare: None,
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -74,7 +77,12 @@ pub struct Synthetic {
 
 impl Synthetic {
     pub fn new(classes: usize, resolution: usize, seed: u64) -> Synthetic {
-        Synthetic { classes, resolution, seed, noise: 0.6 }
+        Synthetic {
+            classes,
+            resolution,
+            seed,
+            noise: 0.6,
+        }
     }
 
     pub fn label(&self, i: u64) -> usize {
@@ -90,7 +98,11 @@ impl Synthetic {
         let angle = cls.uniform(0.0, std::f64::consts::PI);
         let freq = cls.uniform(1.5, 6.0) * 2.0 * std::f64::consts::PI / r as f64;
         let phase = cls.uniform(0.0, 2.0 * std::f64::consts::PI);
-        let colour = [cls.uniform(-1.0, 1.0), cls.uniform(-1.0, 1.0), cls.uniform(-1.0, 1.0)];
+        let colour = [
+            cls.uniform(-1.0, 1.0),
+            cls.uniform(-1.0, 1.0),
+            cls.uniform(-1.0, 1.0),
+        ];
         let (ca, sa) = (angle.cos(), angle.sin());
         // The image's own noise and a random shift of the pattern.
         let mut own = Rng::new(self.seed.wrapping_mul(0x9E37_79B9).wrapping_add(i));
@@ -99,7 +111,8 @@ impl Synthetic {
             for x in 0..r {
                 let s = ((x as f64 * ca + y as f64 * sa) * freq + phase + shift).sin();
                 for ch in 0..3 {
-                    out[(y * r + x) * 3 + ch] = T::from_f64(s * colour[ch] + 0.3 * colour[ch] + self.noise * own.normal());
+                    out[(y * r + x) * 3 + ch] =
+                        T::from_f64(s * colour[ch] + 0.3 * colour[ch] + self.noise * own.normal());
                 }
             }
         }
@@ -130,7 +143,10 @@ mod tests {
         assert_eq!(xs, ys);
         let mean = xs.iter().sum::<f64>() / xs.len() as f64;
         let var = xs.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / xs.len() as f64;
-        assert!(mean.abs() < 0.03 && (var - 1.0).abs() < 0.05, "{mean} {var}");
+        assert!(
+            mean.abs() < 0.03 && (var - 1.0).abs() < 0.05,
+            "{mean} {var}"
+        );
         let mut p = Rng::new(1).permutation(100);
         p.sort_unstable();
         assert_eq!(p, (0..100).collect::<Vec<_>>());

@@ -47,7 +47,9 @@ fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<
                 let mut p1 = vec![T::zero(); c];
                 let mut p2 = vec![T::zero(); c];
                 for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
-                    for (((x, y), q1), q2) in ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut()) {
+                    for (((x, y), q1), q2) in
+                        ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut())
+                    {
                         *q1 += *x;
                         *q2 += *x * *y;
                     }
@@ -80,11 +82,31 @@ pub struct Conv2d<T> {
 
 impl<T: Float> Conv2d<T> {
     /// He-initialised (normal, fan-out mode, as torchvision's ResNet) from `rng`.
-    pub fn new(name: &str, c: usize, k: usize, r: usize, stride: usize, pad: usize, rng: &mut crate::data::Rng) -> Conv2d<T> {
+    pub fn new(
+        name: &str,
+        c: usize,
+        k: usize,
+        r: usize,
+        stride: usize,
+        pad: usize,
+        rng: &mut crate::data::Rng,
+    ) -> Conv2d<T> {
         let std = (2.0 / (k * r * r) as f64).sqrt();
-        let w = (0..r * r * c * k).map(|_| T::from_f64(rng.normal() * std)).collect();
+        let w = (0..r * r * c * k)
+            .map(|_| T::from_f64(rng.normal() * std))
+            .collect();
         Conv2d {
-            shape: ConvShape { n: 0, c, h: 0, w: 0, k, r, s: r, stride, pad },
+            shape: ConvShape {
+                n: 0,
+                c,
+                h: 0,
+                w: 0,
+                k,
+                r,
+                s: r,
+                stride,
+                pad,
+            },
             weight: Param::new(format!("{name}.weight"), w, true),
             input: None,
         }
@@ -92,7 +114,12 @@ impl<T: Float> Conv2d<T> {
 
     fn shape_for(&self, x: &Tensor<T>) -> ConvShape {
         assert_eq!(x.c, self.shape.c, "{}: input channels", self.weight.name);
-        ConvShape { n: x.n, h: x.h, w: x.w, ..self.shape }
+        ConvShape {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            ..self.shape
+        }
     }
 
     /// The input is shared, not copied: the backward pass needs it for the filter gradient.
@@ -166,8 +193,12 @@ impl<T: Float> BatchNorm<T> {
                 let mu = s1[j] / m;
                 let var = (s2[j] / m - mu * mu).max(0.0);
                 let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
-                self.running_mean[j] = T::from_f64((1.0 - self.momentum) * self.running_mean[j].to_f64() + self.momentum * mu);
-                self.running_var[j] = T::from_f64((1.0 - self.momentum) * self.running_var[j].to_f64() + self.momentum * unbiased);
+                self.running_mean[j] = T::from_f64(
+                    (1.0 - self.momentum) * self.running_mean[j].to_f64() + self.momentum * mu,
+                );
+                self.running_var[j] = T::from_f64(
+                    (1.0 - self.momentum) * self.running_var[j].to_f64() + self.momentum * unbiased,
+                );
                 mean.push(T::from_f64(mu));
                 inv.push(T::from_f64(1.0 / (var + self.eps).sqrt()));
             }
@@ -175,22 +206,30 @@ impl<T: Float> BatchNorm<T> {
         } else {
             (
                 self.running_mean.clone(),
-                self.running_var.iter().map(|v| T::from_f64(1.0 / (v.to_f64() + self.eps).sqrt())).collect(),
+                self.running_var
+                    .iter()
+                    .map(|v| T::from_f64(1.0 / (v.to_f64() + self.eps).sqrt()))
+                    .collect(),
             )
         };
         let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
         let zero = T::zero();
         // y = γ·(x − μ)/σ + β = x·a + d per channel.
         let a: Vec<T> = (0..c).map(|j| self.gamma.value[j] * inv_std[j]).collect();
-        let d: Vec<T> = (0..c).map(|j| self.beta.value[j] - mean[j] * a[j]).collect();
-        y.data.par_chunks_mut(CHUNK_ROWS * c).zip(x.data.par_chunks(CHUNK_ROWS * c)).for_each(|(yc, xc)| {
-            for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
-                for (((o, v), a), d) in yr.iter_mut().zip(xr).zip(&a).zip(&d) {
-                    let t = *v * *a + *d;
-                    *o = if relu && t < zero { zero } else { t };
+        let d: Vec<T> = (0..c)
+            .map(|j| self.beta.value[j] - mean[j] * a[j])
+            .collect();
+        y.data
+            .par_chunks_mut(CHUNK_ROWS * c)
+            .zip(x.data.par_chunks(CHUNK_ROWS * c))
+            .for_each(|(yc, xc)| {
+                for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
+                    for (((o, v), a), d) in yr.iter_mut().zip(xr).zip(&a).zip(&d) {
+                        let t = *v * *a + *d;
+                        *o = if relu && t < zero { zero } else { t };
+                    }
                 }
-            }
-        });
+            });
         if train {
             self.input = Some(x);
             self.mean = mean;
@@ -224,8 +263,18 @@ impl<T: Float> BatchNorm<T> {
                 |(mut s1, mut s2), ((dc, xc), mc)| {
                     let mut p1 = vec![zero; c];
                     let mut p2 = vec![zero; c];
-                    for ((dr, xr), mr) in dc.chunks_exact(c).zip(xc.chunks_exact(c)).zip(mc.chunks_exact(c)) {
-                        for ((((g, v), k), q1), q2) in dr.iter().zip(xr).zip(mr).zip(p1.iter_mut()).zip(p2.iter_mut()) {
+                    for ((dr, xr), mr) in dc
+                        .chunks_exact(c)
+                        .zip(xc.chunks_exact(c))
+                        .zip(mc.chunks_exact(c))
+                    {
+                        for ((((g, v), k), q1), q2) in dr
+                            .iter()
+                            .zip(xr)
+                            .zip(mr)
+                            .zip(p1.iter_mut())
+                            .zip(p2.iter_mut())
+                        {
                             let g = if masked && *k <= zero { zero } else { *g };
                             *q1 += g;
                             *q2 += g * *v;
@@ -256,7 +305,9 @@ impl<T: Float> BatchNorm<T> {
             self.beta.grad[j] = T::from_f64(sd[j]);
         }
         // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)), x̂ = (x − μ)/σ recomputed.
-        let scale: Vec<T> = (0..c).map(|j| self.gamma.value[j] * self.inv_std[j]).collect();
+        let scale: Vec<T> = (0..c)
+            .map(|j| self.gamma.value[j] * self.inv_std[j])
+            .collect();
         let mdb: Vec<T> = sd.iter().map(|v| T::from_f64(v / m)).collect();
         let mdg: Vec<T> = dgamma.iter().map(|v| T::from_f64(v / m)).collect();
         let (mean, inv) = (&self.mean, &self.inv_std);
@@ -267,9 +318,18 @@ impl<T: Float> BatchNorm<T> {
             .zip(x.data.par_chunks(chunk))
             .zip(mask.par_chunks(chunk))
             .for_each(|(((dxc, dyc), xc), mc)| {
-                for (((dxr, dyr), xr), mr) in dxc.chunks_exact_mut(c).zip(dyc.chunks_exact(c)).zip(xc.chunks_exact(c)).zip(mc.chunks_exact(c)) {
+                for (((dxr, dyr), xr), mr) in dxc
+                    .chunks_exact_mut(c)
+                    .zip(dyc.chunks_exact(c))
+                    .zip(xc.chunks_exact(c))
+                    .zip(mc.chunks_exact(c))
+                {
                     for j in 0..c {
-                        let g = if masked && mr[j] <= zero { zero } else { dyr[j] };
+                        let g = if masked && mr[j] <= zero {
+                            zero
+                        } else {
+                            dyr[j]
+                        };
                         let h = (xr[j] - mean[j]) * inv[j];
                         dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                     }
@@ -292,34 +352,43 @@ pub fn relu_forward<T: Float>(x: &mut Tensor<T>) {
 
 /// dx = dy where the forward output `y` was positive, in place on `dy`.
 pub fn relu_backward<T: Float>(y: &Tensor<T>, dy: &mut Tensor<T>) {
-    dy.data.par_chunks_mut(1 << 14).zip(y.data.par_chunks(1 << 14)).for_each(|(d, yc)| {
-        for (g, v) in d.iter_mut().zip(yc) {
-            if *v <= T::zero() {
-                *g = T::zero();
+    dy.data
+        .par_chunks_mut(1 << 14)
+        .zip(y.data.par_chunks(1 << 14))
+        .for_each(|(d, yc)| {
+            for (g, v) in d.iter_mut().zip(yc) {
+                if *v <= T::zero() {
+                    *g = T::zero();
+                }
             }
-        }
-    });
+        });
 }
 
 /// `y = relu(y + s)` (a residual connection and its activation, in one pass).
 pub fn add_relu<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
     assert!(y.same_shape(s), "residual shapes");
-    y.data.par_chunks_mut(1 << 14).zip(s.data.par_chunks(1 << 14)).for_each(|(o, v)| {
-        for (o, v) in o.iter_mut().zip(v) {
-            let t = *o + *v;
-            *o = if t < T::zero() { T::zero() } else { t };
-        }
-    });
+    y.data
+        .par_chunks_mut(1 << 14)
+        .zip(s.data.par_chunks(1 << 14))
+        .for_each(|(o, v)| {
+            for (o, v) in o.iter_mut().zip(v) {
+                let t = *o + *v;
+                *o = if t < T::zero() { T::zero() } else { t };
+            }
+        });
 }
 
 /// `y += s`, in parallel.
 pub fn add_into<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
     assert!(y.same_shape(s), "shapes");
-    y.data.par_chunks_mut(1 << 14).zip(s.data.par_chunks(1 << 14)).for_each(|(o, v)| {
-        for (o, v) in o.iter_mut().zip(v) {
-            *o += *v;
-        }
-    });
+    y.data
+        .par_chunks_mut(1 << 14)
+        .zip(s.data.par_chunks(1 << 14))
+        .for_each(|(o, v)| {
+            for (o, v) in o.iter_mut().zip(v) {
+                *o += *v;
+            }
+        });
 }
 
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
@@ -331,7 +400,11 @@ pub struct MaxPool<T> {
 
 impl<T: Float> Default for MaxPool<T> {
     fn default() -> Self {
-        MaxPool { argmax: Vec::new(), input_shape: (0, 0, 0, 0), _t: std::marker::PhantomData }
+        MaxPool {
+            argmax: Vec::new(),
+            input_shape: (0, 0, 0, 0),
+            _t: std::marker::PhantomData,
+        }
     }
 }
 
@@ -419,13 +492,16 @@ pub fn avgpool_backward<T: Float>(dy: &Tensor<T>, h: usize, w: usize) -> Tensor<
     let inv = T::from_f64(1.0 / (h * w) as f64);
     let mut dx = Tensor::zeros(dy.n, h, w, dy.c);
     let c = dy.c;
-    dx.data.par_chunks_mut(h * w * c).enumerate().for_each(|(n, di)| {
-        for row in di.chunks_exact_mut(c) {
-            for (d, g) in row.iter_mut().zip(&dy.data[n * c..(n + 1) * c]) {
-                *d = *g * inv;
+    dx.data
+        .par_chunks_mut(h * w * c)
+        .enumerate()
+        .for_each(|(n, di)| {
+            for row in di.chunks_exact_mut(c) {
+                for (d, g) in row.iter_mut().zip(&dy.data[n * c..(n + 1) * c]) {
+                    *d = *g * inv;
+                }
             }
-        }
-    });
+        });
     dx
 }
 
@@ -443,8 +519,20 @@ impl<T: Float> Linear<T> {
     pub fn new(name: &str, inputs: usize, outputs: usize, rng: &mut crate::data::Rng) -> Linear<T> {
         let bound = 1.0 / (inputs as f64).sqrt();
         Linear {
-            weight: Param::new(format!("{name}.weight"), (0..inputs * outputs).map(|_| T::from_f64(rng.uniform(-bound, bound))).collect(), true),
-            bias: Param::new(format!("{name}.bias"), (0..outputs).map(|_| T::from_f64(rng.uniform(-bound, bound))).collect(), false),
+            weight: Param::new(
+                format!("{name}.weight"),
+                (0..inputs * outputs)
+                    .map(|_| T::from_f64(rng.uniform(-bound, bound)))
+                    .collect(),
+                true,
+            ),
+            bias: Param::new(
+                format!("{name}.bias"),
+                (0..outputs)
+                    .map(|_| T::from_f64(rng.uniform(-bound, bound)))
+                    .collect(),
+                false,
+            ),
             inputs,
             outputs,
             input: None,
@@ -460,7 +548,17 @@ impl<T: Float> Linear<T> {
         }
         // SAFETY: x n × in, W in × out, y n × out.
         unsafe {
-            gemm(n, self.outputs, self.inputs, y.data.as_mut_ptr(), self.outputs, true, Mat::rows(x.data.as_ptr(), self.inputs), Mat::rows(self.weight.value.as_ptr(), self.outputs), true)
+            gemm(
+                n,
+                self.outputs,
+                self.inputs,
+                y.data.as_mut_ptr(),
+                self.outputs,
+                true,
+                Mat::rows(x.data.as_ptr(), self.inputs),
+                Mat::rows(self.weight.value.as_ptr(), self.outputs),
+                true,
+            )
         };
         self.input = Some(x.clone());
         y
@@ -471,7 +569,17 @@ impl<T: Float> Linear<T> {
         let n = x.rows();
         // SAFETY: xᵀ in × n, dy n × out → dW in × out; dy n × out, Wᵀ out × in → dx n × in.
         unsafe {
-            gemm(self.inputs, self.outputs, n, self.weight.grad.as_mut_ptr(), self.outputs, false, Mat::transposed(x.data.as_ptr(), self.inputs), Mat::rows(dy.data.as_ptr(), self.outputs), true);
+            gemm(
+                self.inputs,
+                self.outputs,
+                n,
+                self.weight.grad.as_mut_ptr(),
+                self.outputs,
+                false,
+                Mat::transposed(x.data.as_ptr(), self.inputs),
+                Mat::rows(dy.data.as_ptr(), self.outputs),
+                true,
+            );
         }
         for (j, g) in self.bias.grad.iter_mut().enumerate() {
             *g = (0..n).fold(T::zero(), |s, i| s + dy.data[i * self.outputs + j]);
@@ -479,7 +587,17 @@ impl<T: Float> Linear<T> {
         let mut dx = Tensor::zeros(x.n, x.h, x.w, self.inputs);
         // SAFETY: as above.
         unsafe {
-            gemm(n, self.inputs, self.outputs, dx.data.as_mut_ptr(), self.inputs, false, Mat::rows(dy.data.as_ptr(), self.outputs), Mat::transposed(self.weight.value.as_ptr(), self.outputs), true);
+            gemm(
+                n,
+                self.inputs,
+                self.outputs,
+                dx.data.as_mut_ptr(),
+                self.inputs,
+                false,
+                Mat::rows(dy.data.as_ptr(), self.outputs),
+                Mat::transposed(self.weight.value.as_ptr(), self.outputs),
+                true,
+            );
         }
         dx
     }
@@ -487,23 +605,29 @@ impl<T: Float> Linear<T> {
 
 /// Softmax cross-entropy with label smoothing ε: mean over the batch of −Σ t·log softmax(z),
 /// t = (1−ε)·onehot + ε/K. Returns (loss, ∂loss/∂logits, correct top-1, correct top-5).
-pub fn softmax_cross_entropy<T: Float>(logits: &Tensor<T>, labels: &[usize], smoothing: f64) -> (f64, Tensor<T>, usize, usize) {
+pub fn softmax_cross_entropy<T: Float>(
+    logits: &Tensor<T>,
+    labels: &[usize],
+    smoothing: f64,
+) -> (f64, Tensor<T>, usize, usize) {
     let k = logits.c;
     let n = logits.rows();
     assert_eq!(labels.len(), n, "one label per row");
     let mut grad = Tensor::zeros(logits.n, logits.h, logits.w, k);
     let (mut loss, mut top1, mut top5) = (0.0, 0, 0);
-    for i in 0..n {
-        let z = &logits.data[i * k..(i + 1) * k];
+    for (i, (&label, z)) in labels.iter().zip(logits.data.chunks_exact(k)).enumerate() {
         let max = z.iter().fold(f64::NEG_INFINITY, |m, v| m.max(v.to_f64()));
         let sum: f64 = z.iter().map(|v| (v.to_f64() - max).exp()).sum();
         let lse = max + sum.ln();
-        let label = labels[i];
-        for j in 0..k {
-            let p = (z[j].to_f64() - lse).exp();
+        for (j, (zj, g)) in z
+            .iter()
+            .zip(grad.data[i * k..(i + 1) * k].iter_mut())
+            .enumerate()
+        {
+            let p = (zj.to_f64() - lse).exp();
             let t = if j == label { 1.0 - smoothing } else { 0.0 } + smoothing / k as f64;
-            loss -= t * (z[j].to_f64() - lse);
-            grad.data[i * k + j] = T::from_f64((p - t) / n as f64);
+            loss -= t * (zj.to_f64() - lse);
+            *g = T::from_f64((p - t) / n as f64);
         }
         let zl = z[label].to_f64();
         let higher = z.iter().filter(|v| v.to_f64() > zl).count();
@@ -542,7 +666,11 @@ mod tests {
             v[i] = orig;
             let fd = (up - down) / (2.0 * h);
             let err = (fd - grad[i]).abs() / (fd.abs() + grad[i].abs()).max(1e-6);
-            assert!(err < 1e-5, "{name}[{i}]: finite difference {fd}, backward {}", grad[i]);
+            assert!(
+                err < 1e-5,
+                "{name}[{i}]: finite difference {fd}, backward {}",
+                grad[i]
+            );
         }
     }
 
@@ -559,7 +687,13 @@ mod tests {
             let w = layer.weight.value.clone();
             let mut l2 = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
             l2.weight.value = w.clone();
-            check("conv x", &mut xv, &dx.data, |v| dot(&l2.forward(&Arc::new(Tensor::from_vec(2, 5, 6, 3, v.to_vec()))).data, &proj.data));
+            check("conv x", &mut xv, &dx.data, |v| {
+                dot(
+                    &l2.forward(&Arc::new(Tensor::from_vec(2, 5, 6, 3, v.to_vec())))
+                        .data,
+                    &proj.data,
+                )
+            });
             let mut wv = w.clone();
             let grad = layer.weight.grad.clone();
             check("conv w", &mut wv, &grad, |v| {
@@ -586,11 +720,22 @@ mod tests {
             l
         };
         let mut xv = x.data.clone();
-        check("bn x", &mut xv, &dx.data, |v| dot(&fresh(&g, &b).forward(&Tensor::from_vec(2, 3, 4, 3, v.to_vec()), true).data, &proj.data));
+        check("bn x", &mut xv, &dx.data, |v| {
+            dot(
+                &fresh(&g, &b)
+                    .forward(&Tensor::from_vec(2, 3, 4, 3, v.to_vec()), true)
+                    .data,
+                &proj.data,
+            )
+        });
         let mut gv = g.clone();
-        check("bn gamma", &mut gv, &bn.gamma.grad.clone(), |v| dot(&fresh(v, &b).forward(&x, true).data, &proj.data));
+        check("bn gamma", &mut gv, &bn.gamma.grad.clone(), |v| {
+            dot(&fresh(v, &b).forward(&x, true).data, &proj.data)
+        });
         let mut bv = b.clone();
-        check("bn beta", &mut bv, &bn.beta.grad.clone(), |v| dot(&fresh(&g, v).forward(&x, true).data, &proj.data));
+        check("bn beta", &mut bv, &bn.beta.grad.clone(), |v| {
+            dot(&fresh(&g, v).forward(&x, true).data, &proj.data)
+        });
         // Training output: per channel mean β, and running statistics moved 10% of the way.
         let m = y.rows() as f64;
         for j in 0..3 {
@@ -601,7 +746,8 @@ mod tests {
         }
         // Inference uses the running statistics.
         let yi = bn.forward(&x, false);
-        let want = g[0] * (x.data[0] - bn.running_mean[0]) / (bn.running_var[0] + 1e-5).sqrt() + b[0];
+        let want =
+            g[0] * (x.data[0] - bn.running_mean[0]) / (bn.running_var[0] + 1e-5).sqrt() + b[0];
         assert!((yi.data[0] - want).abs() < 1e-12);
     }
 
@@ -650,13 +796,25 @@ mod tests {
         let proj = rand_tensor(y.n, y.h, y.w, y.c, 10);
         let dx = mp.backward(&proj);
         let mut xv = x.data.clone();
-        check("maxpool", &mut xv, &dx.data, |v| dot(&MaxPool::default().forward(&Tensor::from_vec(2, 7, 6, 3, v.to_vec())).data, &proj.data));
+        check("maxpool", &mut xv, &dx.data, |v| {
+            dot(
+                &MaxPool::default()
+                    .forward(&Tensor::from_vec(2, 7, 6, 3, v.to_vec()))
+                    .data,
+                &proj.data,
+            )
+        });
         // Global average pool
         let x = rand_tensor(2, 3, 4, 5, 11);
         let proj = rand_tensor(2, 1, 1, 5, 12);
         let dx = avgpool_backward(&proj, 3, 4);
         let mut xv = x.data.clone();
-        check("avgpool", &mut xv, &dx.data, |v| dot(&avgpool_forward(&Tensor::from_vec(2, 3, 4, 5, v.to_vec())).data, &proj.data));
+        check("avgpool", &mut xv, &dx.data, |v| {
+            dot(
+                &avgpool_forward(&Tensor::from_vec(2, 3, 4, 5, v.to_vec())).data,
+                &proj.data,
+            )
+        });
         // Linear
         let mut rng = Rng::new(13);
         let mut lin = Linear::<f64>::new("fc", 5, 4, &mut rng);
@@ -669,7 +827,14 @@ mod tests {
         let mut xv = x.data.clone();
         other.weight.value = w.clone();
         other.bias.value = b.clone();
-        check("linear x", &mut xv, &dx.data, |v| dot(&other.forward(&Tensor::from_vec(3, 1, 1, 5, v.to_vec())).data, &proj.data));
+        check("linear x", &mut xv, &dx.data, |v| {
+            dot(
+                &other
+                    .forward(&Tensor::from_vec(3, 1, 1, 5, v.to_vec()))
+                    .data,
+                &proj.data,
+            )
+        });
         let mut wv = w.clone();
         check("linear w", &mut wv, &lin.weight.grad.clone(), |v| {
             other.weight.value = v.to_vec();
@@ -686,7 +851,9 @@ mod tests {
         let labels = [0usize, 5, 2, 2];
         let (_, g, _, _) = softmax_cross_entropy(&z, &labels, 0.1);
         let mut zv = z.data.clone();
-        check("loss", &mut zv, &g.data, |v| softmax_cross_entropy(&Tensor::from_vec(4, 1, 1, 6, v.to_vec()), &labels, 0.1).0);
+        check("loss", &mut zv, &g.data, |v| {
+            softmax_cross_entropy(&Tensor::from_vec(4, 1, 1, 6, v.to_vec()), &labels, 0.1).0
+        });
     }
 
     #[test]

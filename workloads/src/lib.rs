@@ -2,6 +2,7 @@
 //! against finite differences), ResNet-50, the optimiser and schedule, synthetic data, and the
 //! training loop whose every FLOP is counted analytically.
 
+pub mod accounting;
 pub mod conv;
 pub mod data;
 pub mod layers;

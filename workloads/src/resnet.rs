@@ -5,7 +5,8 @@
 use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{
-    add_into, add_relu, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d, Linear, MaxPool, Param,
+    add_into, add_relu, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d,
+    Linear, MaxPool, Param,
 };
 use crate::tensor::{Float, Tensor};
 use std::sync::Arc;
@@ -62,7 +63,15 @@ pub struct Bottleneck<T> {
 
 impl<T: Float> Bottleneck<T> {
     #[allow(clippy::too_many_arguments)]
-    fn new(name: &str, cin: usize, mid: usize, stride: usize, version: Version, zero_last: bool, rng: &mut Rng) -> Bottleneck<T> {
+    fn new(
+        name: &str,
+        cin: usize,
+        mid: usize,
+        stride: usize,
+        version: Version,
+        zero_last: bool,
+        rng: &mut Rng,
+    ) -> Bottleneck<T> {
         let out = mid * 4;
         let (s1, s2) = match version {
             Version::V1 => (stride, 1),
@@ -80,7 +89,11 @@ impl<T: Float> Bottleneck<T> {
             conv2: Conv2d::new(&format!("{name}.conv2"), mid, mid, 3, s2, 1, rng),
             bn2: BatchNorm::new(&format!("{name}.bn2"), mid, 1.0),
             conv3: Conv2d::new(&format!("{name}.conv3"), mid, out, 1, 1, 0, rng),
-            bn3: BatchNorm::new(&format!("{name}.bn3"), out, if zero_last { 0.0 } else { 1.0 }),
+            bn3: BatchNorm::new(
+                &format!("{name}.bn3"),
+                out,
+                if zero_last { 0.0 } else { 1.0 },
+            ),
             down,
             a1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
             b1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
@@ -92,7 +105,10 @@ impl<T: Float> Bottleneck<T> {
         let a = Arc::new(self.bn1.forward_act(self.conv1.forward(x), train, true));
         let b = Arc::new(self.bn2.forward_act(self.conv2.forward(&a), train, true));
         let mut c = self.bn3.forward_act(self.conv3.forward(&b), train, false);
-        let shortcut = self.down.as_mut().map(|(conv, bn)| bn.forward_act(conv.forward(x), train, false));
+        let shortcut = self
+            .down
+            .as_mut()
+            .map(|(conv, bn)| bn.forward_act(conv.forward(x), train, false));
         add_relu(&mut c, shortcut.as_ref().unwrap_or(x));
         let out = Arc::new(c);
         if train {
@@ -106,8 +122,12 @@ impl<T: Float> Bottleneck<T> {
     fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
         relu_backward(&self.out, &mut d);
         let db = self.conv3.backward(&self.bn3.backward(&d));
-        let da = self.conv2.backward(&self.bn2.backward_act(&db, Some(&self.b1)));
-        let mut dx = self.conv1.backward(&self.bn1.backward_act(&da, Some(&self.a1)));
+        let da = self
+            .conv2
+            .backward(&self.bn2.backward_act(&db, Some(&self.b1)));
+        let mut dx = self
+            .conv1
+            .backward(&self.bn1.backward_act(&da, Some(&self.a1)));
         match &mut self.down {
             Some((conv, bn)) => add_into(&mut dx, &conv.backward(&bn.backward(&d))),
             None => add_into(&mut dx, &d),
@@ -168,7 +188,15 @@ impl<T: Float> ResNet<T> {
             for b in 0..n {
                 let stride = if stage > 0 && b == 0 { 2 } else { 1 };
                 let name = format!("layer{}.{b}", stage + 1);
-                blocks.push(Bottleneck::new(&name, cin, mid, stride, config.version, config.zero_init_residual, &mut rng));
+                blocks.push(Bottleneck::new(
+                    &name,
+                    cin,
+                    mid,
+                    stride,
+                    config.version,
+                    config.zero_init_residual,
+                    &mut rng,
+                ));
                 cin = mid * 4;
             }
         }
@@ -215,7 +243,11 @@ impl<T: Float> ResNet<T> {
     }
 
     pub fn params(&mut self) -> Vec<&mut Param<T>> {
-        let mut v: Vec<&mut Param<T>> = vec![&mut self.stem.weight, &mut self.stem_bn.gamma, &mut self.stem_bn.beta];
+        let mut v: Vec<&mut Param<T>> = vec![
+            &mut self.stem.weight,
+            &mut self.stem_bn.gamma,
+            &mut self.stem_bn.beta,
+        ];
         for b in &mut self.blocks {
             v.extend(b.params());
         }
@@ -236,7 +268,12 @@ impl<T: Float> ResNet<T> {
         let mut bwd = 0.0;
         let mut h = resolution;
         let conv = |c: &Conv2d<T>, h: usize| {
-            let sh = ConvShape { n: 1, h, w: h, ..c.shape };
+            let sh = ConvShape {
+                n: 1,
+                h,
+                w: h,
+                ..c.shape
+            };
             (sh.flops(), sh.oh())
         };
         let (f, oh) = conv(&self.stem, h);
@@ -259,7 +296,10 @@ impl<T: Float> ResNet<T> {
         let fc = 2.0 * (self.fc.inputs * self.fc.outputs) as f64;
         fwd += fc;
         bwd += 2.0 * fc;
-        Flops { forward: fwd, backward: bwd }
+        Flops {
+            forward: fwd,
+            backward: bwd,
+        }
     }
 }
 
@@ -280,7 +320,12 @@ impl<T: Float> Conv2d<T> {
     /// The filter gradient alone (for a layer whose input needs no gradient).
     pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
         let x = self.take_input();
-        let sh = ConvShape { n: x.n, h: x.h, w: x.w, ..self.shape };
+        let sh = ConvShape {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            ..self.shape
+        };
         crate::conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
     }
 }
@@ -310,10 +355,22 @@ mod tests {
     /// the loss on a tiny model in f64.
     #[test]
     fn tiny_network_gradient_check() {
-        let cfg = Config { version: Version::V1_5, blocks: [1, 1, 0, 0], width: 1.0 / 16.0, classes: 3, zero_init_residual: false };
+        let cfg = Config {
+            version: Version::V1_5,
+            blocks: [1, 1, 0, 0],
+            width: 1.0 / 16.0,
+            classes: 3,
+            zero_init_residual: false,
+        };
         let mut m = ResNet::<f64>::new(cfg.clone(), 3);
         let mut rng = Rng::new(4);
-        let x = Tensor::from_vec(2, 16, 16, 3, (0..2 * 16 * 16 * 3).map(|_| rng.normal()).collect());
+        let x = Tensor::from_vec(
+            2,
+            16,
+            16,
+            3,
+            (0..2 * 16 * 16 * 3).map(|_| rng.normal()).collect(),
+        );
         let labels = [1usize, 2];
         let logits = m.forward(&x, true);
         let (_, g, _, _) = softmax_cross_entropy(&logits, &labels, 0.0);
@@ -340,7 +397,10 @@ mod tests {
                 let g = grads[pi][i];
                 // Absolute floor: gradients of ~0 (a channel ReLU switched off) are noise-level.
                 let err = (fd - g).abs() / (fd.abs() + g.abs()).max(1e-6);
-                assert!(err < 1e-4, "param {pi} [{i}]: finite difference {fd}, backward {g}");
+                assert!(
+                    err < 1e-4,
+                    "param {pi} [{i}]: finite difference {fd}, backward {g}"
+                );
                 checked += 1;
             }
         }

@@ -100,15 +100,11 @@ impl<T: Float> Tensor<T> {
         }
     }
 
-    /// A tensor whose every element the caller overwrites before reading (no zeroing pass over
-    /// memory: activations are large and this is the hot path).
+    /// A tensor whose every element the caller overwrites before reading. (Zero-filled all the
+    /// same: handing out uninitialised floats would be undefined behaviour in Rust, and the
+    /// fill costs one write pass.)
     pub fn for_overwrite(n: usize, h: usize, w: usize, c: usize) -> Tensor<T> {
-        let len = n * h * w * c;
-        let mut data = Vec::with_capacity(len);
-        // SAFETY: `Float` types (f32, f64) are plain data for which every bit pattern is a
-        // value; callers overwrite every element before reading it.
-        unsafe { data.set_len(len) };
-        Tensor { n, h, w, c, data }
+        Tensor::zeros(n, h, w, c)
     }
 
     pub fn from_vec(n: usize, h: usize, w: usize, c: usize, data: Vec<T>) -> Tensor<T> {
@@ -228,7 +224,19 @@ pub fn matmul<T: Float>(a: &[T], b: &[T], m: usize, k: usize, n: usize) -> Vec<T
     assert_eq!(b.len(), k * n);
     let mut c = vec![T::zero(); m * n];
     // SAFETY: lengths checked above.
-    unsafe { gemm(m, n, k, c.as_mut_ptr(), n, false, Mat::rows(a.as_ptr(), k), Mat::rows(b.as_ptr(), n), false) };
+    unsafe {
+        gemm(
+            m,
+            n,
+            k,
+            c.as_mut_ptr(),
+            n,
+            false,
+            Mat::rows(a.as_ptr(), k),
+            Mat::rows(b.as_ptr(), n),
+            false,
+        )
+    };
     c
 }
 
@@ -252,7 +260,17 @@ mod tests {
         let mut d = vec![0.0f64; k * n];
         // SAFETY: sizes as described.
         unsafe {
-            gemm(k, n, m, d.as_mut_ptr(), n, false, Mat::transposed(a.as_ptr(), k), Mat::rows(c.as_ptr(), n), false)
+            gemm(
+                k,
+                n,
+                m,
+                d.as_mut_ptr(),
+                n,
+                false,
+                Mat::transposed(a.as_ptr(), k),
+                Mat::rows(c.as_ptr(), n),
+                false,
+            )
         };
         for p in 0..k {
             for j in 0..n {

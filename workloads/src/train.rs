@@ -31,7 +31,11 @@ impl Sgd {
     pub fn step<T: Float>(&self, params: Vec<&mut Param<T>>, lr: f64) {
         let (mu, lr_t) = (T::from_f64(self.momentum), T::from_f64(lr));
         params.into_par_iter().for_each(|p| {
-            let wd = T::from_f64(if p.decay || self.decay_all { self.weight_decay } else { 0.0 });
+            let wd = T::from_f64(if p.decay || self.decay_all {
+                self.weight_decay
+            } else {
+                0.0
+            });
             for ((w, g), v) in p.value.iter_mut().zip(&p.grad).zip(p.momentum.iter_mut()) {
                 *v = mu * *v + *g + wd * *w;
                 *w -= lr_t * *v;
@@ -74,7 +78,14 @@ impl Schedule {
         let t = ((step - self.warmup_steps) as f64 / span).min(1.0);
         match self.decay {
             Decay::Cosine => peak * 0.5 * (1.0 + (std::f64::consts::PI * t).cos()),
-            Decay::Step => peak * 0.1f64.powi([30.0 / 90.0, 60.0 / 90.0, 80.0 / 90.0].iter().filter(|m| t >= **m).count() as i32),
+            Decay::Step => {
+                peak * 0.1f64.powi(
+                    [30.0 / 90.0, 60.0 / 90.0, 80.0 / 90.0]
+                        .iter()
+                        .filter(|m| t >= **m)
+                        .count() as i32,
+                )
+            }
         }
     }
 }
@@ -141,11 +152,19 @@ impl Monitor for Quiet {
 }
 
 /// Top-1/Top-5 and loss over `images` held-out images (ids far from the training ones).
-pub fn evaluate<T: Float>(model: &mut ResNet<T>, data: &Synthetic, images: usize, batch: usize, step: usize) -> Eval {
+pub fn evaluate<T: Float>(
+    model: &mut ResNet<T>,
+    data: &Synthetic,
+    images: usize,
+    batch: usize,
+    step: usize,
+) -> Eval {
     let (mut top1, mut top5, mut loss) = (0usize, 0usize, 0.0);
     let base = 1u64 << 40;
     for start in (0..images).step_by(batch.max(1)) {
-        let ids: Vec<u64> = (start..(start + batch).min(images)).map(|i| base + i as u64).collect();
+        let ids: Vec<u64> = (start..(start + batch).min(images))
+            .map(|i| base + i as u64)
+            .collect();
         let (x, labels) = data.batch::<T>(&ids);
         let z = model.forward(&x, false);
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
@@ -265,14 +284,25 @@ mod tests {
 
     #[test]
     fn schedule_warms_up_scales_and_decays() {
-        let s = Schedule { base_lr_per_256: 0.1, global_batch: 512, warmup_steps: 10, total_steps: 110, decay: Decay::Cosine };
+        let s = Schedule {
+            base_lr_per_256: 0.1,
+            global_batch: 512,
+            warmup_steps: 10,
+            total_steps: 110,
+            decay: Decay::Cosine,
+        };
         assert_eq!(s.peak(), 0.2);
         assert!((s.lr(0) - 0.02).abs() < 1e-12);
         assert!((s.lr(9) - 0.2).abs() < 1e-12);
         assert!((s.lr(10) - 0.2).abs() < 1e-12);
         assert!((s.lr(60) - 0.1).abs() < 1e-12);
         assert!(s.lr(109) < 0.001);
-        let st = Schedule { decay: Decay::Step, warmup_steps: 0, total_steps: 90, ..s };
+        let st = Schedule {
+            decay: Decay::Step,
+            warmup_steps: 0,
+            total_steps: 90,
+            ..s
+        };
         assert!((st.lr(29) - 0.2).abs() < 1e-12);
         assert!((st.lr(30) - 0.02).abs() < 1e-12);
         assert!((st.lr(85) - 0.0002).abs() < 1e-12);
@@ -298,7 +328,13 @@ mod tests {
     #[test]
     fn small_resnet_reaches_90_percent_on_synthetic_data() {
         let cfg = TrainConfig {
-            model: Config { version: Version::V1_5, blocks: [3, 4, 6, 3], width: 0.25, classes: 10, zero_init_residual: true },
+            model: Config {
+                version: Version::V1_5,
+                blocks: [3, 4, 6, 3],
+                width: 0.25,
+                classes: 10,
+                zero_init_residual: true,
+            },
             data: Synthetic::new(10, 64, 11),
             batch: 32,
             steps: 300,
@@ -314,8 +350,16 @@ mod tests {
         };
         let s = train::<f32>(&cfg, &Quiet);
         let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);
-        eprintln!("{} steps, {:.0} images/s, evals {:?}", s.steps, s.images_per_second, s.evals);
-        assert!(best >= 0.9, "Top-1 {best} after {} steps: {:?}", s.steps, s.evals);
+        eprintln!(
+            "{} steps, {:.0} images/s, evals {:?}",
+            s.steps, s.images_per_second, s.evals
+        );
+        assert!(
+            best >= 0.9,
+            "Top-1 {best} after {} steps: {:?}",
+            s.steps,
+            s.evals
+        );
         assert!(s.final_loss.is_finite());
     }
 }

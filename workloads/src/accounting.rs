@@ -1,0 +1,358 @@
+//! Analytic operation counts of ResNet per image, layer by layer, under both rule sets of the
+//! papers: AIPerf's operation weights (multiply-accumulate 2, add/compare 1, divide 4, exp 8;
+//! backward pass per its table II: twice the forward of each convolution and dense layer plus
+//! the parameter update, no data gradient for the first layer) and HPC AI500 V3.0's table 3
+//! (one operation per element for element-wise, pooling and normalisation; C_in × C_out for the
+//! fully-connected layer; training counted as three forward passes). Also the minimum bytes each
+//! layer must move in a forward pass (f32: its input, its weights and its output, once).
+
+use crate::resnet::{Config, Version};
+
+/// What one layer does per image.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerCount {
+    pub name: String,
+    pub kind: Kind,
+    /// Multiply-accumulates (convolution, dense).
+    pub macs: f64,
+    pub params: f64,
+    pub inputs: f64,
+    pub outputs: f64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// `first`: the stem, whose input needs no gradient.
+    Conv {
+        first: bool,
+    },
+    BatchNorm,
+    Relu,
+    MaxPool {
+        window: usize,
+    },
+    AvgPool,
+    Add,
+    Dense,
+    Softmax,
+}
+
+/// Every layer of the network for one image at `resolution`.
+pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
+    let ch = |b: usize| ((b as f64 * cfg.width).round() as usize).max(1);
+    let mut v = Vec::new();
+    let conv = |v: &mut Vec<LayerCount>,
+                name: String,
+                cin: usize,
+                cout: usize,
+                k: usize,
+                stride: usize,
+                pad: usize,
+                h: usize,
+                first: bool|
+     -> usize {
+        let oh = (h + 2 * pad - k) / stride + 1;
+        v.push(LayerCount {
+            name,
+            kind: Kind::Conv { first },
+            macs: (k * k * cin * oh * oh * cout) as f64,
+            params: (k * k * cin * cout) as f64,
+            inputs: (h * h * cin) as f64,
+            outputs: (oh * oh * cout) as f64,
+        });
+        oh
+    };
+    let elementwise =
+        |v: &mut Vec<LayerCount>, name: String, kind: Kind, n: usize, params: usize| {
+            v.push(LayerCount {
+                name,
+                kind,
+                macs: 0.0,
+                params: params as f64,
+                inputs: n as f64,
+                outputs: n as f64,
+            });
+        };
+    let c0 = ch(64);
+    let mut h = conv(&mut v, "conv1".into(), 3, c0, 7, 2, 3, resolution, true);
+    elementwise(&mut v, "bn1".into(), Kind::BatchNorm, h * h * c0, 2 * c0);
+    elementwise(&mut v, "relu".into(), Kind::Relu, h * h * c0, 0);
+    let ph = (h + 2 - 3) / 2 + 1;
+    v.push(LayerCount {
+        name: "maxpool".into(),
+        kind: Kind::MaxPool { window: 3 },
+        macs: 0.0,
+        params: 0.0,
+        inputs: (h * h * c0) as f64,
+        outputs: (ph * ph * c0) as f64,
+    });
+    h = ph;
+    let mut cin = c0;
+    for (stage, &n) in cfg.blocks.iter().enumerate() {
+        let mid = ch(64 << stage);
+        let out = mid * 4;
+        for b in 0..n {
+            let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+            let (s1, s2) = match cfg.version {
+                Version::V1 => (stride, 1),
+                Version::V1_5 => (1, stride),
+            };
+            let name = format!("layer{}.{b}", stage + 1);
+            let h1 = conv(
+                &mut v,
+                format!("{name}.conv1"),
+                cin,
+                mid,
+                1,
+                s1,
+                0,
+                h,
+                false,
+            );
+            elementwise(
+                &mut v,
+                format!("{name}.bn1"),
+                Kind::BatchNorm,
+                h1 * h1 * mid,
+                2 * mid,
+            );
+            elementwise(
+                &mut v,
+                format!("{name}.relu1"),
+                Kind::Relu,
+                h1 * h1 * mid,
+                0,
+            );
+            let h2 = conv(
+                &mut v,
+                format!("{name}.conv2"),
+                mid,
+                mid,
+                3,
+                s2,
+                1,
+                h1,
+                false,
+            );
+            elementwise(
+                &mut v,
+                format!("{name}.bn2"),
+                Kind::BatchNorm,
+                h2 * h2 * mid,
+                2 * mid,
+            );
+            elementwise(
+                &mut v,
+                format!("{name}.relu2"),
+                Kind::Relu,
+                h2 * h2 * mid,
+                0,
+            );
+            let h3 = conv(
+                &mut v,
+                format!("{name}.conv3"),
+                mid,
+                out,
+                1,
+                1,
+                0,
+                h2,
+                false,
+            );
+            elementwise(
+                &mut v,
+                format!("{name}.bn3"),
+                Kind::BatchNorm,
+                h3 * h3 * out,
+                2 * out,
+            );
+            if stride != 1 || cin != out {
+                conv(
+                    &mut v,
+                    format!("{name}.downsample.0"),
+                    cin,
+                    out,
+                    1,
+                    stride,
+                    0,
+                    h,
+                    false,
+                );
+                elementwise(
+                    &mut v,
+                    format!("{name}.downsample.1"),
+                    Kind::BatchNorm,
+                    h3 * h3 * out,
+                    2 * out,
+                );
+            }
+            elementwise(&mut v, format!("{name}.add"), Kind::Add, h3 * h3 * out, 0);
+            elementwise(
+                &mut v,
+                format!("{name}.relu3"),
+                Kind::Relu,
+                h3 * h3 * out,
+                0,
+            );
+            h = h3;
+            cin = out;
+        }
+    }
+    v.push(LayerCount {
+        name: "avgpool".into(),
+        kind: Kind::AvgPool,
+        macs: 0.0,
+        params: 0.0,
+        inputs: (h * h * cin) as f64,
+        outputs: cin as f64,
+    });
+    v.push(LayerCount {
+        name: "fc".into(),
+        kind: Kind::Dense,
+        macs: (cin * cfg.classes) as f64,
+        params: ((cin + 1) * cfg.classes) as f64,
+        inputs: cin as f64,
+        outputs: cfg.classes as f64,
+    });
+    v.push(LayerCount {
+        name: "softmax".into(),
+        kind: Kind::Softmax,
+        macs: 0.0,
+        params: 0.0,
+        inputs: cfg.classes as f64,
+        outputs: cfg.classes as f64,
+    });
+    v
+}
+
+/// Operations per image: forward, backward (gradients and the parameter update), total.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Count {
+    pub forward: f64,
+    pub backward: f64,
+}
+
+impl Count {
+    pub fn total(&self) -> f64 {
+        self.forward + self.backward
+    }
+}
+
+/// AIPerf's tables I–III.
+pub fn aiperf(layers: &[LayerCount]) -> Count {
+    let (mut f, mut b) = (0.0, 0.0);
+    for l in layers {
+        match l.kind {
+            Kind::Conv { first } => {
+                f += 2.0 * l.macs;
+                // BP: MACC = 2·(K²·Ci·Ho·Wo·Co) + K²·Ci·Co; the first layer computes no data
+                // gradient (AIPerf's table III: BP/FP = 1.9755 for ResNet-50's convolutions).
+                b += 2.0 * (if first { 1.0 } else { 2.0 } * l.macs + l.params);
+            }
+            Kind::Dense => {
+                f += 2.0 * l.macs;
+                b += 2.0 * (2.0 * l.macs + l.params);
+            }
+            // MACC + Add + Div per element: 2 + 1 + 4.
+            Kind::BatchNorm => f += 7.0 * l.outputs,
+            Kind::Relu | Kind::Add => f += l.outputs,
+            Kind::MaxPool { window } => f += (window * window) as f64 * l.outputs,
+            // Adds over the input, one division per channel.
+            Kind::AvgPool => f += l.inputs + 4.0 * l.outputs,
+            // exp (8), sum (1), division (4) per class, and the max (1) and subtraction (1).
+            Kind::Softmax => f += 21.0 * l.outputs,
+        }
+    }
+    Count {
+        forward: f,
+        backward: b,
+    }
+}
+
+/// HPC AI500 V3.0's table 3 (forward), training counted as three forward passes.
+pub fn hpc_ai500_v3(layers: &[LayerCount]) -> Count {
+    let mut f = 0.0;
+    for l in layers {
+        f += match l.kind {
+            Kind::Conv { .. } => 2.0 * l.macs,
+            Kind::Dense => l.macs,
+            Kind::BatchNorm | Kind::Relu | Kind::Add => l.outputs,
+            Kind::MaxPool { .. } | Kind::AvgPool => l.inputs,
+            Kind::Softmax => 0.0,
+        };
+    }
+    Count {
+        forward: f,
+        backward: 2.0 * f,
+    }
+}
+
+/// The minimum bytes a forward pass must move per image (f32; each layer reads its input and
+/// weights once and writes its output once).
+pub fn min_bytes_forward(layers: &[LayerCount]) -> f64 {
+    layers
+        .iter()
+        .map(|l| 4.0 * (l.inputs + l.params + l.outputs))
+        .sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v1() -> Config {
+        let mut c = Config::resnet50(1000);
+        c.version = Version::V1;
+        c
+    }
+
+    #[test]
+    fn aiperf_check_values_for_resnet50_v1() {
+        let l = layers(&v1(), 224);
+        let c = aiperf(&l);
+        // AIPerf: forward 7.81E09, backward 1.52E10, total 2.31E10 per image.
+        for (got, want) in [
+            (c.forward, 7.81e9),
+            (c.backward, 1.52e10),
+            (c.total(), 2.31e10),
+        ] {
+            assert!((got / want - 1.0).abs() < 0.01, "{got:e} vs {want:e}");
+        }
+        // Table III's rows: convolutions 7.71E09, batch norm 7.41E07, ReLU 9.08E06, max pool
+        // 1.81E06, add 5.52E06.
+        let sum = |k: fn(&Kind) -> bool, w: f64| {
+            l.iter()
+                .filter(|x| k(&x.kind))
+                .map(|x| w * x.outputs)
+                .sum::<f64>()
+        };
+        let conv: f64 = l
+            .iter()
+            .filter(|x| matches!(x.kind, Kind::Conv { .. }))
+            .map(|x| 2.0 * x.macs)
+            .sum();
+        assert!((conv / 7.71e9 - 1.0).abs() < 0.01, "{conv:e}");
+        assert!((sum(|k| *k == Kind::BatchNorm, 7.0) / 7.41e7 - 1.0).abs() < 0.01);
+        assert!((sum(|k| *k == Kind::Relu, 1.0) / 9.08e6 - 1.0).abs() < 0.01);
+        assert!((sum(|k| matches!(k, Kind::MaxPool { .. }), 9.0) / 1.81e6 - 1.0).abs() < 0.01);
+        assert!((sum(|k| *k == Kind::Add, 1.0) / 5.52e6 - 1.0).abs() < 0.01);
+        // The parameters add up to ResNet-50's.
+        assert_eq!(l.iter().map(|x| x.params).sum::<f64>() as usize, 25_557_032);
+    }
+
+    #[test]
+    fn v15_counts_more_than_v1() {
+        let a = aiperf(&layers(&Config::resnet50(1000), 224));
+        let b = aiperf(&layers(&v1(), 224));
+        assert!(
+            a.forward > b.forward * 1.04,
+            "{:e} {:e}",
+            a.forward,
+            b.forward
+        );
+        let v3 = hpc_ai500_v3(&layers(&Config::resnet50(1000), 224));
+        // About 23 GFLOP per training image (HPC AI500 V3.0: 11 776 GFLOP per 512 images).
+        assert!((v3.total() / 1e9 - 23.0).abs() < 2.0, "{}", v3.total());
+        assert!(min_bytes_forward(&layers(&Config::resnet50(1000), 224)) > 1e8);
+    }
+}
