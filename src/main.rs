@@ -205,9 +205,9 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    // Under mpirun every verb runs on every rank; apart from `probe` (which gathers), only
-    // rank 0 acts, so that one plot is written and one table printed.
-    if !matches!(cli.command, Command::Probe { .. })
+    // Under mpirun every verb runs on every rank; apart from `probe` (which gathers) and `train`
+    // (data parallel), only rank 0 acts, so that one plot is written and one table printed.
+    if !matches!(cli.command, Command::Probe { .. } | Command::Train(_))
         && roofline_kernels::comm::launched_rank().is_some_and(|r| r != 0)
     {
         return ExitCode::SUCCESS;

@@ -3,9 +3,11 @@
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_workloads::data::Synthetic;
+use roofline_workloads::layers::Reducer;
 use roofline_workloads::resnet::{Config, Version};
 use roofline_workloads::train::{self, Decay, Monitor, TrainConfig};
 use std::io::IsTerminal;
+use std::sync::Arc;
 
 #[derive(clap::Args)]
 pub struct TrainArgs {
@@ -77,6 +79,64 @@ impl Monitor for Bar {
             b.set_position(step as u64);
             b.set_message(format!("loss {loss:.4}, {ips:.1} images/s"));
         }
+    }
+}
+
+/// Under mpirun: the MPI world as the trainer's reducer (data parallel), and whether this rank
+/// reports; otherwise a single process.
+#[allow(clippy::type_complexity)]
+fn reducer(a: &TrainArgs) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
+    let Some(n) = roofline_kernels::comm::launched_ranks() else {
+        return Ok((None, true));
+    };
+    #[cfg(feature = "mpi")]
+    {
+        let _ = n;
+        let world = roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
+            .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
+        if !a.batch.is_multiple_of(world.size) {
+            return Err(Failure::Input(anyhow!(
+                "--batch {} does not divide among {} ranks",
+                a.batch,
+                world.size
+            )));
+        }
+        let root = world.is_root();
+        let r: Arc<dyn Reducer> = Arc::new(MpiReducer(world));
+        Ok((Some(r), root))
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = a;
+        Err(Failure::Input(anyhow!(
+            "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run it without mpirun"
+        )))
+    }
+}
+
+#[cfg(feature = "mpi")]
+struct MpiReducer(roofline_kernels::comm::mpi::World);
+
+// SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and the trainer calls the reducer from
+// one thread at a time (its training loop), never concurrently.
+#[cfg(feature = "mpi")]
+unsafe impl Send for MpiReducer {}
+#[cfg(feature = "mpi")]
+unsafe impl Sync for MpiReducer {}
+
+#[cfg(feature = "mpi")]
+impl Reducer for MpiReducer {
+    fn ranks(&self) -> usize {
+        self.0.size
+    }
+    fn rank(&self) -> usize {
+        self.0.rank
+    }
+    fn sum_f64(&self, v: &mut [f64]) {
+        self.0.sum_f64(v);
+    }
+    fn sum_f32(&self, v: &mut [f32]) {
+        self.0.sum_f32(v);
     }
 }
 
@@ -168,7 +228,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b
     });
     let monitor = Bar(bar);
-    let s = pool.install(|| train::train::<f32>(&cfg, &monitor));
+    let (reducer, root) = reducer(a)?;
+    let s = pool.install(|| train::train_with::<f32>(&cfg, &monitor, reducer));
+    if !root {
+        return Ok(());
+    }
     if let Some(b) = &monitor.0 {
         b.finish_and_clear();
     }
@@ -193,6 +257,9 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "flops_forward_per_image": s.flops_forward_per_image,
             "flops_step_per_image": s.flops_step_per_image,
             "final_loss": s.final_loss,
+            "ranks": s.ranks,
+            "comm_bytes_per_step": s.comm_bytes_per_step,
+            "param_norm": s.param_norm,
             "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
             "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
             "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),

@@ -217,3 +217,48 @@ fn a_rank_that_stops_answering_ends_the_run_with_its_name_and_nothing_written() 
         start.elapsed()
     );
 }
+
+#[test]
+fn two_rank_training_equals_single_process_training_after_three_steps() {
+    let args = [
+        "train",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "8",
+        "--steps",
+        "3",
+        "--train-images",
+        "64",
+        "--json",
+    ];
+    let single = Command::new(env!("CARGO_BIN_EXE_roofline"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(single.status.success(), "{}", text(&single));
+    let two = mpirun(2, &[], &args, None);
+    assert!(two.status.success(), "{}", text(&two));
+    // Only rank 0 reports.
+    let s: serde_json::Value = serde_json::from_slice(&single.stdout).unwrap();
+    let t: serde_json::Value =
+        serde_json::from_slice(&two.stdout).expect("one JSON document from rank 0");
+    assert_eq!(
+        (s["ranks"].as_u64(), t["ranks"].as_u64()),
+        (Some(1), Some(2))
+    );
+    for k in ["final_loss", "param_norm"] {
+        let (a, b) = (s[k].as_f64().unwrap(), t[k].as_f64().unwrap());
+        assert!(
+            (a - b).abs() <= 1e-5 * a.abs(),
+            "{k}: single {a}, two ranks {b}"
+        );
+    }
+    assert!(t["comm_bytes_per_step"].as_f64().unwrap() > 0.0);
+}

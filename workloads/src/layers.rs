@@ -6,6 +6,16 @@ use crate::tensor::{gemm, Float, Mat, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
+/// Sums across the ranks of a data-parallel run (MPI allreduce); a single process is a world of
+/// one, where summing changes nothing.
+pub trait Reducer: Send + Sync {
+    fn ranks(&self) -> usize;
+    fn rank(&self) -> usize;
+    /// Element-wise sum over ranks, in place.
+    fn sum_f64(&self, v: &mut [f64]);
+    fn sum_f32(&self, v: &mut [f32]);
+}
+
 /// A trainable parameter with its gradient and momentum buffer.
 #[derive(Clone, Debug)]
 pub struct Param<T> {
@@ -159,6 +169,9 @@ pub struct BatchNorm<T> {
     input: Option<Tensor<T>>,
     mean: Vec<T>,
     inv_std: Vec<T>,
+    /// Data-parallel runs: statistics over the global batch (synchronised batch norm), so that
+    /// N ranks compute what one process computes on the whole batch.
+    pub reducer: Option<Arc<dyn Reducer>>,
 }
 
 impl<T: Float> BatchNorm<T> {
@@ -173,6 +186,7 @@ impl<T: Float> BatchNorm<T> {
             input: None,
             mean: Vec::new(),
             inv_std: Vec::new(),
+            reducer: None,
         }
     }
 
@@ -184,9 +198,10 @@ impl<T: Float> BatchNorm<T> {
     /// value: training keeps it (not a normalised copy) for the backward pass.
     pub fn forward_act(&mut self, x: Tensor<T>, train: bool, relu: bool) -> Tensor<T> {
         let c = x.c;
-        let m = x.rows() as f64;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (x.rows() * ranks) as f64;
         let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
-            let (s1, s2) = channel_sums(&x.data, None, c);
+            let (s1, s2) = self.global(channel_sums(&x.data, None, c));
             let mut mean = Vec::with_capacity(c);
             let mut inv = Vec::with_capacity(c);
             for j in 0..c {
@@ -242,12 +257,24 @@ impl<T: Float> BatchNorm<T> {
         self.backward_act(dy, None)
     }
 
+    /// Per-channel sums over every rank's rows (unchanged in a single process).
+    fn global(&self, (mut a, mut b): (Vec<f64>, Vec<f64>)) -> (Vec<f64>, Vec<f64>) {
+        if let Some(r) = &self.reducer {
+            let c = a.len();
+            a.append(&mut b);
+            r.sum_f64(&mut a);
+            b = a.split_off(c);
+        }
+        (a, b)
+    }
+
     /// `backward` of `forward_act(.., relu = true)`: `relu_out` is that pass's output, whose
     /// sign masks `dy` (the ReLU's backward pass, fused into this one's reads).
     pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
         let x = self.input.take().expect("backward before forward");
         let c = dy.c;
-        let m = dy.rows() as f64;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (dy.rows() * ranks) as f64;
         let chunk = CHUNK_ROWS * c;
         let zero = T::zero();
         let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
@@ -297,12 +324,15 @@ impl<T: Float> BatchNorm<T> {
                     (a1, a2)
                 },
             );
-        // Σ dy·x̂ = (Σ dy·x − μ Σ dy)/σ
+        let (sd, sdx) = self.global((sd, sdx));
+        // Σ dy·x̂ = (Σ dy·x − μ Σ dy)/σ. With N ranks these sums are already global: each rank
+        // keeps 1/N of them, so that the gradient allreduce (a sum) restores them once.
         let mut dgamma = vec![0.0f64; c];
+        let share = 1.0 / ranks as f64;
         for j in 0..c {
             dgamma[j] = (sdx[j] - self.mean[j].to_f64() * sd[j]) * self.inv_std[j].to_f64();
-            self.gamma.grad[j] = T::from_f64(dgamma[j]);
-            self.beta.grad[j] = T::from_f64(sd[j]);
+            self.gamma.grad[j] = T::from_f64(dgamma[j] * share);
+            self.beta.grad[j] = T::from_f64(sd[j] * share);
         }
         // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)), x̂ = (x − μ)/σ recomputed.
         let scale: Vec<T> = (0..c)

@@ -256,6 +256,19 @@ impl<T: Float> ResNet<T> {
         v
     }
 
+    /// Makes every batch norm use global-batch statistics through `r` (data parallel).
+    pub fn set_reducer(&mut self, r: Arc<dyn crate::layers::Reducer>) {
+        self.stem_bn.reducer = Some(Arc::clone(&r));
+        for b in &mut self.blocks {
+            for bn in [&mut b.bn1, &mut b.bn2, &mut b.bn3] {
+                bn.reducer = Some(Arc::clone(&r));
+            }
+            if let Some((_, bn)) = &mut b.down {
+                bn.reducer = Some(Arc::clone(&r));
+            }
+        }
+    }
+
     pub fn parameter_count(&mut self) -> usize {
         self.params().iter().map(|p| p.value.len()).sum()
     }

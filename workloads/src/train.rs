@@ -2,10 +2,11 @@
 //! loop with evaluation and time-to-quality.
 
 use crate::data::{Rng, Synthetic};
-use crate::layers::{softmax_cross_entropy, Param};
+use crate::layers::{softmax_cross_entropy, Param, Reducer};
 use crate::resnet::{Config, ResNet};
 use crate::tensor::Float;
 use rayon::prelude::*;
+use std::sync::Arc;
 use std::time::Instant;
 
 /// SGD with momentum (PyTorch's form: v = μv + g + λw; w −= lr·v), weight decay only on the
@@ -134,8 +135,16 @@ pub struct Summary {
     pub flops_step_per_image: f64,
     /// Training FLOP/s over the steady steps (after the first).
     pub achieved_flops: f64,
+    /// Mean loss of the last step over the global batch.
     pub final_loss: f64,
     pub evals: Vec<Eval>,
+    /// Ranks that trained together (1: a single process).
+    pub ranks: usize,
+    /// Bytes each rank sends into the gradient allreduce per step (fused buckets of f32), and
+    /// the batch-norm statistics; 0 for a single process.
+    pub comm_bytes_per_step: f64,
+    /// √Σ w² over every parameter at the end (compares runs).
+    pub param_norm: f64,
     /// Seconds from the first batch read to reaching the target (HPC AI500's time-to-quality).
     pub time_to_quality: Option<f64>,
 }
@@ -193,10 +202,67 @@ fn keep_freed_memory() {
     }
 }
 
+/// Gradient buckets of the allreduce (Horovod-style tensor fusion): 4 Mi floats.
+const BUCKET: usize = 4 << 20;
+
+/// Sums every gradient over the ranks in fused buckets and divides by the rank count (the
+/// global batch's mean). Returns the bytes sent into the reductions.
+fn allreduce_gradients<T: Float>(params: Vec<&mut Param<T>>, r: &dyn Reducer) -> f64 {
+    let scale = T::from_f64(1.0 / r.ranks() as f64);
+    let mut bucket: Vec<f32> = Vec::with_capacity(BUCKET);
+    let mut members: Vec<&mut Param<T>> = Vec::new();
+    let mut bytes = 0.0;
+    let mut flush = |bucket: &mut Vec<f32>, members: &mut Vec<&mut Param<T>>| {
+        if bucket.is_empty() {
+            return;
+        }
+        r.sum_f32(bucket);
+        bytes += 4.0 * bucket.len() as f64;
+        let mut off = 0;
+        for p in members.drain(..) {
+            for (g, v) in p.grad.iter_mut().zip(&bucket[off..]) {
+                *g = T::from_f64(*v as f64) * scale;
+            }
+            off += p.grad.len();
+        }
+        bucket.clear();
+    };
+    for p in params {
+        if !bucket.is_empty() && bucket.len() + p.grad.len() > BUCKET {
+            flush(&mut bucket, &mut members);
+        }
+        bucket.extend(p.grad.iter().map(|g| g.to_f64() as f32));
+        members.push(p);
+    }
+    flush(&mut bucket, &mut members);
+    bytes
+}
+
 /// Trains on the synthetic set. Deterministic for a given configuration and thread count.
 pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Summary {
+    train_with::<T>(cfg, monitor, None)
+}
+
+/// `train`, data parallel over the ranks of `reducer`: every rank draws the same global batch
+/// and trains on its share; batch norm uses global statistics and gradients are allreduced,
+/// so that N ranks compute what one process computes on the whole batch.
+pub fn train_with<T: Float>(
+    cfg: &TrainConfig,
+    monitor: &dyn Monitor,
+    reducer: Option<Arc<dyn Reducer>>,
+) -> Summary {
     keep_freed_memory();
+    let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
+    assert!(
+        cfg.batch.is_multiple_of(ranks),
+        "the global batch must divide among the ranks"
+    );
+    let local = cfg.batch / ranks;
     let mut model = ResNet::<T>::new(cfg.model.clone(), cfg.seed);
+    if let Some(r) = &reducer {
+        model.set_reducer(Arc::clone(r));
+    }
+    let mut comm_bytes = 0.0;
     let sgd = Sgd::default();
     let schedule = Schedule {
         base_lr_per_256: cfg.base_lr_per_256,
@@ -227,10 +293,17 @@ pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Summary {
             ids.push(order[cursor] as u64);
             cursor += 1;
         }
-        let (x, labels) = cfg.data.batch::<T>(&ids);
+        let mine = &ids[rank * local..(rank + 1) * local];
+        let (x, labels) = cfg.data.batch::<T>(mine);
         let z = model.forward(&x, true);
-        let (loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
+        let (mut loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
         model.backward(&g);
+        if let Some(r) = &reducer {
+            comm_bytes = allreduce_gradients(model.params(), r.as_ref());
+            let mut l = [loss];
+            r.sum_f64(&mut l);
+            loss = l[0] / ranks as f64;
+        }
         sgd.step(model.params(), schedule.lr(step));
         let dt = t0.elapsed().as_secs_f64();
         train_seconds += dt;
@@ -252,6 +325,26 @@ pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Summary {
         }
     }
     let images = steps_done * cfg.batch;
+    let param_norm = model
+        .params()
+        .iter()
+        .flat_map(|p| p.value.iter())
+        .map(|w| w.to_f64() * w.to_f64())
+        .sum::<f64>()
+        .sqrt();
+    // Batch-norm statistics per step: forward (Σx, Σx²) and backward (Σdy, Σdy·x), f64.
+    let bn_channels: usize = model
+        .params()
+        .iter()
+        .filter(|p| p.name.contains("bn") || p.name.contains("downsample.1"))
+        .map(|p| p.value.len())
+        .sum::<usize>()
+        / 2;
+    let stats_bytes = if ranks > 1 {
+        8.0 * 4.0 * bn_channels as f64
+    } else {
+        0.0
+    };
     Summary {
         parameters: model.parameter_count(),
         steps: steps_done,
@@ -274,6 +367,9 @@ pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Summary {
         final_loss,
         evals,
         time_to_quality: ttq,
+        ranks,
+        comm_bytes_per_step: comm_bytes + stats_bytes,
+        param_norm,
     }
 }
 
@@ -322,6 +418,130 @@ mod tests {
         sgd.step(vec![&mut p, &mut b], 0.1);
         // v = 0.9 v + g (bias: no decay)
         assert!((b.value[0] - (0.95 - 0.1 * (0.9 * 0.5 + 0.5))).abs() < 1e-15);
+    }
+
+    /// Ranks as threads of one process, summing through shared memory.
+    struct Shared {
+        acc: std::sync::Mutex<Vec<f64>>,
+        barrier: std::sync::Barrier,
+        ranks: usize,
+    }
+
+    struct ThreadReducer {
+        shared: Arc<Shared>,
+        rank: usize,
+    }
+
+    impl ThreadReducer {
+        fn sum(&self, v: &mut [f64]) {
+            let s = &self.shared;
+            {
+                let mut acc = s.acc.lock().unwrap();
+                if acc.len() != v.len() {
+                    *acc = vec![0.0; v.len()];
+                }
+                for (a, x) in acc.iter_mut().zip(v.iter()) {
+                    *a += *x;
+                }
+            }
+            s.barrier.wait();
+            v.copy_from_slice(&s.acc.lock().unwrap());
+            s.barrier.wait();
+            if self.rank == 0 {
+                s.acc.lock().unwrap().clear();
+            }
+            s.barrier.wait();
+        }
+    }
+
+    impl Reducer for ThreadReducer {
+        fn ranks(&self) -> usize {
+            self.shared.ranks
+        }
+        fn rank(&self) -> usize {
+            self.rank
+        }
+        fn sum_f64(&self, v: &mut [f64]) {
+            self.sum(v);
+        }
+        fn sum_f32(&self, v: &mut [f32]) {
+            let mut w: Vec<f64> = v.iter().map(|x| *x as f64).collect();
+            self.sum(&mut w);
+            for (a, b) in v.iter_mut().zip(&w) {
+                *a = *b as f32;
+            }
+        }
+    }
+
+    /// Two data-parallel ranks (synchronised batch norm, averaged gradients) compute what one
+    /// process computes on the whole batch.
+    #[test]
+    fn two_ranks_equal_one_process_on_the_global_batch() {
+        let cfg = TrainConfig {
+            model: Config {
+                version: Version::V1_5,
+                blocks: [1, 1, 0, 0],
+                width: 0.125,
+                classes: 4,
+                zero_init_residual: false,
+            },
+            data: Synthetic::new(4, 32, 3),
+            batch: 8,
+            steps: 3,
+            train_images: 64,
+            eval_images: 0,
+            warmup_steps: 1,
+            base_lr_per_256: 1.0,
+            label_smoothing: 0.1,
+            seed: 9,
+            decay: Decay::Cosine,
+            target_top1: None,
+            eval_every: 3,
+        };
+        let single = train::<f64>(&cfg, &Quiet);
+        let shared = Arc::new(Shared {
+            acc: std::sync::Mutex::new(Vec::new()),
+            barrier: std::sync::Barrier::new(2),
+            ranks: 2,
+        });
+        let runs: Vec<Summary> = std::thread::scope(|sc| {
+            let hs: Vec<_> = (0..2)
+                .map(|rank| {
+                    let r: Arc<dyn Reducer> = Arc::new(ThreadReducer {
+                        shared: Arc::clone(&shared),
+                        rank,
+                    });
+                    let cfg = cfg.clone();
+                    sc.spawn(move || train_with::<f64>(&cfg, &Quiet, Some(r)))
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for r in &runs {
+            assert!(
+                (r.param_norm - single.param_norm).abs() < 1e-9 * single.param_norm,
+                "{} vs {}",
+                r.param_norm,
+                single.param_norm
+            );
+            assert!(
+                (r.final_loss - single.final_loss).abs() < 1e-9,
+                "{} vs {}",
+                r.final_loss,
+                single.final_loss
+            );
+            assert!(r.comm_bytes_per_step > 0.0);
+        }
+        // And the runs moved: the parameters changed from their initial values.
+        let init = train::<f64>(
+            &TrainConfig {
+                steps: 1,
+                base_lr_per_256: 0.0,
+                ..cfg.clone()
+            },
+            &Quiet,
+        );
+        assert!((init.param_norm - single.param_norm).abs() > 1e-6);
     }
 
     /// A small ResNet learns the synthetic set: ≥ 90% Top-1 on held-out images.

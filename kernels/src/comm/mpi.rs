@@ -76,7 +76,15 @@ impl World {
     /// Initialises MPI (call only under a launcher: see `super::launched_ranks`).
     pub fn init(timeout: Duration) -> Result<World, String> {
         let fake = super::fake_nodes_from_env()?;
-        let universe = mpi::initialize().ok_or("MPI was already initialised")?;
+        // Serialized: MPI calls come from one thread at a time, not necessarily the main one
+        // (the trainer runs its loop on a pinned worker thread).
+        let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Serialized)
+            .ok_or("MPI was already initialised")?;
+        if provided < mpi::Threading::Serialized {
+            return Err(format!(
+                "the MPI library offers only {provided:?} threading; roofline needs Serialized"
+            ));
+        }
         let world = universe.world();
         let rank = world.rank() as usize;
         let size = world.size() as usize;
@@ -246,6 +254,21 @@ impl World {
             out.push(all[*d as usize..(*d + *c) as usize].to_vec());
         }
         Some(out)
+    }
+
+    /// Element-wise sum over every rank, in place (data-parallel training).
+    pub fn sum_f64(&self, v: &mut [f64]) {
+        let src = v.to_vec();
+        self.world
+            .comm
+            .all_reduce_into(&src[..], v, SystemOperation::sum());
+    }
+
+    pub fn sum_f32(&self, v: &mut [f32]) {
+        let src = v.to_vec();
+        self.world
+            .comm
+            .all_reduce_into(&src[..], v, SystemOperation::sum());
     }
 
     /// Ends every rank of the job (after a message on this rank).
