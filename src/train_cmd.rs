@@ -94,7 +94,7 @@ fn reducer(a: &TrainArgs) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
         let _ = n;
         let world = roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
             .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
-        if !a.batch.is_multiple_of(world.size) {
+        if a.batch % world.size != 0 {
             return Err(Failure::Input(anyhow!(
                 "--batch {} does not divide among {} ranks",
                 a.batch,
