@@ -68,6 +68,16 @@ pub struct TrainArgs {
     /// Print a JSON summary instead of the text one.
     #[arg(long)]
     json: bool,
+    /// Write the training state to this safetensors file at the end.
+    #[arg(long, value_name = "PATH")]
+    checkpoint: Option<std::path::PathBuf>,
+    /// With --checkpoint: also write it every this many steps, so that a killed run resumes
+    /// (with the same arguments and --resume) exactly where the last checkpoint left it.
+    #[arg(long, value_name = "STEPS")]
+    checkpoint_every: Option<usize>,
+    /// Continue from this checkpoint (same model and batch; --steps counts from the start).
+    #[arg(long, value_name = "PATH")]
+    resume: Option<std::path::PathBuf>,
 }
 
 struct Bar(Option<indicatif::ProgressBar>);
@@ -174,6 +184,14 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "expected --batch ≥ 1, --resolution ≥ 32, --classes ≥ 2, 0 < --width ≤ 4, --train-images ≥ 1".into(),
         ));
     }
+    if let Some(p) = &a.checkpoint {
+        crate::probe_cmd::check_writable(p).map_err(Failure::Input)?;
+    }
+    if let Some(p) = &a.resume {
+        if !p.is_file() {
+            return Err(input(format!("--resume {}: no such file", p.display())));
+        }
+    }
     let steps = match (a.steps, a.epochs) {
         (_, Some(e)) => (e * a.train_images).div_ceil(a.batch),
         (Some(s), None) => s,
@@ -206,6 +224,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         decay: Decay::Cosine,
         target_top1: None,
         eval_every: steps,
+        checkpoint: a.checkpoint.clone(),
+        resume: a.resume.clone(),
+        stop_at: None,
+        checkpoint_every: a.checkpoint_every,
     };
     let threads = a
         .threads
@@ -229,7 +251,9 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     });
     let monitor = Bar(bar);
     let (reducer, root) = reducer(a)?;
-    let s = pool.install(|| train::train_with::<f32>(&cfg, &monitor, reducer));
+    let s = pool
+        .install(|| train::train_with::<f32>(&cfg, &monitor, reducer))
+        .map_err(|e| Failure::Input(anyhow!("{e}")))?;
     if !root {
         return Ok(());
     }

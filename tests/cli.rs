@@ -497,6 +497,53 @@ fn train_runs_a_small_resnet_and_reports_json() {
     );
     expect_input_error(&["train", "--depth", "1,2"], None, "--depth 1,2");
     expect_input_error(
+        &["train", "--resume", "/nonexistent.safetensors"],
+        None,
+        "no such file",
+    );
+    expect_input_error(
+        &["train", "--checkpoint", "/nonexistent/dir/c.safetensors"],
+        None,
+        "cannot write",
+    );
+    // A checkpoint, and a resume that continues it.
+    let dir = tmpdir("ckpt");
+    let ck = dir.join("c.safetensors");
+    let small = [
+        "train",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "4",
+        "--train-images",
+        "16",
+        "--json",
+    ];
+    let o = bin()
+        .args(small)
+        .args(["--steps", "2", "--checkpoint"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::metadata(&ck).unwrap().len() > 1000);
+    let o = bin()
+        .args(small)
+        .args(["--steps", "3", "--resume"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 3);
+    assert_eq!(v["images"], 4);
+    expect_input_error(
         &["train", "--device", "cuda"],
         None,
         "CUDA path is not built yet",

@@ -3,7 +3,7 @@
 //! convolutions are single GEMMs; the others go through im2col in cache-sized blocks of output
 //! rows, one image per task (so that backward-data's col2im never races).
 
-use crate::tensor::{gemm, Float, Mat};
+use crate::tensor::{gemm, ordered_sum, partitions, Float, Mat};
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
 
@@ -177,83 +177,66 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // dw = xᵀ·dy has a small output and a long reduction (all rows): the GEMM's own
-        // parallelism (over the output) would leave cores idle, so the rows are split instead.
-        const ROWS: usize = 4096;
-        let total = x
-            .par_chunks(ROWS * depth)
-            .zip(dy.par_chunks(ROWS * k))
-            .fold(
-                || vec![T::zero(); depth * k],
-                |mut acc, (xc, dyc)| {
-                    let rows = xc.len() / depth;
-                    // SAFETY: xcᵀ depth × rows, dyc rows × k, acc depth × k.
-                    unsafe {
-                        gemm(
-                            depth,
-                            k,
-                            rows,
-                            acc.as_mut_ptr(),
-                            k,
-                            true,
-                            Mat::transposed(xc.as_ptr(), depth),
-                            Mat::rows(dyc.as_ptr(), k),
-                            false,
-                        )
-                    };
-                    acc
-                },
-            )
-            .reduce(
-                || vec![T::zero(); depth * k],
-                |mut a, b| {
-                    for (x, y) in a.iter_mut().zip(&b) {
-                        *x += *y;
-                    }
-                    a
-                },
-            );
+        // parallelism (over the output) would leave cores idle, so the rows are split into a
+        // fixed number of contiguous parts, summed in order.
+        let rows = sh.rows();
+        let parts = partitions().min(rows.max(1));
+        let per = rows.div_ceil(parts);
+        let total = ordered_sum(depth * k, parts, |p| {
+            let mut acc = vec![T::zero(); depth * k];
+            let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
+            if r1 > r0 {
+                // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k.
+                unsafe {
+                    gemm(
+                        depth,
+                        k,
+                        r1 - r0,
+                        acc.as_mut_ptr(),
+                        k,
+                        false,
+                        Mat::transposed(x[r0 * depth..].as_ptr(), depth),
+                        Mat::rows(dy[r0 * k..].as_ptr(), k),
+                        false,
+                    )
+                };
+            }
+            acc
+        });
         dw.copy_from_slice(&total);
         return;
     }
     let per_img = sh.oh() * sh.ow();
     let mb = block_rows::<T>(depth);
-    let total = (0..sh.n)
-        .into_par_iter()
-        .fold(
-            || (vec![T::zero(); depth * k], vec![T::zero(); mb * depth]),
-            |(mut acc, mut patch), img| {
-                for r0 in (0..per_img).step_by(mb) {
-                    let rows = mb.min(per_img - r0);
-                    im2col(x, sh, img, r0, rows, &mut patch);
-                    let dyb = &dy[(img * per_img + r0) * k..];
-                    // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k.
-                    unsafe {
-                        gemm(
-                            depth,
-                            k,
-                            rows,
-                            acc.as_mut_ptr(),
-                            k,
-                            true,
-                            Mat::transposed(patch.as_ptr(), depth),
-                            Mat::rows(dyb.as_ptr(), k),
-                            false,
-                        )
-                    };
-                }
-                (acc, patch)
-            },
-        )
-        .map(|(acc, _)| acc)
-        .reduce(
-            || vec![T::zero(); depth * k],
-            |mut a, b| {
-                for (x, y) in a.iter_mut().zip(&b) {
-                    *x += *y;
-                }
-                a
-            },
-        );
+    // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
+    let parts = partitions().min(sh.n.max(1));
+    let per = sh.n.div_ceil(parts);
+    let total = ordered_sum(depth * k, parts, |p| {
+        let mut acc = vec![T::zero(); depth * k];
+        let mut patch = vec![T::zero(); mb * depth];
+        for img in p * per..((p + 1) * per).min(sh.n) {
+            for r0 in (0..per_img).step_by(mb) {
+                let rows = mb.min(per_img - r0);
+                im2col(x, sh, img, r0, rows, &mut patch);
+                let dyb = &dy[(img * per_img + r0) * k..];
+                // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k.
+                unsafe {
+                    gemm(
+                        depth,
+                        k,
+                        rows,
+                        acc.as_mut_ptr(),
+                        k,
+                        true,
+                        Mat::transposed(patch.as_ptr(), depth),
+                        Mat::rows(dyb.as_ptr(), k),
+                        false,
+                    )
+                };
+            }
+        }
+        acc
+    });
     dw.copy_from_slice(&total);
 }
 

@@ -23,6 +23,18 @@ impl Rng {
         }
     }
 
+    /// The generator's whole state (for checkpoints).
+    pub fn state(&self) -> (u64, Option<f64>) {
+        (self.state, self.spare)
+    }
+
+    pub fn from_state(state: u64, spare: Option<f64>) -> Rng {
+        Rng {
+            state: state | 1,
+            spare,
+        }
+    }
+
     pub fn next_u64(&mut self) -> u64 {
         self.state ^= self.state >> 12;
         self.state ^= self.state << 25;

@@ -44,43 +44,34 @@ impl<T: Float> Param<T> {
 const CHUNK_ROWS: usize = 256;
 
 /// Per-channel sums over the rows of an NHWC tensor: (Σ a, Σ a·b) for each channel (Σ a² when
-/// `b` is `None`). Each chunk of rows sums in the element type (vectorised), chunks combine in
-/// f64.
+/// `b` is `None`). Each chunk of rows sums in the element type (vectorised); the chunks' partial
+/// sums are added in f64 in chunk order (deterministic).
 fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<f64>) {
     let chunk = CHUNK_ROWS * c;
     let b = b.unwrap_or(a);
-    a.par_chunks(chunk)
+    let partials: Vec<(Vec<T>, Vec<T>)> = a
+        .par_chunks(chunk)
         .zip(b.par_chunks(chunk))
-        .fold(
-            || (vec![0.0f64; c], vec![0.0f64; c]),
-            |(mut s1, mut s2), (ac, bc)| {
-                let mut p1 = vec![T::zero(); c];
-                let mut p2 = vec![T::zero(); c];
-                for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
-                    for (((x, y), q1), q2) in
-                        ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut())
-                    {
-                        *q1 += *x;
-                        *q2 += *x * *y;
-                    }
+        .map(|(ac, bc)| {
+            let mut p1 = vec![T::zero(); c];
+            let mut p2 = vec![T::zero(); c];
+            for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
+                for (((x, y), q1), q2) in ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut()) {
+                    *q1 += *x;
+                    *q2 += *x * *y;
                 }
-                for j in 0..c {
-                    s1[j] += p1[j].to_f64();
-                    s2[j] += p2[j].to_f64();
-                }
-                (s1, s2)
-            },
-        )
-        .reduce(
-            || (vec![0.0f64; c], vec![0.0f64; c]),
-            |(mut a1, mut a2), (b1, b2)| {
-                for j in 0..c {
-                    a1[j] += b1[j];
-                    a2[j] += b2[j];
-                }
-                (a1, a2)
-            },
-        )
+            }
+            (p1, p2)
+        })
+        .collect();
+    let (mut s1, mut s2) = (vec![0.0f64; c], vec![0.0f64; c]);
+    for (p1, p2) in &partials {
+        for j in 0..c {
+            s1[j] += p1[j].to_f64();
+            s2[j] += p2[j].to_f64();
+        }
+    }
+    (s1, s2)
 }
 
 /// A 2-D convolution without bias (ResNet's convolutions are followed by batch norm).
@@ -279,51 +270,42 @@ impl<T: Float> BatchNorm<T> {
         let zero = T::zero();
         let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
         let masked = relu_out.is_some();
-        // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
-        let (sd, sdx) = dy
+        // Σ dy and Σ dy·x per channel (dy masked by the ReLU), chunk partials added in order.
+        let partials: Vec<(Vec<T>, Vec<T>)> = dy
             .data
             .par_chunks(chunk)
             .zip(x.data.par_chunks(chunk))
             .zip(mask.par_chunks(chunk))
-            .fold(
-                || (vec![0.0f64; c], vec![0.0f64; c]),
-                |(mut s1, mut s2), ((dc, xc), mc)| {
-                    let mut p1 = vec![zero; c];
-                    let mut p2 = vec![zero; c];
-                    for ((dr, xr), mr) in dc
-                        .chunks_exact(c)
-                        .zip(xc.chunks_exact(c))
-                        .zip(mc.chunks_exact(c))
+            .map(|((dc, xc), mc)| {
+                let mut p1 = vec![zero; c];
+                let mut p2 = vec![zero; c];
+                for ((dr, xr), mr) in dc
+                    .chunks_exact(c)
+                    .zip(xc.chunks_exact(c))
+                    .zip(mc.chunks_exact(c))
+                {
+                    for ((((g, v), k), q1), q2) in dr
+                        .iter()
+                        .zip(xr)
+                        .zip(mr)
+                        .zip(p1.iter_mut())
+                        .zip(p2.iter_mut())
                     {
-                        for ((((g, v), k), q1), q2) in dr
-                            .iter()
-                            .zip(xr)
-                            .zip(mr)
-                            .zip(p1.iter_mut())
-                            .zip(p2.iter_mut())
-                        {
-                            let g = if masked && *k <= zero { zero } else { *g };
-                            *q1 += g;
-                            *q2 += g * *v;
-                        }
+                        let g = if masked && *k <= zero { zero } else { *g };
+                        *q1 += g;
+                        *q2 += g * *v;
                     }
-                    for j in 0..c {
-                        s1[j] += p1[j].to_f64();
-                        s2[j] += p2[j].to_f64();
-                    }
-                    (s1, s2)
-                },
-            )
-            .reduce(
-                || (vec![0.0f64; c], vec![0.0f64; c]),
-                |(mut a1, mut a2), (b1, b2)| {
-                    for j in 0..c {
-                        a1[j] += b1[j];
-                        a2[j] += b2[j];
-                    }
-                    (a1, a2)
-                },
-            );
+                }
+                (p1, p2)
+            })
+            .collect();
+        let (mut sd, mut sdx) = (vec![0.0f64; c], vec![0.0f64; c]);
+        for (p1, p2) in &partials {
+            for j in 0..c {
+                sd[j] += p1[j].to_f64();
+                sdx[j] += p2[j].to_f64();
+            }
+        }
         let (sd, sdx) = self.global((sd, sdx));
         // Σ dy·x̂ = (Σ dy·x − μ Σ dy)/σ. With N ranks these sums are already global: each rank
         // keeps 1/N of them, so that the gradient allreduce (a sum) restores them once.

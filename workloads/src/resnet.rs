@@ -269,6 +269,46 @@ impl<T: Float> ResNet<T> {
         }
     }
 
+    /// Every batch norm's running statistics, by name (for checkpoints).
+    pub fn running_stats(&mut self) -> Vec<(String, &mut Vec<T>, &mut Vec<T>)> {
+        let mut v = vec![(
+            "bn1".to_string(),
+            &mut self.stem_bn.running_mean,
+            &mut self.stem_bn.running_var,
+        )];
+        for b in &mut self.blocks {
+            let name = b
+                .conv1
+                .weight
+                .name
+                .trim_end_matches(".conv1.weight")
+                .to_string();
+            v.push((
+                format!("{name}.bn1"),
+                &mut b.bn1.running_mean,
+                &mut b.bn1.running_var,
+            ));
+            v.push((
+                format!("{name}.bn2"),
+                &mut b.bn2.running_mean,
+                &mut b.bn2.running_var,
+            ));
+            v.push((
+                format!("{name}.bn3"),
+                &mut b.bn3.running_mean,
+                &mut b.bn3.running_var,
+            ));
+            if let Some((_, bn)) = &mut b.down {
+                v.push((
+                    format!("{name}.downsample.1"),
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                ));
+            }
+        }
+        v
+    }
+
     pub fn parameter_count(&mut self) -> usize {
         self.params().iter().map(|p| p.value.len()).sum()
     }

@@ -130,6 +130,29 @@ impl<T: Float> Tensor<T> {
     }
 }
 
+/// The parallel reductions' partition count: fixed for a given thread count, so that every sum
+/// is added up in the same order on every run (reproducible training).
+pub fn partitions() -> usize {
+    rayon::current_num_threads().max(1)
+}
+
+/// Sums `parts` partial vectors computed in parallel, in index order (deterministic).
+pub fn ordered_sum<T: Float + Send>(
+    len: usize,
+    parts: usize,
+    f: impl Fn(usize) -> Vec<T> + Sync + Send,
+) -> Vec<T> {
+    use rayon::prelude::*;
+    let partials: Vec<Vec<T>> = (0..parts).into_par_iter().map(f).collect();
+    let mut total = vec![T::zero(); len];
+    for p in &partials {
+        for (t, v) in total.iter_mut().zip(p) {
+            *t += *v;
+        }
+    }
+    total
+}
+
 /// A matrix operand: base pointer and strides (row stride, column stride), so that transposes
 /// cost nothing.
 #[derive(Clone, Copy)]

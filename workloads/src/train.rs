@@ -109,6 +109,129 @@ pub struct TrainConfig {
     pub target_top1: Option<f64>,
     /// Evaluate every this many steps (and at the end).
     pub eval_every: usize,
+    /// Write a checkpoint (safetensors) here at the end of the run.
+    pub checkpoint: Option<std::path::PathBuf>,
+    /// Resume from this checkpoint: its step, parameters, momenta, running statistics and data
+    /// order; the run continues exactly as if it had not stopped.
+    pub resume: Option<std::path::PathBuf>,
+    /// Stop (and checkpoint) after this step although the schedule runs to `steps`.
+    pub stop_at: Option<usize>,
+    /// Also checkpoint every this many steps (a killed run resumes from the last one).
+    pub checkpoint_every: Option<usize>,
+}
+
+/// Saves the whole training state.
+fn save_checkpoint<T: Float>(
+    path: &std::path::Path,
+    model: &mut ResNet<T>,
+    step: usize,
+    rng: &Rng,
+    order: &[usize],
+    cursor: usize,
+    cfg: &TrainConfig,
+) -> Result<(), String> {
+    use crate::checkpoint::{Checkpoint, Stored};
+    let wide = std::mem::size_of::<T>() == 8;
+    let store = |v: &[T]| {
+        let it = v.iter().map(|x| x.to_f64());
+        if wide {
+            Stored::f64s(it)
+        } else {
+            Stored::f32s(it)
+        }
+    };
+    let mut c = Checkpoint::default();
+    for p in model.params() {
+        c.tensors.insert(p.name.clone(), store(&p.value));
+        c.tensors
+            .insert(format!("{}.momentum", p.name), store(&p.momentum));
+    }
+    for (name, mean, var) in model.running_stats() {
+        c.tensors
+            .insert(format!("{name}.running_mean"), store(mean));
+        c.tensors.insert(format!("{name}.running_var"), store(var));
+    }
+    c.tensors.insert(
+        "trainer.order".into(),
+        Stored::u64s(order.iter().map(|&i| i as u64)),
+    );
+    let (state, spare) = rng.state();
+    c.metadata
+        .insert("format".into(), "roofline/checkpoint/v1".into());
+    c.metadata.insert("step".into(), step.to_string());
+    c.metadata.insert("cursor".into(), cursor.to_string());
+    c.metadata.insert("rng_state".into(), state.to_string());
+    c.metadata.insert(
+        "rng_spare".into(),
+        spare.map(|s| s.to_bits().to_string()).unwrap_or_default(),
+    );
+    c.metadata
+        .insert("model".into(), format!("{:?}", cfg.model));
+    c.metadata.insert("batch".into(), cfg.batch.to_string());
+    c.save(path)
+}
+
+/// Restores what `save_checkpoint` wrote; returns (step, rng, order, cursor).
+fn load_checkpoint<T: Float>(
+    path: &std::path::Path,
+    model: &mut ResNet<T>,
+    cfg: &TrainConfig,
+) -> Result<(usize, Rng, Vec<usize>, usize), String> {
+    use crate::checkpoint::Checkpoint;
+    let c = Checkpoint::load(path)?;
+    if c.meta("model")? != format!("{:?}", cfg.model) || c.meta("batch")? != cfg.batch.to_string() {
+        return Err(format!(
+            "{} was written for another model or batch: {} batch {}",
+            path.display(),
+            c.meta("model")?,
+            c.meta("batch")?
+        ));
+    }
+    let fill = |dst: &mut Vec<T>, name: &str| -> Result<(), String> {
+        let v = c.tensor(name)?.to_f64s()?;
+        if v.len() != dst.len() {
+            return Err(format!(
+                "{name}: {} values, the model has {}",
+                v.len(),
+                dst.len()
+            ));
+        }
+        for (d, x) in dst.iter_mut().zip(v) {
+            *d = T::from_f64(x);
+        }
+        Ok(())
+    };
+    for p in model.params() {
+        fill(&mut p.value, &p.name.clone())?;
+        fill(&mut p.momentum, &format!("{}.momentum", p.name))?;
+    }
+    for (name, mean, var) in model.running_stats() {
+        fill(mean, &format!("{name}.running_mean"))?;
+        fill(var, &format!("{name}.running_var"))?;
+    }
+    let num = |k: &str| -> Result<u64, String> {
+        c.meta(k)?
+            .parse::<u64>()
+            .map_err(|_| format!("bad {k} in the checkpoint"))
+    };
+    let spare = match c.meta("rng_spare")? {
+        "" => None,
+        s => Some(f64::from_bits(
+            s.parse::<u64>().map_err(|_| "bad rng_spare")?,
+        )),
+    };
+    let order: Vec<usize> = c
+        .tensor("trainer.order")?
+        .to_u64s()?
+        .into_iter()
+        .map(|i| i as usize)
+        .collect();
+    Ok((
+        num("step")? as usize,
+        Rng::from_state(num("rng_state")?, spare),
+        order,
+        num("cursor")? as usize,
+    ))
 }
 
 /// One evaluation.
@@ -145,6 +268,8 @@ pub struct Summary {
     pub comm_bytes_per_step: f64,
     /// √Σ w² over every parameter at the end (compares runs).
     pub param_norm: f64,
+    /// The step the run started from (a resumed run's checkpoint step).
+    pub start_step: usize,
     /// Seconds from the first batch read to reaching the target (HPC AI500's time-to-quality).
     pub time_to_quality: Option<f64>,
 }
@@ -239,8 +364,26 @@ fn allreduce_gradients<T: Float>(params: Vec<&mut Param<T>>, r: &dyn Reducer) ->
 }
 
 /// Trains on the synthetic set. Deterministic for a given configuration and thread count.
-pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Summary {
+pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Result<Summary, TrainError> {
     train_with::<T>(cfg, monitor, None)
+}
+
+impl TrainConfig {
+    /// This run, stopped after `steps` steps of its schedule (the schedule still spans
+    /// `self.steps`): what an interrupted run does before it resumes.
+    pub fn stop_after(self, steps: usize) -> TrainConfig {
+        TrainConfig {
+            stop_at: Some(steps),
+            ..self
+        }
+    }
+}
+
+/// What can stop a run.
+#[derive(Debug, thiserror::Error)]
+pub enum TrainError {
+    #[error("checkpoint: {0}")]
+    Checkpoint(String),
 }
 
 /// `train`, data parallel over the ranks of `reducer`: every rank draws the same global batch
@@ -250,7 +393,7 @@ pub fn train_with<T: Float>(
     cfg: &TrainConfig,
     monitor: &dyn Monitor,
     reducer: Option<Arc<dyn Reducer>>,
-) -> Summary {
+) -> Result<Summary, TrainError> {
     keep_freed_memory();
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
     assert!(
@@ -275,14 +418,20 @@ pub fn train_with<T: Float>(
     let mut rng = Rng::new(cfg.seed ^ 0xDA7A);
     let mut order = rng.permutation(cfg.train_images.max(1));
     let mut cursor = 0;
+    let mut start_step = 0;
+    if let Some(path) = &cfg.resume {
+        let (s0, r, o, c) =
+            load_checkpoint(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
+        (start_step, rng, order, cursor) = (s0, r, o, c);
+    }
     let mut evals = Vec::new();
     let mut ttq = None;
     let mut final_loss = f64::NAN;
     let mut train_seconds = 0.0;
     let mut steady_seconds = 0.0;
     let first_read = Instant::now();
-    let mut steps_done = 0;
-    for step in 0..cfg.steps {
+    let mut steps_done = start_step;
+    for step in start_step..cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps) {
         let t0 = Instant::now();
         let mut ids = Vec::with_capacity(cfg.batch);
         while ids.len() < cfg.batch {
@@ -307,12 +456,18 @@ pub fn train_with<T: Float>(
         sgd.step(model.params(), schedule.lr(step));
         let dt = t0.elapsed().as_secs_f64();
         train_seconds += dt;
-        if step > 0 {
+        if step > start_step {
             steady_seconds += dt;
         }
         final_loss = loss;
         steps_done = step + 1;
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
+        if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
+            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
+                save_checkpoint(path, &mut model, step + 1, &rng, &order, cursor, cfg)
+                    .map_err(TrainError::Checkpoint)?;
+            }
+        }
         let last = step + 1 == cfg.steps;
         if cfg.eval_images > 0 && ((step + 1) % cfg.eval_every.max(1) == 0 || last) {
             let e = evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1);
@@ -324,7 +479,11 @@ pub fn train_with<T: Float>(
             }
         }
     }
-    let images = steps_done * cfg.batch;
+    if let Some(path) = &cfg.checkpoint {
+        save_checkpoint(path, &mut model, steps_done, &rng, &order, cursor, cfg)
+            .map_err(TrainError::Checkpoint)?;
+    }
+    let images = (steps_done - start_step) * cfg.batch;
     let param_norm = model
         .params()
         .iter()
@@ -345,22 +504,22 @@ pub fn train_with<T: Float>(
     } else {
         0.0
     };
-    Summary {
+    Ok(Summary {
         parameters: model.parameter_count(),
         steps: steps_done,
         images,
         train_seconds,
         images_per_second: images as f64 / train_seconds.max(1e-12),
-        steady_images_per_second: if steps_done > 1 {
-            ((steps_done - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
+        steady_images_per_second: if steps_done > start_step + 1 {
+            ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
         } else {
             images as f64 / train_seconds.max(1e-12)
         },
         flops_forward_per_image: flops.forward,
         flops_step_per_image: flops.training(),
         achieved_flops: flops.training()
-            * if steps_done > 1 {
-                ((steps_done - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
+            * if steps_done > start_step + 1 {
+                ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
             } else {
                 images as f64 / train_seconds.max(1e-12)
             },
@@ -370,7 +529,8 @@ pub fn train_with<T: Float>(
         ranks,
         comm_bytes_per_step: comm_bytes + stats_bytes,
         param_norm,
-    }
+        start_step,
+    })
 }
 
 #[cfg(test)]
@@ -497,8 +657,12 @@ mod tests {
             decay: Decay::Cosine,
             target_top1: None,
             eval_every: 3,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
         };
-        let single = train::<f64>(&cfg, &Quiet);
+        let single = train::<f64>(&cfg, &Quiet).unwrap();
         let shared = Arc::new(Shared {
             acc: std::sync::Mutex::new(Vec::new()),
             barrier: std::sync::Barrier::new(2),
@@ -512,7 +676,7 @@ mod tests {
                         rank,
                     });
                     let cfg = cfg.clone();
-                    sc.spawn(move || train_with::<f64>(&cfg, &Quiet, Some(r)))
+                    sc.spawn(move || train_with::<f64>(&cfg, &Quiet, Some(r)).unwrap())
                 })
                 .collect();
             hs.into_iter().map(|h| h.join().unwrap()).collect()
@@ -540,8 +704,94 @@ mod tests {
                 ..cfg.clone()
             },
             &Quiet,
-        );
+        )
+        .unwrap();
         assert!((init.param_norm - single.param_norm).abs() > 1e-6);
+    }
+
+    fn tiny() -> TrainConfig {
+        TrainConfig {
+            model: Config {
+                version: Version::V1_5,
+                blocks: [1, 1, 1, 0],
+                width: 0.125,
+                classes: 4,
+                zero_init_residual: false,
+            },
+            data: Synthetic::new(4, 32, 5),
+            batch: 8,
+            steps: 5,
+            train_images: 20,
+            eval_images: 0,
+            warmup_steps: 2,
+            base_lr_per_256: 2.0,
+            label_smoothing: 0.0,
+            seed: 3,
+            decay: Decay::Cosine,
+            target_top1: None,
+            eval_every: 5,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
+        }
+    }
+
+    /// Same seed, same threads: the same run, bit for bit (every parallel sum is ordered).
+    #[test]
+    fn runs_are_reproducible() {
+        let a = train::<f32>(&tiny(), &Quiet).unwrap();
+        let b = train::<f32>(&tiny(), &Quiet).unwrap();
+        assert_eq!(a.param_norm.to_bits(), b.param_norm.to_bits());
+        assert_eq!(a.final_loss.to_bits(), b.final_loss.to_bits());
+    }
+
+    /// Stopping after 2 steps and resuming from the checkpoint ends where an uninterrupted run
+    /// ends (the data order crosses an epoch boundary: 20 images, batch 8).
+    #[test]
+    fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
+        let dir = std::env::temp_dir().join(format!("roofline-ckpt-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ckpt = dir.join("c.safetensors");
+        let full = train::<f32>(&tiny(), &Quiet).unwrap();
+        // The schedule's length is part of the run: the first part runs the same 5-step
+        // schedule and stops after 2 steps.
+        let part = train::<f32>(
+            &TrainConfig {
+                checkpoint: Some(ckpt.clone()),
+                ..tiny()
+            }
+            .stop_after(2),
+            &Quiet,
+        )
+        .unwrap();
+        assert_eq!(part.steps, 2);
+        let rest = train::<f32>(
+            &TrainConfig {
+                resume: Some(ckpt.clone()),
+                ..tiny()
+            },
+            &Quiet,
+        )
+        .unwrap();
+        assert_eq!(rest.start_step, 2);
+        assert_eq!(rest.steps, 5);
+        assert_eq!(rest.param_norm.to_bits(), full.param_norm.to_bits());
+        assert_eq!(rest.final_loss.to_bits(), full.final_loss.to_bits());
+        // A checkpoint of another model is refused with a reason.
+        let other = TrainConfig {
+            resume: Some(ckpt.clone()),
+            model: Config {
+                width: 0.25,
+                ..tiny().model
+            },
+            ..tiny()
+        };
+        assert!(train::<f32>(&other, &Quiet)
+            .unwrap_err()
+            .to_string()
+            .contains("another model"));
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     /// A small ResNet learns the synthetic set: ≥ 90% Top-1 on held-out images.
@@ -567,8 +817,12 @@ mod tests {
             decay: Decay::Cosine,
             target_top1: Some(0.95),
             eval_every: 25,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
         };
-        let s = train::<f32>(&cfg, &Quiet);
+        let s = train::<f32>(&cfg, &Quiet).unwrap();
         let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);
         eprintln!(
             "{} steps, {:.0} images/s, evals {:?}",

@@ -1,0 +1,239 @@
+//! Checkpoints in the safetensors format (an 8-byte little-endian header length, a JSON header
+//! naming each tensor's dtype, shape and byte range, then the raw little-endian data), written
+//! atomically, with string metadata under `__metadata__`.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+/// One stored tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Stored {
+    pub dtype: String,
+    pub shape: Vec<usize>,
+    pub data: Vec<u8>,
+}
+
+impl Stored {
+    pub fn f32s(v: impl IntoIterator<Item = f64>) -> Stored {
+        let data: Vec<u8> = v
+            .into_iter()
+            .flat_map(|x| (x as f32).to_le_bytes())
+            .collect();
+        Stored {
+            dtype: "F32".into(),
+            shape: vec![data.len() / 4],
+            data,
+        }
+    }
+
+    pub fn f64s(v: impl IntoIterator<Item = f64>) -> Stored {
+        let data: Vec<u8> = v.into_iter().flat_map(|x| x.to_le_bytes()).collect();
+        Stored {
+            dtype: "F64".into(),
+            shape: vec![data.len() / 8],
+            data,
+        }
+    }
+
+    pub fn u64s(v: impl IntoIterator<Item = u64>) -> Stored {
+        let data: Vec<u8> = v.into_iter().flat_map(|x| x.to_le_bytes()).collect();
+        Stored {
+            dtype: "U64".into(),
+            shape: vec![data.len() / 8],
+            data,
+        }
+    }
+
+    /// The values as f64 (F32 or F64 tensors).
+    pub fn to_f64s(&self) -> Result<Vec<f64>, String> {
+        match self.dtype.as_str() {
+            "F32" => Ok(self
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]) as f64)
+                .collect()),
+            "F64" => Ok(self
+                .data
+                .chunks_exact(8)
+                .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+                .collect()),
+            d => Err(format!("expected a floating-point tensor, found {d}")),
+        }
+    }
+
+    pub fn to_u64s(&self) -> Result<Vec<u64>, String> {
+        if self.dtype != "U64" {
+            return Err(format!("expected U64, found {}", self.dtype));
+        }
+        Ok(self
+            .data
+            .chunks_exact(8)
+            .map(|b| u64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
+            .collect())
+    }
+}
+
+/// A whole checkpoint.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Checkpoint {
+    pub tensors: BTreeMap<String, Stored>,
+    pub metadata: BTreeMap<String, String>,
+}
+
+fn element_size(dtype: &str) -> Option<usize> {
+    match dtype {
+        "F32" | "I32" | "U32" => Some(4),
+        "F64" | "I64" | "U64" => Some(8),
+        "F16" | "BF16" | "I16" | "U16" => Some(2),
+        "U8" | "I8" | "BOOL" => Some(1),
+        _ => None,
+    }
+}
+
+impl Checkpoint {
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut header = serde_json::Map::new();
+        let mut offset = 0usize;
+        for (name, t) in &self.tensors {
+            header.insert(
+                name.clone(),
+                serde_json::json!({"dtype": t.dtype, "shape": t.shape, "data_offsets": [offset, offset + t.data.len()]}),
+            );
+            offset += t.data.len();
+        }
+        if !self.metadata.is_empty() {
+            header.insert("__metadata__".into(), serde_json::json!(self.metadata));
+        }
+        let mut text = serde_json::Value::Object(header).to_string().into_bytes();
+        // The data starts 8-byte aligned.
+        while !(8 + text.len()).is_multiple_of(8) {
+            text.push(b' ');
+        }
+        let mut out = Vec::with_capacity(8 + text.len() + offset);
+        out.extend_from_slice(&(text.len() as u64).to_le_bytes());
+        out.extend_from_slice(&text);
+        for t in self.tensors.values() {
+            out.extend_from_slice(&t.data);
+        }
+        out
+    }
+
+    pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, String> {
+        let n = u64::from_le_bytes(
+            bytes
+                .get(..8)
+                .ok_or("not a safetensors file: shorter than 8 bytes")?
+                .try_into()
+                .map_err(|_| "header length")?,
+        ) as usize;
+        let header = bytes
+            .get(8..8 + n)
+            .ok_or("not a safetensors file: the header runs past the end")?;
+        let data = &bytes[8 + n..];
+        let v: serde_json::Value =
+            serde_json::from_slice(header).map_err(|e| format!("not a safetensors file: {e}"))?;
+        let obj = v
+            .as_object()
+            .ok_or("not a safetensors file: the header is not an object")?;
+        let mut c = Checkpoint::default();
+        for (name, t) in obj {
+            if name == "__metadata__" {
+                for (k, val) in t.as_object().into_iter().flatten() {
+                    c.metadata
+                        .insert(k.clone(), val.as_str().unwrap_or_default().to_string());
+                }
+                continue;
+            }
+            let dtype = t["dtype"]
+                .as_str()
+                .ok_or_else(|| format!("{name}: no dtype"))?
+                .to_string();
+            let shape: Vec<usize> = t["shape"]
+                .as_array()
+                .ok_or_else(|| format!("{name}: no shape"))?
+                .iter()
+                .map(|d| {
+                    d.as_u64()
+                        .map(|d| d as usize)
+                        .ok_or_else(|| format!("{name}: bad shape"))
+                })
+                .collect::<Result<_, _>>()?;
+            let off = t["data_offsets"]
+                .as_array()
+                .ok_or_else(|| format!("{name}: no data_offsets"))?;
+            let (b, e) = (
+                off.first()
+                    .and_then(|x| x.as_u64())
+                    .ok_or_else(|| format!("{name}: bad offsets"))? as usize,
+                off.get(1)
+                    .and_then(|x| x.as_u64())
+                    .ok_or_else(|| format!("{name}: bad offsets"))? as usize,
+            );
+            let size =
+                element_size(&dtype).ok_or_else(|| format!("{name}: unknown dtype {dtype}"))?;
+            if e < b || e > data.len() || (e - b) != shape.iter().product::<usize>() * size {
+                return Err(format!("{name}: its byte range does not match its shape"));
+            }
+            c.tensors.insert(
+                name.clone(),
+                Stored {
+                    dtype,
+                    shape,
+                    data: data[b..e].to_vec(),
+                },
+            );
+        }
+        Ok(c)
+    }
+
+    pub fn save(&self, path: &Path) -> Result<(), String> {
+        roofline_model::write::write_atomic(path, &self.to_bytes()).map_err(|e| e.to_string())
+    }
+
+    pub fn load(path: &Path) -> Result<Checkpoint, String> {
+        let bytes =
+            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
+        Checkpoint::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    }
+
+    pub fn tensor(&self, name: &str) -> Result<&Stored, String> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| format!("the checkpoint has no tensor {name}"))
+    }
+
+    pub fn meta(&self, key: &str) -> Result<&str, String> {
+        self.metadata
+            .get(key)
+            .map(String::as_str)
+            .ok_or_else(|| format!("the checkpoint has no {key}"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_corruption() {
+        let mut c = Checkpoint::default();
+        c.tensors.insert("a".into(), Stored::f32s([1.0, 2.5, -3.0]));
+        c.tensors.insert("b".into(), Stored::u64s([7, 8]));
+        c.tensors.insert("c".into(), Stored::f64s([0.1]));
+        c.metadata.insert("step".into(), "3".into());
+        let bytes = c.to_bytes();
+        assert_eq!(
+            (8 + u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize) % 8,
+            0
+        );
+        let back = Checkpoint::from_bytes(&bytes).unwrap();
+        assert_eq!(back, c);
+        assert_eq!(
+            back.tensor("a").unwrap().to_f64s().unwrap(),
+            [1.0, 2.5, -3.0]
+        );
+        assert_eq!(back.meta("step").unwrap(), "3");
+        assert!(Checkpoint::from_bytes(&bytes[..bytes.len() - 1]).is_err());
+        assert!(Checkpoint::from_bytes(b"xx").is_err());
+    }
+}
