@@ -3,9 +3,10 @@
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_workloads::data::Synthetic;
+use roofline_workloads::folder::ImageFolder;
 use roofline_workloads::layers::Reducer;
 use roofline_workloads::resnet::{Config, Version};
-use roofline_workloads::train::{self, Decay, Monitor, TrainConfig};
+use roofline_workloads::train::{self, Decay, Monitor, Source, TrainConfig};
 use std::io::IsTerminal;
 use std::sync::Arc;
 
@@ -14,9 +15,14 @@ pub struct TrainArgs {
     /// The workload: resnet50 (ImageNet-style classification; ewa is not built yet).
     #[arg(long, default_value = "resnet50", value_parser = ["resnet50"])]
     workload: String,
-    /// Train on the synthetic image set (the only data source of this version).
-    #[arg(long, default_value_t = true)]
+    /// Train on the synthetic image set (the default without --data).
+    #[arg(long)]
     synthetic: bool,
+    /// An ImageNet-style folder: DIR/train/<class>/*.jpg (and DIR/val/<class>/*.jpg for
+    /// evaluation), or DIR/<class>/*.jpg. Decoded in parallel one batch ahead; random-resized
+    /// crop and flip for training, resize and centre crop for evaluation.
+    #[arg(long, value_name = "DIR", conflicts_with = "synthetic")]
+    data: Option<std::path::PathBuf>,
     /// Images per step (the global batch).
     #[arg(long, default_value_t = 32)]
     batch: usize,
@@ -192,13 +198,62 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             return Err(input(format!("--resume {}: no such file", p.display())));
         }
     }
-    let steps = match (a.steps, a.epochs) {
-        (_, Some(e)) => (e * a.train_images).div_ceil(a.batch),
+    let mut steps = match (a.steps, a.epochs) {
+        (_, Some(e)) => (e * a.train_images.max(1)).div_ceil(a.batch),
         (Some(s), None) => s,
         (None, None) => 20,
     };
     if steps == 0 {
         return Err(input("nothing to train: --steps or --epochs is 0".into()));
+    }
+    let (source, classes, train_images, eval_images) = match &a.data {
+        None => (
+            Source::Synthetic(Synthetic::new(a.classes, a.resolution, a.seed)),
+            a.classes,
+            a.train_images,
+            a.eval_images,
+        ),
+        Some(dir) => {
+            let (tdir, vdir) = if dir.join("train").is_dir() {
+                (dir.join("train"), Some(dir.join("val")))
+            } else {
+                (dir.clone(), None)
+            };
+            let train = ImageFolder::open(&tdir).map_err(|e| input(format!("--data: {e}")))?;
+            let eval = match vdir.filter(|v| v.is_dir()) {
+                Some(v) => Some(Arc::new(
+                    ImageFolder::open(&v).map_err(|e| input(format!("--data: {e}")))?,
+                )),
+                None => None,
+            };
+            if let Some(e) = &eval {
+                if e.classes != train.classes {
+                    return Err(input(format!(
+                        "--data: {} and {} have different classes",
+                        tdir.display(),
+                        e.root.display()
+                    )));
+                }
+            }
+            let eval_images = match &eval {
+                Some(e) if a.eval_images > 0 => a.eval_images.min(e.len()),
+                _ => 0,
+            };
+            let (classes, n) = (train.classes.len(), train.len());
+            (
+                Source::Folder {
+                    train: Arc::new(train),
+                    eval,
+                    resolution: a.resolution,
+                },
+                classes,
+                n,
+                eval_images,
+            )
+        }
+    };
+    if let Some(e) = a.epochs {
+        steps = (e * train_images).div_ceil(a.batch);
     }
     let cfg = TrainConfig {
         model: Config {
@@ -209,14 +264,14 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             },
             blocks,
             width: a.width,
-            classes: a.classes,
+            classes,
             zero_init_residual: false,
         },
-        data: Synthetic::new(a.classes, a.resolution, a.seed),
+        data: source,
         batch: a.batch,
         steps,
-        train_images: a.train_images,
-        eval_images: a.eval_images,
+        train_images,
+        eval_images,
         warmup_steps: a.warmup_steps.unwrap_or(steps / 10),
         base_lr_per_256: a.lr,
         label_smoothing: a.label_smoothing,
@@ -296,8 +351,16 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         );
     } else {
         println!(
-            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} synthetic images, batch {}, {} threads",
-            a.version, a.width, blocks, s.parameters, a.resolution, a.resolution, a.batch, threads
+            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} {} images, batch {}, {} threads",
+            a.version,
+            a.width,
+            blocks,
+            s.parameters,
+            a.resolution,
+            a.resolution,
+            if a.data.is_some() { "folder" } else { "synthetic" },
+            a.batch,
+            threads
         );
         println!(
             "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",

@@ -550,3 +550,40 @@ fn train_runs_a_small_resnet_and_reports_json() {
     );
     expect_input_error(&["train", "--steps", "0"], None, "nothing to train");
 }
+
+#[test]
+fn train_reads_an_image_folder() {
+    let dir = tmpdir("folder");
+    roofline_workloads::folder::write_test_folder(&dir.join("train"), 3, 6, 40).unwrap();
+    roofline_workloads::folder::write_test_folder(&dir.join("val"), 3, 2, 40).unwrap();
+    let o = bin()
+        .args(["train", "--data"])
+        .arg(&dir)
+        .args([
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--batch",
+            "6",
+            "--epochs",
+            "2",
+            "--eval-images",
+            "6",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 18 training images, 2 epochs, batch 6: 6 steps; 3 classes from the folders.
+    assert_eq!(v["steps"], 6);
+    assert!(v["top1"].as_f64().is_some());
+    expect_input_error(
+        &["train", "--data", "/nonexistent/imagenet"],
+        None,
+        "--data: cannot read",
+    );
+}

@@ -6,6 +6,7 @@ pub mod accounting;
 pub mod checkpoint;
 pub mod conv;
 pub mod data;
+pub mod folder;
 pub mod layers;
 pub mod resnet;
 pub mod tensor;

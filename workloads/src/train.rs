@@ -2,9 +2,11 @@
 //! loop with evaluation and time-to-quality.
 
 use crate::data::{Rng, Synthetic};
+use crate::folder::ImageFolder;
 use crate::layers::{softmax_cross_entropy, Param, Reducer};
 use crate::resnet::{Config, ResNet};
 use crate::tensor::Float;
+use crate::tensor::Tensor;
 use rayon::prelude::*;
 use std::sync::Arc;
 use std::time::Instant;
@@ -91,11 +93,85 @@ impl Schedule {
     }
 }
 
+/// Where the images come from.
+#[derive(Clone, Debug)]
+pub enum Source {
+    Synthetic(Synthetic),
+    /// ImageNet-style folders (the evaluation folder is optional).
+    Folder {
+        train: Arc<ImageFolder>,
+        eval: Option<Arc<ImageFolder>>,
+        resolution: usize,
+    },
+}
+
+impl Source {
+    pub fn resolution(&self) -> usize {
+        match self {
+            Source::Synthetic(s) => s.resolution,
+            Source::Folder { resolution, .. } => *resolution,
+        }
+    }
+
+    /// A training batch; `seed` drives the augmentation of this step.
+    fn train_batch<T: Float>(
+        &self,
+        ids: &[u64],
+        seed: u64,
+    ) -> Result<(Tensor<T>, Vec<usize>), String> {
+        match self {
+            Source::Synthetic(s) => Ok(s.batch(ids)),
+            Source::Folder {
+                train, resolution, ..
+            } => train.batch(ids, *resolution, true, seed),
+        }
+    }
+
+    /// Evaluation batch `ids` (held-out synthetic images, or the evaluation folder).
+    fn eval_batch<T: Float>(&self, ids: &[u64]) -> Result<(Tensor<T>, Vec<usize>), String> {
+        match self {
+            Source::Synthetic(s) => {
+                Ok(s.batch(&ids.iter().map(|i| (1u64 << 40) + i).collect::<Vec<_>>()))
+            }
+            Source::Folder {
+                eval, resolution, ..
+            } => match eval {
+                Some(f) => f.batch(ids, *resolution, false, 0),
+                None => Err("no evaluation folder".into()),
+            },
+        }
+    }
+}
+
+/// The data order: a permutation per epoch drawn from a generator, and the position in it.
+#[derive(Clone, Debug)]
+struct Order {
+    rng: Rng,
+    order: Vec<usize>,
+    cursor: usize,
+    images: usize,
+}
+
+impl Order {
+    fn draw(&mut self, n: usize) -> Vec<u64> {
+        let mut ids = Vec::with_capacity(n);
+        while ids.len() < n {
+            if self.cursor == self.order.len() {
+                self.order = self.rng.permutation(self.images);
+                self.cursor = 0;
+            }
+            ids.push(self.order[self.cursor] as u64);
+            self.cursor += 1;
+        }
+        ids
+    }
+}
+
 /// What to train.
 #[derive(Clone, Debug)]
 pub struct TrainConfig {
     pub model: Config,
-    pub data: Synthetic,
+    pub data: Source,
     pub batch: usize,
     pub steps: usize,
     pub train_images: usize,
@@ -285,21 +361,20 @@ impl Monitor for Quiet {
     fn step(&self, _: usize, _: usize, _: f64, _: f64) {}
 }
 
-/// Top-1/Top-5 and loss over `images` held-out images (ids far from the training ones).
+/// Top-1/Top-5 and loss over `images` held-out images.
 pub fn evaluate<T: Float>(
     model: &mut ResNet<T>,
-    data: &Synthetic,
+    data: &Source,
     images: usize,
     batch: usize,
     step: usize,
-) -> Eval {
+) -> Result<Eval, String> {
     let (mut top1, mut top5, mut loss) = (0usize, 0usize, 0.0);
-    let base = 1u64 << 40;
     for start in (0..images).step_by(batch.max(1)) {
         let ids: Vec<u64> = (start..(start + batch).min(images))
-            .map(|i| base + i as u64)
+            .map(|i| i as u64)
             .collect();
-        let (x, labels) = data.batch::<T>(&ids);
+        let (x, labels) = data.eval_batch::<T>(&ids)?;
         let z = model.forward(&x, false);
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
         top1 += t1;
@@ -307,12 +382,12 @@ pub fn evaluate<T: Float>(
         loss += l * ids.len() as f64;
     }
     let n = images.max(1) as f64;
-    Eval {
+    Ok(Eval {
         step,
         top1: top1 as f64 / n,
         top5: top5 as f64 / n,
         loss: loss / n,
-    }
+    })
 }
 
 /// Keeps freed memory in the process: every step allocates and frees the same activation
@@ -384,6 +459,8 @@ impl TrainConfig {
 pub enum TrainError {
     #[error("checkpoint: {0}")]
     Checkpoint(String),
+    #[error("data: {0}")]
+    Data(String),
 }
 
 /// `train`, data parallel over the ranks of `reducer`: every rank draws the same global batch
@@ -414,15 +491,26 @@ pub fn train_with<T: Float>(
         total_steps: cfg.steps,
         decay: cfg.decay,
     };
-    let flops = model.flops_per_image(cfg.data.resolution);
+    let flops = model.flops_per_image(cfg.data.resolution());
     let mut rng = Rng::new(cfg.seed ^ 0xDA7A);
-    let mut order = rng.permutation(cfg.train_images.max(1));
-    let mut cursor = 0;
+    let order = rng.permutation(cfg.train_images.max(1));
+    let mut data = Order {
+        rng,
+        order,
+        cursor: 0,
+        images: cfg.train_images.max(1),
+    };
     let mut start_step = 0;
     if let Some(path) = &cfg.resume {
         let (s0, r, o, c) =
             load_checkpoint(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
-        (start_step, rng, order, cursor) = (s0, r, o, c);
+        start_step = s0;
+        data = Order {
+            rng: r,
+            order: o,
+            cursor: c,
+            images: cfg.train_images.max(1),
+        };
     }
     let mut evals = Vec::new();
     let mut ttq = None;
@@ -431,19 +519,30 @@ pub fn train_with<T: Float>(
     let mut steady_seconds = 0.0;
     let first_read = Instant::now();
     let mut steps_done = start_step;
-    for step in start_step..cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps) {
+    let end = cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
+    // One batch ahead: the next step's images decode on other threads while this one computes.
+    let fetch = |ids: Vec<u64>, step: usize| {
+        let src = cfg.data.clone();
+        let seed = cfg.seed ^ (step as u64).wrapping_mul(0xA5A5_5A5A_1234_5678);
+        let mine = ids[rank * local..(rank + 1) * local].to_vec();
+        std::thread::spawn(move || src.train_batch::<T>(&mine, seed))
+    };
+    // The data order as of the last finished step (before the prefetch's draw).
+    let mut saved = data.clone();
+    let mut pending = (start_step < end).then(|| fetch(data.draw(cfg.batch), start_step));
+    for step in start_step..end {
         let t0 = Instant::now();
-        let mut ids = Vec::with_capacity(cfg.batch);
-        while ids.len() < cfg.batch {
-            if cursor == order.len() {
-                order = rng.permutation(cfg.train_images.max(1));
-                cursor = 0;
-            }
-            ids.push(order[cursor] as u64);
-            cursor += 1;
+        let (x, labels) = pending
+            .take()
+            .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
+            .join()
+            .map_err(|_| TrainError::Data("the data loader panicked".into()))?
+            .map_err(TrainError::Data)?;
+        // The data order after this step's draw (what a checkpoint after this step records).
+        let after_draw = data.clone();
+        if step + 1 < end {
+            pending = Some(fetch(data.draw(cfg.batch), step + 1));
         }
-        let mine = &ids[rank * local..(rank + 1) * local];
-        let (x, labels) = cfg.data.batch::<T>(mine);
         let z = model.forward(&x, true);
         let (mut loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
         model.backward(&g);
@@ -464,13 +563,23 @@ pub fn train_with<T: Float>(
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
-                save_checkpoint(path, &mut model, step + 1, &rng, &order, cursor, cfg)
-                    .map_err(TrainError::Checkpoint)?;
+                save_checkpoint(
+                    path,
+                    &mut model,
+                    step + 1,
+                    &after_draw.rng,
+                    &after_draw.order,
+                    after_draw.cursor,
+                    cfg,
+                )
+                .map_err(TrainError::Checkpoint)?;
             }
         }
+        saved = after_draw;
         let last = step + 1 == cfg.steps;
         if cfg.eval_images > 0 && ((step + 1) % cfg.eval_every.max(1) == 0 || last) {
-            let e = evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1);
+            let e = evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1)
+                .map_err(TrainError::Data)?;
             let reached = cfg.target_top1.is_some_and(|t| e.top1 >= t);
             evals.push(e);
             if reached {
@@ -480,8 +589,16 @@ pub fn train_with<T: Float>(
         }
     }
     if let Some(path) = &cfg.checkpoint {
-        save_checkpoint(path, &mut model, steps_done, &rng, &order, cursor, cfg)
-            .map_err(TrainError::Checkpoint)?;
+        save_checkpoint(
+            path,
+            &mut model,
+            steps_done,
+            &saved.rng,
+            &saved.order,
+            saved.cursor,
+            cfg,
+        )
+        .map_err(TrainError::Checkpoint)?;
     }
     let images = (steps_done - start_step) * cfg.batch;
     let param_norm = model
@@ -645,7 +762,7 @@ mod tests {
                 classes: 4,
                 zero_init_residual: false,
             },
-            data: Synthetic::new(4, 32, 3),
+            data: Source::Synthetic(Synthetic::new(4, 32, 3)),
             batch: 8,
             steps: 3,
             train_images: 64,
@@ -718,7 +835,7 @@ mod tests {
                 classes: 4,
                 zero_init_residual: false,
             },
-            data: Synthetic::new(4, 32, 5),
+            data: Source::Synthetic(Synthetic::new(4, 32, 5)),
             batch: 8,
             steps: 5,
             train_images: 20,
@@ -805,7 +922,7 @@ mod tests {
                 classes: 10,
                 zero_init_residual: true,
             },
-            data: Synthetic::new(10, 64, 11),
+            data: Source::Synthetic(Synthetic::new(10, 64, 11)),
             batch: 32,
             steps: 300,
             train_images: 4096,
