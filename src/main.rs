@@ -94,7 +94,7 @@ enum Command {
     /// warm-up then cosine decay. Prints images/s, the loss and Top-1/Top-5 on held-out images;
     /// --json gives the parameter count, images/s, achieved FLOP/s and FLOPs per image.
     /// Example: roofline train --workload resnet50 --synthetic --batch 32 --steps 20
-    Train(train_cmd::TrainArgs),
+    Train(Box<train_cmd::TrainArgs>),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
     /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to

@@ -41,6 +41,14 @@ pub struct TrainArgs {
     /// Held-out images evaluated at the end (0: none).
     #[arg(long, default_value_t = 0)]
     eval_images: usize,
+    /// Stop when held-out Top-1 reaches this fraction (e.g. 0.759), evaluating every
+    /// --eval-every steps; the JSON then gives HPC AI500's time-to-quality (from the first
+    /// batch read to the target).
+    #[arg(long, value_name = "FRACTION")]
+    target_top1: Option<f64>,
+    /// Evaluate every this many steps (default: at the end only).
+    #[arg(long, value_name = "STEPS")]
+    eval_every: Option<usize>,
     /// Classes.
     #[arg(long, default_value_t = 1000)]
     classes: usize,
@@ -193,6 +201,13 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     if let Some(p) = &a.checkpoint {
         crate::probe_cmd::check_writable(p).map_err(Failure::Input)?;
     }
+    if a.target_top1.is_some_and(|t| !(t > 0.0 && t <= 1.0))
+        || (a.target_top1.is_some() && a.eval_images == 0)
+    {
+        return Err(input(
+            "--target-top1 takes a fraction in (0, 1] and needs --eval-images".into(),
+        ));
+    }
     if let Some(p) = &a.resume {
         if !p.is_file() {
             return Err(input(format!("--resume {}: no such file", p.display())));
@@ -277,8 +292,8 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         label_smoothing: a.label_smoothing,
         seed: a.seed,
         decay: Decay::Cosine,
-        target_top1: None,
-        eval_every: steps,
+        target_top1: a.target_top1,
+        eval_every: a.eval_every.unwrap_or(steps),
         checkpoint: a.checkpoint.clone(),
         resume: a.resume.clone(),
         stop_at: None,
@@ -344,6 +359,8 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),
             "top1": last.map(|e| e.top1),
             "top5": last.map(|e| e.top5),
+            "evaluations": s.evals.iter().map(|e| serde_json::json!({"step": e.step, "top1": e.top1, "top5": e.top5, "loss": e.loss})).collect::<Vec<_>>(),
+            "time_to_quality_seconds": s.time_to_quality,
         });
         println!(
             "{}",
