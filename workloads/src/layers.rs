@@ -55,10 +55,13 @@ fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<
         .map(|(ac, bc)| {
             let mut p1 = vec![T::zero(); c];
             let mut p2 = vec![T::zero(); c];
+            let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
             for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
-                for (((x, y), q1), q2) in ar.iter().zip(br).zip(p1.iter_mut()).zip(p2.iter_mut()) {
-                    *q1 += *x;
-                    *q2 += *x * *y;
+                let (ar, br) = (&ar[..c], &br[..c]);
+                // Indexed over equal-length slices: no bounds checks, vectorised over channels.
+                for j in 0..c {
+                    q1[j] += ar[j];
+                    q2[j] += ar[j] * br[j];
                 }
             }
             (p1, p2)
@@ -229,10 +232,18 @@ impl<T: Float> BatchNorm<T> {
             .par_chunks_mut(CHUNK_ROWS * c)
             .zip(x.data.par_chunks(CHUNK_ROWS * c))
             .for_each(|(yc, xc)| {
+                let (a, d) = (&a[..c], &d[..c]);
                 for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
-                    for (((o, v), a), d) in yr.iter_mut().zip(xr).zip(&a).zip(&d) {
-                        let t = *v * *a + *d;
-                        *o = if relu && t < zero { zero } else { t };
+                    let (yr, xr) = (&mut yr[..c], &xr[..c]);
+                    if relu {
+                        for j in 0..c {
+                            let t = xr[j] * a[j] + d[j];
+                            yr[j] = if t < zero { zero } else { t };
+                        }
+                    } else {
+                        for j in 0..c {
+                            yr[j] = xr[j] * a[j] + d[j];
+                        }
                     }
                 }
             });
@@ -279,21 +290,24 @@ impl<T: Float> BatchNorm<T> {
             .map(|((dc, xc), mc)| {
                 let mut p1 = vec![zero; c];
                 let mut p2 = vec![zero; c];
+                let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
                 for ((dr, xr), mr) in dc
                     .chunks_exact(c)
                     .zip(xc.chunks_exact(c))
                     .zip(mc.chunks_exact(c))
                 {
-                    for ((((g, v), k), q1), q2) in dr
-                        .iter()
-                        .zip(xr)
-                        .zip(mr)
-                        .zip(p1.iter_mut())
-                        .zip(p2.iter_mut())
-                    {
-                        let g = if masked && *k <= zero { zero } else { *g };
-                        *q1 += g;
-                        *q2 += g * *v;
+                    let (dr, xr, mr) = (&dr[..c], &xr[..c], &mr[..c]);
+                    if masked {
+                        for j in 0..c {
+                            let g = if mr[j] > zero { dr[j] } else { zero };
+                            q1[j] += g;
+                            q2[j] += g * xr[j];
+                        }
+                    } else {
+                        for j in 0..c {
+                            q1[j] += dr[j];
+                            q2[j] += dr[j] * xr[j];
+                        }
                     }
                 }
                 (p1, p2)
@@ -336,11 +350,14 @@ impl<T: Float> BatchNorm<T> {
                     .zip(xc.chunks_exact(c))
                     .zip(mc.chunks_exact(c))
                 {
+                    let (dxr, dyr, xr, mr) = (&mut dxr[..c], &dyr[..c], &xr[..c], &mr[..c]);
+                    let (mean, inv, scale, mdb, mdg) =
+                        (&mean[..c], &inv[..c], &scale[..c], &mdb[..c], &mdg[..c]);
                     for j in 0..c {
-                        let g = if masked && mr[j] <= zero {
-                            zero
-                        } else {
+                        let g = if !masked || mr[j] > zero {
                             dyr[j]
+                        } else {
+                            zero
                         };
                         let h = (xr[j] - mean[j]) * inv[j];
                         dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
