@@ -119,10 +119,24 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
     );
 }
 
+/// `w` (depth × k) transposed to k × depth, row-major: the GEMMs of the backward-data pass
+/// then read a row-major operand (packing a strided transpose for every block costs more than
+/// this one copy per layer).
+fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
+    let mut t = vec![T::zero(); w.len()];
+    for (d, row) in w.chunks_exact(k).enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            t[j * depth + d] = *v;
+        }
+    }
+    t
+}
+
 /// `dx = ∂L/∂x` from `dy = ∂L/∂y`.
 pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
     check_lengths::<T>(sh, dx.len(), w.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
+    let wt = transpose(w, depth, k);
     if pointwise(sh) {
         // SAFETY: dy rows × k, wᵀ k × c (w is c × k), dx rows × c.
         unsafe {
@@ -134,7 +148,7 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
                 depth,
                 false,
                 Mat::rows(dy.as_ptr(), k),
-                Mat::transposed(w.as_ptr(), k),
+                Mat::rows(wt.as_ptr(), depth),
                 true,
             )
         };
@@ -161,7 +175,7 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
                             depth,
                             false,
                             Mat::rows(dyb.as_ptr(), k),
-                            Mat::transposed(w.as_ptr(), k),
+                            Mat::rows(wt.as_ptr(), depth),
                             false,
                         )
                     };
