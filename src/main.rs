@@ -89,11 +89,15 @@ enum Command {
     },
     /// Train a workload with the embedded trainer and report throughput, loss and accuracy.
     ///
-    /// ResNet-50 v1.5 (or v1) on a synthetic, learnable image set: SGD with momentum 0.9 and
-    /// weight decay 1e-4, learning rate 0.1 per 256 images scaled with the batch, linear
-    /// warm-up then cosine decay. Prints images/s, the loss and Top-1/Top-5 on held-out images;
-    /// --json gives the parameter count, images/s, achieved FLOP/s and FLOPs per image.
-    /// Example: roofline train --workload resnet50 --synthetic --batch 32 --steps 20
+    /// ResNet-50 v1.5 (or v1) on a synthetic, learnable image set or an ImageNet-style JPEG
+    /// folder: SGD with momentum 0.9 and weight decay 1e-4, learning rate 0.1 per 256 images
+    /// scaled with the batch, linear warm-up then cosine decay. Prints images/s, the loss and
+    /// Top-1/Top-5 on held-out images; --json gives the parameter count, images/s, achieved
+    /// FLOP/s and FLOPs per image (AIPerf's and HPC AI500 V3.0's rules). Under mpirun (a build
+    /// with --features mpi) the ranks train data-parallel on shares of the global batch.
+    /// Examples:
+    ///   roofline train --workload resnet50 --synthetic --batch 32 --steps 20
+    ///   roofline train --data /data/imagenet --epochs 1 --eval-images 5000 --checkpoint r50.safetensors
     Train(Box<train_cmd::TrainArgs>),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///

@@ -32,13 +32,13 @@ pub struct TrainArgs {
     /// Training steps (default: 20; --epochs overrides).
     #[arg(long)]
     steps: Option<usize>,
-    /// Epochs over --train-images.
+    /// Epochs over the training images (--train-images, or the folder's).
     #[arg(long)]
     epochs: Option<usize>,
     /// Images in the synthetic training set.
     #[arg(long, default_value_t = 1281)]
     train_images: usize,
-    /// Held-out images evaluated at the end (0: none).
+    /// Held-out images evaluated (synthetic: fresh images; folder: from DIR/val); 0: none.
     #[arg(long, default_value_t = 0)]
     eval_images: usize,
     /// Stop when held-out Top-1 reaches this fraction (e.g. 0.759), evaluating every
