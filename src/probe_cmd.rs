@@ -572,7 +572,8 @@ mod distributed {
         // The launcher bound each rank to a core; the rank that probes its node needs them all.
         let mut widened = None;
         if world.is_leader() {
-            let (before, after) = roofline_kernels::affinity::widen_to_node();
+            let (before, after) =
+                roofline_kernels::affinity::widen_to(&roofline_collectors::node_cpus());
             if after != before {
                 widened = Some(format!(
                     "node leaders widened their CPU affinity from {before} to {after} CPUs for the node probe (the MPI launcher had bound them)"

@@ -57,6 +57,19 @@ pub fn parse_size(s: &str) -> Option<u64> {
     num.trim().parse::<u64>().ok().map(|n| n * mult)
 }
 
+/// Every CPU this process may be given on its node: the cgroup's cpuset, else every online
+/// CPU (empty when neither can be read).
+pub fn node_cpus() -> Vec<usize> {
+    [
+        "/sys/fs/cgroup/cpuset.cpus.effective",
+        "/sys/devices/system/cpu/online",
+    ]
+    .iter()
+    .find_map(|p| fs::read_to_string(p).ok().filter(|s| !s.trim().is_empty()))
+    .map(|s| parse_cpu_list(&s))
+    .unwrap_or_default()
+}
+
 /// Parses CPU lists like `0-3,8,10-11`.
 pub fn parse_cpu_list(s: &str) -> Vec<usize> {
     let mut v = Vec::new();
@@ -289,6 +302,8 @@ mod tests {
         assert_eq!(parse_size("512"), Some(512));
         assert_eq!(parse_size("x"), None);
         assert_eq!(parse_cpu_list("0-3,8,10-11"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), vec![0, 1, 2, 3, 8, 10, 11]);
+        assert_eq!(parse_cpu_list("5"), vec![5]);
         assert_eq!(parse_cpu_list(""), Vec::<usize>::new());
     }
 

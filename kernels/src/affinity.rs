@@ -23,43 +23,16 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
-/// Parses a CPU list such as `0-3,8,10-11` (sysfs `online`, cgroup `cpuset.cpus`).
-pub fn parse_cpu_list(s: &str) -> Vec<usize> {
-    let mut v = Vec::new();
-    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        match part.split_once('-') {
-            Some((a, b)) => {
-                if let (Ok(a), Ok(b)) = (a.trim().parse::<usize>(), b.trim().parse::<usize>()) {
-                    v.extend(a..=b);
-                }
-            }
-            None => v.extend(part.trim().parse::<usize>().ok()),
-        }
-    }
-    v
-}
-
-/// Widens this process's CPU affinity to every CPU it may use on the node (the cgroup's
-/// cpuset, else every online CPU): an MPI launcher binds each rank to one core, and the rank
-/// that probes its node needs them all. Returns (before, after) CPU counts; unchanged when the
-/// OS refuses.
-pub fn widen_to_node() -> (usize, usize) {
+/// Sets this process's CPU affinity to `cpus` (an MPI launcher binds each rank to one core;
+/// the rank that probes its node needs them all). Returns (before, after) CPU counts; unchanged
+/// when the OS refuses or `cpus` is empty.
+pub fn widen_to(cpus: &[usize]) -> (usize, usize) {
     let before = allowed_cpus().len();
     #[cfg(target_os = "linux")]
     {
-        let list = [
-            "/sys/fs/cgroup/cpuset.cpus.effective",
-            "/sys/devices/system/cpu/online",
-        ]
-        .iter()
-        .find_map(|p| {
-            std::fs::read_to_string(p)
-                .ok()
-                .filter(|s| !s.trim().is_empty())
-        })
-        .unwrap_or_default();
-        let cpus: Vec<usize> = parse_cpu_list(&list)
-            .into_iter()
+        let cpus: Vec<usize> = cpus
+            .iter()
+            .copied()
             .filter(|c| *c < libc::CPU_SETSIZE as usize)
             .collect();
         if !cpus.is_empty() {
@@ -73,6 +46,8 @@ pub fn widen_to_node() -> (usize, usize) {
             }
         }
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = cpus;
     (before, allowed_cpus().len())
 }
 
@@ -114,13 +89,6 @@ pub fn pinned_pool(cpus: &[usize]) -> Result<rayon::ThreadPool, rayon::ThreadPoo
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn cpu_lists() {
-        assert_eq!(parse_cpu_list("0-3,8,10-11\n"), [0, 1, 2, 3, 8, 10, 11]);
-        assert_eq!(parse_cpu_list("5"), [5]);
-        assert!(parse_cpu_list("").is_empty());
-    }
 
     #[test]
     fn pins_to_an_allowed_cpu() {
