@@ -18,26 +18,7 @@ fn block_rows<T>(depth: usize) -> usize {
 
 /// The patch rows `[r0, r0 + rows)` of image `img` (rows counted within the image).
 fn im2col<T: Float>(x: &[T], sh: &ConvShape, img: usize, r0: usize, rows: usize, patch: &mut [T]) {
-    let (ow, c, depth) = (sh.ow(), sh.c, sh.depth());
-    for (t, prow) in patch.chunks_exact_mut(depth).take(rows).enumerate() {
-        let row = r0 + t;
-        let (oy, ox) = (row / ow, row % ow);
-        let mut off = 0;
-        for ky in 0..sh.r {
-            let iy = (oy * sh.stride + ky) as isize - sh.pad as isize;
-            for kx in 0..sh.s {
-                let ix = (ox * sh.stride + kx) as isize - sh.pad as isize;
-                let dst = &mut prow[off..off + c];
-                if iy >= 0 && (iy as usize) < sh.h && ix >= 0 && (ix as usize) < sh.w {
-                    let src = ((img * sh.h + iy as usize) * sh.w + ix as usize) * c;
-                    dst.copy_from_slice(&x[src..src + c]);
-                } else {
-                    dst.fill(T::zero());
-                }
-                off += c;
-            }
-        }
-    }
+    roofline_kernels::cpu::conv::im2col(x, sh, img * sh.oh() * sh.ow() + r0, rows, patch);
 }
 
 /// Adds the patch rows back into image `dx_img` (the inverse of im2col, summing overlaps).

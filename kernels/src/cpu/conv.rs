@@ -159,8 +159,10 @@ fn block_rows(depth: usize) -> usize {
     ((512 * 1024) / (4 * depth)).clamp(64, 1024) / 16 * 16
 }
 
-/// Writes the patch rows `[r0, r0 + rows)` of the implicit GEMM into `patch` (rows × depth).
-fn im2col(x: &[f32], sh: &ConvShape, r0: usize, rows: usize, patch: &mut [f32]) {
+/// Writes the patch rows `[r0, r0 + rows)` of the implicit GEMM into `patch` (rows × depth);
+/// rows count across images (row = image · OH·OW + oy · OW + ox). Padding reads as
+/// `T::default()` (zero for the float types). Shared with the trainer's convolutions.
+pub fn im2col<T: Copy + Default>(x: &[T], sh: &ConvShape, r0: usize, rows: usize, patch: &mut [T]) {
     let (oh, ow, c, depth) = (sh.oh(), sh.ow(), sh.c, sh.depth());
     for (t, prow) in patch.chunks_exact_mut(depth).take(rows).enumerate() {
         let row = r0 + t;
@@ -177,7 +179,7 @@ fn im2col(x: &[f32], sh: &ConvShape, r0: usize, rows: usize, patch: &mut [f32]) 
                     let src = ((img * sh.h + iy as usize) * sh.w + ix as usize) * c;
                     dst.copy_from_slice(&x[src..src + c]);
                 } else {
-                    dst.fill(0.0);
+                    dst.fill(T::default());
                 }
                 off += c;
             }
