@@ -601,6 +601,12 @@ pub fn train_with<T: Float>(
         .map_err(TrainError::Checkpoint)?;
     }
     let images = (steps_done - start_step) * cfg.batch;
+    // Images/s over the steps after the first (which pays for first-touch allocations).
+    let steady = if steps_done > start_step + 1 {
+        ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
+    } else {
+        images as f64 / train_seconds.max(1e-12)
+    };
     let param_norm = model
         .params()
         .iter()
@@ -627,19 +633,10 @@ pub fn train_with<T: Float>(
         images,
         train_seconds,
         images_per_second: images as f64 / train_seconds.max(1e-12),
-        steady_images_per_second: if steps_done > start_step + 1 {
-            ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
-        } else {
-            images as f64 / train_seconds.max(1e-12)
-        },
+        steady_images_per_second: steady,
         flops_forward_per_image: flops.forward,
         flops_step_per_image: flops.training(),
-        achieved_flops: flops.training()
-            * if steps_done > start_step + 1 {
-                ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
-            } else {
-                images as f64 / train_seconds.max(1e-12)
-            },
+        achieved_flops: flops.training() * steady,
         final_loss,
         evals,
         time_to_quality: ttq,
