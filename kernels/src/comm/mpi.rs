@@ -674,6 +674,47 @@ fn check_rc(call: &str, rc: c_int) -> Result<(), String> {
     }
 }
 
+/// Blocking send of `buf` (bytes) to `peer` on `comm`, its status checked.
+fn send_bytes(comm: ffi::MPI_Comm, buf: &[u8], peer: c_int, tag: c_int) -> Result<(), String> {
+    // SAFETY: `buf` outlives the blocking call; its length fits in c_int (≤ 8 bytes here).
+    check_rc("MPI_Send", unsafe {
+        ffi::MPI_Send(
+            buf.as_ptr() as *const c_void,
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            peer,
+            tag,
+            comm,
+        )
+    })
+}
+
+/// Blocking receive of exactly `buf.len()` bytes from `peer`.
+fn recv_bytes(comm: ffi::MPI_Comm, buf: &mut [u8], peer: c_int, tag: c_int) -> Result<(), String> {
+    // SAFETY: as `send_bytes`.
+    check_rc("MPI_Recv", unsafe {
+        ffi::MPI_Recv(
+            buf.as_mut_ptr() as *mut c_void,
+            buf.len() as c_int,
+            ffi::RSMPI_UINT8_T,
+            peer,
+            tag,
+            comm,
+            ffi::RSMPI_STATUS_IGNORE,
+        )
+    })
+}
+
+/// Whether a message from `peer` with `tag` is waiting (MPI_Iprobe).
+fn pending(comm: ffi::MPI_Comm, peer: c_int, tag: c_int) -> Result<bool, String> {
+    let mut flag: c_int = 0;
+    // SAFETY: out-parameter; the status is ignored.
+    check_rc("MPI_Iprobe", unsafe {
+        ffi::MPI_Iprobe(peer, tag, comm, &mut flag, ffi::RSMPI_STATUS_IGNORE)
+    })?;
+    Ok(flag != 0)
+}
+
 /// Every member shows up for `label`, or the root names the ones that did not.
 fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
     if let Ok(r) = std::env::var("ROOFLINE_TEST_STALL_RANK") {
@@ -695,113 +736,57 @@ fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
     let comm = g.comm.as_raw();
     let deadline = Instant::now() + timeout;
     let mut byte = 1u8;
-    // SAFETY: one-byte messages on this communicator with tags no other code uses; the
-    // buffers outlive the blocking calls.
-    unsafe {
-        if g.rank() == 0 {
-            let mut missing: Vec<usize> = (1..n).collect();
-            while !missing.is_empty() {
-                let mut still = Vec::new();
-                for &p in &missing {
-                    let mut flag: c_int = 0;
-                    check_rc(
-                        "MPI_Iprobe",
-                        ffi::MPI_Iprobe(
-                            p as c_int,
-                            TAG_ARRIVE,
-                            comm,
-                            &mut flag,
-                            ffi::RSMPI_STATUS_IGNORE,
-                        ),
-                    )?;
-                    if flag != 0 {
-                        check_rc(
-                            "MPI_Recv",
-                            ffi::MPI_Recv(
-                                &mut byte as *mut u8 as *mut c_void,
-                                1,
-                                ffi::RSMPI_UINT8_T,
-                                p as c_int,
-                                TAG_ARRIVE,
-                                comm,
-                                ffi::RSMPI_STATUS_IGNORE,
-                            ),
-                        )?;
-                    } else {
-                        still.push(p);
-                    }
-                }
-                missing = still;
-                if !missing.is_empty() {
-                    if Instant::now() > deadline {
-                        let names: Vec<String> =
-                            missing.iter().map(|p| g.members[*p].to_string()).collect();
-                        return Err(format!(
-                            "rank {} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
-                            names.join(", rank "),
-                            timeout.as_secs_f64()
-                        ));
-                    }
-                    std::thread::sleep(Duration::from_micros(200));
-                }
-            }
-            for p in 1..n {
-                check_rc(
-                    "MPI_Send",
-                    ffi::MPI_Send(
-                        &byte as *const u8 as *const c_void,
-                        1,
-                        ffi::RSMPI_UINT8_T,
-                        p as c_int,
-                        TAG_GO,
+    // One-byte messages on this communicator, with tags no other code uses.
+    if g.rank() == 0 {
+        let mut missing: Vec<usize> = (1..n).collect();
+        while !missing.is_empty() {
+            let mut still = Vec::new();
+            for &p in &missing {
+                if pending(comm, p as c_int, TAG_ARRIVE)? {
+                    recv_bytes(
                         comm,
-                    ),
-                )?;
-            }
-        } else {
-            check_rc(
-                "MPI_Send",
-                ffi::MPI_Send(
-                    &byte as *const u8 as *const c_void,
-                    1,
-                    ffi::RSMPI_UINT8_T,
-                    0,
-                    TAG_ARRIVE,
-                    comm,
-                ),
-            )?;
-            loop {
-                let mut flag: c_int = 0;
-                check_rc(
-                    "MPI_Iprobe",
-                    ffi::MPI_Iprobe(0, TAG_GO, comm, &mut flag, ffi::RSMPI_STATUS_IGNORE),
-                )?;
-                if flag != 0 {
-                    break;
+                        std::slice::from_mut(&mut byte),
+                        p as c_int,
+                        TAG_ARRIVE,
+                    )?;
+                } else {
+                    still.push(p);
                 }
+            }
+            missing = still;
+            if !missing.is_empty() {
                 if Instant::now() > deadline {
+                    let names: Vec<String> =
+                        missing.iter().map(|p| g.members[*p].to_string()).collect();
                     return Err(format!(
-                        "rank {} (the root of this {} communicator) did not answer before {label} within {:.0} s",
-                        g.members[0],
-                        g.scope.name(),
+                        "rank {} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
+                        names.join(", rank "),
                         timeout.as_secs_f64()
                     ));
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
-            check_rc(
-                "MPI_Recv",
-                ffi::MPI_Recv(
-                    &mut byte as *mut u8 as *mut c_void,
-                    1,
-                    ffi::RSMPI_UINT8_T,
-                    0,
-                    TAG_GO,
-                    comm,
-                    ffi::RSMPI_STATUS_IGNORE,
-                ),
-            )?;
         }
+        for p in 1..n {
+            send_bytes(comm, std::slice::from_ref(&byte), p as c_int, TAG_GO)?;
+        }
+    } else {
+        send_bytes(comm, std::slice::from_ref(&byte), 0, TAG_ARRIVE)?;
+        loop {
+            if pending(comm, 0, TAG_GO)? {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "rank {} (the root of this {} communicator) did not answer before {label} within {:.0} s",
+                    g.members[0],
+                    g.scope.name(),
+                    timeout.as_secs_f64()
+                ));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        recv_bytes(comm, std::slice::from_mut(&mut byte), 0, TAG_GO)?;
     }
     Ok(())
 }
@@ -935,62 +920,17 @@ fn p2p_pair(
     watchdog::arm(&format!("{label}: latency"));
     let mut small = [0u8; 8];
     let rounds = if quick { 200 } else { 2000 };
-    // SAFETY: blocking 8-byte messages between the pair; buffers outlive the calls.
-    unsafe {
-        for i in 0..rounds + 10 {
-            let t0 = mpi::time();
-            if r == 0 {
-                check_rc(
-                    "MPI_Send",
-                    ffi::MPI_Send(
-                        small.as_ptr() as *const c_void,
-                        8,
-                        ffi::RSMPI_UINT8_T,
-                        peer,
-                        TAG_DATA,
-                        comm,
-                    ),
-                )?;
-                check_rc(
-                    "MPI_Recv",
-                    ffi::MPI_Recv(
-                        small.as_mut_ptr() as *mut c_void,
-                        8,
-                        ffi::RSMPI_UINT8_T,
-                        peer,
-                        TAG_DATA,
-                        comm,
-                        ffi::RSMPI_STATUS_IGNORE,
-                    ),
-                )?;
-                if i >= 10 {
-                    out.latency.push((mpi::time() - t0) / 2.0);
-                }
-            } else {
-                check_rc(
-                    "MPI_Recv",
-                    ffi::MPI_Recv(
-                        small.as_mut_ptr() as *mut c_void,
-                        8,
-                        ffi::RSMPI_UINT8_T,
-                        peer,
-                        TAG_DATA,
-                        comm,
-                        ffi::RSMPI_STATUS_IGNORE,
-                    ),
-                )?;
-                check_rc(
-                    "MPI_Send",
-                    ffi::MPI_Send(
-                        small.as_ptr() as *const c_void,
-                        8,
-                        ffi::RSMPI_UINT8_T,
-                        peer,
-                        TAG_DATA,
-                        comm,
-                    ),
-                )?;
+    for i in 0..rounds + 10 {
+        let t0 = mpi::time();
+        if r == 0 {
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            if i >= 10 {
+                out.latency.push((mpi::time() - t0) / 2.0);
             }
+        } else {
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            send_bytes(comm, &small, peer, TAG_DATA)?;
         }
     }
     watchdog::disarm();
@@ -1110,31 +1050,10 @@ fn window_exchange(
             } else {
                 2
             };
-            check_rc(
-                "MPI_Send",
-                ffi::MPI_Send(
-                    ack.as_ptr() as *const c_void,
-                    1,
-                    ffi::RSMPI_UINT8_T,
-                    peer,
-                    TAG_ACK,
-                    comm,
-                ),
-            )?;
+            send_bytes(comm, &ack, peer, TAG_ACK)?;
             Ok(ack[0] == 1)
         } else {
-            check_rc(
-                "MPI_Recv",
-                ffi::MPI_Recv(
-                    ack.as_mut_ptr() as *mut c_void,
-                    1,
-                    ffi::RSMPI_UINT8_T,
-                    peer,
-                    TAG_ACK,
-                    comm,
-                    ffi::RSMPI_STATUS_IGNORE,
-                ),
-            )?;
+            recv_bytes(comm, &mut ack, peer, TAG_ACK)?;
             let mine = !both || {
                 let last = &recv[(window - 1) * bytes..window * bytes];
                 last.iter()
