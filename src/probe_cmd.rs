@@ -456,6 +456,12 @@ pub fn aggregate(nodes: &[Machine]) -> Vec<roofline_model::Ceiling> {
         .collect()
 }
 
+/// NVML, opened from where the CUDA library search found libnvidia-ml.
+fn open_nvml() -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, String> {
+    let path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
+    roofline_collectors::nvml::open(path.as_deref())
+}
+
 /// Probes every GPU with NVML sampling clocks, power, temperature and throttle reasons.
 fn run_gpus(
     mode: gpu_probe::Mode,
@@ -463,8 +469,7 @@ fn run_gpus(
     progress: &dyn Progress,
 ) -> Result<gpu_probe::GpuResult, Failure> {
     let peaks = roofline_model::PeakDb::builtin().map_err(|e| Failure::Run(e.into()))?;
-    let nvml_path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
-    let nvml = roofline_collectors::nvml::open(nvml_path.as_deref());
+    let nvml = open_nvml();
     // The sampler needs the GPUs' UUIDs: open them once for the inventory.
     let uuids = gpu_probe::uuids().unwrap_or_default();
     let sampler = nvml.as_ref().ok().map(|n| {
@@ -478,10 +483,7 @@ fn run_gpus(
         mode,
         sections: sections.to_vec(),
     };
-    let enrich = |g: &mut roofline_model::GpuInfo| match &nvml {
-        Ok(n) => roofline_collectors::nvml::fill_inventory(n, g),
-        Err(e) => Err(format!("no NVML inventory or telemetry: {e}")),
-    };
+    let enrich = |g: &mut roofline_model::GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
     let result = gpu_probe::run(&cfg, &CANCEL, progress, &peaks, &enrich);
     let telemetry = sampler.map(|s| s.stop()).unwrap_or_default();
     let mut r = match result {
@@ -516,19 +518,14 @@ pub fn gpu_check(device: &str) -> Result<(), Failure> {
     if let Err(e) = gpu_probe::init() {
         return Err(Failure::Input(anyhow!("--check: {e}")));
     }
-    ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst))
-        .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
+    install_ctrlc()?;
     let peaks = roofline_model::PeakDb::builtin().map_err(|e| Failure::Run(e.into()))?;
     let cfg = gpu_probe::GpuConfig {
         mode: gpu_probe::Mode::Check,
         sections: Section::ALL.to_vec(),
     };
-    let nvml_path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
-    let nvml = roofline_collectors::nvml::open(nvml_path.as_deref());
-    let enrich = |g: &mut roofline_model::GpuInfo| match &nvml {
-        Ok(n) => roofline_collectors::nvml::fill_inventory(n, g),
-        Err(e) => Err(format!("no NVML inventory: {e}")),
-    };
+    let nvml = open_nvml();
+    let enrich = |g: &mut roofline_model::GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
     let r = match gpu_probe::run(
         &cfg,
         &CANCEL,

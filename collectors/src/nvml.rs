@@ -6,7 +6,7 @@
 
 use nvml_wrapper::bitmasks::device::ThrottleReasons;
 use nvml_wrapper::enum_wrappers::device::{Clock, TemperatureSensor};
-use nvml_wrapper::Nvml;
+pub use nvml_wrapper::Nvml;
 use roofline_model::{GpuInfo, GpuTelemetry, NvLink, Stats};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -68,6 +68,14 @@ pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), String> {
         })
         .collect();
     Ok(())
+}
+
+/// `fill_inventory` when NVML opened, else the reason it did not, as the error.
+pub fn inventory(nvml: &Result<Arc<Nvml>, String>, info: &mut GpuInfo) -> Result<(), String> {
+    match nvml {
+        Ok(n) => fill_inventory(n, info),
+        Err(e) => Err(format!("no NVML inventory or telemetry: {e}")),
+    }
 }
 
 /// Names of the throttle (clock event) reasons set in `r`, idle excluded.
