@@ -10,7 +10,6 @@ use roofline_model::{write::write_atomic, Machine};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
-use std::time::Duration;
 
 /// Set by Ctrl-C; the probe stops at the next sample and nothing is written.
 pub(crate) static CANCEL: AtomicBool = AtomicBool::new(false);
@@ -46,47 +45,7 @@ enum Command {
     /// L2/HBM bandwidth sweep and the ERT FLOPs-per-element curve, cuBLAS/cuBLASLt GEMM, cuDNN
     /// convolution (forward and both backward passes), host/device and peer copies. Run
     /// `roofline probe --check` first on a new GPU machine.
-    Probe {
-        /// Where to write the result.
-        #[arg(short, long, default_value = "machine.json")]
-        output: PathBuf,
-        /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
-        #[arg(long)]
-        quick: bool,
-        /// Measure only these sections, comma-separated: fma, mem, gemm, conv, copy (copy:
-        /// host-device and peer copies, GPUs only).
-        #[arg(long, value_name = "LIST")]
-        only: Option<String>,
-        /// Threads for the `all` ceilings (default: one per physical core).
-        #[arg(long, value_name = "N")]
-        threads: Option<usize>,
-        /// Print machine.json on stdout instead of the table (the file is written too).
-        #[arg(long)]
-        json: bool,
-        /// What to probe: `auto` probes the CPU and every NVIDIA GPU found (saying so when
-        /// none is); `cpu` only the CPU; `cuda` only the GPUs, and fails (exit 2) without an
-        /// NVIDIA driver.
-        #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
-        device: String,
-        /// GPU self-test: run every GPU kernel and library call once on small inputs, compare
-        /// with CPU references, print pass/fail per kernel (exit 1 on any failure). Writes
-        /// nothing. The first thing to run on a new GPU machine.
-        #[arg(long)]
-        check: bool,
-        /// Also measure how fast storage is read (large files sequentially; 100 KiB files in a
-        /// random order, as an image dataset): test files are written under PATH (default: the
-        /// temporary folder), read back with O_DIRECT where possible, and removed.
-        #[arg(long, value_name = "PATH", num_args = 0..=1)]
-        io: Option<Option<PathBuf>>,
-        /// Largest message of the communication sweeps (under mpirun): e.g. 256M (default),
-        /// 4G.
-        #[arg(long, default_value = "256M", value_name = "BYTES", value_parser = parse_bytes)]
-        max_size: usize,
-        /// Under mpirun: seconds a rank waits for the others in one operation before the run
-        /// ends with a message naming who did not answer (a rank died or hangs).
-        #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = parse_seconds)]
-        comm_timeout: Duration,
-    },
+    Probe(Box<probe_cmd::ProbeArgs>),
     /// Train a workload with the embedded trainer and report throughput, loss and accuracy.
     ///
     /// ResNet-50 v1.5 (or v1) on a synthetic, learnable image set or an ImageNet-style JPEG
@@ -162,44 +121,6 @@ pub(crate) enum Failure {
     Quiet(u8),
 }
 
-/// `256M`, `4G`, `1024`: bytes (binary multiples).
-fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let v: usize = num
-        .parse()
-        .map_err(|_| format!("`{s}`: expected bytes such as 1048576, 256M or 4G"))?;
-    let bytes = v
-        .checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
-    if !(8..=(2usize << 30) - 1).contains(&bytes) && bytes != 2 << 30 {
-        return Err(format!("`{s}`: give 8 bytes to 2G (MPI counts are 32-bit)"));
-    }
-    Ok(bytes)
-}
-
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}`: expected seconds, e.g. 60"))?;
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err(format!("`{s}`: give 0 < seconds ≤ 86400"));
-    }
-    Ok(Duration::from_secs_f64(v))
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure::Run(e)
-    }
-}
-
 fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader of stdout goes away (`roofline peaks |
     // head`) instead of panicking on a broken pipe.
@@ -211,38 +132,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Under mpirun every verb runs on every rank; apart from `probe` (which gathers) and `train`
     // (data parallel), only rank 0 acts, so that one plot is written and one table printed.
-    if !matches!(cli.command, Command::Probe { .. } | Command::Train(_))
+    if !matches!(cli.command, Command::Probe(_) | Command::Train(_))
         && roofline_kernels::comm::launched_rank().is_some_and(|r| r != 0)
     {
         return ExitCode::SUCCESS;
     }
     let result = match cli.command {
-        Command::Probe {
-            output,
-            quick,
-            only,
-            threads,
-            json,
-            device,
-            check,
-            io,
-            max_size,
-            comm_timeout,
-        } => {
-            if check {
-                probe_cmd::gpu_check(&device)
+        Command::Probe(a) => {
+            if a.check {
+                probe_cmd::gpu_check(&a.device)
             } else {
-                probe_cmd::probe(probe_cmd::ProbeArgs {
-                    output,
-                    quick,
-                    only,
-                    threads,
-                    json,
-                    device,
-                    io,
-                    max_size,
-                    comm_timeout,
-                })
+                probe_cmd::probe(*a)
             }
         }
         Command::Train(args) => train_cmd::train(&args),

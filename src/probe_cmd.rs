@@ -66,19 +66,86 @@ impl Progress for Bar {
 }
 
 /// What `roofline probe` was asked.
+#[derive(clap::Args)]
 pub struct ProbeArgs {
+    /// Where to write the result.
+    #[arg(short, long, default_value = "machine.json")]
     pub output: PathBuf,
+    /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
+    #[arg(long)]
     pub quick: bool,
+    /// Measure only these sections, comma-separated: fma, mem, gemm, conv, copy (host-device
+    /// and peer copies, GPUs only), comm (between MPI ranks, under mpirun), io (storage; as
+    /// --io).
+    #[arg(long, value_name = "LIST")]
     pub only: Option<String>,
+    /// Threads for the `all` ceilings (default: one per physical core).
+    #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Print machine.json on stdout instead of the table (the file is written too).
+    #[arg(long)]
     pub json: bool,
+    /// What to probe: `auto` probes the CPU and every NVIDIA GPU found (saying so when
+    /// none is); `cpu` only the CPU; `cuda` only the GPUs, and fails (exit 2) without an
+    /// NVIDIA driver.
+    #[arg(long, default_value = "auto", value_parser = ["auto", "cpu", "cuda"])]
     pub device: String,
-    /// `--io [PATH]`: the folder to measure (None: not asked; Some(None): the temp folder).
+    /// GPU self-test: run every GPU kernel and library call once on small inputs, compare
+    /// with CPU references, print pass/fail per kernel (exit 1 on any failure). Writes
+    /// nothing. The first thing to run on a new GPU machine.
+    #[arg(long)]
+    pub check: bool,
+    /// Also measure how fast storage is read (large files sequentially; 100 KiB files in a
+    /// random order, as an image dataset): test files are written under PATH (default: the
+    /// temporary folder), read back with O_DIRECT where possible, and removed.
+    #[arg(long, value_name = "PATH", num_args = 0..=1)]
     pub io: Option<Option<PathBuf>>,
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    /// Largest message of the communication sweeps (under mpirun): e.g. 256M (default),
+    /// 4G.
+    #[arg(long, default_value = "256M", value_name = "BYTES", value_parser = parse_bytes)]
     pub max_size: usize,
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
+    /// Under mpirun: seconds a rank waits for the others in one operation before the run
+    /// ends with a message naming who did not answer (a rank died or hangs).
+    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = parse_seconds)]
     pub comm_timeout: Duration,
+}
+
+/// `256M`, `4G`, `1024`: bytes (binary multiples).
+fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: usize = num
+        .parse()
+        .map_err(|_| format!("`{s}`: expected bytes such as 1048576, 256M or 4G"))?;
+    let bytes = v
+        .checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
+    if !(8..=(2usize << 30) - 1).contains(&bytes) && bytes != 2 << 30 {
+        return Err(format!("`{s}`: give 8 bytes to 2G (MPI counts are 32-bit)"));
+    }
+    Ok(bytes)
+}
+
+fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected seconds, e.g. 60"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(format!("`{s}`: give 0 < seconds ≤ 86400"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
+
+impl From<anyhow::Error> for Failure {
+    fn from(e: anyhow::Error) -> Self {
+        Failure::Run(e)
+    }
 }
 
 impl ProbeArgs {
