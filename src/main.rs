@@ -11,6 +11,11 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
+/// The system allocator plus a cache of large freed blocks, which the trainer turns on (see
+/// `roofline_workloads::alloc`).
+#[global_allocator]
+static ALLOCATOR: roofline_workloads::alloc::Caching = roofline_workloads::alloc::Caching;
+
 /// Set by Ctrl-C; the probe stops at the next sample and nothing is written.
 pub(crate) static CANCEL: AtomicBool = AtomicBool::new(false);
 

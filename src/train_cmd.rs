@@ -171,6 +171,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "--device cuda: the trainer's CUDA path is not built yet (the layers run on the CPU); use --device cpu".into(),
         ));
     }
+    roofline_workloads::alloc::enable_for_training();
     let blocks: Vec<usize> = a
         .depth
         .split(',')

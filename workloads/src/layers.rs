@@ -2,7 +2,7 @@
 //! from the last forward pass; parameter gradients are overwritten by each backward pass.
 
 use crate::conv::{self, ConvShape};
-use crate::tensor::{gemm, Float, Mat, Tensor};
+use crate::tensor::{gemm, simd, Float, Mat, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -53,18 +53,23 @@ fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<
         .par_chunks(chunk)
         .zip(b.par_chunks(chunk))
         .map(|(ac, bc)| {
-            let mut p1 = vec![T::zero(); c];
-            let mut p2 = vec![T::zero(); c];
-            let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
-            for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
-                let (ar, br) = (&ar[..c], &br[..c]);
-                // Indexed over equal-length slices: no bounds checks, vectorised over channels.
-                for j in 0..c {
-                    q1[j] += ar[j];
-                    q2[j] += ar[j] * br[j];
-                }
-            }
-            (p1, p2)
+            simd(
+                #[inline(always)]
+                || {
+                    let mut p1 = vec![T::zero(); c];
+                    let mut p2 = vec![T::zero(); c];
+                    let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
+                    for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
+                        let (ar, br) = (&ar[..c], &br[..c]);
+                        // Indexed over equal-length slices: no bounds checks, vectorised over channels.
+                        for j in 0..c {
+                            q1[j] += ar[j];
+                            q2[j] += ar[j] * br[j];
+                        }
+                    }
+                    (p1, p2)
+                },
+            )
         })
         .collect();
     let (mut s1, mut s2) = (vec![0.0f64; c], vec![0.0f64; c]);
@@ -232,20 +237,25 @@ impl<T: Float> BatchNorm<T> {
             .par_chunks_mut(CHUNK_ROWS * c)
             .zip(x.data.par_chunks(CHUNK_ROWS * c))
             .for_each(|(yc, xc)| {
-                let (a, d) = (&a[..c], &d[..c]);
-                for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
-                    let (yr, xr) = (&mut yr[..c], &xr[..c]);
-                    if relu {
-                        for j in 0..c {
-                            let t = xr[j] * a[j] + d[j];
-                            yr[j] = if t < zero { zero } else { t };
+                simd(
+                    #[inline(always)]
+                    || {
+                        let (a, d) = (&a[..c], &d[..c]);
+                        for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
+                            let (yr, xr) = (&mut yr[..c], &xr[..c]);
+                            if relu {
+                                for j in 0..c {
+                                    let t = xr[j] * a[j] + d[j];
+                                    yr[j] = if t < zero { zero } else { t };
+                                }
+                            } else {
+                                for j in 0..c {
+                                    yr[j] = xr[j] * a[j] + d[j];
+                                }
+                            }
                         }
-                    } else {
-                        for j in 0..c {
-                            yr[j] = xr[j] * a[j] + d[j];
-                        }
-                    }
-                }
+                    },
+                )
             });
         if train {
             self.input = Some(x);
@@ -288,29 +298,34 @@ impl<T: Float> BatchNorm<T> {
             .zip(x.data.par_chunks(chunk))
             .zip(mask.par_chunks(chunk))
             .map(|((dc, xc), mc)| {
-                let mut p1 = vec![zero; c];
-                let mut p2 = vec![zero; c];
-                let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
-                for ((dr, xr), mr) in dc
-                    .chunks_exact(c)
-                    .zip(xc.chunks_exact(c))
-                    .zip(mc.chunks_exact(c))
-                {
-                    let (dr, xr, mr) = (&dr[..c], &xr[..c], &mr[..c]);
-                    if masked {
-                        for j in 0..c {
-                            let g = if mr[j] > zero { dr[j] } else { zero };
-                            q1[j] += g;
-                            q2[j] += g * xr[j];
+                simd(
+                    #[inline(always)]
+                    || {
+                        let mut p1 = vec![zero; c];
+                        let mut p2 = vec![zero; c];
+                        let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
+                        for ((dr, xr), mr) in dc
+                            .chunks_exact(c)
+                            .zip(xc.chunks_exact(c))
+                            .zip(mc.chunks_exact(c))
+                        {
+                            let (dr, xr, mr) = (&dr[..c], &xr[..c], &mr[..c]);
+                            if masked {
+                                for j in 0..c {
+                                    let g = if mr[j] > zero { dr[j] } else { zero };
+                                    q1[j] += g;
+                                    q2[j] += g * xr[j];
+                                }
+                            } else {
+                                for j in 0..c {
+                                    q1[j] += dr[j];
+                                    q2[j] += dr[j] * xr[j];
+                                }
+                            }
                         }
-                    } else {
-                        for j in 0..c {
-                            q1[j] += dr[j];
-                            q2[j] += dr[j] * xr[j];
-                        }
-                    }
-                }
-                (p1, p2)
+                        (p1, p2)
+                    },
+                )
             })
             .collect();
         let (mut sd, mut sdx) = (vec![0.0f64; c], vec![0.0f64; c]);
@@ -344,25 +359,30 @@ impl<T: Float> BatchNorm<T> {
             .zip(x.data.par_chunks(chunk))
             .zip(mask.par_chunks(chunk))
             .for_each(|(((dxc, dyc), xc), mc)| {
-                for (((dxr, dyr), xr), mr) in dxc
-                    .chunks_exact_mut(c)
-                    .zip(dyc.chunks_exact(c))
-                    .zip(xc.chunks_exact(c))
-                    .zip(mc.chunks_exact(c))
-                {
-                    let (dxr, dyr, xr, mr) = (&mut dxr[..c], &dyr[..c], &xr[..c], &mr[..c]);
-                    let (mean, inv, scale, mdb, mdg) =
-                        (&mean[..c], &inv[..c], &scale[..c], &mdb[..c], &mdg[..c]);
-                    for j in 0..c {
-                        let g = if !masked || mr[j] > zero {
-                            dyr[j]
-                        } else {
-                            zero
-                        };
-                        let h = (xr[j] - mean[j]) * inv[j];
-                        dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
-                    }
-                }
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (((dxr, dyr), xr), mr) in dxc
+                            .chunks_exact_mut(c)
+                            .zip(dyc.chunks_exact(c))
+                            .zip(xc.chunks_exact(c))
+                            .zip(mc.chunks_exact(c))
+                        {
+                            let (dxr, dyr, xr, mr) = (&mut dxr[..c], &dyr[..c], &xr[..c], &mr[..c]);
+                            let (mean, inv, scale, mdb, mdg) =
+                                (&mean[..c], &inv[..c], &scale[..c], &mdb[..c], &mdg[..c]);
+                            for j in 0..c {
+                                let g = if !masked || mr[j] > zero {
+                                    dyr[j]
+                                } else {
+                                    zero
+                                };
+                                let h = (xr[j] - mean[j]) * inv[j];
+                                dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                            }
+                        }
+                    },
+                )
             });
         dx
     }
@@ -371,11 +391,16 @@ impl<T: Float> BatchNorm<T> {
 /// ReLU, in place on the forward output (which the backward pass uses as its mask).
 pub fn relu_forward<T: Float>(x: &mut Tensor<T>) {
     x.data.par_chunks_mut(1 << 14).for_each(|c| {
-        for v in c {
-            if *v < T::zero() {
-                *v = T::zero();
-            }
-        }
+        simd(
+            #[inline(always)]
+            || {
+                for v in c {
+                    if *v < T::zero() {
+                        *v = T::zero();
+                    }
+                }
+            },
+        )
     });
 }
 
@@ -385,11 +410,16 @@ pub fn relu_backward<T: Float>(y: &Tensor<T>, dy: &mut Tensor<T>) {
         .par_chunks_mut(1 << 14)
         .zip(y.data.par_chunks(1 << 14))
         .for_each(|(d, yc)| {
-            for (g, v) in d.iter_mut().zip(yc) {
-                if *v <= T::zero() {
-                    *g = T::zero();
-                }
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for (g, v) in d.iter_mut().zip(yc) {
+                        if *v <= T::zero() {
+                            *g = T::zero();
+                        }
+                    }
+                },
+            )
         });
 }
 
@@ -400,10 +430,15 @@ pub fn add_relu<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
         .par_chunks_mut(1 << 14)
         .zip(s.data.par_chunks(1 << 14))
         .for_each(|(o, v)| {
-            for (o, v) in o.iter_mut().zip(v) {
-                let t = *o + *v;
-                *o = if t < T::zero() { T::zero() } else { t };
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for (o, v) in o.iter_mut().zip(v) {
+                        let t = *o + *v;
+                        *o = if t < T::zero() { T::zero() } else { t };
+                    }
+                },
+            )
         });
 }
 
@@ -414,9 +449,14 @@ pub fn add_into<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
         .par_chunks_mut(1 << 14)
         .zip(s.data.par_chunks(1 << 14))
         .for_each(|(o, v)| {
-            for (o, v) in o.iter_mut().zip(v) {
-                *o += *v;
-            }
+            simd(
+                #[inline(always)]
+                || {
+                    for (o, v) in o.iter_mut().zip(v) {
+                        *o += *v;
+                    }
+                },
+            )
         });
 }
 

@@ -3,6 +3,7 @@
 //! training loop whose every FLOP is counted analytically.
 
 pub mod accounting;
+pub mod alloc;
 pub mod checkpoint;
 pub mod conv;
 pub mod data;

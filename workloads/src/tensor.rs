@@ -79,6 +79,40 @@ impl Float for f64 {
     }
 }
 
+/// Runs `f` compiled for the widest vector unit this CPU has (AVX-512, else AVX2 + FMA): the
+/// element-wise layers are built for baseline x86-64 (SSE2) so that the binary runs anywhere,
+/// and without this their loops use 128-bit vectors only. `f` must be inlined into the
+/// dispatching function for the wider instructions to be used, so callers pass small
+/// `#[inline(always)]` closures. Lanes are the channels, so the results are the same bits on
+/// every path (no reassociation; Rust never contracts `a * b + c` into an FMA by itself).
+#[inline(always)]
+pub fn simd<R>(f: impl FnOnce() -> R) -> R {
+    #[cfg(target_arch = "x86_64")]
+    {
+        #[target_feature(enable = "avx512f,avx512vl,avx512bw,avx512dq,avx2,fma")]
+        unsafe fn avx512<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
+            f()
+        }
+        if std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512dq")
+        {
+            // SAFETY: the CPU has every feature the function is compiled for.
+            return unsafe { avx512(f) };
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            // SAFETY: as above.
+            return unsafe { avx2(f) };
+        }
+    }
+    f()
+}
+
 /// An NHWC tensor (a matrix is `n × 1 × 1 × c`).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Tensor<T> {
