@@ -76,9 +76,24 @@ pub struct TrainArgs {
     /// Threads (default: every CPU roofline may use).
     #[arg(long)]
     threads: Option<usize>,
-    /// Where to run.
+    /// Where to run: cpu, or cuda (cuDNN convolutions, cuBLAS classifier, NVRTC kernels for
+    /// the rest; under mpirun one GPU per rank, gradients summed with NCCL).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     device: String,
+    /// With --device cuda: the convolutions' precision. f32; tf32 (tensor cores round the
+    /// inputs); f16 or bf16 (mixed precision: f32 master weights, batch norm and loss in f32,
+    /// dynamic loss scaling for f16).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "f16", "bf16"])]
+    precision: String,
+    /// With --device cuda: the GPU to use (default: the launcher's local rank modulo the GPU
+    /// count, else 0).
+    #[arg(long, value_name = "N")]
+    gpu: Option<usize>,
+    /// With --device cuda: compare every GPU layer, and one whole training step of a small
+    /// ResNet, with the CPU layers on small shapes in --precision; print the table and exit
+    /// (1 when a comparison fails). Run it first on a new GPU machine.
+    #[arg(long, requires = "device")]
+    check: bool,
     /// Print a JSON summary instead of the text one.
     #[arg(long)]
     json: bool,
@@ -164,11 +179,82 @@ impl Reducer for MpiReducer {
     }
 }
 
+/// The launcher's local rank (the GPU a rank takes by default).
+fn local_rank() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "PMIX_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+    .unwrap_or(0)
+}
+
+/// The GPU this rank trains on, opened; `--device cuda` without a driver or GPU is an input
+/// error that says what was looked for.
+fn open_gpu(a: &TrainArgs) -> Result<(roofline_kernels::cuda::device::Gpu, usize), Failure> {
+    use roofline_kernels::cuda::device;
+    let count = device::init().map_err(|e| Failure::Input(anyhow!("--device cuda: {e}")))?;
+    let ordinal = a.gpu.unwrap_or(local_rank() % count);
+    if ordinal >= count {
+        return Err(Failure::Input(anyhow!(
+            "--gpu {ordinal}: this machine has {count} GPU(s)"
+        )));
+    }
+    let gpu = device::Gpu::open(ordinal)
+        .map_err(|e| Failure::Run(anyhow!("--device cuda: GPU {ordinal}: {e}")))?;
+    Ok((gpu, ordinal))
+}
+
+/// `--device cuda --check`: the GPU layers against the CPU layers.
+fn check(a: &TrainArgs) -> Result<(), Failure> {
+    let prec =
+        roofline_workloads::gpu::precision(&a.precision).map_err(|e| Failure::Input(anyhow!(e)))?;
+    let (gpu, ordinal) = open_gpu(a)?;
+    println!(
+        "GPU {ordinal}: {} (sm_{}), trainer layers in {} against the CPU",
+        gpu.name,
+        gpu.arch(),
+        a.precision
+    );
+    let checks = roofline_workloads::gpu::self_test(gpu, prec)
+        .map_err(|e| Failure::Run(anyhow!("GPU self-test: {e}")))?;
+    let mut failed = 0;
+    for c in &checks {
+        println!(
+            "  {:<4} {:<58} error {:.2e} (tolerance {:.0e})",
+            if c.passed() { "ok" } else { "FAIL" },
+            c.name,
+            c.error,
+            c.tolerance
+        );
+        failed += usize::from(!c.passed());
+    }
+    if failed > 0 {
+        return Err(Failure::Run(anyhow!(
+            "GPU self-test: {failed} of {} comparisons failed",
+            checks.len()
+        )));
+    }
+    println!("all {} comparisons passed", checks.len());
+    Ok(())
+}
+
 pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
-    if a.device == "cuda" {
+    if a.check {
+        if a.device != "cuda" {
+            return Err(input(
+                "--check compares the GPU layers with the CPU: use it with --device cuda".into(),
+            ));
+        }
+        return check(a);
+    }
+    if a.device != "cuda" && (a.precision != "f32" || a.gpu.is_some()) {
         return Err(input(
-            "--device cuda: the trainer's CUDA path is not built yet (the layers run on the CPU); use --device cpu".into(),
+            "--precision and --gpu apply to --device cuda (the CPU trains in f32)".into(),
         ));
     }
     roofline_workloads::alloc::enable_for_training();
@@ -322,9 +408,30 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     });
     let monitor = Bar(bar);
     let (reducer, root) = reducer(a)?;
-    let s = pool
-        .install(|| train::train_with::<f32>(&cfg, &monitor, reducer))
-        .map_err(|e| Failure::Input(anyhow!("{e}")))?;
+    let mut gpu_name = None;
+    let s = if a.device == "cuda" {
+        let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
+        let (gpu, ordinal) = open_gpu(a)?;
+        gpu_name = Some(gpu.name.clone());
+        let nccl = match &reducer {
+            Some(r) if r.ranks() > 1 => Some(
+                roofline_workloads::gpu::communicator(r.as_ref(), ordinal)
+                    .map_err(|e| Failure::Run(anyhow!("--device cuda: NCCL: {e}")))?,
+            ),
+            _ => None,
+        };
+        let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
+            .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
+        let mut dev = roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone());
+        // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
+        train::train_on::<f32>(&cfg, &monitor, reducer, Some(&mut dev))
+    } else {
+        pool.install(|| train::train_with::<f32>(&cfg, &monitor, reducer))
+    }
+    .map_err(|e| match e {
+        train::TrainError::Device(m) => Failure::Run(anyhow!("--device cuda: {m}")),
+        e => Failure::Input(anyhow!("{e}")),
+    })?;
     if !root {
         return Ok(());
     }
@@ -343,6 +450,9 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "batch": a.batch,
             "resolution": a.resolution,
             "threads": threads,
+            "device": a.device,
+            "gpu": gpu_name,
+            "precision": a.precision,
             "steps": s.steps,
             "images": s.images,
             "train_seconds": s.train_seconds,
@@ -368,17 +478,24 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
         );
     } else {
+        let on = match &gpu_name {
+            Some(g) => format!("{g}, convolutions in {}", a.precision),
+            None => format!("{threads} threads"),
+        };
         println!(
-            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} {} images, batch {}, {} threads",
+            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} {} images, batch {}, {on}",
             a.version,
             a.width,
             blocks,
             s.parameters,
             a.resolution,
             a.resolution,
-            if a.data.is_some() { "folder" } else { "synthetic" },
+            if a.data.is_some() {
+                "folder"
+            } else {
+                "synthetic"
+            },
             a.batch,
-            threads
         );
         println!(
             "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",

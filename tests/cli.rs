@@ -543,10 +543,26 @@ fn train_runs_a_small_resnet_and_reports_json() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["steps"], 3);
     assert_eq!(v["images"], 4);
+    // No GPU here: the CUDA path and its self-test say so (exit 2) and never panic.
     expect_input_error(
-        &["train", "--device", "cuda"],
+        &["train", "--device", "cuda", "--steps", "1"],
         None,
-        "CUDA path is not built yet",
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["train", "--device", "cuda", "--check"],
+        None,
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["train", "--device", "cpu", "--check"],
+        None,
+        "use it with --device cuda",
+    );
+    expect_input_error(
+        &["train", "--precision", "f16"],
+        None,
+        "apply to --device cuda",
     );
     expect_input_error(&["train", "--steps", "0"], None, "nothing to train");
 }

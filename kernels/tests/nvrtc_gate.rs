@@ -51,6 +51,11 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "stream_triad" => ("ld.global.cg.v4.u32", 2),
         "stream_write" => ("st.global.v4.u32", 1),
         "ert_f32_512" => ("fma.rn.f32", 4 * 512),
+        // train.cu: the f64 channel sums are reductions (red) in global memory, the casts are PTX cvt.
+        "bn_sums" => ("red.global.add.f64", 2),
+        "maxpool_backward" => ("red.global.add.f32", 1),
+        "f32_to_f16" => ("cvt.rn.f16.f32", 1),
+        "f32_to_bf16" => ("cvt.rn.bf16.f32", 1),
         _ => return None,
     })
 }

@@ -14,6 +14,19 @@ pub trait Reducer: Send + Sync {
     /// Element-wise sum over ranks, in place.
     fn sum_f64(&self, v: &mut [f64]);
     fn sum_f32(&self, v: &mut [f32]);
+    /// Rank 0's `bytes` on every rank: a sum in which the other ranks add zeros (exact for
+    /// bytes in f64). The CUDA path sends NCCL's unique id this way.
+    fn broadcast(&self, bytes: &mut [u8]) {
+        let root = self.rank() == 0;
+        let mut v: Vec<f64> = bytes
+            .iter()
+            .map(|&b| if root { b as f64 } else { 0.0 })
+            .collect();
+        self.sum_f64(&mut v);
+        for (b, x) in bytes.iter_mut().zip(v) {
+            *b = x as u8;
+        }
+    }
 }
 
 /// A trainable parameter with its gradient and momentum buffer.

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod conv;
 pub mod data;
 pub mod folder;
+pub mod gpu;
 pub mod layers;
 pub mod resnet;
 pub mod tensor;

@@ -369,13 +369,33 @@ pub fn evaluate<T: Float>(
     batch: usize,
     step: usize,
 ) -> Result<Eval, String> {
+    evaluate_with(
+        &mut |x| Ok(model.forward(x, false)),
+        data,
+        images,
+        batch,
+        step,
+    )
+}
+
+/// Inference logits of a batch (the CPU model's or a device's).
+pub type Logits<'a, T> = dyn FnMut(&Tensor<T>) -> Result<Tensor<T>, String> + 'a;
+
+/// `evaluate` with the inference logits from `forward` (the CPU model or a device).
+pub fn evaluate_with<T: Float>(
+    forward: &mut Logits<'_, T>,
+    data: &Source,
+    images: usize,
+    batch: usize,
+    step: usize,
+) -> Result<Eval, String> {
     let (mut top1, mut top5, mut loss) = (0usize, 0usize, 0.0);
     for start in (0..images).step_by(batch.max(1)) {
         let ids: Vec<u64> = (start..(start + batch).min(images))
             .map(|i| i as u64)
             .collect();
         let (x, labels) = data.eval_batch::<T>(&ids)?;
-        let z = model.forward(&x, false);
+        let z = forward(&x)?;
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
         top1 += t1;
         top5 += t5;
@@ -461,6 +481,31 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("data: {0}")]
     Data(String),
+    #[error("{0}")]
+    Device(String),
+}
+
+/// A device that runs the training step in place of the CPU layers (the CUDA path,
+/// [`crate::gpu`]). The CPU model stays the reference copy: the device takes its parameters
+/// after a resume and writes them back for checkpoints and the summary.
+pub trait Accelerator<T> {
+    /// Takes `model`'s parameters, momenta and running statistics.
+    fn begin(&mut self, model: &mut ResNet<T>) -> Result<(), String>;
+    /// One step on this rank's share of the batch: forward, loss, backward, gradient
+    /// allreduce, update at `lr`. Returns (mean loss over this rank's rows, bytes this rank
+    /// put into gradient allreduces).
+    fn step(
+        &mut self,
+        x: &Tensor<T>,
+        labels: &[usize],
+        lr: f64,
+        smoothing: f64,
+        sgd: &Sgd,
+    ) -> Result<(f64, f64), String>;
+    /// Inference logits.
+    fn logits(&mut self, x: &Tensor<T>) -> Result<Tensor<T>, String>;
+    /// Writes parameters, momenta and running statistics back into `model`.
+    fn store(&mut self, model: &mut ResNet<T>) -> Result<(), String>;
 }
 
 /// `train`, data parallel over the ranks of `reducer`: every rank draws the same global batch
@@ -470,6 +515,16 @@ pub fn train_with<T: Float>(
     cfg: &TrainConfig,
     monitor: &dyn Monitor,
     reducer: Option<Arc<dyn Reducer>>,
+) -> Result<Summary, TrainError> {
+    train_on::<T>(cfg, monitor, reducer, None)
+}
+
+/// `train_with`, the steps run by `device` when given (the CPU layers otherwise).
+pub fn train_on<T: Float>(
+    cfg: &TrainConfig,
+    monitor: &dyn Monitor,
+    reducer: Option<Arc<dyn Reducer>>,
+    mut device: Option<&mut dyn Accelerator<T>>,
 ) -> Result<Summary, TrainError> {
     keep_freed_memory();
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
@@ -512,6 +567,9 @@ pub fn train_with<T: Float>(
             images: cfg.train_images.max(1),
         };
     }
+    if let Some(d) = device.as_deref_mut() {
+        d.begin(&mut model).map_err(TrainError::Device)?;
+    }
     let mut evals = Vec::new();
     let mut ttq = None;
     let mut final_loss = f64::NAN;
@@ -543,16 +601,30 @@ pub fn train_with<T: Float>(
         if step + 1 < end {
             pending = Some(fetch(data.draw(cfg.batch), step + 1));
         }
-        let z = model.forward(&x, true);
-        let (mut loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
-        model.backward(&g);
+        let mut loss = match device.as_deref_mut() {
+            Some(d) => {
+                let (loss, bytes) = d
+                    .step(&x, &labels, schedule.lr(step), cfg.label_smoothing, &sgd)
+                    .map_err(TrainError::Device)?;
+                comm_bytes = bytes;
+                loss
+            }
+            None => {
+                let z = model.forward(&x, true);
+                let (loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
+                model.backward(&g);
+                if let Some(r) = &reducer {
+                    comm_bytes = allreduce_gradients(model.params(), r.as_ref());
+                }
+                sgd.step(model.params(), schedule.lr(step));
+                loss
+            }
+        };
         if let Some(r) = &reducer {
-            comm_bytes = allreduce_gradients(model.params(), r.as_ref());
             let mut l = [loss];
             r.sum_f64(&mut l);
             loss = l[0] / ranks as f64;
         }
-        sgd.step(model.params(), schedule.lr(step));
         let dt = t0.elapsed().as_secs_f64();
         train_seconds += dt;
         if step > start_step {
@@ -563,6 +635,9 @@ pub fn train_with<T: Float>(
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
+                if let Some(d) = device.as_deref_mut() {
+                    d.store(&mut model).map_err(TrainError::Device)?;
+                }
                 save_checkpoint(
                     path,
                     &mut model,
@@ -578,8 +653,17 @@ pub fn train_with<T: Float>(
         saved = after_draw;
         let last = step + 1 == cfg.steps;
         if cfg.eval_images > 0 && ((step + 1) % cfg.eval_every.max(1) == 0 || last) {
-            let e = evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1)
-                .map_err(TrainError::Data)?;
+            let e = match device.as_deref_mut() {
+                Some(d) => evaluate_with(
+                    &mut |x| d.logits(x),
+                    &cfg.data,
+                    cfg.eval_images,
+                    cfg.batch,
+                    step + 1,
+                ),
+                None => evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1),
+            }
+            .map_err(TrainError::Data)?;
             let reached = cfg.target_top1.is_some_and(|t| e.top1 >= t);
             evals.push(e);
             if reached {
@@ -587,6 +671,9 @@ pub fn train_with<T: Float>(
                 break;
             }
         }
+    }
+    if let Some(d) = device {
+        d.store(&mut model).map_err(TrainError::Device)?;
     }
     if let Some(path) = &cfg.checkpoint {
         save_checkpoint(
@@ -858,6 +945,76 @@ mod tests {
         let b = train::<f32>(&tiny(), &Quiet).unwrap();
         assert_eq!(a.param_norm.to_bits(), b.param_norm.to_bits());
         assert_eq!(a.final_loss.to_bits(), b.final_loss.to_bits());
+    }
+
+    /// A device that is a second CPU model: the accelerator path of the loop (take the model,
+    /// step, evaluate, write back) must give the CPU run's result bit for bit.
+    struct Mirror {
+        cfg: Config,
+        net: Option<ResNet<f32>>,
+        stored: usize,
+    }
+
+    fn copy(from: &mut ResNet<f32>, to: &mut ResNet<f32>) {
+        for (a, b) in from.params().into_iter().zip(to.params()) {
+            b.value.clone_from(&a.value);
+            b.momentum.clone_from(&a.momentum);
+        }
+        for ((_, m, v), (_, m2, v2)) in from.running_stats().into_iter().zip(to.running_stats()) {
+            m2.clone_from(m);
+            v2.clone_from(v);
+        }
+    }
+
+    impl Accelerator<f32> for Mirror {
+        fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+            let mut n = ResNet::new(self.cfg.clone(), 999);
+            copy(model, &mut n);
+            self.net = Some(n);
+            Ok(())
+        }
+        fn step(
+            &mut self,
+            x: &Tensor<f32>,
+            labels: &[usize],
+            lr: f64,
+            smoothing: f64,
+            sgd: &Sgd,
+        ) -> Result<(f64, f64), String> {
+            let n = self.net.as_mut().ok_or("not begun")?;
+            let z = n.forward(x, true);
+            let (loss, g, _, _) = softmax_cross_entropy(&z, labels, smoothing);
+            n.backward(&g);
+            sgd.step(n.params(), lr);
+            Ok((loss, 0.0))
+        }
+        fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
+            Ok(self.net.as_mut().ok_or("not begun")?.forward(x, false))
+        }
+        fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+            self.stored += 1;
+            copy(self.net.as_mut().ok_or("not begun")?, model);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
+        let cfg = TrainConfig {
+            eval_images: 8,
+            ..tiny()
+        };
+        let cpu = train::<f32>(&cfg, &Quiet).unwrap();
+        let mut dev = Mirror {
+            cfg: cfg.model.clone(),
+            net: None,
+            stored: 0,
+        };
+        let on = train_on::<f32>(&cfg, &Quiet, None, Some(&mut dev)).unwrap();
+        assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
+        assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
+        assert_eq!(on.evals, cpu.evals);
+        assert_eq!(dev.stored, 1, "written back once, for the summary");
     }
 
     /// Stopping after 2 steps and resuming from the checkpoint ends where an uninterrupted run

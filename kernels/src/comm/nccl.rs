@@ -160,6 +160,27 @@ impl Communicator {
         self.gpu.stream as ns::cudaStream_t
     }
 
+    /// Sums `count` f32 at device address `ptr` over the ranks, in place, on this GPU's stream
+    /// (the trainer's gradient buckets).
+    pub fn all_reduce_sum_f32(&self, ptr: u64, count: usize) -> Result<(), CudaError> {
+        self.gpu.bind()?;
+        // SAFETY: the caller's buffer on this GPU holds `count` f32; in-place allreduce is
+        // allowed (send = receive).
+        unsafe {
+            nr::all_reduce(
+                ptr as *const c_void,
+                ptr as *mut c_void,
+                count,
+                ns::ncclDataType_t::ncclFloat32,
+                ns::ncclRedOp_t::ncclSum,
+                self.comm,
+                self.stream(),
+            )
+        }
+        .map(|_| ())
+        .map_err(e("ncclAllReduce"))
+    }
+
     /// Enqueues one collective of `send_count`/`recv_count` f32 elements.
     fn enqueue(
         &self,

@@ -125,7 +125,23 @@ fn descs(s: &ConvShape, p: Prec) -> Result<Descs, CudaError> {
     Ok(d)
 }
 
-struct Handle(dsys::cudnnHandle_t);
+/// A cuDNN handle bound to one GPU's stream, destroyed on drop.
+pub struct Handle(dsys::cudnnHandle_t);
+
+impl Handle {
+    /// A handle whose work goes to `gpu`'s stream.
+    pub fn new(gpu: &Gpu) -> Result<Handle, CudaError> {
+        if !libs::present(Lib::Cudnn) {
+            return Err(CudaError::Missing(libs::not_found(Lib::Cudnn)));
+        }
+        gpu.bind()?;
+        let h = Handle(dnn::create_handle().map_err(e("cudnnCreate"))?);
+        // SAFETY: live handle and stream.
+        unsafe { dnn::set_stream(h.0, gpu.stream as dsys::cudaStream_t) }
+            .map_err(e("cudnnSetStream"))?;
+        Ok(h)
+    }
+}
 
 impl Drop for Handle {
     fn drop(&mut self) {
@@ -164,7 +180,7 @@ fn usable(p: Prec, status: dsys::cudnnStatus_t, memory: usize, m: dsys::cudnnMat
 
 /// The heuristic's first usable algorithm for `dir`, with the math type it wants set on the
 /// convolution descriptor (cuDNN's rule for the _v7 heuristics).
-fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
+fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, usize), CudaError> {
     let mut n = 0i32;
     // SAFETY: live handle and descriptors; out-arrays of the requested length; cuDNN fills
     // `n` ≤ 8 entries, the rest stay zeroed and are not read.
@@ -186,7 +202,7 @@ fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::Fwd(q.algo), q.mathType))
+                    .map(|q| (Algo::Fwd(q.algo), q.mathType, q.memory))
             }
             Dir::BwdData => {
                 let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; 8] = std::mem::zeroed();
@@ -204,7 +220,7 @@ fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::BwdData(q.algo), q.mathType))
+                    .map(|q| (Algo::BwdData(q.algo), q.mathType, q.memory))
             }
             Dir::BwdFilter => {
                 let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; 8] = std::mem::zeroed();
@@ -222,11 +238,11 @@ fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
                 perf[..n.clamp(0, 8) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType))
+                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType, q.memory))
             }
         }
     };
-    let (algo, math_type) = found.ok_or_else(|| {
+    let (algo, math_type, memory) = found.ok_or_else(|| {
         CudaError::Unsupported(format!(
             "cuDNN offers no usable {} algorithm for this shape",
             dir.name()
@@ -235,7 +251,7 @@ fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<Algo, CudaError> {
     // SAFETY: live descriptor.
     unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
         .map_err(e("cudnnSetConvolutionMathType"))?;
-    Ok(algo)
+    Ok((algo, memory))
 }
 
 struct Tensors {
@@ -462,6 +478,135 @@ fn peak_for(peaks: &PeakDb, gpu: &Gpu, p: Prec) -> Option<TheoreticalPeak> {
     })
 }
 
+/// One training convolution on cuDNN: NHWC activations, KRSC filters, f32 accumulation, in
+/// `p`'s storage type (f32, or f16/bf16 for mixed precision; tf32 stores f32 and lets the
+/// tensor cores round the inputs). Each direction has its own descriptors and the algorithm
+/// cuDNN's heuristic chose for it, with the math type that algorithm wants.
+pub struct ConvPlan {
+    pub shape: ConvShape,
+    pub prec: Prec,
+    descs: [Descs; 3],
+    algos: [Algo; 3],
+    /// Workspace bytes each direction needs; the caller passes (address, bytes) of a device
+    /// buffer at least this large.
+    pub workspace: usize,
+}
+
+impl ConvPlan {
+    pub fn new(h: &Handle, shape: &ConvShape, p: Prec) -> Result<ConvPlan, CudaError> {
+        if !matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
+            return Err(CudaError::Unsupported(format!(
+                "training convolutions in {}",
+                p.name()
+            )));
+        }
+        let descs = [descs(shape, p)?, descs(shape, p)?, descs(shape, p)?];
+        let mut algos = Vec::with_capacity(3);
+        let mut workspace = 0;
+        for (i, dir) in DIRECTIONS.into_iter().enumerate() {
+            let (a, m) = choose(h, &descs[i], p, dir)?;
+            algos.push(a);
+            workspace = workspace.max(m);
+        }
+        Ok(ConvPlan {
+            shape: *shape,
+            prec: p,
+            descs,
+            algos: [algos[0], algos[1], algos[2]],
+            workspace,
+        })
+    }
+
+    /// The algorithms, e.g. `fwd CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
+    pub fn describe(&self) -> String {
+        DIRECTIONS
+            .iter()
+            .zip(&self.algos)
+            .map(|(d, a)| format!("{} {}", d.name(), a.name()))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
+    /// y = conv(x, w).
+    pub fn forward(
+        &self,
+        h: &Handle,
+        x: u64,
+        w: u64,
+        y: u64,
+        ws: (u64, usize),
+    ) -> Result<(), CudaError> {
+        self.run(h, 0, [x, w, y], ws)
+    }
+
+    /// dx = ∂L/∂x from dy and w.
+    pub fn backward_data(
+        &self,
+        h: &Handle,
+        w: u64,
+        dy: u64,
+        dx: u64,
+        ws: (u64, usize),
+    ) -> Result<(), CudaError> {
+        self.run(h, 1, [w, dy, dx], ws)
+    }
+
+    /// dw = ∂L/∂w from x and dy (overwritten, not accumulated).
+    pub fn backward_filter(
+        &self,
+        h: &Handle,
+        x: u64,
+        dy: u64,
+        dw: u64,
+        ws: (u64, usize),
+    ) -> Result<(), CudaError> {
+        self.run(h, 2, [x, dy, dw], ws)
+    }
+
+    fn run(
+        &self,
+        h: &Handle,
+        i: usize,
+        [a0, a1, out]: [u64; 3],
+        ws: (u64, usize),
+    ) -> Result<(), CudaError> {
+        let (ws_ptr, ws_bytes) = ws;
+        if ws_bytes < self.workspace {
+            return Err(CudaError::Check(format!(
+                "cuDNN workspace of {ws_bytes} bytes, the plan needs {}",
+                self.workspace
+            )));
+        }
+        let d = &self.descs[i];
+        let (one, zero) = (1.0f32, 0.0f32);
+        let (al, be) = (
+            &one as *const f32 as *const c_void,
+            &zero as *const f32 as *const c_void,
+        );
+        let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
+        let wsp = ws_ptr as *mut c_void;
+        // SAFETY: live handle and descriptors; each algorithm came from cuDNN's heuristic for
+        // its direction's descriptors; the caller's buffers hold the tensors the shape
+        // describes in the plan's storage type; the workspace is large enough (checked).
+        unsafe {
+            match self.algos[i] {
+                Algo::Fwd(a) => dnn::convolution_forward(
+                    h.0, al, d.x, p0, d.w, p1, d.conv, a, wsp, ws_bytes, be, d.y, po,
+                )
+                .map_err(e("cudnnConvolutionForward")),
+                Algo::BwdData(a) => dnn::convolution_backward_data(
+                    h.0, al, d.w, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.x, po,
+                )
+                .map_err(e("cudnnConvolutionBackwardData")),
+                Algo::BwdFilter(a) => dnn::convolution_backward_filter(
+                    h.0, al, d.x, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.w, po,
+                )
+                .map_err(e("cudnnConvolutionBackwardFilter")),
+            }
+        }
+    }
+}
+
 pub fn conv_section(
     gpu: &mut Gpu,
     mode: Mode,
@@ -471,11 +616,7 @@ pub fn conv_section(
     if !libs::present(Lib::Cudnn) {
         return Err(CudaError::Missing(libs::not_found(Lib::Cudnn)));
     }
-    gpu.bind()?;
-    let h = Handle(dnn::create_handle().map_err(e("cudnnCreate"))?);
-    // SAFETY: live handle and stream.
-    unsafe { dnn::set_stream(h.0, gpu.stream as dsys::cudaStream_t) }
-        .map_err(e("cudnnSetStream"))?;
+    let h = Handle::new(gpu)?;
     let batch = match mode {
         Mode::Check => 2,
         Mode::Quick => 16,
@@ -546,7 +687,7 @@ fn conv_precision(
                 return Err(CudaError::Interrupted);
             }
             let algo = match choose(h, &d, p, dir).map_err(super::blas::not_supported) {
-                Ok(a) => a,
+                Ok((a, _)) => a,
                 Err(CudaError::Unsupported(why)) => {
                     out.notes.push(format!(
                         "gpu{} conv {} {} {}: {why}",

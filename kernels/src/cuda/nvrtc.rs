@@ -61,6 +61,33 @@ pub const SOURCES: &[Source] = &[
         ],
         purpose: "ERT sweep of FLOPs per element: the roofline curve between its two ends",
     },
+    Source {
+        file: "train.cu",
+        text: include_str!("../../cuda/train.cu"),
+        kernels: &[
+            "bn_sums",
+            "bn_apply",
+            "bn_backward_dx",
+            "relu_mask",
+            "add_relu",
+            "add_into",
+            "maxpool_forward",
+            "maxpool_backward",
+            "avgpool_forward",
+            "avgpool_backward",
+            "add_bias",
+            "column_sums",
+            "softmax_xent",
+            "sgd_step",
+            "nonfinite",
+            "f32_to_f16",
+            "f16_to_f32",
+            "f32_to_bf16",
+            "bf16_to_f32",
+        ],
+        purpose:
+            "the trainer's layers on the GPU: batch norm, ReLU, residual, pooling, loss, SGD, casts",
+    },
 ];
 
 /// The source that defines `kernel`.

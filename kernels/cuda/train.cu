@@ -1,0 +1,257 @@
+// The embedded trainer's own kernels (the convolutions are cuDNN's and the classifier cuBLAS's):
+// batch-norm statistics and application, ReLU masks, residual adds, pooling, bias, the softmax
+// cross-entropy, SGD with momentum and weight decay, the finite check for loss scaling, and the
+// f32 <-> f16/bf16 casts of mixed precision. Tensors are NHWC f32 (channel = index % c), sizes
+// are 64-bit, every loop is grid-stride, so any grid size is correct. No headers: the half
+// conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/src/layers.rs`
+// or `train.rs`, and the GPU self-test compares the two.
+
+typedef unsigned long long u64;
+
+#define GRID_STRIDE(i, n)                                                                      \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+         i += (u64)gridDim.x * blockDim.x)
+
+// Per-channel sums over the rows of an NHWC tensor, accumulated in f64 and added into s1, s2
+// (zeroed by the caller): s1 += g, s2 += g * b, with g = a masked by mask > 0 (when mask is not
+// null) and b = a when b is null. Blocks of 256 threads: 32 channels by 8 rows. Block i covers
+// channel tile i % tiles (tiles = ceil(c / 32)) and strides over the rows from slice i / tiles
+// (gridDim.x must be a multiple of tiles).
+extern "C" __global__ void bn_sums(const float* a, const float* b, const float* mask, u64 rows,
+                                   int c, int tiles, double* s1, double* s2) {
+    __shared__ double p1[8][33];
+    __shared__ double p2[8][33];
+    const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
+    const int ch = (blockIdx.x % tiles) * 32 + tx;
+    const u64 slice = blockIdx.x / tiles, slices = gridDim.x / tiles;
+    double q1 = 0.0, q2 = 0.0;
+    if (ch < c) {
+        for (u64 r = slice * 8 + ty; r < rows; r += slices * 8) {
+            const u64 i = r * (u64)c + ch;
+            float g = a[i];
+            if (mask != 0 && !(mask[i] > 0.0f)) g = 0.0f;
+            const float v = b != 0 ? b[i] : a[i];
+            q1 += (double)g;
+            q2 += (double)g * (double)v;
+        }
+    }
+    p1[ty][tx] = q1;
+    p2[ty][tx] = q2;
+    __syncthreads();
+    if (ty == 0 && ch < c) {
+        double t1 = 0.0, t2 = 0.0;
+        for (int k = 0; k < 8; ++k) {
+            t1 += p1[k][tx];
+            t2 += p2[k][tx];
+        }
+        atomicAdd(&s1[ch], t1);
+        atomicAdd(&s2[ch], t2);
+    }
+}
+
+// Batch norm folded to one scale and shift per channel, a = gamma * inv, d = beta - mean * a
+// (in f32, as on the CPU): y = x * a + d, then ReLU when relu != 0.
+extern "C" __global__ void bn_apply(const float* x, float* y, const float* gamma,
+                                    const float* beta, const float* mean, const float* inv, u64 n,
+                                    int c, int relu) {
+    GRID_STRIDE(i, n) {
+        const int ch = (int)(i % (u64)c);
+        const float a = gamma[ch] * inv[ch];
+        const float d = beta[ch] - mean[ch] * a;
+        const float t = x[i] * a + d;
+        y[i] = (relu != 0 && t < 0.0f) ? 0.0f : t;
+    }
+}
+
+// Batch norm's input gradient: g = dy masked by mask > 0 (the fused ReLU; none when mask is
+// null), h = (x - mean) * inv, dx = gamma * inv * (g - mdb - h * mdg), all per channel (mdb,
+// mdg: the means of dy and of dy * h over the global batch).
+extern "C" __global__ void bn_backward_dx(const float* dy, const float* x, const float* mask,
+                                          float* dx, const float* gamma, const float* mean,
+                                          const float* inv, const float* mdb, const float* mdg,
+                                          u64 n, int c) {
+    GRID_STRIDE(i, n) {
+        const int ch = (int)(i % (u64)c);
+        float g = dy[i];
+        if (mask != 0 && !(mask[i] > 0.0f)) g = 0.0f;
+        const float h = (x[i] - mean[ch]) * inv[ch];
+        dx[i] = gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]);
+    }
+}
+
+// d = 0 where the forward output y was not positive (ReLU backward, in place).
+extern "C" __global__ void relu_mask(const float* y, float* d, u64 n) {
+    GRID_STRIDE(i, n) {
+        if (!(y[i] > 0.0f)) d[i] = 0.0f;
+    }
+}
+
+// y = relu(y + s): a residual connection and its activation.
+extern "C" __global__ void add_relu(float* y, const float* s, u64 n) {
+    GRID_STRIDE(i, n) {
+        const float t = y[i] + s[i];
+        y[i] = t < 0.0f ? 0.0f : t;
+    }
+}
+
+// y += s.
+extern "C" __global__ void add_into(float* y, const float* s, u64 n) {
+    GRID_STRIDE(i, n) { y[i] += s[i]; }
+}
+
+// Max pooling 3x3, stride 2, padding 1, NHWC; arg holds each output's input index within its
+// image (the first maximum in window order, as on the CPU).
+extern "C" __global__ void maxpool_forward(const float* x, float* y, unsigned* arg, int n, int h,
+                                           int w, int c, int oh, int ow) {
+    const u64 total = (u64)n * oh * ow * c;
+    GRID_STRIDE(o, total) {
+        const int ch = (int)(o % c);
+        const u64 p = o / c;
+        const int ox = (int)(p % ow);
+        const int oy = (int)((p / ow) % oh);
+        const int img = (int)(p / ((u64)ow * oh));
+        const float* xi = x + (u64)img * h * w * c;
+        float best = 0.0f;
+        unsigned at = 0;
+        int found = 0;
+        for (int ky = 0; ky < 3; ++ky) {
+            const int iy = oy * 2 + ky - 1;
+            if (iy < 0 || iy >= h) continue;
+            for (int kx = 0; kx < 3; ++kx) {
+                const int ix = ox * 2 + kx - 1;
+                if (ix < 0 || ix >= w) continue;
+                const unsigned idx = (unsigned)((iy * w + ix) * c + ch);
+                const float v = xi[idx];
+                if (!found || v > best) {
+                    best = v;
+                    at = idx;
+                    found = 1;
+                }
+            }
+        }
+        y[o] = best;
+        arg[o] = at;
+    }
+}
+
+// dx (zeroed by the caller) += dy at each output's arg; windows overlap, so atomically.
+extern "C" __global__ void maxpool_backward(const float* dy, const unsigned* arg, float* dx,
+                                            int n, int hwc, int per_out) {
+    const u64 total = (u64)n * per_out;
+    GRID_STRIDE(o, total) {
+        const u64 img = o / (u64)per_out;
+        atomicAdd(&dx[img * (u64)hwc + arg[o]], dy[o]);
+    }
+}
+
+// Global average pooling: y[img, ch] = mean over the hw positions.
+extern "C" __global__ void avgpool_forward(const float* x, float* y, int n, int hw, int c) {
+    const u64 total = (u64)n * c;
+    GRID_STRIDE(o, total) {
+        const u64 img = o / c;
+        const int ch = (int)(o % c);
+        float s = 0.0f;
+        for (int p = 0; p < hw; ++p) s += x[(img * hw + p) * c + ch];
+        y[o] = s * (1.0f / (float)hw);
+    }
+}
+
+extern "C" __global__ void avgpool_backward(const float* dy, float* dx, int n, int hw, int c) {
+    const u64 total = (u64)n * hw * c;
+    GRID_STRIDE(i, total) {
+        const int ch = (int)(i % c);
+        const u64 img = i / ((u64)hw * c);
+        dx[i] = dy[img * c + ch] * (1.0f / (float)hw);
+    }
+}
+
+// y[row, j] += b[j] (the classifier's bias).
+extern "C" __global__ void add_bias(float* y, const float* b, u64 n, int k) {
+    GRID_STRIDE(i, n) { y[i] += b[i % k]; }
+}
+
+// db[j] = sum over rows of dy[row, j], one thread per column, rows in order.
+extern "C" __global__ void column_sums(const float* dy, float* db, int rows, int k) {
+    GRID_STRIDE(j, (u64)k) {
+        float s = 0.0f;
+        for (int r = 0; r < rows; ++r) s += dy[(u64)r * k + j];
+        db[j] = s;
+    }
+}
+
+// Softmax cross-entropy with label smoothing, one thread per row: grad = (p - t) / rows * scale
+// (scale: the loss scale of mixed precision, 1 otherwise), loss[row] = -sum t * log p, and
+// correct[row] = 1 + the number of logits above the label's (1 = top-1, <= 5 = top-5).
+extern "C" __global__ void softmax_xent(const float* z, const int* labels, float* grad,
+                                        double* loss, int* rank, int rows, int k,
+                                        float smoothing, float scale) {
+    GRID_STRIDE(r, (u64)rows) {
+        const float* zr = z + r * (u64)k;
+        float* gr = grad + r * (u64)k;
+        const int label = labels[r];
+        double m = -1e300;
+        for (int j = 0; j < k; ++j) m = zr[j] > m ? (double)zr[j] : m;
+        double s = 0.0;
+        for (int j = 0; j < k; ++j) s += exp((double)zr[j] - m);
+        const double lse = m + log(s);
+        double l = 0.0;
+        int higher = 0;
+        const float zl = zr[label];
+        for (int j = 0; j < k; ++j) {
+            const double p = exp((double)zr[j] - lse);
+            const double t = (j == label ? 1.0 - smoothing : 0.0) + (double)smoothing / k;
+            l -= t * ((double)zr[j] - lse);
+            gr[j] = (float)((p - t) / rows * scale);
+            higher += zr[j] > zl ? 1 : 0;
+        }
+        loss[r] = l;
+        rank[r] = higher + 1;
+    }
+}
+
+// SGD with momentum and weight decay on f32 master weights, gradients unscaled by inv_scale:
+// v = mu * v + g * inv_scale + wd * w; w -= lr * v (as the CPU's Sgd::step).
+extern "C" __global__ void sgd_step(float* w, const float* g, float* v, u64 n, float lr, float mu,
+                                    float wd, float inv_scale) {
+    GRID_STRIDE(i, n) {
+        const float vi = mu * v[i] + g[i] * inv_scale + wd * w[i];
+        v[i] = vi;
+        w[i] -= lr * vi;
+    }
+}
+
+// flag = 1 when any element is infinite or NaN (a loss-scale overflow).
+extern "C" __global__ void nonfinite(const float* g, u64 n, int* flag) {
+    GRID_STRIDE(i, n) {
+        if ((__float_as_uint(g[i]) & 0x7f800000u) == 0x7f800000u) *flag = 1;
+    }
+}
+
+// Round-to-nearest-even casts between f32 and the 16-bit formats (PTX cvt; bf16 needs sm_80).
+extern "C" __global__ void f32_to_f16(const float* x, unsigned short* y, u64 n) {
+    GRID_STRIDE(i, n) {
+        unsigned short h;
+        asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x[i]));
+        y[i] = h;
+    }
+}
+
+extern "C" __global__ void f16_to_f32(const unsigned short* x, float* y, u64 n) {
+    GRID_STRIDE(i, n) {
+        float f;
+        asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(x[i]));
+        y[i] = f;
+    }
+}
+
+extern "C" __global__ void f32_to_bf16(const float* x, unsigned short* y, u64 n) {
+    GRID_STRIDE(i, n) {
+        unsigned short h;
+        asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x[i]));
+        y[i] = h;
+    }
+}
+
+extern "C" __global__ void bf16_to_f32(const unsigned short* x, float* y, u64 n) {
+    GRID_STRIDE(i, n) { y[i] = __uint_as_float(((unsigned)x[i]) << 16); }
+}

@@ -1,0 +1,1810 @@
+//! The trainer on one NVIDIA GPU: the same ResNet, layer for layer, on cuDNN (convolutions in
+//! three directions), cuBLAS (the classifier) and the NVRTC kernels of `kernels/cuda/train.cu`
+//! (batch norm, ReLU, residual adds, pooling, loss, SGD, casts), with f32 master weights and,
+//! as an option, f16/bf16 convolutions with dynamic loss scaling. Data parallel over NCCL
+//! (gradients) plus the CPU trainer's [`Reducer`] for the batch-norm statistics and the loss.
+//!
+//! Every CUDA call's status is checked and becomes an error naming the call; nothing here runs
+//! without a driver (the caller gets `CudaError::Missing`). Written without a GPU to run it on:
+//! [`self_test`] compares every layer, and one whole training step, with the CPU layers on
+//! small shapes, and `roofline train --device cuda --check` runs it.
+
+use crate::conv::ConvShape;
+use crate::layers::{BatchNorm, Conv2d, Reducer};
+use crate::resnet::{Bottleneck, ResNet};
+use crate::tensor::Tensor;
+use cudarc::cublas::{result as cublas, sys as bsys};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use roofline_kernels::comm::nccl::Communicator;
+use roofline_kernels::cuda::blas::Prec;
+use roofline_kernels::cuda::device::{self, arg, check, Gpu};
+use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
+use roofline_kernels::cuda::libs::{self, Lib};
+use roofline_kernels::cuda::CudaError;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The convolutions' storage precision on the GPU.
+pub fn precision(name: &str) -> Result<Prec, String> {
+    match name {
+        "f32" => Ok(Prec::F32),
+        "tf32" => Ok(Prec::Tf32),
+        "f16" => Ok(Prec::F16),
+        "bf16" => Ok(Prec::Bf16),
+        _ => Err(format!(
+            "--precision {name}: expected f32, tf32, f16 or bf16"
+        )),
+    }
+}
+
+fn half(p: Prec) -> bool {
+    matches!(p, Prec::F16 | Prec::Bf16)
+}
+
+/// A stream-ordered device allocation (cuMemAllocAsync), freed on drop in stream order: work
+/// enqueued before the free still sees it.
+pub struct Buf {
+    pub ptr: u64,
+    pub bytes: usize,
+    stream: sys::CUstream,
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocAsync on `stream`, freed once, in stream order.
+        unsafe {
+            let _ = cu::free_async(self.ptr, self.stream);
+        }
+    }
+}
+
+/// A device NHWC f32 tensor.
+pub struct GTensor {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub buf: Buf,
+}
+
+impl GTensor {
+    pub fn len(&self) -> usize {
+        self.n * self.h * self.w * self.c
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr
+    }
+
+    fn rows(&self) -> usize {
+        self.n * self.h * self.w
+    }
+}
+
+/// The GPU, its library handles, the compiled kernels and the cuDNN workspace.
+pub struct Ctx {
+    pub gpu: Gpu,
+    dnn: Handle,
+    blas: bsys::cublasHandle_t,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    workspace: Option<Buf>,
+    pub prec: Prec,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+        self.workspace = None;
+        // SAFETY: created in `Ctx::new`, destroyed once.
+        unsafe {
+            let _ = cublas::destroy_handle(self.blas);
+        }
+    }
+}
+
+impl Ctx {
+    /// Opens GPU `ordinal` (or takes an NCCL communicator's GPU) for training in `prec`.
+    pub fn new(gpu: Gpu, prec: Prec) -> Result<Ctx, CudaError> {
+        for l in [Lib::Cudnn, Lib::Cublas] {
+            if !libs::present(l) {
+                return Err(CudaError::Missing(libs::not_found(l)));
+            }
+        }
+        gpu.bind()?;
+        // Keep freed memory in the stream-ordered pool instead of returning it at every sync.
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: out-parameter; a valid device.
+        check("cuDeviceGetDefaultMemPool", unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.dev).result()
+        })?;
+        let mut threshold = u64::MAX;
+        // SAFETY: the attribute takes a u64.
+        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut c_void,
+            )
+            .result()
+        })?;
+        let dnn = Handle::new(&gpu)?;
+        let blas = cublas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
+        // SAFETY: live handle and stream.
+        if let Err(e) = unsafe { cublas::set_stream(blas, gpu.stream as bsys::cudaStream_t) } {
+            // SAFETY: created above.
+            unsafe {
+                let _ = cublas::destroy_handle(blas);
+            }
+            return Err(CudaError::call("cublasSetStream", e));
+        }
+        Ok(Ctx {
+            gpu,
+            dnn,
+            blas,
+            functions: HashMap::new(),
+            workspace: None,
+            prec,
+        })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<Buf, CudaError> {
+        // SAFETY: stream-ordered allocation on our live stream; freed by Buf's Drop.
+        let ptr = check("cuMemAllocAsync", unsafe {
+            cu::malloc_async(self.gpu.stream, bytes.max(4))
+        })?;
+        Ok(Buf {
+            ptr,
+            bytes,
+            stream: self.gpu.stream,
+        })
+    }
+
+    pub fn tensor(&self, n: usize, h: usize, w: usize, c: usize) -> Result<GTensor, CudaError> {
+        Ok(GTensor {
+            n,
+            h,
+            w,
+            c,
+            buf: self.alloc(4 * n * h * w * c)?,
+        })
+    }
+
+    /// Copies `data` to `dst` in stream order (the host slice may be dropped on return).
+    pub fn put<T: device::bytemuck_like::Pod>(
+        &self,
+        dst: u64,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's `dst` holds at least size_of_val(data) bytes; pageable source
+        // memory is staged before the call returns.
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::memcpy_htod_async(dst, data, self.gpu.stream)
+        })
+    }
+
+    pub fn upload_buf<T: device::bytemuck_like::Pod>(&self, data: &[T]) -> Result<Buf, CudaError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        self.put(b.ptr, data)?;
+        Ok(b)
+    }
+
+    pub fn upload(&self, t: &Tensor<f32>) -> Result<GTensor, CudaError> {
+        let g = self.tensor(t.n, t.h, t.w, t.c)?;
+        self.put(g.ptr(), &t.data)?;
+        Ok(g)
+    }
+
+    /// `len` elements from `src`, after everything enqueued so far.
+    pub fn get<T: device::bytemuck_like::Pod>(
+        &self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        let mut v = vec![T::default(); len];
+        if len == 0 {
+            return Ok(v);
+        }
+        // SAFETY: `src` holds at least `len` elements; we wait for the copy before returning.
+        check("cuMemcpyDtoHAsync", unsafe {
+            cu::memcpy_dtoh_async(&mut v, src, self.gpu.stream)
+        })?;
+        self.gpu.sync()?;
+        Ok(v)
+    }
+
+    pub fn download(&self, g: &GTensor) -> Result<Tensor<f32>, CudaError> {
+        Ok(Tensor::from_vec(
+            g.n,
+            g.h,
+            g.w,
+            g.c,
+            self.get(g.ptr(), g.len())?,
+        ))
+    }
+
+    pub fn zero(&self, b: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: the caller's buffer holds `bytes`; on our stream.
+        check("cuMemsetD8Async", unsafe {
+            cu::memset_d8_async(b, 0, bytes, self.gpu.stream)
+        })
+    }
+
+    fn function(&mut self, name: &'static str) -> Result<sys::CUfunction, CudaError> {
+        if let Some(f) = self.functions.get(name) {
+            return Ok(*f);
+        }
+        let f = self.gpu.function(name)?;
+        self.functions.insert(name, f);
+        Ok(f)
+    }
+
+    /// Launches kernel `name` of train.cu over `n` elements (grid-stride: any grid is correct).
+    ///
+    /// # Safety
+    /// `args` points to one value per kernel parameter, of the parameter's exact type, and
+    /// every buffer they name stays alive until the kernel has run (stream-ordered frees).
+    unsafe fn launch(
+        &mut self,
+        name: &'static str,
+        n: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        let f = self.function(name)?;
+        let block = 256u32;
+        let grid = n
+            .div_ceil(256)
+            .clamp(1, (self.gpu.sms.max(1) * 16) as usize) as u32;
+        // SAFETY: the caller's contract.
+        unsafe { self.gpu.launch(f, grid, block, args) }
+    }
+
+    /// A cuDNN workspace of at least `bytes`.
+    fn workspace(&mut self, bytes: usize) -> Result<&Buf, CudaError> {
+        if self.workspace.as_ref().is_none_or(|w| w.bytes < bytes) {
+            self.workspace = Some(self.alloc(bytes.max(1 << 20))?);
+        }
+        self.workspace
+            .as_ref()
+            .ok_or_else(|| CudaError::Check("no workspace".into()))
+    }
+
+    /// Casts `n` f32 values to the 16-bit storage type `p` (f16 or bf16) in a new buffer.
+    fn cast_to_half(&mut self, src: u64, n: usize) -> Result<Buf, CudaError> {
+        let out = self.alloc(2 * n)?;
+        let k = if self.prec == Prec::Bf16 {
+            "f32_to_bf16"
+        } else {
+            "f32_to_f16"
+        };
+        let (dst, n64) = (out.ptr, n as u64);
+        // SAFETY: src holds n f32, out n 16-bit values.
+        unsafe { self.launch(k, n, &mut [arg(&src), arg(&dst), arg(&n64)])? };
+        Ok(out)
+    }
+
+    fn cast_from_half(&mut self, src: u64, dst: u64, n: usize) -> Result<(), CudaError> {
+        let k = if self.prec == Prec::Bf16 {
+            "bf16_to_f32"
+        } else {
+            "f16_to_f32"
+        };
+        let n64 = n as u64;
+        // SAFETY: src holds n 16-bit values, dst n f32.
+        unsafe { self.launch(k, n, &mut [arg(&src), arg(&dst), arg(&n64)]) }
+    }
+
+    /// Column-major `c(m×n) = op(a) · op(b)` in f32 on cuBLAS (`beta` 0: overwrite).
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+    ) -> Result<(), CudaError> {
+        let op = |t: bool| {
+            if t {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: live handle on our stream; the caller's buffers hold the matrices the sizes
+        // and leading dimensions describe.
+        unsafe {
+            cublas::sgemm(
+                self.blas,
+                op(ta),
+                op(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                &one,
+                a as *const f32,
+                lda as i32,
+                b as *const f32,
+                ldb as i32,
+                &zero,
+                c as *mut f32,
+                ldc as i32,
+            )
+        }
+        .map_err(|e| CudaError::call("cublasSgemm", e))
+    }
+}
+
+/// A parameter's place in the flat value/gradient/momentum buffers.
+#[derive(Clone, Copy, Debug)]
+struct Slot {
+    off: usize,
+    len: usize,
+    decay: bool,
+}
+
+/// All parameters in three flat device buffers, so that one allreduce covers every gradient.
+struct Flat {
+    values: Buf,
+    grads: Buf,
+    moms: Buf,
+    slots: Vec<Slot>,
+    total: usize,
+}
+
+impl Flat {
+    fn value(&self, s: Slot) -> u64 {
+        self.values.ptr + 4 * s.off as u64
+    }
+    fn grad(&self, s: Slot) -> u64 {
+        self.grads.ptr + 4 * s.off as u64
+    }
+}
+
+/// RSCK (the CPU's im2col order: depth × k) → KRSC (cuDNN's NHWC filters).
+fn rsck_to_krsc(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for d in 0..depth {
+        for j in 0..k {
+            t[j * depth + d] = w[d * k + j];
+        }
+    }
+    t
+}
+
+fn krsc_to_rsck(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for j in 0..k {
+        for d in 0..depth {
+            t[d * k + j] = w[j * depth + d];
+        }
+    }
+    t
+}
+
+struct GConv {
+    shape: ConvShape,
+    w: Slot,
+    plans: Vec<((usize, usize, usize), ConvPlan)>,
+    input: Option<Rc<GTensor>>,
+}
+
+impl GConv {
+    fn new(c: &Conv2d<f32>, w: Slot) -> GConv {
+        GConv {
+            shape: c.shape,
+            w,
+            plans: Vec::new(),
+            input: None,
+        }
+    }
+
+    fn shape_for(&self, x: &GTensor) -> ConvShape {
+        ConvShape {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            ..self.shape
+        }
+    }
+
+    fn plan(&mut self, ctx: &Ctx, sh: &ConvShape) -> Result<usize, CudaError> {
+        let key = (sh.n, sh.h, sh.w);
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            return Ok(i);
+        }
+        self.plans
+            .push((key, ConvPlan::new(&ctx.dnn, sh, ctx.prec)?));
+        Ok(self.plans.len() - 1)
+    }
+
+    fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &Rc<GTensor>,
+        train: bool,
+    ) -> Result<GTensor, CudaError> {
+        let sh = self.shape_for(x);
+        let i = self.plan(ctx, &sh)?;
+        let y = ctx.tensor(x.n, sh.oh(), sh.ow(), sh.k)?;
+        let plan = &self.plans[i].1;
+        if half(ctx.prec) {
+            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
+            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
+            let yh = ctx.alloc(2 * y.len())?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.forward(&ctx.dnn, xh.ptr, wh.ptr, yh.ptr, ws)?;
+            ctx.cast_from_half(yh.ptr, y.ptr(), y.len())?;
+        } else {
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.forward(&ctx.dnn, x.ptr(), flat.value(self.w), y.ptr(), ws)?;
+        }
+        if train {
+            self.input = Some(Rc::clone(x));
+        }
+        Ok(y)
+    }
+
+    /// The filter gradient into the flat gradients, and dx unless `data_grad` is false.
+    fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        data_grad: bool,
+    ) -> Result<Option<GTensor>, CudaError> {
+        let x = self
+            .input
+            .take()
+            .ok_or_else(|| CudaError::Check("convolution backward before forward".into()))?;
+        let sh = self.shape_for(&x);
+        let i = self.plan(ctx, &sh)?;
+        let plan = &self.plans[i].1;
+        let dw = flat.grad(self.w);
+        if half(ctx.prec) {
+            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
+            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
+            let dyh = ctx.cast_to_half(dy.ptr(), dy.len())?;
+            let dwh = ctx.alloc(2 * self.w.len)?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_filter(&ctx.dnn, xh.ptr, dyh.ptr, dwh.ptr, ws)?;
+            ctx.cast_from_half(dwh.ptr, dw, self.w.len)?;
+            if !data_grad {
+                return Ok(None);
+            }
+            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
+            let dxh = ctx.alloc(2 * dx.len())?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_data(&ctx.dnn, wh.ptr, dyh.ptr, dxh.ptr, ws)?;
+            ctx.cast_from_half(dxh.ptr, dx.ptr(), dx.len())?;
+            Ok(Some(dx))
+        } else {
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_filter(&ctx.dnn, x.ptr(), dy.ptr(), dw, ws)?;
+            if !data_grad {
+                return Ok(None);
+            }
+            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_data(&ctx.dnn, flat.value(self.w), dy.ptr(), dx.ptr(), ws)?;
+            Ok(Some(dx))
+        }
+    }
+}
+
+struct GBn {
+    c: usize,
+    gamma: Slot,
+    beta: Slot,
+    running_mean: Vec<f32>,
+    running_var: Vec<f32>,
+    momentum: f64,
+    eps: f64,
+    input: Option<GTensor>,
+    mean: Vec<f32>,
+    inv: Vec<f32>,
+    /// [mean | inv] on the device, for the backward pass.
+    stats: Option<Buf>,
+    reducer: Option<Arc<dyn Reducer>>,
+}
+
+impl GBn {
+    fn new(b: &BatchNorm<f32>, gamma: Slot, beta: Slot, reducer: Option<Arc<dyn Reducer>>) -> GBn {
+        GBn {
+            c: b.gamma.value.len(),
+            gamma,
+            beta,
+            running_mean: b.running_mean.clone(),
+            running_var: b.running_var.clone(),
+            momentum: b.momentum,
+            eps: b.eps,
+            input: None,
+            mean: Vec::new(),
+            inv: Vec::new(),
+            stats: None,
+            reducer,
+        }
+    }
+
+    /// Per-channel (Σ g, Σ g·b) over this rank's rows, g = a masked by `mask` > 0, in f64.
+    fn sums(
+        &self,
+        ctx: &mut Ctx,
+        a: u64,
+        b: u64,
+        mask: u64,
+        rows: usize,
+    ) -> Result<(Vec<f64>, Vec<f64>), CudaError> {
+        let c = self.c;
+        let s = ctx.alloc(16 * c)?;
+        ctx.zero(s.ptr, 16 * c)?;
+        let tiles = c.div_ceil(32);
+        let slices = (rows.div_ceil(8)).clamp(
+            1,
+            ((ctx.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
+        );
+        let f = ctx.function("bn_sums")?;
+        let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
+        let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
+        // SAFETY: a, b (or 0), mask (or 0) hold rows × c f32; s holds 2c f64; 256 threads per
+        // block as the kernel assumes, and a grid that is a multiple of `tiles`.
+        unsafe {
+            ctx.gpu.launch(
+                f,
+                (tiles * slices) as u32,
+                256,
+                &mut [
+                    arg(&a),
+                    arg(&b),
+                    arg(&mask),
+                    arg(&rows64),
+                    arg(&ci),
+                    arg(&ti),
+                    arg(&s1),
+                    arg(&s2),
+                ],
+            )?
+        };
+        let v: Vec<f64> = ctx.get(s.ptr, 2 * c)?;
+        let (mut a1, mut a2) = (v[..c].to_vec(), v[c..].to_vec());
+        if let Some(r) = &self.reducer {
+            a1.append(&mut a2);
+            r.sum_f64(&mut a1);
+            a2 = a1.split_off(c);
+        }
+        Ok((a1, a2))
+    }
+
+    fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        relu: bool,
+    ) -> Result<GTensor, CudaError> {
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (x.rows() * ranks) as f64;
+        let (mean, inv): (Vec<f32>, Vec<f32>) = if train {
+            let (s1, s2) = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            let mut mean = Vec::with_capacity(c);
+            let mut inv = Vec::with_capacity(c);
+            for j in 0..c {
+                let mu = s1[j] / m;
+                let var = (s2[j] / m - mu * mu).max(0.0);
+                let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
+                self.running_mean[j] = ((1.0 - self.momentum) * self.running_mean[j] as f64
+                    + self.momentum * mu) as f32;
+                self.running_var[j] = ((1.0 - self.momentum) * self.running_var[j] as f64
+                    + self.momentum * unbiased) as f32;
+                mean.push(mu as f32);
+                inv.push((1.0 / (var + self.eps).sqrt()) as f32);
+            }
+            (mean, inv)
+        } else {
+            (
+                self.running_mean.clone(),
+                self.running_var
+                    .iter()
+                    .map(|v| (1.0 / (*v as f64 + self.eps).sqrt()) as f32)
+                    .collect(),
+            )
+        };
+        let stats = ctx.upload_buf(&[&mean[..], &inv[..]].concat())?;
+        let y = ctx.tensor(x.n, x.h, x.w, c)?;
+        let (xp, yp, g, b) = (
+            x.ptr(),
+            y.ptr(),
+            flat.value(self.gamma),
+            flat.value(self.beta),
+        );
+        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
+        let (n, ci, r) = (x.len() as u64, c as i32, relu as i32);
+        // SAFETY: x, y hold n f32; gamma, beta, mean, inv hold c each.
+        unsafe {
+            ctx.launch(
+                "bn_apply",
+                x.len(),
+                &mut [
+                    arg(&xp),
+                    arg(&yp),
+                    arg(&g),
+                    arg(&b),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&n),
+                    arg(&ci),
+                    arg(&r),
+                ],
+            )?
+        };
+        if train {
+            self.input = Some(x);
+            self.mean = mean;
+            self.inv = inv;
+            self.stats = Some(stats);
+        }
+        Ok(y)
+    }
+
+    /// dx from dy (masked by `relu_out` > 0 when the forward pass applied ReLU); γ and β
+    /// gradients into the flat gradients (each rank's share of the global sums, as on the CPU).
+    fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        relu_out: Option<&GTensor>,
+    ) -> Result<GTensor, CudaError> {
+        let x = self
+            .input
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let stats = self
+            .stats
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (dy.rows() * ranks) as f64;
+        let mask = relu_out.map_or(0, |t| t.ptr());
+        let (sd, sdx) = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
+        let share = 1.0 / ranks as f64;
+        let mut dgamma = vec![0.0f64; c];
+        let (mut gg, mut gb) = (vec![0.0f32; c], vec![0.0f32; c]);
+        for j in 0..c {
+            dgamma[j] = (sdx[j] - self.mean[j] as f64 * sd[j]) * self.inv[j] as f64;
+            gg[j] = (dgamma[j] * share) as f32;
+            gb[j] = (sd[j] * share) as f32;
+        }
+        ctx.put(flat.grad(self.gamma), &gg)?;
+        ctx.put(flat.grad(self.beta), &gb)?;
+        let means: Vec<f32> = sd
+            .iter()
+            .map(|v| (v / m) as f32)
+            .chain(dgamma.iter().map(|v| (v / m) as f32))
+            .collect();
+        let mb = ctx.upload_buf(&means)?;
+        let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
+        let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
+        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
+        let (mdb, mdg) = (mb.ptr, mb.ptr + 4 * c as u64);
+        let (n, ci) = (dy.len() as u64, c as i32);
+        // SAFETY: dy, x, mask (or 0), dx hold n f32; the per-channel vectors c each.
+        unsafe {
+            ctx.launch(
+                "bn_backward_dx",
+                dy.len(),
+                &mut [
+                    arg(&dyp),
+                    arg(&xp),
+                    arg(&mask),
+                    arg(&dxp),
+                    arg(&g),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&mdb),
+                    arg(&mdg),
+                    arg(&n),
+                    arg(&ci),
+                ],
+            )?
+        };
+        Ok(dx)
+    }
+}
+
+/// y op= s over n elements: "add_relu" (y = relu(y + s)), "add_into" (y += s), "relu_mask"
+/// (s = 0 where y ≤ 0: here `y` is the forward output and `s` the gradient).
+fn elementwise(ctx: &mut Ctx, k: &'static str, y: u64, s: u64, n: usize) -> Result<(), CudaError> {
+    let n64 = n as u64;
+    // SAFETY: both buffers hold n f32.
+    unsafe { ctx.launch(k, n, &mut [arg(&y), arg(&s), arg(&n64)]) }
+}
+
+struct GBlock {
+    c1: GConv,
+    b1: GBn,
+    c2: GConv,
+    b2: GBn,
+    c3: GConv,
+    b3: GBn,
+    down: Option<(GConv, GBn)>,
+    a1: Option<Rc<GTensor>>,
+    a2: Option<Rc<GTensor>>,
+    out: Option<Rc<GTensor>>,
+}
+
+impl GBlock {
+    fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &Rc<GTensor>,
+        train: bool,
+    ) -> Result<Rc<GTensor>, CudaError> {
+        let t = self.c1.forward(ctx, flat, x, train)?;
+        let a = Rc::new(self.b1.forward(ctx, flat, t, train, true)?);
+        let t = self.c2.forward(ctx, flat, &a, train)?;
+        let b = Rc::new(self.b2.forward(ctx, flat, t, train, true)?);
+        let t = self.c3.forward(ctx, flat, &b, train)?;
+        let c = self.b3.forward(ctx, flat, t, train, false)?;
+        let shortcut = match &mut self.down {
+            Some((conv, bn)) => {
+                let t = conv.forward(ctx, flat, x, train)?;
+                Some(bn.forward(ctx, flat, t, train, false)?)
+            }
+            None => None,
+        };
+        let s = shortcut.as_ref().map_or(x.ptr(), |t| t.ptr());
+        elementwise(ctx, "add_relu", c.ptr(), s, c.len())?;
+        let out = Rc::new(c);
+        if train {
+            self.a1 = Some(a);
+            self.a2 = Some(b);
+            self.out = Some(Rc::clone(&out));
+        }
+        Ok(out)
+    }
+
+    fn backward(&mut self, ctx: &mut Ctx, flat: &Flat, d: GTensor) -> Result<GTensor, CudaError> {
+        let missing = || CudaError::Check("block backward before forward".into());
+        let out = self.out.take().ok_or_else(missing)?;
+        let (a1, a2) = (
+            self.a1.take().ok_or_else(missing)?,
+            self.a2.take().ok_or_else(missing)?,
+        );
+        elementwise(ctx, "relu_mask", out.ptr(), d.ptr(), d.len())?;
+        let t = self.b3.backward(ctx, flat, &d, None)?;
+        let db = self.c3.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        let t = self.b2.backward(ctx, flat, &db, Some(&a2))?;
+        let da = self.c2.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        let t = self.b1.backward(ctx, flat, &da, Some(&a1))?;
+        let dx = self.c1.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        match &mut self.down {
+            Some((conv, bn)) => {
+                let t = bn.backward(ctx, flat, &d, None)?;
+                let ds = conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+                elementwise(ctx, "add_into", dx.ptr(), ds.ptr(), dx.len())?;
+            }
+            None => elementwise(ctx, "add_into", dx.ptr(), d.ptr(), dx.len())?,
+        }
+        Ok(dx)
+    }
+}
+
+/// Loss scaling for f16 (bf16 and f32 need none): start at 2¹⁰, halve on an overflow (and skip
+/// that step), double after 1000 steps without one.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LossScale {
+    pub scale: f64,
+    good: usize,
+    dynamic: bool,
+}
+
+impl LossScale {
+    pub fn for_precision(p: Prec) -> LossScale {
+        let dynamic = p == Prec::F16;
+        LossScale {
+            scale: if dynamic { 1024.0 } else { 1.0 },
+            good: 0,
+            dynamic,
+        }
+    }
+
+    /// After a step: whether to apply it (no overflow), and the scale for the next one.
+    pub fn update(&mut self, overflow: bool) -> bool {
+        if !self.dynamic {
+            return !overflow;
+        }
+        if overflow {
+            self.scale = (self.scale / 2.0).max(1.0);
+            self.good = 0;
+            return false;
+        }
+        self.good += 1;
+        if self.good >= 1000 {
+            self.scale *= 2.0;
+            self.good = 0;
+        }
+        true
+    }
+}
+
+/// ResNet on the GPU, built from (and written back into) the CPU model.
+pub struct GpuResNet {
+    flat: Flat,
+    stem: GConv,
+    stem_bn: GBn,
+    blocks: Vec<GBlock>,
+    fc_w: Slot,
+    fc_b: Slot,
+    fc_in: usize,
+    fc_out: usize,
+    stem_out: Option<Rc<GTensor>>,
+    pool_arg: Option<Buf>,
+    pool_in: (usize, usize, usize, usize),
+    pool_in_hw: (usize, usize),
+    last: Option<GTensor>,
+    pub loss_scale: LossScale,
+    /// Steps skipped because the scaled gradients overflowed.
+    pub skipped: usize,
+    nccl: Option<Communicator>,
+    /// Declared last: dropped after every buffer above has been freed on its stream.
+    pub ctx: Ctx,
+}
+
+/// Gradient buckets of the NCCL allreduce: 4 Mi floats, as on the CPU.
+const BUCKET: usize = 4 << 20;
+
+impl GpuResNet {
+    /// Uploads `model` (parameters, running statistics) to `ctx`'s GPU. With `nccl`, gradients
+    /// are summed over its ranks; `reducer` (the same ranks) sums the batch-norm statistics.
+    pub fn new(
+        ctx: Ctx,
+        model: &mut ResNet<f32>,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+    ) -> Result<GpuResNet, CudaError> {
+        let mut slots = Vec::new();
+        let (mut host, mut host_m): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
+        // The order of `model.params()`, conv filters (and their momenta) transposed to KRSC.
+        let convs = conv_shapes(model);
+        let mut ci = 0;
+        for p in model.params() {
+            let (v, m) = match convs.get(ci) {
+                Some((name, depth, k)) if *name == p.name => {
+                    ci += 1;
+                    (
+                        rsck_to_krsc(&p.value, *depth, *k),
+                        rsck_to_krsc(&p.momentum, *depth, *k),
+                    )
+                }
+                _ => (p.value.clone(), p.momentum.clone()),
+            };
+            slots.push(Slot {
+                off: host.len(),
+                len: v.len(),
+                decay: p.decay,
+            });
+            host.extend_from_slice(&v);
+            host_m.extend_from_slice(&m);
+        }
+        if ci != convs.len() {
+            return Err(CudaError::Check(
+                "convolution filters out of parameter order".into(),
+            ));
+        }
+        let total = host.len();
+        let values = ctx.upload_buf(&host)?;
+        let moms = ctx.upload_buf(&host_m)?;
+        let grads = ctx.alloc(4 * total)?;
+        ctx.zero(grads.ptr, 4 * total)?;
+        let flat = Flat {
+            values,
+            grads,
+            moms,
+            slots,
+            total,
+        };
+        let mut it = flat.slots.clone().into_iter();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| CudaError::Check("parameter list".into()))
+        };
+        let r = || reducer.clone();
+        let stem = GConv::new(&model.stem, next()?);
+        let stem_bn = GBn::new(&model.stem_bn, next()?, next()?, r());
+        let mut blocks = Vec::new();
+        for b in &model.blocks {
+            blocks.push(gblock(b, &mut next, &r)?);
+        }
+        let fc_w = next()?;
+        let fc_b = next()?;
+        let prec = ctx.prec;
+        Ok(GpuResNet {
+            ctx,
+            flat,
+            stem,
+            stem_bn,
+            blocks,
+            fc_w,
+            fc_b,
+            fc_in: model.fc.inputs,
+            fc_out: model.fc.outputs,
+            stem_out: None,
+            pool_arg: None,
+            pool_in: (0, 0, 0, 0),
+            pool_in_hw: (0, 0),
+            last: None,
+            loss_scale: LossScale::for_precision(prec),
+            skipped: 0,
+            nccl,
+        })
+    }
+
+    /// Logits (rows × classes) for an NHWC batch on the device.
+    fn forward(&mut self, x: GTensor, train: bool) -> Result<GTensor, CudaError> {
+        let x = Rc::new(x);
+        let t = self.stem.forward(&mut self.ctx, &self.flat, &x, train)?;
+        let s = Rc::new(
+            self.stem_bn
+                .forward(&mut self.ctx, &self.flat, t, train, true)?,
+        );
+        // Max pool 3×3 / 2, padding 1.
+        let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
+        let p = self.ctx.tensor(s.n, oh, ow, s.c)?;
+        let argb = self.ctx.alloc(4 * p.len())?;
+        let (sp, pp, ap) = (s.ptr(), p.ptr(), argb.ptr);
+        let dims = [
+            s.n as i32, s.h as i32, s.w as i32, s.c as i32, oh as i32, ow as i32,
+        ];
+        // SAFETY: s holds n·h·w·c, p and arg n·oh·ow·c elements.
+        unsafe {
+            self.ctx.launch(
+                "maxpool_forward",
+                p.len(),
+                &mut [
+                    arg(&sp),
+                    arg(&pp),
+                    arg(&ap),
+                    arg(&dims[0]),
+                    arg(&dims[1]),
+                    arg(&dims[2]),
+                    arg(&dims[3]),
+                    arg(&dims[4]),
+                    arg(&dims[5]),
+                ],
+            )?
+        };
+        if train {
+            self.pool_arg = Some(argb);
+            self.pool_in = (s.n, s.h, s.w, s.c);
+            self.stem_out = Some(Rc::clone(&s));
+        }
+        let mut h = Rc::new(p);
+        for b in &mut self.blocks {
+            h = b.forward(&mut self.ctx, &self.flat, &h, train)?;
+        }
+        // Global average pool → n × c.
+        let pooled = self.ctx.tensor(h.n, 1, 1, h.c)?;
+        let (hp, op) = (h.ptr(), pooled.ptr());
+        let (n, hw, c) = (h.n as i32, (h.h * h.w) as i32, h.c as i32);
+        // SAFETY: h holds n·hw·c, pooled n·c.
+        unsafe {
+            self.ctx.launch(
+                "avgpool_forward",
+                h.n * h.c,
+                &mut [arg(&hp), arg(&op), arg(&n), arg(&hw), arg(&c)],
+            )?
+        };
+        // Classifier: y (n × out) = pooled (n × in) · W (in × out) + b, row-major, as the
+        // column-major yᵀ = Wᵀ · pooledᵀ.
+        let y = self.ctx.tensor(h.n, 1, 1, self.fc_out)?;
+        self.ctx.sgemm(
+            false,
+            false,
+            self.fc_out,
+            h.n,
+            self.fc_in,
+            self.flat.value(self.fc_w),
+            self.fc_out,
+            pooled.ptr(),
+            self.fc_in,
+            y.ptr(),
+            self.fc_out,
+        )?;
+        let (yp, bp, ny, k) = (
+            y.ptr(),
+            self.flat.value(self.fc_b),
+            y.len() as u64,
+            self.fc_out as i32,
+        );
+        // SAFETY: y holds n·out, b out elements.
+        unsafe {
+            self.ctx.launch(
+                "add_bias",
+                y.len(),
+                &mut [arg(&yp), arg(&bp), arg(&ny), arg(&k)],
+            )?
+        };
+        if train {
+            self.last = Some(pooled);
+            self.pool_in_hw = (h.h, h.w);
+        }
+        Ok(y)
+    }
+}
+
+/// (parameter name, depth = r·s·c, k) of every convolution, in `ResNet::params()` order.
+fn conv_shapes(model: &mut ResNet<f32>) -> Vec<(String, usize, usize)> {
+    let mut v = Vec::new();
+    let mut add = |c: &Conv2d<f32>| v.push((c.weight.name.clone(), c.shape.depth(), c.shape.k));
+    add(&model.stem);
+    for b in &model.blocks {
+        add(&b.conv1);
+        add(&b.conv2);
+        add(&b.conv3);
+        if let Some((c, _)) = &b.down {
+            add(c);
+        }
+    }
+    v
+}
+
+fn gblock(
+    b: &Bottleneck<f32>,
+    next: &mut impl FnMut() -> Result<Slot, CudaError>,
+    r: &impl Fn() -> Option<Arc<dyn Reducer>>,
+) -> Result<GBlock, CudaError> {
+    let c1 = GConv::new(&b.conv1, next()?);
+    let b1 = GBn::new(&b.bn1, next()?, next()?, r());
+    let c2 = GConv::new(&b.conv2, next()?);
+    let b2 = GBn::new(&b.bn2, next()?, next()?, r());
+    let c3 = GConv::new(&b.conv3, next()?);
+    let b3 = GBn::new(&b.bn3, next()?, next()?, r());
+    let down = match &b.down {
+        Some((c, bn)) => {
+            let gc = GConv::new(c, next()?);
+            Some((gc, GBn::new(bn, next()?, next()?, r())))
+        }
+        None => None,
+    };
+    Ok(GBlock {
+        c1,
+        b1,
+        c2,
+        b2,
+        c3,
+        b3,
+        down,
+        a1: None,
+        a2: None,
+        out: None,
+    })
+}
+
+/// What one training step reports.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepResult {
+    /// Mean loss over this rank's rows.
+    pub loss: f64,
+    pub top1: usize,
+    pub top5: usize,
+    /// Bytes this rank put into gradient allreduces.
+    pub comm_bytes: f64,
+    /// False when a loss-scale overflow skipped the update.
+    pub applied: bool,
+}
+
+impl GpuResNet {
+    fn backward(&mut self, dlogits: &GTensor) -> Result<(), CudaError> {
+        let missing = || CudaError::Check("backward before a training forward pass".into());
+        let pooled = self.last.take().ok_or_else(missing)?;
+        let (rows, out, inp) = (dlogits.rows(), self.fc_out, self.fc_in);
+        let ctx = &mut self.ctx;
+        let flat = &self.flat;
+        // dW (in × out) = pooledᵀ · dy: column-major dWᵀ = dyᵀ · pooled.
+        ctx.sgemm(
+            false,
+            true,
+            out,
+            inp,
+            rows,
+            dlogits.ptr(),
+            out,
+            pooled.ptr(),
+            inp,
+            flat.grad(self.fc_w),
+            out,
+        )?;
+        let (dyp, dbp, ri, ki) = (dlogits.ptr(), flat.grad(self.fc_b), rows as i32, out as i32);
+        // SAFETY: dy holds rows × out, db out elements.
+        unsafe {
+            ctx.launch(
+                "column_sums",
+                out,
+                &mut [arg(&dyp), arg(&dbp), arg(&ri), arg(&ki)],
+            )?
+        };
+        // dpooled (n × in) = dy · Wᵀ: column-major dpooledᵀ = W · dyᵀ.
+        let dp = ctx.tensor(rows, 1, 1, inp)?;
+        ctx.sgemm(
+            true,
+            false,
+            inp,
+            rows,
+            out,
+            flat.value(self.fc_w),
+            out,
+            dlogits.ptr(),
+            out,
+            dp.ptr(),
+            inp,
+        )?;
+        let (hh, hw) = self.pool_in_hw;
+        let mut d = ctx.tensor(rows, hh, hw, inp)?;
+        let (dpp, dp2, n, hwi, c) = (dp.ptr(), d.ptr(), rows as i32, (hh * hw) as i32, inp as i32);
+        // SAFETY: dp holds n × c, d n × hw × c.
+        unsafe {
+            ctx.launch(
+                "avgpool_backward",
+                d.len(),
+                &mut [arg(&dpp), arg(&dp2), arg(&n), arg(&hwi), arg(&c)],
+            )?
+        };
+        for b in self.blocks.iter_mut().rev() {
+            d = b.backward(ctx, flat, d)?;
+        }
+        // Max pool backward: scatter-add into a zeroed input gradient.
+        let (n, h, w, c) = self.pool_in;
+        let ds = ctx.tensor(n, h, w, c)?;
+        ctx.zero(ds.ptr(), 4 * ds.len())?;
+        let argb = self.pool_arg.take().ok_or_else(missing)?;
+        let (dp3, ap, dsp) = (d.ptr(), argb.ptr, ds.ptr());
+        let (ni, hwc, per) = (n as i32, (h * w * c) as i32, (d.h * d.w * d.c) as i32);
+        // SAFETY: d and arg hold n × per_out, ds n × h·w·c elements; arg < h·w·c.
+        unsafe {
+            ctx.launch(
+                "maxpool_backward",
+                d.len(),
+                &mut [
+                    arg(&dp3),
+                    arg(&ap),
+                    arg(&dsp),
+                    arg(&ni),
+                    arg(&hwc),
+                    arg(&per),
+                ],
+            )?
+        };
+        let s = self.stem_out.take().ok_or_else(missing)?;
+        let dstem = self.stem_bn.backward(ctx, flat, &ds, Some(&s))?;
+        // The image needs no gradient: the stem's filter gradient only.
+        self.stem.backward(ctx, flat, &dstem, false)?;
+        Ok(())
+    }
+
+    /// Softmax cross-entropy of `z` against `labels`: (mean loss, top-1, top-5, ∂loss/∂z × the
+    /// loss scale).
+    fn loss(
+        &mut self,
+        z: &GTensor,
+        labels: &[usize],
+        smoothing: f64,
+        scale: f64,
+    ) -> Result<(f64, usize, usize, GTensor), CudaError> {
+        let rows = z.rows();
+        if labels.len() != rows {
+            return Err(CudaError::Check(format!(
+                "{} labels for {rows} rows",
+                labels.len()
+            )));
+        }
+        let l32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
+        if l32.iter().any(|&l| l < 0 || l as usize >= z.c) {
+            return Err(CudaError::Check("label out of range".into()));
+        }
+        let lb = self.ctx.upload_buf(&l32)?;
+        let grad = self.ctx.tensor(z.n, z.h, z.w, z.c)?;
+        let lossb = self.ctx.alloc(8 * rows)?;
+        let rankb = self.ctx.alloc(4 * rows)?;
+        let (zp, lp, gp, losp, rp) = (z.ptr(), lb.ptr, grad.ptr(), lossb.ptr, rankb.ptr);
+        let (ri, ki, sm, sc) = (rows as i32, z.c as i32, smoothing as f32, scale as f32);
+        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k), loss rows f64, rank
+        // rows i32.
+        unsafe {
+            self.ctx.launch(
+                "softmax_xent",
+                rows,
+                &mut [
+                    arg(&zp),
+                    arg(&lp),
+                    arg(&gp),
+                    arg(&losp),
+                    arg(&rp),
+                    arg(&ri),
+                    arg(&ki),
+                    arg(&sm),
+                    arg(&sc),
+                ],
+            )?
+        };
+        let losses: Vec<f64> = self.ctx.get(lossb.ptr, rows)?;
+        let ranks: Vec<i32> = self.ctx.get(rankb.ptr, rows)?;
+        let top1 = ranks.iter().filter(|&&r| r == 1).count();
+        let top5 = ranks.iter().filter(|&&r| r <= 5).count();
+        Ok((
+            losses.iter().sum::<f64>() / rows.max(1) as f64,
+            top1,
+            top5,
+            grad,
+        ))
+    }
+
+    /// One training step on this rank's share of the batch: forward, loss, backward, gradient
+    /// allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`.
+    pub fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        labels: &[usize],
+        lr: f64,
+        smoothing: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<StepResult, CudaError> {
+        self.ctx.gpu.bind()?;
+        let xg = self.ctx.upload(x)?;
+        let z = self.forward(xg, true)?;
+        let scale = self.loss_scale.scale;
+        let (loss, top1, top5, g) = self.loss(&z, labels, smoothing, scale)?;
+        self.backward(&g)?;
+        let mut comm_bytes = 0.0;
+        let mut ranks = 1;
+        if let Some(c) = &self.nccl {
+            ranks = c.ranks;
+            // NCCL runs on the communicator's own stream: the backward pass must be done first,
+            // and the sums before the update.
+            self.ctx.gpu.sync()?;
+            let mut off = 0;
+            while off < self.flat.total {
+                let len = BUCKET.min(self.flat.total - off);
+                c.all_reduce_sum_f32(self.flat.grads.ptr + 4 * off as u64, len)?;
+                comm_bytes += 4.0 * len as f64;
+                off += len;
+            }
+            c.gpu.sync()?;
+            self.ctx.gpu.bind()?;
+        }
+        let overflow = if self.loss_scale.dynamic {
+            let flag = self.ctx.alloc(4)?;
+            self.ctx.zero(flag.ptr, 4)?;
+            let (gp, n, fp) = (self.flat.grads.ptr, self.flat.total as u64, flag.ptr);
+            // SAFETY: the gradients hold `total` f32, flag one i32.
+            unsafe {
+                self.ctx.launch(
+                    "nonfinite",
+                    self.flat.total,
+                    &mut [arg(&gp), arg(&n), arg(&fp)],
+                )?
+            };
+            self.ctx.get::<i32>(flag.ptr, 1)?[0] != 0
+        } else {
+            false
+        };
+        let applied = self.loss_scale.update(overflow);
+        if applied {
+            let inv = (1.0 / (scale * ranks as f64)) as f32;
+            let (lr32, mu) = (lr as f32, sgd.momentum as f32);
+            for s in self.flat.slots.clone() {
+                let wd = if s.decay || sgd.decay_all {
+                    sgd.weight_decay as f32
+                } else {
+                    0.0
+                };
+                let (w, g, m, n) = (
+                    self.flat.value(s),
+                    self.flat.grad(s),
+                    self.flat.moms.ptr + 4 * s.off as u64,
+                    s.len as u64,
+                );
+                // SAFETY: each slot's value, gradient and momentum hold `len` f32.
+                unsafe {
+                    self.ctx.launch(
+                        "sgd_step",
+                        s.len,
+                        &mut [
+                            arg(&w),
+                            arg(&g),
+                            arg(&m),
+                            arg(&n),
+                            arg(&lr32),
+                            arg(&mu),
+                            arg(&wd),
+                            arg(&inv),
+                        ],
+                    )?
+                };
+            }
+        } else {
+            self.skipped += 1;
+        }
+        self.ctx.gpu.sync()?;
+        Ok(StepResult {
+            loss,
+            top1,
+            top5,
+            comm_bytes,
+            applied,
+        })
+    }
+
+    /// Inference logits for a batch.
+    pub fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
+        self.ctx.gpu.bind()?;
+        let xg = self.ctx.upload(x)?;
+        let z = self.forward(xg, false)?;
+        self.ctx.download(&z)
+    }
+
+    /// Writes the parameters, momenta and running statistics back into `model` (checkpoints,
+    /// evaluation on the CPU, the summary).
+    pub fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+        let values: Vec<f32> = self.ctx.get(self.flat.values.ptr, self.flat.total)?;
+        let moms: Vec<f32> = self.ctx.get(self.flat.moms.ptr, self.flat.total)?;
+        let convs = conv_shapes(model);
+        let mut ci = 0;
+        for (p, s) in model.params().into_iter().zip(&self.flat.slots) {
+            let (v, m) = (&values[s.off..s.off + s.len], &moms[s.off..s.off + s.len]);
+            match convs.get(ci) {
+                Some((name, depth, k)) if *name == p.name => {
+                    ci += 1;
+                    p.value = krsc_to_rsck(v, *depth, *k);
+                    p.momentum = krsc_to_rsck(m, *depth, *k);
+                }
+                _ => {
+                    p.value = v.to_vec();
+                    p.momentum = m.to_vec();
+                }
+            }
+        }
+        let mut bns: Vec<&GBn> = vec![&self.stem_bn];
+        for b in &self.blocks {
+            bns.extend([&b.b1, &b.b2, &b.b3]);
+            if let Some((_, bn)) = &b.down {
+                bns.push(bn);
+            }
+        }
+        for ((_, mean, var), bn) in model.running_stats().into_iter().zip(bns) {
+            mean.clone_from(&bn.running_mean);
+            var.clone_from(&bn.running_var);
+        }
+        Ok(())
+    }
+}
+
+/// One comparison of the self-test: what, the normwise relative error, the tolerance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub error: f64,
+    pub tolerance: f64,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.error <= self.tolerance
+    }
+}
+
+/// ‖a − b‖ / max(‖b‖, tiny): the normwise relative error of GPU `a` against CPU `b`.
+pub fn normwise(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += (*x as f64 - *y as f64).powi(2);
+        n += (*y as f64).powi(2);
+    }
+    if !d.is_finite() {
+        return f64::INFINITY;
+    }
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+/// Normwise tolerance of a comparison in precision `p` (f32 sums in another order; tf32 and
+/// the 16-bit formats round the convolution inputs).
+pub fn tolerance(p: Prec) -> f64 {
+    match p {
+        Prec::F32 => 1e-4,
+        Prec::Tf32 => 5e-3,
+        Prec::Bf16 => 3e-2,
+        _ => 1e-2,
+    }
+}
+
+fn random(n: usize, rng: &mut crate::data::Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.normal() as f32).collect()
+}
+
+/// A flat parameter store holding `values` (for single-layer tests).
+fn flat_of(ctx: &Ctx, values: &[Vec<f32>]) -> Result<Flat, CudaError> {
+    let mut host = Vec::new();
+    let mut slots = Vec::new();
+    for v in values {
+        slots.push(Slot {
+            off: host.len(),
+            len: v.len(),
+            decay: false,
+        });
+        host.extend_from_slice(v);
+    }
+    let total = host.len();
+    let grads = ctx.alloc(4 * total)?;
+    ctx.zero(grads.ptr, 4 * total)?;
+    let moms = ctx.alloc(4 * total)?;
+    ctx.zero(moms.ptr, 4 * total)?;
+    Ok(Flat {
+        values: ctx.upload_buf(&host)?,
+        grads,
+        moms,
+        slots,
+        total,
+    })
+}
+
+/// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
+/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; batch norm
+/// with ReLU (forward, running statistics, backward); then one whole training step of a small
+/// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
+/// parameter and every running statistic after the step, and the inference logits.
+pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
+    let mut ctx = Ctx::new(gpu, p)?;
+    let tol = tolerance(p);
+    let mut out = Vec::new();
+    let mut rng = crate::data::Rng::new(0x5E1F);
+    let push = |out: &mut Vec<Check>, name: String, error: f64, tolerance: f64| {
+        out.push(Check {
+            name,
+            error,
+            tolerance,
+        })
+    };
+    for (name, r, stride, pad, c, k, hw) in [
+        ("conv 1x1", 1, 1, 0, 16, 24, 9),
+        ("conv 3x3/2", 3, 2, 1, 8, 16, 11),
+        ("conv 7x7/2", 7, 2, 3, 3, 8, 16),
+    ] {
+        let sh = ConvShape {
+            n: 2,
+            c,
+            h: hw,
+            w: hw,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+        };
+        let x = random(sh.input_len(), &mut rng);
+        let w = random(sh.weight_len(), &mut rng);
+        let dy = random(sh.output_len(), &mut rng);
+        let mut y = vec![0.0f32; sh.output_len()];
+        crate::conv::forward(&x, &w, &mut y, &sh);
+        let mut dx = vec![0.0f32; sh.input_len()];
+        crate::conv::backward_data(&dy, &w, &mut dx, &sh);
+        let mut dw = vec![0.0f32; sh.weight_len()];
+        crate::conv::backward_filter(&x, &dy, &mut dw, &sh);
+        let flat = flat_of(&ctx, &[rsck_to_krsc(&w, sh.depth(), k)])?;
+        let mut conv = GConv {
+            shape: sh,
+            w: flat.slots[0],
+            plans: Vec::new(),
+            input: None,
+        };
+        let xg = Rc::new(ctx.upload(&Tensor::from_vec(2, hw, hw, c, x))?);
+        let yg = conv.forward(&mut ctx, &flat, &xg, true)?;
+        let dyg = ctx.upload(&Tensor::from_vec(2, sh.oh(), sh.ow(), k, dy))?;
+        let dxg = conv
+            .backward(&mut ctx, &flat, &dyg, true)?
+            .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
+        let dwg = krsc_to_rsck(
+            &ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?,
+            sh.depth(),
+            k,
+        );
+        push(
+            &mut out,
+            format!("{name} forward"),
+            normwise(&ctx.download(&yg)?.data, &y),
+            tol,
+        );
+        push(
+            &mut out,
+            format!("{name} backward-data"),
+            normwise(&ctx.download(&dxg)?.data, &dx),
+            tol,
+        );
+        push(
+            &mut out,
+            format!("{name} backward-filter"),
+            normwise(&dwg, &dw),
+            tol,
+        );
+    }
+    {
+        let (n, hw, c) = (4, 5, 40);
+        let mut bn = BatchNorm::<f32>::new("bn", c, 1.0);
+        bn.gamma.value = random(c, &mut rng);
+        bn.beta.value = random(c, &mut rng);
+        let x = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
+        let dy = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
+        let flat = flat_of(&ctx, &[bn.gamma.value.clone(), bn.beta.value.clone()])?;
+        let mut g = GBn::new(&bn, flat.slots[0], flat.slots[1], None);
+        let xg = ctx.upload(&x)?;
+        let y = bn.forward_act(x, true, true);
+        let dx = bn.backward_act(&dy, Some(&y));
+        let yg = g.forward(&mut ctx, &flat, xg, true, true)?;
+        let dyg = ctx.upload(&dy)?;
+        let dxg = g.backward(&mut ctx, &flat, &dyg, Some(&yg))?;
+        push(
+            &mut out,
+            "batch norm + ReLU forward".into(),
+            normwise(&ctx.download(&yg)?.data, &y.data),
+            1e-5,
+        );
+        push(
+            &mut out,
+            "batch norm running statistics".into(),
+            normwise(
+                &[&g.running_mean[..], &g.running_var[..]].concat(),
+                &[&bn.running_mean[..], &bn.running_var[..]].concat(),
+            ),
+            1e-5,
+        );
+        push(
+            &mut out,
+            "batch norm + ReLU backward".into(),
+            normwise(&ctx.download(&dxg)?.data, &dx.data),
+            1e-4,
+        );
+        let grads: Vec<f32> = ctx.get(flat.grads.ptr, 2 * c)?;
+        push(
+            &mut out,
+            "batch norm gamma/beta gradients".into(),
+            normwise(&grads, &[&bn.gamma.grad[..], &bn.beta.grad[..]].concat()),
+            1e-4,
+        );
+    }
+    // A whole step of a small ResNet (every block kind, v1.5) on both devices.
+    let cfg = crate::resnet::Config {
+        version: crate::resnet::Version::V1_5,
+        blocks: [1, 1, 1, 1],
+        width: 0.125,
+        classes: 7,
+        zero_init_residual: false,
+    };
+    let mut cpu = ResNet::<f32>::new(cfg.clone(), 11);
+    let mut mirror = ResNet::<f32>::new(cfg, 11);
+    let x = Tensor::from_vec(4, 40, 40, 3, random(4 * 40 * 40 * 3, &mut rng));
+    let labels = [0usize, 3, 6, 2];
+    let sgd = crate::train::Sgd::default();
+    let lr = 0.05;
+    let z = cpu.forward(&x, true);
+    let (loss, g, _, _) = crate::layers::softmax_cross_entropy(&z, &labels, 0.1);
+    cpu.backward(&g);
+    sgd.step(cpu.params(), lr);
+    let mut net = GpuResNet::new(ctx, &mut mirror, None, None)?;
+    let r = net.step(&x, &labels, lr, 0.1, &sgd)?;
+    let step_tol = tol.max(1e-3);
+    push(
+        &mut out,
+        "network loss".into(),
+        ((r.loss - loss) / loss.abs().max(1e-30)).abs(),
+        step_tol,
+    );
+    push(
+        &mut out,
+        "network step applied".into(),
+        if r.applied { 0.0 } else { 1.0 },
+        0.0,
+    );
+    net.store(&mut mirror)?;
+    let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
+    let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
+    let got: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
+    let (mut worst, mut at) = (0.0f64, String::new());
+    for ((name, w), g) in names.iter().zip(&want).zip(&got) {
+        let e = normwise(g, w);
+        if e > worst || !e.is_finite() {
+            worst = e;
+            at = name.clone();
+        }
+    }
+    push(
+        &mut out,
+        format!("network parameters after one step (worst: {at})"),
+        worst,
+        step_tol,
+    );
+    let stats = |m: &mut ResNet<f32>| -> Vec<f32> {
+        m.running_stats()
+            .into_iter()
+            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
+            .collect()
+    };
+    push(
+        &mut out,
+        "network running statistics".into(),
+        normwise(&stats(&mut mirror), &stats(&mut cpu)),
+        step_tol,
+    );
+    let zc = cpu.forward(&x, false);
+    let zg = net.logits(&x)?;
+    push(
+        &mut out,
+        "network inference logits".into(),
+        normwise(&zg.data, &zc.data),
+        step_tol * 10.0,
+    );
+    Ok(out)
+}
+
+/// The CUDA path as the trainer's [`crate::train::Accelerator`]: the model moves to the GPU at
+/// the start of the run (after a resume) and back for checkpoints and the summary.
+pub struct CudaTrainer {
+    ctx: Option<Ctx>,
+    nccl: Option<Communicator>,
+    reducer: Option<Arc<dyn Reducer>>,
+    pub net: Option<GpuResNet>,
+}
+
+impl CudaTrainer {
+    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks and `reducer` (the same
+    /// ranks, over MPI) the batch-norm statistics.
+    pub fn new(
+        ctx: Ctx,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+    ) -> CudaTrainer {
+        CudaTrainer {
+            ctx: Some(ctx),
+            nccl,
+            reducer,
+            net: None,
+        }
+    }
+
+    fn net(&mut self) -> Result<&mut GpuResNet, String> {
+        self.net
+            .as_mut()
+            .ok_or_else(|| "the GPU model was not loaded".to_string())
+    }
+}
+
+/// An NCCL communicator over the ranks of `reducer` on GPU `ordinal`: rank 0 makes the unique
+/// id and every rank receives it through the reducer.
+pub fn communicator(reducer: &dyn Reducer, ordinal: usize) -> Result<Communicator, CudaError> {
+    let mut id = [0u8; 128];
+    if reducer.rank() == 0 {
+        id = roofline_kernels::comm::nccl::unique_id()?;
+    }
+    reducer.broadcast(&mut id);
+    Communicator::new(&id, reducer.ranks(), reducer.rank(), ordinal)
+}
+
+impl crate::train::Accelerator<f32> for CudaTrainer {
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        let ctx = match (self.ctx.take(), self.net.take()) {
+            (Some(c), _) => c,
+            (None, Some(n)) => {
+                self.nccl = n.nccl;
+                n.ctx
+            }
+            (None, None) => return Err("the GPU context is gone".into()),
+        };
+        let net = GpuResNet::new(ctx, model, self.nccl.take(), self.reducer.clone())
+            .map_err(|e| e.to_string())?;
+        self.net = Some(net);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        labels: &[usize],
+        lr: f64,
+        smoothing: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(f64, f64), String> {
+        let r = self
+            .net()?
+            .step(x, labels, lr, smoothing, sgd)
+            .map_err(|e| e.to_string())?;
+        Ok((r.loss, r.comm_bytes))
+    }
+
+    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
+        self.net()?.logits(x).map_err(|e| e.to_string())
+    }
+
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        self.net()?.store(model).map_err(|e| e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! What runs without a GPU: the layout transposes, the loss scaler, the comparisons, and
+    //! that the CUDA path fails with a clear error when there is no driver.
+    use super::*;
+
+    #[test]
+    fn filter_layouts_round_trip_and_put_k_outermost() {
+        let (depth, k) = (3 * 3 * 2, 4);
+        let w: Vec<f32> = (0..depth * k).map(|i| i as f32).collect();
+        let t = rsck_to_krsc(&w, depth, k);
+        // KRSC: filter j's depth run is contiguous; element (d, j) of RSCK is d·k + j.
+        assert_eq!(t[2 * depth + 5], w[5 * k + 2]);
+        assert_eq!(krsc_to_rsck(&t, depth, k), w);
+    }
+
+    #[test]
+    fn f16_loss_scale_halves_on_overflow_and_grows_after_a_run_of_good_steps() {
+        let mut s = LossScale::for_precision(Prec::F16);
+        assert_eq!(s.scale, 1024.0);
+        assert!(!s.update(true), "an overflow skips the step");
+        assert_eq!(s.scale, 512.0);
+        for _ in 0..999 {
+            assert!(s.update(false));
+        }
+        assert_eq!(s.scale, 512.0);
+        assert!(s.update(false));
+        assert_eq!(s.scale, 1024.0);
+        let mut b = LossScale::for_precision(Prec::Bf16);
+        assert_eq!(b.scale, 1.0);
+        assert!(b.update(false));
+        assert_eq!(b.scale, 1.0);
+    }
+
+    #[test]
+    fn normwise_error_and_precision_names() {
+        assert_eq!(normwise(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((normwise(&[1.0, 0.0], &[0.0, 1.0]) - 2f64.sqrt()).abs() < 1e-12);
+        assert!(normwise(&[f32::NAN], &[1.0]).is_infinite());
+        assert!(normwise(&[1.0], &[1.0, 2.0]).is_infinite());
+        assert_eq!(precision("bf16"), Ok(Prec::Bf16));
+        assert!(precision("fp8")
+            .unwrap_err()
+            .contains("expected f32, tf32, f16 or bf16"));
+        assert!(tolerance(Prec::F32) < tolerance(Prec::Tf32));
+    }
+
+    #[test]
+    fn without_a_driver_the_gpu_cannot_open_and_says_why() {
+        if roofline_kernels::cuda::libs::present(Lib::Driver) {
+            return; // a machine with a driver: nothing to show here
+        }
+        let e = device::init().unwrap_err().to_string();
+        assert!(e.contains("no NVIDIA driver"), "{e}");
+    }
+}
