@@ -10,7 +10,10 @@
 //! small shapes, and `roofline train --device cuda --check` runs it.
 
 use crate::conv::ConvShape;
-use crate::layers::{BatchNorm, Conv2d, Reducer};
+use crate::layers::{
+    backward_coefficients, batch_statistics, global_sums, running_statistics, BatchNorm, Conv2d,
+    Reducer,
+};
 use crate::resnet::{Bottleneck, ResNet};
 use crate::tensor::Tensor;
 use cudarc::cublas::{result as cublas, sys as bsys};
@@ -111,12 +114,11 @@ impl Drop for Ctx {
 }
 
 impl Ctx {
-    /// Opens GPU `ordinal` (or takes an NCCL communicator's GPU) for training in `prec`.
+    /// Trains on `gpu` with convolutions in `prec` (cuDNN's absence is reported by
+    /// `Handle::new`).
     pub fn new(gpu: Gpu, prec: Prec) -> Result<Ctx, CudaError> {
-        for l in [Lib::Cudnn, Lib::Cublas] {
-            if !libs::present(l) {
-                return Err(CudaError::Missing(libs::not_found(l)));
-            }
+        if !libs::present(Lib::Cublas) {
+            return Err(CudaError::Missing(libs::not_found(Lib::Cublas)));
         }
         gpu.bind()?;
         // Keep freed memory in the stream-ordered pool instead of returning it at every sync.
@@ -358,7 +360,29 @@ struct Slot {
     off: usize,
     len: usize,
     decay: bool,
+    /// A convolution filter: (depth = r·s·c, k), stored KRSC on the GPU, RSCK on the CPU.
+    conv: Option<(usize, usize)>,
 }
+
+impl Slot {
+    /// The GPU layout of a CPU parameter value (or momentum).
+    fn device_layout(self, v: &[f32]) -> Vec<f32> {
+        match self.conv {
+            Some((depth, k)) => rsck_to_krsc(v, depth, k),
+            None => v.to_vec(),
+        }
+    }
+
+    fn host_layout(self, v: &[f32]) -> Vec<f32> {
+        match self.conv {
+            Some((depth, k)) => krsc_to_rsck(v, depth, k),
+            None => v.to_vec(),
+        }
+    }
+}
+
+/// A parameter as `Flat::new` lays it out: (length, weight decay, convolution (depth, k)).
+type ParamShape = (usize, bool, Option<(usize, usize)>);
 
 /// All parameters in three flat device buffers, so that one allreduce covers every gradient.
 struct Flat {
@@ -370,6 +394,39 @@ struct Flat {
 }
 
 impl Flat {
+    /// Slots laid out one after the other for parameters of these lengths (CPU layout in
+    /// `values` and `moms`, one per slot), uploaded in the GPU layout; gradients zeroed.
+    fn new(
+        ctx: &Ctx,
+        params: &[ParamShape],
+        values: &[&[f32]],
+        moms: &[&[f32]],
+    ) -> Result<Flat, CudaError> {
+        let mut slots = Vec::with_capacity(params.len());
+        let (mut hv, mut hm) = (Vec::new(), Vec::new());
+        for ((&(len, decay, conv), v), m) in params.iter().zip(values).zip(moms) {
+            let s = Slot {
+                off: hv.len(),
+                len,
+                decay,
+                conv,
+            };
+            hv.extend(s.device_layout(v));
+            hm.extend(s.device_layout(m));
+            slots.push(s);
+        }
+        let total = hv.len();
+        let grads = ctx.alloc(4 * total)?;
+        ctx.zero(grads.ptr, 4 * total)?;
+        Ok(Flat {
+            values: ctx.upload_buf(&hv)?,
+            grads,
+            moms: ctx.upload_buf(&hm)?,
+            slots,
+            total,
+        })
+    }
+
     fn value(&self, s: Slot) -> u64 {
         self.values.ptr + 4 * s.off as u64
     }
@@ -583,14 +640,9 @@ impl GBn {
                 ],
             )?
         };
-        let v: Vec<f64> = ctx.get(s.ptr, 2 * c)?;
-        let (mut a1, mut a2) = (v[..c].to_vec(), v[c..].to_vec());
-        if let Some(r) = &self.reducer {
-            a1.append(&mut a2);
-            r.sum_f64(&mut a1);
-            a2 = a1.split_off(c);
-        }
-        Ok((a1, a2))
+        let mut v: Vec<f64> = ctx.get(s.ptr, 2 * c)?;
+        let s2 = v.split_off(c);
+        Ok(global_sums(self.reducer.as_ref(), (v, s2)))
     }
 
     fn forward(
@@ -605,29 +657,17 @@ impl GBn {
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
         let (mean, inv): (Vec<f32>, Vec<f32>) = if train {
-            let (s1, s2) = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
-            let mut mean = Vec::with_capacity(c);
-            let mut inv = Vec::with_capacity(c);
-            for j in 0..c {
-                let mu = s1[j] / m;
-                let var = (s2[j] / m - mu * mu).max(0.0);
-                let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
-                self.running_mean[j] = ((1.0 - self.momentum) * self.running_mean[j] as f64
-                    + self.momentum * mu) as f32;
-                self.running_var[j] = ((1.0 - self.momentum) * self.running_var[j] as f64
-                    + self.momentum * unbiased) as f32;
-                mean.push(mu as f32);
-                inv.push((1.0 / (var + self.eps).sqrt()) as f32);
-            }
-            (mean, inv)
-        } else {
-            (
-                self.running_mean.clone(),
-                self.running_var
-                    .iter()
-                    .map(|v| (1.0 / (*v as f64 + self.eps).sqrt()) as f32)
-                    .collect(),
+            let sums = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            batch_statistics(
+                sums,
+                m,
+                self.eps,
+                self.momentum,
+                &mut self.running_mean,
+                &mut self.running_var,
             )
+        } else {
+            running_statistics(&self.running_mean, &self.running_var, self.eps)
         };
         let stats = ctx.upload_buf(&[&mean[..], &inv[..]].concat())?;
         let y = ctx.tensor(x.n, x.h, x.w, c)?;
@@ -687,22 +727,11 @@ impl GBn {
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (dy.rows() * ranks) as f64;
         let mask = relu_out.map_or(0, |t| t.ptr());
-        let (sd, sdx) = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
-        let share = 1.0 / ranks as f64;
-        let mut dgamma = vec![0.0f64; c];
-        let (mut gg, mut gb) = (vec![0.0f32; c], vec![0.0f32; c]);
-        for j in 0..c {
-            dgamma[j] = (sdx[j] - self.mean[j] as f64 * sd[j]) * self.inv[j] as f64;
-            gg[j] = (dgamma[j] * share) as f32;
-            gb[j] = (sd[j] * share) as f32;
-        }
-        ctx.put(flat.grad(self.gamma), &gg)?;
-        ctx.put(flat.grad(self.beta), &gb)?;
-        let means: Vec<f32> = sd
-            .iter()
-            .map(|v| (v / m) as f32)
-            .chain(dgamma.iter().map(|v| (v / m) as f32))
-            .collect();
+        let sums = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
+        let k = backward_coefficients(sums, &self.mean, &self.inv, m, ranks);
+        ctx.put(flat.grad(self.gamma), &k.dgamma)?;
+        ctx.put(flat.grad(self.beta), &k.dbeta)?;
+        let means = [k.mean_g, k.mean_gx].concat();
         let mb = ctx.upload_buf(&means)?;
         let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
         let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
@@ -885,47 +914,21 @@ impl GpuResNet {
         nccl: Option<Communicator>,
         reducer: Option<Arc<dyn Reducer>>,
     ) -> Result<GpuResNet, CudaError> {
-        let mut slots = Vec::new();
-        let (mut host, mut host_m): (Vec<f32>, Vec<f32>) = (Vec::new(), Vec::new());
-        // The order of `model.params()`, conv filters (and their momenta) transposed to KRSC.
+        // The order of `model.params()`; convolution filters (and momenta) go KRSC.
         let convs = conv_shapes(model);
-        let mut ci = 0;
-        for p in model.params() {
-            let (v, m) = match convs.get(ci) {
-                Some((name, depth, k)) if *name == p.name => {
-                    ci += 1;
-                    (
-                        rsck_to_krsc(&p.value, *depth, *k),
-                        rsck_to_krsc(&p.momentum, *depth, *k),
-                    )
-                }
-                _ => (p.value.clone(), p.momentum.clone()),
-            };
-            slots.push(Slot {
-                off: host.len(),
-                len: v.len(),
-                decay: p.decay,
-            });
-            host.extend_from_slice(&v);
-            host_m.extend_from_slice(&m);
-        }
-        if ci != convs.len() {
+        let params = model.params();
+        let layout: Vec<_> = params
+            .iter()
+            .map(|p| (p.value.len(), p.decay, convs.get(&p.name).copied()))
+            .collect();
+        if layout.iter().filter(|l| l.2.is_some()).count() != convs.len() {
             return Err(CudaError::Check(
-                "convolution filters out of parameter order".into(),
+                "a convolution filter is missing from the parameters".into(),
             ));
         }
-        let total = host.len();
-        let values = ctx.upload_buf(&host)?;
-        let moms = ctx.upload_buf(&host_m)?;
-        let grads = ctx.alloc(4 * total)?;
-        ctx.zero(grads.ptr, 4 * total)?;
-        let flat = Flat {
-            values,
-            grads,
-            moms,
-            slots,
-            total,
-        };
+        let values: Vec<&[f32]> = params.iter().map(|p| &p.value[..]).collect();
+        let moms: Vec<&[f32]> = params.iter().map(|p| &p.momentum[..]).collect();
+        let flat = Flat::new(&ctx, &layout, &values, &moms)?;
         let mut it = flat.slots.clone().into_iter();
         let mut next = || {
             it.next()
@@ -1055,10 +1058,12 @@ impl GpuResNet {
     }
 }
 
-/// (parameter name, depth = r·s·c, k) of every convolution, in `ResNet::params()` order.
-fn conv_shapes(model: &mut ResNet<f32>) -> Vec<(String, usize, usize)> {
-    let mut v = Vec::new();
-    let mut add = |c: &Conv2d<f32>| v.push((c.weight.name.clone(), c.shape.depth(), c.shape.k));
+/// (depth = r·s·c, k) of every convolution filter, by parameter name.
+fn conv_shapes(model: &ResNet<f32>) -> HashMap<String, (usize, usize)> {
+    let mut v = HashMap::new();
+    let mut add = |c: &Conv2d<f32>| {
+        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
+    };
     add(&model.stem);
     for b in &model.blocks {
         add(&b.conv1);
@@ -1314,7 +1319,7 @@ impl GpuResNet {
         if applied {
             let inv = (1.0 / (scale * ranks as f64)) as f32;
             let (lr32, mu) = (lr as f32, sgd.momentum as f32);
-            for s in self.flat.slots.clone() {
+            for &s in &self.flat.slots {
                 let wd = if s.decay || sgd.decay_all {
                     sgd.weight_decay as f32
                 } else {
@@ -1370,21 +1375,9 @@ impl GpuResNet {
     pub fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         let values: Vec<f32> = self.ctx.get(self.flat.values.ptr, self.flat.total)?;
         let moms: Vec<f32> = self.ctx.get(self.flat.moms.ptr, self.flat.total)?;
-        let convs = conv_shapes(model);
-        let mut ci = 0;
         for (p, s) in model.params().into_iter().zip(&self.flat.slots) {
-            let (v, m) = (&values[s.off..s.off + s.len], &moms[s.off..s.off + s.len]);
-            match convs.get(ci) {
-                Some((name, depth, k)) if *name == p.name => {
-                    ci += 1;
-                    p.value = krsc_to_rsck(v, *depth, *k);
-                    p.momentum = krsc_to_rsck(m, *depth, *k);
-                }
-                _ => {
-                    p.value = v.to_vec();
-                    p.momentum = m.to_vec();
-                }
-            }
+            p.value = s.host_layout(&values[s.off..s.off + s.len]);
+            p.momentum = s.host_layout(&moms[s.off..s.off + s.len]);
         }
         let mut bns: Vec<&GBn> = vec![&self.stem_bn];
         for b in &self.blocks {
@@ -1446,30 +1439,13 @@ fn random(n: usize, rng: &mut crate::data::Rng) -> Vec<f32> {
     (0..n).map(|_| rng.normal() as f32).collect()
 }
 
-/// A flat parameter store holding `values` (for single-layer tests).
-fn flat_of(ctx: &Ctx, values: &[Vec<f32>]) -> Result<Flat, CudaError> {
-    let mut host = Vec::new();
-    let mut slots = Vec::new();
-    for v in values {
-        slots.push(Slot {
-            off: host.len(),
-            len: v.len(),
-            decay: false,
-        });
-        host.extend_from_slice(v);
-    }
-    let total = host.len();
-    let grads = ctx.alloc(4 * total)?;
-    ctx.zero(grads.ptr, 4 * total)?;
-    let moms = ctx.alloc(4 * total)?;
-    ctx.zero(moms.ptr, 4 * total)?;
-    Ok(Flat {
-        values: ctx.upload_buf(&host)?,
-        grads,
-        moms,
-        slots,
-        total,
-    })
+/// A flat parameter store holding `values` (CPU layout; convolution filters of (depth, k)
+/// when `conv`) with zero momenta, for single-layer tests.
+fn flat_of(ctx: &Ctx, values: &[&[f32]], conv: Option<(usize, usize)>) -> Result<Flat, CudaError> {
+    let layout: Vec<ParamShape> = values.iter().map(|v| (v.len(), false, conv)).collect();
+    let zeros: Vec<Vec<f32>> = values.iter().map(|v| vec![0.0; v.len()]).collect();
+    let moms: Vec<&[f32]> = zeros.iter().map(|z| &z[..]).collect();
+    Flat::new(ctx, &layout, values, &moms)
 }
 
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
@@ -1514,7 +1490,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         crate::conv::backward_data(&dy, &w, &mut dx, &sh);
         let mut dw = vec![0.0f32; sh.weight_len()];
         crate::conv::backward_filter(&x, &dy, &mut dw, &sh);
-        let flat = flat_of(&ctx, &[rsck_to_krsc(&w, sh.depth(), k)])?;
+        let flat = flat_of(&ctx, &[&w], Some((sh.depth(), k)))?;
         let mut conv = GConv {
             shape: sh,
             w: flat.slots[0],
@@ -1527,11 +1503,8 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         let dxg = conv
             .backward(&mut ctx, &flat, &dyg, true)?
             .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
-        let dwg = krsc_to_rsck(
-            &ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?,
-            sh.depth(),
-            k,
-        );
+        let dwg =
+            flat.slots[0].host_layout(&ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?);
         push(
             &mut out,
             format!("{name} forward"),
@@ -1558,7 +1531,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         bn.beta.value = random(c, &mut rng);
         let x = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
         let dy = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
-        let flat = flat_of(&ctx, &[bn.gamma.value.clone(), bn.beta.value.clone()])?;
+        let flat = flat_of(&ctx, &[&bn.gamma.value, &bn.beta.value], None)?;
         let mut g = GBn::new(&bn, flat.slots[0], flat.slots[1], None);
         let xg = ctx.upload(&x)?;
         let y = bn.forward_act(x, true, true);

@@ -56,28 +56,51 @@ impl<T: Float> Param<T> {
 /// Rows per parallel chunk of the element-wise layers.
 const CHUNK_ROWS: usize = 256;
 
-/// Per-channel sums over the rows of an NHWC tensor: (Σ a, Σ a·b) for each channel (Σ a² when
-/// `b` is `None`). Each chunk of rows sums in the element type (vectorised); the chunks' partial
-/// sums are added in f64 in chunk order (deterministic).
-fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<f64>) {
+/// Per-channel sums over the rows of an NHWC tensor: (Σ g, Σ g·b) for each channel, where g is
+/// `a` with the entries whose `mask` is not positive set to zero (no mask: g = a; no `b`: b = a,
+/// so Σ a²). Each chunk of rows sums in the element type (vectorised); the chunks' partial sums
+/// are added in f64 in chunk order (deterministic).
+fn channel_sums<T: Float>(
+    a: &[T],
+    b: Option<&[T]>,
+    mask: Option<&[T]>,
+    c: usize,
+) -> (Vec<f64>, Vec<f64>) {
     let chunk = CHUNK_ROWS * c;
+    let zero = T::zero();
     let b = b.unwrap_or(a);
+    let masked = mask.is_some();
+    let mask = mask.unwrap_or(a);
     let partials: Vec<(Vec<T>, Vec<T>)> = a
         .par_chunks(chunk)
         .zip(b.par_chunks(chunk))
-        .map(|(ac, bc)| {
+        .zip(mask.par_chunks(chunk))
+        .map(|((ac, bc), mc)| {
             simd(
                 #[inline(always)]
                 || {
-                    let mut p1 = vec![T::zero(); c];
-                    let mut p2 = vec![T::zero(); c];
+                    let mut p1 = vec![zero; c];
+                    let mut p2 = vec![zero; c];
                     let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
-                    for (ar, br) in ac.chunks_exact(c).zip(bc.chunks_exact(c)) {
-                        let (ar, br) = (&ar[..c], &br[..c]);
-                        // Indexed over equal-length slices: no bounds checks, vectorised over channels.
-                        for j in 0..c {
-                            q1[j] += ar[j];
-                            q2[j] += ar[j] * br[j];
+                    for ((ar, br), mr) in ac
+                        .chunks_exact(c)
+                        .zip(bc.chunks_exact(c))
+                        .zip(mc.chunks_exact(c))
+                    {
+                        // Indexed over equal-length slices: no bounds checks, vectorised over
+                        // channels.
+                        let (ar, br, mr) = (&ar[..c], &br[..c], &mr[..c]);
+                        if masked {
+                            for j in 0..c {
+                                let g = if mr[j] > zero { ar[j] } else { zero };
+                                q1[j] += g;
+                                q2[j] += g * br[j];
+                            }
+                        } else {
+                            for j in 0..c {
+                                q1[j] += ar[j];
+                                q2[j] += ar[j] * br[j];
+                            }
                         }
                     }
                     (p1, p2)
@@ -93,6 +116,93 @@ fn channel_sums<T: Float>(a: &[T], b: Option<&[T]>, c: usize) -> (Vec<f64>, Vec<
         }
     }
     (s1, s2)
+}
+
+/// Per-channel sums over every rank's rows (unchanged in a single process): batch norm's
+/// statistics on the CPU and on the GPU.
+pub(crate) fn global_sums(
+    reducer: Option<&Arc<dyn Reducer>>,
+    (mut a, mut b): (Vec<f64>, Vec<f64>),
+) -> (Vec<f64>, Vec<f64>) {
+    if let Some(r) = reducer {
+        let c = a.len();
+        a.append(&mut b);
+        r.sum_f64(&mut a);
+        b = a.split_off(c);
+    }
+    (a, b)
+}
+
+/// Batch norm's statistics from the global (Σ x, Σ x²) over `m` rows: (mean, 1/σ) per
+/// channel, in f64 rounded once to `T`; the running statistics move by `momentum` (unbiased
+/// variance). Shared by the CPU and GPU layers.
+pub(crate) fn batch_statistics<T: Float>(
+    (s1, s2): (Vec<f64>, Vec<f64>),
+    m: f64,
+    eps: f64,
+    momentum: f64,
+    running_mean: &mut [T],
+    running_var: &mut [T],
+) -> (Vec<T>, Vec<T>) {
+    let c = s1.len();
+    let mut mean = Vec::with_capacity(c);
+    let mut inv = Vec::with_capacity(c);
+    for j in 0..c {
+        let mu = s1[j] / m;
+        let var = (s2[j] / m - mu * mu).max(0.0);
+        let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
+        running_mean[j] = T::from_f64((1.0 - momentum) * running_mean[j].to_f64() + momentum * mu);
+        running_var[j] =
+            T::from_f64((1.0 - momentum) * running_var[j].to_f64() + momentum * unbiased);
+        mean.push(T::from_f64(mu));
+        inv.push(T::from_f64(1.0 / (var + eps).sqrt()));
+    }
+    (mean, inv)
+}
+
+/// Inference statistics: (running mean, 1/σ of the running variance).
+pub(crate) fn running_statistics<T: Float>(
+    running_mean: &[T],
+    running_var: &[T],
+    eps: f64,
+) -> (Vec<T>, Vec<T>) {
+    (
+        running_mean.to_vec(),
+        running_var
+            .iter()
+            .map(|v| T::from_f64(1.0 / (v.to_f64() + eps).sqrt()))
+            .collect(),
+    )
+}
+
+/// What batch norm's backward pass needs per channel, from the global (Σ g, Σ g·x) over `m`
+/// rows (g: the masked output gradient): γ and β gradients as this rank's share of the global
+/// sums (the gradient allreduce, a sum, restores them once), and the means of g and of g·x̂.
+pub(crate) struct BackwardCoefficients<T> {
+    pub dgamma: Vec<T>,
+    pub dbeta: Vec<T>,
+    pub mean_g: Vec<T>,
+    pub mean_gx: Vec<T>,
+}
+
+pub(crate) fn backward_coefficients<T: Float>(
+    (sd, sdx): (Vec<f64>, Vec<f64>),
+    mean: &[T],
+    inv: &[T],
+    m: f64,
+    ranks: usize,
+) -> BackwardCoefficients<T> {
+    let share = 1.0 / ranks as f64;
+    // Σ g·x̂ = (Σ g·x − μ Σ g)/σ.
+    let dgamma: Vec<f64> = (0..sd.len())
+        .map(|j| (sdx[j] - mean[j].to_f64() * sd[j]) * inv[j].to_f64())
+        .collect();
+    BackwardCoefficients {
+        dgamma: dgamma.iter().map(|v| T::from_f64(v * share)).collect(),
+        dbeta: sd.iter().map(|v| T::from_f64(v * share)).collect(),
+        mean_g: sd.iter().map(|v| T::from_f64(v / m)).collect(),
+        mean_gx: dgamma.iter().map(|v| T::from_f64(v / m)).collect(),
+    }
 }
 
 /// A 2-D convolution without bias (ResNet's convolutions are followed by batch norm).
@@ -213,31 +323,16 @@ impl<T: Float> BatchNorm<T> {
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
         let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
-            let (s1, s2) = self.global(channel_sums(&x.data, None, c));
-            let mut mean = Vec::with_capacity(c);
-            let mut inv = Vec::with_capacity(c);
-            for j in 0..c {
-                let mu = s1[j] / m;
-                let var = (s2[j] / m - mu * mu).max(0.0);
-                let unbiased = if m > 1.0 { var * m / (m - 1.0) } else { var };
-                self.running_mean[j] = T::from_f64(
-                    (1.0 - self.momentum) * self.running_mean[j].to_f64() + self.momentum * mu,
-                );
-                self.running_var[j] = T::from_f64(
-                    (1.0 - self.momentum) * self.running_var[j].to_f64() + self.momentum * unbiased,
-                );
-                mean.push(T::from_f64(mu));
-                inv.push(T::from_f64(1.0 / (var + self.eps).sqrt()));
-            }
-            (mean, inv)
-        } else {
-            (
-                self.running_mean.clone(),
-                self.running_var
-                    .iter()
-                    .map(|v| T::from_f64(1.0 / (v.to_f64() + self.eps).sqrt()))
-                    .collect(),
+            batch_statistics(
+                global_sums(self.reducer.as_ref(), channel_sums(&x.data, None, None, c)),
+                m,
+                self.eps,
+                self.momentum,
+                &mut self.running_mean,
+                &mut self.running_var,
             )
+        } else {
+            running_statistics(&self.running_mean, &self.running_var, self.eps)
         };
         let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
         let zero = T::zero();
@@ -282,17 +377,6 @@ impl<T: Float> BatchNorm<T> {
         self.backward_act(dy, None)
     }
 
-    /// Per-channel sums over every rank's rows (unchanged in a single process).
-    fn global(&self, (mut a, mut b): (Vec<f64>, Vec<f64>)) -> (Vec<f64>, Vec<f64>) {
-        if let Some(r) = &self.reducer {
-            let c = a.len();
-            a.append(&mut b);
-            r.sum_f64(&mut a);
-            b = a.split_off(c);
-        }
-        (a, b)
-    }
-
     /// `backward` of `forward_act(.., relu = true)`: `relu_out` is that pass's output, whose
     /// sign masks `dy` (the ReLU's backward pass, fused into this one's reads).
     pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
@@ -304,66 +388,22 @@ impl<T: Float> BatchNorm<T> {
         let zero = T::zero();
         let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
         let masked = relu_out.is_some();
-        // Σ dy and Σ dy·x per channel (dy masked by the ReLU), chunk partials added in order.
-        let partials: Vec<(Vec<T>, Vec<T>)> = dy
-            .data
-            .par_chunks(chunk)
-            .zip(x.data.par_chunks(chunk))
-            .zip(mask.par_chunks(chunk))
-            .map(|((dc, xc), mc)| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        let mut p1 = vec![zero; c];
-                        let mut p2 = vec![zero; c];
-                        let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
-                        for ((dr, xr), mr) in dc
-                            .chunks_exact(c)
-                            .zip(xc.chunks_exact(c))
-                            .zip(mc.chunks_exact(c))
-                        {
-                            let (dr, xr, mr) = (&dr[..c], &xr[..c], &mr[..c]);
-                            if masked {
-                                for j in 0..c {
-                                    let g = if mr[j] > zero { dr[j] } else { zero };
-                                    q1[j] += g;
-                                    q2[j] += g * xr[j];
-                                }
-                            } else {
-                                for j in 0..c {
-                                    q1[j] += dr[j];
-                                    q2[j] += dr[j] * xr[j];
-                                }
-                            }
-                        }
-                        (p1, p2)
-                    },
-                )
-            })
-            .collect();
-        let (mut sd, mut sdx) = (vec![0.0f64; c], vec![0.0f64; c]);
-        for (p1, p2) in &partials {
-            for j in 0..c {
-                sd[j] += p1[j].to_f64();
-                sdx[j] += p2[j].to_f64();
-            }
-        }
-        let (sd, sdx) = self.global((sd, sdx));
-        // Σ dy·x̂ = (Σ dy·x − μ Σ dy)/σ. With N ranks these sums are already global: each rank
-        // keeps 1/N of them, so that the gradient allreduce (a sum) restores them once.
-        let mut dgamma = vec![0.0f64; c];
-        let share = 1.0 / ranks as f64;
-        for j in 0..c {
-            dgamma[j] = (sdx[j] - self.mean[j].to_f64() * sd[j]) * self.inv_std[j].to_f64();
-            self.gamma.grad[j] = T::from_f64(dgamma[j] * share);
-            self.beta.grad[j] = T::from_f64(sd[j] * share);
-        }
+        // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
+        let sums = channel_sums(&dy.data, Some(&x.data), relu_out.map(|y| &y.data[..]), c);
+        let k = backward_coefficients(
+            global_sums(self.reducer.as_ref(), sums),
+            &self.mean,
+            &self.inv_std,
+            m,
+            ranks,
+        );
+        self.gamma.grad = k.dgamma;
+        self.beta.grad = k.dbeta;
         // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)), x̂ = (x − μ)/σ recomputed.
         let scale: Vec<T> = (0..c)
             .map(|j| self.gamma.value[j] * self.inv_std[j])
             .collect();
-        let mdb: Vec<T> = sd.iter().map(|v| T::from_f64(v / m)).collect();
-        let mdg: Vec<T> = dgamma.iter().map(|v| T::from_f64(v / m)).collect();
+        let (mdb, mdg) = (k.mean_g, k.mean_gx);
         let (mean, inv) = (&self.mean, &self.inv_std);
         let mut dx = Tensor::for_overwrite(dy.n, dy.h, dy.w, c);
         dx.data

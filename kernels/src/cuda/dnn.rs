@@ -265,63 +265,46 @@ struct Tensors {
 }
 
 fn run_once(h: &Handle, d: &Descs, t: &Tensors, algo: Algo, ws: &DevBuf) -> Result<(), CudaError> {
+    // The output buffer `y` holds the largest of y, dx and dw.
+    let operands = match algo {
+        Algo::Fwd(_) => [t.x.ptr, t.w.ptr, t.y.ptr],
+        Algo::BwdData(_) => [t.w.ptr, t.dy.ptr, t.y.ptr],
+        Algo::BwdFilter(_) => [t.x.ptr, t.dy.ptr, t.y.ptr],
+    };
+    execute(h, d, algo, operands, (ws.ptr, ws.bytes))
+}
+
+/// Runs one convolution direction: `[x, w, y]` (forward), `[w, dy, dx]` (backward-data) or
+/// `[x, dy, dw]` (backward-filter), device addresses, the output overwritten.
+fn execute(
+    h: &Handle,
+    d: &Descs,
+    algo: Algo,
+    [a0, a1, out]: [u64; 3],
+    (ws_ptr, ws_bytes): (u64, usize),
+) -> Result<(), CudaError> {
     let (one, zero) = (1.0f32, 0.0f32);
-    let (a, b) = (
+    let (al, be) = (
         &one as *const f32 as *const c_void,
         &zero as *const f32 as *const c_void,
     );
-    let wsp = ws.ptr as *mut c_void;
-    // SAFETY: live handle/descriptors; the algorithm came from cuDNN's heuristic for this
-    // direction and descriptors; buffers are sized for the layer (the output buffer `y` holds
-    // the largest of y, dx and dw); the workspace is at least the algorithm's.
+    let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
+    let wsp = ws_ptr as *mut c_void;
+    // SAFETY: live handle and descriptors; the algorithm came from cuDNN's heuristic for this
+    // direction and these descriptors; the caller's buffers hold the tensors the descriptors
+    // describe, and the workspace is at least the algorithm's.
     unsafe {
         match algo {
-            Algo::Fwd(al) => dnn::convolution_forward(
-                h.0,
-                a,
-                d.x,
-                t.x.ptr as *const c_void,
-                d.w,
-                t.w.ptr as *const c_void,
-                d.conv,
-                al,
-                wsp,
-                ws.bytes,
-                b,
-                d.y,
-                t.y.ptr as *mut c_void,
+            Algo::Fwd(a) => dnn::convolution_forward(
+                h.0, al, d.x, p0, d.w, p1, d.conv, a, wsp, ws_bytes, be, d.y, po,
             )
             .map_err(e("cudnnConvolutionForward")),
-            Algo::BwdData(al) => dnn::convolution_backward_data(
-                h.0,
-                a,
-                d.w,
-                t.w.ptr as *const c_void,
-                d.y,
-                t.dy.ptr as *const c_void,
-                d.conv,
-                al,
-                wsp,
-                ws.bytes,
-                b,
-                d.x,
-                t.y.ptr as *mut c_void,
+            Algo::BwdData(a) => dnn::convolution_backward_data(
+                h.0, al, d.w, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.x, po,
             )
             .map_err(e("cudnnConvolutionBackwardData")),
-            Algo::BwdFilter(al) => dnn::convolution_backward_filter(
-                h.0,
-                a,
-                d.x,
-                t.x.ptr as *const c_void,
-                d.y,
-                t.dy.ptr as *const c_void,
-                d.conv,
-                al,
-                wsp,
-                ws.bytes,
-                b,
-                d.w,
-                t.y.ptr as *mut c_void,
+            Algo::BwdFilter(a) => dnn::convolution_backward_filter(
+                h.0, al, d.x, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.w, po,
             )
             .map_err(e("cudnnConvolutionBackwardFilter")),
         }
@@ -567,43 +550,17 @@ impl ConvPlan {
         &self,
         h: &Handle,
         i: usize,
-        [a0, a1, out]: [u64; 3],
+        operands: [u64; 3],
         ws: (u64, usize),
     ) -> Result<(), CudaError> {
-        let (ws_ptr, ws_bytes) = ws;
+        let (_, ws_bytes) = ws;
         if ws_bytes < self.workspace {
             return Err(CudaError::Check(format!(
                 "cuDNN workspace of {ws_bytes} bytes, the plan needs {}",
                 self.workspace
             )));
         }
-        let d = &self.descs[i];
-        let (one, zero) = (1.0f32, 0.0f32);
-        let (al, be) = (
-            &one as *const f32 as *const c_void,
-            &zero as *const f32 as *const c_void,
-        );
-        let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
-        let wsp = ws_ptr as *mut c_void;
-        // SAFETY: live handle and descriptors; each algorithm came from cuDNN's heuristic for
-        // its direction's descriptors; the caller's buffers hold the tensors the shape
-        // describes in the plan's storage type; the workspace is large enough (checked).
-        unsafe {
-            match self.algos[i] {
-                Algo::Fwd(a) => dnn::convolution_forward(
-                    h.0, al, d.x, p0, d.w, p1, d.conv, a, wsp, ws_bytes, be, d.y, po,
-                )
-                .map_err(e("cudnnConvolutionForward")),
-                Algo::BwdData(a) => dnn::convolution_backward_data(
-                    h.0, al, d.w, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.x, po,
-                )
-                .map_err(e("cudnnConvolutionBackwardData")),
-                Algo::BwdFilter(a) => dnn::convolution_backward_filter(
-                    h.0, al, d.x, p0, d.y, p1, d.conv, a, wsp, ws_bytes, be, d.w, po,
-                )
-                .map_err(e("cudnnConvolutionBackwardFilter")),
-            }
-        }
+        execute(h, &self.descs[i], self.algos[i], operands, ws)
     }
 }
 
@@ -613,9 +570,6 @@ pub fn conv_section(
     cancel: &AtomicBool,
     peaks: &PeakDb,
 ) -> Result<SectionResult, CudaError> {
-    if !libs::present(Lib::Cudnn) {
-        return Err(CudaError::Missing(libs::not_found(Lib::Cudnn)));
-    }
     let h = Handle::new(gpu)?;
     let batch = match mode {
         Mode::Check => 2,
