@@ -3,6 +3,7 @@
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_workloads::data::Synthetic;
+use roofline_workloads::exchange::{CommOptions, Wire};
 use roofline_workloads::folder::ImageFolder;
 use roofline_workloads::layers::Reducer;
 use roofline_workloads::resnet::{Config, Version};
@@ -94,6 +95,23 @@ pub struct TrainArgs {
     /// (1 when a comparison fails). Run it first on a new GPU machine.
     #[arg(long, requires = "device")]
     check: bool,
+    /// Under mpirun: the gradients' number format on the wire. none (f32); fp16 (HPC AI500
+    /// V2.0 section 7.5.2: half the bytes; on the CPU each bucket is scaled by a power of two
+    /// the ranks agree on, so that sums cannot overflow, and summed over a ring of 16-bit
+    /// messages; on GPUs NCCL sums f16 under the dynamic loss scale); bf16 (f32's range, 8
+    /// mantissa bits).
+    #[arg(long, default_value = "none", value_parser = ["none", "fp16", "bf16"], value_name = "FORMAT")]
+    grad_compression: String,
+    /// Under mpirun: sum the gradients after the whole backward pass. By default each fused
+    /// bucket is summed as soon as the backward pass has finished its gradients, while the
+    /// rest of the backward pass runs.
+    #[arg(long)]
+    no_overlap: bool,
+    /// Under mpirun: gradient elements per fused bucket (Horovod's tensor fusion; a parameter
+    /// is never split, so a bucket holds at least one).
+    #[arg(long, default_value_t = roofline_workloads::exchange::BUCKET, value_name = "ELEMENTS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    bucket_elements: usize,
     /// Print a JSON summary instead of the text one.
     #[arg(long)]
     json: bool,
@@ -157,7 +175,8 @@ fn reducer(a: &TrainArgs) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
 struct MpiReducer(roofline_kernels::comm::mpi::World);
 
 // SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and the trainer calls the reducer from
-// one thread at a time (its training loop), never concurrently.
+// one thread at a time, never concurrently: on the CPU from the gradient exchange's thread only
+// (`workloads::exchange`), on GPUs from the training loop.
 #[cfg(feature = "mpi")]
 unsafe impl Send for MpiReducer {}
 #[cfg(feature = "mpi")]
@@ -176,6 +195,9 @@ impl Reducer for MpiReducer {
     }
     fn sum_f32(&self, v: &mut [f32]) {
         self.0.sum_f32(v);
+    }
+    fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
+        self.0.exchange_u16(to, send, from, recv);
     }
 }
 
@@ -385,6 +407,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         resume: a.resume.clone(),
         stop_at: None,
         checkpoint_every: a.checkpoint_every,
+        comm: CommOptions {
+            wire: Wire::parse(&a.grad_compression).map_err(input)?,
+            overlap: !a.no_overlap,
+            bucket: a.bucket_elements,
+        },
     };
     let threads = a
         .threads
@@ -408,6 +435,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     });
     let monitor = Bar(bar);
     let (reducer, root) = reducer(a)?;
+    if reducer.is_none() && (a.grad_compression != "none" || a.no_overlap) {
+        eprintln!(
+            "note: --grad-compression and --no-overlap change how ranks exchange gradients; a single process has none to exchange (start it with mpirun -np N)"
+        );
+    }
     let mut gpu_name = None;
     let s = if a.device == "cuda" {
         let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
@@ -422,7 +454,8 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         };
         let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
             .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
-        let mut dev = roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone());
+        let mut dev =
+            roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.comm);
         // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
         train::train_on::<f32>(&cfg, &monitor, reducer, Some(&mut dev))
     } else {
@@ -464,6 +497,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "final_loss": s.final_loss,
             "ranks": s.ranks,
             "comm_bytes_per_step": s.comm_bytes_per_step,
+            "grad_compression": s.comm.wire.name(),
+            "overlap": s.comm.overlap,
+            "bucket_elements": s.comm.bucket,
+            "comm_wait_seconds": s.comm_wait_seconds,
             "param_norm": s.param_norm,
             "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
             "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
@@ -516,6 +553,24 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             roofline_plots::si(v3.forward),
             roofline_plots::si(v3.total())
         );
+        if s.ranks > 1 {
+            println!(
+                "{} ranks: {}B per rank per step into the allreduces (gradients {}, buckets of {} elements, {}); {:.3} s per step waiting for the sums",
+                s.ranks,
+                roofline_plots::si(s.comm_bytes_per_step),
+                match s.comm.wire {
+                    Wire::F32 => "in f32".to_string(),
+                    w => format!("compressed to {}", w.name()),
+                },
+                s.comm.bucket,
+                if s.comm.overlap {
+                    "overlapped with the backward pass"
+                } else {
+                    "after the backward pass"
+                },
+                s.comm_wait_seconds / (s.steps - s.start_step).max(1) as f64
+            );
+        }
         println!("final training loss {:.4}", s.final_loss);
         if let Some(e) = last {
             println!(

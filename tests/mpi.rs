@@ -261,4 +261,33 @@ fn two_rank_training_equals_single_process_training_after_three_steps() {
         );
     }
     assert!(t["comm_bytes_per_step"].as_f64().unwrap() > 0.0);
+    assert_eq!(t["overlap"], true);
+    // Small buckets, not overlapped: the same sums, so the same bits.
+    let with = |extra: &[&str]| {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let o = mpirun(2, &[], &all, None);
+        assert!(o.status.success(), "{}", text(&o));
+        serde_json::from_slice::<serde_json::Value>(&o.stdout).unwrap()
+    };
+    let serial = with(&["--no-overlap", "--bucket-elements", "5000"]);
+    assert_eq!(serial["param_norm"], t["param_norm"]);
+    assert_eq!(serial["overlap"], false);
+    // Gradients compressed to f16 on the wire (over MPI_Sendrecv rings): half their bytes,
+    // and the training moves as before up to their rounding.
+    let parameters = t["parameters"].as_f64().unwrap();
+    for wire in ["fp16", "bf16"] {
+        let c = with(&["--grad-compression", wire, "--bucket-elements", "5000"]);
+        assert_eq!(c["grad_compression"], wire);
+        let saved =
+            t["comm_bytes_per_step"].as_f64().unwrap() - c["comm_bytes_per_step"].as_f64().unwrap();
+        assert_eq!(saved, 2.0 * parameters, "{wire}: bytes saved");
+        let (a, b) = (
+            s["param_norm"].as_f64().unwrap(),
+            c["param_norm"].as_f64().unwrap(),
+        );
+        assert!(
+            (a - b).abs() <= 1e-3 * a && a != b,
+            "{wire}: parameter norm {b} against {a}"
+        );
+    }
 }

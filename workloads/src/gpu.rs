@@ -10,6 +10,7 @@
 //! small shapes, and `roofline train --device cuda --check` runs it.
 
 use crate::conv::ConvShape;
+use crate::exchange::{CommOptions, Wire};
 use crate::layers::{
     backward_coefficients, batch_statistics, global_sums, running_statistics, BatchNorm, Conv2d,
     Reducer,
@@ -19,9 +20,9 @@ use crate::tensor::Tensor;
 use cudarc::cublas::{result as cublas, sys as bsys};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
-use roofline_kernels::comm::nccl::Communicator;
+use roofline_kernels::comm::nccl::{Communicator, Elem};
 use roofline_kernels::cuda::blas::Prec;
-use roofline_kernels::cuda::device::{self, arg, check, Gpu};
+use roofline_kernels::cuda::device::{self, arg, check, Event, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
 use roofline_kernels::cuda::libs::{self, Lib};
 use roofline_kernels::cuda::CudaError;
@@ -284,25 +285,31 @@ impl Ctx {
     /// Casts `n` f32 values to the 16-bit storage type `p` (f16 or bf16) in a new buffer.
     fn cast_to_half(&mut self, src: u64, n: usize) -> Result<Buf, CudaError> {
         let out = self.alloc(2 * n)?;
-        let k = if self.prec == Prec::Bf16 {
-            "f32_to_bf16"
-        } else {
-            "f32_to_f16"
-        };
-        let (dst, n64) = (out.ptr, n as u64);
-        // SAFETY: src holds n f32, out n 16-bit values.
-        unsafe { self.launch(k, n, &mut [arg(&src), arg(&dst), arg(&n64)])? };
+        self.cast(self.prec == Prec::Bf16, true, src, out.ptr, n)?;
         Ok(out)
     }
 
     fn cast_from_half(&mut self, src: u64, dst: u64, n: usize) -> Result<(), CudaError> {
-        let k = if self.prec == Prec::Bf16 {
-            "bf16_to_f32"
-        } else {
-            "f16_to_f32"
+        self.cast(self.prec == Prec::Bf16, false, src, dst, n)
+    }
+
+    /// Casts `n` values between f32 and f16 (or bf16): to 16 bits when `narrow`.
+    fn cast(
+        &mut self,
+        bf16: bool,
+        narrow: bool,
+        src: u64,
+        dst: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let k = match (bf16, narrow) {
+            (false, true) => "f32_to_f16",
+            (true, true) => "f32_to_bf16",
+            (false, false) => "f16_to_f32",
+            (true, false) => "bf16_to_f32",
         };
         let n64 = n as u64;
-        // SAFETY: src holds n 16-bit values, dst n f32.
+        // SAFETY: src holds n values of the source type, dst n of the destination type.
         unsafe { self.launch(k, n, &mut [arg(&src), arg(&dst), arg(&n64)]) }
     }
 
@@ -851,8 +858,11 @@ pub struct LossScale {
 }
 
 impl LossScale {
-    pub fn for_precision(p: Prec) -> LossScale {
-        let dynamic = p == Prec::F16;
+    /// Dynamic for f16 convolutions, and for f16 gradients on the wire (NCCL sums them in f16:
+    /// an overflow skips the step and halves the scale; the scale keeps small gradients out of
+    /// f16's subnormals).
+    pub fn for_step(p: Prec, wire: Wire) -> LossScale {
+        let dynamic = p == Prec::F16 || wire == Wire::F16;
         LossScale {
             scale: if dynamic { 1024.0 } else { 1.0 },
             good: 0,
@@ -897,13 +907,120 @@ pub struct GpuResNet {
     pub loss_scale: LossScale,
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
-    nccl: Option<Communicator>,
+    sync: Option<GradSync>,
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
 }
 
-/// Gradient buckets of the NCCL allreduce: 4 Mi floats, as on the CPU.
-const BUCKET: usize = 4 << 20;
+/// The NCCL side of a step. The flat gradients are laid out in the forward order, so what the
+/// backward pass has finished is always a suffix `[lo, total)`: each bucket is the newly
+/// finished stretch, summed on the communicator's stream once the compute stream gets there
+/// (an event, no host wait) while the backward pass goes on.
+struct GradSync {
+    nccl: Communicator,
+    opts: CommOptions,
+    /// The gradients in the wire's 16-bit format, when compressed.
+    wire: Option<Buf>,
+    ready: Event,
+    done: Event,
+    /// Gradients from here on are queued.
+    sent: usize,
+    bytes: f64,
+}
+
+impl GradSync {
+    fn new(
+        ctx: &Ctx,
+        nccl: Communicator,
+        opts: CommOptions,
+        total: usize,
+    ) -> Result<GradSync, CudaError> {
+        let wire = match opts.wire {
+            Wire::F32 => None,
+            _ => Some(ctx.alloc(2 * total)?),
+        };
+        Ok(GradSync {
+            nccl,
+            opts,
+            wire,
+            ready: Event::new()?,
+            done: Event::new()?,
+            sent: total,
+            bytes: 0.0,
+        })
+    }
+
+    fn begin(&mut self, total: usize) {
+        self.sent = total;
+        self.bytes = 0.0;
+    }
+
+    /// The backward pass has finished the gradients from `lo` on.
+    fn finished(&mut self, ctx: &mut Ctx, flat: &Flat, lo: usize) -> Result<(), CudaError> {
+        if self.opts.overlap && self.sent - lo >= self.opts.bucket.max(1) {
+            self.send(ctx, flat, lo)?;
+        }
+        Ok(())
+    }
+
+    /// Queues the sums of `[lo, sent)`, in buckets from the top.
+    fn send(&mut self, ctx: &mut Ctx, flat: &Flat, lo: usize) -> Result<(), CudaError> {
+        let (hi, bucket) = (self.sent, self.opts.bucket.max(1));
+        if hi <= lo {
+            return Ok(());
+        }
+        let n = hi - lo;
+        let elem = match self.opts.wire {
+            Wire::F32 => Elem::F32,
+            Wire::F16 => Elem::F16,
+            Wire::Bf16 => Elem::Bf16,
+        };
+        let (base, width) = match &self.wire {
+            Some(w) => {
+                ctx.cast(
+                    elem == Elem::Bf16,
+                    true,
+                    flat.grads.ptr + 4 * lo as u64,
+                    w.ptr + 2 * lo as u64,
+                    n,
+                )?;
+                (w.ptr, 2)
+            }
+            None => (flat.grads.ptr, 4),
+        };
+        // The communicator's stream starts when the compute stream has got here.
+        self.ready.record_on(&ctx.gpu)?;
+        self.ready.wait_on(&self.nccl.gpu)?;
+        let mut top = hi;
+        while top > lo {
+            let start = top.saturating_sub(bucket).max(lo);
+            self.nccl
+                .all_reduce_sum(base + (width * start) as u64, top - start, elem)?;
+            top = start;
+        }
+        self.bytes += (n * elem.bytes()) as f64;
+        self.sent = lo;
+        ctx.gpu.bind()
+    }
+
+    /// Queues the rest, and makes the compute stream wait for every sum (and widen them back).
+    fn end(&mut self, ctx: &mut Ctx, flat: &Flat) -> Result<(), CudaError> {
+        self.send(ctx, flat, 0)?;
+        self.done.record_on(&self.nccl.gpu)?;
+        self.done.wait_on(&ctx.gpu)?;
+        ctx.gpu.bind()?;
+        if let Some(w) = &self.wire {
+            ctx.cast(
+                self.opts.wire == Wire::Bf16,
+                false,
+                w.ptr,
+                flat.grads.ptr,
+                flat.total,
+            )?;
+        }
+        Ok(())
+    }
+}
 
 impl GpuResNet {
     /// Uploads `model` (parameters, running statistics) to `ctx`'s GPU. With `nccl`, gradients
@@ -913,6 +1030,7 @@ impl GpuResNet {
         model: &mut ResNet<f32>,
         nccl: Option<Communicator>,
         reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
     ) -> Result<GpuResNet, CudaError> {
         // The order of `model.params()`; convolution filters (and momenta) go KRSC.
         let convs = conv_shapes(model);
@@ -944,6 +1062,11 @@ impl GpuResNet {
         let fc_w = next()?;
         let fc_b = next()?;
         let prec = ctx.prec;
+        let sync = match nccl {
+            Some(c) => Some(GradSync::new(&ctx, c, comm, flat.total)?),
+            None => None,
+        };
+        let wire = if sync.is_some() { comm.wire } else { Wire::F32 };
         Ok(GpuResNet {
             ctx,
             flat,
@@ -959,9 +1082,9 @@ impl GpuResNet {
             pool_in: (0, 0, 0, 0),
             pool_in_hw: (0, 0),
             last: None,
-            loss_scale: LossScale::for_precision(prec),
+            loss_scale: LossScale::for_step(prec, wire),
             skipped: 0,
-            nccl,
+            sync,
         })
     }
 
@@ -1128,6 +1251,10 @@ impl GpuResNet {
         let (rows, out, inp) = (dlogits.rows(), self.fc_out, self.fc_in);
         let ctx = &mut self.ctx;
         let flat = &self.flat;
+        let mut sync = self.sync.as_mut();
+        if let Some(g) = sync.as_deref_mut() {
+            g.begin(flat.total);
+        }
         // dW (in × out) = pooledᵀ · dy: column-major dWᵀ = dyᵀ · pooled.
         ctx.sgemm(
             false,
@@ -1151,6 +1278,9 @@ impl GpuResNet {
                 &mut [arg(&dyp), arg(&dbp), arg(&ri), arg(&ki)],
             )?
         };
+        if let Some(g) = sync.as_deref_mut() {
+            g.finished(ctx, flat, self.fc_w.off.min(self.fc_b.off))?;
+        }
         // dpooled (n × in) = dy · Wᵀ: column-major dpooledᵀ = W · dyᵀ.
         let dp = ctx.tensor(rows, 1, 1, inp)?;
         ctx.sgemm(
@@ -1179,6 +1309,9 @@ impl GpuResNet {
         };
         for b in self.blocks.iter_mut().rev() {
             d = b.backward(ctx, flat, d)?;
+            if let Some(g) = sync.as_deref_mut() {
+                g.finished(ctx, flat, b.c1.w.off)?;
+            }
         }
         // Max pool backward: scatter-add into a zeroed input gradient.
         let (n, h, w, c) = self.pool_in;
@@ -1206,6 +1339,9 @@ impl GpuResNet {
         let dstem = self.stem_bn.backward(ctx, flat, &ds, Some(&s))?;
         // The image needs no gradient: the stem's filter gradient only.
         self.stem.backward(ctx, flat, &dstem, false)?;
+        if let Some(g) = sync {
+            g.end(ctx, flat)?;
+        }
         Ok(())
     }
 
@@ -1282,23 +1418,11 @@ impl GpuResNet {
         let scale = self.loss_scale.scale;
         let (loss, top1, top5, g) = self.loss(&z, labels, smoothing, scale)?;
         self.backward(&g)?;
-        let mut comm_bytes = 0.0;
-        let mut ranks = 1;
-        if let Some(c) = &self.nccl {
-            ranks = c.ranks;
-            // NCCL runs on the communicator's own stream: the backward pass must be done first,
-            // and the sums before the update.
-            self.ctx.gpu.sync()?;
-            let mut off = 0;
-            while off < self.flat.total {
-                let len = BUCKET.min(self.flat.total - off);
-                c.all_reduce_sum_f32(self.flat.grads.ptr + 4 * off as u64, len)?;
-                comm_bytes += 4.0 * len as f64;
-                off += len;
-            }
-            c.gpu.sync()?;
-            self.ctx.gpu.bind()?;
-        }
+        // The sums were queued during the backward pass, and the compute stream waits for them.
+        let (comm_bytes, ranks) = self
+            .sync
+            .as_ref()
+            .map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
         let overflow = if self.loss_scale.dynamic {
             let flag = self.ctx.alloc(4)?;
             self.ctx.zero(flag.ptr, 4)?;
@@ -1587,7 +1711,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
     cpu.backward(&g);
     sgd.step(cpu.params(), lr);
     let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
-    let mut net = GpuResNet::new(ctx, &mut mirror, None, None)?;
+    let mut net = GpuResNet::new(ctx, &mut mirror, None, None, CommOptions::default())?;
     let r = net.step(&x, &labels, lr, 0.1, &sgd)?;
     // A whole step compounds every layer's rounding (and batch norm divides by small spreads).
     let step_tol = match p {
@@ -1610,17 +1734,22 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
     net.store(&mut mirror)?;
     let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
     let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
-    let got: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
-    let (mut worst, mut at) = (0.0f64, String::new());
     // The updates (after − before), not the parameters: an update is small next to its weights.
-    let delta = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
-    for (((name, w), g), i) in names.iter().zip(&want).zip(&got).zip(&init) {
-        let e = normwise(&delta(g, i), &delta(w, i));
-        if e > worst || !e.is_finite() {
-            worst = e;
-            at = name.clone();
+    // Returns the worst parameter's error and its name.
+    let updates = |m: &mut ResNet<f32>| {
+        let (mut worst, mut at) = (0.0f64, String::new());
+        let delta =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
+        for (((name, w), p), i) in names.iter().zip(&want).zip(m.params()).zip(&init) {
+            let e = normwise(&delta(&p.value, i), &delta(w, i));
+            if e > worst || !e.is_finite() {
+                worst = e;
+                at = name.clone();
+            }
         }
-    }
+        (worst, at)
+    };
+    let (worst, at) = updates(&mut mirror);
     push(
         &mut out,
         format!("network parameter updates of one step (worst: {at})"),
@@ -1647,6 +1776,41 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         normwise(&zg.data, &zc.data),
         step_tol * 10.0,
     );
+    // The same step with its gradients through NCCL (a one-rank communicator: the sum is the
+    // gradient itself) in small buckets queued during the backward pass: the event handoffs
+    // between the streams, the 16-bit casts of the compressed wire, the loss scale they bring.
+    if roofline_kernels::comm::nccl::available().is_ok() {
+        let ordinal = net.ctx.gpu.ordinal;
+        drop(net);
+        for (wire, wire_tol) in [(Wire::F32, 0.0), (Wire::F16, 5e-3), (Wire::Bf16, 2e-2)] {
+            let id = roofline_kernels::comm::nccl::unique_id()?;
+            let nccl = Communicator::new(&id, 1, 0, ordinal)?;
+            let ctx = Ctx::new(Gpu::open(ordinal)?, p)?;
+            let mut m = ResNet::<f32>::new(cpu.config.clone(), 11);
+            let opts = CommOptions {
+                wire,
+                overlap: true,
+                bucket: 20_000,
+            };
+            let mut n = GpuResNet::new(ctx, &mut m, Some(nccl), None, opts)?;
+            let r = n.step(&x, &labels, lr, 0.1, &sgd)?;
+            n.store(&mut m)?;
+            let (worst, at) = updates(&mut m);
+            push(
+                &mut out,
+                format!(
+                    "network step through NCCL, gradients in {} (worst: {at})",
+                    match wire {
+                        Wire::F32 => "f32",
+                        Wire::F16 => "f16",
+                        Wire::Bf16 => "bf16",
+                    }
+                ),
+                if r.applied { worst } else { f64::INFINITY },
+                step_tol.max(wire_tol),
+            );
+        }
+    }
     Ok(out)
 }
 
@@ -1656,21 +1820,24 @@ pub struct CudaTrainer {
     ctx: Option<Ctx>,
     nccl: Option<Communicator>,
     reducer: Option<Arc<dyn Reducer>>,
+    comm: CommOptions,
     pub net: Option<GpuResNet>,
 }
 
 impl CudaTrainer {
-    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks and `reducer` (the same
-    /// ranks, over MPI) the batch-norm statistics.
+    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks as `comm` says and
+    /// `reducer` (the same ranks, over MPI) the batch-norm statistics.
     pub fn new(
         ctx: Ctx,
         nccl: Option<Communicator>,
         reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
     ) -> CudaTrainer {
         CudaTrainer {
             ctx: Some(ctx),
             nccl,
             reducer,
+            comm,
             net: None,
         }
     }
@@ -1698,13 +1865,19 @@ impl crate::train::Accelerator<f32> for CudaTrainer {
         let ctx = match (self.ctx.take(), self.net.take()) {
             (Some(c), _) => c,
             (None, Some(n)) => {
-                self.nccl = n.nccl;
+                self.nccl = n.sync.map(|g| g.nccl);
                 n.ctx
             }
             (None, None) => return Err("the GPU context is gone".into()),
         };
-        let net = GpuResNet::new(ctx, model, self.nccl.take(), self.reducer.clone())
-            .map_err(|e| e.to_string())?;
+        let net = GpuResNet::new(
+            ctx,
+            model,
+            self.nccl.take(),
+            self.reducer.clone(),
+            self.comm,
+        )
+        .map_err(|e| e.to_string())?;
         self.net = Some(net);
         Ok(())
     }
@@ -1751,7 +1924,7 @@ mod tests {
 
     #[test]
     fn f16_loss_scale_halves_on_overflow_and_grows_after_a_run_of_good_steps() {
-        let mut s = LossScale::for_precision(Prec::F16);
+        let mut s = LossScale::for_step(Prec::F16, Wire::F32);
         assert_eq!(s.scale, 1024.0);
         assert!(!s.update(true), "an overflow skips the step");
         assert_eq!(s.scale, 512.0);
@@ -1761,10 +1934,13 @@ mod tests {
         assert_eq!(s.scale, 512.0);
         assert!(s.update(false));
         assert_eq!(s.scale, 1024.0);
-        let mut b = LossScale::for_precision(Prec::Bf16);
+        let mut b = LossScale::for_step(Prec::Bf16, Wire::F32);
         assert_eq!(b.scale, 1.0);
         assert!(b.update(false));
         assert_eq!(b.scale, 1.0);
+        // f16 gradients on the wire scale even f32 convolutions; bf16 on the wire needs none.
+        assert_eq!(LossScale::for_step(Prec::F32, Wire::F16).scale, 1024.0);
+        assert_eq!(LossScale::for_step(Prec::Tf32, Wire::Bf16).scale, 1.0);
     }
 
     #[test]

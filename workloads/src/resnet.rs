@@ -231,23 +231,47 @@ impl<T: Float> ResNet<T> {
 
     /// Gradients of every parameter from ∂loss/∂logits (after a training forward pass).
     pub fn backward(&mut self, dlogits: &Tensor<T>) {
+        self.backward_with(dlogits, &mut |_| {});
+    }
+
+    /// `backward`, handing each group of parameters to `ready` as soon as their gradients are
+    /// final (the classifier, then each block from the last, then the stem): the order of
+    /// [`ResNet::backward_order`]. The gradient exchange starts on them while the rest runs.
+    pub fn backward_with(
+        &mut self,
+        dlogits: &Tensor<T>,
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
+    ) {
         let dp = self.fc.backward(dlogits);
+        ready(vec![&mut self.fc.weight, &mut self.fc.bias]);
         let mut d = avgpool_backward(&dp, self.last_hw.0, self.last_hw.1);
         for b in self.blocks.iter_mut().rev() {
             d = b.backward(d);
+            ready(b.params());
         }
         let ds = self.pool.backward(&d);
         let dstem = self.stem_bn.backward_act(&ds, Some(&self.stem_out));
         // The input image needs no gradient: only the filter gradient of the stem.
         self.stem.backward_filter_only(&dstem);
+        ready(Self::stem_params(&mut self.stem, &mut self.stem_bn).into());
+    }
+
+    fn stem_params<'a>(stem: &'a mut Conv2d<T>, bn: &'a mut BatchNorm<T>) -> [&'a mut Param<T>; 3] {
+        [&mut stem.weight, &mut bn.gamma, &mut bn.beta]
+    }
+
+    /// The parameters in the order the backward pass finishes them.
+    pub fn backward_order(&mut self) -> Vec<&mut Param<T>> {
+        let mut v: Vec<&mut Param<T>> = vec![&mut self.fc.weight, &mut self.fc.bias];
+        for b in self.blocks.iter_mut().rev() {
+            v.extend(b.params());
+        }
+        v.extend(Self::stem_params(&mut self.stem, &mut self.stem_bn));
+        v
     }
 
     pub fn params(&mut self) -> Vec<&mut Param<T>> {
-        let mut v: Vec<&mut Param<T>> = vec![
-            &mut self.stem.weight,
-            &mut self.stem_bn.gamma,
-            &mut self.stem_bn.beta,
-        ];
+        let mut v: Vec<&mut Param<T>> = Self::stem_params(&mut self.stem, &mut self.stem_bn).into();
         for b in &mut self.blocks {
             v.extend(b.params());
         }
@@ -402,6 +426,43 @@ mod tests {
         // v1 moves the stride to the first 1×1: fewer FLOPs (3.86 GMAC ≈ 7.72 GFLOP).
         assert!(m1.flops_per_image(224).forward < f.forward);
         assert!((m1.flops_per_image(224).forward / 1e9 - 7.72).abs() < 0.05);
+    }
+
+    /// The backward pass hands every parameter over exactly once, in `backward_order`, with
+    /// its final gradient (the exchange may send it at once).
+    #[test]
+    fn backward_hands_over_final_gradients_in_backward_order() {
+        let cfg = Config {
+            version: Version::V1_5,
+            blocks: [1, 2, 0, 0],
+            width: 1.0 / 16.0,
+            classes: 3,
+            zero_init_residual: false,
+        };
+        let count = ResNet::<f64>::new(cfg.clone(), 3).params().len();
+        let mut m = ResNet::<f64>::new(cfg, 3);
+        let mut rng = Rng::new(4);
+        let x = Tensor::from_vec(
+            2,
+            16,
+            16,
+            3,
+            (0..2 * 16 * 16 * 3).map(|_| rng.normal()).collect(),
+        );
+        let z = m.forward(&x, true);
+        let (_, g, _, _) = softmax_cross_entropy(&z, &[0, 2], 0.0);
+        let mut seen: Vec<(String, Vec<f64>)> = Vec::new();
+        m.backward_with(&g, &mut |ps| {
+            seen.extend(ps.into_iter().map(|p| (p.name.clone(), p.grad.clone())))
+        });
+        let order = m.backward_order();
+        assert_eq!(seen.len(), order.len());
+        assert_eq!(order.len(), count);
+        for ((name, grad), p) in seen.iter().zip(&order) {
+            assert_eq!(name, &p.name);
+            assert_eq!(grad, &p.grad, "{name} changed after it was handed over");
+            assert!(grad.iter().any(|v| *v != 0.0), "{name}: no gradient");
+        }
     }
 
     /// The whole network's backward pass, through every layer, against finite differences of

@@ -2,6 +2,7 @@
 //! loop with evaluation and time-to-quality.
 
 use crate::data::{Rng, Synthetic};
+use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::folder::ImageFolder;
 use crate::layers::{softmax_cross_entropy, Param, Reducer};
 use crate::resnet::{Config, ResNet};
@@ -194,6 +195,8 @@ pub struct TrainConfig {
     pub stop_at: Option<usize>,
     /// Also checkpoint every this many steps (a killed run resumes from the last one).
     pub checkpoint_every: Option<usize>,
+    /// How a data-parallel run exchanges gradients (wire format, overlap, bucket size).
+    pub comm: CommOptions,
 }
 
 /// Saves the whole training state.
@@ -339,9 +342,14 @@ pub struct Summary {
     pub evals: Vec<Eval>,
     /// Ranks that trained together (1: a single process).
     pub ranks: usize,
-    /// Bytes each rank sends into the gradient allreduce per step (fused buckets of f32), and
-    /// the batch-norm statistics; 0 for a single process.
+    /// Bytes each rank puts into the gradient allreduce per step (fused buckets, in the wire
+    /// format), and the batch-norm statistics; 0 for a single process.
     pub comm_bytes_per_step: f64,
+    /// Seconds the CPU trainer waited for gradient sums after its backward passes (the
+    /// communication that overlap did not hide), over every step of the run.
+    pub comm_wait_seconds: f64,
+    /// The gradient exchange used.
+    pub comm: CommOptions,
     /// √Σ w² over every parameter at the end (compares runs).
     pub param_norm: f64,
     /// The step the run started from (a resumed run's checkpoint step).
@@ -422,42 +430,6 @@ fn keep_freed_memory() {
     }
 }
 
-/// Gradient buckets of the allreduce (Horovod-style tensor fusion): 4 Mi floats.
-const BUCKET: usize = 4 << 20;
-
-/// Sums every gradient over the ranks in fused buckets and divides by the rank count (the
-/// global batch's mean). Returns the bytes sent into the reductions.
-fn allreduce_gradients<T: Float>(params: Vec<&mut Param<T>>, r: &dyn Reducer) -> f64 {
-    let scale = T::from_f64(1.0 / r.ranks() as f64);
-    let mut bucket: Vec<f32> = Vec::with_capacity(BUCKET);
-    let mut members: Vec<&mut Param<T>> = Vec::new();
-    let mut bytes = 0.0;
-    let mut flush = |bucket: &mut Vec<f32>, members: &mut Vec<&mut Param<T>>| {
-        if bucket.is_empty() {
-            return;
-        }
-        r.sum_f32(bucket);
-        bytes += 4.0 * bucket.len() as f64;
-        let mut off = 0;
-        for p in members.drain(..) {
-            for (g, v) in p.grad.iter_mut().zip(&bucket[off..]) {
-                *g = T::from_f64(*v as f64) * scale;
-            }
-            off += p.grad.len();
-        }
-        bucket.clear();
-    };
-    for p in params {
-        if !bucket.is_empty() && bucket.len() + p.grad.len() > BUCKET {
-            flush(&mut bucket, &mut members);
-        }
-        bucket.extend(p.grad.iter().map(|g| g.to_f64() as f32));
-        members.push(p);
-    }
-    flush(&mut bucket, &mut members);
-    bytes
-}
-
 /// Trains on the synthetic set. Deterministic for a given configuration and thread count.
 pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Result<Summary, TrainError> {
     train_with::<T>(cfg, monitor, None)
@@ -534,9 +506,20 @@ pub fn train_on<T: Float>(
     );
     let local = cfg.batch / ranks;
     let mut model = ResNet::<T>::new(cfg.model.clone(), cfg.seed);
+    // The CPU layers' reductions all go through the exchange's thread (the device path sums
+    // its gradients itself).
+    let exchange = match (&reducer, &device) {
+        (Some(r), None) => Some(Exchange::start(Arc::clone(r))),
+        _ => None,
+    };
+    let reducer: Option<Arc<dyn Reducer>> = match &exchange {
+        Some(e) => Some(Arc::clone(e) as Arc<dyn Reducer>),
+        None => reducer,
+    };
     if let Some(r) = &reducer {
         model.set_reducer(Arc::clone(r));
     }
+    let mut comm_wait = 0.0;
     let mut comm_bytes = 0.0;
     let sgd = Sgd::default();
     let schedule = Schedule {
@@ -612,9 +595,29 @@ pub fn train_on<T: Float>(
             None => {
                 let z = model.forward(&x, true);
                 let (loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
-                model.backward(&g);
-                if let Some(r) = &reducer {
-                    comm_bytes = allreduce_gradients(model.params(), r.as_ref());
+                match &exchange {
+                    Some(ex) => {
+                        let mut buckets = Buckets::new(ex, cfg.comm);
+                        model.backward_with(&g, &mut |ps| {
+                            for p in ps {
+                                buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
+                            }
+                        });
+                        comm_bytes = buckets.bytes;
+                        let waited = Instant::now();
+                        let sums = buckets.finish();
+                        comm_wait += waited.elapsed().as_secs_f64();
+                        // The global batch's mean gradient.
+                        let scale = T::from_f64(1.0 / ranks as f64);
+                        let mut off = 0;
+                        for p in model.backward_order() {
+                            for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
+                                *g = T::from_f64(*v as f64) * scale;
+                            }
+                            off += p.grad.len();
+                        }
+                    }
+                    None => model.backward(&g),
                 }
                 sgd.step(model.params(), schedule.lr(step));
                 loss
@@ -729,6 +732,8 @@ pub fn train_on<T: Float>(
         time_to_quality: ttq,
         ranks,
         comm_bytes_per_step: comm_bytes + stats_bytes,
+        comm_wait_seconds: comm_wait,
+        comm: cfg.comm,
         param_norm,
         start_step,
     })
@@ -737,6 +742,7 @@ pub fn train_on<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exchange::Wire;
     use crate::resnet::Version;
 
     #[test]
@@ -781,59 +787,6 @@ mod tests {
         assert!((b.value[0] - (0.95 - 0.1 * (0.9 * 0.5 + 0.5))).abs() < 1e-15);
     }
 
-    /// Ranks as threads of one process, summing through shared memory.
-    struct Shared {
-        acc: std::sync::Mutex<Vec<f64>>,
-        barrier: std::sync::Barrier,
-        ranks: usize,
-    }
-
-    struct ThreadReducer {
-        shared: Arc<Shared>,
-        rank: usize,
-    }
-
-    impl ThreadReducer {
-        fn sum(&self, v: &mut [f64]) {
-            let s = &self.shared;
-            {
-                let mut acc = s.acc.lock().unwrap();
-                if acc.len() != v.len() {
-                    *acc = vec![0.0; v.len()];
-                }
-                for (a, x) in acc.iter_mut().zip(v.iter()) {
-                    *a += *x;
-                }
-            }
-            s.barrier.wait();
-            v.copy_from_slice(&s.acc.lock().unwrap());
-            s.barrier.wait();
-            if self.rank == 0 {
-                s.acc.lock().unwrap().clear();
-            }
-            s.barrier.wait();
-        }
-    }
-
-    impl Reducer for ThreadReducer {
-        fn ranks(&self) -> usize {
-            self.shared.ranks
-        }
-        fn rank(&self) -> usize {
-            self.rank
-        }
-        fn sum_f64(&self, v: &mut [f64]) {
-            self.sum(v);
-        }
-        fn sum_f32(&self, v: &mut [f32]) {
-            let mut w: Vec<f64> = v.iter().map(|x| *x as f64).collect();
-            self.sum(&mut w);
-            for (a, b) in v.iter_mut().zip(&w) {
-                *a = *b as f32;
-            }
-        }
-    }
-
     /// Two data-parallel ranks (synchronised batch norm, averaged gradients) compute what one
     /// process computes on the whole batch.
     #[test]
@@ -862,26 +815,25 @@ mod tests {
             resume: None,
             stop_at: None,
             checkpoint_every: None,
+            comm: Default::default(),
         };
         let single = train::<f64>(&cfg, &Quiet).unwrap();
-        let shared = Arc::new(Shared {
-            acc: std::sync::Mutex::new(Vec::new()),
-            barrier: std::sync::Barrier::new(2),
-            ranks: 2,
-        });
-        let runs: Vec<Summary> = std::thread::scope(|sc| {
-            let hs: Vec<_> = (0..2)
-                .map(|rank| {
-                    let r: Arc<dyn Reducer> = Arc::new(ThreadReducer {
-                        shared: Arc::clone(&shared),
-                        rank,
-                    });
-                    let cfg = cfg.clone();
-                    sc.spawn(move || train_with::<f64>(&cfg, &Quiet, Some(r)).unwrap())
-                })
-                .collect();
-            hs.into_iter().map(|h| h.join().unwrap()).collect()
-        });
+        let two = |comm: CommOptions| {
+            let cfg = TrainConfig {
+                comm,
+                ..cfg.clone()
+            };
+            crate::exchange::tests::on_ranks(2, |r| {
+                train_with::<f64>(&cfg, &Quiet, Some(r)).unwrap()
+            })
+        };
+        // Small buckets: many of them in flight during the backward pass.
+        let small = |wire, overlap| CommOptions {
+            wire,
+            overlap,
+            bucket: 3000,
+        };
+        let runs = two(CommOptions::default());
         for r in &runs {
             assert!(
                 (r.param_norm - single.param_norm).abs() < 1e-9 * single.param_norm,
@@ -896,6 +848,33 @@ mod tests {
                 single.final_loss
             );
             assert!(r.comm_bytes_per_step > 0.0);
+        }
+        // Overlapped or not, in small buckets or large: the same sums, bit for bit.
+        for (wire, overlap) in [(Wire::F32, true), (Wire::F32, false)] {
+            for r in two(small(wire, overlap)) {
+                assert_eq!(r.param_norm.to_bits(), runs[0].param_norm.to_bits());
+                assert_eq!(r.final_loss.to_bits(), runs[0].final_loss.to_bits());
+            }
+        }
+        // Compressed on the wire: half the gradient bytes, the same training up to the
+        // 16-bit rounding of the gradients, and the same bits on both ranks.
+        for wire in [Wire::F16, Wire::Bf16] {
+            let c = two(small(wire, true));
+            assert_eq!(c[0].param_norm.to_bits(), c[1].param_norm.to_bits());
+            let dn = (c[0].param_norm - single.param_norm).abs() / single.param_norm;
+            assert!(
+                dn < 1e-3 && dn > 0.0,
+                "{wire:?}: parameter norm off by {dn:e}"
+            );
+            assert!((c[0].final_loss - single.final_loss).abs() < 1e-2 * single.final_loss);
+            let grads = |r: &Summary| {
+                r.comm_bytes_per_step - (runs[0].comm_bytes_per_step - 4.0 * r.parameters as f64)
+            };
+            assert_eq!(
+                grads(&c[0]),
+                2.0 * c[0].parameters as f64,
+                "{wire:?}: bytes on the wire"
+            );
         }
         // And the runs moved: the parameters changed from their initial values.
         let init = train::<f64>(
@@ -935,6 +914,7 @@ mod tests {
             resume: None,
             stop_at: None,
             checkpoint_every: None,
+            comm: Default::default(),
         }
     }
 
@@ -1092,6 +1072,7 @@ mod tests {
             resume: None,
             stop_at: None,
             checkpoint_every: None,
+            comm: Default::default(),
         };
         let s = train::<f32>(&cfg, &Quiet).unwrap();
         let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);

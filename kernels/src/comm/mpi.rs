@@ -271,6 +271,18 @@ impl World {
             .all_reduce_into(&src[..], v, SystemOperation::sum());
     }
 
+    /// Sends `send` to rank `to` and receives `recv.len()` values from rank `from` in one
+    /// MPI_Sendrecv (deadlock-free in a ring).
+    pub fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
+        let c = &self.world.comm;
+        mpi::point_to_point::send_receive_into(
+            send,
+            &c.process_at_rank(to as i32),
+            recv,
+            &c.process_at_rank(from as i32),
+        );
+    }
+
     /// Ends every rank of the job (after a message on this rank).
     pub fn abort(&self, code: i32) -> ! {
         self.world.comm.abort(code)

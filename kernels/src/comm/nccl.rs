@@ -122,6 +122,23 @@ impl Drop for Communicator {
     }
 }
 
+/// Element types of [`Communicator::all_reduce_sum`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl Elem {
+    pub fn bytes(self) -> usize {
+        match self {
+            Elem::F32 => 4,
+            Elem::F16 | Elem::Bf16 => 2,
+        }
+    }
+}
+
 /// A new unique id (on the root rank; the MPI driver broadcasts its 128 bytes).
 pub fn unique_id() -> Result<[u8; 128], CudaError> {
     available()?;
@@ -160,18 +177,23 @@ impl Communicator {
         self.gpu.stream as ns::cudaStream_t
     }
 
-    /// Sums `count` f32 at device address `ptr` over the ranks, in place, on this GPU's stream
-    /// (the trainer's gradient buckets).
-    pub fn all_reduce_sum_f32(&self, ptr: u64, count: usize) -> Result<(), CudaError> {
+    /// Sums `count` elements of `elem` at device address `ptr` over the ranks, in place, on
+    /// this GPU's stream (the trainer's gradient buckets; 16-bit when compressed for the wire).
+    pub fn all_reduce_sum(&self, ptr: u64, count: usize, elem: Elem) -> Result<(), CudaError> {
         self.gpu.bind()?;
-        // SAFETY: the caller's buffer on this GPU holds `count` f32; in-place allreduce is
-        // allowed (send = receive).
+        let ty = match elem {
+            Elem::F32 => ns::ncclDataType_t::ncclFloat32,
+            Elem::F16 => ns::ncclDataType_t::ncclFloat16,
+            Elem::Bf16 => ns::ncclDataType_t::ncclBfloat16,
+        };
+        // SAFETY: the caller's buffer on this GPU holds `count` elements of `elem`; in-place
+        // allreduce is allowed (send = receive).
         unsafe {
             nr::all_reduce(
                 ptr as *const c_void,
                 ptr as *mut c_void,
                 count,
-                ns::ncclDataType_t::ncclFloat32,
+                ty,
                 ns::ncclRedOp_t::ncclSum,
                 self.comm,
                 self.stream(),

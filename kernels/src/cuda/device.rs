@@ -141,6 +141,19 @@ impl Event {
         })
     }
 
+    /// Makes `gpu`'s stream wait (on the device, not the host) for the work before this
+    /// event's last record.
+    pub fn wait_on(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        // SAFETY: live event and stream.
+        check("cuStreamWaitEvent", unsafe {
+            cu::stream::wait_event(
+                gpu.stream,
+                self.0,
+                sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
+            )
+        })
+    }
+
     /// Seconds from `self` to `end` (both recorded, `end` waited for).
     pub fn seconds_to(&self, end: &Event) -> Result<f64, CudaError> {
         // SAFETY: live events.
