@@ -428,17 +428,22 @@ mod tests {
         assert!((m1.flops_per_image(224).forward / 1e9 - 7.72).abs() < 0.05);
     }
 
+    /// A v1.5 model of width 1/16 with three classes.
+    fn tiny(blocks: [usize; 4]) -> Config {
+        Config {
+            version: Version::V1_5,
+            blocks,
+            width: 1.0 / 16.0,
+            classes: 3,
+            zero_init_residual: false,
+        }
+    }
+
     /// The backward pass hands every parameter over exactly once, in `backward_order`, with
     /// its final gradient (the exchange may send it at once).
     #[test]
     fn backward_hands_over_final_gradients_in_backward_order() {
-        let cfg = Config {
-            version: Version::V1_5,
-            blocks: [1, 2, 0, 0],
-            width: 1.0 / 16.0,
-            classes: 3,
-            zero_init_residual: false,
-        };
+        let cfg = tiny([1, 2, 0, 0]);
         let count = ResNet::<f64>::new(cfg.clone(), 3).params().len();
         let mut m = ResNet::<f64>::new(cfg, 3);
         let mut rng = Rng::new(4);
@@ -469,13 +474,7 @@ mod tests {
     /// the loss on a tiny model in f64.
     #[test]
     fn tiny_network_gradient_check() {
-        let cfg = Config {
-            version: Version::V1_5,
-            blocks: [1, 1, 0, 0],
-            width: 1.0 / 16.0,
-            classes: 3,
-            zero_init_residual: false,
-        };
+        let cfg = tiny([1, 1, 0, 0]);
         let mut m = ResNet::<f64>::new(cfg.clone(), 3);
         let mut rng = Rng::new(4);
         let x = Tensor::from_vec(
