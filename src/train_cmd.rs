@@ -15,103 +15,15 @@ use std::sync::Arc;
 pub struct TrainArgs {
     /// The workload: resnet50 (ImageNet-style classification; ewa is not built yet).
     #[arg(long, default_value = "resnet50", value_parser = ["resnet50"])]
-    workload: String,
-    /// Train on the synthetic image set (the default without --data).
-    #[arg(long)]
-    synthetic: bool,
-    /// An ImageNet-style folder: DIR/train/<class>/*.jpg (and DIR/val/<class>/*.jpg for
-    /// evaluation), or DIR/<class>/*.jpg. Decoded in parallel one batch ahead; random-resized
-    /// crop and flip for training, resize and centre crop for evaluation.
-    #[arg(long, value_name = "DIR", conflicts_with = "synthetic")]
-    data: Option<std::path::PathBuf>,
-    /// Images per step (the global batch).
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
-    /// Image side in pixels.
-    #[arg(long, default_value_t = 224)]
-    resolution: usize,
-    /// Training steps (default: 20; --epochs overrides).
-    #[arg(long)]
-    steps: Option<usize>,
-    /// Epochs over the training images (--train-images, or the folder's).
-    #[arg(long)]
-    epochs: Option<usize>,
-    /// Images in the synthetic training set.
-    #[arg(long, default_value_t = 1281)]
-    train_images: usize,
-    /// Held-out images evaluated (synthetic: fresh images; folder: from DIR/val); 0: none.
-    #[arg(long, default_value_t = 0)]
-    eval_images: usize,
-    /// Stop when held-out Top-1 reaches this fraction (e.g. 0.759), evaluating every
-    /// --eval-every steps; the JSON then gives HPC AI500's time-to-quality (from the first
-    /// batch read to the target).
-    #[arg(long, value_name = "FRACTION")]
-    target_top1: Option<f64>,
-    /// Evaluate every this many steps (default: at the end only).
-    #[arg(long, value_name = "STEPS")]
-    eval_every: Option<usize>,
-    /// Classes.
-    #[arg(long, default_value_t = 1000)]
-    classes: usize,
-    /// Width multiplier (1 = ResNet-50; 0.25 for small test models).
-    #[arg(long, default_value_t = 1.0)]
-    width: f64,
-    /// Bottlenecks per stage, comma-separated (ResNet-50: 3,4,6,3).
-    #[arg(long, default_value = "3,4,6,3")]
-    depth: String,
-    /// ResNet version: 1.5 (stride in the 3×3) or 1 (stride in the first 1×1).
-    #[arg(long, default_value = "1.5", value_parser = ["1", "1.5"])]
-    version: String,
-    /// Warm-up epochs (linear), as a fraction of the run when no epochs are given: steps/10.
-    #[arg(long)]
-    warmup_steps: Option<usize>,
-    /// Learning rate per 256 images.
-    #[arg(long, default_value_t = 0.1)]
-    lr: f64,
-    /// Label smoothing.
-    #[arg(long, default_value_t = 0.0)]
-    label_smoothing: f64,
-    /// Seed (same seed, same thread count: the same run).
-    #[arg(long, default_value_t = 1)]
-    seed: u64,
-    /// Threads (default: every CPU roofline may use).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// Where to run: cpu, or cuda (cuDNN convolutions, cuBLAS classifier, NVRTC kernels for
-    /// the rest; under mpirun one GPU per rank, gradients summed with NCCL).
-    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
-    device: String,
-    /// With --device cuda: the convolutions' precision. f32; tf32 (tensor cores round the
-    /// inputs); f16 or bf16 (mixed precision: f32 master weights, batch norm and loss in f32,
-    /// dynamic loss scaling for f16).
-    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "f16", "bf16"])]
-    precision: String,
-    /// With --device cuda: the GPU to use (default: the launcher's local rank modulo the GPU
-    /// count, else 0).
-    #[arg(long, value_name = "N")]
-    gpu: Option<usize>,
+    pub workload: String,
+
+    #[command(flatten)]
+    pub run: RunArgs,
     /// With --device cuda: compare every GPU layer, and one whole training step of a small
     /// ResNet, with the CPU layers on small shapes in --precision; print the table and exit
     /// (1 when a comparison fails). Run it first on a new GPU machine.
     #[arg(long, requires = "device")]
     check: bool,
-    /// Under mpirun: the gradients' number format on the wire. none (f32); fp16 (HPC AI500
-    /// V2.0 section 7.5.2: half the bytes; on the CPU each bucket is scaled by a power of two
-    /// the ranks agree on, so that sums cannot overflow, and summed over a ring of 16-bit
-    /// messages; on GPUs NCCL sums f16 under the dynamic loss scale); bf16 (f32's range, 8
-    /// mantissa bits).
-    #[arg(long, default_value = "none", value_parser = ["none", "fp16", "bf16"], value_name = "FORMAT")]
-    grad_compression: String,
-    /// Under mpirun: sum the gradients after the whole backward pass. By default each fused
-    /// bucket is summed as soon as the backward pass has finished its gradients, while the
-    /// rest of the backward pass runs.
-    #[arg(long)]
-    no_overlap: bool,
-    /// Under mpirun: gradient elements per fused bucket (Horovod's tensor fusion; a parameter
-    /// is never split, so a bucket holds at least one).
-    #[arg(long, default_value_t = roofline_workloads::exchange::BUCKET, value_name = "ELEMENTS",
-          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
-    bucket_elements: usize,
     /// Print a JSON summary instead of the text one.
     #[arg(long)]
     json: bool,
@@ -125,6 +37,103 @@ pub struct TrainArgs {
     /// Continue from this checkpoint (same model and batch; --steps counts from the start).
     #[arg(long, value_name = "PATH")]
     resume: Option<std::path::PathBuf>,
+}
+
+/// How a training run is set up: the model, the data, the schedule, the device, the ranks'
+/// gradient exchange. Shared by `train`, `place --workload resnet50` and `score`.
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Train on the synthetic image set (the default without --data).
+    #[arg(long)]
+    pub synthetic: bool,
+    /// An ImageNet-style folder: DIR/train/<class>/*.jpg (and DIR/val/<class>/*.jpg for
+    /// evaluation), or DIR/<class>/*.jpg. Decoded in parallel one batch ahead; random-resized
+    /// crop and flip for training, resize and centre crop for evaluation.
+    #[arg(long, value_name = "DIR", conflicts_with = "synthetic")]
+    pub data: Option<std::path::PathBuf>,
+    /// Images per step (the global batch).
+    #[arg(long, default_value_t = 32)]
+    pub batch: usize,
+    /// Image side in pixels.
+    #[arg(long, default_value_t = 224)]
+    pub resolution: usize,
+    /// Training steps (default: 20; --epochs overrides).
+    #[arg(long)]
+    pub steps: Option<usize>,
+    /// Epochs over the training images (--train-images, or the folder's).
+    #[arg(long)]
+    pub epochs: Option<usize>,
+    /// Images in the synthetic training set.
+    #[arg(long, default_value_t = 1281)]
+    pub train_images: usize,
+    /// Held-out images evaluated (synthetic: fresh images; folder: from DIR/val); 0: none.
+    #[arg(long, default_value_t = 0)]
+    pub eval_images: usize,
+    /// Stop when held-out Top-1 reaches this fraction (e.g. 0.759), evaluating every
+    /// --eval-every steps; the JSON then gives HPC AI500's time-to-quality (from the first
+    /// batch read to the target).
+    #[arg(long, value_name = "FRACTION")]
+    pub target_top1: Option<f64>,
+    /// Evaluate every this many steps (default: at the end only).
+    #[arg(long, value_name = "STEPS")]
+    pub eval_every: Option<usize>,
+    /// Classes.
+    #[arg(long, default_value_t = 1000)]
+    pub classes: usize,
+    /// Width multiplier (1 = ResNet-50; 0.25 for small test models).
+    #[arg(long, default_value_t = 1.0)]
+    pub width: f64,
+    /// Bottlenecks per stage, comma-separated (ResNet-50: 3,4,6,3).
+    #[arg(long, default_value = "3,4,6,3")]
+    pub depth: String,
+    /// ResNet version: 1.5 (stride in the 3×3) or 1 (stride in the first 1×1).
+    #[arg(long, default_value = "1.5", value_parser = ["1", "1.5"])]
+    pub version: String,
+    /// Warm-up epochs (linear), as a fraction of the run when no epochs are given: steps/10.
+    #[arg(long)]
+    pub warmup_steps: Option<usize>,
+    /// Learning rate per 256 images.
+    #[arg(long, default_value_t = 0.1)]
+    pub lr: f64,
+    /// Label smoothing.
+    #[arg(long, default_value_t = 0.0)]
+    pub label_smoothing: f64,
+    /// Seed (same seed, same thread count: the same run).
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Threads (default: every CPU roofline may use).
+    #[arg(long)]
+    pub threads: Option<usize>,
+    /// Where to run: cpu, or cuda (cuDNN convolutions, cuBLAS classifier, NVRTC kernels for
+    /// the rest; under mpirun one GPU per rank, gradients summed with NCCL).
+    #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
+    pub device: String,
+    /// With --device cuda: the convolutions' precision. f32; tf32 (tensor cores round the
+    /// inputs); f16 or bf16 (mixed precision: f32 master weights, batch norm and loss in f32,
+    /// dynamic loss scaling for f16).
+    #[arg(long, default_value = "f32", value_parser = ["f32", "tf32", "f16", "bf16"])]
+    pub precision: String,
+    /// With --device cuda: the GPU to use (default: the launcher's local rank modulo the GPU
+    /// count, else 0).
+    #[arg(long, value_name = "N")]
+    pub gpu: Option<usize>,
+    /// Under mpirun: the gradients' number format on the wire. none (f32); fp16 (HPC AI500
+    /// V2.0 section 7.5.2: half the bytes; on the CPU each bucket is scaled by a power of two
+    /// the ranks agree on, so that sums cannot overflow, and summed over a ring of 16-bit
+    /// messages; on GPUs NCCL sums f16 under the dynamic loss scale); bf16 (f32's range, 8
+    /// mantissa bits).
+    #[arg(long, default_value = "none", value_parser = ["none", "fp16", "bf16"], value_name = "FORMAT")]
+    pub grad_compression: String,
+    /// Under mpirun: sum the gradients after the whole backward pass. By default each fused
+    /// bucket is summed as soon as the backward pass has finished its gradients, while the
+    /// rest of the backward pass runs.
+    #[arg(long)]
+    pub no_overlap: bool,
+    /// Under mpirun: gradient elements per fused bucket (Horovod's tensor fusion; a parameter
+    /// is never split, so a bucket holds at least one).
+    #[arg(long, default_value_t = roofline_workloads::exchange::BUCKET, value_name = "ELEMENTS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub bucket_elements: usize,
 }
 
 struct Bar(Option<indicatif::ProgressBar>);
@@ -142,7 +151,7 @@ impl Monitor for Bar {
 /// Under mpirun: the MPI world as the trainer's reducer (data parallel), and whether this rank
 /// reports; otherwise a single process.
 #[allow(clippy::type_complexity)]
-fn reducer(a: &TrainArgs) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
+pub fn reducer(a: &RunArgs) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
     let Some(n) = roofline_kernels::comm::launched_ranks() else {
         return Ok((None, true));
     };
@@ -216,7 +225,7 @@ fn local_rank() -> usize {
 
 /// The GPU this rank trains on, opened; `--device cuda` without a driver or GPU is an input
 /// error that says what was looked for.
-fn open_gpu(a: &TrainArgs) -> Result<(roofline_kernels::cuda::device::Gpu, usize), Failure> {
+fn open_gpu(a: &RunArgs) -> Result<(roofline_kernels::cuda::device::Gpu, usize), Failure> {
     use roofline_kernels::cuda::device;
     let count = device::init().map_err(|e| Failure::Input(anyhow!("--device cuda: {e}")))?;
     let ordinal = a.gpu.unwrap_or(local_rank() % count);
@@ -232,14 +241,14 @@ fn open_gpu(a: &TrainArgs) -> Result<(roofline_kernels::cuda::device::Gpu, usize
 
 /// `--device cuda --check`: the GPU layers against the CPU layers.
 fn check(a: &TrainArgs) -> Result<(), Failure> {
-    let prec =
-        roofline_workloads::gpu::precision(&a.precision).map_err(|e| Failure::Input(anyhow!(e)))?;
-    let (gpu, ordinal) = open_gpu(a)?;
+    let prec = roofline_workloads::gpu::precision(&a.run.precision)
+        .map_err(|e| Failure::Input(anyhow!(e)))?;
+    let (gpu, ordinal) = open_gpu(&a.run)?;
     println!(
         "GPU {ordinal}: {} (sm_{}), trainer layers in {} against the CPU",
         gpu.name,
         gpu.arch(),
-        a.precision
+        a.run.precision
     );
     let checks = roofline_workloads::gpu::self_test(gpu, prec)
         .map_err(|e| Failure::Run(anyhow!("GPU self-test: {e}")))?;
@@ -267,13 +276,215 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
 pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
     if a.check {
-        if a.device != "cuda" {
+        if a.run.device != "cuda" {
             return Err(input(
                 "--check compares the GPU layers with the CPU: use it with --device cuda".into(),
             ));
         }
         return check(a);
     }
+    if let Some(p) = &a.checkpoint {
+        crate::probe_cmd::check_writable(p).map_err(Failure::Input)?;
+    }
+    if let Some(p) = &a.resume {
+        if !p.is_file() {
+            return Err(input(format!("--resume {}: no such file", p.display())));
+        }
+    }
+    let mut prep = prepare(&a.run)?;
+    prep.cfg.checkpoint = a.checkpoint.clone();
+    prep.cfg.resume = a.resume.clone();
+    prep.cfg.checkpoint_every = a.checkpoint_every;
+    let (steps, cfg, threads, blocks) = (prep.cfg.steps, &prep.cfg, prep.threads, prep.blocks);
+    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(steps as u64);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
+            )
+            .map(|s| s.progress_chars("=> "))
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let monitor = Bar(bar);
+    let (reducer, root) = reducer(&a.run)?;
+    let (s, gpu_name) = execute(&a.run, &prep, &monitor, reducer)?;
+    if !root {
+        return Ok(());
+    }
+    if let Some(b) = &monitor.0 {
+        b.finish_and_clear();
+    }
+    let last = s.evals.last();
+    let counted = roofline_workloads::accounting::layers(&cfg.model, a.run.resolution);
+    let aiperf = roofline_workloads::accounting::aiperf(&counted);
+    let v3 = roofline_workloads::accounting::hpc_ai500_v3(&counted);
+    if a.json {
+        let v = serde_json::json!({
+            "workload": a.workload,
+            "model": format!("ResNet-50 v{} (width {}, depth {:?})", a.run.version, a.run.width, blocks),
+            "parameters": s.parameters,
+            "batch": a.run.batch,
+            "resolution": a.run.resolution,
+            "threads": threads,
+            "device": a.run.device,
+            "gpu": gpu_name,
+            "precision": a.run.precision,
+            "steps": s.steps,
+            "images": s.images,
+            "train_seconds": s.train_seconds,
+            "images_per_second": s.images_per_second,
+            "steady_images_per_second": s.steady_images_per_second,
+            "achieved_flops": s.achieved_flops,
+            "flops_forward_per_image": s.flops_forward_per_image,
+            "flops_step_per_image": s.flops_step_per_image,
+            "final_loss": s.final_loss,
+            "ranks": s.ranks,
+            "comm_bytes_per_step": s.comm_bytes_per_step,
+            "grad_compression": s.comm.wire.name(),
+            "overlap": s.comm.overlap,
+            "bucket_elements": s.comm.bucket,
+            "comm_wait_seconds": s.comm_wait_seconds,
+            "param_norm": s.param_norm,
+            "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
+            "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
+            "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),
+            "top1": last.map(|e| e.top1),
+            "top5": last.map(|e| e.top5),
+            "evaluations": s.evals.iter().map(|e| serde_json::json!({"step": e.step, "top1": e.top1, "top5": e.top5, "loss": e.loss})).collect::<Vec<_>>(),
+            "time_to_quality_seconds": s.time_to_quality,
+        });
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
+        );
+    } else {
+        let on = match &gpu_name {
+            Some(g) => format!("{g}, convolutions in {}", a.run.precision),
+            None => format!("{threads} threads"),
+        };
+        println!(
+            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} {} images, batch {}, {on}",
+            a.run.version,
+            a.run.width,
+            blocks,
+            s.parameters,
+            a.run.resolution,
+            a.run.resolution,
+            if a.run.data.is_some() {
+                "folder"
+            } else {
+                "synthetic"
+            },
+            a.run.batch,
+        );
+        println!(
+            "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
+            s.steps,
+            s.images,
+            s.train_seconds,
+            s.images_per_second,
+            s.steady_images_per_second,
+            roofline_plots::si(s.achieved_flops),
+            roofline_plots::si(s.flops_step_per_image),
+            roofline_plots::si(s.flops_forward_per_image)
+        );
+        println!(
+            "per image: AIPerf rules {} forward, {} backward, {} total; HPC AI500 V3.0 rules {} forward, {} training",
+            roofline_plots::si(aiperf.forward),
+            roofline_plots::si(aiperf.backward),
+            roofline_plots::si(aiperf.total()),
+            roofline_plots::si(v3.forward),
+            roofline_plots::si(v3.total())
+        );
+        if s.ranks > 1 {
+            println!(
+                "{} ranks: {}B per rank per step into the allreduces (gradients {}, buckets of {} elements, {}); {:.3} s per step waiting for the sums",
+                s.ranks,
+                roofline_plots::si(s.comm_bytes_per_step),
+                match s.comm.wire {
+                    Wire::F32 => "in f32".to_string(),
+                    w => format!("compressed to {}", w.name()),
+                },
+                s.comm.bucket,
+                if s.comm.overlap {
+                    "overlapped with the backward pass"
+                } else {
+                    "after the backward pass"
+                },
+                s.comm_wait_seconds / (s.steps - s.start_step).max(1) as f64
+            );
+        }
+        println!("final training loss {:.4}", s.final_loss);
+        if let Some(e) = last {
+            println!(
+                "held-out: Top-1 {:.2}%, Top-5 {:.2}% on {} images",
+                100.0 * e.top1,
+                100.0 * e.top5,
+                a.run.eval_images
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Runs a prepared training on the CPU or (--device cuda) this rank's GPU; returns the summary
+/// and the GPU's name.
+pub fn execute(
+    a: &RunArgs,
+    p: &Prepared,
+    monitor: &(dyn Monitor + Sync),
+    reducer: Option<Arc<dyn Reducer>>,
+) -> Result<(train::Summary, Option<String>), Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
+    let cfg = &p.cfg;
+    if reducer.is_none() && (a.grad_compression != "none" || a.no_overlap) {
+        eprintln!(
+            "note: --grad-compression and --no-overlap change how ranks exchange gradients; a single process has none to exchange (start it with mpirun -np N)"
+        );
+    }
+    let mut gpu_name = None;
+    let s = if a.device == "cuda" {
+        let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
+        let (gpu, ordinal) = open_gpu(a)?;
+        gpu_name = Some(gpu.name.clone());
+        let nccl = match &reducer {
+            Some(r) if r.ranks() > 1 => Some(
+                roofline_workloads::gpu::communicator(r.as_ref(), ordinal)
+                    .map_err(|e| Failure::Run(anyhow!("--device cuda: NCCL: {e}")))?,
+            ),
+            _ => None,
+        };
+        let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
+            .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
+        let mut dev =
+            roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.comm);
+        // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
+        train::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+    } else {
+        p.pool
+            .install(|| train::train_with::<f32>(cfg, monitor, reducer))
+    }
+    .map_err(|e| match e {
+        train::TrainError::Device(m) => Failure::Run(anyhow!("--device cuda: {m}")),
+        e => Failure::Input(anyhow!("{e}")),
+    })?;
+    Ok((s, gpu_name))
+}
+
+/// A training run set up from the command line.
+pub struct Prepared {
+    pub cfg: TrainConfig,
+    pub threads: usize,
+    pub blocks: [usize; 4],
+    pool: rayon::ThreadPool,
+}
+
+/// Checks `run` and builds its configuration (no checkpoints; the caller adds them) and its
+/// pinned thread pool.
+pub fn prepare(a: &RunArgs) -> Result<Prepared, Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
     if a.device != "cuda" && (a.precision != "f32" || a.gpu.is_some()) {
         return Err(input(
             "--precision and --gpu apply to --device cuda (the CPU trains in f32)".into(),
@@ -307,20 +518,12 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "expected --batch ≥ 1, --resolution ≥ 32, --classes ≥ 2, 0 < --width ≤ 4, --train-images ≥ 1".into(),
         ));
     }
-    if let Some(p) = &a.checkpoint {
-        crate::probe_cmd::check_writable(p).map_err(Failure::Input)?;
-    }
     if a.target_top1.is_some_and(|t| !(t > 0.0 && t <= 1.0))
         || (a.target_top1.is_some() && a.eval_images == 0)
     {
         return Err(input(
             "--target-top1 takes a fraction in (0, 1] and needs --eval-images".into(),
         ));
-    }
-    if let Some(p) = &a.resume {
-        if !p.is_file() {
-            return Err(input(format!("--resume {}: no such file", p.display())));
-        }
     }
     let mut steps = match (a.steps, a.epochs) {
         (_, Some(e)) => (e * a.train_images.max(1)).div_ceil(a.batch),
@@ -403,10 +606,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         decay: Decay::Cosine,
         target_top1: a.target_top1,
         eval_every: a.eval_every.unwrap_or(steps),
-        checkpoint: a.checkpoint.clone(),
-        resume: a.resume.clone(),
+        checkpoint: None,
+        resume: None,
         stop_at: None,
-        checkpoint_every: a.checkpoint_every,
+        checkpoint_every: None,
         comm: CommOptions {
             wire: Wire::parse(&a.grad_compression).map_err(input)?,
             overlap: !a.no_overlap,
@@ -422,164 +625,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             .max(1)],
     )
     .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
-    let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(steps as u64);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-            )
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
-    let monitor = Bar(bar);
-    let (reducer, root) = reducer(a)?;
-    if reducer.is_none() && (a.grad_compression != "none" || a.no_overlap) {
-        eprintln!(
-            "note: --grad-compression and --no-overlap change how ranks exchange gradients; a single process has none to exchange (start it with mpirun -np N)"
-        );
-    }
-    let mut gpu_name = None;
-    let s = if a.device == "cuda" {
-        let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
-        let (gpu, ordinal) = open_gpu(a)?;
-        gpu_name = Some(gpu.name.clone());
-        let nccl = match &reducer {
-            Some(r) if r.ranks() > 1 => Some(
-                roofline_workloads::gpu::communicator(r.as_ref(), ordinal)
-                    .map_err(|e| Failure::Run(anyhow!("--device cuda: NCCL: {e}")))?,
-            ),
-            _ => None,
-        };
-        let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
-            .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
-        let mut dev =
-            roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.comm);
-        // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
-        train::train_on::<f32>(&cfg, &monitor, reducer, Some(&mut dev))
-    } else {
-        pool.install(|| train::train_with::<f32>(&cfg, &monitor, reducer))
-    }
-    .map_err(|e| match e {
-        train::TrainError::Device(m) => Failure::Run(anyhow!("--device cuda: {m}")),
-        e => Failure::Input(anyhow!("{e}")),
-    })?;
-    if !root {
-        return Ok(());
-    }
-    if let Some(b) = &monitor.0 {
-        b.finish_and_clear();
-    }
-    let last = s.evals.last();
-    let counted = roofline_workloads::accounting::layers(&cfg.model, a.resolution);
-    let aiperf = roofline_workloads::accounting::aiperf(&counted);
-    let v3 = roofline_workloads::accounting::hpc_ai500_v3(&counted);
-    if a.json {
-        let v = serde_json::json!({
-            "workload": a.workload,
-            "model": format!("ResNet-50 v{} (width {}, depth {:?})", a.version, a.width, blocks),
-            "parameters": s.parameters,
-            "batch": a.batch,
-            "resolution": a.resolution,
-            "threads": threads,
-            "device": a.device,
-            "gpu": gpu_name,
-            "precision": a.precision,
-            "steps": s.steps,
-            "images": s.images,
-            "train_seconds": s.train_seconds,
-            "images_per_second": s.images_per_second,
-            "steady_images_per_second": s.steady_images_per_second,
-            "achieved_flops": s.achieved_flops,
-            "flops_forward_per_image": s.flops_forward_per_image,
-            "flops_step_per_image": s.flops_step_per_image,
-            "final_loss": s.final_loss,
-            "ranks": s.ranks,
-            "comm_bytes_per_step": s.comm_bytes_per_step,
-            "grad_compression": s.comm.wire.name(),
-            "overlap": s.comm.overlap,
-            "bucket_elements": s.comm.bucket,
-            "comm_wait_seconds": s.comm_wait_seconds,
-            "param_norm": s.param_norm,
-            "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
-            "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
-            "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),
-            "top1": last.map(|e| e.top1),
-            "top5": last.map(|e| e.top5),
-            "evaluations": s.evals.iter().map(|e| serde_json::json!({"step": e.step, "top1": e.top1, "top5": e.top5, "loss": e.loss})).collect::<Vec<_>>(),
-            "time_to_quality_seconds": s.time_to_quality,
-        });
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
-        );
-    } else {
-        let on = match &gpu_name {
-            Some(g) => format!("{g}, convolutions in {}", a.precision),
-            None => format!("{threads} threads"),
-        };
-        println!(
-            "ResNet-50 v{} (width {}, depth {:?}): {} parameters, {}×{} {} images, batch {}, {on}",
-            a.version,
-            a.width,
-            blocks,
-            s.parameters,
-            a.resolution,
-            a.resolution,
-            if a.data.is_some() {
-                "folder"
-            } else {
-                "synthetic"
-            },
-            a.batch,
-        );
-        println!(
-            "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
-            s.steps,
-            s.images,
-            s.train_seconds,
-            s.images_per_second,
-            s.steady_images_per_second,
-            roofline_plots::si(s.achieved_flops),
-            roofline_plots::si(s.flops_step_per_image),
-            roofline_plots::si(s.flops_forward_per_image)
-        );
-        println!(
-            "per image: AIPerf rules {} forward, {} backward, {} total; HPC AI500 V3.0 rules {} forward, {} training",
-            roofline_plots::si(aiperf.forward),
-            roofline_plots::si(aiperf.backward),
-            roofline_plots::si(aiperf.total()),
-            roofline_plots::si(v3.forward),
-            roofline_plots::si(v3.total())
-        );
-        if s.ranks > 1 {
-            println!(
-                "{} ranks: {}B per rank per step into the allreduces (gradients {}, buckets of {} elements, {}); {:.3} s per step waiting for the sums",
-                s.ranks,
-                roofline_plots::si(s.comm_bytes_per_step),
-                match s.comm.wire {
-                    Wire::F32 => "in f32".to_string(),
-                    w => format!("compressed to {}", w.name()),
-                },
-                s.comm.bucket,
-                if s.comm.overlap {
-                    "overlapped with the backward pass"
-                } else {
-                    "after the backward pass"
-                },
-                s.comm_wait_seconds / (s.steps - s.start_step).max(1) as f64
-            );
-        }
-        println!("final training loss {:.4}", s.final_loss);
-        if let Some(e) = last {
-            println!(
-                "held-out: Top-1 {:.2}%, Top-5 {:.2}% on {} images",
-                100.0 * e.top1,
-                100.0 * e.top5,
-                a.eval_images
-            );
-        }
-    }
-    Ok(())
+    Ok(Prepared {
+        cfg,
+        threads,
+        blocks,
+        pool,
+    })
 }

@@ -1,7 +1,8 @@
-//! What watches hardware. For now: the system inventory that goes into every result's
-//! provenance (CPU model, topology, caches, OS, kernel, host) and the current time.
+//! What watches hardware: the system inventory that goes into every result's provenance (CPU
+//! model, topology, caches, OS, kernel, host), NVML, CPU energy counters, and timeline spans.
 
 pub mod nvml;
+pub mod timeline;
 
 use roofline_model::{CacheInfo, CpuInfo};
 use std::collections::BTreeSet;

@@ -7,6 +7,7 @@
 pub mod bound;
 pub mod machine;
 pub mod peaks;
+pub mod placement;
 pub mod stats;
 pub mod write;
 

@@ -9,6 +9,7 @@ use crate::layers::{
     Linear, MaxPool, Param,
 };
 use crate::tensor::{Float, Tensor};
+use roofline_collectors::timeline::timed;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +48,15 @@ impl Config {
     }
 }
 
+/// Timeline categories of the layers' passes; span names are the accounting's layer names
+/// (`crate::accounting::layers`), fused layers joined by `+` (`layer1.0.bn1+relu1`).
+pub const FWD: &str = "forward";
+pub const BWD: &str = "backward";
+
+fn name(layer: &'static str) -> impl FnOnce() -> String {
+    move || layer.to_string()
+}
+
 /// One bottleneck: 1×1 → 3×3 → 1×1 (×4 expansion) plus the shortcut.
 pub struct Bottleneck<T> {
     pub conv1: Conv2d<T>,
@@ -56,6 +66,8 @@ pub struct Bottleneck<T> {
     pub conv3: Conv2d<T>,
     pub bn3: BatchNorm<T>,
     pub down: Option<(Conv2d<T>, BatchNorm<T>)>,
+    /// `layer1.0`, …: the prefix of its layers' names (timeline spans, accounting).
+    pub name: String,
     a1: Arc<Tensor<T>>,
     b1: Arc<Tensor<T>>,
     out: Arc<Tensor<T>>,
@@ -95,6 +107,7 @@ impl<T: Float> Bottleneck<T> {
                 if zero_last { 0.0 } else { 1.0 },
             ),
             down,
+            name: name.to_string(),
             a1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
             b1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
             out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
@@ -102,14 +115,25 @@ impl<T: Float> Bottleneck<T> {
     }
 
     fn forward(&mut self, x: &Arc<Tensor<T>>, train: bool) -> Arc<Tensor<T>> {
-        let a = Arc::new(self.bn1.forward_act(self.conv1.forward(x), train, true));
-        let b = Arc::new(self.bn2.forward_act(self.conv2.forward(&a), train, true));
-        let mut c = self.bn3.forward_act(self.conv3.forward(&b), train, false);
-        let shortcut = self
-            .down
-            .as_mut()
-            .map(|(conv, bn)| bn.forward_act(conv.forward(x), train, false));
-        add_relu(&mut c, shortcut.as_ref().unwrap_or(x));
+        let n = &self.name;
+        let f = |layer: &'static str| move || format!("{n}.{layer}");
+        let a = timed(FWD, f("conv1"), || self.conv1.forward(x));
+        let a = Arc::new(timed(FWD, f("bn1+relu1"), || {
+            self.bn1.forward_act(a, train, true)
+        }));
+        let b = timed(FWD, f("conv2"), || self.conv2.forward(&a));
+        let b = Arc::new(timed(FWD, f("bn2+relu2"), || {
+            self.bn2.forward_act(b, train, true)
+        }));
+        let c = timed(FWD, f("conv3"), || self.conv3.forward(&b));
+        let mut c = timed(FWD, f("bn3"), || self.bn3.forward_act(c, train, false));
+        let shortcut = self.down.as_mut().map(|(conv, bn)| {
+            let d = timed(FWD, f("downsample.0"), || conv.forward(x));
+            timed(FWD, f("downsample.1"), || bn.forward_act(d, train, false))
+        });
+        timed(FWD, f("add+relu3"), || {
+            add_relu(&mut c, shortcut.as_ref().unwrap_or(x))
+        });
         let out = Arc::new(c);
         if train {
             self.a1 = a;
@@ -120,17 +144,26 @@ impl<T: Float> Bottleneck<T> {
     }
 
     fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
-        relu_backward(&self.out, &mut d);
-        let db = self.conv3.backward(&self.bn3.backward(&d));
-        let da = self
-            .conv2
-            .backward(&self.bn2.backward_act(&db, Some(&self.b1)));
-        let mut dx = self
-            .conv1
-            .backward(&self.bn1.backward_act(&da, Some(&self.a1)));
+        let n = &self.name;
+        let f = |layer: &'static str| move || format!("{n}.{layer}");
+        timed(BWD, f("add+relu3"), || relu_backward(&self.out, &mut d));
+        let g = timed(BWD, f("bn3"), || self.bn3.backward(&d));
+        let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
+        let g = timed(BWD, f("bn2+relu2"), || {
+            self.bn2.backward_act(&db, Some(&self.b1))
+        });
+        let da = timed(BWD, f("conv2"), || self.conv2.backward(&g));
+        let g = timed(BWD, f("bn1+relu1"), || {
+            self.bn1.backward_act(&da, Some(&self.a1))
+        });
+        let mut dx = timed(BWD, f("conv1"), || self.conv1.backward(&g));
         match &mut self.down {
-            Some((conv, bn)) => add_into(&mut dx, &conv.backward(&bn.backward(&d))),
-            None => add_into(&mut dx, &d),
+            Some((conv, bn)) => {
+                let g = timed(BWD, f("downsample.1"), || bn.backward(&d));
+                let dd = timed(BWD, f("downsample.0"), || conv.backward(&g));
+                timed(BWD, f("add+relu3"), || add_into(&mut dx, &dd));
+            }
+            None => timed(BWD, f("add+relu3"), || add_into(&mut dx, &d)),
         }
         dx
     }
@@ -216,8 +249,11 @@ impl<T: Float> ResNet<T> {
     /// Logits for an NHWC batch of 3-channel images.
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
         let x = Arc::new(x.clone());
-        let s = Arc::new(self.stem_bn.forward_act(self.stem.forward(&x), train, true));
-        let mut h = Arc::new(self.pool.forward(&s));
+        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
+        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
+            self.stem_bn.forward_act(s, train, true)
+        }));
+        let mut h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
         if train {
             self.stem_out = s;
         }
@@ -225,8 +261,8 @@ impl<T: Float> ResNet<T> {
             h = b.forward(&h, train);
         }
         self.last_hw = (h.h, h.w);
-        let p = avgpool_forward(&h);
-        self.fc.forward(&p)
+        let p = timed(FWD, name("avgpool"), || avgpool_forward(&h));
+        timed(FWD, name("fc"), || self.fc.forward(&p))
     }
 
     /// Gradients of every parameter from ∂loss/∂logits (after a training forward pass).
@@ -242,17 +278,22 @@ impl<T: Float> ResNet<T> {
         dlogits: &Tensor<T>,
         ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) {
-        let dp = self.fc.backward(dlogits);
+        let dp = timed(BWD, name("fc"), || self.fc.backward(dlogits));
         ready(vec![&mut self.fc.weight, &mut self.fc.bias]);
-        let mut d = avgpool_backward(&dp, self.last_hw.0, self.last_hw.1);
+        let (h, w) = self.last_hw;
+        let mut d = timed(BWD, name("avgpool"), || avgpool_backward(&dp, h, w));
         for b in self.blocks.iter_mut().rev() {
             d = b.backward(d);
             ready(b.params());
         }
-        let ds = self.pool.backward(&d);
-        let dstem = self.stem_bn.backward_act(&ds, Some(&self.stem_out));
+        let ds = timed(BWD, name("maxpool"), || self.pool.backward(&d));
+        let dstem = timed(BWD, name("bn1+relu"), || {
+            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
+        });
         // The input image needs no gradient: only the filter gradient of the stem.
-        self.stem.backward_filter_only(&dstem);
+        timed(BWD, name("conv1"), || {
+            self.stem.backward_filter_only(&dstem)
+        });
         ready(Self::stem_params(&mut self.stem, &mut self.stem_bn).into());
     }
 

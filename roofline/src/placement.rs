@@ -1,0 +1,769 @@
+//! `placement.json` (schema `roofline/placement/v1`): where a workload sits on a machine's
+//! rooflines, what bounds it, and what to do about it (HPC AI500 V2.0 sections 6 and 7.5).
+//!
+//! A point is (intensity, achieved FLOP/s). Its roofs are the machine's flat compute ceilings of
+//! the workload's precision, the slanted memory ceiling of the level its footprint lives in
+//! (OI = FLOPs per byte of memory traffic) and, for data-parallel runs, the slanted
+//! communication ceilings (COI = FLOPs per byte communicated). The attainable bound is the
+//! lowest roof at the point's intensities; the binding ceiling is that roof, and its kind is
+//! the bound.
+
+use crate::machine::{CeilingKind, Machine, Provenance};
+use crate::stats::Stats;
+use crate::ModelError;
+use serde::{Deserialize, Serialize};
+use std::path::Path;
+
+/// The schema tag every `placement.json` of this version carries.
+pub const PLACEMENT_SCHEMA: &str = "roofline/placement/v1";
+
+/// The whole `placement.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Placement {
+    pub schema: String,
+    pub provenance: Provenance,
+    /// The `machine.json` the workload was placed against.
+    pub machine: MachineRef,
+    pub workload: WorkloadInfo,
+    /// The workload as a whole.
+    pub point: Point,
+    /// Its top layers by time, each placed on its own (training workloads).
+    #[serde(default)]
+    pub layers: Vec<Point>,
+    /// Seconds per step, split by what the step was doing.
+    pub time: TimeBreakdown,
+    pub energy: Energy,
+    pub advice: Vec<Advice>,
+}
+
+/// Which `machine.json` a placement used.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MachineRef {
+    pub path: String,
+    pub host: String,
+    pub cpu: String,
+    /// When the machine was probed (UTC, RFC 3339).
+    pub probed_utc: String,
+}
+
+impl MachineRef {
+    pub fn of(m: &Machine, path: &Path) -> MachineRef {
+        MachineRef {
+            path: path.display().to_string(),
+            host: m.provenance.host.clone(),
+            cpu: m.provenance.cpu.model_name.clone(),
+            probed_utc: m.provenance.time_utc.clone(),
+        }
+    }
+}
+
+/// What ran.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct WorkloadInfo {
+    /// As given: `resnet50`, `gemm:4096x4096x4096:f32`, `conv:…`, `stream:1073741824`.
+    pub name: String,
+    /// `training`, `gemm`, `conv`, `stream`.
+    pub kind: String,
+    pub description: String,
+    pub precision: String,
+    /// `cpu` or `gpuN`.
+    pub device: String,
+    pub threads: usize,
+    pub ranks: usize,
+    pub nodes: usize,
+    /// Steps run before the measured ones (not counted).
+    pub warm_steps: usize,
+    pub measured_steps: usize,
+    /// Training workloads: the model's parameters and the global batch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parameters: Option<usize>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch: Option<usize>,
+}
+
+/// FLOPs per byte of memory traffic.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Intensity {
+    /// From the analytic minimum of bytes each operation must move (every input, weight and
+    /// output once): an upper bound of the true OI.
+    pub analytic_min_bytes: f64,
+    pub analytic: f64,
+    /// From measured memory traffic (hardware counters) when they were readable.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub measured: Option<f64>,
+    /// Why there is no measured value, or where it came from.
+    pub measured_note: String,
+}
+
+/// FLOPs per byte communicated (HPC AI500's COI), per step and rank.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Coi {
+    /// Bytes each rank sent inside its node and between nodes per step.
+    pub intra_node_bytes: f64,
+    pub inter_node_bytes: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intra_node: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inter_node: Option<f64>,
+}
+
+/// What bounds a point.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BoundKind {
+    Compute,
+    Memory,
+    Communication,
+}
+
+impl BoundKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BoundKind::Compute => "compute-bound",
+            BoundKind::Memory => "memory-bound",
+            BoundKind::Communication => "communication-bound",
+        }
+    }
+}
+
+/// One roof considered for a point, and what it allows there.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct RoofAt {
+    /// The ceiling's id in `machine.json`.
+    pub ceiling: String,
+    pub kind: BoundKind,
+    /// The ceiling's own value (FLOP/s flat, B/s slanted).
+    pub value: f64,
+    /// FLOP/s it allows at the point's intensity.
+    pub allows: f64,
+}
+
+/// The binding ceiling and the attainable bound.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Bound {
+    pub kind: BoundKind,
+    /// The binding ceiling's id.
+    pub ceiling: String,
+    /// FLOP/s the roofline allows at this point (the lowest roof).
+    pub attainable: f64,
+    /// attainable / achieved (1: on the roof).
+    pub headroom: f64,
+    /// Every roof considered.
+    pub roofs: Vec<RoofAt>,
+}
+
+/// A point on the rooflines.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Point {
+    pub label: String,
+    /// FLOPs of one step (all ranks' work counts once per rank: this rank's share).
+    pub flops_per_step: f64,
+    pub seconds_per_step: Stats,
+    /// FLOP/s of the best step (`achieved.max`); the samples are in `achieved`.
+    pub achieved_flops: f64,
+    pub achieved: Stats,
+    /// Bytes the data of one step occupies (it decides which memory level feeds it).
+    pub footprint_bytes: f64,
+    pub oi: Intensity,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coi: Option<Coi>,
+    /// A layer's share of the step's time.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub share_of_step: Option<f64>,
+    pub bound: Bound,
+}
+
+/// Seconds per step.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct TimeBreakdown {
+    pub total_s: f64,
+    pub compute_s: f64,
+    /// Communication the computation did not hide.
+    pub communication_s: f64,
+    /// Waiting for data (loading, decoding, host-to-device copies).
+    pub data_s: f64,
+    /// The rest: neither computing, communicating nor waiting for data.
+    pub idle_s: f64,
+}
+
+/// Energy, where a counter exists. Nothing is estimated: without a source every per-watt figure
+/// is absent and `note` says why.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Energy {
+    pub measured: bool,
+    /// Where the joules came from (`NVML total energy, gpu0`, `powercap intel-rapl:0 (package)`).
+    #[serde(default)]
+    pub sources: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub joules_per_step: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_watts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_watt: Option<f64>,
+    pub note: String,
+}
+
+/// One piece of advice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Advice {
+    /// `communication`, `compute`, `memory`, `data`, `idle`, `measurement`.
+    pub topic: String,
+    pub text: String,
+}
+
+/// The roofs a point of `precision` on `threads` CPU threads is held against, from `m`:
+/// every flat compute ceiling of that precision (GEMM, convolution, peak FMA), the memory
+/// ceiling (triad) of the level a `footprint` of bytes lives in, and, when the point
+/// communicates, the allreduce ceilings inside and between nodes.
+pub fn cpu_roofs(
+    m: &Machine,
+    precision: &str,
+    threads: usize,
+    footprint: f64,
+    coi: Option<&Coi>,
+) -> Vec<(RoofAt, Axis)> {
+    let suffix = if threads <= 1 { "t1" } else { "all" };
+    let mut out = Vec::new();
+    for family in ["gemm", "conv", "fma"] {
+        if let Some(c) = m.ceiling(&format!("cpu/{family}/{precision}/{suffix}")) {
+            out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
+        }
+    }
+    let level = memory_level(m, footprint, threads);
+    let mem = ["triad", "copy", "read"]
+        .iter()
+        .find_map(|op| m.ceiling(&format!("cpu/mem/{level}/{op}/{suffix}")));
+    if let Some(c) = mem {
+        out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
+    }
+    if let Some(coi) = coi {
+        for (scope, bytes, axis) in [
+            ("intra", coi.intra_node_bytes, Axis::CoiIntra),
+            ("inter", coi.inter_node_bytes, Axis::CoiInter),
+        ] {
+            if bytes <= 0.0 {
+                continue;
+            }
+            if let Some(c) = m
+                .ceiling(&format!("net/allreduce/{scope}"))
+                .filter(|c| c.kind == CeilingKind::Comm)
+            {
+                out.push((roof(&c.id, BoundKind::Communication, c.value), axis));
+            }
+        }
+    }
+    out
+}
+
+fn roof(id: &str, kind: BoundKind, value: f64) -> RoofAt {
+    RoofAt {
+        ceiling: id.to_string(),
+        kind,
+        value,
+        allows: 0.0,
+    }
+}
+
+/// Which intensity a roof multiplies.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Axis {
+    Flat,
+    Oi,
+    CoiIntra,
+    CoiInter,
+}
+
+/// The memory level whose capacity holds `footprint` bytes on `threads` threads: each core's
+/// private caches count once per thread, shared ones once per instance; beyond the last
+/// level, `DRAM`.
+pub fn memory_level(m: &Machine, footprint: f64, threads: usize) -> String {
+    let mut levels: Vec<(u32, f64)> = Vec::new();
+    for c in &m.provenance.cpu.caches {
+        if c.cache_type == "Instruction" {
+            continue;
+        }
+        let copies = if c.shared_by_cpus <= 1 {
+            threads.max(1)
+        } else {
+            c.instances.max(1)
+        };
+        levels.push((c.level, c.size_bytes as f64 * copies as f64));
+    }
+    levels.sort_by_key(|l| l.0);
+    levels
+        .iter()
+        .find(|(_, cap)| footprint <= *cap)
+        .map(|(l, _)| format!("L{l}"))
+        .unwrap_or_else(|| "DRAM".into())
+}
+
+/// Places a point with intensities `oi` (and `coi` when it communicates) and `achieved` FLOP/s
+/// under `roofs`. None when there is no roof at all (an empty machine.json).
+pub fn bound(roofs: &[(RoofAt, Axis)], oi: f64, coi: Option<&Coi>, achieved: f64) -> Option<Bound> {
+    let mut all = Vec::new();
+    for (r, axis) in roofs {
+        let x = match axis {
+            Axis::Flat => None,
+            Axis::Oi => Some(oi),
+            Axis::CoiIntra => coi.and_then(|c| c.intra_node),
+            Axis::CoiInter => coi.and_then(|c| c.inter_node),
+        };
+        let allows = match x {
+            None => r.value,
+            Some(x) if x.is_finite() => r.value * x,
+            Some(_) => continue,
+        };
+        all.push(RoofAt {
+            allows,
+            ..r.clone()
+        });
+    }
+    let low = all
+        .iter()
+        .min_by(|a, b| a.allows.total_cmp(&b.allows))?
+        .clone();
+    Some(Bound {
+        kind: low.kind,
+        ceiling: low.ceiling.clone(),
+        attainable: low.allows,
+        headroom: if achieved > 0.0 {
+            low.allows / achieved
+        } else {
+            f64::INFINITY
+        },
+        roofs: all,
+    })
+}
+
+/// Advice in the manner of HPC AI500 V2.0 section 7.5 for a placed workload and its layers.
+pub fn advise(
+    w: &WorkloadInfo,
+    p: &Point,
+    layers: &[Point],
+    time: &TimeBreakdown,
+    m: &Machine,
+) -> Vec<Advice> {
+    let mut out = Vec::new();
+    let mut say = |topic: &str, text: String| {
+        out.push(Advice {
+            topic: topic.into(),
+            text,
+        })
+    };
+    let pct = |x: f64| format!("{:.0}%", 100.0 * x);
+    let of_roof = 1.0 / p.bound.headroom.max(1e-12);
+    match p.bound.kind {
+        BoundKind::Communication => say(
+            "communication",
+            format!(
+                "communication-bound under {} ({} of what it allows at COI {}): compress gradients to fp16 for the wire (--grad-compression fp16 halves the bytes, doubling COI), fuse them into larger buckets (--bucket-elements), and overlap the allreduce with the backward pass (the default; check comm_wait)",
+                p.bound.ceiling,
+                pct(of_roof),
+                p.coi
+                    .as_ref()
+                    .and_then(|c| c.inter_node.or(c.intra_node))
+                    .map(|v| format!("{v:.1} FLOP/B"))
+                    .unwrap_or_default()
+            ),
+        ),
+        BoundKind::Memory => say(
+            "memory",
+            format!(
+                "memory-bound under {} at OI {:.2} FLOP/B ({} of what it allows): the work moves more bytes than the machine can feed at its compute rate; raise the intensity (block for cache, fuse passes over the same data, keep operands in a narrower type)",
+                p.bound.ceiling,
+                p.oi.analytic,
+                pct(of_roof)
+            ),
+        ),
+        BoundKind::Compute => {
+            let gemm = p
+                .bound
+                .roofs
+                .iter()
+                .find(|r| r.ceiling.contains("/gemm/"))
+                .map(|r| r.value);
+            let frac = gemm.map(|g| p.achieved_flops / g);
+            let mixed = ["bf16", "f16"]
+                .iter()
+                .filter(|q| **q != w.precision)
+                .find_map(|q| {
+                    m.ceilings
+                        .iter()
+                        .find(|c| {
+                            c.kind == CeilingKind::Compute
+                                && c.precision.as_deref() == Some(q)
+                                && gemm.is_some_and(|g| c.value > g * 1.2)
+                        })
+                        .map(|c| c.id.clone())
+                });
+            let mut text = format!(
+                "compute-bound under {} ({} of it)",
+                p.bound.ceiling,
+                pct(of_roof)
+            );
+            if let Some(f) = frac {
+                text += &format!(", {} of the GEMM ceiling", pct(f));
+            }
+            if w.kind == "training" {
+                text += match &mixed {
+                    Some(_) => ": train in mixed precision (a higher ceiling exists on this machine: ",
+                    None => ": a larger batch raises both the GEMM efficiency and the COI; mixed precision (bf16/f16 with f32 master weights) raises the ceiling where the hardware has faster 16-bit arithmetic",
+                };
+                if let Some(id) = mixed {
+                    text += &format!("{id}), and a larger batch to raise the COI");
+                }
+            } else if frac.is_some_and(|f| f < 0.7) {
+                text += ": the shape is far under the GEMM ceiling; larger or better-blocked operands would run closer to it";
+            }
+            say("compute", text);
+        }
+    }
+    let mem_layers: Vec<&Point> = layers
+        .iter()
+        .filter(|l| l.bound.kind == BoundKind::Memory)
+        .collect();
+    if !mem_layers.is_empty() {
+        let share: f64 = mem_layers.iter().filter_map(|l| l.share_of_step).sum();
+        say(
+            "memory",
+            format!(
+                "memory-bound layers ({} of the step among the top layers): {} — fuse them with their neighbours (batch norm + ReLU + residual add in one pass) or keep their activations in 16 bits",
+                pct(share),
+                mem_layers
+                    .iter()
+                    .map(|l| format!("{} (OI {:.2})", l.label, l.oi.analytic))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        );
+    }
+    if time.total_s > 0.0 {
+        if time.data_s / time.total_s > 0.1 {
+            say(
+                "data",
+                format!(
+                    "{} of each step waits for data: decode on more threads, prefetch further ahead, or read from faster storage",
+                    pct(time.data_s / time.total_s)
+                ),
+            );
+        }
+        if time.communication_s / time.total_s > 0.1 && p.bound.kind != BoundKind::Communication {
+            say(
+                "communication",
+                format!(
+                    "{} of each step waits for gradient sums the backward pass did not hide: larger buckets, fp16 compression, or more overlap",
+                    pct(time.communication_s / time.total_s)
+                ),
+            );
+        }
+        if time.idle_s / time.total_s > 0.1 {
+            say(
+                "idle",
+                format!(
+                    "{} of each step is idle (neither compute, communication nor data): look at the trace (--trace) for gaps",
+                    pct(time.idle_s / time.total_s)
+                ),
+            );
+        }
+    }
+    if p.bound.headroom < 0.9 {
+        say(
+            "measurement",
+            format!(
+                "the point is {} above its lowest roof {}: that ceiling was under-measured (re-run `roofline probe`), or the analytic byte count is too low",
+                pct(1.0 / p.bound.headroom - 1.0),
+                p.bound.ceiling
+            ),
+        );
+    }
+    out
+}
+
+impl Placement {
+    /// Parses a `placement.json` text, rejecting any other schema with a clear error.
+    pub fn from_json(text: &str) -> Result<Placement, ModelError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+        let schema = value.get("schema").and_then(|s| s.as_str());
+        if schema != Some(PLACEMENT_SCHEMA) {
+            return Err(ModelError::Schema {
+                expected: PLACEMENT_SCHEMA.into(),
+                found: schema
+                    .map(|s| format!("\"{s}\""))
+                    .unwrap_or_else(|| "no \"schema\" field".into()),
+            });
+        }
+        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+    }
+
+    pub fn read(path: &Path) -> Result<Placement, ModelError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Placement::from_json(&text).map_err(|e| e.in_file(path))
+    }
+
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::machine::{CacheInfo, Ceiling, PerIteration};
+
+    pub(crate) fn machine() -> Machine {
+        let c =
+            |id: &str, kind, value: f64, precision: Option<&str>, level: Option<&str>| Ceiling {
+                id: id.into(),
+                kind,
+                value,
+                unit: if kind == CeilingKind::Compute {
+                    "FLOP/s".into()
+                } else {
+                    "B/s".into()
+                },
+                threads: 2,
+                precision: precision.map(Into::into),
+                level: level.map(Into::into),
+                stats: Stats::from_samples(&[value]).unwrap(),
+                theoretical_peak: None,
+                above_peak: false,
+                method: String::new(),
+                per_iteration: PerIteration {
+                    ops: 0.0,
+                    bytes: 0.0,
+                },
+            };
+        let mut m: Machine = serde_json::from_value(serde_json::json!({
+            "schema": crate::MACHINE_SCHEMA,
+            "provenance": {
+                "tool": "roofline 0", "command_line": [], "time_utc": "t", "host": "h", "os": "o",
+                "kernel": "k", "quick": true, "duration_s": 1.0,
+                "cpu": { "vendor": "v", "model_name": "m", "family": 1, "model": 2, "stepping": 3,
+                         "sockets": 1, "cores": 2, "logical_cpus": 2, "features": [], "simd": "avx512",
+                         "caches": [] }
+            },
+            "ceilings": []
+        }))
+        .unwrap();
+        let cache = |level, size, shared, instances| CacheInfo {
+            level,
+            cache_type: if level == 1 { "Data" } else { "Unified" }.into(),
+            size_bytes: size,
+            shared_by_cpus: shared,
+            instances,
+        };
+        m.provenance.cpu.caches = vec![
+            cache(1, 48 << 10, 1, 2),
+            cache(2, 1 << 20, 1, 2),
+            cache(3, 32 << 20, 2, 1),
+        ];
+        m.ceilings = vec![
+            c(
+                "cpu/fma/f32/all",
+                CeilingKind::Compute,
+                800e9,
+                Some("f32"),
+                None,
+            ),
+            c(
+                "cpu/gemm/f32/all",
+                CeilingKind::Compute,
+                500e9,
+                Some("f32"),
+                None,
+            ),
+            c(
+                "cpu/conv/f32/all",
+                CeilingKind::Compute,
+                400e9,
+                Some("f32"),
+                None,
+            ),
+            c(
+                "cpu/fma/bf16/all",
+                CeilingKind::Compute,
+                1600e9,
+                Some("bf16"),
+                None,
+            ),
+            c(
+                "cpu/mem/L1/triad/all",
+                CeilingKind::Memory,
+                1000e9,
+                None,
+                Some("L1"),
+            ),
+            c(
+                "cpu/mem/L2/triad/all",
+                CeilingKind::Memory,
+                400e9,
+                None,
+                Some("L2"),
+            ),
+            c(
+                "cpu/mem/L3/triad/all",
+                CeilingKind::Memory,
+                200e9,
+                None,
+                Some("L3"),
+            ),
+            c(
+                "cpu/mem/DRAM/triad/all",
+                CeilingKind::Memory,
+                20e9,
+                None,
+                Some("DRAM"),
+            ),
+            c("net/allreduce/intra", CeilingKind::Comm, 10e9, None, None),
+        ];
+        m
+    }
+
+    #[test]
+    fn the_footprint_picks_the_memory_level() {
+        let m = machine();
+        // Private L1/L2 count once per thread; the shared L3 once.
+        assert_eq!(memory_level(&m, 90e3, 2), "L1");
+        assert_eq!(memory_level(&m, 100e3, 2), "L2");
+        assert_eq!(memory_level(&m, 100e3, 1), "L2");
+        assert_eq!(memory_level(&m, 3e6, 2), "L3");
+        assert_eq!(memory_level(&m, 1e9, 2), "DRAM");
+    }
+
+    /// A GEMM far right of the ridge binds on the lowest compute roof; a DRAM triad (OI 1/12)
+    /// on the DRAM roof; a point that communicates a lot on the allreduce roof.
+    #[test]
+    fn bounds_pick_the_lowest_roof_at_the_point() {
+        let m = machine();
+        let r = cpu_roofs(&m, "f32", 2, 3.0 * 64e6, None);
+        let g = bound(&r, 683.0, None, 480e9).unwrap();
+        assert_eq!(
+            (g.kind, g.ceiling.as_str()),
+            (BoundKind::Compute, "cpu/conv/f32/all")
+        );
+        assert_eq!(g.attainable, 400e9);
+        assert!((g.headroom - 400.0 / 480.0).abs() < 1e-12);
+        let s = bound(&r, 1.0 / 12.0, None, 1.6e9).unwrap();
+        assert_eq!(
+            (s.kind, s.ceiling.as_str()),
+            (BoundKind::Memory, "cpu/mem/DRAM/triad/all")
+        );
+        assert!((s.attainable - 20e9 / 12.0).abs() < 1.0);
+        let coi = Coi {
+            intra_node_bytes: 100e6,
+            inter_node_bytes: 0.0,
+            intra_node: Some(20.0),
+            inter_node: None,
+        };
+        let r = cpu_roofs(&m, "f32", 2, 1e9, Some(&coi));
+        assert_eq!(
+            r.len(),
+            5,
+            "three compute roofs, DRAM, the intra-node allreduce"
+        );
+        let c = bound(&r, 50.0, Some(&coi), 100e9).unwrap();
+        // 10 GB/s × 20 FLOP/B = 200 GFLOP/s < 400 (conv) < 1000 (DRAM × 50).
+        assert_eq!(c.kind, BoundKind::Communication);
+        assert_eq!(c.attainable, 200e9);
+        assert_eq!(c.roofs.len(), 5);
+        assert!(bound(&[], 1.0, None, 1.0).is_none());
+    }
+
+    fn point(kind: BoundKind, ceiling: &str, headroom: f64, achieved: f64) -> Point {
+        Point {
+            label: "x".into(),
+            flops_per_step: 1.0,
+            seconds_per_step: Stats::from_samples(&[1.0]).unwrap(),
+            achieved_flops: achieved,
+            achieved: Stats::from_samples(&[achieved]).unwrap(),
+            footprint_bytes: 1.0,
+            oi: Intensity {
+                analytic_min_bytes: 1.0,
+                analytic: 0.5,
+                measured: None,
+                measured_note: String::new(),
+            },
+            coi: None,
+            share_of_step: Some(0.2),
+            bound: Bound {
+                kind,
+                ceiling: ceiling.into(),
+                attainable: achieved * headroom,
+                headroom,
+                roofs: vec![RoofAt {
+                    ceiling: "cpu/gemm/f32/all".into(),
+                    kind: BoundKind::Compute,
+                    value: 500e9,
+                    allows: 500e9,
+                }],
+            },
+        }
+    }
+
+    #[test]
+    fn advice_follows_the_bound() {
+        let m = machine();
+        let w = WorkloadInfo {
+            name: "resnet50".into(),
+            kind: "training".into(),
+            description: String::new(),
+            precision: "f32".into(),
+            device: "cpu".into(),
+            threads: 2,
+            ranks: 2,
+            nodes: 1,
+            warm_steps: 1,
+            measured_steps: 3,
+            parameters: None,
+            batch: None,
+        };
+        let time = TimeBreakdown {
+            total_s: 1.0,
+            compute_s: 0.6,
+            communication_s: 0.05,
+            data_s: 0.3,
+            idle_s: 0.05,
+        };
+        let comm = point(BoundKind::Communication, "net/allreduce/intra", 1.5, 100e9);
+        let a = advise(&w, &comm, &[], &time, &m);
+        assert!(
+            a[0].text.contains("fp16") && a[0].text.contains("overlap"),
+            "{a:?}"
+        );
+        assert!(
+            a.iter().any(|x| x.topic == "data"),
+            "30% data wait is named"
+        );
+        let comp = point(BoundKind::Compute, "cpu/gemm/f32/all", 1.7, 300e9);
+        let bn = Point {
+            label: "layer1.0.bn1".into(),
+            ..point(BoundKind::Memory, "cpu/mem/DRAM/triad/all", 1.1, 5e9)
+        };
+        let a = advise(&w, &comp, &[bn], &time, &m);
+        assert!(
+            a[0].text.contains("60% of the GEMM ceiling"),
+            "{}",
+            a[0].text
+        );
+        assert!(
+            a[0].text.contains("cpu/fma/bf16/all"),
+            "names the faster precision"
+        );
+        assert!(a
+            .iter()
+            .any(|x| x.topic == "memory" && x.text.contains("layer1.0.bn1")));
+        let above = point(BoundKind::Compute, "cpu/gemm/f32/all", 0.8, 600e9);
+        let a = advise(&w, &above, &[], &TimeBreakdown::default(), &m);
+        assert!(a.iter().any(|x| x.topic == "measurement"));
+    }
+
+    #[test]
+    fn other_schemas_are_rejected() {
+        let e = Placement::from_json(r#"{"schema": "roofline/machine/v1"}"#).unwrap_err();
+        assert!(e.to_string().contains(PLACEMENT_SCHEMA), "{e}");
+    }
+}
