@@ -1,6 +1,7 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
 mod output;
+mod place_cmd;
 mod probe_cmd;
 mod train_cmd;
 
@@ -63,6 +64,23 @@ enum Command {
     ///   roofline train --workload resnet50 --synthetic --batch 32 --steps 20
     ///   roofline train --data /data/imagenet --epochs 1 --eval-images 5000 --checkpoint r50.safetensors
     Train(Box<train_cmd::TrainArgs>),
+    /// Run a workload and put it on the machine's rooflines: where it sits, what bounds it, and
+    /// what to do about it.
+    ///
+    /// Measures achieved FLOP/s over --steps steps after --warm ones, computes its operational
+    /// intensity (FLOPs per byte of the analytic minimum memory traffic) and, under mpirun, its
+    /// communication intensity (COI, FLOPs per byte communicated), and holds it against the
+    /// machine.json ceilings: the flat compute roofs of its precision, the memory roof of the
+    /// level its data lives in, the allreduce roofs. Writes roofline/placement/v1 JSON (achieved
+    /// FLOP/s with its samples, OI, COI, time breakdown, binding ceiling, attainable bound,
+    /// headroom, energy where counters exist, advice in the manner of HPC AI500 V2.0 section
+    /// 7.5) and an SVG with the point. resnet50 also places its top layers by time, each as its
+    /// own point, and --trace writes its timeline for Perfetto.
+    /// Examples:
+    ///   roofline place --workload gemm:4096x4096x4096
+    ///   roofline place --workload stream:1073741824
+    ///   roofline place --workload resnet50 --resolution 224 --batch 32 --trace r50.trace.json
+    Place(Box<place_cmd::PlaceArgs>),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
     /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to
@@ -151,6 +169,7 @@ fn main() -> ExitCode {
             }
         }
         Command::Train(args) => train_cmd::train(&args),
+        Command::Place(args) => place_cmd::place(&args),
         Command::Kernels { arch, json } => output::kernels(&arch, json).map_err(Failure::Input),
         Command::Plot {
             machine,

@@ -185,7 +185,7 @@ fn gpu_status(device: &str, sections: &[Section]) -> Result<Result<usize, String
 }
 
 /// The cores for the `all` ceilings (`--threads` checked), and all the machine's cores.
-fn cores_for(threads: Option<usize>) -> Result<(Vec<usize>, Vec<usize>), Failure> {
+pub(crate) fn cores_for(threads: Option<usize>) -> Result<(Vec<usize>, Vec<usize>), Failure> {
     let allowed = roofline_kernels::affinity::allowed_cpus();
     let machine_cores =
         roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
@@ -323,7 +323,7 @@ fn finish(a: &ProbeArgs, m: &Machine) -> Result<(), Failure> {
     Ok(())
 }
 
-fn provenance(cpu: roofline_model::CpuInfo, quick: bool, start: Instant) -> Provenance {
+pub(crate) fn provenance(cpu: roofline_model::CpuInfo, quick: bool, start: Instant) -> Provenance {
     Provenance {
         tool: format!("roofline {}", env!("CARGO_PKG_VERSION")),
         git_revision: option_env!("ROOFLINE_GIT_REVISION")

@@ -208,6 +208,9 @@ impl Reducer for MpiReducer {
     fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
         self.0.exchange_u16(to, send, from, recv);
     }
+    fn nodes(&self) -> usize {
+        self.0.cluster_info().nodes
+    }
 }
 
 /// The launcher's local rank (the GPU a rank takes by default).

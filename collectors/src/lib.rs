@@ -1,6 +1,7 @@
 //! What watches hardware: the system inventory that goes into every result's provenance (CPU
 //! model, topology, caches, OS, kernel, host), NVML, CPU energy counters, and timeline spans.
 
+pub mod energy;
 pub mod nvml;
 pub mod timeline;
 

@@ -30,6 +30,23 @@ pub struct ClassicOptions {
     pub op: String,
     pub width: u32,
     pub height: u32,
+    /// Workloads placed on the plot (`roofline place`).
+    pub points: Vec<PlotPoint>,
+}
+
+/// A placed workload or layer: drawn at (intensity, achieved) with a tick at the attainable
+/// bound above it (a dotted line between them: the headroom).
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlotPoint {
+    pub label: String,
+    /// One colour per group (a workload and its layers share it).
+    pub group: String,
+    /// FLOP/byte (OI for the classic model, COI for the COI models).
+    pub intensity: f64,
+    pub achieved: f64,
+    pub attainable: f64,
+    /// The workload itself (a larger marker) rather than one of its layers.
+    pub main: bool,
 }
 
 impl Default for ClassicOptions {
@@ -41,6 +58,7 @@ impl Default for ClassicOptions {
             op: "triad".into(),
             width: 1100,
             height: 760,
+            points: Vec::new(),
         }
     }
 }
@@ -295,6 +313,10 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
     if !xmin.is_finite() {
         (xmin, xmax) = (1.0, 1.0);
     }
+    for p in opt.points.iter().filter(|p| p.intensity > 0.0) {
+        xmin = xmin.min(p.intensity);
+        xmax = xmax.max(p.intensity);
+    }
     let x_range = (pow10_floor(xmin / 4.0), pow10_ceil(xmax * 4.0));
     let ymax = if flat.is_empty() {
         slanted
@@ -308,7 +330,18 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .iter()
         .map(|r| r.value * x_range.0)
         .chain(flat.iter().map(|r| r.value))
+        .chain(
+            opt.points
+                .iter()
+                .filter(|p| p.achieved > 0.0)
+                .map(|p| p.achieved),
+        )
         .fold(f64::INFINITY, f64::min);
+    let ymax = opt
+        .points
+        .iter()
+        .map(|p| p.achieved.max(p.attainable))
+        .fold(ymax, f64::max);
     let y_range = (pow10_floor(ymin / 1.5), pow10_ceil(ymax * 1.5));
     Ok(ClassicModel {
         flat,
@@ -392,6 +425,16 @@ const COLORS: [RGBColor; 14] = [
     RGBColor(128, 0, 0),
     RGBColor(0, 100, 0),
     RGBColor(184, 134, 11),
+];
+
+/// Point colours, distinct from the roofs' palette's first entries.
+const POINT_COLORS: [RGBColor; 6] = [
+    RGBColor(220, 20, 60),
+    RGBColor(0, 128, 128),
+    RGBColor(255, 140, 0),
+    RGBColor(75, 0, 130),
+    RGBColor(34, 139, 34),
+    RGBColor(30, 30, 30),
 ];
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
@@ -553,6 +596,50 @@ fn draw(
             format!("{level} ridge {:.3} FLOP/B", rdg.intensity),
             (rdg.intensity * 1.05, rdg.performance * below),
             ("sans-serif", 12).into_font().color(&BLACK),
+        )))?;
+    }
+    // Placed points: one colour per workload, a dotted line up to the attainable bound.
+    let mut groups: Vec<&str> = Vec::new();
+    for p in opt
+        .points
+        .iter()
+        .filter(|p| p.intensity > 0.0 && p.achieved > 0.0)
+    {
+        let g = match groups.iter().position(|g| *g == p.group) {
+            Some(i) => i,
+            None => {
+                groups.push(&p.group);
+                groups.len() - 1
+            }
+        };
+        let c = POINT_COLORS[g % POINT_COLORS.len()];
+        let (x, y) = (p.intensity.clamp(x0, x1), p.achieved.clamp(y0, y1));
+        let top = p.attainable.clamp(y0, y1);
+        if top > y {
+            chart.draw_series(DashedLineSeries::new(
+                vec![(x, y), (x, top)],
+                3,
+                3,
+                c.stroke_width(1),
+            ))?;
+            chart.draw_series(std::iter::once(PathElement::new(
+                vec![(x / 1.08, top), (x * 1.08, top)],
+                c.stroke_width(2),
+            )))?;
+        }
+        let r = if p.main { 7 } else { 4 };
+        let dot = chart.draw_series(std::iter::once(Circle::new((x, y), r, c.filled())))?;
+        if p.main {
+            let label = format!("{} ({}FLOP/s)", p.label, si(p.achieved));
+            dot.label(label)
+                .legend(move |(x, y)| Circle::new((x + 9, y), 5, c.filled()));
+        }
+        chart.draw_series(std::iter::once(Text::new(
+            p.label.clone(),
+            (x * 1.1, y),
+            ("sans-serif", if p.main { 13 } else { 10 })
+                .into_font()
+                .color(&c),
         )))?;
     }
     chart

@@ -212,19 +212,22 @@ pub struct Advice {
 }
 
 /// The roofs a point of `precision` on `threads` CPU threads is held against, from `m`:
-/// every flat compute ceiling of that precision (GEMM, convolution, peak FMA), the memory
+/// the flat compute ceilings of that precision among `families` (`gemm`, `conv`, `fma`: a
+/// GEMM is held against the GEMM and FMA roofs, a convolution or a network also against the
+/// convolution roof), the memory
 /// ceiling (triad) of the level a `footprint` of bytes lives in, and, when the point
 /// communicates, the allreduce ceilings inside and between nodes.
 pub fn cpu_roofs(
     m: &Machine,
     precision: &str,
+    families: &[&str],
     threads: usize,
     footprint: f64,
     coi: Option<&Coi>,
 ) -> Vec<(RoofAt, Axis)> {
     let suffix = if threads <= 1 { "t1" } else { "all" };
     let mut out = Vec::new();
-    for family in ["gemm", "conv", "fma"] {
+    for family in families {
         if let Some(c) = m.ceiling(&format!("cpu/{family}/{precision}/{suffix}")) {
             out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
         }
@@ -639,7 +642,7 @@ mod tests {
     #[test]
     fn bounds_pick_the_lowest_roof_at_the_point() {
         let m = machine();
-        let r = cpu_roofs(&m, "f32", 2, 3.0 * 64e6, None);
+        let r = cpu_roofs(&m, "f32", &["gemm", "conv", "fma"], 2, 3.0 * 64e6, None);
         let g = bound(&r, 683.0, None, 480e9).unwrap();
         assert_eq!(
             (g.kind, g.ceiling.as_str()),
@@ -659,7 +662,7 @@ mod tests {
             intra_node: Some(20.0),
             inter_node: None,
         };
-        let r = cpu_roofs(&m, "f32", 2, 1e9, Some(&coi));
+        let r = cpu_roofs(&m, "f32", &["gemm", "conv", "fma"], 2, 1e9, Some(&coi));
         assert_eq!(
             r.len(),
             5,
@@ -671,6 +674,12 @@ mod tests {
         assert_eq!(c.attainable, 200e9);
         assert_eq!(c.roofs.len(), 5);
         assert!(bound(&[], 1.0, None, 1.0).is_none());
+        // A GEMM is not held against the convolution roof.
+        let r = cpu_roofs(&m, "f32", &["gemm", "fma"], 2, 3.0 * 64e6, None);
+        assert_eq!(
+            bound(&r, 683.0, None, 480e9).unwrap().ceiling,
+            "cpu/gemm/f32/all"
+        );
     }
 
     fn point(kind: BoundKind, ceiling: &str, headroom: f64, achieved: f64) -> Point {

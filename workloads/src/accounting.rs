@@ -296,6 +296,33 @@ pub fn min_bytes_forward(layers: &[LayerCount]) -> f64 {
         .sum()
 }
 
+/// The layers a timeline span covers (`crate::resnet`'s span names): `layer1.0.bn1+relu1` is
+/// `layer1.0.bn1` and `layer1.0.relu1` (the parts after the first take its prefix).
+pub fn span_layers<'a>(layers: &'a [LayerCount], span: &str) -> Vec<&'a LayerCount> {
+    let mut parts = span.split('+');
+    let Some(first) = parts.next() else {
+        return Vec::new();
+    };
+    let prefix = first.rfind('.').map_or("", |i| &first[..=i]);
+    std::iter::once(first.to_string())
+        .chain(parts.map(|p| format!("{prefix}{p}")))
+        .filter_map(|n| layers.iter().find(|l| l.name == n))
+        .collect()
+}
+
+/// The minimum bytes one layer's training pass moves per image (f32): the forward pass reads
+/// its input and weights and writes its output; the backward pass reads the output's gradient,
+/// the input and the weights and writes the input's gradient (not for the first layer) and the
+/// weights' gradient.
+pub fn min_bytes_training(l: &LayerCount) -> f64 {
+    let dx = if matches!(l.kind, Kind::Conv { first: true }) {
+        0.0
+    } else {
+        l.inputs
+    };
+    4.0 * ((l.inputs + l.params + l.outputs) + (l.outputs + l.inputs + l.params + dx + l.params))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,6 +365,31 @@ mod tests {
         assert!((sum(|k| *k == Kind::Add, 1.0) / 5.52e6 - 1.0).abs() < 0.01);
         // The parameters add up to ResNet-50's.
         assert_eq!(l.iter().map(|x| x.params).sum::<f64>() as usize, 25_557_032);
+    }
+
+    #[test]
+    fn spans_name_their_layers() {
+        let l = layers(&Config::resnet50(1000), 224);
+        let names = |s: &str| -> Vec<String> {
+            span_layers(&l, s).iter().map(|x| x.name.clone()).collect()
+        };
+        assert_eq!(
+            names("layer1.0.bn1+relu1"),
+            ["layer1.0.bn1", "layer1.0.relu1"]
+        );
+        assert_eq!(names("bn1+relu"), ["bn1", "relu"]);
+        assert_eq!(
+            names("layer2.0.add+relu3"),
+            ["layer2.0.add", "layer2.0.relu3"]
+        );
+        assert_eq!(names("fc"), ["fc"]);
+        assert!(names("nothing").is_empty());
+        // The stem computes no input gradient: its backward moves less.
+        let stem = &l[0];
+        assert_eq!(
+            min_bytes_training(stem),
+            4.0 * (2.0 * stem.inputs + 3.0 * stem.params + 2.0 * stem.outputs)
+        );
     }
 
     #[test]

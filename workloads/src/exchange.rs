@@ -9,6 +9,7 @@
 //! order the training thread asked for them, which is the same on every rank.
 
 use crate::layers::Reducer;
+use roofline_collectors::timeline::span;
 use std::collections::VecDeque;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -224,6 +225,9 @@ impl Exchange {
                             let _ = back.send(recv);
                         }
                         Job::Bucket(mut v, wire, back) => {
+                            let _s = span("comm", || {
+                                format!("allreduce {} gradients ({})", v.len(), wire.name())
+                            });
                             sum_bucket(inner.as_ref(), &mut v, wire);
                             let _ = back.send(v);
                         }

@@ -17,6 +17,10 @@ pub trait Reducer: Send + Sync {
     /// Sends `send` to rank `to` while receiving `recv.len()` values from rank `from` (one
     /// MPI_Sendrecv): the hops of the compressed gradient ring.
     fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]);
+    /// Nodes the ranks run on (communication inside a node and between nodes differ).
+    fn nodes(&self) -> usize {
+        1
+    }
     /// Rank 0's `bytes` on every rank: a sum in which the other ranks add zeros (exact for
     /// bytes in f64). The CUDA path sends NCCL's unique id this way.
     fn broadcast(&self, bytes: &mut [u8]) {

@@ -5,10 +5,12 @@ use crate::data::{Rng, Synthetic};
 use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::folder::ImageFolder;
 use crate::layers::{softmax_cross_entropy, Param, Reducer};
+use crate::resnet::FWD;
 use crate::resnet::{Config, ResNet};
 use crate::tensor::Float;
 use crate::tensor::Tensor;
 use rayon::prelude::*;
+use roofline_collectors::timeline::{span, timed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -350,12 +352,24 @@ pub struct Summary {
     pub comm_wait_seconds: f64,
     /// The gradient exchange used.
     pub comm: CommOptions,
+    /// Every step's wall time and what it waited for.
+    pub timing: Vec<StepTiming>,
     /// √Σ w² over every parameter at the end (compares runs).
     pub param_norm: f64,
     /// The step the run started from (a resumed run's checkpoint step).
     pub start_step: usize,
     /// Seconds from the first batch read to reaching the target (HPC AI500's time-to-quality).
     pub time_to_quality: Option<f64>,
+}
+
+/// One step's wall time, and the parts of it spent waiting for its batch and for gradient sums
+/// (the communication the backward pass did not hide).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StepTiming {
+    pub step: usize,
+    pub seconds: f64,
+    pub data_s: f64,
+    pub comm_s: f64,
 }
 
 /// Receives one line per step (for the progress bar).
@@ -520,6 +534,7 @@ pub fn train_on<T: Float>(
         model.set_reducer(Arc::clone(r));
     }
     let mut comm_wait = 0.0;
+    let mut timing = Vec::new();
     let mut comm_bytes = 0.0;
     let sgd = Sgd::default();
     let schedule = Schedule {
@@ -566,19 +581,34 @@ pub fn train_on<T: Float>(
         let src = cfg.data.clone();
         let seed = cfg.seed ^ (step as u64).wrapping_mul(0xA5A5_5A5A_1234_5678);
         let mine = ids[rank * local..(rank + 1) * local].to_vec();
-        std::thread::spawn(move || src.train_batch::<T>(&mine, seed))
+        std::thread::spawn(move || {
+            timed(
+                "data",
+                || format!("load batch {}", step + 1),
+                || src.train_batch::<T>(&mine, seed),
+            )
+        })
     };
     // The data order as of the last finished step (before the prefetch's draw).
     let mut saved = data.clone();
     let mut pending = (start_step < end).then(|| fetch(data.draw(cfg.batch), start_step));
     for step in start_step..end {
         let t0 = Instant::now();
-        let (x, labels) = pending
-            .take()
-            .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
-            .join()
-            .map_err(|_| TrainError::Data("the data loader panicked".into()))?
-            .map_err(TrainError::Data)?;
+        let step_span = span("step", || format!("step {}", step + 1));
+        let (x, labels) = timed(
+            "data",
+            || "wait for batch".into(),
+            || {
+                pending
+                    .take()
+                    .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
+                    .join()
+                    .map_err(|_| TrainError::Data("the data loader panicked".into()))?
+                    .map_err(TrainError::Data)
+            },
+        )?;
+        let data_s = t0.elapsed().as_secs_f64();
+        let mut comm_s = 0.0;
         // The data order after this step's draw (what a checkpoint after this step records).
         let after_draw = data.clone();
         if step + 1 < end {
@@ -594,7 +624,11 @@ pub fn train_on<T: Float>(
             }
             None => {
                 let z = model.forward(&x, true);
-                let (loss, g, _, _) = softmax_cross_entropy(&z, &labels, cfg.label_smoothing);
+                let (loss, g, _, _) = timed(
+                    FWD,
+                    || "softmax".into(),
+                    || softmax_cross_entropy(&z, &labels, cfg.label_smoothing),
+                );
                 match &exchange {
                     Some(ex) => {
                         let mut buckets = Buckets::new(ex, cfg.comm);
@@ -605,8 +639,13 @@ pub fn train_on<T: Float>(
                         });
                         comm_bytes = buckets.bytes;
                         let waited = Instant::now();
-                        let sums = buckets.finish();
-                        comm_wait += waited.elapsed().as_secs_f64();
+                        let sums = timed(
+                            "comm",
+                            || "wait for gradient sums".into(),
+                            || buckets.finish(),
+                        );
+                        comm_s = waited.elapsed().as_secs_f64();
+                        comm_wait += comm_s;
                         // The global batch's mean gradient.
                         let scale = T::from_f64(1.0 / ranks as f64);
                         let mut off = 0;
@@ -619,7 +658,11 @@ pub fn train_on<T: Float>(
                     }
                     None => model.backward(&g),
                 }
-                sgd.step(model.params(), schedule.lr(step));
+                timed(
+                    "optimizer",
+                    || "sgd".into(),
+                    || sgd.step(model.params(), schedule.lr(step)),
+                );
                 loss
             }
         };
@@ -628,7 +671,14 @@ pub fn train_on<T: Float>(
             r.sum_f64(&mut l);
             loss = l[0] / ranks as f64;
         }
+        drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
+        timing.push(StepTiming {
+            step: step + 1,
+            seconds: dt,
+            data_s,
+            comm_s,
+        });
         train_seconds += dt;
         if step > start_step {
             steady_seconds += dt;
@@ -733,6 +783,7 @@ pub fn train_on<T: Float>(
         ranks,
         comm_bytes_per_step: comm_bytes + stats_bytes,
         comm_wait_seconds: comm_wait,
+        timing,
         comm: cfg.comm,
         param_norm,
         start_step,

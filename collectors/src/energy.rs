@@ -1,0 +1,154 @@
+//! CPU energy from the Linux powercap interface (RAPL on Intel, and on AMD where the kernel
+//! exposes it): `/sys/class/powercap/<zone>/energy_uj`, a counter of microjoules that wraps at
+//! `max_energy_range_uj`. Only package zones (`package-N`) are summed, so that a core or DRAM
+//! sub-zone is not counted twice. Nothing is estimated: without readable zones there is no
+//! meter, and the reason says what was looked for.
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+/// One readable package zone.
+#[derive(Clone, Debug)]
+struct Zone {
+    name: String,
+    counter: PathBuf,
+    range_uj: u64,
+    start_uj: u64,
+}
+
+/// Energy counters started at one moment.
+#[derive(Debug)]
+pub struct Meter {
+    zones: Vec<Zone>,
+    t0: Instant,
+}
+
+/// What a meter measured.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Reading {
+    pub joules: f64,
+    pub seconds: f64,
+    /// e.g. `powercap intel-rapl:0 (package-0)`.
+    pub sources: Vec<String>,
+}
+
+fn read_u64(p: &Path) -> Option<u64> {
+    std::fs::read_to_string(p).ok()?.trim().parse().ok()
+}
+
+impl Meter {
+    /// Starts every readable package zone under `root` (normally `/sys/class/powercap`), or
+    /// says why there is none.
+    pub fn start_at(root: &Path) -> Result<Meter, String> {
+        let entries = std::fs::read_dir(root).map_err(|e| {
+            format!(
+                "no CPU energy counters: {} is not readable ({e})",
+                root.display()
+            )
+        })?;
+        let mut zones = Vec::new();
+        let mut unreadable = 0;
+        let mut dirs: Vec<PathBuf> = entries.flatten().map(|e| e.path()).collect();
+        dirs.sort();
+        for d in dirs {
+            let Some(name) = std::fs::read_to_string(d.join("name")).ok() else {
+                continue;
+            };
+            let name = name.trim().to_string();
+            if !name.starts_with("package") {
+                continue;
+            }
+            let counter = d.join("energy_uj");
+            match (read_u64(&counter), read_u64(&d.join("max_energy_range_uj"))) {
+                (Some(start_uj), Some(range_uj)) if range_uj > 0 => zones.push(Zone {
+                    name: format!(
+                        "powercap {} ({name})",
+                        d.file_name().unwrap_or_default().to_string_lossy()
+                    ),
+                    counter,
+                    range_uj,
+                    start_uj,
+                }),
+                _ => unreadable += 1,
+            }
+        }
+        if zones.is_empty() {
+            return Err(if unreadable > 0 {
+                format!("no CPU energy counters: {unreadable} package zone(s) under {} exist but energy_uj is not readable (root only since Linux 5.10)", root.display())
+            } else {
+                format!(
+                    "no CPU energy counters: no package zone under {} (no RAPL driver, or a virtual machine)",
+                    root.display()
+                )
+            });
+        }
+        Ok(Meter {
+            zones,
+            t0: Instant::now(),
+        })
+    }
+
+    pub fn start() -> Result<Meter, String> {
+        Meter::start_at(Path::new("/sys/class/powercap"))
+    }
+
+    /// Joules since `start` (each counter's wrap-around undone once).
+    pub fn read(&self) -> Result<Reading, String> {
+        let mut joules = 0.0;
+        for z in &self.zones {
+            let now = read_u64(&z.counter)
+                .ok_or_else(|| format!("{}: the counter stopped being readable", z.name))?;
+            let uj = if now >= z.start_uj {
+                now - z.start_uj
+            } else {
+                now + z.range_uj - z.start_uj
+            };
+            joules += uj as f64 * 1e-6;
+        }
+        Ok(Reading {
+            joules,
+            seconds: self.t0.elapsed().as_secs_f64(),
+            sources: self.zones.iter().map(|z| z.name.clone()).collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn zone(root: &Path, dir: &str, name: &str, uj: u64, range: u64) {
+        let d = root.join(dir);
+        std::fs::create_dir_all(&d).unwrap();
+        std::fs::write(d.join("name"), format!("{name}\n")).unwrap();
+        std::fs::write(d.join("energy_uj"), format!("{uj}\n")).unwrap();
+        std::fs::write(d.join("max_energy_range_uj"), format!("{range}\n")).unwrap();
+    }
+
+    #[test]
+    fn package_zones_are_summed_and_wraps_undone() {
+        let root = std::env::temp_dir().join(format!("roofline-powercap-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&root);
+        zone(&root, "intel-rapl:0", "package-0", 1_000_000, 10_000_000);
+        zone(&root, "intel-rapl:0:0", "core", 5, 10_000_000);
+        zone(&root, "intel-rapl:1", "package-1", 9_500_000, 10_000_000);
+        let m = Meter::start_at(&root).unwrap();
+        // +2 J on package 0; package 1 wraps: 9.5 → 10 → 0.25 J: +0.75 J.
+        std::fs::write(root.join("intel-rapl:0/energy_uj"), "3000000").unwrap();
+        std::fs::write(root.join("intel-rapl:1/energy_uj"), "250000").unwrap();
+        std::fs::write(root.join("intel-rapl:0:0/energy_uj"), "999999999").unwrap();
+        let r = m.read().unwrap();
+        assert!((r.joules - 2.75).abs() < 1e-9, "{}", r.joules);
+        assert_eq!(r.sources.len(), 2, "{:?}", r.sources);
+        assert!(r.sources[0].contains("package-0"));
+        let empty = root.join("none");
+        std::fs::create_dir_all(&empty).unwrap();
+        assert!(Meter::start_at(&empty)
+            .unwrap_err()
+            .contains("no package zone"));
+        assert!(Meter::start_at(&root.join("missing"))
+            .unwrap_err()
+            .contains("not readable"));
+        std::fs::remove_dir_all(&root).unwrap();
+    }
+}
