@@ -159,7 +159,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     let workload = parse_workload(&a.workload).map_err(input)?;
     let m = Machine::read(&a.machine).map_err(|e| {
         input(format!(
-            "{e}\n(place needs the machine's ceilings: run `roofline probe -o {}` first)",
+            "{e}; place needs the machine's ceilings: run `roofline probe -o {}` first",
             a.machine.display()
         ))
     })?;

@@ -603,3 +603,150 @@ fn train_reads_an_image_folder() {
         "--data: cannot read",
     );
 }
+
+/// `place` puts a GEMM right of the ridge (compute-bound), a large triad left of it
+/// (memory-bound on the DRAM roof), and a small ResNet with its layers, time breakdown,
+/// advice, plot and trace. Nothing here depends on how fast the machine is.
+#[test]
+fn place_puts_workloads_on_the_roofline() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("place");
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let place = |args: &[&str], out: &Path| {
+        let o = bin()
+            .args(["place", "--machine"])
+            .arg(machine)
+            .arg("-o")
+            .arg(out)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        read(out)
+    };
+    let g = place(
+        &[
+            "--workload",
+            "gemm:512x512x512",
+            "--steps",
+            "3",
+            "--warm",
+            "1",
+        ],
+        &dir.join("g.json"),
+    );
+    assert_eq!(g["schema"], "roofline/placement/v1");
+    assert_eq!(g["point"]["bound"]["kind"], "compute");
+    assert_eq!(g["point"]["bound"]["ceiling"], "cpu/gemm/f32/all");
+    let oi = g["point"]["oi"]["analytic"].as_f64().unwrap();
+    assert!((oi - 2.0 * 512.0 / (4.0 * 3.0)).abs() < 1e-9, "OI {oi}");
+    assert_eq!(g["point"]["achieved"]["samples"], 3);
+    let a = g["point"]["achieved_flops"].as_f64().unwrap();
+    let att = g["point"]["bound"]["attainable"].as_f64().unwrap();
+    assert!((g["point"]["bound"]["headroom"].as_f64().unwrap() - att / a).abs() < 1e-9 * att / a);
+    assert!(g["energy"]["note"].as_str().unwrap().contains("energy"));
+    let svg = std::fs::read_to_string(dir.join("g.svg")).unwrap();
+    assert!(
+        svg.contains("gemm:512x512x512:f32"),
+        "the point is labelled on the plot"
+    );
+    let s = place(
+        &[
+            "--workload",
+            "stream:268435456",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+        ],
+        &dir.join("s.json"),
+    );
+    assert_eq!(s["point"]["bound"]["kind"], "memory");
+    assert_eq!(s["point"]["bound"]["ceiling"], "cpu/mem/DRAM/triad/all");
+    assert!((s["point"]["oi"]["analytic"].as_f64().unwrap() - 1.0 / 12.0).abs() < 1e-12);
+    let r = place(
+        &[
+            "--workload",
+            "resnet50",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+            "--top",
+            "5",
+            "--trace",
+            dir.join("r.trace.json").to_str().unwrap(),
+        ],
+        &dir.join("r.json"),
+    );
+    assert_eq!(r["workload"]["kind"], "training");
+    assert_eq!(r["workload"]["measured_steps"], 2);
+    let layers = r["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 5, "the top five layers are placed");
+    for l in layers {
+        assert!(l["share_of_step"].as_f64().unwrap() > 0.0);
+        assert!(l["oi"]["analytic"].as_f64().unwrap() > 0.0);
+        assert!(l["bound"]["roofs"].as_array().unwrap().len() >= 2);
+    }
+    let t = &r["time"];
+    let sum: f64 = ["compute_s", "communication_s", "data_s", "idle_s"]
+        .iter()
+        .map(|k| t[*k].as_f64().unwrap())
+        .sum();
+    assert!(sum <= t["total_s"].as_f64().unwrap() * 1.0001 + 1e-9, "{t}");
+    assert!(!r["advice"].as_array().unwrap().is_empty());
+    let trace = read(&dir.join("r.trace.json"));
+    let ev = trace["traceEvents"].as_array().unwrap();
+    for cat in ["forward", "backward", "optimizer", "step"] {
+        assert!(
+            ev.iter().any(|e| e["cat"] == cat && e["ph"] == "X"),
+            "no {cat} span"
+        );
+    }
+    assert!(ev.iter().any(|e| e["name"] == "layer1.0.conv2"));
+    let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
+    assert!(svg.contains("resnet50"));
+    // Bad input: one line, exit 2, nothing written.
+    expect_input_error(
+        &["place", "--workload", "bert", "--machine"],
+        Some(machine),
+        "expected",
+    );
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "gemm:8x8x8",
+            "--machine",
+            "/nonexistent/m.json",
+            "-o",
+        ],
+        Some(&dir.join("x.json")),
+        "roofline probe",
+    );
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "gemm:64x64x64",
+            "--trace",
+            "/tmp/t.json",
+            "--machine",
+        ],
+        Some(machine),
+        "--workload resnet50",
+    );
+    assert!(!dir.join("x.json").exists());
+}

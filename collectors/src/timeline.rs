@@ -100,10 +100,14 @@ pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Va
     let mut events: Vec<serde_json::Value> = vec![serde_json::json!({
         "name": "process_name", "ph": "M", "pid": pid, "args": {"name": process}
     })];
-    let mut tids: Vec<(u64, &'static str)> = Vec::new();
+    // Each thread's categories name it: the one with steps trains, one with only allreduces
+    // communicates, one with only data spans loads.
+    let mut tids: Vec<(u64, Vec<&'static str>)> = Vec::new();
     for s in spans {
-        if !tids.iter().any(|(t, _)| *t == s.tid) {
-            tids.push((s.tid, s.cat));
+        match tids.iter_mut().find(|(t, _)| *t == s.tid) {
+            Some((_, cats)) if !cats.contains(&s.cat) => cats.push(s.cat),
+            Some(_) => {}
+            None => tids.push((s.tid, vec![s.cat])),
         }
         events.push(serde_json::json!({
             "name": s.name,
@@ -115,11 +119,15 @@ pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Va
             "tid": s.tid,
         }));
     }
-    for (t, cat) in tids {
-        let name = match cat {
-            "comm" => "communication".to_string(),
-            "data" => "data loader".to_string(),
-            _ => format!("thread {t}"),
+    for (t, cats) in tids {
+        let name = if cats.contains(&"step") {
+            "training".to_string()
+        } else if cats == ["comm"] {
+            "communication".to_string()
+        } else if cats == ["data"] {
+            "data loader".to_string()
+        } else {
+            format!("thread {t}")
         };
         events.push(serde_json::json!({
             "name": "thread_name", "ph": "M", "pid": pid, "tid": t, "args": {"name": name}
