@@ -119,9 +119,16 @@ enum Command {
         /// Which roofline: `classic` (FLOP per byte of memory traffic); `node-coi` (HPC AI500:
         /// FLOP per byte communicated, one node: its compute roofs, intra-node communication
         /// and memory as slanted roofs); `dist-coi` (the aggregate of all nodes against the
-        /// inter-node network). The COI models need a probe run under mpirun.
-        #[arg(long, default_value = "classic", value_parser = ["classic", "node-coi", "dist-coi"])]
+        /// inter-node network). The COI models need a probe run under mpirun. `hierarchical`:
+        /// the classic roofs of every memory level, each placement at its intensity (one point
+        /// per workload: per-level traffic needs hardware counters, not read here).
+        #[arg(long, default_value = "classic", value_parser = ["classic", "hierarchical", "node-coi", "dist-coi"])]
         model: String,
+        /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
+        /// option for several): a point each, its top layers, and a tick at the attainable
+        /// bound above each. COI models place them at their COI.
+        #[arg(long, value_name = "FILE")]
+        placement: Vec<PathBuf>,
     },
     /// Show the theoretical-peak database (accelerators, and the CPU rule).
     Peaks {
@@ -178,7 +185,10 @@ fn main() -> ExitCode {
             op,
             device,
             model,
-        } => plot(&machine, &output, &threads, &op, &device, &model),
+            placement,
+        } => plot(
+            &machine, &output, &threads, &op, &device, &model, &placement,
+        ),
         Command::Peaks { json } => output::peaks(json).map_err(Failure::Input),
     };
     match result {
@@ -206,8 +216,50 @@ fn plot(
     op: &str,
     device: &str,
     model: &str,
+    placements: &[PathBuf],
 ) -> Result<(), Failure> {
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
+    let placed: Vec<roofline_model::placement::Placement> = placements
+        .iter()
+        .map(|p| roofline_model::placement::Placement::read(p))
+        .collect::<Result<_, _>>()
+        .map_err(|e| Failure::Input(e.into()))?;
+    let mut points = Vec::new();
+    for p in &placed {
+        let group = p.workload.name.clone();
+        let x = |pt: &roofline_model::placement::Point| match model {
+            "node-coi" => pt.coi.as_ref().and_then(|c| c.intra_node),
+            "dist-coi" => pt.coi.as_ref().and_then(|c| c.inter_node),
+            _ => Some(pt.oi.analytic),
+        };
+        let Some(xi) = x(&p.point) else {
+            eprintln!(
+                "note: {} did not communicate ({} rank): it has no COI to place on the {model} roofline",
+                p.workload.name, p.workload.ranks
+            );
+            continue;
+        };
+        for (pt, main) in
+            std::iter::once((&p.point, true)).chain(p.layers.iter().map(|l| (l, false)))
+        {
+            let xi = if main {
+                xi
+            } else {
+                match x(pt) {
+                    Some(v) => v,
+                    None => continue,
+                }
+            };
+            points.push(roofline_plots::PlotPoint {
+                label: pt.label.clone(),
+                group: group.clone(),
+                intensity: xi,
+                achieved: pt.achieved_flops,
+                attainable: pt.bound.attainable,
+                main,
+            });
+        }
+    }
     let gpus: Vec<String> = m
         .provenance
         .gpus
@@ -236,6 +288,13 @@ fn plot(
         device: device.into(),
         threads: threads.into(),
         op: op.into(),
+        points,
+        title: (model == "hierarchical").then(|| {
+            format!(
+                "Hierarchical roofline: {} (every memory level, {op})",
+                m.provenance.cpu.model_name
+            )
+        }),
         ..Default::default()
     };
     let svg = roofline_plots::classic_svg(&m, &opt).map_err(|e| Failure::Input(e.into()))?;

@@ -718,6 +718,28 @@ fn place_puts_workloads_on_the_roofline() {
     assert!(ev.iter().any(|e| e["name"] == "layer1.0.conv2"));
     let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
     assert!(svg.contains("resnet50"));
+    // Several placements on one plot, in every classic model.
+    for model in ["classic", "hierarchical"] {
+        let o = bin()
+            .arg("plot")
+            .arg(machine)
+            .args(["--model", model, "--placement"])
+            .arg(dir.join("g.json"))
+            .arg("--placement")
+            .arg(dir.join("r.json"))
+            .arg("-o")
+            .arg(dir.join("all.svg"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let svg = std::fs::read_to_string(dir.join("all.svg")).unwrap();
+        assert!(svg.contains("gemm:512x512x512:f32") && svg.contains("resnet50"));
+    }
+    expect_input_error(
+        &["plot", "--placement", "/nonexistent.json"],
+        Some(machine),
+        "nonexistent",
+    );
     // Bad input: one line, exit 2, nothing written.
     expect_input_error(
         &["place", "--workload", "bert", "--machine"],

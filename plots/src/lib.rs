@@ -32,6 +32,8 @@ pub struct ClassicOptions {
     pub height: u32,
     /// Workloads placed on the plot (`roofline place`).
     pub points: Vec<PlotPoint>,
+    /// Replaces the generated title.
+    pub title: Option<String>,
 }
 
 /// A placed workload or layer: drawn at (intensity, achieved) with a tick at the attainable
@@ -59,6 +61,7 @@ impl Default for ClassicOptions {
             width: 1100,
             height: 760,
             points: Vec::new(),
+            title: None,
         }
     }
 }
@@ -479,6 +482,7 @@ fn draw(
             .unwrap_or_default();
         format!("Roofline: {} {name}", opt.device)
     };
+    let title = opt.title.clone().unwrap_or(title);
     let mut chart = ChartBuilder::on(root)
         .caption(title, ("sans-serif", 22))
         .margin(16)
