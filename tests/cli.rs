@@ -772,3 +772,123 @@ fn place_puts_workloads_on_the_roofline() {
     );
     assert!(!dir.join("x.json").exists());
 }
+
+/// `score` on a scaled-down synthetic run: score.json with every run and the olympic scores,
+/// a report whose first line says it is not comparable, and the HTML page rendered by headless
+/// Chromium with its plot and score table visible.
+#[test]
+fn score_writes_score_json_and_a_report_that_renders() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("score");
+    let out = dir.join("score.json");
+    let o = bin()
+        .args([
+            "score",
+            "--runs",
+            "3",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "8",
+            "--steps",
+            "6",
+            "--train-images",
+            "64",
+            "--eval-images",
+            "32",
+            "--target-top1",
+            "0.5",
+            "--machine",
+        ])
+        .arg(machine)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("NOT COMPARABLE"), "{text}");
+    assert!(text.contains("not valid"), "{text}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["schema"], "roofline/score/v1");
+    assert_eq!(s["valid"], false);
+    assert_eq!(s["comparable"], false);
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    // The olympic mean of three runs is the middle one.
+    let mut f: Vec<f64> = runs.iter().map(|r| r["flops"].as_f64().unwrap()).collect();
+    f.sort_by(|a, b| a.total_cmp(b));
+    assert_eq!(s["scores"]["flops"]["mean"].as_f64().unwrap(), f[1]);
+    for r in runs {
+        let v = r["flops"].as_f64().unwrap() * (r["quality"].as_f64().unwrap() / 0.5).powi(5);
+        assert!((r["vflops"].as_f64().unwrap() - v).abs() <= 1e-9 * v.abs());
+    }
+    assert!(s["energy_note"].as_str().unwrap().contains("energy"));
+    assert_eq!(s["placement"]["schema"], "roofline/placement/v1");
+    let html = std::fs::read_to_string(dir.join("score.html")).unwrap();
+    assert!(html.contains("<table id=\"scores\">") && html.contains("<svg"));
+    assert!(
+        !html.contains("src=\"http") && !html.contains("<link") && !html.contains("<script"),
+        "no external assets, no script"
+    );
+    // Headless Chromium (Debian's chromium package; .ci/run installs it).
+    let Some(chrome) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and no chromium"
+        );
+        eprintln!("skipped the rendering check: no chromium");
+        return;
+    };
+    let png = dir.join("report.png");
+    let url = format!("file://{}", dir.join("score.html").display());
+    let shot = Command::new(chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1200,3200",
+        ])
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(shot.status.success() && png.exists(), "{}", stderr(&shot));
+    let img = image::open(&png).unwrap().to_rgb8();
+    let count = |c: [u8; 3]| img.pixels().filter(|p| p.0 == c).count();
+    // The placed point (crimson) and the roofs are drawn; the tables' header cells (#eee) show.
+    assert!(
+        count([220, 20, 60]) > 50,
+        "the workload's point is not visible"
+    );
+    assert!(
+        count([238, 238, 238]) > 1000,
+        "the score table's header is not visible"
+    );
+    let dom = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom.contains("id=\"scores\"") && dom.contains("VFLOPS"),
+        "{dom}"
+    );
+}

@@ -225,6 +225,18 @@ pub fn cpu_ident() -> CpuIdent {
 }
 
 /// Host name.
+/// Physical memory (MemTotal of /proc/meminfo), bytes; 0 where unknown.
+pub fn memory_bytes() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("MemTotal:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
 pub fn hostname() -> String {
     read(Path::new("/proc/sys/kernel/hostname"))
         .or_else(|| std::env::var("HOSTNAME").ok())

@@ -5,6 +5,8 @@
 //! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
+pub mod report;
+
 use plotters::prelude::*;
 use roofline_model::{Ceiling, CeilingKind, Machine};
 

@@ -8,6 +8,7 @@ pub mod bound;
 pub mod machine;
 pub mod peaks;
 pub mod placement;
+pub mod score;
 pub mod stats;
 pub mod write;
 

@@ -354,6 +354,8 @@ pub struct Summary {
     pub comm: CommOptions,
     /// Every step's wall time and what it waited for.
     pub timing: Vec<StepTiming>,
+    /// Seconds from the first batch read to the end of the run (evaluations included).
+    pub elapsed_seconds: f64,
     /// √Σ w² over every parameter at the end (compares runs).
     pub param_norm: f64,
     /// The step the run started from (a resumed run's checkpoint step).
@@ -740,6 +742,7 @@ pub fn train_on<T: Float>(
         )
         .map_err(TrainError::Checkpoint)?;
     }
+    let elapsed_seconds = first_read.elapsed().as_secs_f64();
     let images = (steps_done - start_step) * cfg.batch;
     // Images/s over the steps after the first (which pays for first-touch allocations).
     let steady = if steps_done > start_step + 1 {
@@ -784,6 +787,7 @@ pub fn train_on<T: Float>(
         comm_bytes_per_step: comm_bytes + stats_bytes,
         comm_wait_seconds: comm_wait,
         timing,
+        elapsed_seconds,
         comm: cfg.comm,
         param_norm,
         start_step,

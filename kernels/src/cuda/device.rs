@@ -48,6 +48,9 @@ pub fn init() -> Result<usize, CudaError> {
 
 /// The driver's CUDA version, e.g. 12040 → "12.4".
 pub fn driver_version() -> Result<String, CudaError> {
+    if !libs::present(Lib::Driver) {
+        return Err(CudaError::Missing(libs::not_found(Lib::Driver)));
+    }
     let mut v = 0;
     // SAFETY: out-parameter.
     check(

@@ -1,0 +1,302 @@
+//! `score.json` (schema `roofline/score/v1`): the HPC AI500 V2.0 score of a workload (section
+//! 5.3) from repeated runs, with AIPerf's and HPC AI500 V3.0's figures beside it.
+//!
+//! - Valid FLOPS: `VFLOPS = FLOPS × (achieved quality / target quality)^n`, n = 5 and target
+//!   Top-1 0.763 for Image Classification, n = 10 and target mAP 0.35 for EWA.
+//! - Runs: 10 (Image Classification) or 5 (EWA); the highest and the lowest are dropped and the
+//!   rest averaged (the "olympic" mean); the variation is the standard deviation over the mean
+//!   of all runs (sample standard deviation, n − 1).
+//! - AIPerf: the regulated score `−ln(Error) × FLOPS` (Error = 1 − Top-1, in (0, 1)) and FLOPS as
+//!   a time series whose maximum is reported.
+//! - HPC AI500 V3.0: analytic FLOPS per epoch = analytic work per epoch / epoch time.
+
+use crate::machine::Provenance;
+use crate::placement::Placement;
+use crate::ModelError;
+use serde::{Deserialize, Serialize};
+
+/// The schema tag every `score.json` of this version carries.
+pub const SCORE_SCHEMA: &str = "roofline/score/v1";
+
+/// A workload's quality target and VFLOPS exponent (HPC AI500 V2.0 table 6).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Target {
+    /// `top1` or `map50`.
+    pub metric: String,
+    pub value: f64,
+    /// The exponent n of VFLOPS.
+    pub exponent: i32,
+    /// Runs the rules ask for.
+    pub runs: usize,
+}
+
+impl Target {
+    /// The published target of `workload` (`resnet50`, `ewa`).
+    pub fn published(workload: &str) -> Option<Target> {
+        match workload {
+            "resnet50" => Some(Target {
+                metric: "top1".into(),
+                value: 0.763,
+                exponent: 5,
+                runs: 10,
+            }),
+            "ewa" => Some(Target {
+                metric: "map50".into(),
+                value: 0.35,
+                exponent: 10,
+                runs: 5,
+            }),
+            _ => None,
+        }
+    }
+}
+
+/// `FLOPS × (achieved / target)^n`.
+pub fn vflops(flops: f64, achieved: f64, target: f64, n: i32) -> f64 {
+    flops * (achieved / target).powi(n)
+}
+
+/// The mean without the highest and the lowest value (all of them when fewer than three).
+pub fn olympic_mean(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    if v.len() < 3 {
+        return Some(v.iter().sum::<f64>() / v.len() as f64);
+    }
+    let mut s = v.to_vec();
+    s.sort_by(|a, b| a.total_cmp(b));
+    let mid = &s[1..s.len() - 1];
+    Some(mid.iter().sum::<f64>() / mid.len() as f64)
+}
+
+/// Standard deviation (n − 1) over the mean, of all values; 0 for one value.
+pub fn variation(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let n = v.len() as f64;
+    let mean = v.iter().sum::<f64>() / n;
+    if v.len() == 1 || mean == 0.0 {
+        return Some(0.0);
+    }
+    let var = v.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / (n - 1.0);
+    Some(var.sqrt() / mean.abs())
+}
+
+/// AIPerf's regulated score `−ln(Error) × FLOPS`, Error = 1 − accuracy, kept inside (0, 1).
+pub fn aiperf_regulated(flops: f64, accuracy: f64) -> f64 {
+    let error = (1.0 - accuracy).clamp(1e-9, 1.0 - 1e-9);
+    -error.ln() * flops
+}
+
+/// One run's raw figures.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Run {
+    pub run: usize,
+    pub seed: u64,
+    /// HPC AI500's time-to-quality: from the first batch read to the target quality, or to the
+    /// end of the run when it did not get there.
+    pub time_to_quality_s: f64,
+    pub reached_target: bool,
+    /// The quality at the end (Top-1 for Image Classification).
+    pub quality: f64,
+    pub top5: Option<f64>,
+    pub steps: usize,
+    pub images: usize,
+    pub train_seconds: f64,
+    /// Training FLOPs of the run (analytic, the trainer's count) / training seconds.
+    pub flops: f64,
+    pub vflops: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub energy_j: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub average_watts: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vflops_per_watt: Option<f64>,
+    /// AIPerf: FLOP/s of each step, and its maximum.
+    pub flops_series: Vec<f64>,
+    pub flops_series_max: f64,
+    pub aiperf_regulated: f64,
+    /// HPC AI500 V3.0: analytic work per epoch (its table 3) / epoch time.
+    pub v3_flops_per_epoch: f64,
+}
+
+/// One figure over the runs.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Summary {
+    /// The olympic mean (highest and lowest dropped).
+    pub mean: f64,
+    /// Standard deviation / mean over every run.
+    pub variation: f64,
+    pub min: f64,
+    pub max: f64,
+}
+
+impl Summary {
+    pub fn of(v: &[f64]) -> Option<Summary> {
+        Some(Summary {
+            mean: olympic_mean(v)?,
+            variation: variation(v)?,
+            min: v.iter().copied().fold(f64::INFINITY, f64::min),
+            max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
+        })
+    }
+}
+
+/// The scores.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scores {
+    pub time_to_quality_s: Summary,
+    pub quality: Summary,
+    pub flops: Summary,
+    pub vflops: Summary,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub vflops_per_watt: Option<Summary>,
+    pub aiperf_regulated: Summary,
+    /// AIPerf reports the maximum of its FLOPS time series over the whole benchmark.
+    pub aiperf_flops_max: f64,
+    pub v3_flops_per_epoch: Summary,
+}
+
+impl Scores {
+    pub fn of(runs: &[Run]) -> Option<Scores> {
+        let f = |g: fn(&Run) -> f64| -> Option<Summary> {
+            Summary::of(&runs.iter().map(g).collect::<Vec<_>>())
+        };
+        let per_watt: Option<Vec<f64>> = runs.iter().map(|r| r.vflops_per_watt).collect();
+        Some(Scores {
+            time_to_quality_s: f(|r| r.time_to_quality_s)?,
+            quality: f(|r| r.quality)?,
+            flops: f(|r| r.flops)?,
+            vflops: f(|r| r.vflops)?,
+            vflops_per_watt: per_watt.and_then(|v| Summary::of(&v)),
+            aiperf_regulated: f(|r| r.aiperf_regulated)?,
+            aiperf_flops_max: runs.iter().map(|r| r.flops_series_max).fold(0.0, f64::max),
+            v3_flops_per_epoch: f(|r| r.v3_flops_per_epoch)?,
+        })
+    }
+}
+
+/// The system under test, collected automatically.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct System {
+    pub cpu: String,
+    pub sockets: usize,
+    pub cores: usize,
+    pub logical_cpus: usize,
+    pub memory_bytes: u64,
+    pub accelerators: Vec<String>,
+    /// Links inside a node (NVLink, PCIe) and between nodes, as far as they are known.
+    pub intra_node_links: Vec<String>,
+    pub inter_node_links: Vec<String>,
+    pub os: String,
+    pub kernel: String,
+    pub driver: Option<String>,
+    pub libraries: Vec<String>,
+    pub compiler: String,
+    pub ranks: usize,
+    pub nodes: usize,
+}
+
+/// The whole `score.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Score {
+    pub schema: String,
+    /// When false, `not_comparable` says why (first line of every report).
+    pub comparable: bool,
+    #[serde(default)]
+    pub not_comparable: Vec<String>,
+    /// Whether the run count follows the rules (10 / 5 runs).
+    pub valid: bool,
+    #[serde(default)]
+    pub warnings: Vec<String>,
+    /// HPC AI500's benchmark level: `hardware`, `system` or `free`.
+    pub level: String,
+    pub workload: String,
+    pub target: Target,
+    /// Every hyper-parameter and communication setting, by name.
+    pub configuration: serde_json::Map<String, serde_json::Value>,
+    pub system: System,
+    pub provenance: Provenance,
+    pub runs: Vec<Run>,
+    pub scores: Scores,
+    /// Energy: where it came from, or why it was not measured.
+    pub energy_note: String,
+    /// The workload on the machine's roofline, when a machine.json was given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<Box<Placement>>,
+}
+
+impl Score {
+    pub fn from_json(text: &str) -> Result<Score, ModelError> {
+        let value: serde_json::Value =
+            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+        let schema = value.get("schema").and_then(|s| s.as_str());
+        if schema != Some(SCORE_SCHEMA) {
+            return Err(ModelError::Schema {
+                expected: SCORE_SCHEMA.into(),
+                found: schema
+                    .map(|s| format!("\"{s}\""))
+                    .unwrap_or_else(|| "no \"schema\" field".into()),
+            });
+        }
+        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+    }
+
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vflops_by_hand() {
+        // 100 TFLOPS at Top-1 0.7 against 0.763, n = 5: 0.7 / 0.763 = 0.917 431, to the
+        // fifth 0.649 931 → 64.99 TFLOPS.
+        let v = vflops(100e12, 0.7, 0.763, 5);
+        assert!((v / 1e12 - 64.9931).abs() < 1e-3, "{}", v / 1e12);
+        // On target: VFLOPS = FLOPS; EWA at mAP 0.30 against 0.35, n = 10: × 0.2141.
+        assert_eq!(vflops(5.0, 0.763, 0.763, 5), 5.0);
+        assert!((vflops(1.0, 0.30, 0.35, 10) - 0.214_058).abs() < 1e-6);
+    }
+
+    #[test]
+    fn olympic_mean_and_variation_by_hand() {
+        // Drop 1 and 10: mean of 2, 3, 4 = 3.
+        assert_eq!(olympic_mean(&[10.0, 2.0, 3.0, 1.0, 4.0]), Some(3.0));
+        // Two values: both kept.
+        assert_eq!(olympic_mean(&[1.0, 3.0]), Some(2.0));
+        assert_eq!(olympic_mean(&[]), None);
+        // 2, 4, 4, 4, 5, 5, 7, 9: mean 5, sample variance 32/7, sd 2.138 1, variation 0.427 6.
+        let v = variation(&[2.0, 4.0, 4.0, 4.0, 5.0, 5.0, 7.0, 9.0]).unwrap();
+        assert!((v - (32.0f64 / 7.0).sqrt() / 5.0).abs() < 1e-12);
+        assert!((v - 0.427_618).abs() < 1e-6);
+        assert_eq!(variation(&[3.0]), Some(0.0));
+        let s = Summary::of(&[1.0, 2.0, 3.0, 100.0]).unwrap();
+        assert_eq!((s.mean, s.min, s.max), (2.5, 1.0, 100.0));
+    }
+
+    #[test]
+    fn aiperf_regulated_score_by_hand() {
+        // Top-1 0.75: Error 0.25, −ln 0.25 = 1.386 29.
+        assert!((aiperf_regulated(1e12, 0.75) / 1e12 - 1.386_294).abs() < 1e-6);
+        assert!(
+            aiperf_regulated(1.0, 1.0).is_finite(),
+            "Error is kept inside (0, 1)"
+        );
+        assert!(aiperf_regulated(1.0, 0.0) > 0.0);
+    }
+
+    #[test]
+    fn published_targets() {
+        let r = Target::published("resnet50").unwrap();
+        assert_eq!((r.value, r.exponent, r.runs), (0.763, 5, 10));
+        let e = Target::published("ewa").unwrap();
+        assert_eq!((e.value, e.exponent, e.runs), (0.35, 10, 5));
+        assert!(Target::published("bert").is_none());
+    }
+}

@@ -1,0 +1,509 @@
+//! `roofline score`: the HPC AI500 V2.0 score of a workload from repeated training runs, and its
+//! report.
+
+use crate::train_cmd::{self, RunArgs};
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_model::placement::{
+    advise, bound, cpu_roofs, Energy, Intensity, MachineRef, Placement, Point, TimeBreakdown,
+    WorkloadInfo, PLACEMENT_SCHEMA,
+};
+use roofline_model::score::{
+    aiperf_regulated, vflops, Run, Score, Scores, System, Target, SCORE_SCHEMA,
+};
+use roofline_model::{write::write_atomic, Machine, Stats};
+use roofline_workloads::accounting;
+use std::path::PathBuf;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct ScoreArgs {
+    /// The workload: resnet50 (Image Classification; ewa, the Extreme Weather workload, is not
+    /// built yet).
+    #[arg(long, default_value = "resnet50", value_parser = ["resnet50", "ewa"])]
+    pub workload: String,
+    /// Independent runs (seeds --seed, --seed + 1, …). HPC AI500 asks for 10 (resnet50) or 5
+    /// (ewa); fewer give a score marked not valid.
+    #[arg(long)]
+    pub runs: Option<usize>,
+    /// The benchmark level you declare (HPC AI500 V2.0): hardware (the reference workload and
+    /// hyper-parameters as given), system (software and hyper-parameters tuned), free.
+    #[arg(long, default_value = "free", value_parser = ["hardware", "system", "free"])]
+    pub level: String,
+    /// The machine's ceilings (from `roofline probe`): the report then places the workload on
+    /// the machine's roofline.
+    #[arg(long, value_name = "FILE")]
+    pub machine: Option<PathBuf>,
+    /// Where to write score.json (roofline/score/v1).
+    #[arg(short, long, default_value = "score.json")]
+    pub output: PathBuf,
+    /// The HTML report (self-contained: inline SVG, no external assets; default: the output's
+    /// name with .html).
+    #[arg(long, value_name = "HTML")]
+    pub report: Option<PathBuf>,
+    #[command(flatten)]
+    pub run: RunArgs,
+}
+
+/// Why a run of `a` cannot be compared with published scores (empty: it can).
+fn not_comparable(a: &RunArgs, custom_target: bool) -> Vec<String> {
+    let mut v = Vec::new();
+    if custom_target {
+        v.push(format!(
+            "its own target quality (--target-top1 {})",
+            a.target_top1.unwrap_or(0.0)
+        ));
+    }
+    if a.data.is_none() {
+        v.push("synthetic data, not ImageNet".into());
+    }
+    if a.resolution != 224 {
+        v.push(format!("resolution {} (the rules: 224)", a.resolution));
+    }
+    if a.width != 1.0 || a.depth.replace(' ', "") != "3,4,6,3" || a.version != "1.5" {
+        v.push(format!(
+            "a scaled model (ResNet-50 v{}, width {}, depth {})",
+            a.version, a.width, a.depth
+        ));
+    }
+    if a.classes != 1000 {
+        v.push(format!("{} classes", a.classes));
+    }
+    if !a.epochs.is_some_and(|e| e >= 90) {
+        v.push(match a.epochs {
+            Some(e) => format!("{e} epochs (the rules: 90)"),
+            None => "a run counted in steps, not the rules' 90 epochs".into(),
+        });
+    }
+    v
+}
+
+pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
+    if a.workload == "ewa" {
+        return Err(input(
+            "--workload ewa: the Extreme Weather workload (Faster-RCNN) is not built yet; resnet50 is".into(),
+        ));
+    }
+    let published =
+        Target::published(&a.workload).ok_or_else(|| input("unknown workload".into()))?;
+    let runs = a.runs.unwrap_or(published.runs);
+    if runs == 0 {
+        return Err(input("--runs 0: nothing to score".into()));
+    }
+    crate::probe_cmd::check_writable(&a.output).map_err(Failure::Input)?;
+    let report_path = a
+        .report
+        .clone()
+        .unwrap_or_else(|| a.output.with_extension("html"));
+    crate::probe_cmd::check_writable(&report_path).map_err(Failure::Input)?;
+    let machine = match &a.machine {
+        Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
+        None => None,
+    };
+    let custom = a.run.target_top1.is_some();
+    let target = Target {
+        value: a.run.target_top1.unwrap_or(published.value),
+        ..published.clone()
+    };
+    let mut warnings = Vec::new();
+    if runs < published.runs {
+        warnings.push(format!(
+            "{runs} run(s): HPC AI500 V2.0 asks for {} for {}; this score is not valid",
+            published.runs, a.workload
+        ));
+    }
+    let mut prep = train_cmd::prepare(&a.run)?;
+    if prep.cfg.eval_images == 0 {
+        // Quality needs held-out images.
+        prep.cfg.eval_images = match &prep.cfg.data {
+            roofline_workloads::train::Source::Synthetic(_) => 512,
+            _ => return Err(input(
+                "score measures quality on held-out images: give --eval-images N (with DIR/val)"
+                    .into(),
+            )),
+        };
+        eprintln!(
+            "note: evaluating on {} held-out images (--eval-images)",
+            prep.cfg.eval_images
+        );
+    }
+    prep.cfg.target_top1 = Some(target.value);
+    let start = Instant::now();
+    let (reducer, root) = train_cmd::reducer(&a.run)?;
+    let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
+    let counted = accounting::layers(&prep.cfg.model, a.run.resolution);
+    let v3_per_image = accounting::hpc_ai500_v3(&counted).total();
+    let mut done = Vec::new();
+    let mut energy_note = String::new();
+    let mut last = None;
+    let mut gpu = None;
+    for i in 0..runs {
+        let seed = a.run.seed + i as u64;
+        prep.cfg.seed = seed;
+        if let roofline_workloads::train::Source::Synthetic(s) = &mut prep.cfg.data {
+            // The same data set for every run; the seed changes the model and the order.
+            *s = roofline_workloads::data::Synthetic::new(s.classes, s.resolution, a.run.seed);
+        }
+        if root {
+            eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
+        }
+        let meter = roofline_collectors::energy::Meter::start();
+        let (s, g) = train_cmd::execute(
+            &a.run,
+            &prep,
+            &roofline_workloads::train::Quiet,
+            reducer.clone(),
+        )?;
+        gpu = g;
+        let reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+        let quality = s.evals.last().map(|e| e.top1).unwrap_or(0.0);
+        let top5 = s.evals.last().map(|e| e.top5);
+        let reached = s.time_to_quality.is_some();
+        let ttq = s.time_to_quality.unwrap_or(s.elapsed_seconds);
+        let flops = s.flops_step_per_image * s.images as f64 / s.train_seconds.max(1e-12);
+        let v = vflops(flops, quality, target.value, target.exponent);
+        let series: Vec<f64> = s
+            .timing
+            .iter()
+            .map(|t| s.flops_step_per_image * prep.cfg.batch as f64 / t.seconds.max(1e-12))
+            .collect();
+        let (energy_j, watts) = match &reading {
+            Ok(r) if r.joules > 0.0 => (Some(r.joules), Some(r.joules / r.seconds.max(1e-12))),
+            _ => (None, None),
+        };
+        energy_note = match &reading {
+            Ok(r) if r.joules > 0.0 => format!("CPU package energy per run from {}", r.sources.join(", ")),
+            Ok(_) => "energy not measured: the CPU energy counters did not advance; no per-watt figure is reported".into(),
+            Err(e) => format!("energy not measured: {e}; no per-watt figure is reported"),
+        };
+        if root {
+            eprintln!(
+                "  {} {quality:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
+                target.metric,
+                ttq,
+                if reached {
+                    "target reached"
+                } else {
+                    "target not reached"
+                },
+                roofline_plots::si(flops),
+                roofline_plots::si(v)
+            );
+        }
+        done.push(Run {
+            run: i + 1,
+            seed,
+            time_to_quality_s: ttq,
+            reached_target: reached,
+            quality,
+            top5,
+            steps: s.steps,
+            images: s.images,
+            train_seconds: s.train_seconds,
+            flops,
+            vflops: v,
+            energy_j,
+            average_watts: watts,
+            vflops_per_watt: watts.map(|w| v / w),
+            flops_series_max: series.iter().copied().fold(0.0, f64::max),
+            flops_series: series,
+            aiperf_regulated: aiperf_regulated(flops, quality),
+            v3_flops_per_epoch: v3_per_image * s.images as f64 / s.train_seconds.max(1e-12),
+        });
+        last = Some(s);
+    }
+    if !root {
+        return Ok(());
+    }
+    let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
+    let reasons = not_comparable(&a.run, custom);
+    let ident = roofline_collectors::cpu_ident();
+    let cores = crate::probe_cmd::cores_for(None)?.1.len();
+    let cpu = roofline_collectors::cpu_info(&ident, cores);
+    let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
+    let mut configuration = serde_json::Map::new();
+    let c = &prep.cfg;
+    for (k, v) in [
+        (
+            "model",
+            serde_json::json!(format!(
+                "ResNet-50 v{} (width {}, depth {:?})",
+                a.run.version, a.run.width, prep.blocks
+            )),
+        ),
+        (
+            "parameters",
+            serde_json::json!(last.as_ref().map(|s| s.parameters)),
+        ),
+        (
+            "data",
+            serde_json::json!(match &a.run.data {
+                Some(d) => d.display().to_string(),
+                None => format!("synthetic ({} classes)", a.run.classes),
+            }),
+        ),
+        ("training images", serde_json::json!(c.train_images)),
+        ("held-out images", serde_json::json!(c.eval_images)),
+        ("resolution", serde_json::json!(a.run.resolution)),
+        ("global batch", serde_json::json!(c.batch)),
+        ("steps", serde_json::json!(c.steps)),
+        ("epochs", serde_json::json!(a.run.epochs)),
+        (
+            "optimizer",
+            serde_json::json!("SGD, momentum 0.9, weight decay 1e-4 (not on batch norm or biases)"),
+        ),
+        (
+            "learning rate",
+            serde_json::json!(format!(
+                "{} per 256 images × batch / 256, linear warm-up over {} steps, cosine decay",
+                c.base_lr_per_256, c.warmup_steps
+            )),
+        ),
+        ("label smoothing", serde_json::json!(c.label_smoothing)),
+        ("evaluate every (steps)", serde_json::json!(c.eval_every)),
+        (
+            "target",
+            serde_json::json!(format!(
+                "{} {} (VFLOPS exponent {})",
+                target.metric, target.value, target.exponent
+            )),
+        ),
+        (
+            "device",
+            serde_json::json!(match &gpu {
+                Some(g) => format!("cuda: {g}, {}", a.run.precision),
+                None => format!("cpu, {} threads", prep.threads),
+            }),
+        ),
+        ("ranks", serde_json::json!(ranks)),
+        (
+            "gradient exchange",
+            serde_json::json!(format!(
+                "fused buckets of {} elements, compression {}, {}",
+                c.comm.bucket,
+                c.comm.wire.name(),
+                if c.comm.overlap {
+                    "overlapped with the backward pass"
+                } else {
+                    "after the backward pass"
+                }
+            )),
+        ),
+        ("first seed", serde_json::json!(a.run.seed)),
+    ] {
+        configuration.insert(k.to_string(), v);
+    }
+    let system = System {
+        cpu: cpu.model_name.clone(),
+        sockets: cpu.sockets,
+        cores: cpu.cores,
+        logical_cpus: cpu.logical_cpus,
+        memory_bytes: roofline_collectors::memory_bytes(),
+        accelerators: gpu.iter().cloned().collect(),
+        intra_node_links: vec![if ranks > 1 {
+            "shared memory (MPI ranks on one node)".into()
+        } else {
+            "none used (one process)".into()
+        }],
+        inter_node_links: vec![if nodes > 1 {
+            format!("{nodes} nodes over the MPI library's network")
+        } else {
+            "none (one node)".into()
+        }],
+        os: provenance.os.clone(),
+        kernel: provenance.kernel.clone(),
+        driver: roofline_kernels::cuda::device::driver_version().ok(),
+        libraries: provenance.libraries.clone(),
+        compiler: provenance.compiler.clone(),
+        ranks,
+        nodes,
+    };
+    let placement = match (&machine, &a.machine, &last) {
+        (Some(m), Some(path), Some(s)) => Some(Box::new(place_run(
+            m, path, s, &prep, a, ranks, nodes, &counted, start,
+        )?)),
+        _ => None,
+    };
+    let score = Score {
+        schema: SCORE_SCHEMA.into(),
+        comparable: reasons.is_empty(),
+        not_comparable: reasons,
+        valid: runs >= published.runs,
+        warnings,
+        level: a.level.clone(),
+        workload: a.workload.clone(),
+        target,
+        configuration,
+        system,
+        provenance,
+        runs: done,
+        scores,
+        energy_note,
+        placement,
+    };
+    let svg = match (&machine, &score.placement) {
+        (Some(m), Some(p)) => Some(
+            crate::place_cmd::draw(m, &[p.as_ref()]).map_err(|e| Failure::Run(anyhow!("{e}")))?,
+        ),
+        _ => None,
+    };
+    let text = score.to_json().map_err(|e| Failure::Run(e.into()))?;
+    write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    let page = roofline_plots::report::html(&score, svg.as_deref());
+    write_atomic(&report_path, page.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    // The first line says whether the score can be compared with published ones.
+    if score.comparable {
+        println!(
+            "HPC AI500 V2.0 score of {} ({} level){}",
+            score.workload,
+            score.level,
+            if score.valid {
+                ""
+            } else {
+                " — NOT VALID: too few runs"
+            }
+        );
+    } else {
+        println!(
+            "NOT COMPARABLE with published HPC AI500 scores: {}",
+            score.not_comparable.join("; ")
+        );
+    }
+    for w in &score.warnings {
+        println!("warning: {w}");
+    }
+    let s = &score.scores;
+    let si = roofline_plots::si;
+    println!(
+        "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
+        s.time_to_quality_s.mean,
+        100.0 * s.time_to_quality_s.variation,
+        score.target.metric,
+        s.quality.mean
+    );
+    println!(
+        "  FLOPS {}FLOP/s (variation {:.1}%), VFLOPS {}FLOP/s",
+        si(s.flops.mean),
+        100.0 * s.flops.variation,
+        si(s.vflops.mean)
+    );
+    match &s.vflops_per_watt {
+        Some(w) => println!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
+        None => println!("  {}", score.energy_note),
+    }
+    println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
+    println!("wrote {} and {}", a.output.display(), report_path.display());
+    Ok(())
+}
+
+/// The last run placed on the machine's roofline (its steady steps).
+#[allow(clippy::too_many_arguments)]
+fn place_run(
+    m: &Machine,
+    path: &std::path::Path,
+    s: &roofline_workloads::train::Summary,
+    prep: &train_cmd::Prepared,
+    a: &ScoreArgs,
+    ranks: usize,
+    nodes: usize,
+    counted: &[accounting::LayerCount],
+    start: Instant,
+) -> Result<Placement, Failure> {
+    let local = (prep.cfg.batch / ranks) as f64;
+    let flops_per_step = s.flops_step_per_image * local;
+    let steady: Vec<f64> = s.timing.iter().skip(1).map(|t| t.seconds).collect();
+    let secs = if steady.is_empty() {
+        s.timing.iter().map(|t| t.seconds).collect()
+    } else {
+        steady
+    };
+    let seconds =
+        Stats::from_samples(&secs).ok_or_else(|| Failure::Run(anyhow!("no step timed")))?;
+    let achieved = seconds.scaled(1.0);
+    let rates: Vec<f64> = secs.iter().map(|t| flops_per_step / t).collect();
+    let achieved = Stats::from_samples(&rates).unwrap_or(achieved);
+    let min_bytes = counted
+        .iter()
+        .map(accounting::min_bytes_training)
+        .sum::<f64>()
+        * local;
+    let footprint: f64 = counted
+        .iter()
+        .map(|l| 4.0 * (local * l.outputs + 3.0 * l.params))
+        .sum();
+    let oi = flops_per_step / min_bytes;
+    let roofs = cpu_roofs(
+        m,
+        "f32",
+        &["conv", "gemm", "fma"],
+        prep.threads,
+        footprint,
+        None,
+    );
+    let b = bound(&roofs, oi, None, achieved.max).ok_or_else(|| {
+        Failure::Input(anyhow!(
+            "--machine {}: no f32 compute or memory ceiling to place the workload on",
+            path.display()
+        ))
+    })?;
+    let n = s.timing.len().max(1) as f64;
+    let total = s.timing.iter().map(|t| t.seconds).sum::<f64>() / n;
+    let data = s.timing.iter().map(|t| t.data_s).sum::<f64>() / n;
+    let comm = s.timing.iter().map(|t| t.comm_s).sum::<f64>() / n;
+    let time = TimeBreakdown {
+        total_s: total,
+        compute_s: (total - data - comm).max(0.0),
+        communication_s: comm,
+        data_s: data,
+        idle_s: 0.0,
+    };
+    let info = WorkloadInfo {
+        name: a.workload.clone(),
+        kind: "training".into(),
+        description: "the last scored run's steps after the first".into(),
+        precision: "f32".into(),
+        device: "cpu".into(),
+        threads: prep.threads,
+        ranks,
+        nodes,
+        warm_steps: 1,
+        measured_steps: secs.len(),
+        parameters: Some(s.parameters),
+        batch: Some(prep.cfg.batch),
+    };
+    let point = Point {
+        label: a.workload.clone(),
+        flops_per_step,
+        seconds_per_step: seconds,
+        achieved_flops: achieved.max,
+        achieved,
+        footprint_bytes: footprint,
+        oi: Intensity {
+            analytic_min_bytes: min_bytes,
+            analytic: oi,
+            measured: None,
+            measured_note: "analytic minimum traffic (no memory counters read)".into(),
+        },
+        coi: None,
+        share_of_step: None,
+        bound: b,
+    };
+    let advice = advise(&info, &point, &[], &time, m);
+    let ident = roofline_collectors::cpu_ident();
+    let cpu = roofline_collectors::cpu_info(&ident, m.provenance.cpu.cores);
+    Ok(Placement {
+        schema: PLACEMENT_SCHEMA.into(),
+        provenance: crate::probe_cmd::provenance(cpu, false, start),
+        machine: MachineRef::of(m, path),
+        workload: info,
+        point,
+        layers: Vec::new(),
+        time,
+        energy: Energy {
+            note: "see the score's energy note".into(),
+            ..Default::default()
+        },
+        advice,
+    })
+}
