@@ -524,7 +524,7 @@ pub fn aggregate(nodes: &[Machine]) -> Vec<roofline_model::Ceiling> {
 }
 
 /// NVML, opened from where the CUDA library search found libnvidia-ml.
-fn open_nvml() -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, String> {
+pub(crate) fn open_nvml() -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, String> {
     let path = roofline_kernels::cuda::libs::locate(roofline_kernels::cuda::libs::Lib::Nvml);
     roofline_collectors::nvml::open(path.as_deref())
 }

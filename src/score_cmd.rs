@@ -149,6 +149,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
         }
         let meter = roofline_collectors::energy::Meter::start();
+        let sampler = (a.run.device == "cuda").then(|| gpu_sampler(&a.run));
         let (s, g) = train_cmd::execute(
             &a.run,
             &prep,
@@ -156,7 +157,33 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             reducer.clone(),
         )?;
         gpu = g;
-        let reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+        let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+        // The GPU's energy joins the CPU packages' (or stands alone without them).
+        match sampler.map(|x| x.map(|x| x.stop())) {
+            Some(Ok(t)) => match t
+                .first()
+                .and_then(|t| roofline_collectors::nvml::energy(t, s.elapsed_seconds))
+            {
+                Some((j, src)) => {
+                    let gpu_src = format!("{src} (gpu)");
+                    reading = Ok(match reading {
+                        Ok(mut r) => {
+                            r.joules += j;
+                            r.sources.push(gpu_src);
+                            r
+                        }
+                        Err(_) => roofline_collectors::energy::Reading {
+                            joules: j,
+                            seconds: s.elapsed_seconds,
+                            sources: vec![gpu_src],
+                        },
+                    });
+                }
+                None => eprintln!("note: NVML gave no energy or power for the GPU"),
+            },
+            Some(Err(e)) => eprintln!("note: GPU energy not measured: {e}"),
+            None => {}
+        }
         let quality = s.evals.last().map(|e| e.top1).unwrap_or(0.0);
         let top5 = s.evals.last().map(|e| e.top5);
         let reached = s.time_to_quality.is_some();
@@ -395,6 +422,18 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
+}
+
+/// NVML sampling (power, energy counter) of the GPU this rank trains on.
+fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
+    let nvml = crate::probe_cmd::open_nvml()?;
+    let (gpu, _) = train_cmd::open_gpu(a).map_err(|_| "no GPU to sample".to_string())?;
+    let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);
+    Ok(roofline_collectors::nvml::Sampler::start(
+        nvml,
+        vec![uuid],
+        std::time::Duration::from_millis(100),
+    ))
 }
 
 /// The last run placed on the machine's roofline (its steady steps).

@@ -24,6 +24,10 @@ pub struct TrainArgs {
     /// (1 when a comparison fails). Run it first on a new GPU machine.
     #[arg(long, requires = "device")]
     check: bool,
+    /// Write the run's timeline as Chrome trace JSON (Perfetto, chrome://tracing): data
+    /// loading, every layer's forward and backward pass, allreduce buckets, the optimiser.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<std::path::PathBuf>,
     /// Print a JSON summary instead of the text one.
     #[arg(long)]
     json: bool,
@@ -228,7 +232,9 @@ fn local_rank() -> usize {
 
 /// The GPU this rank trains on, opened; `--device cuda` without a driver or GPU is an input
 /// error that says what was looked for.
-fn open_gpu(a: &RunArgs) -> Result<(roofline_kernels::cuda::device::Gpu, usize), Failure> {
+pub(crate) fn open_gpu(
+    a: &RunArgs,
+) -> Result<(roofline_kernels::cuda::device::Gpu, usize), Failure> {
     use roofline_kernels::cuda::device;
     let count = device::init().map_err(|e| Failure::Input(anyhow!("--device cuda: {e}")))?;
     let ordinal = a.gpu.unwrap_or(local_rank() % count);
@@ -312,7 +318,29 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     });
     let monitor = Bar(bar);
     let (reducer, root) = reducer(&a.run)?;
-    let (s, gpu_name) = execute(&a.run, &prep, &monitor, reducer)?;
+    if let Some(t) = &a.trace {
+        crate::probe_cmd::check_writable(t).map_err(Failure::Input)?;
+        roofline_collectors::timeline::start();
+    }
+    let rank = reducer.as_ref().map_or(0, |r| r.rank());
+    let result = execute(&a.run, &prep, &monitor, reducer);
+    if let Some(t) = &a.trace {
+        let spans = roofline_collectors::timeline::stop();
+        // Every rank writes its own timeline (rank 0 to FILE, rank r to FILE.r).
+        let path = if rank == 0 {
+            t.clone()
+        } else {
+            std::path::PathBuf::from(format!("{}.{rank}", t.display()))
+        };
+        let j = roofline_collectors::timeline::chrome_trace(
+            &spans,
+            rank,
+            &format!("roofline train (rank {rank})"),
+        );
+        roofline_model::write::write_atomic(&path, j.to_string().as_bytes())
+            .map_err(|e| Failure::Input(e.into()))?;
+    }
+    let (s, gpu_name) = result?;
     if !root {
         return Ok(());
     }

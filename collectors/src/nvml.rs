@@ -210,6 +210,19 @@ impl Sampler {
     }
 }
 
+/// A GPU's energy over `seconds` from its telemetry: NVML's total-energy counter, or (where
+/// the GPU has none) the mean sampled power × the time, with the source named.
+pub fn energy(t: &GpuTelemetry, seconds: f64) -> Option<(f64, &'static str)> {
+    match (t.energy_j, &t.power_w) {
+        (Some(j), _) if j > 0.0 => Some((j, "NVML total-energy counter")),
+        (_, Some(p)) if p.samples > 0 => Some((
+            p.mean * seconds,
+            "NVML power samples × time (no energy counter on this GPU)",
+        )),
+        _ => None,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -223,6 +236,27 @@ mod tests {
             throttle_names(r),
             vec!["SW_POWER_CAP", "HW_THERMAL_SLOWDOWN"]
         );
+    }
+
+    #[test]
+    fn energy_from_the_counter_or_the_power_samples() {
+        let mut t = GpuTelemetry {
+            samples: 3,
+            interval_ms: 100,
+            sm_clock_mhz: None,
+            memory_clock_mhz: None,
+            power_w: Stats::from_samples(&[100.0, 200.0, 300.0]),
+            temperature_c: None,
+            throttle_reasons: Vec::new(),
+            energy_j: Some(42.0),
+        };
+        assert_eq!(energy(&t, 10.0), Some((42.0, "NVML total-energy counter")));
+        t.energy_j = None;
+        let (j, src) = energy(&t, 10.0).unwrap();
+        assert_eq!(j, 2000.0);
+        assert!(src.contains("power samples"));
+        t.power_w = None;
+        assert_eq!(energy(&t, 10.0), None);
     }
 
     #[test]

@@ -153,7 +153,7 @@ pub fn library_versions() -> Vec<String> {
 }
 
 /// NVML's form of the UUID (`GPU-` + 8-4-4-4-12 hex digits).
-fn roofline_uuid(b: &[u8; 16]) -> String {
+pub fn roofline_uuid(b: &[u8; 16]) -> String {
     let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
     format!(
         "GPU-{}-{}-{}-{}-{}",
