@@ -176,11 +176,15 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
-    // Under mpirun every verb runs on every rank; apart from `probe` (which gathers) and `train`
-    // (data parallel), only rank 0 acts, so that one plot is written and one table printed.
-    if !matches!(cli.command, Command::Probe(_) | Command::Train(_))
-        && roofline_kernels::comm::launched_rank().is_some_and(|r| r != 0)
-    {
+    // Under mpirun every verb runs on every rank; apart from `probe` (which gathers) and the
+    // training verbs (data parallel: `train`, `score`, `place --workload resnet50`), only rank 0
+    // acts, so that one plot is written and one table printed.
+    let every_rank = match &cli.command {
+        Command::Probe(_) | Command::Train(_) | Command::Score(_) => true,
+        Command::Place(a) => a.workload == "resnet50",
+        _ => false,
+    };
+    if !every_rank && roofline_kernels::comm::launched_rank().is_some_and(|r| r != 0) {
         return ExitCode::SUCCESS;
     }
     let result = match cli.command {

@@ -291,3 +291,65 @@ fn two_rank_training_equals_single_process_training_after_three_steps() {
         );
     }
 }
+
+/// `place --workload resnet50` under two ranks: the point has a COI from the gradient bytes and
+/// is held against the intra-node allreduce roof, and only rank 0 writes.
+#[test]
+fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
+    let dir = tmpdir("place");
+    let m = dir.join("m.json");
+    let o = mpirun(
+        2,
+        &[],
+        &[
+            "probe",
+            "--only",
+            "comm,gemm,mem",
+            "--quick",
+            "--max-size",
+            "4M",
+        ],
+        Some(&m),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.join("p.json");
+    let mut args = vec![
+        "place",
+        "--workload",
+        "resnet50",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "8",
+        "--steps",
+        "2",
+        "--warm",
+        "1",
+        "--grad-compression",
+        "fp16",
+        "--machine",
+    ];
+    let ms = m.to_str().unwrap().to_string();
+    args.push(&ms);
+    let o = mpirun(2, &[], &args, Some(&out));
+    assert!(o.status.success(), "{}", text(&o));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(p["workload"]["ranks"], 2);
+    let coi = &p["point"]["coi"];
+    let bytes = coi["intra_node_bytes"].as_f64().unwrap();
+    let flops = p["point"]["flops_per_step"].as_f64().unwrap();
+    assert!(bytes > 0.0);
+    assert!((coi["intra_node"].as_f64().unwrap() - flops / bytes).abs() < 1e-9 * flops / bytes);
+    let roofs = p["point"]["bound"]["roofs"].as_array().unwrap();
+    assert!(
+        roofs.iter().any(|r| r["ceiling"] == "net/allreduce/intra"),
+        "{roofs:?}"
+    );
+}
