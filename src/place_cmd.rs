@@ -141,7 +141,7 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
 }
 
 /// What running a workload gave, before it is placed.
-struct Measured {
+pub(crate) struct Measured {
     info: WorkloadInfo,
     flops_per_step: f64,
     step_seconds: Vec<f64>,
@@ -264,7 +264,7 @@ fn stats(v: &[f64]) -> Result<Stats, Failure> {
 }
 
 /// Places the measured workload and its layers.
-fn assemble(
+pub(crate) fn assemble(
     m: &Machine,
     path: &Path,
     r: Measured,
@@ -376,7 +376,10 @@ fn assemble(
     })
 }
 
-fn energy_from(meter: &Result<roofline_collectors::energy::Meter, String>, steps: usize) -> Energy {
+pub(crate) fn energy_from(
+    meter: &Result<roofline_collectors::energy::Meter, String>,
+    steps: usize,
+) -> Energy {
     match meter.as_ref().map_err(Clone::clone).map(|m| m.read()) {
         Ok(Ok(r)) if r.joules > 0.0 && steps > 0 => Energy {
             measured: true,
@@ -592,7 +595,33 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
     if !root {
         return Ok(None);
     }
-    let timing: Vec<_> = s.timing.iter().filter(|t| t.step > a.warm).collect();
+    from_training(
+        &s,
+        &prep,
+        &a.run,
+        &a.workload,
+        (ranks, nodes),
+        a.warm,
+        spans,
+        energy,
+    )
+    .map(Some)
+}
+
+/// A finished training run as a measurement: its steps after `warm`, the layers' times from
+/// `spans` (none: no layer points), this rank's FLOPs and bytes.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn from_training(
+    s: &train::Summary,
+    prep: &train_cmd::Prepared,
+    run: &RunArgs,
+    name: &str,
+    (ranks, nodes): (usize, usize),
+    warm: usize,
+    spans: Vec<timeline::Span>,
+    energy: Energy,
+) -> Result<Measured, Failure> {
+    let timing: Vec<_> = s.timing.iter().filter(|t| t.step > warm).collect();
     if timing.is_empty() {
         return Err(Failure::Run(anyhow!("no measured step finished")));
     }
@@ -609,7 +638,7 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
             sp.name
                 .strip_prefix("step ")
                 .and_then(|k| k.parse::<usize>().ok())
-                .is_some_and(|k| k > a.warm)
+                .is_some_and(|k| k > warm)
         })
         .map(|sp| (sp.start_ns, sp.start_ns + sp.dur_ns))
         .collect();
@@ -635,7 +664,7 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
     // Per layer: time over the measured steps, its FLOPs (AIPerf's rules, forward and
     // backward) and minimum bytes for this rank's batch.
     let local = (prep.cfg.batch / ranks) as f64;
-    let counted = accounting::layers(&prep.cfg.model, a.run.resolution);
+    let counted = accounting::layers(&prep.cfg.model, run.resolution);
     let mut layers = Vec::new();
     let mut per_layer: Vec<(String, f64)> = timeline::totals(&measured_spans, "forward");
     for (name, t) in timeline::totals(&measured_spans, "backward") {
@@ -690,17 +719,17 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
             }
         }
     });
-    Ok(Some(Measured {
+    Ok(Measured {
         info: WorkloadInfo {
-            name: a.workload.clone(),
+            name: name.to_string(),
             kind: "training".into(),
             description: format!(
                 "ResNet-50 v{} (width {}, depth {:?}) training on the synthetic set, {}×{}, SGD; FLOPs per step: {} per image (forward, backward, update) × {} images on this rank",
-                a.run.version,
-                a.run.width,
+                run.version,
+                run.width,
                 prep.blocks,
-                a.run.resolution,
-                a.run.resolution,
+                run.resolution,
+                run.resolution,
                 roofline_plots::si(s.flops_step_per_image),
                 local
             ),
@@ -709,7 +738,7 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
             threads: prep.threads,
             ranks,
             nodes,
-            warm_steps: a.warm,
+            warm_steps: warm,
             measured_steps: timing.len(),
             parameters: Some(s.parameters),
             batch: Some(prep.cfg.batch),
@@ -723,7 +752,7 @@ fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
         time,
         energy,
         spans: measured_spans,
-    }))
+    })
 }
 
 use roofline_workloads::train;

@@ -4,14 +4,11 @@
 use crate::train_cmd::{self, RunArgs};
 use crate::Failure;
 use anyhow::anyhow;
-use roofline_model::placement::{
-    advise, bound, cpu_roofs, Energy, Intensity, MachineRef, Placement, Point, TimeBreakdown,
-    WorkloadInfo, PLACEMENT_SCHEMA,
-};
+use roofline_model::placement::Energy;
 use roofline_model::score::{
     aiperf_regulated, vflops, Run, Score, Scores, System, Target, SCORE_SCHEMA,
 };
-use roofline_model::{write::write_atomic, Machine, Stats};
+use roofline_model::{write::write_atomic, Machine};
 use roofline_workloads::accounting;
 use std::path::PathBuf;
 use std::time::Instant;
@@ -346,10 +343,27 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         ranks,
         nodes,
     };
+    let score_energy_note = format!("per run in the score: {energy_note}");
     let placement = match (&machine, &a.machine, &last) {
-        (Some(m), Some(path), Some(s)) => Some(Box::new(place_run(
-            m, path, s, &prep, a, ranks, nodes, &counted, start,
-        )?)),
+        (Some(m), Some(path), Some(s)) => {
+            // The last run's steps after the first, on the machine's roofline.
+            let measured = crate::place_cmd::from_training(
+                s,
+                &prep,
+                &a.run,
+                &a.workload,
+                (ranks, nodes),
+                1,
+                Vec::new(),
+                Energy {
+                    note: score_energy_note.clone(),
+                    ..Default::default()
+                },
+            )?;
+            Some(Box::new(crate::place_cmd::assemble(
+                m, path, measured, 0, start,
+            )?))
+        }
         _ => None,
     };
     let score = Score {
@@ -380,23 +394,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let page = roofline_plots::report::html(&score, svg.as_deref());
     write_atomic(&report_path, page.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     // The first line says whether the score can be compared with published ones.
-    if score.comparable {
-        println!(
-            "HPC AI500 V2.0 score of {} ({} level){}",
-            score.workload,
-            score.level,
-            if score.valid {
-                ""
-            } else {
-                " — NOT VALID: too few runs"
-            }
-        );
-    } else {
-        println!(
-            "NOT COMPARABLE with published HPC AI500 scores: {}",
-            score.not_comparable.join("; ")
-        );
-    }
+    println!("{}", score.headline());
     for w in &score.warnings {
         println!("warning: {w}");
     }
@@ -434,115 +432,4 @@ fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String
         vec![uuid],
         std::time::Duration::from_millis(100),
     ))
-}
-
-/// The last run placed on the machine's roofline (its steady steps).
-#[allow(clippy::too_many_arguments)]
-fn place_run(
-    m: &Machine,
-    path: &std::path::Path,
-    s: &roofline_workloads::train::Summary,
-    prep: &train_cmd::Prepared,
-    a: &ScoreArgs,
-    ranks: usize,
-    nodes: usize,
-    counted: &[accounting::LayerCount],
-    start: Instant,
-) -> Result<Placement, Failure> {
-    let local = (prep.cfg.batch / ranks) as f64;
-    let flops_per_step = s.flops_step_per_image * local;
-    let steady: Vec<f64> = s.timing.iter().skip(1).map(|t| t.seconds).collect();
-    let secs = if steady.is_empty() {
-        s.timing.iter().map(|t| t.seconds).collect()
-    } else {
-        steady
-    };
-    let seconds =
-        Stats::from_samples(&secs).ok_or_else(|| Failure::Run(anyhow!("no step timed")))?;
-    let achieved = seconds.scaled(1.0);
-    let rates: Vec<f64> = secs.iter().map(|t| flops_per_step / t).collect();
-    let achieved = Stats::from_samples(&rates).unwrap_or(achieved);
-    let min_bytes = counted
-        .iter()
-        .map(accounting::min_bytes_training)
-        .sum::<f64>()
-        * local;
-    let footprint: f64 = counted
-        .iter()
-        .map(|l| 4.0 * (local * l.outputs + 3.0 * l.params))
-        .sum();
-    let oi = flops_per_step / min_bytes;
-    let roofs = cpu_roofs(
-        m,
-        "f32",
-        &["conv", "gemm", "fma"],
-        prep.threads,
-        footprint,
-        None,
-    );
-    let b = bound(&roofs, oi, None, achieved.max).ok_or_else(|| {
-        Failure::Input(anyhow!(
-            "--machine {}: no f32 compute or memory ceiling to place the workload on",
-            path.display()
-        ))
-    })?;
-    let n = s.timing.len().max(1) as f64;
-    let total = s.timing.iter().map(|t| t.seconds).sum::<f64>() / n;
-    let data = s.timing.iter().map(|t| t.data_s).sum::<f64>() / n;
-    let comm = s.timing.iter().map(|t| t.comm_s).sum::<f64>() / n;
-    let time = TimeBreakdown {
-        total_s: total,
-        compute_s: (total - data - comm).max(0.0),
-        communication_s: comm,
-        data_s: data,
-        idle_s: 0.0,
-    };
-    let info = WorkloadInfo {
-        name: a.workload.clone(),
-        kind: "training".into(),
-        description: "the last scored run's steps after the first".into(),
-        precision: "f32".into(),
-        device: "cpu".into(),
-        threads: prep.threads,
-        ranks,
-        nodes,
-        warm_steps: 1,
-        measured_steps: secs.len(),
-        parameters: Some(s.parameters),
-        batch: Some(prep.cfg.batch),
-    };
-    let point = Point {
-        label: a.workload.clone(),
-        flops_per_step,
-        seconds_per_step: seconds,
-        achieved_flops: achieved.max,
-        achieved,
-        footprint_bytes: footprint,
-        oi: Intensity {
-            analytic_min_bytes: min_bytes,
-            analytic: oi,
-            measured: None,
-            measured_note: "analytic minimum traffic (no memory counters read)".into(),
-        },
-        coi: None,
-        share_of_step: None,
-        bound: b,
-    };
-    let advice = advise(&info, &point, &[], &time, m);
-    let ident = roofline_collectors::cpu_ident();
-    let cpu = roofline_collectors::cpu_info(&ident, m.provenance.cpu.cores);
-    Ok(Placement {
-        schema: PLACEMENT_SCHEMA.into(),
-        provenance: crate::probe_cmd::provenance(cpu, false, start),
-        machine: MachineRef::of(m, path),
-        workload: info,
-        point,
-        layers: Vec::new(),
-        time,
-        energy: Energy {
-            note: "see the score's energy note".into(),
-            ..Default::default()
-        },
-        advice,
-    })
 }

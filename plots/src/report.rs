@@ -55,23 +55,7 @@ fn summary_row(name: &str, unit: &str, s: &Summary, fmt: &dyn Fn(f64) -> String)
 /// machine.json was given.
 pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
     let mut h = String::new();
-    let first = if score.comparable {
-        format!(
-            "HPC AI500 V2.0 score of {} ({} level){}",
-            score.workload,
-            score.level,
-            if score.valid {
-                ""
-            } else {
-                " — NOT VALID: too few runs"
-            }
-        )
-    } else {
-        format!(
-            "NOT COMPARABLE with published HPC AI500 scores: {}",
-            score.not_comparable.join("; ")
-        )
-    };
+    let first = score.headline();
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     h.push_str(&format!(
         "<title>roofline score: {}</title>",

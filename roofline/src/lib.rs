@@ -37,6 +37,37 @@ pub enum ModelError {
     Peaks(String),
 }
 
+/// Parses `text` as a document of `schema`, rejecting any other schema with a clear error.
+pub fn from_json_with_schema<T: serde::de::DeserializeOwned>(
+    text: &str,
+    schema: &str,
+) -> Result<T, ModelError> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+    let found = value.get("schema").and_then(|s| s.as_str());
+    if found != Some(schema) {
+        return Err(ModelError::Schema {
+            expected: schema.into(),
+            found: found
+                .map(|s| format!("\"{s}\""))
+                .unwrap_or_else(|| "no \"schema\" field".into()),
+        });
+    }
+    serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+}
+
+/// Reads a document of `schema` from `path`.
+pub fn read_with_schema<T: serde::de::DeserializeOwned>(
+    path: &std::path::Path,
+    schema: &str,
+) -> Result<T, ModelError> {
+    let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    from_json_with_schema(&text, schema).map_err(|e| e.in_file(path))
+}
+
 impl ModelError {
     /// Attaches the file the error came from (I/O errors already name it).
     pub fn in_file(self, path: &std::path::Path) -> ModelError {

@@ -368,31 +368,12 @@ impl Machine {
 
     /// Parses a `machine.json` text, rejecting any other schema with a clear error.
     pub fn from_json(text: &str) -> Result<Machine, ModelError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
-        let schema = value
-            .get("schema")
-            .and_then(|s| s.as_str())
-            .ok_or_else(|| ModelError::Schema {
-                expected: MACHINE_SCHEMA.into(),
-                found: "no \"schema\" field".into(),
-            })?;
-        if schema != MACHINE_SCHEMA {
-            return Err(ModelError::Schema {
-                expected: MACHINE_SCHEMA.into(),
-                found: format!("\"{schema}\""),
-            });
-        }
-        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+        crate::from_json_with_schema(text, MACHINE_SCHEMA)
     }
 
     /// Reads and parses a `machine.json` file.
     pub fn read(path: &Path) -> Result<Machine, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Machine::from_json(&text).map_err(|e| e.in_file(path))
+        crate::read_with_schema(path, MACHINE_SCHEMA)
     }
 
     /// Pretty JSON text.

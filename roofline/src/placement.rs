@@ -485,26 +485,11 @@ pub fn advise(
 impl Placement {
     /// Parses a `placement.json` text, rejecting any other schema with a clear error.
     pub fn from_json(text: &str) -> Result<Placement, ModelError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
-        let schema = value.get("schema").and_then(|s| s.as_str());
-        if schema != Some(PLACEMENT_SCHEMA) {
-            return Err(ModelError::Schema {
-                expected: PLACEMENT_SCHEMA.into(),
-                found: schema
-                    .map(|s| format!("\"{s}\""))
-                    .unwrap_or_else(|| "no \"schema\" field".into()),
-            });
-        }
-        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+        crate::from_json_with_schema(text, PLACEMENT_SCHEMA)
     }
 
     pub fn read(path: &Path) -> Result<Placement, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Placement::from_json(&text).map_err(|e| e.in_file(path))
+        crate::read_with_schema(path, PLACEMENT_SCHEMA)
     }
 
     pub fn to_json(&self) -> Result<String, ModelError> {

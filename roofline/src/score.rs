@@ -229,19 +229,30 @@ pub struct Score {
 }
 
 impl Score {
-    pub fn from_json(text: &str) -> Result<Score, ModelError> {
-        let value: serde_json::Value =
-            serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
-        let schema = value.get("schema").and_then(|s| s.as_str());
-        if schema != Some(SCORE_SCHEMA) {
-            return Err(ModelError::Schema {
-                expected: SCORE_SCHEMA.into(),
-                found: schema
-                    .map(|s| format!("\"{s}\""))
-                    .unwrap_or_else(|| "no \"schema\" field".into()),
-            });
+    /// The report's first line: comparable with published scores or not (and why), valid or
+    /// not.
+    pub fn headline(&self) -> String {
+        if self.comparable {
+            format!(
+                "HPC AI500 V2.0 score of {} ({} level){}",
+                self.workload,
+                self.level,
+                if self.valid {
+                    ""
+                } else {
+                    " — NOT VALID: too few runs"
+                }
+            )
+        } else {
+            format!(
+                "NOT COMPARABLE with published HPC AI500 scores: {}",
+                self.not_comparable.join("; ")
+            )
         }
-        serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+    }
+
+    pub fn from_json(text: &str) -> Result<Score, ModelError> {
+        crate::from_json_with_schema(text, SCORE_SCHEMA)
     }
 
     pub fn to_json(&self) -> Result<String, ModelError> {
