@@ -648,12 +648,17 @@ pub(crate) fn from_training(
             .any(|(a, b)| sp.start_ns >= *a && sp.start_ns < *b)
     };
     let measured_spans: Vec<timeline::Span> = spans.iter().filter(inside).cloned().collect();
-    let busy: f64 = measured_spans
-        .iter()
-        .filter(|sp| matches!(sp.cat, "forward" | "backward" | "optimizer"))
-        .map(|sp| sp.dur_ns as f64 * 1e-9)
-        .sum::<f64>()
-        / n;
+    // Without a timeline, compute is what data and communication left (idle unknown: 0).
+    let busy: f64 = if measured_spans.is_empty() {
+        (total - comm - data).max(0.0)
+    } else {
+        measured_spans
+            .iter()
+            .filter(|sp| matches!(sp.cat, "forward" | "backward" | "optimizer"))
+            .map(|sp| sp.dur_ns as f64 * 1e-9)
+            .sum::<f64>()
+            / n
+    };
     let time = TimeBreakdown {
         total_s: total,
         compute_s: busy.min(total),

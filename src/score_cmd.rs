@@ -197,7 +197,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             _ => (None, None),
         };
         energy_note = match &reading {
-            Ok(r) if r.joules > 0.0 => format!("CPU package energy per run from {}", r.sources.join(", ")),
+            Ok(r) if r.joules > 0.0 => format!("energy per run from {}", r.sources.join(", ")),
             Ok(_) => "energy not measured: the CPU energy counters did not advance; no per-watt figure is reported".into(),
             Err(e) => format!("energy not measured: {e}; no per-watt figure is reported"),
         };
