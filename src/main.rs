@@ -1,5 +1,6 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
+mod gate_cmd;
 mod output;
 mod place_cmd;
 mod probe_cmd;
@@ -97,6 +98,20 @@ enum Command {
     /// Example (a scaled-down run, minutes):
     ///   roofline score --runs 3 --width 0.25 --resolution 64 --classes 10 --steps 60 --target-top1 0.9 --machine machine.json
     Score(Box<score_cmd::ScoreArgs>),
+    /// Fail a CI job when performance regressed against a baseline, and not on noise.
+    ///
+    /// Compares two results of one kind (machine.json from `probe`, placement.json from `place`,
+    /// score.json from `score`) id by id, each in its direction (rates higher, times lower),
+    /// from the stored samples: the change of the medians and its bootstrap confidence
+    /// interval. A regression is a change worse than the tolerance whose interval excludes "no
+    /// change". Also reports ids that disappeared and differences of hardware, clocks, power
+    /// limits, drivers and libraries between the two (errors with --strict).
+    /// Exit: 0 nothing regressed, 1 something did, 2 bad input.
+    /// Examples:
+    ///   roofline gate --baseline baseline.json --current machine.json
+    ///   roofline gate --baseline b.json --current m.json --rules gate.toml --format markdown
+    ///   roofline gate --baseline b.json --current m.json --update-baseline
+    Gate(Box<gate_cmd::GateArgs>),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
     /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to
@@ -198,6 +213,10 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::train(&args),
         Command::Place(args) => place_cmd::place(&args),
         Command::Score(args) => score_cmd::score(&args),
+        Command::Gate(args) => match gate_cmd::run(&args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Kernels { arch, json } => output::kernels(&arch, json).map_err(Failure::Input),
         Command::Plot {
             machine,

@@ -718,6 +718,17 @@ fn place_puts_workloads_on_the_roofline() {
     assert!(ev.iter().any(|e| e["name"] == "layer1.0.conv2"));
     let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
     assert!(svg.contains("resnet50"));
+    // A placement gates against itself (ids placement/<workload>/…).
+    let o = bin()
+        .arg("gate")
+        .arg("--baseline")
+        .arg(dir.join("r.json"))
+        .arg("--current")
+        .arg(dir.join("r.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("placement/resnet50/achieved"));
     // Several placements on one plot, in every classic model.
     for model in ["classic", "hierarchical"] {
         let o = bin()
@@ -890,5 +901,131 @@ fn score_writes_score_json_and_a_report_that_renders() {
     assert!(
         dom.contains("id=\"scores\"") && dom.contains("VFLOPS"),
         "{dom}"
+    );
+}
+
+/// `gate`: a result against itself passes; with the FMA ceilings' samples halved it fails and
+/// names them, in every format; a different CPU is a warning (an error with --strict); missing
+/// ids fail only with --strict; --update-baseline replaces the baseline; bad input exits 2.
+#[test]
+fn gate_catches_a_slower_fma_and_not_an_identical_run() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("gate");
+    let base = dir.join("base.json");
+    std::fs::copy(machine, &base).unwrap();
+    let gate = |args: &[&str]| {
+        bin()
+            .arg("gate")
+            .arg("--baseline")
+            .arg(&base)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let same = gate(&["--current", base.to_str().unwrap()]);
+    assert_eq!(same.status.code(), Some(0), "{}", stderr(&same));
+    let out = String::from_utf8_lossy(&same.stdout);
+    assert!(
+        out.contains("PASS") && out.contains("cpu/fma/f32/all"),
+        "{out}"
+    );
+    // The FMA probe "forced slower": every sample and value of cpu/fma/* halved.
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
+    for c in m["ceilings"].as_array_mut().unwrap() {
+        if c["id"].as_str().unwrap().starts_with("cpu/fma/") {
+            let half = |v: &serde_json::Value| serde_json::json!(v.as_f64().unwrap() * 0.5);
+            c["value"] = half(&c["value"]);
+            let vals: Vec<serde_json::Value> = c["stats"]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(half)
+                .collect();
+            c["stats"]["values"] = serde_json::Value::Array(vals);
+        }
+    }
+    m["provenance"]["cpu"]["model_name"] = serde_json::json!("Another CPU");
+    let slow = dir.join("slow.json");
+    std::fs::write(&slow, serde_json::to_string(&m).unwrap()).unwrap();
+    let s = slow.to_str().unwrap();
+    let o = gate(&["--current", s]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("REGRESSED") && out.contains("FAIL"), "{out}");
+    assert!(
+        out.contains("CPU: baseline"),
+        "the changed CPU is reported: {out}"
+    );
+    let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
+    assert!(
+        regressed.iter().all(|l| l.starts_with("cpu/fma/")),
+        "{regressed:?}"
+    );
+    let md = String::from_utf8_lossy(&gate(&["--current", s, "--format", "markdown"]).stdout)
+        .into_owned();
+    assert!(
+        md.contains("| `cpu/fma/f32/all` |") && md.contains("**REGRESSED**"),
+        "{md}"
+    );
+    let junit =
+        String::from_utf8_lossy(&gate(&["--current", s, "--format", "junit"]).stdout).into_owned();
+    assert!(
+        junit.starts_with("<?xml") && junit.contains("<failure message=\"regressed"),
+        "{junit}"
+    );
+    let gh =
+        String::from_utf8_lossy(&gate(&["--current", s, "--format", "github"]).stdout).into_owned();
+    assert!(
+        gh.contains("::error title=roofline gate: cpu/fma/f32/all regressed::"),
+        "{gh}"
+    );
+    assert!(
+        gh.contains("::warning title=roofline gate: different machine"),
+        "{gh}"
+    );
+    // The provenance alone fails only with --strict; so do missing ids.
+    m["ceilings"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|c| !c["id"].as_str().unwrap().starts_with("cpu/fma/"));
+    let other = dir.join("other.json");
+    std::fs::write(&other, serde_json::to_string(&m).unwrap()).unwrap();
+    let o = gate(&["--current", other.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .contains("missing from the current result: cpu/fma/f32/all"));
+    let o = gate(&["--current", other.to_str().unwrap(), "--strict"]);
+    assert_eq!(o.status.code(), Some(1));
+    // Rules: ignore the FMA ceilings, and the slower run passes.
+    let rules = dir.join("gate.toml");
+    std::fs::write(&rules, "[default]\ntolerance = 0.1\n\n[[rule]]\npattern = \"cpu/fma/*\"\ntolerance = 0.0\nignore = true\n").unwrap();
+    let o = gate(&["--current", s, "--rules", rules.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // --update-baseline makes the current result the baseline.
+    let o = gate(&["--current", s, "--update-baseline"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(std::fs::read(&base).unwrap(), std::fs::read(&slow).unwrap());
+    // Bad input.
+    expect_input_error(
+        &["gate", "--current", s, "--baseline"],
+        Some(Path::new("/nonexistent.json")),
+        "nonexistent",
+    );
+    std::fs::write(&rules, "[default]\ntolerance = 5\n").unwrap();
+    expect_input_error(
+        &["gate", "--baseline", s, "--current", s, "--rules"],
+        Some(&rules),
+        "fractions",
     );
 }

@@ -5,6 +5,7 @@
 //! one; it depends on none of them.
 
 pub mod bound;
+pub mod gate;
 pub mod machine;
 pub mod peaks;
 pub mod placement;

@@ -498,7 +498,7 @@ impl Placement {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::machine::{CacheInfo, Ceiling, PerIteration};
 

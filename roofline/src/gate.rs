@@ -1,0 +1,643 @@
+//! `roofline gate`: noise-aware regression checks between two results (machine.json,
+//! placement.json or score.json).
+//!
+//! Every figure is compared in its direction (higher is better for rates — FLOP/s, B/s, OP/s,
+//! images/s —, lower for times and latencies) from its stored samples: the change is the ratio
+//! of the medians, and its confidence interval comes from a bootstrap of that ratio (both sample
+//! sets resampled with replacement, 2000 times, seeded, so the verdict is reproducible). A
+//! regression is a change worse than the tolerance whose interval excludes "no change" (a ratio
+//! of 1). Tolerances come per id pattern (globs: `*` any run of characters, `?` one) from a rules
+//! file, with a default.
+
+use crate::machine::{Machine, Provenance};
+use crate::placement::Placement;
+use crate::score::Score;
+use crate::ModelError;
+use serde::Deserialize;
+
+/// Which way is better.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    Higher,
+    Lower,
+}
+
+impl Direction {
+    /// From a unit: rates (`…/s`) are better higher, times (`s`, `ms`, `us`, `ns`) lower.
+    pub fn of_unit(unit: &str) -> Direction {
+        if ["s", "ms", "us", "µs", "ns"].contains(&unit) {
+            Direction::Lower
+        } else {
+            Direction::Higher
+        }
+    }
+}
+
+/// One comparable figure of a result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub id: String,
+    pub unit: String,
+    pub direction: Direction,
+    /// The headline value (the ceiling, the best step, the olympic mean).
+    pub value: f64,
+    /// The samples behind it (at least the value itself).
+    pub samples: Vec<f64>,
+}
+
+/// A result file gate can compare, with its provenance.
+#[derive(Clone, Debug)]
+pub struct GateInput {
+    pub kind: &'static str,
+    pub provenance: Provenance,
+    pub metrics: Vec<Metric>,
+}
+
+fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Metric {
+    Metric {
+        id,
+        unit: unit.to_string(),
+        direction: Direction::of_unit(unit),
+        value,
+        samples: if samples.is_empty() {
+            vec![value]
+        } else {
+            samples.to_vec()
+        },
+    }
+}
+
+/// Reads any of the three result kinds (by its schema).
+pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
+    let value: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+    match schema {
+        crate::MACHINE_SCHEMA => {
+            let m = Machine::from_json(text)?;
+            let mut metrics: Vec<Metric> = m
+                .ceilings
+                .iter()
+                .map(|c| metric(c.id.clone(), &c.unit, c.value, &c.stats.values))
+                .collect();
+            for n in &m.nodes {
+                for c in &n.ceilings {
+                    metrics.push(metric(
+                        format!("node{}/{}", n.node, c.id),
+                        &c.unit,
+                        c.value,
+                        &c.stats.values,
+                    ));
+                }
+            }
+            Ok(GateInput {
+                kind: "machine",
+                provenance: m.provenance,
+                metrics,
+            })
+        }
+        crate::placement::PLACEMENT_SCHEMA => {
+            let p = Placement::from_json(text)?;
+            let w = &p.workload.name;
+            let mut metrics = vec![
+                metric(
+                    format!("placement/{w}/achieved"),
+                    "FLOP/s",
+                    p.point.achieved_flops,
+                    &p.point.achieved.values,
+                ),
+                metric(
+                    format!("placement/{w}/step"),
+                    "s",
+                    p.point.seconds_per_step.median,
+                    &p.point.seconds_per_step.values,
+                ),
+            ];
+            for l in &p.layers {
+                metrics.push(metric(
+                    format!("placement/{w}/layer/{}", l.label),
+                    "FLOP/s",
+                    l.achieved_flops,
+                    &l.achieved.values,
+                ));
+            }
+            Ok(GateInput {
+                kind: "placement",
+                provenance: p.provenance,
+                metrics,
+            })
+        }
+        crate::score::SCORE_SCHEMA => {
+            let s = Score::from_json(text)?;
+            let w = &s.workload;
+            let runs =
+                |f: fn(&crate::score::Run) -> f64| -> Vec<f64> { s.runs.iter().map(f).collect() };
+            let sc = &s.scores;
+            let metrics = vec![
+                metric(
+                    format!("score/{w}/flops"),
+                    "FLOP/s",
+                    sc.flops.mean,
+                    &runs(|r| r.flops),
+                ),
+                metric(
+                    format!("score/{w}/vflops"),
+                    "FLOP/s",
+                    sc.vflops.mean,
+                    &runs(|r| r.vflops),
+                ),
+                metric(
+                    format!("score/{w}/time_to_quality"),
+                    "s",
+                    sc.time_to_quality_s.mean,
+                    &runs(|r| r.time_to_quality_s),
+                ),
+            ];
+            Ok(GateInput {
+                kind: "score",
+                provenance: s.provenance,
+                metrics,
+            })
+        }
+        other => Err(ModelError::Schema {
+            expected: format!(
+                "{}, {} or {}",
+                crate::MACHINE_SCHEMA,
+                crate::placement::PLACEMENT_SCHEMA,
+                crate::score::SCORE_SCHEMA
+            ),
+            found: if other.is_empty() {
+                "no \"schema\" field".into()
+            } else {
+                format!("\"{other}\"")
+            },
+        }),
+    }
+}
+
+/// `gate.toml`.
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rules {
+    #[serde(default)]
+    pub default: Defaults,
+    /// The first rule whose pattern matches an id gives its tolerance.
+    #[serde(default, rename = "rule")]
+    pub rules: Vec<Rule>,
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Defaults {
+    /// Relative change tolerated before a change can be a regression (0.10: 10%).
+    #[serde(default = "default_tolerance")]
+    pub tolerance: f64,
+    /// Confidence of the interval that must exclude "no change" (0.95).
+    #[serde(default = "default_confidence")]
+    pub confidence: f64,
+}
+
+fn default_tolerance() -> f64 {
+    0.10
+}
+fn default_confidence() -> f64 {
+    0.95
+}
+
+impl Default for Defaults {
+    fn default() -> Self {
+        Defaults {
+            tolerance: default_tolerance(),
+            confidence: default_confidence(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rule {
+    pub pattern: String,
+    pub tolerance: f64,
+    /// Leave these ids out of the comparison.
+    #[serde(default)]
+    pub ignore: bool,
+}
+
+impl Default for Rules {
+    fn default() -> Self {
+        Rules {
+            default: Defaults::default(),
+            rules: Vec::new(),
+        }
+    }
+}
+
+impl Rules {
+    pub fn parse(text: &str) -> Result<Rules, String> {
+        let r: Rules = toml::from_str(text).map_err(|e| e.to_string())?;
+        let bad = |t: f64| !(0.0..1.0).contains(&t);
+        if bad(r.default.tolerance) || r.rules.iter().any(|x| bad(x.tolerance)) {
+            return Err("tolerances are fractions in [0, 1), e.g. 0.05 for 5%".into());
+        }
+        if !(r.default.confidence > 0.5 && r.default.confidence < 1.0) {
+            return Err("confidence is a fraction in (0.5, 1), e.g. 0.95".into());
+        }
+        Ok(r)
+    }
+
+    /// The tolerance for `id`, or None when a rule ignores it.
+    pub fn tolerance(&self, id: &str) -> Option<f64> {
+        match self.rules.iter().find(|r| glob(&r.pattern, id)) {
+            Some(r) if r.ignore => None,
+            Some(r) => Some(r.tolerance),
+            None => Some(self.default.tolerance),
+        }
+    }
+}
+
+/// Glob match: `*` any run of characters (slashes included), `?` one character.
+pub fn glob(pattern: &str, s: &str) -> bool {
+    let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), s.chars().collect());
+    let (mut pi, mut ti) = (0, 0);
+    let (mut star, mut mark) = (None, 0);
+    while ti < t.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+            pi += 1;
+            ti += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ti;
+            pi += 1;
+        } else if let Some(sp) = star {
+            pi = sp + 1;
+            mark += 1;
+            ti = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// A small deterministic generator (splitmix64) for the bootstrap.
+struct Mix(u64);
+
+impl Mix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: usize) -> usize {
+        (self.next() % n as u64) as usize
+    }
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let n = v.len();
+    if n % 2 == 1 {
+        v[n / 2]
+    } else {
+        0.5 * (v[n / 2 - 1] + v[n / 2])
+    }
+}
+
+/// The ratio of medians current / baseline and its bootstrap percentile interval at
+/// `confidence`, seeded by `seed`.
+pub fn ratio_interval(base: &[f64], cur: &[f64], confidence: f64, seed: u64) -> (f64, f64, f64) {
+    let ratio = median(&mut cur.to_vec()) / median(&mut base.to_vec());
+    if base.len() < 2 && cur.len() < 2 {
+        return (ratio, ratio, ratio);
+    }
+    const B: usize = 2000;
+    let mut rng = Mix(seed ^ 0x5EED_6A7E);
+    let (mut rb, mut rc) = (vec![0.0; base.len()], vec![0.0; cur.len()]);
+    let mut ratios: Vec<f64> = (0..B)
+        .map(|_| {
+            for x in rb.iter_mut() {
+                *x = base[rng.below(base.len())];
+            }
+            for x in rc.iter_mut() {
+                *x = cur[rng.below(cur.len())];
+            }
+            median(&mut rc) / median(&mut rb)
+        })
+        .collect();
+    ratios.sort_by(|a, b| a.total_cmp(b));
+    let a = (1.0 - confidence) / 2.0;
+    let at = |q: f64| ratios[((q * (B - 1) as f64).round() as usize).min(B - 1)];
+    (ratio, at(a), at(1.0 - a))
+}
+
+/// What a comparison concluded.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Verdict {
+    /// Better than the baseline beyond the tolerance, with confidence.
+    Improved,
+    Unchanged,
+    /// Worse beyond the tolerance, and the interval excludes no change.
+    Regressed,
+}
+
+impl Verdict {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::Improved => "improved",
+            Verdict::Unchanged => "ok",
+            Verdict::Regressed => "REGRESSED",
+        }
+    }
+}
+
+/// One compared id.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Comparison {
+    pub id: String,
+    pub unit: String,
+    pub direction: Direction,
+    pub baseline: f64,
+    pub current: f64,
+    /// Relative change of the medians, signed so that negative is worse.
+    pub change: f64,
+    /// The interval of that change.
+    pub low: f64,
+    pub high: f64,
+    pub tolerance: f64,
+    pub verdict: Verdict,
+    pub samples: (usize, usize),
+}
+
+/// Compares one metric.
+pub fn compare(b: &Metric, c: &Metric, tolerance: f64, confidence: f64) -> Comparison {
+    let seed = b.id.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+        (h ^ x as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    let (r, lo, hi) = ratio_interval(&b.samples, &c.samples, confidence, seed);
+    // Signed so that negative is worse: rates lose when the ratio drops, times when it grows.
+    let signed = |x: f64| match b.direction {
+        Direction::Higher => x - 1.0,
+        Direction::Lower => 1.0 / x - 1.0,
+    };
+    let (change, a, z) = (signed(r), signed(lo), signed(hi));
+    let (low, high) = (a.min(z), a.max(z));
+    let verdict = if change < -tolerance && high < 0.0 {
+        Verdict::Regressed
+    } else if change > tolerance && low > 0.0 {
+        Verdict::Improved
+    } else {
+        Verdict::Unchanged
+    };
+    Comparison {
+        id: b.id.clone(),
+        unit: b.unit.clone(),
+        direction: b.direction,
+        baseline: b.value,
+        current: c.value,
+        change,
+        low,
+        high,
+        tolerance,
+        verdict,
+        samples: (b.samples.len(), c.samples.len()),
+    }
+}
+
+/// The whole gate.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    pub comparisons: Vec<Comparison>,
+    /// Ids in the baseline that the current result lacks, and the reverse.
+    pub missing: Vec<String>,
+    pub added: Vec<String>,
+    /// Differences of hardware, clocks, power limits, drivers, libraries.
+    pub provenance: Vec<String>,
+    pub ignored: usize,
+}
+
+impl Report {
+    pub fn regressions(&self) -> usize {
+        self.comparisons
+            .iter()
+            .filter(|c| c.verdict == Verdict::Regressed)
+            .count()
+    }
+}
+
+/// Compares every id of `base` found in `cur`.
+pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
+    let mut comparisons = Vec::new();
+    let mut missing = Vec::new();
+    let mut ignored = 0;
+    for b in &base.metrics {
+        let Some(tol) = rules.tolerance(&b.id) else {
+            ignored += 1;
+            continue;
+        };
+        match cur.metrics.iter().find(|c| c.id == b.id) {
+            Some(c) => comparisons.push(compare(b, c, tol, rules.default.confidence)),
+            None => missing.push(b.id.clone()),
+        }
+    }
+    let added = cur
+        .metrics
+        .iter()
+        .filter(|c| !base.metrics.iter().any(|b| b.id == c.id))
+        .map(|c| c.id.clone())
+        .collect();
+    Report {
+        comparisons,
+        missing,
+        added,
+        provenance: provenance_differences(&base.provenance, &cur.provenance),
+        ignored,
+    }
+}
+
+/// What differs between two results' machines and software, in words.
+pub fn provenance_differences(a: &Provenance, b: &Provenance) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut diff = |what: &str, x: String, y: String| {
+        if x != y {
+            out.push(format!("{what}: baseline {x}, current {y}"));
+        }
+    };
+    diff("CPU", a.cpu.model_name.clone(), b.cpu.model_name.clone());
+    diff(
+        "CPU cores",
+        a.cpu.cores.to_string(),
+        b.cpu.cores.to_string(),
+    );
+    diff("SIMD", a.cpu.simd.clone(), b.cpu.simd.clone());
+    diff("host", a.host.clone(), b.host.clone());
+    diff("kernel", a.kernel.clone(), b.kernel.clone());
+    diff("tool", a.tool.clone(), b.tool.clone());
+    diff("compiler", a.compiler.clone(), b.compiler.clone());
+    diff("libraries", a.libraries.join(", "), b.libraries.join(", "));
+    if let (Some(x), Some(y)) = (&a.cpu.measured_clock_hz_t1, &b.cpu.measured_clock_hz_t1) {
+        if (y.median / x.median - 1.0).abs() > 0.03 {
+            out.push(format!(
+                "CPU clock (one core, measured): baseline {:.3} GHz, current {:.3} GHz",
+                x.median / 1e9,
+                y.median / 1e9
+            ));
+        }
+    }
+    let gpus = |p: &Provenance| -> Vec<String> { p.gpus.iter().map(|g| g.name.clone()).collect() };
+    if gpus(a) != gpus(b) {
+        out.push(format!(
+            "GPUs: baseline [{}], current [{}]",
+            gpus(a).join(", "),
+            gpus(b).join(", ")
+        ));
+    }
+    for (x, y) in a.gpus.iter().zip(&b.gpus) {
+        let g = format!("gpu{}", x.index);
+        let o = |v: &Option<String>| v.clone().unwrap_or("?".into());
+        if x.driver_version != y.driver_version {
+            out.push(format!(
+                "{g} driver: baseline {}, current {}",
+                o(&x.driver_version),
+                o(&y.driver_version)
+            ));
+        }
+        if x.power_limit_w != y.power_limit_w {
+            out.push(format!(
+                "{g} power limit: baseline {:?} W, current {:?} W",
+                x.power_limit_w, y.power_limit_w
+            ));
+        }
+        if x.sm_clock_max_mhz != y.sm_clock_max_mhz {
+            out.push(format!(
+                "{g} maximum SM clock: baseline {:?} MHz, current {:?} MHz",
+                x.sm_clock_max_mhz, y.sm_clock_max_mhz
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Samples of `n` values around `mean` with relative noise `noise` (deterministic).
+    fn noisy(mean: f64, noise: f64, n: usize, seed: u64) -> Vec<f64> {
+        let mut r = Mix(seed);
+        (0..n)
+            .map(|_| {
+                // Sum of uniforms ≈ normal, unit variance.
+                let z: f64 = (0..12)
+                    .map(|_| (r.next() >> 11) as f64 / (1u64 << 53) as f64)
+                    .sum::<f64>()
+                    - 6.0;
+                mean * (1.0 + noise * z)
+            })
+            .collect()
+    }
+
+    fn m(id: &str, unit: &str, s: Vec<f64>) -> Metric {
+        metric(id.into(), unit, s[0], &s)
+    }
+
+    #[test]
+    fn a_20_percent_drop_in_5_percent_noise_is_caught() {
+        for seed in 0..20 {
+            let b = m("cpu/fma/f32/all", "FLOP/s", noisy(100.0, 0.05, 5, seed));
+            let c = m(
+                "cpu/fma/f32/all",
+                "FLOP/s",
+                noisy(80.0, 0.05, 5, seed + 100),
+            );
+            let r = compare(&b, &c, 0.10, 0.95);
+            assert_eq!(r.verdict, Verdict::Regressed, "seed {seed}: {r:?}");
+            assert!(r.change < -0.1 && r.high < 0.0);
+        }
+        // A time that grows 20% is a regression too; one that shrinks is an improvement.
+        let b = m("score/x/time_to_quality", "s", noisy(10.0, 0.05, 5, 1));
+        let c = m("score/x/time_to_quality", "s", noisy(12.0, 0.05, 5, 2));
+        assert_eq!(compare(&b, &c, 0.1, 0.95).verdict, Verdict::Regressed);
+        let c = m("score/x/time_to_quality", "s", noisy(8.0, 0.05, 5, 3));
+        assert_eq!(compare(&b, &c, 0.1, 0.95).verdict, Verdict::Improved);
+    }
+
+    /// Noise alone: over 100 comparisons with no tolerance at all (the interval decides alone),
+    /// no more false alarms than the confidence allows (5 at 95%); with the default tolerance,
+    /// none.
+    #[test]
+    fn noise_alone_gives_no_more_false_alarms_than_the_confidence_allows() {
+        let (mut strict, mut default) = (0, 0);
+        for seed in 0..100u64 {
+            let b = m("x", "B/s", noisy(50.0, 0.05, 10, 2 * seed));
+            let c = m("x", "B/s", noisy(50.0, 0.05, 10, 2 * seed + 1));
+            strict += usize::from(compare(&b, &c, 0.0, 0.95).verdict == Verdict::Regressed);
+            default += usize::from(compare(&b, &c, 0.10, 0.95).verdict == Verdict::Regressed);
+        }
+        assert!(strict <= 5, "{strict} false alarms in 100 at 95%");
+        assert_eq!(default, 0);
+    }
+
+    #[test]
+    fn single_samples_compare_their_values() {
+        let b = m("x", "FLOP/s", vec![100.0]);
+        let c = m("x", "FLOP/s", vec![85.0]);
+        let r = compare(&b, &c, 0.10, 0.95);
+        assert_eq!(r.verdict, Verdict::Regressed);
+        assert_eq!((r.low, r.high), (r.change, r.change));
+        assert_eq!(compare(&b, &c, 0.20, 0.95).verdict, Verdict::Unchanged);
+    }
+
+    #[test]
+    fn rules_and_globs() {
+        let r = Rules::parse(
+            "[default]\ntolerance = 0.05\n\n[[rule]]\npattern = \"cpu/mem/*/all\"\ntolerance = 0.15\n\n[[rule]]\npattern = \"net/*\"\ntolerance = 0.5\nignore = true\n",
+        )
+        .unwrap();
+        assert_eq!(r.tolerance("cpu/mem/DRAM/triad/all"), Some(0.15));
+        assert_eq!(r.tolerance("cpu/mem/DRAM/triad/t1"), Some(0.05));
+        assert_eq!(r.tolerance("net/allreduce/intra"), None);
+        assert!(glob("cpu/fma/f??/*", "cpu/fma/f32/all"));
+        assert!(!glob("cpu/fma/f??/*", "cpu/fma/bf16/all"));
+        assert!(glob("*", ""));
+        assert!(Rules::parse("[default]\ntolerance = 2\n")
+            .unwrap_err()
+            .contains("fractions"));
+        assert!(
+            Rules::parse("[defaults]\n").is_err(),
+            "unknown tables are errors"
+        );
+        assert_eq!(Rules::default().default.tolerance, 0.10);
+    }
+
+    #[test]
+    fn a_changed_cpu_is_reported() {
+        let text = crate::placement::tests::machine().to_json().unwrap();
+        let a = read_input(&text).unwrap();
+        let mut b = a.clone();
+        b.provenance.cpu.model_name = "Intel Xeon Platinum 8480+".into();
+        b.provenance.libraries = vec!["gemm 0.20.0".into()];
+        let r = gate(&a, &b, &Rules::default());
+        assert!(
+            r.provenance.iter().any(|p| p.starts_with("CPU: baseline")),
+            "{:?}",
+            r.provenance
+        );
+        assert!(r.provenance.iter().any(|p| p.starts_with("libraries")));
+        assert!(gate(&a, &a, &Rules::default()).provenance.is_empty());
+        // Missing and added ids.
+        let mut c = a.clone();
+        let gone = c.metrics.remove(0).id;
+        let r = gate(&a, &c, &Rules::default());
+        assert_eq!(r.missing, vec![gone.clone()]);
+        assert_eq!(gate(&c, &a, &Rules::default()).added, vec![gone]);
+        assert!(read_input("{\"schema\": \"x\"}")
+            .unwrap_err()
+            .to_string()
+            .contains("roofline/machine/v1"));
+    }
+}

@@ -1,0 +1,306 @@
+//! `roofline gate`: fails a CI job when a result regressed against its baseline, not on noise.
+
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_model::gate::{gate, read_input, Comparison, Report, Rules, Verdict};
+use roofline_model::write::write_atomic;
+use roofline_plots::{report::escape, si};
+use std::path::PathBuf;
+
+#[derive(clap::Args)]
+pub struct GateArgs {
+    /// The baseline result: a machine.json, placement.json or score.json.
+    #[arg(long, value_name = "FILE")]
+    pub baseline: PathBuf,
+    /// The current result, of the same kind.
+    #[arg(long, value_name = "FILE")]
+    pub current: PathBuf,
+    /// Tolerances per id pattern (TOML): `[default] tolerance = 0.10, confidence = 0.95` and
+    /// `[[rule]] pattern = "cpu/mem/*" tolerance = 0.15` (first match wins; `ignore = true`
+    /// leaves ids out). Default: 10% everywhere at 95% confidence.
+    #[arg(long, value_name = "TOML")]
+    pub rules: Option<PathBuf>,
+    /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
+    /// (workflow annotations).
+    #[arg(long, default_value = "text", value_parser = ["text", "markdown", "junit", "github"])]
+    pub format: String,
+    /// Fail (exit 1) also when ids are missing from the current result, or when the two were
+    /// measured on different hardware, clocks, power limits, drivers or libraries.
+    #[arg(long)]
+    pub strict: bool,
+    /// Compare, report, then make the current result the new baseline (written atomically);
+    /// exits 0 unless the input is bad.
+    #[arg(long)]
+    pub update_baseline: bool,
+}
+
+pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
+    let input = |e: String| Failure::Input(anyhow!(e));
+    let read = |p: &PathBuf| -> Result<(String, roofline_model::gate::GateInput), Failure> {
+        let text = std::fs::read_to_string(p)
+            .map_err(|e| input(format!("cannot read {}: {e}", p.display())))?;
+        let g = read_input(&text).map_err(|e| input(format!("{}: {e}", p.display())))?;
+        Ok((text, g))
+    };
+    let (_, base) = read(&a.baseline)?;
+    let (current_text, cur) = read(&a.current)?;
+    if base.kind != cur.kind {
+        return Err(input(format!(
+            "{} is a {} result and {} a {} result: gate compares results of one kind",
+            a.baseline.display(),
+            base.kind,
+            a.current.display(),
+            cur.kind
+        )));
+    }
+    let rules = match &a.rules {
+        Some(p) => {
+            let t = std::fs::read_to_string(p)
+                .map_err(|e| input(format!("cannot read {}: {e}", p.display())))?;
+            Rules::parse(&t).map_err(|e| input(format!("{}: {e}", p.display())))?
+        }
+        None => Rules::default(),
+    };
+    let r = gate(&base, &cur, &rules);
+    if r.comparisons.is_empty() {
+        return Err(input(format!(
+            "{} and {} have no id in common: nothing to compare",
+            a.baseline.display(),
+            a.current.display()
+        )));
+    }
+    let regressed = r.regressions();
+    let strict_fail = a.strict && (!r.missing.is_empty() || !r.provenance.is_empty());
+    let text = match a.format.as_str() {
+        "markdown" => markdown(&r, a, rules.default.confidence),
+        "junit" => junit(&r, a),
+        "github" => github(&r, a),
+        _ => table(&r, a, rules.default.confidence),
+    };
+    print!("{text}");
+    if a.update_baseline {
+        write_atomic(&a.baseline, current_text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+        eprintln!(
+            "updated the baseline: {} now holds {}",
+            a.baseline.display(),
+            a.current.display()
+        );
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    Ok(if regressed > 0 || strict_fail {
+        std::process::ExitCode::from(1)
+    } else {
+        std::process::ExitCode::SUCCESS
+    })
+}
+
+fn value(v: f64, unit: &str) -> String {
+    format!("{}{unit}", si(v))
+}
+
+fn pct(x: f64) -> String {
+    format!("{:+.1}%", 100.0 * x)
+}
+
+fn summary(r: &Report, a: &GateArgs) -> String {
+    let regressed = r.regressions();
+    let improved = r
+        .comparisons
+        .iter()
+        .filter(|c| c.verdict == Verdict::Improved)
+        .count();
+    let verdict = if regressed > 0 {
+        format!("FAIL: {regressed} regression(s)")
+    } else if a.strict && (!r.missing.is_empty() || !r.provenance.is_empty()) {
+        "FAIL (--strict): missing ids or a different machine/software".to_string()
+    } else {
+        "PASS".to_string()
+    };
+    format!(
+        "{verdict} — {} ids compared, {improved} improved, {} missing, {} new, {} ignored by the rules",
+        r.comparisons.len(),
+        r.missing.len(),
+        r.added.len(),
+        r.ignored
+    )
+}
+
+fn table(r: &Report, a: &GateArgs, confidence: f64) -> String {
+    let mut o = format!(
+        "{:<40} {:>14} {:>14} {:>9} {:>20} {:>6}  verdict\n",
+        "id",
+        "baseline",
+        "current",
+        "change",
+        format!("{:.0}% interval", 100.0 * confidence),
+        "tol."
+    );
+    for c in &r.comparisons {
+        o += &format!(
+            "{:<40} {:>14} {:>14} {:>9} {:>20} {:>5.0}%  {}\n",
+            c.id,
+            value(c.baseline, &c.unit),
+            value(c.current, &c.unit),
+            pct(c.change),
+            format!("[{}, {}]", pct(c.low), pct(c.high)),
+            100.0 * c.tolerance,
+            c.verdict.as_str()
+        );
+    }
+    for m in &r.missing {
+        o += &format!("missing from the current result: {m}\n");
+    }
+    for p in &r.provenance {
+        o += &format!(
+            "{}: the two results differ — {p}\n",
+            if a.strict { "error" } else { "warning" }
+        );
+    }
+    o + &summary(r, a) + "\n"
+}
+
+fn markdown(r: &Report, a: &GateArgs, confidence: f64) -> String {
+    let mut o = format!("### roofline gate: {}\n\n", summary(r, a));
+    o += &format!(
+        "| id | baseline | current | change | {:.0}% interval | tolerance | verdict |\n|---|---:|---:|---:|---:|---:|---|\n",
+        100.0 * confidence
+    );
+    // Regressions first.
+    let mut rows: Vec<&Comparison> = r.comparisons.iter().collect();
+    rows.sort_by_key(|c| c.verdict != Verdict::Regressed);
+    for c in rows {
+        let v = if c.verdict == Verdict::Regressed {
+            format!("**{}**", c.verdict.as_str())
+        } else {
+            c.verdict.as_str().to_string()
+        };
+        o += &format!(
+            "| `{}` | {} | {} | {} | {} … {} | {:.0}% | {v} |\n",
+            c.id,
+            value(c.baseline, &c.unit),
+            value(c.current, &c.unit),
+            pct(c.change),
+            pct(c.low),
+            pct(c.high),
+            100.0 * c.tolerance
+        );
+    }
+    if !r.missing.is_empty() {
+        o += &format!(
+            "\nMissing from the current result: {}\n",
+            r.missing
+                .iter()
+                .map(|m| format!("`{m}`"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    if !r.provenance.is_empty() {
+        o += "\n**The two results were measured on different machines or software** (a regression may be the machine's):\n\n";
+        for p in &r.provenance {
+            o += &format!("- {p}\n");
+        }
+    }
+    o
+}
+
+fn junit(r: &Report, a: &GateArgs) -> String {
+    let failures = r.regressions()
+        + if a.strict {
+            r.missing.len() + usize::from(!r.provenance.is_empty())
+        } else {
+            0
+        };
+    let tests = r.comparisons.len() + r.missing.len() + usize::from(!r.provenance.is_empty());
+    let mut o = format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n<testsuite name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n"
+    );
+    for c in &r.comparisons {
+        let msg = format!(
+            "{} → {} ({}, interval {} … {}, tolerance {:.0}%)",
+            value(c.baseline, &c.unit),
+            value(c.current, &c.unit),
+            pct(c.change),
+            pct(c.low),
+            pct(c.high),
+            100.0 * c.tolerance
+        );
+        o += &format!(
+            "  <testcase classname=\"roofline.gate\" name=\"{}\">",
+            escape(&c.id)
+        );
+        if c.verdict == Verdict::Regressed {
+            o += &format!("<failure message=\"regressed: {}\"/>", escape(&msg));
+        } else {
+            o += &format!(
+                "<system-out>{}: {}</system-out>",
+                c.verdict.as_str(),
+                escape(&msg)
+            );
+        }
+        o += "</testcase>\n";
+    }
+    for m in &r.missing {
+        o += &format!(
+            "  <testcase classname=\"roofline.gate\" name=\"{}\">{}</testcase>\n",
+            escape(m),
+            if a.strict {
+                "<failure message=\"missing from the current result\"/>"
+            } else {
+                "<skipped message=\"missing from the current result\"/>"
+            }
+        );
+    }
+    if !r.provenance.is_empty() {
+        let text = escape(&r.provenance.join("; "));
+        o += &format!(
+            "  <testcase classname=\"roofline.gate\" name=\"provenance\">{}</testcase>\n",
+            if a.strict {
+                format!("<failure message=\"{text}\"/>")
+            } else {
+                format!("<system-out>warning: {text}</system-out>")
+            }
+        );
+    }
+    o + "</testsuite>\n</testsuites>\n"
+}
+
+/// GitHub Actions workflow commands: one annotation per finding, a notice with the summary.
+fn github(r: &Report, a: &GateArgs) -> String {
+    // Workflow-command data must not contain raw newlines or %.
+    let clean = |s: &str| s.replace('%', "%25").replace('\n', "%0A");
+    let mut o = String::new();
+    for c in r
+        .comparisons
+        .iter()
+        .filter(|c| c.verdict == Verdict::Regressed)
+    {
+        o += &format!(
+            "::error title=roofline gate: {} regressed::{}\n",
+            clean(&c.id),
+            clean(&format!(
+                "{} → {} ({}, interval {} … {}, tolerance {:.0}%)",
+                value(c.baseline, &c.unit),
+                value(c.current, &c.unit),
+                pct(c.change),
+                pct(c.low),
+                pct(c.high),
+                100.0 * c.tolerance
+            ))
+        );
+    }
+    let level = if a.strict { "error" } else { "warning" };
+    for m in &r.missing {
+        o += &format!(
+            "::{level} title=roofline gate: missing id::{} is missing from the current result\n",
+            clean(m)
+        );
+    }
+    for p in &r.provenance {
+        o += &format!(
+            "::{level} title=roofline gate: different machine or software::{}\n",
+            clean(p)
+        );
+    }
+    o + &format!("::notice title=roofline gate::{}\n", clean(&summary(r, a)))
+}
