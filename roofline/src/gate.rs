@@ -176,7 +176,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
 }
 
 /// `gate.toml`.
-#[derive(Clone, Debug, PartialEq, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Rules {
     #[serde(default)]
@@ -221,15 +221,6 @@ pub struct Rule {
     /// Leave these ids out of the comparison.
     #[serde(default)]
     pub ignore: bool,
-}
-
-impl Default for Rules {
-    fn default() -> Self {
-        Rules {
-            default: Defaults::default(),
-            rules: Vec::new(),
-        }
-    }
 }
 
 impl Rules {
