@@ -904,6 +904,10 @@ fn score_writes_score_json_and_a_report_that_renders() {
     );
 }
 
+fn half(v: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!(v.as_f64().unwrap() * 0.5)
+}
+
 /// `gate`: a result against itself passes; with the FMA ceilings' samples halved it fails and
 /// names them, in every format; a different CPU is a warning (an error with --strict); missing
 /// ids fail only with --strict; --update-baseline replaces the baseline; bad input exits 2.
@@ -934,7 +938,6 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
         serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
     for c in m["ceilings"].as_array_mut().unwrap() {
         if c["id"].as_str().unwrap().starts_with("cpu/fma/") {
-            let half = |v: &serde_json::Value| serde_json::json!(v.as_f64().unwrap() * 0.5);
             c["value"] = half(&c["value"]);
             let vals: Vec<serde_json::Value> = c["stats"]["values"]
                 .as_array()
