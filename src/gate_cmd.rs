@@ -2,22 +2,26 @@
 
 use crate::Failure;
 use anyhow::anyhow;
-use roofline_model::gate::{gate, read_input, Comparison, Report, Rules, Verdict};
+use roofline_model::gate::{gate, pool, read_input, Comparison, Report, Rules, Verdict};
 use roofline_model::write::write_atomic;
 use roofline_plots::{report::escape, si};
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
 pub struct GateArgs {
-    /// The baseline result: a machine.json, placement.json or score.json.
-    #[arg(long, value_name = "FILE")]
-    pub baseline: PathBuf,
-    /// The current result, of the same kind.
-    #[arg(long, value_name = "FILE")]
-    pub current: PathBuf,
+    /// The baseline result: a machine.json, placement.json or score.json. Several files (runs
+    /// of the same kind) are pooled: every id's samples over all of them, so that the interval
+    /// includes the run-to-run spread (use this on noisy machines).
+    #[arg(long, value_name = "FILE", num_args = 1.., required = true)]
+    pub baseline: Vec<PathBuf>,
+    /// The current result(s), of the same kind.
+    #[arg(long, value_name = "FILE", num_args = 1.., required = true)]
+    pub current: Vec<PathBuf>,
     /// Tolerances per id pattern (TOML): `[default] tolerance = 0.10, confidence = 0.95` and
     /// `[[rule]] pattern = "cpu/mem/*" tolerance = 0.15` (first match wins; `ignore = true`
-    /// leaves ids out). Default: 10% everywhere at 95% confidence.
+    /// leaves ids out); it replaces the built-in rules: 10% at 95% confidence, except DRAM
+    /// bandwidth 65%, HBM 25%, other memory levels 20%, GEMM and convolution 25%, network and
+    /// storage 50% (what moves between runs of one shared VM; tighten them on dedicated nodes).
     #[arg(long, value_name = "TOML")]
     pub rules: Option<PathBuf>,
     /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
@@ -42,17 +46,57 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         let g = read_input(&text).map_err(|e| input(format!("{}: {e}", p.display())))?;
         Ok((text, g))
     };
-    let (_, base) = read(&a.baseline)?;
-    let (current_text, cur) = read(&a.current)?;
-    if base.kind != cur.kind {
+    let names = |v: &[PathBuf]| {
+        v.iter()
+            .map(|p| p.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" ")
+    };
+    if a.update_baseline && (a.baseline.len() != 1 || a.current.len() != 1) {
+        return Err(input(
+            "--update-baseline replaces one baseline file with one current file".into(),
+        ));
+    }
+    let mut currents = Vec::new();
+    for p in &a.current {
+        currents.push(read(p)?);
+    }
+    let current_text = currents[0].0.clone();
+    if a.update_baseline && !a.baseline[0].exists() {
+        // The first baseline.
+        write_atomic(&a.baseline[0], current_text.as_bytes())
+            .map_err(|e| Failure::Input(e.into()))?;
+        eprintln!(
+            "no baseline yet: {} now holds {} ({} ids)",
+            a.baseline[0].display(),
+            a.current[0].display(),
+            currents[0].1.metrics.len()
+        );
+        return Ok(std::process::ExitCode::SUCCESS);
+    }
+    let mut bases = Vec::new();
+    for p in &a.baseline {
+        bases.push(read(p)?.1);
+    }
+    let kinds = |v: &[roofline_model::gate::GateInput]| {
+        v.iter()
+            .map(|g| g.kind)
+            .collect::<std::collections::BTreeSet<_>>()
+    };
+    let currents: Vec<_> = currents.into_iter().map(|c| c.1).collect();
+    let (kb, kc) = (kinds(&bases), kinds(&currents));
+    if kb.len() != 1 || kb != kc {
         return Err(input(format!(
-            "{} is a {} result and {} a {} result: gate compares results of one kind",
-            a.baseline.display(),
-            base.kind,
-            a.current.display(),
-            cur.kind
+            "{} and {} are results of kinds {:?} and {:?}: gate compares results of one kind",
+            names(&a.baseline),
+            names(&a.current),
+            kb,
+            kc
         )));
     }
+    let (Some(base), Some(cur)) = (pool(bases), pool(currents)) else {
+        return Err(input("nothing to compare".into()));
+    };
     let rules = match &a.rules {
         Some(p) => {
             let t = std::fs::read_to_string(p)
@@ -65,8 +109,8 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
     if r.comparisons.is_empty() {
         return Err(input(format!(
             "{} and {} have no id in common: nothing to compare",
-            a.baseline.display(),
-            a.current.display()
+            names(&a.baseline),
+            names(&a.current)
         )));
     }
     let regressed = r.regressions();
@@ -79,11 +123,12 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
     };
     print!("{text}");
     if a.update_baseline {
-        write_atomic(&a.baseline, current_text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+        write_atomic(&a.baseline[0], current_text.as_bytes())
+            .map_err(|e| Failure::Input(e.into()))?;
         eprintln!(
             "updated the baseline: {} now holds {}",
-            a.baseline.display(),
-            a.current.display()
+            a.baseline[0].display(),
+            a.current[0].display()
         );
         return Ok(std::process::ExitCode::SUCCESS);
     }

@@ -1019,6 +1019,20 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
     let o = gate(&["--current", s, "--update-baseline"]);
     assert_eq!(o.status.code(), Some(0));
     assert_eq!(std::fs::read(&base).unwrap(), std::fs::read(&slow).unwrap());
+    // Several runs per side are pooled; a first --update-baseline creates the baseline.
+    let o = gate(&["--current", s, s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let fresh = dir.join("fresh.json");
+    let o = bin()
+        .args(["gate", "--update-baseline", "--current", s, "--baseline"])
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&fresh).unwrap(),
+        std::fs::read(&slow).unwrap()
+    );
     // Bad input.
     expect_input_error(
         &["gate", "--current", s, "--baseline"],
