@@ -7,6 +7,7 @@ pub mod alloc;
 pub mod checkpoint;
 pub mod conv;
 pub mod data;
+pub mod detect;
 pub mod exchange;
 pub mod folder;
 pub mod gpu;

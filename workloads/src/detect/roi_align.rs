@@ -1,0 +1,190 @@
+//! RoIAlign (Mask R-CNN; torchvision's `aligned=True`): each region of interest, in image
+//! pixels, is scaled to a feature map by `scale` (1 / its stride), shifted by half a pixel, and
+//! split into `out × out` bins; each bin averages `samples × samples` bilinear samples of the
+//! feature map. Features are one image's HWC map. The backward pass scatters each output
+//! gradient back through the same bilinear weights (regions get no gradient, as in
+//! torchvision).
+//!
+//! FLOPs (for the accounting): per output element, `samples²` bilinear samples of 4
+//! multiply-adds (8 FLOPs) each, plus the average (1): `(8·samples² + 1)` per element, the same
+//! again for the backward pass.
+
+use super::boxes::BBox;
+
+/// RoIAlign's shape.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RoiAlign {
+    pub out: usize,
+    pub samples: usize,
+    /// Feature cells per image pixel (1/4 for P2, …).
+    pub scale: f64,
+}
+
+/// The four taps of a bilinear sample at (y, x) on an `h × w` map: (index, weight) pairs;
+/// empty outside the map (as torchvision: beyond one cell out, zero).
+fn taps(y: f64, x: f64, h: usize, w: usize) -> Vec<(usize, f64)> {
+    if y < -1.0 || y > h as f64 || x < -1.0 || x > w as f64 {
+        return Vec::new();
+    }
+    let (y, x) = (y.max(0.0), x.max(0.0));
+    let (mut y0, mut x0) = (y.floor() as usize, x.floor() as usize);
+    let (y1, x1);
+    let (mut ly, mut lx) = (y - y0 as f64, x - x0 as f64);
+    if y0 >= h - 1 {
+        y0 = h - 1;
+        y1 = h - 1;
+        ly = 0.0;
+    } else {
+        y1 = y0 + 1;
+    }
+    if x0 >= w - 1 {
+        x0 = w - 1;
+        x1 = w - 1;
+        lx = 0.0;
+    } else {
+        x1 = x0 + 1;
+    }
+    let (hy, hx) = (1.0 - ly, 1.0 - lx);
+    vec![
+        (y0 * w + x0, hy * hx),
+        (y0 * w + x1, hy * lx),
+        (y1 * w + x0, ly * hx),
+        (y1 * w + x1, ly * lx),
+    ]
+}
+
+impl RoiAlign {
+    /// FLOPs of the forward pass for `rois` regions of `channels` channels.
+    pub fn flops(&self, rois: usize, channels: usize) -> f64 {
+        let s = (self.samples * self.samples) as f64;
+        (rois * self.out * self.out * channels) as f64 * (8.0 * s + 1.0)
+    }
+
+    /// For each output cell of `roi`: its taps (feature cell, weight), averaged over the samples.
+    fn cells(&self, roi: &BBox, h: usize, w: usize) -> Vec<Vec<(usize, f64)>> {
+        let off = 0.5;
+        let (x1, y1) = (roi[0] * self.scale - off, roi[1] * self.scale - off);
+        let (x2, y2) = (roi[2] * self.scale - off, roi[3] * self.scale - off);
+        let (bh, bw) = ((y2 - y1) / self.out as f64, (x2 - x1) / self.out as f64);
+        let s = self.samples;
+        let norm = 1.0 / (s * s) as f64;
+        let mut out = Vec::with_capacity(self.out * self.out);
+        for py in 0..self.out {
+            for px in 0..self.out {
+                let mut t = Vec::with_capacity(4 * s * s);
+                for iy in 0..s {
+                    let y = y1 + py as f64 * bh + (iy as f64 + 0.5) * bh / s as f64;
+                    for ix in 0..s {
+                        let x = x1 + px as f64 * bw + (ix as f64 + 0.5) * bw / s as f64;
+                        t.extend(taps(y, x, h, w).into_iter().map(|(i, wt)| (i, wt * norm)));
+                    }
+                }
+                out.push(t);
+            }
+        }
+        out
+    }
+
+    /// `rois.len() × out × out × c` pooled features from an `h × w × c` map.
+    pub fn forward(&self, feat: &[f64], h: usize, w: usize, c: usize, rois: &[BBox]) -> Vec<f64> {
+        let mut y = vec![0.0; rois.len() * self.out * self.out * c];
+        for (r, roi) in rois.iter().enumerate() {
+            for (k, taps) in self.cells(roi, h, w).iter().enumerate() {
+                let o = &mut y[(r * self.out * self.out + k) * c..][..c];
+                for &(i, wt) in taps {
+                    for (v, f) in o.iter_mut().zip(&feat[i * c..(i + 1) * c]) {
+                        *v += wt * f;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// The feature map's gradient from the pooled features' `dy`.
+    pub fn backward(&self, dy: &[f64], h: usize, w: usize, c: usize, rois: &[BBox]) -> Vec<f64> {
+        let mut dx = vec![0.0; h * w * c];
+        for (r, roi) in rois.iter().enumerate() {
+            for (k, taps) in self.cells(roi, h, w).iter().enumerate() {
+                let g = &dy[(r * self.out * self.out + k) * c..][..c];
+                for &(i, wt) in taps {
+                    for (d, v) in dx[i * c..(i + 1) * c].iter_mut().zip(g) {
+                        *d += wt * v;
+                    }
+                }
+            }
+        }
+        dx
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// On a map that is linear in x and y, bilinear sampling is exact: each bin's value is the
+    /// map at the bin's centre.
+    #[test]
+    fn a_linear_map_pools_to_the_bin_centres() {
+        let (h, w) = (8, 10);
+        let feat: Vec<f64> = (0..h * w)
+            .map(|i| 2.0 * (i / w) as f64 + 0.5 * (i % w) as f64)
+            .collect();
+        let ra = RoiAlign {
+            out: 2,
+            samples: 2,
+            scale: 0.5,
+        };
+        // Image box [4, 2, 12, 10] → map [2, 1, 6, 5] − ½: bins 2 × 2 map cells.
+        let y = ra.forward(&feat, h, w, 1, &[[4.0, 2.0, 12.0, 10.0]]);
+        let at = |yy: f64, xx: f64| 2.0 * yy + 0.5 * xx;
+        let want = [at(1.5, 2.5), at(1.5, 4.5), at(3.5, 2.5), at(3.5, 4.5)];
+        for (g, e) in y.iter().zip(want) {
+            assert!((g - e).abs() < 1e-12, "{y:?} vs {want:?}");
+        }
+        assert_eq!(ra.flops(1, 1), 4.0 * 33.0);
+    }
+
+    /// The backward pass against finite differences of Σ g·y, with regions reaching over the
+    /// map's edges.
+    #[test]
+    fn backward_matches_finite_differences() {
+        let (h, w, c) = (6, 7, 3);
+        let mut rng = crate::data::Rng::new(17);
+        let feat: Vec<f64> = (0..h * w * c).map(|_| rng.normal()).collect();
+        let rois = [
+            [1.0, 2.0, 9.5, 7.0],
+            [-3.0, -1.0, 5.0, 13.0],
+            [10.0, 8.0, 16.0, 14.0],
+        ];
+        let ra = RoiAlign {
+            out: 3,
+            samples: 2,
+            scale: 0.5,
+        };
+        let g: Vec<f64> = (0..rois.len() * 9 * c).map(|_| rng.normal()).collect();
+        let loss = |f: &[f64]| -> f64 {
+            ra.forward(f, h, w, c, &rois)
+                .iter()
+                .zip(&g)
+                .map(|(a, b)| a * b)
+                .sum()
+        };
+        let dx = ra.backward(&g, h, w, c, &rois);
+        let eps = 1e-6;
+        let mut nonzero = 0;
+        for i in 0..feat.len() {
+            let (mut up, mut down) = (feat.clone(), feat.clone());
+            up[i] += eps;
+            down[i] -= eps;
+            let fd = (loss(&up) - loss(&down)) / (2.0 * eps);
+            assert!(
+                (fd - dx[i]).abs() < 1e-7 * (1.0 + fd.abs()),
+                "{i}: {fd} vs {}",
+                dx[i]
+            );
+            nonzero += usize::from(dx[i] != 0.0);
+        }
+        assert!(nonzero > 10);
+    }
+}
