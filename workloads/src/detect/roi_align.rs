@@ -118,6 +118,14 @@ impl RoiAlign {
     }
 }
 
+/// The FPN level a region is pooled from (Lin et al., eq. 1): `k0 + log2(√(w·h) / 224)`
+/// rounded down, clamped to the pyramid's levels (P2–P5 by default: k0 = 4).
+pub fn fpn_level(roi: &BBox, k0: i32, min: i32, max: i32) -> i32 {
+    let s = ((roi[2] - roi[0]).max(0.0) * (roi[3] - roi[1]).max(0.0)).sqrt();
+    let k = (k0 as f64 + (s / 224.0 + 1e-6).log2()).floor() as i32;
+    k.clamp(min, max)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -143,6 +151,16 @@ mod tests {
             assert!((g - e).abs() < 1e-12, "{y:?} vs {want:?}");
         }
         assert_eq!(ra.flops(1, 1), 4.0 * 33.0);
+    }
+
+    #[test]
+    fn fpn_levels() {
+        let sq = |s: f64| [0.0, 0.0, s, s];
+        assert_eq!(fpn_level(&sq(224.0), 4, 2, 5), 4);
+        assert_eq!(fpn_level(&sq(112.0), 4, 2, 5), 3);
+        assert_eq!(fpn_level(&sq(448.0), 4, 2, 5), 5);
+        assert_eq!(fpn_level(&sq(16.0), 4, 2, 5), 2, "clamped to P2");
+        assert_eq!(fpn_level(&sq(4000.0), 4, 2, 5), 5, "clamped to P5");
     }
 
     /// The backward pass against finite differences of Σ g·y, with regions reaching over the
