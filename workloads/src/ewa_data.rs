@@ -373,7 +373,7 @@ mod tests {
             let b = f.boxes(i).unwrap();
             assert!((1..=4).contains(&b.len()), "{b:?}");
             for x in &b {
-                assert!(x.class < 4 && x.ymax as usize <= h - 1 && x.xmax as usize <= w - 1);
+                assert!(x.class < 4 && (x.ymax as usize) < h && (x.xmax as usize) < w);
             }
         }
         let (s, cached) = f.stats().unwrap();
