@@ -246,6 +246,75 @@ impl<T: Float> ResNet<T> {
         }
     }
 
+    /// A ResNet whose stem takes `channels` input channels (16 for the Extreme Weather
+    /// fields), initialised as `new` otherwise.
+    pub fn with_input_channels(config: Config, seed: u64, channels: usize) -> ResNet<T> {
+        let mut m = ResNet::new(config, seed);
+        let mut rng = Rng::new(seed ^ 0x57E4);
+        m.stem = Conv2d::new("conv1", channels, m.stem.shape.k, 7, 2, 3, &mut rng);
+        m
+    }
+
+    /// The backbone's four stage outputs (C2–C5 of a feature pyramid, strides 4, 8, 16, 32) for
+    /// an NHWC batch; every stage needs at least one block.
+    pub fn forward_features(&mut self, x: &Tensor<T>, train: bool) -> Vec<Arc<Tensor<T>>> {
+        assert!(
+            self.config.blocks.iter().all(|&b| b > 0),
+            "a feature pyramid needs a block in every stage"
+        );
+        let x = Arc::new(x.clone());
+        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
+        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
+            self.stem_bn.forward_act(s, train, true)
+        }));
+        let mut h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
+        if train {
+            self.stem_out = s;
+        }
+        let mut out = Vec::with_capacity(4);
+        let mut next = 0;
+        for &n in &self.config.blocks {
+            for b in &mut self.blocks[next..next + n] {
+                h = b.forward(&h, train);
+            }
+            next += n;
+            out.push(Arc::clone(&h));
+        }
+        out
+    }
+
+    /// Gradients of every backbone parameter from the gradients of the four stage outputs
+    /// (after `forward_features` in training mode); the classifier is not used.
+    pub fn backward_features(&mut self, mut d: Vec<Tensor<T>>) {
+        assert_eq!(d.len(), 4, "one gradient per stage");
+        let mut g: Option<Tensor<T>> = None;
+        let mut end = self.blocks.len();
+        for stage in (0..4).rev() {
+            let ds = d.pop().expect("four stages");
+            let mut cur = match g.take() {
+                Some(mut x) => {
+                    add_into(&mut x, &ds);
+                    x
+                }
+                None => ds,
+            };
+            let n = self.config.blocks[stage];
+            for b in self.blocks[end - n..end].iter_mut().rev() {
+                cur = b.backward(cur);
+            }
+            end -= n;
+            g = Some(cur);
+        }
+        let d0 = g.expect("a gradient");
+        let ds = timed(BWD, name("maxpool"), || self.pool.backward(&d0));
+        let dstem = timed(BWD, name("bn1+relu"), || {
+            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
+        });
+        timed(BWD, name("conv1"), || {
+            self.stem.backward_filter_only(&dstem)
+        });
+    }
+
     /// Logits for an NHWC batch of 3-channel images.
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
         let x = Arc::new(x.clone());
@@ -509,6 +578,73 @@ mod tests {
             assert_eq!(grad, &p.grad, "{name} changed after it was handed over");
             assert!(grad.iter().any(|v| *v != 0.0), "{name}: no gradient");
         }
+    }
+
+    /// The backbone's features (16 input channels) and their backward pass against finite
+    /// differences of Σ g·C over the four stages.
+    #[test]
+    fn feature_backbone_gradient_check() {
+        let cfg = tiny([1, 1, 1, 1]);
+        let mut rng = Rng::new(8);
+        let x = Tensor::from_vec(
+            2,
+            32,
+            32,
+            16,
+            (0..2 * 32 * 32 * 16).map(|_| rng.normal()).collect(),
+        );
+        let mut m = ResNet::<f64>::with_input_channels(cfg.clone(), 5, 16);
+        let c = m.forward_features(&x, true);
+        assert_eq!(
+            c.iter().map(|t| (t.h, t.c)).collect::<Vec<_>>(),
+            vec![(8, 16), (4, 32), (2, 64), (1, 128)]
+        );
+        let g: Vec<Vec<f64>> = c
+            .iter()
+            .map(|t| (0..t.len()).map(|_| rng.normal()).collect())
+            .collect();
+        m.backward_features(
+            c.iter()
+                .zip(&g)
+                .map(|(t, g)| Tensor::from_vec(t.n, t.h, t.w, t.c, g.clone()))
+                .collect(),
+        );
+        let grads: Vec<Vec<f64>> = m.params().iter().map(|p| p.grad.clone()).collect();
+        let values: Vec<Vec<f64>> = m.params().iter().map(|p| p.value.clone()).collect();
+        let loss = |vals: &[Vec<f64>]| {
+            let mut n = ResNet::<f64>::with_input_channels(cfg.clone(), 5, 16);
+            for (p, v) in n.params().into_iter().zip(vals) {
+                p.value = v.clone();
+            }
+            n.forward_features(&x, true)
+                .iter()
+                .zip(&g)
+                .map(|(t, g)| t.data.iter().zip(g).map(|(a, b)| a * b).sum::<f64>())
+                .sum::<f64>()
+        };
+        let h = 1e-6;
+        let mut checked = 0;
+        // The stem, a block in the first stage and one in the last (the classifier has none).
+        for pi in [0, 3, values.len() - 6] {
+            for i in (0..values[pi].len()).step_by((values[pi].len() / 3).max(1)) {
+                let mut up = values.clone();
+                up[pi][i] += h;
+                let mut down = values.clone();
+                down[pi][i] -= h;
+                let fd = (loss(&up) - loss(&down)) / (2.0 * h);
+                let an = grads[pi][i];
+                assert!(
+                    (fd - an).abs() <= 1e-5 * (1.0 + fd.abs()),
+                    "param {pi}[{i}]: {fd} vs {an}"
+                );
+                checked += 1;
+            }
+        }
+        assert!(checked >= 6);
+        assert_eq!(
+            grads[grads.len() - 1].iter().filter(|v| **v != 0.0).count(),
+            0
+        );
     }
 
     /// The whole network's backward pass, through every layer, against finite differences of
