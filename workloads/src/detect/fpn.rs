@@ -245,8 +245,8 @@ mod tests {
             }
         }
         let grads: Vec<Vec<f64>> = f.params().iter().map(|p| p.grad.clone()).collect();
-        for pi in 0..grads.len() {
-            for i in (0..grads[pi].len()).step_by(5) {
+        for (pi, grad) in grads.iter().enumerate() {
+            for i in (0..grad.len()).step_by(5) {
                 let v = f.params()[pi].value[i];
                 f.params()[pi].value[i] = v + h;
                 let lu = loss(&mut f, &c);
@@ -255,9 +255,9 @@ mod tests {
                 f.params()[pi].value[i] = v;
                 let fd = (lu - ld) / (2.0 * h);
                 assert!(
-                    (fd - grads[pi][i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
                     "param {pi}[{i}]: {fd} vs {}",
-                    grads[pi][i]
+                    grad[i]
                 );
             }
         }
