@@ -1,0 +1,335 @@
+//! The region proposal network: a head shared by every pyramid level (a 3×3 convolution with
+//! ReLU, then 1×1 convolutions to A objectness logits and 4A box deltas per cell, all with
+//! biases) and the proposals it makes (deltas decoded onto the anchors, clipped, tiny boxes
+//! dropped, the best `pre_nms` of each level kept, non-maximum suppression over all levels, the
+//! best `post_nms` kept).
+
+use super::boxes::{clip, nms, BBox, Coder};
+use crate::conv::{self, ConvShape};
+use crate::layers::Param;
+use crate::tensor::{Float, Tensor};
+
+/// A convolution whose weights several inputs share (the pyramid's levels): the backward pass
+/// takes the input it is for and adds to the weight gradient.
+pub struct SharedConv<T> {
+    pub weight: Param<T>,
+    pub bias: Param<T>,
+    shape: ConvShape,
+}
+
+impl<T: Float> SharedConv<T> {
+    pub fn new(
+        name: &str,
+        c: usize,
+        k: usize,
+        r: usize,
+        rng: &mut crate::data::Rng,
+        std: f64,
+    ) -> SharedConv<T> {
+        let w = (0..r * r * c * k)
+            .map(|_| T::from_f64(rng.normal() * std))
+            .collect();
+        SharedConv {
+            weight: Param::new(format!("{name}.weight"), w, true),
+            bias: Param::new(format!("{name}.bias"), vec![T::zero(); k], false),
+            shape: ConvShape {
+                n: 0,
+                c,
+                h: 0,
+                w: 0,
+                k,
+                r,
+                s: r,
+                stride: 1,
+                pad: r / 2,
+            },
+        }
+    }
+
+    fn shape(&self, x: &Tensor<T>) -> ConvShape {
+        assert_eq!(x.c, self.shape.c, "{}: input channels", self.weight.name);
+        ConvShape {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            ..self.shape
+        }
+    }
+
+    pub fn forward(&self, x: &Tensor<T>) -> Tensor<T> {
+        let sh = self.shape(x);
+        let mut y = Tensor::zeros(x.n, sh.oh(), sh.ow(), sh.k);
+        conv::forward(&x.data, &self.weight.value, &mut y.data, &sh);
+        for row in y.data.chunks_exact_mut(sh.k) {
+            for (v, b) in row.iter_mut().zip(&self.bias.value) {
+                *v += *b;
+            }
+        }
+        y
+    }
+
+    /// Adds this input's share to the gradients; returns the input's gradient.
+    pub fn backward(&mut self, x: &Tensor<T>, dy: &Tensor<T>) -> Tensor<T> {
+        let sh = self.shape(x);
+        let mut dw = vec![T::zero(); self.weight.grad.len()];
+        conv::backward_filter(&x.data, &dy.data, &mut dw, &sh);
+        for (g, d) in self.weight.grad.iter_mut().zip(dw) {
+            *g += d;
+        }
+        for row in dy.data.chunks_exact(sh.k) {
+            for (g, v) in self.bias.grad.iter_mut().zip(row) {
+                *g += *v;
+            }
+        }
+        let mut dx = Tensor::zeros(x.n, x.h, x.w, x.c);
+        conv::backward_data(&dy.data, &self.weight.value, &mut dx.data, &sh);
+        dx
+    }
+
+    pub fn zero_grad(&mut self) {
+        self.weight.grad.iter_mut().for_each(|g| *g = T::zero());
+        self.bias.grad.iter_mut().for_each(|g| *g = T::zero());
+    }
+}
+
+pub struct RpnHead<T> {
+    pub conv: SharedConv<T>,
+    pub cls: SharedConv<T>,
+    pub reg: SharedConv<T>,
+    pub anchors: usize,
+    /// Per level: the input and the hidden activation (after ReLU).
+    kept: Vec<(Tensor<T>, Tensor<T>)>,
+}
+
+impl<T: Float> RpnHead<T> {
+    /// torchvision's initialisation: normal(0, 0.01) weights, zero biases.
+    pub fn new(width: usize, anchors: usize, rng: &mut crate::data::Rng) -> RpnHead<T> {
+        RpnHead {
+            conv: SharedConv::new("rpn.conv", width, width, 3, rng, 0.01),
+            cls: SharedConv::new("rpn.cls_logits", width, anchors, 1, rng, 0.01),
+            reg: SharedConv::new("rpn.bbox_pred", width, 4 * anchors, 1, rng, 0.01),
+            anchors,
+            kept: Vec::new(),
+        }
+    }
+
+    /// Per level: (objectness logits n·h·w·A, deltas n·h·w·4A), NHWC (anchor a of a cell is
+    /// channel a; its deltas channels 4a..4a+4).
+    pub fn forward(&mut self, levels: &[Tensor<T>]) -> Vec<(Tensor<T>, Tensor<T>)> {
+        self.kept.clear();
+        levels
+            .iter()
+            .map(|p| {
+                let mut h = self.conv.forward(p);
+                h.data.iter_mut().for_each(|v| *v = v.max(T::zero()));
+                let out = (self.cls.forward(&h), self.reg.forward(&h));
+                self.kept.push((p.clone(), h));
+                out
+            })
+            .collect()
+    }
+
+    /// Gradients of the head's parameters (over every level) from the outputs' gradients;
+    /// returns each level's input gradient.
+    pub fn backward(&mut self, grads: &[(Tensor<T>, Tensor<T>)]) -> Vec<Tensor<T>> {
+        for c in [&mut self.conv, &mut self.cls, &mut self.reg] {
+            c.zero_grad();
+        }
+        let kept = std::mem::take(&mut self.kept);
+        kept.iter()
+            .zip(grads)
+            .map(|((x, h), (go, gd))| {
+                let mut dh = self.cls.backward(h, go);
+                let d2 = self.reg.backward(h, gd);
+                for ((a, b), v) in dh.data.iter_mut().zip(&d2.data).zip(&h.data) {
+                    *a = if *v > T::zero() { *a + *b } else { T::zero() };
+                }
+                self.conv.backward(x, &dh)
+            })
+            .collect()
+    }
+
+    pub fn params(&mut self) -> Vec<&mut Param<T>> {
+        let mut v = Vec::new();
+        for c in [&mut self.conv, &mut self.cls, &mut self.reg] {
+            v.push(&mut c.weight);
+            v.push(&mut c.bias);
+        }
+        v
+    }
+}
+
+/// Proposal settings (torchvision's training defaults: 2000 per level, 2000 after NMS at 0.7).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ProposalRule {
+    pub pre_nms: usize,
+    pub post_nms: usize,
+    pub nms: f64,
+    pub min_size: f64,
+}
+
+/// The proposals of image `n`: (box, objectness logit), best first. `outputs[l]` and
+/// `anchors[l]` are level l's head outputs and anchors (cell-major, A per cell, as
+/// `boxes::anchors` lays them out); boxes are clipped to `width × height`.
+pub fn proposals<T: Float>(
+    outputs: &[(Tensor<T>, Tensor<T>)],
+    anchors: &[Vec<BBox>],
+    n: usize,
+    width: f64,
+    height: f64,
+    rule: &ProposalRule,
+) -> Vec<(BBox, f64)> {
+    let coder = Coder::new([1.0, 1.0, 1.0, 1.0]);
+    let mut all: Vec<(BBox, f64)> = Vec::new();
+    for ((logits, deltas), anc) in outputs.iter().zip(anchors) {
+        let per = logits.h * logits.w * logits.c;
+        assert_eq!(per, anc.len(), "anchors of a level");
+        let base = n * per;
+        let mut idx: Vec<usize> = (0..per).collect();
+        idx.sort_by(|&a, &b| {
+            logits.data[base + b]
+                .to_f64()
+                .total_cmp(&logits.data[base + a].to_f64())
+        });
+        for &i in idx.iter().take(rule.pre_nms) {
+            let d = &deltas.data[(base + i) * 4..(base + i) * 4 + 4];
+            let b = clip(
+                &coder.decode(
+                    &anc[i],
+                    &[d[0].to_f64(), d[1].to_f64(), d[2].to_f64(), d[3].to_f64()],
+                ),
+                width,
+                height,
+            );
+            if b[2] - b[0] >= rule.min_size && b[3] - b[1] >= rule.min_size {
+                all.push((b, logits.data[base + i].to_f64()));
+            }
+        }
+    }
+    let boxes: Vec<BBox> = all.iter().map(|p| p.0).collect();
+    let scores: Vec<f64> = all.iter().map(|p| p.1).collect();
+    nms(&boxes, &scores, rule.nms)
+        .into_iter()
+        .take(rule.post_nms)
+        .map(|i| all[i])
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::data::Rng;
+    use crate::detect::boxes::anchors;
+
+    fn rand(n: usize, h: usize, w: usize, c: usize, rng: &mut Rng) -> Tensor<f64> {
+        Tensor::from_vec(
+            n,
+            h,
+            w,
+            c,
+            (0..n * h * w * c).map(|_| rng.normal()).collect(),
+        )
+    }
+
+    /// The head over two levels against finite differences: the inputs and every parameter
+    /// (weights shared by the levels, so their gradients add).
+    #[test]
+    fn head_gradient_check() {
+        let mut rng = Rng::new(21);
+        let levels = vec![rand(2, 4, 5, 3, &mut rng), rand(2, 2, 3, 3, &mut rng)];
+        let mut head = RpnHead::<f64>::new(3, 2, &mut Rng::new(4));
+        // Larger weights than the 0.01 default, so that the check sees every path.
+        for p in head.params() {
+            p.value.iter_mut().for_each(|v| *v = *v * 50.0 + 0.1);
+        }
+        let out = head.forward(&levels);
+        let g: Vec<(Tensor<f64>, Tensor<f64>)> = out
+            .iter()
+            .map(|(o, d)| {
+                (
+                    rand(o.n, o.h, o.w, o.c, &mut rng),
+                    rand(d.n, d.h, d.w, d.c, &mut rng),
+                )
+            })
+            .collect();
+        let dx = head.backward(&g);
+        let loss = |head: &mut RpnHead<f64>, levels: &[Tensor<f64>]| -> f64 {
+            head.forward(levels)
+                .iter()
+                .zip(&g)
+                .map(|((o, d), (go, gd))| {
+                    o.data.iter().zip(&go.data).map(|(a, b)| a * b).sum::<f64>()
+                        + d.data.iter().zip(&gd.data).map(|(a, b)| a * b).sum::<f64>()
+                })
+                .sum()
+        };
+        let h = 1e-6;
+        for l in 0..2 {
+            for i in (0..levels[l].len()).step_by(5) {
+                let (mut up, mut down) = (levels.clone(), levels.clone());
+                up[l].data[i] += h;
+                down[l].data[i] -= h;
+                let fd = (loss(&mut head, &up) - loss(&mut head, &down)) / (2.0 * h);
+                assert!(
+                    (fd - dx[l].data[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                    "level {l}[{i}]: {fd} vs {}",
+                    dx[l].data[i]
+                );
+            }
+        }
+        let grads: Vec<Vec<f64>> = head.params().iter().map(|p| p.grad.clone()).collect();
+        for (pi, grad) in grads.iter().enumerate() {
+            for i in (0..grad.len()).step_by(3) {
+                let v = head.params()[pi].value[i];
+                head.params()[pi].value[i] = v + h;
+                let lu = loss(&mut head, &levels);
+                head.params()[pi].value[i] = v - h;
+                let ld = loss(&mut head, &levels);
+                head.params()[pi].value[i] = v;
+                let fd = (lu - ld) / (2.0 * h);
+                assert!(
+                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                    "param {pi}[{i}]: {fd} vs {}",
+                    grad[i]
+                );
+            }
+        }
+    }
+
+    /// With zero deltas the proposals are the anchors: the best-scoring one first, its
+    /// overlapping neighbours suppressed, clipped to the image, capped in number.
+    #[test]
+    fn proposals_are_decoded_ranked_and_suppressed() {
+        let (rows, cols) = (2, 3);
+        let anc = anchors(rows, cols, 16.0, &[32.0], &[1.0]);
+        let mut logits = Tensor::<f64>::zeros(1, rows, cols, 1);
+        logits.data = vec![0.1, 0.9, 0.2, 0.3, 0.8, 0.4];
+        let deltas = Tensor::<f64>::zeros(1, rows, cols, 4);
+        let rule = ProposalRule {
+            pre_nms: 10,
+            post_nms: 10,
+            nms: 0.3,
+            min_size: 1.0,
+        };
+        let p = proposals(
+            &[(logits.clone(), deltas.clone())],
+            &[anc.clone()],
+            0,
+            48.0,
+            32.0,
+            &rule,
+        );
+        // Cell (0, 1) first: its anchor [8, -8, 40, 24] clipped to [8, 0, 40, 24].
+        assert_eq!(p[0], ([8.0, 0.0, 40.0, 24.0], 0.9));
+        // Anchors of adjacent cells overlap by half: IoU ⅓ > 0.3, so the neighbours go.
+        assert!(p.iter().all(|(b, _)| b[0] != 24.0 || b[1] != 0.0), "{p:?}");
+        let few = ProposalRule {
+            post_nms: 1,
+            ..rule
+        };
+        assert_eq!(
+            proposals(&[(logits, deltas)], &[anc], 0, 48.0, 32.0, &few).len(),
+            1
+        );
+    }
+}
