@@ -313,7 +313,7 @@ mod tests {
         };
         let p = proposals(
             &[(logits.clone(), deltas.clone())],
-            &[anc.clone()],
+            std::slice::from_ref(&anc),
             0,
             48.0,
             32.0,
