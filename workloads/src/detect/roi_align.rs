@@ -10,6 +10,7 @@
 //! again for the backward pass.
 
 use super::boxes::BBox;
+use crate::tensor::{Float, Tensor};
 
 /// RoIAlign's shape.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -118,6 +119,84 @@ impl RoiAlign {
     }
 }
 
+/// RoIAlign over a feature pyramid (P2–P5, strides 4–32): each region, of some image of the
+/// batch, pooled from the level `fpn_level` gives it (k0 = 4), as torchvision's
+/// MultiScaleRoIAlign.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct MultiScale {
+    pub out: usize,
+    pub samples: usize,
+}
+
+impl MultiScale {
+    fn align(&self, level: usize) -> RoiAlign {
+        RoiAlign {
+            out: self.out,
+            samples: self.samples,
+            scale: 1.0 / (4usize << level) as f64,
+        }
+    }
+
+    /// `rois.len() × out × out × C` from the four levels' NHWC maps.
+    pub fn forward<T: Float>(&self, maps: &[Tensor<T>], rois: &[(usize, BBox)]) -> Tensor<T> {
+        assert_eq!(maps.len(), 4, "P2–P5");
+        let c = maps[0].c;
+        let cells = self.out * self.out;
+        let mut y = Tensor::zeros(rois.len(), self.out, self.out, c);
+        for (r, (img, roi)) in rois.iter().enumerate() {
+            let l = (fpn_level(roi, 4, 2, 5) - 2) as usize;
+            let m = &maps[l];
+            let base = img * m.h * m.w;
+            for (k, taps) in self.align(l).cells(roi, m.h, m.w).iter().enumerate() {
+                let o = &mut y.data[(r * cells + k) * c..][..c];
+                for &(i, wt) in taps {
+                    let wt = T::from_f64(wt);
+                    for (v, f) in o
+                        .iter_mut()
+                        .zip(&m.data[(base + i) * c..(base + i + 1) * c])
+                    {
+                        *v += wt * *f;
+                    }
+                }
+            }
+        }
+        y
+    }
+
+    /// The four maps' gradients from the pooled features' `dy`.
+    pub fn backward<T: Float>(
+        &self,
+        dy: &Tensor<T>,
+        maps: &[Tensor<T>],
+        rois: &[(usize, BBox)],
+    ) -> Vec<Tensor<T>> {
+        let mut dx: Vec<Tensor<T>> = maps
+            .iter()
+            .map(|m| Tensor::zeros(m.n, m.h, m.w, m.c))
+            .collect();
+        let c = maps[0].c;
+        let cells = self.out * self.out;
+        for (r, (img, roi)) in rois.iter().enumerate() {
+            let l = (fpn_level(roi, 4, 2, 5) - 2) as usize;
+            let (h, w) = (maps[l].h, maps[l].w);
+            let base = img * h * w;
+            for (k, taps) in self.align(l).cells(roi, h, w).iter().enumerate() {
+                let g = &dy.data[(r * cells + k) * c..][..c];
+                for &(i, wt) in taps {
+                    let wt = T::from_f64(wt);
+                    for (d, v) in dx[l].data[(base + i) * c..(base + i + 1) * c]
+                        .iter_mut()
+                        .zip(g)
+                    {
+                        *d += wt * *v;
+                    }
+                }
+            }
+        }
+        dx
+    }
+}
+
 /// The FPN level a region is pooled from (Lin et al., eq. 1): `k0 + log2(√(w·h) / 224)`
 /// rounded down, clamped to the pyramid's levels (P2–P5 by default: k0 = 4).
 pub fn fpn_level(roi: &BBox, k0: i32, min: i32, max: i32) -> i32 {
@@ -151,6 +230,74 @@ mod tests {
             assert!((g - e).abs() < 1e-12, "{y:?} vs {want:?}");
         }
         assert_eq!(ra.flops(1, 1), 4.0 * 33.0);
+    }
+
+    /// Each region pooled from its level equals single-level RoIAlign on that level's map of
+    /// its image; the backward pass is the forward pass's adjoint.
+    #[test]
+    fn multi_scale_pools_each_region_from_its_level() {
+        let mut rng = crate::data::Rng::new(31);
+        let (n, c) = (2, 3);
+        let maps: Vec<Tensor<f64>> = (0..4)
+            .map(|l| {
+                let s = 32 >> l;
+                Tensor::from_vec(
+                    n,
+                    s,
+                    s,
+                    c,
+                    (0..n * s * s * c).map(|_| rng.normal()).collect(),
+                )
+            })
+            .collect();
+        // Sizes that land on P2, P3 and P4, in both images.
+        let rois: Vec<(usize, BBox)> = vec![
+            (0, [10.0, 12.0, 40.0, 50.0]),
+            (1, [5.0, 5.0, 120.0, 110.0]),
+            (0, [0.0, 0.0, 230.0, 220.0]),
+            (1, [3.0, 7.0, 127.0, 127.0]),
+            (1, [0.0, 0.0, 128.0, 128.0]),
+        ];
+        let ms = MultiScale { out: 2, samples: 2 };
+        let y = ms.forward(&maps, &rois);
+        for (r, (img, roi)) in rois.iter().enumerate() {
+            let l = (fpn_level(roi, 4, 2, 5) - 2) as usize;
+            let m = &maps[l];
+            let plane = m.h * m.w * c;
+            let single = ms.align(l).forward(
+                &m.data[img * plane..(img + 1) * plane],
+                m.h,
+                m.w,
+                c,
+                &[*roi],
+            );
+            assert_eq!(
+                &y.data[r * 4 * c..(r + 1) * 4 * c],
+                &single[..],
+                "region {r}"
+            );
+        }
+        let levels: Vec<usize> = rois
+            .iter()
+            .map(|(_, b)| fpn_level(b, 4, 2, 5) as usize)
+            .collect();
+        assert!(levels.contains(&2) && levels.contains(&4), "{levels:?}");
+        let g: Vec<f64> = (0..y.len()).map(|_| rng.normal()).collect();
+        let dx = ms.backward(
+            &Tensor::from_vec(y.n, y.h, y.w, y.c, g.clone()),
+            &maps,
+            &rois,
+        );
+        let lhs: f64 = y.data.iter().zip(&g).map(|(a, b)| a * b).sum();
+        let rhs: f64 = maps
+            .iter()
+            .zip(&dx)
+            .map(|(m, d)| m.data.iter().zip(&d.data).map(|(a, b)| a * b).sum::<f64>())
+            .sum();
+        assert!(
+            (lhs - rhs).abs() < 1e-9 * (1.0 + lhs.abs()),
+            "{lhs} vs {rhs}"
+        );
     }
 
     #[test]
