@@ -333,3 +333,152 @@ mod tests {
         );
     }
 }
+
+/// The region proposal network's losses over a batch (torchvision's normalisation): per image,
+/// every anchor of every level assigned by `Matcher::RPN` to the image's `truth`, `per_image`
+/// of them sampled (at most half foreground, `seed` fixing the draw); the objectness loss is the
+/// binary cross-entropy averaged over the sampled anchors of the batch, the box loss the
+/// smooth-L1 (β = 1/9) of the foreground anchors' deltas against their encoded targets, summed
+/// and divided by the same count. Returns (objectness loss, box loss, the gradients of their
+/// sum with respect to each level's outputs).
+#[allow(clippy::type_complexity)]
+pub fn rpn_loss<T: Float>(
+    outputs: &[(Tensor<T>, Tensor<T>)],
+    anchors: &[Vec<BBox>],
+    truth: &[Vec<BBox>],
+    per_image: usize,
+    seed: u64,
+) -> (f64, f64, Vec<(Tensor<T>, Tensor<T>)>) {
+    use super::loss::{bce_with_logits, smooth_l1};
+    use super::matcher::{sample, Label, Matcher};
+    let coder = Coder::new([1.0, 1.0, 1.0, 1.0]);
+    let mut grads: Vec<(Tensor<T>, Tensor<T>)> = outputs
+        .iter()
+        .map(|(o, d)| {
+            (
+                Tensor::zeros(o.n, o.h, o.w, o.c),
+                Tensor::zeros(d.n, d.h, d.w, d.c),
+            )
+        })
+        .collect();
+    // (level, index within the level) of every anchor, in the order they are concatenated.
+    let flat: Vec<(usize, usize)> = anchors
+        .iter()
+        .enumerate()
+        .flat_map(|(l, a)| (0..a.len()).map(move |i| (l, i)))
+        .collect();
+    let all: Vec<BBox> = anchors.iter().flatten().copied().collect();
+    let mut rng = crate::data::Rng::new(seed);
+    // Per sampled anchor: (level, flat index in the level's outputs, target, box target).
+    let mut picked: Vec<(usize, usize, f64, Option<[f64; 4]>)> = Vec::new();
+    for (n, t) in truth.iter().enumerate() {
+        let mut labels = Matcher::RPN.assign(&all, t);
+        sample(&mut labels, per_image, 0.5, &mut rng);
+        for (a, lab) in labels.iter().enumerate() {
+            let (l, i) = flat[a];
+            let at = n * anchors[l].len() + i;
+            match lab {
+                Label::Fg(g) => picked.push((l, at, 1.0, Some(coder.encode(&all[a], &t[*g])))),
+                Label::Bg => picked.push((l, at, 0.0, None)),
+                Label::Ignore => {}
+            }
+        }
+    }
+    let count = picked.len().max(1) as f64;
+    let (mut obj, mut reg) = (0.0, 0.0);
+    for (l, at, target, boxt) in picked {
+        let z = outputs[l].0.data[at].to_f64();
+        let (lo, go) = bce_with_logits(&[z], &[target]);
+        obj += lo / count;
+        grads[l].0.data[at] += T::from_f64(go[0] / count);
+        if let Some(bt) = boxt {
+            let d: Vec<f64> = outputs[l].1.data[4 * at..4 * at + 4]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            let (lr, gr) = smooth_l1(&d, &bt, 1.0 / 9.0);
+            reg += lr / count;
+            for (k, g) in gr.iter().enumerate() {
+                grads[l].1.data[4 * at + k] += T::from_f64(g / count);
+            }
+        }
+    }
+    (obj, reg, grads)
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+    use crate::data::Rng;
+    use crate::detect::boxes::anchors;
+
+    /// The losses' gradients against finite differences of their sum (the same draw each time),
+    /// and a hand case: an anchor exactly on an object, logit 0 and zero deltas.
+    #[test]
+    fn rpn_loss_gradients_and_a_hand_case() {
+        let levels = [(4usize, 4usize, 8.0), (2, 2, 16.0)];
+        let anc: Vec<Vec<BBox>> = levels
+            .iter()
+            .map(|&(r, c, s)| anchors(r, c, s, &[2.0 * s], &[0.5, 1.0, 2.0]))
+            .collect();
+        let mut rng = Rng::new(6);
+        let outputs: Vec<(Tensor<f64>, Tensor<f64>)> = levels
+            .iter()
+            .map(|&(r, c, _)| {
+                let o = (0..2 * r * c * 3).map(|_| rng.normal()).collect();
+                let d = (0..2 * r * c * 12).map(|_| 0.3 * rng.normal()).collect();
+                (
+                    Tensor::from_vec(2, r, c, 3, o),
+                    Tensor::from_vec(2, r, c, 12, d),
+                )
+            })
+            .collect();
+        let truth = vec![
+            vec![[2.0, 3.0, 20.0, 17.0]],
+            vec![[10.0, 10.0, 30.0, 30.0], [0.0, 0.0, 8.0, 30.0]],
+        ];
+        let (obj, reg, g) = rpn_loss(&outputs, &anc, &truth, 16, 3);
+        assert!(obj > 0.0 && reg > 0.0);
+        let total = |o: &[(Tensor<f64>, Tensor<f64>)]| {
+            let (a, b, _) = rpn_loss(o, &anc, &truth, 16, 3);
+            a + b
+        };
+        let h = 1e-6;
+        let mut nonzero = 0;
+        for l in 0..2 {
+            for (which, len) in [(0, outputs[l].0.len()), (1, outputs[l].1.len())] {
+                for i in 0..len {
+                    let (mut up, mut down) = (outputs.clone(), outputs.clone());
+                    let (u, d) = if which == 0 {
+                        (&mut up[l].0.data[i], &mut down[l].0.data[i])
+                    } else {
+                        (&mut up[l].1.data[i], &mut down[l].1.data[i])
+                    };
+                    *u += h;
+                    *d -= h;
+                    let fd = (total(&up) - total(&down)) / (2.0 * h);
+                    let an = if which == 0 {
+                        g[l].0.data[i]
+                    } else {
+                        g[l].1.data[i]
+                    };
+                    assert!(
+                        (fd - an).abs() < 1e-6,
+                        "level {l} output {which}[{i}]: {fd} vs {an}"
+                    );
+                    nonzero += usize::from(an != 0.0);
+                }
+            }
+        }
+        assert!(nonzero > 10);
+        // Hand case: one anchor, exactly the object: foreground; logit 0 → ln 2; deltas 0 → 0.
+        let one = vec![vec![[0.0, 0.0, 16.0, 16.0]]];
+        let out = vec![(
+            Tensor::<f64>::zeros(1, 1, 1, 1),
+            Tensor::<f64>::zeros(1, 1, 1, 4),
+        )];
+        let (obj, reg, _) = rpn_loss(&out, &one, &[vec![[0.0, 0.0, 16.0, 16.0]]], 256, 1);
+        assert!((obj - 2f64.ln()).abs() < 1e-15);
+        assert_eq!(reg, 0.0);
+    }
+}
