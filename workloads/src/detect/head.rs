@@ -148,3 +148,158 @@ mod tests {
         );
     }
 }
+
+/// The second stage's training regions of one image (torchvision's roi_heads sampling): the
+/// proposals and the ground-truth boxes themselves, assigned by `Matcher::HEAD` (IoU ≥ 0.5:
+/// foreground), `per_image` sampled with at most a quarter foreground. Returns the regions,
+/// their labels (0 background, 1 + class) and box targets (coding weights 10, 10, 5, 5; zeros
+/// for background).
+pub fn sample_regions(
+    proposals: &[super::boxes::BBox],
+    truth: &[super::boxes::BBox],
+    classes: &[usize],
+    per_image: usize,
+    rng: &mut crate::data::Rng,
+) -> (Vec<super::boxes::BBox>, Vec<usize>, Vec<[f64; 4]>) {
+    use super::matcher::{sample, Label, Matcher};
+    assert_eq!(truth.len(), classes.len(), "one class per box");
+    let coder = super::boxes::Coder::new([10.0, 10.0, 5.0, 5.0]);
+    let candidates: Vec<super::boxes::BBox> =
+        proposals.iter().chain(truth.iter()).copied().collect();
+    let mut labels = Matcher::HEAD.assign(&candidates, truth);
+    sample(&mut labels, per_image, 0.25, rng);
+    let (mut regions, mut cls, mut targets) = (Vec::new(), Vec::new(), Vec::new());
+    for (b, l) in candidates.iter().zip(&labels) {
+        match *l {
+            Label::Fg(g) => {
+                regions.push(*b);
+                cls.push(1 + classes[g]);
+                targets.push(coder.encode(b, &truth[g]));
+            }
+            Label::Bg => {
+                regions.push(*b);
+                cls.push(0);
+                targets.push([0.0; 4]);
+            }
+            Label::Ignore => {}
+        }
+    }
+    (regions, cls, targets)
+}
+
+/// Fast R-CNN's losses for R regions: softmax cross-entropy of the class logits (R × K) against
+/// `labels`, averaged; smooth-L1 (β = 1/9) of each foreground region's deltas for its own class
+/// against its targets, summed and divided by R. Returns (class loss, box loss, their
+/// gradients with respect to the logits and the deltas).
+pub fn head_loss<T: Float>(
+    logits: &Tensor<T>,
+    deltas: &Tensor<T>,
+    labels: &[usize],
+    targets: &[[f64; 4]],
+) -> (f64, f64, Tensor<T>, Tensor<T>) {
+    let (cls, dlogits, _, _) = crate::layers::softmax_cross_entropy(logits, labels, 0.0);
+    let r = labels.len().max(1) as f64;
+    let mut ddeltas = Tensor::zeros(deltas.n, deltas.h, deltas.w, deltas.c);
+    let mut reg = 0.0;
+    for (i, (&l, t)) in labels.iter().zip(targets).enumerate() {
+        if l == 0 {
+            continue;
+        }
+        let at = i * deltas.c + 4 * l;
+        let d: Vec<f64> = deltas.data[at..at + 4].iter().map(|v| v.to_f64()).collect();
+        let (lr, g) = super::loss::smooth_l1(&d, t, 1.0 / 9.0);
+        reg += lr / r;
+        for k in 0..4 {
+            ddeltas.data[at + k] = T::from_f64(g[k] / r);
+        }
+    }
+    (cls, reg, dlogits, ddeltas)
+}
+
+#[cfg(test)]
+mod loss_tests {
+    use super::*;
+    use crate::data::Rng;
+
+    #[test]
+    fn regions_include_the_truth_and_cap_the_foreground() {
+        let truth = [[10.0, 10.0, 50.0, 50.0]];
+        let mut proposals = vec![[12.0, 10.0, 50.0, 50.0]]; // IoU 0.95: foreground
+        proposals.extend((0..20).map(|i| [100.0 + i as f64, 100.0, 140.0, 140.0])); // background
+        let (regions, labels, targets) =
+            sample_regions(&proposals, &truth, &[3], 8, &mut Rng::new(1));
+        assert_eq!(regions.len(), 8);
+        assert_eq!(
+            labels.iter().filter(|&&l| l == 4).count(),
+            2,
+            "the proposal and the truth itself"
+        );
+        let i = regions
+            .iter()
+            .position(|b| *b == truth[0])
+            .expect("the truth is a region");
+        assert_eq!((labels[i], targets[i]), (4, [0.0; 4]));
+        assert!(labels
+            .iter()
+            .zip(&targets)
+            .all(|(&l, t)| l != 0 || *t == [0.0; 4]));
+    }
+
+    #[test]
+    fn head_loss_gradients_and_a_hand_case() {
+        let mut rng = Rng::new(4);
+        let (r, k) = (4, 3);
+        let logits = Tensor::from_vec(r, 1, 1, k, (0..r * k).map(|_| rng.normal()).collect());
+        let deltas = Tensor::from_vec(
+            r,
+            1,
+            1,
+            4 * k,
+            (0..r * 4 * k).map(|_| 0.2 * rng.normal()).collect(),
+        );
+        let labels = [0, 2, 1, 0];
+        let targets = [
+            [0.0; 4],
+            [0.1, -0.05, 0.3, 0.0],
+            [-0.2, 0.02, 0.0, 0.5],
+            [0.0; 4],
+        ];
+        let (_, _, gl, gd) = head_loss(&logits, &deltas, &labels, &targets);
+        let total = |l: &Tensor<f64>, d: &Tensor<f64>| {
+            let (a, b, _, _) = head_loss(l, d, &labels, &targets);
+            a + b
+        };
+        let h = 1e-6;
+        for i in 0..logits.len() {
+            let (mut u, mut d) = (logits.clone(), logits.clone());
+            u.data[i] += h;
+            d.data[i] -= h;
+            let fd = (total(&u, &deltas) - total(&d, &deltas)) / (2.0 * h);
+            assert!(
+                (fd - gl.data[i]).abs() < 1e-6,
+                "logit {i}: {fd} vs {}",
+                gl.data[i]
+            );
+        }
+        for i in 0..deltas.len() {
+            let (mut u, mut d) = (deltas.clone(), deltas.clone());
+            u.data[i] += h;
+            d.data[i] -= h;
+            let fd = (total(&logits, &u) - total(&logits, &d)) / (2.0 * h);
+            assert!(
+                (fd - gd.data[i]).abs() < 1e-6,
+                "delta {i}: {fd} vs {}",
+                gd.data[i]
+            );
+        }
+        // Background rows and the other classes' deltas get no box gradient.
+        assert!(gd.data[..12].iter().all(|v| *v == 0.0));
+        // Hand case: uniform logits over 3 classes → ln 3; deltas on target → 0.
+        let z = Tensor::<f64>::zeros(1, 1, 1, 3);
+        let mut d = Tensor::<f64>::zeros(1, 1, 1, 12);
+        d.data[4..8].copy_from_slice(&[0.1, 0.2, 0.3, 0.4]);
+        let (c, b, _, _) = head_loss(&z, &d, &[1], &[[0.1, 0.2, 0.3, 0.4]]);
+        assert!((c - 3f64.ln()).abs() < 1e-12);
+        assert_eq!(b, 0.0);
+    }
+}
