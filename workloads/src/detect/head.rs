@@ -209,8 +209,8 @@ pub fn head_loss<T: Float>(
         let d: Vec<f64> = deltas.data[at..at + 4].iter().map(|v| v.to_f64()).collect();
         let (lr, g) = super::loss::smooth_l1(&d, t, 1.0 / 9.0);
         reg += lr / r;
-        for k in 0..4 {
-            ddeltas.data[at + k] = T::from_f64(g[k] / r);
+        for (o, gk) in ddeltas.data[at..at + 4].iter_mut().zip(&g) {
+            *o = T::from_f64(gk / r);
         }
     }
     (cls, reg, dlogits, ddeltas)
