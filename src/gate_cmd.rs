@@ -147,6 +147,19 @@ fn pct(x: f64) -> String {
     format!("{:+.1}%", 100.0 * x)
 }
 
+/// One comparison in words: the two values, the change, its interval and the tolerance.
+fn finding(c: &Comparison) -> String {
+    format!(
+        "{} → {} ({}, interval {} … {}, tolerance {:.0}%)",
+        value(c.baseline, &c.unit),
+        value(c.current, &c.unit),
+        pct(c.change),
+        pct(c.low),
+        pct(c.high),
+        100.0 * c.tolerance
+    )
+}
+
 fn summary(r: &Report, a: &GateArgs) -> String {
     let regressed = r.regressions();
     let improved = r
@@ -261,15 +274,7 @@ fn junit(r: &Report, a: &GateArgs) -> String {
         "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n<testsuite name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n"
     );
     for c in &r.comparisons {
-        let msg = format!(
-            "{} → {} ({}, interval {} … {}, tolerance {:.0}%)",
-            value(c.baseline, &c.unit),
-            value(c.current, &c.unit),
-            pct(c.change),
-            pct(c.low),
-            pct(c.high),
-            100.0 * c.tolerance
-        );
+        let msg = finding(c);
         o += &format!(
             "  <testcase classname=\"roofline.gate\" name=\"{}\">",
             escape(&c.id)
@@ -323,15 +328,7 @@ fn github(r: &Report, a: &GateArgs) -> String {
         o += &format!(
             "::error title=roofline gate: {} regressed::{}\n",
             clean(&c.id),
-            clean(&format!(
-                "{} → {} ({}, interval {} … {}, tolerance {:.0}%)",
-                value(c.baseline, &c.unit),
-                value(c.current, &c.unit),
-                pct(c.change),
-                pct(c.low),
-                pct(c.high),
-                100.0 * c.tolerance
-            ))
+            clean(&finding(c))
         );
     }
     let level = if a.strict { "error" } else { "warning" };
