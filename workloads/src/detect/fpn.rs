@@ -161,16 +161,7 @@ impl<T: Float> Fpn<T> {
 mod tests {
     use super::*;
     use crate::data::Rng;
-
-    fn rand(n: usize, h: usize, w: usize, c: usize, rng: &mut Rng) -> Tensor<f64> {
-        Tensor::from_vec(
-            n,
-            h,
-            w,
-            c,
-            (0..n * h * w * c).map(|_| rng.normal()).collect(),
-        )
-    }
+    use crate::detect::testing::{check_params, rand};
 
     #[test]
     fn upsampling_by_hand_and_its_adjoint() {
@@ -244,22 +235,6 @@ mod tests {
                 );
             }
         }
-        let grads: Vec<Vec<f64>> = f.params().iter().map(|p| p.grad.clone()).collect();
-        for (pi, grad) in grads.iter().enumerate() {
-            for i in (0..grad.len()).step_by(5) {
-                let v = f.params()[pi].value[i];
-                f.params()[pi].value[i] = v + h;
-                let lu = loss(&mut f, &c);
-                f.params()[pi].value[i] = v - h;
-                let ld = loss(&mut f, &c);
-                f.params()[pi].value[i] = v;
-                let fd = (lu - ld) / (2.0 * h);
-                assert!(
-                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "param {pi}[{i}]: {fd} vs {}",
-                    grad[i]
-                );
-            }
-        }
+        check_params(&mut f, Fpn::<f64>::params, 5, |m| loss(m, &c));
     }
 }

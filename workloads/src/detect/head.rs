@@ -92,6 +92,7 @@ impl<T: Float> BoxHead<T> {
 mod tests {
     use super::*;
     use crate::data::Rng;
+    use crate::detect::testing::check_params;
 
     #[test]
     fn head_gradient_check_and_flops() {
@@ -124,23 +125,7 @@ mod tests {
                 dx.data[i]
             );
         }
-        let grads: Vec<Vec<f64>> = head.params().iter().map(|p| p.grad.clone()).collect();
-        for (pi, grad) in grads.iter().enumerate() {
-            for i in (0..grad.len()).step_by(4) {
-                let v = head.params()[pi].value[i];
-                head.params()[pi].value[i] = v + h;
-                let lu = loss(&mut head, &x);
-                head.params()[pi].value[i] = v - h;
-                let ld = loss(&mut head, &x);
-                head.params()[pi].value[i] = v;
-                let fd = (lu - ld) / (2.0 * h);
-                assert!(
-                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "param {pi}[{i}]: {fd} vs {}",
-                    grad[i]
-                );
-            }
-        }
+        check_params(&mut head, BoxHead::<f64>::params, 4, |m| loss(m, &x));
         // 2·(12·6 + 6·6 + 6·5 + 6·20) + (6 + 6 + 5 + 20) per region.
         assert_eq!(
             head.flops(3),

@@ -12,3 +12,51 @@ pub mod map;
 pub mod matcher;
 pub mod roi_align;
 pub mod rpn;
+
+/// What the detector's gradient checks share.
+#[cfg(test)]
+pub(crate) mod testing {
+    use crate::data::Rng;
+    use crate::layers::Param;
+    use crate::tensor::Tensor;
+
+    /// An NHWC tensor of standard normal values.
+    pub fn rand(n: usize, h: usize, w: usize, c: usize, rng: &mut Rng) -> Tensor<f64> {
+        Tensor::from_vec(
+            n,
+            h,
+            w,
+            c,
+            (0..n * h * w * c).map(|_| rng.normal()).collect(),
+        )
+    }
+
+    /// Central differences (h = 1e-6) of `loss` over every `step`-th entry of every parameter
+    /// that `params` hands out, against the gradient the backward pass left in it:
+    /// |fd − g| < 1e-6·(1 + |fd|).
+    pub fn check_params<M>(
+        m: &mut M,
+        params: impl Fn(&mut M) -> Vec<&mut Param<f64>>,
+        step: usize,
+        loss: impl Fn(&mut M) -> f64,
+    ) {
+        let h = 1e-6;
+        let grads: Vec<Vec<f64>> = params(m).iter().map(|p| p.grad.clone()).collect();
+        for (pi, grad) in grads.iter().enumerate() {
+            for i in (0..grad.len()).step_by(step) {
+                let v = params(m)[pi].value[i];
+                params(m)[pi].value[i] = v + h;
+                let lu = loss(m);
+                params(m)[pi].value[i] = v - h;
+                let ld = loss(m);
+                params(m)[pi].value[i] = v;
+                let fd = (lu - ld) / (2.0 * h);
+                assert!(
+                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                    "param {pi}[{i}]: {fd} vs {}",
+                    grad[i]
+                );
+            }
+        }
+    }
+}

@@ -220,16 +220,7 @@ mod tests {
     use super::*;
     use crate::data::Rng;
     use crate::detect::boxes::anchors;
-
-    fn rand(n: usize, h: usize, w: usize, c: usize, rng: &mut Rng) -> Tensor<f64> {
-        Tensor::from_vec(
-            n,
-            h,
-            w,
-            c,
-            (0..n * h * w * c).map(|_| rng.normal()).collect(),
-        )
-    }
+    use crate::detect::testing::{check_params, rand};
 
     /// The head over two levels against finite differences: the inputs and every parameter
     /// (weights shared by the levels, so their gradients add).
@@ -277,23 +268,7 @@ mod tests {
                 );
             }
         }
-        let grads: Vec<Vec<f64>> = head.params().iter().map(|p| p.grad.clone()).collect();
-        for (pi, grad) in grads.iter().enumerate() {
-            for i in (0..grad.len()).step_by(3) {
-                let v = head.params()[pi].value[i];
-                head.params()[pi].value[i] = v + h;
-                let lu = loss(&mut head, &levels);
-                head.params()[pi].value[i] = v - h;
-                let ld = loss(&mut head, &levels);
-                head.params()[pi].value[i] = v;
-                let fd = (lu - ld) / (2.0 * h);
-                assert!(
-                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
-                    "param {pi}[{i}]: {fd} vs {}",
-                    grad[i]
-                );
-            }
-        }
+        check_params(&mut head, RpnHead::<f64>::params, 3, |m| loss(m, &levels));
     }
 
     /// With zero deltas the proposals are the anchors: the best-scoring one first, its
