@@ -380,20 +380,31 @@ pub(crate) fn energy_from(
     meter: &Result<roofline_collectors::energy::Meter, String>,
     steps: usize,
 ) -> Energy {
-    match meter.as_ref().map_err(Clone::clone).map(|m| m.read()) {
-        Ok(Ok(r)) if r.joules > 0.0 && steps > 0 => Energy {
+    let reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+    energy_of(&reading, steps, "over the measured steps")
+}
+
+/// Energy per step from a reading over `steps` steps; `span` says what it covers in the note.
+/// No reading, or counters that did not advance: not measured, and why.
+pub(crate) fn energy_of(
+    reading: &Result<roofline_collectors::energy::Reading, String>,
+    steps: usize,
+    span: &str,
+) -> Energy {
+    match reading {
+        Ok(r) if r.joules > 0.0 && steps > 0 => Energy {
             measured: true,
-            sources: r.sources,
+            sources: r.sources.clone(),
             joules_per_step: Some(r.joules / steps as f64),
             average_watts: Some(r.joules / r.seconds.max(1e-12)),
             flops_per_watt: None,
-            note: "CPU package energy over the measured steps (powercap/RAPL)".into(),
+            note: format!("energy {span} from {}", r.sources.join(", ")),
         },
-        Ok(Ok(_)) => Energy {
-            note: "energy not measured: the CPU energy counters did not advance".into(),
+        Ok(_) => Energy {
+            note: "energy not measured: the energy counters did not advance; no per-watt figure is reported".into(),
             ..Default::default()
         },
-        Ok(Err(e)) | Err(e) => Energy {
+        Err(e) => Energy {
             note: format!("energy not measured: {e}; no per-watt figure is reported"),
             ..Default::default()
         },

@@ -192,15 +192,9 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             .iter()
             .map(|t| s.flops_step_per_image * prep.cfg.batch as f64 / t.seconds.max(1e-12))
             .collect();
-        let (energy_j, watts) = match &reading {
-            Ok(r) if r.joules > 0.0 => (Some(r.joules), Some(r.joules / r.seconds.max(1e-12))),
-            _ => (None, None),
-        };
-        energy_note = match &reading {
-            Ok(r) if r.joules > 0.0 => format!("energy per run from {}", r.sources.join(", ")),
-            Ok(_) => "energy not measured: the CPU energy counters did not advance; no per-watt figure is reported".into(),
-            Err(e) => format!("energy not measured: {e}; no per-watt figure is reported"),
-        };
+        let energy = crate::place_cmd::energy_of(&reading, 1, "per run");
+        let (energy_j, watts) = (energy.joules_per_step, energy.average_watts);
+        energy_note = energy.note;
         if root {
             eprintln!(
                 "  {} {quality:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
