@@ -451,34 +451,39 @@ impl<T: Float> ResNet<T> {
     /// classifier, forward; the training step adds backward-data (not for the stem, whose
     /// input needs no gradient) and backward-weight passes of the same size each.
     pub fn flops_per_image(&self, resolution: usize) -> Flops {
+        self.flops_hw(resolution, resolution)
+    }
+
+    /// `flops_per_image` for `h × w` images.
+    pub fn flops_hw(&self, h: usize, w: usize) -> Flops {
         let mut fwd = 0.0;
         let mut bwd = 0.0;
-        let mut h = resolution;
-        let conv = |c: &Conv2d<T>, h: usize| {
+        let conv = |c: &Conv2d<T>, (h, w): (usize, usize)| {
             let sh = ConvShape {
                 n: 1,
                 h,
-                w: h,
+                w,
                 ..c.shape
             };
-            (sh.flops(), sh.oh())
+            (sh.flops(), (sh.oh(), sh.ow()))
         };
-        let (f, oh) = conv(&self.stem, h);
+        let (f, (oh, ow)) = conv(&self.stem, (h, w));
         fwd += f;
         bwd += f; // weight gradient only
-        h = (oh + 2 - 3) / 2 + 1; // max pool
+        let pool = |x: usize| (x + 2 - 3) / 2 + 1; // max pool
+        let mut size = (pool(oh), pool(ow));
         for b in &self.blocks {
-            let mut hb = h;
+            let mut hb = size;
             for (i, c) in b.convs().into_iter().enumerate() {
-                let input_h = if i == 3 { h } else { hb };
-                let (f, oh) = conv(c, input_h);
+                let input = if i == 3 { size } else { hb };
+                let (f, out) = conv(c, input);
                 fwd += f;
                 bwd += 2.0 * f;
                 if i < 3 {
-                    hb = oh;
+                    hb = out;
                 }
             }
-            h = hb;
+            size = hb;
         }
         let fc = 2.0 * (self.fc.inputs * self.fc.outputs) as f64;
         fwd += fc;
@@ -491,7 +496,7 @@ impl<T: Float> ResNet<T> {
 }
 
 /// FLOPs per image of a forward pass and of the backward pass.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub struct Flops {
     pub forward: f64,
     pub backward: f64,

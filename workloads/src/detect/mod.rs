@@ -2,7 +2,7 @@
 //! HPC AI500 V2.0): the feature pyramid, the region proposal network's head and proposals, the box head and predictor, box arithmetic, anchors, non-maximum suppression, anchor and proposal
 //! assignment with sampling, RoIAlign with its backward pass and FPN level assignment, the
 //! losses with their gradients, and the mAP@0.5 metric. Each is tested on its own (hand-computed cases,
-//! finite differences); the model that puts them together is not built yet.
+//! finite differences); `model` puts them together into the detector.
 
 pub mod boxes;
 pub mod fpn;
@@ -10,6 +10,7 @@ pub mod head;
 pub mod loss;
 pub mod map;
 pub mod matcher;
+pub mod model;
 pub mod roi_align;
 pub mod rpn;
 
@@ -40,6 +41,17 @@ pub(crate) mod testing {
         step: usize,
         loss: impl Fn(&mut M) -> f64,
     ) {
+        check_params_within(m, params, step, 1e-6, loss)
+    }
+
+    /// `check_params` with the bound |fd − g| < tol·(1 + |fd|).
+    pub fn check_params_within<M>(
+        m: &mut M,
+        params: impl Fn(&mut M) -> Vec<&mut Param<f64>>,
+        step: usize,
+        tol: f64,
+        loss: impl Fn(&mut M) -> f64,
+    ) {
         let h = 1e-6;
         let grads: Vec<Vec<f64>> = params(m).iter().map(|p| p.grad.clone()).collect();
         for (pi, grad) in grads.iter().enumerate() {
@@ -52,7 +64,7 @@ pub(crate) mod testing {
                 params(m)[pi].value[i] = v;
                 let fd = (lu - ld) / (2.0 * h);
                 assert!(
-                    (fd - grad[i]).abs() < 1e-6 * (1.0 + fd.abs()),
+                    (fd - grad[i]).abs() < tol * (1.0 + fd.abs()),
                     "param {pi}[{i}]: {fd} vs {}",
                     grad[i]
                 );

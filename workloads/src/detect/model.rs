@@ -1,0 +1,621 @@
+//! The assembled detector: Faster R-CNN with a ResNet-50-FPN backbone (HPC AI500 V2.0's EWA
+//! model), taking 16-channel fields. One training step runs the backbone (C2–C5), the feature
+//! pyramid (P2–P6), the region proposal network over every level (its losses on sampled
+//! anchors), proposals per image (no gradient flows through them, as in torchvision), the
+//! second stage's sampled regions pooled by multi-scale RoIAlign from P2–P5, the box head and
+//! predictor (their losses), and the backward pass through all of it.
+//!
+//! FLOP accounting (`Detector::flops`), 2 per multiply-add: the backbone as the classifier's
+//! count (stem: no data gradient), the pyramid's and RPN head's convolutions at each level's
+//! size (backward: data and weight gradients, 2× forward), RoIAlign's `8·s² + 1` per pooled
+//! element (backward the same again), the box head's fully connected layers with biases
+//! (backward 2× forward) — for `roi_per_image` regions per image in training and
+//! `rpn_test.post_nms` at inference. Box coding, NMS, matching and the losses are not counted.
+
+use super::boxes::{anchors, clip, nms, BBox, Coder};
+use super::fpn::Fpn;
+use super::head::{head_loss, sample_regions, BoxHead};
+use super::map::Detection;
+use super::roi_align::{MultiScale, RoiAlign};
+use super::rpn::{proposals, rpn_loss, ProposalRule, RpnHead};
+use crate::conv::ConvShape;
+use crate::data::Rng;
+use crate::layers::{Param, Reducer};
+use crate::resnet::{Config, Flops, ResNet, BWD, FWD};
+use crate::tensor::{Float, Tensor};
+use roofline_collectors::timeline::timed;
+use std::sync::Arc;
+
+/// The detector's shape and its training and inference settings.
+#[derive(Clone, Debug)]
+pub struct DetectorConfig {
+    /// The backbone (its classifier is not used).
+    pub backbone: Config,
+    pub in_channels: usize,
+    /// Channels of every pyramid level (256).
+    pub fpn_width: usize,
+    /// Anchor side at P2 in pixels; level l (P2 + l) has the three sizes
+    /// `base·2^l·{1, 2^⅓, 2^⅔}`, each in every ratio of `ratios`.
+    pub anchor_base: f64,
+    pub ratios: Vec<f64>,
+    /// Units of the box head's two fully connected layers (1024).
+    pub hidden: usize,
+    /// Object classes (background not included).
+    pub classes: usize,
+    /// Anchors sampled per image for the RPN's losses (256).
+    pub rpn_per_image: usize,
+    pub rpn_train: ProposalRule,
+    pub rpn_test: ProposalRule,
+    /// Regions sampled per image for the second stage's losses (512).
+    pub roi_per_image: usize,
+    pub pool: MultiScale,
+    /// Detections below this class probability are dropped (0.05).
+    pub score_threshold: f64,
+    /// Per-class NMS of the detections (0.5).
+    pub nms: f64,
+    /// Detections kept per image (100).
+    pub detections: usize,
+}
+
+impl DetectorConfig {
+    /// The paper's model: ResNet-50 v1.5 backbone, 16 input channels, FPN of 256, anchors of
+    /// 32·2^l·{1, 2^⅓, 2^⅔} × ratios {0.5, 1, 2} (nine per cell), box head of 1024, four
+    /// classes; torchvision's training and inference settings.
+    pub fn ewa() -> DetectorConfig {
+        DetectorConfig {
+            backbone: Config::resnet50(1),
+            in_channels: crate::ewa_data::CHANNELS,
+            fpn_width: 256,
+            anchor_base: 32.0,
+            ratios: vec![0.5, 1.0, 2.0],
+            hidden: 1024,
+            classes: crate::ewa_data::CLASSES.len(),
+            rpn_per_image: 256,
+            rpn_train: ProposalRule {
+                pre_nms: 2000,
+                post_nms: 2000,
+                nms: 0.7,
+                min_size: 1e-3,
+            },
+            rpn_test: ProposalRule {
+                pre_nms: 1000,
+                post_nms: 1000,
+                nms: 0.7,
+                min_size: 1e-3,
+            },
+            roi_per_image: 512,
+            pool: MultiScale { out: 7, samples: 2 },
+            score_threshold: 0.05,
+            nms: 0.5,
+            detections: 100,
+        }
+    }
+
+    /// Anchors per cell.
+    pub fn anchors_per_cell(&self) -> usize {
+        3 * self.ratios.len()
+    }
+
+    /// Level l's three anchor sizes.
+    pub fn sizes(&self, level: usize) -> [f64; 3] {
+        let s = self.anchor_base * (1u64 << level) as f64;
+        [s, s * 2f64.powf(1.0 / 3.0), s * 2f64.powf(2.0 / 3.0)]
+    }
+
+    /// C2–C5 channels of the backbone.
+    fn stage_channels(&self) -> [usize; 4] {
+        let c = |base: usize| ((base as f64 * self.backbone.width).round() as usize).max(1) * 4;
+        [c(64), c(128), c(256), c(512)]
+    }
+
+    /// P2–P6 sizes for `h × w` inputs (the backbone's strides as its layers compute them).
+    pub fn level_sizes(&self, h: usize, w: usize) -> [(usize, usize); 5] {
+        let stem = |x: usize| (x + 6 - 7) / 2 + 1;
+        let half = |x: usize| (x + 2 - 3) / 2 + 1; // max pool and the 3×3 stride-2 convolutions
+        let mut s = [(0, 0); 5];
+        s[0] = (half(stem(h)), half(stem(w)));
+        for l in 1..4 {
+            s[l] = (half(s[l - 1].0), half(s[l - 1].1));
+        }
+        s[4] = (s[3].0.div_ceil(2), s[3].1.div_ceil(2));
+        s
+    }
+}
+
+/// One image's ground truth: boxes in pixels of the input and their classes (0-based).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Target {
+    pub boxes: Vec<BBox>,
+    pub classes: Vec<usize>,
+}
+
+/// One training step's losses (each a mean, as torchvision normalises them).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Losses {
+    pub rpn_objectness: f64,
+    pub rpn_box: f64,
+    pub classifier: f64,
+    pub box_reg: f64,
+    /// Regions the second stage trained on.
+    pub regions: usize,
+}
+
+impl Losses {
+    pub fn total(&self) -> f64 {
+        self.rpn_objectness + self.rpn_box + self.classifier + self.box_reg
+    }
+}
+
+/// FLOPs per image of each part, forward and backward.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct DetectorFlops {
+    pub backbone: Flops,
+    pub fpn: Flops,
+    pub rpn: Flops,
+    pub roi_align: Flops,
+    pub box_head: Flops,
+}
+
+impl DetectorFlops {
+    pub fn parts(&self) -> [(&'static str, Flops); 5] {
+        [
+            ("backbone", self.backbone),
+            ("fpn", self.fpn),
+            ("rpn", self.rpn),
+            ("roi_align", self.roi_align),
+            ("box_head", self.box_head),
+        ]
+    }
+
+    pub fn total(&self) -> Flops {
+        let p = self.parts();
+        Flops {
+            forward: p.iter().map(|(_, f)| f.forward).sum(),
+            backward: p.iter().map(|(_, f)| f.backward).sum(),
+        }
+    }
+}
+
+pub struct Detector<T> {
+    pub cfg: DetectorConfig,
+    pub backbone: ResNet<T>,
+    pub fpn: Fpn<T>,
+    pub rpn: RpnHead<T>,
+    pub head: BoxHead<T>,
+}
+
+impl<T: Float> Detector<T> {
+    /// He-initialised backbone and pyramid, the RPN and predictor as torchvision (normal
+    /// 0.01 for the RPN and class scores, 0.001 for the box deltas, zero biases), the box head's
+    /// hidden layers uniform ±1/√fan-in.
+    pub fn new(cfg: DetectorConfig, seed: u64) -> Detector<T> {
+        let backbone = ResNet::with_input_channels(cfg.backbone.clone(), seed, cfg.in_channels);
+        let mut rng = Rng::new(seed ^ 0xDE7E_C7);
+        let fpn = Fpn::new(cfg.stage_channels(), cfg.fpn_width, &mut rng);
+        let rpn = RpnHead::new(cfg.fpn_width, cfg.anchors_per_cell(), &mut rng);
+        let pooled = cfg.pool.out * cfg.pool.out * cfg.fpn_width;
+        let mut head = BoxHead::new(pooled, cfg.hidden, cfg.classes + 1, &mut rng);
+        for (l, std) in [(&mut head.cls, 0.01), (&mut head.reg, 0.001)] {
+            l.weight
+                .value
+                .iter_mut()
+                .for_each(|v| *v = T::from_f64(rng.normal() * std));
+            l.bias.value.iter_mut().for_each(|v| *v = T::zero());
+        }
+        Detector {
+            cfg,
+            backbone,
+            fpn,
+            rpn,
+            head,
+        }
+    }
+
+    /// Every trainable parameter (the backbone's unused classifier left out).
+    pub fn params(&mut self) -> Vec<&mut Param<T>> {
+        let mut v: Vec<&mut Param<T>> = self
+            .backbone
+            .params()
+            .into_iter()
+            .filter(|p| !p.name.starts_with("fc."))
+            .collect();
+        v.extend(self.fpn.params());
+        v.extend(self.rpn.params());
+        v.extend(self.head.params());
+        v
+    }
+
+    pub fn parameter_count(&mut self) -> usize {
+        self.params().iter().map(|p| p.value.len()).sum()
+    }
+
+    /// Batch norm with statistics over every rank's images (data parallel).
+    pub fn set_reducer(&mut self, r: Arc<dyn Reducer>) {
+        self.backbone.set_reducer(r);
+    }
+
+    /// Anchors of every level for pyramid maps of these sizes (nominal strides 4–64).
+    fn level_anchors(&self, maps: &[Tensor<T>]) -> Vec<Vec<BBox>> {
+        maps.iter()
+            .enumerate()
+            .map(|(l, m)| {
+                anchors(
+                    m.h,
+                    m.w,
+                    (4usize << l) as f64,
+                    &self.cfg.sizes(l),
+                    &self.cfg.ratios,
+                )
+            })
+            .collect()
+    }
+
+    /// Backbone, pyramid and RPN head: (P2–P6, the head's outputs per level, anchors).
+    #[allow(clippy::type_complexity)]
+    fn first_stage(
+        &mut self,
+        x: &Tensor<T>,
+        train: bool,
+    ) -> (Vec<Tensor<T>>, Vec<(Tensor<T>, Tensor<T>)>, Vec<Vec<BBox>>) {
+        assert_eq!(x.c, self.cfg.in_channels, "input channels");
+        let c = self.backbone.forward_features(x, train);
+        let p = timed(FWD, || "fpn".into(), || self.fpn.forward(&c));
+        drop(c);
+        let out = timed(FWD, || "rpn.head".into(), || self.rpn.forward(&p));
+        let anc = self.level_anchors(&p);
+        (p, out, anc)
+    }
+
+    /// Forward and backward for a batch (NHWC, `in_channels`) and its ground truth: leaves
+    /// every parameter's gradient of the sum of the four losses and returns the losses. `seed`
+    /// fixes the sampling of anchors and regions.
+    pub fn train_step(&mut self, x: &Tensor<T>, truth: &[Target], seed: u64) -> Losses {
+        self.step_with(x, truth, seed, None).0
+    }
+
+    /// `train_step`, with each image's proposals given (`fixed`) rather than made from the
+    /// RPN's outputs; returns the proposals used. Gradients never flow through proposals, so
+    /// a finite-difference check must hold them fixed.
+    fn step_with(
+        &mut self,
+        x: &Tensor<T>,
+        truth: &[Target],
+        seed: u64,
+        fixed: Option<&[Vec<BBox>]>,
+    ) -> (Losses, Vec<Vec<BBox>>) {
+        assert_eq!(truth.len(), x.n, "one target per image");
+        let (ih, iw) = (x.h as f64, x.w as f64);
+        let (p, out, anc) = self.first_stage(x, true);
+        let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
+        let (rpn_objectness, rpn_box, rpn_grads) = timed(
+            FWD,
+            || "rpn.loss".into(),
+            || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
+        );
+        let mut rng = Rng::new(seed ^ 0x5EC0_4D);
+        let (mut rois, mut labels, mut targets) = (Vec::new(), Vec::new(), Vec::new());
+        let mut used = Vec::with_capacity(x.n);
+        timed(
+            FWD,
+            || "proposals".into(),
+            || {
+                for (n, t) in truth.iter().enumerate() {
+                    let props: Vec<BBox> = match fixed {
+                        Some(f) => f[n].clone(),
+                        None => proposals(&out, &anc, n, iw, ih, &self.cfg.rpn_train)
+                            .into_iter()
+                            .map(|p| p.0)
+                            .collect(),
+                    };
+                    let (r, l, tg) = sample_regions(
+                        &props,
+                        &t.boxes,
+                        &t.classes,
+                        self.cfg.roi_per_image,
+                        &mut rng,
+                    );
+                    rois.extend(r.into_iter().map(|b| (n, b)));
+                    labels.extend(l);
+                    targets.extend(tg);
+                    used.push(props);
+                }
+            },
+        );
+        let mut losses = Losses {
+            rpn_objectness,
+            rpn_box,
+            regions: rois.len(),
+            ..Losses::default()
+        };
+        let mut dp: Vec<Tensor<T>> = if rois.is_empty() {
+            // No region in the whole batch (no objects and no proposals): the second stage
+            // has no loss and its parameters no gradient.
+            for prm in self.head.params() {
+                prm.grad.iter_mut().for_each(|g| *g = T::zero());
+            }
+            p[..4]
+                .iter()
+                .map(|m| Tensor::zeros(m.n, m.h, m.w, m.c))
+                .collect()
+        } else {
+            let pooled = timed(
+                FWD,
+                || "roi_align".into(),
+                || self.cfg.pool.forward(&p[..4], &rois),
+            );
+            let (r, s, c) = (pooled.n, pooled.h, pooled.c);
+            let flat = Tensor::from_vec(r, 1, 1, s * s * c, pooled.data);
+            let (logits, deltas) = timed(FWD, || "box_head".into(), || self.head.forward(&flat));
+            let (cls, reg, dl, dd) = head_loss(&logits, &deltas, &labels, &targets);
+            losses.classifier = cls;
+            losses.box_reg = reg;
+            let dflat = timed(BWD, || "box_head".into(), || self.head.backward(&dl, &dd));
+            let dpooled = Tensor::from_vec(r, s, s, c, dflat.data);
+            timed(
+                BWD,
+                || "roi_align".into(),
+                || self.cfg.pool.backward(&dpooled, &p[..4], &rois),
+            )
+        };
+        let p6 = &p[4];
+        dp.push(Tensor::zeros(p6.n, p6.h, p6.w, p6.c));
+        let drpn = timed(BWD, || "rpn.head".into(), || self.rpn.backward(&rpn_grads));
+        for (d, g) in dp.iter_mut().zip(&drpn) {
+            crate::layers::add_into(d, g);
+        }
+        drop(p);
+        let dc = timed(BWD, || "fpn".into(), || self.fpn.backward(dp));
+        self.backbone.backward_features(dc);
+        (losses, used)
+    }
+
+    /// Detections for a batch (inference: batch norm on running statistics): per image, each
+    /// proposal's class probabilities, its class-specific box, boxes under the score threshold
+    /// dropped, per-class NMS, the best `detections` kept. `image` is the index in the batch.
+    pub fn detect(&mut self, x: &Tensor<T>) -> Vec<Vec<Detection>> {
+        let (ih, iw) = (x.h as f64, x.w as f64);
+        let (p, out, anc) = self.first_stage(x, false);
+        let mut rois: Vec<(usize, BBox)> = Vec::new();
+        for n in 0..x.n {
+            rois.extend(
+                proposals(&out, &anc, n, iw, ih, &self.cfg.rpn_test)
+                    .into_iter()
+                    .map(|p| (n, p.0)),
+            );
+        }
+        let mut found: Vec<Vec<Detection>> = vec![Vec::new(); x.n];
+        if rois.is_empty() {
+            return found;
+        }
+        let pooled = self.cfg.pool.forward(&p[..4], &rois);
+        let (r, s, c) = (pooled.n, pooled.h, pooled.c);
+        let (logits, deltas) =
+            self.head
+                .forward(&Tensor::from_vec(r, 1, 1, s * s * c, pooled.data));
+        let k = self.cfg.classes + 1;
+        let coder = Coder::new([10.0, 10.0, 5.0, 5.0]);
+        // Per image and class: candidate boxes and scores.
+        let mut cand: Vec<Vec<(Vec<BBox>, Vec<f64>)>> =
+            vec![vec![(Vec::new(), Vec::new()); self.cfg.classes]; x.n];
+        for (i, (n, roi)) in rois.iter().enumerate() {
+            let z: Vec<f64> = logits.data[i * k..(i + 1) * k]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = z.iter().map(|v| (v - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for cls in 1..k {
+                let score = e[cls] / sum;
+                if score < self.cfg.score_threshold {
+                    continue;
+                }
+                let d = &deltas.data[i * 4 * k + 4 * cls..][..4];
+                let b = clip(
+                    &coder.decode(
+                        roi,
+                        &[d[0].to_f64(), d[1].to_f64(), d[2].to_f64(), d[3].to_f64()],
+                    ),
+                    iw,
+                    ih,
+                );
+                if b[2] - b[0] >= 1e-2 && b[3] - b[1] >= 1e-2 {
+                    cand[*n][cls - 1].0.push(b);
+                    cand[*n][cls - 1].1.push(score);
+                }
+            }
+        }
+        for (n, per_class) in cand.into_iter().enumerate() {
+            let mut dets: Vec<Detection> = Vec::new();
+            for (class, (boxes, scores)) in per_class.into_iter().enumerate() {
+                for i in nms(&boxes, &scores, self.cfg.nms) {
+                    dets.push(Detection {
+                        image: n,
+                        class,
+                        score: scores[i],
+                        bbox: boxes[i],
+                    });
+                }
+            }
+            dets.sort_by(|a, b| b.score.total_cmp(&a.score));
+            dets.truncate(self.cfg.detections);
+            found[n] = dets;
+        }
+        found
+    }
+
+    /// Analytic FLOPs per `h × w` image (see the module's rule).
+    pub fn flops(&self, h: usize, w: usize) -> DetectorFlops {
+        let cfg = &self.cfg;
+        let mut backbone = self.backbone.flops_hw(h, w);
+        let fc = 2.0 * (self.backbone.fc.inputs * self.backbone.fc.outputs) as f64;
+        backbone.forward -= fc;
+        backbone.backward -= 2.0 * fc;
+        let sizes = cfg.level_sizes(h, w);
+        let conv = |c: usize, k: usize, r: usize, (h, w): (usize, usize)| {
+            ConvShape {
+                n: 1,
+                c,
+                h,
+                w,
+                k,
+                r,
+                s: r,
+                stride: 1,
+                pad: r / 2,
+            }
+            .flops()
+        };
+        let both = |f: f64| Flops {
+            forward: f,
+            backward: 2.0 * f,
+        };
+        let width = cfg.fpn_width;
+        let chans = cfg.stage_channels();
+        let fpn: f64 = (0..4)
+            .map(|l| conv(chans[l], width, 1, sizes[l]) + conv(width, width, 3, sizes[l]))
+            .sum();
+        let a = cfg.anchors_per_cell();
+        let rpn: f64 = sizes
+            .iter()
+            .map(|&s| conv(width, width, 3, s) + conv(width, 5 * a, 1, s))
+            .sum();
+        let align = RoiAlign {
+            out: cfg.pool.out,
+            samples: cfg.pool.samples,
+            scale: 1.0,
+        };
+        let rois = cfg.roi_per_image;
+        DetectorFlops {
+            backbone,
+            fpn: both(fpn),
+            rpn: both(rpn),
+            roi_align: Flops {
+                forward: align.flops(rois, width),
+                backward: align.flops(rois, width),
+            },
+            box_head: both(self.head.flops(rois)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::testing::{check_params_within, rand};
+    use crate::resnet::Version;
+
+    fn tiny() -> DetectorConfig {
+        DetectorConfig {
+            backbone: Config {
+                version: Version::V1_5,
+                blocks: [1, 1, 1, 1],
+                width: 0.0625,
+                classes: 1,
+                zero_init_residual: false,
+            },
+            in_channels: 3,
+            fpn_width: 4,
+            anchor_base: 8.0,
+            ratios: vec![0.5, 1.0],
+            hidden: 6,
+            classes: 2,
+            rpn_per_image: 32,
+            rpn_train: ProposalRule {
+                pre_nms: 40,
+                post_nms: 20,
+                nms: 0.7,
+                min_size: 1e-3,
+            },
+            rpn_test: ProposalRule {
+                pre_nms: 40,
+                post_nms: 20,
+                nms: 0.7,
+                min_size: 1e-3,
+            },
+            roi_per_image: 16,
+            pool: MultiScale { out: 2, samples: 2 },
+            score_threshold: 0.0,
+            nms: 0.5,
+            detections: 10,
+        }
+    }
+
+    /// The whole detector against finite differences of its total loss (the same sampling
+    /// each time): every parameter group — backbone, pyramid, RPN, box head — has its gradient
+    /// right, through RoIAlign and the shared RPN head, and the second stage trained.
+    #[test]
+    fn detector_gradient_check() {
+        let mut rng = Rng::new(3);
+        let x = rand(2, 32, 48, 3, &mut rng);
+        let truth = vec![
+            Target {
+                boxes: vec![[4.0, 6.0, 20.0, 18.0]],
+                classes: vec![1],
+            },
+            Target {
+                boxes: vec![[20.0, 2.0, 44.0, 14.0], [2.0, 16.0, 12.0, 30.0]],
+                classes: vec![0, 1],
+            },
+        ];
+        let mut m = Detector::<f64>::new(tiny(), 5);
+        // Larger head weights than the initialisation's, so that every path carries gradient.
+        for p in m.rpn.params().into_iter().chain(m.head.params()) {
+            p.value.iter_mut().for_each(|v| *v = *v * 5.0 + 0.05);
+        }
+        let (losses, props) = m.step_with(&x, &truth, 11, None);
+        assert!(losses.regions > 0 && losses.total().is_finite());
+        assert!(losses.rpn_box > 0.0 && losses.box_reg > 0.0, "{losses:?}");
+        let names: Vec<String> = m.params().iter().map(|p| p.name.clone()).collect();
+        for part in ["layer4.0.conv2", "fpn.layer0", "rpn.conv", "box_predictor"] {
+            assert!(names.iter().any(|n| n.contains(part)), "{part}");
+        }
+        // Looser than the parts' own checks (1e-6): max pooling and ReLU kinks over the whole
+        // network move central differences by up to ~1e-5 of the value; a wrong connection
+        // would be off by its whole size.
+        check_params_within(&mut m, Detector::<f64>::params, 37, 1e-4, |m| {
+            m.step_with(&x, &truth, 11, Some(&props)).0.total()
+        });
+    }
+
+    #[test]
+    fn detections_are_ranked_per_image_and_capped() {
+        let mut m = Detector::<f64>::new(tiny(), 5);
+        let x = rand(2, 32, 48, 3, &mut Rng::new(8));
+        // A training step first, so that batch norm has running statistics.
+        m.train_step(&x, &[Target::default(), Target::default()], 1);
+        let d = m.detect(&x);
+        assert_eq!(d.len(), 2);
+        for (n, dets) in d.iter().enumerate() {
+            assert!(dets.len() <= 10);
+            assert!(dets.windows(2).all(|w| w[0].score >= w[1].score));
+            for det in dets {
+                assert_eq!(det.image, n);
+                assert!(det.class < 2);
+                let b = det.bbox;
+                assert!(b[0] >= 0.0 && b[1] >= 0.0 && b[2] <= 48.0 && b[3] <= 32.0);
+            }
+        }
+    }
+
+    /// The paper's model: its parameter count near 41 M, and its FLOPs per image at 768×1152
+    /// from each part, the backbone's as the classifier's rule gives at that size.
+    #[test]
+    fn full_size_parameters_and_flops() {
+        let mut m = Detector::<f32>::new(DetectorConfig::ewa(), 1);
+        let n = m.parameter_count();
+        assert!((40_000_000..42_000_000).contains(&n), "{n}");
+        let f = m.flops(768, 1152);
+        // The backbone alone: ~4.1 G multiply-adds at 224², scaled by the pixels (±10%).
+        let r50 = m.backbone.flops_per_image(224).forward * (768.0 * 1152.0) / (224.0 * 224.0);
+        assert!((f.backbone.forward / r50 - 1.0).abs() < 0.1);
+        assert_eq!(m.cfg.level_sizes(768, 1152)[0], (192, 288));
+        assert_eq!(m.cfg.level_sizes(768, 1152)[4], (12, 18));
+        // The heads: 512 regions of 7·7·256 through 12544→1024→1024→(5, 20).
+        let head = 512.0 * (2.0 * (12544.0 * 1024.0 + 1024.0 * 1024.0 + 1024.0 * 25.0) + 2073.0);
+        assert_eq!(f.box_head.forward, head);
+        assert_eq!(f.roi_align.forward, 512.0 * 49.0 * 256.0 * 33.0);
+        let t = f.total();
+        assert!(t.forward > f.backbone.forward && t.backward > t.forward);
+    }
+}
