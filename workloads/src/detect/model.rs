@@ -190,7 +190,7 @@ impl<T: Float> Detector<T> {
     /// hidden layers uniform ±1/√fan-in.
     pub fn new(cfg: DetectorConfig, seed: u64) -> Detector<T> {
         let backbone = ResNet::with_input_channels(cfg.backbone.clone(), seed, cfg.in_channels);
-        let mut rng = Rng::new(seed ^ 0xDE7E_C7);
+        let mut rng = Rng::new(seed ^ 0x00DE_7EC7);
         let fpn = Fpn::new(cfg.stage_channels(), cfg.fpn_width, &mut rng);
         let rpn = RpnHead::new(cfg.fpn_width, cfg.anchors_per_cell(), &mut rng);
         let pooled = cfg.pool.out * cfg.pool.out * cfg.fpn_width;
@@ -292,7 +292,7 @@ impl<T: Float> Detector<T> {
             || "rpn.loss".into(),
             || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
         );
-        let mut rng = Rng::new(seed ^ 0x5EC0_4D);
+        let mut rng = Rng::new(seed ^ 0x005E_C04D);
         let (mut rois, mut labels, mut targets) = (Vec::new(), Vec::new(), Vec::new());
         let mut used = Vec::with_capacity(x.n);
         timed(
