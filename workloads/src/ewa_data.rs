@@ -340,6 +340,98 @@ pub fn write_synthetic(path: &Path, n: usize, h: usize, w: usize, seed: u64) -> 
     std::fs::rename(&tmp, path).map_err(|e| err(path, e))
 }
 
+/// Images of one or more year files as training batches: each image read by itself, normalised
+/// with its file's statistics, averaged down to `height × width` and laid out NHWC; its boxes
+/// scaled to the same grid (`[xmin, ymin, xmax + 1, ymax + 1]` of the file's pixels, so that a
+/// box covers the pixels it names).
+pub struct EwaSet {
+    files: Vec<(std::sync::Mutex<EwaFile>, ChannelStats)>,
+    /// (file, image) of every image, files in the order given.
+    index: Vec<(usize, usize)>,
+    pub height: usize,
+    pub width: usize,
+    pub paths: Vec<PathBuf>,
+}
+
+impl EwaSet {
+    /// Opens `paths` (statistics computed once and cached beside each file) for batches of
+    /// `height × width`, which must not exceed any file's grid.
+    pub fn open(paths: &[PathBuf], height: usize, width: usize) -> Result<EwaSet, String> {
+        if paths.is_empty() {
+            return Err("no Extreme Weather files given".into());
+        }
+        let mut files = Vec::new();
+        let mut index = Vec::new();
+        for (k, p) in paths.iter().enumerate() {
+            let f = EwaFile::open(p)?;
+            if height > f.height || width > f.width || height == 0 || width == 0 {
+                return Err(err(
+                    p,
+                    format!(
+                        "images are {}×{}: cannot read them at {height}×{width} (the resolution may only scale them down)",
+                        f.height, f.width
+                    ),
+                ));
+            }
+            let (stats, _) = f.stats()?;
+            index.extend((0..f.images).map(|i| (k, i)));
+            files.push((std::sync::Mutex::new(f), stats));
+        }
+        Ok(EwaSet {
+            files,
+            index,
+            height,
+            width,
+            paths: paths.to_vec(),
+        })
+    }
+
+    pub fn len(&self) -> usize {
+        self.index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.index.is_empty()
+    }
+
+    /// Image `i` (over all files): NHWC values and its boxes with 0-based classes.
+    pub fn item(&self, i: usize) -> Result<(Vec<f32>, Vec<([f64; 4], usize)>), String> {
+        let &(k, j) = self
+            .index
+            .get(i)
+            .ok_or_else(|| format!("image {i} of {}", self.index.len()))?;
+        let (file, stats) = &self.files[k];
+        let (img, boxes, h, w) = {
+            let f = file.lock().map_err(|_| "a reader panicked")?;
+            (f.image(j)?, f.boxes(j)?, f.height, f.width)
+        };
+        let (oh, ow) = (self.height, self.width);
+        let chw = prepare(&img, h, w, stats, oh, ow);
+        let mut hwc = vec![0.0f32; chw.len()];
+        for c in 0..CHANNELS {
+            for (px, v) in chw[c * oh * ow..(c + 1) * oh * ow].iter().enumerate() {
+                hwc[px * CHANNELS + c] = *v;
+            }
+        }
+        let (sy, sx) = (oh as f64 / h as f64, ow as f64 / w as f64);
+        let boxes = boxes
+            .iter()
+            .map(|b| {
+                (
+                    [
+                        b.xmin as f64 * sx,
+                        b.ymin as f64 * sy,
+                        (b.xmax + 1) as f64 * sx,
+                        (b.ymax + 1) as f64 * sy,
+                    ],
+                    b.class,
+                )
+            })
+            .collect();
+        Ok((hwc, boxes))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -8,6 +8,7 @@ pub mod checkpoint;
 pub mod conv;
 pub mod data;
 pub mod detect;
+pub mod ewa;
 pub mod ewa_data;
 pub mod exchange;
 pub mod folder;

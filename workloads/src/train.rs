@@ -322,6 +322,9 @@ pub struct Eval {
     pub top1: f64,
     pub top5: f64,
     pub loss: f64,
+    /// mAP@0.5 (the detection workload, whose Top-1, Top-5 and loss are NaN); None for the
+    /// classifier.
+    pub map: Option<f64>,
 }
 
 /// What a run did.
@@ -431,6 +434,7 @@ pub fn evaluate_with<T: Float>(
         top1: top1 as f64 / n,
         top5: top5 as f64 / n,
         loss: loss / n,
+        map: None,
     })
 }
 
