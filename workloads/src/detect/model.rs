@@ -91,6 +91,25 @@ impl DetectorConfig {
         }
     }
 
+    /// The paper's model scaled for small machines: backbone `width` and `blocks` per stage,
+    /// pyramid and box head narrowed by the same factor (256·width, 1024·width), anchors scaled
+    /// with the image height (32 at 768 rows, at least 8); training and inference settings as
+    /// the paper's.
+    pub fn scaled(width: f64, blocks: [usize; 4], height: usize) -> DetectorConfig {
+        let full = DetectorConfig::ewa();
+        DetectorConfig {
+            backbone: Config {
+                width,
+                blocks,
+                ..full.backbone.clone()
+            },
+            fpn_width: ((256.0 * width).round() as usize).max(8),
+            hidden: ((1024.0 * width).round() as usize).max(16),
+            anchor_base: (32.0 * height as f64 / 768.0).max(8.0),
+            ..full
+        }
+    }
+
     /// Anchors per cell.
     pub fn anchors_per_cell(&self) -> usize {
         3 * self.ratios.len()
