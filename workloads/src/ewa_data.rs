@@ -340,6 +340,9 @@ pub fn write_synthetic(path: &Path, n: usize, h: usize, w: usize, seed: u64) -> 
     std::fs::rename(&tmp, path).map_err(|e| err(path, e))
 }
 
+/// A box `[x1, y1, x2, y2]` on the batch's grid and its class (0–3).
+pub type ScaledBox = ([f64; 4], usize);
+
 /// Images of one or more year files as training batches: each image read by itself, normalised
 /// with its file's statistics, averaged down to `height × width` and laid out NHWC; its boxes
 /// scaled to the same grid (`[xmin, ymin, xmax + 1, ymax + 1]` of the file's pixels, so that a
@@ -395,7 +398,7 @@ impl EwaSet {
     }
 
     /// Image `i` (over all files): NHWC values and its boxes with 0-based classes.
-    pub fn item(&self, i: usize) -> Result<(Vec<f32>, Vec<([f64; 4], usize)>), String> {
+    pub fn item(&self, i: usize) -> Result<(Vec<f32>, Vec<ScaledBox>), String> {
         let &(k, j) = self
             .index
             .get(i)
