@@ -9,7 +9,7 @@
 use crate::resnet::{Config, Version};
 
 /// What one layer does per image.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct LayerCount {
     pub name: String,
     pub kind: Kind,
@@ -18,9 +18,13 @@ pub struct LayerCount {
     pub params: f64,
     pub inputs: f64,
     pub outputs: f64,
+    /// Output rows × columns and channels, where a following layer needs them (convolutions,
+    /// pooling, each block's last layer); zero otherwise.
+    pub size: (usize, usize),
+    pub channels: usize,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kind {
     /// `first`: the stem, whose input needs no gradient.
     Conv {
@@ -32,61 +36,119 @@ pub enum Kind {
         window: usize,
     },
     AvgPool,
+    #[default]
     Add,
     Dense,
     Softmax,
+    /// RoIAlign with `samples²` bilinear samples per output element.
+    RoiAlign {
+        samples: usize,
+    },
 }
 
 /// Every layer of the network for one image at `resolution`.
 pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
+    let mut v = backbone(cfg, 3, resolution, resolution);
+    let (c, h, w) = v
+        .last()
+        .map(|l| (l.channels, l.size.0, l.size.1))
+        .expect("a stem at least");
+    let cin = c;
+    v.push(LayerCount {
+        name: "avgpool".into(),
+        kind: Kind::AvgPool,
+        macs: 0.0,
+        params: 0.0,
+        inputs: (h * w * cin) as f64,
+        outputs: cin as f64,
+        ..Default::default()
+    });
+    v.push(LayerCount {
+        name: "fc".into(),
+        kind: Kind::Dense,
+        macs: (cin * cfg.classes) as f64,
+        params: ((cin + 1) * cfg.classes) as f64,
+        inputs: cin as f64,
+        outputs: cfg.classes as f64,
+        ..Default::default()
+    });
+    v.push(LayerCount {
+        name: "softmax".into(),
+        kind: Kind::Softmax,
+        macs: 0.0,
+        params: 0.0,
+        inputs: cfg.classes as f64,
+        outputs: cfg.classes as f64,
+        ..Default::default()
+    });
+    v
+}
+
+/// A convolution's count for an `h × w` input (square filter, zero padding); returns its output
+/// size.
+#[allow(clippy::too_many_arguments)]
+fn conv(
+    v: &mut Vec<LayerCount>,
+    name: String,
+    cin: usize,
+    cout: usize,
+    k: usize,
+    stride: usize,
+    pad: usize,
+    (h, w): (usize, usize),
+    first: bool,
+) -> (usize, usize) {
+    let oh = (h + 2 * pad - k) / stride + 1;
+    let ow = (w + 2 * pad - k) / stride + 1;
+    v.push(LayerCount {
+        name,
+        kind: Kind::Conv { first },
+        macs: (k * k * cin * oh * ow * cout) as f64,
+        params: (k * k * cin * cout) as f64,
+        inputs: (h * w * cin) as f64,
+        outputs: (oh * ow * cout) as f64,
+        size: (oh, ow),
+        channels: cout,
+    });
+    (oh, ow)
+}
+
+/// An element-wise layer over `n` values.
+fn elementwise(v: &mut Vec<LayerCount>, name: String, kind: Kind, n: usize, params: usize) {
+    v.push(LayerCount {
+        name,
+        kind,
+        macs: 0.0,
+        params: params as f64,
+        inputs: n as f64,
+        outputs: n as f64,
+        ..Default::default()
+    });
+}
+
+/// The convolutional layers of the network (stem to the last block) for one `h × w` image of
+/// `channels` channels; each stage's last layer records its output size and channels.
+pub fn backbone(cfg: &Config, channels: usize, h: usize, w: usize) -> Vec<LayerCount> {
     let ch = |b: usize| ((b as f64 * cfg.width).round() as usize).max(1);
     let mut v = Vec::new();
-    let conv = |v: &mut Vec<LayerCount>,
-                name: String,
-                cin: usize,
-                cout: usize,
-                k: usize,
-                stride: usize,
-                pad: usize,
-                h: usize,
-                first: bool|
-     -> usize {
-        let oh = (h + 2 * pad - k) / stride + 1;
-        v.push(LayerCount {
-            name,
-            kind: Kind::Conv { first },
-            macs: (k * k * cin * oh * oh * cout) as f64,
-            params: (k * k * cin * cout) as f64,
-            inputs: (h * h * cin) as f64,
-            outputs: (oh * oh * cout) as f64,
-        });
-        oh
-    };
-    let elementwise =
-        |v: &mut Vec<LayerCount>, name: String, kind: Kind, n: usize, params: usize| {
-            v.push(LayerCount {
-                name,
-                kind,
-                macs: 0.0,
-                params: params as f64,
-                inputs: n as f64,
-                outputs: n as f64,
-            });
-        };
     let c0 = ch(64);
-    let mut h = conv(&mut v, "conv1".into(), 3, c0, 7, 2, 3, resolution, true);
-    elementwise(&mut v, "bn1".into(), Kind::BatchNorm, h * h * c0, 2 * c0);
-    elementwise(&mut v, "relu".into(), Kind::Relu, h * h * c0, 0);
-    let ph = (h + 2 - 3) / 2 + 1;
+    let mut hw = conv(&mut v, "conv1".into(), channels, c0, 7, 2, 3, (h, w), true);
+    let px = |s: (usize, usize)| s.0 * s.1;
+    elementwise(&mut v, "bn1".into(), Kind::BatchNorm, px(hw) * c0, 2 * c0);
+    elementwise(&mut v, "relu".into(), Kind::Relu, px(hw) * c0, 0);
+    let pool = |x: usize| (x + 2 - 3) / 2 + 1;
+    let ph = (pool(hw.0), pool(hw.1));
     v.push(LayerCount {
         name: "maxpool".into(),
         kind: Kind::MaxPool { window: 3 },
         macs: 0.0,
         params: 0.0,
-        inputs: (h * h * c0) as f64,
-        outputs: (ph * ph * c0) as f64,
+        inputs: (px(hw) * c0) as f64,
+        outputs: (px(ph) * c0) as f64,
+        size: ph,
+        channels: c0,
     });
-    h = ph;
+    hw = ph;
     let mut cin = c0;
     for (stage, &n) in cfg.blocks.iter().enumerate() {
         let mid = ch(64 << stage);
@@ -106,23 +168,17 @@ pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
                 1,
                 s1,
                 0,
-                h,
+                hw,
                 false,
             );
             elementwise(
                 &mut v,
                 format!("{name}.bn1"),
                 Kind::BatchNorm,
-                h1 * h1 * mid,
+                px(h1) * mid,
                 2 * mid,
             );
-            elementwise(
-                &mut v,
-                format!("{name}.relu1"),
-                Kind::Relu,
-                h1 * h1 * mid,
-                0,
-            );
+            elementwise(&mut v, format!("{name}.relu1"), Kind::Relu, px(h1) * mid, 0);
             let h2 = conv(
                 &mut v,
                 format!("{name}.conv2"),
@@ -138,16 +194,10 @@ pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
                 &mut v,
                 format!("{name}.bn2"),
                 Kind::BatchNorm,
-                h2 * h2 * mid,
+                px(h2) * mid,
                 2 * mid,
             );
-            elementwise(
-                &mut v,
-                format!("{name}.relu2"),
-                Kind::Relu,
-                h2 * h2 * mid,
-                0,
-            );
+            elementwise(&mut v, format!("{name}.relu2"), Kind::Relu, px(h2) * mid, 0);
             let h3 = conv(
                 &mut v,
                 format!("{name}.conv3"),
@@ -163,7 +213,7 @@ pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
                 &mut v,
                 format!("{name}.bn3"),
                 Kind::BatchNorm,
-                h3 * h3 * out,
+                px(h3) * out,
                 2 * out,
             );
             if stride != 1 || cin != out {
@@ -175,53 +225,154 @@ pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
                     1,
                     stride,
                     0,
-                    h,
+                    hw,
                     false,
                 );
                 elementwise(
                     &mut v,
                     format!("{name}.downsample.1"),
                     Kind::BatchNorm,
-                    h3 * h3 * out,
+                    px(h3) * out,
                     2 * out,
                 );
             }
-            elementwise(&mut v, format!("{name}.add"), Kind::Add, h3 * h3 * out, 0);
-            elementwise(
-                &mut v,
-                format!("{name}.relu3"),
-                Kind::Relu,
-                h3 * h3 * out,
-                0,
-            );
-            h = h3;
+            elementwise(&mut v, format!("{name}.add"), Kind::Add, px(h3) * out, 0);
+            elementwise(&mut v, format!("{name}.relu3"), Kind::Relu, px(h3) * out, 0);
+            if let Some(l) = v.last_mut() {
+                l.size = h3;
+                l.channels = out;
+            }
+            hw = h3;
             cin = out;
         }
     }
+    v
+}
+
+/// Every layer of the EWA detector for one `h × w` training image: the backbone, the pyramid
+/// (lateral and output convolutions, top-down sums), the RPN head at each level (its weights
+/// read again at each), RoIAlign and the box head for `roi_per_image` regions (a region's pooled
+/// values stand for its input too: the samples it reads are at most four per value).
+pub fn detector(cfg: &crate::detect::model::DetectorConfig, h: usize, w: usize) -> Vec<LayerCount> {
+    let mut v = backbone(&cfg.backbone, cfg.in_channels, h, w);
+    let sizes = cfg.level_sizes(h, w);
+    let chans = cfg.stage_channels();
+    let width = cfg.fpn_width;
+    let px = |s: (usize, usize)| s.0 * s.1;
+    for l in (0..4).rev() {
+        conv(
+            &mut v,
+            format!("fpn.inner{l}"),
+            chans[l],
+            width,
+            1,
+            1,
+            0,
+            sizes[l],
+            false,
+        );
+        if l < 3 {
+            elementwise(
+                &mut v,
+                format!("fpn.add{l}"),
+                Kind::Add,
+                px(sizes[l]) * width,
+                0,
+            );
+        }
+        conv(
+            &mut v,
+            format!("fpn.layer{l}"),
+            width,
+            width,
+            3,
+            1,
+            1,
+            sizes[l],
+            false,
+        );
+    }
+    let a = cfg.anchors_per_cell();
+    for (l, &s) in sizes.iter().enumerate() {
+        let p = l + 2;
+        conv(
+            &mut v,
+            format!("rpn.head.conv.p{p}"),
+            width,
+            width,
+            3,
+            1,
+            1,
+            s,
+            false,
+        );
+        elementwise(
+            &mut v,
+            format!("rpn.head.relu.p{p}"),
+            Kind::Relu,
+            px(s) * width,
+            0,
+        );
+        conv(
+            &mut v,
+            format!("rpn.head.cls.p{p}"),
+            width,
+            a,
+            1,
+            1,
+            0,
+            s,
+            false,
+        );
+        conv(
+            &mut v,
+            format!("rpn.head.reg.p{p}"),
+            width,
+            4 * a,
+            1,
+            1,
+            0,
+            s,
+            false,
+        );
+    }
+    let r = cfg.roi_per_image as f64;
+    let pooled = (cfg.pool.out * cfg.pool.out * width) as f64;
     v.push(LayerCount {
-        name: "avgpool".into(),
-        kind: Kind::AvgPool,
-        macs: 0.0,
-        params: 0.0,
-        inputs: (h * h * cin) as f64,
-        outputs: cin as f64,
+        name: "roi_align".into(),
+        kind: Kind::RoiAlign {
+            samples: cfg.pool.samples,
+        },
+        inputs: r * pooled,
+        outputs: r * pooled,
+        ..Default::default()
     });
-    v.push(LayerCount {
-        name: "fc".into(),
-        kind: Kind::Dense,
-        macs: (cin * cfg.classes) as f64,
-        params: ((cin + 1) * cfg.classes) as f64,
-        inputs: cin as f64,
-        outputs: cfg.classes as f64,
-    });
-    v.push(LayerCount {
-        name: "softmax".into(),
-        kind: Kind::Softmax,
-        macs: 0.0,
-        params: 0.0,
-        inputs: cfg.classes as f64,
-        outputs: cfg.classes as f64,
-    });
+    let k = (cfg.classes + 1) as f64;
+    let hidden = cfg.hidden as f64;
+    let mut dense = |name: &str, i: f64, o: f64| {
+        v.push(LayerCount {
+            name: format!("box_head.{name}"),
+            kind: Kind::Dense,
+            macs: r * i * o,
+            params: (i + 1.0) * o,
+            inputs: r * i,
+            outputs: r * o,
+            ..Default::default()
+        })
+    };
+    dense("fc6", pooled, hidden);
+    dense("fc7", hidden, hidden);
+    dense("cls_score", hidden, k);
+    dense("bbox_pred", hidden, 4.0 * k);
+    for n in ["relu6", "relu7"] {
+        elementwise(
+            &mut v,
+            format!("box_head.{n}"),
+            Kind::Relu,
+            cfg.roi_per_image * cfg.hidden,
+            0,
+        );
+    }
     v
 }
 
@@ -261,6 +412,13 @@ pub fn aiperf(layers: &[LayerCount]) -> Count {
             Kind::AvgPool => f += l.inputs + 4.0 * l.outputs,
             // exp (8), sum (1), division (4) per class, and the max (1) and subtraction (1).
             Kind::Softmax => f += 21.0 * l.outputs,
+            // Four multiply-adds per bilinear sample and the average; the backward pass
+            // scatters through the same weights.
+            Kind::RoiAlign { samples } => {
+                let per = 8.0 * (samples * samples) as f64 + 1.0;
+                f += per * l.outputs;
+                b += per * l.outputs;
+            }
         }
     }
     Count {
@@ -279,6 +437,8 @@ pub fn hpc_ai500_v3(layers: &[LayerCount]) -> Count {
             Kind::BatchNorm | Kind::Relu | Kind::Add => l.outputs,
             Kind::MaxPool { .. } | Kind::AvgPool => l.inputs,
             Kind::Softmax => 0.0,
+            // Not in the table: counted as AIPerf counts it.
+            Kind::RoiAlign { samples } => (8.0 * (samples * samples) as f64 + 1.0) * l.outputs,
         };
     }
     Count {
@@ -297,8 +457,19 @@ pub fn min_bytes_forward(layers: &[LayerCount]) -> f64 {
 }
 
 /// The layers a timeline span covers (`crate::resnet`'s span names): `layer1.0.bn1+relu1` is
-/// `layer1.0.bn1` and `layer1.0.relu1` (the parts after the first take its prefix).
+/// `layer1.0.bn1` and `layer1.0.relu1` (the parts after the first take its prefix); a span that
+/// names no layer covers the layers under it (`fpn`: `fpn.inner0`, …).
 pub fn span_layers<'a>(layers: &'a [LayerCount], span: &str) -> Vec<&'a LayerCount> {
+    if !layers.iter().any(|l| l.name == span) && !span.contains('+') {
+        let prefix = format!("{span}.");
+        let under: Vec<&LayerCount> = layers
+            .iter()
+            .filter(|l| l.name.starts_with(&prefix))
+            .collect();
+        if !under.is_empty() {
+            return under;
+        }
+    }
     let mut parts = span.split('+');
     let Some(first) = parts.next() else {
         return Vec::new();
@@ -390,6 +561,43 @@ mod tests {
             min_bytes_training(stem),
             4.0 * (2.0 * stem.inputs + 3.0 * stem.params + 2.0 * stem.outputs)
         );
+    }
+
+    /// The detector's layers: the paper's model at 768×1152 counts its convolutions and dense
+    /// layers as `Detector::flops` does (AIPerf's forward = 2·MACs), its RoIAlign by the stated
+    /// rule, and spans name their parts.
+    #[test]
+    fn detector_layers_match_the_models_count() {
+        use crate::detect::model::{Detector, DetectorConfig};
+        let m = Detector::<f32>::new(DetectorConfig::ewa(), 1);
+        let l = detector(&m.cfg, 768, 1152);
+        let f = m.flops(768, 1152);
+        let macs = |p: &str| -> f64 {
+            l.iter()
+                .filter(|x| x.name.starts_with(p) && x.macs > 0.0)
+                .map(|x| 2.0 * x.macs)
+                .sum()
+        };
+        let rel = |a: f64, b: f64| (a / b - 1.0).abs();
+        assert!(rel(macs("fpn."), f.fpn.forward) < 1e-12);
+        assert!(rel(macs("rpn.head."), f.rpn.forward) < 1e-12);
+        assert!(rel(macs("box_head."), f.box_head.forward) < 1e-3);
+        let stem_to_c5: f64 = l
+            .iter()
+            .filter(|x| matches!(x.kind, Kind::Conv { .. }))
+            .filter(|x| !x.name.starts_with("fpn") && !x.name.starts_with("rpn"))
+            .map(|x| 2.0 * x.macs)
+            .sum();
+        assert!(rel(stem_to_c5, f.backbone.forward) < 1e-12);
+        let ra = span_layers(&l, "roi_align");
+        assert_eq!(
+            aiperf(&ra.into_iter().cloned().collect::<Vec<_>>()).forward,
+            f.roi_align.forward
+        );
+        assert_eq!(span_layers(&l, "fpn").len(), 11);
+        assert_eq!(span_layers(&l, "rpn.head").len(), 20);
+        assert_eq!(span_layers(&l, "box_head").len(), 6);
+        assert!(span_layers(&l, "proposals").is_empty());
     }
 
     #[test]

@@ -122,7 +122,7 @@ impl DetectorConfig {
     }
 
     /// C2–C5 channels of the backbone.
-    fn stage_channels(&self) -> [usize; 4] {
+    pub fn stage_channels(&self) -> [usize; 4] {
         let c = |base: usize| ((base as f64 * self.backbone.width).round() as usize).max(1) * 4;
         [c(64), c(128), c(256), c(512)]
     }
