@@ -19,9 +19,10 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct PlaceArgs {
-    /// What to place: `resnet50` (a training run of the embedded trainer; the training options
-    /// below apply), `gemm:MxNxK[:f32|f64|f16]`, `conv:N,C,H,W,K,R,S,stride,pad` (f32 forward,
-    /// NHWC), or `stream:BYTES` (a triad over BYTES of arrays).
+    /// What to place: `resnet50` or `ewa` (a training run of the embedded trainer; the
+    /// training options below apply; ewa at e.g. --resolution 192x288 on small machines),
+    /// `gemm:MxNxK[:f32|f64|f16]`, `conv:N,C,H,W,K,R,S,stride,pad` (f32 forward, NHWC), or
+    /// `stream:BYTES` (a triad over BYTES of arrays).
     #[arg(long, value_name = "W")]
     pub workload: String,
     /// The machine's ceilings, from `roofline probe`.
@@ -34,7 +35,7 @@ pub struct PlaceArgs {
     /// name with .svg).
     #[arg(long, value_name = "SVG")]
     pub plot: Option<PathBuf>,
-    /// resnet50: also write the timeline of the measured steps (data, every layer's forward
+    /// resnet50, ewa: also write the timeline of the measured steps (data, every layer's forward
     /// and backward pass, allreduce buckets, optimiser) as Chrome trace JSON; Perfetto
     /// (ui.perfetto.dev) and chrome://tracing open it.
     #[arg(long, value_name = "FILE")]
@@ -42,7 +43,7 @@ pub struct PlaceArgs {
     /// Steps (kernels: samples) run first and not counted.
     #[arg(long, default_value_t = 2)]
     pub warm: usize,
-    /// resnet50: how many of its layers (by time) to place as their own points.
+    /// resnet50, ewa: how many of its layers (by time) to place as their own points.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
     /// Print the placement as JSON on stdout too.
@@ -55,7 +56,8 @@ pub struct PlaceArgs {
 /// A parsed `--workload`.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
-    Training,
+    /// A training run of the named workload (resnet50, ewa).
+    Training(String),
     Gemm(Shape, String),
     Conv(ConvShape),
     Stream(usize),
@@ -71,14 +73,11 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
             .filter(|v| *v > 0)
             .ok_or_else(|| bad(&format!("{s:?} is not a positive whole number")))
     };
-    if w == "resnet50" {
-        return Ok(Workload::Training);
-    }
-    if w == "ewa" {
-        return Err(bad("the EWA workload (Faster-RCNN) is not built yet; resnet50, gemm:…, conv:… and stream:… are"));
+    if w == "resnet50" || w == "ewa" {
+        return Ok(Workload::Training(w.to_string()));
     }
     let (kind, rest) = w.split_once(':').ok_or_else(|| {
-        bad("expected resnet50, gemm:MxNxK[:precision], conv:N,C,H,W,K,R,S,stride,pad or stream:BYTES")
+        bad("expected resnet50, ewa, gemm:MxNxK[:precision], conv:N,C,H,W,K,R,S,stride,pad or stream:BYTES")
     })?;
     match kind {
         "gemm" => {
@@ -135,7 +134,7 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
             Ok(Workload::Stream(b))
         }
         _ => Err(bad(&format!(
-            "unknown kind {kind:?}: resnet50, gemm:…, conv:… or stream:…"
+            "unknown kind {kind:?}: resnet50, ewa, gemm:…, conv:… or stream:…"
         ))),
     }
 }
@@ -175,9 +174,10 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| a.output.with_extension("svg"));
     crate::probe_cmd::check_writable(&plot_path).map_err(Failure::Input)?;
-    if a.trace.is_some() && workload != Workload::Training {
+    if a.trace.is_some() && !matches!(workload, Workload::Training(_)) {
         return Err(input(
-            "--trace records a training run's timeline: use it with --workload resnet50".into(),
+            "--trace records a training run's timeline: use it with --workload resnet50 or ewa"
+                .into(),
         ));
     }
     if let Some(t) = &a.trace {
@@ -191,7 +191,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     }
     let start = Instant::now();
     let measured = match &workload {
-        Workload::Training => training(a)?,
+        Workload::Training(name) => training(a, name)?,
         w => kernel(a, w)?,
     };
     let Some(measured) = measured else {
@@ -520,7 +520,7 @@ fn kernel(a: &PlaceArgs, w: &Workload) -> Result<Option<Measured>, Failure> {
                 actual,
             )
         }
-        Workload::Training => unreachable!("placed by training()"),
+        Workload::Training(_) => unreachable!("placed by training()"),
     };
     let steps = m.seconds.len();
     let step_seconds: Vec<f64> = m.seconds.iter().map(|s| s / m.iters as f64).collect();
@@ -572,21 +572,20 @@ fn m_llc_bytes() -> usize {
         .unwrap_or(32 << 20)
 }
 
-/// ResNet-50 training on the embedded trainer: `warm` steps, then `--steps` measured ones
-/// (default 5), with the timeline on for the per-layer times.
-fn training(a: &PlaceArgs) -> Result<Option<Measured>, Failure> {
+/// A training run (resnet50, ewa) on the embedded trainer: `warm` steps, then `--steps`
+/// measured ones (default 5), with the timeline on for the per-layer times.
+fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> {
     let measured = a.run.steps.unwrap_or(5).max(1);
-    let mut prep = train_cmd::prepare(&a.run)?;
-    prep.cfg.steps = a.warm + measured;
-    prep.cfg.warmup_steps = prep.cfg.warmup_steps.min(prep.cfg.steps);
-    prep.cfg.eval_images = 0;
-    prep.cfg.target_top1 = None;
-    prep.cfg.eval_every = prep.cfg.steps;
-    let (reducer, root) = train_cmd::reducer(&a.run)?;
+    let mut prep = train_cmd::prepare(&a.run, workload)?;
+    prep.for_measurement(a.warm + measured);
+    let (reducer, root) = train_cmd::reducer(prep.batch())?;
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
     eprintln!(
-        "placing {}: {} warm-up and {measured} measured training steps, batch {}, {}×{} …",
-        a.workload, a.warm, a.run.batch, a.run.resolution, a.run.resolution
+        "placing {}: {} warm-up and {measured} measured training steps, batch {}, {} …",
+        a.workload,
+        a.warm,
+        prep.batch(),
+        prep.resolution
     );
     timeline::start();
     let meter_cell: std::sync::Mutex<Option<Result<roofline_collectors::energy::Meter, String>>> =
@@ -679,8 +678,8 @@ pub(crate) fn from_training(
     };
     // Per layer: time over the measured steps, its FLOPs (AIPerf's rules, forward and
     // backward) and minimum bytes for this rank's batch.
-    let local = (prep.cfg.batch / ranks) as f64;
-    let counted = accounting::layers(&prep.cfg.model, run.resolution);
+    let local = (prep.batch() / ranks) as f64;
+    let counted = prep.layers();
     let mut layers = Vec::new();
     let mut per_layer: Vec<(String, f64)> = timeline::totals(&measured_spans, "forward");
     for (name, t) in timeline::totals(&measured_spans, "backward") {
@@ -740,12 +739,10 @@ pub(crate) fn from_training(
             name: name.to_string(),
             kind: "training".into(),
             description: format!(
-                "ResNet-50 v{} (width {}, depth {:?}) training on the synthetic set, {}×{}, SGD; FLOPs per step: {} per image (forward, backward, update) × {} images on this rank",
-                run.version,
-                run.width,
-                prep.blocks,
-                run.resolution,
-                run.resolution,
+                "{} training on {}, {}, SGD; FLOPs per step: {} per image (forward, backward) × {} images on this rank",
+                prep.model_name(run),
+                prep.data_name(run),
+                prep.resolution,
                 roofline_plots::si(s.flops_step_per_image),
                 local
             ),
@@ -757,7 +754,7 @@ pub(crate) fn from_training(
             warm_steps: warm,
             measured_steps: timing.len(),
             parameters: Some(s.parameters),
-            batch: Some(prep.cfg.batch),
+            batch: Some(prep.batch()),
         },
         flops_per_step,
         step_seconds: timing.iter().map(|t| t.seconds).collect(),
@@ -865,7 +862,14 @@ mod tests {
 
     #[test]
     fn workloads_parse_with_clear_errors() {
-        assert_eq!(parse_workload("resnet50").unwrap(), Workload::Training);
+        assert_eq!(
+            parse_workload("resnet50").unwrap(),
+            Workload::Training("resnet50".into())
+        );
+        assert_eq!(
+            parse_workload("ewa").unwrap(),
+            Workload::Training("ewa".into())
+        );
         assert_eq!(
             parse_workload("gemm:64x32x16").unwrap(),
             Workload::Gemm(
@@ -896,7 +900,6 @@ mod tests {
             Workload::Stream(1 << 30)
         );
         assert!(parse_workload("stream:0").unwrap_err().contains("positive"));
-        assert!(parse_workload("ewa").unwrap_err().contains("not built yet"));
         assert!(parse_workload("bert").unwrap_err().contains("expected"));
     }
 }

@@ -15,8 +15,8 @@ use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct ScoreArgs {
-    /// The workload: resnet50 (Image Classification; ewa, the Extreme Weather workload, is not
-    /// built yet).
+    /// The workload: resnet50 (Image Classification, Top-1) or ewa (Extreme Weather
+    /// detection, mAP@0.5; give it --eval-images).
     #[arg(long, default_value = "resnet50", value_parser = ["resnet50", "ewa"])]
     pub workload: String,
     /// Independent runs (seeds --seed, --seed + 1, …). HPC AI500 asks for 10 (resnet50) or 5
@@ -43,19 +43,36 @@ pub struct ScoreArgs {
 }
 
 /// Why a run of `a` cannot be compared with published scores (empty: it can).
-fn not_comparable(a: &RunArgs, custom_target: bool) -> Vec<String> {
+fn not_comparable(a: &RunArgs, workload: &str, custom_target: bool) -> Vec<String> {
     let mut v = Vec::new();
+    let ewa = workload == "ewa";
     if custom_target {
-        v.push(format!(
-            "its own target quality (--target-top1 {})",
-            a.target_top1.unwrap_or(0.0)
-        ));
+        v.push(if ewa {
+            format!(
+                "its own target quality (--target-map {})",
+                a.target_map.unwrap_or(0.0)
+            )
+        } else {
+            format!(
+                "its own target quality (--target-top1 {})",
+                a.target_top1.unwrap_or(0.0)
+            )
+        });
     }
     if a.data.is_none() {
-        v.push("synthetic data, not ImageNet".into());
+        v.push(if ewa {
+            "synthetic fields, not the Extreme Weather data".into()
+        } else {
+            "synthetic data, not ImageNet".into()
+        });
     }
-    if a.resolution != 224 {
-        v.push(format!("resolution {} (the rules: 224)", a.resolution));
+    let (rule, epochs) = if ewa {
+        (train_cmd::Resolution { h: 768, w: 1152 }, 50)
+    } else {
+        (train_cmd::Resolution { h: 224, w: 224 }, 90)
+    };
+    if let Some(r) = a.resolution.filter(|r| *r != rule) {
+        v.push(format!("resolution {r} (the rules: {rule})"));
     }
     if a.width != 1.0 || a.depth.replace(' ', "") != "3,4,6,3" || a.version != "1.5" {
         v.push(format!(
@@ -63,13 +80,13 @@ fn not_comparable(a: &RunArgs, custom_target: bool) -> Vec<String> {
             a.version, a.width, a.depth
         ));
     }
-    if a.classes != 1000 {
+    if !ewa && a.classes != 1000 {
         v.push(format!("{} classes", a.classes));
     }
-    if !a.epochs.is_some_and(|e| e >= 90) {
+    if !a.epochs.is_some_and(|e| e >= epochs) {
         v.push(match a.epochs {
-            Some(e) => format!("{e} epochs (the rules: 90)"),
-            None => "a run counted in steps, not the rules' 90 epochs".into(),
+            Some(e) => format!("{e} epochs (the rules: {epochs})"),
+            None => format!("a run counted in steps, not the rules' {epochs} epochs"),
         });
     }
     v
@@ -77,11 +94,6 @@ fn not_comparable(a: &RunArgs, custom_target: bool) -> Vec<String> {
 
 pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
-    if a.workload == "ewa" {
-        return Err(input(
-            "--workload ewa: the Extreme Weather workload (Faster-RCNN) is not built yet; resnet50 is".into(),
-        ));
-    }
     let published =
         Target::published(&a.workload).ok_or_else(|| input("unknown workload".into()))?;
     let runs = a.runs.unwrap_or(published.runs);
@@ -98,9 +110,14 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,
     };
-    let custom = a.run.target_top1.is_some();
+    let own = if a.workload == "ewa" {
+        a.run.target_map
+    } else {
+        a.run.target_top1
+    };
+    let custom = own.is_some();
     let target = Target {
-        value: a.run.target_top1.unwrap_or(published.value),
+        value: own.unwrap_or(published.value),
         ..published.clone()
     };
     let mut warnings = Vec::new();
@@ -110,26 +127,19 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             published.runs, a.workload
         ));
     }
-    let mut prep = train_cmd::prepare(&a.run)?;
-    if prep.cfg.eval_images == 0 {
-        // Quality needs held-out images.
-        prep.cfg.eval_images = match &prep.cfg.data {
-            roofline_workloads::train::Source::Synthetic(_) => 512,
-            _ => return Err(input(
-                "score measures quality on held-out images: give --eval-images N (with DIR/val)"
-                    .into(),
-            )),
-        };
-        eprintln!(
-            "note: evaluating on {} held-out images (--eval-images)",
-            prep.cfg.eval_images
-        );
+    let mut prep = train_cmd::prepare(&a.run, &a.workload)?;
+    // Quality needs held-out images.
+    if let Some(n) = prep
+        .ensure_eval()
+        .map_err(|e| input(format!("score: {e}")))?
+    {
+        eprintln!("note: evaluating on {n} held-out images (--eval-images)");
     }
-    prep.cfg.target_top1 = Some(target.value);
+    prep.set_target(target.value);
     let start = Instant::now();
-    let (reducer, root) = train_cmd::reducer(&a.run)?;
+    let (reducer, root) = train_cmd::reducer(prep.batch())?;
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
-    let counted = accounting::layers(&prep.cfg.model, a.run.resolution);
+    let counted = prep.layers();
     let v3_per_image = accounting::hpc_ai500_v3(&counted).total();
     let mut done = Vec::new();
     let mut energy_note = String::new();
@@ -137,11 +147,8 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let mut gpu = None;
     for i in 0..runs {
         let seed = a.run.seed + i as u64;
-        prep.cfg.seed = seed;
-        if let roofline_workloads::train::Source::Synthetic(s) = &mut prep.cfg.data {
-            // The same data set for every run; the seed changes the model and the order.
-            *s = roofline_workloads::data::Synthetic::new(s.classes, s.resolution, a.run.seed);
-        }
+        // The same data set for every run; the seed changes the model and the order.
+        prep.reseed(seed, a.run.seed);
         if root {
             eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
         }
@@ -181,8 +188,12 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             Some(Err(e)) => eprintln!("note: GPU energy not measured: {e}"),
             None => {}
         }
-        let quality = s.evals.last().map(|e| e.top1).unwrap_or(0.0);
-        let top5 = s.evals.last().map(|e| e.top5);
+        let quality = s
+            .evals
+            .last()
+            .map(|e| e.map.unwrap_or(e.top1))
+            .unwrap_or(0.0);
+        let top5 = s.evals.last().filter(|e| e.map.is_none()).map(|e| e.top5);
         let reached = s.time_to_quality.is_some();
         let ttq = s.time_to_quality.unwrap_or(s.elapsed_seconds);
         let flops = s.flops_step_per_image * s.images as f64 / s.train_seconds.max(1e-12);
@@ -190,7 +201,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         let series: Vec<f64> = s
             .timing
             .iter()
-            .map(|t| s.flops_step_per_image * prep.cfg.batch as f64 / t.seconds.max(1e-12))
+            .map(|t| s.flops_step_per_image * prep.batch() as f64 / t.seconds.max(1e-12))
             .collect();
         let energy = crate::place_cmd::energy_of(&reading, 1, "per run");
         let (energy_j, watts) = (energy.joules_per_step, energy.average_watts);
@@ -235,51 +246,35 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
-    let reasons = not_comparable(&a.run, custom);
+    let reasons = not_comparable(&a.run, &a.workload, custom);
     let ident = roofline_collectors::cpu_ident();
     let cores = crate::probe_cmd::cores_for(None)?.1.len();
     let cpu = roofline_collectors::cpu_info(&ident, cores);
     let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
     let mut configuration = serde_json::Map::new();
-    let c = &prep.cfg;
-    for (k, v) in [
-        (
-            "model",
-            serde_json::json!(format!(
-                "ResNet-50 v{} (width {}, depth {:?})",
-                a.run.version, a.run.width, prep.blocks
-            )),
-        ),
+    let comm = prep.comm();
+    let mut entries = vec![
+        ("model", serde_json::json!(prep.model_name(&a.run))),
         (
             "parameters",
             serde_json::json!(last.as_ref().map(|s| s.parameters)),
         ),
-        (
-            "data",
-            serde_json::json!(match &a.run.data {
-                Some(d) => d.display().to_string(),
-                None => format!("synthetic ({} classes)", a.run.classes),
-            }),
-        ),
-        ("training images", serde_json::json!(c.train_images)),
-        ("held-out images", serde_json::json!(c.eval_images)),
-        ("resolution", serde_json::json!(a.run.resolution)),
-        ("global batch", serde_json::json!(c.batch)),
-        ("steps", serde_json::json!(c.steps)),
+        ("data", serde_json::json!(prep.data_name(&a.run))),
+    ];
+    entries.extend(prep.describe());
+    entries.extend([
+        ("resolution", serde_json::json!(prep.resolution.to_string())),
+        ("global batch", serde_json::json!(prep.batch())),
+        ("steps", serde_json::json!(prep.steps())),
         ("epochs", serde_json::json!(a.run.epochs)),
         (
             "optimizer",
             serde_json::json!("SGD, momentum 0.9, weight decay 1e-4 (not on batch norm or biases)"),
         ),
         (
-            "learning rate",
-            serde_json::json!(format!(
-                "{} per 256 images × batch / 256, linear warm-up over {} steps, cosine decay",
-                c.base_lr_per_256, c.warmup_steps
-            )),
+            "evaluate every (steps)",
+            serde_json::json!(prep.eval_every()),
         ),
-        ("label smoothing", serde_json::json!(c.label_smoothing)),
-        ("evaluate every (steps)", serde_json::json!(c.eval_every)),
         (
             "target",
             serde_json::json!(format!(
@@ -299,9 +294,9 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             "gradient exchange",
             serde_json::json!(format!(
                 "fused buckets of {} elements, compression {}, {}",
-                c.comm.bucket,
-                c.comm.wire.name(),
-                if c.comm.overlap {
+                comm.bucket,
+                comm.wire.name(),
+                if comm.overlap {
                     "overlapped with the backward pass"
                 } else {
                     "after the backward pass"
@@ -309,7 +304,8 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             )),
         ),
         ("first seed", serde_json::json!(a.run.seed)),
-    ] {
+    ]);
+    for (k, v) in entries {
         configuration.insert(k.to_string(), v);
     }
     let system = System {

@@ -1,7 +1,8 @@
 //! Training the EWA workload (Faster R-CNN on the Extreme Weather data) with the trainer's
 //! parts: SGD with momentum and the warm-up + cosine schedule, data parallel over the ranks of
 //! a reducer (synchronised batch norm, every gradient summed in fused buckets through the same
-//! exchange thread, optionally 16-bit on the wire), checkpoints that resume the run exactly,
+//! exchange thread — the heads' and the pyramid's while the backbone's backward pass runs —
+//! optionally 16-bit on the wire), checkpoints that resume the run exactly,
 //! timeline spans, one batch read ahead, evaluation by mAP@0.5 and time-to-quality.
 
 use crate::checkpoint::{Checkpoint, Stored};
@@ -277,31 +278,38 @@ pub fn train<T: Float>(
             pending = Some(fetch(step + 1));
         }
         let seed = cfg.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64);
-        let losses = model.train_step(&x, &targets, seed);
         let mut comm_s = 0.0;
-        if let Some(ex) = &exchange {
-            let mut buckets = Buckets::new(ex, cfg.comm);
-            for p in model.params() {
-                buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
-            }
-            comm_bytes = buckets.bytes;
-            let waited = Instant::now();
-            let sums = timed(
-                "comm",
-                || "wait for gradient sums".into(),
-                || buckets.finish(),
-            );
-            comm_s = waited.elapsed().as_secs_f64();
-            comm_wait += comm_s;
-            let scale = T::from_f64(1.0 / ranks as f64);
-            let mut off = 0;
-            for p in model.params() {
-                for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
-                    *g = T::from_f64(*v as f64) * scale;
+        let losses = match &exchange {
+            None => model.train_step(&x, &targets, seed),
+            Some(ex) => {
+                // Each group's gradients go into the fused buckets as soon as the backward
+                // pass finishes them (heads first, backbone last).
+                let mut buckets = Buckets::new(ex, cfg.comm);
+                let losses = model.train_step_with(&x, &targets, seed, &mut |ps| {
+                    for p in ps {
+                        buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
+                    }
+                });
+                comm_bytes = buckets.bytes;
+                let waited = Instant::now();
+                let sums = timed(
+                    "comm",
+                    || "wait for gradient sums".into(),
+                    || buckets.finish(),
+                );
+                comm_s = waited.elapsed().as_secs_f64();
+                comm_wait += comm_s;
+                let scale = T::from_f64(1.0 / ranks as f64);
+                let mut off = 0;
+                for p in model.backward_order() {
+                    for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
+                        *g = T::from_f64(*v as f64) * scale;
+                    }
+                    off += p.grad.len();
                 }
-                off += p.grad.len();
+                losses
             }
-        }
+        };
         timed(
             "optimizer",
             || "sgd".into(),

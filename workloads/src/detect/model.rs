@@ -289,7 +289,34 @@ impl<T: Float> Detector<T> {
     /// every parameter's gradient of the sum of the four losses and returns the losses. `seed`
     /// fixes the sampling of anchors and regions.
     pub fn train_step(&mut self, x: &Tensor<T>, truth: &[Target], seed: u64) -> Losses {
-        self.step_with(x, truth, seed, None).0
+        self.step_with(x, truth, seed, None, &mut |_| {}).0
+    }
+
+    /// `train_step`, handing each group of parameters to `ready` as soon as the backward pass
+    /// has finished its gradients (box head, RPN head, pyramid, backbone: `backward_order`),
+    /// so that a data-parallel run sums them while the rest of the backward pass runs.
+    pub fn train_step_with(
+        &mut self,
+        x: &Tensor<T>,
+        truth: &[Target],
+        seed: u64,
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
+    ) -> Losses {
+        self.step_with(x, truth, seed, None, ready).0
+    }
+
+    /// Every parameter in the order the backward pass finishes them.
+    pub fn backward_order(&mut self) -> Vec<&mut Param<T>> {
+        let mut v = self.head.params();
+        v.extend(self.rpn.params());
+        v.extend(self.fpn.params());
+        v.extend(
+            self.backbone
+                .params()
+                .into_iter()
+                .filter(|p| !p.name.starts_with("fc.")),
+        );
+        v
     }
 
     /// `train_step`, with each image's proposals given (`fixed`) rather than made from the
@@ -301,6 +328,7 @@ impl<T: Float> Detector<T> {
         truth: &[Target],
         seed: u64,
         fixed: Option<&[Vec<BBox>]>,
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) -> (Losses, Vec<Vec<BBox>>) {
         assert_eq!(truth.len(), x.n, "one target per image");
         let (ih, iw) = (x.h as f64, x.w as f64);
@@ -352,6 +380,7 @@ impl<T: Float> Detector<T> {
             for prm in self.head.params() {
                 prm.grad.iter_mut().for_each(|g| *g = T::zero());
             }
+            ready(self.head.params());
             p[..4]
                 .iter()
                 .map(|m| Tensor::zeros(m.n, m.h, m.w, m.c))
@@ -369,6 +398,7 @@ impl<T: Float> Detector<T> {
             losses.classifier = cls;
             losses.box_reg = reg;
             let dflat = timed(BWD, || "box_head".into(), || self.head.backward(&dl, &dd));
+            ready(self.head.params());
             let dpooled = Tensor::from_vec(r, s, s, c, dflat.data);
             timed(
                 BWD,
@@ -379,12 +409,21 @@ impl<T: Float> Detector<T> {
         let p6 = &p[4];
         dp.push(Tensor::zeros(p6.n, p6.h, p6.w, p6.c));
         let drpn = timed(BWD, || "rpn.head".into(), || self.rpn.backward(&rpn_grads));
+        ready(self.rpn.params());
         for (d, g) in dp.iter_mut().zip(&drpn) {
             crate::layers::add_into(d, g);
         }
         drop(p);
         let dc = timed(BWD, || "fpn".into(), || self.fpn.backward(dp));
+        ready(self.fpn.params());
         self.backbone.backward_features(dc);
+        ready(
+            self.backbone
+                .params()
+                .into_iter()
+                .filter(|p| !p.name.starts_with("fc."))
+                .collect(),
+        );
         (losses, used)
     }
 
@@ -582,10 +621,22 @@ mod tests {
         for p in m.rpn.params().into_iter().chain(m.head.params()) {
             p.value.iter_mut().for_each(|v| *v = *v * 5.0 + 0.05);
         }
-        let (losses, props) = m.step_with(&x, &truth, 11, None);
+        let (losses, props) = m.step_with(&x, &truth, 11, None, &mut |_| {});
         assert!(losses.regions > 0 && losses.total().is_finite());
         assert!(losses.rpn_box > 0.0 && losses.box_reg > 0.0, "{losses:?}");
         let names: Vec<String> = m.params().iter().map(|p| p.name.clone()).collect();
+        // The groups handed over during the backward pass: every parameter once, in
+        // backward_order's order.
+        let mut handed = Vec::new();
+        m.step_with(&x, &truth, 11, Some(&props), &mut |ps| {
+            handed.extend(ps.into_iter().map(|p| p.name.clone()))
+        });
+        let order: Vec<String> = m.backward_order().iter().map(|p| p.name.clone()).collect();
+        assert_eq!(handed, order);
+        let (mut a, mut b) = (handed.clone(), names.clone());
+        a.sort();
+        b.sort();
+        assert_eq!(a, b);
         for part in ["layer4.0.conv2", "fpn.layer0", "rpn.conv", "box_predictor"] {
             assert!(names.iter().any(|n| n.contains(part)), "{part}");
         }
@@ -593,7 +644,9 @@ mod tests {
         // network move central differences by up to ~1e-5 of the value; a wrong connection
         // would be off by its whole size.
         check_params_within(&mut m, Detector::<f64>::params, 37, 1e-4, |m| {
-            m.step_with(&x, &truth, 11, Some(&props)).0.total()
+            m.step_with(&x, &truth, 11, Some(&props), &mut |_| {})
+                .0
+                .total()
         });
     }
 
