@@ -729,7 +729,50 @@ fn place_puts_workloads_on_the_roofline() {
         .unwrap();
     assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("placement/resnet50/achieved"));
-    // Several placements on one plot, in every classic model.
+    // The EWA detector, scaled down, placed like resnet50: its parts are layers.
+    let e = bin()
+        .args(["place", "--machine"])
+        .arg(machine)
+        .arg("-o")
+        .arg(dir.join("e.json"))
+        .args([
+            "--workload",
+            "ewa",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "64x96",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+            "--top",
+            "40",
+        ])
+        // The synthetic year file goes to the temporary folder: this test's.
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", stderr(&e));
+    let e = read(&dir.join("e.json"));
+    assert_eq!(e["workload"]["name"], "ewa");
+    assert_eq!(e["workload"]["batch"], 2);
+    let names: Vec<&str> = e["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["label"].as_str().unwrap())
+        .collect();
+    for part in ["fpn", "rpn.head", "roi_align", "box_head", "conv1"] {
+        assert!(names.contains(&part), "{part} not in {names:?}");
+    }
+    assert!(e["point"]["oi"]["analytic"].as_f64().unwrap() > 1.0);
+    // Several placements on one plot, in every classic model: the EWA detector beside
+    // resnet50.
     for model in ["classic", "hierarchical"] {
         let o = bin()
             .arg("plot")
@@ -738,6 +781,8 @@ fn place_puts_workloads_on_the_roofline() {
             .arg(dir.join("g.json"))
             .arg("--placement")
             .arg(dir.join("r.json"))
+            .arg("--placement")
+            .arg(dir.join("e.json"))
             .arg("-o")
             .arg(dir.join("all.svg"))
             .output()
@@ -745,6 +790,10 @@ fn place_puts_workloads_on_the_roofline() {
         assert!(o.status.success(), "{}", stderr(&o));
         let svg = std::fs::read_to_string(dir.join("all.svg")).unwrap();
         assert!(svg.contains("gemm:512x512x512:f32") && svg.contains("resnet50"));
+        assert!(
+            svg.contains(">ewa<") || svg.contains("ewa ("),
+            "the detector's point"
+        );
     }
     expect_input_error(
         &["plot", "--placement", "/nonexistent.json"],
@@ -1045,4 +1094,120 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
         Some(&rules),
         "fractions",
     );
+}
+
+/// `train` and `score` with --workload ewa: the detector's report beside the paper's figures,
+/// its score by mAP@0.5, and clear refusals.
+#[test]
+fn ewa_trains_and_scores() {
+    let dir = tmpdir("ewa");
+    let small = [
+        "--workload",
+        "ewa",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,1,1",
+        "--resolution",
+        "64x96",
+        "--batch",
+        "2",
+        "--train-images",
+        "6",
+        "--eval-images",
+        "2",
+    ];
+    let o = bin()
+        .arg("train")
+        .args(small)
+        .args(["--steps", "2", "--json"])
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 2);
+    assert_eq!(v["resolution"], serde_json::json!([64, 96]));
+    assert_eq!(v["paper_parameters"], 41_000_000);
+    assert_eq!(v["paper_flops_per_image"], 691e9);
+    // The full model at 768×1152, forward and backward: hundreds of GFLOPs per image.
+    let full = v["flops_step_per_image_at_768x1152"].as_f64().unwrap();
+    assert!(full > 3e11 && full < 3e12, "{full:e}");
+    let parts = v["flops_per_image_by_part"].as_object().unwrap();
+    assert_eq!(parts.len(), 5);
+    let sum: f64 = parts.values().map(|p| p["forward"].as_f64().unwrap()).sum();
+    assert!((sum / v["flops_forward_per_image"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    assert!(v["map50"]
+        .as_f64()
+        .is_some_and(|m| (0.0..=1.0).contains(&m)));
+    // The synthetic year was written once, as HDF5, into the temporary folder.
+    assert!(std::fs::read_dir(&dir).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .ends_with(".h5")));
+    let out = dir.join("score.json");
+    let o = bin()
+        .arg("score")
+        .args(small)
+        .args(["--runs", "1", "--steps", "2", "--target-map", "0.9", "-o"])
+        .arg(&out)
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("synthetic fields"), "{text}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["workload"], "ewa");
+    assert_eq!(s["target"]["metric"], "map50");
+    assert_eq!(s["target"]["value"], 0.9);
+    assert!(s["runs"][0]["top5"].is_null());
+    assert!(s["configuration"]["model"]
+        .as_str()
+        .unwrap()
+        .contains("Faster R-CNN"));
+    for (args, needle) in [
+        (
+            vec!["train", "--workload", "ewa", "--device", "cuda"],
+            "CPU only",
+        ),
+        (
+            vec!["train", "--workload", "resnet50", "--resolution", "64x96"],
+            "square",
+        ),
+        (
+            vec!["train", "--workload", "ewa", "--target-top1", "0.5"],
+            "--target-map",
+        ),
+        (
+            vec!["train", "--workload", "ewa", "--resolution", "32x48"],
+            "64x64",
+        ),
+        (vec!["train", "--resolution", "12y"], "HxW"),
+        (
+            vec!["train", "--workload", "ewa", "--data", "/nonexistent"],
+            "no such file",
+        ),
+        (
+            vec![
+                "score",
+                "--workload",
+                "ewa",
+                "--resolution",
+                "64x96",
+                "--train-images",
+                "2",
+            ],
+            "--eval-images",
+        ),
+    ] {
+        let mut cmd = bin();
+        cmd.args(&args).env("TMPDIR", &dir);
+        let o = cmd.output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
+    }
 }

@@ -352,4 +352,47 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
         roofs.iter().any(|r| r["ceiling"] == "net/allreduce/intra"),
         "{roofs:?}"
     );
+    // The EWA detector placed the same way: its COI from its gradient bytes (every parameter
+    // in f32, and the batch-norm statistics), beside resnet50's.
+    let out = dir.join("e.json");
+    let tmp = format!("TMPDIR={}", dir.display());
+    let o = mpirun(
+        2,
+        &["-x", &tmp],
+        &[
+            "place",
+            "--workload",
+            "ewa",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "64x96",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+            "--threads",
+            "1",
+            "--machine",
+            &ms,
+        ],
+        Some(&out),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let e: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(e["workload"]["ranks"], 2);
+    let params = e["workload"]["parameters"].as_f64().unwrap();
+    let coi = &e["point"]["coi"];
+    let bytes = coi["intra_node_bytes"].as_f64().unwrap();
+    assert!(
+        bytes > 4.0 * params && bytes < 4.2 * params,
+        "{bytes} bytes for {params} parameters"
+    );
+    let flops = e["point"]["flops_per_step"].as_f64().unwrap();
+    assert!((coi["intra_node"].as_f64().unwrap() - flops / bytes).abs() < 1e-9 * flops / bytes);
 }
