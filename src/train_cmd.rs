@@ -1195,7 +1195,7 @@ fn detector(
         return Err(input("--train-images 0: nothing to train on".into()));
     }
     let steps = steps_of(a, train_end, batch);
-    let mut model = DetectorConfig::scaled(a.width, blocks, res.h);
+    let mut model = DetectorConfig::scaled(a.width, blocks, res.h, res.w);
     model.backbone.version = version;
     let cfg = EwaConfig {
         model,

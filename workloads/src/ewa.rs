@@ -425,7 +425,6 @@ pub fn train<T: Float>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::detect::rpn::ProposalRule;
     use crate::ewa_data::write_synthetic;
     use crate::train::Quiet;
 
@@ -442,27 +441,14 @@ mod tests {
         set
     }
 
-    /// The scaled-down model with fewer sampled anchors, regions and proposals (faster steps).
-    fn small(h: usize) -> DetectorConfig {
-        let rule = |n| ProposalRule {
-            pre_nms: n,
-            post_nms: n,
-            nms: 0.7,
-            min_size: 1e-3,
-        };
-        DetectorConfig {
-            rpn_per_image: 128,
-            rpn_train: rule(300),
-            rpn_test: rule(100),
-            roi_per_image: 128,
-            detections: 50,
-            ..DetectorConfig::scaled(0.25, [1, 1, 1, 1], h)
-        }
+    /// The scaled-down model (sampling scaled with the image area).
+    fn small(h: usize, w: usize) -> DetectorConfig {
+        DetectorConfig::scaled(0.25, [1, 1, 1, 1], h, w)
     }
 
     fn config(data: Arc<EwaSet>, train: Range<usize>, eval: Range<usize>) -> EwaConfig {
         EwaConfig {
-            model: small(data.height),
+            model: small(data.height, data.width),
             data,
             train,
             eval,
@@ -490,6 +476,7 @@ mod tests {
         let cfg = config(data, 0..256, 256..320);
         let s = train::<f32>(&cfg, &Quiet, None).unwrap();
         let map = s.evals.last().and_then(|e| e.map).unwrap();
+        eprintln!("mAP@0.5 after {} steps: {map:.4}", s.steps);
         assert!(map >= 0.5, "mAP@0.5 {map}");
         let mut fresh = Detector::<f32>::new(cfg.model.clone(), cfg.seed);
         // Running statistics from one forward pass in training mode, no update.

@@ -93,10 +93,20 @@ impl DetectorConfig {
 
     /// The paper's model scaled for small machines: backbone `width` and `blocks` per stage,
     /// pyramid and box head narrowed by the same factor (256·width, 1024·width), anchors scaled
-    /// with the image height (32 at 768 rows, at least 8); training and inference settings as
-    /// the paper's.
-    pub fn scaled(width: f64, blocks: [usize; 4], height: usize) -> DetectorConfig {
+    /// with the image height (32 at 768 rows, at least 8), and the sampled anchors, proposals
+    /// and regions per image scaled with the image's area against 768×1152 (at least 128
+    /// anchors, 300 proposals in training and 100 at inference, 128 regions); the paper's
+    /// settings at full size.
+    pub fn scaled(
+        width: f64,
+        blocks: [usize; 4],
+        height: usize,
+        image_width: usize,
+    ) -> DetectorConfig {
         let full = DetectorConfig::ewa();
+        let area = ((height * image_width) as f64 / (768.0 * 1152.0)).min(1.0);
+        let at_least =
+            |paper: usize, floor: usize| ((paper as f64 * area).round() as usize).max(floor);
         DetectorConfig {
             backbone: Config {
                 width,
@@ -106,6 +116,18 @@ impl DetectorConfig {
             fpn_width: ((256.0 * width).round() as usize).max(8),
             hidden: ((1024.0 * width).round() as usize).max(16),
             anchor_base: (32.0 * height as f64 / 768.0).max(8.0),
+            rpn_per_image: at_least(full.rpn_per_image, 128),
+            rpn_train: ProposalRule {
+                pre_nms: at_least(full.rpn_train.pre_nms, 300),
+                post_nms: at_least(full.rpn_train.post_nms, 300),
+                ..full.rpn_train
+            },
+            rpn_test: ProposalRule {
+                pre_nms: at_least(full.rpn_test.pre_nms, 100),
+                post_nms: at_least(full.rpn_test.post_nms, 100),
+                ..full.rpn_test
+            },
+            roi_per_image: at_least(full.roi_per_image, 128),
             ..full
         }
     }
