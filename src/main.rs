@@ -102,7 +102,7 @@ enum Command {
     /// or --target-map sets your own for a scaled-down run, which is then reported as not
     /// comparable) or the run ends. Per run:
     /// time-to-quality (first batch read to the target), FLOPS (the analytic training FLOPs /
-    /// training time), VFLOPS = FLOPS × (quality / target)^5, energy and VFLOPS per watt where
+    /// training time), VFLOPS = FLOPS × (quality / target)^5 (ewa: ^10), energy and VFLOPS per watt where
     /// counters exist. The score drops the highest and the lowest run and averages the rest;
     /// the variation is standard deviation / mean of all. Beside it: AIPerf's regulated score
     /// and FLOPS maximum, HPC AI500 V3.0's analytic FLOPS per epoch. With --machine, the report
