@@ -381,33 +381,16 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             "device": a.run.device,
             "gpu": gpu_name,
             "precision": a.run.precision,
-            "steps": s.steps,
-            "images": s.images,
-            "train_seconds": s.train_seconds,
-            "images_per_second": s.images_per_second,
-            "steady_images_per_second": s.steady_images_per_second,
-            "achieved_flops": s.achieved_flops,
-            "flops_forward_per_image": s.flops_forward_per_image,
-            "flops_step_per_image": s.flops_step_per_image,
-            "final_loss": s.final_loss,
-            "ranks": s.ranks,
-            "comm_bytes_per_step": s.comm_bytes_per_step,
-            "grad_compression": s.comm.wire.name(),
-            "overlap": s.comm.overlap,
-            "bucket_elements": s.comm.bucket,
-            "comm_wait_seconds": s.comm_wait_seconds,
-            "param_norm": s.param_norm,
             "aiperf_ops_per_image": {"forward": aiperf.forward, "backward": aiperf.backward, "total": aiperf.total()},
             "hpc_ai500_v3_flops_per_image": {"forward": v3.forward, "training": v3.total()},
             "min_forward_bytes_per_image": roofline_workloads::accounting::min_bytes_forward(&counted),
             "top1": last.map(|e| e.top1),
             "top5": last.map(|e| e.top5),
             "evaluations": s.evals.iter().map(|e| serde_json::json!({"step": e.step, "top1": e.top1, "top5": e.top5, "loss": e.loss})).collect::<Vec<_>>(),
-            "time_to_quality_seconds": s.time_to_quality,
         });
         println!(
             "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
+            serde_json::to_string_pretty(&with_run(v, &s)).map_err(|e| Failure::Run(e.into()))?
         );
     } else {
         let on = match &gpu_name {
@@ -475,6 +458,34 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `v` (a JSON object) with what every run reports: steps, images, throughput, FLOPs, loss,
+/// the gradient exchange, time-to-quality.
+fn with_run(mut v: serde_json::Value, s: &train::Summary) -> serde_json::Value {
+    let run = serde_json::json!({
+        "steps": s.steps,
+        "images": s.images,
+        "train_seconds": s.train_seconds,
+        "images_per_second": s.images_per_second,
+        "steady_images_per_second": s.steady_images_per_second,
+        "achieved_flops": s.achieved_flops,
+        "flops_forward_per_image": s.flops_forward_per_image,
+        "flops_step_per_image": s.flops_step_per_image,
+        "final_loss": s.final_loss,
+        "ranks": s.ranks,
+        "comm_bytes_per_step": s.comm_bytes_per_step,
+        "grad_compression": s.comm.wire.name(),
+        "overlap": s.comm.overlap,
+        "bucket_elements": s.comm.bucket,
+        "comm_wait_seconds": s.comm_wait_seconds,
+        "param_norm": s.param_norm,
+        "time_to_quality_seconds": s.time_to_quality,
+    });
+    if let (Some(o), serde_json::Value::Object(r)) = (v.as_object_mut(), run) {
+        o.extend(r);
+    }
+    v
+}
+
 /// `train --workload ewa`'s report: throughput, FLOPs per image by part beside the paper's,
 /// parameters beside the paper's, losses and mAP.
 fn report_detector(
@@ -504,30 +515,15 @@ fn report_detector(
             "data": prep.data_name(&a.run),
             "threads": prep.threads,
             "device": a.run.device,
-            "steps": s.steps,
-            "images": s.images,
-            "train_seconds": s.train_seconds,
-            "images_per_second": s.images_per_second,
-            "steady_images_per_second": s.steady_images_per_second,
-            "achieved_flops": s.achieved_flops,
-            "flops_forward_per_image": s.flops_forward_per_image,
-            "flops_step_per_image": s.flops_step_per_image,
             "flops_step_per_image_at_768x1152": at_full,
             "paper_flops_per_image": 691e9,
             "flops_per_image_by_part": parts.parts().iter().map(|(n, f)| (n.to_string(), serde_json::json!({"forward": f.forward, "backward": f.backward}))).collect::<serde_json::Map<_, _>>(),
-            "final_loss": s.final_loss,
-            "ranks": s.ranks,
-            "comm_bytes_per_step": s.comm_bytes_per_step,
-            "grad_compression": s.comm.wire.name(),
-            "comm_wait_seconds": s.comm_wait_seconds,
-            "param_norm": s.param_norm,
             "map50": last,
             "evaluations": s.evals.iter().map(|e| serde_json::json!({"step": e.step, "map50": e.map})).collect::<Vec<_>>(),
-            "time_to_quality_seconds": s.time_to_quality,
         });
         println!(
             "{}",
-            serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
+            serde_json::to_string_pretty(&with_run(v, s)).map_err(|e| Failure::Run(e.into()))?
         );
         return Ok(());
     }

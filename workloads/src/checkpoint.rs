@@ -2,6 +2,8 @@
 //! naming each tensor's dtype, shape and byte range, then the raw little-endian data), written
 //! atomically, with string metadata under `__metadata__`.
 
+use crate::layers::Param;
+use crate::tensor::Float;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -207,6 +209,74 @@ impl Checkpoint {
             .get(key)
             .map(String::as_str)
             .ok_or_else(|| format!("the checkpoint has no {key}"))
+    }
+}
+
+/// A model's running statistics by name: (name, mean, variance).
+pub type RunningStats<'a, T> = Vec<(String, &'a mut Vec<T>, &'a mut Vec<T>)>;
+
+/// `v` stored in the model's width (f64 models in f64, the others in f32).
+fn stored<T: Float>(v: &[T]) -> Stored {
+    let it = v.iter().map(|x| x.to_f64());
+    if std::mem::size_of::<T>() == 8 {
+        Stored::f64s(it)
+    } else {
+        Stored::f32s(it)
+    }
+}
+
+impl Checkpoint {
+    /// Stores every parameter (`name`, `name.momentum`).
+    pub fn put_params<T: Float>(&mut self, params: Vec<&mut Param<T>>) {
+        for p in params {
+            self.tensors.insert(p.name.clone(), stored(&p.value));
+            self.tensors
+                .insert(format!("{}.momentum", p.name), stored(&p.momentum));
+        }
+    }
+
+    /// Stores running statistics (`name.running_mean`, `name.running_var`).
+    pub fn put_stats<T: Float>(&mut self, stats: RunningStats<'_, T>) {
+        for (name, mean, var) in stats {
+            self.tensors
+                .insert(format!("{name}.running_mean"), stored(mean));
+            self.tensors
+                .insert(format!("{name}.running_var"), stored(var));
+        }
+    }
+
+    /// `name` into `dst`, which must have its length.
+    fn fill<T: Float>(&self, dst: &mut [T], name: &str) -> Result<(), String> {
+        let v = self.tensor(name)?.to_f64s()?;
+        if v.len() != dst.len() {
+            return Err(format!(
+                "{name}: {} values, the model has {}",
+                v.len(),
+                dst.len()
+            ));
+        }
+        for (d, x) in dst.iter_mut().zip(v) {
+            *d = T::from_f64(x);
+        }
+        Ok(())
+    }
+
+    /// Restores what `put_params` stored.
+    pub fn take_params<T: Float>(&self, params: Vec<&mut Param<T>>) -> Result<(), String> {
+        for p in params {
+            self.fill(&mut p.value, &p.name)?;
+            self.fill(&mut p.momentum, &format!("{}.momentum", p.name))?;
+        }
+        Ok(())
+    }
+
+    /// Restores what `put_stats` stored.
+    pub fn take_stats<T: Float>(&self, stats: RunningStats<'_, T>) -> Result<(), String> {
+        for (name, mean, var) in stats {
+            self.fill(mean, &format!("{name}.running_mean"))?;
+            self.fill(var, &format!("{name}.running_var"))?;
+        }
+        Ok(())
     }
 }
 

@@ -5,7 +5,7 @@
 //! optionally 16-bit on the wire), checkpoints that resume the run exactly,
 //! timeline spans, one batch read ahead, evaluation by mAP@0.5 and time-to-quality.
 
-use crate::checkpoint::{Checkpoint, Stored};
+use crate::checkpoint::Checkpoint;
 use crate::data::Rng;
 use crate::detect::map::{mean_average_precision, Truth};
 use crate::detect::model::{Detector, DetectorConfig, Target};
@@ -13,7 +13,7 @@ use crate::ewa_data::EwaSet;
 use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::layers::Reducer;
 use crate::tensor::{Float, Tensor};
-use crate::train::{Eval, Monitor, Schedule, Sgd, StepTiming, Summary, TrainError};
+use crate::train::{wait_for_batch, Eval, Monitor, Schedule, Sgd, Summary, Tally, TrainError};
 use roofline_collectors::timeline::{span, timed};
 use std::ops::Range;
 use std::sync::Arc;
@@ -124,26 +124,9 @@ fn save<T: Float>(
     step: usize,
     cfg: &EwaConfig,
 ) -> Result<(), String> {
-    let wide = std::mem::size_of::<T>() == 8;
-    let store = |v: &[T]| {
-        let it = v.iter().map(|x| x.to_f64());
-        if wide {
-            Stored::f64s(it)
-        } else {
-            Stored::f32s(it)
-        }
-    };
     let mut c = Checkpoint::default();
-    for p in model.params() {
-        c.tensors.insert(p.name.clone(), store(&p.value));
-        c.tensors
-            .insert(format!("{}.momentum", p.name), store(&p.momentum));
-    }
-    for (name, mean, var) in model.backbone.running_stats() {
-        c.tensors
-            .insert(format!("{name}.running_mean"), store(mean));
-        c.tensors.insert(format!("{name}.running_var"), store(var));
-    }
+    c.put_params(model.params());
+    c.put_stats(model.backbone.running_stats());
     c.metadata
         .insert("format".into(), "roofline/checkpoint/v1".into());
     c.metadata.insert("workload".into(), "ewa".into());
@@ -169,28 +152,8 @@ fn load<T: Float>(
             path.display()
         ));
     }
-    let fill = |dst: &mut Vec<T>, name: &str| -> Result<(), String> {
-        let v = c.tensor(name)?.to_f64s()?;
-        if v.len() != dst.len() {
-            return Err(format!(
-                "{name}: {} values, the model has {}",
-                v.len(),
-                dst.len()
-            ));
-        }
-        for (d, x) in dst.iter_mut().zip(v) {
-            *d = T::from_f64(x);
-        }
-        Ok(())
-    };
-    for p in model.params() {
-        fill(&mut p.value, &p.name.clone())?;
-        fill(&mut p.momentum, &format!("{}.momentum", p.name))?;
-    }
-    for (name, mean, var) in model.backbone.running_stats() {
-        fill(mean, &format!("{name}.running_mean"))?;
-        fill(var, &format!("{name}.running_var"))?;
-    }
+    c.take_params(model.params())?;
+    c.take_stats(model.backbone.running_stats())?;
     c.meta("step")?
         .parse::<usize>()
         .map_err(|_| "bad step in the checkpoint".to_string())
@@ -252,27 +215,12 @@ pub fn train<T: Float>(
         })
     };
     let mut pending = (start_step < end).then(|| fetch(start_step));
-    let (mut evals, mut timing) = (Vec::new(), Vec::new());
-    let (mut comm_bytes, mut comm_wait, mut final_loss) = (0.0, 0.0, f64::NAN);
-    let (mut train_seconds, mut steady_seconds) = (0.0, 0.0);
-    let mut ttq = None;
-    let mut steps_done = start_step;
+    let mut tally = Tally::new(cfg.batch, ranks, cfg.comm, start_step);
     let first_read = Instant::now();
     for step in start_step..end {
         let t0 = Instant::now();
         let step_span = span("step", || format!("step {}", step + 1));
-        let (x, targets) = timed(
-            "data",
-            || "wait for batch".into(),
-            || {
-                pending
-                    .take()
-                    .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
-                    .join()
-                    .map_err(|_| TrainError::Data("the data loader panicked".into()))?
-                    .map_err(TrainError::Data)
-            },
-        )?;
+        let (x, targets) = wait_for_batch(&mut pending)?;
         let data_s = t0.elapsed().as_secs_f64();
         if step + 1 < end {
             pending = Some(fetch(step + 1));
@@ -290,23 +238,8 @@ pub fn train<T: Float>(
                         buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
                     }
                 });
-                comm_bytes = buckets.bytes;
-                let waited = Instant::now();
-                let sums = timed(
-                    "comm",
-                    || "wait for gradient sums".into(),
-                    || buckets.finish(),
-                );
-                comm_s = waited.elapsed().as_secs_f64();
-                comm_wait += comm_s;
-                let scale = T::from_f64(1.0 / ranks as f64);
-                let mut off = 0;
-                for p in model.backward_order() {
-                    for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
-                        *g = T::from_f64(*v as f64) * scale;
-                    }
-                    off += p.grad.len();
-                }
+                tally.comm_bytes = buckets.bytes;
+                comm_s = buckets.finish_into(model.backward_order(), ranks);
                 losses
             }
         };
@@ -329,18 +262,7 @@ pub fn train<T: Float>(
         }
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
-        timing.push(StepTiming {
-            step: step + 1,
-            seconds: dt,
-            data_s,
-            comm_s,
-        });
-        train_seconds += dt;
-        if step > start_step {
-            steady_seconds += dt;
-        }
-        final_loss = loss;
-        steps_done = step + 1;
+        tally.step(step, dt, data_s, comm_s, loss);
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps && rank == 0 {
@@ -357,7 +279,7 @@ pub fn train<T: Float>(
                 || evaluate(&mut model, &cfg.data, cfg.eval.clone(), local.max(1)),
             )
             .map_err(TrainError::Data)?;
-            evals.push(Eval {
+            tally.evals.push(Eval {
                 step: step + 1,
                 top1: f64::NAN,
                 top5: f64::NAN,
@@ -365,61 +287,26 @@ pub fn train<T: Float>(
                 map: Some(map),
             });
             if cfg.target_map.is_some_and(|t| map >= t) {
-                ttq = Some(first_read.elapsed().as_secs_f64());
+                tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
                 break;
             }
         }
     }
     if let (Some(path), 0) = (&cfg.checkpoint, rank) {
-        save(path, &mut model, steps_done, cfg).map_err(TrainError::Checkpoint)?;
+        save(path, &mut model, tally.steps_done, cfg).map_err(TrainError::Checkpoint)?;
     }
-    let images = (steps_done - start_step) * cfg.batch;
-    let steady = if steps_done > start_step + 1 {
-        ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
-    } else {
-        images as f64 / train_seconds.max(1e-12)
-    };
-    let param_norm = model
-        .params()
-        .iter()
-        .flat_map(|p| p.value.iter())
-        .map(|w| w.to_f64() * w.to_f64())
-        .sum::<f64>()
-        .sqrt();
-    // Batch-norm statistics per step, as the classifier's: (Σx, Σx²) and (Σdy, Σdy·x) in f64.
     let bn_channels: usize = model
         .backbone
         .running_stats()
         .iter()
         .map(|(_, m, _)| m.len())
         .sum();
-    let stats_bytes = if ranks > 1 {
-        8.0 * 4.0 * bn_channels as f64
-    } else {
-        0.0
-    };
-    Ok(Summary {
-        parameters: model.parameter_count(),
-        steps: steps_done,
-        images,
-        train_seconds,
-        images_per_second: images as f64 / train_seconds.max(1e-12),
-        steady_images_per_second: steady,
-        flops_forward_per_image: flops.forward,
-        flops_step_per_image: flops.training(),
-        achieved_flops: flops.training() * steady,
-        final_loss,
-        evals,
-        ranks,
-        comm_bytes_per_step: comm_bytes + stats_bytes,
-        comm_wait_seconds: comm_wait,
-        comm: cfg.comm,
-        timing,
-        elapsed_seconds: first_read.elapsed().as_secs_f64(),
-        param_norm,
-        start_step,
-        time_to_quality: ttq,
-    })
+    Ok(tally.summary(
+        flops,
+        model.params(),
+        bn_channels,
+        first_read.elapsed().as_secs_f64(),
+    ))
 }
 
 #[cfg(test)]

@@ -346,6 +346,33 @@ impl<'a> Buckets<'a> {
         }
     }
 
+    /// Waits for every bucket's sum (a `comm` span on the timeline) and writes the mean over
+    /// `ranks` into the gradients of `params`, which must be the parameters pushed, in the order
+    /// pushed. Returns the seconds waited.
+    pub fn finish_into<T: crate::tensor::Float>(
+        self,
+        params: Vec<&mut crate::layers::Param<T>>,
+        ranks: usize,
+    ) -> f64 {
+        let waited = std::time::Instant::now();
+        let sums = roofline_collectors::timeline::timed(
+            "comm",
+            || "wait for gradient sums".into(),
+            || self.finish(),
+        );
+        let seconds = waited.elapsed().as_secs_f64();
+        let scale = T::from_f64(1.0 / ranks as f64);
+        let mut off = 0;
+        for p in params {
+            for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
+                *g = T::from_f64(*v as f64) * scale;
+            }
+            off += p.grad.len();
+        }
+        assert_eq!(off, sums.len(), "the parameters pushed");
+        seconds
+    }
+
     /// The summed gradients, concatenated in the order they were pushed.
     pub fn finish(mut self) -> Vec<f32> {
         self.close();

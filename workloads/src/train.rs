@@ -212,26 +212,9 @@ fn save_checkpoint<T: Float>(
     cfg: &TrainConfig,
 ) -> Result<(), String> {
     use crate::checkpoint::{Checkpoint, Stored};
-    let wide = std::mem::size_of::<T>() == 8;
-    let store = |v: &[T]| {
-        let it = v.iter().map(|x| x.to_f64());
-        if wide {
-            Stored::f64s(it)
-        } else {
-            Stored::f32s(it)
-        }
-    };
     let mut c = Checkpoint::default();
-    for p in model.params() {
-        c.tensors.insert(p.name.clone(), store(&p.value));
-        c.tensors
-            .insert(format!("{}.momentum", p.name), store(&p.momentum));
-    }
-    for (name, mean, var) in model.running_stats() {
-        c.tensors
-            .insert(format!("{name}.running_mean"), store(mean));
-        c.tensors.insert(format!("{name}.running_var"), store(var));
-    }
+    c.put_params(model.params());
+    c.put_stats(model.running_stats());
     c.tensors.insert(
         "trainer.order".into(),
         Stored::u64s(order.iter().map(|&i| i as u64)),
@@ -268,28 +251,8 @@ fn load_checkpoint<T: Float>(
             c.meta("batch")?
         ));
     }
-    let fill = |dst: &mut Vec<T>, name: &str| -> Result<(), String> {
-        let v = c.tensor(name)?.to_f64s()?;
-        if v.len() != dst.len() {
-            return Err(format!(
-                "{name}: {} values, the model has {}",
-                v.len(),
-                dst.len()
-            ));
-        }
-        for (d, x) in dst.iter_mut().zip(v) {
-            *d = T::from_f64(x);
-        }
-        Ok(())
-    };
-    for p in model.params() {
-        fill(&mut p.value, &p.name.clone())?;
-        fill(&mut p.momentum, &format!("{}.momentum", p.name))?;
-    }
-    for (name, mean, var) in model.running_stats() {
-        fill(mean, &format!("{name}.running_mean"))?;
-        fill(var, &format!("{name}.running_var"))?;
-    }
+    c.take_params(model.params())?;
+    c.take_stats(model.running_stats())?;
     let num = |k: &str| -> Result<u64, String> {
         c.meta(k)?
             .parse::<u64>()
@@ -365,6 +328,133 @@ pub struct Summary {
     pub start_step: usize,
     /// Seconds from the first batch read to reaching the target (HPC AI500's time-to-quality).
     pub time_to_quality: Option<f64>,
+}
+
+/// The batch read ahead by a loader thread (a `data` span on the timeline while waiting).
+pub(crate) fn wait_for_batch<B>(
+    pending: &mut Option<std::thread::JoinHandle<Result<B, String>>>,
+) -> Result<B, TrainError> {
+    timed(
+        "data",
+        || "wait for batch".into(),
+        || {
+            pending
+                .take()
+                .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
+                .join()
+                .map_err(|_| TrainError::Data("the data loader panicked".into()))?
+                .map_err(TrainError::Data)
+        },
+    )
+}
+
+/// What a training loop accumulates for its summary, step by step.
+pub(crate) struct Tally {
+    pub batch: usize,
+    pub ranks: usize,
+    pub comm: CommOptions,
+    pub start_step: usize,
+    pub steps_done: usize,
+    pub train_seconds: f64,
+    /// Seconds of the steps after the first (which pays for first-touch allocations).
+    pub steady_seconds: f64,
+    pub final_loss: f64,
+    pub evals: Vec<Eval>,
+    pub time_to_quality: Option<f64>,
+    /// Gradient bytes this rank put into the allreduces in the last step.
+    pub comm_bytes: f64,
+    pub comm_wait: f64,
+    pub timing: Vec<StepTiming>,
+}
+
+impl Tally {
+    pub fn new(batch: usize, ranks: usize, comm: CommOptions, start_step: usize) -> Tally {
+        Tally {
+            batch,
+            ranks,
+            comm,
+            start_step,
+            steps_done: start_step,
+            train_seconds: 0.0,
+            steady_seconds: 0.0,
+            final_loss: f64::NAN,
+            evals: Vec::new(),
+            time_to_quality: None,
+            comm_bytes: 0.0,
+            comm_wait: 0.0,
+            timing: Vec::new(),
+        }
+    }
+
+    /// Step `step` (0-based) finished: its wall time, its waits, its loss.
+    pub fn step(&mut self, step: usize, seconds: f64, data_s: f64, comm_s: f64, loss: f64) {
+        self.timing.push(StepTiming {
+            step: step + 1,
+            seconds,
+            data_s,
+            comm_s,
+        });
+        self.train_seconds += seconds;
+        if step > self.start_step {
+            self.steady_seconds += seconds;
+        }
+        self.comm_wait += comm_s;
+        self.final_loss = loss;
+        self.steps_done = step + 1;
+    }
+
+    /// The run's summary: `flops` per image, the parameters at the end, `bn_channels`
+    /// batch-norm channels (whose statistics data-parallel ranks sum in f64: Σx, Σx² forward,
+    /// Σdy, Σdy·x backward), `elapsed` seconds from the first batch read.
+    pub fn summary<T: Float>(
+        self,
+        flops: crate::resnet::Flops,
+        params: Vec<&mut Param<T>>,
+        bn_channels: usize,
+        elapsed: f64,
+    ) -> Summary {
+        let images = (self.steps_done - self.start_step) * self.batch;
+        let steady = if self.steps_done > self.start_step + 1 {
+            ((self.steps_done - self.start_step - 1) * self.batch) as f64
+                / self.steady_seconds.max(1e-12)
+        } else {
+            images as f64 / self.train_seconds.max(1e-12)
+        };
+        let parameters = params.iter().map(|p| p.value.len()).sum();
+        let param_norm = params
+            .iter()
+            .flat_map(|p| p.value.iter())
+            .map(|w| w.to_f64() * w.to_f64())
+            .sum::<f64>()
+            .sqrt();
+        let stats_bytes = if self.ranks > 1 {
+            8.0 * 4.0 * bn_channels as f64
+        } else {
+            0.0
+        };
+        Summary {
+            parameters,
+            steps: self.steps_done,
+            images,
+            train_seconds: self.train_seconds,
+            images_per_second: images as f64 / self.train_seconds.max(1e-12),
+            steady_images_per_second: steady,
+            flops_forward_per_image: flops.forward,
+            flops_step_per_image: flops.training(),
+            achieved_flops: flops.training() * steady,
+            final_loss: self.final_loss,
+            evals: self.evals,
+            time_to_quality: self.time_to_quality,
+            ranks: self.ranks,
+            comm_bytes_per_step: self.comm_bytes + stats_bytes,
+            comm_wait_seconds: self.comm_wait,
+            timing: self.timing,
+            elapsed_seconds: elapsed,
+            comm: self.comm,
+            param_norm,
+            start_step: self.start_step,
+        }
+    }
 }
 
 /// One step's wall time, and the parts of it spent waiting for its batch and for gradient sums
@@ -539,9 +629,6 @@ pub fn train_on<T: Float>(
     if let Some(r) = &reducer {
         model.set_reducer(Arc::clone(r));
     }
-    let mut comm_wait = 0.0;
-    let mut timing = Vec::new();
-    let mut comm_bytes = 0.0;
     let sgd = Sgd::default();
     let schedule = Schedule {
         base_lr_per_256: cfg.base_lr_per_256,
@@ -574,13 +661,8 @@ pub fn train_on<T: Float>(
     if let Some(d) = device.as_deref_mut() {
         d.begin(&mut model).map_err(TrainError::Device)?;
     }
-    let mut evals = Vec::new();
-    let mut ttq = None;
-    let mut final_loss = f64::NAN;
-    let mut train_seconds = 0.0;
-    let mut steady_seconds = 0.0;
+    let mut tally = Tally::new(cfg.batch, ranks, cfg.comm, start_step);
     let first_read = Instant::now();
-    let mut steps_done = start_step;
     let end = cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
     // One batch ahead: the next step's images decode on other threads while this one computes.
     let fetch = |ids: Vec<u64>, step: usize| {
@@ -601,18 +683,7 @@ pub fn train_on<T: Float>(
     for step in start_step..end {
         let t0 = Instant::now();
         let step_span = span("step", || format!("step {}", step + 1));
-        let (x, labels) = timed(
-            "data",
-            || "wait for batch".into(),
-            || {
-                pending
-                    .take()
-                    .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
-                    .join()
-                    .map_err(|_| TrainError::Data("the data loader panicked".into()))?
-                    .map_err(TrainError::Data)
-            },
-        )?;
+        let (x, labels) = wait_for_batch(&mut pending)?;
         let data_s = t0.elapsed().as_secs_f64();
         let mut comm_s = 0.0;
         // The data order after this step's draw (what a checkpoint after this step records).
@@ -625,7 +696,7 @@ pub fn train_on<T: Float>(
                 let (loss, bytes) = d
                     .step(&x, &labels, schedule.lr(step), cfg.label_smoothing, &sgd)
                     .map_err(TrainError::Device)?;
-                comm_bytes = bytes;
+                tally.comm_bytes = bytes;
                 loss
             }
             None => {
@@ -643,24 +714,9 @@ pub fn train_on<T: Float>(
                                 buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
                             }
                         });
-                        comm_bytes = buckets.bytes;
-                        let waited = Instant::now();
-                        let sums = timed(
-                            "comm",
-                            || "wait for gradient sums".into(),
-                            || buckets.finish(),
-                        );
-                        comm_s = waited.elapsed().as_secs_f64();
-                        comm_wait += comm_s;
+                        tally.comm_bytes = buckets.bytes;
                         // The global batch's mean gradient.
-                        let scale = T::from_f64(1.0 / ranks as f64);
-                        let mut off = 0;
-                        for p in model.backward_order() {
-                            for (g, v) in p.grad.iter_mut().zip(&sums[off..]) {
-                                *g = T::from_f64(*v as f64) * scale;
-                            }
-                            off += p.grad.len();
-                        }
+                        comm_s = buckets.finish_into(model.backward_order(), ranks);
                     }
                     None => model.backward(&g),
                 }
@@ -679,18 +735,7 @@ pub fn train_on<T: Float>(
         }
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
-        timing.push(StepTiming {
-            step: step + 1,
-            seconds: dt,
-            data_s,
-            comm_s,
-        });
-        train_seconds += dt;
-        if step > start_step {
-            steady_seconds += dt;
-        }
-        final_loss = loss;
-        steps_done = step + 1;
+        tally.step(step, dt, data_s, comm_s, loss);
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
@@ -724,9 +769,9 @@ pub fn train_on<T: Float>(
             }
             .map_err(TrainError::Data)?;
             let reached = cfg.target_top1.is_some_and(|t| e.top1 >= t);
-            evals.push(e);
+            tally.evals.push(e);
             if reached {
-                ttq = Some(first_read.elapsed().as_secs_f64());
+                tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
                 break;
             }
         }
@@ -738,7 +783,7 @@ pub fn train_on<T: Float>(
         save_checkpoint(
             path,
             &mut model,
-            steps_done,
+            tally.steps_done,
             &saved.rng,
             &saved.order,
             saved.cursor,
@@ -746,22 +791,7 @@ pub fn train_on<T: Float>(
         )
         .map_err(TrainError::Checkpoint)?;
     }
-    let elapsed_seconds = first_read.elapsed().as_secs_f64();
-    let images = (steps_done - start_step) * cfg.batch;
-    // Images/s over the steps after the first (which pays for first-touch allocations).
-    let steady = if steps_done > start_step + 1 {
-        ((steps_done - start_step - 1) * cfg.batch) as f64 / steady_seconds.max(1e-12)
-    } else {
-        images as f64 / train_seconds.max(1e-12)
-    };
-    let param_norm = model
-        .params()
-        .iter()
-        .flat_map(|p| p.value.iter())
-        .map(|w| w.to_f64() * w.to_f64())
-        .sum::<f64>()
-        .sqrt();
-    // Batch-norm statistics per step: forward (Σx, Σx²) and backward (Σdy, Σdy·x), f64.
+    // Batch-norm channels: each has a γ and a β.
     let bn_channels: usize = model
         .params()
         .iter()
@@ -769,33 +799,12 @@ pub fn train_on<T: Float>(
         .map(|p| p.value.len())
         .sum::<usize>()
         / 2;
-    let stats_bytes = if ranks > 1 {
-        8.0 * 4.0 * bn_channels as f64
-    } else {
-        0.0
-    };
-    Ok(Summary {
-        parameters: model.parameter_count(),
-        steps: steps_done,
-        images,
-        train_seconds,
-        images_per_second: images as f64 / train_seconds.max(1e-12),
-        steady_images_per_second: steady,
-        flops_forward_per_image: flops.forward,
-        flops_step_per_image: flops.training(),
-        achieved_flops: flops.training() * steady,
-        final_loss,
-        evals,
-        time_to_quality: ttq,
-        ranks,
-        comm_bytes_per_step: comm_bytes + stats_bytes,
-        comm_wait_seconds: comm_wait,
-        timing,
-        elapsed_seconds,
-        comm: cfg.comm,
-        param_norm,
-        start_step,
-    })
+    Ok(tally.summary(
+        flops,
+        model.params(),
+        bn_channels,
+        first_read.elapsed().as_secs_f64(),
+    ))
 }
 
 #[cfg(test)]
