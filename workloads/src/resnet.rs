@@ -255,6 +255,33 @@ impl<T: Float> ResNet<T> {
         m
     }
 
+    /// Stem convolution, batch norm + ReLU, max pool (the stem's output kept for the backward
+    /// pass when training).
+    fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Arc<Tensor<T>> {
+        let x = Arc::new(x.clone());
+        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
+        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
+            self.stem_bn.forward_act(s, train, true)
+        }));
+        let h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
+        if train {
+            self.stem_out = s;
+        }
+        h
+    }
+
+    /// The stem's gradients from that of the max pool's output. The input image needs no
+    /// gradient: only the filter gradient of the stem convolution.
+    fn stem_backward(&mut self, d: &Tensor<T>) {
+        let ds = timed(BWD, name("maxpool"), || self.pool.backward(d));
+        let dstem = timed(BWD, name("bn1+relu"), || {
+            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
+        });
+        timed(BWD, name("conv1"), || {
+            self.stem.backward_filter_only(&dstem)
+        });
+    }
+
     /// The backbone's four stage outputs (C2–C5 of a feature pyramid, strides 4, 8, 16, 32) for
     /// an NHWC batch; every stage needs at least one block.
     pub fn forward_features(&mut self, x: &Tensor<T>, train: bool) -> Vec<Arc<Tensor<T>>> {
@@ -262,15 +289,7 @@ impl<T: Float> ResNet<T> {
             self.config.blocks.iter().all(|&b| b > 0),
             "a feature pyramid needs a block in every stage"
         );
-        let x = Arc::new(x.clone());
-        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
-        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
-            self.stem_bn.forward_act(s, train, true)
-        }));
-        let mut h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
-        if train {
-            self.stem_out = s;
-        }
+        let mut h = self.stem_forward(x, train);
         let mut out = Vec::with_capacity(4);
         let mut next = 0;
         for &n in &self.config.blocks {
@@ -305,27 +324,12 @@ impl<T: Float> ResNet<T> {
             end -= n;
             g = Some(cur);
         }
-        let d0 = g.expect("a gradient");
-        let ds = timed(BWD, name("maxpool"), || self.pool.backward(&d0));
-        let dstem = timed(BWD, name("bn1+relu"), || {
-            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
-        });
-        timed(BWD, name("conv1"), || {
-            self.stem.backward_filter_only(&dstem)
-        });
+        self.stem_backward(&g.expect("a gradient"));
     }
 
     /// Logits for an NHWC batch of 3-channel images.
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
-        let x = Arc::new(x.clone());
-        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
-        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
-            self.stem_bn.forward_act(s, train, true)
-        }));
-        let mut h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
-        if train {
-            self.stem_out = s;
-        }
+        let mut h = self.stem_forward(x, train);
         for b in &mut self.blocks {
             h = b.forward(&h, train);
         }
@@ -355,14 +359,7 @@ impl<T: Float> ResNet<T> {
             d = b.backward(d);
             ready(b.params());
         }
-        let ds = timed(BWD, name("maxpool"), || self.pool.backward(&d));
-        let dstem = timed(BWD, name("bn1+relu"), || {
-            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
-        });
-        // The input image needs no gradient: only the filter gradient of the stem.
-        timed(BWD, name("conv1"), || {
-            self.stem.backward_filter_only(&dstem)
-        });
+        self.stem_backward(&d);
         ready(Self::stem_params(&mut self.stem, &mut self.stem_bn).into());
     }
 

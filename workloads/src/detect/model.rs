@@ -217,6 +217,14 @@ impl DetectorFlops {
     }
 }
 
+/// The backbone's parameters without its classifier (which the detector does not use).
+fn backbone_params<T: Float>(b: &mut ResNet<T>) -> Vec<&mut Param<T>> {
+    b.params()
+        .into_iter()
+        .filter(|p| !p.name.starts_with("fc."))
+        .collect()
+}
+
 pub struct Detector<T> {
     pub cfg: DetectorConfig,
     pub backbone: ResNet<T>,
@@ -254,12 +262,7 @@ impl<T: Float> Detector<T> {
 
     /// Every trainable parameter (the backbone's unused classifier left out).
     pub fn params(&mut self) -> Vec<&mut Param<T>> {
-        let mut v: Vec<&mut Param<T>> = self
-            .backbone
-            .params()
-            .into_iter()
-            .filter(|p| !p.name.starts_with("fc."))
-            .collect();
+        let mut v = backbone_params(&mut self.backbone);
         v.extend(self.fpn.params());
         v.extend(self.rpn.params());
         v.extend(self.head.params());
@@ -332,12 +335,7 @@ impl<T: Float> Detector<T> {
         let mut v = self.head.params();
         v.extend(self.rpn.params());
         v.extend(self.fpn.params());
-        v.extend(
-            self.backbone
-                .params()
-                .into_iter()
-                .filter(|p| !p.name.starts_with("fc.")),
-        );
+        v.extend(backbone_params(&mut self.backbone));
         v
     }
 
@@ -439,13 +437,7 @@ impl<T: Float> Detector<T> {
         let dc = timed(BWD, || "fpn".into(), || self.fpn.backward(dp));
         ready(self.fpn.params());
         self.backbone.backward_features(dc);
-        ready(
-            self.backbone
-                .params()
-                .into_iter()
-                .filter(|p| !p.name.starts_with("fc."))
-                .collect(),
-        );
+        ready(backbone_params(&mut self.backbone));
         (losses, used)
     }
 
