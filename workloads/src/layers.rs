@@ -252,13 +252,7 @@ impl<T: Float> Conv2d<T> {
     }
 
     fn shape_for(&self, x: &Tensor<T>) -> ConvShape {
-        assert_eq!(x.c, self.shape.c, "{}: input channels", self.weight.name);
-        ConvShape {
-            n: x.n,
-            h: x.h,
-            w: x.w,
-            ..self.shape
-        }
+        shape_for(&self.shape, &self.weight.name, x)
     }
 
     /// The input is shared, not copied: the backward pass needs it for the filter gradient.
@@ -284,6 +278,18 @@ impl<T: Float> Conv2d<T> {
         let mut dx = Tensor::for_overwrite(x.n, x.h, x.w, x.c);
         conv::backward_data(&dy.data, &self.weight.value, &mut dx.data, &sh);
         dx
+    }
+}
+
+/// A convolution's shape for input `x` (its batch and size; its channels checked against the
+/// filter `name`'s).
+pub(crate) fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> ConvShape {
+    assert_eq!(x.c, shape.c, "{name}: input channels");
+    ConvShape {
+        n: x.n,
+        h: x.h,
+        w: x.w,
+        ..*shape
     }
 }
 

@@ -47,13 +47,7 @@ impl<T: Float> SharedConv<T> {
     }
 
     fn shape(&self, x: &Tensor<T>) -> ConvShape {
-        assert_eq!(x.c, self.shape.c, "{}: input channels", self.weight.name);
-        ConvShape {
-            n: x.n,
-            h: x.h,
-            w: x.w,
-            ..self.shape
-        }
+        crate::layers::shape_for(&self.shape, &self.weight.name, x)
     }
 
     pub fn forward(&self, x: &Tensor<T>) -> Tensor<T> {
