@@ -495,14 +495,11 @@ fn report_detector(
     s: &train::Summary,
 ) -> Result<(), Failure> {
     use roofline_plots::si;
-    use roofline_workloads::detect::model::{Detector, DetectorConfig};
+    use roofline_workloads::detect::model::DetectorConfig;
     let res = prep.resolution;
-    let parts = Detector::<f32>::new(cfg.model.clone(), cfg.seed).flops(res.h, res.w);
+    let parts = cfg.model.flops(res.h, res.w);
     // The paper's model at the data's full size, whatever this run's scale.
-    let at_full = Detector::<f32>::new(DetectorConfig::ewa(), cfg.seed)
-        .flops(768, 1152)
-        .total()
-        .training();
+    let at_full = DetectorConfig::ewa().flops(768, 1152).total().training();
     let last = s.evals.last().and_then(|e| e.map);
     if a.json {
         let v = serde_json::json!({

@@ -564,14 +564,14 @@ mod tests {
     }
 
     /// The detector's layers: the paper's model at 768×1152 counts its convolutions and dense
-    /// layers as `Detector::flops` does (AIPerf's forward = 2·MACs), its RoIAlign by the stated
+    /// layers as `DetectorConfig::flops` does (AIPerf's forward = 2·MACs), its RoIAlign by the stated
     /// rule, and spans name their parts.
     #[test]
     fn detector_layers_match_the_models_count() {
         use crate::detect::model::{Detector, DetectorConfig};
         let m = Detector::<f32>::new(DetectorConfig::ewa(), 1);
         let l = detector(&m.cfg, 768, 1152);
-        let f = m.flops(768, 1152);
+        let f = m.cfg.flops(768, 1152);
         let macs = |p: &str| -> f64 {
             l.iter()
                 .filter(|x| x.name.starts_with(p) && x.macs > 0.0)

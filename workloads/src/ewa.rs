@@ -197,7 +197,7 @@ pub fn train<T: Float>(
         total_steps: cfg.steps,
         decay: crate::train::Decay::Cosine,
     };
-    let flops = model.flops(cfg.data.height, cfg.data.width).total();
+    let flops = cfg.model.flops(cfg.data.height, cfg.data.width).total();
     let mut start_step = 0;
     if let Some(path) = &cfg.resume {
         start_step = load(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;

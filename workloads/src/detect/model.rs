@@ -5,7 +5,7 @@
 //! second stage's sampled regions pooled by multi-scale RoIAlign from P2–P5, the box head and
 //! predictor (their losses), and the backward pass through all of it.
 //!
-//! FLOP accounting (`Detector::flops`), 2 per multiply-add: the backbone as the classifier's
+//! FLOP accounting (`DetectorConfig::flops`), 2 per multiply-add: the backbone as the classifier's
 //! count (stem: no data gradient), the pyramid's and RPN head's convolutions at each level's
 //! size (backward: data and weight gradients, 2× forward), RoIAlign's `8·s² + 1` per pooled
 //! element (backward the same again), the box head's fully connected layers with biases
@@ -129,6 +129,80 @@ impl DetectorConfig {
             },
             roi_per_image: at_least(full.roi_per_image, 128),
             ..full
+        }
+    }
+
+    /// Analytic FLOPs per `h × w` image (see the module's rule), from the configuration alone.
+    pub fn flops(&self, h: usize, w: usize) -> DetectorFlops {
+        use crate::accounting::{backbone, Kind};
+        let mut bb = Flops::default();
+        for l in backbone(&self.backbone, self.in_channels, h, w) {
+            if let Kind::Conv { first } = l.kind {
+                bb.forward += 2.0 * l.macs;
+                // The stem computes no data gradient: its weight gradient only.
+                bb.backward += if first { 2.0 } else { 4.0 } * l.macs;
+            }
+        }
+        let sizes = self.level_sizes(h, w);
+        let conv = |c: usize, k: usize, r: usize, (h, w): (usize, usize)| {
+            ConvShape {
+                n: 1,
+                c,
+                h,
+                w,
+                k,
+                r,
+                s: r,
+                stride: 1,
+                pad: r / 2,
+            }
+            .flops()
+        };
+        let both = |f: f64| Flops {
+            forward: f,
+            backward: 2.0 * f,
+        };
+        let width = self.fpn_width;
+        let chans = self.stage_channels();
+        let fpn: f64 = (0..4)
+            .map(|l| conv(chans[l], width, 1, sizes[l]) + conv(width, width, 3, sizes[l]))
+            .sum();
+        let a = self.anchors_per_cell();
+        let rpn: f64 = sizes
+            .iter()
+            .map(|&s| conv(width, width, 3, s) + conv(width, 5 * a, 1, s))
+            .sum();
+        let align = RoiAlign {
+            out: self.pool.out,
+            samples: self.pool.samples,
+            scale: 1.0,
+        };
+        let rois = self.roi_per_image;
+        // The box head's fully connected layers, 2 per multiply-add and the biases.
+        let (pooled, hidden, k) = (
+            self.pool.out * self.pool.out * width,
+            self.hidden,
+            self.classes + 1,
+        );
+        let head: f64 = [
+            (pooled, hidden),
+            (hidden, hidden),
+            (hidden, k),
+            (hidden, 4 * k),
+        ]
+        .iter()
+        .map(|&(i, o)| (2 * i * o + o) as f64)
+        .sum::<f64>()
+            * rois as f64;
+        DetectorFlops {
+            backbone: bb,
+            fpn: both(fpn),
+            rpn: both(rpn),
+            roi_align: Flops {
+                forward: align.flops(rois, width),
+                backward: align.flops(rois, width),
+            },
+            box_head: both(head),
         }
     }
 
@@ -515,60 +589,6 @@ impl<T: Float> Detector<T> {
         }
         found
     }
-
-    /// Analytic FLOPs per `h × w` image (see the module's rule).
-    pub fn flops(&self, h: usize, w: usize) -> DetectorFlops {
-        let cfg = &self.cfg;
-        let mut backbone = self.backbone.flops_hw(h, w);
-        let fc = 2.0 * (self.backbone.fc.inputs * self.backbone.fc.outputs) as f64;
-        backbone.forward -= fc;
-        backbone.backward -= 2.0 * fc;
-        let sizes = cfg.level_sizes(h, w);
-        let conv = |c: usize, k: usize, r: usize, (h, w): (usize, usize)| {
-            ConvShape {
-                n: 1,
-                c,
-                h,
-                w,
-                k,
-                r,
-                s: r,
-                stride: 1,
-                pad: r / 2,
-            }
-            .flops()
-        };
-        let both = |f: f64| Flops {
-            forward: f,
-            backward: 2.0 * f,
-        };
-        let width = cfg.fpn_width;
-        let chans = cfg.stage_channels();
-        let fpn: f64 = (0..4)
-            .map(|l| conv(chans[l], width, 1, sizes[l]) + conv(width, width, 3, sizes[l]))
-            .sum();
-        let a = cfg.anchors_per_cell();
-        let rpn: f64 = sizes
-            .iter()
-            .map(|&s| conv(width, width, 3, s) + conv(width, 5 * a, 1, s))
-            .sum();
-        let align = RoiAlign {
-            out: cfg.pool.out,
-            samples: cfg.pool.samples,
-            scale: 1.0,
-        };
-        let rois = cfg.roi_per_image;
-        DetectorFlops {
-            backbone,
-            fpn: both(fpn),
-            rpn: both(rpn),
-            roi_align: Flops {
-                forward: align.flops(rois, width),
-                backward: align.flops(rois, width),
-            },
-            box_head: both(self.head.flops(rois)),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -691,7 +711,15 @@ mod tests {
         let mut m = Detector::<f32>::new(DetectorConfig::ewa(), 1);
         let n = m.parameter_count();
         assert!((40_000_000..42_000_000).contains(&n), "{n}");
-        let f = m.flops(768, 1152);
+        let f = m.cfg.flops(768, 1152);
+        // The configuration's count is the built layers': the backbone's convolutions as the
+        // classifier counts them (without its classifier), the box head's as its layers do.
+        let mut r = m.backbone.flops_hw(768, 1152);
+        let fc = 2.0 * (m.backbone.fc.inputs * m.backbone.fc.outputs) as f64;
+        r.forward -= fc;
+        r.backward -= 2.0 * fc;
+        assert_eq!(f.backbone, r);
+        assert_eq!(f.box_head.forward, m.head.flops(512));
         // The backbone alone: ~4.1 G multiply-adds at 224², scaled by the pixels (±10%).
         let r50 = m.backbone.flops_per_image(224).forward * (768.0 * 1152.0) / (224.0 * 224.0);
         assert!((f.backbone.forward / r50 - 1.0).abs() < 0.1);
