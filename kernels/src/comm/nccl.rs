@@ -9,31 +9,29 @@
 
 use super::{expected, first_difference, send_data, Collective};
 use crate::cuda::device::{self, DevBuf, Event, Gpu};
-use crate::cuda::libs::{self, Lib};
+use crate::cuda::nccl_lib::{self, Nccl};
 use crate::cuda::CudaError;
-use cudarc::nccl::{result as nr, sys as ns};
+use cudarc::nccl::sys as ns;
 use std::ffi::c_void;
 
-fn e(call: &str) -> impl Fn(nr::NcclError) -> CudaError + '_ {
-    move |err| CudaError::call(call, err)
+/// Whether NCCL can be used; the error says where we looked and how to install it.
+pub fn available() -> Result<(), CudaError> {
+    nccl_lib::get().map(|_| ())
 }
 
-/// Whether NCCL can be used; the error says where we looked and what cudarc needs.
-pub fn available() -> Result<(), CudaError> {
-    if libs::present(Lib::Nccl) {
-        return Ok(());
+/// NCCL's version from its code: 22105 → "2.21.5" (codes from 2.9 on: major·10000 +
+/// minor·100 + patch; before: major·1000 + minor·100 + patch).
+pub fn version_string(v: i32) -> String {
+    if v >= 10000 {
+        format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100)
+    } else {
+        format!("{}.{}.{}", v / 1000, (v % 1000) / 100, v % 100)
     }
-    Err(CudaError::Missing(format!(
-        "{} (cudarc opens it as libnccl.so: where only libnccl.so.2 exists, as in the pip wheel nvidia-nccl-cu12, add a libnccl.so link to it in a folder on LD_LIBRARY_PATH)",
-        libs::not_found(Lib::Nccl)
-    )))
 }
 
 /// NCCL's version, e.g. "2.21.5".
 pub fn version() -> Result<String, CudaError> {
-    available()?;
-    let v = nr::get_nccl_version().map_err(e("ncclGetVersion"))?;
-    Ok(format!("{}.{}.{}", v / 10000, (v % 10000) / 100, v % 100))
+    Ok(version_string(nccl_lib::get()?.version()?))
 }
 
 /// Asks NCCL to log its algorithm and protocol choices into `path` (call before the first
@@ -106,6 +104,7 @@ pub fn parse_tuning(log: &str) -> Vec<(String, String)> {
 /// One rank's NCCL communicator on its GPU, destroyed on drop.
 pub struct Communicator {
     pub gpu: Gpu,
+    lib: &'static Nccl,
     comm: ns::ncclComm_t,
     pub rank: usize,
     pub ranks: usize,
@@ -117,7 +116,7 @@ impl Drop for Communicator {
         let _ = self.gpu.sync();
         // SAFETY: created by ncclCommInitRank, destroyed once.
         unsafe {
-            let _ = nr::comm_destroy(self.comm);
+            let _ = self.lib.comm_destroy(self.comm);
         }
     }
 }
@@ -141,8 +140,7 @@ impl Elem {
 
 /// A new unique id (on the root rank; the MPI driver broadcasts its 128 bytes).
 pub fn unique_id() -> Result<[u8; 128], CudaError> {
-    available()?;
-    let id = nr::get_uniqueid().map_err(e("ncclGetUniqueId"))?;
+    let id = nccl_lib::get()?.unique_id()?;
     Ok(std::array::from_fn(|i| id.internal[i] as u8))
 }
 
@@ -154,19 +152,18 @@ impl Communicator {
         rank: usize,
         ordinal: usize,
     ) -> Result<Communicator, CudaError> {
-        available()?;
+        let lib = nccl_lib::get()?;
         device::init()?;
         let gpu = Gpu::open(ordinal)?;
         let uid = ns::ncclUniqueId {
             internal: std::array::from_fn(|i| id[i] as std::ffi::c_char),
         };
-        let mut comm: ns::ncclComm_t = std::ptr::null_mut();
         gpu.bind()?;
-        // SAFETY: out-parameter; every rank calls this collectively with the same id.
-        unsafe { nr::comm_init_rank(&mut comm, ranks as i32, uid, rank as i32) }
-            .map_err(e("ncclCommInitRank"))?;
+        // SAFETY: every rank calls this collectively with the same id, its GPU current.
+        let comm = unsafe { lib.comm_init_rank(ranks as i32, uid, rank as i32) }?;
         Ok(Communicator {
             gpu,
+            lib,
             comm,
             rank,
             ranks,
@@ -189,7 +186,7 @@ impl Communicator {
         // SAFETY: the caller's buffer on this GPU holds `count` elements of `elem`; in-place
         // allreduce is allowed (send = receive).
         unsafe {
-            nr::all_reduce(
+            self.lib.all_reduce(
                 ptr as *const c_void,
                 ptr as *mut c_void,
                 count,
@@ -199,8 +196,6 @@ impl Communicator {
                 self.stream(),
             )
         }
-        .map(|_| ())
-        .map_err(e("ncclAllReduce"))
     }
 
     /// Enqueues one collective of `send_count`/`recv_count` f32 elements.
@@ -215,52 +210,33 @@ impl Communicator {
         let f32t = ns::ncclDataType_t::ncclFloat32;
         let sum = ns::ncclRedOp_t::ncclSum;
         let (s, r) = (send.ptr as *const c_void, recv.ptr as *mut c_void);
+        let (lib, comm, st) = (self.lib, self.comm, self.stream());
         // SAFETY: device buffers of this GPU, sized by `counts` for this collective.
         unsafe {
             match c {
-                Collective::AllReduce => {
-                    nr::all_reduce(s, r, recv_count, f32t, sum, self.comm, self.stream())
-                        .map(|_| ())
-                        .map_err(e("ncclAllReduce"))
-                }
-                Collective::AllGather => {
-                    nr::all_gather(s, r, send_count, f32t, self.comm, self.stream())
-                        .map(|_| ())
-                        .map_err(e("ncclAllGather"))
-                }
+                Collective::AllReduce => lib.all_reduce(s, r, recv_count, f32t, sum, comm, st),
+                Collective::AllGather => lib.all_gather(s, r, send_count, f32t, comm, st),
                 Collective::ReduceScatter => {
-                    nr::reduce_scatter(s, r, recv_count, f32t, sum, self.comm, self.stream())
-                        .map(|_| ())
-                        .map_err(e("ncclReduceScatter"))
+                    lib.reduce_scatter(s, r, recv_count, f32t, sum, comm, st)
                 }
-                Collective::Broadcast => {
-                    nr::broadcast(s, r, recv_count, f32t, 0, self.comm, self.stream())
-                        .map(|_| ())
-                        .map_err(e("ncclBroadcast"))
-                }
+                Collective::Broadcast => lib.broadcast(s, r, recv_count, f32t, 0, comm, st),
                 Collective::AllToAll => {
                     let per = send_count / self.ranks.max(1);
-                    nr::group_start().map_err(e("ncclGroupStart"))?;
+                    lib.group_start()?;
                     let mut result = Ok(());
                     for peer in 0..self.ranks {
                         let off = (peer * per * 4) as u64;
                         let sp = (send.ptr + off) as *const c_void;
                         let rp = (recv.ptr + off) as *mut c_void;
-                        if let Err(err) =
-                            nr::send(sp, per, f32t, peer as i32, self.comm, self.stream())
-                        {
-                            result = Err(e("ncclSend")(err));
-                            break;
-                        }
-                        if let Err(err) =
-                            nr::recv(rp, per, f32t, peer as i32, self.comm, self.stream())
-                        {
-                            result = Err(e("ncclRecv")(err));
+                        result = lib
+                            .send(sp, per, f32t, peer as i32, comm, st)
+                            .and_then(|_| lib.recv(rp, per, f32t, peer as i32, comm, st));
+                        if result.is_err() {
                             break;
                         }
                     }
                     // The group is always closed, even after a failed call.
-                    let end = nr::group_end().map(|_| ()).map_err(e("ncclGroupEnd"));
+                    let end = lib.group_end();
                     result.and(end)
                 }
             }
@@ -329,10 +305,23 @@ mod tests {
 
     #[test]
     fn without_nccl_the_error_says_what_to_do() {
+        use crate::cuda::libs::{self, Lib};
         if libs::present(Lib::Nccl) {
             return;
         }
         let err = unique_id().unwrap_err().to_string();
-        assert!(err.contains("NCCL") && err.contains("libnccl.so"), "{err}");
+        assert!(
+            err.contains("NCCL")
+                && err.contains("libnccl.so.2")
+                && err.contains("nvidia-nccl-cu13"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn version_codes_of_both_schemes_are_read() {
+        assert_eq!(version_string(22105), "2.21.5");
+        assert_eq!(version_string(22803), "2.28.3");
+        assert_eq!(version_string(2804), "2.8.4");
     }
 }

@@ -1,18 +1,40 @@
-//! Finding the CUDA libraries before cudarc touches them.
+//! Finding the CUDA libraries, CUDA 12 and CUDA 13 alike, before cudarc touches them.
 //!
-//! cudarc (feature `dynamic-loading`) opens each library by name on first use and panics when
-//! it is missing. We look first: `present(Lib::X)` tries the usual directories by absolute path
-//! (the CUDA toolkit, `CUDA_HOME`/`CUDA_PATH`, pip wheels under `ROOFLINE_CUDA_LIBS`, then the
-//! dynamic linker's own search) and keeps the first that opens loaded. A later `dlopen` of the
-//! same soname by cudarc then finds the already-loaded library, wherever it lay. The directories
-//! looked in are kept for the error message.
+//! cudarc (feature `dynamic-loading`) opens each library by file name on first use and panics
+//! when it is missing. We look first: [`locate`] tries the usual places by absolute path and
+//! keeps the first that opens loaded (`RTLD_GLOBAL`). cudarc's later `dlopen` by soname then
+//! finds the library already loaded, wherever it lay: glibc matches a file name against the
+//! sonames of loaded objects. cudarc is built with the CUDA 13.0 bindings, whose candidate
+//! names include both `lib*.so.13` and `lib*.so.12` (the 12.x bindings never try `.13`); the
+//! functions and enum values roofline uses are the same in both generations (checked when the
+//! bindings were chosen: no shared enum value differs), and the one driver entry point those
+//! bindings would take from a newer driver (`cuEventElapsedTime_v2`, R570+) is called by its
+//! first name instead ([`crate::cuda::device::Event::seconds_to`]). NCCL (`libnccl.so.2`, a
+//! name cudarc never tries) is called through roofline's own table ([`crate::cuda::nccl_lib`]).
+//!
+//! Where we look, in order (the list is kept for the error message):
+//! 1. `ROOFLINE_CUDA_LIBS`: folders, each a library folder, a Python `site-packages` (or its
+//!    `nvidia` folder) holding NVIDIA's CUDA wheels, or a virtual environment;
+//! 2. the active virtual environment (`VIRTUAL_ENV`) and conda environment (`CONDA_PREFIX`:
+//!    its `lib` and its wheels);
+//! 3. `CUDA_HOME`, `CUDA_PATH`, `CUDA_ROOT` (`lib64`, `lib`, `targets/x86_64-linux/lib`);
+//! 4. `/usr/local/cuda`, then `/usr/local/cuda-13.*` and `/usr/local/cuda-12.*`, newest first;
+//! 5. for the driver and NVML, the distributions' library folders;
+//! 6. the dynamic linker's own search (`LD_LIBRARY_PATH`, ld.so.cache) by soname.
+//!
+//! Wheel layouts: CUDA 12 puts each library in its own folder (`nvidia/cuda_nvrtc/lib`,
+//! `nvidia/cublas/lib`); CUDA 13 puts them together in `nvidia/cu13/lib`. cuDNN
+//! (`nvidia/cudnn/lib/libcudnn.so.9`) and NCCL (`nvidia/nccl/lib/libnccl.so.2`) keep theirs.
+//!
+//! Generations: where the driver is loaded first and supports only CUDA 12, `.so.13` files are
+//! passed over (CUDA 13 libraries need driver R580 or newer).
 
-use std::ffi::CString;
-use std::path::PathBuf;
+use std::ffi::{c_void, CStr, CString};
+use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 /// The CUDA libraries roofline uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Lib {
     /// The driver API (libcuda), installed with the NVIDIA driver.
     Driver,
@@ -25,27 +47,48 @@ pub enum Lib {
 }
 
 impl Lib {
-    /// File names to try, most specific first.
-    fn names(self) -> &'static [&'static str] {
+    pub const ALL: [Lib; 7] = [
+        Lib::Driver,
+        Lib::Nvml,
+        Lib::Nvrtc,
+        Lib::Cublas,
+        Lib::CublasLt,
+        Lib::Cudnn,
+        Lib::Nccl,
+    ];
+
+    /// File names to try, newest generation first.
+    pub fn names(self) -> &'static [&'static str] {
         match self {
             Lib::Driver => &["libcuda.so.1", "libcuda.so"],
-            // CUDA 12 only: the bindings are cudarc's cuda-12040 ones.
-            Lib::Nvrtc => &["libnvrtc.so.12", "libnvrtc.so"],
-            Lib::Cublas => &["libcublas.so.12", "libcublas.so"],
-            Lib::CublasLt => &["libcublasLt.so.12", "libcublasLt.so"],
+            Lib::Nvrtc => &["libnvrtc.so.13", "libnvrtc.so.12", "libnvrtc.so"],
+            Lib::Cublas => &["libcublas.so.13", "libcublas.so.12", "libcublas.so"],
+            Lib::CublasLt => &["libcublasLt.so.13", "libcublasLt.so.12", "libcublasLt.so"],
             Lib::Cudnn => &["libcudnn.so.9", "libcudnn.so"],
             Lib::Nccl => &["libnccl.so.2", "libnccl.so"],
             Lib::Nvml => &["libnvidia-ml.so.1", "libnvidia-ml.so"],
         }
     }
 
-    /// The pip wheel folder (under site-packages/nvidia/) that ships this library.
-    fn wheel_dir(self) -> Option<&'static str> {
+    /// The folders under a `site-packages/nvidia` folder of NVIDIA's wheels that ship this
+    /// library: CUDA 13's shared folder first, then CUDA 12's own.
+    pub fn wheel_dirs(self) -> &'static [&'static str] {
         match self {
-            Lib::Nvrtc => Some("cuda_nvrtc/lib"),
-            Lib::Cublas | Lib::CublasLt => Some("cublas/lib"),
-            Lib::Cudnn => Some("cudnn/lib"),
-            Lib::Nccl => Some("nccl/lib"),
+            Lib::Nvrtc => &["cu13/lib", "cuda_nvrtc/lib"],
+            Lib::Cublas | Lib::CublasLt => &["cu13/lib", "cublas/lib"],
+            Lib::Cudnn => &["cudnn/lib"],
+            Lib::Nccl => &["nccl/lib"],
+            Lib::Driver | Lib::Nvml => &[],
+        }
+    }
+
+    /// The pip packages that install it, per CUDA generation, for the fix in an error.
+    pub fn wheels(self) -> Option<(&'static str, &'static str)> {
+        match self {
+            Lib::Nvrtc => Some(("nvidia-cuda-nvrtc-cu12", "nvidia-cuda-nvrtc")),
+            Lib::Cublas | Lib::CublasLt => Some(("nvidia-cublas-cu12", "nvidia-cublas")),
+            Lib::Cudnn => Some(("nvidia-cudnn-cu12", "nvidia-cudnn-cu13")),
+            Lib::Nccl => Some(("nvidia-nccl-cu12", "nvidia-nccl-cu13")),
             Lib::Driver | Lib::Nvml => None,
         }
     }
@@ -61,36 +104,192 @@ impl Lib {
             Lib::Nvml => "NVML (libnvidia-ml)",
         }
     }
+
+    /// A function every version exports, to ask the loader which file cudarc really uses.
+    fn probe_symbol(self) -> &'static CStr {
+        match self {
+            Lib::Driver => c"cuInit",
+            Lib::Nvrtc => c"nvrtcVersion",
+            Lib::Cublas => c"cublasGetProperty",
+            Lib::CublasLt => c"cublasLtGetVersion",
+            Lib::Cudnn => c"cudnnGetVersion",
+            Lib::Nccl => c"ncclGetVersion",
+            Lib::Nvml => c"nvmlInit_v2",
+        }
+    }
+
+    /// The exact fix for a missing library, for `roofline doctor` and the errors.
+    pub fn fix(self) -> String {
+        match self.wheels() {
+            Some((w12, w13)) => format!(
+                "pip install {w13} (CUDA 13, driver R580+) or {w12} (CUDA 12) into the active virtual environment, or set ROOFLINE_CUDA_LIBS to the folder that holds {}",
+                self.names()[0]
+            ),
+            None => "install the NVIDIA driver (it ships libcuda.so.1 and libnvidia-ml.so.1); in a container, run it with the GPU passed through (docker --gpus all, or enroot/pyxis)".into(),
+        }
+    }
 }
 
-/// The directories searched by absolute path, in order; the dynamic linker's own search
-/// (`LD_LIBRARY_PATH`, ld.so.cache, system directories) is tried after them.
-pub fn search_dirs(lib: Lib) -> Vec<PathBuf> {
+/// The environment discovery reads, apart so that tests can give their own.
+#[derive(Clone, Debug, Default)]
+pub struct SearchEnv {
+    pub roofline_cuda_libs: Option<std::ffi::OsString>,
+    pub virtual_env: Option<PathBuf>,
+    pub conda_prefix: Option<PathBuf>,
+    pub cuda_roots: Vec<PathBuf>,
+    /// `/usr/local`: where the toolkits' `cuda-XY.Z` folders are looked for.
+    pub toolkit_parent: PathBuf,
+}
+
+impl SearchEnv {
+    /// This process's environment.
+    pub fn from_process() -> SearchEnv {
+        SearchEnv {
+            roofline_cuda_libs: std::env::var_os("ROOFLINE_CUDA_LIBS"),
+            virtual_env: std::env::var_os("VIRTUAL_ENV").map(PathBuf::from),
+            conda_prefix: std::env::var_os("CONDA_PREFIX").map(PathBuf::from),
+            cuda_roots: ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
+                .iter()
+                .filter_map(|v| std::env::var_os(v).map(PathBuf::from))
+                .collect(),
+            toolkit_parent: PathBuf::from("/usr/local"),
+        }
+    }
+}
+
+/// The `site-packages` folders of a virtual or conda environment (`lib/python3.*/site-packages`).
+fn site_packages(env_root: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for lib in ["lib", "lib64"] {
+        if let Ok(rd) = std::fs::read_dir(env_root.join(lib)) {
+            let mut v: Vec<PathBuf> = rd
+                .flatten()
+                .map(|e| e.path())
+                .filter(|p| {
+                    p.file_name()
+                        .is_some_and(|n| n.to_string_lossy().starts_with("python"))
+                })
+                .map(|p| p.join("site-packages"))
+                .filter(|p| p.is_dir())
+                .collect();
+            v.sort();
+            out.extend(v);
+        }
+    }
+    out
+}
+
+/// The library folders of a wheel tree for `lib`: `root` may be a `site-packages/nvidia`
+/// folder, a `site-packages` folder or an environment's root.
+fn wheel_folders(lib: Lib, root: &Path) -> Vec<PathBuf> {
+    let mut nvidia_dirs = vec![root.to_path_buf(), root.join("nvidia")];
+    for sp in site_packages(root) {
+        nvidia_dirs.push(sp.join("nvidia"));
+    }
+    let mut out = Vec::new();
+    for n in nvidia_dirs {
+        for w in lib.wheel_dirs() {
+            out.push(n.join(w));
+        }
+    }
+    out
+}
+
+/// The toolkit folders under `parent` (`cuda-13.0`, `cuda-12.4`, ...), newest first.
+fn toolkits(parent: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<((u32, u32), PathBuf)> = std::fs::read_dir(parent)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let ver = name.strip_prefix("cuda-")?;
+            let mut it = ver.split('.');
+            let major = it.next()?.parse().ok()?;
+            let minor = it.next().and_then(|m| m.parse().ok()).unwrap_or(0);
+            Some(((major, minor), e.path()))
+        })
+        .collect();
+    v.sort_by_key(|e| std::cmp::Reverse(e.0));
+    v.into_iter().map(|(_, p)| p).collect()
+}
+
+fn toolkit_lib_dirs(root: &Path) -> [PathBuf; 3] {
+    [
+        root.join("lib64"),
+        root.join("lib"),
+        root.join("targets/x86_64-linux/lib"),
+    ]
+}
+
+/// The directories searched by absolute path for `lib`, in order; the dynamic linker's own
+/// search (`LD_LIBRARY_PATH`, ld.so.cache, system directories) is tried after them.
+pub fn search_dirs_in(lib: Lib, env: &SearchEnv) -> Vec<PathBuf> {
     let mut dirs = Vec::new();
-    // ROOFLINE_CUDA_LIBS: a colon-separated list of folders, each either a library folder or a
-    // Python site-packages/nvidia folder of the CUDA pip wheels.
-    if let Some(list) = std::env::var_os("ROOFLINE_CUDA_LIBS") {
-        for d in std::env::split_paths(&list) {
-            if let Some(w) = lib.wheel_dir() {
-                dirs.push(d.join(w));
-            }
+    if let Some(list) = &env.roofline_cuda_libs {
+        for d in std::env::split_paths(list) {
+            dirs.extend(wheel_folders(lib, &d));
             dirs.push(d);
         }
     }
-    for var in ["CUDA_HOME", "CUDA_PATH"] {
-        if let Some(root) = std::env::var_os(var) {
-            dirs.push(PathBuf::from(&root).join("lib64"));
-            dirs.push(PathBuf::from(root).join("lib"));
-        }
+    if let Some(v) = &env.virtual_env {
+        dirs.extend(wheel_folders(lib, v));
     }
-    dirs.push(PathBuf::from("/usr/local/cuda/lib64"));
+    if let Some(c) = &env.conda_prefix {
+        dirs.extend(wheel_folders(lib, c));
+        dirs.push(c.join("lib"));
+    }
+    for root in &env.cuda_roots {
+        dirs.extend(toolkit_lib_dirs(root));
+    }
+    dirs.extend(toolkit_lib_dirs(&env.toolkit_parent.join("cuda")));
+    for tk in toolkits(&env.toolkit_parent) {
+        dirs.extend(toolkit_lib_dirs(&tk));
+    }
     if lib == Lib::Driver || lib == Lib::Nvml {
         // Where distributions and the NVIDIA installer put the driver's libraries.
         dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
         dirs.push(PathBuf::from("/usr/lib64"));
         dirs.push(PathBuf::from("/usr/lib/wsl/lib"));
     }
+    let mut seen = std::collections::HashSet::new();
+    dirs.retain(|d| seen.insert(d.clone()));
     dirs
+}
+
+/// The directories searched for `lib` in this process's environment.
+pub fn search_dirs(lib: Lib) -> Vec<PathBuf> {
+    search_dirs_in(lib, &SearchEnv::from_process())
+}
+
+/// The CUDA major version a file name carries (`libnvrtc.so.13` → 13), for the libraries
+/// versioned by CUDA generation; `None` for unversioned names and those of other schemes.
+pub fn generation_of(lib: Lib, file: &str) -> Option<u32> {
+    if !matches!(lib, Lib::Nvrtc | Lib::Cublas | Lib::CublasLt) {
+        return None;
+    }
+    let name = Path::new(file).file_name()?.to_string_lossy().into_owned();
+    name.split(".so.").nth(1)?.split('.').next()?.parse().ok()
+}
+
+/// The files that exist for `lib`, in the order they are tried; names of a CUDA generation
+/// newer than `max_generation` (the driver's) are passed over.
+pub fn candidates_in(lib: Lib, env: &SearchEnv, max_generation: Option<u32>) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for dir in search_dirs_in(lib, env) {
+        for name in lib.names() {
+            if let (Some(max), Some(g)) = (max_generation, generation_of(lib, name)) {
+                if g > max {
+                    continue;
+                }
+            }
+            let p = dir.join(name);
+            if p.is_file() && !out.contains(&p) {
+                out.push(p);
+            }
+        }
+    }
+    out
 }
 
 struct Loaded {
@@ -100,45 +299,137 @@ struct Loaded {
 
 static LOADED: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
 
-fn try_open(spec: &str) -> bool {
+/// Errors of `dlopen` for the files tried and refused, for the doctor's report.
+static REFUSED: Mutex<Vec<(Lib, String)>> = Mutex::new(Vec::new());
+
+fn try_open(lib: Lib, spec: &str) -> bool {
     let Ok(c) = CString::new(spec) else {
         return false;
     };
     // SAFETY: dlopen with a valid C string; the handle is deliberately never closed so the
     // library stays loaded for cudarc's later dlopen by soname.
     let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    if handle.is_null() && spec.contains('/') {
+        // SAFETY: dlerror returns a thread-local C string or null.
+        let why = unsafe {
+            let e = libc::dlerror();
+            if e.is_null() {
+                "dlopen failed".to_string()
+            } else {
+                CStr::from_ptr(e).to_string_lossy().into_owned()
+            }
+        };
+        REFUSED
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((lib, why));
+    }
     !handle.is_null()
+}
+
+/// The CUDA major version the loaded driver supports (`cuDriverGetVersion` / 1000), when the
+/// driver has been located.
+fn driver_generation() -> Option<u32> {
+    let loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    let path = loaded.iter().find(|l| l.lib == Lib::Driver)?.path.clone();
+    drop(loaded);
+    let c = CString::new(path).ok()?;
+    // SAFETY: the driver is already loaded (RTLD_NOLOAD only looks it up); cuDriverGetVersion
+    // takes one out-parameter and needs no cuInit.
+    unsafe {
+        let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        if h.is_null() {
+            return None;
+        }
+        let f = libc::dlsym(h, c"cuDriverGetVersion".as_ptr());
+        if f.is_null() {
+            return None;
+        }
+        let f: unsafe extern "C" fn(*mut i32) -> i32 = std::mem::transmute(f);
+        let mut v = 0;
+        (f(&mut v) == 0 && v > 0).then_some(v as u32 / 1000)
+    }
 }
 
 /// Where `lib` was loaded from, loading it if needed; `None` when it is nowhere to be found.
 pub fn locate(lib: Lib) -> Option<String> {
-    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some(l) = loaded.iter().find(|l| l.lib == lib) {
+    if let Some(l) = LOADED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .find(|l| l.lib == lib)
+    {
         return Some(l.path.clone());
     }
-    let mut found = None;
-    'dirs: for dir in search_dirs(lib) {
-        for name in lib.names() {
-            let p = dir.join(name);
-            if p.exists() && try_open(&p.to_string_lossy()) {
-                found = Some(p.to_string_lossy().into_owned());
-                break 'dirs;
-            }
-        }
-    }
+    // The driver first, so that its CUDA generation bounds the libraries'.
+    let max_generation = if lib == Lib::Driver || lib == Lib::Nvml {
+        None
+    } else {
+        locate(Lib::Driver).and_then(|_| driver_generation())
+    };
+    let env = SearchEnv::from_process();
+    let mut found = candidates_in(lib, &env, max_generation)
+        .into_iter()
+        .map(|p| p.to_string_lossy().into_owned())
+        .find(|p| try_open(lib, p));
     if found.is_none() {
         found = lib
             .names()
             .iter()
-            .find(|n| try_open(n))
+            .filter(|n| match (max_generation, generation_of(lib, n)) {
+                (Some(max), Some(g)) => g <= max,
+                _ => true,
+            })
+            .find(|n| try_open(lib, n))
             .map(|n| n.to_string());
     }
     let path = found?;
+    load_companions(lib, &path);
+    let mut loaded = LOADED.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some(l) = loaded.iter().find(|l| l.lib == lib) {
+        return Some(l.path.clone());
+    }
     loaded.push(Loaded {
         lib,
         path: path.clone(),
     });
     Some(path)
+}
+
+/// Loads the libraries `lib` itself opens by bare name from beside its file: NVRTC 13 opens
+/// `libnvrtc-builtins.so.13.0` through the linker's search only (not its own folder), so from a
+/// wheel folder that is on no search path every compilation fails with
+/// NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. Loaded first, it is found by its soname.
+fn load_companions(lib: Lib, path: &str) {
+    if lib != Lib::Nvrtc {
+        return;
+    }
+    let Some(dir) = Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    else {
+        return;
+    };
+    let Ok(rd) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.starts_with("libnvrtc-builtins.so.") {
+            try_open(lib, &e.path().to_string_lossy());
+        }
+    }
+}
+
+/// Why files that exist for `lib` would not load (`dlopen`'s words), if any were refused.
+pub fn refused(lib: Lib) -> Vec<String> {
+    REFUSED
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .iter()
+        .filter(|(l, _)| *l == lib)
+        .map(|(_, w)| w.clone())
+        .collect()
 }
 
 /// Whether `lib` can be used, after our search and cudarc's own check.
@@ -154,23 +445,255 @@ pub fn present(lib: Lib) -> bool {
             Lib::Cublas => cudarc::cublas::sys::is_culib_present(),
             Lib::CublasLt => cudarc::cublaslt::sys::is_culib_present(),
             Lib::Cudnn => cudarc::cudnn::sys::is_culib_present(),
-            Lib::Nccl => cudarc::nccl::sys::is_culib_present(),
+            // Called through roofline's own table, from the file found above.
+            Lib::Nccl => super::nccl_lib::get().is_ok(),
             Lib::Nvml => true,
         }
     }
 }
 
-/// One line saying that `lib` was not found and where we looked.
+/// The file the bindings really call into: the object that defines `lib`'s probe symbol in
+/// cudarc's handle (or, for NCCL and NVML, ours). `None` when it is not loaded.
+pub fn in_use(lib: Lib) -> Option<String> {
+    if !present(lib) {
+        return None;
+    }
+    let sym = lib.probe_symbol();
+    // SAFETY: the libraries are present (checked above), so cudarc's loaders do not panic;
+    // `get` only looks a symbol up; dladdr reads the loader's tables.
+    unsafe {
+        let addr: *const c_void = match lib {
+            Lib::Driver => *cudarc::driver::sys::culib()
+                .get::<*const c_void>(sym.to_bytes_with_nul())
+                .ok()?,
+            Lib::Nvrtc => *cudarc::nvrtc::sys::culib()
+                .get::<*const c_void>(sym.to_bytes_with_nul())
+                .ok()?,
+            Lib::Cublas => *cudarc::cublas::sys::culib()
+                .get::<*const c_void>(sym.to_bytes_with_nul())
+                .ok()?,
+            Lib::CublasLt => *cudarc::cublaslt::sys::culib()
+                .get::<*const c_void>(sym.to_bytes_with_nul())
+                .ok()?,
+            Lib::Cudnn => *cudarc::cudnn::sys::culib()
+                .get::<*const c_void>(sym.to_bytes_with_nul())
+                .ok()?,
+            Lib::Nccl | Lib::Nvml => {
+                let path = CString::new(locate(lib)?).ok()?;
+                let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+                if h.is_null() {
+                    return None;
+                }
+                libc::dlsym(h, sym.as_ptr())
+            }
+        };
+        file_of(addr)
+    }
+}
+
+/// The file of the loaded object that holds `addr`, its links resolved.
+fn file_of(addr: *const c_void) -> Option<String> {
+    if addr.is_null() {
+        return None;
+    }
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr fills `info` for an address inside a loaded object.
+    if unsafe { libc::dladdr(addr, &mut info) } == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a C string owned by the loader.
+    let name = unsafe { CStr::from_ptr(info.dli_fname) }
+        .to_string_lossy()
+        .into_owned();
+    Some(
+        std::fs::canonicalize(&name)
+            .map(|p| p.to_string_lossy().into_owned())
+            .unwrap_or(name),
+    )
+}
+
+/// Whether two paths name the same file (links resolved).
+pub fn same_file(a: &str, b: &str) -> bool {
+    match (std::fs::canonicalize(a), std::fs::canonicalize(b)) {
+        (Ok(x), Ok(y)) => x == y,
+        _ => a == b,
+    }
+}
+
+/// One line saying that `lib` was not found, where we looked, and the fix.
 pub fn not_found(lib: Lib) -> String {
     let dirs: Vec<String> = search_dirs(lib)
         .iter()
+        .filter(|d| d.is_dir())
         .map(|d| d.display().to_string())
         .collect();
+    let refused = refused(lib);
     format!(
-        "no {} found: looked for {} in {} and the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache); \
-         set ROOFLINE_CUDA_LIBS to the folder that holds it",
+        "no {} found: looked for {} in {}the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache){}; fix: {}",
         lib.label(),
         lib.names().join(" / "),
-        dirs.join(", ")
+        if dirs.is_empty() {
+            String::new()
+        } else {
+            format!("{}, ", dirs.join(", "))
+        },
+        if refused.is_empty() {
+            String::new()
+        } else {
+            format!(" (refused: {})", refused.join("; "))
+        },
+        lib.fix()
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn touch(p: &Path) {
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        std::fs::write(p, b"not a library").unwrap();
+    }
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("roofline-libs-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    fn env_with(root: &Path) -> SearchEnv {
+        SearchEnv {
+            toolkit_parent: root.join("usr-local"),
+            ..SearchEnv::default()
+        }
+    }
+
+    #[test]
+    fn cuda12_wheel_layout_is_found_from_a_virtual_environment() {
+        let root = tmp("cu12");
+        let sp = root.join("venv/lib/python3.11/site-packages/nvidia");
+        touch(&sp.join("cuda_nvrtc/lib/libnvrtc.so.12"));
+        touch(&sp.join("cublas/lib/libcublas.so.12"));
+        touch(&sp.join("cublas/lib/libcublasLt.so.12"));
+        touch(&sp.join("cudnn/lib/libcudnn.so.9"));
+        touch(&sp.join("nccl/lib/libnccl.so.2"));
+        let env = SearchEnv {
+            virtual_env: Some(root.join("venv")),
+            ..env_with(&root)
+        };
+        for (lib, file) in [
+            (Lib::Nvrtc, "cuda_nvrtc/lib/libnvrtc.so.12"),
+            (Lib::Cublas, "cublas/lib/libcublas.so.12"),
+            (Lib::CublasLt, "cublas/lib/libcublasLt.so.12"),
+            (Lib::Cudnn, "cudnn/lib/libcudnn.so.9"),
+            (Lib::Nccl, "nccl/lib/libnccl.so.2"),
+        ] {
+            assert_eq!(
+                candidates_in(lib, &env, None),
+                vec![sp.join(file)],
+                "{lib:?}"
+            );
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn cuda13_wheel_layout_is_found_from_roofline_cuda_libs_in_each_form() {
+        let root = tmp("cu13");
+        let sp = root.join("env/lib/python3.12/site-packages");
+        touch(&sp.join("nvidia/cu13/lib/libnvrtc.so.13"));
+        touch(&sp.join("nvidia/cu13/lib/libcublas.so.13"));
+        touch(&sp.join("nvidia/cu13/lib/libcublasLt.so.13"));
+        touch(&sp.join("nvidia/cudnn/lib/libcudnn.so.9"));
+        // site-packages/nvidia, site-packages, and the environment's root all work.
+        for given in [sp.join("nvidia"), sp.clone(), root.join("env")] {
+            let env = SearchEnv {
+                roofline_cuda_libs: Some(given.clone().into_os_string()),
+                ..env_with(&root)
+            };
+            assert_eq!(
+                candidates_in(Lib::Nvrtc, &env, None),
+                vec![sp.join("nvidia/cu13/lib/libnvrtc.so.13")],
+                "{given:?}"
+            );
+            assert_eq!(
+                candidates_in(Lib::CublasLt, &env, None),
+                vec![sp.join("nvidia/cu13/lib/libcublasLt.so.13")]
+            );
+            assert_eq!(
+                candidates_in(Lib::Cudnn, &env, None),
+                vec![sp.join("nvidia/cudnn/lib/libcudnn.so.9")]
+            );
+        }
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn both_generations_side_by_side_newest_first_unless_the_driver_is_older() {
+        let root = tmp("both");
+        let nv = root.join("sp/nvidia");
+        touch(&nv.join("cu13/lib/libnvrtc.so.13"));
+        touch(&nv.join("cuda_nvrtc/lib/libnvrtc.so.12"));
+        let env = SearchEnv {
+            roofline_cuda_libs: Some(nv.clone().into_os_string()),
+            ..env_with(&root)
+        };
+        assert_eq!(
+            candidates_in(Lib::Nvrtc, &env, None),
+            vec![
+                nv.join("cu13/lib/libnvrtc.so.13"),
+                nv.join("cuda_nvrtc/lib/libnvrtc.so.12")
+            ]
+        );
+        // A CUDA 12 driver (R525–R575) cannot run CUDA 13 libraries: they are passed over.
+        assert_eq!(
+            candidates_in(Lib::Nvrtc, &env, Some(12)),
+            vec![nv.join("cuda_nvrtc/lib/libnvrtc.so.12")]
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn toolkits_conda_and_cuda_home_are_searched_newest_toolkit_first() {
+        let root = tmp("tk");
+        let ul = root.join("usr-local");
+        touch(&ul.join("cuda-12.4/lib64/libcublas.so.12"));
+        touch(&ul.join("cuda-13.0/lib64/libcublas.so.13"));
+        touch(&ul.join("cuda-12.10/targets/x86_64-linux/lib/libcublas.so.12"));
+        touch(&root.join("conda/lib/libcublas.so.12"));
+        touch(&root.join("home/lib64/libcublas.so.12"));
+        let env = SearchEnv {
+            conda_prefix: Some(root.join("conda")),
+            cuda_roots: vec![root.join("home")],
+            ..env_with(&root)
+        };
+        assert_eq!(
+            candidates_in(Lib::Cublas, &env, None),
+            vec![
+                root.join("conda/lib/libcublas.so.12"),
+                root.join("home/lib64/libcublas.so.12"),
+                ul.join("cuda-13.0/lib64/libcublas.so.13"),
+                ul.join("cuda-12.10/targets/x86_64-linux/lib/libcublas.so.12"),
+                ul.join("cuda-12.4/lib64/libcublas.so.12"),
+            ]
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn generations_are_read_from_file_names() {
+        assert_eq!(generation_of(Lib::Nvrtc, "/x/libnvrtc.so.13"), Some(13));
+        assert_eq!(generation_of(Lib::Cublas, "libcublas.so.12.4.5"), Some(12));
+        assert_eq!(generation_of(Lib::Nvrtc, "libnvrtc.so"), None);
+        // cuDNN and NCCL versions are their own, not CUDA's.
+        assert_eq!(generation_of(Lib::Cudnn, "libcudnn.so.9"), None);
+    }
+
+    #[test]
+    fn a_missing_library_names_the_wheels_that_fix_it() {
+        let msg = Lib::Nvrtc.fix();
+        assert!(msg.contains("nvidia-cuda-nvrtc-cu12") && msg.contains("nvidia-cuda-nvrtc "));
+        assert!(Lib::Driver.fix().contains("NVIDIA driver"));
+    }
 }

@@ -7,6 +7,7 @@ pub mod blas;
 pub mod device;
 pub mod dnn;
 pub mod libs;
+pub mod nccl_lib;
 pub mod nvrtc;
 
 /// Errors of the CUDA backend. Every library call's failure names the call.
