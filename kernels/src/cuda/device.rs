@@ -157,14 +157,23 @@ impl Event {
         })
     }
 
-    /// Seconds from `self` to `end` (both recorded, `end` waited for).
+    /// Seconds from `self` to `end` (both recorded; waits for `end`).
+    ///
+    /// Calls `cuEventElapsedTime` by its first name, which every driver exports: cudarc's CUDA
+    /// 13 bindings would take `cuEventElapsedTime_v2`, which drivers before R570 lack.
     pub fn seconds_to(&self, end: &Event) -> Result<f64, CudaError> {
         // SAFETY: live events.
         unsafe {
             check("cuEventSynchronize", cu::event::synchronize(end.0))?;
-            let ms = check("cuEventElapsedTime", cu::event::elapsed(self.0, end.0))?;
-            Ok(ms as f64 * 1e-3)
         }
+        let f = elapsed_time_v1()?;
+        let mut ms = 0f32;
+        // SAFETY: live, recorded, completed events; one out-parameter.
+        check(
+            "cuEventElapsedTime",
+            unsafe { f(&mut ms, self.0, end.0) }.result(),
+        )?;
+        Ok(ms as f64 * 1e-3)
     }
 }
 
@@ -175,6 +184,27 @@ impl Drop for Event {
             let _ = cu::event::destroy(self.0);
         }
     }
+}
+
+type ElapsedFn = unsafe extern "C" fn(*mut f32, sys::CUevent, sys::CUevent) -> sys::CUresult;
+
+/// `cuEventElapsedTime` (the first version: same signature as `_v2`, exported by every driver).
+fn elapsed_time_v1() -> Result<ElapsedFn, CudaError> {
+    static F: std::sync::OnceLock<Option<ElapsedFn>> = std::sync::OnceLock::new();
+    let f = F.get_or_init(|| {
+        // SAFETY: the driver library is loaded (events exist); `get` only looks the symbol up,
+        // and the symbol has exactly this signature in cuda.h.
+        unsafe {
+            sys::culib()
+                .get::<ElapsedFn>(b"cuEventElapsedTime\0")
+                .ok()
+                .map(|s| *s)
+        }
+    });
+    f.ok_or_else(|| CudaError::Call {
+        call: "cuEventElapsedTime".into(),
+        detail: "the driver library does not export it".into(),
+    })
 }
 
 /// One kernel argument: a pointer to the value, as cuLaunchKernel wants it.
@@ -299,23 +329,45 @@ impl Gpu {
         Ok(PinnedBuf { ptr, bytes })
     }
 
-    /// Copies host data into a new device buffer.
+    /// Copies host data into a new device buffer, in order on this GPU's stream, and waits
+    /// for it: a synchronous `cuMemcpyHtoD` is ordered only against the legacy default stream,
+    /// never against our non-blocking one, so work already queued there could still read the
+    /// buffer's memory, and work queued after could run before the copy had landed.
     pub fn upload<T: Pod>(&self, data: &[T]) -> Result<DevBuf, CudaError> {
         let b = self.alloc(std::mem::size_of_val(data))?;
-        // SAFETY: `b` holds exactly size_of_val(data) bytes.
-        check("cuMemcpyHtoD", unsafe { cu::memcpy_htod_sync(b.ptr, data) })?;
+        self.upload_into(&b, data)?;
         Ok(b)
     }
 
-    /// Copies a whole device buffer back as `T`s (after the stream's work is done).
+    /// Copies `data` into the start of `b` on this GPU's stream and waits for the copy
+    /// (pageable host memory: the driver stages it, and `data` must live until it is done).
+    pub fn upload_into<T: Pod>(&self, b: &DevBuf, data: &[T]) -> Result<(), CudaError> {
+        if std::mem::size_of_val(data) > b.bytes {
+            return Err(CudaError::Check(format!(
+                "upload of {} bytes into a {}-byte buffer",
+                std::mem::size_of_val(data),
+                b.bytes
+            )));
+        }
+        self.bind()?;
+        // SAFETY: `b` holds at least size_of_val(data) bytes; we wait for the copy before
+        // `data` can go away.
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::memcpy_htod_async(b.ptr, data, self.stream)
+        })?;
+        self.sync()
+    }
+
+    /// Copies a whole device buffer back as `T`s, after the work queued before it on this
+    /// GPU's stream.
     pub fn download<T: Pod>(&self, b: &DevBuf) -> Result<Vec<T>, CudaError> {
         self.bind()?;
-        self.sync()?;
         let mut v = vec![T::default(); b.bytes / std::mem::size_of::<T>()];
-        // SAFETY: `v` is no larger than the buffer.
-        check("cuMemcpyDtoH", unsafe {
-            cu::memcpy_dtoh_sync(&mut v, b.ptr)
+        // SAFETY: `v` is no larger than the buffer; we wait for the copy before reading `v`.
+        check("cuMemcpyDtoHAsync", unsafe {
+            cu::memcpy_dtoh_async(&mut v, b.ptr, self.stream)
         })?;
+        self.sync()?;
         Ok(v)
     }
 
