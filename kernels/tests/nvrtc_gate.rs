@@ -2,9 +2,11 @@
 //! compute_80 and compute_90 and to SASS for sm_80, sm_89 and sm_90, with ptxas's register and
 //! spill report for every kernel; the PTX holds each kernel's work; and the standalone ptxas
 //! (the pip wheel `nvidia-cuda-nvcc-cu12`) assembles the PTX for sm_80 and sm_90, as the
-//! driver's JIT would. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12`, found through
-//! `ROOFLINE_CUDA_LIBS` or the linker path). Without it the tests skip, except under `CI=true`,
-//! where they fail: CI must never pass without compiling the kernels.
+//! driver's JIT would. Needs NVRTC (the pip wheel `nvidia-cuda-nvrtc-cu12` or, for CUDA 13,
+//! `nvidia-cuda-nvrtc`, found through `ROOFLINE_CUDA_LIBS` or the linker path). Without it the
+//! tests skip, except under `CI=true`, where they fail: CI must never pass without compiling the
+//! kernels. CI runs the gate once per CUDA generation, with `ROOFLINE_EXPECT_NVRTC_MAJOR` set
+//! to the generation it installed, so that a run cannot pass on the other one.
 
 use roofline_kernels::cuda::nvrtc::{self, Target, CI_TARGETS, SOURCES};
 use roofline_kernels::cuda::CudaError;
@@ -33,7 +35,8 @@ fn entry_body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
     &ptx[start..end]
 }
 
-/// An instruction each kernel's PTX must hold at least so many times.
+/// An instruction each kernel's PTX must hold at least so many times (`a|b`: either form, as
+/// NVRTC 12 writes a reduction whose result is unused as `red` and NVRTC 13 as `atom`).
 fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     Some(match kernel {
         // fma.cu: 8 chains × 16 unrolled steps per loop iteration.
@@ -52,8 +55,8 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "stream_write" => ("st.global.v4.u32", 1),
         "ert_f32_512" => ("fma.rn.f32", 4 * 512),
         // train.cu: the f64 channel sums are reductions (red) in global memory, the casts are PTX cvt.
-        "bn_sums" => ("red.global.add.f64", 2),
-        "maxpool_backward" => ("red.global.add.f32", 1),
+        "bn_sums" => ("red.global.add.f64|atom.global.add.f64", 2),
+        "maxpool_backward" => ("red.global.add.f32|atom.global.add.f32", 1),
         "f32_to_f16" => ("cvt.rn.f16.f32", 1),
         "f32_to_bf16" => ("cvt.rn.bf16.f32", 1),
         _ => return None,
@@ -66,7 +69,18 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
         return;
     }
     let (major, minor) = nvrtc::version().expect("nvrtcVersion");
-    println!("NVRTC {major}.{minor}");
+    println!(
+        "NVRTC {major}.{minor} ({})",
+        roofline_kernels::cuda::libs::in_use(roofline_kernels::cuda::libs::Lib::Nvrtc)
+            .unwrap_or_default()
+    );
+    if let Ok(want) = std::env::var("ROOFLINE_EXPECT_NVRTC_MAJOR") {
+        assert_eq!(
+            major.to_string(),
+            want,
+            "ROOFLINE_EXPECT_NVRTC_MAJOR={want}, but NVRTC {major}.{minor} was loaded"
+        );
+    }
     println!(
         "{:<12} {:<12} {:<12} {:>5} {:>6} {:>6} {:>6}",
         "source", "kernel", "target", "regs", "smem", "spillS", "spillL"
@@ -90,7 +104,8 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                         );
                         // The work is really there: the compiler neither folded nor dropped it.
                         if let Some((instr, min)) = expected_work(k, cc) {
-                            let n = entry_body(&ptx, k).matches(instr).count();
+                            let body = entry_body(&ptx, k);
+                            let n: usize = instr.split('|').map(|i| body.matches(i).count()).sum();
                             assert!(
                                 n >= min,
                                 "{k} (compute_{cc}): {n} × `{instr}`, expected ≥ {min}"
@@ -157,12 +172,19 @@ fn a_syntax_error_fails_with_nvrtcs_log() {
     }
 }
 
-/// ptxas from the `nvidia-cuda-nvcc-cu12` wheel (under ROOFLINE_CUDA_LIBS) or the CUDA toolkit.
+/// ptxas of the same CUDA generation as the NVRTC loaded: from the `nvidia-cuda-nvcc-cu12`
+/// (`cuda_nvcc/bin`) or CUDA 13 `nvidia-cuda-nvcc` (`cu13/bin`) wheel under ROOFLINE_CUDA_LIBS,
+/// or the CUDA toolkit.
 fn ptxas() -> Option<std::path::PathBuf> {
+    let major = nvrtc::version().map(|v| v.0).unwrap_or(0);
     let mut candidates = Vec::new();
     if let Some(list) = std::env::var_os("ROOFLINE_CUDA_LIBS") {
         for d in std::env::split_paths(&list) {
-            candidates.push(d.join("cuda_nvcc/bin/ptxas"));
+            if major >= 13 {
+                candidates.push(d.join("cu13/bin/ptxas"));
+            } else {
+                candidates.push(d.join("cuda_nvcc/bin/ptxas"));
+            }
             candidates.push(d.join("bin/ptxas"));
         }
     }
