@@ -48,28 +48,3 @@ extern "C" __global__ void mma_int8(int* out, unsigned a, unsigned b, int iters)
     for (int c = 0; c < CHAINS; ++c) s += d[c][0] + d[c][1] + d[c][2] + d[c][3];
     out[blockIdx.x * blockDim.x + threadIdx.x] = s;
 }
-
-// fp8 (e4m3) MMA exists from sm_89 on; on older targets the kernel compiles to a stub that
-// writes a sentinel the host refuses (and the host never launches it there).
-extern "C" __global__ void mma_fp8(float* out, unsigned a, unsigned b, int iters) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
-    float d[CHAINS][4];
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c) { d[c][0] = 0.f; d[c][1] = 0.f; d[c][2] = 0.f; d[c][3] = 0.f; }
-    for (int it = 0; it < iters; ++it) {
-#pragma unroll
-        for (int c = 0; c < CHAINS; ++c) {
-            asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
-                         " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-                         : "+f"(d[c][0]), "+f"(d[c][1]), "+f"(d[c][2]), "+f"(d[c][3])
-                         : "r"(a), "r"(a), "r"(a), "r"(a), "r"(b), "r"(b));
-        }
-    }
-    float s = 0.f;
-#pragma unroll
-    for (int c = 0; c < CHAINS; ++c) s += d[c][0] + d[c][1] + d[c][2] + d[c][3];
-    out[blockIdx.x * blockDim.x + threadIdx.x] = s;
-#else
-    out[blockIdx.x * blockDim.x + threadIdx.x] = -1.0f;
-#endif
-}

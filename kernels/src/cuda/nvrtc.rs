@@ -28,8 +28,14 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "mma.cu",
         text: include_str!("../../cuda/mma.cu"),
-        kernels: &["mma_f16", "mma_bf16", "mma_tf32", "mma_int8", "mma_fp8"],
+        kernels: &["mma_f16", "mma_bf16", "mma_tf32", "mma_int8"],
         purpose: "tensor-core peak through mma.sync",
+    },
+    Source {
+        file: "mma_fp8.cu",
+        text: include_str!("../../cuda/mma_fp8.cu"),
+        kernels: &["mma_fp8"],
+        purpose: "fp8 (e4m3) tensor-core peak through mma.sync (sm_89+, NVRTC 12.4+)",
     },
     Source {
         file: "stream.cu",
@@ -205,7 +211,14 @@ pub fn compile_text(file: &str, text: &str, target: Target) -> Result<Compiled, 
                 target: target.name(),
                 log,
             }),
-            Err(e) => Err(CudaError::call("nvrtcCompileProgram", e)),
+            Err(e) => Err(CudaError::Call {
+                call: format!("nvrtcCompileProgram({file}, {})", target.name()),
+                detail: if log.trim().is_empty() {
+                    format!("{e:?}")
+                } else {
+                    format!("{e:?}: {}", log.trim())
+                },
+            }),
             Ok(()) => image(prog, target).map(|image| Compiled {
                 target,
                 resources: parse_ptxas_report(&log),
