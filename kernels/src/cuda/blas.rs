@@ -711,6 +711,9 @@ fn gemm_precision(
     let mut rows = Vec::new();
     let mut best: Option<(Stats, f64, String)> = None;
     let mut worst_err = 0.0f64;
+    let mut refused = None;
+    let mut measured = 0usize;
+    gpu.bind()?;
     let (free, _) = device::check("cuMemGetInfo", cudarc::driver::result::mem_get_info())?;
     for (i, (m, n, k, name)) in shapes(mode).into_iter().enumerate() {
         let need = (k * (m + n) * p.in_bytes() + m * n * p.out_bytes()) as u64;
@@ -731,7 +734,22 @@ fn gemm_precision(
                 continue;
             }
             let plan = if lib == Library::CublasLt {
-                Some(lt_plan(h, p, m, n, k)?)
+                // A refusal of the heuristic (no algorithm for this shape and type on this
+                // GPU and library version) costs this shape's cuBLASLt row only: the rows
+                // already measured are kept, and the refusal is noted.
+                match lt_plan(h, p, m, n, k).map_err(not_supported) {
+                    Ok(plan) => Some(plan),
+                    Err(e @ CudaError::Unsupported(_)) => {
+                        out.notes.push(format!(
+                            "gpu{} gemm {} {name}: cuBLASLt not measured: {e}",
+                            gpu.ordinal,
+                            p.name()
+                        ));
+                        refused = Some(e);
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
             } else {
                 None
             };
@@ -741,6 +759,7 @@ fn gemm_precision(
             let err =
                 check_sample(p, &pr.host_a, &pr.host_b, &c, m, n, k).map_err(CudaError::Check)?;
             worst_err = worst_err.max(err);
+            measured += 1;
             if mode == Mode::Check {
                 continue;
             }
@@ -820,7 +839,11 @@ fn gemm_precision(
             rows,
         });
     }
-    Ok(format!("max normwise error {worst_err:.1e}"))
+    match refused {
+        // Nothing ran at all: the precision is not supported here.
+        Some(e) if measured == 0 => Err(e),
+        _ => Ok(format!("max normwise error {worst_err:.1e}")),
+    }
 }
 
 #[cfg(test)]

@@ -609,7 +609,10 @@ fn conv_precision(
     let mut worst = 0.0f64;
     for (li, layer) in layers.iter().enumerate() {
         let s = &layer.shape;
-        let d = descs(s, p)?;
+        // One descriptor set per direction, as in ConvPlan: `choose` sets the math type the
+        // chosen algorithm wants on its descriptor, and a shared one would hand the forward
+        // choice's math type to the backward heuristics.
+        let ds = [descs(s, p)?, descs(s, p)?, descs(s, p)?];
         let mut rng = Rng(0xC0FFEE + li as u64);
         let hx: Vec<f64> = (0..s.n * s.h * s.w * s.c).map(|_| rng.value(p)).collect();
         let hw: Vec<f64> = (0..s.k * s.r * s.s * s.c).map(|_| rng.value(p)).collect();
@@ -640,7 +643,8 @@ fn conv_precision(
             if cancel.load(Ordering::Relaxed) {
                 return Err(CudaError::Interrupted);
             }
-            let algo = match choose(h, &d, p, dir).map_err(super::blas::not_supported) {
+            let d = &ds[di];
+            let algo = match choose(h, d, p, dir).map_err(super::blas::not_supported) {
                 Ok((a, _)) => a,
                 Err(CudaError::Unsupported(why)) => {
                     out.notes.push(format!(
@@ -654,14 +658,14 @@ fn conv_precision(
                 }
                 Err(e) => return Err(e),
             };
-            run_once(h, &d, &t, algo, ws)?;
+            run_once(h, d, &t, algo, ws)?;
             let got: Vec<u8> = gpu.download(&t.y)?;
             let err = check(p, s, &t, dir, &got)?;
             worst = worst.max(err);
             if mode == Mode::Check {
                 continue;
             }
-            let one = gpu.time(|| run_once(h, &d, &t, algo, ws))?;
+            let one = gpu.time(|| run_once(h, d, &t, algo, ws))?;
             let reps = ((if mode == Mode::Quick { 0.005 } else { 0.02 } / one.max(1e-6)).ceil()
                 as usize)
                 .clamp(1, 200);
@@ -669,7 +673,7 @@ fn conv_precision(
             for _ in 0..(if mode == Mode::Quick { 3 } else { 5 }) {
                 let tm = gpu.time(|| {
                     for _ in 0..reps {
-                        run_once(h, &d, &t, algo, ws)?;
+                        run_once(h, d, &t, algo, ws)?;
                     }
                     Ok(())
                 })?;

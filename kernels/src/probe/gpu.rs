@@ -224,7 +224,30 @@ impl Ctx<'_> {
                 });
                 Ok(())
             }
-            Err(e) => Err(e),
+            // A wrong result ends the probe: a ceiling from it would be worse than none.
+            Err(e @ CudaError::Check(_)) => Err(e),
+            // Anything else (a library call, a compilation, an allocation) costs this kernel
+            // only: a note, and the CPU's and the other kernels' results are still written.
+            Err(e) => {
+                self.out
+                    .notes
+                    .push(format!("gpu{gpu} {kernel}: not measured: {e}"));
+                Ok(())
+            }
+        }
+    }
+
+    /// Ends one section of one GPU: as [`Ctx::checked`] for what escaped its kernels (a
+    /// failed setup is a note naming the section; a failed result check stays fatal).
+    fn section(
+        &mut self,
+        gpu: usize,
+        name: &str,
+        r: Result<(), CudaError>,
+    ) -> Result<(), CudaError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => self.checked(gpu, name, Err(e)),
         }
     }
 
@@ -333,16 +356,28 @@ pub fn run(
     enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>,
 ) -> Result<GpuResult, CudaError> {
     let n = device::init()?;
-    let mut gpus = Vec::with_capacity(n);
-    for i in 0..n {
-        gpus.push(Gpu::open(i)?);
-    }
     let mut ctx = Ctx {
         mode: cfg.mode,
         cancel,
         peaks,
         out: GpuResult::default(),
     };
+    let mut gpus = Vec::with_capacity(n);
+    for i in 0..n {
+        match Gpu::open(i) {
+            Ok(g) => gpus.push(g),
+            // A GPU that cannot be opened (taken in exclusive-process mode, fallen off the
+            // bus) is a note; the others are still measured.
+            Err(e) => ctx.out.notes.push(format!("gpu{i}: not probed: {e}")),
+        }
+    }
+    if gpus.is_empty() {
+        return Err(CudaError::NoDevice(format!(
+            "none of the {n} GPUs could be opened: {}",
+            ctx.out.notes.join("; ")
+        )));
+    }
+    let n = gpus.len();
     let has = |s| cfg.sections.contains(&s);
     let per_gpu = [
         Section::Fma,
@@ -390,15 +425,20 @@ pub fn run(
                 gpu.ordinal, gpu.name
             ));
         }
+        let o = gpu.ordinal;
         if has(Section::Fma) && own_kernels {
-            progress.advance(&format!("gpu{} fma and mma peaks", gpu.ordinal));
-            fma_section(&mut ctx, gpu)?;
-            mma_section(&mut ctx, gpu)?;
+            progress.advance(&format!("gpu{o} fma and mma peaks"));
+            let r = fma_section(&mut ctx, gpu);
+            ctx.section(o, "fma", r)?;
+            let r = mma_section(&mut ctx, gpu);
+            ctx.section(o, "mma", r)?;
         }
         if has(Section::Mem) && own_kernels {
-            progress.advance(&format!("gpu{} memory sweep and ERT", gpu.ordinal));
-            mem_section(&mut ctx, gpu)?;
-            ert_section(&mut ctx, gpu)?;
+            progress.advance(&format!("gpu{o} memory sweep and ERT"));
+            let r = mem_section(&mut ctx, gpu);
+            ctx.section(o, "mem", r)?;
+            let r = ert_section(&mut ctx, gpu);
+            ctx.section(o, "ert", r)?;
         }
         if has(Section::Gemm) {
             progress.advance(&format!("gpu{} cuBLAS / cuBLASLt GEMM", gpu.ordinal));
@@ -411,8 +451,9 @@ pub fn run(
             absorb(&mut ctx, gpu.ordinal, "conv", r)?;
         }
         if has(Section::Copy) {
-            progress.advance(&format!("gpu{} host-device copies", gpu.ordinal));
-            copy_section(&mut ctx, gpu)?;
+            progress.advance(&format!("gpu{o} host-device copies"));
+            let r = copy_section(&mut ctx, gpu);
+            ctx.section(o, "copy", r)?;
         }
         if !gpu.loaded().is_empty() {
             ctx.out.notes.push(format!(
@@ -428,7 +469,9 @@ pub fn run(
                 if i != j {
                     progress.advance(&format!("gpu{i} -> gpu{j} peer copies"));
                     let (a, b) = pair(&mut gpus, i, j);
-                    p2p(&mut ctx, a, b)?;
+                    let (oa, ob) = (a.ordinal, b.ordinal);
+                    let r = p2p(&mut ctx, a, b);
+                    ctx.section(oa, &format!("p2p to gpu{ob}"), r)?;
                 }
             }
         }
@@ -795,11 +838,25 @@ fn mma_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
                 gpu.arch()
             )))
         } else {
-            mma_one(ctx, gpu, spec)
+            mma_one(ctx, gpu, spec).map_err(|e| fp8_needs_newer_nvrtc(spec, e))
         };
         ctx.checked(gpu.ordinal, spec.kernel, r)?;
     }
     Ok(())
+}
+
+/// NVRTC before 12.4 cannot compile the fp8 mma for sm_89/sm_90 (it needs PTX ISA 8.4): that
+/// is a missing capability of the toolkit, noted, not a failed kernel.
+fn fp8_needs_newer_nvrtc(spec: &MmaSpec, e: CudaError) -> CudaError {
+    match (&e, crate::cuda::nvrtc::version()) {
+        (CudaError::Compile { .. }, Ok(v)) if spec.kernel == "mma_fp8" && v < (12, 4) => {
+            CudaError::Unsupported(format!(
+                "the fp8 mma needs NVRTC 12.4 or newer (PTX ISA 8.4); this is NVRTC {}.{}",
+                v.0, v.1
+            ))
+        }
+        _ => e,
+    }
 }
 
 fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<String, CudaError> {
@@ -1077,15 +1134,18 @@ fn mem_point(
     let f = gpu.function(&format!("stream_{op}"))?;
     let chk = gpu.function("stream_check")?;
     let per_pass = size as f64 * stream_factor(op);
-    let target = match ctx.mode {
-        Mode::Check => 0.0,
-        Mode::Quick => 128e6,
-        Mode::Full => 512e6,
+    // A first guess of passes per launch from the bytes (at least 64 MB moved), then the
+    // calibration below sets them so that one timed sample lasts the mode's sample time
+    // (5 ms quick, 20 ms full): long against the launch and event overheads (a few µs) at
+    // every working-set size, L2-resident ones included.
+    let guess: i32 = if ctx.mode == Mode::Check {
+        1
+    } else {
+        ((64e6 / per_pass).ceil() as i32).clamp(1, 1 << 16)
     };
-    let reps: i32 = ((target / per_pass).ceil() as i32).clamp(1, 1 << 16);
     let value: u32 = 0x3F80_0000 ^ (size as u32);
     let s: f32 = 2.0;
-    let launch = |gpu: &Gpu| -> Result<(), CudaError> {
+    let launch_reps = |gpu: &Gpu, reps: i32| -> Result<(), CudaError> {
         match op {
             "read" => unsafe {
                 gpu.launch(
@@ -1129,7 +1189,8 @@ fn mem_point(
         }
     };
     let g: &Gpu = gpu;
-    let times = timed(ctx, g, || launch(g))?;
+    let reps = calibrate(ctx, g, guess, 1 << 24, |r| launch_reps(g, r))?;
+    let times = timed(ctx, g, || launch_reps(g, reps))?;
     // Check what the last launch left.
     let words = n * 4;
     if op == "read" {
@@ -1419,24 +1480,30 @@ fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> {
         let _ = cu::stream::destroy(other);
     }
     let both = both?;
-    // Pageable host memory (synchronous copies, wall clock).
+    // Pageable host memory, wall clock from the call to the end of a stream synchronisation:
+    // a pageable cuMemcpyHtoD returns once the data is staged, before the last DMA has landed,
+    // so timing the call alone overstates the rate. The copies go on the probe's stream (staged
+    // by the driver as for the synchronous call), and the clock stops when it is done.
     let mut pageable_h2d = Vec::new();
     let mut pageable_d2h = Vec::new();
     let mut host_back = vec![0u32; words];
     for i in 0..ctx.mode.samples() + 1 {
         ctx.cancelled()?;
         gpu.bind()?;
+        gpu.sync()?;
         let t = Instant::now();
-        // SAFETY: `pageable` has exactly `bytes` bytes.
-        device::check("cuMemcpyHtoD", unsafe {
-            cu::memcpy_htod_sync(dev2.ptr, &pageable)
+        // SAFETY: `pageable` has exactly `bytes` bytes and outlives the synchronisation.
+        device::check("cuMemcpyHtoDAsync(pageable)", unsafe {
+            cu::memcpy_htod_async(dev2.ptr, &pageable, stream)
         })?;
+        gpu.sync()?;
         let a = t.elapsed().as_secs_f64();
         let t = Instant::now();
-        // SAFETY: `host_back` has exactly `bytes` bytes.
-        device::check("cuMemcpyDtoH", unsafe {
-            cu::memcpy_dtoh_sync(&mut host_back, dev2.ptr)
+        // SAFETY: `host_back` has exactly `bytes` bytes and is read only after the sync.
+        device::check("cuMemcpyDtoHAsync(pageable)", unsafe {
+            cu::memcpy_dtoh_async(&mut host_back, dev2.ptr, stream)
         })?;
+        gpu.sync()?;
         let b = t.elapsed().as_secs_f64();
         if i > 0 {
             pageable_h2d.push(a);
@@ -1470,8 +1537,8 @@ fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> {
         (format!("gpu{o}/h2d"), rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, CUDA-event timed"), pcie_peak(())),
         (format!("gpu{o}/d2h"), rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, CUDA-event timed"), pcie_peak(())),
         (format!("gpu{o}/h2d+d2h"), rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p })),
-        (format!("gpu{o}/h2d/pageable"), rate(&pageable_h2d, b), b, format!("cuMemcpyHtoD from pageable (malloc'd) memory, {size}, wall clock"), pcie_peak(())),
-        (format!("gpu{o}/d2h/pageable"), rate(&pageable_d2h, b), b, format!("cuMemcpyDtoH into pageable memory, {size}, wall clock"), pcie_peak(())),
+        (format!("gpu{o}/h2d/pageable"), rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
+        (format!("gpu{o}/d2h/pageable"), rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
         (format!("gpu{o}/d2d"), rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
     ];
     for (id, rates, bytes, method, peak) in entries {
@@ -1703,21 +1770,48 @@ fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String, CudaError
     ))
 }
 
-/// NVLink bandwidth per direction of `gpu`: 25 GB/s per active link (NVLink 2, 3 and 4).
+/// Bytes/s per direction of one NVLink link, from NVML's `nvmlNvlinkVersion_t` (not the
+/// NVLink generation: 1 = 1.0, 2 = 2.0, 3 = 2.2, 4 = 3.0, 5 = 3.1, 6 = 4.0, 7 = 5.0): 20 GB/s
+/// for NVLink 1, 25 GB/s for NVLink 2, 3 and 4 (V100, A100, H100: 18 links × 25 = 450 GB/s),
+/// 50 GB/s for NVLink 5 (B200). Some drivers report 7 (5.0) for H100's NVLink 4: on a
+/// compute-capability 9 GPU that is read as 25 GB/s. `None` for unknown values.
+pub fn nvlink_link_rate(nvml_version: u32, cc_major: u32) -> Option<f64> {
+    match nvml_version {
+        1 => Some(20e9),
+        2..=6 => Some(25e9),
+        7 if cc_major == 9 => Some(25e9),
+        7 => Some(50e9),
+        _ => None,
+    }
+}
+
+/// NVLink bandwidth per direction of `gpu`: the sum of its active links' rates.
 fn nvlink_peak(ctx: &Ctx, gpu: usize) -> Option<TheoreticalPeak> {
     let info = ctx.out.gpus.iter().find(|g| g.index == gpu)?;
-    let links = info
+    let cc_major: u32 = info
+        .compute_capability
+        .split('.')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0);
+    let rates: Vec<f64> = info
         .nvlinks
         .iter()
-        .filter(|l| (2..=4).contains(&l.version))
-        .count();
-    if links == 0 {
+        .filter_map(|l| nvlink_link_rate(l.version, cc_major))
+        .collect();
+    if rates.is_empty() {
         return None;
     }
+    let value: f64 = rates.iter().sum();
     Some(TheoreticalPeak {
-        value: links as f64 * 25e9,
+        value,
         unit: "B/s".into(),
-        source: format!("{links} active NVLink links × 25 GB/s per direction (NVLink 2-4)"),
+        source: format!(
+            "{} active NVLink links, {:.0} GB/s per direction in all (NVML link versions {:?})",
+            rates.len(),
+            value / 1e9,
+            info.nvlinks.iter().map(|l| l.version).collect::<Vec<_>>()
+        ),
         uncertainty: 0.0,
     })
 }
@@ -1732,6 +1826,19 @@ mod tests {
             let plain = (0..words).fold(0u32, |s, w| s.wrapping_add(pattern(w, 1)));
             assert_eq!(pattern_sum(words, 1), plain, "{words}");
         }
+    }
+
+    #[test]
+    fn nvlink_rates_follow_nvmls_enum_not_the_generation() {
+        // A100: NVML_NVLINK_VERSION_3_0 = 4, 12 links → 300 GB/s per direction.
+        assert_eq!(nvlink_link_rate(4, 8).map(|r| r * 12.0), Some(300e9));
+        // H100: NVML_NVLINK_VERSION_4_0 = 6, 18 links → 450 GB/s.
+        assert_eq!(nvlink_link_rate(6, 9).map(|r| r * 18.0), Some(450e9));
+        // H100 reported as 5.0 (7) by some drivers: still NVLink 4's 25 GB/s.
+        assert_eq!(nvlink_link_rate(7, 9), Some(25e9));
+        // B200: NVLink 5, 18 links → 900 GB/s.
+        assert_eq!(nvlink_link_rate(7, 10).map(|r| r * 18.0), Some(900e9));
+        assert_eq!(nvlink_link_rate(0, 9), None);
     }
 
     #[test]
