@@ -93,13 +93,17 @@ impl GTensor {
 }
 
 /// The GPU, its library handles, the compiled kernels and the cuDNN workspace.
+///
+/// Fields drop in declaration order, after `Drop::drop`: the cuDNN handle and the workspace
+/// go first, and `gpu` (its stream and its hold on the primary context) last, so that no
+/// library handle is destroyed in a released context.
 pub struct Ctx {
-    pub gpu: Gpu,
     dnn: Handle,
     blas: bsys::cublasHandle_t,
     functions: HashMap<&'static str, sys::CUfunction>,
     workspace: Option<Buf>,
     pub prec: Prec,
+    pub gpu: Gpu,
 }
 
 impl Drop for Ctx {
@@ -149,12 +153,12 @@ impl Ctx {
             return Err(CudaError::call("cublasSetStream", e));
         }
         Ok(Ctx {
-            gpu,
             dnn,
             blas,
             functions: HashMap::new(),
             workspace: None,
             prec,
+            gpu,
         })
     }
 

@@ -385,10 +385,19 @@ impl World {
     ) -> Result<(), String> {
         use super::nccl;
         let local_rank = self.intra.rank();
+        let local_size = self.intra.size();
         let gpus = crate::cuda::device::init().unwrap_or(0);
-        let mine = if local_rank >= gpus {
+        // The GPU of this rank: local rank modulo the GPUs it sees. Where the launcher gives
+        // every rank one GPU of its own (Slurm's --gpus-per-task, CUDA_VISIBLE_DEVICES per
+        // rank), each sees one GPU as ordinal 0; where every rank sees all of them, each takes
+        // its own. More ranks than GPUs on a node with several visible would put two ranks on
+        // one GPU, which NCCL refuses.
+        let ordinal = local_rank % gpus.max(1);
+        let mine = if gpus == 0 {
+            Err(format!("rank {} sees no GPU", self.rank))
+        } else if gpus > 1 && local_size > gpus {
             Err(format!(
-                "rank {} has no GPU of its own ({gpus} on its node)",
+                "{local_size} ranks on rank {}'s node share {gpus} GPUs; NCCL needs one GPU per rank (start at most {gpus} ranks per node, or give each rank its own GPU)",
                 self.rank
             ))
         } else {
@@ -417,7 +426,7 @@ impl World {
             .try_into()
             .map_err(|_| "the NCCL unique id did not arrive whole".to_string())?;
         watchdog::arm("ncclCommInitRank");
-        let comm = nccl::Communicator::new(&id, self.size, self.rank, local_rank)
+        let comm = nccl::Communicator::new(&id, self.size, self.rank, ordinal)
             .map_err(|e| format!("rank {}: {e}", self.rank))?;
         watchdog::disarm();
         let version = nccl::version().unwrap_or_default();
