@@ -1,5 +1,6 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
+mod doctor_cmd;
 mod gate_cmd;
 mod output;
 mod place_cmd;
@@ -124,12 +125,27 @@ enum Command {
     ///   roofline gate --baseline b.json --current m.json --rules gate.toml --format markdown
     ///   roofline gate --baseline b.json --current m.json --update-baseline
     Gate(Box<gate_cmd::GateArgs>),
+    /// Say what the GPU path would use here, and the exact fix for whatever is missing.
+    ///
+    /// Finds the NVIDIA driver and every CUDA library the way every GPU command does (CUDA 12
+    /// and CUDA 13 alike: toolkits, CUDA_HOME/CUDA_PATH, conda, the pip wheels of the active
+    /// virtual environment or of ROOFLINE_CUDA_LIBS), prints each with its version and the file
+    /// the bindings really call, every GPU (name, SMs, memory, clocks, power limit, PCIe,
+    /// NVLink, compute capability) with one of roofline's kernels compiled and loaded on it,
+    /// cuBLAS/cuBLASLt/cuDNN handles created, NCCL's version and MPI. Checks that the libraries
+    /// are of one CUDA generation and none newer than the driver.
+    /// Exit: 0 everything the GPU path needs is here (warnings allowed), 2 otherwise.
+    /// Examples:
+    ///   roofline doctor
+    ///   ROOFLINE_CUDA_LIBS=$VIRTUAL_ENV roofline doctor --json
+    Doctor(doctor_cmd::DoctorArgs),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
     /// Compiles every kernel source (kernels/cuda/*.cu, built into the binary) with NVRTC to
     /// SASS for each architecture and shows registers per thread, shared memory and spills;
-    /// no GPU is needed, only NVRTC (libnvrtc: the CUDA toolkit, or the pip wheel
-    /// nvidia-cuda-nvrtc-cu12 with ROOFLINE_CUDA_LIBS pointing at its site-packages/nvidia).
+    /// no GPU is needed, only NVRTC (libnvrtc 12 or 13: the CUDA toolkit, or the pip wheel
+    /// nvidia-cuda-nvrtc-cu12 or nvidia-cuda-nvrtc (CUDA 13) in the active virtual environment
+    /// or under ROOFLINE_CUDA_LIBS).
     Kernels {
         /// Architectures (compute capability × 10), comma-separated.
         #[arg(long, default_value = "80,90", value_name = "LIST")]
@@ -225,6 +241,10 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::train(&args),
         Command::Place(args) => place_cmd::place(&args),
         Command::Score(args) => score_cmd::score(&args),
+        Command::Doctor(args) => match doctor_cmd::run(&args) {
+            Ok(code) => return code,
+            Err(e) => Err(e),
+        },
         Command::Gate(args) => match gate_cmd::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -15,8 +15,8 @@
 //! Where we look, in order (the list is kept for the error message):
 //! 1. `ROOFLINE_CUDA_LIBS`: folders, each a library folder, a Python `site-packages` (or its
 //!    `nvidia` folder) holding NVIDIA's CUDA wheels, or a virtual environment;
-//! 2. the active virtual environment (`VIRTUAL_ENV`) and conda environment (`CONDA_PREFIX`:
-//!    its `lib` and its wheels);
+//! 2. the active virtual environment (`VIRTUAL_ENV`), any virtual environment whose `bin` is on
+//!    the PATH, and the conda environment (`CONDA_PREFIX`: its `lib` and its wheels);
 //! 3. `CUDA_HOME`, `CUDA_PATH`, `CUDA_ROOT` (`lib64`, `lib`, `targets/x86_64-linux/lib`);
 //! 4. `/usr/local/cuda`, then `/usr/local/cuda-13.*` and `/usr/local/cuda-12.*`, newest first;
 //! 5. for the driver and NVML, the distributions' library folders;
@@ -135,6 +135,9 @@ impl Lib {
 pub struct SearchEnv {
     pub roofline_cuda_libs: Option<std::ffi::OsString>,
     pub virtual_env: Option<PathBuf>,
+    /// Virtual environments whose `bin` is on the PATH (a `python3` there with `pyvenv.cfg`
+    /// beside its folder): the environment a user runs Python from, activated or not.
+    pub path_venvs: Vec<PathBuf>,
     pub conda_prefix: Option<PathBuf>,
     pub cuda_roots: Vec<PathBuf>,
     /// `/usr/local`: where the toolkits' `cuda-XY.Z` folders are looked for.
@@ -147,6 +150,9 @@ impl SearchEnv {
         SearchEnv {
             roofline_cuda_libs: std::env::var_os("ROOFLINE_CUDA_LIBS"),
             virtual_env: std::env::var_os("VIRTUAL_ENV").map(PathBuf::from),
+            path_venvs: std::env::var_os("PATH")
+                .map(|p| venvs_on_path(&p))
+                .unwrap_or_default(),
             conda_prefix: std::env::var_os("CONDA_PREFIX").map(PathBuf::from),
             cuda_roots: ["CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"]
                 .iter()
@@ -155,6 +161,17 @@ impl SearchEnv {
             toolkit_parent: PathBuf::from("/usr/local"),
         }
     }
+}
+
+/// The virtual environments whose `bin` folder is on `path`, in the PATH's order.
+pub fn venvs_on_path(path: &std::ffi::OsStr) -> Vec<PathBuf> {
+    std::env::split_paths(path)
+        .filter(|bin| bin.join("python3").exists())
+        .filter_map(|bin| {
+            let root = bin.parent()?.to_path_buf();
+            root.join("pyvenv.cfg").is_file().then_some(root)
+        })
+        .collect()
 }
 
 /// The `site-packages` folders of a virtual or conda environment (`lib/python3.*/site-packages`).
@@ -233,6 +250,9 @@ pub fn search_dirs_in(lib: Lib, env: &SearchEnv) -> Vec<PathBuf> {
         }
     }
     if let Some(v) = &env.virtual_env {
+        dirs.extend(wheel_folders(lib, v));
+    }
+    for v in &env.path_venvs {
         dirs.extend(wheel_folders(lib, v));
     }
     if let Some(c) = &env.conda_prefix {
@@ -529,7 +549,7 @@ pub fn not_found(lib: Lib) -> String {
         .collect();
     let refused = refused(lib);
     format!(
-        "no {} found: looked for {} in {}the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache){}; fix: {}",
+        "no {} found: looked for {} in {}the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache){}; fix: {} (`roofline doctor` checks the whole GPU stack)",
         lib.label(),
         lib.names().join(" / "),
         if dirs.is_empty() {
@@ -677,6 +697,27 @@ mod tests {
                 ul.join("cuda-12.10/targets/x86_64-linux/lib/libcublas.so.12"),
                 ul.join("cuda-12.4/lib64/libcublas.so.12"),
             ]
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn a_virtual_environment_on_the_path_is_searched_without_activation() {
+        let root = tmp("pathvenv");
+        let venv = root.join("opt/torch/.venv");
+        touch(&venv.join("bin/python3"));
+        touch(&venv.join("pyvenv.cfg"));
+        touch(&venv.join("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2"));
+        touch(&root.join("not-a-venv/bin/python3"));
+        let path = std::env::join_paths([root.join("not-a-venv/bin"), venv.join("bin")]).unwrap();
+        let env = SearchEnv {
+            path_venvs: venvs_on_path(&path),
+            ..env_with(&root)
+        };
+        assert_eq!(env.path_venvs, vec![venv.clone()]);
+        assert_eq!(
+            candidates_in(Lib::Nccl, &env, None),
+            vec![venv.join("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2")]
         );
         let _ = std::fs::remove_dir_all(&root);
     }
