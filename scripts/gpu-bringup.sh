@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# Bring roofline's GPU path up on a GPU machine in one sitting.
+#
+#   scripts/gpu-bringup.sh pack            # here (any x86-64 Linux with Rust): build the kit
+#   scripts/gpu-bringup.sh run [OUT]       # on the GPU machine, from the kit's folder
+#
+# pack builds a release binary (no MPI: it must start on a machine without an MPI library),
+# strips it, and puts it with this script and peers.py into target/bringup/ (about 15 MB;
+# ROOFLINE_KIT_DIR sets another folder, ROOFLINE_KIT_BINARY packs a binary already built).
+# Copy that folder to the GPU machine and run `bash gpu-bringup.sh run OUT` there. It needs no
+# Rust and no network: the NVIDIA driver, the CUDA libraries (a toolkit, or the pip wheels of
+# CUDA 12 or 13, e.g. those PyTorch installs), and for the peer figures PyTorch.
+#
+# run does, in order, each step under its own time limit and the whole under
+# ROOFLINE_BRINGUP_BUDGET seconds (default 540): doctor; kernels (NVRTC's resource report on
+# this machine's NVRTC); probe --check (every GPU kernel against its CPU reference); a quick GPU
+# probe, then the full one; train --check (every GPU layer and a whole step against the CPU,
+# NCCL on one rank); ResNet-50 at 224² for f32, tf32, bf16, f16; place --workload resnet50;
+# and the peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's
+# GEMM shapes, a device-to-device copy, ResNet-50 training images/s at the same batch and
+# precision). It writes at most 8 files into OUT (default ./bringup-out: log.txt, machine.json,
+# train.jsonl, placement.json and .svg, peers.json, summary.txt) and prints
+# summary.txt last: roofline's figures beside the peers'. A failed step is recorded and the
+# next one runs; the exit code is the number of failed steps (0: all passed).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+
+pack() {
+    set -e
+    local root kit bin
+    root=$(cd "$here/.." && pwd)
+    kit=${ROOFLINE_KIT_DIR:-$root/target/bringup}
+    if [ -n "${ROOFLINE_KIT_BINARY:-}" ]; then
+        bin=$ROOFLINE_KIT_BINARY
+    else
+        (cd "$root" && cargo build --release --quiet)
+        bin=$root/target/release/roofline
+    fi
+    rm -rf "$kit"
+    mkdir -p "$kit"
+    cp "$bin" "$kit/roofline"
+    strip "$kit/roofline"
+    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$kit/"
+    chmod +x "$kit/roofline" "$kit/gpu-bringup.sh"
+    local size
+    size=$(du -sb "$kit" | cut -f1)
+    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py"
+    echo "on the GPU machine: bash gpu-bringup.sh run OUT"
+}
+
+# The CUDA wheels of the Python that holds PyTorch, for roofline's library search, unless the
+# caller set ROOFLINE_CUDA_LIBS.
+python_wheels() {
+    local py
+    for py in "${ROOFLINE_PYTHON:-}" python3 /opt/torch/.venv/bin/python3; do
+        [ -n "$py" ] || continue
+        command -v "$py" >/dev/null 2>&1 || continue
+        "$py" -c 'import nvidia, os; print(os.pathsep.join(nvidia.__path__))' 2>/dev/null && return
+    done
+}
+
+run() {
+    local out=${1:-${OUT:-./bringup-out}}
+    mkdir -p "$out"
+    out=$(cd "$out" && pwd)
+    local rl=$here/roofline
+    [ -x "$rl" ] || rl=$(command -v roofline || true)
+    [ -x "$rl" ] || { echo "no roofline binary beside this script or on the PATH"; exit 2; }
+    local py=${ROOFLINE_PYTHON:-python3}
+    if [ -z "${ROOFLINE_CUDA_LIBS:-}" ]; then
+        ROOFLINE_CUDA_LIBS=$(python_wheels)
+        export ROOFLINE_CUDA_LIBS
+    fi
+    local budget=${ROOFLINE_BRINGUP_BUDGET:-540}
+    local start=$SECONDS failed=0
+    local log=$out/log.txt
+    : >"$log"
+    : >"$out/train.jsonl"
+    echo "roofline bring-up on $(hostname), $(date -u +%FT%TZ); ROOFLINE_CUDA_LIBS=$ROOFLINE_CUDA_LIBS" | tee -a "$log"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
+
+    # step NAME LIMIT CMD...: runs CMD with LIMIT seconds (less if the budget is nearly spent),
+    # output into the log, and records the outcome.
+    step() {
+        local name=$1 limit=$2
+        shift 2
+        local left=$((budget - (SECONDS - start)))
+        if [ "$left" -le 5 ]; then
+            echo "== $name: skipped, the budget of ${budget}s is spent" | tee -a "$log"
+            failed=$((failed + 1))
+            return 1
+        fi
+        [ "$limit" -gt "$left" ] && limit=$left
+        echo "== $name (limit ${limit}s)" | tee -a "$log"
+        local t0=$SECONDS
+        timeout --signal=INT --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+        local rc=$?
+        echo "== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$log"
+        [ "$rc" = 0 ] || failed=$((failed + 1))
+        return "$rc"
+    }
+
+    step doctor 60 "$rl" doctor
+    step kernels 120 "$rl" kernels --arch 80,89,90
+    step probe-check 180 "$rl" probe --check
+    local tmp
+    tmp=$(mktemp -d)
+    step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
+    step probe-full 360 "$rl" probe --device cuda -o "$out/machine.json"
+    local machine=$out/machine.json
+    # At most 8 files come back from a lent machine: the quick probe's only if the full one failed.
+    if [ ! -f "$machine" ] && [ -f "$tmp/machine-quick.json" ]; then
+        cp "$tmp/machine-quick.json" "$out/"
+        machine=$out/machine-quick.json
+    fi
+    step train-check 240 "$rl" train --device cuda --check
+    local batch=${ROOFLINE_BRINGUP_BATCH:-128} steps=${ROOFLINE_BRINGUP_STEPS:-30}
+    for p in f32 tf32 bf16 f16; do
+        step "train-$p" 180 sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
+        [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
+        rm -f "$out/train-$p.json"
+    done
+    step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
+    step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
+    "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >"$out/summary.txt" 2>>"$log" \
+        || echo "no summary (see log.txt)" >"$out/summary.txt"
+    echo "failed steps: $failed; total $((SECONDS - start))s" >>"$out/summary.txt"
+    cat "$out/summary.txt"
+    return "$failed"
+}
+
+case "${1:-}" in
+    pack) pack ;;
+    run) shift; run "$@" ;;
+    *)
+        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        exit 2
+        ;;
+esac

@@ -1,0 +1,208 @@
+#!/usr/bin/env python3
+"""The peer figures for roofline's GPU bring-up, on the same GPU in the same call.
+
+  peers.py --batch 128 --steps 30 -o peers.json      # measure with PyTorch
+  peers.py --summary --machine machine.json --train train.jsonl --peers peers.json
+
+Measured: matmul TFLOP/s per precision at roofline's GEMM shapes (the full probe's squares and
+its two ResNet-50 shapes; A stored transposed as roofline's TN layout), a device-to-device copy
+(bytes read plus written, as roofline's gpu0/d2d), and torchvision ResNet-50 training images/s
+at roofline's batch and 224x224 per precision: f32 (TF32 off), tf32 (TF32 on), bf16 and f16
+(autocast; f16 with a gradient scaler), channels-last, SGD with momentum. Timing: CUDA events,
+after warm-up, best and median of several samples; inputs random (never zeros).
+"""
+import argparse
+import json
+import statistics
+import sys
+import time
+
+GEMM_SHAPES = [
+    (1024, 1024, 1024, "square 1024"),
+    (2048, 2048, 2048, "square 2048"),
+    (4096, 4096, 4096, "square 4096"),
+    (8192, 8192, 8192, "square 8192"),
+    (256 * 7 * 7, 2048, 512, "resnet50 conv5 1x1 expand (batch 256)"),
+    (2048, 1024, 256, "resnet50 fc weight gradient (batch 256, n padded to 1024)"),
+]
+PRECISIONS = ["f64", "f32", "tf32", "f16", "bf16", "int8", "fp8"]
+
+
+def timed(torch, fn, samples=7, want_s=0.05):
+    """Seconds per call: best and median of `samples` event-timed batches of calls."""
+    fn()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    fn()
+    end.record()
+    end.synchronize()
+    one = max(start.elapsed_time(end) / 1e3, 1e-6)
+    reps = max(1, min(1000, int(want_s / one)))
+    per = []
+    for _ in range(samples):
+        start.record()
+        for _ in range(reps):
+            fn()
+        end.record()
+        end.synchronize()
+        per.append(start.elapsed_time(end) / 1e3 / reps)
+    return min(per), statistics.median(per)
+
+
+def gemm(torch, prec, m, n, k):
+    dev = "cuda"
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+    if prec in ("f64", "f32", "tf32", "f16", "bf16"):
+        dt = {"f64": torch.float64, "f32": torch.float32, "tf32": torch.float32,
+              "f16": torch.float16, "bf16": torch.bfloat16}[prec]
+        a = torch.randn(k, m, device=dev, dtype=dt).t()  # A stored k x m: TN
+        b = torch.randn(k, n, device=dev, dtype=dt)
+        fn = lambda: torch.matmul(a, b)  # noqa: E731
+    elif prec == "int8":
+        a = torch.randint(-8, 8, (m, k), device=dev, dtype=torch.int8)
+        b = torch.randint(-8, 8, (n, k), device=dev, dtype=torch.int8).t()
+        fn = lambda: torch._int_mm(a, b)  # noqa: E731
+    else:
+        a = torch.randn(m, k, device=dev).to(torch.float8_e4m3fn)
+        b = torch.randn(n, k, device=dev).to(torch.float8_e4m3fn).t()
+        one = torch.ones((), device=dev)
+        fn = lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16)  # noqa: E731
+    best, med = timed(torch, fn)
+    flops = 2.0 * m * n * k
+    return flops / best, flops / med
+
+
+def copy_rate(torch):
+    n = 1 << 28  # 1 GiB of f32
+    src = torch.rand(n, device="cuda")
+    dst = torch.empty_like(src)
+    best, med = timed(torch, lambda: dst.copy_(src), samples=9, want_s=0.02)
+    if not torch.equal(dst, src):
+        raise RuntimeError("copy check failed")
+    return 2 * 4 * n / best, 2 * 4 * n / med
+
+
+def resnet(torch, prec, batch, steps):
+    import torchvision
+
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+    torch.backends.cudnn.allow_tf32 = prec == "tf32"
+    torch.backends.cudnn.benchmark = True
+    model = torchvision.models.resnet50().cuda().to(memory_format=torch.channels_last)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
+    x = torch.randn(batch, 3, 224, 224, device="cuda").to(memory_format=torch.channels_last)
+    y = torch.randint(0, 1000, (batch,), device="cuda")
+    amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(prec)
+    scaler = torch.amp.GradScaler("cuda", enabled=prec == "f16")
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            loss = loss_fn(model(x), y)
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    for _ in range(5):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"resnet50 {prec}: loss not finite")
+    return batch * steps / dt
+
+
+def measure(args):
+    import torch
+
+    out = {
+        "gpu": torch.cuda.get_device_name(0),
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version(),
+        "gemm": {},
+        "resnet50": {},
+    }
+    for prec in PRECISIONS:
+        rows = []
+        for m, n, k, name in GEMM_SHAPES:
+            try:
+                best, med = gemm(torch, prec, m, n, k)
+                rows.append({"shape": name, "m": m, "n": n, "k": k, "best": best, "median": med})
+            except Exception as e:  # a precision the GPU or PyTorch lacks
+                rows.append({"shape": name, "error": str(e).splitlines()[0][:200]})
+            torch.cuda.empty_cache()
+        out["gemm"][prec] = rows
+        print(prec, max((r.get("best", 0) for r in rows), default=0) / 1e12, "T", flush=True)
+    out["d2d"] = dict(zip(("best", "median"), copy_rate(torch)))
+    for prec in ["f32", "tf32", "bf16", "f16"]:
+        try:
+            out["resnet50"][prec] = resnet(torch, prec, args.batch, args.steps)
+        except Exception as e:
+            out["resnet50"][prec] = {"error": str(e).splitlines()[0][:200]}
+        torch.cuda.empty_cache()
+        print("resnet50", prec, out["resnet50"][prec], flush=True)
+    with open(args.output, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def summary(args):
+    m = json.load(open(args.machine)) if args.machine else {"ceilings": []}
+    ceil = {c["id"]: c for c in m.get("ceilings", [])}
+    peers = json.load(open(args.peers))
+    train = {}
+    for line in open(args.train):
+        if line.strip():
+            t = json.loads(line)
+            train[t.get("precision")] = t
+    print(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
+    print(f"{'figure':<34} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
+
+    def row(name, ours, theirs, unit, scale):
+        o = f"{ours / scale:.1f}" if ours else "-"
+        t = f"{theirs / scale:.1f}" if theirs else "-"
+        r = f"{ours / theirs:.2f}" if ours and theirs else "-"
+        print(f"{name + ' (' + unit + ')':<34} {o:>12} {t:>12} {r:>7}")
+
+    for prec in PRECISIONS:
+        ours = ceil.get(f"gpu0/gemm/{prec}", {}).get("value")
+        theirs = max((r.get("best", 0) for r in peers["gemm"].get(prec, [])), default=0)
+        row(f"GEMM {prec}", ours, theirs, "TFLOP/s" if prec != "int8" else "TOP/s", 1e12)
+    row("device-to-device copy", ceil.get("gpu0/d2d", {}).get("value"), peers["d2d"]["best"], "GB/s", 1e9)
+    for prec in ["f32", "tf32", "bf16", "f16"]:
+        t = train.get(prec, {})
+        p = peers["resnet50"].get(prec)
+        row(f"ResNet-50 train {prec}", t.get("steady_images_per_second"), p if isinstance(p, float) else None, "img/s", 1.0)
+    for cid in sorted(ceil):
+        if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
+            c = ceil[cid]
+            pk = (c.get("theoretical_peak") or {}).get("value")
+            frac = f" ({100 * c['value'] / pk:.0f}% of peak)" if pk else ""
+            print(f"roofline {cid}: {c['value']:.4g} {c['unit']}{frac}")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("-o", "--output", default="peers.json")
+    ap.add_argument("--summary", action="store_true")
+    ap.add_argument("--machine")
+    ap.add_argument("--train")
+    ap.add_argument("--peers")
+    args = ap.parse_args()
+    if args.summary:
+        summary(args)
+    else:
+        measure(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+//! The GPU stack without a GPU: `roofline doctor` (its report, its exit code, the same words
+//! as the GPU commands) and the bring-up kit (packed, under the carry limit, and its binary
+//! starts).
+
+use std::path::Path;
+use std::process::Command;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_roofline"))
+}
+
+fn driver_present() -> bool {
+    roofline_kernels::cuda::libs::present(roofline_kernels::cuda::libs::Lib::Driver)
+}
+
+#[test]
+fn doctor_without_a_driver_exits_2_and_names_the_fix_in_the_probes_words() {
+    if driver_present() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let o = bin().arg("doctor").output().unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = "no NVIDIA driver (libcuda) found: looked for libcuda.so.1";
+    assert!(text.contains(&format!("missing: {line}")), "{text}");
+    assert!(text.contains("fix: install the NVIDIA driver"), "{text}");
+    assert!(text.contains("not ready"), "{text}");
+    // The GPU commands stop with the same words.
+    for args in [vec!["probe", "--device", "cuda"], vec!["probe", "--check"]] {
+        let p = bin().args(&args).output().unwrap();
+        assert_eq!(p.status.code(), Some(2), "{args:?}");
+        let err = String::from_utf8_lossy(&p.stderr);
+        assert!(err.contains(line), "{args:?}: {err}");
+        assert!(err.contains("install the NVIDIA driver"), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn doctor_json_lists_every_library_and_the_problems_with_their_severity() {
+    let o = bin().args(["doctor", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("doctor --json is JSON");
+    let libs = v["libraries"].as_array().unwrap();
+    let names: Vec<&str> = libs.iter().map(|l| l["name"].as_str().unwrap()).collect();
+    for want in [
+        "libcuda",
+        "libnvidia-ml",
+        "libnvrtc",
+        "libcublas)",
+        "libcublasLt",
+        "libcudnn",
+        "libnccl",
+    ] {
+        assert!(
+            names.iter().any(|n| n.contains(want)),
+            "{want} in {names:?}"
+        );
+    }
+    let problems = v["problems"].as_array().unwrap();
+    let blockers = problems
+        .iter()
+        .filter(|p| p["severity"] == "blocker")
+        .count();
+    // Exit 0 exactly when there is no blocker.
+    assert_eq!(o.status.code(), Some(if blockers == 0 { 0 } else { 2 }));
+    for p in problems {
+        assert!(!p["fix"].as_str().unwrap().is_empty(), "{p}");
+    }
+    // Where NVRTC is installed (CI installs the wheels and sets ROOFLINE_CUDA_LIBS), it is
+    // reported with its version and the very file the bindings call.
+    if std::env::var("CI").is_ok_and(|c| c == "true") {
+        let nvrtc = libs
+            .iter()
+            .find(|l| l["name"].as_str().unwrap().contains("libnvrtc"))
+            .unwrap();
+        assert!(
+            nvrtc["version"]
+                .as_str()
+                .is_some_and(|s| s.starts_with("12.") || s.starts_with("13.")),
+            "{nvrtc}"
+        );
+        let file = nvrtc["in_use"].as_str().unwrap();
+        assert!(file.contains("libnvrtc.so.1"), "{file}");
+        assert!(Path::new(file).is_file());
+    }
+}
+
+/// `scripts/gpu-bringup.sh pack` builds the kit: a stripped binary and the scripts, well under
+/// the 64 MiB a GPU machine is sent, and the packed binary starts.
+#[test]
+fn the_bringup_kit_packs_under_the_carry_limit_and_its_binary_starts() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let out = std::env::temp_dir().join(format!("roofline-kit-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&out);
+    let o = Command::new("bash")
+        .arg(root.join("scripts/gpu-bringup.sh"))
+        .arg("pack")
+        .env("ROOFLINE_KIT_DIR", &out)
+        // The test's own binary: no second release build inside the test run.
+        .env("ROOFLINE_KIT_BINARY", env!("CARGO_BIN_EXE_roofline"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "pack failed:\n{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let mut total = 0u64;
+    for e in std::fs::read_dir(&out).unwrap().flatten() {
+        total += e.metadata().unwrap().len();
+    }
+    assert!(total < 48 << 20, "the kit is {total} bytes");
+    for f in ["roofline", "gpu-bringup.sh", "peers.py"] {
+        assert!(out.join(f).is_file(), "{f} missing from the kit");
+    }
+    let v = Command::new(out.join("roofline"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(v.status.success());
+    assert!(String::from_utf8_lossy(&v.stdout).starts_with("roofline "));
+    // Stripped: smaller than the binary it was made from (symbols and debug info gone).
+    let packed = std::fs::metadata(out.join("roofline")).unwrap().len();
+    let built = std::fs::metadata(env!("CARGO_BIN_EXE_roofline"))
+        .unwrap()
+        .len();
+    assert!(packed < built, "packed {packed} bytes, built {built}");
+    let _ = std::fs::remove_dir_all(&out);
+}
