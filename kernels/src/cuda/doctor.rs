@@ -98,8 +98,8 @@ fn role(lib: Lib) -> &'static str {
     }
 }
 
-/// The library's version, where it can be asked without a handle.
-fn version_of(lib: Lib) -> Option<String> {
+/// The library's version, where it can be asked without a handle (the library present).
+pub fn version(lib: Lib) -> Option<String> {
     match lib {
         Lib::Driver => device::driver_version().ok(),
         Lib::Nvrtc => super::nvrtc::version()
@@ -183,7 +183,7 @@ pub fn diagnose(enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>) -> Report {
         let path = libs::locate(lib);
         let present = path.is_some() && libs::present(lib);
         let in_use = if present { libs::in_use(lib) } else { None };
-        let version = if present { version_of(lib) } else { None };
+        let version = if present { version(lib) } else { None };
         if !present {
             let needed = match lib {
                 Lib::Nvml => false,

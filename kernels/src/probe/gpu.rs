@@ -110,46 +110,21 @@ pub fn uuids() -> Result<Vec<String>, CudaError> {
         .collect()
 }
 
-/// The versions of the CUDA libraries in use, for provenance (those present).
+/// The versions of the CUDA libraries in use, for provenance (those present), with the file
+/// each was loaded from: the doctor's versions.
 pub fn library_versions() -> Vec<String> {
     use crate::cuda::libs::{self, Lib};
-    let mut v = Vec::new();
-    if let Ok(d) = device::driver_version() {
-        v.push(format!("CUDA driver API {d}"));
-    }
-    if let Ok((major, minor)) = crate::cuda::nvrtc::version() {
-        v.push(format!(
-            "NVRTC {major}.{minor} ({})",
-            libs::locate(Lib::Nvrtc).unwrap_or_default()
-        ));
-    }
-    if libs::present(Lib::Cublas) {
-        use cudarc::cublas::sys as b;
-        let mut parts = [0i32; 3];
-        let props = [
-            b::libraryPropertyType::MAJOR_VERSION,
-            b::libraryPropertyType::MINOR_VERSION,
-            b::libraryPropertyType::PATCH_LEVEL,
-        ];
-        // SAFETY: out-parameters; the status is checked.
-        let ok = props
-            .iter()
-            .zip(parts.iter_mut())
-            .all(|(p, out)| unsafe { b::cublasGetProperty(*p, out).result().is_ok() });
-        if ok {
-            v.push(format!("cuBLAS {}.{}.{}", parts[0], parts[1], parts[2]));
-        }
-    }
-    if libs::present(Lib::CublasLt) {
-        // SAFETY: no arguments.
-        v.push(format!("cuBLASLt {}", unsafe {
-            cudarc::cublaslt::sys::cublasLtGetVersion()
-        }));
-    }
-    if libs::present(Lib::Cudnn) {
-        v.push(format!("cuDNN {}", cudarc::cudnn::result::get_version()));
-    }
-    v
+    Lib::ALL
+        .iter()
+        .filter(|l| !matches!(l, Lib::Nvml) && libs::present(**l))
+        .filter_map(|l| {
+            let v = crate::cuda::doctor::version(*l)?;
+            Some(match libs::in_use(*l) {
+                Some(path) => format!("{} {v} ({path})", l.label()),
+                None => format!("{} {v}", l.label()),
+            })
+        })
+        .collect()
 }
 
 /// NVML's form of the UUID (`GPU-` + 8-4-4-4-12 hex digits).
@@ -608,6 +583,48 @@ mod tests {
             .map(|i| a.powi(n) * fma_start_f64(7, i) + b * (1.0 - a.powi(n)) / (1.0 - a))
             .sum();
         assert!((fma_ref_f64(7, a, b, iters) - want).abs() < 1e-12);
+    }
+
+    #[test]
+    fn a_failed_setup_is_a_note_and_only_a_failed_check_ends_the_probe() {
+        let peaks = PeakDb::builtin().unwrap();
+        let cancel = AtomicBool::new(false);
+        let mut ctx = Ctx {
+            mode: Mode::Full,
+            cancel: &cancel,
+            peaks: &peaks,
+            out: GpuResult::default(),
+        };
+        let refused = CudaError::Call {
+            call: "cublasLtMatmulAlgoGetHeuristic".into(),
+            detail: "CUBLAS_STATUS_INVALID_VALUE".into(),
+        };
+        assert!(ctx.section(0, "gemm", Err(refused)).is_ok());
+        let compile = CudaError::Compile {
+            file: "mma_fp8.cu".into(),
+            target: "sm_90".into(),
+            log: "ptxas fatal".into(),
+        };
+        assert!(ctx.checked(0, "mma_fp8", Err(compile)).is_ok());
+        assert_eq!(ctx.out.notes.len(), 2, "{:?}", ctx.out.notes);
+        assert!(
+            ctx.out.notes[0].starts_with("gpu0 gemm: not measured: cublasLtMatmulAlgoGetHeuristic")
+        );
+        let wrong = CudaError::Check("stream_read: sum 0x1, expected 0x2".into());
+        assert!(matches!(
+            ctx.section(0, "mem", Err(wrong)),
+            Err(CudaError::Check(_))
+        ));
+        assert!(matches!(
+            ctx.section(0, "fma", Err(CudaError::Interrupted)),
+            Err(CudaError::Interrupted)
+        ));
+        // In --check mode every failure is a line of the table, none ends the run.
+        ctx.mode = Mode::Check;
+        assert!(ctx
+            .checked(0, "fma_f32", Err(CudaError::Check("x".into())))
+            .is_ok());
+        assert!(ctx.out.checks.last().unwrap().failure.is_some());
     }
 
     #[test]
