@@ -148,6 +148,17 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
         return Err(anyhow::anyhow!("--arch is empty; expected e.g. 80,90"));
     }
     let (major, minor) = nvrtc::version()?;
+    let supported = nvrtc::supported_archs()?;
+    if let Some(a) = archs.iter().find(|a| !supported.contains(a)) {
+        return Err(anyhow::anyhow!(
+            "--arch {a}: NVRTC {major}.{minor} compiles for {}",
+            supported
+                .iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(",")
+        ));
+    }
     let mut report = Vec::new();
     for src in SOURCES {
         for &a in &archs {

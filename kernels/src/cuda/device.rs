@@ -394,9 +394,16 @@ impl Gpu {
         self.bind()?;
         if !self.modules.iter().any(|m| m.file == source.file) {
             let arch = self.arch();
-            let compiled = nvrtc::compile(source, Target::Sass(arch))
-                .or_else(|_| nvrtc::compile(source, Target::Ptx(arch)))
-                .or_else(|_| nvrtc::compile(source, Target::Ptx(arch.min(90))))?;
+            let supported = nvrtc::supported_archs()?;
+            let target = nvrtc::target_for(arch, &supported).ok_or_else(|| {
+                CudaError::Unsupported(format!(
+                    "NVRTC {} compiles for sm_{}…sm_{}, and this GPU is sm_{arch}: use the NVRTC of an older CUDA (CUDA 13 dropped GPUs before sm_75)",
+                    nvrtc::version().map(|v| format!("{}.{}", v.0, v.1)).unwrap_or_default(),
+                    supported.iter().min().copied().unwrap_or(0),
+                    supported.iter().max().copied().unwrap_or(0),
+                ))
+            })?;
+            let compiled = nvrtc::compile(source, target)?;
             let mut image = compiled.image;
             if matches!(compiled.target, Target::Ptx(_)) {
                 image.push(0); // PTX is loaded as a C string

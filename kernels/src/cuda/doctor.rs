@@ -102,9 +102,14 @@ fn role(lib: Lib) -> &'static str {
 pub fn version(lib: Lib) -> Option<String> {
     match lib {
         Lib::Driver => device::driver_version().ok(),
-        Lib::Nvrtc => super::nvrtc::version()
-            .ok()
-            .map(|(a, b)| format!("{a}.{b}")),
+        Lib::Nvrtc => {
+            let (a, b) = super::nvrtc::version().ok()?;
+            let archs = super::nvrtc::supported_archs().unwrap_or_default();
+            Some(match (archs.iter().min(), archs.iter().max()) {
+                (Some(lo), Some(hi)) => format!("{a}.{b} (sm_{lo}…sm_{hi})"),
+                _ => format!("{a}.{b}"),
+            })
+        }
         Lib::Cublas => {
             use cudarc::cublas::sys as b;
             let mut parts = [0i32; 3];
@@ -141,6 +146,18 @@ pub fn version(lib: Lib) -> Option<String> {
         Lib::Nccl => crate::comm::nccl::version().ok(),
         Lib::Nvml => None,
     }
+}
+
+/// The leading `major.minor` of a version text ("12.8 (sm_50…sm_90)" → (12, 8)).
+fn major_minor(v: &str) -> (u32, u32) {
+    let mut it = v.split('.').map(|part| {
+        part.chars()
+            .take_while(|c| c.is_ascii_digit())
+            .collect::<String>()
+            .parse::<u32>()
+            .unwrap_or(0)
+    });
+    (it.next().unwrap_or(0), it.next().unwrap_or(0))
 }
 
 /// The CUDA major a library's version belongs to (cuBLAS 13.x → 13; cuDNN "for CUDA 12.8" → 12).
@@ -307,8 +324,7 @@ fn generation_checks(
             .find(|(_, l)| *l == Lib::Nvrtc)
             .and_then(|(s, _)| s.version.clone())
         {
-            let mut it = v.split('.').map(|x| x.parse::<u32>().unwrap_or(0));
-            let nv = (it.next().unwrap_or(0), it.next().unwrap_or(0));
+            let nv = major_minor(&v);
             if nv.0 == dmaj && nv > (dmaj, dmin) {
                 problems.push(Problem {
                     severity: Severity::Warning,
@@ -447,7 +463,12 @@ mod tests {
     #[test]
     fn a_cuda13_stack_on_a_cuda13_driver_passes() {
         let mut p = Vec::new();
-        let libs = stack("13.0", "13.0.2", "13.0.2", "9.13.0 (for CUDA 13.0)");
+        let libs = stack(
+            "13.0 (sm_75…sm_121)",
+            "13.0.2",
+            "13.0.2",
+            "9.13.0 (for CUDA 13.0)",
+        );
         generation_checks(&libs, Some((13, 0)), &mut p);
         assert!(p.is_empty(), "{p:?}");
     }
@@ -469,7 +490,12 @@ mod tests {
         generation_checks(&libs, Some((13, 0)), &mut p);
         assert!(p.iter().any(|x| x.what.contains("cuBLASLt is CUDA 13")));
         let mut p = Vec::new();
-        let libs = stack("12.8", "12.4.5", "12.4.5", "9.1.0 (for CUDA 12.2)");
+        let libs = stack(
+            "12.8 (sm_50…sm_120)",
+            "12.4.5",
+            "12.4.5",
+            "9.1.0 (for CUDA 12.2)",
+        );
         generation_checks(&libs, Some((12, 4)), &mut p);
         assert_eq!(p.len(), 1, "{p:?}");
         assert_eq!(p[0].severity, Severity::Warning);

@@ -169,6 +169,38 @@ pub fn version() -> Result<(i32, i32), CudaError> {
     Ok((major, minor))
 }
 
+/// The real architectures this NVRTC compiles SASS for (`nvrtcGetSupportedArchs`), e.g.
+/// 50…90 for NVRTC 12.4, 75…121 for 13.0: CUDA 13 dropped everything before Turing.
+pub fn supported_archs() -> Result<Vec<u32>, CudaError> {
+    ensure_nvrtc()?;
+    let mut n = 0i32;
+    // SAFETY: one out-parameter.
+    unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) }
+        .result()
+        .map_err(|e| CudaError::call("nvrtcGetNumSupportedArchs", e))?;
+    let mut v = vec![0i32; n.max(0) as usize];
+    // SAFETY: an array of the length NVRTC gave.
+    unsafe { sys::nvrtcGetSupportedArchs(v.as_mut_ptr()) }
+        .result()
+        .map_err(|e| CudaError::call("nvrtcGetSupportedArchs", e))?;
+    Ok(v.into_iter().filter(|a| *a > 0).map(|a| a as u32).collect())
+}
+
+/// What to compile for a GPU of architecture `arch` with an NVRTC that targets `supported`:
+/// SASS for it when NVRTC knows it, else PTX for the newest architecture NVRTC knows below it
+/// (the driver JIT-compiles that PTX for the GPU); `None` when NVRTC knows none at or below it.
+pub fn target_for(arch: u32, supported: &[u32]) -> Option<Target> {
+    if supported.contains(&arch) {
+        return Some(Target::Sass(arch));
+    }
+    supported
+        .iter()
+        .copied()
+        .filter(|a| *a <= arch)
+        .max()
+        .map(Target::Ptx)
+}
+
 /// Fails with the "not found, looked in ..." message when NVRTC is absent.
 pub fn ensure_nvrtc() -> Result<(), CudaError> {
     if libs::present(Lib::Nvrtc) {
@@ -322,6 +354,18 @@ fn leading_number(s: &str) -> u32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_target_is_sass_when_nvrtc_knows_the_gpu_else_the_newest_ptx_below_it() {
+        let nvrtc_12_4: Vec<u32> = vec![50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90];
+        let nvrtc_13_0: Vec<u32> = vec![75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121];
+        assert_eq!(target_for(90, &nvrtc_12_4), Some(Target::Sass(90)));
+        // A Blackwell GPU with NVRTC 12.4: PTX for sm_90, which the driver JITs.
+        assert_eq!(target_for(100, &nvrtc_12_4), Some(Target::Ptx(90)));
+        assert_eq!(target_for(100, &nvrtc_13_0), Some(Target::Sass(100)));
+        // A Volta GPU with NVRTC 13: nothing NVRTC 13 can build runs there.
+        assert_eq!(target_for(70, &nvrtc_13_0), None);
+    }
 
     #[test]
     fn ptxas_report_is_parsed() {
