@@ -82,6 +82,15 @@ impl Lib {
         }
     }
 
+    /// The libraries it opens by soname itself, to be loaded before it.
+    fn needs(self) -> &'static [Lib] {
+        match self {
+            Lib::Cublas => &[Lib::CublasLt],
+            Lib::Cudnn => &[Lib::CublasLt, Lib::Nvrtc],
+            _ => &[],
+        }
+    }
+
     /// The pip packages that install it, per CUDA generation, for the fix in an error.
     pub fn wheels(self) -> Option<(&'static str, &'static str)> {
         match self {
@@ -387,6 +396,12 @@ pub fn locate(lib: Lib) -> Option<String> {
     } else {
         locate(Lib::Driver).and_then(|_| driver_generation())
     };
+    // What the library opens by soname itself, loaded first from where we find it: cuBLAS
+    // needs its cuBLASLt; cuDNN opens cuBLASLt (legacy convolutions) and NVRTC (runtime-
+    // compiled engines) at run time. A missing one is the library's own concern, not ours.
+    for dep in lib.needs() {
+        let _ = locate(*dep);
+    }
     let env = SearchEnv::from_process();
     let mut found = candidates_in(lib, &env, max_generation)
         .into_iter()
@@ -416,29 +431,55 @@ pub fn locate(lib: Lib) -> Option<String> {
     Some(path)
 }
 
-/// Loads the libraries `lib` itself opens by bare name from beside its file: NVRTC 13 opens
-/// `libnvrtc-builtins.so.13.0` through the linker's search only (not its own folder), so from a
-/// wheel folder that is on no search path every compilation fails with
-/// NVRTC_ERROR_BUILTIN_OPERATION_FAILURE. Loaded first, it is found by its soname.
+/// Loads the libraries `lib` itself opens by bare name from beside its file, so that the
+/// loader finds them by soname wherever they lie:
+/// - NVRTC 13 opens `libnvrtc-builtins.so.13.0` through the linker's search only (not its own
+///   folder): from a wheel folder on no search path every compilation fails with
+///   NVRTC_ERROR_BUILTIN_OPERATION_FAILURE;
+/// - cuDNN 9's `libcudnn.so.9` is a dispatcher that opens its sub-libraries (`libcudnn_graph`,
+///   `_ops`, `_cnn`, `_adv`, `_heuristic`, `_engines_*`) by bare soname at first use.
+///
+/// Several passes, since a sub-library loads only after those it needs.
 fn load_companions(lib: Lib, path: &str) {
-    if lib != Lib::Nvrtc {
-        return;
-    }
-    let Some(dir) = Path::new(path)
-        .parent()
-        .filter(|d| !d.as_os_str().is_empty())
-    else {
+    let prefix = match lib {
+        Lib::Nvrtc => "libnvrtc-builtins.so.",
+        Lib::Cudnn => "libcudnn_",
+        _ => return,
+    };
+    let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) else {
         return;
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
         return;
     };
-    for e in rd.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.starts_with("libnvrtc-builtins.so.") {
-            try_open(lib, &e.path().to_string_lossy());
+    let mut todo: Vec<PathBuf> = rd
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| {
+            p.file_name().is_some_and(|n| {
+                let n = n.to_string_lossy();
+                // Versioned shared objects only (not .a archives, not NVRTC's `.alt` variant).
+                n.starts_with(prefix) && n.contains(".so.") && !n.contains(".alt.")
+            })
+        })
+        .collect();
+    todo.sort();
+    while !todo.is_empty() {
+        let before = todo.len();
+        todo.retain(|p| !try_open_quiet(&p.to_string_lossy()));
+        if todo.len() == before {
+            break;
         }
     }
+}
+
+/// `dlopen` by path, globally, without recording a refusal.
+fn try_open_quiet(spec: &str) -> bool {
+    let Ok(c) = CString::new(spec) else {
+        return false;
+    };
+    // SAFETY: dlopen with a valid C string; never closed (see `try_open`).
+    !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
 }
 
 /// Why files that exist for `lib` would not load (`dlopen`'s words), if any were refused.
@@ -720,6 +761,58 @@ mod tests {
             vec![venv.join("lib/python3.12/site-packages/nvidia/nccl/lib/libnccl.so.2")]
         );
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    /// cuDNN 9's dispatcher opens its sub-libraries by bare soname: from a folder on no search
+    /// path that fails, unless they were loaded first from beside it. Two small libraries built
+    /// here stand for the dispatcher and one sub-library.
+    #[test]
+    fn a_dispatchers_sub_libraries_are_loaded_from_beside_it() {
+        let dir = tmp("companions");
+        let build = |name: &str, src: &str| {
+            let c = dir.join(format!("{name}.c"));
+            std::fs::write(&c, src).unwrap();
+            std::process::Command::new("gcc")
+                .args(["-shared", "-fPIC", "-o"])
+                .arg(dir.join(name))
+                .arg(&c)
+                .arg(format!("-Wl,-soname,{name}"))
+                .arg("-ldl")
+                .status()
+                .is_ok_and(|s| s.success())
+        };
+        let sub = "libcudnn_rooflinetest.so.9";
+        let dispatcher = "libcudnn_rooflinetest_dispatch.so.9.0";
+        if !build(sub, "int sub_answer(void) { return 42; }")
+            || !build(
+                dispatcher,
+                "#include <dlfcn.h>\n\
+                 int dispatch(void) {\n\
+                   void *h = dlopen(\"libcudnn_rooflinetest.so.9\", RTLD_NOW);\n\
+                   if (!h) return -1;\n\
+                   int (*f)(void) = (int (*)(void))dlsym(h, \"sub_answer\");\n\
+                   return f ? f() : -2;\n\
+                 }\n",
+            )
+        {
+            eprintln!("skipped: no gcc to build the stand-in libraries");
+            return;
+        }
+        let path = dir.join(dispatcher).to_string_lossy().into_owned();
+        let c = CString::new(path.clone()).unwrap();
+        // SAFETY: a library built above; `dispatch` has the signature declared.
+        let call = || unsafe {
+            let h = libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL);
+            assert!(!h.is_null());
+            let f = libc::dlsym(h, c"dispatch".as_ptr());
+            assert!(!f.is_null());
+            let f: unsafe extern "C" fn() -> i32 = std::mem::transmute(f);
+            f()
+        };
+        assert_eq!(call(), -1, "the sub-library was found without help");
+        load_companions(Lib::Cudnn, &path);
+        assert_eq!(call(), 42);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
