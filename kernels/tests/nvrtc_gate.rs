@@ -172,20 +172,22 @@ fn a_syntax_error_fails_with_nvrtcs_log() {
     }
 }
 
-/// ptxas of the same CUDA generation as the NVRTC loaded: from the `nvidia-cuda-nvcc-cu12`
-/// (`cuda_nvcc/bin`) or CUDA 13 `nvidia-cuda-nvcc` (`cu13/bin`) wheel under ROOFLINE_CUDA_LIBS,
-/// or the CUDA toolkit.
+/// ptxas of the same CUDA generation as the NVRTC loaded, found beside it: a CUDA 13 wheel
+/// (`nvidia/cu13/lib/libnvrtc.so.13` → `nvidia/cu13/bin/ptxas`), a CUDA 12 wheel
+/// (`nvidia/cuda_nvrtc/lib` → `nvidia/cuda_nvcc/bin/ptxas`, the `nvidia-cuda-nvcc-cu12` wheel)
+/// or a toolkit (`lib64` → `bin/ptxas`); else `CUDA_HOME`'s or `/usr/local/cuda`'s.
 fn ptxas() -> Option<std::path::PathBuf> {
-    let major = nvrtc::version().map(|v| v.0).unwrap_or(0);
+    use roofline_kernels::cuda::libs::{self, Lib};
     let mut candidates = Vec::new();
-    if let Some(list) = std::env::var_os("ROOFLINE_CUDA_LIBS") {
-        for d in std::env::split_paths(&list) {
-            if major >= 13 {
-                candidates.push(d.join("cu13/bin/ptxas"));
-            } else {
-                candidates.push(d.join("cuda_nvcc/bin/ptxas"));
+    if let Some(nvrtc) = libs::in_use(Lib::Nvrtc) {
+        let lib_dir = std::path::Path::new(&nvrtc)
+            .parent()
+            .map(|p| p.to_path_buf());
+        if let Some(root) = lib_dir.as_deref().and_then(|d| d.parent()) {
+            candidates.push(root.join("bin/ptxas"));
+            if let Some(nvidia) = root.parent() {
+                candidates.push(nvidia.join("cuda_nvcc/bin/ptxas"));
             }
-            candidates.push(d.join("bin/ptxas"));
         }
     }
     if let Some(home) = std::env::var_os("CUDA_HOME") {
@@ -204,11 +206,12 @@ fn ptx_assembles_with_ptxas_for_every_target() {
     }
     let Some(ptxas) = ptxas() else {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
-            panic!("CI=true and ptxas is missing (pip wheel nvidia-cuda-nvcc-cu12 under ROOFLINE_CUDA_LIBS)");
+            panic!("CI=true and ptxas is missing beside NVRTC (pip wheel nvidia-cuda-nvcc-cu12, or nvidia-cuda-nvcc for CUDA 13)");
         }
         eprintln!("skipped: no ptxas");
         return;
     };
+    println!("ptxas: {}", ptxas.display());
     let dir = std::env::temp_dir().join(format!("roofline-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for source in SOURCES {

@@ -446,7 +446,10 @@ fn load_companions(lib: Lib, path: &str) {
         Lib::Cudnn => "libcudnn_",
         _ => return,
     };
-    let Some(dir) = Path::new(path).parent().filter(|d| !d.as_os_str().is_empty()) else {
+    let Some(dir) = Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    else {
         return;
     };
     let Ok(rd) = std::fs::read_dir(dir) else {
