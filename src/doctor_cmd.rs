@@ -148,3 +148,79 @@ pub fn render(r: &Report) -> String {
     };
     s
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_kernels::cuda::doctor::{GpuStatus, LibStatus, MpiStatus, Problem};
+
+    fn report(problems: Vec<Problem>) -> Report {
+        Report {
+            driver_cuda: Some((13, 0)),
+            driver_version: Some("580.159.04".into()),
+            libraries: vec![LibStatus {
+                name: "NVRTC (libnvrtc)",
+                path: Some("/venv/nvidia/cu13/lib/libnvrtc.so.13".into()),
+                in_use: Some("/venv/nvidia/cu13/lib/libnvrtc.so.13".into()),
+                version: Some("13.0 (sm_75…sm_121)".into()),
+                role: "",
+            }],
+            gpus: vec![GpuStatus {
+                info: roofline_model::GpuInfo {
+                    index: 0,
+                    name: "NVIDIA H100 80GB HBM3".into(),
+                    compute_capability: "9.0".into(),
+                    sm_count: 132,
+                    memory_bytes: 85_520_809_984,
+                    l2_bytes: 52_428_800,
+                    sm_clock_max_mhz: Some(1980),
+                    power_limit_w: Some(700.0),
+                    pcie_generation_max: Some(5),
+                    pcie_width_max: Some(16),
+                    ..Default::default()
+                },
+                sm_clock_khz: Some(1_980_000),
+                memory_clock_khz: Some(2_619_000),
+                memory_bus_bits: Some(5120),
+                kernels: Ok("stream.cu: sm_90".into()),
+            }],
+            mpi: MpiStatus {
+                built_in: false,
+                mpirun: None,
+                launched_ranks: None,
+            },
+            problems,
+        }
+    }
+
+    #[test]
+    fn the_report_names_every_part_and_says_ready_or_what_to_fix() {
+        let text = render(&report(Vec::new()));
+        for want in [
+            "580.159.04 (CUDA 13.0)",
+            "13.0 (sm_75…sm_121)",
+            "/venv/nvidia/cu13/lib/libnvrtc.so.13",
+            "gpu0        NVIDIA H100 80GB HBM3 (compute capability 9.0, 132 SMs, 79.6 GiB memory, 50 MiB L2)",
+            "SM clock max 1980 MHz",
+            "5120-bit bus",
+            "power limit 700 W",
+            "PCIe gen 5 x16",
+            "kernels: load (stream.cu: sm_90)",
+            "--features mpi",
+            "ready: everything the GPU path needs is here.",
+        ] {
+            assert!(text.contains(want), "{want:?} not in:\n{text}");
+        }
+        let text = render(&report(vec![Problem {
+            severity: Severity::Blocker,
+            what: "no cuDNN (libcudnn) found".into(),
+            fix: "pip install nvidia-cudnn-cu13".into(),
+        }]));
+        assert!(text.contains(
+            "missing: no cuDNN (libcudnn) found\n    fix: pip install nvidia-cudnn-cu13"
+        ));
+        assert!(text.ends_with(
+            "not ready: fix what is missing above, then run `roofline doctor` again.\n"
+        ));
+    }
+}
