@@ -2,7 +2,7 @@
 # Bring roofline's GPU path up on a GPU machine in one sitting.
 #
 #   scripts/gpu-bringup.sh pack            # here (any x86-64 Linux with Rust): build the kit
-#   scripts/gpu-bringup.sh run [OUT]       # on the GPU machine, from the kit's folder
+#   scripts/gpu-bringup.sh run [OUT] [PARTS]   # on the GPU machine, from the kit's folder
 #
 # pack builds a release binary (no MPI: it must start on a machine without an MPI library),
 # strips it, and puts it with this script and peers.py into target/bringup/ (about 15 MB;
@@ -62,6 +62,11 @@ python_wheels() {
 
 run() {
     local out=${1:-${OUT:-./bringup-out}}
+    # Which parts: all (default), or a comma list of probe (doctor, kernels, the checks and
+    # probes), train (train --check, the four trainings, place) and peers (PyTorch), so that a
+    # machine lent in calls of 10 minutes can take it in two: `run OUT probe`, `run OUT train,peers`.
+    local parts=${2:-all}
+    want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
     mkdir -p "$out"
     out=$(cd "$out" && pwd)
     local rl=$here/roofline
@@ -102,29 +107,44 @@ run() {
     }
 
     step doctor 60 "$rl" doctor
-    step kernels 120 "$rl" kernels --arch 80,89,90
-    step probe-check 180 "$rl" probe --check
-    local tmp
+    local tmp machine=$out/machine.json
     tmp=$(mktemp -d)
-    step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
-    step probe-full 360 "$rl" probe --device cuda -o "$out/machine.json"
-    local machine=$out/machine.json
-    # At most 8 files come back from a lent machine: the quick probe's only if the full one failed.
-    if [ ! -f "$machine" ] && [ -f "$tmp/machine-quick.json" ]; then
-        cp "$tmp/machine-quick.json" "$out/"
-        machine=$out/machine-quick.json
+    if want probe; then
+        step kernels 120 "$rl" kernels --arch 80,89,90
+        step probe-check 180 "$rl" probe --check
+        step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
+        step probe-full 360 "$rl" probe --device cuda -o "$machine"
     fi
-    step train-check 240 "$rl" train --device cuda --check
+    # At most 8 files come back from a lent machine: the quick probe's only if there is no full one.
+    if [ ! -f "$machine" ]; then
+        if [ ! -f "$tmp/machine-quick.json" ] && { want train || want peers; }; then
+            step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
+        fi
+        if [ -f "$tmp/machine-quick.json" ]; then
+            cp "$tmp/machine-quick.json" "$out/"
+            machine=$out/machine-quick.json
+        fi
+    fi
     local batch=${ROOFLINE_BRINGUP_BATCH:-128} steps=${ROOFLINE_BRINGUP_STEPS:-30}
-    for p in f32 tf32 bf16 f16; do
-        step "train-$p" 180 sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
-        [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
-        rm -f "$out/train-$p.json"
-    done
-    step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
-    step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
-    "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >"$out/summary.txt" 2>>"$log" \
-        || echo "no summary (see log.txt)" >"$out/summary.txt"
+    if want train; then
+        step train-check 240 "$rl" train --device cuda --check
+        for p in f32 tf32 bf16 f16; do
+            step "train-$p" 180 sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
+            [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
+            rm -f "$out/train-$p.json"
+        done
+        step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
+    fi
+    if want peers; then
+        step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
+    fi
+    if [ -f "$out/peers.json" ]; then
+        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >"$out/summary.txt" 2>>"$log" \
+            || echo "no summary (see log.txt)" >"$out/summary.txt"
+    else
+        echo "no peer figures in this run (part: $parts)" >"$out/summary.txt"
+    fi
+    rm -rf "$tmp"
     echo "failed steps: $failed; total $((SECONDS - start))s" >>"$out/summary.txt"
     cat "$out/summary.txt"
     return "$failed"
