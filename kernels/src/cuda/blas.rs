@@ -733,28 +733,31 @@ fn gemm_precision(
             if lib == Library::Cublas && p == Prec::Fp8 {
                 continue;
             }
-            let plan = if lib == Library::CublasLt {
-                // A refusal of the heuristic (no algorithm for this shape and type on this
-                // GPU and library version) costs this shape's cuBLASLt row only: the rows
-                // already measured are kept, and the refusal is noted.
-                match lt_plan(h, p, m, n, k).map_err(not_supported) {
-                    Ok(plan) => Some(plan),
-                    Err(e @ CudaError::Unsupported(_)) => {
-                        out.notes.push(format!(
-                            "gpu{} gemm {} {name}: cuBLASLt not measured: {e}",
-                            gpu.ordinal,
-                            p.name()
-                        ));
-                        refused = Some(e);
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                }
+            // A library's refusal of one shape (the heuristic finds no algorithm, or the call
+            // is refused for this shape and type on this GPU and library version) costs that
+            // row only: the rows already measured are kept, and the refusal is noted. A wrong
+            // result (below) still fails the precision.
+            let attempt = if lib == Library::CublasLt {
+                lt_plan(h, p, m, n, k).map(Some)
             } else {
-                None
+                Ok(None)
+            }
+            .and_then(|plan| enqueue(gpu, h, lib, p, &pr, 0, plan.as_ref()).map(|_| plan));
+            let plan = match attempt.map_err(not_supported) {
+                Ok(plan) => plan,
+                Err(CudaError::Interrupted) => return Err(CudaError::Interrupted),
+                Err(e) => {
+                    out.notes.push(format!(
+                        "gpu{} gemm {} {name}: {} not measured: {e}",
+                        gpu.ordinal,
+                        p.name(),
+                        lib.name()
+                    ));
+                    refused = Some(e);
+                    continue;
+                }
             };
-            // Warm-up and result check.
-            enqueue(gpu, h, lib, p, &pr, 0, plan.as_ref())?;
+            // The warm-up above left C: check it.
             let c: Vec<u8> = gpu.download(&pr.c)?;
             let err =
                 check_sample(p, &pr.host_a, &pr.host_b, &c, m, n, k).map_err(CudaError::Check)?;
