@@ -592,8 +592,22 @@ pub fn not_found(lib: Lib) -> String {
         .map(|d| d.display().to_string())
         .collect();
     let refused = refused(lib);
+    // Files of a newer CUDA than the driver's, passed over (`locate`).
+    let driver = if matches!(lib, Lib::Driver | Lib::Nvml) {
+        None
+    } else {
+        locate(Lib::Driver).and_then(|_| driver_generation())
+    };
+    let passed_over: Vec<String> = match driver {
+        Some(max) => candidates_in(lib, &SearchEnv::from_process(), None)
+            .into_iter()
+            .filter(|p| generation_of(lib, &p.to_string_lossy()).is_some_and(|g| g > max))
+            .map(|p| p.display().to_string())
+            .collect(),
+        None => Vec::new(),
+    };
     format!(
-        "no {} found: looked for {} in {}the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache){}; fix: {} (`roofline doctor` checks the whole GPU stack)",
+        "no {} found: looked for {} in {}the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache){}{}; fix: {} (`roofline doctor` checks the whole GPU stack)",
         lib.label(),
         lib.names().join(" / "),
         if dirs.is_empty() {
@@ -605,6 +619,15 @@ pub fn not_found(lib: Lib) -> String {
             String::new()
         } else {
             format!(" (refused: {})", refused.join("; "))
+        },
+        if passed_over.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " (passed over, being for a newer CUDA than the driver's {}: {}; CUDA 13 libraries need driver R580 or newer)",
+                driver.unwrap_or(0),
+                passed_over.join(", ")
+            )
         },
         lib.fix()
     )
