@@ -5,7 +5,7 @@
 #   scripts/gpu-bringup.sh run [OUT] [PARTS]   # on the GPU machine, from the kit's folder
 #
 # pack builds a release binary (no MPI: it must start on a machine without an MPI library),
-# strips it, and puts it with this script and peers.py into target/bringup/ (about 15 MB;
+# strips it, and puts it with this script and peers.py into target/bringup/ (about 8 MB;
 # ROOFLINE_KIT_DIR sets another folder, ROOFLINE_KIT_BINARY packs a binary already built).
 # Copy that folder to the GPU machine and run `bash gpu-bringup.sh run OUT` there. It needs no
 # Rust and no network: the NVIDIA driver, the CUDA libraries (a toolkit, or the pip wheels of
