@@ -1,0 +1,304 @@
+//! `train --device cuda --check`: every GPU layer and one whole training step against the CPU
+//! layers on small shapes (normwise errors against per-precision bounds).
+
+use super::*;
+
+/// One comparison of the self-test: what, the normwise relative error, the tolerance.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Check {
+    pub name: String,
+    pub error: f64,
+    pub tolerance: f64,
+}
+
+impl Check {
+    pub fn passed(&self) -> bool {
+        self.error <= self.tolerance
+    }
+}
+
+/// ‖a − b‖ / max(‖b‖, tiny): the normwise relative error of GPU `a` against CPU `b`.
+pub fn normwise(a: &[f32], b: &[f32]) -> f64 {
+    if a.len() != b.len() {
+        return f64::INFINITY;
+    }
+    let (mut d, mut n) = (0.0f64, 0.0f64);
+    for (x, y) in a.iter().zip(b) {
+        d += (*x as f64 - *y as f64).powi(2);
+        n += (*y as f64).powi(2);
+    }
+    if !d.is_finite() {
+        return f64::INFINITY;
+    }
+    d.sqrt() / n.sqrt().max(1e-30)
+}
+
+/// Normwise tolerance of a comparison in precision `p` (f32 sums in another order; tf32 and
+/// the 16-bit formats round the convolution inputs).
+pub fn tolerance(p: Prec) -> f64 {
+    match p {
+        Prec::F32 => 1e-4,
+        Prec::Tf32 => 5e-3,
+        Prec::Bf16 => 3e-2,
+        _ => 1e-2,
+    }
+}
+
+pub(super) fn random(n: usize, rng: &mut crate::data::Rng) -> Vec<f32> {
+    (0..n).map(|_| rng.normal() as f32).collect()
+}
+
+/// A flat parameter store holding `values` (CPU layout; convolution filters of (depth, k)
+/// when `conv`) with zero momenta, for single-layer tests.
+pub(super) fn flat_of(
+    ctx: &Ctx,
+    values: &[&[f32]],
+    conv: Option<(usize, usize)>,
+) -> Result<Flat, CudaError> {
+    let layout: Vec<ParamShape> = values.iter().map(|v| (v.len(), false, conv)).collect();
+    let zeros: Vec<Vec<f32>> = values.iter().map(|v| vec![0.0; v.len()]).collect();
+    let moms: Vec<&[f32]> = zeros.iter().map(|z| &z[..]).collect();
+    Flat::new(ctx, &layout, values, &moms)
+}
+
+/// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
+/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; batch norm
+/// with ReLU (forward, running statistics, backward); then one whole training step of a small
+/// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
+/// parameter and every running statistic after the step, and the inference logits.
+pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
+    let mut ctx = Ctx::new(gpu, p)?;
+    let tol = tolerance(p);
+    let mut out = Vec::new();
+    let mut rng = crate::data::Rng::new(0x5E1F);
+    let push = |out: &mut Vec<Check>, name: String, error: f64, tolerance: f64| {
+        out.push(Check {
+            name,
+            error,
+            tolerance,
+        })
+    };
+    for (name, r, stride, pad, c, k, hw) in [
+        ("conv 1x1", 1, 1, 0, 16, 24, 9),
+        ("conv 3x3/2", 3, 2, 1, 8, 16, 11),
+        ("conv 7x7/2", 7, 2, 3, 3, 8, 16),
+    ] {
+        let sh = ConvShape {
+            n: 2,
+            c,
+            h: hw,
+            w: hw,
+            k,
+            r,
+            s: r,
+            stride,
+            pad,
+        };
+        let x = random(sh.input_len(), &mut rng);
+        let w = random(sh.weight_len(), &mut rng);
+        let dy = random(sh.output_len(), &mut rng);
+        let mut y = vec![0.0f32; sh.output_len()];
+        crate::conv::forward(&x, &w, &mut y, &sh);
+        let mut dx = vec![0.0f32; sh.input_len()];
+        crate::conv::backward_data(&dy, &w, &mut dx, &sh);
+        let mut dw = vec![0.0f32; sh.weight_len()];
+        crate::conv::backward_filter(&x, &dy, &mut dw, &sh);
+        let flat = flat_of(&ctx, &[&w], Some((sh.depth(), k)))?;
+        let mut conv = GConv {
+            shape: sh,
+            w: flat.slots[0],
+            plans: Vec::new(),
+            input: None,
+        };
+        let xg = Rc::new(ctx.upload(&Tensor::from_vec(2, hw, hw, c, x))?);
+        let yg = conv.forward(&mut ctx, &flat, &xg, true)?;
+        let dyg = ctx.upload(&Tensor::from_vec(2, sh.oh(), sh.ow(), k, dy))?;
+        let dxg = conv
+            .backward(&mut ctx, &flat, &dyg, true)?
+            .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
+        let dwg =
+            flat.slots[0].host_layout(&ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?);
+        push(
+            &mut out,
+            format!("{name} forward"),
+            normwise(&ctx.download(&yg)?.data, &y),
+            tol,
+        );
+        push(
+            &mut out,
+            format!("{name} backward-data"),
+            normwise(&ctx.download(&dxg)?.data, &dx),
+            tol,
+        );
+        push(
+            &mut out,
+            format!("{name} backward-filter"),
+            normwise(&dwg, &dw),
+            tol,
+        );
+    }
+    {
+        let (n, hw, c) = (4, 5, 40);
+        let mut bn = BatchNorm::<f32>::new("bn", c, 1.0);
+        bn.gamma.value = random(c, &mut rng);
+        bn.beta.value = random(c, &mut rng);
+        let x = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
+        let dy = Tensor::from_vec(n, hw, hw, c, random(n * hw * hw * c, &mut rng));
+        let flat = flat_of(&ctx, &[&bn.gamma.value, &bn.beta.value], None)?;
+        let mut g = GBn::new(&bn, flat.slots[0], flat.slots[1], None);
+        let xg = ctx.upload(&x)?;
+        let y = bn.forward_act(x, true, true);
+        let dx = bn.backward_act(&dy, Some(&y));
+        let yg = g.forward(&mut ctx, &flat, xg, true, true)?;
+        let dyg = ctx.upload(&dy)?;
+        let dxg = g.backward(&mut ctx, &flat, &dyg, Some(&yg))?;
+        push(
+            &mut out,
+            "batch norm + ReLU forward".into(),
+            normwise(&ctx.download(&yg)?.data, &y.data),
+            1e-5,
+        );
+        push(
+            &mut out,
+            "batch norm running statistics".into(),
+            normwise(
+                &[&g.running_mean[..], &g.running_var[..]].concat(),
+                &[&bn.running_mean[..], &bn.running_var[..]].concat(),
+            ),
+            1e-5,
+        );
+        push(
+            &mut out,
+            "batch norm + ReLU backward".into(),
+            normwise(&ctx.download(&dxg)?.data, &dx.data),
+            1e-4,
+        );
+        let grads: Vec<f32> = ctx.get(flat.grads.ptr, 2 * c)?;
+        push(
+            &mut out,
+            "batch norm gamma/beta gradients".into(),
+            normwise(&grads, &[&bn.gamma.grad[..], &bn.beta.grad[..]].concat()),
+            1e-4,
+        );
+    }
+    // A whole step of a small ResNet (every block kind, v1.5) on both devices.
+    let cfg = crate::resnet::Config {
+        version: crate::resnet::Version::V1_5,
+        blocks: [1, 1, 1, 1],
+        width: 0.125,
+        classes: 7,
+        zero_init_residual: false,
+    };
+    let mut cpu = ResNet::<f32>::new(cfg.clone(), 11);
+    let mut mirror = ResNet::<f32>::new(cfg, 11);
+    let x = Tensor::from_vec(4, 40, 40, 3, random(4 * 40 * 40 * 3, &mut rng));
+    let labels = [0usize, 3, 6, 2];
+    let sgd = crate::train::Sgd::default();
+    let lr = 0.05;
+    let z = cpu.forward(&x, true);
+    let (loss, g, _, _) = crate::layers::softmax_cross_entropy(&z, &labels, 0.1);
+    cpu.backward(&g);
+    sgd.step(cpu.params(), lr);
+    let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
+    let mut net = GpuResNet::new(ctx, &mut mirror, None, None, CommOptions::default())?;
+    let r = net.step(&x, &labels, lr, 0.1, &sgd)?;
+    // A whole step compounds every layer's rounding (and batch norm divides by small spreads).
+    let step_tol = match p {
+        Prec::F32 => 1e-3,
+        Prec::Tf32 => 2e-2,
+        _ => 5e-2,
+    };
+    push(
+        &mut out,
+        "network loss".into(),
+        ((r.loss - loss) / loss.abs().max(1e-30)).abs(),
+        step_tol,
+    );
+    push(
+        &mut out,
+        "network step applied".into(),
+        if r.applied { 0.0 } else { 1.0 },
+        0.0,
+    );
+    net.store(&mut mirror)?;
+    let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
+    let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
+    // The updates (after − before), not the parameters: an update is small next to its weights.
+    // Returns the worst parameter's error and its name.
+    let updates = |m: &mut ResNet<f32>| {
+        let (mut worst, mut at) = (0.0f64, String::new());
+        let delta =
+            |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
+        for (((name, w), p), i) in names.iter().zip(&want).zip(m.params()).zip(&init) {
+            let e = normwise(&delta(&p.value, i), &delta(w, i));
+            if e > worst || !e.is_finite() {
+                worst = e;
+                at = name.clone();
+            }
+        }
+        (worst, at)
+    };
+    let (worst, at) = updates(&mut mirror);
+    push(
+        &mut out,
+        format!("network parameter updates of one step (worst: {at})"),
+        worst,
+        step_tol,
+    );
+    let stats = |m: &mut ResNet<f32>| -> Vec<f32> {
+        m.running_stats()
+            .into_iter()
+            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
+            .collect()
+    };
+    push(
+        &mut out,
+        "network running statistics".into(),
+        normwise(&stats(&mut mirror), &stats(&mut cpu)),
+        step_tol,
+    );
+    let zc = cpu.forward(&x, false);
+    let zg = net.logits(&x)?;
+    push(
+        &mut out,
+        "network inference logits".into(),
+        normwise(&zg.data, &zc.data),
+        step_tol * 10.0,
+    );
+    // The same step with its gradients through NCCL (a one-rank communicator: the sum is the
+    // gradient itself) in small buckets queued during the backward pass: the event handoffs
+    // between the streams, the 16-bit casts of the compressed wire, the loss scale they bring.
+    if roofline_kernels::comm::nccl::available().is_ok() {
+        let ordinal = net.ctx.gpu.ordinal;
+        drop(net);
+        for (wire, wire_tol) in [(Wire::F32, 0.0), (Wire::F16, 5e-3), (Wire::Bf16, 2e-2)] {
+            let id = roofline_kernels::comm::nccl::unique_id()?;
+            let nccl = Communicator::new(&id, 1, 0, ordinal)?;
+            let ctx = Ctx::new(Gpu::open(ordinal)?, p)?;
+            let mut m = ResNet::<f32>::new(cpu.config.clone(), 11);
+            let opts = CommOptions {
+                wire,
+                overlap: true,
+                bucket: 20_000,
+            };
+            let mut n = GpuResNet::new(ctx, &mut m, Some(nccl), None, opts)?;
+            let r = n.step(&x, &labels, lr, 0.1, &sgd)?;
+            n.store(&mut m)?;
+            let (worst, at) = updates(&mut m);
+            push(
+                &mut out,
+                format!(
+                    "network step through NCCL, gradients in {} (worst: {at})",
+                    match wire {
+                        Wire::F32 => "f32",
+                        Wire::F16 => "f16",
+                        Wire::Bf16 => "bf16",
+                    }
+                ),
+                if r.applied { worst } else { f64::INFINITY },
+                step_tol.max(wire_tol),
+            );
+        }
+    }
+    Ok(out)
+}

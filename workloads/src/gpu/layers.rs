@@ -1,0 +1,508 @@
+//! The GPU layers, one for each CPU layer of `crate::layers`: a convolution on cuDNN (its
+//! three directions), batch norm and the elementwise kernels of `kernels/cuda/train.cu`, the
+//! bottleneck block; their parameters live in one flat device buffer (`Flat`, `Slot`).
+
+use super::*;
+
+/// A parameter's place in the flat value/gradient/momentum buffers.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Slot {
+    pub(super) off: usize,
+    pub(super) len: usize,
+    pub(super) decay: bool,
+    /// A convolution filter: (depth = r·s·c, k), stored KRSC on the GPU, RSCK on the CPU.
+    pub(super) conv: Option<(usize, usize)>,
+}
+
+impl Slot {
+    /// The GPU layout of a CPU parameter value (or momentum).
+    pub(super) fn device_layout(self, v: &[f32]) -> Vec<f32> {
+        match self.conv {
+            Some((depth, k)) => rsck_to_krsc(v, depth, k),
+            None => v.to_vec(),
+        }
+    }
+
+    pub(super) fn host_layout(self, v: &[f32]) -> Vec<f32> {
+        match self.conv {
+            Some((depth, k)) => krsc_to_rsck(v, depth, k),
+            None => v.to_vec(),
+        }
+    }
+}
+
+/// A parameter as `Flat::new` lays it out: (length, weight decay, convolution (depth, k)).
+pub(super) type ParamShape = (usize, bool, Option<(usize, usize)>);
+
+/// All parameters in three flat device buffers, so that one allreduce covers every gradient.
+pub(super) struct Flat {
+    pub(super) values: Buf,
+    pub(super) grads: Buf,
+    pub(super) moms: Buf,
+    pub(super) slots: Vec<Slot>,
+    pub(super) total: usize,
+}
+
+impl Flat {
+    /// Slots laid out one after the other for parameters of these lengths (CPU layout in
+    /// `values` and `moms`, one per slot), uploaded in the GPU layout; gradients zeroed.
+    pub(super) fn new(
+        ctx: &Ctx,
+        params: &[ParamShape],
+        values: &[&[f32]],
+        moms: &[&[f32]],
+    ) -> Result<Flat, CudaError> {
+        let mut slots = Vec::with_capacity(params.len());
+        let (mut hv, mut hm) = (Vec::new(), Vec::new());
+        for ((&(len, decay, conv), v), m) in params.iter().zip(values).zip(moms) {
+            let s = Slot {
+                off: hv.len(),
+                len,
+                decay,
+                conv,
+            };
+            hv.extend(s.device_layout(v));
+            hm.extend(s.device_layout(m));
+            slots.push(s);
+        }
+        let total = hv.len();
+        let grads = ctx.alloc(4 * total)?;
+        ctx.zero(grads.ptr, 4 * total)?;
+        Ok(Flat {
+            values: ctx.upload_buf(&hv)?,
+            grads,
+            moms: ctx.upload_buf(&hm)?,
+            slots,
+            total,
+        })
+    }
+
+    pub(super) fn value(&self, s: Slot) -> u64 {
+        self.values.ptr + 4 * s.off as u64
+    }
+    pub(super) fn grad(&self, s: Slot) -> u64 {
+        self.grads.ptr + 4 * s.off as u64
+    }
+}
+
+/// RSCK (the CPU's im2col order: depth × k) → KRSC (cuDNN's NHWC filters).
+pub(super) fn rsck_to_krsc(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for d in 0..depth {
+        for j in 0..k {
+            t[j * depth + d] = w[d * k + j];
+        }
+    }
+    t
+}
+
+pub(super) fn krsc_to_rsck(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; w.len()];
+    for j in 0..k {
+        for d in 0..depth {
+            t[d * k + j] = w[j * depth + d];
+        }
+    }
+    t
+}
+
+pub(super) struct GConv {
+    pub(super) shape: ConvShape,
+    pub(super) w: Slot,
+    pub(super) plans: Vec<((usize, usize, usize), ConvPlan)>,
+    pub(super) input: Option<Rc<GTensor>>,
+}
+
+impl GConv {
+    pub(super) fn new(c: &Conv2d<f32>, w: Slot) -> GConv {
+        GConv {
+            shape: c.shape,
+            w,
+            plans: Vec::new(),
+            input: None,
+        }
+    }
+
+    pub(super) fn shape_for(&self, x: &GTensor) -> ConvShape {
+        ConvShape {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            ..self.shape
+        }
+    }
+
+    pub(super) fn plan(&mut self, ctx: &Ctx, sh: &ConvShape) -> Result<usize, CudaError> {
+        let key = (sh.n, sh.h, sh.w);
+        if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
+            return Ok(i);
+        }
+        self.plans
+            .push((key, ConvPlan::new(&ctx.dnn, sh, ctx.prec)?));
+        Ok(self.plans.len() - 1)
+    }
+
+    pub(super) fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &Rc<GTensor>,
+        train: bool,
+    ) -> Result<GTensor, CudaError> {
+        let sh = self.shape_for(x);
+        let i = self.plan(ctx, &sh)?;
+        let y = ctx.tensor(x.n, sh.oh(), sh.ow(), sh.k)?;
+        let plan = &self.plans[i].1;
+        if half(ctx.prec) {
+            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
+            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
+            let yh = ctx.alloc(2 * y.len())?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.forward(&ctx.dnn, xh.ptr, wh.ptr, yh.ptr, ws)?;
+            ctx.cast_from_half(yh.ptr, y.ptr(), y.len())?;
+        } else {
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.forward(&ctx.dnn, x.ptr(), flat.value(self.w), y.ptr(), ws)?;
+        }
+        if train {
+            self.input = Some(Rc::clone(x));
+        }
+        Ok(y)
+    }
+
+    /// The filter gradient into the flat gradients, and dx unless `data_grad` is false.
+    pub(super) fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        data_grad: bool,
+    ) -> Result<Option<GTensor>, CudaError> {
+        let x = self
+            .input
+            .take()
+            .ok_or_else(|| CudaError::Check("convolution backward before forward".into()))?;
+        let sh = self.shape_for(&x);
+        let i = self.plan(ctx, &sh)?;
+        let plan = &self.plans[i].1;
+        let dw = flat.grad(self.w);
+        if half(ctx.prec) {
+            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
+            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
+            let dyh = ctx.cast_to_half(dy.ptr(), dy.len())?;
+            let dwh = ctx.alloc(2 * self.w.len)?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_filter(&ctx.dnn, xh.ptr, dyh.ptr, dwh.ptr, ws)?;
+            ctx.cast_from_half(dwh.ptr, dw, self.w.len)?;
+            if !data_grad {
+                return Ok(None);
+            }
+            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
+            let dxh = ctx.alloc(2 * dx.len())?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_data(&ctx.dnn, wh.ptr, dyh.ptr, dxh.ptr, ws)?;
+            ctx.cast_from_half(dxh.ptr, dx.ptr(), dx.len())?;
+            Ok(Some(dx))
+        } else {
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_filter(&ctx.dnn, x.ptr(), dy.ptr(), dw, ws)?;
+            if !data_grad {
+                return Ok(None);
+            }
+            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
+            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+            plan.backward_data(&ctx.dnn, flat.value(self.w), dy.ptr(), dx.ptr(), ws)?;
+            Ok(Some(dx))
+        }
+    }
+}
+
+pub(super) struct GBn {
+    pub(super) c: usize,
+    pub(super) gamma: Slot,
+    pub(super) beta: Slot,
+    pub(super) running_mean: Vec<f32>,
+    pub(super) running_var: Vec<f32>,
+    pub(super) momentum: f64,
+    pub(super) eps: f64,
+    pub(super) input: Option<GTensor>,
+    pub(super) mean: Vec<f32>,
+    pub(super) inv: Vec<f32>,
+    /// [mean | inv] on the device, for the backward pass.
+    pub(super) stats: Option<Buf>,
+    pub(super) reducer: Option<Arc<dyn Reducer>>,
+}
+
+impl GBn {
+    pub(super) fn new(
+        b: &BatchNorm<f32>,
+        gamma: Slot,
+        beta: Slot,
+        reducer: Option<Arc<dyn Reducer>>,
+    ) -> GBn {
+        GBn {
+            c: b.gamma.value.len(),
+            gamma,
+            beta,
+            running_mean: b.running_mean.clone(),
+            running_var: b.running_var.clone(),
+            momentum: b.momentum,
+            eps: b.eps,
+            input: None,
+            mean: Vec::new(),
+            inv: Vec::new(),
+            stats: None,
+            reducer,
+        }
+    }
+
+    /// Per-channel (Σ g, Σ g·b) over this rank's rows, g = a masked by `mask` > 0, in f64.
+    pub(super) fn sums(
+        &self,
+        ctx: &mut Ctx,
+        a: u64,
+        b: u64,
+        mask: u64,
+        rows: usize,
+    ) -> Result<(Vec<f64>, Vec<f64>), CudaError> {
+        let c = self.c;
+        let s = ctx.alloc(16 * c)?;
+        ctx.zero(s.ptr, 16 * c)?;
+        let tiles = c.div_ceil(32);
+        let slices = (rows.div_ceil(8)).clamp(
+            1,
+            ((ctx.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
+        );
+        let f = ctx.function("bn_sums")?;
+        let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
+        let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
+        // SAFETY: a, b (or 0), mask (or 0) hold rows × c f32; s holds 2c f64; 256 threads per
+        // block as the kernel assumes, and a grid that is a multiple of `tiles`.
+        unsafe {
+            ctx.gpu.launch(
+                f,
+                (tiles * slices) as u32,
+                256,
+                &mut [
+                    arg(&a),
+                    arg(&b),
+                    arg(&mask),
+                    arg(&rows64),
+                    arg(&ci),
+                    arg(&ti),
+                    arg(&s1),
+                    arg(&s2),
+                ],
+            )?
+        };
+        let mut v: Vec<f64> = ctx.get(s.ptr, 2 * c)?;
+        let s2 = v.split_off(c);
+        Ok(global_sums(self.reducer.as_ref(), (v, s2)))
+    }
+
+    pub(super) fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        relu: bool,
+    ) -> Result<GTensor, CudaError> {
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (x.rows() * ranks) as f64;
+        let (mean, inv): (Vec<f32>, Vec<f32>) = if train {
+            let sums = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            batch_statistics(
+                sums,
+                m,
+                self.eps,
+                self.momentum,
+                &mut self.running_mean,
+                &mut self.running_var,
+            )
+        } else {
+            running_statistics(&self.running_mean, &self.running_var, self.eps)
+        };
+        let stats = ctx.upload_buf(&[&mean[..], &inv[..]].concat())?;
+        let y = ctx.tensor(x.n, x.h, x.w, c)?;
+        let (xp, yp, g, b) = (
+            x.ptr(),
+            y.ptr(),
+            flat.value(self.gamma),
+            flat.value(self.beta),
+        );
+        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
+        let (n, ci, r) = (x.len() as u64, c as i32, relu as i32);
+        // SAFETY: x, y hold n f32; gamma, beta, mean, inv hold c each.
+        unsafe {
+            ctx.launch(
+                "bn_apply",
+                x.len(),
+                &mut [
+                    arg(&xp),
+                    arg(&yp),
+                    arg(&g),
+                    arg(&b),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&n),
+                    arg(&ci),
+                    arg(&r),
+                ],
+            )?
+        };
+        if train {
+            self.input = Some(x);
+            self.mean = mean;
+            self.inv = inv;
+            self.stats = Some(stats);
+        }
+        Ok(y)
+    }
+
+    /// dx from dy (masked by `relu_out` > 0 when the forward pass applied ReLU); γ and β
+    /// gradients into the flat gradients (each rank's share of the global sums, as on the CPU).
+    pub(super) fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        relu_out: Option<&GTensor>,
+    ) -> Result<GTensor, CudaError> {
+        let x = self
+            .input
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let stats = self
+            .stats
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (dy.rows() * ranks) as f64;
+        let mask = relu_out.map_or(0, |t| t.ptr());
+        let sums = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
+        let k = backward_coefficients(sums, &self.mean, &self.inv, m, ranks);
+        ctx.put(flat.grad(self.gamma), &k.dgamma)?;
+        ctx.put(flat.grad(self.beta), &k.dbeta)?;
+        let means = [k.mean_g, k.mean_gx].concat();
+        let mb = ctx.upload_buf(&means)?;
+        let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
+        let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
+        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
+        let (mdb, mdg) = (mb.ptr, mb.ptr + 4 * c as u64);
+        let (n, ci) = (dy.len() as u64, c as i32);
+        // SAFETY: dy, x, mask (or 0), dx hold n f32; the per-channel vectors c each.
+        unsafe {
+            ctx.launch(
+                "bn_backward_dx",
+                dy.len(),
+                &mut [
+                    arg(&dyp),
+                    arg(&xp),
+                    arg(&mask),
+                    arg(&dxp),
+                    arg(&g),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&mdb),
+                    arg(&mdg),
+                    arg(&n),
+                    arg(&ci),
+                ],
+            )?
+        };
+        Ok(dx)
+    }
+}
+
+/// y op= s over n elements: "add_relu" (y = relu(y + s)), "add_into" (y += s), "relu_mask"
+/// (s = 0 where y ≤ 0: here `y` is the forward output and `s` the gradient).
+pub(super) fn elementwise(
+    ctx: &mut Ctx,
+    k: &'static str,
+    y: u64,
+    s: u64,
+    n: usize,
+) -> Result<(), CudaError> {
+    let n64 = n as u64;
+    // SAFETY: both buffers hold n f32.
+    unsafe { ctx.launch(k, n, &mut [arg(&y), arg(&s), arg(&n64)]) }
+}
+
+pub(super) struct GBlock {
+    pub(super) c1: GConv,
+    pub(super) b1: GBn,
+    pub(super) c2: GConv,
+    pub(super) b2: GBn,
+    pub(super) c3: GConv,
+    pub(super) b3: GBn,
+    pub(super) down: Option<(GConv, GBn)>,
+    pub(super) a1: Option<Rc<GTensor>>,
+    pub(super) a2: Option<Rc<GTensor>>,
+    pub(super) out: Option<Rc<GTensor>>,
+}
+
+impl GBlock {
+    pub(super) fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &Rc<GTensor>,
+        train: bool,
+    ) -> Result<Rc<GTensor>, CudaError> {
+        let t = self.c1.forward(ctx, flat, x, train)?;
+        let a = Rc::new(self.b1.forward(ctx, flat, t, train, true)?);
+        let t = self.c2.forward(ctx, flat, &a, train)?;
+        let b = Rc::new(self.b2.forward(ctx, flat, t, train, true)?);
+        let t = self.c3.forward(ctx, flat, &b, train)?;
+        let c = self.b3.forward(ctx, flat, t, train, false)?;
+        let shortcut = match &mut self.down {
+            Some((conv, bn)) => {
+                let t = conv.forward(ctx, flat, x, train)?;
+                Some(bn.forward(ctx, flat, t, train, false)?)
+            }
+            None => None,
+        };
+        let s = shortcut.as_ref().map_or(x.ptr(), |t| t.ptr());
+        elementwise(ctx, "add_relu", c.ptr(), s, c.len())?;
+        let out = Rc::new(c);
+        if train {
+            self.a1 = Some(a);
+            self.a2 = Some(b);
+            self.out = Some(Rc::clone(&out));
+        }
+        Ok(out)
+    }
+
+    pub(super) fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        d: GTensor,
+    ) -> Result<GTensor, CudaError> {
+        let missing = || CudaError::Check("block backward before forward".into());
+        let out = self.out.take().ok_or_else(missing)?;
+        let (a1, a2) = (
+            self.a1.take().ok_or_else(missing)?,
+            self.a2.take().ok_or_else(missing)?,
+        );
+        elementwise(ctx, "relu_mask", out.ptr(), d.ptr(), d.len())?;
+        let t = self.b3.backward(ctx, flat, &d, None)?;
+        let db = self.c3.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        let t = self.b2.backward(ctx, flat, &db, Some(&a2))?;
+        let da = self.c2.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        let t = self.b1.backward(ctx, flat, &da, Some(&a1))?;
+        let dx = self.c1.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        match &mut self.down {
+            Some((conv, bn)) => {
+                let t = bn.backward(ctx, flat, &d, None)?;
+                let ds = conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+                elementwise(ctx, "add_into", dx.ptr(), ds.ptr(), dx.len())?;
+            }
+            None => elementwise(ctx, "add_into", dx.ptr(), d.ptr(), dx.len())?,
+        }
+        Ok(dx)
+    }
+}

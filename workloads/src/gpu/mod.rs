@@ -1,0 +1,435 @@
+//! The trainer on one NVIDIA GPU: the same ResNet, layer for layer, on cuDNN (convolutions in
+//! three directions), cuBLAS (the classifier) and the NVRTC kernels of `kernels/cuda/train.cu`
+//! (batch norm, ReLU, residual adds, pooling, loss, SGD, casts), with f32 master weights and,
+//! as an option, f16/bf16 convolutions with dynamic loss scaling. Data parallel over NCCL
+//! (gradients) plus the CPU trainer's [`Reducer`] for the batch-norm statistics and the loss.
+//!
+//! Every CUDA call's status is checked and becomes an error naming the call; nothing here runs
+//! without a driver (the caller gets `CudaError::Missing`). Written without a GPU to run it on:
+//! [`self_test`] compares every layer, and one whole training step, with the CPU layers on
+//! small shapes, and `roofline train --device cuda --check` runs it.
+
+use crate::conv::ConvShape;
+use crate::exchange::{CommOptions, Wire};
+use crate::layers::{
+    backward_coefficients, batch_statistics, global_sums, running_statistics, BatchNorm, Conv2d,
+    Reducer,
+};
+use crate::resnet::{Bottleneck, ResNet};
+use crate::tensor::Tensor;
+use cudarc::cublas::{result as cublas, sys as bsys};
+use cudarc::driver::result as cu;
+use cudarc::driver::sys;
+use roofline_kernels::comm::nccl::{Communicator, Elem};
+use roofline_kernels::cuda::blas::Prec;
+use roofline_kernels::cuda::device::{self, arg, check, Event, Gpu};
+use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
+use roofline_kernels::cuda::libs::{self, Lib};
+use roofline_kernels::cuda::CudaError;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// The convolutions' storage precision on the GPU.
+pub fn precision(name: &str) -> Result<Prec, String> {
+    match name {
+        "f32" => Ok(Prec::F32),
+        "tf32" => Ok(Prec::Tf32),
+        "f16" => Ok(Prec::F16),
+        "bf16" => Ok(Prec::Bf16),
+        _ => Err(format!(
+            "--precision {name}: expected f32, tf32, f16 or bf16"
+        )),
+    }
+}
+
+fn half(p: Prec) -> bool {
+    matches!(p, Prec::F16 | Prec::Bf16)
+}
+
+/// A stream-ordered device allocation (cuMemAllocAsync), freed on drop in stream order: work
+/// enqueued before the free still sees it.
+pub struct Buf {
+    pub ptr: u64,
+    pub bytes: usize,
+    stream: sys::CUstream,
+}
+
+impl Drop for Buf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocAsync on `stream`, freed once, in stream order.
+        unsafe {
+            let _ = cu::free_async(self.ptr, self.stream);
+        }
+    }
+}
+
+/// A device NHWC f32 tensor.
+pub struct GTensor {
+    pub n: usize,
+    pub h: usize,
+    pub w: usize,
+    pub c: usize,
+    pub buf: Buf,
+}
+
+impl GTensor {
+    pub fn len(&self) -> usize {
+        self.n * self.h * self.w * self.c
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn ptr(&self) -> u64 {
+        self.buf.ptr
+    }
+
+    fn rows(&self) -> usize {
+        self.n * self.h * self.w
+    }
+}
+
+/// The GPU, its library handles, the compiled kernels and the cuDNN workspace.
+///
+/// Fields drop in declaration order, after `Drop::drop`: the cuDNN handle and the workspace
+/// go first, and `gpu` (its stream and its hold on the primary context) last, so that no
+/// library handle is destroyed in a released context.
+pub struct Ctx {
+    dnn: Handle,
+    blas: bsys::cublasHandle_t,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    workspace: Option<Buf>,
+    pub prec: Prec,
+    pub gpu: Gpu,
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        let _ = self.gpu.bind();
+        let _ = self.gpu.sync();
+        self.workspace = None;
+        // SAFETY: created in `Ctx::new`, destroyed once.
+        unsafe {
+            let _ = cublas::destroy_handle(self.blas);
+        }
+    }
+}
+
+impl Ctx {
+    /// Trains on `gpu` with convolutions in `prec` (cuDNN's absence is reported by
+    /// `Handle::new`).
+    pub fn new(gpu: Gpu, prec: Prec) -> Result<Ctx, CudaError> {
+        if !libs::present(Lib::Cublas) {
+            return Err(CudaError::Missing(libs::not_found(Lib::Cublas)));
+        }
+        gpu.bind()?;
+        // Keep freed memory in the stream-ordered pool instead of returning it at every sync.
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: out-parameter; a valid device.
+        check("cuDeviceGetDefaultMemPool", unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.dev).result()
+        })?;
+        let mut threshold = u64::MAX;
+        // SAFETY: the attribute takes a u64.
+        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut c_void,
+            )
+            .result()
+        })?;
+        let dnn = Handle::new(&gpu)?;
+        let blas = cublas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
+        // SAFETY: live handle and stream.
+        if let Err(e) = unsafe { cublas::set_stream(blas, gpu.stream as bsys::cudaStream_t) } {
+            // SAFETY: created above.
+            unsafe {
+                let _ = cublas::destroy_handle(blas);
+            }
+            return Err(CudaError::call("cublasSetStream", e));
+        }
+        Ok(Ctx {
+            dnn,
+            blas,
+            functions: HashMap::new(),
+            workspace: None,
+            prec,
+            gpu,
+        })
+    }
+
+    pub fn alloc(&self, bytes: usize) -> Result<Buf, CudaError> {
+        // SAFETY: stream-ordered allocation on our live stream; freed by Buf's Drop.
+        let ptr = check("cuMemAllocAsync", unsafe {
+            cu::malloc_async(self.gpu.stream, bytes.max(4))
+        })?;
+        Ok(Buf {
+            ptr,
+            bytes,
+            stream: self.gpu.stream,
+        })
+    }
+
+    pub fn tensor(&self, n: usize, h: usize, w: usize, c: usize) -> Result<GTensor, CudaError> {
+        Ok(GTensor {
+            n,
+            h,
+            w,
+            c,
+            buf: self.alloc(4 * n * h * w * c)?,
+        })
+    }
+
+    /// Copies `data` to `dst` in stream order (the host slice may be dropped on return).
+    pub fn put<T: device::bytemuck_like::Pod>(
+        &self,
+        dst: u64,
+        data: &[T],
+    ) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's `dst` holds at least size_of_val(data) bytes; pageable source
+        // memory is staged before the call returns.
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::memcpy_htod_async(dst, data, self.gpu.stream)
+        })
+    }
+
+    pub fn upload_buf<T: device::bytemuck_like::Pod>(&self, data: &[T]) -> Result<Buf, CudaError> {
+        let b = self.alloc(std::mem::size_of_val(data))?;
+        self.put(b.ptr, data)?;
+        Ok(b)
+    }
+
+    pub fn upload(&self, t: &Tensor<f32>) -> Result<GTensor, CudaError> {
+        let g = self.tensor(t.n, t.h, t.w, t.c)?;
+        self.put(g.ptr(), &t.data)?;
+        Ok(g)
+    }
+
+    /// `len` elements from `src`, after everything enqueued so far.
+    pub fn get<T: device::bytemuck_like::Pod>(
+        &self,
+        src: u64,
+        len: usize,
+    ) -> Result<Vec<T>, CudaError> {
+        let mut v = vec![T::default(); len];
+        if len == 0 {
+            return Ok(v);
+        }
+        // SAFETY: `src` holds at least `len` elements; we wait for the copy before returning.
+        check("cuMemcpyDtoHAsync", unsafe {
+            cu::memcpy_dtoh_async(&mut v, src, self.gpu.stream)
+        })?;
+        self.gpu.sync()?;
+        Ok(v)
+    }
+
+    pub fn download(&self, g: &GTensor) -> Result<Tensor<f32>, CudaError> {
+        Ok(Tensor::from_vec(
+            g.n,
+            g.h,
+            g.w,
+            g.c,
+            self.get(g.ptr(), g.len())?,
+        ))
+    }
+
+    pub fn zero(&self, b: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: the caller's buffer holds `bytes`; on our stream.
+        check("cuMemsetD8Async", unsafe {
+            cu::memset_d8_async(b, 0, bytes, self.gpu.stream)
+        })
+    }
+
+    fn function(&mut self, name: &'static str) -> Result<sys::CUfunction, CudaError> {
+        if let Some(f) = self.functions.get(name) {
+            return Ok(*f);
+        }
+        let f = self.gpu.function(name)?;
+        self.functions.insert(name, f);
+        Ok(f)
+    }
+
+    /// Launches kernel `name` of train.cu over `n` elements (grid-stride: any grid is correct).
+    ///
+    /// # Safety
+    /// `args` points to one value per kernel parameter, of the parameter's exact type, and
+    /// every buffer they name stays alive until the kernel has run (stream-ordered frees).
+    unsafe fn launch(
+        &mut self,
+        name: &'static str,
+        n: usize,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        let f = self.function(name)?;
+        let block = 256u32;
+        let grid = n
+            .div_ceil(256)
+            .clamp(1, (self.gpu.sms.max(1) * 16) as usize) as u32;
+        // SAFETY: the caller's contract.
+        unsafe { self.gpu.launch(f, grid, block, args) }
+    }
+
+    /// A cuDNN workspace of at least `bytes`.
+    fn workspace(&mut self, bytes: usize) -> Result<&Buf, CudaError> {
+        if self.workspace.as_ref().is_none_or(|w| w.bytes < bytes) {
+            self.workspace = Some(self.alloc(bytes.max(1 << 20))?);
+        }
+        self.workspace
+            .as_ref()
+            .ok_or_else(|| CudaError::Check("no workspace".into()))
+    }
+
+    /// Casts `n` f32 values to the 16-bit storage type `p` (f16 or bf16) in a new buffer.
+    fn cast_to_half(&mut self, src: u64, n: usize) -> Result<Buf, CudaError> {
+        let out = self.alloc(2 * n)?;
+        self.cast(self.prec == Prec::Bf16, true, src, out.ptr, n)?;
+        Ok(out)
+    }
+
+    fn cast_from_half(&mut self, src: u64, dst: u64, n: usize) -> Result<(), CudaError> {
+        self.cast(self.prec == Prec::Bf16, false, src, dst, n)
+    }
+
+    /// Casts `n` values between f32 and f16 (or bf16): to 16 bits when `narrow`.
+    fn cast(
+        &mut self,
+        bf16: bool,
+        narrow: bool,
+        src: u64,
+        dst: u64,
+        n: usize,
+    ) -> Result<(), CudaError> {
+        let k = match (bf16, narrow) {
+            (false, true) => "f32_to_f16",
+            (true, true) => "f32_to_bf16",
+            (false, false) => "f16_to_f32",
+            (true, false) => "bf16_to_f32",
+        };
+        let n64 = n as u64;
+        // SAFETY: src holds n values of the source type, dst n of the destination type.
+        unsafe { self.launch(k, n, &mut [arg(&src), arg(&dst), arg(&n64)]) }
+    }
+
+    /// Column-major `c(m×n) = op(a) · op(b)` in f32 on cuBLAS (`beta` 0: overwrite).
+    #[allow(clippy::too_many_arguments)]
+    fn sgemm(
+        &self,
+        ta: bool,
+        tb: bool,
+        m: usize,
+        n: usize,
+        k: usize,
+        a: u64,
+        lda: usize,
+        b: u64,
+        ldb: usize,
+        c: u64,
+        ldc: usize,
+    ) -> Result<(), CudaError> {
+        let op = |t: bool| {
+            if t {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: live handle on our stream; the caller's buffers hold the matrices the sizes
+        // and leading dimensions describe.
+        unsafe {
+            cublas::sgemm(
+                self.blas,
+                op(ta),
+                op(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                &one,
+                a as *const f32,
+                lda as i32,
+                b as *const f32,
+                ldb as i32,
+                &zero,
+                c as *mut f32,
+                ldc as i32,
+            )
+        }
+        .map_err(|e| CudaError::call("cublasSgemm", e))
+    }
+}
+
+mod check;
+mod layers;
+mod resnet;
+mod trainer;
+pub use check::*;
+use layers::*;
+pub use resnet::*;
+pub use trainer::*;
+
+#[cfg(test)]
+mod tests {
+    //! What runs without a GPU: the layout transposes, the loss scaler, the comparisons, and
+    //! that the CUDA path fails with a clear error when there is no driver.
+    use super::*;
+
+    #[test]
+    fn filter_layouts_round_trip_and_put_k_outermost() {
+        let (depth, k) = (3 * 3 * 2, 4);
+        let w: Vec<f32> = (0..depth * k).map(|i| i as f32).collect();
+        let t = rsck_to_krsc(&w, depth, k);
+        // KRSC: filter j's depth run is contiguous; element (d, j) of RSCK is d·k + j.
+        assert_eq!(t[2 * depth + 5], w[5 * k + 2]);
+        assert_eq!(krsc_to_rsck(&t, depth, k), w);
+    }
+
+    #[test]
+    fn f16_loss_scale_halves_on_overflow_and_grows_after_a_run_of_good_steps() {
+        let mut s = LossScale::for_step(Prec::F16, Wire::F32);
+        assert_eq!(s.scale, 1024.0);
+        assert!(!s.update(true), "an overflow skips the step");
+        assert_eq!(s.scale, 512.0);
+        for _ in 0..999 {
+            assert!(s.update(false));
+        }
+        assert_eq!(s.scale, 512.0);
+        assert!(s.update(false));
+        assert_eq!(s.scale, 1024.0);
+        let mut b = LossScale::for_step(Prec::Bf16, Wire::F32);
+        assert_eq!(b.scale, 1.0);
+        assert!(b.update(false));
+        assert_eq!(b.scale, 1.0);
+        // f16 gradients on the wire scale even f32 convolutions; bf16 on the wire needs none.
+        assert_eq!(LossScale::for_step(Prec::F32, Wire::F16).scale, 1024.0);
+        assert_eq!(LossScale::for_step(Prec::Tf32, Wire::Bf16).scale, 1.0);
+    }
+
+    #[test]
+    fn normwise_error_and_precision_names() {
+        assert_eq!(normwise(&[1.0, 2.0], &[1.0, 2.0]), 0.0);
+        assert!((normwise(&[1.0, 0.0], &[0.0, 1.0]) - 2f64.sqrt()).abs() < 1e-12);
+        assert!(normwise(&[f32::NAN], &[1.0]).is_infinite());
+        assert!(normwise(&[1.0], &[1.0, 2.0]).is_infinite());
+        assert_eq!(precision("bf16"), Ok(Prec::Bf16));
+        assert!(precision("fp8")
+            .unwrap_err()
+            .contains("expected f32, tf32, f16 or bf16"));
+        assert!(tolerance(Prec::F32) < tolerance(Prec::Tf32));
+    }
+
+    #[test]
+    fn without_a_driver_the_gpu_cannot_open_and_says_why() {
+        if roofline_kernels::cuda::libs::present(Lib::Driver) {
+            return; // a machine with a driver: nothing to show here
+        }
+        let e = device::init().unwrap_err().to_string();
+        assert!(e.contains("no NVIDIA driver"), "{e}");
+    }
+}

@@ -1,0 +1,96 @@
+//! The training loop's accelerator on one GPU (`crate::train::Accelerator`), and the NCCL
+//! communicator of a data-parallel run.
+
+use super::*;
+
+/// The CUDA path as the trainer's [`crate::train::Accelerator`]: the model moves to the GPU at
+/// the start of the run (after a resume) and back for checkpoints and the summary.
+pub struct CudaTrainer {
+    pub(super) ctx: Option<Ctx>,
+    pub(super) nccl: Option<Communicator>,
+    pub(super) reducer: Option<Arc<dyn Reducer>>,
+    pub(super) comm: CommOptions,
+    pub net: Option<GpuResNet>,
+}
+
+impl CudaTrainer {
+    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks as `comm` says and
+    /// `reducer` (the same ranks, over MPI) the batch-norm statistics.
+    pub fn new(
+        ctx: Ctx,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> CudaTrainer {
+        CudaTrainer {
+            ctx: Some(ctx),
+            nccl,
+            reducer,
+            comm,
+            net: None,
+        }
+    }
+
+    pub(super) fn net(&mut self) -> Result<&mut GpuResNet, String> {
+        self.net
+            .as_mut()
+            .ok_or_else(|| "the GPU model was not loaded".to_string())
+    }
+}
+
+/// An NCCL communicator over the ranks of `reducer` on GPU `ordinal`: rank 0 makes the unique
+/// id and every rank receives it through the reducer.
+pub fn communicator(reducer: &dyn Reducer, ordinal: usize) -> Result<Communicator, CudaError> {
+    let mut id = [0u8; 128];
+    if reducer.rank() == 0 {
+        id = roofline_kernels::comm::nccl::unique_id()?;
+    }
+    reducer.broadcast(&mut id);
+    Communicator::new(&id, reducer.ranks(), reducer.rank(), ordinal)
+}
+
+impl crate::train::Accelerator<f32> for CudaTrainer {
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        let ctx = match (self.ctx.take(), self.net.take()) {
+            (Some(c), _) => c,
+            (None, Some(n)) => {
+                self.nccl = n.sync.map(|g| g.nccl);
+                n.ctx
+            }
+            (None, None) => return Err("the GPU context is gone".into()),
+        };
+        let net = GpuResNet::new(
+            ctx,
+            model,
+            self.nccl.take(),
+            self.reducer.clone(),
+            self.comm,
+        )
+        .map_err(|e| e.to_string())?;
+        self.net = Some(net);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        labels: &[usize],
+        lr: f64,
+        smoothing: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(f64, f64), String> {
+        let r = self
+            .net()?
+            .step(x, labels, lr, smoothing, sgd)
+            .map_err(|e| e.to_string())?;
+        Ok((r.loss, r.comm_bytes))
+    }
+
+    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
+        self.net()?.logits(x).map_err(|e| e.to_string())
+    }
+
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        self.net()?.store(model).map_err(|e| e.to_string())
+    }
+}
