@@ -59,6 +59,8 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "maxpool_backward" => ("red.global.add.f32|atom.global.add.f32", 1),
         "f32_to_f16" => ("cvt.rn.f16.f32", 1),
         "f32_to_bf16" => ("cvt.rn.bf16.f32", 1),
+        // Four bilinear taps per sample (fused or not: fma, or mul then add).
+        "roi_align_forward" => ("ld.global.f32|ld.global.nc.f32", 4),
         _ => return None,
     })
 }
@@ -102,6 +104,14 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                             "{} PTX lacks entry {k}",
                             source.file
                         );
+                        // Deterministic by construction: no atomic or reduction instruction.
+                        if k.starts_with("roi_align") {
+                            let body = entry_body(&ptx, k);
+                            assert!(
+                                !body.contains("atom.") && !body.contains("red."),
+                                "{k} (compute_{cc}) uses atomics"
+                            );
+                        }
                         // The work is really there: the compiler neither folded nor dropped it.
                         if let Some((instr, min)) = expected_work(k, cc) {
                             let body = entry_body(&ptx, k);

@@ -68,6 +68,13 @@ pub const SOURCES: &[Source] = &[
         purpose: "ERT sweep of FLOPs per element: the roofline curve between its two ends",
     },
     Source {
+        file: "roi_align.cu",
+        text: include_str!("../../cuda/roi_align.cu"),
+        kernels: &["roi_align_forward", "roi_align_backward"],
+        purpose:
+            "the detector's multi-scale RoIAlign: forward, and an atomics-free gather backward",
+    },
+    Source {
         file: "train.cu",
         text: include_str!("../../cuda/train.cu"),
         kernels: &[

@@ -62,7 +62,8 @@ pub(super) fn flat_of(
 }
 
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
-/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; batch norm
+/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the
+/// detector's multi-scale RoIAlign (forward, backward per level, bitwise repeatable); batch norm
 /// with ReLU (forward, running statistics, backward); then one whole training step of a small
 /// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
 /// parameter and every running statistic after the step, and the inference logits.
@@ -135,6 +136,53 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             format!("{name} backward-filter"),
             normwise(&dwg, &dw),
             tol,
+        );
+    }
+    {
+        // The detector's multi-scale RoIAlign (f32 in every precision): regions of every size
+        // over P2–P5 of two 64×96 images, some past the images' edges.
+        let ms = crate::detect::roi_align::MultiScale { out: 7, samples: 2 };
+        let (maps, rois) = test_case(2, 64, 96, 8, &mut rng);
+        let y = ms.forward(&maps, &rois);
+        let dy = Tensor::from_vec(y.n, y.h, y.w, y.c, random(y.data.len(), &mut rng));
+        let dx = ms.backward(&dy, &maps, &rois);
+        let g: Vec<GTensor> = maps
+            .iter()
+            .map(|m| ctx.upload(m))
+            .collect::<Result<_, _>>()?;
+        let gm = [&g[0], &g[1], &g[2], &g[3]];
+        let plan = ctx.roi_plan(RoiPlan::new(&ms, &rois, 2), gm)?;
+        let yg = ctx.roi_align_forward(gm, &plan)?;
+        push(
+            &mut out,
+            "roi_align forward (P2-P5)".into(),
+            normwise(&ctx.download(&yg)?.data, &y.data),
+            tolerance(Prec::F32),
+        );
+        let dyg = ctx.upload(&dy)?;
+        let dxg = ctx.roi_align_backward(&dyg, &plan)?;
+        for (l, (gpu, cpu)) in dxg.iter().zip(&dx).enumerate() {
+            push(
+                &mut out,
+                format!("roi_align backward P{}", l + 2),
+                normwise(&ctx.download(gpu)?.data, &cpu.data),
+                tolerance(Prec::F32),
+            );
+        }
+        // The gather is deterministic: a second run gives the same bits.
+        let again = ctx.roi_align_backward(&dyg, &plan)?;
+        let same = dxg
+            .iter()
+            .zip(&again)
+            .map(|(a, b)| Ok(ctx.download(a)?.data == ctx.download(b)?.data))
+            .collect::<Result<Vec<bool>, CudaError>>()?
+            .iter()
+            .all(|s| *s);
+        push(
+            &mut out,
+            "roi_align backward run twice, same bits".into(),
+            if same { 0.0 } else { f64::INFINITY },
+            0.0,
         );
     }
     {

@@ -368,10 +368,12 @@ impl Ctx {
 mod check;
 mod layers;
 mod resnet;
+mod roi_align;
 mod trainer;
 pub use check::*;
 use layers::*;
 pub use resnet::*;
+pub use roi_align::*;
 pub use trainer::*;
 
 #[cfg(test)]

@@ -1,0 +1,133 @@
+// RoIAlign of the detector on the GPU (torchvision's MultiScaleRoIAlign, aligned=True), the
+// same function as workloads/src/detect/roi_align.rs. The regions come as a plan the host
+// builds (workloads/src/gpu/roi_align.rs): 6 floats per region: its pyramid level (0 = P2 …
+// 3 = P5), its image, and in that level's map cells y1 and x1 (shifted by half a cell), the
+// bin height and the bin width. Maps, outputs and gradients are NHWC f32; loops grid-stride.
+//
+// The backward pass is a gather, atomics-free and deterministic: each feature element of one
+// level sums, in a fixed order (the regions of its level and image in plan order, then sample
+// rows, then sample columns), the weights of every sample that touches it. The bilinear weight
+// is separable, so the rows and the columns of samples that touch a cell are found one
+// dimension at a time, after a bounds test that skips regions far from the cell.
+
+typedef unsigned long long u64;
+
+#define GRID_STRIDE(i, n)                                                                      \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+         i += (u64)gridDim.x * blockDim.x)
+
+// The 1-D bilinear weight of cell `i` of `n` for a sample at `v` (in cells), as the CPU's taps:
+// nothing beyond one cell outside the map, clamped at 0, and beyond n - 1 the last cell takes
+// the whole weight.
+__device__ __forceinline__ float lin_weight(float v, int i, int n) {
+    if (v < -1.0f || v > (float)n) return 0.0f;
+    v = fmaxf(v, 0.0f);
+    const int v0 = (int)floorf(v);
+    if (v0 >= n - 1) return i == n - 1 ? 1.0f : 0.0f;
+    const float l = v - (float)v0;
+    if (i == v0) return 1.0f - l;
+    if (i == v0 + 1) return l;
+    return 0.0f;
+}
+
+// The position of sample t (bin t / samples, sample t % samples) along one axis.
+__device__ __forceinline__ float sample_at(float start, float bin, int t, int samples) {
+    return start + (float)(t / samples) * bin + ((float)(t % samples) + 0.5f) * bin / (float)samples;
+}
+
+// y[r, py, px, ch] for `rois` regions: the mean of samples × samples bilinear samples of the
+// region's level map (p2 … p5, of sizes hw[2l] × hw[2l + 1]) in each of out × out bins.
+extern "C" __global__ void roi_align_forward(const float* p2, const float* p3, const float* p4,
+                                             const float* p5, const int* hw, const float* plan,
+                                             int rois, int out, int samples, int c, float* y) {
+    const u64 total = (u64)rois * out * out * c;
+    const float norm = 1.0f / (float)(samples * samples);
+    GRID_STRIDE(i, total) {
+        const int ch = (int)(i % c);
+        const u64 cell = i / c;
+        const int px = (int)(cell % out);
+        const int py = (int)((cell / out) % out);
+        const u64 r = cell / ((u64)out * out);
+        const float* pl = plan + 6 * r;
+        const int l = (int)pl[0];
+        const int img = (int)pl[1];
+        const float* m = l == 0 ? p2 : l == 1 ? p3 : l == 2 ? p4 : p5;
+        const int h = hw[2 * l], w = hw[2 * l + 1];
+        const float* base = m + (u64)img * h * w * c;
+        float acc = 0.0f;
+        for (int iy = 0; iy < samples; ++iy) {
+            const float yv = sample_at(pl[2], pl[4], py * samples + iy, samples);
+            if (yv < -1.0f || yv > (float)h) continue;
+            const float ys = fmaxf(yv, 0.0f);
+            int y0 = (int)floorf(ys), y1;
+            float ly = ys - (float)y0;
+            if (y0 >= h - 1) {
+                y0 = y1 = h - 1;
+                ly = 0.0f;
+            } else {
+                y1 = y0 + 1;
+            }
+            for (int ix = 0; ix < samples; ++ix) {
+                const float xv = sample_at(pl[3], pl[5], px * samples + ix, samples);
+                if (xv < -1.0f || xv > (float)w) continue;
+                const float xs = fmaxf(xv, 0.0f);
+                int x0 = (int)floorf(xs), x1;
+                float lx = xs - (float)x0;
+                if (x0 >= w - 1) {
+                    x0 = x1 = w - 1;
+                    lx = 0.0f;
+                } else {
+                    x1 = x0 + 1;
+                }
+                const float hy = 1.0f - ly, hx = 1.0f - lx;
+                acc += hy * hx * base[((u64)y0 * w + x0) * c + ch] +
+                       hy * lx * base[((u64)y0 * w + x1) * c + ch] +
+                       ly * hx * base[((u64)y1 * w + x0) * c + ch] +
+                       ly * lx * base[((u64)y1 * w + x1) * c + ch];
+            }
+        }
+        y[i] = acc * norm;
+    }
+}
+
+// dx (one level's n × h × w × c gradient, overwritten) from dy (rois × out × out × c). The
+// regions of this level and image b are list[start[b] .. start[b + 1]).
+extern "C" __global__ void roi_align_backward(float* dx, int n, int h, int w, int c,
+                                              const int* start, const int* list,
+                                              const float* plan, const float* dy, int out,
+                                              int samples) {
+    const u64 total = (u64)n * h * w * c;
+    const int ts = out * samples;
+    const float norm = 1.0f / (float)(samples * samples);
+    GRID_STRIDE(i, total) {
+        const int ch = (int)(i % c);
+        const u64 pix = i / c;
+        const int xq = (int)(pix % w);
+        const int yq = (int)((pix / w) % h);
+        const int b = (int)(pix / ((u64)w * h));
+        float acc = 0.0f;
+        for (int k = start[b]; k < start[b + 1]; ++k) {
+            const int r = list[k];
+            const float* pl = plan + 6 * r;
+            // The cells any sample of this region touches: from the first sample's (clamped)
+            // cell to one past the last's.
+            const float y_lo = fmaxf(sample_at(pl[2], pl[4], 0, samples), 0.0f);
+            const float y_hi = fmaxf(sample_at(pl[2], pl[4], ts - 1, samples), 0.0f);
+            if (yq < (int)floorf(y_lo) || yq > (int)floorf(y_hi) + 1) continue;
+            const float x_lo = fmaxf(sample_at(pl[3], pl[5], 0, samples), 0.0f);
+            const float x_hi = fmaxf(sample_at(pl[3], pl[5], ts - 1, samples), 0.0f);
+            if (xq < (int)floorf(x_lo) || xq > (int)floorf(x_hi) + 1) continue;
+            const float* g = dy + (u64)r * out * out * c + ch;
+            for (int t = 0; t < ts; ++t) {
+                const float wy = lin_weight(sample_at(pl[2], pl[4], t, samples), yq, h);
+                if (wy == 0.0f) continue;
+                for (int u = 0; u < ts; ++u) {
+                    const float wx = lin_weight(sample_at(pl[3], pl[5], u, samples), xq, w);
+                    if (wx == 0.0f) continue;
+                    acc += wy * wx * g[((u64)(t / samples) * out + u / samples) * c];
+                }
+            }
+        }
+        dx[i] = acc * norm;
+    }
+}
