@@ -68,6 +68,18 @@ pub const SOURCES: &[Source] = &[
         purpose: "ERT sweep of FLOPs per element: the roofline curve between its two ends",
     },
     Source {
+        file: "fpn.cu",
+        text: include_str!("../../cuda/fpn.cu"),
+        kernels: &[
+            "upsample_add",
+            "upsample_backward_add",
+            "subsample2",
+            "subsample2_backward_add",
+        ],
+        purpose:
+            "the feature pyramid's top-down upsampling and P6, with atomics-free backward passes",
+    },
+    Source {
         file: "roi_align.cu",
         text: include_str!("../../cuda/roi_align.cu"),
         kernels: &["roi_align_forward", "roi_align_backward"],

@@ -52,7 +52,7 @@ pub fn upsample_backward<T: Float>(dy: &Tensor<T>, h: usize, w: usize) -> Tensor
 }
 
 /// Every other cell of `x` (a 1×1 max pool with stride 2).
-fn subsample<T: Float>(x: &Tensor<T>) -> Tensor<T> {
+pub fn subsample<T: Float>(x: &Tensor<T>) -> Tensor<T> {
     let (h, w) = (x.h.div_ceil(2), x.w.div_ceil(2));
     let mut y = Tensor::zeros(x.n, h, w, x.c);
     for n in 0..x.n {
@@ -67,7 +67,11 @@ fn subsample<T: Float>(x: &Tensor<T>) -> Tensor<T> {
     y
 }
 
-fn subsample_backward<T: Float>(dy: &Tensor<T>, shape: (usize, usize, usize, usize)) -> Tensor<T> {
+/// The backward pass of `subsample`: `dy` at every other cell of a zero map of `shape`.
+pub fn subsample_backward<T: Float>(
+    dy: &Tensor<T>,
+    shape: (usize, usize, usize, usize),
+) -> Tensor<T> {
     let (n0, h, w, c) = shape;
     let mut dx = Tensor::zeros(n0, h, w, c);
     for n in 0..dy.n {

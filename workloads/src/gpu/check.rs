@@ -63,7 +63,8 @@ pub(super) fn flat_of(
 
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
 /// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the
-/// detector's multi-scale RoIAlign (forward, backward per level, bitwise repeatable); batch norm
+/// detector's pyramid kernels (upsample + add, P6, their backward passes) and multi-scale
+/// RoIAlign (forward, backward per level, bitwise repeatable); batch norm
 /// with ReLU (forward, running statistics, backward); then one whole training step of a small
 /// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
 /// parameter and every running statistic after the step, and the inference logits.
@@ -137,6 +138,45 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             normwise(&dwg, &dw),
             tol,
         );
+    }
+    {
+        // The pyramid's top-down upsampling (odd sizes too: 7×5 → 13×10) and P6, both ways.
+        use crate::detect::fpn::{subsample, subsample_backward, upsample, upsample_backward};
+        let (n, c) = (2, 6);
+        let tensor = |h, w, rng: &mut crate::data::Rng| {
+            Tensor::from_vec(n, h, w, c, random(n * h * w * c, rng))
+        };
+        let (top, lat, dy) = (
+            tensor(7, 5, &mut rng),
+            tensor(13, 10, &mut rng),
+            tensor(13, 10, &mut rng),
+        );
+        let mut sum = lat.clone();
+        crate::layers::add_into(&mut sum, &upsample(&top, 13, 10));
+        let dtop = upsample_backward(&dy, 7, 5);
+        let p6 = subsample(&sum);
+        let d6 = tensor(p6.h, p6.w, &mut rng);
+        let mut d5 = dy.clone();
+        crate::layers::add_into(&mut d5, &subsample_backward(&d6, (n, 13, 10, c)));
+        let (tg, sg, dyg) = (ctx.upload(&top)?, ctx.upload(&lat)?, ctx.upload(&dy)?);
+        ctx.upsample_add(&sg, &tg)?;
+        let dtg = ctx.upload(&Tensor::zeros(n, 7, 5, c))?;
+        ctx.upsample_backward_add(&dtg, &dyg)?;
+        let p6g = ctx.subsample2(&sg)?;
+        ctx.subsample2_backward_add(&dyg, &ctx.upload(&d6)?)?;
+        for (name, gpu, cpu) in [
+            ("fpn upsample + add", &sg, &sum),
+            ("fpn upsample backward", &dtg, &dtop),
+            ("fpn P6 subsample", &p6g, &p6),
+            ("fpn P6 backward", &dyg, &d5),
+        ] {
+            push(
+                &mut out,
+                name.into(),
+                normwise(&ctx.download(gpu)?.data, &cpu.data),
+                tolerance(Prec::F32),
+            );
+        }
     }
     {
         // The detector's multi-scale RoIAlign (f32 in every precision): regions of every size

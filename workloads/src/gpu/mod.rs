@@ -366,6 +366,7 @@ impl Ctx {
 }
 
 mod check;
+mod fpn;
 mod layers;
 mod resnet;
 mod roi_align;
