@@ -85,7 +85,9 @@ enum Command {
     /// level its data lives in, the allreduce roofs. Writes roofline/placement/v1 JSON (achieved
     /// FLOP/s with its samples, OI, COI, time breakdown, binding ceiling, attainable bound,
     /// headroom, energy where counters exist, advice in the manner of HPC AI500 V2.0 section
-    /// 7.5) and an SVG with the point. resnet50 and ewa also place their top layers (ewa: its
+    /// 7.5) and an SVG with the point. With --device cuda, a resnet50 run trains on the GPU and
+    /// is held against that GPU's ceilings (cuDNN, cuBLAS, L2/HBM) from a `probe --device cuda`
+    /// machine.json. resnet50 and ewa also place their top layers (ewa: its
     /// parts — pyramid, RPN head, RoIAlign, box head) by time, each as its own point, and
     /// --trace writes the timeline for Perfetto. `roofline plot --placement a.json --placement
     /// b.json` draws several workloads on one roofline.
@@ -94,6 +96,7 @@ enum Command {
     ///   roofline place --workload stream:1073741824
     ///   roofline place --workload resnet50 --resolution 224 --batch 32 --trace r50.trace.json
     ///   roofline place --workload ewa --resolution 192x288 -o ewa.json
+    ///   roofline place --workload resnet50 --device cuda --precision bf16 --batch 128
     Place(Box<place_cmd::PlaceArgs>),
     /// Score a workload by the HPC AI500 V2.0 rules from repeated training runs, and write
     /// score.json and a self-contained HTML report.

@@ -9,8 +9,8 @@ use roofline_kernels::cpu::gemm::{GemmKernel, Shape};
 use roofline_kernels::cpu::stream::{self, Op, StreamKernel};
 use roofline_kernels::driver::{measure_here, measure_threads, Measurement, Plan};
 use roofline_model::placement::{
-    advise, bound, cpu_roofs, Coi, Energy, Intensity, MachineRef, Placement, Point, TimeBreakdown,
-    WorkloadInfo, PLACEMENT_SCHEMA,
+    advise, bound, cpu_roofs, gpu_roofs, Coi, Energy, Intensity, MachineRef, Placement, Point,
+    TimeBreakdown, WorkloadInfo, PLACEMENT_SCHEMA,
 };
 use roofline_model::{write::write_atomic, Machine, Stats};
 use roofline_workloads::accounting;
@@ -183,9 +183,20 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     if let Some(t) = &a.trace {
         crate::probe_cmd::check_writable(t).map_err(Failure::Input)?;
     }
-    if a.run.device != "cpu" {
+    if a.run.device == "cuda" {
+        let g = format!("gpu{}/", a.run.gpu.unwrap_or(0));
+        if !m.ceilings.iter().any(|c| c.id.starts_with(&g)) {
+            return Err(input(format!(
+                "{} has no {} ceilings to place a GPU run on: run `roofline probe --device cuda -o {}` on this machine first",
+                a.machine.display(),
+                g.trim_end_matches('/'),
+                a.machine.display()
+            )));
+        }
+    }
+    if a.run.device != "cpu" && !matches!(workload, Workload::Training(_)) {
         return Err(input(
-            "place runs on the CPU for now: placing a GPU run (--device cuda) is not built yet"
+            "--device cuda places a training run (--workload resnet50) on a GPU's roofline; a GEMM, convolution or STREAM kernel on the GPU is what `roofline probe --device cuda` measures (its gemm, conv and mem ceilings)"
                 .into(),
         ));
     }
@@ -238,10 +249,18 @@ pub fn draw(m: &Machine, placements: &[&Placement]) -> Result<String, roofline_p
     } else {
         "all"
     };
+    // GPU runs on their GPU's roofline (when they all ran on one), CPU runs on the CPU's.
+    let device = match placements.first().map(|p| p.workload.device.as_str()) {
+        Some(d) if d.starts_with("gpu") && placements.iter().all(|p| p.workload.device == d) => {
+            d.to_string()
+        }
+        _ => "cpu".to_string(),
+    };
     roofline_plots::classic_svg(
         m,
         &roofline_plots::ClassicOptions {
             threads: threads.into(),
+            device,
             points,
             ..Default::default()
         },
@@ -283,18 +302,30 @@ pub(crate) fn assemble(
         "gemm" | "stream" => &["gemm", "fma"],
         _ => &["conv", "gemm", "fma"],
     };
-    let roofs = cpu_roofs(
-        m,
-        &r.info.precision,
-        families,
-        r.info.threads,
-        r.footprint,
-        r.coi.as_ref(),
-    );
+    // A GPU run is held against that GPU's ceilings (`gpuN/...`), a CPU run against the CPU's.
+    let gpu: Option<usize> = r
+        .info
+        .device
+        .strip_prefix("gpu")
+        .and_then(|g| g.parse().ok());
+    let roofs_at = |footprint: f64, coi: Option<&Coi>| match gpu {
+        Some(g) => gpu_roofs(m, g, &r.info.precision, families, footprint, coi),
+        None => cpu_roofs(
+            m,
+            &r.info.precision,
+            families,
+            r.info.threads,
+            footprint,
+            coi,
+        ),
+    };
+    let roofs = roofs_at(r.footprint, r.coi.as_ref());
     let no_roof = || {
         Failure::Input(anyhow!(
-            "the machine.json has no {} compute or memory ceiling to place this on: run `roofline probe` without --only",
-            r.info.precision
+            "the machine.json has no {} {} compute or memory ceiling to place this on: run `roofline probe{}` without --only",
+            r.info.device,
+            r.info.precision,
+            if gpu.is_some() { " --device cuda" } else { "" }
         ))
     };
     let b = bound(&roofs, oi, r.coi.as_ref(), achieved.max).ok_or_else(no_roof)?;
@@ -325,14 +356,7 @@ pub(crate) fn assemble(
         }
         let oi = flops / bytes;
         let rate = flops / secs;
-        let roofs = cpu_roofs(
-            m,
-            &r.info.precision,
-            families,
-            r.info.threads,
-            footprint,
-            None,
-        );
+        let roofs = roofs_at(footprint, None);
         let Some(b) = bound(&roofs, oi, None, rate) else {
             continue;
         };
@@ -746,8 +770,17 @@ pub(crate) fn from_training(
                 roofline_plots::si(s.flops_step_per_image),
                 local
             ),
-            precision: "f32".into(),
-            device: "cpu".into(),
+            // On a GPU: the trainer's precision, and the GPU this (the root) rank trained on.
+            precision: if run.device == "cuda" {
+                run.precision.clone()
+            } else {
+                "f32".into()
+            },
+            device: if run.device == "cuda" {
+                format!("gpu{}", run.gpu.unwrap_or(0))
+            } else {
+                "cpu".into()
+            },
             threads: prep.threads,
             ranks,
             nodes,

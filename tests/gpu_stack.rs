@@ -128,3 +128,70 @@ fn the_bringup_kit_packs_under_the_carry_limit_and_its_binary_starts() {
     assert!(packed < built, "packed {packed} bytes, built {built}");
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// `place --device cuda` places a training run on a GPU's ceilings: refused, before any
+/// training, when the machine.json has none; a kernel workload on the GPU is pointed to the
+/// probe.
+#[test]
+fn placing_on_a_gpu_needs_that_gpus_ceilings_and_a_training_workload() {
+    let machine = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/machine-example.json");
+    let o = bin()
+        .args([
+            "place",
+            "--workload",
+            "resnet50",
+            "--device",
+            "cuda",
+            "--machine",
+        ])
+        .arg(&machine)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains("has no gpu0 ceilings") && err.contains("roofline probe --device cuda"),
+        "{err}"
+    );
+    assert!(!err.contains("placing resnet50"), "it trained first: {err}");
+    let o = bin()
+        .args([
+            "place",
+            "--workload",
+            "gemm:64x64x64",
+            "--device",
+            "cuda",
+            "--gpu",
+            "1",
+            "--machine",
+        ])
+        .arg(&machine)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("no gpu1 ceilings"));
+    // With a GPU's ceilings, a kernel workload is pointed to the probe.
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&machine).unwrap()).unwrap();
+    let mut c = v["ceilings"][0].clone();
+    c["id"] = "gpu0/gemm/f32".into();
+    v["ceilings"].as_array_mut().unwrap().push(c);
+    let with_gpu = std::env::temp_dir().join(format!("roofline-gpu-m-{}.json", std::process::id()));
+    std::fs::write(&with_gpu, v.to_string()).unwrap();
+    let o = bin()
+        .args([
+            "place",
+            "--workload",
+            "gemm:64x64x64",
+            "--device",
+            "cuda",
+            "--machine",
+        ])
+        .arg(&with_gpu)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&with_gpu);
+    assert_eq!(o.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(err.contains("places a training run"), "{err}");
+}

@@ -239,6 +239,58 @@ pub fn cpu_roofs(
     if let Some(c) = mem {
         out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
     }
+    out.extend(comm_roofs(m, coi));
+    out
+}
+
+/// The roofs of GPU `gpu` (a device of the machine.json) for a point of `precision`: the flat
+/// compute ceilings of that precision among `families` (`gemm`, `conv` (its forward
+/// direction), and `fma` for f32 and f64 only: a 16-bit or tf32 network runs on the tensor
+/// cores, whose work the CUDA cores' FMA roof would wrongly bind); the memory ceiling of L2
+/// when the `footprint` fits in the GPU's L2, else of HBM; and the allreduce ceilings as on the
+/// CPU.
+pub fn gpu_roofs(
+    m: &Machine,
+    gpu: usize,
+    precision: &str,
+    families: &[&str],
+    footprint: f64,
+    coi: Option<&Coi>,
+) -> Vec<(RoofAt, Axis)> {
+    let mut out = Vec::new();
+    let cuda_cores = matches!(precision, "f32" | "f64");
+    for &family in families {
+        if family == "fma" && !cuda_cores {
+            continue;
+        }
+        let id = match family {
+            "conv" => format!("gpu{gpu}/conv/{precision}/fwd"),
+            f => format!("gpu{gpu}/{f}/{precision}"),
+        };
+        if let Some(c) = m.ceiling(&id) {
+            out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
+        }
+    }
+    let l2 = m
+        .provenance
+        .gpus
+        .iter()
+        .find(|g| g.index == gpu)
+        .map_or(0.0, |g| g.l2_bytes as f64);
+    let level = if footprint <= l2 { "L2" } else { "HBM" };
+    let mem = ["triad", "copy", "read"]
+        .iter()
+        .find_map(|op| m.ceiling(&format!("gpu{gpu}/mem/{level}/{op}")));
+    if let Some(c) = mem {
+        out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
+    }
+    out.extend(comm_roofs(m, coi));
+    out
+}
+
+/// The allreduce roofs inside and between nodes of a point that communicates.
+fn comm_roofs(m: &Machine, coi: Option<&Coi>) -> Vec<(RoofAt, Axis)> {
+    let mut out = Vec::new();
     if let Some(coi) = coi {
         for (scope, bytes, axis) in [
             ("intra", coi.intra_node_bytes, Axis::CoiIntra),
@@ -759,5 +811,49 @@ pub(crate) mod tests {
     fn other_schemas_are_rejected() {
         let e = Placement::from_json(r#"{"schema": "roofline/machine/v1"}"#).unwrap_err();
         assert!(e.to_string().contains(PLACEMENT_SCHEMA), "{e}");
+    }
+
+    #[test]
+    fn a_gpu_point_is_held_against_its_gpus_library_roofs_and_l2_or_hbm() {
+        let mut m = machine();
+        let template = m.ceilings[0].clone();
+        for (id, kind, value) in [
+            ("gpu0/gemm/bf16", CeilingKind::Compute, 700e12),
+            ("gpu0/conv/bf16/fwd", CeilingKind::Compute, 400e12),
+            ("gpu0/conv/bf16/bwd_data", CeilingKind::Compute, 300e12),
+            ("gpu0/fma/bf16", CeilingKind::Compute, 100e12),
+            ("gpu0/mem/L2/triad", CeilingKind::Memory, 10e12),
+            ("gpu0/mem/HBM/triad", CeilingKind::Memory, 3e12),
+            ("gpu1/gemm/bf16", CeilingKind::Compute, 1.0),
+        ] {
+            m.ceilings.push(Ceiling {
+                id: id.into(),
+                kind,
+                value,
+                ..template.clone()
+            });
+        }
+        m.provenance.gpus.push(crate::GpuInfo {
+            index: 0,
+            l2_bytes: 50 << 20,
+            ..Default::default()
+        });
+        let ids = |r: &[(RoofAt, Axis)]| r.iter().map(|x| x.0.ceiling.clone()).collect::<Vec<_>>();
+        let big = gpu_roofs(&m, 0, "bf16", &["conv", "gemm", "fma"], 1e9, None);
+        assert_eq!(
+            ids(&big),
+            ["gpu0/conv/bf16/fwd", "gpu0/gemm/bf16", "gpu0/mem/HBM/triad"]
+        );
+        let small = gpu_roofs(&m, 0, "bf16", &["conv", "gemm"], 1e6, None);
+        assert_eq!(ids(&small)[2], "gpu0/mem/L2/triad");
+        // At OI 1000 the convolution roof binds, not the CUDA cores' FMA; at OI 10, HBM.
+        assert_eq!(
+            bound(&big, 1000.0, None, 200e12).unwrap().ceiling,
+            "gpu0/conv/bf16/fwd"
+        );
+        assert_eq!(
+            bound(&big, 10.0, None, 20e12).unwrap().ceiling,
+            "gpu0/mem/HBM/triad"
+        );
     }
 }
