@@ -438,6 +438,8 @@ pub fn advise(
                 .find(|r| r.ceiling.contains("/gemm/"))
                 .map(|r| r.value);
             let frac = gemm.map(|g| p.achieved_flops / g);
+            // A faster precision on the same device (cpu/…, gpuN/…) as the binding roof.
+            let device = p.bound.ceiling.split('/').next().unwrap_or("cpu");
             let mixed = ["bf16", "f16"]
                 .iter()
                 .filter(|q| **q != w.precision)
@@ -446,6 +448,7 @@ pub fn advise(
                         .iter()
                         .find(|c| {
                             c.kind == CeilingKind::Compute
+                                && c.id.split('/').next() == Some(device)
                                 && c.precision.as_deref() == Some(q)
                                 && gemm.is_some_and(|g| c.value > g * 1.2)
                         })
