@@ -62,8 +62,8 @@ pub(super) fn flat_of(
 }
 
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
-/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the
-/// detector's pyramid kernels (upsample + add, P6, their backward passes) and multi-scale
+/// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the fully
+/// connected layer (forward, weight, bias and data gradients); the detector's pyramid kernels (upsample + add, P6, their backward passes) and multi-scale
 /// RoIAlign (forward, backward per level, bitwise repeatable); batch norm
 /// with ReLU (forward, running statistics, backward); then one whole training step of a small
 /// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
@@ -138,6 +138,42 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             normwise(&dwg, &dw),
             tol,
         );
+    }
+    {
+        // The fully connected layer (the classifier, and the detector's box head): 12 rows
+        // (3 × 2 × 2 cells) of 20 features to 12 outputs, forward and both gradients.
+        let (inputs, outputs) = (20, 12);
+        let mut lin = crate::layers::Linear::<f32>::new("fc", inputs, outputs, &mut rng);
+        let x = Tensor::from_vec(3, 2, 2, inputs, random(12 * inputs, &mut rng));
+        let y = lin.forward(&x);
+        let dy = Tensor::from_vec(3, 2, 2, outputs, random(12 * outputs, &mut rng));
+        let dx = lin.backward(&dy);
+        let flat = flat_of(&ctx, &[&lin.weight.value, &lin.bias.value], None)?;
+        let g = GLinear {
+            w: flat.slots[0],
+            b: flat.slots[1],
+            inputs,
+            outputs,
+        };
+        let (xg, dyg) = (ctx.upload(&x)?, ctx.upload(&dy)?);
+        let yg = g.forward(&mut ctx, &flat, &xg)?;
+        g.backward_params(&mut ctx, &flat, &xg, &dyg)?;
+        let dxg = g.backward_data(&mut ctx, &flat, &dyg)?;
+        let dw = ctx.get::<f32>(flat.grad(g.w), inputs * outputs)?;
+        let db = ctx.get::<f32>(flat.grad(g.b), outputs)?;
+        for (name, gpu, cpu) in [
+            ("linear forward", ctx.download(&yg)?.data, y.data),
+            ("linear weight gradient", dw, lin.weight.grad.clone()),
+            ("linear bias gradient", db, lin.bias.grad.clone()),
+            ("linear data gradient", ctx.download(&dxg)?.data, dx.data),
+        ] {
+            push(
+                &mut out,
+                name.into(),
+                normwise(&gpu, &cpu),
+                tolerance(Prec::F32),
+            );
+        }
     }
     {
         // The pyramid's top-down upsampling (odd sizes too: 7×5 → 13×10) and P6, both ways.

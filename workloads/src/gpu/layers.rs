@@ -506,3 +506,133 @@ impl GBlock {
         Ok(dx)
     }
 }
+
+/// The GPU twin of [`crate::layers::Linear`]: `y = x·W + b` for `rows × inputs` activations,
+/// W stored `inputs × outputs` row-major (the CPU's layout) in the flat store, on cuBLAS; its
+/// backward pass in two parts, so that the gradient exchange can take W's and b's gradients
+/// before the data gradient is formed.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct GLinear {
+    pub(super) w: Slot,
+    pub(super) b: Slot,
+    pub(super) inputs: usize,
+    pub(super) outputs: usize,
+}
+
+impl GLinear {
+    /// `rows × outputs` from `x` (rows × inputs, any n·h·w = rows).
+    pub(super) fn forward(
+        &self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &GTensor,
+    ) -> Result<GTensor, CudaError> {
+        if x.c != self.inputs {
+            return Err(CudaError::Check(format!(
+                "linear layer of {} inputs given {} features",
+                self.inputs, x.c
+            )));
+        }
+        let rows = x.rows();
+        // Row-major y (rows × out) = x (rows × in) · W (in × out), as column-major yᵀ = Wᵀ·xᵀ.
+        let y = ctx.tensor(rows, 1, 1, self.outputs)?;
+        ctx.sgemm(
+            false,
+            false,
+            self.outputs,
+            rows,
+            self.inputs,
+            flat.value(self.w),
+            self.outputs,
+            x.ptr(),
+            self.inputs,
+            y.ptr(),
+            self.outputs,
+        )?;
+        let (yp, bp, ny, k) = (
+            y.ptr(),
+            flat.value(self.b),
+            y.len() as u64,
+            self.outputs as i32,
+        );
+        // SAFETY: add_bias(y, b, n, k): y holds rows·out, b out elements.
+        unsafe {
+            ctx.launch(
+                "add_bias",
+                y.len(),
+                &mut [arg(&yp), arg(&bp), arg(&ny), arg(&k)],
+            )?
+        };
+        Ok(y)
+    }
+
+    /// W's and b's gradients (overwritten) from the forward input `x` and `dy` (rows × out).
+    pub(super) fn backward_params(
+        &self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: &GTensor,
+        dy: &GTensor,
+    ) -> Result<(), CudaError> {
+        let rows = dy.rows();
+        // dW (in × out) = xᵀ · dy: column-major dWᵀ = dyᵀ · x.
+        ctx.sgemm(
+            false,
+            true,
+            self.outputs,
+            self.inputs,
+            rows,
+            dy.ptr(),
+            self.outputs,
+            x.ptr(),
+            self.inputs,
+            flat.grad(self.w),
+            self.outputs,
+        )?;
+        let (dyp, dbp, ri, ki) = (
+            dy.ptr(),
+            flat.grad(self.b),
+            rows as i32,
+            self.outputs as i32,
+        );
+        // SAFETY: column_sums(dy, db, rows, k): dy holds rows × out, db out elements.
+        unsafe {
+            ctx.launch(
+                "column_sums",
+                self.outputs,
+                &mut [arg(&dyp), arg(&dbp), arg(&ri), arg(&ki)],
+            )
+        }
+    }
+
+    /// The input's gradient (rows × in) from `dy`: dx = dy · Wᵀ.
+    pub(super) fn backward_data(
+        &self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+    ) -> Result<GTensor, CudaError> {
+        let rows = dy.rows();
+        // Column-major dxᵀ = W · dyᵀ.
+        let dx = ctx.tensor(rows, 1, 1, self.inputs)?;
+        ctx.sgemm(
+            true,
+            false,
+            self.inputs,
+            rows,
+            self.outputs,
+            flat.value(self.w),
+            self.outputs,
+            dy.ptr(),
+            self.outputs,
+            dx.ptr(),
+            self.inputs,
+        )?;
+        Ok(dx)
+    }
+
+    /// The first parameter's offset in the flat store (where the exchange's bucket ends).
+    pub(super) fn first_offset(&self) -> usize {
+        self.w.off.min(self.b.off)
+    }
+}

@@ -50,10 +50,7 @@ pub struct GpuResNet {
     pub(super) stem: GConv,
     pub(super) stem_bn: GBn,
     pub(super) blocks: Vec<GBlock>,
-    pub(super) fc_w: Slot,
-    pub(super) fc_b: Slot,
-    pub(super) fc_in: usize,
-    pub(super) fc_out: usize,
+    pub(super) fc: GLinear,
     pub(super) stem_out: Option<Rc<GTensor>>,
     pub(super) pool_arg: Option<Buf>,
     pub(super) pool_in: (usize, usize, usize, usize),
@@ -233,10 +230,12 @@ impl GpuResNet {
             stem,
             stem_bn,
             blocks,
-            fc_w,
-            fc_b,
-            fc_in: model.fc.inputs,
-            fc_out: model.fc.outputs,
+            fc: GLinear {
+                w: fc_w,
+                b: fc_b,
+                inputs: model.fc.inputs,
+                outputs: model.fc.outputs,
+            },
             stem_out: None,
             pool_arg: None,
             pool_in: (0, 0, 0, 0),
@@ -303,36 +302,8 @@ impl GpuResNet {
                 &mut [arg(&hp), arg(&op), arg(&n), arg(&hw), arg(&c)],
             )?
         };
-        // Classifier: y (n × out) = pooled (n × in) · W (in × out) + b, row-major, as the
-        // column-major yᵀ = Wᵀ · pooledᵀ.
-        let y = self.ctx.tensor(h.n, 1, 1, self.fc_out)?;
-        self.ctx.sgemm(
-            false,
-            false,
-            self.fc_out,
-            h.n,
-            self.fc_in,
-            self.flat.value(self.fc_w),
-            self.fc_out,
-            pooled.ptr(),
-            self.fc_in,
-            y.ptr(),
-            self.fc_out,
-        )?;
-        let (yp, bp, ny, k) = (
-            y.ptr(),
-            self.flat.value(self.fc_b),
-            y.len() as u64,
-            self.fc_out as i32,
-        );
-        // SAFETY: y holds n·out, b out elements.
-        unsafe {
-            self.ctx.launch(
-                "add_bias",
-                y.len(),
-                &mut [arg(&yp), arg(&bp), arg(&ny), arg(&k)],
-            )?
-        };
+        // Classifier: y (n × out) = pooled (n × in) · W (in × out) + b.
+        let y = self.fc.forward(&mut self.ctx, &self.flat, &pooled)?;
         if train {
             self.last = Some(pooled);
             self.pool_in_hw = (h.h, h.w);
@@ -408,54 +379,19 @@ impl GpuResNet {
     pub(super) fn backward(&mut self, dlogits: &GTensor) -> Result<(), CudaError> {
         let missing = || CudaError::Check("backward before a training forward pass".into());
         let pooled = self.last.take().ok_or_else(missing)?;
-        let (rows, out, inp) = (dlogits.rows(), self.fc_out, self.fc_in);
+        let rows = dlogits.rows();
+        let inp = self.fc.inputs;
         let ctx = &mut self.ctx;
         let flat = &self.flat;
         let mut sync = self.sync.as_mut();
         if let Some(g) = sync.as_deref_mut() {
             g.begin(flat.total);
         }
-        // dW (in × out) = pooledᵀ · dy: column-major dWᵀ = dyᵀ · pooled.
-        ctx.sgemm(
-            false,
-            true,
-            out,
-            inp,
-            rows,
-            dlogits.ptr(),
-            out,
-            pooled.ptr(),
-            inp,
-            flat.grad(self.fc_w),
-            out,
-        )?;
-        let (dyp, dbp, ri, ki) = (dlogits.ptr(), flat.grad(self.fc_b), rows as i32, out as i32);
-        // SAFETY: dy holds rows × out, db out elements.
-        unsafe {
-            ctx.launch(
-                "column_sums",
-                out,
-                &mut [arg(&dyp), arg(&dbp), arg(&ri), arg(&ki)],
-            )?
-        };
+        self.fc.backward_params(ctx, flat, &pooled, dlogits)?;
         if let Some(g) = sync.as_deref_mut() {
-            g.finished(ctx, flat, self.fc_w.off.min(self.fc_b.off))?;
+            g.finished(ctx, flat, self.fc.first_offset())?;
         }
-        // dpooled (n × in) = dy · Wᵀ: column-major dpooledᵀ = W · dyᵀ.
-        let dp = ctx.tensor(rows, 1, 1, inp)?;
-        ctx.sgemm(
-            true,
-            false,
-            inp,
-            rows,
-            out,
-            flat.value(self.fc_w),
-            out,
-            dlogits.ptr(),
-            out,
-            dp.ptr(),
-            inp,
-        )?;
+        let dp = self.fc.backward_data(ctx, flat, dlogits)?;
         let (hh, hw) = self.pool_in_hw;
         let mut d = ctx.tensor(rows, hh, hw, inp)?;
         let (dpp, dp2, n, hwi, c) = (dp.ptr(), d.ptr(), rows as i32, (hh * hw) as i32, inp as i32);
