@@ -79,6 +79,13 @@ extern "C" __global__ void bn_backward_dx(const float* dy, const float* x, const
     }
 }
 
+// y = max(y, 0) in place (the detector heads' activations; NaN becomes 0, as on the CPU).
+extern "C" __global__ void relu(float* y, u64 n) {
+    GRID_STRIDE(i, n) {
+        if (!(y[i] > 0.0f)) y[i] = 0.0f;
+    }
+}
+
 // d = 0 where the forward output y was not positive (ReLU backward, in place).
 extern "C" __global__ void relu_mask(const float* y, float* d, u64 n) {
     GRID_STRIDE(i, n) {

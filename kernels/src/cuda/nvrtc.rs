@@ -93,6 +93,7 @@ pub const SOURCES: &[Source] = &[
             "bn_sums",
             "bn_apply",
             "bn_backward_dx",
+            "relu",
             "relu_mask",
             "add_relu",
             "add_into",

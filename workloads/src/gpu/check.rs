@@ -63,7 +63,8 @@ pub(super) fn flat_of(
 
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
 /// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the fully
-/// connected layer (forward, weight, bias and data gradients); the detector's pyramid kernels (upsample + add, P6, their backward passes) and multi-scale
+/// connected layer (forward, weight, bias and data gradients); the detector's box head (outputs,
+/// every parameter's gradient, the features' gradient), pyramid kernels (upsample + add, P6, their backward passes) and multi-scale
 /// RoIAlign (forward, backward per level, bitwise repeatable); batch norm
 /// with ReLU (forward, running statistics, backward); then one whole training step of a small
 /// ResNet (max pool, residual adds, average pool, classifier, loss, SGD): the loss, every
@@ -174,6 +175,59 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
                 tolerance(Prec::F32),
             );
         }
+    }
+    {
+        // The detector's box head: 10 regions of 2 × 2 × 6 pooled features, 16 hidden units,
+        // 5 classes; the outputs, every parameter's gradient and the features' gradient.
+        let mut head = crate::detect::head::BoxHead::<f32>::new(24, 16, 5, &mut rng);
+        // The CPU head takes rows of flattened features; the GPU head flattens RoIAlign's
+        // R × 2 × 2 × 6 output itself (the same values in the same order).
+        let features = random(10 * 24, &mut rng);
+        let x = Tensor::from_vec(10, 2, 2, 6, features.clone());
+        let (cls, reg) = head.forward(&Tensor::from_vec(10, 1, 1, 24, features));
+        let dcls = Tensor::from_vec(10, 1, 1, 5, random(50, &mut rng));
+        let dreg = Tensor::from_vec(10, 1, 1, 20, random(200, &mut rng));
+        let dx = head.backward(&dcls, &dreg);
+        let values: Vec<Vec<f32>> = head.params().iter().map(|p| p.value.clone()).collect();
+        let grads: Vec<(String, Vec<f32>)> = head
+            .params()
+            .iter()
+            .map(|p| (p.name.clone(), p.grad.clone()))
+            .collect();
+        let refs: Vec<&[f32]> = values.iter().map(|v| &v[..]).collect();
+        let flat = flat_of(&ctx, &refs, None)?;
+        let mut g = GBoxHead::new(&head, &flat.slots)?;
+        let xg = ctx.upload(&x)?;
+        let (clsg, regg) = g.forward(&mut ctx, &flat, xg)?;
+        let (dclsg, dregg) = (ctx.upload(&dcls)?, ctx.upload(&dreg)?);
+        let dxg = g.backward(&mut ctx, &flat, &dclsg, &dregg)?;
+        push(
+            &mut out,
+            "box head class logits".into(),
+            normwise(&ctx.download(&clsg)?.data, &cls.data),
+            tolerance(Prec::F32),
+        );
+        push(
+            &mut out,
+            "box head deltas".into(),
+            normwise(&ctx.download(&regg)?.data, &reg.data),
+            tolerance(Prec::F32),
+        );
+        for (slot, (name, grad)) in flat.slots.iter().zip(&grads) {
+            let got = ctx.get::<f32>(flat.grad(*slot), grad.len())?;
+            push(
+                &mut out,
+                format!("box head {name} gradient"),
+                normwise(&got, grad),
+                tolerance(Prec::F32),
+            );
+        }
+        push(
+            &mut out,
+            "box head features gradient".into(),
+            normwise(&ctx.download(&dxg)?.data, &dx.data),
+            tolerance(Prec::F32),
+        );
     }
     {
         // The pyramid's top-down upsampling (odd sizes too: 7×5 → 13×10) and P6, both ways.

@@ -366,12 +366,14 @@ impl Ctx {
 }
 
 mod check;
+mod detect;
 mod fpn;
 mod layers;
 mod resnet;
 mod roi_align;
 mod trainer;
 pub use check::*;
+pub use detect::*;
 use layers::*;
 pub use resnet::*;
 pub use roi_align::*;
