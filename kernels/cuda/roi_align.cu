@@ -16,18 +16,30 @@ typedef unsigned long long u64;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
          i += (u64)gridDim.x * blockDim.x)
 
-// The 1-D bilinear weight of cell `i` of `n` for a sample at `v` (in cells), as the CPU's taps:
-// nothing beyond one cell outside the map, clamped at 0, and beyond n - 1 the last cell takes
-// the whole weight.
-__device__ __forceinline__ float lin_weight(float v, int i, int n) {
-    if (v < -1.0f || v > (float)n) return 0.0f;
+// The two cells a sample at `v` (in cells) interpolates on an axis of `n` cells, and the
+// weight of the second, as the CPU's taps: clamped at 0, and beyond n - 1 both are the last
+// cell. False when the sample lies more than one cell outside (it contributes nothing).
+__device__ __forceinline__ bool taps1d(float v, int n, int* i0, int* i1, float* l) {
+    if (v < -1.0f || v > (float)n) return false;
     v = fmaxf(v, 0.0f);
-    const int v0 = (int)floorf(v);
-    if (v0 >= n - 1) return i == n - 1 ? 1.0f : 0.0f;
-    const float l = v - (float)v0;
-    if (i == v0) return 1.0f - l;
-    if (i == v0 + 1) return l;
-    return 0.0f;
+    const int a = (int)floorf(v);
+    if (a >= n - 1) {
+        *i0 = *i1 = n - 1;
+        *l = 0.0f;
+    } else {
+        *i0 = a;
+        *i1 = a + 1;
+        *l = v - (float)a;
+    }
+    return true;
+}
+
+// The 1-D bilinear weight of cell `i` for a sample at `v` (taps1d's two cells and weights).
+__device__ __forceinline__ float lin_weight(float v, int i, int n) {
+    int i0, i1;
+    float l;
+    if (!taps1d(v, n, &i0, &i1, &l)) return 0.0f;
+    return (i == i0 ? 1.0f - l : 0.0f) + (i == i1 ? l : 0.0f);
 }
 
 // The position of sample t (bin t / samples, sample t % samples) along one axis.
@@ -56,29 +68,15 @@ extern "C" __global__ void roi_align_forward(const float* p2, const float* p3, c
         const float* base = m + (u64)img * h * w * c;
         float acc = 0.0f;
         for (int iy = 0; iy < samples; ++iy) {
-            const float yv = sample_at(pl[2], pl[4], py * samples + iy, samples);
-            if (yv < -1.0f || yv > (float)h) continue;
-            const float ys = fmaxf(yv, 0.0f);
-            int y0 = (int)floorf(ys), y1;
-            float ly = ys - (float)y0;
-            if (y0 >= h - 1) {
-                y0 = y1 = h - 1;
-                ly = 0.0f;
-            } else {
-                y1 = y0 + 1;
-            }
+            int y0, y1;
+            float ly;
+            if (!taps1d(sample_at(pl[2], pl[4], py * samples + iy, samples), h, &y0, &y1, &ly))
+                continue;
             for (int ix = 0; ix < samples; ++ix) {
-                const float xv = sample_at(pl[3], pl[5], px * samples + ix, samples);
-                if (xv < -1.0f || xv > (float)w) continue;
-                const float xs = fmaxf(xv, 0.0f);
-                int x0 = (int)floorf(xs), x1;
-                float lx = xs - (float)x0;
-                if (x0 >= w - 1) {
-                    x0 = x1 = w - 1;
-                    lx = 0.0f;
-                } else {
-                    x1 = x0 + 1;
-                }
+                int x0, x1;
+                float lx;
+                if (!taps1d(sample_at(pl[3], pl[5], px * samples + ix, samples), w, &x0, &x1, &lx))
+                    continue;
                 const float hy = 1.0f - ly, hx = 1.0f - lx;
                 acc += hy * hx * base[((u64)y0 * w + x0) * c + ch] +
                        hy * lx * base[((u64)y0 * w + x1) * c + ch] +

@@ -209,22 +209,26 @@ mod emulation {
         start + (t / samples) as f64 * bin + ((t % samples) as f64 + 0.5) * bin / samples as f64
     }
 
-    fn lin_weight(v: f64, i: usize, n: usize) -> f64 {
+    /// `taps1d`: the two cells a sample interpolates and the second's weight, or nothing.
+    fn taps1d(v: f64, n: usize) -> Option<(usize, usize, f64)> {
         if v < -1.0 || v > n as f64 {
-            return 0.0;
+            return None;
         }
         let v = v.max(0.0);
-        let v0 = v.floor() as usize;
-        if v0 >= n - 1 {
-            return if i == n - 1 { 1.0 } else { 0.0 };
-        }
-        let l = v - v0 as f64;
-        if i == v0 {
-            1.0 - l
-        } else if i == v0 + 1 {
-            l
+        let a = v.floor() as usize;
+        Some(if a >= n - 1 {
+            (n - 1, n - 1, 0.0)
         } else {
-            0.0
+            (a, a + 1, v - a as f64)
+        })
+    }
+
+    fn lin_weight(v: f64, i: usize, n: usize) -> f64 {
+        match taps1d(v, n) {
+            None => 0.0,
+            Some((i0, i1, l)) => {
+                (if i == i0 { 1.0 - l } else { 0.0 }) + (if i == i1 { l } else { 0.0 })
+            }
         }
     }
 
