@@ -301,16 +301,23 @@ pub fn generation_of(lib: Lib, file: &str) -> Option<u32> {
     name.split(".so.").nth(1)?.split('.').next()?.parse().ok()
 }
 
+/// Whether file `name` of `lib` may be loaded under a driver of CUDA generation `max` (none:
+/// any): names of a newer CUDA generation are passed over.
+fn fits(lib: Lib, name: &str, max: Option<u32>) -> bool {
+    match (max, generation_of(lib, name)) {
+        (Some(max), Some(g)) => g <= max,
+        _ => true,
+    }
+}
+
 /// The files that exist for `lib`, in the order they are tried; names of a CUDA generation
 /// newer than `max_generation` (the driver's) are passed over.
 pub fn candidates_in(lib: Lib, env: &SearchEnv, max_generation: Option<u32>) -> Vec<PathBuf> {
     let mut out = Vec::new();
     for dir in search_dirs_in(lib, env) {
         for name in lib.names() {
-            if let (Some(max), Some(g)) = (max_generation, generation_of(lib, name)) {
-                if g > max {
-                    continue;
-                }
+            if !fits(lib, name, max_generation) {
+                continue;
             }
             let p = dir.join(name);
             if p.is_file() && !out.contains(&p) {
@@ -331,13 +338,18 @@ static LOADED: Mutex<Vec<Loaded>> = Mutex::new(Vec::new());
 /// Errors of `dlopen` for the files tried and refused, for the doctor's report.
 static REFUSED: Mutex<Vec<(Lib, String)>> = Mutex::new(Vec::new());
 
-fn try_open(lib: Lib, spec: &str) -> bool {
+/// `dlopen(spec, RTLD_NOW | RTLD_GLOBAL)`, never closed: the library stays loaded for cudarc's
+/// later `dlopen` by soname. Null when it would not load.
+fn dlopen_global(spec: &str) -> *mut c_void {
     let Ok(c) = CString::new(spec) else {
-        return false;
+        return std::ptr::null_mut();
     };
-    // SAFETY: dlopen with a valid C string; the handle is deliberately never closed so the
-    // library stays loaded for cudarc's later dlopen by soname.
-    let handle = unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) };
+    // SAFETY: dlopen with a valid C string.
+    unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }
+}
+
+fn try_open(lib: Lib, spec: &str) -> bool {
+    let handle = dlopen_global(spec);
     if handle.is_null() && spec.contains('/') {
         // SAFETY: dlerror returns a thread-local C string or null.
         let why = unsafe {
@@ -380,6 +392,16 @@ fn driver_generation() -> Option<u32> {
     }
 }
 
+/// The CUDA generation that bounds `lib`'s files: the driver's (located first), for every
+/// library but the driver's own two.
+fn driver_bound(lib: Lib) -> Option<u32> {
+    if matches!(lib, Lib::Driver | Lib::Nvml) {
+        None
+    } else {
+        locate(Lib::Driver).and_then(|_| driver_generation())
+    }
+}
+
 /// Where `lib` was loaded from, loading it if needed; `None` when it is nowhere to be found.
 pub fn locate(lib: Lib) -> Option<String> {
     if let Some(l) = LOADED
@@ -391,11 +413,7 @@ pub fn locate(lib: Lib) -> Option<String> {
         return Some(l.path.clone());
     }
     // The driver first, so that its CUDA generation bounds the libraries'.
-    let max_generation = if lib == Lib::Driver || lib == Lib::Nvml {
-        None
-    } else {
-        locate(Lib::Driver).and_then(|_| driver_generation())
-    };
+    let max_generation = driver_bound(lib);
     // What the library opens by soname itself, loaded first from where we find it: cuBLAS
     // needs its cuBLASLt; cuDNN opens cuBLASLt (legacy convolutions) and NVRTC (runtime-
     // compiled engines) at run time. A missing one is the library's own concern, not ours.
@@ -411,10 +429,7 @@ pub fn locate(lib: Lib) -> Option<String> {
         found = lib
             .names()
             .iter()
-            .filter(|n| match (max_generation, generation_of(lib, n)) {
-                (Some(max), Some(g)) => g <= max,
-                _ => true,
-            })
+            .filter(|n| fits(lib, n, max_generation))
             .find(|n| try_open(lib, n))
             .map(|n| n.to_string());
     }
@@ -469,20 +484,11 @@ fn load_companions(lib: Lib, path: &str) {
     todo.sort();
     while !todo.is_empty() {
         let before = todo.len();
-        todo.retain(|p| !try_open_quiet(&p.to_string_lossy()));
+        todo.retain(|p| dlopen_global(&p.to_string_lossy()).is_null());
         if todo.len() == before {
             break;
         }
     }
-}
-
-/// `dlopen` by path, globally, without recording a refusal.
-fn try_open_quiet(spec: &str) -> bool {
-    let Ok(c) = CString::new(spec) else {
-        return false;
-    };
-    // SAFETY: dlopen with a valid C string; never closed (see `try_open`).
-    !unsafe { libc::dlopen(c.as_ptr(), libc::RTLD_NOW | libc::RTLD_GLOBAL) }.is_null()
 }
 
 /// Why files that exist for `lib` would not load (`dlopen`'s words), if any were refused.
@@ -593,11 +599,7 @@ pub fn not_found(lib: Lib) -> String {
         .collect();
     let refused = refused(lib);
     // Files of a newer CUDA than the driver's, passed over (`locate`).
-    let driver = if matches!(lib, Lib::Driver | Lib::Nvml) {
-        None
-    } else {
-        locate(Lib::Driver).and_then(|_| driver_generation())
-    };
+    let driver = driver_bound(lib);
     let passed_over: Vec<String> = match driver {
         Some(max) => candidates_in(lib, &SearchEnv::from_process(), None)
             .into_iter()
