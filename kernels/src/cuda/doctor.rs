@@ -242,9 +242,14 @@ pub fn diagnose(enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>) -> Report {
     }
     generation_checks(&libraries, driver_cuda, &mut problems);
     let mut gpus = Vec::new();
+    let mut first: Option<Gpu> = None;
     for i in 0..gpu_count {
         match gpu_status(i, enrich) {
-            Ok(g) => {
+            Ok((g, gpu)) => {
+                // The first GPU, kept open for the library handles below.
+                if first.is_none() {
+                    first = Some(gpu);
+                }
                 if let Err(why) = &g.kernels {
                     problems.push(blocker(
                         format!("gpu{i}: roofline's kernels do not load: {why}"),
@@ -277,8 +282,8 @@ pub fn diagnose(enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>) -> Report {
             )),
         }
     }
-    if let Some(g) = gpus.first() {
-        handle_checks(g.info.index, &mut problems);
+    if let Some(gpu) = &first {
+        handle_checks(gpu, &mut problems);
     }
     let driver_version = gpus.iter().find_map(|g| g.info.driver_version.clone());
     Report {
@@ -354,7 +359,7 @@ fn generation_checks(
 fn gpu_status(
     ordinal: usize,
     enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>,
-) -> Result<GpuStatus, CudaError> {
+) -> Result<(GpuStatus, Gpu), CudaError> {
     let mut gpu = Gpu::open(ordinal)?;
     let mut info = crate::probe::gpu::inventory(&gpu);
     let _ = enrich(&mut info);
@@ -366,7 +371,7 @@ fn gpu_status(
     } else {
         Err("no NVRTC".into())
     };
-    Ok(GpuStatus {
+    let status = GpuStatus {
         sm_clock_khz: gpu.attribute(A::CU_DEVICE_ATTRIBUTE_CLOCK_RATE).ok(),
         memory_clock_khz: gpu.attribute(A::CU_DEVICE_ATTRIBUTE_MEMORY_CLOCK_RATE).ok(),
         memory_bus_bits: gpu
@@ -374,13 +379,14 @@ fn gpu_status(
             .ok(),
         info,
         kernels,
-    })
+    };
+    Ok((status, gpu))
 }
 
 /// A cuBLAS, cuBLASLt and cuDNN handle on the first GPU: the libraries initialise with this
 /// driver (a library of a newer CUDA than the driver fails here).
-fn handle_checks(ordinal: usize, problems: &mut Vec<Problem>) {
-    let Ok(gpu) = Gpu::open(ordinal) else { return };
+fn handle_checks(gpu: &Gpu, problems: &mut Vec<Problem>) {
+    let ordinal = gpu.ordinal;
     let mut fail = |what: String| {
         problems.push(Problem {
             severity: Severity::Blocker,
@@ -408,7 +414,7 @@ fn handle_checks(ordinal: usize, problems: &mut Vec<Problem>) {
         }
     }
     if libs::present(Lib::Cudnn) {
-        if let Err(e) = super::dnn::Handle::new(&gpu) {
+        if let Err(e) = super::dnn::Handle::new(gpu) {
             fail(format!("cudnnCreate on gpu{ordinal}: {e}"));
         }
     }
