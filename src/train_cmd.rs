@@ -22,8 +22,9 @@ pub struct TrainArgs {
     #[command(flatten)]
     pub run: RunArgs,
     /// With --device cuda: compare every GPU layer, and one whole training step of a small
-    /// ResNet, with the CPU layers on small shapes in --precision; print the table and exit
-    /// (1 when a comparison fails). Run it first on a new GPU machine.
+    /// ResNet, with the CPU layers on small shapes in --precision (with --workload ewa also the
+    /// detector's pyramid, shared RPN head and a whole step of a small detector); print the
+    /// table and exit (1 when a comparison fails). Run it first on a new GPU machine.
     #[arg(long, requires = "device")]
     check: bool,
     /// Write the run's timeline as Chrome trace JSON (Perfetto, chrome://tracing): data
@@ -126,8 +127,9 @@ pub struct RunArgs {
     #[arg(long)]
     pub threads: Option<usize>,
     /// Where to run: cpu, or cuda (resnet50: cuDNN convolutions, cuBLAS classifier, NVRTC
-    /// kernels for the rest; under mpirun one GPU per rank, gradients summed with NCCL; ewa
-    /// trains on the CPU only for now).
+    /// kernels for the rest; ewa: the detector on the same layers, NVRTC RoIAlign and pyramid
+    /// kernels, proposals and losses on the host; under mpirun one GPU per rank, gradients
+    /// summed with NCCL).
     #[arg(long, default_value = "cpu", value_parser = ["cpu", "cuda"])]
     pub device: String,
     /// With --device cuda: the convolutions' precision. f32; tf32 (tensor cores round the
@@ -276,8 +278,19 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
         gpu.arch(),
         a.run.precision
     );
-    let checks = roofline_workloads::gpu::self_test(gpu, prec)
+    let ordinal_gpu = gpu.ordinal;
+    let mut checks = roofline_workloads::gpu::self_test(gpu, prec)
         .map_err(|e| Failure::Run(anyhow!("GPU self-test: {e}")))?;
+    if a.workload == "ewa" {
+        // The detector's assembled layers and a whole step of a small detector, on a fresh
+        // context (the layers' test released its own).
+        let gpu = roofline_kernels::cuda::device::Gpu::open(ordinal_gpu)
+            .map_err(|e| Failure::Run(anyhow!("--device cuda: GPU {ordinal_gpu}: {e}")))?;
+        checks.extend(
+            roofline_workloads::gpu::detector_self_test(gpu, prec)
+                .map_err(|e| Failure::Run(anyhow!("GPU detector self-test: {e}")))?,
+        );
+    }
     let mut failed = 0;
     for c in &checks {
         println!(
@@ -600,37 +613,46 @@ pub fn execute(
         train::TrainError::Device(m) => Failure::Run(anyhow!("--device cuda: {m}")),
         e => Failure::Input(anyhow!("{e}")),
     };
-    let cfg = match &p.job {
-        Job::Detector(cfg) => {
-            let s = p
+    if a.device != "cuda" {
+        let s = match &p.job {
+            Job::Detector(cfg) => p
                 .pool
-                .install(|| roofline_workloads::ewa::train::<f32>(cfg, monitor, reducer))
-                .map_err(failure)?;
-            return Ok((s, None));
+                .install(|| roofline_workloads::ewa::train::<f32>(cfg, monitor, reducer)),
+            Job::Classifier(cfg) => p
+                .pool
+                .install(|| train::train_with::<f32>(cfg, monitor, reducer)),
         }
-        Job::Classifier(cfg) => cfg,
+        .map_err(failure)?;
+        return Ok((s, None));
+    }
+    let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
+    let (gpu, ordinal) = open_gpu(a)?;
+    let gpu_name = Some(gpu.name.clone());
+    let nccl = match &reducer {
+        Some(r) if r.ranks() > 1 => Some(
+            roofline_workloads::gpu::communicator(r.as_ref(), ordinal)
+                .map_err(|e| Failure::Run(anyhow!("--device cuda: NCCL: {e}")))?,
+        ),
+        _ => None,
     };
-    let mut gpu_name = None;
-    let s = if a.device == "cuda" {
-        let prec = roofline_workloads::gpu::precision(&a.precision).map_err(input)?;
-        let (gpu, ordinal) = open_gpu(a)?;
-        gpu_name = Some(gpu.name.clone());
-        let nccl = match &reducer {
-            Some(r) if r.ranks() > 1 => Some(
-                roofline_workloads::gpu::communicator(r.as_ref(), ordinal)
-                    .map_err(|e| Failure::Run(anyhow!("--device cuda: NCCL: {e}")))?,
-            ),
-            _ => None,
-        };
-        let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
-            .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
-        let mut dev =
-            roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.comm);
-        // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
-        train::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
-    } else {
-        p.pool
-            .install(|| train::train_with::<f32>(cfg, monitor, reducer))
+    let ctx = roofline_workloads::gpu::Ctx::new(gpu, prec)
+        .map_err(|e| Failure::Run(anyhow!("--device cuda: {e}")))?;
+    // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
+    let s = match &p.job {
+        Job::Detector(cfg) => {
+            let mut dev = roofline_workloads::gpu::CudaDetectorTrainer::new(
+                ctx,
+                nccl,
+                reducer.clone(),
+                cfg.comm,
+            );
+            roofline_workloads::ewa::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+        }
+        Job::Classifier(cfg) => {
+            let mut dev =
+                roofline_workloads::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.comm);
+            train::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+        }
     }
     .map_err(failure)?;
     Ok((s, gpu_name))
@@ -1120,11 +1142,6 @@ fn detector(
     use roofline_workloads::ewa::EwaConfig;
     use roofline_workloads::ewa_data::{write_synthetic, EwaSet};
     let input = |m: String| Failure::Input(anyhow!(m));
-    if a.device == "cuda" {
-        return Err(input(
-            "--workload ewa trains on the CPU only: the detector's CUDA path (cuDNN, cuBLAS, NVRTC for RoIAlign and the heads) is not built yet; run it with --device cpu".into(),
-        ));
-    }
     if a.target_top1.is_some() {
         return Err(input(
             "--target-top1 is resnet50's; ewa stops at --target-map (mAP@0.5)".into(),

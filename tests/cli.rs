@@ -1170,8 +1170,24 @@ fn ewa_trains_and_scores() {
         .contains("Faster R-CNN"));
     for (args, needle) in [
         (
-            vec!["train", "--workload", "ewa", "--device", "cuda"],
-            "CPU only",
+            // Without a GPU, ewa's CUDA path says why it cannot start (a machine with a GPU
+            // would train: --check is the test there).
+            vec![
+                "train",
+                "--workload",
+                "ewa",
+                "--device",
+                "cuda",
+                "--gpu",
+                "99",
+                "--resolution",
+                "64x96",
+                "--train-images",
+                "4",
+                "--steps",
+                "1",
+            ],
+            "--device cuda",
         ),
         (
             vec!["train", "--workload", "resnet50", "--resolution", "64x96"],

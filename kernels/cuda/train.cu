@@ -186,6 +186,12 @@ extern "C" __global__ void column_sums(const float* dy, float* db, int rows, int
     }
 }
 
+// A bias gradient from per-channel f64 sums (bn_sums' s1): db[j] = s[j], or db[j] += s[j] when
+// accumulate != 0 (a convolution whose weights several inputs share).
+extern "C" __global__ void bias_from_sums(const double* s, float* db, int k, int accumulate) {
+    GRID_STRIDE(j, (u64)k) { db[j] = (float)((accumulate ? (double)db[j] : 0.0) + s[j]); }
+}
+
 // Softmax cross-entropy with label smoothing, one thread per row: grad = (p - t) / rows * scale
 // (scale: the loss scale of mixed precision, 1 otherwise), loss[row] = -sum t * log p, and
 // correct[row] = 1 + the number of logits above the label's (1 = top-1, <= 5 = top-5).

@@ -7,8 +7,8 @@
 
 use crate::checkpoint::Checkpoint;
 use crate::data::Rng;
-use crate::detect::map::{mean_average_precision, Truth};
-use crate::detect::model::{Detector, DetectorConfig, Target};
+use crate::detect::map::{mean_average_precision, Detection, Truth};
+use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
 use crate::ewa_data::EwaSet;
 use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::layers::Reducer;
@@ -95,11 +95,26 @@ pub fn evaluate<T: Float>(
     ids: Range<usize>,
     size: usize,
 ) -> Result<(f64, Vec<Option<f64>>), String> {
+    let classes = model.cfg.classes;
+    evaluate_with(&mut |x| Ok(model.detect(x)), data, ids, size, classes)
+}
+
+/// Each image's detections, as a batch gives them.
+pub type Detections = Vec<Vec<Detection>>;
+
+/// `evaluate` with the detections made by `detect` (the CPU model or a device).
+pub fn evaluate_with<T: Float>(
+    detect: &mut dyn FnMut(&Tensor<T>) -> Result<Detections, String>,
+    data: &EwaSet,
+    ids: Range<usize>,
+    size: usize,
+    classes: usize,
+) -> Result<(f64, Vec<Option<f64>>), String> {
     let (mut dets, mut truths) = (Vec::new(), Vec::new());
     let ids: Vec<usize> = ids.collect();
     for chunk in ids.chunks(size.max(1)) {
         let (x, targets) = batch::<T>(data, chunk)?;
-        let found = model.detect(&x);
+        let found = detect(&x)?;
         for (k, (f, t)) in found.into_iter().zip(&targets).enumerate() {
             let image = chunk[k];
             dets.extend(f.into_iter().map(|mut d| {
@@ -113,9 +128,18 @@ pub fn evaluate<T: Float>(
             }));
         }
     }
-    let (map, per_class) = mean_average_precision(&dets, &truths, model.cfg.classes, 0.5);
+    let (map, per_class) = mean_average_precision(&dets, &truths, classes, 0.5);
     let map = map.ok_or("the evaluation images hold no ground-truth box: mAP is undefined")?;
     Ok((map, per_class))
+}
+
+/// The CPU's optimizer step.
+fn cpu_update<T: Float>(sgd: &Sgd, model: &mut Detector<T>, lr: f64) {
+    timed(
+        "optimizer",
+        || "sgd".into(),
+        || sgd.step(model.params(), lr),
+    );
 }
 
 fn save<T: Float>(
@@ -159,6 +183,30 @@ fn load<T: Float>(
         .map_err(|_| "bad step in the checkpoint".to_string())
 }
 
+/// A device that runs the detector's steps in place of the CPU layers (the CUDA path,
+/// [`crate::gpu::GpuDetector`]), as [`crate::train::Accelerator`] is for the classifier. The CPU
+/// model stays the reference copy: the device takes its parameters at the start (after a
+/// resume) and writes them back for checkpoints and the summary.
+pub trait DetectorDevice<T> {
+    /// Takes `model`'s parameters, momenta and running statistics.
+    fn begin(&mut self, model: &mut Detector<T>) -> Result<(), String>;
+    /// One step on this rank's share of the batch: forward, losses, backward, gradient
+    /// allreduce, update at `lr`. Returns (this rank's losses, bytes it put into gradient
+    /// allreduces).
+    fn step(
+        &mut self,
+        x: &Tensor<T>,
+        truth: &[Target],
+        seed: u64,
+        lr: f64,
+        sgd: &Sgd,
+    ) -> Result<(Losses, f64), String>;
+    /// Detections for a batch (inference).
+    fn detect(&mut self, x: &Tensor<T>) -> Result<Detections, String>;
+    /// Writes parameters, momenta and running statistics back into `model`.
+    fn store(&mut self, model: &mut Detector<T>) -> Result<(), String>;
+}
+
 /// Trains the detector, data parallel over the ranks of `reducer` (each rank its share of the
 /// global batch). Returns the trainer's summary: its evaluations carry mAP@0.5 (`map`), with
 /// no Top-1/Top-5 (NaN).
@@ -166,6 +214,17 @@ pub fn train<T: Float>(
     cfg: &EwaConfig,
     monitor: &dyn Monitor,
     reducer: Option<Arc<dyn Reducer>>,
+) -> Result<Summary, TrainError> {
+    train_on::<T>(cfg, monitor, reducer, None)
+}
+
+/// `train`, the steps run by `device` when given (the CPU layers otherwise): the same loop,
+/// data, schedule, checkpoints, evaluation and tally either way.
+pub fn train_on<T: Float>(
+    cfg: &EwaConfig,
+    monitor: &dyn Monitor,
+    reducer: Option<Arc<dyn Reducer>>,
+    mut device: Option<&mut dyn DetectorDevice<T>>,
 ) -> Result<Summary, TrainError> {
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
     if cfg.batch == 0 || !cfg.batch.is_multiple_of(ranks) {
@@ -184,10 +243,19 @@ pub fn train<T: Float>(
     }
     let local = cfg.batch / ranks;
     let mut model = Detector::<T>::new(cfg.model.clone(), cfg.seed);
-    let exchange = reducer.as_ref().map(|r| Exchange::start(Arc::clone(r)));
+    // The CPU layers' reductions all go through the exchange's thread (a device sums its
+    // gradients itself, and its batch norms use the reducer it was given).
+    let exchange = match (&reducer, &device) {
+        (Some(r), None) => Some(Exchange::start(Arc::clone(r))),
+        _ => None,
+    };
     if let Some(e) = &exchange {
         model.set_reducer(Arc::clone(e) as Arc<dyn Reducer>);
     }
+    let reducer: Option<Arc<dyn Reducer>> = match &exchange {
+        Some(e) => Some(Arc::clone(e) as Arc<dyn Reducer>),
+        None => reducer,
+    };
     let sgd = Sgd::default();
     let schedule = Schedule {
         // The trainer's schedule is per 256 images.
@@ -201,6 +269,9 @@ pub fn train<T: Float>(
     let mut start_step = 0;
     if let Some(path) = &cfg.resume {
         start_step = load(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
+    }
+    if let Some(d) = device.as_deref_mut() {
+        d.begin(&mut model).map_err(TrainError::Device)?;
     }
     let end = cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
     let fetch = |step: usize| {
@@ -227,9 +298,20 @@ pub fn train<T: Float>(
         }
         let seed = cfg.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64);
         let mut comm_s = 0.0;
-        let losses = match &exchange {
-            None => model.train_step(&x, &targets, seed),
-            Some(ex) => {
+        let losses = match (device.as_deref_mut(), &exchange) {
+            (Some(d), _) => {
+                let (losses, bytes) = d
+                    .step(&x, &targets, seed, schedule.lr(step), &sgd)
+                    .map_err(TrainError::Device)?;
+                tally.comm_bytes = bytes;
+                losses
+            }
+            (None, None) => {
+                let losses = model.train_step(&x, &targets, seed);
+                cpu_update(&sgd, &mut model, schedule.lr(step));
+                losses
+            }
+            (None, Some(ex)) => {
                 // Each group's gradients go into the fused buckets as soon as the backward
                 // pass finishes them (heads first, backbone last).
                 let mut buckets = Buckets::new(ex, cfg.comm);
@@ -240,18 +322,14 @@ pub fn train<T: Float>(
                 });
                 tally.comm_bytes = buckets.bytes;
                 comm_s = buckets.finish_into(model.backward_order(), ranks);
+                cpu_update(&sgd, &mut model, schedule.lr(step));
                 losses
             }
         };
-        timed(
-            "optimizer",
-            || "sgd".into(),
-            || sgd.step(model.params(), schedule.lr(step)),
-        );
         let mut loss = losses.total();
-        if let Some(ex) = &exchange {
+        if let Some(r) = &reducer {
             let mut l = [loss];
-            ex.sum_f64(&mut l);
+            r.sum_f64(&mut l);
             loss = l[0] / ranks as f64;
         }
         if !loss.is_finite() {
@@ -265,8 +343,14 @@ pub fn train<T: Float>(
         tally.step(step, dt, data_s, comm_s, loss);
         monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
-            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps && rank == 0 {
-                save(path, &mut model, step + 1, cfg).map_err(TrainError::Checkpoint)?;
+            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
+                // Every rank stores (a device's copy comes back), rank 0 writes.
+                if let Some(d) = device.as_deref_mut() {
+                    d.store(&mut model).map_err(TrainError::Device)?;
+                }
+                if rank == 0 {
+                    save(path, &mut model, step + 1, cfg).map_err(TrainError::Checkpoint)?;
+                }
             }
         }
         let last = step + 1 == cfg.steps;
@@ -276,7 +360,16 @@ pub fn train<T: Float>(
             let (map, _) = timed(
                 "eval",
                 || "mAP".into(),
-                || evaluate(&mut model, &cfg.data, cfg.eval.clone(), local.max(1)),
+                || match device.as_deref_mut() {
+                    Some(d) => evaluate_with(
+                        &mut |x| d.detect(x),
+                        &cfg.data,
+                        cfg.eval.clone(),
+                        local.max(1),
+                        cfg.model.classes,
+                    ),
+                    None => evaluate(&mut model, &cfg.data, cfg.eval.clone(), local.max(1)),
+                },
             )
             .map_err(TrainError::Data)?;
             tally.evals.push(Eval {
@@ -291,6 +384,9 @@ pub fn train<T: Float>(
                 break;
             }
         }
+    }
+    if let Some(d) = device {
+        d.store(&mut model).map_err(TrainError::Device)?;
     }
     if let (Some(path), 0) = (&cfg.checkpoint, rank) {
         save(path, &mut model, tally.steps_done, cfg).map_err(TrainError::Checkpoint)?;
@@ -439,6 +535,93 @@ mod tests {
     /// Two data-parallel ranks keep the same parameters (batch norm over both ranks' images,
     /// gradients averaged), put every gradient on the wire (4 bytes each in f32, 2 in fp16),
     /// and both report the same loss.
+    /// A device that computes what the CPU does: its own copy of the detector.
+    struct Mirror {
+        net: Option<Detector<f32>>,
+        stored: usize,
+    }
+
+    fn copy(from: &mut Detector<f32>, to: &mut Detector<f32>) {
+        for (a, b) in from.params().into_iter().zip(to.params()) {
+            b.value.clone_from(&a.value);
+            b.momentum.clone_from(&a.momentum);
+        }
+        let stats = from.backbone.running_stats();
+        for ((_, m, v), (_, m2, v2)) in stats.into_iter().zip(to.backbone.running_stats()) {
+            m2.clone_from(m);
+            v2.clone_from(v);
+        }
+    }
+
+    impl DetectorDevice<f32> for Mirror {
+        fn begin(&mut self, model: &mut Detector<f32>) -> Result<(), String> {
+            let mut n = Detector::new(model.cfg.clone(), 999);
+            copy(model, &mut n);
+            self.net = Some(n);
+            Ok(())
+        }
+        fn step(
+            &mut self,
+            x: &Tensor<f32>,
+            truth: &[Target],
+            seed: u64,
+            lr: f64,
+            sgd: &Sgd,
+        ) -> Result<(Losses, f64), String> {
+            let n = self.net.as_mut().ok_or("not begun")?;
+            let l = n.train_step(x, truth, seed);
+            sgd.step(n.params(), lr);
+            Ok((l, 0.0))
+        }
+        fn detect(&mut self, x: &Tensor<f32>) -> Result<Detections, String> {
+            Ok(self.net.as_mut().ok_or("not begun")?.detect(x))
+        }
+        fn store(&mut self, model: &mut Detector<f32>) -> Result<(), String> {
+            self.stored += 1;
+            copy(self.net.as_mut().ok_or("not begun")?, model);
+            Ok(())
+        }
+    }
+
+    /// The loop with a device (the CUDA path's shape) is the CPU's loop: the same losses,
+    /// parameters, evaluations and checkpoint, the device's copy written back for each
+    /// checkpoint and at the end.
+    #[test]
+    fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
+        let data = synthetic("device", 24, 32, 48);
+        let path = std::env::temp_dir().join(format!("roofline-ewa-dev-{}.st", std::process::id()));
+        let cfg = EwaConfig {
+            steps: 4,
+            batch: 4,
+            eval_every: 2,
+            checkpoint: Some(path.clone()),
+            checkpoint_every: Some(2),
+            ..config(data, 0..16, 16..24)
+        };
+        let cpu = train::<f32>(&cfg, &Quiet, None).unwrap();
+        let written = std::fs::read(&path).unwrap();
+        let mut dev = Mirror {
+            net: None,
+            stored: 0,
+        };
+        let on = train_on::<f32>(&cfg, &Quiet, None, Some(&mut dev)).unwrap();
+        let again = std::fs::read(&path).unwrap();
+        let _ = std::fs::remove_file(&path);
+        assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
+        assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
+        let maps = |s: &Summary| -> Vec<(usize, Option<f64>)> {
+            s.evals.iter().map(|e| (e.step, e.map)).collect()
+        };
+        assert_eq!(maps(&on), maps(&cpu));
+        assert_eq!(on.evals.len(), 2);
+        assert!(on.evals.iter().all(|e| e.map.is_some()));
+        assert_eq!(written, again, "the same checkpoint");
+        assert_eq!(
+            dev.stored, 2,
+            "written back for the checkpoint at step 2 and at the end"
+        );
+    }
+
     #[test]
     fn two_ranks_stay_in_step() {
         let data = synthetic("ranks", 16, 32, 48);

@@ -103,6 +103,7 @@ pub const SOURCES: &[Source] = &[
             "avgpool_backward",
             "add_bias",
             "column_sums",
+            "bias_from_sums",
             "softmax_xent",
             "sgd_step",
             "nonfinite",

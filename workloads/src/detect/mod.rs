@@ -7,6 +7,7 @@
 pub mod boxes;
 pub mod fpn;
 pub mod head;
+pub mod host;
 pub mod loss;
 pub mod map;
 pub mod matcher;

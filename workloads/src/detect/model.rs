@@ -12,12 +12,13 @@
 //! (backward 2× forward) — for `roi_per_image` regions per image in training and
 //! `rpn_test.post_nms` at inference. Box coding, NMS, matching and the losses are not counted.
 
-use super::boxes::{anchors, clip, nms, BBox, Coder};
+use super::boxes::BBox;
 use super::fpn::Fpn;
-use super::head::{head_loss, sample_regions, BoxHead};
+use super::head::{head_loss, BoxHead};
+use super::host::Regions;
 use super::map::Detection;
 use super::roi_align::{MultiScale, RoiAlign};
-use super::rpn::{proposals, rpn_loss, ProposalRule, RpnHead};
+use super::rpn::{rpn_loss, ProposalRule, RpnHead};
 use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{Param, Reducer};
@@ -352,25 +353,9 @@ impl<T: Float> Detector<T> {
         self.backbone.set_reducer(r);
     }
 
-    /// Anchors of every level for pyramid maps of these sizes (nominal strides 4–64).
-    fn level_anchors(&self, maps: &[Tensor<T>]) -> Vec<Vec<BBox>> {
-        maps.iter()
-            .enumerate()
-            .map(|(l, m)| {
-                anchors(
-                    m.h,
-                    m.w,
-                    (4usize << l) as f64,
-                    &self.cfg.sizes(l),
-                    &self.cfg.ratios,
-                )
-            })
-            .collect()
-    }
-
     /// Backbone, pyramid and RPN head: (P2–P6, the head's outputs per level, anchors).
     #[allow(clippy::type_complexity)]
-    fn first_stage(
+    pub(crate) fn first_stage(
         &mut self,
         x: &Tensor<T>,
         train: bool,
@@ -380,7 +365,8 @@ impl<T: Float> Detector<T> {
         let p = timed(FWD, || "fpn".into(), || self.fpn.forward(&c));
         drop(c);
         let out = timed(FWD, || "rpn.head".into(), || self.rpn.forward(&p));
-        let anc = self.level_anchors(&p);
+        let sizes: Vec<(usize, usize)> = p.iter().map(|m| (m.h, m.w)).collect();
+        let anc = self.cfg.level_anchors(&sizes);
         (p, out, anc)
     }
 
@@ -416,7 +402,7 @@ impl<T: Float> Detector<T> {
     /// `train_step`, with each image's proposals given (`fixed`) rather than made from the
     /// RPN's outputs; returns the proposals used. Gradients never flow through proposals, so
     /// a finite-difference check must hold them fixed.
-    fn step_with(
+    pub(crate) fn step_with(
         &mut self,
         x: &Tensor<T>,
         truth: &[Target],
@@ -433,34 +419,15 @@ impl<T: Float> Detector<T> {
             || "rpn.loss".into(),
             || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
         );
-        let mut rng = Rng::new(seed ^ 0x005E_C04D);
-        let (mut rois, mut labels, mut targets) = (Vec::new(), Vec::new(), Vec::new());
-        let mut used = Vec::with_capacity(x.n);
-        timed(
+        let Regions {
+            rois,
+            labels,
+            targets,
+            proposals: used,
+        } = timed(
             FWD,
             || "proposals".into(),
-            || {
-                for (n, t) in truth.iter().enumerate() {
-                    let props: Vec<BBox> = match fixed {
-                        Some(f) => f[n].clone(),
-                        None => proposals(&out, &anc, n, iw, ih, &self.cfg.rpn_train)
-                            .into_iter()
-                            .map(|p| p.0)
-                            .collect(),
-                    };
-                    let (r, l, tg) = sample_regions(
-                        &props,
-                        &t.boxes,
-                        &t.classes,
-                        self.cfg.roi_per_image,
-                        &mut rng,
-                    );
-                    rois.extend(r.into_iter().map(|b| (n, b)));
-                    labels.extend(l);
-                    targets.extend(tg);
-                    used.push(props);
-                }
-            },
+            || self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw)),
         );
         let mut losses = Losses {
             rpn_objectness,
@@ -521,73 +488,16 @@ impl<T: Float> Detector<T> {
     pub fn detect(&mut self, x: &Tensor<T>) -> Vec<Vec<Detection>> {
         let (ih, iw) = (x.h as f64, x.w as f64);
         let (p, out, anc) = self.first_stage(x, false);
-        let mut rois: Vec<(usize, BBox)> = Vec::new();
-        for n in 0..x.n {
-            rois.extend(
-                proposals(&out, &anc, n, iw, ih, &self.cfg.rpn_test)
-                    .into_iter()
-                    .map(|p| (n, p.0)),
-            );
-        }
-        let mut found: Vec<Vec<Detection>> = vec![Vec::new(); x.n];
+        let rois = self.cfg.test_regions(&out, &anc, x.n, (ih, iw));
         if rois.is_empty() {
-            return found;
+            return vec![Vec::new(); x.n];
         }
         let pooled = self.cfg.pool.forward(&p[..4], &rois);
         let (r, s, c) = (pooled.n, pooled.h, pooled.c);
         let (logits, deltas) =
             self.head
                 .forward(&Tensor::from_vec(r, 1, 1, s * s * c, pooled.data));
-        let k = self.cfg.classes + 1;
-        let coder = Coder::new([10.0, 10.0, 5.0, 5.0]);
-        // Per image and class: candidate boxes and scores.
-        let mut cand: Vec<Vec<(Vec<BBox>, Vec<f64>)>> =
-            vec![vec![(Vec::new(), Vec::new()); self.cfg.classes]; x.n];
-        for (i, (n, roi)) in rois.iter().enumerate() {
-            let z: Vec<f64> = logits.data[i * k..(i + 1) * k]
-                .iter()
-                .map(|v| v.to_f64())
-                .collect();
-            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-            let e: Vec<f64> = z.iter().map(|v| (v - m).exp()).collect();
-            let sum: f64 = e.iter().sum();
-            for cls in 1..k {
-                let score = e[cls] / sum;
-                if score < self.cfg.score_threshold {
-                    continue;
-                }
-                let d = &deltas.data[i * 4 * k + 4 * cls..][..4];
-                let b = clip(
-                    &coder.decode(
-                        roi,
-                        &[d[0].to_f64(), d[1].to_f64(), d[2].to_f64(), d[3].to_f64()],
-                    ),
-                    iw,
-                    ih,
-                );
-                if b[2] - b[0] >= 1e-2 && b[3] - b[1] >= 1e-2 {
-                    cand[*n][cls - 1].0.push(b);
-                    cand[*n][cls - 1].1.push(score);
-                }
-            }
-        }
-        for (n, per_class) in cand.into_iter().enumerate() {
-            let mut dets: Vec<Detection> = Vec::new();
-            for (class, (boxes, scores)) in per_class.into_iter().enumerate() {
-                for i in nms(&boxes, &scores, self.cfg.nms) {
-                    dets.push(Detection {
-                        image: n,
-                        class,
-                        score: scores[i],
-                        bbox: boxes[i],
-                    });
-                }
-            }
-            dets.sort_by(|a, b| b.score.total_cmp(&a.score));
-            dets.truncate(self.cfg.detections);
-            found[n] = dets;
-        }
-        found
+        self.cfg.detections(&rois, &logits, &deltas, x.n, (ih, iw))
     }
 }
 

@@ -14,7 +14,8 @@ use crate::tensor::{Float, Tensor};
 pub struct SharedConv<T> {
     pub weight: Param<T>,
     pub bias: Param<T>,
-    shape: ConvShape,
+    /// The filter (n, h, w are set per input).
+    pub shape: ConvShape,
 }
 
 impl<T: Float> SharedConv<T> {

@@ -178,6 +178,19 @@ impl GConv {
         dy: &GTensor,
         data_grad: bool,
     ) -> Result<Option<GTensor>, CudaError> {
+        let dw = flat.grad(self.w);
+        self.backward_to(ctx, flat, dy, data_grad, dw)
+    }
+
+    /// `backward` with the filter gradient written (overwritten) at `dw` (KRSC f32).
+    pub(super) fn backward_to(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        data_grad: bool,
+        dw: u64,
+    ) -> Result<Option<GTensor>, CudaError> {
         let x = self
             .input
             .take()
@@ -185,7 +198,6 @@ impl GConv {
         let sh = self.shape_for(&x);
         let i = self.plan(ctx, &sh)?;
         let plan = &self.plans[i].1;
-        let dw = flat.grad(self.w);
         if half(ctx.prec) {
             let xh = ctx.cast_to_half(x.ptr(), x.len())?;
             let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
@@ -265,38 +277,9 @@ impl GBn {
         mask: u64,
         rows: usize,
     ) -> Result<(Vec<f64>, Vec<f64>), CudaError> {
-        let c = self.c;
-        let s = ctx.alloc(16 * c)?;
-        ctx.zero(s.ptr, 16 * c)?;
-        let tiles = c.div_ceil(32);
-        let slices = (rows.div_ceil(8)).clamp(
-            1,
-            ((ctx.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
-        );
-        let f = ctx.function("bn_sums")?;
-        let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
-        let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
-        // SAFETY: a, b (or 0), mask (or 0) hold rows × c f32; s holds 2c f64; 256 threads per
-        // block as the kernel assumes, and a grid that is a multiple of `tiles`.
-        unsafe {
-            ctx.gpu.launch(
-                f,
-                (tiles * slices) as u32,
-                256,
-                &mut [
-                    arg(&a),
-                    arg(&b),
-                    arg(&mask),
-                    arg(&rows64),
-                    arg(&ci),
-                    arg(&ti),
-                    arg(&s1),
-                    arg(&s2),
-                ],
-            )?
-        };
-        let mut v: Vec<f64> = ctx.get(s.ptr, 2 * c)?;
-        let s2 = v.split_off(c);
+        let s = ctx.channel_sums(a, b, mask, rows, self.c)?;
+        let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
+        let s2 = v.split_off(self.c);
         Ok(global_sums(self.reducer.as_ref(), (v, s2)))
     }
 
@@ -634,5 +617,69 @@ impl GLinear {
     /// The first parameter's offset in the flat store (where the exchange's bucket ends).
     pub(super) fn first_offset(&self) -> usize {
         self.w.off.min(self.b.off)
+    }
+}
+
+impl Ctx {
+    /// Per-channel (Σ g, Σ g·b) over `rows` rows of `c` channels in f64, g = a masked by
+    /// `mask` > 0 (0: no mask), b = a when 0: 2c f64 on the device (`bn_sums`), no host wait.
+    pub(super) fn channel_sums(
+        &mut self,
+        a: u64,
+        b: u64,
+        mask: u64,
+        rows: usize,
+        c: usize,
+    ) -> Result<Buf, CudaError> {
+        let s = self.alloc(16 * c)?;
+        self.zero(s.ptr, 16 * c)?;
+        let tiles = c.div_ceil(32);
+        let slices = (rows.div_ceil(8)).clamp(
+            1,
+            ((self.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
+        );
+        let f = self.function("bn_sums")?;
+        let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
+        let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
+        // SAFETY: a, b (or 0), mask (or 0) hold rows × c f32; s holds 2c f64; 256 threads per
+        // block as the kernel assumes, and a grid that is a multiple of `tiles`.
+        unsafe {
+            self.gpu.launch(
+                f,
+                (tiles * slices) as u32,
+                256,
+                &mut [
+                    arg(&a),
+                    arg(&b),
+                    arg(&mask),
+                    arg(&rows64),
+                    arg(&ci),
+                    arg(&ti),
+                    arg(&s1),
+                    arg(&s2),
+                ],
+            )?
+        };
+        Ok(s)
+    }
+
+    /// A convolution's bias gradient from its output gradient `dy` (Σ over rows per channel,
+    /// in f64): written at `db`, or added to it when `accumulate`.
+    pub(super) fn bias_grad(
+        &mut self,
+        dy: &GTensor,
+        db: u64,
+        accumulate: bool,
+    ) -> Result<(), CudaError> {
+        let s = self.channel_sums(dy.ptr(), 0, 0, dy.rows(), dy.c)?;
+        let (sp, k, acc) = (s.ptr, dy.c as i32, accumulate as i32);
+        // SAFETY: bias_from_sums(s, db, k, accumulate): s holds k f64 (its first half), db k f32.
+        unsafe {
+            self.launch(
+                "bias_from_sums",
+                dy.c,
+                &mut [arg(&sp), arg(&db), arg(&k), arg(&acc)],
+            )
+        }
     }
 }

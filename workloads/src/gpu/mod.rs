@@ -365,15 +365,21 @@ impl Ctx {
     }
 }
 
+mod body;
 mod check;
+mod check_detector;
 mod detect;
+mod detector;
 mod fpn;
 mod layers;
 mod resnet;
 mod roi_align;
 mod trainer;
+use body::*;
 pub use check::*;
+pub use check_detector::*;
 pub use detect::*;
+pub use detector::*;
 use layers::*;
 pub use resnet::*;
 pub use roi_align::*;

@@ -47,13 +47,8 @@ impl LossScale {
 /// ResNet on the GPU, built from (and written back into) the CPU model.
 pub struct GpuResNet {
     pub(super) flat: Flat,
-    pub(super) stem: GConv,
-    pub(super) stem_bn: GBn,
-    pub(super) blocks: Vec<GBlock>,
+    pub(super) body: GBody,
     pub(super) fc: GLinear,
-    pub(super) stem_out: Option<Rc<GTensor>>,
-    pub(super) pool_arg: Option<Buf>,
-    pub(super) pool_in: (usize, usize, usize, usize),
     pub(super) pool_in_hw: (usize, usize),
     pub(super) last: Option<GTensor>,
     pub loss_scale: LossScale,
@@ -191,31 +186,14 @@ impl GpuResNet {
     ) -> Result<GpuResNet, CudaError> {
         // The order of `model.params()`; convolution filters (and momenta) go KRSC.
         let convs = conv_shapes(model);
-        let params = model.params();
-        let layout: Vec<_> = params
-            .iter()
-            .map(|p| (p.value.len(), p.decay, convs.get(&p.name).copied()))
-            .collect();
-        if layout.iter().filter(|l| l.2.is_some()).count() != convs.len() {
-            return Err(CudaError::Check(
-                "a convolution filter is missing from the parameters".into(),
-            ));
-        }
-        let values: Vec<&[f32]> = params.iter().map(|p| &p.value[..]).collect();
-        let moms: Vec<&[f32]> = params.iter().map(|p| &p.momentum[..]).collect();
-        let flat = Flat::new(&ctx, &layout, &values, &moms)?;
+        let flat = flat_params(&ctx, &model.params(), &convs)?;
         let mut it = flat.slots.clone().into_iter();
         let mut next = || {
             it.next()
                 .ok_or_else(|| CudaError::Check("parameter list".into()))
         };
         let r = || reducer.clone();
-        let stem = GConv::new(&model.stem, next()?);
-        let stem_bn = GBn::new(&model.stem_bn, next()?, next()?, r());
-        let mut blocks = Vec::new();
-        for b in &model.blocks {
-            blocks.push(gblock(b, &mut next, &r)?);
-        }
+        let body = GBody::new(model, &mut next, &r)?;
         let fc_w = next()?;
         let fc_b = next()?;
         let prec = ctx.prec;
@@ -227,18 +205,13 @@ impl GpuResNet {
         Ok(GpuResNet {
             ctx,
             flat,
-            stem,
-            stem_bn,
-            blocks,
+            body,
             fc: GLinear {
                 w: fc_w,
                 b: fc_b,
                 inputs: model.fc.inputs,
                 outputs: model.fc.outputs,
             },
-            stem_out: None,
-            pool_arg: None,
-            pool_in: (0, 0, 0, 0),
             pool_in_hw: (0, 0),
             last: None,
             loss_scale: LossScale::for_step(prec, wire),
@@ -249,47 +222,11 @@ impl GpuResNet {
 
     /// Logits (rows × classes) for an NHWC batch on the device.
     pub(super) fn forward(&mut self, x: GTensor, train: bool) -> Result<GTensor, CudaError> {
-        let x = Rc::new(x);
-        let t = self.stem.forward(&mut self.ctx, &self.flat, &x, train)?;
-        let s = Rc::new(
-            self.stem_bn
-                .forward(&mut self.ctx, &self.flat, t, train, true)?,
-        );
-        // Max pool 3×3 / 2, padding 1.
-        let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
-        let p = self.ctx.tensor(s.n, oh, ow, s.c)?;
-        let argb = self.ctx.alloc(4 * p.len())?;
-        let (sp, pp, ap) = (s.ptr(), p.ptr(), argb.ptr);
-        let dims = [
-            s.n as i32, s.h as i32, s.w as i32, s.c as i32, oh as i32, ow as i32,
-        ];
-        // SAFETY: s holds n·h·w·c, p and arg n·oh·ow·c elements.
-        unsafe {
-            self.ctx.launch(
-                "maxpool_forward",
-                p.len(),
-                &mut [
-                    arg(&sp),
-                    arg(&pp),
-                    arg(&ap),
-                    arg(&dims[0]),
-                    arg(&dims[1]),
-                    arg(&dims[2]),
-                    arg(&dims[3]),
-                    arg(&dims[4]),
-                    arg(&dims[5]),
-                ],
-            )?
-        };
-        if train {
-            self.pool_arg = Some(argb);
-            self.pool_in = (s.n, s.h, s.w, s.c);
-            self.stem_out = Some(Rc::clone(&s));
-        }
-        let mut h = Rc::new(p);
-        for b in &mut self.blocks {
-            h = b.forward(&mut self.ctx, &self.flat, &h, train)?;
-        }
+        let h = self
+            .body
+            .forward(&mut self.ctx, &self.flat, x, train, false)?
+            .pop()
+            .ok_or_else(|| CudaError::Check("the body has no stage".into()))?;
         // Global average pool → n × c.
         let pooled = self.ctx.tensor(h.n, 1, 1, h.c)?;
         let (hp, op) = (h.ptr(), pooled.ptr());
@@ -310,56 +247,6 @@ impl GpuResNet {
         }
         Ok(y)
     }
-}
-
-/// (depth = r·s·c, k) of every convolution filter, by parameter name.
-pub(super) fn conv_shapes(model: &ResNet<f32>) -> HashMap<String, (usize, usize)> {
-    let mut v = HashMap::new();
-    let mut add = |c: &Conv2d<f32>| {
-        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
-    };
-    add(&model.stem);
-    for b in &model.blocks {
-        add(&b.conv1);
-        add(&b.conv2);
-        add(&b.conv3);
-        if let Some((c, _)) = &b.down {
-            add(c);
-        }
-    }
-    v
-}
-
-pub(super) fn gblock(
-    b: &Bottleneck<f32>,
-    next: &mut impl FnMut() -> Result<Slot, CudaError>,
-    r: &impl Fn() -> Option<Arc<dyn Reducer>>,
-) -> Result<GBlock, CudaError> {
-    let c1 = GConv::new(&b.conv1, next()?);
-    let b1 = GBn::new(&b.bn1, next()?, next()?, r());
-    let c2 = GConv::new(&b.conv2, next()?);
-    let b2 = GBn::new(&b.bn2, next()?, next()?, r());
-    let c3 = GConv::new(&b.conv3, next()?);
-    let b3 = GBn::new(&b.bn3, next()?, next()?, r());
-    let down = match &b.down {
-        Some((c, bn)) => {
-            let gc = GConv::new(c, next()?);
-            Some((gc, GBn::new(bn, next()?, next()?, r())))
-        }
-        None => None,
-    };
-    Ok(GBlock {
-        c1,
-        b1,
-        c2,
-        b2,
-        c3,
-        b3,
-        down,
-        a1: None,
-        a2: None,
-        out: None,
-    })
 }
 
 /// What one training step reports.
@@ -393,7 +280,7 @@ impl GpuResNet {
         }
         let dp = self.fc.backward_data(ctx, flat, dlogits)?;
         let (hh, hw) = self.pool_in_hw;
-        let mut d = ctx.tensor(rows, hh, hw, inp)?;
+        let d = ctx.tensor(rows, hh, hw, inp)?;
         let (dpp, dp2, n, hwi, c) = (dp.ptr(), d.ptr(), rows as i32, (hh * hw) as i32, inp as i32);
         // SAFETY: dp holds n × c, d n × hw × c.
         unsafe {
@@ -403,38 +290,12 @@ impl GpuResNet {
                 &mut [arg(&dpp), arg(&dp2), arg(&n), arg(&hwi), arg(&c)],
             )?
         };
-        for b in self.blocks.iter_mut().rev() {
-            d = b.backward(ctx, flat, d)?;
-            if let Some(g) = sync.as_deref_mut() {
-                g.finished(ctx, flat, b.c1.w.off)?;
-            }
-        }
-        // Max pool backward: scatter-add into a zeroed input gradient.
-        let (n, h, w, c) = self.pool_in;
-        let ds = ctx.tensor(n, h, w, c)?;
-        ctx.zero(ds.ptr(), 4 * ds.len())?;
-        let argb = self.pool_arg.take().ok_or_else(missing)?;
-        let (dp3, ap, dsp) = (d.ptr(), argb.ptr, ds.ptr());
-        let (ni, hwc, per) = (n as i32, (h * w * c) as i32, (d.h * d.w * d.c) as i32);
-        // SAFETY: d and arg hold n × per_out, ds n × h·w·c elements; arg < h·w·c.
-        unsafe {
-            ctx.launch(
-                "maxpool_backward",
-                d.len(),
-                &mut [
-                    arg(&dp3),
-                    arg(&ap),
-                    arg(&dsp),
-                    arg(&ni),
-                    arg(&hwc),
-                    arg(&per),
-                ],
-            )?
-        };
-        let s = self.stem_out.take().ok_or_else(missing)?;
-        let dstem = self.stem_bn.backward(ctx, flat, &ds, Some(&s))?;
-        // The image needs no gradient: the stem's filter gradient only.
-        self.stem.backward(ctx, flat, &dstem, false)?;
+        self.body.backward(
+            ctx,
+            flat,
+            vec![None, None, None, Some(d)],
+            sync.as_deref_mut(),
+        )?;
         if let Some(g) = sync {
             g.end(ctx, flat)?;
         }
@@ -519,57 +380,15 @@ impl GpuResNet {
             .sync
             .as_ref()
             .map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
-        let overflow = if self.loss_scale.dynamic {
-            let flag = self.ctx.alloc(4)?;
-            self.ctx.zero(flag.ptr, 4)?;
-            let (gp, n, fp) = (self.flat.grads.ptr, self.flat.total as u64, flag.ptr);
-            // SAFETY: the gradients hold `total` f32, flag one i32.
-            unsafe {
-                self.ctx.launch(
-                    "nonfinite",
-                    self.flat.total,
-                    &mut [arg(&gp), arg(&n), arg(&fp)],
-                )?
-            };
-            self.ctx.get::<i32>(flag.ptr, 1)?[0] != 0
-        } else {
-            false
-        };
-        let applied = self.loss_scale.update(overflow);
-        if applied {
-            let inv = (1.0 / (scale * ranks as f64)) as f32;
-            let (lr32, mu) = (lr as f32, sgd.momentum as f32);
-            for &s in &self.flat.slots {
-                let wd = if s.decay || sgd.decay_all {
-                    sgd.weight_decay as f32
-                } else {
-                    0.0
-                };
-                let (w, g, m, n) = (
-                    self.flat.value(s),
-                    self.flat.grad(s),
-                    self.flat.moms.ptr + 4 * s.off as u64,
-                    s.len as u64,
-                );
-                // SAFETY: each slot's value, gradient and momentum hold `len` f32.
-                unsafe {
-                    self.ctx.launch(
-                        "sgd_step",
-                        s.len,
-                        &mut [
-                            arg(&w),
-                            arg(&g),
-                            arg(&m),
-                            arg(&n),
-                            arg(&lr32),
-                            arg(&mu),
-                            arg(&wd),
-                            arg(&inv),
-                        ],
-                    )?
-                };
-            }
-        } else {
+        let applied = update(
+            &mut self.ctx,
+            &self.flat,
+            &mut self.loss_scale,
+            ranks,
+            lr,
+            sgd,
+        )?;
+        if !applied {
             self.skipped += 1;
         }
         self.ctx.gpu.sync()?;
@@ -593,19 +412,8 @@ impl GpuResNet {
     /// Writes the parameters, momenta and running statistics back into `model` (checkpoints,
     /// evaluation on the CPU, the summary).
     pub fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
-        let values: Vec<f32> = self.ctx.get(self.flat.values.ptr, self.flat.total)?;
-        let moms: Vec<f32> = self.ctx.get(self.flat.moms.ptr, self.flat.total)?;
-        for (p, s) in model.params().into_iter().zip(&self.flat.slots) {
-            p.value = s.host_layout(&values[s.off..s.off + s.len]);
-            p.momentum = s.host_layout(&moms[s.off..s.off + s.len]);
-        }
-        let mut bns: Vec<&GBn> = vec![&self.stem_bn];
-        for b in &self.blocks {
-            bns.extend([&b.b1, &b.b2, &b.b3]);
-            if let Some((_, bn)) = &b.down {
-                bns.push(bn);
-            }
-        }
+        store_params(&self.ctx, &self.flat, model.params())?;
+        let bns = self.body.bns();
         for ((_, mean, var), bn) in model.running_stats().into_iter().zip(bns) {
             mean.clone_from(&bn.running_mean);
             var.clone_from(&bn.running_var);

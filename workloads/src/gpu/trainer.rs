@@ -94,3 +94,87 @@ impl crate::train::Accelerator<f32> for CudaTrainer {
         self.net()?.store(model).map_err(|e| e.to_string())
     }
 }
+
+/// The CUDA path as the EWA trainer's [`crate::ewa::DetectorDevice`]: the detector moves to
+/// the GPU at the start of the run (after a resume) and back for checkpoints and the summary.
+pub struct CudaDetectorTrainer {
+    ctx: Option<Ctx>,
+    nccl: Option<Communicator>,
+    reducer: Option<Arc<dyn Reducer>>,
+    comm: CommOptions,
+    pub net: Option<GpuDetector>,
+}
+
+impl CudaDetectorTrainer {
+    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks as `comm` says and
+    /// `reducer` (the same ranks, over MPI) the batch-norm statistics.
+    pub fn new(
+        ctx: Ctx,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> CudaDetectorTrainer {
+        CudaDetectorTrainer {
+            ctx: Some(ctx),
+            nccl,
+            reducer,
+            comm,
+            net: None,
+        }
+    }
+
+    fn net(&mut self) -> Result<&mut GpuDetector, String> {
+        self.net
+            .as_mut()
+            .ok_or_else(|| "the GPU detector was not loaded".to_string())
+    }
+}
+
+impl crate::ewa::DetectorDevice<f32> for CudaDetectorTrainer {
+    fn begin(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), String> {
+        let ctx = match (self.ctx.take(), self.net.take()) {
+            (Some(c), _) => c,
+            (None, Some(n)) => {
+                self.nccl = n.sync.map(|g| g.nccl);
+                n.ctx
+            }
+            (None, None) => return Err("the GPU context is gone".into()),
+        };
+        let net = GpuDetector::new(
+            ctx,
+            model,
+            self.nccl.take(),
+            self.reducer.clone(),
+            self.comm,
+        )
+        .map_err(|e| e.to_string())?;
+        self.net = Some(net);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        truth: &[crate::detect::model::Target],
+        seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(crate::detect::model::Losses, f64), String> {
+        let r = self
+            .net()?
+            .step(x, truth, seed, lr, sgd, None)
+            .map_err(|e| e.to_string())?;
+        Ok((r.losses, r.comm_bytes))
+    }
+
+    fn detect(
+        &mut self,
+        x: &Tensor<f32>,
+    ) -> Result<Vec<Vec<crate::detect::map::Detection>>, String> {
+        self.net()?.detect(x).map_err(|e| e.to_string())
+    }
+
+    fn store(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), String> {
+        self.net()?.store(model).map_err(|e| e.to_string())
+    }
+}

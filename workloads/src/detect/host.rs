@@ -1,0 +1,156 @@
+//! The detector's steps that run on the host whatever device runs the layers: the anchors of
+//! every level, the second stage's training regions of a batch (proposals from the RPN's
+//! outputs, matched to the ground truth and sampled), and the detections made from the box
+//! head's outputs (class probabilities, class-specific boxes, score threshold, per-class NMS).
+//! The CPU detector (`model`) and the GPU one (`crate::gpu`) both call these, so that the two
+//! differ only in where the layers run.
+
+use super::boxes::{anchors, clip, nms, BBox, Coder};
+use super::head::sample_regions;
+use super::map::Detection;
+use super::model::{DetectorConfig, Target};
+use super::rpn::proposals;
+use crate::data::Rng;
+use crate::tensor::{Float, Tensor};
+
+/// The second stage's training regions of a batch.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Regions {
+    /// (image in the batch, box in pixels).
+    pub rois: Vec<(usize, BBox)>,
+    /// 0 background, 1 + class.
+    pub labels: Vec<usize>,
+    /// Box targets (coding weights 10, 10, 5, 5; zeros for background).
+    pub targets: Vec<[f64; 4]>,
+    /// Each image's proposals (what a finite-difference check holds fixed).
+    pub proposals: Vec<Vec<BBox>>,
+}
+
+impl DetectorConfig {
+    /// Anchors of every level for pyramid maps of these (rows, columns) (nominal strides 4–64).
+    pub fn level_anchors(&self, sizes: &[(usize, usize)]) -> Vec<Vec<BBox>> {
+        sizes
+            .iter()
+            .enumerate()
+            .map(|(l, &(h, w))| anchors(h, w, (4usize << l) as f64, &self.sizes(l), &self.ratios))
+            .collect()
+    }
+
+    /// The training regions of a batch of `ih × iw` images: per image, its proposals (`fixed`,
+    /// or made from the RPN's `outputs` by the training rule), then `roi_per_image` regions
+    /// sampled among them and the ground truth; `seed` fixes the draw.
+    pub fn regions<T: Float>(
+        &self,
+        outputs: &[(Tensor<T>, Tensor<T>)],
+        anchors: &[Vec<BBox>],
+        truth: &[Target],
+        seed: u64,
+        fixed: Option<&[Vec<BBox>]>,
+        (ih, iw): (f64, f64),
+    ) -> Regions {
+        let mut rng = Rng::new(seed ^ 0x005E_C04D);
+        let mut r = Regions::default();
+        for (n, t) in truth.iter().enumerate() {
+            let props: Vec<BBox> = match fixed {
+                Some(f) => f[n].clone(),
+                None => proposals(outputs, anchors, n, iw, ih, &self.rpn_train)
+                    .into_iter()
+                    .map(|p| p.0)
+                    .collect(),
+            };
+            let (b, l, tg) =
+                sample_regions(&props, &t.boxes, &t.classes, self.roi_per_image, &mut rng);
+            r.rois.extend(b.into_iter().map(|b| (n, b)));
+            r.labels.extend(l);
+            r.targets.extend(tg);
+            r.proposals.push(props);
+        }
+        r
+    }
+
+    /// The inference regions of a batch of `images` images of `ih × iw`: each image's proposals
+    /// by the test rule.
+    pub fn test_regions<T: Float>(
+        &self,
+        outputs: &[(Tensor<T>, Tensor<T>)],
+        anchors: &[Vec<BBox>],
+        images: usize,
+        (ih, iw): (f64, f64),
+    ) -> Vec<(usize, BBox)> {
+        let mut rois = Vec::new();
+        for n in 0..images {
+            rois.extend(
+                proposals(outputs, anchors, n, iw, ih, &self.rpn_test)
+                    .into_iter()
+                    .map(|p| (n, p.0)),
+            );
+        }
+        rois
+    }
+
+    /// Detections from the box head's outputs for `rois` (logits R × K, deltas R × 4K): per
+    /// image, each region's class probabilities, its class-specific box, boxes under the score
+    /// threshold dropped, per-class NMS, the best `detections` kept. `image` is the index in
+    /// the batch.
+    pub fn detections<T: Float>(
+        &self,
+        rois: &[(usize, BBox)],
+        logits: &Tensor<T>,
+        deltas: &Tensor<T>,
+        images: usize,
+        (ih, iw): (f64, f64),
+    ) -> Vec<Vec<Detection>> {
+        let k = self.classes + 1;
+        let coder = Coder::new([10.0, 10.0, 5.0, 5.0]);
+        // Per image and class: candidate boxes and scores.
+        let mut cand: Vec<Vec<(Vec<BBox>, Vec<f64>)>> =
+            vec![vec![(Vec::new(), Vec::new()); self.classes]; images];
+        for (i, (n, roi)) in rois.iter().enumerate() {
+            let z: Vec<f64> = logits.data[i * k..(i + 1) * k]
+                .iter()
+                .map(|v| v.to_f64())
+                .collect();
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = z.iter().map(|v| (v - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            for cls in 1..k {
+                let score = e[cls] / sum;
+                if score < self.score_threshold {
+                    continue;
+                }
+                let d = &deltas.data[i * 4 * k + 4 * cls..][..4];
+                let b = clip(
+                    &coder.decode(
+                        roi,
+                        &[d[0].to_f64(), d[1].to_f64(), d[2].to_f64(), d[3].to_f64()],
+                    ),
+                    iw,
+                    ih,
+                );
+                if b[2] - b[0] >= 1e-2 && b[3] - b[1] >= 1e-2 {
+                    cand[*n][cls - 1].0.push(b);
+                    cand[*n][cls - 1].1.push(score);
+                }
+            }
+        }
+        cand.into_iter()
+            .enumerate()
+            .map(|(n, per_class)| {
+                let mut dets: Vec<Detection> = Vec::new();
+                for (class, (boxes, scores)) in per_class.into_iter().enumerate() {
+                    for i in nms(&boxes, &scores, self.nms) {
+                        dets.push(Detection {
+                            image: n,
+                            class,
+                            score: scores[i],
+                            bbox: boxes[i],
+                        });
+                    }
+                }
+                dets.sort_by(|a, b| b.score.total_cmp(&a.score));
+                dets.truncate(self.detections);
+                dets
+            })
+            .collect()
+    }
+}

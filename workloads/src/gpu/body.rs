@@ -1,0 +1,333 @@
+//! The ResNet body on the GPU, shared by both models: the stem (7×7/2 convolution, batch norm,
+//! ReLU, 3×3/2 max pool) and the bottleneck stages. The classifier (`GpuResNet`) puts average
+//! pooling and a fully connected layer on its last stage; the detector (`GpuDetector`) takes
+//! the four stage outputs C2–C5 for its pyramid — the twins of the CPU's `ResNet::forward` and
+//! `ResNet::forward_features`.
+
+use super::*;
+
+pub(super) struct GBody {
+    pub(super) stem: GConv,
+    pub(super) stem_bn: GBn,
+    pub(super) blocks: Vec<GBlock>,
+    /// Blocks per stage.
+    pub(super) stages: [usize; 4],
+    pub(super) stem_out: Option<Rc<GTensor>>,
+    pub(super) pool_arg: Option<Buf>,
+    pub(super) pool_in: (usize, usize, usize, usize),
+}
+
+impl GBody {
+    /// The body of `model` over the next slots of a flat store (the CPU's parameter order:
+    /// stem, stem batch norm, then each block's).
+    pub(super) fn new(
+        model: &ResNet<f32>,
+        next: &mut impl FnMut() -> Result<Slot, CudaError>,
+        r: &impl Fn() -> Option<Arc<dyn Reducer>>,
+    ) -> Result<GBody, CudaError> {
+        let stem = GConv::new(&model.stem, next()?);
+        let stem_bn = GBn::new(&model.stem_bn, next()?, next()?, r());
+        let mut blocks = Vec::new();
+        for b in &model.blocks {
+            blocks.push(gblock(b, next, r)?);
+        }
+        Ok(GBody {
+            stem,
+            stem_bn,
+            blocks,
+            stages: model.config.blocks,
+            stem_out: None,
+            pool_arg: None,
+            pool_in: (0, 0, 0, 0),
+        })
+    }
+
+    /// The stage outputs for an NHWC batch: all four (C2–C5) when `features`, else the last.
+    pub(super) fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        features: bool,
+    ) -> Result<Vec<Rc<GTensor>>, CudaError> {
+        let x = Rc::new(x);
+        let t = self.stem.forward(ctx, flat, &x, train)?;
+        let s = Rc::new(self.stem_bn.forward(ctx, flat, t, train, true)?);
+        // Max pool 3×3 / 2, padding 1.
+        let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
+        let p = ctx.tensor(s.n, oh, ow, s.c)?;
+        let argb = ctx.alloc(4 * p.len())?;
+        let (sp, pp, ap) = (s.ptr(), p.ptr(), argb.ptr);
+        let dims = [
+            s.n as i32, s.h as i32, s.w as i32, s.c as i32, oh as i32, ow as i32,
+        ];
+        // SAFETY: s holds n·h·w·c, p and arg n·oh·ow·c elements.
+        unsafe {
+            ctx.launch(
+                "maxpool_forward",
+                p.len(),
+                &mut [
+                    arg(&sp),
+                    arg(&pp),
+                    arg(&ap),
+                    arg(&dims[0]),
+                    arg(&dims[1]),
+                    arg(&dims[2]),
+                    arg(&dims[3]),
+                    arg(&dims[4]),
+                    arg(&dims[5]),
+                ],
+            )?
+        };
+        if train {
+            self.pool_arg = Some(argb);
+            self.pool_in = (s.n, s.h, s.w, s.c);
+            self.stem_out = Some(Rc::clone(&s));
+        }
+        let mut h = Rc::new(p);
+        let mut out = Vec::with_capacity(4);
+        let mut next = 0;
+        for (stage, &n) in self.stages.iter().enumerate() {
+            for b in &mut self.blocks[next..next + n] {
+                h = b.forward(ctx, flat, &h, train)?;
+            }
+            next += n;
+            if features || stage == 3 {
+                out.push(Rc::clone(&h));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Every body parameter's gradient from the gradients of the stage outputs (`d[s]` for
+    /// stage s, None where the stage's output feeds nothing but the next stage), after a
+    /// training forward pass; `sync` is told after each block which gradients are final.
+    pub(super) fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        mut d: Vec<Option<GTensor>>,
+        mut sync: Option<&mut GradSync>,
+    ) -> Result<(), CudaError> {
+        let missing = || CudaError::Check("backward before a training forward pass".into());
+        if d.len() != 4 {
+            return Err(CudaError::Check("one gradient per stage".into()));
+        }
+        let mut g: Option<GTensor> = None;
+        let mut end = self.blocks.len();
+        for stage in (0..4).rev() {
+            let ds = d.pop().flatten();
+            let mut cur = match (g.take(), ds) {
+                (Some(x), Some(ds)) => {
+                    elementwise(ctx, "add_into", x.ptr(), ds.ptr(), x.len())?;
+                    x
+                }
+                (Some(x), None) | (None, Some(x)) => x,
+                (None, None) => return Err(missing()),
+            };
+            let n = self.stages[stage];
+            for b in self.blocks[end - n..end].iter_mut().rev() {
+                cur = b.backward(ctx, flat, cur)?;
+                if let Some(s) = sync.as_deref_mut() {
+                    s.finished(ctx, flat, b.c1.w.off)?;
+                }
+            }
+            end -= n;
+            g = Some(cur);
+        }
+        let d = g.ok_or_else(missing)?;
+        // Max pool backward: scatter-add into a zeroed input gradient.
+        let (n, h, w, c) = self.pool_in;
+        let ds = ctx.tensor(n, h, w, c)?;
+        ctx.zero(ds.ptr(), 4 * ds.len())?;
+        let argb = self.pool_arg.take().ok_or_else(missing)?;
+        let (dp3, ap, dsp) = (d.ptr(), argb.ptr, ds.ptr());
+        let (ni, hwc, per) = (n as i32, (h * w * c) as i32, (d.h * d.w * d.c) as i32);
+        // SAFETY: d and arg hold n × per_out, ds n × h·w·c elements; arg < h·w·c.
+        unsafe {
+            ctx.launch(
+                "maxpool_backward",
+                d.len(),
+                &mut [
+                    arg(&dp3),
+                    arg(&ap),
+                    arg(&dsp),
+                    arg(&ni),
+                    arg(&hwc),
+                    arg(&per),
+                ],
+            )?
+        };
+        let s = self.stem_out.take().ok_or_else(missing)?;
+        let dstem = self.stem_bn.backward(ctx, flat, &ds, Some(&s))?;
+        // The image needs no gradient: the stem's filter gradient only.
+        self.stem.backward(ctx, flat, &dstem, false)?;
+        Ok(())
+    }
+
+    /// The batch norms in the CPU's `running_stats` order.
+    pub(super) fn bns(&self) -> Vec<&GBn> {
+        let mut bns: Vec<&GBn> = vec![&self.stem_bn];
+        for b in &self.blocks {
+            bns.extend([&b.b1, &b.b2, &b.b3]);
+            if let Some((_, bn)) = &b.down {
+                bns.push(bn);
+            }
+        }
+        bns
+    }
+}
+
+/// (depth = r·s·c, k) of every convolution filter of a ResNet, by parameter name.
+pub(super) fn conv_shapes(model: &ResNet<f32>) -> HashMap<String, (usize, usize)> {
+    let mut v = HashMap::new();
+    let mut add = |c: &Conv2d<f32>| {
+        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
+    };
+    add(&model.stem);
+    for b in &model.blocks {
+        add(&b.conv1);
+        add(&b.conv2);
+        add(&b.conv3);
+        if let Some((c, _)) = &b.down {
+            add(c);
+        }
+    }
+    v
+}
+
+pub(super) fn gblock(
+    b: &Bottleneck<f32>,
+    next: &mut impl FnMut() -> Result<Slot, CudaError>,
+    r: &impl Fn() -> Option<Arc<dyn Reducer>>,
+) -> Result<GBlock, CudaError> {
+    let c1 = GConv::new(&b.conv1, next()?);
+    let b1 = GBn::new(&b.bn1, next()?, next()?, r());
+    let c2 = GConv::new(&b.conv2, next()?);
+    let b2 = GBn::new(&b.bn2, next()?, next()?, r());
+    let c3 = GConv::new(&b.conv3, next()?);
+    let b3 = GBn::new(&b.bn3, next()?, next()?, r());
+    let down = match &b.down {
+        Some((c, bn)) => {
+            let gc = GConv::new(c, next()?);
+            Some((gc, GBn::new(bn, next()?, next()?, r())))
+        }
+        None => None,
+    };
+    Ok(GBlock {
+        c1,
+        b1,
+        c2,
+        b2,
+        c3,
+        b3,
+        down,
+        a1: None,
+        a2: None,
+        out: None,
+    })
+}
+
+/// A flat store of `params` (convolution filters, named in `convs` with their (depth, k), go
+/// KRSC), their values and momenta uploaded.
+pub(super) fn flat_params(
+    ctx: &Ctx,
+    params: &[&mut crate::layers::Param<f32>],
+    convs: &HashMap<String, (usize, usize)>,
+) -> Result<Flat, CudaError> {
+    let layout: Vec<ParamShape> = params
+        .iter()
+        .map(|p| (p.value.len(), p.decay, convs.get(&p.name).copied()))
+        .collect();
+    if layout.iter().filter(|l| l.2.is_some()).count() != convs.len() {
+        return Err(CudaError::Check(
+            "a convolution filter is missing from the parameters".into(),
+        ));
+    }
+    let values: Vec<&[f32]> = params.iter().map(|p| &p.value[..]).collect();
+    let moms: Vec<&[f32]> = params.iter().map(|p| &p.momentum[..]).collect();
+    Flat::new(ctx, &layout, &values, &moms)
+}
+
+/// The end of a step for either model: the loss-scale overflow check (when dynamic), then SGD
+/// on every slot at `lr` with the gradients unscaled by `scale · ranks` (the global batch's
+/// mean), or the step skipped. Returns whether it was applied.
+pub(super) fn update(
+    ctx: &mut Ctx,
+    flat: &Flat,
+    loss_scale: &mut LossScale,
+    ranks: usize,
+    lr: f64,
+    sgd: &crate::train::Sgd,
+) -> Result<bool, CudaError> {
+    let scale = loss_scale.scale;
+    let overflow = if loss_scale.dynamic {
+        let flag = ctx.alloc(4)?;
+        ctx.zero(flag.ptr, 4)?;
+        let (gp, n, fp) = (flat.grads.ptr, flat.total as u64, flag.ptr);
+        // SAFETY: the gradients hold `total` f32, flag one i32.
+        unsafe { ctx.launch("nonfinite", flat.total, &mut [arg(&gp), arg(&n), arg(&fp)])? };
+        ctx.get::<i32>(flag.ptr, 1)?[0] != 0
+    } else {
+        false
+    };
+    let applied = loss_scale.update(overflow);
+    if applied {
+        let inv = (1.0 / (scale * ranks as f64)) as f32;
+        let (lr32, mu) = (lr as f32, sgd.momentum as f32);
+        for &s in &flat.slots {
+            let wd = if s.decay || sgd.decay_all {
+                sgd.weight_decay as f32
+            } else {
+                0.0
+            };
+            let (w, g, m, n) = (
+                flat.value(s),
+                flat.grad(s),
+                flat.moms.ptr + 4 * s.off as u64,
+                s.len as u64,
+            );
+            // SAFETY: each slot's value, gradient and momentum hold `len` f32.
+            unsafe {
+                ctx.launch(
+                    "sgd_step",
+                    s.len,
+                    &mut [
+                        arg(&w),
+                        arg(&g),
+                        arg(&m),
+                        arg(&n),
+                        arg(&lr32),
+                        arg(&mu),
+                        arg(&wd),
+                        arg(&inv),
+                    ],
+                )?
+            };
+        }
+    }
+    Ok(applied)
+}
+
+/// Reads a flat store's values and momenta back into `params` (the CPU layout).
+pub(super) fn store_params(
+    ctx: &Ctx,
+    flat: &Flat,
+    params: Vec<&mut crate::layers::Param<f32>>,
+) -> Result<(), CudaError> {
+    let values: Vec<f32> = ctx.get(flat.values.ptr, flat.total)?;
+    let moms: Vec<f32> = ctx.get(flat.moms.ptr, flat.total)?;
+    if params.len() != flat.slots.len() {
+        return Err(CudaError::Check(format!(
+            "{} parameters for {} slots",
+            params.len(),
+            flat.slots.len()
+        )));
+    }
+    for (p, s) in params.into_iter().zip(&flat.slots) {
+        p.value = s.host_layout(&values[s.off..s.off + s.len]);
+        p.momentum = s.host_layout(&moms[s.off..s.off + s.len]);
+    }
+    Ok(())
+}

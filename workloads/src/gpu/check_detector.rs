@@ -1,0 +1,350 @@
+//! `train --workload ewa --device cuda --check`: the detector's assembled GPU layers — the
+//! pyramid (lateral and output convolutions with the top-down path and P6) and the RPN head
+//! shared by several levels (its filter and bias gradients summed over them) — and one whole
+//! training step of a small detector, against the CPU's, with the same normwise errors and
+//! per-precision bounds as the classifier's check (`self_test`, which covers the box head,
+//! RoIAlign and the pyramid's kernels on their own).
+
+use super::*;
+use crate::detect::boxes::BBox;
+use crate::detect::fpn::Fpn;
+use crate::detect::model::{Detector, DetectorConfig, Target};
+use crate::detect::rpn::RpnHead;
+use crate::layers::Param;
+
+/// A flat store's gradients in the CPU layout, slot after slot.
+fn grads_of(ctx: &Ctx, flat: &Flat) -> Result<Vec<f32>, CudaError> {
+    let g: Vec<f32> = ctx.get(flat.grads.ptr, flat.total)?;
+    Ok(flat
+        .slots
+        .iter()
+        .flat_map(|s| s.host_layout(&g[s.off..s.off + s.len]))
+        .collect())
+}
+
+fn cpu_grads(params: Vec<&mut Param<f32>>) -> Vec<f32> {
+    params.iter().flat_map(|p| p.grad.iter().copied()).collect()
+}
+
+fn cat(ts: &[Tensor<f32>]) -> Vec<f32> {
+    ts.iter().flat_map(|t| t.data.iter().copied()).collect()
+}
+
+fn downloads(ctx: &Ctx, ts: &[GTensor]) -> Result<Vec<f32>, CudaError> {
+    let mut v = Vec::new();
+    for t in ts {
+        v.extend(ctx.download(t)?.data);
+    }
+    Ok(v)
+}
+
+fn rand_tensor(n: usize, h: usize, w: usize, c: usize, rng: &mut crate::data::Rng) -> Tensor<f32> {
+    Tensor::from_vec(n, h, w, c, random(n * h * w * c, rng))
+}
+
+/// The small detector of the whole-step comparison: the paper's model scaled by 1/16 (every
+/// stage one block), 16 channels of 64 × 96.
+fn small() -> DetectorConfig {
+    DetectorConfig::scaled(0.0625, [1, 1, 1, 1], 64, 96)
+}
+
+/// Compares the detector's GPU layers and one whole training step with the CPU's in
+/// precision `p` (see the module's description).
+pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
+    let mut ctx = Ctx::new(gpu, p)?;
+    let tol = tolerance(p);
+    let mut out = Vec::new();
+    let mut rng = crate::data::Rng::new(0xDE7EC7);
+    let push = |out: &mut Vec<Check>, name: &str, error: f64, tolerance: f64| {
+        out.push(Check {
+            name: name.to_string(),
+            error,
+            tolerance,
+        })
+    };
+    // The pyramid over odd sizes (nearest upsampling by other factors than 2, P6 of an odd P5).
+    {
+        let chans = [8, 12, 16, 20];
+        let sizes = [(9, 13), (5, 7), (3, 4), (2, 2)];
+        let mut cpu = Fpn::<f32>::new(chans, 8, &mut rng);
+        let c: Vec<Tensor<f32>> = sizes
+            .iter()
+            .zip(chans)
+            .map(|(&(h, w), ch)| rand_tensor(2, h, w, ch, &mut rng))
+            .collect();
+        let carc: Vec<Arc<Tensor<f32>>> = c.iter().cloned().map(Arc::new).collect();
+        let pc = cpu.forward(&carc);
+        let g: Vec<Tensor<f32>> = pc
+            .iter()
+            .map(|t| rand_tensor(t.n, t.h, t.w, t.c, &mut rng))
+            .collect();
+        let dc = cpu.backward(g.clone());
+        let convs: HashMap<String, (usize, usize)> = cpu
+            .lateral
+            .iter()
+            .chain(&cpu.output)
+            .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
+            .collect();
+        let flat = flat_params(&ctx, &cpu.params(), &convs)?;
+        let mut fpn = GFpn::new(&cpu, &flat.slots)?;
+        let mut cg = Vec::new();
+        for t in &c {
+            cg.push(Rc::new(ctx.upload(t)?));
+        }
+        let pg = fpn.forward(&mut ctx, &flat, &cg, true)?;
+        let mut pv = Vec::new();
+        for t in &pg {
+            pv.extend(ctx.download(t)?.data);
+        }
+        push(
+            &mut out,
+            "pyramid forward (P2–P6)",
+            normwise(&pv, &cat(&pc)),
+            tol,
+        );
+        drop(pg);
+        let mut gg = Vec::new();
+        for t in &g {
+            gg.push(ctx.upload(t)?);
+        }
+        let dcg = fpn.backward(&mut ctx, &flat, gg)?;
+        push(
+            &mut out,
+            "pyramid backward (C2–C5 gradients)",
+            normwise(&downloads(&ctx, &dcg)?, &cat(&dc)),
+            tol,
+        );
+        push(
+            &mut out,
+            "pyramid weight gradients",
+            normwise(&grads_of(&ctx, &flat)?, &cpu_grads(cpu.params())),
+            tol,
+        );
+    }
+    // The RPN head over three levels: its weights shared, their gradients summed.
+    {
+        let (width, anchors) = (8, 6);
+        let mut cpu = RpnHead::<f32>::new(width, anchors, &mut rng);
+        // Larger weights than the 0.01 default, so that the hidden layer is not all ReLU kinks.
+        for prm in cpu.params() {
+            prm.value.iter_mut().for_each(|v| *v *= 30.0);
+        }
+        let levels: Vec<Tensor<f32>> = [(8, 12), (4, 6), (2, 3)]
+            .iter()
+            .map(|&(h, w)| rand_tensor(2, h, w, width, &mut rng))
+            .collect();
+        let outc = cpu.forward(&levels);
+        let g: Vec<(Tensor<f32>, Tensor<f32>)> = outc
+            .iter()
+            .map(|(o, d)| {
+                (
+                    rand_tensor(o.n, o.h, o.w, o.c, &mut rng),
+                    rand_tensor(d.n, d.h, d.w, d.c, &mut rng),
+                )
+            })
+            .collect();
+        let dxc = cpu.backward(&g);
+        let convs: HashMap<String, (usize, usize)> = [&cpu.conv, &cpu.cls, &cpu.reg]
+            .iter()
+            .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
+            .collect();
+        let flat = flat_params(&ctx, &cpu.params(), &convs)?;
+        let mut rpn = GRpn::new(&cpu, &flat.slots)?;
+        let mut lg = Vec::new();
+        for t in &levels {
+            lg.push(Rc::new(ctx.upload(t)?));
+        }
+        let outg = rpn.forward(&mut ctx, &flat, &lg, true)?;
+        let (mut a, mut b) = (Vec::new(), Vec::new());
+        for ((og, dg), (oc, dc)) in outg.iter().zip(&outc) {
+            a.extend(ctx.download(og)?.data);
+            a.extend(ctx.download(dg)?.data);
+            b.extend(&oc.data);
+            b.extend(&dc.data);
+        }
+        push(
+            &mut out,
+            "RPN head forward (3 levels)",
+            normwise(&a, &b),
+            tol,
+        );
+        let mut gg = Vec::new();
+        for (o, d) in &g {
+            gg.push((ctx.upload(o)?, ctx.upload(d)?));
+        }
+        let dxg = rpn.backward(&mut ctx, &flat, &gg)?;
+        push(
+            &mut out,
+            "RPN head backward (each level's input gradient)",
+            normwise(&downloads(&ctx, &dxg)?, &cat(&dxc)),
+            tol,
+        );
+        push(
+            &mut out,
+            "RPN head weight and bias gradients, summed over the levels",
+            normwise(&grads_of(&ctx, &flat)?, &cpu_grads(cpu.params())),
+            tol,
+        );
+    }
+    whole_step(ctx, p, &mut out, &mut rng)?;
+    Ok(out)
+}
+
+/// One training step of the small detector on both devices, the GPU's with the CPU's
+/// proposals (proposals carry no gradient and hang on near-ties of the scores): the four
+/// losses, every parameter's update, the running statistics; then the inference RPN outputs
+/// and a detection pass.
+fn whole_step(
+    ctx: Ctx,
+    p: Prec,
+    out: &mut Vec<Check>,
+    rng: &mut crate::data::Rng,
+) -> Result<(), CudaError> {
+    let push = |out: &mut Vec<Check>, name: String, error: f64, tolerance: f64| {
+        out.push(Check {
+            name,
+            error,
+            tolerance,
+        })
+    };
+    let cfg = small();
+    let mut cpu = Detector::<f32>::new(cfg.clone(), 17);
+    let mut mirror = Detector::<f32>::new(cfg.clone(), 17);
+    let (h, w) = (64, 96);
+    let x = rand_tensor(2, h, w, cfg.in_channels, rng);
+    let box_ = |b: [f64; 4]| -> BBox { b };
+    let truth = vec![
+        Target {
+            boxes: vec![box_([8.0, 10.0, 40.0, 36.0]), box_([50.0, 4.0, 90.0, 30.0])],
+            classes: vec![0, 2],
+        },
+        Target {
+            boxes: vec![box_([20.0, 30.0, 70.0, 60.0])],
+            classes: vec![1],
+        },
+    ];
+    let (seed, lr) = (23, 0.02);
+    let sgd = crate::train::Sgd::default();
+    let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
+    let mut net = GpuDetector::new(ctx, &mut mirror, None, None, CommOptions::default())?;
+    let (losses, props) = cpu.step_with(&x, &truth, seed, None, &mut |_| {});
+    sgd.step(cpu.params(), lr);
+    let r = net.step(&x, &truth, seed, lr, &sgd, Some(&props))?;
+    let step_tol = match p {
+        Prec::F32 => 1e-3,
+        Prec::Tf32 => 2e-2,
+        _ => 5e-2,
+    };
+    for (name, g, c) in [
+        (
+            "RPN objectness",
+            r.losses.rpn_objectness,
+            losses.rpn_objectness,
+        ),
+        ("RPN box", r.losses.rpn_box, losses.rpn_box),
+        ("classifier", r.losses.classifier, losses.classifier),
+        ("box regression", r.losses.box_reg, losses.box_reg),
+    ] {
+        push(
+            out,
+            format!("detector step: {name} loss"),
+            ((g - c) / c.abs().max(1e-12)).abs(),
+            step_tol,
+        );
+    }
+    push(
+        out,
+        format!("detector step: {} regions sampled on both", losses.regions),
+        if r.losses.regions == losses.regions && losses.regions > 0 {
+            0.0
+        } else {
+            f64::INFINITY
+        },
+        0.0,
+    );
+    push(
+        out,
+        "detector step applied".into(),
+        if r.applied { 0.0 } else { 1.0 },
+        0.0,
+    );
+    net.store(&mut mirror)?;
+    // The updates (after − before) of each part, the worst parameter named.
+    let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
+    let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
+    let delta = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
+    let part = |n: &str| {
+        if n.starts_with("fpn.") {
+            "pyramid"
+        } else if n.starts_with("rpn.") {
+            "RPN head"
+        } else if n.starts_with("roi_heads") || n.contains("box_") || n.starts_with("fc6") {
+            "box head"
+        } else {
+            "backbone"
+        }
+    };
+    let mut worst: Vec<(&str, f64, String)> = Vec::new();
+    for (((name, w), prm), i) in names.iter().zip(&want).zip(mirror.params()).zip(&init) {
+        let e = normwise(&delta(&prm.value, i), &delta(w, i));
+        let k = part(name);
+        match worst.iter_mut().find(|(p, _, _)| *p == k) {
+            Some(slot) => {
+                if e > slot.1 || !e.is_finite() {
+                    slot.1 = e;
+                    slot.2 = name.clone();
+                }
+            }
+            None => worst.push((k, e, name.clone())),
+        }
+    }
+    for (k, e, at) in worst {
+        push(
+            out,
+            format!("detector step: {k} parameter updates (worst: {at})"),
+            e,
+            step_tol,
+        );
+    }
+    let stats = |m: &mut Detector<f32>| -> Vec<f32> {
+        m.backbone
+            .running_stats()
+            .into_iter()
+            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
+            .collect()
+    };
+    push(
+        out,
+        "detector step: running statistics".into(),
+        normwise(&stats(&mut mirror), &stats(&mut cpu)),
+        step_tol,
+    );
+    // Inference after the step: the RPN's outputs of every level, then detections.
+    let (_, oc, _) = cpu.first_stage(&x, false);
+    let (_, og, _) = net.first_stage(&x, false)?;
+    let flat_out = |o: &[(Tensor<f32>, Tensor<f32>)]| -> Vec<f32> {
+        o.iter()
+            .flat_map(|(a, b)| a.data.iter().chain(&b.data).copied().collect::<Vec<_>>())
+            .collect()
+    };
+    push(
+        out,
+        "detector inference: RPN outputs of P2–P6".into(),
+        normwise(&flat_out(&og), &flat_out(&oc)),
+        step_tol * 10.0,
+    );
+    let dets = net.detect(&x)?;
+    let ordered = dets.len() == 2
+        && dets.iter().enumerate().all(|(n, d)| {
+            d.len() <= cfg.detections
+                && d.windows(2).all(|w| w[0].score >= w[1].score)
+                && d.iter().all(|t| t.image == n && t.class < cfg.classes)
+        });
+    push(
+        out,
+        "detector inference: detections per image, ranked, capped".into(),
+        if ordered { 0.0 } else { f64::INFINITY },
+        0.0,
+    );
+    Ok(())
+}

@@ -1,0 +1,336 @@
+//! The EWA detector on the GPU (`crate::detect::model::Detector`'s twin): the shared ResNet body
+//! for C2–C5, the pyramid, the RPN head shared by P2–P6, multi-scale RoIAlign and the box head
+//! on cuDNN, cuBLAS and NVRTC kernels, with f32 master weights in one flat store (the CPU's
+//! parameter order, so a checkpoint moves between devices). What the CPU detector does on the
+//! host it does here too, with the same functions (`crate::detect::host`): the anchors, the
+//! RPN's losses, the proposals, matching and sampling, the box head's losses and the
+//! detections; the RPN's outputs and the box head's come down for them (a few MB per step),
+//! their gradients go back up, times the loss scale. Data parallel: gradients summed by NCCL
+//! in buckets while the backward pass runs (box head, RPN, pyramid, then the body block by
+//! block), batch-norm statistics through the reducer.
+
+use super::*;
+use crate::detect::boxes::BBox;
+use crate::detect::head::head_loss;
+use crate::detect::map::Detection;
+use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
+use crate::detect::rpn::rpn_loss;
+
+/// The detector on one GPU.
+pub struct GpuDetector {
+    pub cfg: DetectorConfig,
+    pub(super) flat: Flat,
+    pub(super) body: GBody,
+    pub(super) fpn: GFpn,
+    pub(super) rpn: GRpn,
+    pub(super) head: GBoxHead,
+    pub loss_scale: LossScale,
+    /// Steps skipped because the scaled gradients overflowed.
+    pub skipped: usize,
+    pub(super) sync: Option<GradSync>,
+    /// Declared last: dropped after every buffer above has been freed on its stream.
+    pub ctx: Ctx,
+}
+
+/// What one detector step reports.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DetectorStep {
+    pub losses: Losses,
+    /// Bytes this rank put into gradient allreduces.
+    pub comm_bytes: f64,
+    /// False when a loss-scale overflow skipped the update.
+    pub applied: bool,
+    /// Each image's proposals (what a comparison with the CPU holds fixed).
+    pub proposals: Vec<Vec<BBox>>,
+}
+
+/// (depth, k) of every convolution filter of the detector, by parameter name.
+fn detector_convs(model: &Detector<f32>) -> HashMap<String, (usize, usize)> {
+    let mut v = conv_shapes(&model.backbone);
+    for c in model.fpn.lateral.iter().chain(&model.fpn.output) {
+        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
+    }
+    for c in [&model.rpn.conv, &model.rpn.cls, &model.rpn.reg] {
+        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
+    }
+    v
+}
+
+impl GpuDetector {
+    /// Uploads `model` (parameters, momenta, running statistics) to `ctx`'s GPU. With `nccl`,
+    /// gradients are summed over its ranks; `reducer` (the same ranks) sums the batch-norm
+    /// statistics.
+    pub fn new(
+        ctx: Ctx,
+        model: &mut Detector<f32>,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> Result<GpuDetector, CudaError> {
+        let convs = detector_convs(model);
+        let flat = flat_params(&ctx, &model.params(), &convs)?;
+        let slots = flat.slots.clone();
+        // The body's slots come first (the backbone without its classifier), then the
+        // pyramid's 8, the RPN's 6 and the box head's 8.
+        let rest = 8 + 6 + 8;
+        if slots.len() < rest {
+            return Err(CudaError::Check("the detector's parameter list".into()));
+        }
+        let body_slots = slots.len() - rest;
+        let mut it = slots[..body_slots].iter().copied();
+        let mut next = || {
+            it.next()
+                .ok_or_else(|| CudaError::Check("the backbone's parameter list".into()))
+        };
+        let r = || reducer.clone();
+        let body = GBody::new(&model.backbone, &mut next, &r)?;
+        if it.next().is_some() {
+            return Err(CudaError::Check(
+                "the backbone has more parameters than its layers".into(),
+            ));
+        }
+        let fpn = GFpn::new(&model.fpn, &slots[body_slots..body_slots + 8])?;
+        let rpn = GRpn::new(&model.rpn, &slots[body_slots + 8..body_slots + 14])?;
+        let head = GBoxHead::new(&model.head, &slots[body_slots + 14..])?;
+        let prec = ctx.prec;
+        let sync = match nccl {
+            Some(c) => Some(GradSync::new(&ctx, c, comm, flat.total)?),
+            None => None,
+        };
+        let wire = if sync.is_some() { comm.wire } else { Wire::F32 };
+        Ok(GpuDetector {
+            cfg: model.cfg.clone(),
+            flat,
+            body,
+            fpn,
+            rpn,
+            head,
+            loss_scale: LossScale::for_step(prec, wire),
+            skipped: 0,
+            sync,
+            ctx,
+        })
+    }
+
+    /// Body, pyramid and RPN head: (P2–P6, the head's outputs per level on the device and on
+    /// the host, anchors).
+    #[allow(clippy::type_complexity)]
+    pub(super) fn first_stage(
+        &mut self,
+        x: &Tensor<f32>,
+        train: bool,
+    ) -> Result<
+        (
+            Vec<Rc<GTensor>>,
+            Vec<(Tensor<f32>, Tensor<f32>)>,
+            Vec<Vec<BBox>>,
+        ),
+        CudaError,
+    > {
+        if x.c != self.cfg.in_channels {
+            return Err(CudaError::Check(format!(
+                "the detector takes {} channels, the batch has {}",
+                self.cfg.in_channels, x.c
+            )));
+        }
+        self.ctx.gpu.bind()?;
+        let xg = self.ctx.upload(x)?;
+        let c = self
+            .body
+            .forward(&mut self.ctx, &self.flat, xg, train, true)?;
+        let p = self.fpn.forward(&mut self.ctx, &self.flat, &c, train)?;
+        drop(c);
+        let out = self.rpn.forward(&mut self.ctx, &self.flat, &p, train)?;
+        let mut host = Vec::with_capacity(out.len());
+        for (o, d) in &out {
+            host.push((self.ctx.download(o)?, self.ctx.download(d)?));
+        }
+        let sizes: Vec<(usize, usize)> = p.iter().map(|m| (m.h, m.w)).collect();
+        let anc = self.cfg.level_anchors(&sizes);
+        Ok((p, host, anc))
+    }
+
+    /// The first offset of the box head's parameters, the RPN's and the pyramid's in the flat
+    /// store (the ends of the gradient exchange's buckets).
+    fn offsets(&self) -> (usize, usize, usize) {
+        (
+            self.head.fc6.first_offset(),
+            self.rpn.conv.conv.w.off,
+            self.fpn.lateral[0].w.off,
+        )
+    }
+
+    /// One training step on this rank's share of the batch: forward, the losses (host),
+    /// backward, gradient allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`. `seed`
+    /// fixes the sampling; `fixed` gives each image's proposals instead of the RPN's (a
+    /// comparison with the CPU holds them fixed).
+    pub fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        truth: &[Target],
+        seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+        fixed: Option<&[Vec<BBox>]>,
+    ) -> Result<DetectorStep, CudaError> {
+        if truth.len() != x.n {
+            return Err(CudaError::Check(format!(
+                "{} targets for {} images",
+                truth.len(),
+                x.n
+            )));
+        }
+        let (ih, iw) = (x.h as f64, x.w as f64);
+        let (p, out, anc) = self.first_stage(x, true)?;
+        let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
+        let (rpn_objectness, rpn_box, rpn_grads) =
+            rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed);
+        let regions = self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw));
+        drop(out);
+        let mut losses = Losses {
+            rpn_objectness,
+            rpn_box,
+            regions: regions.rois.len(),
+            ..Losses::default()
+        };
+        let scale = self.loss_scale.scale;
+        let (head_lo, rpn_lo, fpn_lo) = self.offsets();
+        let ctx = &mut self.ctx;
+        let flat = &self.flat;
+        let mut sync = self.sync.as_mut();
+        if let Some(g) = sync.as_deref_mut() {
+            g.begin(flat.total);
+        }
+        // The second stage: RoIAlign, the box head, its losses on the host.
+        let mut dp: Vec<GTensor> = if regions.rois.is_empty() {
+            // No region in the whole batch: no second-stage loss, no gradient for its
+            // parameters (the last in the store) or for P2–P5 from it.
+            ctx.zero(
+                flat.grads.ptr + 4 * head_lo as u64,
+                4 * (flat.total - head_lo),
+            )?;
+            let mut z = Vec::with_capacity(4);
+            for m in &p[..4] {
+                let t = ctx.tensor(m.n, m.h, m.w, m.c)?;
+                ctx.zero(t.ptr(), 4 * t.len())?;
+                z.push(t);
+            }
+            z
+        } else {
+            let maps = [&*p[0], &*p[1], &*p[2], &*p[3]];
+            let plan = ctx.roi_plan(RoiPlan::new(&self.cfg.pool, &regions.rois, x.n), maps)?;
+            let pooled = ctx.roi_align_forward(maps, &plan)?;
+            let (logits, deltas) = self.head.forward(ctx, flat, pooled)?;
+            let (hl, hd) = (ctx.download(&logits)?, ctx.download(&deltas)?);
+            let (cls, reg, dl, dd) = head_loss(&hl, &hd, &regions.labels, &regions.targets);
+            losses.classifier = cls;
+            losses.box_reg = reg;
+            let (dl, dd) = (
+                upload_scaled(ctx, dl, scale)?,
+                upload_scaled(ctx, dd, scale)?,
+            );
+            let dflat = self.head.backward(ctx, flat, &dl, &dd)?;
+            if let Some(g) = sync.as_deref_mut() {
+                g.finished(ctx, flat, head_lo)?;
+            }
+            ctx.roi_align_backward(&dflat, &plan)?
+        };
+        // The RPN head over every level; P6's gradient is the RPN's alone.
+        let mut g = Vec::with_capacity(rpn_grads.len());
+        for (o, d) in rpn_grads {
+            g.push((upload_scaled(ctx, o, scale)?, upload_scaled(ctx, d, scale)?));
+        }
+        let mut drpn = self.rpn.backward(ctx, flat, &g)?;
+        drop(g);
+        if let Some(s) = sync.as_deref_mut() {
+            s.finished(ctx, flat, rpn_lo)?;
+        }
+        let d6 = drpn
+            .pop()
+            .ok_or_else(|| CudaError::Check("the RPN's gradients: P2–P6".into()))?;
+        for (d, r) in dp.iter_mut().zip(&drpn) {
+            elementwise(ctx, "add_into", d.ptr(), r.ptr(), d.len())?;
+        }
+        drop(drpn);
+        dp.push(d6);
+        drop(p);
+        let dc = self.fpn.backward(ctx, flat, dp)?;
+        if let Some(s) = sync.as_deref_mut() {
+            s.finished(ctx, flat, fpn_lo)?;
+        }
+        self.body.backward(
+            ctx,
+            flat,
+            dc.into_iter().map(Some).collect(),
+            sync.as_deref_mut(),
+        )?;
+        if let Some(s) = sync {
+            s.end(ctx, flat)?;
+        }
+        let (comm_bytes, ranks) = self
+            .sync
+            .as_ref()
+            .map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
+        let applied = update(
+            &mut self.ctx,
+            &self.flat,
+            &mut self.loss_scale,
+            ranks,
+            lr,
+            sgd,
+        )?;
+        if !applied {
+            self.skipped += 1;
+        }
+        self.ctx.gpu.sync()?;
+        Ok(DetectorStep {
+            losses,
+            comm_bytes,
+            applied,
+            proposals: regions.proposals,
+        })
+    }
+
+    /// Detections for a batch (inference: batch norm on running statistics), as
+    /// `Detector::detect` makes them.
+    pub fn detect(&mut self, x: &Tensor<f32>) -> Result<Vec<Vec<Detection>>, CudaError> {
+        let dims = (x.h as f64, x.w as f64);
+        let (p, out, anc) = self.first_stage(x, false)?;
+        let rois = self.cfg.test_regions(&out, &anc, x.n, dims);
+        if rois.is_empty() {
+            return Ok(vec![Vec::new(); x.n]);
+        }
+        let maps = [&*p[0], &*p[1], &*p[2], &*p[3]];
+        let plan = self
+            .ctx
+            .roi_plan(RoiPlan::new(&self.cfg.pool, &rois, x.n), maps)?;
+        let pooled = self.ctx.roi_align_forward(maps, &plan)?;
+        let (logits, deltas) = self.head.forward(&mut self.ctx, &self.flat, pooled)?;
+        let (hl, hd) = (self.ctx.download(&logits)?, self.ctx.download(&deltas)?);
+        Ok(self.cfg.detections(&rois, &hl, &hd, x.n, dims))
+    }
+
+    /// Writes the parameters, momenta and running statistics back into `model`.
+    pub fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
+        store_params(&self.ctx, &self.flat, model.params())?;
+        let bns = self.body.bns();
+        let stats = model.backbone.running_stats();
+        if stats.len() != bns.len() {
+            return Err(CudaError::Check("the backbone's batch norms".into()));
+        }
+        for ((_, mean, var), bn) in stats.into_iter().zip(bns) {
+            mean.clone_from(&bn.running_mean);
+            var.clone_from(&bn.running_var);
+        }
+        Ok(())
+    }
+}
+
+/// `t × scale` on the device (a loss gradient made on the host, times the loss scale).
+fn upload_scaled(ctx: &Ctx, mut t: Tensor<f32>, scale: f64) -> Result<GTensor, CudaError> {
+    if scale != 1.0 {
+        let s = scale as f32;
+        t.data.iter_mut().for_each(|v| *v *= s);
+    }
+    ctx.upload(&t)
+}
