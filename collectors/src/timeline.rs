@@ -94,6 +94,22 @@ impl Drop for Guard {
     }
 }
 
+/// Records a span measured by another clock (a GPU's events), placed on this process's
+/// timeline at `start` (an `Instant` of this process) for `dur`; nothing when not recording.
+pub fn record(cat: &'static str, name: String, start: Instant, dur: std::time::Duration) {
+    if !recording() {
+        return;
+    }
+    let span = Span {
+        cat,
+        name,
+        start_ns: start.saturating_duration_since(epoch()).as_nanos() as u64,
+        dur_ns: dur.as_nanos() as u64,
+        tid: TID.with(|t| *t),
+    };
+    SPANS.lock().unwrap_or_else(|e| e.into_inner()).push(span);
+}
+
 /// The spans as Chrome trace JSON: complete events (`ph: "X"`, microseconds), one process
 /// `pid` (an MPI rank), thread names for the trainer and the communication thread.
 pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Value {

@@ -25,7 +25,7 @@ impl GBody {
         next: &mut impl FnMut() -> Result<Slot, CudaError>,
         r: &impl Fn() -> Option<Arc<dyn Reducer>>,
     ) -> Result<GBody, CudaError> {
-        let stem = GConv::new(&model.stem, next()?);
+        let stem = GConv::timed(&model.stem, next()?);
         let stem_bn = GBn::new(&model.stem_bn, next()?, next()?, r());
         let mut blocks = Vec::new();
         for b in &model.blocks {
@@ -55,6 +55,7 @@ impl GBody {
         let t = self.stem.forward(ctx, flat, &x, train)?;
         let s = Rc::new(self.stem_bn.forward(ctx, flat, t, train, true)?);
         // Max pool 3×3 / 2, padding 1.
+        let t0 = ctx.mark()?;
         let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
         let p = ctx.tensor(s.n, oh, ow, s.c)?;
         let argb = ctx.alloc(4 * p.len())?;
@@ -80,6 +81,7 @@ impl GBody {
                 ],
             )?
         };
+        ctx.close(FWD, || "maxpool".into(), t0)?;
         if train {
             self.pool_arg = Some(argb);
             self.pool_in = (s.n, s.h, s.w, s.c);
@@ -138,6 +140,7 @@ impl GBody {
         }
         let d = g.ok_or_else(missing)?;
         // Max pool backward: scatter-add into a zeroed input gradient.
+        let t0 = ctx.mark()?;
         let (n, h, w, c) = self.pool_in;
         let ds = ctx.tensor(n, h, w, c)?;
         ctx.zero(ds.ptr(), 4 * ds.len())?;
@@ -159,6 +162,7 @@ impl GBody {
                 ],
             )?
         };
+        ctx.close(BWD, || "maxpool".into(), t0)?;
         let s = self.stem_out.take().ok_or_else(missing)?;
         let dstem = self.stem_bn.backward(ctx, flat, &ds, Some(&s))?;
         // The image needs no gradient: the stem's filter gradient only.
@@ -202,15 +206,15 @@ pub(super) fn gblock(
     next: &mut impl FnMut() -> Result<Slot, CudaError>,
     r: &impl Fn() -> Option<Arc<dyn Reducer>>,
 ) -> Result<GBlock, CudaError> {
-    let c1 = GConv::new(&b.conv1, next()?);
+    let c1 = GConv::timed(&b.conv1, next()?);
     let b1 = GBn::new(&b.bn1, next()?, next()?, r());
-    let c2 = GConv::new(&b.conv2, next()?);
+    let c2 = GConv::timed(&b.conv2, next()?);
     let b2 = GBn::new(&b.bn2, next()?, next()?, r());
-    let c3 = GConv::new(&b.conv3, next()?);
+    let c3 = GConv::timed(&b.conv3, next()?);
     let b3 = GBn::new(&b.bn3, next()?, next()?, r());
     let down = match &b.down {
         Some((c, bn)) => {
-            let gc = GConv::new(c, next()?);
+            let gc = GConv::timed(c, next()?);
             Some((gc, GBn::new(bn, next()?, next()?, r())))
         }
         None => None,
@@ -273,6 +277,7 @@ pub(super) fn update(
         false
     };
     let applied = loss_scale.update(overflow);
+    let t0 = ctx.mark()?;
     if applied {
         let inv = (1.0 / (scale * ranks as f64)) as f32;
         let (lr32, mu) = (lr as f32, sgd.momentum as f32);
@@ -307,6 +312,7 @@ pub(super) fn update(
             };
         }
     }
+    ctx.close("optimizer", || "sgd".into(), t0)?;
     Ok(applied)
 }
 

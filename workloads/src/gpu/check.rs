@@ -112,6 +112,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             w: flat.slots[0],
             plans: Vec::new(),
             input: None,
+            span: None,
         };
         let xg = Rc::new(ctx.upload(&Tensor::from_vec(2, hw, hw, c, x))?);
         let yg = conv.forward(&mut ctx, &flat, &xg, true)?;

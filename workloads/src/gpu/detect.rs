@@ -132,6 +132,7 @@ impl GShared {
                 w,
                 plans: Vec::new(),
                 input: None,
+                span: None,
             },
             b,
             inputs: Vec::new(),

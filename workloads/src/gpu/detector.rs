@@ -15,6 +15,7 @@ use crate::detect::head::head_loss;
 use crate::detect::map::Detection;
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
 use crate::detect::rpn::rpn_loss;
+use roofline_collectors::timeline::timed;
 
 /// The detector on one GPU.
 pub struct GpuDetector {
@@ -138,9 +139,13 @@ impl GpuDetector {
         let c = self
             .body
             .forward(&mut self.ctx, &self.flat, xg, train, true)?;
+        let t0 = self.ctx.mark()?;
         let p = self.fpn.forward(&mut self.ctx, &self.flat, &c, train)?;
+        self.ctx.close(FWD, || "fpn".into(), t0)?;
         drop(c);
+        let t0 = self.ctx.mark()?;
         let out = self.rpn.forward(&mut self.ctx, &self.flat, &p, train)?;
+        self.ctx.close(FWD, || "rpn.head".into(), t0)?;
         let mut host = Vec::with_capacity(out.len());
         for (o, d) in &out {
             host.push((self.ctx.download(o)?, self.ctx.download(d)?));
@@ -181,11 +186,21 @@ impl GpuDetector {
             )));
         }
         let (ih, iw) = (x.h as f64, x.w as f64);
+        self.ctx.gpu.bind()?;
+        self.ctx.clock_start()?;
         let (p, out, anc) = self.first_stage(x, true)?;
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
-        let (rpn_objectness, rpn_box, rpn_grads) =
-            rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed);
-        let regions = self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw));
+        // The host's part (the GPU idle: its outputs came down), spans as the CPU's.
+        let (rpn_objectness, rpn_box, rpn_grads) = timed(
+            FWD,
+            || "rpn.loss".into(),
+            || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
+        );
+        let regions = timed(
+            FWD,
+            || "proposals".into(),
+            || self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw)),
+        );
         drop(out);
         let mut losses = Losses {
             rpn_objectness,
@@ -218,9 +233,13 @@ impl GpuDetector {
             z
         } else {
             let maps = [&*p[0], &*p[1], &*p[2], &*p[3]];
+            let t0 = ctx.mark()?;
             let plan = ctx.roi_plan(RoiPlan::new(&self.cfg.pool, &regions.rois, x.n), maps)?;
             let pooled = ctx.roi_align_forward(maps, &plan)?;
+            ctx.close(FWD, || "roi_align".into(), t0)?;
+            let t0 = ctx.mark()?;
             let (logits, deltas) = self.head.forward(ctx, flat, pooled)?;
+            ctx.close(FWD, || "box_head".into(), t0)?;
             let (hl, hd) = (ctx.download(&logits)?, ctx.download(&deltas)?);
             let (cls, reg, dl, dd) = head_loss(&hl, &hd, &regions.labels, &regions.targets);
             losses.classifier = cls;
@@ -229,17 +248,23 @@ impl GpuDetector {
                 upload_scaled(ctx, dl, scale)?,
                 upload_scaled(ctx, dd, scale)?,
             );
+            let t0 = ctx.mark()?;
             let dflat = self.head.backward(ctx, flat, &dl, &dd)?;
+            ctx.close(BWD, || "box_head".into(), t0)?;
             if let Some(g) = sync.as_deref_mut() {
                 g.finished(ctx, flat, head_lo)?;
             }
-            ctx.roi_align_backward(&dflat, &plan)?
+            let t0 = ctx.mark()?;
+            let dp = ctx.roi_align_backward(&dflat, &plan)?;
+            ctx.close(BWD, || "roi_align".into(), t0)?;
+            dp
         };
         // The RPN head over every level; P6's gradient is the RPN's alone.
         let mut g = Vec::with_capacity(rpn_grads.len());
         for (o, d) in rpn_grads {
             g.push((upload_scaled(ctx, o, scale)?, upload_scaled(ctx, d, scale)?));
         }
+        let t0 = ctx.mark()?;
         let mut drpn = self.rpn.backward(ctx, flat, &g)?;
         drop(g);
         if let Some(s) = sync.as_deref_mut() {
@@ -251,10 +276,13 @@ impl GpuDetector {
         for (d, r) in dp.iter_mut().zip(&drpn) {
             elementwise(ctx, "add_into", d.ptr(), r.ptr(), d.len())?;
         }
+        ctx.close(BWD, || "rpn.head".into(), t0)?;
         drop(drpn);
         dp.push(d6);
         drop(p);
+        let t0 = ctx.mark()?;
         let dc = self.fpn.backward(ctx, flat, dp)?;
+        ctx.close(BWD, || "fpn".into(), t0)?;
         if let Some(s) = sync.as_deref_mut() {
             s.finished(ctx, flat, fpn_lo)?;
         }
@@ -283,6 +311,7 @@ impl GpuDetector {
             self.skipped += 1;
         }
         self.ctx.gpu.sync()?;
+        self.ctx.clock_flush()?;
         Ok(DetectorStep {
             losses,
             comm_bytes,

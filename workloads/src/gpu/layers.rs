@@ -109,6 +109,8 @@ pub(super) fn krsc_to_rsck(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
 pub(super) struct GConv {
     pub(super) shape: ConvShape,
     pub(super) w: Slot,
+    /// The timeline span of its passes (the CPU's layer name), when timed on its own.
+    pub(super) span: Option<String>,
     pub(super) plans: Vec<((usize, usize, usize), ConvPlan)>,
     pub(super) input: Option<Rc<GTensor>>,
 }
@@ -118,8 +120,17 @@ impl GConv {
         GConv {
             shape: c.shape,
             w,
+            span: None,
             plans: Vec::new(),
             input: None,
+        }
+    }
+
+    /// A convolution whose passes are spans of their own on the timeline (the body's).
+    pub(super) fn timed(c: &Conv2d<f32>, w: Slot) -> GConv {
+        GConv {
+            span: Some(layer_name(&c.weight.name)),
+            ..GConv::new(c, w)
         }
     }
 
@@ -151,6 +162,7 @@ impl GConv {
     ) -> Result<GTensor, CudaError> {
         let sh = self.shape_for(x);
         let i = self.plan(ctx, &sh)?;
+        let t0 = timing(ctx, &self.span)?;
         let y = ctx.tensor(x.n, sh.oh(), sh.ow(), sh.k)?;
         let plan = &self.plans[i].1;
         if half(ctx.prec) {
@@ -167,6 +179,7 @@ impl GConv {
         if train {
             self.input = Some(Rc::clone(x));
         }
+        ctx.close(FWD, || self.span.clone().unwrap_or_default(), t0)?;
         Ok(y)
     }
 
@@ -184,6 +197,20 @@ impl GConv {
 
     /// `backward` with the filter gradient written (overwritten) at `dw` (KRSC f32).
     pub(super) fn backward_to(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        data_grad: bool,
+        dw: u64,
+    ) -> Result<Option<GTensor>, CudaError> {
+        let t0 = timing(ctx, &self.span)?;
+        let dx = self.passes_back(ctx, flat, dy, data_grad, dw)?;
+        ctx.close(BWD, || self.span.clone().unwrap_or_default(), t0)?;
+        Ok(dx)
+    }
+
+    fn passes_back(
         &mut self,
         ctx: &mut Ctx,
         flat: &Flat,
@@ -230,6 +257,8 @@ impl GConv {
 }
 
 pub(super) struct GBn {
+    /// The timeline span of its passes (the CPU's layer name).
+    pub(super) span: Option<String>,
     pub(super) c: usize,
     pub(super) gamma: Slot,
     pub(super) beta: Slot,
@@ -253,6 +282,7 @@ impl GBn {
         reducer: Option<Arc<dyn Reducer>>,
     ) -> GBn {
         GBn {
+            span: Some(layer_name(&b.gamma.name)),
             c: b.gamma.value.len(),
             gamma,
             beta,
@@ -291,6 +321,7 @@ impl GBn {
         train: bool,
         relu: bool,
     ) -> Result<GTensor, CudaError> {
+        let t0 = timing(ctx, &self.span)?;
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
@@ -341,6 +372,7 @@ impl GBn {
             self.inv = inv;
             self.stats = Some(stats);
         }
+        ctx.close(FWD, || self.span.clone().unwrap_or_default(), t0)?;
         Ok(y)
     }
 
@@ -361,6 +393,7 @@ impl GBn {
             .stats
             .take()
             .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let t0 = timing(ctx, &self.span)?;
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (dy.rows() * ranks) as f64;
@@ -396,7 +429,21 @@ impl GBn {
                 ],
             )?
         };
+        ctx.close(BWD, || self.span.clone().unwrap_or_default(), t0)?;
         Ok(dx)
+    }
+}
+
+/// A parameter's layer: its name without `.weight` (`layer1.0.conv1`), the CPU's span name.
+pub(super) fn layer_name(param: &str) -> String {
+    param.strip_suffix(".weight").unwrap_or(param).to_string()
+}
+
+/// The start of a layer's span when the step is timed and the layer has a span of its own.
+pub(super) fn timing(ctx: &mut Ctx, span: &Option<String>) -> Result<Option<Event>, CudaError> {
+    match span {
+        Some(_) => ctx.mark(),
+        None => Ok(None),
     }
 }
 

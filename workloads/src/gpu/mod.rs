@@ -15,7 +15,7 @@ use crate::layers::{
     backward_coefficients, batch_statistics, global_sums, running_statistics, BatchNorm, Conv2d,
     Reducer,
 };
-use crate::resnet::{Bottleneck, ResNet};
+use crate::resnet::{Bottleneck, ResNet, BWD, FWD};
 use crate::tensor::Tensor;
 use cudarc::cublas::{result as cublas, sys as bsys};
 use cudarc::driver::result as cu;
@@ -98,6 +98,8 @@ impl GTensor {
 /// go first, and `gpu` (its stream and its hold on the primary context) last, so that no
 /// library handle is destroyed in a released context.
 pub struct Ctx {
+    /// The layers' CUDA events of the step being timed (while the timeline records).
+    clock: Option<Clock>,
     dnn: Handle,
     blas: bsys::cublasHandle_t,
     functions: HashMap<&'static str, sys::CUfunction>,
@@ -153,6 +155,7 @@ impl Ctx {
             return Err(CudaError::call("cublasSetStream", e));
         }
         Ok(Ctx {
+            clock: None,
             dnn,
             blas,
             functions: HashMap::new(),
@@ -362,6 +365,78 @@ impl Ctx {
             )
         }
         .map_err(|e| CudaError::call("cublasSgemm", e))
+    }
+}
+
+/// A step's layer timings on the GPU: a reference event recorded when the step starts (and the
+/// host's time then), and each layer's pair of events; read after the step's last sync and put
+/// on the timeline, so that `place --device cuda` has per-layer points as on the CPU.
+pub(super) struct Clock {
+    reference: Event,
+    host: std::time::Instant,
+    marks: Vec<(&'static str, String, Event, Event)>,
+}
+
+impl Ctx {
+    /// Starts timing a step's layers, when the timeline records (else nothing is timed).
+    pub(super) fn clock_start(&mut self) -> Result<(), CudaError> {
+        self.clock = None;
+        if !roofline_collectors::timeline::recording() {
+            return Ok(());
+        }
+        let reference = Event::new()?;
+        let host = std::time::Instant::now();
+        reference.record_on(&self.gpu)?;
+        self.clock = Some(Clock {
+            reference,
+            host,
+            marks: Vec::new(),
+        });
+        Ok(())
+    }
+
+    /// An event recorded now, when timing (the start of a layer's span).
+    pub(super) fn mark(&mut self) -> Result<Option<Event>, CudaError> {
+        if self.clock.is_none() {
+            return Ok(None);
+        }
+        let e = Event::new()?;
+        e.record_on(&self.gpu)?;
+        Ok(Some(e))
+    }
+
+    /// Ends the span that `start` began (no-op when not timing).
+    pub(super) fn close(
+        &mut self,
+        cat: &'static str,
+        name: impl FnOnce() -> String,
+        start: Option<Event>,
+    ) -> Result<(), CudaError> {
+        let Some(start) = start else {
+            return Ok(());
+        };
+        let end = Event::new()?;
+        end.record_on(&self.gpu)?;
+        if let Some(c) = self.clock.as_mut() {
+            c.marks.push((cat, name(), start, end));
+        }
+        Ok(())
+    }
+
+    /// After the step's work: each timed layer onto the timeline, at the host's time of the
+    /// step's start plus its offset on the GPU (the GPU starts the step no earlier than the
+    /// host queued it, so the spans lie inside the step).
+    pub(super) fn clock_flush(&mut self) -> Result<(), CudaError> {
+        let Some(c) = self.clock.take() else {
+            return Ok(());
+        };
+        let secs = |s: f64| std::time::Duration::from_secs_f64(s.max(0.0));
+        for (cat, name, s, e) in c.marks {
+            let offset = c.reference.seconds_to(&s)?;
+            let dur = s.seconds_to(&e)?;
+            roofline_collectors::timeline::record(cat, name, c.host + secs(offset), secs(dur));
+        }
+        Ok(())
     }
 }
 

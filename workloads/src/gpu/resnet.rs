@@ -228,6 +228,7 @@ impl GpuResNet {
             .pop()
             .ok_or_else(|| CudaError::Check("the body has no stage".into()))?;
         // Global average pool → n × c.
+        let t0 = self.ctx.mark()?;
         let pooled = self.ctx.tensor(h.n, 1, 1, h.c)?;
         let (hp, op) = (h.ptr(), pooled.ptr());
         let (n, hw, c) = (h.n as i32, (h.h * h.w) as i32, h.c as i32);
@@ -239,8 +240,11 @@ impl GpuResNet {
                 &mut [arg(&hp), arg(&op), arg(&n), arg(&hw), arg(&c)],
             )?
         };
+        self.ctx.close(FWD, || "avgpool".into(), t0)?;
         // Classifier: y (n × out) = pooled (n × in) · W (in × out) + b.
+        let t0 = self.ctx.mark()?;
         let y = self.fc.forward(&mut self.ctx, &self.flat, &pooled)?;
+        self.ctx.close(FWD, || "fc".into(), t0)?;
         if train {
             self.last = Some(pooled);
             self.pool_in_hw = (h.h, h.w);
@@ -274,11 +278,14 @@ impl GpuResNet {
         if let Some(g) = sync.as_deref_mut() {
             g.begin(flat.total);
         }
+        let t0 = ctx.mark()?;
         self.fc.backward_params(ctx, flat, &pooled, dlogits)?;
         if let Some(g) = sync.as_deref_mut() {
             g.finished(ctx, flat, self.fc.first_offset())?;
         }
         let dp = self.fc.backward_data(ctx, flat, dlogits)?;
+        ctx.close(BWD, || "fc".into(), t0)?;
+        let t0 = ctx.mark()?;
         let (hh, hw) = self.pool_in_hw;
         let d = ctx.tensor(rows, hh, hw, inp)?;
         let (dpp, dp2, n, hwi, c) = (dp.ptr(), d.ptr(), rows as i32, (hh * hw) as i32, inp as i32);
@@ -290,6 +297,7 @@ impl GpuResNet {
                 &mut [arg(&dpp), arg(&dp2), arg(&n), arg(&hwi), arg(&c)],
             )?
         };
+        ctx.close(BWD, || "avgpool".into(), t0)?;
         self.body.backward(
             ctx,
             flat,
@@ -370,6 +378,7 @@ impl GpuResNet {
         sgd: &crate::train::Sgd,
     ) -> Result<StepResult, CudaError> {
         self.ctx.gpu.bind()?;
+        self.ctx.clock_start()?;
         let xg = self.ctx.upload(x)?;
         let z = self.forward(xg, true)?;
         let scale = self.loss_scale.scale;
@@ -392,6 +401,7 @@ impl GpuResNet {
             self.skipped += 1;
         }
         self.ctx.gpu.sync()?;
+        self.ctx.clock_flush()?;
         Ok(StepResult {
             loss,
             top1,
