@@ -196,7 +196,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     }
     if a.run.device != "cpu" && !matches!(workload, Workload::Training(_)) {
         return Err(input(
-            "--device cuda places a training run (--workload resnet50) on a GPU's roofline; a GEMM, convolution or STREAM kernel on the GPU is what `roofline probe --device cuda` measures (its gemm, conv and mem ceilings)"
+            "--device cuda places a training run (--workload resnet50 or ewa) on a GPU's roofline; a GEMM, convolution or STREAM kernel on the GPU is what `roofline probe --device cuda` measures (its gemm, conv and mem ceilings)"
                 .into(),
         ));
     }
@@ -408,6 +408,47 @@ pub(crate) fn energy_from(
     energy_of(&reading, steps, "over the measured steps")
 }
 
+/// `reading` (the CPU packages') with the GPU's energy from its NVML `telemetry` over
+/// `seconds` added (or standing alone without them); a GPU without energy or power readings
+/// leaves the reading as it was, and says so.
+pub(crate) fn with_gpu_energy(
+    reading: Result<roofline_collectors::energy::Reading, String>,
+    telemetry: Result<Vec<roofline_model::GpuTelemetry>, String>,
+    seconds: f64,
+) -> Result<roofline_collectors::energy::Reading, String> {
+    let t = match telemetry {
+        Ok(t) => t,
+        Err(e) => {
+            eprintln!("note: GPU energy not measured: {e}");
+            return reading;
+        }
+    };
+    match t
+        .first()
+        .and_then(|t| roofline_collectors::nvml::energy(t, seconds))
+    {
+        Some((j, src)) => {
+            let gpu_src = format!("{src} (gpu)");
+            Ok(match reading {
+                Ok(mut r) => {
+                    r.joules += j;
+                    r.sources.push(gpu_src);
+                    r
+                }
+                Err(_) => roofline_collectors::energy::Reading {
+                    joules: j,
+                    seconds,
+                    sources: vec![gpu_src],
+                },
+            })
+        }
+        None => {
+            eprintln!("note: NVML gave no energy or power for the GPU");
+            reading
+        }
+    }
+}
+
 /// Energy per step from a reading over `steps` steps; `span` says what it covers in the note.
 /// No reading, or counters that did not advance: not measured, and why.
 pub(crate) fn energy_of(
@@ -614,9 +655,11 @@ fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> 
     timeline::start();
     let meter_cell: std::sync::Mutex<Option<Result<roofline_collectors::energy::Meter, String>>> =
         std::sync::Mutex::new(None);
+    let sampler_cell: SamplerCell = std::sync::Mutex::new(None);
     let monitor = WarmMonitor {
         warm: a.warm,
         meter: &meter_cell,
+        gpu: (a.run.device == "cuda").then_some((&a.run, &sampler_cell)),
     };
     let result = train_cmd::execute(&a.run, &prep, &monitor, reducer);
     let spans = timeline::stop();
@@ -625,7 +668,18 @@ fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> 
         .into_inner()
         .unwrap_or_else(|e| e.into_inner())
         .unwrap_or_else(|| Err("the measured steps did not start".into()));
-    let energy = energy_from(&meter, measured);
+    let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+    // On a GPU, its energy over the same steps (NVML) joins the CPU packages'.
+    if let Some(sampler) = sampler_cell.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        let seconds = s
+            .timing
+            .iter()
+            .filter(|t| t.step > a.warm)
+            .map(|t| t.seconds)
+            .sum();
+        reading = with_gpu_energy(reading, sampler.map(|x| x.stop()), seconds);
+    }
+    let energy = energy_of(&reading, measured, "over the measured steps");
     if !root {
         return Ok(None);
     }
@@ -803,10 +857,14 @@ pub(crate) fn from_training(
 
 use roofline_workloads::train;
 
-/// Starts the energy meter when the warm-up steps are done.
+/// A GPU's NVML sampler, once started.
+type SamplerCell = std::sync::Mutex<Option<Result<roofline_collectors::nvml::Sampler, String>>>;
+
+/// Starts the energy meter (and on a GPU its NVML sampler) when the warm-up steps are done.
 struct WarmMonitor<'a> {
     warm: usize,
     meter: &'a std::sync::Mutex<Option<Result<roofline_collectors::energy::Meter, String>>>,
+    gpu: Option<(&'a RunArgs, &'a SamplerCell)>,
 }
 
 impl train::Monitor for WarmMonitor<'_> {
@@ -814,6 +872,10 @@ impl train::Monitor for WarmMonitor<'_> {
         if step == self.warm || (self.warm == 0 && step == 1) {
             *self.meter.lock().unwrap_or_else(|e| e.into_inner()) =
                 Some(roofline_collectors::energy::Meter::start());
+            if let Some((run, cell)) = self.gpu {
+                *cell.lock().unwrap_or_else(|e| e.into_inner()) =
+                    Some(crate::score_cmd::gpu_sampler(run));
+            }
         }
         eprintln!("  step {step}/{steps}: loss {loss:.4}, {ips:.2} images/s");
     }
@@ -891,6 +953,33 @@ fn report(p: &Placement) {
 
 #[cfg(test)]
 mod tests {
+
+    /// The GPU's NVML energy joins the CPU packages' reading, stands alone without one, and
+    /// leaves the reading as it was when NVML could not be sampled.
+    #[test]
+    fn gpu_energy_joins_the_cpu_reading() {
+        use roofline_collectors::energy::Reading;
+        let gpu = roofline_model::GpuTelemetry {
+            samples: 3,
+            interval_ms: 100,
+            energy_j: Some(250.0),
+            ..Default::default()
+        };
+        let cpu = Reading {
+            joules: 100.0,
+            seconds: 2.0,
+            sources: vec!["powercap intel-rapl:0 (package-0)".into()],
+        };
+        let r = with_gpu_energy(Ok(cpu.clone()), Ok(vec![gpu.clone()]), 2.0).unwrap();
+        assert_eq!(r.joules, 350.0);
+        assert_eq!(r.sources.len(), 2);
+        assert!(r.sources[1].contains("NVML total-energy counter (gpu)"));
+        let alone = with_gpu_energy(Err("no powercap".into()), Ok(vec![gpu]), 2.0).unwrap();
+        assert_eq!((alone.joules, alone.seconds), (250.0, 2.0));
+        let none = with_gpu_energy(Ok(cpu.clone()), Err("no NVML".into()), 2.0).unwrap();
+        assert_eq!(none, cpu);
+    }
+
     use super::*;
 
     #[test]

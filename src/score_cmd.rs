@@ -163,30 +163,12 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         gpu = g;
         let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
         // The GPU's energy joins the CPU packages' (or stands alone without them).
-        match sampler.map(|x| x.map(|x| x.stop())) {
-            Some(Ok(t)) => match t
-                .first()
-                .and_then(|t| roofline_collectors::nvml::energy(t, s.elapsed_seconds))
-            {
-                Some((j, src)) => {
-                    let gpu_src = format!("{src} (gpu)");
-                    reading = Ok(match reading {
-                        Ok(mut r) => {
-                            r.joules += j;
-                            r.sources.push(gpu_src);
-                            r
-                        }
-                        Err(_) => roofline_collectors::energy::Reading {
-                            joules: j,
-                            seconds: s.elapsed_seconds,
-                            sources: vec![gpu_src],
-                        },
-                    });
-                }
-                None => eprintln!("note: NVML gave no energy or power for the GPU"),
-            },
-            Some(Err(e)) => eprintln!("note: GPU energy not measured: {e}"),
-            None => {}
+        if let Some(sampler) = sampler {
+            reading = crate::place_cmd::with_gpu_energy(
+                reading,
+                sampler.map(|x| x.stop()),
+                s.elapsed_seconds,
+            );
         }
         let quality = s
             .evals
@@ -413,7 +395,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
 }
 
 /// NVML sampling (power, energy counter) of the GPU this rank trains on.
-fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
+pub(crate) fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
     let nvml = crate::probe_cmd::open_nvml()?;
     let (gpu, _) = train_cmd::open_gpu(a).map_err(|_| "no GPU to sample".to_string())?;
     let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);

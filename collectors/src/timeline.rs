@@ -189,8 +189,22 @@ mod tests {
         {
             let _g = span("forward", || "conv1".into());
         }
-        let spans = stop();
+        // A span timed by another clock (a GPU's events), placed at a host instant.
+        let at = Instant::now();
+        record(
+            "backward",
+            "layer1.0.conv2".into(),
+            at,
+            std::time::Duration::from_micros(1500),
+        );
+        let mut spans = stop();
+        record("backward", "late".into(), at, std::time::Duration::ZERO);
         assert!(!recording());
+        assert!(stop().is_empty(), "nothing is recorded while off");
+        let gpu = spans.pop().unwrap();
+        assert_eq!((gpu.cat, gpu.name.as_str()), ("backward", "layer1.0.conv2"));
+        assert_eq!(gpu.dur_ns, 1_500_000);
+        assert!(gpu.start_ns >= spans[2].start_ns, "on the same clock");
         assert_eq!(spans.len(), 3);
         assert!(spans[0].dur_ns >= 2_000_000);
         assert_ne!(spans[0].tid, spans[1].tid, "threads are told apart");
