@@ -18,7 +18,9 @@
 # NCCL on one rank); ResNet-50 at 224² for f32, tf32, bf16, f16; place --workload resnet50;
 # and the peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's
 # GEMM shapes, a device-to-device copy, ResNet-50 training images/s at the same batch and
-# precision). It writes at most 8 files into OUT (default ./bringup-out: log.txt, machine.json,
+# precision); then EWA's detector: train --workload ewa --check (f32, bf16), short trainings at
+# 768x1152 (f32, bf16, batch 2), place --workload ewa (its table in the log), and torchvision's
+# Faster R-CNN training step at the same size as its peer. It writes at most 8 files into OUT (default ./bringup-out: log.txt, machine.json,
 # train.jsonl, placement.json and .svg, peers.json, summary.txt) and prints
 # summary.txt last: roofline's figures beside the peers'. A failed step is recorded and the
 # next one runs; the exit code is the number of failed steps (0: all passed).
@@ -63,8 +65,10 @@ python_wheels() {
 run() {
     local out=${1:-${OUT:-./bringup-out}}
     # Which parts: all (default), or a comma list of probe (doctor, kernels, the checks and
-    # probes), train (train --check, the four trainings, place) and peers (PyTorch), so that a
-    # machine lent in calls of 10 minutes can take it in two: `run OUT probe`, `run OUT train,peers`.
+    # probes), train (train --check, the four trainings, place), peers (PyTorch), ewa (the
+    # detector's --check, two trainings at 768x1152, place) and ewa-peers (torchvision's Faster
+    # R-CNN), so that a machine lent in calls of 10 minutes can take it in three:
+    # `run OUT probe`, `run OUT train,peers`, `run OUT ewa,ewa-peers`.
     local parts=${2:-all}
     want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
     mkdir -p "$out"
@@ -135,8 +139,24 @@ run() {
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
+    if want ewa; then
+        # The detector: every GPU layer and a whole step of a small detector against the CPU,
+        # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
+        # placement on the GPU roofline (table in the log).
+        step ewa-check 240 "$rl" train --workload ewa --device cuda --check
+        step ewa-check-bf16 240 "$rl" train --workload ewa --device cuda --precision bf16 --check
+        for p in f32 bf16; do
+            step "ewa-$p" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --batch 2 --train-images 8 --eval-images 2 --steps 12 --json >'$out/ewa-$p.json'"
+            [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
+            rm -f "$out/ewa-$p.json"
+        done
+        step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
+    fi
     if want peers; then
         step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
+    fi
+    if want ewa-peers; then
+        step ewa-peers 240 "$py" "$here/peers.py" --parts ewa --ewa-batch 2 --steps 10 -o "$out/peers.json"
     fi
     if [ -f "$out/peers.json" ]; then
         "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >"$out/summary.txt" 2>>"$log" \

@@ -8,8 +8,14 @@ Measured: matmul TFLOP/s per precision at roofline's GEMM shapes (the full probe
 its two ResNet-50 shapes; A stored transposed as roofline's TN layout), a device-to-device copy
 (bytes read plus written, as roofline's gpu0/d2d), and torchvision ResNet-50 training images/s
 at roofline's batch and 224x224 per precision: f32 (TF32 off), tf32 (TF32 on), bf16 and f16
-(autocast; f16 with a gradient scaler), channels-last, SGD with momentum. Timing: CUDA events,
-after warm-up, best and median of several samples; inputs random (never zeros).
+(autocast; f16 with a gradient scaler), channels-last, SGD with momentum; and (--parts ewa)
+torchvision's Faster R-CNN ResNet-50-FPN training step at EWA's 768x1152 with 16 channels
+(its stem widened to 16 inputs, no resizing, four classes and background, batch norm trained as
+roofline's is), images/s per precision. Timing: CUDA events, after warm-up, best and median of
+several samples; inputs random (never zeros). An existing output file is updated, so that the
+parts can run in separate calls.
+
+  peers.py --parts ewa --ewa-batch 2 --steps 10 -o peers.json
 """
 import argparse
 import json
@@ -119,17 +125,87 @@ def resnet(torch, prec, batch, steps):
     return batch * steps / dt
 
 
+def detector(torch, prec, batch, steps):
+    """torchvision Faster R-CNN (ResNet-50-FPN) training images/s at 768x1152, 16 channels."""
+    import torchvision
+    from torchvision.models.detection import fasterrcnn_resnet50_fpn
+
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"
+    torch.backends.cudnn.allow_tf32 = prec == "tf32"
+    torch.backends.cudnn.benchmark = True
+    h, w, c = 768, 1152, 16
+    # Untrained: torchvision then trains every backbone layer with ordinary batch norm.
+    model = fasterrcnn_resnet50_fpn(weights=None, weights_backbone=None, num_classes=5,
+                                    min_size=h, max_size=w, image_mean=[0.0] * c,
+                                    image_std=[1.0] * c)
+    model.backbone.body.conv1 = torch.nn.Conv2d(c, 64, 7, 2, 3, bias=False)
+    model = model.cuda().train()
+    opt = torch.optim.SGD(model.parameters(), lr=0.02 * batch / 16, momentum=0.9,
+                          weight_decay=1e-4)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    images = [torch.randn(c, h, w, device="cuda", generator=gen) for _ in range(batch)]
+    targets = []
+    for i in range(batch):
+        xy = torch.rand(6, 2, device="cuda", generator=gen) * torch.tensor([w - 200.0, h - 200.0], device="cuda")
+        wh = 20 + torch.rand(6, 2, device="cuda", generator=gen) * 180
+        targets.append({"boxes": torch.cat([xy, xy + wh], 1),
+                        "labels": torch.randint(1, 5, (6,), device="cuda", generator=gen)})
+    amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(prec)
+    scaler = torch.amp.GradScaler("cuda", enabled=prec == "f16")
+
+    def step():
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
+            losses = model(images, targets)
+            loss = sum(losses.values())
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
+        return loss
+
+    for _ in range(3):
+        step()
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(steps):
+        loss = step()
+    torch.cuda.synchronize()
+    dt = time.perf_counter() - t
+    if not torch.isfinite(loss):
+        raise RuntimeError(f"faster r-cnn {prec}: loss not finite")
+    return {"images_per_second": batch * steps / dt, "batch": batch, "steps": steps,
+            "resolution": [h, w], "channels": c, "torchvision": torchvision.__version__}
+
+
 def measure(args):
+    import os
     import torch
 
-    out = {
+    out = {}
+    if os.path.exists(args.output):
+        with open(args.output) as f:
+            out = json.load(f)
+    out.update({
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
         "cudnn": torch.backends.cudnn.version(),
-        "gemm": {},
-        "resnet50": {},
-    }
+    })
+    parts = set(args.parts.split(","))
+    if "ewa" in parts:
+        out["ewa"] = {}
+        for prec in ["f32", "bf16"]:
+            try:
+                out["ewa"][prec] = detector(torch, prec, args.ewa_batch, args.steps)
+            except Exception as e:  # torchvision missing, or out of memory
+                out["ewa"][prec] = {"error": str(e).splitlines()[0][:200]}
+            torch.cuda.empty_cache()
+            print("faster r-cnn", prec, out["ewa"][prec], flush=True)
+        with open(args.output, "w") as f:
+            json.dump(out, f, indent=1)
+    if "gemm" not in parts:
+        return
+    out["gemm"], out["resnet50"] = {}, {}
     for prec in PRECISIONS:
         rows = []
         for m, n, k, name in GEMM_SHAPES:
@@ -157,11 +233,11 @@ def summary(args):
     m = json.load(open(args.machine)) if args.machine else {"ceilings": []}
     ceil = {c["id"]: c for c in m.get("ceilings", [])}
     peers = json.load(open(args.peers))
-    train = {}
+    train, ewa = {}, {}
     for line in open(args.train):
         if line.strip():
             t = json.loads(line)
-            train[t.get("precision")] = t
+            (ewa if t.get("workload") == "ewa" else train)[t.get("precision")] = t
     print(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
     print(f"{'figure':<34} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
 
@@ -173,13 +249,17 @@ def summary(args):
 
     for prec in PRECISIONS:
         ours = ceil.get(f"gpu0/gemm/{prec}", {}).get("value")
-        theirs = max((r.get("best", 0) for r in peers["gemm"].get(prec, [])), default=0)
+        theirs = max((r.get("best", 0) for r in peers.get("gemm", {}).get(prec, [])), default=0)
         row(f"GEMM {prec}", ours, theirs, "TFLOP/s" if prec != "int8" else "TOP/s", 1e12)
-    row("device-to-device copy", ceil.get("gpu0/d2d", {}).get("value"), peers["d2d"]["best"], "GB/s", 1e9)
+    row("device-to-device copy", ceil.get("gpu0/d2d", {}).get("value"), peers.get("d2d", {}).get("best"), "GB/s", 1e9)
     for prec in ["f32", "tf32", "bf16", "f16"]:
         t = train.get(prec, {})
-        p = peers["resnet50"].get(prec)
+        p = peers.get("resnet50", {}).get(prec)
         row(f"ResNet-50 train {prec}", t.get("steady_images_per_second"), p if isinstance(p, float) else None, "img/s", 1.0)
+    for prec in ["f32", "bf16"]:
+        t = ewa.get(prec, {})
+        p = peers.get("ewa", {}).get(prec, {})
+        row(f"EWA Faster R-CNN train {prec}", t.get("steady_images_per_second"), p.get("images_per_second"), "img/s", 1.0)
     for cid in sorted(ceil):
         if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
             c = ceil[cid]
@@ -192,6 +272,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN)")
+    ap.add_argument("--ewa-batch", type=int, default=2)
     ap.add_argument("-o", "--output", default="peers.json")
     ap.add_argument("--summary", action="store_true")
     ap.add_argument("--machine")

@@ -376,7 +376,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b.finish_and_clear();
     }
     if let Job::Detector(cfg) = &prep.job {
-        return report_detector(a, &prep, cfg, &s);
+        return report_detector(a, &prep, cfg, &s, gpu_name.as_deref());
     }
     let last = s.evals.last();
     let counted = prep.layers();
@@ -506,6 +506,7 @@ fn report_detector(
     prep: &Prepared,
     cfg: &roofline_workloads::ewa::EwaConfig,
     s: &train::Summary,
+    gpu: Option<&str>,
 ) -> Result<(), Failure> {
     use roofline_plots::si;
     use roofline_workloads::detect::model::DetectorConfig;
@@ -525,6 +526,8 @@ fn report_detector(
             "data": prep.data_name(&a.run),
             "threads": prep.threads,
             "device": a.run.device,
+            "gpu": gpu,
+            "precision": a.run.precision,
             "flops_step_per_image_at_768x1152": at_full,
             "paper_flops_per_image": 691e9,
             "flops_per_image_by_part": parts.parts().iter().map(|(n, f)| (n.to_string(), serde_json::json!({"forward": f.forward, "backward": f.backward}))).collect::<serde_json::Map<_, _>>(),
@@ -537,13 +540,16 @@ fn report_detector(
         );
         return Ok(());
     }
+    let on = match gpu {
+        Some(g) => format!("{g}, convolutions in {}", a.run.precision),
+        None => format!("{} threads", prep.threads),
+    };
     println!(
-        "{}: {} parameters (the paper: about 41 M), {res} images from {}, batch {}, {} threads",
+        "{}: {} parameters (the paper: about 41 M), {res} images from {}, batch {}, {on}",
         prep.model_name(&a.run),
         s.parameters,
         prep.data_name(&a.run),
         prep.batch(),
-        prep.threads
     );
     println!(
         "{} steps, {} images in {:.1} s: {:.3} images/s ({:.3} after the first step), {}FLOP/s achieved",
