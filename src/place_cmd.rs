@@ -408,45 +408,18 @@ pub(crate) fn energy_from(
     energy_of(&reading, steps, "over the measured steps")
 }
 
-/// `reading` (the CPU packages') with the GPU's energy from its NVML `telemetry` over
-/// `seconds` added (or standing alone without them); a GPU without energy or power readings
-/// leaves the reading as it was, and says so.
+/// `reading` with the GPU's NVML energy over `seconds` added
+/// (`roofline_collectors::nvml::with_gpu_energy`), what it could not measure said on stderr.
 pub(crate) fn with_gpu_energy(
     reading: Result<roofline_collectors::energy::Reading, String>,
     telemetry: Result<Vec<roofline_model::GpuTelemetry>, String>,
     seconds: f64,
 ) -> Result<roofline_collectors::energy::Reading, String> {
-    let t = match telemetry {
-        Ok(t) => t,
-        Err(e) => {
-            eprintln!("note: GPU energy not measured: {e}");
-            return reading;
-        }
-    };
-    match t
-        .first()
-        .and_then(|t| roofline_collectors::nvml::energy(t, seconds))
-    {
-        Some((j, src)) => {
-            let gpu_src = format!("{src} (gpu)");
-            Ok(match reading {
-                Ok(mut r) => {
-                    r.joules += j;
-                    r.sources.push(gpu_src);
-                    r
-                }
-                Err(_) => roofline_collectors::energy::Reading {
-                    joules: j,
-                    seconds,
-                    sources: vec![gpu_src],
-                },
-            })
-        }
-        None => {
-            eprintln!("note: NVML gave no energy or power for the GPU");
-            reading
-        }
+    let (r, note) = roofline_collectors::nvml::with_gpu_energy(reading, telemetry, seconds);
+    if let Some(n) = note {
+        eprintln!("note: {n}");
     }
+    r
 }
 
 /// Energy per step from a reading over `steps` steps; `span` says what it covers in the note.
@@ -953,32 +926,6 @@ fn report(p: &Placement) {
 
 #[cfg(test)]
 mod tests {
-
-    /// The GPU's NVML energy joins the CPU packages' reading, stands alone without one, and
-    /// leaves the reading as it was when NVML could not be sampled.
-    #[test]
-    fn gpu_energy_joins_the_cpu_reading() {
-        use roofline_collectors::energy::Reading;
-        let gpu = roofline_model::GpuTelemetry {
-            samples: 3,
-            interval_ms: 100,
-            energy_j: Some(250.0),
-            ..Default::default()
-        };
-        let cpu = Reading {
-            joules: 100.0,
-            seconds: 2.0,
-            sources: vec!["powercap intel-rapl:0 (package-0)".into()],
-        };
-        let r = with_gpu_energy(Ok(cpu.clone()), Ok(vec![gpu.clone()]), 2.0).unwrap();
-        assert_eq!(r.joules, 350.0);
-        assert_eq!(r.sources.len(), 2);
-        assert!(r.sources[1].contains("NVML total-energy counter (gpu)"));
-        let alone = with_gpu_energy(Err("no powercap".into()), Ok(vec![gpu]), 2.0).unwrap();
-        assert_eq!((alone.joules, alone.seconds), (250.0, 2.0));
-        let none = with_gpu_energy(Ok(cpu.clone()), Err("no NVML".into()), 2.0).unwrap();
-        assert_eq!(none, cpu);
-    }
 
     use super::*;
 

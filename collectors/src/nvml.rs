@@ -223,9 +223,80 @@ pub fn energy(t: &GpuTelemetry, seconds: f64) -> Option<(f64, &'static str)> {
     }
 }
 
+/// `reading` (the CPU packages' energy) with the GPU's from its NVML `telemetry` over `seconds`
+/// added, or standing alone without a CPU reading; with a note when the GPU's could not be
+/// measured (no sampler, or neither an energy counter nor power samples), the reading as it was.
+pub fn with_gpu_energy(
+    reading: Result<crate::energy::Reading, String>,
+    telemetry: Result<Vec<GpuTelemetry>, String>,
+    seconds: f64,
+) -> (Result<crate::energy::Reading, String>, Option<String>) {
+    let t = match telemetry {
+        Ok(t) => t,
+        Err(e) => return (reading, Some(format!("GPU energy not measured: {e}"))),
+    };
+    let Some((j, src)) = t.first().and_then(|t| energy(t, seconds)) else {
+        return (
+            reading,
+            Some("NVML gave no energy or power for the GPU".into()),
+        );
+    };
+    let gpu_src = format!("{src} (gpu)");
+    let r = match reading {
+        Ok(mut r) => {
+            r.joules += j;
+            r.sources.push(gpu_src);
+            r
+        }
+        Err(_) => crate::energy::Reading {
+            joules: j,
+            seconds,
+            sources: vec![gpu_src],
+        },
+    };
+    (Ok(r), None)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The GPU's NVML energy joins the CPU packages' reading, stands alone without one, and
+    /// leaves the reading as it was (with a note) when NVML could not be sampled.
+    #[test]
+    fn gpu_energy_joins_the_cpu_reading() {
+        use crate::energy::Reading;
+        let gpu = GpuTelemetry {
+            samples: 3,
+            interval_ms: 100,
+            energy_j: Some(250.0),
+            ..Default::default()
+        };
+        let cpu = Reading {
+            joules: 100.0,
+            seconds: 2.0,
+            sources: vec!["powercap intel-rapl:0 (package-0)".into()],
+        };
+        let (r, note) = with_gpu_energy(Ok(cpu.clone()), Ok(vec![gpu.clone()]), 2.0);
+        let r = r.unwrap();
+        assert!(note.is_none());
+        assert_eq!(r.joules, 350.0);
+        assert!(r.sources[1].contains("NVML total-energy counter (gpu)"));
+        let alone = with_gpu_energy(Err("no powercap".into()), Ok(vec![gpu]), 2.0)
+            .0
+            .unwrap();
+        assert_eq!((alone.joules, alone.seconds), (250.0, 2.0));
+        // Power samples only: mean power × time.
+        let sampled = GpuTelemetry {
+            power_w: Some(roofline_model::Stats::from_samples(&[100.0, 300.0]).unwrap()),
+            ..Default::default()
+        };
+        let (p, _) = with_gpu_energy(Err("none".into()), Ok(vec![sampled]), 3.0);
+        assert_eq!(p.unwrap().joules, 600.0);
+        let (none, note) = with_gpu_energy(Ok(cpu.clone()), Err("no NVML".into()), 2.0);
+        assert_eq!(none.unwrap(), cpu);
+        assert!(note.unwrap().contains("no NVML"));
+    }
 
     #[test]
     fn throttle_names_skip_idle() {
