@@ -926,7 +926,6 @@ fn report(p: &Placement) {
 
 #[cfg(test)]
 mod tests {
-
     use super::*;
 
     #[test]
