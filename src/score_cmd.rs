@@ -31,6 +31,17 @@ pub struct ScoreArgs {
     /// the machine's roofline.
     #[arg(long, value_name = "FILE")]
     pub machine: Option<PathBuf>,
+    /// HPC AI500 V3.0 bagging: train M independent base models of the network, each on its
+    /// own bootstrap sample of the training images (drawn with replacement, seeded) with its own
+    /// seed, and score their ensemble (the classifier's probabilities averaged; the detector's
+    /// detections fused box by box). Under mpirun -np N the ranks split into M teams of
+    /// P = N / M (N must be a multiple of M; each team data parallel, no synchronisation
+    /// between teams, Sys_scale = M × P); without a launcher the M models train side by side
+    /// on M shares of the cores. Each run's FLOPS is then V3.0's (bagged APC × iterations per
+    /// epoch / T_epoch) and its quality the ensemble's; the first model's single-model score is
+    /// kept beside it.
+    #[arg(long, value_name = "M")]
+    pub bagging: Option<usize>,
     /// Where to write score.json (roofline/score/v1).
     #[arg(short, long, default_value = "score.json")]
     pub output: PathBuf,
@@ -137,8 +148,14 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     }
     prep.set_target(target.value);
     let start = Instant::now();
-    let (reducer, root) = train_cmd::reducer(prep.batch())?;
+    let topo = train_cmd::ranks(prep.batch(), a.bagging)?;
+    let (reducer, root) = (topo.world.clone(), topo.root);
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
+    if topo.plan.is_some() && prep.eval_images() == 0 {
+        return Err(input(
+            "--bagging: the ensemble is scored on held-out images".into(),
+        ));
+    }
     let counted = prep.layers();
     let v3_per_image = accounting::hpc_ai500_v3(&counted).total();
     let mut done = Vec::new();
@@ -154,6 +171,39 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         }
         let meter = roofline_collectors::energy::Meter::start();
         let sampler = (a.run.device == "cuda").then(|| gpu_sampler(&a.run));
+        if topo.plan.is_some() {
+            let b = crate::bagging_cmd::run(&a.run, &prep, &topo, seed, &target, v3_per_image)?;
+            let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+            let Some(b) = b else {
+                continue;
+            };
+            if let Some(sampler) = sampler {
+                reading = crate::place_cmd::with_gpu_energy(
+                    reading,
+                    sampler.map(|x| x.stop()),
+                    b.wall_seconds,
+                );
+            }
+            gpu = b.gpu.clone();
+            let energy = crate::place_cmd::energy_of(&reading, 1, "per run (all the models)");
+            energy_note = energy.note.clone();
+            done.push(bagged_run(i, seed, &b, &target, &energy, prep.batch()));
+            if root {
+                let r = &b.run;
+                eprintln!(
+                    "  {} models × {} ranks: ensemble {} {:.4} (models {:.4} on average), V3.0 FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+                    r.models,
+                    r.ranks_per_model,
+                    target.metric,
+                    r.ensemble_quality,
+                    r.mean_member_quality(),
+                    roofline_plots::si(r.flops),
+                    roofline_plots::si(r.vflops)
+                );
+            }
+            last = Some(b.first);
+            continue;
+        }
         let (s, g) = train_cmd::execute(
             &a.run,
             &prep,
@@ -221,6 +271,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             flops_series: series,
             aiperf_regulated: aiperf_regulated(flops, quality),
             v3_flops_per_epoch: v3_per_image * s.images as f64 / s.train_seconds.max(1e-12),
+            bagging: None,
         });
         last = Some(s);
     }
@@ -287,6 +338,23 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         ),
         ("first seed", serde_json::json!(a.run.seed)),
     ]);
+    if let Some(p) = &topo.plan {
+        entries.push((
+            "bagging (HPC AI500 V3.0)",
+            serde_json::json!(format!(
+                "{} models × {} ranks each (Sys_scale {}), each on a bootstrap sample of the {} training images with its own seed; {}",
+                p.models,
+                p.ranks_per_model,
+                p.sys_scale(),
+                prep.train_images(),
+                if ranks > 1 {
+                    "each model data parallel over its team of ranks, no synchronisation between teams"
+                } else {
+                    "side by side in one process on shares of its cores"
+                }
+            )),
+        ));
+    }
     for (k, v) in entries {
         configuration.insert(k.to_string(), v);
     }
@@ -389,9 +457,65 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         Some(w) => println!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
         None => println!("  {}", score.energy_note),
     }
+    if let Some(b) = &s.bagging {
+        println!(
+            "  bagging: {} models × {} ranks (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+            b.models,
+            b.ranks_per_model,
+            b.sys_scale,
+            si(b.apc_flops),
+            b.epoch_seconds.mean,
+            score.target.metric,
+            b.ensemble_quality.mean,
+            b.member_quality.mean,
+            si(b.single_model_flops.mean),
+            si(b.single_model_vflops.mean)
+        );
+    }
     println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
+}
+
+/// A bagged run as the score's run: the ensemble's quality, V3.0's FLOPS and VFLOPS, the time
+/// of the whole ensemble; the first model's FLOPS series (AIPerf's) as a single model's.
+fn bagged_run(
+    i: usize,
+    seed: u64,
+    b: &crate::bagging_cmd::Bagged,
+    target: &Target,
+    energy: &Energy,
+    batch: usize,
+) -> Run {
+    let r = &b.run;
+    let s = &b.first;
+    let series: Vec<f64> = s
+        .timing
+        .iter()
+        .map(|t| s.flops_step_per_image * batch as f64 / t.seconds.max(1e-12))
+        .collect();
+    let watts = energy.average_watts;
+    Run {
+        run: i + 1,
+        seed,
+        time_to_quality_s: b.wall_seconds,
+        reached_target: r.ensemble_quality >= target.value,
+        quality: r.ensemble_quality,
+        top5: b.top5,
+        steps: s.steps,
+        images: b.images,
+        train_seconds: r.epoch_seconds / r.iterations_per_epoch.max(1e-12) * s.steps as f64,
+        flops: r.flops,
+        vflops: r.vflops,
+        energy_j: energy.joules_per_step,
+        average_watts: watts,
+        vflops_per_watt: watts.map(|w| r.vflops / w),
+        flops_series_max: series.iter().copied().fold(0.0, f64::max),
+        flops_series: series,
+        aiperf_regulated: aiperf_regulated(r.flops, r.ensemble_quality),
+        v3_flops_per_epoch: r.flops,
+        bagging: Some(r.clone()),
+    }
 }
 
 /// NVML sampling (power, energy counter) of the GPU this rank trains on.

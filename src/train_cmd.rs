@@ -176,35 +176,94 @@ impl Monitor for Bar {
 /// reports; otherwise a single process.
 #[allow(clippy::type_complexity)]
 pub fn reducer(batch: usize) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
+    let r = ranks(batch, None)?;
+    Ok((r.world, r.root))
+}
+
+/// The ranks of a run: the world's reducer, and with bagging (`models`) the reducer of this
+/// rank's team (the ranks that train its model together) and the plan.
+pub struct Ranks {
+    pub world: Option<Arc<dyn Reducer>>,
+    pub team: Option<Arc<dyn Reducer>>,
+    pub root: bool,
+    pub plan: Option<roofline_workloads::bagging::Plan>,
+}
+
+/// Under mpirun: the MPI world (split into `models` teams when bagging) as the trainer's
+/// reducers; otherwise a single process (whose bagged models share its cores).
+pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
+    use roofline_workloads::bagging::Plan;
+    let input = |e: String| Failure::Input(anyhow!(e));
     let Some(n) = roofline_kernels::comm::launched_ranks() else {
-        return Ok((None, true));
+        let plan = match models {
+            Some(m) => Some(Plan::new(m, 1, batch).map_err(|e| input(e.to_string()))?),
+            None => None,
+        };
+        return Ok(Ranks {
+            world: None,
+            team: None,
+            root: true,
+            plan,
+        });
     };
     #[cfg(feature = "mpi")]
     {
         let _ = n;
-        let world = roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
-            .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
-        if batch % world.size != 0 {
-            return Err(Failure::Input(anyhow!(
-                "--batch {batch} does not divide among {} ranks",
-                world.size
-            )));
-        }
+        let mut world =
+            roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
+                .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
+        let plan = match models {
+            Some(m) => {
+                let plan = Plan::new(m, world.size, batch).map_err(|e| input(e.to_string()))?;
+                world
+                    .form_teams(m)
+                    .map_err(|e| input(format!("MPI: {e}")))?;
+                Some(plan)
+            }
+            None => {
+                if batch % world.size != 0 {
+                    return Err(input(format!(
+                        "--batch {batch} does not divide among {} ranks",
+                        world.size
+                    )));
+                }
+                None
+            }
+        };
         let root = world.is_root();
-        let r: Arc<dyn Reducer> = Arc::new(MpiReducer(world));
-        Ok((Some(r), root))
+        // Shared by the world's and the team's reducer, which are Send and Sync under the
+        // serialized-MPI contract below (`MpiReducer`).
+        #[allow(clippy::arc_with_non_send_sync)]
+        let world = Arc::new(world);
+        let team: Option<Arc<dyn Reducer>> = plan.map(|_| {
+            Arc::new(MpiReducer {
+                world: Arc::clone(&world),
+                team: true,
+            }) as Arc<dyn Reducer>
+        });
+        let w: Arc<dyn Reducer> = Arc::new(MpiReducer { world, team: false });
+        Ok(Ranks {
+            world: Some(w),
+            team,
+            root,
+            plan,
+        })
     }
     #[cfg(not(feature = "mpi"))]
     {
-        let _ = batch;
+        let _ = (batch, models);
         Err(Failure::Input(anyhow!(
             "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run it without mpirun"
         )))
     }
 }
 
+/// The MPI world, or this rank's team of it, as a reducer.
 #[cfg(feature = "mpi")]
-struct MpiReducer(roofline_kernels::comm::mpi::World);
+struct MpiReducer {
+    world: Arc<roofline_kernels::comm::mpi::World>,
+    team: bool,
+}
 
 // SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and the trainer calls the reducer from
 // one thread at a time, never concurrently: on the CPU from the gradient exchange's thread only
@@ -217,22 +276,46 @@ unsafe impl Sync for MpiReducer {}
 #[cfg(feature = "mpi")]
 impl Reducer for MpiReducer {
     fn ranks(&self) -> usize {
-        self.0.size
+        if self.team {
+            self.world.team_size()
+        } else {
+            self.world.size
+        }
     }
     fn rank(&self) -> usize {
-        self.0.rank
+        if self.team {
+            self.world.team_rank()
+        } else {
+            self.world.rank
+        }
     }
     fn sum_f64(&self, v: &mut [f64]) {
-        self.0.sum_f64(v);
+        if self.team {
+            self.world.team_sum_f64(v)
+        } else {
+            self.world.sum_f64(v)
+        }
     }
     fn sum_f32(&self, v: &mut [f32]) {
-        self.0.sum_f32(v);
+        if self.team {
+            self.world.team_sum_f32(v)
+        } else {
+            self.world.sum_f32(v)
+        }
     }
     fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
-        self.0.exchange_u16(to, send, from, recv);
+        if self.team {
+            self.world.team_exchange_u16(to, send, from, recv)
+        } else {
+            self.world.exchange_u16(to, send, from, recv)
+        }
     }
     fn nodes(&self) -> usize {
-        self.0.cluster_info().nodes
+        if self.team {
+            self.world.team_nodes()
+        } else {
+            self.world.cluster_info().nodes
+        }
     }
 }
 
@@ -701,6 +784,7 @@ impl std::fmt::Display for Resolution {
 }
 
 /// What a prepared run trains.
+#[derive(Clone)]
 pub enum Job {
     /// ResNet-50 classification (resnet50).
     Classifier(TrainConfig),
@@ -766,6 +850,43 @@ impl Prepared {
                 (c.checkpoint, c.resume, c.checkpoint_every) = (checkpoint, resume, every);
             }
         }
+    }
+
+    /// Images in the training set (a bagged model's bootstrap sample draws this many).
+    pub fn train_images(&self) -> usize {
+        match &self.job {
+            Job::Classifier(c) => c.train_images,
+            Job::Detector(c) => c.train.len(),
+        }
+    }
+
+    /// Base model `m` of a bagged ensemble: this run with the member's seed and bootstrap
+    /// sample (keeping its held-out predictions), on its own pinned pool of `cpus`.
+    pub fn member(
+        &self,
+        m: roofline_workloads::bagging::Member,
+        cpus: &[usize],
+    ) -> Result<Prepared, Failure> {
+        let mut job = self.job.clone();
+        match &mut job {
+            Job::Classifier(c) => {
+                c.seed = m.seed;
+                c.ensemble = Some(m);
+            }
+            Job::Detector(c) => {
+                c.seed = m.seed;
+                c.ensemble = Some(m);
+            }
+        }
+        let pool = roofline_kernels::affinity::pinned_pool(cpus)
+            .map_err(|e| Failure::Run(anyhow!("cannot start {} threads: {e}", cpus.len())))?;
+        Ok(Prepared {
+            job,
+            threads: cpus.len().max(1),
+            blocks: self.blocks,
+            resolution: self.resolution,
+            pool,
+        })
     }
 
     /// Held-out images evaluated.
@@ -1101,6 +1222,7 @@ fn classifier(
         stop_at: None,
         checkpoint_every: None,
         comm,
+        ensemble: None,
     };
     Ok((Job::Classifier(cfg), res))
 }
@@ -1230,6 +1352,7 @@ fn detector(
         stop_at: None,
         checkpoint_every: None,
         comm,
+        ensemble: None,
     };
     Ok((Job::Detector(cfg), res))
 }

@@ -1227,3 +1227,111 @@ fn ewa_trains_and_scores() {
         assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
     }
 }
+
+/// `score --bagging 2` without a launcher: two models side by side on bootstrap samples, the
+/// ensemble scored by V3.0's equations beside the first model alone, in score.json, the report
+/// and the gate; `--bagging 0` is refused.
+#[test]
+fn score_bags_two_models_in_one_process() {
+    let dir = tmpdir("bagging");
+    let out = dir.join("bag.json");
+    let o = bin()
+        .args([
+            "score",
+            "--bagging",
+            "2",
+            "--runs",
+            "1",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "16",
+            "--steps",
+            "14",
+            "--train-images",
+            "128",
+            "--eval-images",
+            "64",
+        ])
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("bagging: 2 models × 1 ranks (Sys_scale 2)"),
+        "{text}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let run = &s["runs"][0];
+    let b = &run["bagging"];
+    assert_eq!(
+        (b["models"].as_u64(), b["sys_scale"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let members = b["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert_ne!(members[0]["sample_seed"], members[1]["sample_seed"]);
+    for m in members {
+        let d = m["distinct_images"].as_u64().unwrap();
+        assert!((60..110).contains(&d), "about 63% of 128 distinct: {d}");
+    }
+    // Eq. 4 and 6 from the file's own figures: APC = M·B·f, FLOPS = (N/B)·APC / T_epoch,
+    // T_epoch = the slowest model's step time × N/B.
+    let f = b["flops_per_sample"].as_f64().unwrap();
+    let apc = b["apc_flops"].as_f64().unwrap();
+    assert_eq!(apc, 2.0 * 16.0 * f);
+    assert_eq!(b["iterations_per_epoch"].as_f64(), Some(8.0));
+    let slowest = members
+        .iter()
+        .map(|m| m["step_seconds"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    let t = b["epoch_seconds"].as_f64().unwrap();
+    assert!((t - 8.0 * slowest).abs() <= 1e-12 * t);
+    let flops = b["flops"].as_f64().unwrap();
+    assert!((flops - 8.0 * apc / t).abs() <= 1e-9 * flops);
+    // The run's figures are the ensemble's.
+    assert_eq!(run["flops"], b["flops"]);
+    assert_eq!(run["quality"], b["ensemble_quality"]);
+    assert!(
+        s["scores"]["bagging"]["single_model_flops"]["mean"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(s["configuration"]["bagging (HPC AI500 V3.0)"]
+        .as_str()
+        .unwrap()
+        .contains("side by side"));
+    let html = std::fs::read_to_string(dir.join("bag.html")).unwrap();
+    assert!(html.contains("id=\"bagging\"") && html.contains("id=\"members\""));
+    let o = bin()
+        .arg("gate")
+        .arg("--baseline")
+        .arg(&out)
+        .arg("--current")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let g = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        g.contains("score/resnet50/bagging/ensemble_quality")
+            && g.contains("score/resnet50/bagging/single_model_flops"),
+        "{g}"
+    );
+    let o = bin()
+        .args(["score", "--bagging", "0", "--runs", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("at least one model"), "{}", stderr(&o));
+}

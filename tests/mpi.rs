@@ -396,3 +396,81 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
     let flops = e["point"]["flops_per_step"].as_f64().unwrap();
     assert!((coi["intra_node"].as_f64().unwrap() - flops / bytes).abs() < 1e-9 * flops / bytes);
 }
+
+/// `mpirun -np 4 score --bagging 2`: two teams of two ranks, each training its own model on its
+/// own bootstrap sample (data parallel inside the team), the ensemble scored on rank 0; with 3
+/// ranks the split is refused, naming the numbers.
+#[test]
+fn four_ranks_bag_two_models_of_two_ranks() {
+    let dir = tmpdir("bagging");
+    let out = dir.join("bag.json");
+    let args = [
+        "score",
+        "--bagging",
+        "2",
+        "--runs",
+        "1",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "16",
+        "--steps",
+        "14",
+        "--train-images",
+        "128",
+        "--eval-images",
+        "64",
+        "--threads",
+        "1",
+    ];
+    let o = mpirun(4, &[], &args, Some(&out));
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["system"]["ranks"], 4);
+    let b = &s["runs"][0]["bagging"];
+    assert_eq!(b["models"], 2);
+    assert_eq!(b["ranks_per_model"], 2);
+    assert_eq!(b["sys_scale"], 4);
+    let members = b["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    for m in members {
+        let q = m["quality"].as_f64().unwrap();
+        assert!(q > 0.0 && q <= 1.0, "each team reported its model: {m}");
+        assert!(m["step_seconds"].as_f64().unwrap() > 0.0);
+    }
+    assert_ne!(members[0]["seed"], members[1]["seed"]);
+    let e = b["ensemble_quality"].as_f64().unwrap();
+    assert!(e > 0.0 && e <= 1.0);
+    assert!(s["configuration"]["bagging (HPC AI500 V3.0)"]
+        .as_str()
+        .unwrap()
+        .contains("data parallel over its team"));
+    // The teams train the same models as one process does side by side: the same seeds and
+    // samples (data parallel over two ranks computes what one process computes).
+    let one = dir.join("one.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_roofline"))
+        .args(args)
+        .arg("-o")
+        .arg(&one)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let s1: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&one).unwrap()).unwrap();
+    let m1 = s1["runs"][0]["bagging"]["members"].as_array().unwrap();
+    for (a, b) in members.iter().zip(m1) {
+        assert_eq!(a["sample_seed"], b["sample_seed"]);
+        assert_eq!(a["distinct_images"], b["distinct_images"]);
+    }
+    let o = mpirun(3, &[], &args, Some(&dir.join("no.json")));
+    assert!(!o.status.success());
+    let t = text(&o);
+    assert!(t.contains("3 is not a multiple of 2"), "{t}");
+}

@@ -51,6 +51,89 @@ fn summary_row(name: &str, unit: &str, s: &Summary, fmt: &dyn Fn(f64) -> String)
     ])
 }
 
+/// HPC AI500 V3.0's bagging: M, P, Sys_scale, the figures over the runs, and each run's models.
+fn bagging(
+    h: &mut String,
+    score: &Score,
+    b: &roofline_model::bagging::BaggingScores,
+    flops: &dyn Fn(f64) -> String,
+) {
+    h.push_str(&format!(
+        "<h2>Bagging (HPC AI500 V3.0)</h2>\n<p>{} base models of {} ranks each (Sys_scale {}), each trained on its own bootstrap sample with its own seed, no synchronisation between them. Bagged APC (eq. 4) {}FLOP per iteration; FLOPS (eq. 6) = iterations per epoch × APC / T_epoch, T_epoch set by the slowest model; VFLOPS (eqs. 7–8) with the ensemble's quality. The runs' FLOPS and VFLOPS above are these.</p>\n<table id=\"bagging\">",
+        b.models,
+        b.ranks_per_model,
+        b.sys_scale,
+        si(b.apc_flops)
+    ));
+    h.push_str(&head(&["figure", "mean", "variation", "min", "max"]));
+    let q = |v: f64| format!("{v:.4}");
+    h.push_str(&summary_row("T_epoch", " s", &b.epoch_seconds, &|v| {
+        format!("{v:.2}")
+    }));
+    h.push_str(&summary_row(
+        "ensemble quality",
+        "",
+        &b.ensemble_quality,
+        &q,
+    ));
+    h.push_str(&summary_row(
+        "models' mean quality",
+        "",
+        &b.member_quality,
+        &q,
+    ));
+    h.push_str(&summary_row(
+        "the first model alone: FLOPS",
+        "FLOP/s",
+        &b.single_model_flops,
+        flops,
+    ));
+    h.push_str(&summary_row(
+        "the first model alone: VFLOPS",
+        "FLOP/s",
+        &b.single_model_vflops,
+        flops,
+    ));
+    h.push_str("</table>\n<table id=\"members\">");
+    h.push_str(&head(&[
+        "run",
+        "model",
+        "seed",
+        "sample seed",
+        "distinct images",
+        "quality",
+        "s per step",
+        "FLOPS alone",
+        "VFLOPS alone",
+    ]));
+    for r in &score.runs {
+        let Some(bag) = &r.bagging else { continue };
+        for m in &bag.members {
+            h.push_str(&row(&[
+                r.run.to_string(),
+                m.model.to_string(),
+                m.seed.to_string(),
+                m.sample_seed.to_string(),
+                format!("{} of {}", m.distinct_images, m.sample_images),
+                format!("{:.4}", m.quality),
+                format!("{:.4}", m.step_seconds),
+                si(m.flops),
+                si(m.vflops),
+            ]));
+        }
+    }
+    h.push_str(&format!(
+        "</table>\n<p>Ensemble: {}.</p>\n",
+        escape(
+            &score
+                .runs
+                .iter()
+                .find_map(|r| r.bagging.as_ref().map(|b| b.ensemble_rule.clone()))
+                .unwrap_or_default()
+        )
+    ));
+}
+
 /// The report page. `roofline_svg`: the machine's roofline with the workload placed, when a
 /// machine.json was given.
 pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
@@ -169,7 +252,11 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
             si(r.flops_series_max),
         ]));
     }
-    h.push_str("</table>\n<h2>The workload on the roofline</h2>\n<div id=\"roofline\">");
+    h.push_str("</table>\n");
+    if let Some(b) = &s.bagging {
+        bagging(&mut h, score, b, &flops);
+    }
+    h.push_str("<h2>The workload on the roofline</h2>\n<div id=\"roofline\">");
     match (roofline_svg, &score.placement) {
         (Some(svg), Some(p)) => {
             h.push_str(svg.trim_start_matches(|c| c != '<'));

@@ -133,7 +133,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             let runs =
                 |f: fn(&crate::score::Run) -> f64| -> Vec<f64> { s.runs.iter().map(f).collect() };
             let sc = &s.scores;
-            let metrics = vec![
+            let mut metrics = vec![
                 metric(
                     format!("score/{w}/flops"),
                     "FLOP/s",
@@ -153,6 +153,29 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                     &runs(|r| r.time_to_quality_s),
                 ),
             ];
+            // A bagged score (V3.0): its flops and vflops above are the ensemble's; the single
+            // model's and the ensemble's quality beside them.
+            if let Some(b) = &sc.bagging {
+                let bag = |f: fn(&crate::bagging::BaggedRun) -> f64| -> Vec<f64> {
+                    s.runs
+                        .iter()
+                        .filter_map(|r| r.bagging.as_ref())
+                        .map(f)
+                        .collect()
+                };
+                metrics.push(metric(
+                    format!("score/{w}/bagging/single_model_flops"),
+                    "FLOP/s",
+                    b.single_model_flops.mean,
+                    &bag(|r| r.members.first().map_or(0.0, |m| m.flops)),
+                ));
+                metrics.push(metric(
+                    format!("score/{w}/bagging/ensemble_quality"),
+                    &s.target.metric,
+                    b.ensemble_quality.mean,
+                    &bag(|r| r.ensemble_quality),
+                ));
+            }
             Ok(GateInput {
                 kind: "score",
                 provenance: s.provenance,

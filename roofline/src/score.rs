@@ -120,6 +120,10 @@ pub struct Run {
     pub aiperf_regulated: f64,
     /// HPC AI500 V3.0: analytic work per epoch (its table 3) / epoch time.
     pub v3_flops_per_epoch: f64,
+    /// A bagged run (`score --bagging M`): its models and V3.0's figures. Then `quality` is the
+    /// ensemble's, and `flops` and `vflops` are V3.0's (eqs. 6–8).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bagging: Option<crate::bagging::BaggedRun>,
 }
 
 /// One figure over the runs.
@@ -157,6 +161,9 @@ pub struct Scores {
     /// AIPerf reports the maximum of its FLOPS time series over the whole benchmark.
     pub aiperf_flops_max: f64,
     pub v3_flops_per_epoch: Summary,
+    /// Bagging over the runs, when they were bagged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bagging: Option<crate::bagging::BaggingScores>,
 }
 
 impl Scores {
@@ -174,6 +181,12 @@ impl Scores {
             aiperf_regulated: f(|r| r.aiperf_regulated)?,
             aiperf_flops_max: runs.iter().map(|r| r.flops_series_max).fold(0.0, f64::max),
             v3_flops_per_epoch: f(|r| r.v3_flops_per_epoch)?,
+            bagging: crate::bagging::BaggingScores::of(
+                &runs
+                    .iter()
+                    .filter_map(|r| r.bagging.as_ref())
+                    .collect::<Vec<_>>(),
+            ),
         })
     }
 }

@@ -41,6 +41,9 @@ pub struct EwaConfig {
     pub stop_at: Option<usize>,
     pub checkpoint_every: Option<usize>,
     pub comm: CommOptions,
+    /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
+    /// of the training images and keeps its held-out detections (`Summary::predictions`).
+    pub ensemble: Option<crate::bagging::Member>,
 }
 
 impl EwaConfig {
@@ -59,7 +62,14 @@ impl EwaConfig {
                     perm = Some((epoch, rng.permutation(n)));
                 }
                 let (_, p) = perm.as_ref().expect("drawn");
-                self.train.start + p[k % n]
+                // A bagged model: position i is its bootstrap sample's image sample[i].
+                let i = p[k % n];
+                self.train.start
+                    + self
+                        .ensemble
+                        .as_ref()
+                        .and_then(|m| m.sample.get(i).copied())
+                        .unwrap_or(i)
             })
             .collect()
     }
@@ -110,6 +120,25 @@ pub fn evaluate_with<T: Float>(
     size: usize,
     classes: usize,
 ) -> Result<(f64, Vec<Option<f64>>), String> {
+    let crate::bagging::Predictions::Boxes {
+        detections, truths, ..
+    } = predict_with(detect, data, ids, size, classes)?
+    else {
+        return Err("detections expected".into());
+    };
+    let (map, per_class) = mean_average_precision(&detections, &truths, classes, 0.5);
+    let map = map.ok_or("the evaluation images hold no ground-truth box: mAP is undefined")?;
+    Ok((map, per_class))
+}
+
+/// Every detection of the images `ids` (each `image` the image's id) and their ground truth.
+pub fn predict_with<T: Float>(
+    detect: &mut dyn FnMut(&Tensor<T>) -> Result<Detections, String>,
+    data: &EwaSet,
+    ids: Range<usize>,
+    size: usize,
+    classes: usize,
+) -> Result<crate::bagging::Predictions, String> {
     let (mut dets, mut truths) = (Vec::new(), Vec::new());
     let ids: Vec<usize> = ids.collect();
     for chunk in ids.chunks(size.max(1)) {
@@ -128,9 +157,11 @@ pub fn evaluate_with<T: Float>(
             }));
         }
     }
-    let (map, per_class) = mean_average_precision(&dets, &truths, classes, 0.5);
-    let map = map.ok_or("the evaluation images hold no ground-truth box: mAP is undefined")?;
-    Ok((map, per_class))
+    Ok(crate::bagging::Predictions::Boxes {
+        classes,
+        detections: dets,
+        truths,
+    })
 }
 
 /// The CPU's optimizer step.
@@ -385,6 +416,29 @@ pub fn train_on<T: Float>(
             }
         }
     }
+    // A bagged model's held-out detections, for the ensemble.
+    let predictions = match &cfg.ensemble {
+        Some(_) if !cfg.eval.is_empty() => Some(
+            match device.as_deref_mut() {
+                Some(d) => predict_with(
+                    &mut |x| d.detect(x),
+                    &cfg.data,
+                    cfg.eval.clone(),
+                    local.max(1),
+                    cfg.model.classes,
+                ),
+                None => predict_with(
+                    &mut |x| Ok(model.detect(x)),
+                    &cfg.data,
+                    cfg.eval.clone(),
+                    local.max(1),
+                    cfg.model.classes,
+                ),
+            }
+            .map_err(TrainError::Data)?,
+        ),
+        _ => None,
+    };
     if let Some(d) = device {
         d.store(&mut model).map_err(TrainError::Device)?;
     }
@@ -397,12 +451,14 @@ pub fn train_on<T: Float>(
         .iter()
         .map(|(_, m, _)| m.len())
         .sum();
-    Ok(tally.summary(
+    let mut summary = tally.summary(
         flops,
         model.params(),
         bn_channels,
         first_read.elapsed().as_secs_f64(),
-    ))
+    );
+    summary.predictions = predictions;
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -447,6 +503,7 @@ mod tests {
             stop_at: None,
             checkpoint_every: None,
             comm: Default::default(),
+            ensemble: None,
         }
     }
 

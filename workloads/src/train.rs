@@ -199,6 +199,9 @@ pub struct TrainConfig {
     pub checkpoint_every: Option<usize>,
     /// How a data-parallel run exchanges gradients (wire format, overlap, bucket size).
     pub comm: CommOptions,
+    /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
+    /// of the training images and keeps its held-out predictions (`Summary::predictions`).
+    pub ensemble: Option<crate::bagging::Member>,
 }
 
 /// Saves the whole training state.
@@ -328,6 +331,8 @@ pub struct Summary {
     pub start_step: usize,
     /// Seconds from the first batch read to reaching the target (HPC AI500's time-to-quality).
     pub time_to_quality: Option<f64>,
+    /// A bagged model's predictions on the held-out images at the end, for the ensemble.
+    pub predictions: Option<crate::bagging::Predictions>,
 }
 
 /// The batch read ahead by a loader thread (a `data` span on the timeline while waiting).
@@ -453,6 +458,7 @@ impl Tally {
             comm: self.comm,
             param_norm,
             start_step: self.start_step,
+            predictions: None,
         }
     }
 }
@@ -525,6 +531,40 @@ pub fn evaluate_with<T: Float>(
         top5: top5 as f64 / n,
         loss: loss / n,
         map: None,
+    })
+}
+
+/// Softmax probabilities of the `images` held-out images from the inference logits of
+/// `forward`, with their labels (a bagged model's share of the ensemble).
+pub fn predict_with<T: Float>(
+    forward: &mut Logits<'_, T>,
+    data: &Source,
+    images: usize,
+    batch: usize,
+) -> Result<crate::bagging::Predictions, String> {
+    let (mut probabilities, mut all_labels, mut classes) = (Vec::new(), Vec::new(), 0);
+    for start in (0..images).step_by(batch.max(1)) {
+        let ids: Vec<u64> = (start..(start + batch).min(images))
+            .map(|i| i as u64)
+            .collect();
+        let (x, labels) = data.eval_batch::<T>(&ids)?;
+        let z = forward(&x)?;
+        classes = z.c;
+        for row in z.data.chunks(z.c.max(1)) {
+            let m = row
+                .iter()
+                .map(|v| v.to_f64())
+                .fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = row.iter().map(|v| (v.to_f64() - m).exp()).collect();
+            let sum: f64 = e.iter().sum();
+            probabilities.extend(e.iter().map(|v| (v / sum) as f32));
+        }
+        all_labels.extend(labels);
+    }
+    Ok(crate::bagging::Predictions::Classes {
+        classes,
+        probabilities,
+        labels: all_labels,
     })
 }
 
@@ -668,7 +708,15 @@ pub fn train_on<T: Float>(
     let fetch = |ids: Vec<u64>, step: usize| {
         let src = cfg.data.clone();
         let seed = cfg.seed ^ (step as u64).wrapping_mul(0xA5A5_5A5A_1234_5678);
-        let mine = ids[rank * local..(rank + 1) * local].to_vec();
+        // A bagged model reads its bootstrap sample: position i of the order is image
+        // sample[i] (some images twice, some never).
+        let mine: Vec<u64> = ids[rank * local..(rank + 1) * local]
+            .iter()
+            .map(|&i| match &cfg.ensemble {
+                Some(m) => m.sample.get(i as usize).map_or(i, |&s| s as u64),
+                None => i,
+            })
+            .collect();
         std::thread::spawn(move || {
             timed(
                 "data",
@@ -776,6 +824,22 @@ pub fn train_on<T: Float>(
             }
         }
     }
+    // A bagged model's held-out predictions, for the ensemble.
+    let predictions = match (&cfg.ensemble, cfg.eval_images) {
+        (Some(_), n) if n > 0 => Some(
+            match device.as_deref_mut() {
+                Some(d) => predict_with(&mut |x| d.logits(x), &cfg.data, n, cfg.batch),
+                None => predict_with(
+                    &mut |x| Ok(model.forward(x, false)),
+                    &cfg.data,
+                    n,
+                    cfg.batch,
+                ),
+            }
+            .map_err(TrainError::Data)?,
+        ),
+        _ => None,
+    };
     if let Some(d) = device {
         d.store(&mut model).map_err(TrainError::Device)?;
     }
@@ -799,12 +863,14 @@ pub fn train_on<T: Float>(
         .map(|p| p.value.len())
         .sum::<usize>()
         / 2;
-    Ok(tally.summary(
+    let mut summary = tally.summary(
         flops,
         model.params(),
         bn_channels,
         first_read.elapsed().as_secs_f64(),
-    ))
+    );
+    summary.predictions = predictions;
+    Ok(summary)
 }
 
 #[cfg(test)]
@@ -884,6 +950,7 @@ mod tests {
             stop_at: None,
             checkpoint_every: None,
             comm: Default::default(),
+            ensemble: None,
         };
         let single = train::<f64>(&cfg, &Quiet).unwrap();
         let two = |comm: CommOptions| {
@@ -983,6 +1050,7 @@ mod tests {
             stop_at: None,
             checkpoint_every: None,
             comm: Default::default(),
+            ensemble: None,
         }
     }
 
@@ -1141,6 +1209,7 @@ mod tests {
             stop_at: None,
             checkpoint_every: None,
             comm: Default::default(),
+            ensemble: None,
         };
         let s = train::<f32>(&cfg, &Quiet).unwrap();
         let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);

@@ -57,6 +57,9 @@ pub struct World {
     world: Group,
     intra: Group,
     inter: Option<Group>,
+    /// The team of this rank when the world is split into teams (`form_teams`): the ranks that
+    /// train one model of a bagged ensemble together.
+    team: Option<Group>,
     pub rank: usize,
     pub size: usize,
     pub layout: Layout,
@@ -151,6 +154,7 @@ impl World {
             world: world_group,
             intra,
             inter,
+            team: None,
             rank,
             size,
             layout,
@@ -254,6 +258,80 @@ impl World {
             out.push(all[*d as usize..(*d + *c) as usize].to_vec());
         }
         Some(out)
+    }
+
+    /// Splits the world into `teams` teams of consecutive ranks, `size / teams` each (world
+    /// ranks `t·P .. (t + 1)·P` form team t). Collective: every rank calls it.
+    pub fn form_teams(&mut self, teams: usize) -> Result<(), String> {
+        if teams == 0 || !self.size.is_multiple_of(teams) {
+            return Err(format!(
+                "{} ranks do not split into {teams} equal teams",
+                self.size
+            ));
+        }
+        let per = self.size / teams;
+        let comm = self
+            .world
+            .comm
+            .split_by_color_with_key(
+                Color::with_value((self.rank / per) as c_int),
+                self.rank as c_int,
+            )
+            .ok_or("MPI_Comm_split (teams) returned no communicator")?;
+        self.team = Some(Group::new(comm, self.rank, Scope::World));
+        Ok(())
+    }
+
+    fn team(&self) -> &Group {
+        self.team.as_ref().unwrap_or(&self.world)
+    }
+
+    /// This rank's place in its team (the world's when not split).
+    pub fn team_rank(&self) -> usize {
+        self.team().rank()
+    }
+
+    pub fn team_size(&self) -> usize {
+        self.team().size()
+    }
+
+    /// Nodes the team's ranks are on.
+    pub fn team_nodes(&self) -> usize {
+        let mut nodes: Vec<usize> = self
+            .team()
+            .members
+            .iter()
+            .map(|&r| self.layout.node_of[r])
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        nodes.len()
+    }
+
+    /// Element-wise sums over the team, in place.
+    pub fn team_sum_f64(&self, v: &mut [f64]) {
+        let src = v.to_vec();
+        self.team()
+            .comm
+            .all_reduce_into(&src[..], v, SystemOperation::sum());
+    }
+
+    pub fn team_sum_f32(&self, v: &mut [f32]) {
+        let src = v.to_vec();
+        self.team()
+            .comm
+            .all_reduce_into(&src[..], v, SystemOperation::sum());
+    }
+
+    /// `exchange_u16` between team ranks `to` and `from`.
+    pub fn team_exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
+        let c = &self.team().comm;
+        mpi::point_to_point::send_receive_into(
+            send,
+            &c.process_at_rank(to as i32),
+            recv,
+            &c.process_at_rank(from as i32),
+        );
     }
 
     /// Element-wise sum over every rank, in place (data-parallel training).

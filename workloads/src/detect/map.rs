@@ -8,7 +8,7 @@
 use super::boxes::{iou, BBox};
 
 /// One detection.
-#[derive(Clone, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Detection {
     pub image: usize,
     pub class: usize,

@@ -1,0 +1,282 @@
+//! One bagged run of `roofline score --bagging M` (HPC AI500 V3.0): M base models, each on its
+//! own bootstrap sample and seed, trained with no synchronisation between them — under mpirun
+//! each by its team of P = N / M ranks (data parallel inside the team), without a launcher side
+//! by side in this process on M shares of its cores — then the ensemble of their held-out
+//! predictions (`roofline_workloads::bagging`), and V3.0's figures (`roofline_model::bagging`).
+
+use crate::train_cmd::{self, Prepared, Ranks, RunArgs};
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_model::bagging::{BaggedRun, Member as MemberScore};
+use roofline_model::score::{vflops, Target};
+use roofline_workloads::bagging::{ensemble, Member, Predictions};
+use roofline_workloads::detect::map::Detection;
+use roofline_workloads::layers::Reducer;
+use roofline_workloads::train::{Quiet, Summary};
+use std::time::Instant;
+
+/// What a bagged run gives the score (on the reporting rank).
+pub(crate) struct Bagged {
+    pub run: BaggedRun,
+    pub top5: Option<f64>,
+    /// Seconds from the start to the last model's end (the models run side by side).
+    pub wall_seconds: f64,
+    /// Images trained on by all the models.
+    pub images: usize,
+    /// The first model's run (this rank's share of it under mpirun), as a single model.
+    pub first: Summary,
+    pub gpu: Option<String>,
+}
+
+/// A member's figures, as the ranks exchange them: quality, seconds per steady step, training
+/// seconds, images.
+const STATS: usize = 4;
+
+fn stats_of(s: &Summary) -> [f64; STATS] {
+    let quality = s.evals.last().map_or(0.0, |e| e.map.unwrap_or(e.top1));
+    // Steady steps: after the first (which pays for first-touch allocations), when there are.
+    let steady: Vec<f64> = s
+        .timing
+        .iter()
+        .filter(|t| s.timing.len() < 2 || t.step > s.start_step + 1)
+        .map(|t| t.seconds)
+        .collect();
+    let step = steady.iter().sum::<f64>() / steady.len().max(1) as f64;
+    [quality, step, s.train_seconds, s.images as f64]
+}
+
+/// Trains the ensemble of `ranks.plan` from `seed` and scores it against `target`, each
+/// sample's training step counting `flops_per_sample` FLOPs (V3.0 table 3's rules). Every rank
+/// calls it; the reporting rank gets the result.
+pub(crate) fn run(
+    a: &RunArgs,
+    prep: &Prepared,
+    ranks: &Ranks,
+    seed: u64,
+    target: &Target,
+    flops_per_sample: f64,
+) -> Result<Option<Bagged>, Failure> {
+    let plan = ranks
+        .plan
+        .ok_or_else(|| Failure::Run(anyhow!("a bagged run without a plan")))?;
+    let m = plan.models;
+    let n = prep.train_images();
+    let start = Instant::now();
+    let members: Vec<Member> = (0..m).map(|k| Member::new(seed, k, n)).collect();
+    let (stats, predictions, first, gpu) = match &ranks.world {
+        None => side_by_side(a, prep, &members)?,
+        Some(world) => {
+            let team = ranks
+                .team
+                .as_ref()
+                .ok_or_else(|| Failure::Run(anyhow!("a bagged run without its team")))?;
+            let k = plan.model_of(world.rank());
+            let cpus = own_cpus(prep.threads);
+            let p = prep.member(members[k].clone(), &cpus)?;
+            let (s, gpu) = train_cmd::execute(a, &p, &Quiet, Some(team.clone()))?;
+            let lead = team.rank() == 0;
+            // Each team's first rank puts its model's figures and predictions in its slot.
+            let mut stats = vec![0.0; m * STATS];
+            if lead {
+                stats[k * STATS..(k + 1) * STATS].copy_from_slice(&stats_of(&s));
+            }
+            world.sum_f64(&mut stats);
+            let own = s.predictions.clone().ok_or_else(|| {
+                Failure::Run(anyhow!("model {} kept no held-out predictions", k + 1))
+            })?;
+            let predictions = share(world.as_ref(), m, k, lead, own)?;
+            (
+                stats
+                    .chunks(STATS)
+                    .map(|c| c.try_into().unwrap_or([0.0; STATS]))
+                    .collect(),
+                predictions,
+                s,
+                gpu,
+            )
+        }
+    };
+    let wall_seconds = start.elapsed().as_secs_f64();
+    if !ranks.root {
+        return Ok(None);
+    }
+    let e = ensemble(&predictions).map_err(|e| Failure::Run(anyhow!("the ensemble: {e}")))?;
+    // Each model alone, counted by the same rule as the ensemble: its batch's FLOPs per
+    // steady step.
+    let alone = |st: &[f64; STATS]| flops_per_sample * prep.batch() as f64 / st[1].max(1e-12);
+    let scores: Vec<MemberScore> = members
+        .iter()
+        .zip(&stats)
+        .map(|(mb, st)| MemberScore {
+            model: mb.model + 1,
+            seed: mb.seed,
+            sample_seed: mb.sample_seed,
+            sample_images: mb.sample.len(),
+            distinct_images: mb.distinct(),
+            quality: st[0],
+            step_seconds: st[1],
+            train_seconds: st[2],
+            flops: alone(st),
+            vflops: vflops(alone(st), st[0], target.value, target.exponent),
+        })
+        .collect();
+    let images = stats.iter().map(|s| s[3] as usize).sum();
+    let run = BaggedRun::new(
+        scores,
+        plan.ranks_per_model,
+        prep.batch(),
+        flops_per_sample,
+        n,
+        e.rule,
+        e.quality,
+        (target.value, target.exponent),
+    );
+    Ok(Some(Bagged {
+        run,
+        top5: e.top5,
+        wall_seconds,
+        images,
+        first,
+        gpu,
+    }))
+}
+
+/// The CPUs this process trains on (the first `threads` it may use).
+fn own_cpus(threads: usize) -> Vec<usize> {
+    let all = roofline_kernels::affinity::allowed_cpus();
+    all[..threads.min(all.len()).max(1)].to_vec()
+}
+
+type Outcome = (Vec<[f64; STATS]>, Vec<Predictions>, Summary, Option<String>);
+
+/// The M models in this process at once, each on its share of the cores (a model per core,
+/// and cores shared round-robin when there are more models than cores).
+fn side_by_side(a: &RunArgs, prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure> {
+    let cpus = own_cpus(prep.threads);
+    let m = members.len();
+    let share = |k: usize| -> Vec<usize> {
+        if m <= cpus.len() {
+            cpus[k * cpus.len() / m..(k + 1) * cpus.len() / m].to_vec()
+        } else {
+            vec![cpus[k % cpus.len()]]
+        }
+    };
+    let results: Vec<Result<(Summary, Option<String>), Failure>> = std::thread::scope(|s| {
+        let handles: Vec<_> = members
+            .iter()
+            .enumerate()
+            .map(|(k, mb)| {
+                let cores = share(k);
+                s.spawn(move || {
+                    let p = prep.member(mb.clone(), &cores)?;
+                    train_cmd::execute(a, &p, &Quiet, None)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(Failure::Run(anyhow!("a model's thread panicked"))))
+            })
+            .collect()
+    });
+    let mut stats = Vec::with_capacity(m);
+    let mut predictions = Vec::with_capacity(m);
+    let mut first = None;
+    let mut gpu = None;
+    for (k, r) in results.into_iter().enumerate() {
+        let (s, g) = r?;
+        stats.push(stats_of(&s));
+        predictions.push(s.predictions.clone().ok_or_else(|| {
+            Failure::Run(anyhow!("model {} kept no held-out predictions", k + 1))
+        })?);
+        gpu = gpu.or(g);
+        if first.is_none() {
+            first = Some(s);
+        }
+    }
+    let first = first.ok_or_else(|| Failure::Run(anyhow!("no model ran")))?;
+    Ok((stats, predictions, first, gpu))
+}
+
+/// Every model's held-out predictions on every rank, from the first rank of each team (`lead`)
+/// of model `k`: the classifier's probabilities summed over the models (their mean, as one
+/// prediction: all the ensemble needs), the detector's detections gathered model by model.
+fn share(
+    world: &dyn Reducer,
+    m: usize,
+    k: usize,
+    lead: bool,
+    own: Predictions,
+) -> Result<Vec<Predictions>, Failure> {
+    match own {
+        Predictions::Classes {
+            classes,
+            probabilities,
+            labels,
+        } => {
+            let mut sum = if lead {
+                probabilities
+            } else {
+                vec![0.0f32; probabilities.len()]
+            };
+            world.sum_f32(&mut sum);
+            sum.iter_mut().for_each(|v| *v /= m as f32);
+            Ok(vec![Predictions::Classes {
+                classes,
+                probabilities: sum,
+                labels,
+            }])
+        }
+        Predictions::Boxes {
+            classes,
+            detections,
+            truths,
+        } => {
+            const ROW: usize = 7;
+            let mut counts = vec![0.0f64; m];
+            if lead {
+                counts[k] = detections.len() as f64;
+            }
+            world.sum_f64(&mut counts);
+            let counts: Vec<usize> = counts.iter().map(|c| *c as usize).collect();
+            let offset: usize = counts[..k].iter().sum();
+            let mut rows = vec![0.0f64; ROW * counts.iter().sum::<usize>()];
+            if lead {
+                for (i, d) in detections.iter().enumerate() {
+                    rows[ROW * (offset + i)..ROW * (offset + i + 1)].copy_from_slice(&[
+                        d.image as f64,
+                        d.class as f64,
+                        d.score,
+                        d.bbox[0],
+                        d.bbox[1],
+                        d.bbox[2],
+                        d.bbox[3],
+                    ]);
+                }
+            }
+            world.sum_f64(&mut rows);
+            let mut out = Vec::with_capacity(m);
+            let mut at = 0;
+            for c in counts {
+                let dets = rows[ROW * at..ROW * (at + c)]
+                    .chunks(ROW)
+                    .map(|r| Detection {
+                        image: r[0] as usize,
+                        class: r[1] as usize,
+                        score: r[2],
+                        bbox: [r[3], r[4], r[5], r[6]],
+                    })
+                    .collect();
+                out.push(Predictions::Boxes {
+                    classes,
+                    detections: dets,
+                    truths: truths.clone(),
+                });
+                at += c;
+            }
+            Ok(out)
+        }
+    }
+}
