@@ -7,6 +7,7 @@ mod output;
 mod place_cmd;
 mod probe_cmd;
 mod score_cmd;
+mod sweep_cmd;
 mod train_cmd;
 
 use anyhow::anyhow;
@@ -115,6 +116,22 @@ enum Command {
     /// Example (a scaled-down run, minutes):
     ///   roofline score --runs 3 --width 0.25 --resolution 64 --classes 10 --steps 60 --target-top1 0.9 --machine machine.json
     Score(Box<score_cmd::ScoreArgs>),
+    /// Run a training workload over a grid of problem sizes and process counts, each point
+    /// placed on the roofline (SAIH: scale the data and the model, follow the trend).
+    ///
+    /// Every point is a `roofline place` run of its own (a child process; under --mpirun for
+    /// --ranks) on the same machine.json. Problem size = analytic training FLOPs per sample ×
+    /// training samples; % of peak = FLOP/s over the highest compute roof it was held against
+    /// (at the ceiling's theoretical peak where known); strong scaling = the same problem at
+    /// several process counts (speedup and efficiency over the fewest); I/O share = the part of
+    /// a step spent waiting for its data. --model-flops LO..HI keeps the variants (width ×
+    /// depth) whose training FLOPs per sample lie in the range (SAIH's model filter). Writes
+    /// sweep.json (roofline/sweep/v1; rewritten after every point), the points' placements, and
+    /// three charts: % of peak against problem size, speedup and efficiency against processes,
+    /// and the points on the roofline joined in order of size.
+    /// Example (minutes on 2 cores):
+    ///   roofline sweep --machine machine.json --images 64,256 --resolution 32,64 --threads 1,2
+    Sweep(Box<sweep_cmd::SweepArgs>),
     /// Fail a CI job when performance regressed against a baseline, and not on noise.
     ///
     /// Compares two results of one kind (machine.json from `probe`, placement.json from `place`,
@@ -245,6 +262,7 @@ fn main() -> ExitCode {
         Command::Train(args) => train_cmd::train(&args),
         Command::Place(args) => place_cmd::place(&args),
         Command::Score(args) => score_cmd::score(&args),
+        Command::Sweep(args) => sweep_cmd::sweep(&args),
         Command::Doctor(args) => match doctor_cmd::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),

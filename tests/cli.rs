@@ -1335,3 +1335,128 @@ fn score_bags_two_models_in_one_process() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("at least one model"), "{}", stderr(&o));
 }
+
+/// `sweep`: two data sizes × two thread counts of a small model, and SAIH's model filter
+/// choosing among variants; every point placed, the strong-scaling series computed from the
+/// points' own step times, the charts written, bad input refused.
+#[test]
+fn sweep_places_a_grid_and_scales_it() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("sweep");
+    let out = dir.join("s.json");
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args([
+            "--images",
+            "32,128",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--threads",
+            "1,2",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["schema"], "roofline/sweep/v1");
+    let pts = s["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    // Smallest problem first; SAIH's problem size = FLOPs per sample × samples.
+    let sizes: Vec<f64> = pts
+        .iter()
+        .map(|p| p["problem_flops"].as_f64().unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+    for p in pts {
+        let f = p["flops_per_sample"].as_f64().unwrap();
+        let n = p["problem"]["images"].as_f64().unwrap();
+        assert_eq!(p["problem_flops"].as_f64().unwrap(), f * n);
+        let pct = p["percent_of_peak"].as_f64().unwrap();
+        assert!(pct > 0.0 && pct < 100.0, "{p}");
+        let share = p["io_share"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&share));
+        assert!(dir
+            .join("s-points")
+            .join(p["placement"].as_str().unwrap())
+            .exists());
+    }
+    let scaling = s["scaling"].as_array().unwrap();
+    assert_eq!(scaling.len(), 2, "each data size at 1 and 2 threads");
+    for sc in scaling {
+        let sp = sc["points"].as_array().unwrap();
+        let t = |i: usize| sp[i]["step_seconds"].as_f64().unwrap();
+        let speedup = sp[1]["speedup"].as_f64().unwrap();
+        assert!((speedup - t(0) / t(1)).abs() < 1e-12);
+        assert!((sp[1]["efficiency"].as_f64().unwrap() - speedup / 2.0).abs() < 1e-12);
+    }
+    for chart in ["s-trend.svg", "s-scaling.svg", "s-roofline.svg"] {
+        let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
+        assert!(svg.contains("<svg"), "{chart}");
+    }
+    // The model filter: of widths 0.125 and 0.25 at depth 1,1,0,0 only the variants in range.
+    let fout = dir.join("f.json");
+    let small = pts[0]["flops_per_sample"].as_f64().unwrap();
+    let range = format!("{}..{}", small * 0.5, small * 1.5);
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args([
+            "--images",
+            "32",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125,0.25",
+            "--depth",
+            "1,1,0,0",
+            "--model-flops",
+            &range,
+            "--threads",
+            "1",
+            "--batch",
+            "8",
+            "--steps",
+            "1",
+            "-o",
+        ])
+        .arg(&fout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fout).unwrap()).unwrap();
+    assert_eq!(f["points"].as_array().unwrap().len(), 1);
+    assert_eq!(f["points"][0]["problem"]["width"], 0.125);
+    assert!(f["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("left out by --model-flops: width 0.25"));
+    for (args, needle) in [
+        (vec!["--model-flops", "5..1"], "LO < HI"),
+        (vec!["--model-flops", "1e30..1e31"], "no model variant"),
+        (vec!["--ranks", "3", "--batch", "8"], "does not divide"),
+    ] {
+        let o = bin()
+            .args(["sweep", "--machine"])
+            .arg(machine)
+            .args(&args)
+            .arg("-o")
+            .arg(dir.join("x.json"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}

@@ -395,6 +395,42 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
     );
     let flops = e["point"]["flops_per_step"].as_f64().unwrap();
     assert!((coi["intra_node"].as_f64().unwrap() - flops / bytes).abs() < 1e-9 * flops / bytes);
+    // `sweep --ranks 1,2`: each point a placement under the launcher, strong scaling over ranks.
+    let sw = dir.join("sweep.json");
+    let o = Command::new(env!("CARGO_BIN_EXE_roofline"))
+        .args([
+            "sweep",
+            "--ranks",
+            "1,2",
+            "--mpirun",
+            "mpirun --allow-run-as-root --oversubscribe",
+            "--images",
+            "32",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "--machine",
+            &ms,
+            "-o",
+        ])
+        .arg(&sw)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&sw).unwrap()).unwrap();
+    assert_eq!(s["processes"], "ranks");
+    let pts = s["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 2);
+    assert_eq!(pts[1]["problem"]["processes"], 2);
+    assert_eq!(s["scaling"][0]["points"].as_array().unwrap().len(), 2);
 }
 
 /// `mpirun -np 4 score --bagging 2`: two teams of two ranks, each training its own model on its

@@ -6,6 +6,7 @@
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
 pub mod report;
+pub mod sweep;
 
 use plotters::prelude::*;
 use roofline_model::{Ceiling, CeilingKind, Machine};
@@ -36,6 +37,9 @@ pub struct ClassicOptions {
     pub points: Vec<PlotPoint>,
     /// Replaces the generated title.
     pub title: Option<String>,
+    /// Lines joining points in order (a sweep's trajectory as its problem grows), each a list
+    /// of (intensity, FLOP/s).
+    pub trajectories: Vec<Vec<(f64, f64)>>,
 }
 
 /// A placed workload or layer: drawn at (intensity, achieved) with a tick at the attainable
@@ -64,6 +68,7 @@ impl Default for ClassicOptions {
             height: 760,
             points: Vec::new(),
             title: None,
+            trajectories: Vec::new(),
         }
     }
 }
@@ -433,7 +438,7 @@ const COLORS: [RGBColor; 14] = [
 ];
 
 /// Point colours, distinct from the roofs' palette's first entries.
-const POINT_COLORS: [RGBColor; 6] = [
+pub(crate) const POINT_COLORS: [RGBColor; 6] = [
     RGBColor(220, 20, 60),
     RGBColor(0, 128, 128),
     RGBColor(255, 140, 0),
@@ -603,6 +608,19 @@ fn draw(
             (rdg.intensity * 1.05, rdg.performance * below),
             ("sans-serif", 12).into_font().color(&BLACK),
         )))?;
+    }
+    // Trajectories: thin grey lines through points in order, under the points.
+    for t in &opt.trajectories {
+        let pts: Vec<(f64, f64)> = t
+            .iter()
+            .map(|&(x, y)| (x.clamp(x0, x1), y.clamp(y0, y1)))
+            .collect();
+        if pts.len() > 1 {
+            chart.draw_series(LineSeries::new(
+                pts,
+                RGBColor(110, 110, 110).stroke_width(1),
+            ))?;
+        }
     }
     // Placed points: one colour per workload, a dotted line up to the attainable bound.
     let mut groups: Vec<&str> = Vec::new();

@@ -12,6 +12,7 @@ pub mod peaks;
 pub mod placement;
 pub mod score;
 pub mod stats;
+pub mod sweep;
 pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};

@@ -1,0 +1,256 @@
+//! The sweep's charts (`roofline sweep`, SAIH's figures): % of peak against problem size, one
+//! line per process count (the trend as data and model grow); strong scaling, speedup and
+//! efficiency against processes with the ideal line, one line per problem; and the points on the
+//! roofline joined in order of size (the workload's trajectory, `classic_svg` with
+//! `ClassicOptions::trajectories`).
+
+use crate::{si, PlotError, POINT_COLORS};
+use plotters::prelude::*;
+use roofline_model::sweep::{Scaling, SweepPoint};
+
+fn err(e: impl std::fmt::Display) -> PlotError {
+    PlotError::Draw(e.to_string())
+}
+
+/// % of peak against problem size (training FLOPs per epoch), log x, one line per process
+/// count.
+pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError> {
+    if points.is_empty() {
+        return Err(PlotError::Draw("no sweep point to draw".into()));
+    }
+    let mut procs: Vec<usize> = points.iter().map(|p| p.problem.processes).collect();
+    procs.sort_unstable();
+    procs.dedup();
+    let xs = points.iter().map(|p| p.problem_flops.max(1.0));
+    let (x0, x1) = (
+        xs.clone().fold(f64::INFINITY, f64::min) / 1.5,
+        xs.fold(0.0, f64::max) * 1.5,
+    );
+    let y1 = points
+        .iter()
+        .map(|p| p.percent_of_peak)
+        .fold(0.0, f64::max)
+        .max(1.0)
+        * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 640)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 22))
+            .margin(16)
+            .x_label_area_size(48)
+            .y_label_area_size(70)
+            .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1)
+            .map_err(err)?;
+        chart
+            .configure_mesh()
+            .x_desc("Problem size: training FLOPs per epoch (FLOPs per sample × samples)")
+            .y_desc("% of peak")
+            .x_labels(6)
+            .x_label_formatter(&|x| si(*x))
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for (i, p) in procs.iter().enumerate() {
+            let c = POINT_COLORS[i % POINT_COLORS.len()];
+            let mut pts: Vec<(f64, f64)> = points
+                .iter()
+                .filter(|q| q.problem.processes == *p)
+                .map(|q| (q.problem_flops.max(1.0), q.percent_of_peak))
+                .collect();
+            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            chart
+                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(format!("{p} processes"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            chart
+                .draw_series(pts.iter().map(|&q| Circle::new(q, 5, c.filled())))
+                .map_err(err)?;
+            chart
+                .draw_series(pts.iter().map(|&(x, y)| {
+                    Text::new(
+                        format!("{y:.1}%"),
+                        (x * 1.05, y + y1 * 0.015),
+                        ("sans-serif", 11).into_font().color(&c),
+                    )
+                }))
+                .map_err(err)?;
+        }
+        chart
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+/// Strong scaling: speedup (top, with the ideal p / p₀) and efficiency (bottom) against
+/// processes, one line per problem.
+pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError> {
+    if series.is_empty() {
+        return Err(PlotError::Draw(
+            "no problem ran at two process counts: nothing to scale".into(),
+        ));
+    }
+    let pmax = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.processes))
+        .max()
+        .unwrap_or(1) as f64;
+    let pmin = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.processes))
+        .min()
+        .unwrap_or(1) as f64;
+    let smax = series
+        .iter()
+        .flat_map(|s| s.points.iter().map(|p| p.speedup))
+        .fold(pmax / pmin, f64::max)
+        * 1.15;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, (1000, 900)).into_drawing_area();
+        root.fill(&WHITE).map_err(err)?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
+        let (top, bottom) = root.split_vertically(450);
+        let mut a = ChartBuilder::on(&top)
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(pmin * 0.9..pmax * 1.1, 0.0..smax)
+            .map_err(err)?;
+        a.configure_mesh()
+            .x_desc("Processes")
+            .y_desc("Speedup over the fewest")
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        a.draw_series(DashedLineSeries::new(
+            vec![(pmin, 1.0), (pmax, pmax / pmin)],
+            6,
+            4,
+            RGBColor(90, 90, 90).stroke_width(1),
+        ))
+        .map_err(err)?
+        .label("ideal")
+        .legend(|(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], RGBColor(90, 90, 90)));
+        let mut b = ChartBuilder::on(&bottom)
+            .margin(16)
+            .x_label_area_size(40)
+            .y_label_area_size(60)
+            .build_cartesian_2d(pmin * 0.9..pmax * 1.1, 0.0..1.25f64)
+            .map_err(err)?;
+        b.configure_mesh()
+            .x_desc("Processes")
+            .y_desc("Efficiency")
+            .light_line_style(RGBColor(235, 235, 235))
+            .draw()
+            .map_err(err)?;
+        for (i, s) in series.iter().enumerate() {
+            let c = POINT_COLORS[i % POINT_COLORS.len()];
+            let sp: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .map(|p| (p.processes as f64, p.speedup))
+                .collect();
+            let ef: Vec<(f64, f64)> = s
+                .points
+                .iter()
+                .map(|p| (p.processes as f64, p.efficiency))
+                .collect();
+            a.draw_series(LineSeries::new(sp.clone(), c.stroke_width(2)))
+                .map_err(err)?
+                .label(s.problem.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
+                });
+            a.draw_series(sp.iter().map(|&q| Circle::new(q, 5, c.filled())))
+                .map_err(err)?;
+            b.draw_series(LineSeries::new(ef.clone(), c.stroke_width(2)))
+                .map_err(err)?;
+            b.draw_series(ef.iter().map(|&q| Circle::new(q, 5, c.filled())))
+                .map_err(err)?;
+        }
+        a.configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(err)?;
+        root.present().map_err(err)?;
+    }
+    Ok(svg)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_model::sweep::{Problem, ScalingPoint};
+
+    #[test]
+    fn the_sweeps_charts_draw_their_series() {
+        let p = |images: usize, procs: usize, pct: f64| SweepPoint {
+            index: 0,
+            problem: Problem {
+                images,
+                resolution: "32".into(),
+                width: 0.25,
+                depth: "1,1,1,1".into(),
+                processes: procs,
+            },
+            flops_per_sample: 1e9,
+            problem_flops: 1e9 * images as f64,
+            flops_per_step: 1e10,
+            step_seconds: 1.0,
+            achieved_flops: 1e10,
+            per_process_flops: 1e10,
+            peak_ceiling: "cpu/conv/f32/all".into(),
+            peak_flops: 1e11,
+            percent_of_peak: pct,
+            arithmetic_intensity: 10.0,
+            bound: "compute-bound".into(),
+            attainable_flops: 1e11,
+            io_share: 0.1,
+            placement: "p.json".into(),
+        };
+        let pts = vec![
+            p(64, 1, 5.2),
+            p(256, 1, 31.0),
+            p(1024, 1, 59.6),
+            p(64, 2, 4.0),
+        ];
+        let svg = trend_svg(&pts, "trend").unwrap();
+        assert!(
+            svg.contains("59.6%") && svg.contains("1 processes") && svg.contains("2 processes")
+        );
+        let s = vec![Scaling {
+            problem: "64 images".into(),
+            points: vec![
+                ScalingPoint {
+                    processes: 1,
+                    step_seconds: 2.0,
+                    speedup: 1.0,
+                    efficiency: 1.0,
+                },
+                ScalingPoint {
+                    processes: 2,
+                    step_seconds: 1.25,
+                    speedup: 1.6,
+                    efficiency: 0.8,
+                },
+            ],
+        }];
+        let svg = scaling_svg(&s, "scaling").unwrap();
+        assert!(svg.contains("ideal") && svg.contains("64 images") && svg.contains("Efficiency"));
+        assert!(scaling_svg(&[], "x").is_err());
+        assert!(trend_svg(&[], "x").is_err());
+    }
+}

@@ -1,0 +1,272 @@
+//! `sweep.json` (schema `roofline/sweep/v1`): a workload over a grid of problem sizes and
+//! process counts, every point placed on the machine's roofline (SAIH: scale the data and the
+//! model as HPL scales its matrix, and follow the trend).
+//!
+//! - Problem size: the analytic training FLOPs of one epoch, FLOPs per sample × training
+//!   samples (it grows with the data and with the model).
+//! - % of peak: the point's FLOP/s over the highest compute roof it was placed against, at the
+//!   ceiling's theoretical peak where the machine has one (else its measured value) — the peak of
+//!   the resources the point used.
+//! - Strong scaling: the same problem at several process counts; speedup `t(p₀) / t(p)` over
+//!   the fewest processes p₀, efficiency `speedup × p₀ / p`.
+//! - I/O share: the part of a step spent waiting for its data.
+
+use crate::machine::{CeilingKind, Machine, Provenance};
+use crate::placement::{BoundKind, Placement};
+use crate::ModelError;
+use serde::{Deserialize, Serialize};
+
+pub const SWEEP_SCHEMA: &str = "roofline/sweep/v1";
+
+/// What one point ran: its problem (data and model) and its processes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    /// Training samples (SAIH's data size).
+    pub images: usize,
+    /// Image size, `N` or `HxW`.
+    pub resolution: String,
+    /// The model variant: backbone width multiplier and blocks per stage.
+    pub width: f64,
+    pub depth: String,
+    /// Processes: threads of one process (`threads`) or MPI ranks (`ranks`).
+    pub processes: usize,
+}
+
+impl Problem {
+    /// The problem without its process count (what strong scaling holds fixed).
+    pub fn size_label(&self) -> String {
+        format!(
+            "{} images, {}, width {}, depth {}",
+            self.images, self.resolution, self.width, self.depth
+        )
+    }
+}
+
+/// One point of the sweep.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SweepPoint {
+    pub index: usize,
+    pub problem: Problem,
+    /// Analytic training FLOPs per sample.
+    pub flops_per_sample: f64,
+    /// flops_per_sample × images: SAIH's problem size.
+    pub problem_flops: f64,
+    pub flops_per_step: f64,
+    /// Median seconds per measured step.
+    pub step_seconds: f64,
+    /// FLOP/s of the median step.
+    pub achieved_flops: f64,
+    /// achieved / processes.
+    pub per_process_flops: f64,
+    pub peak_ceiling: String,
+    pub peak_flops: f64,
+    pub percent_of_peak: f64,
+    /// FLOP per byte (the analytic minimum of bytes).
+    pub arithmetic_intensity: f64,
+    pub bound: String,
+    pub attainable_flops: f64,
+    /// Seconds waiting for data / seconds per step.
+    pub io_share: f64,
+    /// The placement file of this point.
+    pub placement: String,
+}
+
+impl SweepPoint {
+    /// Point `index` of `problem` from its placement on `machine`.
+    pub fn from_placement(
+        index: usize,
+        problem: Problem,
+        flops_per_sample: f64,
+        p: &Placement,
+        machine: &Machine,
+        file: &str,
+    ) -> SweepPoint {
+        let pt = &p.point;
+        let step = pt.seconds_per_step.median;
+        let achieved = pt.flops_per_step / step.max(1e-300);
+        // The highest compute roof the point was held against, at its theoretical peak.
+        let (peak_ceiling, peak_flops) = pt
+            .bound
+            .roofs
+            .iter()
+            .filter(|r| r.kind == BoundKind::Compute)
+            .map(|r| {
+                let peak = machine
+                    .ceilings
+                    .iter()
+                    .find(|c| c.id == r.ceiling && c.kind == CeilingKind::Compute)
+                    .and_then(|c| c.theoretical_peak.as_ref().map(|t| t.value))
+                    .unwrap_or(r.value);
+                (r.ceiling.clone(), peak.max(r.value))
+            })
+            .fold(
+                (String::new(), 0.0f64),
+                |a, b| if b.1 > a.1 { b } else { a },
+            );
+        let processes = problem.processes.max(1);
+        SweepPoint {
+            index,
+            flops_per_sample,
+            problem_flops: flops_per_sample * problem.images as f64,
+            flops_per_step: pt.flops_per_step,
+            step_seconds: step,
+            achieved_flops: achieved,
+            per_process_flops: achieved / processes as f64,
+            percent_of_peak: if peak_flops > 0.0 {
+                100.0 * achieved / peak_flops
+            } else {
+                0.0
+            },
+            peak_ceiling,
+            peak_flops,
+            arithmetic_intensity: pt.oi.analytic,
+            bound: format!("{} under {}", pt.bound.kind.as_str(), pt.bound.ceiling),
+            attainable_flops: pt.bound.attainable,
+            io_share: if p.time.total_s > 0.0 {
+                p.time.data_s / p.time.total_s
+            } else {
+                0.0
+            },
+            placement: file.to_string(),
+            problem,
+        }
+    }
+}
+
+/// One problem at several process counts.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Scaling {
+    pub problem: String,
+    pub points: Vec<ScalingPoint>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct ScalingPoint {
+    pub processes: usize,
+    pub step_seconds: f64,
+    pub speedup: f64,
+    pub efficiency: f64,
+}
+
+/// The strong-scaling series of `points`: every problem run at two or more process counts,
+/// against its fewest.
+pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
+    let mut labels: Vec<String> = Vec::new();
+    for p in points {
+        let l = p.problem.size_label();
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    labels
+        .into_iter()
+        .filter_map(|l| {
+            let mut s: Vec<&SweepPoint> = points
+                .iter()
+                .filter(|p| p.problem.size_label() == l)
+                .collect();
+            s.sort_by_key(|p| p.problem.processes);
+            s.dedup_by_key(|p| p.problem.processes);
+            if s.len() < 2 {
+                return None;
+            }
+            let (p0, t0) = (s[0].problem.processes.max(1) as f64, s[0].step_seconds);
+            Some(Scaling {
+                problem: l,
+                points: s
+                    .iter()
+                    .map(|p| {
+                        let speedup = t0 / p.step_seconds.max(1e-300);
+                        ScalingPoint {
+                            processes: p.problem.processes,
+                            step_seconds: p.step_seconds,
+                            speedup,
+                            efficiency: speedup * p0 / p.problem.processes.max(1) as f64,
+                        }
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
+/// The whole `sweep.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sweep {
+    pub schema: String,
+    pub workload: String,
+    /// `threads` or `ranks`.
+    pub processes: String,
+    /// The machine.json the points were placed on.
+    pub machine: String,
+    pub provenance: Provenance,
+    /// In the order they ran (problem sizes ascending, then processes).
+    pub points: Vec<SweepPoint>,
+    pub scaling: Vec<Scaling>,
+    /// Grid points left out (the model filter's choices, failed runs) and why.
+    #[serde(default)]
+    pub notes: Vec<String>,
+}
+
+impl Sweep {
+    pub fn from_json(text: &str) -> Result<Sweep, ModelError> {
+        crate::from_json_with_schema(text, SWEEP_SCHEMA)
+    }
+
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(images: usize, processes: usize, step: f64) -> SweepPoint {
+        SweepPoint {
+            index: 0,
+            problem: Problem {
+                images,
+                resolution: "32".into(),
+                width: 0.25,
+                depth: "1,1,1,1".into(),
+                processes,
+            },
+            flops_per_sample: 1e9,
+            problem_flops: 1e9 * images as f64,
+            flops_per_step: 8e9,
+            step_seconds: step,
+            achieved_flops: 8e9 / step,
+            per_process_flops: 8e9 / step / processes as f64,
+            peak_ceiling: "cpu/conv/f32/all".into(),
+            peak_flops: 1e11,
+            percent_of_peak: 8e11 / step / 1e11,
+            arithmetic_intensity: 10.0,
+            bound: "compute-bound".into(),
+            attainable_flops: 1e11,
+            io_share: 0.0,
+            placement: "p.json".into(),
+        }
+    }
+
+    /// Speedup and efficiency by hand: 1 → 2 → 4 processes at 8, 5 and 4 s per step: speedups
+    /// 1, 1.6, 2; efficiencies 1, 0.8, 0.5; a problem run at one count has no series.
+    #[test]
+    fn strong_scaling_by_hand() {
+        let pts = vec![
+            point(64, 2, 5.0),
+            point(64, 1, 8.0),
+            point(64, 4, 4.0),
+            point(256, 1, 30.0),
+        ];
+        let s = strong_scaling(&pts);
+        assert_eq!(s.len(), 1);
+        let got: Vec<(usize, f64, f64)> = s[0]
+            .points
+            .iter()
+            .map(|p| (p.processes, p.speedup, p.efficiency))
+            .collect();
+        assert_eq!(got, vec![(1, 1.0, 1.0), (2, 1.6, 0.8), (4, 2.0, 0.5)]);
+        assert!(s[0].problem.starts_with("64 images"));
+    }
+}

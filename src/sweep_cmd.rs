@@ -1,0 +1,527 @@
+//! `roofline sweep`: a training workload over a grid of problem sizes (training samples, image
+//! size, model variants — or SAIH's model filter, `--model-flops LO..HI`) and process counts
+//! (threads, or MPI ranks through a launcher), each point a `roofline place` run of its own
+//! (a child process: clean memory, its own affinity) on the same machine.json; the points, the
+//! strong-scaling series and three charts (% of peak against size, scaling, the trajectory on the
+//! roofline). `sweep.json` is rewritten after every point, so an interrupted sweep keeps what it
+//! measured.
+
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_model::placement::Placement;
+use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
+use roofline_model::{write::write_atomic, Machine};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+#[derive(clap::Args)]
+pub struct SweepArgs {
+    /// The training workload: resnet50 or ewa.
+    #[arg(long, default_value = "resnet50", value_parser = ["resnet50", "ewa"])]
+    pub workload: String,
+    /// The machine's ceilings (`roofline probe`), that every point is placed on.
+    #[arg(long, value_name = "FILE")]
+    pub machine: PathBuf,
+    /// Training samples per point, a list (SAIH's data augment: the epoch grows with them).
+    #[arg(long, value_delimiter = ',', default_value = "256")]
+    pub images: Vec<usize>,
+    /// Image sizes, a list of N or HxW (default 64 for resnet50, 128x192 for ewa).
+    #[arg(long, value_delimiter = ',')]
+    pub resolution: Vec<crate::train_cmd::Resolution>,
+    /// Backbone width multipliers, a list (default 0.25; with --model-flops the candidates,
+    /// default 0.125,0.25,0.5,1).
+    #[arg(long, value_delimiter = ',')]
+    pub width: Vec<f64>,
+    /// Blocks per stage, a list separated by `;` (default 1,1,1,1; with --model-flops the
+    /// candidates, default 1,1,1,1;2,2,2,2;3,4,6,3).
+    #[arg(long, value_delimiter = ';')]
+    pub depth: Vec<String>,
+    /// SAIH's model filter: keep the variants (width × depth at each resolution) whose analytic
+    /// training FLOPs per sample lie in LO..HI (e.g. 1e8..5e9); the rest are listed as left out.
+    #[arg(long, value_name = "LO..HI")]
+    pub model_flops: Option<String>,
+    /// Threads per point, a list (processes of one node; default: every CPU roofline may use).
+    #[arg(long, value_delimiter = ',', conflicts_with = "ranks")]
+    pub threads: Vec<usize>,
+    /// MPI ranks per point, a list: each point runs under `--mpirun` with -np N (one thread
+    /// per rank; roofline built with --features mpi).
+    #[arg(long, value_delimiter = ',')]
+    pub ranks: Vec<usize>,
+    /// The launcher for --ranks, before `-np N` (e.g. "srun" does not fit: use
+    /// "mpirun --bind-to core").
+    #[arg(long, default_value = "mpirun")]
+    pub mpirun: String,
+    /// Global batch of every point (default 16; it must divide among the ranks).
+    #[arg(long, default_value_t = 16)]
+    pub batch: usize,
+    /// Measured steps per point (after --warm).
+    #[arg(long, default_value_t = 3)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 1)]
+    pub warm: usize,
+    /// Train on an image folder or EWA files instead of synthetic data (I/O then grows with
+    /// --images, as SAIH measures).
+    #[arg(long)]
+    pub data: Option<PathBuf>,
+    /// Where to write sweep.json (roofline/sweep/v1); the charts go beside it
+    /// (<name>-trend.svg, -scaling.svg, -roofline.svg) and each point's placement in
+    /// <name>-points/.
+    #[arg(short, long, default_value = "sweep.json")]
+    pub output: PathBuf,
+}
+
+/// One model variant.
+#[derive(Clone, Debug)]
+struct Variant {
+    width: f64,
+    depth: String,
+}
+
+/// Training FLOPs per sample of a variant by the trainer's count.
+fn flops_per_sample(
+    workload: &str,
+    v: &Variant,
+    r: crate::train_cmd::Resolution,
+) -> Result<f64, String> {
+    let blocks: Vec<usize> = v
+        .depth
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| format!("--depth {}: expected four numbers, e.g. 3,4,6,3", v.depth))?;
+    let blocks: [usize; 4] = blocks
+        .try_into()
+        .map_err(|_| format!("--depth {}: expected four numbers", v.depth))?;
+    Ok(if workload == "ewa" {
+        roofline_workloads::detect::model::DetectorConfig::scaled(v.width, blocks, r.h, r.w)
+            .flops(r.h, r.w)
+            .total()
+            .training()
+    } else {
+        let cfg = roofline_workloads::resnet::Config {
+            version: roofline_workloads::resnet::Version::V1_5,
+            blocks,
+            width: v.width,
+            classes: 10,
+            zero_init_residual: false,
+        };
+        roofline_workloads::resnet::ResNet::<f32>::new(cfg, 0)
+            .flops_hw(r.h, r.w)
+            .training()
+    })
+}
+
+fn range(s: &str) -> Result<(f64, f64), String> {
+    let (a, b) = s
+        .split_once("..")
+        .ok_or_else(|| format!("--model-flops {s}: expected LO..HI, e.g. 1e8..5e9"))?;
+    let num = |x: &str| {
+        x.trim()
+            .parse::<f64>()
+            .map_err(|_| format!("--model-flops {s}: {x:?} is not a number"))
+    };
+    let (lo, hi) = (num(a)?, num(b)?);
+    if !(lo >= 0.0 && hi > lo) {
+        return Err(format!("--model-flops {s}: expected 0 <= LO < HI"));
+    }
+    Ok((lo, hi))
+}
+
+pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
+    let machine = Machine::read(&a.machine).map_err(|e| {
+        input(format!(
+            "{e}; sweep places every point: run `roofline probe -o {}` first",
+            a.machine.display()
+        ))
+    })?;
+    crate::probe_cmd::check_writable(&a.output).map_err(Failure::Input)?;
+    if a.images.contains(&0) || a.steps == 0 || a.batch == 0 {
+        return Err(input(
+            "--images, --steps and --batch must be positive".into(),
+        ));
+    }
+    let ewa = a.workload == "ewa";
+    let resolutions = if a.resolution.is_empty() {
+        vec![if ewa {
+            crate::train_cmd::Resolution { h: 128, w: 192 }
+        } else {
+            crate::train_cmd::Resolution { h: 64, w: 64 }
+        }]
+    } else {
+        a.resolution.clone()
+    };
+    let filter = a
+        .model_flops
+        .as_deref()
+        .map(range)
+        .transpose()
+        .map_err(input)?;
+    let widths = match (a.width.is_empty(), filter.is_some()) {
+        (false, _) => a.width.clone(),
+        (true, true) => vec![0.125, 0.25, 0.5, 1.0],
+        (true, false) => vec![0.25],
+    };
+    let depths = match (a.depth.is_empty(), filter.is_some()) {
+        (false, _) => a.depth.clone(),
+        (true, true) => vec!["1,1,1,1".into(), "2,2,2,2".into(), "3,4,6,3".into()],
+        (true, false) => vec!["1,1,1,1".into()],
+    };
+    let (kind, counts) = if a.ranks.is_empty() {
+        let all = roofline_kernels::affinity::allowed_cpus().len();
+        (
+            "threads",
+            if a.threads.is_empty() {
+                vec![all]
+            } else {
+                a.threads.clone()
+            },
+        )
+    } else {
+        ("ranks", a.ranks.clone())
+    };
+    if counts.contains(&0) {
+        return Err(input(format!("--{kind} 0: a point needs a process")));
+    }
+    if kind == "ranks" {
+        if let Some(r) = counts.iter().find(|r| a.batch % **r != 0) {
+            return Err(input(format!(
+                "--batch {} does not divide among {r} ranks",
+                a.batch
+            )));
+        }
+    }
+    // The grid, smallest problem first: (flops per sample, variant, resolution, images).
+    let mut notes = Vec::new();
+    let mut grid = Vec::new();
+    for &r in &resolutions {
+        for w in &widths {
+            for d in &depths {
+                let v = Variant {
+                    width: *w,
+                    depth: d.clone(),
+                };
+                let f = flops_per_sample(&a.workload, &v, r).map_err(input)?;
+                if let Some((lo, hi)) = filter {
+                    if f < lo || f > hi {
+                        notes.push(format!(
+                            "left out by --model-flops: width {w}, depth {d} at {r}: {}FLOP per sample",
+                            roofline_plots::si(f)
+                        ));
+                        continue;
+                    }
+                }
+                for &n in &a.images {
+                    grid.push((f, v.clone(), r, n));
+                }
+            }
+        }
+    }
+    if grid.is_empty() {
+        return Err(input(format!(
+            "no model variant's training FLOPs per sample lie in --model-flops {}: {}",
+            a.model_flops.as_deref().unwrap_or(""),
+            notes.join("; ")
+        )));
+    }
+    grid.sort_by(|x, y| (x.0 * x.3 as f64).total_cmp(&(y.0 * y.3 as f64)));
+    let stem = a
+        .output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "sweep".into());
+    let dir = a.output.with_file_name(format!("{stem}-points"));
+    std::fs::create_dir_all(&dir).map_err(|e| input(format!("{}: {e}", dir.display())))?;
+    let start = Instant::now();
+    let total = grid.len() * counts.len();
+    let mut result = Sweep {
+        schema: SWEEP_SCHEMA.into(),
+        workload: a.workload.clone(),
+        processes: kind.into(),
+        machine: a.machine.display().to_string(),
+        provenance: crate::probe_cmd::provenance(
+            roofline_collectors::cpu_info(
+                &roofline_collectors::cpu_ident(),
+                roofline_kernels::affinity::allowed_cpus().len(),
+            ),
+            false,
+            start,
+        ),
+        points: Vec::new(),
+        scaling: Vec::new(),
+        notes,
+    };
+    println!(
+        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>8} {:>8} {:>6}  bound",
+        "#",
+        "images",
+        "size",
+        "width",
+        "depth",
+        kind,
+        "FLOP/smpl",
+        "FLOP/s",
+        "% peak",
+        "speedup",
+        "I/O"
+    );
+    let mut ran = 0;
+    for (f, v, r, n) in &grid {
+        for &p in &counts {
+            ran += 1;
+            let idx = result.points.len();
+            let file = dir.join(format!("point-{idx}.json"));
+            let problem = Problem {
+                images: *n,
+                resolution: r.to_string(),
+                width: v.width,
+                depth: v.depth.clone(),
+                processes: p,
+            };
+            eprintln!(
+                "point {ran}/{total}: {} at {p} {kind} …",
+                problem.size_label()
+            );
+            match run_point(a, kind, p, v, *r, *n, &file) {
+                Ok(pl) => {
+                    let pt = SweepPoint::from_placement(
+                        idx,
+                        problem,
+                        *f,
+                        &pl,
+                        &machine,
+                        &file.file_name().unwrap_or_default().to_string_lossy(),
+                    );
+                    result.points.push(pt);
+                    result.scaling = strong_scaling(&result.points);
+                    row(result.points.last(), &result);
+                }
+                Err(Failure::Interrupted) => return Err(Failure::Interrupted),
+                Err(e) => {
+                    let why = match e {
+                        Failure::Input(e) | Failure::Run(e) => e.to_string(),
+                        _ => "failed".into(),
+                    };
+                    eprintln!("  failed: {why}");
+                    result.notes.push(format!(
+                        "{} at {p} {kind}: failed: {why}",
+                        problem.size_label()
+                    ));
+                }
+            }
+            // What is measured so far survives an interruption.
+            let text = result.to_json().map_err(|e| Failure::Run(e.into()))?;
+            write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+        }
+    }
+    if result.points.is_empty() {
+        return Err(Failure::Run(anyhow!(
+            "no point of the sweep ran: {}",
+            result.notes.join("; ")
+        )));
+    }
+    let charts = charts(&result, &machine, &a.output, &dir)?;
+    for s in &result.scaling {
+        println!(
+            "strong scaling of {}: {}",
+            s.problem,
+            s.points
+                .iter()
+                .map(|p| format!(
+                    "{} {kind} ×{:.2} ({:.0}%)",
+                    p.processes,
+                    p.speedup,
+                    100.0 * p.efficiency
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    for n in &result.notes {
+        println!("note: {n}");
+    }
+    println!(
+        "wrote {}, {} and {}/",
+        a.output.display(),
+        charts.join(", "),
+        dir.display()
+    );
+    Ok(())
+}
+
+/// One table row.
+fn row(p: Option<&SweepPoint>, s: &Sweep) {
+    let Some(p) = p else { return };
+    let speedup = s
+        .scaling
+        .iter()
+        .find(|x| x.problem == p.problem.size_label())
+        .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
+        .map(|q| format!("{:.2}", q.speedup))
+        .unwrap_or_else(|| "-".into());
+    println!(
+        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
+        p.index,
+        p.problem.images,
+        p.problem.resolution,
+        p.problem.width,
+        p.problem.depth,
+        p.problem.processes,
+        roofline_plots::si(p.flops_per_sample),
+        roofline_plots::si(p.achieved_flops),
+        p.percent_of_peak,
+        speedup,
+        100.0 * p.io_share,
+        p.bound
+    );
+}
+
+/// Runs one point: `roofline place` in a child process (under the launcher for ranks).
+fn run_point(
+    a: &SweepArgs,
+    kind: &str,
+    p: usize,
+    v: &Variant,
+    r: crate::train_cmd::Resolution,
+    images: usize,
+    out: &Path,
+) -> Result<Placement, Failure> {
+    let exe = std::env::current_exe().map_err(|e| Failure::Run(e.into()))?;
+    let mut c = if kind == "ranks" {
+        let mut words = a.mpirun.split_whitespace();
+        let mut c = Command::new(words.next().unwrap_or("mpirun"));
+        c.args(words).arg("-np").arg(p.to_string()).arg(exe);
+        c
+    } else {
+        Command::new(exe)
+    };
+    c.args(["place", "--workload", &a.workload, "--machine"])
+        .arg(&a.machine)
+        .args(["--resolution", &format!("{}x{}", r.h, r.w)])
+        .args(["--train-images", &images.to_string()])
+        .args(["--width", &v.width.to_string(), "--depth", &v.depth])
+        .args(["--batch", &a.batch.to_string()])
+        .args([
+            "--steps",
+            &a.steps.to_string(),
+            "--warm",
+            &a.warm.to_string(),
+        ])
+        .args([
+            "--threads",
+            &if kind == "ranks" { 1 } else { p }.to_string(),
+        ])
+        .arg("-o")
+        .arg(out);
+    if let Some(d) = &a.data {
+        c.arg("--data").arg(d);
+    }
+    let o = c
+        .output()
+        .map_err(|e| Failure::Run(anyhow!("cannot start the point's run: {e}")))?;
+    match o.status.code() {
+        Some(0) => Placement::read(out).map_err(|e| Failure::Run(e.into())),
+        Some(130) | None => Err(Failure::Interrupted),
+        Some(code) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .or_else(|| err.lines().last())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            Err(Failure::Run(anyhow!("exit {code}: {last}")))
+        }
+    }
+}
+
+/// The three charts beside the output; returns their paths.
+fn charts(s: &Sweep, m: &Machine, out: &Path, dir: &Path) -> Result<Vec<String>, Failure> {
+    let with = |suffix: &str| {
+        let stem = out
+            .file_stem()
+            .map(|x| x.to_string_lossy().into_owned())
+            .unwrap_or_else(|| "sweep".into());
+        out.with_file_name(format!("{stem}-{suffix}.svg"))
+    };
+    let draw_err = |e: roofline_plots::PlotError| Failure::Run(anyhow!("{e}"));
+    let mut written = Vec::new();
+    let trend = roofline_plots::sweep::trend_svg(
+        &s.points,
+        &format!("{}: % of peak as the problem grows", s.workload),
+    )
+    .map_err(draw_err)?;
+    let p = with("trend");
+    write_atomic(&p, trend.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    written.push(p.display().to_string());
+    if !s.scaling.is_empty() {
+        let svg = roofline_plots::sweep::scaling_svg(
+            &s.scaling,
+            &format!("{}: strong scaling ({})", s.workload, s.processes),
+        )
+        .map_err(draw_err)?;
+        let p = with("scaling");
+        write_atomic(&p, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+        written.push(p.display().to_string());
+    }
+    // The trajectory: every point on the roofline, each process count's points joined in order
+    // of size.
+    let placements: Vec<Placement> = s
+        .points
+        .iter()
+        .filter_map(|p| Placement::read(&dir.join(&p.placement)).ok())
+        .collect();
+    if !placements.is_empty() {
+        let mut points = Vec::new();
+        let mut procs: Vec<usize> = s.points.iter().map(|p| p.problem.processes).collect();
+        procs.sort_unstable();
+        procs.dedup();
+        let mut trajectories = Vec::new();
+        for q in &procs {
+            let mut line = Vec::new();
+            for (sp, pl) in s.points.iter().zip(&placements) {
+                if sp.problem.processes != *q {
+                    continue;
+                }
+                line.push((pl.point.oi.analytic, pl.point.achieved_flops));
+                points.push(roofline_plots::PlotPoint {
+                    label: format!("#{}", sp.index),
+                    group: format!("{q} {}", s.processes),
+                    intensity: pl.point.oi.analytic,
+                    achieved: pl.point.achieved_flops,
+                    attainable: pl.point.bound.attainable,
+                    main: true,
+                });
+            }
+            trajectories.push(line);
+        }
+        let svg = roofline_plots::classic_svg(
+            m,
+            &roofline_plots::ClassicOptions {
+                // One thread's roofs only when every point ran on one thread.
+                threads: if s.processes == "threads"
+                    && placements.iter().all(|p| p.workload.threads <= 1)
+                {
+                    "t1".into()
+                } else {
+                    "all".into()
+                },
+                points,
+                trajectories,
+                title: Some(format!(
+                    "{}: the sweep's points in order of size (#0 smallest)",
+                    s.workload
+                )),
+                ..Default::default()
+            },
+        )
+        .map_err(draw_err)?;
+        let p = with("roofline");
+        write_atomic(&p, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+        written.push(p.display().to_string());
+    }
+    Ok(written)
+}
