@@ -103,16 +103,24 @@ def resnet(torch, prec, batch, steps):
     scaler = torch.amp.GradScaler("cuda", enabled=prec == "f16")
     loss_fn = torch.nn.CrossEntropyLoss()
 
+    return images_per_second(torch, opt, scaler, amp, lambda: loss_fn(model(x), y),
+                             batch, 5, steps, f"resnet50 {prec}")
+
+
+def images_per_second(torch, opt, scaler, amp, loss_of, batch, warm, steps, what):
+    """Training images/s of SGD steps on `loss_of()` under autocast to `amp` (None: off),
+    after `warm` steps, over `steps` steps; the last loss must be finite."""
+
     def step():
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
-            loss = loss_fn(model(x), y)
+            loss = loss_of()
         scaler.scale(loss).backward()
         scaler.step(opt)
         scaler.update()
         return loss
 
-    for _ in range(5):
+    for _ in range(warm):
         step()
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -121,7 +129,7 @@ def resnet(torch, prec, batch, steps):
     torch.cuda.synchronize()
     dt = time.perf_counter() - t
     if not torch.isfinite(loss):
-        raise RuntimeError(f"resnet50 {prec}: loss not finite")
+        raise RuntimeError(f"{what}: loss not finite")
     return batch * steps / dt
 
 
@@ -153,27 +161,10 @@ def detector(torch, prec, batch, steps):
     amp = {"bf16": torch.bfloat16, "f16": torch.float16}.get(prec)
     scaler = torch.amp.GradScaler("cuda", enabled=prec == "f16")
 
-    def step():
-        opt.zero_grad(set_to_none=True)
-        with torch.autocast("cuda", dtype=amp or torch.float32, enabled=amp is not None):
-            losses = model(images, targets)
-            loss = sum(losses.values())
-        scaler.scale(loss).backward()
-        scaler.step(opt)
-        scaler.update()
-        return loss
-
-    for _ in range(3):
-        step()
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(steps):
-        loss = step()
-    torch.cuda.synchronize()
-    dt = time.perf_counter() - t
-    if not torch.isfinite(loss):
-        raise RuntimeError(f"faster r-cnn {prec}: loss not finite")
-    return {"images_per_second": batch * steps / dt, "batch": batch, "steps": steps,
+    rate = images_per_second(torch, opt, scaler, amp,
+                             lambda: sum(model(images, targets).values()),
+                             batch, 3, steps, f"faster r-cnn {prec}")
+    return {"images_per_second": rate, "batch": batch, "steps": steps,
             "resolution": [h, w], "channels": c, "torchvision": torchvision.__version__}
 
 

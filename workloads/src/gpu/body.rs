@@ -316,6 +316,28 @@ pub(super) fn update(
     Ok(applied)
 }
 
+/// The end of either model's step once its backward pass has queued everything: the update
+/// (`update`, the global batch's mean over the communicator's ranks), a skipped step counted,
+/// the stream drained, the layers' timings put on the timeline. Returns (bytes this rank put
+/// into gradient allreduces, whether the update was applied).
+pub(super) fn finish_step(
+    ctx: &mut Ctx,
+    flat: &Flat,
+    sync: Option<&GradSync>,
+    loss_scale: &mut LossScale,
+    skipped: &mut usize,
+    (lr, sgd): (f64, &crate::train::Sgd),
+) -> Result<(f64, bool), CudaError> {
+    let (bytes, ranks) = sync.map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
+    let applied = update(ctx, flat, loss_scale, ranks, lr, sgd)?;
+    if !applied {
+        *skipped += 1;
+    }
+    ctx.gpu.sync()?;
+    ctx.clock_flush()?;
+    Ok((bytes, applied))
+}
+
 /// Reads a flat store's values and momenta back into `params` (the CPU layout).
 pub(super) fn store_params(
     ctx: &Ctx,

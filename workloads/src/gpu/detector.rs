@@ -295,23 +295,14 @@ impl GpuDetector {
         if let Some(s) = sync {
             s.end(ctx, flat)?;
         }
-        let (comm_bytes, ranks) = self
-            .sync
-            .as_ref()
-            .map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
-        let applied = update(
+        let (comm_bytes, applied) = finish_step(
             &mut self.ctx,
             &self.flat,
+            self.sync.as_ref(),
             &mut self.loss_scale,
-            ranks,
-            lr,
-            sgd,
+            &mut self.skipped,
+            (lr, sgd),
         )?;
-        if !applied {
-            self.skipped += 1;
-        }
-        self.ctx.gpu.sync()?;
-        self.ctx.clock_flush()?;
         Ok(DetectorStep {
             losses,
             comm_bytes,

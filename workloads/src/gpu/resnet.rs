@@ -385,23 +385,14 @@ impl GpuResNet {
         let (loss, top1, top5, g) = self.loss(&z, labels, smoothing, scale)?;
         self.backward(&g)?;
         // The sums were queued during the backward pass, and the compute stream waits for them.
-        let (comm_bytes, ranks) = self
-            .sync
-            .as_ref()
-            .map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
-        let applied = update(
+        let (comm_bytes, applied) = finish_step(
             &mut self.ctx,
             &self.flat,
+            self.sync.as_ref(),
             &mut self.loss_scale,
-            ranks,
-            lr,
-            sgd,
+            &mut self.skipped,
+            (lr, sgd),
         )?;
-        if !applied {
-            self.skipped += 1;
-        }
-        self.ctx.gpu.sync()?;
-        self.ctx.clock_flush()?;
         Ok(StepResult {
             loss,
             top1,

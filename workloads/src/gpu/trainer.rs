@@ -3,13 +3,38 @@
 
 use super::*;
 
+/// What a GPU model is built from at the start of a run: the context and the communicator
+/// (taken back from the previous model when a run begins again), the reducer and the exchange's
+/// options.
+pub(super) struct Parts {
+    ctx: Option<Ctx>,
+    nccl: Option<Communicator>,
+    pub(super) reducer: Option<Arc<dyn Reducer>>,
+    pub(super) comm: CommOptions,
+}
+
+impl Parts {
+    /// The context and communicator for a new model: the ones given at the start, or `old`'s.
+    fn take(
+        &mut self,
+        old: Option<(Ctx, Option<GradSync>)>,
+    ) -> Result<(Ctx, Option<Communicator>), String> {
+        let ctx = match (self.ctx.take(), old) {
+            (Some(c), _) => c,
+            (None, Some((ctx, sync))) => {
+                self.nccl = sync.map(|g| g.nccl);
+                ctx
+            }
+            (None, None) => return Err("the GPU context is gone".into()),
+        };
+        Ok((ctx, self.nccl.take()))
+    }
+}
+
 /// The CUDA path as the trainer's [`crate::train::Accelerator`]: the model moves to the GPU at
 /// the start of the run (after a resume) and back for checkpoints and the summary.
 pub struct CudaTrainer {
-    pub(super) ctx: Option<Ctx>,
-    pub(super) nccl: Option<Communicator>,
-    pub(super) reducer: Option<Arc<dyn Reducer>>,
-    pub(super) comm: CommOptions,
+    parts: Parts,
     pub net: Option<GpuResNet>,
 }
 
@@ -23,10 +48,12 @@ impl CudaTrainer {
         comm: CommOptions,
     ) -> CudaTrainer {
         CudaTrainer {
-            ctx: Some(ctx),
-            nccl,
-            reducer,
-            comm,
+            parts: Parts {
+                ctx: Some(ctx),
+                nccl,
+                reducer,
+                comm,
+            },
             net: None,
         }
     }
@@ -51,22 +78,10 @@ pub fn communicator(reducer: &dyn Reducer, ordinal: usize) -> Result<Communicato
 
 impl crate::train::Accelerator<f32> for CudaTrainer {
     fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
-        let ctx = match (self.ctx.take(), self.net.take()) {
-            (Some(c), _) => c,
-            (None, Some(n)) => {
-                self.nccl = n.sync.map(|g| g.nccl);
-                n.ctx
-            }
-            (None, None) => return Err("the GPU context is gone".into()),
-        };
-        let net = GpuResNet::new(
-            ctx,
-            model,
-            self.nccl.take(),
-            self.reducer.clone(),
-            self.comm,
-        )
-        .map_err(|e| e.to_string())?;
+        let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
+        let p = &self.parts;
+        let net = GpuResNet::new(ctx, model, nccl, p.reducer.clone(), p.comm)
+            .map_err(|e| e.to_string())?;
         self.net = Some(net);
         Ok(())
     }
@@ -98,10 +113,7 @@ impl crate::train::Accelerator<f32> for CudaTrainer {
 /// The CUDA path as the EWA trainer's [`crate::ewa::DetectorDevice`]: the detector moves to
 /// the GPU at the start of the run (after a resume) and back for checkpoints and the summary.
 pub struct CudaDetectorTrainer {
-    ctx: Option<Ctx>,
-    nccl: Option<Communicator>,
-    reducer: Option<Arc<dyn Reducer>>,
-    comm: CommOptions,
+    parts: Parts,
     pub net: Option<GpuDetector>,
 }
 
@@ -115,10 +127,12 @@ impl CudaDetectorTrainer {
         comm: CommOptions,
     ) -> CudaDetectorTrainer {
         CudaDetectorTrainer {
-            ctx: Some(ctx),
-            nccl,
-            reducer,
-            comm,
+            parts: Parts {
+                ctx: Some(ctx),
+                nccl,
+                reducer,
+                comm,
+            },
             net: None,
         }
     }
@@ -132,22 +146,10 @@ impl CudaDetectorTrainer {
 
 impl crate::ewa::DetectorDevice<f32> for CudaDetectorTrainer {
     fn begin(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), String> {
-        let ctx = match (self.ctx.take(), self.net.take()) {
-            (Some(c), _) => c,
-            (None, Some(n)) => {
-                self.nccl = n.sync.map(|g| g.nccl);
-                n.ctx
-            }
-            (None, None) => return Err("the GPU context is gone".into()),
-        };
-        let net = GpuDetector::new(
-            ctx,
-            model,
-            self.nccl.take(),
-            self.reducer.clone(),
-            self.comm,
-        )
-        .map_err(|e| e.to_string())?;
+        let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
+        let p = &self.parts;
+        let net = GpuDetector::new(ctx, model, nccl, p.reducer.clone(), p.comm)
+            .map_err(|e| e.to_string())?;
         self.net = Some(net);
         Ok(())
     }
