@@ -6,6 +6,7 @@ mod gate_cmd;
 mod output;
 mod place_cmd;
 mod probe_cmd;
+mod ranks;
 mod score_cmd;
 mod sweep_cmd;
 mod train_cmd;

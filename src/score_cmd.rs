@@ -386,13 +386,15 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let score_energy_note = format!("per run in the score: {energy_note}");
     let placement = match (&machine, &a.machine, &last) {
         (Some(m), Some(path), Some(s)) => {
-            // The last run's steps after the first, on the machine's roofline.
+            // The last run's steps after the first, on the machine's roofline (bagged: its
+            // first model, whose batch its team of P ranks shared).
+            let trained_by = topo.plan.map_or(ranks, |p| p.ranks_per_model);
             let measured = crate::place_cmd::from_training(
                 s,
                 &prep,
                 &a.run,
                 &a.workload,
-                (ranks, nodes),
+                (trained_by, nodes),
                 1,
                 Vec::new(),
                 Energy {

@@ -1,0 +1,155 @@
+//! The ranks of a training run: under mpirun the MPI world as the trainer's reducer (data
+//! parallel), split into teams when bagging (`score --bagging`); without a launcher a single
+//! process.
+
+use crate::Failure;
+use anyhow::anyhow;
+use roofline_workloads::layers::Reducer;
+use std::sync::Arc;
+
+/// Under mpirun: the MPI world as the trainer's reducer (data parallel), and whether this rank
+/// reports; otherwise a single process.
+#[allow(clippy::type_complexity)]
+pub fn reducer(batch: usize) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
+    let r = ranks(batch, None)?;
+    Ok((r.world, r.root))
+}
+
+/// The ranks of a run: the world's reducer, and with bagging (`models`) the reducer of this
+/// rank's team (the ranks that train its model together) and the plan.
+pub struct Ranks {
+    pub world: Option<Arc<dyn Reducer>>,
+    pub team: Option<Arc<dyn Reducer>>,
+    pub root: bool,
+    pub plan: Option<roofline_workloads::bagging::Plan>,
+}
+
+/// Under mpirun: the MPI world (split into `models` teams when bagging) as the trainer's
+/// reducers; otherwise a single process (whose bagged models share its cores).
+pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
+    use roofline_workloads::bagging::Plan;
+    let input = |e: String| Failure::Input(anyhow!(e));
+    let Some(n) = roofline_kernels::comm::launched_ranks() else {
+        let plan = match models {
+            Some(m) => Some(Plan::new(m, 1, batch).map_err(|e| input(e.to_string()))?),
+            None => None,
+        };
+        return Ok(Ranks {
+            world: None,
+            team: None,
+            root: true,
+            plan,
+        });
+    };
+    #[cfg(feature = "mpi")]
+    {
+        let _ = n;
+        let mut world =
+            roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
+                .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
+        let plan = match models {
+            Some(m) => {
+                let plan = Plan::new(m, world.size, batch).map_err(|e| input(e.to_string()))?;
+                world
+                    .form_teams(m)
+                    .map_err(|e| input(format!("MPI: {e}")))?;
+                Some(plan)
+            }
+            None => {
+                if batch % world.size != 0 {
+                    return Err(input(format!(
+                        "--batch {batch} does not divide among {} ranks",
+                        world.size
+                    )));
+                }
+                None
+            }
+        };
+        let root = world.is_root();
+        // Shared by the world's and the team's reducer, which are Send and Sync under the
+        // serialized-MPI contract below (`MpiReducer`).
+        #[allow(clippy::arc_with_non_send_sync)]
+        let world = Arc::new(world);
+        let team: Option<Arc<dyn Reducer>> = plan.map(|_| {
+            Arc::new(MpiReducer {
+                world: Arc::clone(&world),
+                team: true,
+            }) as Arc<dyn Reducer>
+        });
+        let w: Arc<dyn Reducer> = Arc::new(MpiReducer { world, team: false });
+        Ok(Ranks {
+            world: Some(w),
+            team,
+            root,
+            plan,
+        })
+    }
+    #[cfg(not(feature = "mpi"))]
+    {
+        let _ = (batch, models);
+        Err(Failure::Input(anyhow!(
+            "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run it without mpirun"
+        )))
+    }
+}
+
+/// The MPI world, or this rank's team of it, as a reducer.
+#[cfg(feature = "mpi")]
+struct MpiReducer {
+    world: Arc<roofline_kernels::comm::mpi::World>,
+    team: bool,
+}
+
+// SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and the trainer calls the reducer from
+// one thread at a time, never concurrently: on the CPU from the gradient exchange's thread only
+// (`workloads::exchange`), on GPUs from the training loop.
+#[cfg(feature = "mpi")]
+unsafe impl Send for MpiReducer {}
+#[cfg(feature = "mpi")]
+unsafe impl Sync for MpiReducer {}
+
+#[cfg(feature = "mpi")]
+impl Reducer for MpiReducer {
+    fn ranks(&self) -> usize {
+        if self.team {
+            self.world.team_size()
+        } else {
+            self.world.size
+        }
+    }
+    fn rank(&self) -> usize {
+        if self.team {
+            self.world.team_rank()
+        } else {
+            self.world.rank
+        }
+    }
+    fn sum_f64(&self, v: &mut [f64]) {
+        if self.team {
+            self.world.team_sum_f64(v)
+        } else {
+            self.world.sum_f64(v)
+        }
+    }
+    fn sum_f32(&self, v: &mut [f32]) {
+        if self.team {
+            self.world.team_sum_f32(v)
+        } else {
+            self.world.sum_f32(v)
+        }
+    }
+    fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
+        if self.team {
+            self.world.team_exchange_u16(to, send, from, recv)
+        } else {
+            self.world.exchange_u16(to, send, from, recv)
+        }
+    }
+    fn nodes(&self) -> usize {
+        if self.team {
+            self.world.team_nodes()
+        } else {
+            self.world.cluster_info().nodes
+        }
+    }
+}
