@@ -13,6 +13,7 @@ pub mod placement;
 pub mod score;
 pub mod stats;
 pub mod sweep;
+pub mod validate;
 pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};
@@ -38,10 +39,13 @@ pub enum ModelError {
     Write { path: String, message: String },
     #[error("peak database: {0}")]
     Peaks(String),
+    #[error("a value no run could have written: {0}")]
+    Invalid(#[from] validate::Invalid),
 }
 
-/// Parses `text` as a document of `schema`, rejecting any other schema with a clear error.
-pub fn from_json_with_schema<T: serde::de::DeserializeOwned>(
+/// Parses `text` as a document of `schema`, rejecting any other schema, and any value that
+/// cannot be (`validate`), with a clear error.
+pub fn from_json_with_schema<T: serde::de::DeserializeOwned + validate::Validate>(
     text: &str,
     schema: &str,
 ) -> Result<T, ModelError> {
@@ -56,11 +60,13 @@ pub fn from_json_with_schema<T: serde::de::DeserializeOwned>(
                 .unwrap_or_else(|| "no \"schema\" field".into()),
         });
     }
-    serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))
+    let doc: T = serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))?;
+    doc.validate()?;
+    Ok(doc)
 }
 
 /// Reads a document of `schema` from `path`.
-pub fn read_with_schema<T: serde::de::DeserializeOwned>(
+pub fn read_with_schema<T: serde::de::DeserializeOwned + validate::Validate>(
     path: &std::path::Path,
     schema: &str,
 ) -> Result<T, ModelError> {
