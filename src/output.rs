@@ -55,15 +55,26 @@ pub fn machine_table(m: &Machine) {
                 .unwrap_or("?".into())
         );
     }
+    let shared: &[String] = cpu
+        .shared_cores
+        .as_ref()
+        .map_or(&[], |s| s.ceilings.as_slice());
+    if let Some(s) = &cpu.shared_cores {
+        println!(
+            "WARNING: the cores were shared during this probe (all-core clock {:.0}% of one core's): the ceilings marked * understate this machine",
+            100.0 * s.ratio
+        );
+    }
     println!();
     println!(
         "{:<32} {:>14} {:>7} {:>14} {:>24}",
         "ceiling", "value", "threads", "samples", "of theoretical peak"
     );
     for c in &m.ceilings {
+        let mark = if shared.contains(&c.id) { "*" } else { "" };
         println!(
             "{:<32} {:>14} {:>7} {:>14} {:>24}",
-            c.id,
+            format!("{}{mark}", c.id),
             format!("{}{}", si(c.value), c.unit),
             c.threads,
             stats_cell(c),

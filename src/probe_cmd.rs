@@ -444,6 +444,14 @@ fn probe_node(
     cpu.measured_clock_hz_t1 = result.clock_t1.clone();
     cpu.measured_clock_hz_all = result.clock_all.clone();
     let mut notes = result.notes.clone();
+    cpu.shared_cores = roofline_model::SharedCores::detect(&cpu, &result.ceilings);
+    if let Some(s) = &cpu.shared_cores {
+        notes.push(format!(
+            "the cores were shared while the all-core ceilings ran: the all-core clock was {:.0}% of the one-core clock (two vCPUs on one physical core, or another load); {} `all` ceilings are marked as measured in that state (provenance.cpu.shared_cores) and understate this machine: probe again when it is idle",
+            100.0 * s.ratio,
+            s.ceilings.len()
+        ));
+    }
     if cores.len() < machine_cores.len() {
         notes.push(format!(
             "the `all` ceilings ran on {} of the {} cores roofline may use (--threads {})",

@@ -202,6 +202,7 @@ pub fn cpu_info(id: &CpuIdent, cores: usize) -> CpuInfo {
         }
     }
     CpuInfo {
+        shared_cores: None,
         vendor: id.vendor.clone(),
         model_name: id.model_name.clone(),
         family: id.family,

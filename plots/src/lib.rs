@@ -719,6 +719,7 @@ mod tests {
                 os: "os".into(),
                 kernel: "k".into(),
                 cpu: CpuInfo {
+                    shared_cores: None,
                     vendor: "v".into(),
                     model_name: "Test CPU".into(),
                     family: 0,

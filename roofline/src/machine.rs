@@ -200,6 +200,43 @@ pub struct CpuInfo {
     /// Core clock measured with every core running the chain at once (slowest core), Hz.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub measured_clock_hz_all: Option<Stats>,
+    /// Set when the all-core clock was far below the one-core clock: the cores were shared
+    /// (two vCPUs on one physical core, or another load) while the `all` ceilings ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shared_cores: Option<SharedCores>,
+}
+
+/// The all-core clock far below the one-core clock, and the ceilings measured in that state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SharedCores {
+    /// Median all-core clock / median one-core clock.
+    pub ratio: f64,
+    /// The `all` ceilings measured while the cores were shared: they understate the machine.
+    pub ceilings: Vec<String>,
+}
+
+impl SharedCores {
+    /// Below this all-core / one-core clock ratio the cores count as shared (turbo alone
+    /// lowers the all-core clock by 10-25% on servers; two threads on one core halve it).
+    pub const RATIO: f64 = 0.7;
+
+    /// The state of `cpu`'s clocks (None: not shared, or not measured), marking every
+    /// multi-thread `all` ceiling of `ceilings`.
+    pub fn detect(cpu: &CpuInfo, ceilings: &[Ceiling]) -> Option<SharedCores> {
+        let (t1, all) = (
+            cpu.measured_clock_hz_t1.as_ref()?,
+            cpu.measured_clock_hz_all.as_ref()?,
+        );
+        let ratio = all.median / t1.median;
+        (ratio.is_finite() && ratio < Self::RATIO).then(|| SharedCores {
+            ratio,
+            ceilings: ceilings
+                .iter()
+                .filter(|c| c.id.starts_with("cpu/") && c.id.ends_with("/all") && c.threads > 1)
+                .map(|c| c.id.clone())
+                .collect(),
+        })
+    }
 }
 
 /// Where, when, how and with what a result was measured.
@@ -403,6 +440,29 @@ mod tests {
                 "method": "m", "per_iteration": { "ops": 1.0, "bytes": 0.0 }
             }]
         })
+    }
+
+    /// Two vCPUs on one core halve the all-core clock: the `all` ceilings of more than one
+    /// thread are marked; a 10% turbo drop is not sharing.
+    #[test]
+    fn shared_cores_are_detected_from_the_clocks() {
+        let mut m = Machine::from_json(&minimal().to_string()).unwrap();
+        let mut all = m.ceilings[0].clone();
+        all.id = "cpu/fma/f32/all".into();
+        all.threads = 2;
+        m.ceilings.push(all);
+        let cpu = &mut m.provenance.cpu;
+        assert!(
+            SharedCores::detect(cpu, &m.ceilings).is_none(),
+            "no clocks measured"
+        );
+        cpu.measured_clock_hz_t1 = Stats::from_samples(&[3.0e9]);
+        cpu.measured_clock_hz_all = Stats::from_samples(&[1.55e9]);
+        let s = SharedCores::detect(cpu, &m.ceilings).unwrap();
+        assert!((s.ratio - 1.55 / 3.0).abs() < 1e-12);
+        assert_eq!(s.ceilings, vec!["cpu/fma/f32/all".to_string()]);
+        cpu.measured_clock_hz_all = Stats::from_samples(&[2.7e9]);
+        assert!(SharedCores::detect(cpu, &m.ceilings).is_none());
     }
 
     #[test]
