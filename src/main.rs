@@ -352,6 +352,8 @@ fn plot(
                 achieved: pt.achieved_flops,
                 attainable: pt.bound.attainable,
                 main,
+                share: pt.share_of_step,
+                binding: Some(pt.bound.ceiling.clone()),
             });
         }
     }

@@ -275,6 +275,8 @@ fn plot_point(p: &Point, group: &str, main: bool) -> roofline_plots::PlotPoint {
         achieved: p.achieved_flops,
         attainable: p.bound.attainable,
         main,
+        share: p.share_of_step,
+        binding: Some(p.bound.ceiling.clone()),
     }
 }
 

@@ -494,6 +494,8 @@ fn charts(s: &Sweep, m: &Machine, out: &Path, dir: &Path) -> Result<Vec<String>,
                     achieved: pl.point.achieved_flops,
                     attainable: pl.point.bound.attainable,
                     main: true,
+                    share: None,
+                    binding: Some(pl.point.bound.ceiling.clone()),
                 });
             }
             trajectories.push(line);

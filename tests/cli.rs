@@ -146,6 +146,40 @@ fn plot_draws_the_machine() {
     assert!(std::fs::read_to_string(dir.join("t1.svg"))
         .unwrap()
         .contains("cpu/mem/DRAM/read/t1"));
+    // Every roof named on the plot with its value, and no two texts overlapping, in every
+    // plot kind a single machine has.
+    for model in ["classic", "hierarchical", "node-coi"] {
+        let f = dir.join(format!("{model}.svg"));
+        let o = bin()
+            .arg("plot")
+            .arg(path)
+            .args(["--model", model, "-o"])
+            .arg(&f)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{model}: {}", stderr(&o));
+        let svg = std::fs::read_to_string(&f).unwrap();
+        let clash = roofline_plots::labels::collisions(&svg);
+        assert!(clash.is_empty(), "{model}: overlapping labels {clash:?}");
+        let texts: Vec<String> = roofline_plots::labels::text_boxes(&svg)
+            .into_iter()
+            .map(|t| t.0)
+            .collect();
+        if model != "node-coi" {
+            for name in ["L1 triad", "DRAM triad", "FMA f32", "GEMM f32"] {
+                assert!(
+                    texts
+                        .iter()
+                        .any(|t| t.starts_with(name) && t.ends_with("/s")),
+                    "{model}: no label for {name} in {texts:?}"
+                );
+            }
+        }
+        assert!(
+            texts.iter().any(|t| t.starts_with("measured ")),
+            "{model}: the subtitle"
+        );
+    }
 }
 
 /// Runs the binary and expects exit code 2 and one line on stderr naming `needle`.
@@ -717,6 +751,11 @@ fn place_puts_workloads_on_the_roofline() {
     }
     assert!(ev.iter().any(|e| e["name"] == "layer1.0.conv2"));
     let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
+    let clash = roofline_plots::labels::collisions(&svg);
+    assert!(
+        clash.is_empty(),
+        "the placement's labels overlap: {clash:?}"
+    );
     assert!(svg.contains("resnet50"));
     // A placement gates against itself (ids placement/<workload>/…).
     let o = bin()
@@ -1407,6 +1446,8 @@ fn sweep_places_a_grid_and_scales_it() {
     for chart in ["s-trend.svg", "s-scaling.svg", "s-roofline.svg"] {
         let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
         assert!(svg.contains("<svg"), "{chart}");
+        let clash = roofline_plots::labels::collisions(&svg);
+        assert!(clash.is_empty(), "{chart}: overlapping labels {clash:?}");
     }
     // The model filter: of widths 0.125 and 0.25 at depth 1,1,0,0 only the variants in range.
     let fout = dir.join("f.json");

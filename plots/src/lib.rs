@@ -5,6 +5,7 @@
 //! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
+pub mod labels;
 pub mod report;
 pub mod sweep;
 
@@ -55,6 +56,10 @@ pub struct PlotPoint {
     pub attainable: f64,
     /// The workload itself (a larger marker) rather than one of its layers.
     pub main: bool,
+    /// Its share of the step's time (a layer's): the marker's area grows with it.
+    pub share: Option<f64>,
+    /// The ceiling that binds it (its roof is drawn thicker).
+    pub binding: Option<String>,
 }
 
 impl Default for ClassicOptions {
@@ -408,16 +413,62 @@ pub fn si(v: f64) -> String {
     format!("{x:.digits$} {s}")
 }
 
-/// Renders the classic roofline of `m` as SVG text.
+/// Renders the classic roofline of `m` as SVG text: the roofs and points by plotters, then
+/// every label on its roof or beside its point, placed so that no two collide
+/// (`labels::place`), each with a tooltip.
 pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotError> {
     let model = classic_model(m, opt)?;
     let mut svg = String::new();
-    {
+    let layer = {
         let root = SVGBackend::with_string(&mut svg, (opt.width, opt.height)).into_drawing_area();
-        draw(&root, m, &model, opt).map_err(|e| PlotError::Draw(e.to_string()))?;
+        let layer = draw(&root, m, &model, opt).map_err(|e| PlotError::Draw(e.to_string()))?;
         root.present().map_err(|e| PlotError::Draw(e.to_string()))?;
+        layer
+    };
+    // plotters' own text (caption, axes) is taken before any label is placed.
+    let taken: Vec<labels::Quad> = labels::text_boxes(&svg).into_iter().map(|t| t.1).collect();
+    let placed = labels::place(layer.labels, &taken, &layer.lines, layer.area);
+    let group = labels::svg(&placed);
+    match svg.rfind("</svg>") {
+        Some(i) => svg.insert_str(i, &group),
+        None => svg.push_str(&group),
     }
     Ok(svg)
+}
+
+/// What `draw` leaves for the label layer: the labels, the roofs as pixel segments, the plot
+/// area in pixels.
+struct LabelLayer {
+    labels: Vec<labels::Label>,
+    lines: Vec<((f64, f64), (f64, f64))>,
+    area: (f64, f64, f64, f64),
+}
+
+/// A roof's name on the plot: `cpu/mem/L2/triad/t1` → "L2 triad", `gpu0/gemm/bf16` →
+/// "GEMM bf16", `cpu/fma/f32/all` → "FMA f32".
+pub fn roof_name(id: &str) -> String {
+    let mut parts: Vec<&str> = id.split('/').collect();
+    if parts.len() > 1 && (parts[0] == "cpu" || parts[0] == "agg" || parts[0].starts_with("gpu")) {
+        parts.remove(0);
+        if parts.first() == Some(&"cpu") {
+            parts.remove(0);
+        }
+    }
+    if matches!(parts.last(), Some(&"t1") | Some(&"all")) && parts.len() > 1 {
+        parts.pop();
+    }
+    let words: Vec<String> = match parts.first() {
+        Some(&"mem") => parts[1..].iter().map(|s| s.to_string()).collect(),
+        Some(&k) if ["fma", "gemm", "mma", "ert"].contains(&k) => std::iter::once(k.to_uppercase())
+            .chain(parts[1..].iter().map(|s| s.to_string()))
+            .collect(),
+        _ => parts.iter().map(|s| s.to_string()).collect(),
+    };
+    words.join(" ")
+}
+
+fn rgb(c: RGBColor) -> (u8, u8, u8) {
+    (c.0, c.1, c.2)
 }
 
 const COLORS: [RGBColor; 14] = [
@@ -454,7 +505,7 @@ fn draw(
     m: &Machine,
     model: &ClassicModel,
     opt: &ClassicOptions,
-) -> Result<(), Box<dyn std::error::Error>> {
+) -> Result<LabelLayer, Box<dyn std::error::Error>> {
     root.fill(&WHITE)?;
     let (x0, x1) = model.x_range;
     let (y0, y1) = model.y_range;
@@ -509,6 +560,74 @@ fn draw(
         .light_line_style(RGBColor(235, 235, 235))
         .draw()?;
 
+    // Pixels of a data point, and the plot area.
+    // Log-log: the same mapping as the chart's (its pixel range, owned, so that the chart can
+    // be drawn on meanwhile).
+    let (xr, yr) = chart.plotting_area().get_pixel_range();
+    let (lx0, lx1, ly0, ly1) = (x0.ln(), x1.ln(), y0.ln(), y1.ln());
+    let px = move |x: f64, y: f64| {
+        let fx = (x.ln() - lx0) / (lx1 - lx0);
+        let fy = (y.ln() - ly0) / (ly1 - ly0);
+        (
+            xr.start as f64 + fx * (xr.end - xr.start - 1) as f64,
+            yr.end as f64 - 1.0 - fy * (yr.end - yr.start - 1) as f64,
+        )
+    };
+    let (ax0, ay0) = px(x0, y1);
+    let (ax1, ay1) = px(x1, y0);
+    let area = (ax0, ay0, ax1, ay1);
+    let mut labels: Vec<labels::Label> = Vec::new();
+    let mut lines: Vec<((f64, f64), (f64, f64))> = Vec::new();
+    let mut roof_labels: Vec<labels::Label> = Vec::new();
+    // The subtitle: what is placed, and when the machine was measured.
+    let groups_placed: Vec<&str> = {
+        let mut g: Vec<&str> = Vec::new();
+        for p in opt.points.iter().filter(|p| p.main) {
+            if !g.contains(&p.group.as_str()) {
+                g.push(&p.group);
+            }
+        }
+        g
+    };
+    let subtitle = format!(
+        "{}measured {} on {}{}",
+        if groups_placed.is_empty() {
+            String::new()
+        } else {
+            format!("placed: {} · ", groups_placed.join(", "))
+        },
+        m.provenance.time_utc,
+        m.provenance.host,
+        if m.provenance.quick {
+            " (quick probe)"
+        } else {
+            ""
+        }
+    );
+    labels.push(labels::Label {
+        text: subtitle,
+        size: 12.0,
+        color: (70, 70, 70),
+        bold: false,
+        spots: vec![labels::Spot {
+            x: (ax0 + ax1) / 2.0,
+            y: ay0 - 6.0,
+            angle: 0.0,
+            anchor: labels::Anchor::Middle,
+        }],
+        avoid_lines: false,
+        owner: None,
+        title: None,
+    });
+    // The roofs that bind a placed workload are drawn thicker.
+    let binding: Vec<&str> = opt
+        .points
+        .iter()
+        .filter(|p| p.main)
+        .filter_map(|p| p.binding.as_deref())
+        .collect();
+    let width_of = |label: &str| if binding.contains(&label) { 4 } else { 2 };
+
     let top_bw = model.slanted.iter().map(|r| r.value).fold(0.0, f64::max);
     let top_flat = model
         .flat
@@ -516,6 +635,22 @@ fn draw(
         .filter(|r| !r.dashed)
         .map(|r| r.value)
         .fold(0.0, f64::max);
+    let unit = |r: &DrawnRoof| if r.slanted { "B/s" } else { "FLOP/s" };
+    let tooltip = |r: &DrawnRoof| {
+        let c = m.ceilings.iter().find(|c| c.id == r.label);
+        match c {
+            Some(c) => format!(
+                "{}: {}{} ({} samples, cv {:.2}%): {}",
+                c.id,
+                si(c.value),
+                c.unit,
+                c.stats.samples,
+                100.0 * c.stats.cv,
+                c.method
+            ),
+            None => format!("{}: {}{}", r.label, si(r.value), unit(r)),
+        }
+    };
     let mut color = 0;
     for r in &model.slanted {
         let c = COLORS[color % COLORS.len()];
@@ -527,11 +662,42 @@ fn draw(
             x1
         };
         let pts = vec![(x0, r.value * x0), (x_end, r.value * x_end)];
-        chart
-            .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
-            .label(format!("{}: {}B/s", r.label, si(r.value)))
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2)));
+        chart.draw_series(LineSeries::new(pts, c.stroke_width(width_of(&r.label))))?;
+        // The visible stretch (inside the y range), and the label along it.
+        let xa = x0.max(y0 / r.value);
+        let xb = x_end.min(y1 / r.value);
+        if xb > xa {
+            let (pa, pb) = (px(xa, r.value * xa), px(xb, r.value * xb));
+            lines.push((pa, pb));
+            let angle = (-(pb.1 - pa.1)).atan2(pb.0 - pa.0).to_degrees();
+            let spots = [0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9]
+                .iter()
+                .map(|t| {
+                    let x = (xa.ln() + t * (xb.ln() - xa.ln())).exp();
+                    let (sx, sy) = px(x, r.value * x);
+                    // Just above the line: perpendicular to it, 3 pixels out.
+                    let a = angle.to_radians();
+                    labels::Spot {
+                        x: sx - 3.0 * a.sin(),
+                        y: sy - 3.0 * a.cos(),
+                        angle,
+                        anchor: labels::Anchor::Middle,
+                    }
+                })
+                .collect();
+            roof_labels.push(labels::Label {
+                text: format!("{} {}B/s", roof_name(&r.label), si(r.value)),
+                size: 11.0,
+                color: rgb(c),
+                bold: binding.contains(&r.label.as_str()),
+                spots,
+                avoid_lines: false,
+                owner: None,
+                title: Some(tooltip(r)),
+            });
+        }
     }
+    let mut flat_labels = Vec::new();
     for r in &model.flat {
         let c = if r.dashed {
             RGBColor(90, 90, 90)
@@ -548,23 +714,51 @@ fn draw(
             x0
         };
         let pts = vec![(x_start, r.value), (x1, r.value)];
-        let label = format!("{}: {}FLOP/s", r.label, si(r.value));
         if r.dashed {
-            chart
-                .draw_series(DashedLineSeries::new(pts, 6, 4, c.stroke_width(1)))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(1))
-                });
+            chart.draw_series(DashedLineSeries::new(pts, 6, 4, c.stroke_width(1)))?;
         } else {
-            chart
-                .draw_series(LineSeries::new(pts, c.stroke_width(2)))?
-                .label(label)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
-                });
+            chart.draw_series(LineSeries::new(pts, c.stroke_width(width_of(&r.label))))?;
         }
+        let (pa, pb) = (px(x_start, r.value), px(x1, r.value));
+        lines.push((pa, pb));
+        // At its right end, above the line; then below it; then further left (near-equal
+        // roofs take turns).
+        let mut spots = Vec::new();
+        for k in 0..8 {
+            let x = pb.0 - 6.0 - 150.0 * k as f64;
+            if x < pa.0 + 40.0 {
+                break;
+            }
+            for dy in [-6.0, 14.0] {
+                spots.push(labels::Spot {
+                    x,
+                    y: pb.1 + dy,
+                    angle: 0.0,
+                    anchor: labels::Anchor::End,
+                });
+            }
+        }
+        let name = if r.dashed {
+            r.label
+                .replace("theoretical", "peak")
+                .replace(" peak (", " (theoretical, ")
+        } else {
+            roof_name(&r.label)
+        };
+        flat_labels.push(labels::Label {
+            text: format!("{name} {}FLOP/s", si(r.value)),
+            size: if r.dashed { 10.0 } else { 11.0 },
+            color: rgb(c),
+            bold: binding.contains(&r.label.as_str()),
+            spots,
+            avoid_lines: false,
+            owner: None,
+            title: Some(tooltip(r)),
+        });
     }
+    // Flat roofs first (their spots are few), then the slanted ones.
+    labels.extend(flat_labels);
+    labels.extend(roof_labels);
     // The measured ERT curve (FLOPs per element swept), where the probe made one.
     if let Some(curve) = m
         .curves
@@ -577,19 +771,46 @@ fn draw(
             .filter(|p| p.x >= x0 && p.x <= x1 && p.value >= y0 && p.value <= y1)
             .map(|p| (p.x, p.value))
             .collect();
-        if !pts.is_empty() {
-            chart
-                .draw_series(LineSeries::new(pts.clone(), BLACK.stroke_width(1)))?
-                .label(format!("{} (measured, FLOPs per element swept)", curve.id))
-                .legend(|(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 18, y)], BLACK.stroke_width(1))
-                });
-            chart.draw_series(
-                pts.into_iter()
-                    .map(|p| Cross::new(p, 4, BLACK.stroke_width(1))),
-            )?;
+        if let Some(&last) = pts.last() {
+            chart.draw_series(LineSeries::new(pts.clone(), BLACK.stroke_width(1)))?;
+            chart.draw_series(pts.iter().map(|p| Cross::new(*p, 4, BLACK.stroke_width(1))))?;
+            let (lx, ly) = px(last.0, last.1);
+            labels.push(labels::Label {
+                text: format!("{} (measured)", curve.id),
+                size: 10.0,
+                color: (0, 0, 0),
+                bold: false,
+                spots: vec![labels::Spot {
+                    x: lx + 6.0,
+                    y: ly + 4.0,
+                    angle: 0.0,
+                    anchor: labels::Anchor::Start,
+                }],
+                avoid_lines: true,
+                owner: Some((lx, ly)),
+                title: Some(format!("{}: FLOPs per element swept", curve.id)),
+            });
         }
     }
+    let around = |x: f64, y: f64, r: f64| -> Vec<labels::Spot> {
+        let s = |dx: f64, dy: f64, anchor| labels::Spot {
+            x: x + dx,
+            y: y + dy,
+            angle: 0.0,
+            anchor,
+        };
+        use labels::Anchor::{End, Middle, Start};
+        vec![
+            s(r + 4.0, 4.0, Start),
+            s(r + 4.0, 16.0, Start),
+            s(r + 4.0, -8.0, Start),
+            s(-r - 4.0, 4.0, End),
+            s(-r - 4.0, 16.0, End),
+            s(-r - 4.0, -8.0, End),
+            s(0.0, -r - 5.0, Middle),
+            s(0.0, r + 14.0, Middle),
+        ]
+    };
     for (i, rdg) in model.ridges.iter().enumerate() {
         chart.draw_series(std::iter::once(Circle::new(
             (rdg.intensity, rdg.performance),
@@ -601,13 +822,32 @@ fn draw(
         } else {
             rdg.memory.as_str()
         };
-        // Labels step down one line each so that close ridges stay readable.
-        let below = 0.8f64.powi(i as i32 + 1);
-        chart.draw_series(std::iter::once(Text::new(
-            format!("{level} ridge {:.3} FLOP/B", rdg.intensity),
-            (rdg.intensity * 1.05, rdg.performance * below),
-            ("sans-serif", 12).into_font().color(&BLACK),
-        )))?;
+        let (x, y) = px(rdg.intensity, rdg.performance);
+        // Below the compute roof (above it is the roof's own label's place).
+        let mut spots: Vec<labels::Spot> =
+            around(x, y, 4.0).into_iter().filter(|s| s.y > y).collect();
+        spots.push(labels::Spot {
+            x: x + 8.0,
+            y: y + 28.0 + 12.0 * i as f64,
+            angle: 0.0,
+            anchor: labels::Anchor::Start,
+        });
+        labels.push(labels::Label {
+            text: format!("{level} ridge {:.3} FLOP/B", rdg.intensity),
+            size: 10.0,
+            color: (0, 0, 0),
+            bold: false,
+            spots,
+            avoid_lines: true,
+            owner: Some((x, y)),
+            title: Some(format!(
+                "ridge of {} and {}: {:.4} FLOP/B, {}FLOP/s",
+                rdg.memory,
+                rdg.compute,
+                rdg.intensity,
+                si(rdg.performance)
+            )),
+        });
     }
     // Trajectories: thin grey lines through points in order, under the points.
     for t in &opt.trajectories {
@@ -622,8 +862,10 @@ fn draw(
             ))?;
         }
     }
-    // Placed points: one colour per workload, a dotted line up to the attainable bound.
+    // Placed points: one colour per workload, a dotted line up to the attainable bound; the
+    // workload's own label first, then its layers' by size.
     let mut groups: Vec<&str> = Vec::new();
+    let mut point_labels: Vec<(bool, f64, labels::Label)> = Vec::new();
     for p in opt
         .points
         .iter()
@@ -651,29 +893,54 @@ fn draw(
                 c.stroke_width(2),
             )))?;
         }
-        let r = if p.main { 7 } else { 4 };
-        let dot = chart.draw_series(std::iter::once(Circle::new((x, y), r, c.filled())))?;
-        if p.main {
-            let label = format!("{} ({}FLOP/s)", p.label, si(p.achieved));
-            dot.label(label)
-                .legend(move |(x, y)| Circle::new((x + 9, y), 5, c.filled()));
-        }
-        chart.draw_series(std::iter::once(Text::new(
-            p.label.clone(),
-            (x * 1.1, y),
-            ("sans-serif", if p.main { 13 } else { 10 })
-                .into_font()
-                .color(&c),
-        )))?;
+        // Area by share of the step's time (layers), the workload itself larger.
+        let r = if p.main {
+            7.0
+        } else {
+            3.0 + 9.0 * p.share.unwrap_or(0.0).clamp(0.0, 1.0).sqrt()
+        };
+        chart.draw_series(std::iter::once(Circle::new((x, y), r as i32, c.filled())))?;
+        let (sx, sy) = px(x, y);
+        let text = if p.main {
+            format!("{} ({}FLOP/s)", p.label, si(p.achieved))
+        } else {
+            p.label.clone()
+        };
+        point_labels.push((
+            p.main,
+            p.share.unwrap_or(0.0),
+            labels::Label {
+                text,
+                size: if p.main { 13.0 } else { 10.0 },
+                color: rgb(c),
+                bold: p.main,
+                spots: around(sx, sy, r),
+                avoid_lines: true,
+                owner: Some((sx, sy)),
+                title: Some(format!(
+                    "{}: {}FLOP/s at {:.3} FLOP/B; the roofline allows {}FLOP/s{}{}",
+                    p.label,
+                    si(p.achieved),
+                    p.intensity,
+                    si(p.attainable),
+                    p.binding
+                        .as_ref()
+                        .map(|b| format!(" under {b}"))
+                        .unwrap_or_default(),
+                    p.share
+                        .map(|s| format!("; {:.1}% of the step", 100.0 * s))
+                        .unwrap_or_default()
+                )),
+            },
+        ));
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::LowerRight)
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 12))
-        .draw()?;
-    Ok(())
+    point_labels.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
+    labels.extend(point_labels.into_iter().map(|p| p.2));
+    Ok(LabelLayer {
+        labels,
+        lines,
+        area,
+    })
 }
 
 #[cfg(test)]

@@ -33,6 +33,8 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
         .max(1.0)
         * 1.15;
     let mut svg = String::new();
+    let mut labels: Vec<crate::labels::Label> = Vec::new();
+    let area;
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 640)).into_drawing_area();
         root.fill(&WHITE).map_err(err)?;
@@ -52,6 +54,21 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
+        // Pixels of a point (log x, linear y), for the labels placed after plotters' text.
+        let (xr, yr) = chart.plotting_area().get_pixel_range();
+        area = (
+            xr.start as f64,
+            yr.start as f64,
+            xr.end as f64,
+            yr.end as f64,
+        );
+        let px = |x: f64, y: f64| {
+            let fx = (x.ln() - x0.ln()) / (x1.ln() - x0.ln());
+            (
+                xr.start as f64 + fx * (xr.end - xr.start - 1) as f64,
+                yr.end as f64 - 1.0 - y / y1 * (yr.end - yr.start - 1) as f64,
+            )
+        };
         for (i, p) in procs.iter().enumerate() {
             let c = POINT_COLORS[i % POINT_COLORS.len()];
             let mut pts: Vec<(f64, f64)> = points
@@ -70,15 +87,33 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
             chart
                 .draw_series(pts.iter().map(|&q| Circle::new(q, 5, c.filled())))
                 .map_err(err)?;
-            chart
-                .draw_series(pts.iter().map(|&(x, y)| {
-                    Text::new(
-                        format!("{y:.1}%"),
-                        (x * 1.05, y + y1 * 0.015),
-                        ("sans-serif", 11).into_font().color(&c),
-                    )
-                }))
-                .map_err(err)?;
+            for &(x, y) in &pts {
+                let (sx, sy) = px(x, y);
+                let spot = |dx: f64, dy: f64, anchor| crate::labels::Spot {
+                    x: sx + dx,
+                    y: sy + dy,
+                    angle: 0.0,
+                    anchor,
+                };
+                use crate::labels::Anchor::{End, Middle, Start};
+                labels.push(crate::labels::Label {
+                    text: format!("{y:.1}%"),
+                    size: 11.0,
+                    color: (c.0, c.1, c.2),
+                    bold: false,
+                    spots: vec![
+                        spot(0.0, -9.0, Middle),
+                        spot(8.0, -4.0, Start),
+                        spot(0.0, 18.0, Middle),
+                        spot(-8.0, -4.0, End),
+                        spot(8.0, 12.0, Start),
+                        spot(-8.0, 12.0, End),
+                    ],
+                    avoid_lines: false,
+                    owner: Some((sx, sy)),
+                    title: None,
+                });
+            }
         }
         chart
             .configure_series_labels()
@@ -88,6 +123,14 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
             .draw()
             .map_err(err)?;
         root.present().map_err(err)?;
+    }
+    let taken: Vec<crate::labels::Quad> = crate::labels::text_boxes(&svg)
+        .into_iter()
+        .map(|t| t.1)
+        .collect();
+    let placed = crate::labels::place(labels, &taken, &[], area);
+    if let Some(i) = svg.rfind("</svg>") {
+        svg.insert_str(i, &crate::labels::svg(&placed));
     }
     Ok(svg)
 }
