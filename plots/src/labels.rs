@@ -55,6 +55,9 @@ pub struct Label {
 /// An oriented rectangle: four corners.
 pub type Quad = [(f64, f64); 4];
 
+/// A line segment in pixels.
+pub type Segment = ((f64, f64), (f64, f64));
+
 /// The box of `text` at `spot` in font size `size`.
 pub fn quad(text: &str, size: f64, spot: &Spot) -> Quad {
     let w = 0.6 * size * text.chars().count() as f64;
@@ -134,7 +137,7 @@ pub fn crosses(quad: &Quad, p: (f64, f64), q: (f64, f64)) -> bool {
 pub struct Placed {
     pub label: Label,
     pub spot: Spot,
-    pub leader: Option<((f64, f64), (f64, f64))>,
+    pub leader: Option<Segment>,
 }
 
 /// Places `labels` in order (earlier labels win) inside the `area` (x0, y0, x1, y1), avoiding
@@ -142,7 +145,7 @@ pub struct Placed {
 pub fn place(
     labels: Vec<Label>,
     taken: &[Quad],
-    lines: &[((f64, f64), (f64, f64))],
+    lines: &[Segment],
     area: (f64, f64, f64, f64),
 ) -> Vec<Placed> {
     let mut boxes: Vec<Quad> = taken.to_vec();

@@ -440,7 +440,7 @@ pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotErro
 /// area in pixels.
 struct LabelLayer {
     labels: Vec<labels::Label>,
-    lines: Vec<((f64, f64), (f64, f64))>,
+    lines: Vec<labels::Segment>,
     area: (f64, f64, f64, f64),
 }
 
@@ -577,7 +577,7 @@ fn draw(
     let (ax1, ay1) = px(x1, y0);
     let area = (ax0, ay0, ax1, ay1);
     let mut labels: Vec<labels::Label> = Vec::new();
-    let mut lines: Vec<((f64, f64), (f64, f64))> = Vec::new();
+    let mut lines: Vec<labels::Segment> = Vec::new();
     let mut roof_labels: Vec<labels::Label> = Vec::new();
     // The subtitle: what is placed, and when the machine was measured.
     let groups_placed: Vec<&str> = {
