@@ -184,7 +184,9 @@ enum Command {
     Plot {
         /// The machine.json written by `roofline probe`.
         machine: PathBuf,
-        /// Where to write the SVG.
+        /// Where to write the SVG; a name ending in .html writes the interactive page instead
+        /// (one self-contained file: the same figure, a tooltip on every roof, point and label,
+        /// a switch for every roof and placed workload).
         #[arg(short, long, default_value = "roofline.svg")]
         output: PathBuf,
         /// Which ceilings: those of one thread (t1) or of one thread per core (all).
@@ -395,7 +397,22 @@ fn plot(
         ..Default::default()
     };
     let svg = roofline_plots::classic_svg(&m, &opt).map_err(|e| Failure::Input(e.into()))?;
-    write_atomic(output, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    // `.html`: the interactive page (tooltips, switches) around the same figure.
+    let text = if output
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("html"))
+    {
+        roofline_plots::html::interactive(
+            &svg,
+            &format!(
+                "Roofline of {} ({}), measured {}",
+                m.provenance.host, m.provenance.cpu.model_name, m.provenance.time_utc
+            ),
+        )
+    } else {
+        svg
+    };
+    write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     println!("wrote {}", output.display());
     Ok(())
 }

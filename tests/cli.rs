@@ -1504,3 +1504,62 @@ fn sweep_places_a_grid_and_scales_it() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// `plot -o roofline.html`: one self-contained page with the figure, a switch per roof and per
+/// placed workload, and tooltips; in headless Chromium (Debian's chromium; .ci/run installs
+/// it) the page's self-check shows a tooltip naming a ceiling with its samples, switches a roof
+/// off, and finds no two labels overlapping as the browser lays them out.
+#[test]
+fn plot_writes_an_interactive_page() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("html");
+    let page = dir.join("roofline.html");
+    let o = bin()
+        .arg("plot")
+        .arg(machine)
+        .arg("-o")
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<svg"));
+    assert!(
+        !html.contains("src=\"http") && !html.contains("<link") && !html.contains("href=\"http"),
+        "no external asset"
+    );
+    assert!(html.contains("data-key=\"roof\" data-value=\"cpu/mem/DRAM/triad/all\""));
+    assert!(html.matches("data-tip=").count() > 10);
+    let Some(chrome) = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+    else {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and no chromium"
+        );
+        eprintln!("skipped the browser check: no chromium");
+        return;
+    };
+    let dom = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}#selftest", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let body = dom
+        .find("<body")
+        .map(|i| &dom[i..i + dom[i..].find('>').unwrap_or(0)])
+        .unwrap_or("");
+    assert!(body.contains("data-overlaps=\"0\""), "{body}");
+    assert!(body.contains("samples, cv"), "the tooltip shows: {body}");
+    assert!(
+        body.contains("data-switched=\"cpu/"),
+        "a roof switched off: {body}"
+    );
+}

@@ -48,8 +48,11 @@ pub struct Label {
     pub avoid_lines: bool,
     /// The point it belongs to, for a leader line when no candidate is free.
     pub owner: Option<(f64, f64)>,
-    /// A tooltip (SVG `<title>`).
+    /// A tooltip (SVG `<title>`, and `data-tip` for the interactive page).
     pub title: Option<String>,
+    /// What it belongs to, as a `data-` attribute (`roof` → a ceiling id, `group` → a placed
+    /// workload): the interactive page switches them on and off together.
+    pub data: Option<(&'static str, String)>,
 }
 
 /// An oriented rectangle: four corners.
@@ -207,7 +210,15 @@ pub fn place(
     out
 }
 
-fn esc(s: &str) -> String {
+/// ` data-<key>="<value>"`, or nothing.
+pub fn data_attr(d: &Option<(&'static str, String)>) -> String {
+    d.as_ref()
+        .map(|(k, v)| format!(" data-{k}=\"{}\"", esc(v)))
+        .unwrap_or_default()
+}
+
+/// XML text escaping.
+pub fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -221,7 +232,8 @@ pub fn svg(placed: &[Placed]) -> String {
         if let Some(((x0, y0), (x1, y1))) = p.leader {
             let (r, g, b) = p.label.color;
             s.push_str(&format!(
-                "<line x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"0.8\"/>\n"
+                "<line x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"0.8\"{}/>\n",
+                data_attr(&p.label.data)
             ));
         }
     }
@@ -242,13 +254,20 @@ pub fn svg(placed: &[Placed]) -> String {
             .as_ref()
             .map(|t| format!("<title>{}</title>", esc(t)))
             .unwrap_or_default();
+        let tip = p
+            .label
+            .title
+            .as_ref()
+            .map(|t| format!(" data-tip=\"{}\"", esc(t)))
+            .unwrap_or_default();
         s.push_str(&format!(
-            "<text class=\"label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" font-family=\"sans-serif\" font-size=\"{:.1}\"{} fill=\"rgb({r},{g},{b})\"{rotate}>{title}{}</text>\n",
+            "<text class=\"label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" font-family=\"sans-serif\" font-size=\"{:.1}\"{} fill=\"rgb({r},{g},{b})\"{rotate}{}{tip}>{title}{}</text>\n",
             sp.x,
             sp.y,
             sp.anchor.svg(),
             p.label.size,
             if p.label.bold { " font-weight=\"bold\"" } else { "" },
+            data_attr(&p.label.data),
             esc(&p.label.text)
         ));
     }
@@ -380,6 +399,7 @@ mod tests {
             avoid_lines: true,
             owner: Some((50.0, 50.0)),
             title: None,
+            data: None,
         };
         let placed = place(
             vec![

@@ -5,6 +5,7 @@
 //! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
+pub mod html;
 pub mod labels;
 pub mod report;
 pub mod sweep;
@@ -428,7 +429,11 @@ pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotErro
     // plotters' own text (caption, axes) is taken before any label is placed.
     let taken: Vec<labels::Quad> = labels::text_boxes(&svg).into_iter().map(|t| t.1).collect();
     let placed = labels::place(layer.labels, &taken, &layer.lines, layer.area);
-    let group = labels::svg(&placed);
+    let group = format!(
+        "<g id=\"shapes\">\n{}</g>\n{}",
+        layer.shapes,
+        labels::svg(&placed)
+    );
     match svg.rfind("</svg>") {
         Some(i) => svg.insert_str(i, &group),
         None => svg.push_str(&group),
@@ -439,6 +444,10 @@ pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotErro
 /// What `draw` leaves for the label layer: the labels, the roofs as pixel segments, the plot
 /// area in pixels.
 struct LabelLayer {
+    /// The roofs and the placed points, as SVG with `data-roof`/`data-group` and `data-tip`
+    /// attributes (drawn here rather than by plotters so that the interactive page can switch
+    /// them and show their tooltips).
+    shapes: String,
     labels: Vec<labels::Label>,
     lines: Vec<labels::Segment>,
     area: (f64, f64, f64, f64),
@@ -469,6 +478,52 @@ pub fn roof_name(id: &str) -> String {
 
 fn rgb(c: RGBColor) -> (u8, u8, u8) {
     (c.0, c.1, c.2)
+}
+
+/// A roof as SVG: the visible line and a wider transparent one over it that takes the pointer
+/// (its tooltip), both tagged with the ceiling's id.
+fn roof_line(
+    id: &str,
+    tip: &str,
+    ((xa, ya), (xb, yb)): labels::Segment,
+    (r, g, b): (u8, u8, u8),
+    width: u32,
+    dashed: bool,
+) -> String {
+    let (id, tip) = (labels::esc(id), labels::esc(tip));
+    let dash = if dashed {
+        " stroke-dasharray=\"6,4\""
+    } else {
+        ""
+    };
+    format!(
+        "<line class=\"roof\" data-roof=\"{id}\" x1=\"{xa:.1}\" y1=\"{ya:.1}\" x2=\"{xb:.1}\" y2=\"{yb:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"{width}\"{dash}/>\n<line class=\"hit\" data-roof=\"{id}\" data-tip=\"{tip}\" x1=\"{xa:.1}\" y1=\"{ya:.1}\" x2=\"{xb:.1}\" y2=\"{yb:.1}\" stroke=\"rgba(0,0,0,0)\" stroke-width=\"10\"><title>{tip}</title></line>\n"
+    )
+}
+
+/// A placed point as SVG: a dotted line up to its attainable bound (`top`, pixels) with a
+/// tick there, and the marker, tagged with its workload.
+fn point_shape(
+    group: &str,
+    tip: &str,
+    (x, y): (f64, f64),
+    top: Option<f64>,
+    radius: f64,
+    (r, g, b): (u8, u8, u8),
+) -> String {
+    let (group, tip) = (labels::esc(group), labels::esc(tip));
+    let mut s = String::new();
+    if let Some(t) = top {
+        s.push_str(&format!(
+            "<line data-group=\"{group}\" x1=\"{x:.1}\" y1=\"{y:.1}\" x2=\"{x:.1}\" y2=\"{t:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"1\" stroke-dasharray=\"3,3\"/>\n<line data-group=\"{group}\" x1=\"{:.1}\" y1=\"{t:.1}\" x2=\"{:.1}\" y2=\"{t:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"2\"/>\n",
+            x - 6.0,
+            x + 6.0
+        ));
+    }
+    s.push_str(&format!(
+        "<circle class=\"point\" data-group=\"{group}\" data-tip=\"{tip}\" cx=\"{x:.1}\" cy=\"{y:.1}\" r=\"{radius:.1}\" fill=\"rgb({r},{g},{b})\"><title>{tip}</title></circle>\n"
+    ));
+    s
 }
 
 const COLORS: [RGBColor; 14] = [
@@ -579,6 +634,7 @@ fn draw(
     let mut labels: Vec<labels::Label> = Vec::new();
     let mut lines: Vec<labels::Segment> = Vec::new();
     let mut roof_labels: Vec<labels::Label> = Vec::new();
+    let mut shapes = String::new();
     // The subtitle: what is placed, and when the machine was measured.
     let groups_placed: Vec<&str> = {
         let mut g: Vec<&str> = Vec::new();
@@ -618,6 +674,7 @@ fn draw(
         avoid_lines: false,
         owner: None,
         title: None,
+        data: None,
     });
     // The roofs that bind a placed workload are drawn thicker.
     let binding: Vec<&str> = opt
@@ -661,14 +718,20 @@ fn draw(
         } else {
             x1
         };
-        let pts = vec![(x0, r.value * x0), (x_end, r.value * x_end)];
-        chart.draw_series(LineSeries::new(pts, c.stroke_width(width_of(&r.label))))?;
         // The visible stretch (inside the y range), and the label along it.
         let xa = x0.max(y0 / r.value);
         let xb = x_end.min(y1 / r.value);
         if xb > xa {
             let (pa, pb) = (px(xa, r.value * xa), px(xb, r.value * xb));
             lines.push((pa, pb));
+            shapes.push_str(&roof_line(
+                &r.label,
+                &tooltip(r),
+                (pa, pb),
+                rgb(c),
+                width_of(&r.label),
+                false,
+            ));
             let angle = (-(pb.1 - pa.1)).atan2(pb.0 - pa.0).to_degrees();
             let spots = [0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9]
                 .iter()
@@ -694,6 +757,7 @@ fn draw(
                 avoid_lines: false,
                 owner: None,
                 title: Some(tooltip(r)),
+                data: Some(("roof", r.label.clone())),
             });
         }
     }
@@ -713,14 +777,16 @@ fn draw(
         } else {
             x0
         };
-        let pts = vec![(x_start, r.value), (x1, r.value)];
-        if r.dashed {
-            chart.draw_series(DashedLineSeries::new(pts, 6, 4, c.stroke_width(1)))?;
-        } else {
-            chart.draw_series(LineSeries::new(pts, c.stroke_width(width_of(&r.label))))?;
-        }
         let (pa, pb) = (px(x_start, r.value), px(x1, r.value));
         lines.push((pa, pb));
+        shapes.push_str(&roof_line(
+            &r.label,
+            &tooltip(r),
+            (pa, pb),
+            rgb(c),
+            if r.dashed { 1 } else { width_of(&r.label) },
+            r.dashed,
+        ));
         // At its right end, above the line; then below it; then further left (near-equal
         // roofs take turns).
         let mut spots = Vec::new();
@@ -754,6 +820,7 @@ fn draw(
             avoid_lines: false,
             owner: None,
             title: Some(tooltip(r)),
+            data: Some(("roof", r.label.clone())),
         });
     }
     // Flat roofs first (their spots are few), then the slanted ones.
@@ -789,6 +856,7 @@ fn draw(
                 avoid_lines: true,
                 owner: Some((lx, ly)),
                 title: Some(format!("{}: FLOPs per element swept", curve.id)),
+                data: None,
             });
         }
     }
@@ -847,6 +915,7 @@ fn draw(
                 rdg.intensity,
                 si(rdg.performance)
             )),
+            data: Some(("roof", rdg.memory.clone())),
         });
     }
     // Trajectories: thin grey lines through points in order, under the points.
@@ -881,26 +950,35 @@ fn draw(
         let c = POINT_COLORS[g % POINT_COLORS.len()];
         let (x, y) = (p.intensity.clamp(x0, x1), p.achieved.clamp(y0, y1));
         let top = p.attainable.clamp(y0, y1);
-        if top > y {
-            chart.draw_series(DashedLineSeries::new(
-                vec![(x, y), (x, top)],
-                3,
-                3,
-                c.stroke_width(1),
-            ))?;
-            chart.draw_series(std::iter::once(PathElement::new(
-                vec![(x / 1.08, top), (x * 1.08, top)],
-                c.stroke_width(2),
-            )))?;
-        }
         // Area by share of the step's time (layers), the workload itself larger.
         let r = if p.main {
             7.0
         } else {
             3.0 + 9.0 * p.share.unwrap_or(0.0).clamp(0.0, 1.0).sqrt()
         };
-        chart.draw_series(std::iter::once(Circle::new((x, y), r as i32, c.filled())))?;
         let (sx, sy) = px(x, y);
+        let tip = format!(
+            "{}: {}FLOP/s at {:.3} FLOP/B; the roofline allows {}FLOP/s{}{}",
+            p.label,
+            si(p.achieved),
+            p.intensity,
+            si(p.attainable),
+            p.binding
+                .as_ref()
+                .map(|b| format!(" under {b}"))
+                .unwrap_or_default(),
+            p.share
+                .map(|s| format!("; {:.1}% of the step", 100.0 * s))
+                .unwrap_or_default()
+        );
+        shapes.push_str(&point_shape(
+            &p.group,
+            &tip,
+            (sx, sy),
+            if top > y { Some(px(x, top).1) } else { None },
+            r,
+            rgb(c),
+        ));
         let text = if p.main {
             format!("{} ({}FLOP/s)", p.label, si(p.achieved))
         } else {
@@ -917,26 +995,15 @@ fn draw(
                 spots: around(sx, sy, r),
                 avoid_lines: true,
                 owner: Some((sx, sy)),
-                title: Some(format!(
-                    "{}: {}FLOP/s at {:.3} FLOP/B; the roofline allows {}FLOP/s{}{}",
-                    p.label,
-                    si(p.achieved),
-                    p.intensity,
-                    si(p.attainable),
-                    p.binding
-                        .as_ref()
-                        .map(|b| format!(" under {b}"))
-                        .unwrap_or_default(),
-                    p.share
-                        .map(|s| format!("; {:.1}% of the step", 100.0 * s))
-                        .unwrap_or_default()
-                )),
+                title: Some(tip),
+                data: Some(("group", p.group.clone())),
             },
         ));
     }
     point_labels.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
     labels.extend(point_labels.into_iter().map(|p| p.2));
     Ok(LabelLayer {
+        shapes,
         labels,
         lines,
         area,

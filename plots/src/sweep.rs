@@ -112,6 +112,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
                     avoid_lines: false,
                     owner: Some((sx, sy)),
                     title: None,
+                    data: None,
                 });
             }
         }

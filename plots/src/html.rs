@@ -1,0 +1,135 @@
+//! The interactive roofline page (`roofline plot … -o roofline.html`): one self-contained HTML
+//! file — no network, no external asset — holding the same SVG figure, with a tooltip for every
+//! roof, point and label (its id, value, samples, spread, method), a switch for every roof and
+//! every placed workload, and a self-check (`#selftest` in the address: it shows the first
+//! tooltip, switches the first roof off and counts overlapping label boxes as the browser
+//! lays them out, into `data-` attributes of the body, for headless tests).
+
+use crate::labels::esc;
+
+/// The distinct values of `data-<key>` in `svg`, in order of appearance.
+fn distinct(svg: &str, key: &str) -> Vec<String> {
+    let k = format!("data-{key}=\"");
+    let mut out: Vec<String> = Vec::new();
+    let mut rest = svg;
+    while let Some(i) = rest.find(&k) {
+        rest = &rest[i + k.len()..];
+        if let Some(v) = rest.split('"').next() {
+            if !out.iter().any(|o| o == v) {
+                out.push(v.to_string());
+            }
+        }
+    }
+    out
+}
+
+const SCRIPT: &str = r#"
+const tip = document.getElementById('tip');
+function show(e, x, y) {
+  tip.textContent = e.getAttribute('data-tip');
+  tip.hidden = false;
+  tip.style.left = (x + 14) + 'px';
+  tip.style.top = (y + 14) + 'px';
+}
+document.querySelectorAll('[data-tip]').forEach(e => {
+  e.addEventListener('mouseover', ev => show(e, ev.pageX, ev.pageY));
+  e.addEventListener('mousemove', ev => show(e, ev.pageX, ev.pageY));
+  e.addEventListener('mouseout', () => { tip.hidden = true; });
+});
+function members(c) {
+  const [k, v] = [c.dataset.key, c.dataset.value];
+  return [...document.querySelectorAll('[data-' + k + ']')]
+    .filter(e => e.getAttribute('data-' + k) === v);
+}
+document.querySelectorAll('input[data-key]').forEach(c => {
+  c.addEventListener('change', () => {
+    members(c).forEach(e => { e.style.display = c.checked ? '' : 'none'; });
+  });
+});
+function overlaps() {
+  // Unrotated labels as the browser lays them out (rotated ones are checked in the SVG).
+  const boxes = [...document.querySelectorAll('svg text')]
+    .filter(t => !t.hasAttribute('transform') && t.style.display !== 'none' && t.textContent.trim())
+    .map(t => t.getBoundingClientRect());
+  let n = 0;
+  for (let i = 0; i < boxes.length; i++)
+    for (let j = i + 1; j < boxes.length; j++) {
+      const a = boxes[i], b = boxes[j];
+      const same = a.left === b.left && a.top === b.top && a.width === b.width;
+      if (!same && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) n++;
+    }
+  return n;
+}
+if (location.hash === '#selftest') {
+  const first = document.querySelector('.roof ~ .hit[data-tip], [data-tip]');
+  const r = first.getBoundingClientRect();
+  first.dispatchEvent(new MouseEvent('mouseover', {bubbles: true, clientX: r.left, clientY: r.top}));
+  document.body.dataset.tip = tip.hidden ? '' : tip.textContent;
+  document.body.dataset.overlaps = String(overlaps());
+  const c = document.querySelector('input[data-key="roof"]');
+  if (c) {
+    c.click();
+    document.body.dataset.switched = members(c).every(e => e.style.display === 'none') ? c.dataset.value : '';
+  }
+}
+"#;
+
+/// The page for `svg` (a `classic_svg` figure) titled `title`.
+pub fn interactive(svg: &str, title: &str) -> String {
+    let roofs = distinct(svg, "roof");
+    let groups = distinct(svg, "group");
+    let switch = |key: &str, v: &str| {
+        format!(
+            "<label><input type=\"checkbox\" checked data-key=\"{key}\" data-value=\"{}\"> {}</label>\n",
+            v,
+            v
+        )
+    };
+    let mut h = String::new();
+    h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
+    h.push_str(&format!("<title>{}</title>", esc(title)));
+    h.push_str(
+        "<style>body{font-family:sans-serif;margin:16px;color:#222}#controls{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:13px;margin:8px 0}#controls fieldset{border:1px solid #ccc}#tip{position:absolute;max-width:480px;background:#fffbe6;border:1px solid #999;padding:4px 6px;font-size:12px;pointer-events:none;white-space:pre-wrap}.hit{cursor:help}.point{cursor:help}svg text[data-tip]{cursor:help}</style></head><body>\n",
+    );
+    h.push_str(&format!(
+        "<h1 style=\"font-size:18px\">{}</h1>\n",
+        esc(title)
+    ));
+    h.push_str("<div id=\"controls\">");
+    if !groups.is_empty() {
+        h.push_str("<fieldset><legend>placed</legend>\n");
+        for g in &groups {
+            h.push_str(&switch("group", g));
+        }
+        h.push_str("</fieldset>");
+    }
+    h.push_str("<fieldset><legend>roofs</legend>\n");
+    for r in &roofs {
+        h.push_str(&switch("roof", r));
+    }
+    h.push_str("</fieldset></div>\n<div id=\"figure\">\n");
+    // The SVG inline, without its XML prologue.
+    h.push_str(
+        svg.trim_start_matches(|c| c != '<')
+            .trim_start_matches(|c: char| c != '<'),
+    );
+    h.push_str("\n</div>\n<div id=\"tip\" hidden></div>\n<script>");
+    h.push_str(SCRIPT);
+    h.push_str("</script>\n</body></html>\n");
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_switch_per_roof_and_workload_and_no_external_asset() {
+        let svg = "<svg><line data-roof=\"cpu/fma/f32/all\" data-tip=\"a\"/><line data-roof=\"cpu/fma/f32/all\"/><circle data-group=\"resnet50\"/><line data-roof=\"cpu/mem/L1/triad/all\"/></svg>";
+        let h = interactive(svg, "t");
+        assert_eq!(h.matches("data-key=\"roof\"").count(), 2);
+        assert_eq!(h.matches("data-key=\"group\"").count(), 1);
+        assert!(!h.contains("http") && !h.contains("src="), "self-contained");
+        assert!(h.contains("<svg>") && h.contains("id=\"tip\""));
+    }
+}
