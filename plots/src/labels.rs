@@ -158,13 +158,26 @@ pub fn place(
             .all(|p| p.0 >= area.0 && p.0 <= area.2 && p.1 >= area.1 && p.1 <= area.3)
     };
     for l in labels {
-        let free = |s: &Spot, boxes: &[Quad]| {
+        let free_of = |s: &Spot, boxes: &[Quad], avoid: bool| {
             let q = quad(&l.text, l.size, s);
             inside(&q)
                 && !boxes.iter().any(|b| overlap(&q, b, -1.0))
-                && !(l.avoid_lines && lines.iter().any(|&(p, r)| crosses(&q, p, r)))
+                && !(avoid && lines.iter().any(|&(p, r)| crosses(&q, p, r)))
         };
-        let mut chosen = l.spots.iter().find(|s| free(s, &boxes)).copied();
+        let free = |s: &Spot, boxes: &[Quad]| free_of(s, boxes, l.avoid_lines);
+        // A candidate clear of text and lines; then (a label without an owner, on its roof)
+        // one clear of text only.
+        let mut chosen = l
+            .spots
+            .iter()
+            .find(|s| free(s, &boxes))
+            .or_else(|| {
+                l.owner
+                    .is_none()
+                    .then(|| l.spots.iter().find(|s| free_of(s, &boxes, false)))
+                    .flatten()
+            })
+            .copied();
         let mut leader = None;
         if chosen.is_none() {
             // A leader line: spots on rings around the owner (or the first candidate).

@@ -733,7 +733,7 @@ fn draw(
                 false,
             ));
             let angle = (-(pb.1 - pa.1)).atan2(pb.0 - pa.0).to_degrees();
-            let spots = [0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9]
+            let spots = [0.5, 0.4, 0.6, 0.3, 0.7, 0.2, 0.8, 0.12, 0.88]
                 .iter()
                 .map(|t| {
                     let x = (xa.ln() + t * (xb.ln() - xa.ln())).exp();
@@ -754,7 +754,7 @@ fn draw(
                 color: rgb(c),
                 bold: binding.contains(&r.label.as_str()),
                 spots,
-                avoid_lines: false,
+                avoid_lines: true,
                 owner: None,
                 title: Some(tooltip(r)),
                 data: Some(("roof", r.label.clone())),
@@ -790,8 +790,8 @@ fn draw(
         // At its right end, above the line; then below it; then further left (near-equal
         // roofs take turns).
         let mut spots = Vec::new();
-        for k in 0..8 {
-            let x = pb.0 - 6.0 - 150.0 * k as f64;
+        for k in 0..16 {
+            let x = pb.0 - 6.0 - 60.0 * k as f64;
             if x < pa.0 + 40.0 {
                 break;
             }
@@ -817,7 +817,7 @@ fn draw(
             color: rgb(c),
             bold: binding.contains(&r.label.as_str()),
             spots,
-            avoid_lines: false,
+            avoid_lines: true,
             owner: None,
             title: Some(tooltip(r)),
             data: Some(("roof", r.label.clone())),
