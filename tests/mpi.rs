@@ -165,6 +165,8 @@ fn two_pretend_nodes_give_inter_node_ceilings_aggregates_and_the_distributed_plo
     ] {
         assert!(s.contains(roof), "{roof} not drawn");
     }
+    let clash = roofline_plots::labels::collisions(&s);
+    assert!(clash.is_empty(), "dist-coi: overlapping labels {clash:?}");
     let p = Command::new(env!("CARGO_BIN_EXE_roofline"))
         .args(["plot", "--model", "node-coi"])
         .arg(&out)
@@ -173,6 +175,9 @@ fn two_pretend_nodes_give_inter_node_ceilings_aggregates_and_the_distributed_plo
         .output()
         .unwrap();
     assert!(p.status.success(), "{}", text(&p));
+    let s = std::fs::read_to_string(dir.join("node.svg")).unwrap();
+    let clash = roofline_plots::labels::collisions(&s);
+    assert!(clash.is_empty(), "node-coi: overlapping labels {clash:?}");
 }
 
 #[test]
