@@ -127,8 +127,8 @@ mod tests {
     fn a_switch_per_roof_and_workload_and_no_external_asset() {
         let svg = "<svg><line data-roof=\"cpu/fma/f32/all\" data-tip=\"a\"/><line data-roof=\"cpu/fma/f32/all\"/><circle data-group=\"resnet50\"/><line data-roof=\"cpu/mem/L1/triad/all\"/></svg>";
         let h = interactive(svg, "t");
-        assert_eq!(h.matches("data-key=\"roof\"").count(), 2);
-        assert_eq!(h.matches("data-key=\"group\"").count(), 1);
+        assert_eq!(h.matches("data-key=\"roof\" data-value=").count(), 2);
+        assert_eq!(h.matches("data-key=\"group\" data-value=").count(), 1);
         assert!(!h.contains("http") && !h.contains("src="), "self-contained");
         assert!(h.contains("<svg>") && h.contains("id=\"tip\""));
     }

@@ -134,7 +134,9 @@ fn ceiling(c: &Ceiling) -> Result<(), Invalid> {
     }
     let units: &[&str] = match c.kind {
         CeilingKind::Compute => &["FLOP/s", "OP/s"],
-        CeilingKind::Memory | CeilingKind::Comm => &["B/s"],
+        CeilingKind::Memory => &["B/s"],
+        // Communication: bandwidth, or a latency in seconds (`net/p2p/…/latency`).
+        CeilingKind::Comm => &["B/s", "s"],
         // Storage: bytes, or files (small-file metadata rates) per second.
         CeilingKind::Io => &["B/s", "file/s"],
     };
