@@ -182,6 +182,27 @@ fn plot_draws_the_machine() {
     }
 }
 
+/// Headless Chromium (Debian's chromium package; .ci/run installs it), or None after saying
+/// that `what` is skipped; under CI=true its absence fails the test.
+fn chromium(what: &str) -> Option<&'static str> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and no chromium"
+        );
+        eprintln!("skipped {what}: no chromium");
+    }
+    found
+}
+
 /// Runs the binary and expects exit code 2 and one line on stderr naming `needle`.
 fn expect_input_error(args: &[&str], extra: Option<&Path>, needle: &str) {
     let mut cmd = bin();
@@ -937,21 +958,7 @@ fn score_writes_score_json_and_a_report_that_renders() {
         !html.contains("src=\"http") && !html.contains("<link") && !html.contains("<script"),
         "no external assets, no script"
     );
-    // Headless Chromium (Debian's chromium package; .ci/run installs it).
-    let Some(chrome) = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-    else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true and no chromium"
-        );
-        eprintln!("skipped the rendering check: no chromium");
+    let Some(chrome) = chromium("the rendering check") else {
         return;
     };
     let png = dir.join("report.png");
@@ -1530,20 +1537,7 @@ fn plot_writes_an_interactive_page() {
     );
     assert!(html.contains("data-key=\"roof\" data-value=\"cpu/mem/DRAM/triad/all\""));
     assert!(html.matches("data-tip=").count() > 10);
-    let Some(chrome) = ["chromium", "chromium-browser", "google-chrome"]
-        .into_iter()
-        .find(|c| {
-            Command::new(c)
-                .arg("--version")
-                .output()
-                .is_ok_and(|o| o.status.success())
-        })
-    else {
-        assert!(
-            std::env::var("CI").as_deref() != Ok("true"),
-            "CI=true and no chromium"
-        );
-        eprintln!("skipped the browser check: no chromium");
+    let Some(chrome) = chromium("the browser check") else {
         return;
     };
     let dom = Command::new(chrome)
