@@ -1,0 +1,367 @@
+//! End-to-end tests of the `roofline` binary: `place` and `sweep`: workloads and kernels on the roofline, grids of them.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+/// `place` puts a GEMM right of the ridge (compute-bound), a large triad left of it
+/// (memory-bound on the DRAM roof), and a small ResNet with its layers, time breakdown,
+/// advice, plot and trace. Nothing here depends on how fast the machine is.
+#[test]
+fn place_puts_workloads_on_the_roofline() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("place");
+    let read = |p: &Path| -> serde_json::Value {
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap()
+    };
+    let place = |args: &[&str], out: &Path| {
+        let o = bin()
+            .args(["place", "--machine"])
+            .arg(machine)
+            .arg("-o")
+            .arg(out)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{args:?}: {}", stderr(&o));
+        read(out)
+    };
+    let g = place(
+        &[
+            "--workload",
+            "gemm:512x512x512",
+            "--steps",
+            "3",
+            "--warm",
+            "1",
+        ],
+        &dir.join("g.json"),
+    );
+    assert_eq!(g["schema"], "roofline/placement/v1");
+    assert_eq!(g["point"]["bound"]["kind"], "compute");
+    assert_eq!(g["point"]["bound"]["ceiling"], "cpu/gemm/f32/all");
+    let oi = g["point"]["oi"]["analytic"].as_f64().unwrap();
+    assert!((oi - 2.0 * 512.0 / (4.0 * 3.0)).abs() < 1e-9, "OI {oi}");
+    assert_eq!(g["point"]["achieved"]["samples"], 3);
+    let a = g["point"]["achieved_flops"].as_f64().unwrap();
+    let att = g["point"]["bound"]["attainable"].as_f64().unwrap();
+    assert!((g["point"]["bound"]["headroom"].as_f64().unwrap() - att / a).abs() < 1e-9 * att / a);
+    assert!(g["energy"]["note"].as_str().unwrap().contains("energy"));
+    let svg = std::fs::read_to_string(dir.join("g.svg")).unwrap();
+    assert!(
+        svg.contains("gemm:512x512x512:f32"),
+        "the point is labelled on the plot"
+    );
+    let s = place(
+        &[
+            "--workload",
+            "stream:268435456",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+        ],
+        &dir.join("s.json"),
+    );
+    assert_eq!(s["point"]["bound"]["kind"], "memory");
+    assert_eq!(s["point"]["bound"]["ceiling"], "cpu/mem/DRAM/triad/all");
+    assert!((s["point"]["oi"]["analytic"].as_f64().unwrap() - 1.0 / 12.0).abs() < 1e-12);
+    let r = place(
+        &[
+            "--workload",
+            "resnet50",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+            "--top",
+            "5",
+            "--trace",
+            dir.join("r.trace.json").to_str().unwrap(),
+        ],
+        &dir.join("r.json"),
+    );
+    assert_eq!(r["workload"]["kind"], "training");
+    assert_eq!(r["workload"]["measured_steps"], 2);
+    let layers = r["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 5, "the top five layers are placed");
+    for l in layers {
+        assert!(l["share_of_step"].as_f64().unwrap() > 0.0);
+        assert!(l["oi"]["analytic"].as_f64().unwrap() > 0.0);
+        assert!(l["bound"]["roofs"].as_array().unwrap().len() >= 2);
+    }
+    let t = &r["time"];
+    let sum: f64 = ["compute_s", "communication_s", "data_s", "idle_s"]
+        .iter()
+        .map(|k| t[*k].as_f64().unwrap())
+        .sum();
+    assert!(sum <= t["total_s"].as_f64().unwrap() * 1.0001 + 1e-9, "{t}");
+    assert!(!r["advice"].as_array().unwrap().is_empty());
+    let trace = read(&dir.join("r.trace.json"));
+    let ev = trace["traceEvents"].as_array().unwrap();
+    for cat in ["forward", "backward", "optimizer", "step"] {
+        assert!(
+            ev.iter().any(|e| e["cat"] == cat && e["ph"] == "X"),
+            "no {cat} span"
+        );
+    }
+    assert!(ev.iter().any(|e| e["name"] == "layer1.0.conv2"));
+    let svg = std::fs::read_to_string(dir.join("r.svg")).unwrap();
+    let clash = roofline_plots::labels::collisions(&svg);
+    assert!(
+        clash.is_empty(),
+        "the placement's labels overlap: {clash:?}"
+    );
+    assert!(svg.contains("resnet50"));
+    // A placement gates against itself (ids placement/<workload>/…).
+    let o = bin()
+        .arg("gate")
+        .arg("--baseline")
+        .arg(dir.join("r.json"))
+        .arg("--current")
+        .arg(dir.join("r.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(String::from_utf8_lossy(&o.stdout).contains("placement/resnet50/achieved"));
+    // The EWA detector, scaled down, placed like resnet50: its parts are layers.
+    let e = bin()
+        .args(["place", "--machine"])
+        .arg(machine)
+        .arg("-o")
+        .arg(dir.join("e.json"))
+        .args([
+            "--workload",
+            "ewa",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "64x96",
+            "--batch",
+            "2",
+            "--steps",
+            "2",
+            "--warm",
+            "1",
+            "--top",
+            "40",
+        ])
+        // The synthetic year file goes to the temporary folder: this test's.
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", stderr(&e));
+    let e = read(&dir.join("e.json"));
+    assert_eq!(e["workload"]["name"], "ewa");
+    assert_eq!(e["workload"]["batch"], 2);
+    let names: Vec<&str> = e["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|l| l["label"].as_str().unwrap())
+        .collect();
+    for part in ["fpn", "rpn.head", "roi_align", "box_head", "conv1"] {
+        assert!(names.contains(&part), "{part} not in {names:?}");
+    }
+    assert!(e["point"]["oi"]["analytic"].as_f64().unwrap() > 1.0);
+    // Several placements on one plot, in every classic model: the EWA detector beside
+    // resnet50.
+    for model in ["classic", "hierarchical"] {
+        let o = bin()
+            .arg("plot")
+            .arg(machine)
+            .args(["--model", model, "--placement"])
+            .arg(dir.join("g.json"))
+            .arg("--placement")
+            .arg(dir.join("r.json"))
+            .arg("--placement")
+            .arg(dir.join("e.json"))
+            .arg("-o")
+            .arg(dir.join("all.svg"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        let svg = std::fs::read_to_string(dir.join("all.svg")).unwrap();
+        assert!(svg.contains("gemm:512x512x512:f32") && svg.contains("resnet50"));
+        assert!(
+            svg.contains(">ewa<") || svg.contains("ewa ("),
+            "the detector's point"
+        );
+    }
+    expect_input_error(
+        &["plot", "--placement", "/nonexistent.json"],
+        Some(machine),
+        "nonexistent",
+    );
+    // Bad input: one line, exit 2, nothing written.
+    expect_input_error(
+        &["place", "--workload", "bert", "--machine"],
+        Some(machine),
+        "expected",
+    );
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "gemm:8x8x8",
+            "--machine",
+            "/nonexistent/m.json",
+            "-o",
+        ],
+        Some(&dir.join("x.json")),
+        "roofline probe",
+    );
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "gemm:64x64x64",
+            "--trace",
+            "/tmp/t.json",
+            "--machine",
+        ],
+        Some(machine),
+        "--workload resnet50",
+    );
+    assert!(!dir.join("x.json").exists());
+}
+
+/// `sweep`: two data sizes × two thread counts of a small model, and SAIH's model filter
+/// choosing among variants; every point placed, the strong-scaling series computed from the
+/// points' own step times, the charts written, bad input refused.
+#[test]
+fn sweep_places_a_grid_and_scales_it() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("sweep");
+    let out = dir.join("s.json");
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args([
+            "--images",
+            "32,128",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--threads",
+            "1,2",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["schema"], "roofline/sweep/v1");
+    let pts = s["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    // Smallest problem first; SAIH's problem size = FLOPs per sample × samples.
+    let sizes: Vec<f64> = pts
+        .iter()
+        .map(|p| p["problem_flops"].as_f64().unwrap())
+        .collect();
+    assert!(sizes.windows(2).all(|w| w[0] <= w[1]), "{sizes:?}");
+    for p in pts {
+        let f = p["flops_per_sample"].as_f64().unwrap();
+        let n = p["problem"]["images"].as_f64().unwrap();
+        assert_eq!(p["problem_flops"].as_f64().unwrap(), f * n);
+        let pct = p["percent_of_peak"].as_f64().unwrap();
+        assert!(pct > 0.0 && pct < 100.0, "{p}");
+        let share = p["io_share"].as_f64().unwrap();
+        assert!((0.0..1.0).contains(&share));
+        assert!(dir
+            .join("s-points")
+            .join(p["placement"].as_str().unwrap())
+            .exists());
+    }
+    let scaling = s["scaling"].as_array().unwrap();
+    assert_eq!(scaling.len(), 2, "each data size at 1 and 2 threads");
+    for sc in scaling {
+        let sp = sc["points"].as_array().unwrap();
+        let t = |i: usize| sp[i]["step_seconds"].as_f64().unwrap();
+        let speedup = sp[1]["speedup"].as_f64().unwrap();
+        assert!((speedup - t(0) / t(1)).abs() < 1e-12);
+        assert!((sp[1]["efficiency"].as_f64().unwrap() - speedup / 2.0).abs() < 1e-12);
+    }
+    for chart in ["s-trend.svg", "s-scaling.svg", "s-roofline.svg"] {
+        let svg = std::fs::read_to_string(dir.join(chart)).unwrap();
+        assert!(svg.contains("<svg"), "{chart}");
+        let clash = roofline_plots::labels::collisions(&svg);
+        assert!(clash.is_empty(), "{chart}: overlapping labels {clash:?}");
+    }
+    // The model filter: of widths 0.125 and 0.25 at depth 1,1,0,0 only the variants in range.
+    let fout = dir.join("f.json");
+    let small = pts[0]["flops_per_sample"].as_f64().unwrap();
+    let range = format!("{}..{}", small * 0.5, small * 1.5);
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args([
+            "--images",
+            "32",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125,0.25",
+            "--depth",
+            "1,1,0,0",
+            "--model-flops",
+            &range,
+            "--threads",
+            "1",
+            "--batch",
+            "8",
+            "--steps",
+            "1",
+            "-o",
+        ])
+        .arg(&fout)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let f: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&fout).unwrap()).unwrap();
+    assert_eq!(f["points"].as_array().unwrap().len(), 1);
+    assert_eq!(f["points"][0]["problem"]["width"], 0.125);
+    assert!(f["notes"][0]
+        .as_str()
+        .unwrap()
+        .contains("left out by --model-flops: width 0.25"));
+    for (args, needle) in [
+        (vec!["--model-flops", "5..1"], "LO < HI"),
+        (vec!["--model-flops", "1e30..1e31"], "no model variant"),
+        (vec!["--ranks", "3", "--batch", "8"], "does not divide"),
+    ] {
+        let o = bin()
+            .args(["sweep", "--machine"])
+            .arg(machine)
+            .args(&args)
+            .arg("-o")
+            .arg(dir.join("x.json"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}");
+        assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
+    }
+}

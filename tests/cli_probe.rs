@@ -1,0 +1,372 @@
+//! End-to-end tests of the `roofline` binary: `probe` and the command line itself: the quick probe and its table, JSON, fewer threads, communication and storage, no GPU, the kernels list, the peaks, bad input, Ctrl-C and closed pipes.
+
+mod common;
+
+use common::*;
+use std::process::Stdio;
+
+#[test]
+fn quick_probe_writes_every_required_ceiling_with_statistics() {
+    let (path, table) = quick_machine();
+    let m = roofline_model::Machine::read(path).unwrap();
+    assert_eq!(m.schema, "roofline/machine/v1");
+    let mut required: Vec<String> = [
+        "cpu/fma/f64/t1",
+        "cpu/fma/f32/t1",
+        "cpu/fma/f64/all",
+        "cpu/fma/f32/all",
+        "cpu/gemm/f32/t1",
+        "cpu/gemm/f32/all",
+        "cpu/gemm/f64/all",
+        "cpu/conv/f32/all",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    // Every cache level the OS reports, and DRAM.
+    let mut levels: Vec<String> = m
+        .provenance
+        .cpu
+        .caches
+        .iter()
+        .filter(|c| c.cache_type != "Instruction")
+        .map(|c| format!("L{}", c.level))
+        .collect();
+    levels.dedup();
+    levels.push("DRAM".into());
+    for level in &levels {
+        for op in ["read", "copy", "triad"] {
+            for t in ["t1", "all"] {
+                required.push(format!("cpu/mem/{level}/{op}/{t}"));
+            }
+        }
+    }
+    for id in &required {
+        let c = m.ceiling(id).unwrap_or_else(|| panic!("{id} missing"));
+        assert!(c.value > 0.0 && c.value.is_finite(), "{id}");
+        assert_eq!(c.stats.samples, c.stats.values.len());
+        assert!(c.stats.samples >= 3);
+        assert_eq!(c.value, c.stats.max, "{id}: value is the best sample");
+        assert!(c.unit == "FLOP/s" || c.unit == "B/s", "{id}: {}", c.unit);
+        assert!(table.contains(id.as_str()), "the table shows {id}");
+    }
+    // Compute ceilings carry a theoretical peak from the CPU rule; the flag is consistent.
+    for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/fma/f")) {
+        let p = c.theoretical_peak.as_ref().expect("peak");
+        assert!(p.source.contains("CPU rule"));
+        assert!(p.uncertainty >= 0.005);
+        assert_eq!(c.above_peak, c.value > p.value * (1.0 + p.uncertainty));
+    }
+    // Bandwidth falls (or stays) from L1 to DRAM: the plateaus are attributed in order.
+    let bw = |l: &str| m.ceiling(&format!("cpu/mem/{l}/read/t1")).unwrap().value;
+    assert!(
+        bw("L1") > bw("DRAM"),
+        "L1 {} vs DRAM {}",
+        bw("L1"),
+        bw("DRAM")
+    );
+    // The memory curves are kept, from 4 KiB to at least 512 MiB.
+    let curve = m
+        .curves
+        .iter()
+        .find(|c| c.id == "cpu/mem/sweep/triad/t1")
+        .unwrap();
+    assert!(curve.points.first().unwrap().x <= 4096.0);
+    assert!(curve.points.last().unwrap().x >= 0.99 * (512 << 20) as f64);
+    assert!(
+        m.provenance
+            .cpu
+            .measured_clock_hz_t1
+            .as_ref()
+            .unwrap()
+            .median
+            > 1e8
+    );
+    assert!(m
+        .tables
+        .iter()
+        .any(|t| t.id == "cpu/gemm/f32/t1/shapes" && t.rows.len() >= 3));
+}
+
+#[test]
+fn bad_input_is_one_clear_line_and_exit_code_2() {
+    let dir = tmpdir("bad");
+    expect_input_error(&["plot"], Some(&dir.join("missing.json")), "cannot read");
+    let malformed = dir.join("malformed.json");
+    std::fs::write(&malformed, "{ not json").unwrap();
+    expect_input_error(&["plot"], Some(&malformed), "malformed JSON");
+    let other = dir.join("other.json");
+    std::fs::write(
+        &other,
+        r#"{"schema": "roofline/machine/v99", "ceilings": []}"#,
+    )
+    .unwrap();
+    expect_input_error(&["plot"], Some(&other), "unknown schema");
+    let noschema = dir.join("noschema.json");
+    std::fs::write(&noschema, r#"{"ceilings": []}"#).unwrap();
+    expect_input_error(&["plot"], Some(&noschema), "unknown schema");
+    expect_input_error(
+        &["probe", "--only", "fma,cache", "-o"],
+        Some(&dir.join("m.json")),
+        "unknown --only entry `cache`",
+    );
+    expect_input_error(
+        &["probe", "--quick", "-o"],
+        Some(&dir.join("no/such/dir/m.json")),
+        "cannot write",
+    );
+    expect_input_error(&["probe", "--quick", "-o"], Some(&dir), "directory");
+    expect_input_error(
+        &["probe", "--quick", "-o", "/dev/null"],
+        None,
+        "not a regular file",
+    );
+    expect_input_error(
+        &["probe", "--threads", "100000", "-o"],
+        Some(&dir.join("m.json")),
+        "--threads",
+    );
+    // Nothing was written by the failed probes.
+    assert!(!dir.join("m.json").exists());
+}
+
+#[test]
+fn ctrl_c_leaves_no_file_behind() {
+    let dir = tmpdir("sigint");
+    let out = dir.join("machine.json");
+    let child = bin()
+        .args(["probe", "-o"])
+        .arg(&out)
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(stderr(&o).contains("nothing was written"));
+    let left: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(left.is_empty(), "files left behind: {left:?}");
+}
+
+#[test]
+fn peaks_lists_the_database() {
+    let o = bin().arg("peaks").output().unwrap();
+    assert!(o.status.success());
+    let text = String::from_utf8_lossy(&o.stdout);
+    for name in [
+        "V100",
+        "A100",
+        "H100 SXM5",
+        "H100 PCIe",
+        "H200",
+        "L40S",
+        "T4",
+        "MI250X",
+        "MI300X",
+        "CPU rule",
+    ] {
+        assert!(text.contains(name), "{name}");
+    }
+    let o = bin().args(["peaks", "--json"]).output().unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["schema"], "roofline/peaks/v1");
+}
+
+#[test]
+fn json_output_and_fewer_threads() {
+    let dir = tmpdir("json");
+    let out = dir.join("m.json");
+    let o = bin()
+        .args([
+            "probe",
+            "--quick",
+            "--only",
+            "fma",
+            "--threads",
+            "1",
+            "--json",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // stdout is exactly the machine.json that was written.
+    let printed = roofline_model::Machine::from_json(&String::from_utf8_lossy(&o.stdout)).unwrap();
+    let written = roofline_model::Machine::read(&out).unwrap();
+    assert_eq!(printed, written);
+    let all = written.ceiling("cpu/fma/f32/all").unwrap();
+    assert_eq!(
+        all.threads, 1,
+        "--threads 1 runs the `all` ceilings on one core"
+    );
+    assert!(written
+        .provenance
+        .notes
+        .iter()
+        .any(|n| n.contains("--threads 1")));
+    assert!(
+        written.ceiling("cpu/mem/L1/triad/t1").is_none(),
+        "--only fma measures no memory"
+    );
+    assert!(all.method.contains("instruction count"));
+}
+
+#[test]
+fn a_closed_pipe_ends_quietly() {
+    let mut child = bin()
+        .arg("peaks")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Close our end of stdout before the table is written.
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+}
+
+fn driver_present() -> bool {
+    roofline_kernels::cuda::libs::present(roofline_kernels::cuda::libs::Lib::Driver)
+}
+
+#[test]
+fn without_a_gpu_cuda_is_refused_and_auto_probes_the_cpu() {
+    if driver_present() {
+        eprintln!("skipped: this machine has an NVIDIA driver");
+        return;
+    }
+    let dir = tmpdir("nogpu");
+    let out = dir.join("m.json");
+    let out_s = out.to_str().unwrap();
+    for args in [
+        vec!["probe", "--device", "cuda", "-o", out_s],
+        vec!["probe", "--device", "cuda", "--check"],
+        vec!["probe", "--check"],
+    ] {
+        expect_input_error(
+            &args,
+            None,
+            "no NVIDIA driver (libcuda) found: looked for libcuda.so.1",
+        );
+    }
+    assert!(!out.exists());
+    // auto (the default): the CPU is probed and the file says no GPU was found.
+    let o = bin()
+        .args(["probe", "--quick", "--only", "fma", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no GPU found"), "{}", stderr(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    assert!(m.provenance.gpus.is_empty() && m.provenance.devices.is_empty());
+    assert!(m
+        .provenance
+        .notes
+        .iter()
+        .any(|n| n.starts_with("no GPU found: no NVIDIA driver")));
+    assert!(m.ceiling("cpu/fma/f32/all").is_some());
+    // --device cpu says why the GPUs were not probed, and --check does not go with it.
+    expect_input_error(
+        &["probe", "--device", "cpu", "--check"],
+        None,
+        "--check tests the GPU kernels",
+    );
+    // A GPU plot of a CPU-only machine.json.
+    expect_input_error(
+        &["plot", "--device", "gpu0", "-o", "/tmp/x.svg"],
+        Some(&out),
+        "has no GPU",
+    );
+}
+
+#[test]
+fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
+    expect_input_error(&["kernels", "--arch", "eighty"], None, "--arch eighty");
+    let o = bin().args(["kernels", "--arch", "80,90"]).output().unwrap();
+    if roofline_kernels::cuda::nvrtc::ensure_nvrtc().is_err() {
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("no NVRTC (libnvrtc) found"),
+            "{}",
+            stderr(&o)
+        );
+        return;
+    }
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    for src in roofline_kernels::cuda::nvrtc::SOURCES {
+        for k in src.kernels {
+            for arch in ["sm_80", "sm_90"] {
+                assert!(
+                    text.lines()
+                        .any(|l| l.split_whitespace().next() == Some(k) && l.contains(arch)),
+                    "{k} {arch} missing from:\n{text}"
+                );
+            }
+        }
+    }
+    let o = bin()
+        .args(["kernels", "--json", "--arch", "90"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let ks = v["kernels"].as_array().unwrap();
+    assert!(ks
+        .iter()
+        .all(|k| k["registers"].as_u64().unwrap() > 0 && k["arch"] == "sm_90"));
+}
+
+#[test]
+fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
+    // A world of one says nothing about communication.
+    if roofline_kernels::comm::launched_ranks().is_none() {
+        expect_input_error(
+            &["probe", "--only", "comm", "-o", "/tmp/roofline-comm.json"],
+            None,
+            "world of one",
+        );
+    }
+    let dir = tmpdir("io");
+    let data = dir.join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let out = dir.join("m.json");
+    let o = bin()
+        .args(["probe", "--quick", "--only", "io", "--io"])
+        .arg(&data)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m = roofline_model::Machine::read(&out).unwrap();
+    for id in ["io/data/seq", "io/data/small", "io/data/small/files"] {
+        let c = m.ceiling(id).unwrap_or_else(|| panic!("{id} missing"));
+        assert!(c.value > 0.0);
+    }
+    assert_eq!(m.ceiling("io/data/small/files").unwrap().unit, "file/s");
+    assert_eq!(
+        std::fs::read_dir(&data).unwrap().count(),
+        0,
+        "test files left behind"
+    );
+    expect_input_error(
+        &["probe", "--only", "io", "--io", "/nonexistent/dir", "-o"],
+        Some(&dir.join("x.json")),
+        "is not a folder",
+    );
+    // The COI rooflines need communication ceilings.
+    expect_input_error(
+        &["plot", "--model", "node-coi", "-o", "/tmp/x.svg"],
+        Some(&out),
+        "intra-node",
+    );
+}

@@ -1,0 +1,367 @@
+//! End-to-end tests of the `roofline` binary: `score` and `gate`: HPC AI500 scores, bagging, the report, regression gates.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+use std::process::Command;
+
+/// `score` on a scaled-down synthetic run: score.json with every run and the olympic scores,
+/// a report whose first line says it is not comparable, and the HTML page rendered by headless
+/// Chromium with its plot and score table visible.
+#[test]
+fn score_writes_score_json_and_a_report_that_renders() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("score");
+    let out = dir.join("score.json");
+    let o = bin()
+        .args([
+            "score",
+            "--runs",
+            "3",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "8",
+            "--steps",
+            "6",
+            "--train-images",
+            "64",
+            "--eval-images",
+            "32",
+            "--target-top1",
+            "0.5",
+            "--machine",
+        ])
+        .arg(machine)
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("NOT COMPARABLE"), "{text}");
+    assert!(text.contains("not valid"), "{text}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["schema"], "roofline/score/v1");
+    assert_eq!(s["valid"], false);
+    assert_eq!(s["comparable"], false);
+    let runs = s["runs"].as_array().unwrap();
+    assert_eq!(runs.len(), 3);
+    // The olympic mean of three runs is the middle one.
+    let mut f: Vec<f64> = runs.iter().map(|r| r["flops"].as_f64().unwrap()).collect();
+    f.sort_by(|a, b| a.total_cmp(b));
+    assert_eq!(s["scores"]["flops"]["mean"].as_f64().unwrap(), f[1]);
+    for r in runs {
+        let v = r["flops"].as_f64().unwrap() * (r["quality"].as_f64().unwrap() / 0.5).powi(5);
+        assert!((r["vflops"].as_f64().unwrap() - v).abs() <= 1e-9 * v.abs());
+    }
+    assert!(s["energy_note"].as_str().unwrap().contains("energy"));
+    assert_eq!(s["placement"]["schema"], "roofline/placement/v1");
+    let html = std::fs::read_to_string(dir.join("score.html")).unwrap();
+    assert!(html.contains("<table id=\"scores\">") && html.contains("<svg"));
+    assert!(
+        !html.contains("src=\"http") && !html.contains("<link") && !html.contains("<script"),
+        "no external assets, no script"
+    );
+    let Some(chrome) = chromium("the rendering check") else {
+        return;
+    };
+    let png = dir.join("report.png");
+    let url = format!("file://{}", dir.join("score.html").display());
+    let shot = Command::new(chrome)
+        .args([
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--hide-scrollbars",
+            "--window-size=1200,3200",
+        ])
+        .arg(format!("--screenshot={}", png.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(shot.status.success() && png.exists(), "{}", stderr(&shot));
+    let img = image::open(&png).unwrap().to_rgb8();
+    let count = |c: [u8; 3]| img.pixels().filter(|p| p.0 == c).count();
+    // The placed point (crimson) and the roofs are drawn; the tables' header cells (#eee) show.
+    assert!(
+        count([220, 20, 60]) > 50,
+        "the workload's point is not visible"
+    );
+    assert!(
+        count([238, 238, 238]) > 1000,
+        "the score table's header is not visible"
+    );
+    let dom = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(&url)
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    assert!(
+        dom.contains("id=\"scores\"") && dom.contains("VFLOPS"),
+        "{dom}"
+    );
+}
+
+fn half(v: &serde_json::Value) -> serde_json::Value {
+    serde_json::json!(v.as_f64().unwrap() * 0.5)
+}
+
+/// `gate`: a result against itself passes; with the FMA ceilings' samples halved it fails and
+/// names them, in every format; a different CPU is a warning (an error with --strict); missing
+/// ids fail only with --strict; --update-baseline replaces the baseline; bad input exits 2.
+#[test]
+fn gate_catches_a_slower_fma_and_not_an_identical_run() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("gate");
+    let base = dir.join("base.json");
+    std::fs::copy(machine, &base).unwrap();
+    let gate = |args: &[&str]| {
+        bin()
+            .arg("gate")
+            .arg("--baseline")
+            .arg(&base)
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let same = gate(&["--current", base.to_str().unwrap()]);
+    assert_eq!(same.status.code(), Some(0), "{}", stderr(&same));
+    let out = String::from_utf8_lossy(&same.stdout);
+    assert!(
+        out.contains("PASS") && out.contains("cpu/fma/f32/all"),
+        "{out}"
+    );
+    // The FMA probe "forced slower": every sample and value of cpu/fma/* halved.
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
+    for c in m["ceilings"].as_array_mut().unwrap() {
+        if c["id"].as_str().unwrap().starts_with("cpu/fma/") {
+            c["value"] = half(&c["value"]);
+            let vals: Vec<serde_json::Value> = c["stats"]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(half)
+                .collect();
+            c["stats"]["values"] = serde_json::Value::Array(vals);
+            for f in ["min", "median", "max", "mean"] {
+                c["stats"][f] = half(&c["stats"][f]);
+            }
+        }
+    }
+    m["provenance"]["cpu"]["model_name"] = serde_json::json!("Another CPU");
+    let slow = dir.join("slow.json");
+    std::fs::write(&slow, serde_json::to_string(&m).unwrap()).unwrap();
+    let s = slow.to_str().unwrap();
+    let o = gate(&["--current", s]);
+    assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("REGRESSED") && out.contains("FAIL"), "{out}");
+    assert!(
+        out.contains("CPU: baseline"),
+        "the changed CPU is reported: {out}"
+    );
+    let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
+    assert!(
+        regressed.iter().all(|l| l.starts_with("cpu/fma/")),
+        "{regressed:?}"
+    );
+    let md = String::from_utf8_lossy(&gate(&["--current", s, "--format", "markdown"]).stdout)
+        .into_owned();
+    assert!(
+        md.contains("| `cpu/fma/f32/all` |") && md.contains("**REGRESSED**"),
+        "{md}"
+    );
+    let junit =
+        String::from_utf8_lossy(&gate(&["--current", s, "--format", "junit"]).stdout).into_owned();
+    assert!(
+        junit.starts_with("<?xml") && junit.contains("<failure message=\"regressed"),
+        "{junit}"
+    );
+    let gh =
+        String::from_utf8_lossy(&gate(&["--current", s, "--format", "github"]).stdout).into_owned();
+    assert!(
+        gh.contains("::error title=roofline gate: cpu/fma/f32/all regressed::"),
+        "{gh}"
+    );
+    assert!(
+        gh.contains("::warning title=roofline gate: different machine"),
+        "{gh}"
+    );
+    // The provenance alone fails only with --strict; so do missing ids.
+    m["ceilings"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|c| !c["id"].as_str().unwrap().starts_with("cpu/fma/"));
+    let other = dir.join("other.json");
+    std::fs::write(&other, serde_json::to_string(&m).unwrap()).unwrap();
+    let o = gate(&["--current", other.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(String::from_utf8_lossy(&o.stdout)
+        .contains("missing from the current result: cpu/fma/f32/all"));
+    let o = gate(&["--current", other.to_str().unwrap(), "--strict"]);
+    assert_eq!(o.status.code(), Some(1));
+    // Rules: ignore the FMA ceilings, and the slower run passes.
+    let rules = dir.join("gate.toml");
+    std::fs::write(&rules, "[default]\ntolerance = 0.1\n\n[[rule]]\npattern = \"cpu/fma/*\"\ntolerance = 0.0\nignore = true\n").unwrap();
+    let o = gate(&["--current", s, "--rules", rules.to_str().unwrap()]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    // --update-baseline makes the current result the baseline.
+    let o = gate(&["--current", s, "--update-baseline"]);
+    assert_eq!(o.status.code(), Some(0));
+    assert_eq!(std::fs::read(&base).unwrap(), std::fs::read(&slow).unwrap());
+    // Several runs per side are pooled; a first --update-baseline creates the baseline.
+    let o = gate(&["--current", s, s]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let fresh = dir.join("fresh.json");
+    let o = bin()
+        .args(["gate", "--update-baseline", "--current", s, "--baseline"])
+        .arg(&fresh)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert_eq!(
+        std::fs::read(&fresh).unwrap(),
+        std::fs::read(&slow).unwrap()
+    );
+    // Bad input.
+    expect_input_error(
+        &["gate", "--current", s, "--baseline"],
+        Some(Path::new("/nonexistent.json")),
+        "nonexistent",
+    );
+    std::fs::write(&rules, "[default]\ntolerance = 5\n").unwrap();
+    expect_input_error(
+        &["gate", "--baseline", s, "--current", s, "--rules"],
+        Some(&rules),
+        "fractions",
+    );
+}
+
+/// `score --bagging 2` without a launcher: two models side by side on bootstrap samples, the
+/// ensemble scored by V3.0's equations beside the first model alone, in score.json, the report
+/// and the gate; `--bagging 0` is refused.
+#[test]
+fn score_bags_two_models_in_one_process() {
+    let dir = tmpdir("bagging");
+    let out = dir.join("bag.json");
+    let o = bin()
+        .args([
+            "score",
+            "--bagging",
+            "2",
+            "--runs",
+            "1",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "16",
+            "--steps",
+            "14",
+            "--train-images",
+            "128",
+            "--eval-images",
+            "64",
+        ])
+        .arg("-o")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        text.contains("bagging: 2 models × 1 ranks (Sys_scale 2)"),
+        "{text}"
+    );
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let run = &s["runs"][0];
+    let b = &run["bagging"];
+    assert_eq!(
+        (b["models"].as_u64(), b["sys_scale"].as_u64()),
+        (Some(2), Some(2))
+    );
+    let members = b["members"].as_array().unwrap();
+    assert_eq!(members.len(), 2);
+    assert_ne!(members[0]["sample_seed"], members[1]["sample_seed"]);
+    for m in members {
+        let d = m["distinct_images"].as_u64().unwrap();
+        assert!((60..110).contains(&d), "about 63% of 128 distinct: {d}");
+    }
+    // Eq. 4 and 6 from the file's own figures: APC = M·B·f, FLOPS = (N/B)·APC / T_epoch,
+    // T_epoch = the slowest model's step time × N/B.
+    let f = b["flops_per_sample"].as_f64().unwrap();
+    let apc = b["apc_flops"].as_f64().unwrap();
+    assert_eq!(apc, 2.0 * 16.0 * f);
+    assert_eq!(b["iterations_per_epoch"].as_f64(), Some(8.0));
+    let slowest = members
+        .iter()
+        .map(|m| m["step_seconds"].as_f64().unwrap())
+        .fold(0.0, f64::max);
+    let t = b["epoch_seconds"].as_f64().unwrap();
+    assert!((t - 8.0 * slowest).abs() <= 1e-12 * t);
+    let flops = b["flops"].as_f64().unwrap();
+    assert!((flops - 8.0 * apc / t).abs() <= 1e-9 * flops);
+    // The run's figures are the ensemble's.
+    assert_eq!(run["flops"], b["flops"]);
+    assert_eq!(run["quality"], b["ensemble_quality"]);
+    assert!(
+        s["scores"]["bagging"]["single_model_flops"]["mean"]
+            .as_f64()
+            .unwrap()
+            > 0.0
+    );
+    assert!(s["configuration"]["bagging (HPC AI500 V3.0)"]
+        .as_str()
+        .unwrap()
+        .contains("side by side"));
+    let html = std::fs::read_to_string(dir.join("bag.html")).unwrap();
+    assert!(html.contains("id=\"bagging\"") && html.contains("id=\"members\""));
+    let o = bin()
+        .arg("gate")
+        .arg("--baseline")
+        .arg(&out)
+        .arg("--current")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    let g = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        g.contains("score/resnet50/bagging/ensemble_quality")
+            && g.contains("score/resnet50/bagging/single_model_flops"),
+        "{g}"
+    );
+    let o = bin()
+        .args(["score", "--bagging", "0", "--runs", "1"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(stderr(&o).contains("at least one model"), "{}", stderr(&o));
+}

@@ -1,0 +1,291 @@
+//! End-to-end tests of the `roofline` binary: `train`: the classifier on synthetic data and an image folder, the EWA detector.
+
+mod common;
+
+use common::*;
+
+#[test]
+fn train_runs_a_small_resnet_and_reports_json() {
+    let o = bin()
+        .args([
+            "train",
+            "--workload",
+            "resnet50",
+            "--synthetic",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "4",
+            "--steps",
+            "3",
+            "--eval-images",
+            "8",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 3);
+    assert_eq!(v["images"], 12);
+    assert!(v["parameters"].as_u64().unwrap() > 1000);
+    for k in [
+        "images_per_second",
+        "achieved_flops",
+        "flops_forward_per_image",
+        "flops_step_per_image",
+        "final_loss",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {}", v[k]);
+    }
+    assert!(v["top1"].as_f64().is_some());
+    assert!(
+        v["aiperf_ops_per_image"]["total"].as_f64().unwrap()
+            > v["aiperf_ops_per_image"]["forward"].as_f64().unwrap()
+    );
+    expect_input_error(&["train", "--depth", "1,2"], None, "--depth 1,2");
+    expect_input_error(
+        &["train", "--resume", "/nonexistent.safetensors"],
+        None,
+        "no such file",
+    );
+    expect_input_error(
+        &["train", "--checkpoint", "/nonexistent/dir/c.safetensors"],
+        None,
+        "cannot write",
+    );
+    // A checkpoint, and a resume that continues it.
+    let dir = tmpdir("ckpt");
+    let ck = dir.join("c.safetensors");
+    let small = [
+        "train",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "4",
+        "--train-images",
+        "16",
+        "--json",
+    ];
+    let o = bin()
+        .args(small)
+        .args(["--steps", "2", "--checkpoint"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::metadata(&ck).unwrap().len() > 1000);
+    let o = bin()
+        .args(small)
+        .args(["--steps", "3", "--resume"])
+        .arg(&ck)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 3);
+    assert_eq!(v["images"], 4);
+    // No GPU here: the CUDA path and its self-test say so (exit 2) and never panic.
+    expect_input_error(
+        &["train", "--device", "cuda", "--steps", "1"],
+        None,
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["train", "--device", "cuda", "--check"],
+        None,
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["train", "--device", "cpu", "--check"],
+        None,
+        "use it with --device cuda",
+    );
+    expect_input_error(
+        &["train", "--precision", "f16"],
+        None,
+        "apply to --device cuda",
+    );
+    expect_input_error(&["train", "--steps", "0"], None, "nothing to train");
+}
+
+#[test]
+fn train_reads_an_image_folder() {
+    let dir = tmpdir("folder");
+    roofline_workloads::folder::write_test_folder(&dir.join("train"), 3, 6, 40).unwrap();
+    roofline_workloads::folder::write_test_folder(&dir.join("val"), 3, 2, 40).unwrap();
+    let o = bin()
+        .args(["train", "--data"])
+        .arg(&dir)
+        .args([
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--batch",
+            "6",
+            "--epochs",
+            "2",
+            "--eval-images",
+            "6",
+            "--json",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    // 18 training images, 2 epochs, batch 6: 6 steps; 3 classes from the folders.
+    assert_eq!(v["steps"], 6);
+    assert!(v["top1"].as_f64().is_some());
+    expect_input_error(
+        &["train", "--data", "/nonexistent/imagenet"],
+        None,
+        "--data: cannot read",
+    );
+}
+
+/// `train` and `score` with --workload ewa: the detector's report beside the paper's figures,
+/// its score by mAP@0.5, and clear refusals.
+#[test]
+fn ewa_trains_and_scores() {
+    let dir = tmpdir("ewa");
+    let small = [
+        "--workload",
+        "ewa",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,1,1",
+        "--resolution",
+        "64x96",
+        "--batch",
+        "2",
+        "--train-images",
+        "6",
+        "--eval-images",
+        "2",
+    ];
+    let o = bin()
+        .arg("train")
+        .args(small)
+        .args(["--steps", "2", "--json"])
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["steps"], 2);
+    assert_eq!(v["resolution"], serde_json::json!([64, 96]));
+    assert_eq!(v["paper_parameters"], 41_000_000);
+    assert_eq!(v["paper_flops_per_image"], 691e9);
+    // The full model at 768×1152, forward and backward: hundreds of GFLOPs per image.
+    let full = v["flops_step_per_image_at_768x1152"].as_f64().unwrap();
+    assert!(full > 3e11 && full < 3e12, "{full:e}");
+    let parts = v["flops_per_image_by_part"].as_object().unwrap();
+    assert_eq!(parts.len(), 5);
+    let sum: f64 = parts.values().map(|p| p["forward"].as_f64().unwrap()).sum();
+    assert!((sum / v["flops_forward_per_image"].as_f64().unwrap() - 1.0).abs() < 1e-9);
+    assert!(v["map50"]
+        .as_f64()
+        .is_some_and(|m| (0.0..=1.0).contains(&m)));
+    // The synthetic year was written once, as HDF5, into the temporary folder.
+    assert!(std::fs::read_dir(&dir).unwrap().any(|e| e
+        .unwrap()
+        .file_name()
+        .to_string_lossy()
+        .ends_with(".h5")));
+    let out = dir.join("score.json");
+    let o = bin()
+        .arg("score")
+        .args(small)
+        .args(["--runs", "1", "--steps", "2", "--target-map", "0.9", "-o"])
+        .arg(&out)
+        .env("TMPDIR", &dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("synthetic fields"), "{text}");
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s["workload"], "ewa");
+    assert_eq!(s["target"]["metric"], "map50");
+    assert_eq!(s["target"]["value"], 0.9);
+    assert!(s["runs"][0]["top5"].is_null());
+    assert!(s["configuration"]["model"]
+        .as_str()
+        .unwrap()
+        .contains("Faster R-CNN"));
+    for (args, needle) in [
+        (
+            // Without a GPU, ewa's CUDA path says why it cannot start (a machine with a GPU
+            // would train: --check is the test there).
+            vec![
+                "train",
+                "--workload",
+                "ewa",
+                "--device",
+                "cuda",
+                "--gpu",
+                "99",
+                "--resolution",
+                "64x96",
+                "--train-images",
+                "4",
+                "--steps",
+                "1",
+            ],
+            "--device cuda",
+        ),
+        (
+            vec!["train", "--workload", "resnet50", "--resolution", "64x96"],
+            "square",
+        ),
+        (
+            vec!["train", "--workload", "ewa", "--target-top1", "0.5"],
+            "--target-map",
+        ),
+        (
+            vec!["train", "--workload", "ewa", "--resolution", "32x48"],
+            "64x64",
+        ),
+        (vec!["train", "--resolution", "12y"], "HxW"),
+        (
+            vec!["train", "--workload", "ewa", "--data", "/nonexistent"],
+            "no such file",
+        ),
+        (
+            vec![
+                "score",
+                "--workload",
+                "ewa",
+                "--resolution",
+                "64x96",
+                "--train-images",
+                "2",
+            ],
+            "--eval-images",
+        ),
+    ] {
+        let mut cmd = bin();
+        cmd.args(&args).env("TMPDIR", &dir);
+        let o = cmd.output().unwrap();
+        let err = stderr(&o);
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+        assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
+    }
+}

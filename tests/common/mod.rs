@@ -1,0 +1,96 @@
+//! What the end-to-end tests of the `roofline` binary share: running it, temporary folders,
+//! one quick probe for every test binary, headless Chromium, and the bad-input check.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+pub fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_roofline"))
+}
+
+pub fn tmpdir(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("roofline-cli-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+pub fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// One quick probe shared by the tests that need a machine.json, across the test binaries
+/// too: kept in the temporary folder under the binary's size and time, so that the first test
+/// binary to need it probes and the others read it.
+pub fn quick_machine() -> &'static (PathBuf, String) {
+    static M: OnceLock<(PathBuf, String)> = OnceLock::new();
+    M.get_or_init(|| {
+        let exe = std::fs::metadata(env!("CARGO_BIN_EXE_roofline")).unwrap();
+        let stamp = exe
+            .modified()
+            .ok()
+            .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+            .map_or(0, |d| d.as_nanos());
+        let dir = std::env::temp_dir().join(format!("roofline-cli-machine-{}-{stamp}", exe.len()));
+        let (out, text) = (dir.join("machine.json"), dir.join("stdout.txt"));
+        if let (true, Ok(t)) = (out.exists(), std::fs::read_to_string(&text)) {
+            return (out, t);
+        }
+        let tmp = tmpdir("quick");
+        let o = bin()
+            .args(["probe", "--quick", "-o"])
+            .arg(tmp.join("machine.json"))
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "probe failed: {}", stderr(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        std::fs::write(tmp.join("stdout.txt"), &stdout).unwrap();
+        // Into place in one step (another binary may have got there first: then use its).
+        if std::fs::rename(&tmp, &dir).is_err() && !out.exists() {
+            return (tmp.join("machine.json"), stdout);
+        }
+        (out, stdout)
+    })
+}
+
+/// Headless Chromium (Debian's chromium package; .ci/run installs it), or None after saying
+/// that `what` is skipped; under CI=true its absence fails the test.
+pub fn chromium(what: &str) -> Option<&'static str> {
+    let found = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        });
+    if found.is_none() {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "CI=true and no chromium"
+        );
+        eprintln!("skipped {what}: no chromium");
+    }
+    found
+}
+
+/// Runs the binary and expects exit code 2 and one line on stderr naming `needle`.
+pub fn expect_input_error(args: &[&str], extra: Option<&Path>, needle: &str) {
+    let mut cmd = bin();
+    cmd.args(args);
+    if let Some(p) = extra {
+        cmd.arg(p);
+    }
+    let o = cmd.output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{args:?}: {err}");
+    assert_eq!(
+        err.trim_end().lines().count(),
+        1,
+        "{args:?}: one line, got: {err}"
+    );
+    assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
