@@ -79,12 +79,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             .map(|t| rand_tensor(t.n, t.h, t.w, t.c, &mut rng))
             .collect();
         let dc = cpu.backward(g.clone());
-        let convs: HashMap<String, (usize, usize)> = cpu
-            .lateral
-            .iter()
-            .chain(&cpu.output)
-            .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
-            .collect();
+        let convs: HashMap<String, (usize, usize)> = fpn_convs(&cpu).collect();
         let flat = flat_params(&ctx, &cpu.params(), &convs)?;
         let mut fpn = GFpn::new(&cpu, &flat.slots)?;
         let mut cg = Vec::new();
@@ -144,10 +139,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             })
             .collect();
         let dxc = cpu.backward(&g);
-        let convs: HashMap<String, (usize, usize)> = [&cpu.conv, &cpu.cls, &cpu.reg]
-            .iter()
-            .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
-            .collect();
+        let convs: HashMap<String, (usize, usize)> = rpn_convs(&cpu).collect();
         let flat = flat_params(&ctx, &cpu.params(), &convs)?;
         let mut rpn = GRpn::new(&cpu, &flat.slots)?;
         let mut lg = Vec::new();

@@ -48,13 +48,28 @@ pub struct DetectorStep {
 /// (depth, k) of every convolution filter of the detector, by parameter name.
 fn detector_convs(model: &Detector<f32>) -> HashMap<String, (usize, usize)> {
     let mut v = conv_shapes(&model.backbone);
-    for c in model.fpn.lateral.iter().chain(&model.fpn.output) {
-        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
-    }
-    for c in [&model.rpn.conv, &model.rpn.cls, &model.rpn.reg] {
-        v.insert(c.weight.name.clone(), (c.shape.depth(), c.shape.k));
-    }
+    v.extend(fpn_convs(&model.fpn));
+    v.extend(rpn_convs(&model.rpn));
     v
+}
+
+/// (depth, k) of the pyramid's filters (lateral, then output), by parameter name.
+pub(super) fn fpn_convs(
+    f: &crate::detect::fpn::Fpn<f32>,
+) -> impl Iterator<Item = (String, (usize, usize))> + '_ {
+    f.lateral
+        .iter()
+        .chain(&f.output)
+        .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
+}
+
+/// (depth, k) of the RPN head's filters, by parameter name.
+pub(super) fn rpn_convs(
+    r: &crate::detect::rpn::RpnHead<f32>,
+) -> impl Iterator<Item = (String, (usize, usize))> + '_ {
+    [&r.conv, &r.cls, &r.reg]
+        .into_iter()
+        .map(|c| (c.weight.name.clone(), (c.shape.depth(), c.shape.k)))
 }
 
 impl GpuDetector {
@@ -93,12 +108,7 @@ impl GpuDetector {
         let fpn = GFpn::new(&model.fpn, &slots[body_slots..body_slots + 8])?;
         let rpn = GRpn::new(&model.rpn, &slots[body_slots + 8..body_slots + 14])?;
         let head = GBoxHead::new(&model.head, &slots[body_slots + 14..])?;
-        let prec = ctx.prec;
-        let sync = match nccl {
-            Some(c) => Some(GradSync::new(&ctx, c, comm, flat.total)?),
-            None => None,
-        };
-        let wire = if sync.is_some() { comm.wire } else { Wire::F32 };
+        let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
         Ok(GpuDetector {
             cfg: model.cfg.clone(),
             flat,
@@ -106,7 +116,7 @@ impl GpuDetector {
             fpn,
             rpn,
             head,
-            loss_scale: LossScale::for_step(prec, wire),
+            loss_scale,
             skipped: 0,
             sync,
             ctx,

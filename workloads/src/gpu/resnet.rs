@@ -97,6 +97,22 @@ impl GradSync {
         })
     }
 
+    /// A model's exchange over `nccl` (none for a single GPU) of `total` gradients, and the
+    /// loss scale its convolutions' precision and the wire's format call for.
+    pub(super) fn with_scale(
+        ctx: &Ctx,
+        nccl: Option<Communicator>,
+        comm: CommOptions,
+        total: usize,
+    ) -> Result<(Option<GradSync>, LossScale), CudaError> {
+        let sync = match nccl {
+            Some(c) => Some(GradSync::new(ctx, c, comm, total)?),
+            None => None,
+        };
+        let wire = if sync.is_some() { comm.wire } else { Wire::F32 };
+        Ok((sync, LossScale::for_step(ctx.prec, wire)))
+    }
+
     pub(super) fn begin(&mut self, total: usize) {
         self.sent = total;
         self.bytes = 0.0;
@@ -196,12 +212,7 @@ impl GpuResNet {
         let body = GBody::new(model, &mut next, &r)?;
         let fc_w = next()?;
         let fc_b = next()?;
-        let prec = ctx.prec;
-        let sync = match nccl {
-            Some(c) => Some(GradSync::new(&ctx, c, comm, flat.total)?),
-            None => None,
-        };
-        let wire = if sync.is_some() { comm.wire } else { Wire::F32 };
+        let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
         Ok(GpuResNet {
             ctx,
             flat,
@@ -214,7 +225,7 @@ impl GpuResNet {
             },
             pool_in_hw: (0, 0),
             last: None,
-            loss_scale: LossScale::for_step(prec, wire),
+            loss_scale,
             skipped: 0,
             sync,
         })
