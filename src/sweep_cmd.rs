@@ -267,6 +267,8 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         "I/O"
     );
     let mut ran = 0;
+    // Each point's placement, beside it (the trajectory chart draws them).
+    let mut placements: Vec<Placement> = Vec::new();
     for (f, v, r, n) in &grid {
         for &p in &counts {
             ran += 1;
@@ -294,6 +296,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                         &file.file_name().unwrap_or_default().to_string_lossy(),
                     );
                     result.points.push(pt);
+                    placements.push(pl);
                     result.scaling = strong_scaling(&result.points);
                     row(result.points.last(), &result);
                 }
@@ -321,7 +324,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             result.notes.join("; ")
         )));
     }
-    let charts = charts(&result, &machine, &a.output, &dir)?;
+    let charts = charts(&result, &placements, &machine, &a.output)?;
     for s in &result.scaling {
         println!(
             "strong scaling of {}: {}",
@@ -438,8 +441,14 @@ fn run_point(
     }
 }
 
-/// The three charts beside the output; returns their paths.
-fn charts(s: &Sweep, m: &Machine, out: &Path, dir: &Path) -> Result<Vec<String>, Failure> {
+/// The three charts beside the output (`placements` are the points', in their order); returns
+/// their paths.
+fn charts(
+    s: &Sweep,
+    placements: &[Placement],
+    m: &Machine,
+    out: &Path,
+) -> Result<Vec<String>, Failure> {
     let with = |suffix: &str| {
         let stem = out
             .file_stem()
@@ -469,11 +478,6 @@ fn charts(s: &Sweep, m: &Machine, out: &Path, dir: &Path) -> Result<Vec<String>,
     }
     // The trajectory: every point on the roofline, each process count's points joined in order
     // of size.
-    let placements: Vec<Placement> = s
-        .points
-        .iter()
-        .filter_map(|p| Placement::read(&dir.join(&p.placement)).ok())
-        .collect();
     if !placements.is_empty() {
         let mut points = Vec::new();
         let mut procs: Vec<usize> = s.points.iter().map(|p| p.problem.processes).collect();
@@ -482,7 +486,7 @@ fn charts(s: &Sweep, m: &Machine, out: &Path, dir: &Path) -> Result<Vec<String>,
         let mut trajectories = Vec::new();
         for q in &procs {
             let mut line = Vec::new();
-            for (sp, pl) in s.points.iter().zip(&placements) {
+            for (sp, pl) in s.points.iter().zip(placements) {
                 if sp.problem.processes != *q {
                     continue;
                 }
