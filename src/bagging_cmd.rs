@@ -71,7 +71,7 @@ pub(crate) fn run(
                 .as_ref()
                 .ok_or_else(|| Failure::Run(anyhow!("a bagged run without its team")))?;
             let k = plan.model_of(world.rank());
-            let cpus = own_cpus(prep.threads);
+            let cpus = train_cmd::training_cpus(prep.threads);
             let p = prep.member(members[k].clone(), &cpus)?;
             let (s, gpu) = train_cmd::execute(a, &p, &Quiet, Some(team.clone()))?;
             let lead = team.rank() == 0;
@@ -141,18 +141,12 @@ pub(crate) fn run(
     }))
 }
 
-/// The CPUs this process trains on (the first `threads` it may use).
-fn own_cpus(threads: usize) -> Vec<usize> {
-    let all = roofline_kernels::affinity::allowed_cpus();
-    all[..threads.min(all.len()).max(1)].to_vec()
-}
-
 type Outcome = (Vec<[f64; STATS]>, Vec<Predictions>, Summary, Option<String>);
 
 /// The M models in this process at once, each on its share of the cores (a model per core,
 /// and cores shared round-robin when there are more models than cores).
 fn side_by_side(a: &RunArgs, prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure> {
-    let cpus = own_cpus(prep.threads);
+    let cpus = train_cmd::training_cpus(prep.threads);
     let m = members.len();
     let share = |k: usize| -> Vec<usize> {
         if m <= cpus.len() {

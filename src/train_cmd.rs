@@ -895,6 +895,12 @@ impl Prepared {
     }
 }
 
+/// The CPUs a run of `threads` threads trains on: the first it may use (at least one).
+pub fn training_cpus(threads: usize) -> Vec<usize> {
+    let all = roofline_kernels::affinity::allowed_cpus();
+    all[..threads.min(all.len()).max(1)].to_vec()
+}
+
 /// Checks `run` and builds its configuration for `workload` (no checkpoints; the caller adds
 /// them) and its pinned thread pool.
 pub fn prepare(a: &RunArgs, workload: &str) -> Result<Prepared, Failure> {
@@ -942,12 +948,8 @@ pub fn prepare(a: &RunArgs, workload: &str) -> Result<Prepared, Failure> {
     let threads = a
         .threads
         .unwrap_or_else(|| roofline_kernels::affinity::allowed_cpus().len());
-    let pool = roofline_kernels::affinity::pinned_pool(
-        &roofline_kernels::affinity::allowed_cpus()[..threads
-            .min(roofline_kernels::affinity::allowed_cpus().len())
-            .max(1)],
-    )
-    .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
+    let pool = roofline_kernels::affinity::pinned_pool(&training_cpus(threads))
+        .map_err(|e| Failure::Run(anyhow!("cannot start {threads} threads: {e}")))?;
     Ok(Prepared {
         job,
         threads,
