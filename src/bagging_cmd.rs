@@ -4,7 +4,8 @@
 //! by side in this process on M shares of its cores — then the ensemble of their held-out
 //! predictions (`roofline_workloads::bagging`), and V3.0's figures (`roofline_model::bagging`).
 
-use crate::train_cmd::{self, Prepared, Ranks, RunArgs};
+use crate::ranks::Ranks;
+use crate::run_args;
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::bagging::{BaggedRun, Member as MemberScore};
@@ -12,6 +13,7 @@ use roofline_model::score::{vflops, Target};
 use roofline_workloads::bagging::{ensemble, Member, Predictions};
 use roofline_workloads::detect::map::Detection;
 use roofline_workloads::layers::Reducer;
+use roofline_workloads::run::Prepared;
 use roofline_workloads::train::{Quiet, Summary};
 use std::time::Instant;
 
@@ -49,7 +51,6 @@ fn stats_of(s: &Summary) -> [f64; STATS] {
 /// sample's training step counting `flops_per_sample` FLOPs (V3.0 table 3's rules). Every rank
 /// calls it; the reporting rank gets the result.
 pub(crate) fn run(
-    a: &RunArgs,
     prep: &Prepared,
     ranks: &Ranks,
     seed: u64,
@@ -60,20 +61,20 @@ pub(crate) fn run(
         .plan
         .ok_or_else(|| Failure::Run(anyhow!("a bagged run without a plan")))?;
     let m = plan.models;
-    let n = prep.train_images();
+    let n = prep.workload().train_images();
     let start = Instant::now();
     let members: Vec<Member> = (0..m).map(|k| Member::new(seed, k, n)).collect();
     let (stats, predictions, first, gpu) = match &ranks.world {
-        None => side_by_side(a, prep, &members)?,
+        None => side_by_side(prep, &members)?,
         Some(world) => {
             let team = ranks
                 .team
                 .as_ref()
                 .ok_or_else(|| Failure::Run(anyhow!("a bagged run without its team")))?;
             let k = plan.model_of(world.rank());
-            let cpus = train_cmd::training_cpus(prep.threads);
+            let cpus = roofline_workloads::run::training_cpus(prep.threads);
             let p = prep.member(members[k].clone(), &cpus)?;
-            let (s, gpu) = train_cmd::execute(a, &p, &Quiet, Some(team.clone()))?;
+            let (s, gpu) = run_args::execute(&p, &Quiet, Some(team.clone()))?;
             let lead = team.rank() == 0;
             // Each team's first rank puts its model's figures and predictions in its slot.
             let mut stats = vec![0.0; m * STATS];
@@ -145,8 +146,8 @@ type Outcome = (Vec<[f64; STATS]>, Vec<Predictions>, Summary, Option<String>);
 
 /// The M models in this process at once, each on its share of the cores (a model per core,
 /// and cores shared round-robin when there are more models than cores).
-fn side_by_side(a: &RunArgs, prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure> {
-    let cpus = train_cmd::training_cpus(prep.threads);
+fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure> {
+    let cpus = roofline_workloads::run::training_cpus(prep.threads);
     let m = members.len();
     let share = |k: usize| -> Vec<usize> {
         if m <= cpus.len() {
@@ -163,7 +164,7 @@ fn side_by_side(a: &RunArgs, prep: &Prepared, members: &[Member]) -> Result<Outc
                 let cores = share(k);
                 s.spawn(move || {
                     let p = prep.member(mb.clone(), &cores)?;
-                    train_cmd::execute(a, &p, &Quiet, None)
+                    run_args::execute(&p, &Quiet, None)
                 })
             })
             .collect();

@@ -7,6 +7,7 @@ mod output;
 mod place_cmd;
 mod probe_cmd;
 mod ranks;
+mod run_args;
 mod score_cmd;
 mod sweep_cmd;
 mod train_cmd;

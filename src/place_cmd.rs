@@ -1,6 +1,6 @@
 //! `roofline place`: runs a workload, measures it, and puts it on the machine's rooflines.
 
-use crate::train_cmd::{self, RunArgs};
+use crate::run_args::{self, RunArgs};
 use crate::{Failure, CANCEL};
 use anyhow::anyhow;
 use roofline_collectors::timeline;
@@ -14,6 +14,7 @@ use roofline_model::placement::{
 };
 use roofline_model::{write::write_atomic, Machine, Stats};
 use roofline_workloads::accounting;
+use roofline_workloads::run::Kind;
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -57,7 +58,7 @@ pub struct PlaceArgs {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Workload {
     /// A training run of the named workload (resnet50, ewa).
-    Training(String),
+    Training(Kind),
     Gemm(Shape, String),
     Conv(ConvShape),
     Stream(usize),
@@ -73,8 +74,10 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
             .filter(|v| *v > 0)
             .ok_or_else(|| bad(&format!("{s:?} is not a positive whole number")))
     };
-    if w == "resnet50" || w == "ewa" {
-        return Ok(Workload::Training(w.to_string()));
+    match w {
+        "resnet50" => return Ok(Workload::Training(Kind::Resnet50)),
+        "ewa" => return Ok(Workload::Training(Kind::Ewa)),
+        _ => {}
     }
     let (kind, rest) = w.split_once(':').ok_or_else(|| {
         bad("expected resnet50, ewa, gemm:MxNxK[:precision], conv:N,C,H,W,K,R,S,stride,pad or stream:BYTES")
@@ -183,7 +186,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     if let Some(t) = &a.trace {
         crate::probe_cmd::check_writable(t).map_err(Failure::Input)?;
     }
-    if a.run.device == "cuda" {
+    if a.run.cuda() {
         let g = format!("gpu{}/", a.run.gpu.unwrap_or(0));
         if !m.ceilings.iter().any(|c| c.id.starts_with(&g)) {
             return Err(input(format!(
@@ -194,7 +197,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
             )));
         }
     }
-    if a.run.device != "cpu" && !matches!(workload, Workload::Training(_)) {
+    if a.run.cuda() && !matches!(workload, Workload::Training(_)) {
         return Err(input(
             "--device cuda places a training run (--workload resnet50 or ewa) on a GPU's roofline; a GEMM, convolution or STREAM kernel on the GPU is what `roofline probe --device cuda` measures (its gemm, conv and mem ceilings)"
                 .into(),
@@ -202,7 +205,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     }
     let start = Instant::now();
     let measured = match &workload {
-        Workload::Training(name) => training(a, name)?,
+        Workload::Training(kind) => training(a, *kind)?,
         w => kernel(a, w)?,
     };
     let Some(measured) = measured else {
@@ -614,11 +617,11 @@ fn m_llc_bytes() -> usize {
 
 /// A training run (resnet50, ewa) on the embedded trainer: `warm` steps, then `--steps`
 /// measured ones (default 5), with the timeline on for the per-layer times.
-fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> {
+fn training(a: &PlaceArgs, workload: Kind) -> Result<Option<Measured>, Failure> {
     let measured = a.run.steps.unwrap_or(5).max(1);
-    let mut prep = train_cmd::prepare(&a.run, workload)?;
+    let mut prep = run_args::prepare(&a.run, workload)?;
     prep.for_measurement(a.warm + measured);
-    let (reducer, root) = train_cmd::reducer(prep.batch())?;
+    let (reducer, root) = crate::ranks::reducer(prep.batch())?;
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
     eprintln!(
         "placing {}: {} warm-up and {measured} measured training steps, batch {}, {} …",
@@ -634,9 +637,9 @@ fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> 
     let monitor = WarmMonitor {
         warm: a.warm,
         meter: &meter_cell,
-        gpu: (a.run.device == "cuda").then_some((&a.run, &sampler_cell)),
+        gpu: (a.run.cuda()).then_some((&a.run, &sampler_cell)),
     };
-    let result = train_cmd::execute(&a.run, &prep, &monitor, reducer);
+    let result = run_args::execute(&prep, &monitor, reducer);
     let spans = timeline::stop();
     let (s, _) = result?;
     let meter = meter_cell
@@ -676,7 +679,7 @@ fn training(a: &PlaceArgs, workload: &str) -> Result<Option<Measured>, Failure> 
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn from_training(
     s: &train::Summary,
-    prep: &train_cmd::Prepared,
+    prep: &roofline_workloads::run::Prepared,
     run: &RunArgs,
     name: &str,
     (ranks, nodes): (usize, usize),
@@ -793,19 +796,19 @@ pub(crate) fn from_training(
             kind: "training".into(),
             description: format!(
                 "{} training on {}, {}, SGD; FLOPs per step: {} per image (forward, backward) × {} images on this rank",
-                prep.model_name(run),
-                prep.data_name(run),
+                prep.model_name(),
+                prep.data_name(),
                 prep.resolution,
                 roofline_plots::si(s.flops_step_per_image),
                 local
             ),
             // On a GPU: the trainer's precision, and the GPU this (the root) rank trained on.
-            precision: if run.device == "cuda" {
-                run.precision.clone()
+            precision: if run.cuda() {
+                run.precision.to_string()
             } else {
                 "f32".into()
             },
-            device: if run.device == "cuda" {
+            device: if run.cuda() {
                 format!("gpu{}", run.gpu.unwrap_or(0))
             } else {
                 "cpu".into()
@@ -934,11 +937,11 @@ mod tests {
     fn workloads_parse_with_clear_errors() {
         assert_eq!(
             parse_workload("resnet50").unwrap(),
-            Workload::Training("resnet50".into())
+            Workload::Training(Kind::Resnet50)
         );
         assert_eq!(
             parse_workload("ewa").unwrap(),
-            Workload::Training("ewa".into())
+            Workload::Training(Kind::Ewa)
         );
         assert_eq!(
             parse_workload("gemm:64x32x16").unwrap(),

@@ -153,3 +153,32 @@ impl Reducer for MpiReducer {
         }
     }
 }
+
+/// Runs `f` with the timeline recording when `trace` names a file, then writes the timeline
+/// there as Chrome trace JSON: every rank its own (rank 0 to FILE, rank r to FILE.r).
+pub fn traced<T>(
+    trace: Option<&std::path::Path>,
+    rank: usize,
+    verb: &str,
+    f: impl FnOnce() -> T,
+) -> Result<T, Failure> {
+    let Some(t) = trace else {
+        return Ok(f());
+    };
+    roofline_collectors::timeline::start();
+    let out = f();
+    let spans = roofline_collectors::timeline::stop();
+    let path = if rank == 0 {
+        t.to_path_buf()
+    } else {
+        std::path::PathBuf::from(format!("{}.{rank}", t.display()))
+    };
+    let j = roofline_collectors::timeline::chrome_trace(
+        &spans,
+        rank,
+        &format!("roofline {verb} (rank {rank})"),
+    );
+    roofline_model::write::write_atomic(&path, j.to_string().as_bytes())
+        .map_err(|e| Failure::Input(e.into()))?;
+    Ok(out)
+}

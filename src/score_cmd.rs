@@ -1,7 +1,7 @@
 //! `roofline score`: the HPC AI500 V2.0 score of a workload from repeated training runs, and its
 //! report.
 
-use crate::train_cmd::{self, RunArgs};
+use crate::run_args::{self, RunArgs};
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::placement::Energy;
@@ -10,6 +10,8 @@ use roofline_model::score::{
 };
 use roofline_model::{write::write_atomic, Machine};
 use roofline_workloads::accounting;
+use roofline_workloads::resnet::Version;
+use roofline_workloads::run::{Depth, Kind};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -17,8 +19,8 @@ use std::time::Instant;
 pub struct ScoreArgs {
     /// The workload: resnet50 (Image Classification, Top-1) or ewa (Extreme Weather
     /// detection, mAP@0.5; give it --eval-images).
-    #[arg(long, default_value = "resnet50", value_parser = ["resnet50", "ewa"])]
-    pub workload: String,
+    #[arg(long, value_enum, default_value = "resnet50")]
+    pub workload: Kind,
     /// Independent runs (seeds --seed, --seed + 1, …). HPC AI500 asks for 10 (resnet50) or 5
     /// (ewa); fewer give a score marked not valid.
     #[arg(long)]
@@ -54,9 +56,9 @@ pub struct ScoreArgs {
 }
 
 /// Why a run of `a` cannot be compared with published scores (empty: it can).
-fn not_comparable(a: &RunArgs, workload: &str, custom_target: bool) -> Vec<String> {
+fn not_comparable(a: &RunArgs, workload: Kind, custom_target: bool) -> Vec<String> {
     let mut v = Vec::new();
-    let ewa = workload == "ewa";
+    let ewa = workload == Kind::Ewa;
     if custom_target {
         v.push(if ewa {
             format!(
@@ -78,14 +80,14 @@ fn not_comparable(a: &RunArgs, workload: &str, custom_target: bool) -> Vec<Strin
         });
     }
     let (rule, epochs) = if ewa {
-        (train_cmd::Resolution { h: 768, w: 1152 }, 50)
+        (roofline_workloads::run::Resolution { h: 768, w: 1152 }, 50)
     } else {
-        (train_cmd::Resolution { h: 224, w: 224 }, 90)
+        (roofline_workloads::run::Resolution { h: 224, w: 224 }, 90)
     };
     if let Some(r) = a.resolution.filter(|r| *r != rule) {
         v.push(format!("resolution {r} (the rules: {rule})"));
     }
-    if a.width != 1.0 || a.depth.replace(' ', "") != "3,4,6,3" || a.version != "1.5" {
+    if a.width != 1.0 || a.depth.parse::<Depth>() != Ok(Depth([3, 4, 6, 3])) || a.version != Version::V1_5 {
         v.push(format!(
             "a scaled model (ResNet-50 v{}, width {}, depth {})",
             a.version, a.width, a.depth
@@ -106,7 +108,7 @@ fn not_comparable(a: &RunArgs, workload: &str, custom_target: bool) -> Vec<Strin
 pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
     let published =
-        Target::published(&a.workload).ok_or_else(|| input("unknown workload".into()))?;
+        Target::published(a.workload.name()).ok_or_else(|| input("unknown workload".into()))?;
     let runs = a.runs.unwrap_or(published.runs);
     if runs == 0 {
         return Err(input("--runs 0: nothing to score".into()));
@@ -121,7 +123,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,
     };
-    let own = if a.workload == "ewa" {
+    let own = if a.workload == Kind::Ewa {
         a.run.target_map
     } else {
         a.run.target_top1
@@ -138,7 +140,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             published.runs, a.workload
         ));
     }
-    let mut prep = train_cmd::prepare(&a.run, &a.workload)?;
+    let mut prep = run_args::prepare(&a.run, a.workload)?;
     // Quality needs held-out images.
     if let Some(n) = prep
         .ensure_eval()
@@ -146,12 +148,12 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     {
         eprintln!("note: evaluating on {n} held-out images (--eval-images)");
     }
-    prep.set_target(target.value);
+    prep.run_mut().target = Some(target.value);
     let start = Instant::now();
-    let topo = train_cmd::ranks(prep.batch(), a.bagging)?;
+    let topo = crate::ranks::ranks(prep.batch(), a.bagging)?;
     let (reducer, root) = (topo.world.clone(), topo.root);
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
-    if topo.plan.is_some() && prep.eval_images() == 0 {
+    if topo.plan.is_some() && prep.workload().eval_images() == 0 {
         return Err(input(
             "--bagging: the ensemble is scored on held-out images".into(),
         ));
@@ -170,9 +172,9 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
         }
         let meter = roofline_collectors::energy::Meter::start();
-        let sampler = (a.run.device == "cuda").then(|| gpu_sampler(&a.run));
+        let sampler = a.run.cuda().then(|| gpu_sampler(&a.run));
         if topo.plan.is_some() {
-            let b = crate::bagging_cmd::run(&a.run, &prep, &topo, seed, &target, v3_per_image)?;
+            let b = crate::bagging_cmd::run(&prep, &topo, seed, &target, v3_per_image)?;
             let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
             let Some(b) = b else {
                 continue;
@@ -204,12 +206,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             last = Some(b.first);
             continue;
         }
-        let (s, g) = train_cmd::execute(
-            &a.run,
-            &prep,
-            &roofline_workloads::train::Quiet,
-            reducer.clone(),
-        )?;
+        let (s, g) = run_args::execute(&prep, &roofline_workloads::train::Quiet, reducer.clone())?;
         gpu = g;
         let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
         // The GPU's energy joins the CPU packages' (or stands alone without them).
@@ -279,22 +276,22 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         return Ok(());
     }
     let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
-    let reasons = not_comparable(&a.run, &a.workload, custom);
+    let reasons = not_comparable(&a.run, a.workload, custom);
     let ident = roofline_collectors::cpu_ident();
     let cores = crate::probe_cmd::cores_for(None)?.1.len();
     let cpu = roofline_collectors::cpu_info(&ident, cores);
     let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
     let mut configuration = serde_json::Map::new();
-    let comm = prep.comm();
+    let comm = prep.run().comm;
     let mut entries = vec![
-        ("model", serde_json::json!(prep.model_name(&a.run))),
+        ("model", serde_json::json!(prep.model_name())),
         (
             "parameters",
             serde_json::json!(last.as_ref().map(|s| s.parameters)),
         ),
-        ("data", serde_json::json!(prep.data_name(&a.run))),
+        ("data", serde_json::json!(prep.data_name())),
     ];
-    entries.extend(prep.describe());
+    entries.extend(prep.workload().describe());
     entries.extend([
         ("resolution", serde_json::json!(prep.resolution.to_string())),
         ("global batch", serde_json::json!(prep.batch())),
@@ -306,7 +303,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         ),
         (
             "evaluate every (steps)",
-            serde_json::json!(prep.eval_every()),
+            serde_json::json!(prep.run().eval_every),
         ),
         (
             "target",
@@ -346,7 +343,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
                 p.models,
                 p.ranks_per_model,
                 p.sys_scale(),
-                prep.train_images(),
+                prep.workload().train_images(),
                 if ranks > 1 {
                     "each model data parallel over its team of ranks, no synchronisation between teams"
                 } else {
@@ -393,7 +390,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
                 s,
                 &prep,
                 &a.run,
-                &a.workload,
+                a.workload.name(),
                 (trained_by, nodes),
                 1,
                 Vec::new(),
@@ -415,7 +412,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         valid: runs >= published.runs,
         warnings,
         level: a.level.clone(),
-        workload: a.workload.clone(),
+        workload: a.workload.name().to_string(),
         target,
         configuration,
         system,
@@ -523,7 +520,8 @@ fn bagged_run(
 /// NVML sampling (power, energy counter) of the GPU this rank trains on.
 pub(crate) fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
     let nvml = crate::probe_cmd::open_nvml()?;
-    let (gpu, _) = train_cmd::open_gpu(a).map_err(|_| "no GPU to sample".to_string())?;
+    let (gpu, _) =
+        roofline_workloads::run::open_gpu(a.gpu).map_err(|_| "no GPU to sample".to_string())?;
     let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);
     Ok(roofline_collectors::nvml::Sampler::start(
         nvml,

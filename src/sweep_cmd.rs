@@ -28,7 +28,7 @@ pub struct SweepArgs {
     pub images: Vec<usize>,
     /// Image sizes, a list of N or HxW (default 64 for resnet50, 128x192 for ewa).
     #[arg(long, value_delimiter = ',')]
-    pub resolution: Vec<crate::train_cmd::Resolution>,
+    pub resolution: Vec<roofline_workloads::run::Resolution>,
     /// Backbone width multipliers, a list (default 0.25; with --model-flops the candidates,
     /// default 0.125,0.25,0.5,1).
     #[arg(long, value_delimiter = ',')]
@@ -82,7 +82,7 @@ struct Variant {
 fn flops_per_sample(
     workload: &str,
     v: &Variant,
-    r: crate::train_cmd::Resolution,
+    r: roofline_workloads::run::Resolution,
 ) -> Result<f64, String> {
     let blocks: Vec<usize> = v
         .depth
@@ -145,9 +145,9 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let ewa = a.workload == "ewa";
     let resolutions = if a.resolution.is_empty() {
         vec![if ewa {
-            crate::train_cmd::Resolution { h: 128, w: 192 }
+            roofline_workloads::run::Resolution { h: 128, w: 192 }
         } else {
-            crate::train_cmd::Resolution { h: 64, w: 64 }
+            roofline_workloads::run::Resolution { h: 64, w: 64 }
         }]
     } else {
         a.resolution.clone()
@@ -386,7 +386,7 @@ fn run_point(
     kind: &str,
     p: usize,
     v: &Variant,
-    r: crate::train_cmd::Resolution,
+    r: roofline_workloads::run::Resolution,
     images: usize,
     out: &Path,
 ) -> Result<Placement, Failure> {

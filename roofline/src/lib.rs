@@ -7,6 +7,7 @@
 pub mod bagging;
 pub mod bound;
 pub mod gate;
+pub mod ids;
 pub mod machine;
 pub mod peaks;
 pub mod placement;
@@ -17,6 +18,7 @@ pub mod validate;
 pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};
+pub use ids::{Level, Precision};
 pub use machine::*;
 pub use peaks::{cpu_peak, PeakDb};
 pub use stats::Stats;

@@ -302,6 +302,7 @@ pub fn fuse_detections(per_model: &[Vec<Detection>], iou_min: f64, keep: usize) 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::run::RunOptions;
 
     #[test]
     fn plans_split_the_ranks_or_say_why_not() {
@@ -365,32 +366,37 @@ mod tests {
                 zero_init_residual: false,
             },
             data: Source::Synthetic(crate::data::Synthetic::new(4, 32, 5)),
-            batch: 16,
-            steps: 14,
             train_images: 128,
             eval_images: 128,
-            warmup_steps: 4,
             base_lr_per_256: 2.0,
             label_smoothing: 0.0,
-            seed: 3,
             decay: Decay::Cosine,
-            target_top1: None,
-            eval_every: 14,
-            checkpoint: None,
-            resume: None,
-            stop_at: None,
-            checkpoint_every: None,
-            comm: Default::default(),
-            ensemble: None,
+            run: RunOptions {
+                batch: 16,
+                steps: 14,
+                warmup_steps: 4,
+                seed: 3,
+                target: None,
+                eval_every: 14,
+                checkpoint: None,
+                resume: None,
+                stop_at: None,
+                checkpoint_every: None,
+                comm: Default::default(),
+                ensemble: None,
+            },
         };
         let mut preds = Vec::new();
         let mut quality = Vec::new();
         let mut norms = Vec::new();
         for k in 0..3 {
-            let m = Member::new(base.seed, k, base.train_images);
+            let m = Member::new(base.run.seed, k, base.train_images);
             let cfg = TrainConfig {
-                seed: m.seed,
-                ensemble: Some(m),
+                run: RunOptions {
+                    seed: m.seed,
+                    ensemble: Some(m),
+                    ..base.run.clone()
+                },
                 ..base.clone()
             };
             let s = train_on::<f32>(&cfg, &Quiet, None, None).unwrap();

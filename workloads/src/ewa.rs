@@ -10,8 +10,9 @@ use crate::data::Rng;
 use crate::detect::map::{mean_average_precision, Detection, Truth};
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
 use crate::ewa_data::EwaSet;
-use crate::exchange::{Buckets, CommOptions, Exchange};
+use crate::exchange::{Buckets, Exchange};
 use crate::layers::Reducer;
+use crate::run::RunOptions;
 use crate::tensor::{Float, Tensor};
 use crate::train::{wait_for_batch, Eval, Monitor, Schedule, Sgd, Summary, Tally, TrainError};
 use roofline_collectors::timeline::{span, timed};
@@ -27,23 +28,11 @@ pub struct EwaConfig {
     /// The images trained on and the held-out images evaluated (indices into `data`).
     pub train: Range<usize>,
     pub eval: Range<usize>,
-    pub batch: usize,
-    pub steps: usize,
-    pub warmup_steps: usize,
     /// Learning rate per 16 images (torchvision's detection reference: 0.02).
     pub base_lr_per_16: f64,
-    pub seed: u64,
-    /// Stop as soon as evaluation reaches this mAP@0.5 (time-to-quality; the paper: 0.35).
-    pub target_map: Option<f64>,
-    pub eval_every: usize,
-    pub checkpoint: Option<std::path::PathBuf>,
-    pub resume: Option<std::path::PathBuf>,
-    pub stop_at: Option<usize>,
-    pub checkpoint_every: Option<usize>,
-    pub comm: CommOptions,
-    /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
-    /// of the training images and keeps its held-out detections (`Summary::predictions`).
-    pub ensemble: Option<crate::bagging::Member>,
+    /// The schedule, the target mAP@0.5 (the paper: 0.35), checkpoints, the exchange, the
+    /// ensemble member.
+    pub run: RunOptions,
 }
 
 impl EwaConfig {
@@ -53,12 +42,12 @@ impl EwaConfig {
     pub fn batch_ids(&self, step: usize) -> Vec<usize> {
         let n = self.train.len().max(1);
         let mut perm: Option<(usize, Vec<usize>)> = None;
-        (0..self.batch)
+        (0..self.run.batch)
             .map(|i| {
-                let k = step * self.batch + i;
+                let k = step * self.run.batch + i;
                 let epoch = k / n;
                 if perm.as_ref().map(|(e, _)| *e) != Some(epoch) {
-                    let mut rng = Rng::new(self.seed ^ 0xE90C_0000 ^ epoch as u64);
+                    let mut rng = Rng::new(self.run.seed ^ 0xE90C_0000 ^ epoch as u64);
                     perm = Some((epoch, rng.permutation(n)));
                 }
                 let (_, p) = perm.as_ref().expect("drawn");
@@ -66,6 +55,7 @@ impl EwaConfig {
                 let i = p[k % n];
                 self.train.start
                     + self
+                        .run
                         .ensemble
                         .as_ref()
                         .and_then(|m| m.sample.get(i).copied())
@@ -188,7 +178,7 @@ fn save<T: Float>(
     c.metadata.insert("step".into(), step.to_string());
     c.metadata
         .insert("model".into(), format!("{:?}", cfg.model));
-    c.metadata.insert("batch".into(), cfg.batch.to_string());
+    c.metadata.insert("batch".into(), cfg.run.batch.to_string());
     c.save(path)
 }
 
@@ -200,7 +190,7 @@ fn load<T: Float>(
     let c = Checkpoint::load(path)?;
     if c.meta("workload").ok() != Some("ewa")
         || c.meta("model")? != format!("{:?}", cfg.model)
-        || c.meta("batch")? != cfg.batch.to_string()
+        || c.meta("batch")? != cfg.run.batch.to_string()
     {
         return Err(format!(
             "{} was written for another workload, model or batch",
@@ -258,10 +248,10 @@ pub fn train_on<T: Float>(
     mut device: Option<&mut dyn DetectorDevice<T>>,
 ) -> Result<Summary, TrainError> {
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
-    if cfg.batch == 0 || !cfg.batch.is_multiple_of(ranks) {
+    if cfg.run.batch == 0 || !cfg.run.batch.is_multiple_of(ranks) {
         return Err(TrainError::Data(format!(
             "the global batch ({}) must divide among the {ranks} ranks",
-            cfg.batch
+            cfg.run.batch
         )));
     }
     if cfg.train.is_empty() || cfg.train.end > cfg.data.len() || cfg.eval.end > cfg.data.len() {
@@ -272,8 +262,8 @@ pub fn train_on<T: Float>(
             cfg.data.len()
         )));
     }
-    let local = cfg.batch / ranks;
-    let mut model = Detector::<T>::new(cfg.model.clone(), cfg.seed);
+    let local = cfg.run.batch / ranks;
+    let mut model = Detector::<T>::new(cfg.model.clone(), cfg.run.seed);
     // The CPU layers' reductions all go through the exchange's thread (a device sums its
     // gradients itself, and its batch norms use the reducer it was given).
     let exchange = match (&reducer, &device) {
@@ -291,20 +281,20 @@ pub fn train_on<T: Float>(
     let schedule = Schedule {
         // The trainer's schedule is per 256 images.
         base_lr_per_256: cfg.base_lr_per_16 * 16.0,
-        global_batch: cfg.batch,
-        warmup_steps: cfg.warmup_steps,
-        total_steps: cfg.steps,
+        global_batch: cfg.run.batch,
+        warmup_steps: cfg.run.warmup_steps,
+        total_steps: cfg.run.steps,
         decay: crate::train::Decay::Cosine,
     };
     let flops = cfg.model.flops(cfg.data.height, cfg.data.width).total();
     let mut start_step = 0;
-    if let Some(path) = &cfg.resume {
+    if let Some(path) = &cfg.run.resume {
         start_step = load(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
     }
     if let Some(d) = device.as_deref_mut() {
         d.begin(&mut model).map_err(TrainError::Device)?;
     }
-    let end = cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
+    let end = cfg.run.stop_at.unwrap_or(cfg.run.steps).min(cfg.run.steps);
     let fetch = |step: usize| {
         let data = Arc::clone(&cfg.data);
         let ids = cfg.batch_ids(step)[rank * local..(rank + 1) * local].to_vec();
@@ -317,7 +307,7 @@ pub fn train_on<T: Float>(
         })
     };
     let mut pending = (start_step < end).then(|| fetch(start_step));
-    let mut tally = Tally::new(cfg.batch, ranks, cfg.comm, start_step);
+    let mut tally = Tally::new(cfg.run.batch, ranks, cfg.run.comm, start_step);
     let first_read = Instant::now();
     for step in start_step..end {
         let t0 = Instant::now();
@@ -327,7 +317,7 @@ pub fn train_on<T: Float>(
         if step + 1 < end {
             pending = Some(fetch(step + 1));
         }
-        let seed = cfg.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64);
+        let seed = cfg.run.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64);
         let mut comm_s = 0.0;
         let losses = match (device.as_deref_mut(), &exchange) {
             (Some(d), _) => {
@@ -345,7 +335,7 @@ pub fn train_on<T: Float>(
             (None, Some(ex)) => {
                 // Each group's gradients go into the fused buckets as soon as the backward
                 // pass finishes them (heads first, backbone last).
-                let mut buckets = Buckets::new(ex, cfg.comm);
+                let mut buckets = Buckets::new(ex, cfg.run.comm);
                 let losses = model.train_step_with(&x, &targets, seed, &mut |ps| {
                     for p in ps {
                         buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
@@ -372,9 +362,9 @@ pub fn train_on<T: Float>(
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
         tally.step(step, dt, data_s, comm_s, loss);
-        monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
-        if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
-            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
+        monitor.step(step + 1, cfg.run.steps, loss, cfg.run.batch as f64 / dt);
+        if let (Some(path), Some(every)) = (&cfg.run.checkpoint, cfg.run.checkpoint_every) {
+            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.run.steps {
                 // Every rank stores (a device's copy comes back), rank 0 writes.
                 if let Some(d) = device.as_deref_mut() {
                     d.store(&mut model).map_err(TrainError::Device)?;
@@ -384,8 +374,8 @@ pub fn train_on<T: Float>(
                 }
             }
         }
-        let last = step + 1 == cfg.steps;
-        if !cfg.eval.is_empty() && ((step + 1) % cfg.eval_every.max(1) == 0 || last) {
+        let last = step + 1 == cfg.run.steps;
+        if !cfg.eval.is_empty() && ((step + 1) % cfg.run.eval_every.max(1) == 0 || last) {
             // Every rank evaluates the same images with the same parameters (batch norm on
             // running statistics): the same mAP everywhere, so that all stop together.
             let (map, _) = timed(
@@ -410,14 +400,14 @@ pub fn train_on<T: Float>(
                 loss: f64::NAN,
                 map: Some(map),
             });
-            if cfg.target_map.is_some_and(|t| map >= t) {
+            if cfg.run.target.is_some_and(|t| map >= t) {
                 tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
                 break;
             }
         }
     }
     // A bagged model's held-out detections, for the ensemble.
-    let predictions = match &cfg.ensemble {
+    let predictions = match &cfg.run.ensemble {
         Some(_) if !cfg.eval.is_empty() => Some(
             match device.as_deref_mut() {
                 Some(d) => predict_with(
@@ -442,7 +432,7 @@ pub fn train_on<T: Float>(
     if let Some(d) = device {
         d.store(&mut model).map_err(TrainError::Device)?;
     }
-    if let (Some(path), 0) = (&cfg.checkpoint, rank) {
+    if let (Some(path), 0) = (&cfg.run.checkpoint, rank) {
         save(path, &mut model, tally.steps_done, cfg).map_err(TrainError::Checkpoint)?;
     }
     let bn_channels: usize = model
@@ -465,6 +455,7 @@ pub fn train_on<T: Float>(
 mod tests {
     use super::*;
     use crate::ewa_data::write_synthetic;
+    use crate::exchange::CommOptions;
     use crate::train::Quiet;
 
     /// A synthetic year of `n` images at `h × w`, written as HDF5 and opened through the loader.
@@ -491,19 +482,21 @@ mod tests {
             data,
             train,
             eval,
-            batch: 8,
-            steps: 200,
-            warmup_steps: 20,
             base_lr_per_16: 0.02,
-            seed: 1,
-            target_map: None,
-            eval_every: 200,
-            checkpoint: None,
-            resume: None,
-            stop_at: None,
-            checkpoint_every: None,
-            comm: Default::default(),
-            ensemble: None,
+            run: RunOptions {
+                batch: 8,
+                steps: 200,
+                warmup_steps: 20,
+                seed: 1,
+                target: None,
+                eval_every: 200,
+                checkpoint: None,
+                resume: None,
+                stop_at: None,
+                checkpoint_every: None,
+                comm: Default::default(),
+                ensemble: None,
+            },
         }
     }
 
@@ -518,7 +511,7 @@ mod tests {
         let map = s.evals.last().and_then(|e| e.map).unwrap();
         eprintln!("mAP@0.5 after {} steps: {map:.4}", s.steps);
         assert!(map >= 0.5, "mAP@0.5 {map}");
-        let mut fresh = Detector::<f32>::new(cfg.model.clone(), cfg.seed);
+        let mut fresh = Detector::<f32>::new(cfg.model.clone(), cfg.run.seed);
         // Running statistics from one forward pass in training mode, no update.
         let (x, t) = batch::<f32>(&cfg.data, &cfg.batch_ids(0)).unwrap();
         fresh.train_step(&x, &t, 1);
@@ -531,24 +524,33 @@ mod tests {
     /// bit; the target mAP stops a run early with its time-to-quality.
     #[test]
     fn checkpoints_resume_exactly_and_targets_stop_the_run() {
-        let data = synthetic("resume", 40, 32, 48);
+        let base = config(synthetic("resume", 40, 32, 48), 0..32, 32..40);
         let cfg = EwaConfig {
-            steps: 6,
-            batch: 4,
-            eval_every: 6,
-            ..config(data, 0..32, 32..40)
+            run: RunOptions {
+                steps: 6,
+                batch: 4,
+                eval_every: 6,
+                ..base.run.clone()
+            },
+            ..base
         };
         let whole = train::<f32>(&cfg, &Quiet, None).unwrap();
         let path =
             std::env::temp_dir().join(format!("roofline-ewa-ckpt-{}.st", std::process::id()));
         let first = EwaConfig {
-            stop_at: Some(3),
-            checkpoint: Some(path.clone()),
+            run: RunOptions {
+                stop_at: Some(3),
+                checkpoint: Some(path.clone()),
+                ..cfg.run.clone()
+            },
             ..cfg.clone()
         };
         train::<f32>(&first, &Quiet, None).unwrap();
         let rest = EwaConfig {
-            resume: Some(path.clone()),
+            run: RunOptions {
+                resume: Some(path.clone()),
+                ..cfg.run.clone()
+            },
             ..cfg.clone()
         };
         let resumed = train::<f32>(&rest, &Quiet, None).unwrap();
@@ -562,7 +564,10 @@ mod tests {
         train::<f32>(&first, &Quiet, None).unwrap();
         let e = train::<f32>(
             &EwaConfig {
-                resume: Some(path.clone()),
+                run: RunOptions {
+                    resume: Some(path.clone()),
+                    ..other.run.clone()
+                },
                 ..other
             },
             &Quiet,
@@ -577,8 +582,11 @@ mod tests {
         // Any mAP reaches a target of zero at the first evaluation.
         let quick = train::<f32>(
             &EwaConfig {
-                target_map: Some(0.0),
-                eval_every: 2,
+                run: RunOptions {
+                    target: Some(0.0),
+                    eval_every: 2,
+                    ..cfg.run.clone()
+                },
                 ..cfg
             },
             &Quiet,
@@ -647,13 +655,17 @@ mod tests {
     fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
         let data = synthetic("device", 24, 32, 48);
         let path = std::env::temp_dir().join(format!("roofline-ewa-dev-{}.st", std::process::id()));
+        let base = config(data, 0..16, 16..24);
         let cfg = EwaConfig {
-            steps: 4,
-            batch: 4,
-            eval_every: 2,
-            checkpoint: Some(path.clone()),
-            checkpoint_every: Some(2),
-            ..config(data, 0..16, 16..24)
+            run: RunOptions {
+                steps: 4,
+                batch: 4,
+                eval_every: 2,
+                checkpoint: Some(path.clone()),
+                checkpoint_every: Some(2),
+                ..base.run.clone()
+            },
+            ..base
         };
         let cpu = train::<f32>(&cfg, &Quiet, None).unwrap();
         let written = std::fs::read(&path).unwrap();
@@ -685,11 +697,14 @@ mod tests {
         let mut bytes = Vec::new();
         for wire in [crate::exchange::Wire::F32, crate::exchange::Wire::F16] {
             let cfg = EwaConfig {
-                steps: 3,
-                batch: 4,
-                comm: CommOptions {
-                    wire,
-                    ..Default::default()
+                run: RunOptions {
+                    steps: 3,
+                    batch: 4,
+                    comm: CommOptions {
+                        wire,
+                        ..Default::default()
+                    },
+                    ..config(Arc::clone(&data), 0..16, 0..0).run.clone()
                 },
                 ..config(Arc::clone(&data), 0..16, 0..0)
             };
@@ -710,10 +725,13 @@ mod tests {
     /// The batch order is a function of the step: every image once per epoch.
     #[test]
     fn every_image_once_per_epoch() {
-        let data = synthetic("order", 12, 32, 48);
+        let base = config(synthetic("order", 12, 32, 48), 2..12, 0..0);
         let cfg = EwaConfig {
-            batch: 4,
-            ..config(data, 2..12, 0..0)
+            run: RunOptions {
+                batch: 4,
+                ..base.run.clone()
+            },
+            ..base
         };
         let mut seen: Vec<usize> = (0..5).flat_map(|s| cfg.batch_ids(s)).collect();
         assert_eq!(seen.len(), 20);

@@ -16,11 +16,14 @@ use std::sync::{Arc, Mutex};
 
 /// The number format of gradients on the wire.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Wire {
     /// f32: the allreduce of the MPI library (exact sums up to reassociation).
     #[default]
+    #[cfg_attr(feature = "clap", value(name = "none"))]
     F32,
     /// IEEE half precision, scaled per bucket into its range (no overflow, least underflow).
+    #[cfg_attr(feature = "clap", value(name = "fp16"))]
     F16,
     /// bfloat16: f32's range, 8 bits of mantissa.
     Bf16,

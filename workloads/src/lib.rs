@@ -16,5 +16,6 @@ pub mod folder;
 pub mod gpu;
 pub mod layers;
 pub mod resnet;
+pub mod run;
 pub mod tensor;
 pub mod train;

@@ -13,11 +13,23 @@ use roofline_collectors::timeline::timed;
 use std::sync::Arc;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
 pub enum Version {
     /// Stride 2 in the first 1×1 convolution of a down-sampling block (the original paper).
+    #[cfg_attr(feature = "clap", value(name = "1"))]
     V1,
     /// Stride 2 in the 3×3 convolution (torchvision, MLPerf, HPC AI500).
+    #[cfg_attr(feature = "clap", value(name = "1.5"))]
     V1_5,
+}
+
+impl std::fmt::Display for Version {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Version::V1 => "1",
+            Version::V1_5 => "1.5",
+        })
+    }
 }
 
 #[derive(Clone, Debug)]

@@ -7,6 +7,7 @@ use crate::folder::ImageFolder;
 use crate::layers::{softmax_cross_entropy, Param, Reducer};
 use crate::resnet::FWD;
 use crate::resnet::{Config, ResNet};
+use crate::run::RunOptions;
 use crate::tensor::Float;
 use crate::tensor::Tensor;
 use rayon::prelude::*;
@@ -175,33 +176,13 @@ impl Order {
 pub struct TrainConfig {
     pub model: Config,
     pub data: Source,
-    pub batch: usize,
-    pub steps: usize,
     pub train_images: usize,
     pub eval_images: usize,
-    pub warmup_steps: usize,
     pub base_lr_per_256: f64,
     pub label_smoothing: f64,
-    pub seed: u64,
     pub decay: Decay,
-    /// Stop as soon as evaluation reaches this Top-1 (time-to-quality).
-    pub target_top1: Option<f64>,
-    /// Evaluate every this many steps (and at the end).
-    pub eval_every: usize,
-    /// Write a checkpoint (safetensors) here at the end of the run.
-    pub checkpoint: Option<std::path::PathBuf>,
-    /// Resume from this checkpoint: its step, parameters, momenta, running statistics and data
-    /// order; the run continues exactly as if it had not stopped.
-    pub resume: Option<std::path::PathBuf>,
-    /// Stop (and checkpoint) after this step although the schedule runs to `steps`.
-    pub stop_at: Option<usize>,
-    /// Also checkpoint every this many steps (a killed run resumes from the last one).
-    pub checkpoint_every: Option<usize>,
-    /// How a data-parallel run exchanges gradients (wire format, overlap, bucket size).
-    pub comm: CommOptions,
-    /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
-    /// of the training images and keeps its held-out predictions (`Summary::predictions`).
-    pub ensemble: Option<crate::bagging::Member>,
+    /// The schedule, the target Top-1, checkpoints, the exchange, the ensemble member.
+    pub run: RunOptions,
 }
 
 /// Saves the whole training state.
@@ -234,7 +215,7 @@ fn save_checkpoint<T: Float>(
     );
     c.metadata
         .insert("model".into(), format!("{:?}", cfg.model));
-    c.metadata.insert("batch".into(), cfg.batch.to_string());
+    c.metadata.insert("batch".into(), cfg.run.batch.to_string());
     c.save(path)
 }
 
@@ -246,7 +227,9 @@ fn load_checkpoint<T: Float>(
 ) -> Result<(usize, Rng, Vec<usize>, usize), String> {
     use crate::checkpoint::Checkpoint;
     let c = Checkpoint::load(path)?;
-    if c.meta("model")? != format!("{:?}", cfg.model) || c.meta("batch")? != cfg.batch.to_string() {
+    if c.meta("model")? != format!("{:?}", cfg.model)
+        || c.meta("batch")? != cfg.run.batch.to_string()
+    {
         return Err(format!(
             "{} was written for another model or batch: {} batch {}",
             path.display(),
@@ -588,11 +571,9 @@ pub fn train<T: Float>(cfg: &TrainConfig, monitor: &dyn Monitor) -> Result<Summa
 impl TrainConfig {
     /// This run, stopped after `steps` steps of its schedule (the schedule still spans
     /// `self.steps`): what an interrupted run does before it resumes.
-    pub fn stop_after(self, steps: usize) -> TrainConfig {
-        TrainConfig {
-            stop_at: Some(steps),
-            ..self
-        }
+    pub fn stop_after(mut self, steps: usize) -> TrainConfig {
+        self.run.stop_at = Some(steps);
+        self
     }
 }
 
@@ -603,7 +584,8 @@ pub enum TrainError {
     Checkpoint(String),
     #[error("data: {0}")]
     Data(String),
-    #[error("{0}")]
+    /// The GPU (the accelerator of `--device cuda`) failed.
+    #[error("--device cuda: {0}")]
     Device(String),
 }
 
@@ -651,11 +633,11 @@ pub fn train_on<T: Float>(
     keep_freed_memory();
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
     assert!(
-        cfg.batch.is_multiple_of(ranks),
+        cfg.run.batch.is_multiple_of(ranks),
         "the global batch must divide among the ranks"
     );
-    let local = cfg.batch / ranks;
-    let mut model = ResNet::<T>::new(cfg.model.clone(), cfg.seed);
+    let local = cfg.run.batch / ranks;
+    let mut model = ResNet::<T>::new(cfg.model.clone(), cfg.run.seed);
     // The CPU layers' reductions all go through the exchange's thread (the device path sums
     // its gradients itself).
     let exchange = match (&reducer, &device) {
@@ -672,13 +654,13 @@ pub fn train_on<T: Float>(
     let sgd = Sgd::default();
     let schedule = Schedule {
         base_lr_per_256: cfg.base_lr_per_256,
-        global_batch: cfg.batch,
-        warmup_steps: cfg.warmup_steps,
-        total_steps: cfg.steps,
+        global_batch: cfg.run.batch,
+        warmup_steps: cfg.run.warmup_steps,
+        total_steps: cfg.run.steps,
         decay: cfg.decay,
     };
     let flops = model.flops_per_image(cfg.data.resolution());
-    let mut rng = Rng::new(cfg.seed ^ 0xDA7A);
+    let mut rng = Rng::new(cfg.run.seed ^ 0xDA7A);
     let order = rng.permutation(cfg.train_images.max(1));
     let mut data = Order {
         rng,
@@ -687,7 +669,7 @@ pub fn train_on<T: Float>(
         images: cfg.train_images.max(1),
     };
     let mut start_step = 0;
-    if let Some(path) = &cfg.resume {
+    if let Some(path) = &cfg.run.resume {
         let (s0, r, o, c) =
             load_checkpoint(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
         start_step = s0;
@@ -701,18 +683,18 @@ pub fn train_on<T: Float>(
     if let Some(d) = device.as_deref_mut() {
         d.begin(&mut model).map_err(TrainError::Device)?;
     }
-    let mut tally = Tally::new(cfg.batch, ranks, cfg.comm, start_step);
+    let mut tally = Tally::new(cfg.run.batch, ranks, cfg.run.comm, start_step);
     let first_read = Instant::now();
-    let end = cfg.stop_at.unwrap_or(cfg.steps).min(cfg.steps);
+    let end = cfg.run.stop_at.unwrap_or(cfg.run.steps).min(cfg.run.steps);
     // One batch ahead: the next step's images decode on other threads while this one computes.
     let fetch = |ids: Vec<u64>, step: usize| {
         let src = cfg.data.clone();
-        let seed = cfg.seed ^ (step as u64).wrapping_mul(0xA5A5_5A5A_1234_5678);
+        let seed = cfg.run.seed ^ (step as u64).wrapping_mul(0xA5A5_5A5A_1234_5678);
         // A bagged model reads its bootstrap sample: position i of the order is image
         // sample[i] (some images twice, some never).
         let mine: Vec<u64> = ids[rank * local..(rank + 1) * local]
             .iter()
-            .map(|&i| match &cfg.ensemble {
+            .map(|&i| match &cfg.run.ensemble {
                 Some(m) => m.sample.get(i as usize).map_or(i, |&s| s as u64),
                 None => i,
             })
@@ -727,7 +709,7 @@ pub fn train_on<T: Float>(
     };
     // The data order as of the last finished step (before the prefetch's draw).
     let mut saved = data.clone();
-    let mut pending = (start_step < end).then(|| fetch(data.draw(cfg.batch), start_step));
+    let mut pending = (start_step < end).then(|| fetch(data.draw(cfg.run.batch), start_step));
     for step in start_step..end {
         let t0 = Instant::now();
         let step_span = span("step", || format!("step {}", step + 1));
@@ -737,7 +719,7 @@ pub fn train_on<T: Float>(
         // The data order after this step's draw (what a checkpoint after this step records).
         let after_draw = data.clone();
         if step + 1 < end {
-            pending = Some(fetch(data.draw(cfg.batch), step + 1));
+            pending = Some(fetch(data.draw(cfg.run.batch), step + 1));
         }
         let mut loss = match device.as_deref_mut() {
             Some(d) => {
@@ -756,7 +738,7 @@ pub fn train_on<T: Float>(
                 );
                 match &exchange {
                     Some(ex) => {
-                        let mut buckets = Buckets::new(ex, cfg.comm);
+                        let mut buckets = Buckets::new(ex, cfg.run.comm);
                         model.backward_with(&g, &mut |ps| {
                             for p in ps {
                                 buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
@@ -784,9 +766,9 @@ pub fn train_on<T: Float>(
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
         tally.step(step, dt, data_s, comm_s, loss);
-        monitor.step(step + 1, cfg.steps, loss, cfg.batch as f64 / dt);
-        if let (Some(path), Some(every)) = (&cfg.checkpoint, cfg.checkpoint_every) {
-            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.steps {
+        monitor.step(step + 1, cfg.run.steps, loss, cfg.run.batch as f64 / dt);
+        if let (Some(path), Some(every)) = (&cfg.run.checkpoint, cfg.run.checkpoint_every) {
+            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.run.steps {
                 if let Some(d) = device.as_deref_mut() {
                     d.store(&mut model).map_err(TrainError::Device)?;
                 }
@@ -803,20 +785,26 @@ pub fn train_on<T: Float>(
             }
         }
         saved = after_draw;
-        let last = step + 1 == cfg.steps;
-        if cfg.eval_images > 0 && ((step + 1) % cfg.eval_every.max(1) == 0 || last) {
+        let last = step + 1 == cfg.run.steps;
+        if cfg.eval_images > 0 && ((step + 1) % cfg.run.eval_every.max(1) == 0 || last) {
             let e = match device.as_deref_mut() {
                 Some(d) => evaluate_with(
                     &mut |x| d.logits(x),
                     &cfg.data,
                     cfg.eval_images,
-                    cfg.batch,
+                    cfg.run.batch,
                     step + 1,
                 ),
-                None => evaluate(&mut model, &cfg.data, cfg.eval_images, cfg.batch, step + 1),
+                None => evaluate(
+                    &mut model,
+                    &cfg.data,
+                    cfg.eval_images,
+                    cfg.run.batch,
+                    step + 1,
+                ),
             }
             .map_err(TrainError::Data)?;
-            let reached = cfg.target_top1.is_some_and(|t| e.top1 >= t);
+            let reached = cfg.run.target.is_some_and(|t| e.top1 >= t);
             tally.evals.push(e);
             if reached {
                 tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
@@ -825,15 +813,15 @@ pub fn train_on<T: Float>(
         }
     }
     // A bagged model's held-out predictions, for the ensemble.
-    let predictions = match (&cfg.ensemble, cfg.eval_images) {
+    let predictions = match (&cfg.run.ensemble, cfg.eval_images) {
         (Some(_), n) if n > 0 => Some(
             match device.as_deref_mut() {
-                Some(d) => predict_with(&mut |x| d.logits(x), &cfg.data, n, cfg.batch),
+                Some(d) => predict_with(&mut |x| d.logits(x), &cfg.data, n, cfg.run.batch),
                 None => predict_with(
                     &mut |x| Ok(model.forward(x, false)),
                     &cfg.data,
                     n,
-                    cfg.batch,
+                    cfg.run.batch,
                 ),
             }
             .map_err(TrainError::Data)?,
@@ -843,7 +831,7 @@ pub fn train_on<T: Float>(
     if let Some(d) = device {
         d.store(&mut model).map_err(TrainError::Device)?;
     }
-    if let Some(path) = &cfg.checkpoint {
+    if let Some(path) = &cfg.run.checkpoint {
         save_checkpoint(
             path,
             &mut model,
@@ -934,28 +922,33 @@ mod tests {
                 zero_init_residual: false,
             },
             data: Source::Synthetic(Synthetic::new(4, 32, 3)),
-            batch: 8,
-            steps: 3,
             train_images: 64,
             eval_images: 0,
-            warmup_steps: 1,
             base_lr_per_256: 1.0,
             label_smoothing: 0.1,
-            seed: 9,
             decay: Decay::Cosine,
-            target_top1: None,
-            eval_every: 3,
-            checkpoint: None,
-            resume: None,
-            stop_at: None,
-            checkpoint_every: None,
-            comm: Default::default(),
-            ensemble: None,
+            run: RunOptions {
+                batch: 8,
+                steps: 3,
+                warmup_steps: 1,
+                seed: 9,
+                target: None,
+                eval_every: 3,
+                checkpoint: None,
+                resume: None,
+                stop_at: None,
+                checkpoint_every: None,
+                comm: Default::default(),
+                ensemble: None,
+            },
         };
         let single = train::<f64>(&cfg, &Quiet).unwrap();
         let two = |comm: CommOptions| {
             let cfg = TrainConfig {
-                comm,
+                run: RunOptions {
+                    comm,
+                    ..cfg.run.clone()
+                },
                 ..cfg.clone()
             };
             crate::exchange::tests::on_ranks(2, |r| {
@@ -1014,8 +1007,11 @@ mod tests {
         // And the runs moved: the parameters changed from their initial values.
         let init = train::<f64>(
             &TrainConfig {
-                steps: 1,
                 base_lr_per_256: 0.0,
+                run: RunOptions {
+                    steps: 1,
+                    ..cfg.run.clone()
+                },
                 ..cfg.clone()
             },
             &Quiet,
@@ -1034,23 +1030,25 @@ mod tests {
                 zero_init_residual: false,
             },
             data: Source::Synthetic(Synthetic::new(4, 32, 5)),
-            batch: 8,
-            steps: 5,
             train_images: 20,
             eval_images: 0,
-            warmup_steps: 2,
             base_lr_per_256: 2.0,
             label_smoothing: 0.0,
-            seed: 3,
             decay: Decay::Cosine,
-            target_top1: None,
-            eval_every: 5,
-            checkpoint: None,
-            resume: None,
-            stop_at: None,
-            checkpoint_every: None,
-            comm: Default::default(),
-            ensemble: None,
+            run: RunOptions {
+                batch: 8,
+                steps: 5,
+                warmup_steps: 2,
+                seed: 3,
+                target: None,
+                eval_every: 5,
+                checkpoint: None,
+                resume: None,
+                stop_at: None,
+                checkpoint_every: None,
+                comm: Default::default(),
+                ensemble: None,
+            },
         }
     }
 
@@ -1145,7 +1143,10 @@ mod tests {
         // schedule and stops after 2 steps.
         let part = train::<f32>(
             &TrainConfig {
-                checkpoint: Some(ckpt.clone()),
+                run: RunOptions {
+                    checkpoint: Some(ckpt.clone()),
+                    ..tiny().run.clone()
+                },
                 ..tiny()
             }
             .stop_after(2),
@@ -1155,7 +1156,10 @@ mod tests {
         assert_eq!(part.steps, 2);
         let rest = train::<f32>(
             &TrainConfig {
-                resume: Some(ckpt.clone()),
+                run: RunOptions {
+                    resume: Some(ckpt.clone()),
+                    ..tiny().run.clone()
+                },
                 ..tiny()
             },
             &Quiet,
@@ -1167,10 +1171,13 @@ mod tests {
         assert_eq!(rest.final_loss.to_bits(), full.final_loss.to_bits());
         // A checkpoint of another model is refused with a reason.
         let other = TrainConfig {
-            resume: Some(ckpt.clone()),
             model: Config {
                 width: 0.25,
                 ..tiny().model
+            },
+            run: RunOptions {
+                resume: Some(ckpt.clone()),
+                ..tiny().run.clone()
             },
             ..tiny()
         };
@@ -1193,23 +1200,25 @@ mod tests {
                 zero_init_residual: true,
             },
             data: Source::Synthetic(Synthetic::new(10, 64, 11)),
-            batch: 32,
-            steps: 300,
             train_images: 4096,
             eval_images: 512,
-            warmup_steps: 20,
             base_lr_per_256: 0.8,
             label_smoothing: 0.0,
-            seed: 5,
             decay: Decay::Cosine,
-            target_top1: Some(0.95),
-            eval_every: 25,
-            checkpoint: None,
-            resume: None,
-            stop_at: None,
-            checkpoint_every: None,
-            comm: Default::default(),
-            ensemble: None,
+            run: RunOptions {
+                batch: 32,
+                steps: 300,
+                warmup_steps: 20,
+                seed: 5,
+                target: Some(0.95),
+                eval_every: 25,
+                checkpoint: None,
+                resume: None,
+                stop_at: None,
+                checkpoint_every: None,
+                comm: Default::default(),
+                ensemble: None,
+            },
         };
         let s = train::<f32>(&cfg, &Quiet).unwrap();
         let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);

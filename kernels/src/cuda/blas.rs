@@ -39,41 +39,22 @@ pub struct SectionResult {
     pub checks: Vec<(String, Result<String, CudaError>)>,
 }
 
-/// GEMM precisions: name, element bytes of A/B, of C, the minimum architecture.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Prec {
-    F64,
-    F32,
-    Tf32,
-    F16,
-    Bf16,
-    Int8,
-    Fp8,
+/// GEMM precisions: the model's [`Precision`](roofline_model::Precision); what GEMM needs of
+/// each (element bytes of A/B and of C, the minimum architecture, the check's tolerance) is
+/// [`GemmPrec`].
+pub use roofline_model::Precision as Prec;
+
+/// What GEMM needs to know of a precision.
+pub trait GemmPrec: Copy {
+    fn in_bytes(self) -> usize;
+    fn out_bytes(self) -> usize;
+    fn min_arch(self) -> u32;
+    /// Normwise relative error bound: |C - ref| / Σ|a·b|.
+    fn tolerance(self) -> f64;
+    fn unit(self) -> &'static str;
 }
 
-impl Prec {
-    pub const ALL: [Prec; 7] = [
-        Prec::F64,
-        Prec::F32,
-        Prec::Tf32,
-        Prec::F16,
-        Prec::Bf16,
-        Prec::Int8,
-        Prec::Fp8,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Prec::F64 => "f64",
-            Prec::F32 => "f32",
-            Prec::Tf32 => "tf32",
-            Prec::F16 => "f16",
-            Prec::Bf16 => "bf16",
-            Prec::Int8 => "int8",
-            Prec::Fp8 => "fp8",
-        }
-    }
-
+impl GemmPrec for Prec {
     fn in_bytes(self) -> usize {
         match self {
             Prec::F64 => 8,
@@ -99,8 +80,7 @@ impl Prec {
         }
     }
 
-    /// Normwise relative error bound: |C - ref| / Σ|a·b|.
-    pub fn tolerance(self) -> f64 {
+    fn tolerance(self) -> f64 {
         match self {
             Prec::F64 => 1e-12,
             Prec::F32 => 1e-5,

@@ -4,7 +4,7 @@
 //! that fits the workspace) and is recorded per row. Every result is checked on a sample of
 //! entries against f64 sums on the CPU.
 
-use super::blas::{encode, Prec, Rng, SectionResult};
+use super::blas::{encode, GemmPrec, Prec, Rng, SectionResult};
 use super::device::{DevBuf, Gpu};
 use super::libs::{self, Lib};
 use super::CudaError;

@@ -61,6 +61,36 @@ pub(super) fn flat_of(
     Flat::new(ctx, &layout, values, &moms)
 }
 
+/// `train --device cuda --check`: GPU `gpu` (the launcher's local rank's by default) opened
+/// and shown to `opened`, its layers and a small ResNet's step against the CPU's in `p`, and with
+/// `detector` the detector's parts and step on a fresh context.
+pub fn check_all(
+    gpu: Option<usize>,
+    p: Prec,
+    detector: bool,
+    opened: impl FnOnce(&Gpu),
+) -> Result<Vec<Check>, crate::run::RunError> {
+    use crate::run::RunError;
+    if !matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
+        return Err(RunError::Input(format!(
+            "--precision {p}: the trainer's convolutions run in f32, tf32, f16 or bf16"
+        )));
+    }
+    let (gpu, ordinal) = crate::run::open_gpu(gpu)?;
+    opened(&gpu);
+    let mut checks = self_test(gpu, p).map_err(|e| RunError::Run(format!("GPU self-test: {e}")))?;
+    if detector {
+        // The layers' test released its context: the detector's runs on a fresh one.
+        let gpu = Gpu::open(ordinal)
+            .map_err(|e| RunError::Run(format!("--device cuda: GPU {ordinal}: {e}")))?;
+        checks.extend(
+            crate::gpu::detector_self_test(gpu, p)
+                .map_err(|e| RunError::Run(format!("GPU detector self-test: {e}")))?,
+        );
+    }
+    Ok(checks)
+}
+
 /// Compares every GPU layer with the CPU layer on small shapes, in precision `p`: convolution
 /// (forward, backward-data, backward-filter) at 1×1, 3×3 stride 2 and 7×7 stride 2; the fully
 /// connected layer (forward, weight, bias and data gradients); the detector's box head (outputs,

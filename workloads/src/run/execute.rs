@@ -1,0 +1,79 @@
+//! Runs a prepared training on the CPU's pinned pool or on this rank's GPU.
+
+use super::setup::{Device, Job, Prepared};
+use super::RunError;
+use crate::layers::Reducer;
+use crate::train::{self, Monitor, Summary};
+use roofline_kernels::cuda::device::{self, Gpu};
+use std::sync::Arc;
+
+/// The launcher's local rank (the GPU a rank takes by default).
+pub fn local_rank() -> usize {
+    [
+        "OMPI_COMM_WORLD_LOCAL_RANK",
+        "MPI_LOCALRANKID",
+        "SLURM_LOCALID",
+        "PMIX_LOCAL_RANK",
+    ]
+    .iter()
+    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+    .unwrap_or(0)
+}
+
+/// The GPU this rank trains on (`gpu`, else the launcher's local rank modulo the GPU count),
+/// opened; no driver or no such GPU is an input error that says what was looked for.
+pub fn open_gpu(gpu: Option<usize>) -> Result<(Gpu, usize), RunError> {
+    let count = device::init().map_err(RunError::NoGpu)?;
+    let ordinal = gpu.unwrap_or(local_rank() % count);
+    if ordinal >= count {
+        return Err(RunError::Input(format!(
+            "--gpu {ordinal}: this machine has {count} GPU(s)"
+        )));
+    }
+    let gpu = Gpu::open(ordinal)
+        .map_err(|e| RunError::Run(format!("--device cuda: GPU {ordinal}: {e}")))?;
+    Ok((gpu, ordinal))
+}
+
+/// Runs `p` on the CPU or (`--device cuda`) this rank's GPU, its gradients summed over
+/// `reducer`'s ranks; returns the summary and the GPU's name.
+pub fn execute(
+    p: &Prepared,
+    monitor: &(dyn Monitor + Sync),
+    reducer: Option<Arc<dyn Reducer>>,
+) -> Result<(Summary, Option<String>), RunError> {
+    if p.spec.device != Device::Cuda {
+        let s = match &p.job {
+            Job::Detector(cfg) => p
+                .pool
+                .install(|| crate::ewa::train::<f32>(cfg, monitor, reducer)),
+            Job::Classifier(cfg) => p
+                .pool
+                .install(|| train::train_with::<f32>(cfg, monitor, reducer)),
+        }?;
+        return Ok((s, None));
+    }
+    let (gpu, ordinal) = open_gpu(p.spec.gpu)?;
+    let gpu_name = Some(gpu.name.clone());
+    let nccl = match &reducer {
+        Some(r) if r.ranks() > 1 => Some(
+            crate::gpu::communicator(r.as_ref(), ordinal)
+                .map_err(|e| RunError::Run(format!("--device cuda: NCCL: {e}")))?,
+        ),
+        _ => None,
+    };
+    let ctx = crate::gpu::Ctx::new(gpu, p.spec.precision).map_err(RunError::Gpu)?;
+    // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
+    let s = match &p.job {
+        Job::Detector(cfg) => {
+            let mut dev =
+                crate::gpu::CudaDetectorTrainer::new(ctx, nccl, reducer.clone(), cfg.run.comm);
+            crate::ewa::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+        }
+        Job::Classifier(cfg) => {
+            let mut dev = crate::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.run.comm);
+            train::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+        }
+    }?;
+    Ok((s, gpu_name))
+}

@@ -1,0 +1,196 @@
+//! A training run of either workload, set up and driven the same way: the options both
+//! workloads share ([`RunOptions`]), what each workload answers about itself ([`Workload`]),
+//! the run built from typed command-line choices ([`setup::prepare`]) and executed on the CPU or
+//! a GPU ([`execute`]).
+
+pub mod execute;
+pub mod report;
+pub mod setup;
+
+use crate::exchange::CommOptions;
+use std::path::PathBuf;
+
+pub use execute::{execute, open_gpu};
+pub use setup::{prepare, training_cpus, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
+
+/// What a run of either workload is told beside its model and data: the schedule, when to stop,
+/// checkpoints, the ranks' gradient exchange, the ensemble member it is.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Images per step (the global batch).
+    pub batch: usize,
+    pub steps: usize,
+    /// Linear warm-up steps of the learning rate.
+    pub warmup_steps: usize,
+    pub seed: u64,
+    /// Stop as soon as evaluation reaches this quality (time-to-quality): Top-1 for the
+    /// classifier, mAP@0.5 for the detector.
+    pub target: Option<f64>,
+    /// Evaluate every this many steps (and at the end).
+    pub eval_every: usize,
+    /// Write a checkpoint (safetensors) here at the end of the run.
+    pub checkpoint: Option<PathBuf>,
+    /// Resume from this checkpoint: the run continues exactly as if it had not stopped.
+    pub resume: Option<PathBuf>,
+    /// Stop (and checkpoint) after this step although the schedule runs to `steps`.
+    pub stop_at: Option<usize>,
+    /// Also checkpoint every this many steps (a killed run resumes from the last one).
+    pub checkpoint_every: Option<usize>,
+    /// How a data-parallel run exchanges gradients (wire format, overlap, bucket size).
+    pub comm: CommOptions,
+    /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
+    /// of the training images and keeps its held-out predictions (`Summary::predictions`).
+    pub ensemble: Option<crate::bagging::Member>,
+}
+
+impl RunOptions {
+    /// `batch` images a step for `steps` steps, warm-up over a tenth, evaluated at the end; no
+    /// target, no checkpoints, the default exchange.
+    pub fn new(batch: usize, steps: usize, seed: u64) -> RunOptions {
+        RunOptions {
+            batch,
+            steps,
+            warmup_steps: steps / 10,
+            seed,
+            target: None,
+            eval_every: steps,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
+            comm: CommOptions::default(),
+            ensemble: None,
+        }
+    }
+}
+
+/// What a workload's configuration says about itself, so that the verbs and the run's setup
+/// treat both alike.
+pub trait Workload {
+    fn run(&self) -> &RunOptions;
+    fn run_mut(&mut self) -> &mut RunOptions;
+    /// Images in the training set (a bagged model's bootstrap sample draws this many).
+    fn train_images(&self) -> usize;
+    /// Held-out images evaluated.
+    fn eval_images(&self) -> usize;
+    /// Evaluates nothing from now on (a run measured for its speed).
+    fn no_evaluation(&mut self);
+    /// Every layer's count per `h × w` image (the accounting's rules; the one FLOP count).
+    fn layers(&self, h: usize, w: usize) -> Vec<crate::accounting::LayerCount>;
+    /// The schedule and optimiser in words (for reports).
+    fn describe(&self) -> Vec<(&'static str, serde_json::Value)>;
+}
+
+/// Why a run could not be set up or did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    /// The options or the data given do not make a run (the command line's exit 2).
+    #[error("{0}")]
+    Input(String),
+    /// The run could not start or failed on the way (exit 1).
+    #[error("{0}")]
+    Run(String),
+    #[error("cannot start {threads} threads: {source}")]
+    Threads {
+        threads: usize,
+        #[source]
+        source: rayon::ThreadPoolBuildError,
+    },
+    /// `--device cuda` without a driver or a GPU: said with what was looked for.
+    #[error("--device cuda: {0}")]
+    NoGpu(#[source] roofline_kernels::cuda::CudaError),
+    #[error("--device cuda: {0}")]
+    Gpu(#[source] roofline_kernels::cuda::CudaError),
+    #[error(transparent)]
+    Train(#[from] crate::train::TrainError),
+}
+
+impl RunError {
+    /// Whether the fault is the input's (bad options or data), not the run's.
+    pub fn is_input(&self) -> bool {
+        match self {
+            RunError::Input(_) | RunError::NoGpu(_) => true,
+            RunError::Train(e) => !matches!(e, crate::train::TrainError::Device(_)),
+            _ => false,
+        }
+    }
+}
+
+impl Workload for crate::train::TrainConfig {
+    fn run(&self) -> &RunOptions {
+        &self.run
+    }
+    fn run_mut(&mut self) -> &mut RunOptions {
+        &mut self.run
+    }
+    fn train_images(&self) -> usize {
+        self.train_images
+    }
+    fn eval_images(&self) -> usize {
+        self.eval_images
+    }
+    fn no_evaluation(&mut self) {
+        self.eval_images = 0;
+    }
+    fn layers(&self, h: usize, _w: usize) -> Vec<crate::accounting::LayerCount> {
+        crate::accounting::layers(&self.model, h)
+    }
+    fn describe(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        vec![
+            ("training images", json!(self.train_images)),
+            ("held-out images", json!(self.eval_images)),
+            (
+                "learning rate",
+                json!(format!(
+                    "{} per 256 images × batch / 256, linear warm-up over {} steps, cosine decay",
+                    self.base_lr_per_256, self.run.warmup_steps
+                )),
+            ),
+            ("label smoothing", json!(self.label_smoothing)),
+        ]
+    }
+}
+
+impl Workload for crate::ewa::EwaConfig {
+    fn run(&self) -> &RunOptions {
+        &self.run
+    }
+    fn run_mut(&mut self) -> &mut RunOptions {
+        &mut self.run
+    }
+    fn train_images(&self) -> usize {
+        self.train.len()
+    }
+    fn eval_images(&self) -> usize {
+        self.eval.len()
+    }
+    fn no_evaluation(&mut self) {
+        self.eval = self.eval.end..self.eval.end;
+    }
+    fn layers(&self, h: usize, w: usize) -> Vec<crate::accounting::LayerCount> {
+        crate::accounting::detector(&self.model, h, w)
+    }
+    fn describe(&self) -> Vec<(&'static str, serde_json::Value)> {
+        use serde_json::json;
+        let m = &self.model;
+        vec![
+            ("training images", json!(self.train.len())),
+            ("held-out images", json!(self.eval.len())),
+            (
+                "learning rate",
+                json!(format!(
+                    "{} per 16 images × batch / 16, linear warm-up over {} steps, cosine decay",
+                    self.base_lr_per_16, self.run.warmup_steps
+                )),
+            ),
+            (
+                "sampling",
+                json!(format!(
+                    "RPN {} anchors per image (half foreground at most), {} proposals after NMS; second stage {} regions per image (a quarter foreground at most)",
+                    m.rpn_per_image, m.rpn_train.post_nms, m.roi_per_image
+                )),
+            ),
+        ]
+    }
+}
