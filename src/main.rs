@@ -324,41 +324,19 @@ fn plot(
         .map_err(|e| Failure::Input(e.into()))?;
     let mut points = Vec::new();
     for p in &placed {
-        let group = p.workload.name.clone();
         let x = |pt: &roofline_model::placement::Point| match model {
             "node-coi" => pt.coi.as_ref().and_then(|c| c.intra_node),
             "dist-coi" => pt.coi.as_ref().and_then(|c| c.inter_node),
             _ => Some(pt.oi.analytic),
         };
-        let Some(xi) = x(&p.point) else {
+        let these = roofline_plots::placed::points(p, x);
+        if these.is_empty() {
             eprintln!(
                 "note: {} did not communicate ({} rank): it has no COI to place on the {model} roofline",
                 p.workload.name, p.workload.ranks
             );
-            continue;
-        };
-        for (pt, main) in
-            std::iter::once((&p.point, true)).chain(p.layers.iter().map(|l| (l, false)))
-        {
-            let xi = if main {
-                xi
-            } else {
-                match x(pt) {
-                    Some(v) => v,
-                    None => continue,
-                }
-            };
-            points.push(roofline_plots::PlotPoint {
-                label: pt.label.clone(),
-                group: group.clone(),
-                intensity: xi,
-                achieved: pt.achieved_flops,
-                attainable: pt.bound.attainable,
-                main,
-                share: pt.share_of_step,
-                binding: Some(pt.bound.ceiling.clone()),
-            });
         }
+        points.extend(these);
     }
     let gpus: Vec<String> = m
         .provenance

@@ -87,7 +87,10 @@ fn not_comparable(a: &RunArgs, workload: Kind, custom_target: bool) -> Vec<Strin
     if let Some(r) = a.resolution.filter(|r| *r != rule) {
         v.push(format!("resolution {r} (the rules: {rule})"));
     }
-    if a.width != 1.0 || a.depth.parse::<Depth>() != Ok(Depth([3, 4, 6, 3])) || a.version != Version::V1_5 {
+    if a.width != 1.0
+        || a.depth.parse::<Depth>() != Ok(Depth([3, 4, 6, 3]))
+        || a.version != Version::V1_5
+    {
         v.push(format!(
             "a scaled model (ResNet-50 v{}, width {}, depth {})",
             a.version, a.width, a.depth
@@ -187,7 +190,8 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
                 );
             }
             gpu = b.gpu.clone();
-            let energy = crate::place_cmd::energy_of(&reading, 1, "per run (all the models)");
+            let energy =
+                roofline_collectors::energy::per_step(&reading, 1, "per run (all the models)");
             energy_note = energy.note.clone();
             done.push(bagged_run(i, seed, &b, &target, &energy, prep.batch()));
             if root {
@@ -232,7 +236,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             .iter()
             .map(|t| s.flops_step_per_image * prep.batch() as f64 / t.seconds.max(1e-12))
             .collect();
-        let energy = crate::place_cmd::energy_of(&reading, 1, "per run");
+        let energy = roofline_collectors::energy::per_step(&reading, 1, "per run");
         let (energy_j, watts) = (energy.joules_per_step, energy.average_watts);
         energy_note = energy.note;
         if root {
@@ -386,14 +390,12 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             // The last run's steps after the first, on the machine's roofline (bagged: its
             // first model, whose batch its team of P ranks shared).
             let trained_by = topo.plan.map_or(ranks, |p| p.ranks_per_model);
-            let measured = crate::place_cmd::from_training(
+            let (measured, _) = roofline_workloads::run::place::measured(
                 s,
                 &prep,
-                &a.run,
-                a.workload.name(),
                 (trained_by, nodes),
                 1,
-                Vec::new(),
+                &[],
                 Energy {
                     note: score_energy_note.clone(),
                     ..Default::default()
@@ -424,7 +426,8 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     };
     let svg = match (&machine, &score.placement) {
         (Some(m), Some(p)) => Some(
-            crate::place_cmd::draw(m, &[p.as_ref()]).map_err(|e| Failure::Run(anyhow!("{e}")))?,
+            roofline_plots::placed::placements_svg(m, &[p.as_ref()])
+                .map_err(|e| Failure::Run(anyhow!("{e}")))?,
         ),
         _ => None,
     };

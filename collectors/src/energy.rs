@@ -32,6 +32,34 @@ pub struct Reading {
     pub sources: Vec<String>,
 }
 
+/// Energy per step from a reading over `steps` steps; `span` says what it covers in the note.
+/// No reading, or counters that did not advance: not measured, and why.
+pub fn per_step(
+    reading: &Result<Reading, String>,
+    steps: usize,
+    span: &str,
+) -> roofline_model::placement::Energy {
+    use roofline_model::placement::Energy;
+    match reading {
+        Ok(r) if r.joules > 0.0 && steps > 0 => Energy {
+            measured: true,
+            sources: r.sources.clone(),
+            joules_per_step: Some(r.joules / steps as f64),
+            average_watts: Some(r.joules / r.seconds.max(1e-12)),
+            flops_per_watt: None,
+            note: format!("energy {span} from {}", r.sources.join(", ")),
+        },
+        Ok(_) => Energy {
+            note: "energy not measured: the energy counters did not advance; no per-watt figure is reported".into(),
+            ..Default::default()
+        },
+        Err(e) => Energy {
+            note: format!("energy not measured: {e}; no per-watt figure is reported"),
+            ..Default::default()
+        },
+    }
+}
+
 fn read_u64(p: &Path) -> Option<u64> {
     std::fs::read_to_string(p).ok()?.trim().parse().ok()
 }

@@ -8,6 +8,7 @@ pub mod cpu;
 pub mod cuda;
 pub mod driver;
 pub mod io;
+pub mod micro;
 pub mod perf;
 pub mod probe;
 

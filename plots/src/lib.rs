@@ -7,6 +7,7 @@
 
 pub mod html;
 pub mod labels;
+pub mod placed;
 mod render;
 pub mod report;
 pub mod sweep;
@@ -390,32 +391,8 @@ fn pow10_ceil(x: f64) -> f64 {
         .unwrap_or(10.0 * d)
 }
 
-/// SI prefix formatting: 1.2e11 → "120 G".
-pub fn si(v: f64) -> String {
-    let (p, s) = [
-        (1e15, "P"),
-        (1e12, "T"),
-        (1e9, "G"),
-        (1e6, "M"),
-        (1e3, "k"),
-        (1.0, ""),
-        (1e-3, "m"),
-        (1e-6, "µ"),
-        (1e-9, "n"),
-    ]
-    .into_iter()
-    .find(|(p, _)| v.abs() >= *p)
-    .unwrap_or((1e-9, "n"));
-    let x = v / p;
-    let digits = if x >= 100.0 {
-        0
-    } else if x >= 10.0 {
-        1
-    } else {
-        2
-    };
-    format!("{x:.digits$} {s}")
-}
+/// SI prefix formatting (the model's): 1.2e11 → "120 G".
+pub use roofline_model::si;
 
 #[cfg(test)]
 mod tests {

@@ -91,3 +91,30 @@ impl ModelError {
         }
     }
 }
+
+/// SI prefix formatting: 1.2e11 → "120 G".
+pub fn si(v: f64) -> String {
+    let (p, s) = [
+        (1e15, "P"),
+        (1e12, "T"),
+        (1e9, "G"),
+        (1e6, "M"),
+        (1e3, "k"),
+        (1.0, ""),
+        (1e-3, "m"),
+        (1e-6, "µ"),
+        (1e-9, "n"),
+    ]
+    .into_iter()
+    .find(|(p, _)| v.abs() >= *p)
+    .unwrap_or((1e-9, "n"));
+    let x = v / p;
+    let digits = if x >= 100.0 {
+        0
+    } else if x >= 10.0 {
+        1
+    } else {
+        2
+    };
+    format!("{x:.digits$} {s}")
+}

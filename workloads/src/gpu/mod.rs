@@ -492,7 +492,10 @@ mod tests {
         assert!(normwise(&[1.0], &[1.0, 2.0]).is_infinite());
         // The trainer refuses the probe's other precisions before it looks for a GPU.
         let e = check_all(None, Prec::Fp8, false, |_| {}).unwrap_err();
-        assert!(e.is_input() && e.to_string().contains("f32, tf32, f16 or bf16"), "{e}");
+        assert!(
+            e.is_input() && e.to_string().contains("f32, tf32, f16 or bf16"),
+            "{e}"
+        );
         assert!(tolerance(Prec::F32) < tolerance(Prec::Tf32));
     }
 

@@ -4,6 +4,7 @@
 //! a GPU ([`execute`]).
 
 pub mod execute;
+pub mod place;
 pub mod report;
 pub mod setup;
 

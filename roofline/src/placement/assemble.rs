@@ -1,0 +1,167 @@
+//! A measured workload placed: its point and its top layers held against the machine's roofs,
+//! the energy per FLOP, the advice.
+
+use super::{
+    advise, bound, cpu_roofs, gpu_roofs, Coi, Energy, Intensity, MachineRef, Placement, Point,
+    TimeBreakdown, WorkloadInfo, PLACEMENT_SCHEMA,
+};
+use crate::machine::{Machine, Provenance};
+use crate::stats::Stats;
+use std::path::Path;
+
+/// One layer's share of a measured step: its time, its FLOPs, its analytic minimum bytes and
+/// its footprint.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerTime {
+    pub name: String,
+    pub seconds: f64,
+    pub flops: f64,
+    pub min_bytes: f64,
+    pub footprint: f64,
+}
+
+/// What running a workload gave, before it is placed.
+#[derive(Clone, Debug)]
+pub struct Measured {
+    pub info: WorkloadInfo,
+    pub flops_per_step: f64,
+    /// Every measured step's (or sample's, per iteration) seconds.
+    pub step_seconds: Vec<f64>,
+    pub min_bytes: f64,
+    pub footprint: f64,
+    pub coi: Option<Coi>,
+    pub layers: Vec<LayerTime>,
+    pub time: TimeBreakdown,
+    pub energy: Energy,
+}
+
+/// Why a measurement cannot be placed.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum PlaceError {
+    #[error("no finite measurement")]
+    NoFiniteMeasurement,
+    /// The machine.json lacks the ceilings of the run's device and precision (the input's fault).
+    #[error("the machine.json has no {device} {precision} compute or memory ceiling to place this on: run `roofline probe{probe}` without --only")]
+    NoRoof {
+        device: String,
+        precision: String,
+        probe: &'static str,
+    },
+}
+
+fn stats(v: &[f64]) -> Result<Stats, PlaceError> {
+    Stats::from_samples(v).ok_or(PlaceError::NoFiniteMeasurement)
+}
+
+/// Places `r` on machine `m` (read from `path`): the point held against the roofs of its
+/// device and precision, its `top` layers by time each against theirs, the energy per FLOP, the
+/// advice; `provenance` is where and when it ran.
+pub fn assemble(
+    m: &Machine,
+    path: &Path,
+    r: Measured,
+    top: usize,
+    mut provenance: Provenance,
+) -> Result<Placement, PlaceError> {
+    let seconds = stats(&r.step_seconds)?;
+    let rates: Vec<f64> = r
+        .step_seconds
+        .iter()
+        .map(|s| r.flops_per_step / s)
+        .collect();
+    let achieved = stats(&rates)?;
+    let oi = r.flops_per_step / r.min_bytes;
+    let families: &[&str] = match r.info.kind.as_str() {
+        "gemm" | "stream" => &["gemm", "fma"],
+        _ => &["conv", "gemm", "fma"],
+    };
+    // A GPU run is held against that GPU's ceilings (`gpuN/...`), a CPU run against the CPU's.
+    let gpu: Option<usize> = r
+        .info
+        .device
+        .strip_prefix("gpu")
+        .and_then(|g| g.parse().ok());
+    let roofs_at = |footprint: f64, coi: Option<&Coi>| match gpu {
+        Some(g) => gpu_roofs(m, g, &r.info.precision, families, footprint, coi),
+        None => cpu_roofs(
+            m,
+            &r.info.precision,
+            families,
+            r.info.threads,
+            footprint,
+            coi,
+        ),
+    };
+    let roofs = roofs_at(r.footprint, r.coi.as_ref());
+    let b = bound(&roofs, oi, r.coi.as_ref(), achieved.max).ok_or_else(|| PlaceError::NoRoof {
+        device: r.info.device.clone(),
+        precision: r.info.precision.clone(),
+        probe: if gpu.is_some() { " --device cuda" } else { "" },
+    })?;
+    let measured_note = "no hardware memory-traffic counters are read (yet): the OI is the analytic minimum, an upper bound of the true one".to_string();
+    let point = Point {
+        label: r.info.name.clone(),
+        flops_per_step: r.flops_per_step,
+        seconds_per_step: seconds.clone(),
+        achieved_flops: achieved.max,
+        achieved,
+        footprint_bytes: r.footprint,
+        oi: Intensity {
+            analytic_min_bytes: r.min_bytes,
+            analytic: oi,
+            measured: None,
+            measured_note: measured_note.clone(),
+        },
+        coi: r.coi.clone(),
+        share_of_step: None,
+        bound: b,
+    };
+    let mut layers = Vec::new();
+    let mut by_time = r.layers.clone();
+    by_time.sort_by(|x, y| y.seconds.total_cmp(&x.seconds));
+    for l in by_time.into_iter().take(top) {
+        if l.seconds <= 0.0 || l.flops <= 0.0 {
+            continue;
+        }
+        let oi = l.flops / l.min_bytes;
+        let rate = l.flops / l.seconds;
+        let roofs = roofs_at(l.footprint, None);
+        let Some(b) = bound(&roofs, oi, None, rate) else {
+            continue;
+        };
+        layers.push(Point {
+            label: l.name,
+            flops_per_step: l.flops,
+            seconds_per_step: stats(&[l.seconds])?,
+            achieved_flops: rate,
+            achieved: stats(&[rate])?,
+            footprint_bytes: l.footprint,
+            oi: Intensity {
+                analytic_min_bytes: l.min_bytes,
+                analytic: oi,
+                measured: None,
+                measured_note: measured_note.clone(),
+            },
+            coi: None,
+            share_of_step: Some(l.seconds / seconds.median.max(1e-12)),
+            bound: b,
+        });
+    }
+    let mut energy = r.energy;
+    if let Some(j) = energy.joules_per_step {
+        energy.flops_per_watt = Some(r.flops_per_step / j);
+    }
+    let advice = advise(&r.info, &point, &layers, &r.time, m);
+    provenance.notes.push(energy.note.clone());
+    Ok(Placement {
+        schema: PLACEMENT_SCHEMA.into(),
+        provenance,
+        machine: MachineRef::of(m, path),
+        workload: r.info,
+        point,
+        layers,
+        time: r.time,
+        energy,
+        advice,
+    })
+}

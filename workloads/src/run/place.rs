@@ -1,0 +1,174 @@
+//! A training run measured for `roofline place`: the steps after the warm-up, each top layer's
+//! time from the timeline, this rank's FLOPs and analytic bytes by the accounting's rules.
+
+use super::setup::{Device, Prepared};
+use super::RunError;
+use crate::accounting;
+use crate::train::{StepTiming, Summary};
+use roofline_collectors::timeline::{self, Span};
+use roofline_model::placement::{Coi, Energy, LayerTime, Measured, TimeBreakdown, WorkloadInfo};
+use roofline_model::si;
+
+/// A finished training run as a measurement: its steps after `warm`, the layers' times from
+/// `spans` (none: no layer points), this rank's FLOPs and bytes.
+/// Also returns the measured steps' spans (for `--trace`).
+pub fn measured(
+    s: &Summary,
+    prep: &Prepared,
+    (ranks, nodes): (usize, usize),
+    warm: usize,
+    spans: &[Span],
+    energy: Energy,
+) -> Result<(Measured, Vec<Span>), RunError> {
+    let timing: Vec<_> = s.timing.iter().filter(|t| t.step > warm).collect();
+    if timing.is_empty() {
+        return Err(RunError::Run("no measured step finished".into()));
+    }
+    let n = timing.len() as f64;
+    let mean = |f: &dyn Fn(&StepTiming) -> f64| timing.iter().map(|t| f(t)).sum::<f64>() / n;
+    let total = mean(&|t| t.seconds);
+    let data = mean(&|t| t.data_s);
+    let comm = mean(&|t| t.comm_s);
+    // The measured steps' window on the timeline.
+    let window: Vec<(u64, u64)> = spans
+        .iter()
+        .filter(|sp| sp.cat == "step")
+        .filter(|sp| {
+            sp.name
+                .strip_prefix("step ")
+                .and_then(|k| k.parse::<usize>().ok())
+                .is_some_and(|k| k > warm)
+        })
+        .map(|sp| (sp.start_ns, sp.start_ns + sp.dur_ns))
+        .collect();
+    let inside = |sp: &&Span| {
+        window
+            .iter()
+            .any(|(a, b)| sp.start_ns >= *a && sp.start_ns < *b)
+    };
+    let measured_spans: Vec<Span> = spans.iter().filter(inside).cloned().collect();
+    // Without a timeline, compute is what data and communication left (idle unknown: 0).
+    let busy: f64 = if measured_spans.is_empty() {
+        (total - comm - data).max(0.0)
+    } else {
+        measured_spans
+            .iter()
+            .filter(|sp| matches!(sp.cat, "forward" | "backward" | "optimizer"))
+            .map(|sp| sp.dur_ns as f64 * 1e-9)
+            .sum::<f64>()
+            / n
+    };
+    let time = TimeBreakdown {
+        total_s: total,
+        compute_s: busy.min(total),
+        communication_s: comm,
+        data_s: data,
+        idle_s: (total - busy - comm - data).max(0.0),
+    };
+    // Per layer: time over the measured steps, its FLOPs (AIPerf's rules, forward and
+    // backward) and minimum bytes for this rank's batch.
+    let local = (prep.batch() / ranks) as f64;
+    let counted = prep.layers();
+    let mut layers = Vec::new();
+    let mut per_layer: Vec<(String, f64)> = timeline::totals(&measured_spans, "forward");
+    for (name, t) in timeline::totals(&measured_spans, "backward") {
+        match per_layer.iter_mut().find(|(n, _)| *n == name) {
+            Some((_, x)) => *x += t,
+            None => per_layer.push((name, t)),
+        }
+    }
+    for (name, t) in per_layer {
+        let ls = accounting::span_layers(&counted, &name);
+        if ls.is_empty() {
+            continue;
+        }
+        let owned: Vec<_> = ls.iter().map(|l| (*l).clone()).collect();
+        let flops = accounting::aiperf(&owned).total() * local;
+        let bytes: f64 = ls
+            .iter()
+            .map(|l| accounting::min_bytes_training(l))
+            .sum::<f64>()
+            * local;
+        let footprint: f64 = ls
+            .iter()
+            .map(|l| 4.0 * (local * (l.inputs + l.outputs) + 3.0 * l.params))
+            .sum();
+        layers.push(LayerTime {
+            name,
+            seconds: t / n,
+            flops,
+            min_bytes: bytes,
+            footprint,
+        });
+    }
+    let flops_per_step = s.flops_step_per_image * local;
+    let min_bytes = counted
+        .iter()
+        .map(accounting::min_bytes_training)
+        .sum::<f64>()
+        * local;
+    let footprint: f64 = counted
+        .iter()
+        .map(|l| 4.0 * (local * l.outputs + 3.0 * l.params))
+        .sum();
+    let coi = (ranks > 1 && s.comm_bytes_per_step > 0.0).then(|| {
+        let b = s.comm_bytes_per_step;
+        if nodes > 1 {
+            Coi {
+                intra_node_bytes: 0.0,
+                inter_node_bytes: b,
+                intra_node: None,
+                inter_node: Some(flops_per_step / b),
+            }
+        } else {
+            Coi {
+                intra_node_bytes: b,
+                inter_node_bytes: 0.0,
+                intra_node: Some(flops_per_step / b),
+                inter_node: None,
+            }
+        }
+    });
+    let cuda = prep.spec.device == Device::Cuda;
+    let measured = Measured {
+        info: WorkloadInfo {
+            name: prep.spec.workload.name().to_string(),
+            kind: "training".into(),
+            description: format!(
+                "{} training on {}, {}, SGD; FLOPs per step: {} per image (forward, backward) × {} images on this rank",
+                prep.model_name(),
+                prep.data_name(),
+                prep.resolution,
+                si(s.flops_step_per_image),
+                local
+            ),
+            // On a GPU: the trainer's precision, and the GPU this (the root) rank trained on.
+            precision: if cuda {
+                prep.spec.precision.to_string()
+            } else {
+                "f32".into()
+            },
+            device: if cuda {
+                format!("gpu{}", prep.spec.gpu.unwrap_or(0))
+            } else {
+                "cpu".into()
+            },
+            threads: prep.threads,
+            ranks,
+            nodes,
+            warm_steps: warm,
+            measured_steps: timing.len(),
+            parameters: Some(s.parameters),
+            batch: Some(prep.batch()),
+        },
+        flops_per_step,
+        step_seconds: timing.iter().map(|t| t.seconds).collect(),
+        min_bytes,
+        footprint,
+        coi,
+        layers,
+        time,
+        energy,
+    };
+    Ok((measured, measured_spans))
+}
