@@ -13,7 +13,7 @@ pub struct DoctorArgs {
 }
 
 pub fn run(a: &DoctorArgs) -> Result<std::process::ExitCode, Failure> {
-    let nvml = crate::probe_cmd::open_nvml();
+    let nvml = roofline_kernels::probe::node::open_nvml();
     let enrich = |g: &mut roofline_model::GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
     let r = doctor::diagnose(&enrich);
     if a.json {

@@ -6,6 +6,8 @@ mod gate_cmd;
 mod output;
 mod place_cmd;
 mod probe_cmd;
+#[cfg(feature = "mpi")]
+mod probe_mpi;
 mod ranks;
 mod run_args;
 mod score_cmd;
@@ -258,7 +260,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Probe(a) => {
             if a.check {
-                probe_cmd::gpu_check(&a.device)
+                probe_cmd::gpu_check(a.device)
             } else {
                 probe_cmd::probe(*a)
             }

@@ -185,7 +185,9 @@ pub(crate) fn with_gpu_energy(
 
 /// A micro workload on the probe's CPU kernels and driver, the CPU packages' energy over it.
 fn kernel(a: &PlaceArgs, w: &Micro) -> Result<Measured, Failure> {
-    let cores = crate::probe_cmd::cores_for(a.run.threads)?.0;
+    let cores = roofline_kernels::probe::node::cores_for(a.run.threads)
+        .map_err(crate::probe_cmd::failure)?
+        .0;
     let meter = energy::Meter::start();
     let (mut m, iterations) = w
         .measure(

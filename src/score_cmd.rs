@@ -282,7 +282,10 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
     let reasons = not_comparable(&a.run, a.workload, custom);
     let ident = roofline_collectors::cpu_ident();
-    let cores = crate::probe_cmd::cores_for(None)?.1.len();
+    let cores = roofline_kernels::probe::node::cores_for(None)
+        .map_err(crate::probe_cmd::failure)?
+        .1
+        .len();
     let cpu = roofline_collectors::cpu_info(&ident, cores);
     let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
     let mut configuration = serde_json::Map::new();
@@ -522,7 +525,7 @@ fn bagged_run(
 
 /// NVML sampling (power, energy counter) of the GPU this rank trains on.
 pub(crate) fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
-    let nvml = crate::probe_cmd::open_nvml()?;
+    let nvml = roofline_kernels::probe::node::open_nvml()?;
     let (gpu, _) =
         roofline_workloads::run::open_gpu(a.gpu).map_err(|_| "no GPU to sample".to_string())?;
     let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);

@@ -419,6 +419,49 @@ impl Machine {
     }
 }
 
+/// The aggregate compute ceilings of a distributed run: every compute ceiling that every node
+/// has, summed (`agg/<id>`); its statistics are those of the per-node values.
+pub fn aggregate(nodes: &[Machine]) -> Vec<crate::Ceiling> {
+    let Some(first) = nodes.first() else {
+        return Vec::new();
+    };
+    first
+        .ceilings
+        .iter()
+        .filter(|c| c.kind == crate::CeilingKind::Compute)
+        .filter_map(|c| {
+            let all: Vec<&crate::Ceiling> =
+                nodes.iter().filter_map(|m| m.ceiling(&c.id)).collect();
+            if all.len() != nodes.len() {
+                return None;
+            }
+            let values: Vec<f64> = all.iter().map(|x| x.value).collect();
+            let mut agg = c.clone();
+            agg.id = format!("agg/{}", c.id);
+            agg.value = values.iter().sum();
+            agg.stats = crate::Stats::from_samples(&values)?;
+            agg.threads = all.iter().map(|x| x.threads).sum();
+            agg.theoretical_peak = all
+                .iter()
+                .map(|x| x.theoretical_peak.clone())
+                .collect::<Option<Vec<_>>>()
+                .map(|peaks| {
+                    let mut p = peaks[0].clone();
+                    p.value = peaks.iter().map(|q| q.value).sum();
+                    p.source = format!("sum over {} nodes of: {}", nodes.len(), p.source);
+                    p
+                });
+            agg.method = format!(
+                "sum over the {} nodes of {} (each node probed itself, concurrently); stats are the per-node values",
+                nodes.len(),
+                c.id
+            );
+            agg.flag_against_peak();
+            Some(agg)
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,6 +2,7 @@
 
 pub mod cpu;
 pub mod gpu;
+pub mod node;
 
 use crate::driver::Measurement;
 use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats, TheoreticalPeak};

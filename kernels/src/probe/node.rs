@@ -1,0 +1,301 @@
+//! One node probing itself: its CPU's sections, every GPU with NVML sampling its clocks, power
+//! and throttling, the provenance that says what was measured and in what state; and the GPU
+//! self-test. What `roofline probe` runs on each node (alone, or as each node's leader under
+//! mpirun).
+
+use super::{cpu as cpu_probe, gpu as gpu_probe, Progress, Section};
+use crate::cuda::CudaError;
+use crate::ProbeError;
+use roofline_model::{CpuInfo, GpuInfo, Machine, Provenance, MACHINE_SCHEMA};
+use std::path::Path;
+use std::sync::atomic::AtomicBool;
+
+/// What to probe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+pub enum Devices {
+    /// The CPU and every NVIDIA GPU found (saying so when none is).
+    #[default]
+    Auto,
+    /// The CPU only.
+    Cpu,
+    /// The GPUs only; no driver is an error.
+    Cuda,
+}
+
+/// Why a node probe did not finish.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    #[error("interrupted")]
+    Interrupted,
+    /// What was asked cannot be done here (exit 2).
+    #[error("{0}")]
+    Input(String),
+    #[error("probe failed: {0}")]
+    Cpu(#[source] ProbeError),
+    #[error("GPU probe failed: {0}")]
+    Gpu(#[source] CudaError),
+    #[error("GPU self-test could not run: {0}")]
+    Check(#[source] CudaError),
+    #[error("peak database: {0}")]
+    Peaks(#[source] roofline_model::ModelError),
+}
+
+impl From<ProbeError> for NodeError {
+    fn from(e: ProbeError) -> NodeError {
+        match e {
+            ProbeError::Interrupted => NodeError::Interrupted,
+            e => NodeError::Cpu(e),
+        }
+    }
+}
+
+impl From<CudaError> for NodeError {
+    fn from(e: CudaError) -> NodeError {
+        match e {
+            CudaError::Interrupted => NodeError::Interrupted,
+            e => NodeError::Gpu(e),
+        }
+    }
+}
+
+/// A node probe: what to measure, on which cores, how long.
+pub struct NodeConfig {
+    pub devices: Devices,
+    pub sections: Vec<Section>,
+    /// The cores of the `all` ceilings (one pinned thread each).
+    pub cores: Vec<usize>,
+    /// Every core roofline may use here.
+    pub machine_cores: Vec<usize>,
+    pub quick: bool,
+}
+
+/// The cores for the `all` ceilings (`threads` of them, checked; default one per physical
+/// core) and all the cores roofline may use.
+pub fn cores_for(threads: Option<usize>) -> Result<(Vec<usize>, Vec<usize>), NodeError> {
+    let allowed = crate::affinity::allowed_cpus();
+    let machine_cores =
+        roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
+    let mut cores = machine_cores.clone();
+    if let Some(n) = threads {
+        if n == 0 || n > cores.len() {
+            return Err(NodeError::Input(format!(
+                "--threads {n}: this machine lets roofline use {} cores; give 1 to {}",
+                cores.len(),
+                cores.len()
+            )));
+        }
+        cores.truncate(n);
+    }
+    Ok((cores, machine_cores))
+}
+
+/// How many GPUs are probed, or why none is; `Devices::Cuda` without a driver, or only GPU
+/// sections without a GPU, is an input error.
+pub fn gpu_status(
+    devices: Devices,
+    sections: &[Section],
+) -> Result<Result<usize, String>, NodeError> {
+    let status = match (devices, gpu_probe::init()) {
+        (Devices::Cpu, _) => Err("GPUs not probed (--device cpu)".to_string()),
+        (Devices::Cuda, Err(e)) => return Err(NodeError::Input(format!("--device cuda: {e}"))),
+        (_, Err(e)) => Err(e.to_string()),
+        (_, Ok(n)) => Ok(n),
+    };
+    if let Err(why) = &status {
+        if sections.iter().all(|s| *s == Section::Copy) {
+            return Err(NodeError::Input(format!(
+                "--only copy measures GPU copies, and no GPU is probed: {why}"
+            )));
+        }
+    }
+    Ok(status)
+}
+
+/// A machine.json with provenance only (no node section was asked).
+pub fn bare(provenance: Provenance) -> Machine {
+    Machine {
+        schema: MACHINE_SCHEMA.into(),
+        provenance,
+        ceilings: Vec::new(),
+        curves: Vec::new(),
+        tables: Vec::new(),
+        nodes: Vec::new(),
+    }
+}
+
+/// This CPU as `/proc/cpuinfo` and sysfs describe it (`cores` of them).
+pub fn cpu_here(cores: usize) -> CpuInfo {
+    roofline_collectors::cpu_info(&roofline_collectors::cpu_ident(), cores)
+}
+
+/// Probes this node: its CPU (unless `Devices::Cuda`), then its GPUs when `gpus` found some
+/// (else a note saying why not). `provenance` makes the run's provenance around the CPU as
+/// measured.
+pub fn probe(
+    cfg: &NodeConfig,
+    gpus: &Result<usize, String>,
+    provenance: &dyn Fn(CpuInfo) -> Provenance,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<Machine, NodeError> {
+    let ident = roofline_collectors::cpu_ident();
+    let mut cpu = roofline_collectors::cpu_info(&ident, cfg.machine_cores.len());
+    let cpu_cfg = cpu_probe::CpuConfig {
+        cores: cfg.cores.clone(),
+        caches: cpu.caches.clone(),
+        vendor: ident.vendor.clone(),
+        family: ident.family,
+        model: ident.model,
+        quick: cfg.quick,
+        sections: cfg.sections.clone(),
+    };
+    let mut result = if cfg.devices == Devices::Cuda {
+        cpu_probe::CpuResult::default()
+    } else {
+        cpu_probe::run(&cpu_cfg, cancel, progress)?
+    };
+    let mut gpu_infos = Vec::new();
+    let mut gpu_libraries = Vec::new();
+    match gpus {
+        Err(why) => result.notes.push(format!("no GPU found: {why}")),
+        Ok(_) => {
+            let mode = if cfg.quick {
+                gpu_probe::Mode::Quick
+            } else {
+                gpu_probe::Mode::Full
+            };
+            let g = run_gpus(mode, &cfg.sections, cancel, progress)?;
+            result.ceilings.extend(g.ceilings);
+            result.curves.extend(g.curves);
+            result.tables.extend(g.tables);
+            result.notes.extend(g.notes);
+            gpu_infos = g.gpus;
+            gpu_libraries = gpu_probe::library_versions();
+        }
+    }
+    if !result.simd.is_empty() {
+        cpu.simd = result.simd.clone();
+    }
+    // /proc/cpuinfo's names of the features the probes use.
+    cpu.features = ["fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
+        .iter()
+        .filter(|f| ident.flags.contains(**f))
+        .map(|f| f.to_string())
+        .collect();
+    cpu.measured_clock_hz_t1 = result.clock_t1.clone();
+    cpu.measured_clock_hz_all = result.clock_all.clone();
+    let mut notes = result.notes.clone();
+    cpu.shared_cores = roofline_model::SharedCores::detect(&cpu, &result.ceilings);
+    if let Some(s) = &cpu.shared_cores {
+        notes.push(format!(
+            "the cores were shared while the all-core ceilings ran: the all-core clock was {:.0}% of the one-core clock (two vCPUs on one physical core, or another load); {} `all` ceilings are marked as measured in that state (provenance.cpu.shared_cores) and understate this machine: probe again when it is idle",
+            100.0 * s.ratio,
+            s.ceilings.len()
+        ));
+    }
+    if cfg.cores.len() < cfg.machine_cores.len() {
+        notes.push(format!(
+            "the `all` ceilings ran on {} of the {} cores roofline may use (--threads {})",
+            cfg.cores.len(),
+            cfg.machine_cores.len(),
+            cfg.cores.len()
+        ));
+    }
+    let mut p = provenance(cpu);
+    p.libraries.extend(gpu_libraries);
+    p.devices = gpu_infos
+        .iter()
+        .map(|g| {
+            format!(
+                "gpu{}: {} (sm_{}, {} SMs, {}B)",
+                g.index,
+                g.name,
+                g.compute_capability.replace('.', ""),
+                g.sm_count,
+                roofline_model::si(g.memory_bytes as f64)
+            )
+        })
+        .collect();
+    p.gpus = gpu_infos;
+    p.notes = notes;
+    Ok(Machine {
+        ceilings: result.ceilings,
+        curves: result.curves,
+        tables: result.tables,
+        ..bare(p)
+    })
+}
+
+/// NVML, opened from where the CUDA library search found libnvidia-ml.
+pub fn open_nvml() -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, String> {
+    let path = crate::cuda::libs::locate(crate::cuda::libs::Lib::Nvml);
+    roofline_collectors::nvml::open(path.as_deref())
+}
+
+/// Probes every GPU with NVML sampling clocks, power, temperature and throttle reasons.
+fn run_gpus(
+    mode: gpu_probe::Mode,
+    sections: &[Section],
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<gpu_probe::GpuResult, NodeError> {
+    let peaks = roofline_model::PeakDb::builtin().map_err(NodeError::Peaks)?;
+    let nvml = open_nvml();
+    // The sampler needs the GPUs' UUIDs: open them once for the inventory.
+    let uuids = gpu_probe::uuids().unwrap_or_default();
+    let sampler = nvml.as_ref().ok().map(|n| {
+        roofline_collectors::nvml::Sampler::start(
+            n.clone(),
+            uuids.clone(),
+            std::time::Duration::from_millis(200),
+        )
+    });
+    let cfg = gpu_probe::GpuConfig {
+        mode,
+        sections: sections.to_vec(),
+    };
+    let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
+    let result = gpu_probe::run(&cfg, cancel, progress, &peaks, &enrich);
+    let telemetry = sampler.map(|s| s.stop()).unwrap_or_default();
+    let mut r = result?;
+    for g in r.gpus.iter_mut() {
+        if let Some(pos) = uuids.iter().position(|u| *u == g.uuid) {
+            g.telemetry = telemetry.get(pos).cloned();
+        }
+        if let Some(t) = &g.telemetry {
+            if !t.throttle_reasons.is_empty() {
+                r.notes.push(format!(
+                    "gpu{} was throttled during the probe: {}",
+                    g.index,
+                    t.throttle_reasons.join(", ")
+                ));
+            }
+        }
+    }
+    Ok(r)
+}
+
+/// `roofline probe --check`: every GPU kernel and library call once on small inputs, against
+/// CPU references.
+pub fn gpu_check(devices: Devices, cancel: &AtomicBool) -> Result<gpu_probe::GpuResult, NodeError> {
+    if devices == Devices::Cpu {
+        return Err(NodeError::Input(
+            "--check tests the GPU kernels; it does not go with --device cpu (the CPU probes check themselves on every run)".into(),
+        ));
+    }
+    if let Err(e) = gpu_probe::init() {
+        return Err(NodeError::Input(format!("--check: {e}")));
+    }
+    let peaks = roofline_model::PeakDb::builtin().map_err(NodeError::Peaks)?;
+    let cfg = gpu_probe::GpuConfig {
+        mode: gpu_probe::Mode::Check,
+        sections: Section::ALL.to_vec(),
+    };
+    let nvml = open_nvml();
+    let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
+    gpu_probe::run(&cfg, cancel, &super::Silent, &peaks, &enrich).map_err(|e| match e {
+        CudaError::Interrupted => NodeError::Interrupted,
+        e => NodeError::Check(e),
+    })
+}
