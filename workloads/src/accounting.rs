@@ -48,7 +48,12 @@ pub enum Kind {
 
 /// Every layer of the network for one image at `resolution`.
 pub fn layers(cfg: &Config, resolution: usize) -> Vec<LayerCount> {
-    let mut v = backbone(cfg, 3, resolution, resolution);
+    classifier(cfg, 3, resolution, resolution)
+}
+
+/// `layers` for `h × w` images of `channels` channels.
+pub fn classifier(cfg: &Config, channels: usize, h: usize, w: usize) -> Vec<LayerCount> {
+    let mut v = backbone(cfg, channels, h, w);
     let (c, h, w) = v
         .last()
         .map(|l| (l.channels, l.size.0, l.size.1))
@@ -389,6 +394,13 @@ impl Count {
     }
 }
 
+/// RoIAlign's FLOPs for `outputs` pooled values of `samples`² bilinear samples each: four
+/// multiply-adds per sample and the average (the backward pass scatters through the same
+/// weights: as many).
+fn roi_align(samples: usize, outputs: f64) -> f64 {
+    (8.0 * (samples * samples) as f64 + 1.0) * outputs
+}
+
 /// AIPerf's tables I–III.
 pub fn aiperf(layers: &[LayerCount]) -> Count {
     let (mut f, mut b) = (0.0, 0.0);
@@ -415,9 +427,8 @@ pub fn aiperf(layers: &[LayerCount]) -> Count {
             // Four multiply-adds per bilinear sample and the average; the backward pass
             // scatters through the same weights.
             Kind::RoiAlign { samples } => {
-                let per = 8.0 * (samples * samples) as f64 + 1.0;
-                f += per * l.outputs;
-                b += per * l.outputs;
+                f += roi_align(samples, l.outputs);
+                b += roi_align(samples, l.outputs);
             }
         }
     }
@@ -438,12 +449,42 @@ pub fn hpc_ai500_v3(layers: &[LayerCount]) -> Count {
             Kind::MaxPool { .. } | Kind::AvgPool => l.inputs,
             Kind::Softmax => 0.0,
             // Not in the table: counted as AIPerf counts it.
-            Kind::RoiAlign { samples } => (8.0 * (samples * samples) as f64 + 1.0) * l.outputs,
+            Kind::RoiAlign { samples } => roi_align(samples, l.outputs),
         };
     }
     Count {
         forward: f,
         backward: 2.0 * f,
+    }
+}
+
+/// The trainer's own count, the FLOPs its FLOP/s are of (one count for both workloads, from
+/// the layers above): a multiply-add is 2 FLOPs in convolutions and dense layers, whose bias
+/// adds count too (dense); their backward passes (data and weight gradients) are twice the
+/// forward, the stem's (no data gradient) once; RoIAlign's bilinear samples count both ways;
+/// element-wise layers are not counted.
+pub fn trainer(layers: &[LayerCount]) -> Count {
+    let (mut f, mut b) = (0.0, 0.0);
+    for l in layers {
+        match l.kind {
+            Kind::Conv { first } => {
+                f += 2.0 * l.macs;
+                b += if first { 2.0 } else { 4.0 } * l.macs;
+            }
+            Kind::Dense => {
+                f += 2.0 * l.macs + l.outputs;
+                b += 2.0 * (2.0 * l.macs + l.outputs);
+            }
+            Kind::RoiAlign { samples } => {
+                f += roi_align(samples, l.outputs);
+                b += roi_align(samples, l.outputs);
+            }
+            _ => {}
+        }
+    }
+    Count {
+        forward: f,
+        backward: b,
     }
 }
 
@@ -598,6 +639,27 @@ mod tests {
         assert_eq!(span_layers(&l, "rpn.head").len(), 20);
         assert_eq!(span_layers(&l, "box_head").len(), 6);
         assert!(span_layers(&l, "proposals").is_empty());
+    }
+
+    /// The trainer's rule on one layer of each kind, by hand.
+    #[test]
+    fn the_trainer_counts_by_its_rule() {
+        let l = |kind, macs: f64, outputs: f64| LayerCount {
+            name: String::new(),
+            kind,
+            macs,
+            outputs,
+            ..Default::default()
+        };
+        let c = trainer(&[
+            l(Kind::Conv { first: true }, 10.0, 0.0),
+            l(Kind::Conv { first: false }, 100.0, 0.0),
+            l(Kind::Dense, 1000.0, 3.0),
+            l(Kind::RoiAlign { samples: 2 }, 0.0, 5.0),
+            l(Kind::Relu, 0.0, 7.0),
+        ]);
+        assert_eq!(c.forward, 20.0 + 200.0 + 2003.0 + 33.0 * 5.0);
+        assert_eq!(c.backward, 20.0 + 400.0 + 4006.0 + 33.0 * 5.0);
     }
 
     #[test]

@@ -199,14 +199,6 @@ impl<T: Float> Bottleneck<T> {
         }
         v
     }
-
-    fn convs(&self) -> Vec<&Conv2d<T>> {
-        let mut v = vec![&self.conv1, &self.conv2, &self.conv3];
-        if let Some((c, _)) = &self.down {
-            v.push(c);
-        }
-        v
-    }
 }
 
 /// The network.
@@ -463,43 +455,14 @@ impl<T: Float> ResNet<T> {
         self.flops_hw(resolution, resolution)
     }
 
-    /// `flops_per_image` for `h × w` images.
+    /// `flops_per_image` for `h × w` images (the accounting's trainer count of this model's
+    /// layers).
     pub fn flops_hw(&self, h: usize, w: usize) -> Flops {
-        let mut fwd = 0.0;
-        let mut bwd = 0.0;
-        let conv = |c: &Conv2d<T>, (h, w): (usize, usize)| {
-            let sh = ConvShape {
-                n: 1,
-                h,
-                w,
-                ..c.shape
-            };
-            (sh.flops(), (sh.oh(), sh.ow()))
-        };
-        let (f, (oh, ow)) = conv(&self.stem, (h, w));
-        fwd += f;
-        bwd += f; // weight gradient only
-        let pool = |x: usize| (x + 2 - 3) / 2 + 1; // max pool
-        let mut size = (pool(oh), pool(ow));
-        for b in &self.blocks {
-            let mut hb = size;
-            for (i, c) in b.convs().into_iter().enumerate() {
-                let input = if i == 3 { size } else { hb };
-                let (f, out) = conv(c, input);
-                fwd += f;
-                bwd += 2.0 * f;
-                if i < 3 {
-                    hb = out;
-                }
-            }
-            size = hb;
-        }
-        let fc = 2.0 * (self.fc.inputs * self.fc.outputs) as f64;
-        fwd += fc;
-        bwd += 2.0 * fc;
+        let layers = crate::accounting::classifier(&self.config, self.stem.shape.c, h, w);
+        let c = crate::accounting::trainer(&layers);
         Flops {
-            forward: fwd,
-            backward: bwd,
+            forward: c.forward,
+            backward: c.backward,
         }
     }
 }

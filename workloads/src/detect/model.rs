@@ -17,9 +17,8 @@ use super::fpn::Fpn;
 use super::head::{head_loss, BoxHead};
 use super::host::Regions;
 use super::map::Detection;
-use super::roi_align::{MultiScale, RoiAlign};
+use super::roi_align::MultiScale;
 use super::rpn::{rpn_loss, ProposalRule, RpnHead};
-use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{Param, Reducer};
 use crate::resnet::{Config, Flops, ResNet, BWD, FWD};
@@ -133,77 +132,26 @@ impl DetectorConfig {
         }
     }
 
-    /// Analytic FLOPs per `h × w` image (see the module's rule), from the configuration alone.
+    /// Analytic FLOPs per `h × w` image by part (see the module's rule): the accounting's
+    /// trainer count of the configuration's layers (`accounting::detector`), grouped by part.
     pub fn flops(&self, h: usize, w: usize) -> DetectorFlops {
-        use crate::accounting::{backbone, Kind};
-        let mut bb = Flops::default();
-        for l in backbone(&self.backbone, self.in_channels, h, w) {
-            if let Kind::Conv { first } = l.kind {
-                bb.forward += 2.0 * l.macs;
-                // The stem computes no data gradient: its weight gradient only.
-                bb.backward += if first { 2.0 } else { 4.0 } * l.macs;
+        use crate::accounting::{detector, trainer};
+        let layers = detector(self, h, w);
+        let part = |keep: &dyn Fn(&str) -> bool| {
+            let these: Vec<_> = layers.iter().filter(|l| keep(&l.name)).cloned().collect();
+            let c = trainer(&these);
+            Flops {
+                forward: c.forward,
+                backward: c.backward,
             }
-        }
-        let sizes = self.level_sizes(h, w);
-        let conv = |c: usize, k: usize, r: usize, (h, w): (usize, usize)| {
-            ConvShape {
-                n: 1,
-                c,
-                h,
-                w,
-                k,
-                r,
-                s: r,
-                stride: 1,
-                pad: r / 2,
-            }
-            .flops()
         };
-        let both = |f: f64| Flops {
-            forward: f,
-            backward: 2.0 * f,
-        };
-        let width = self.fpn_width;
-        let chans = self.stage_channels();
-        let fpn: f64 = (0..4)
-            .map(|l| conv(chans[l], width, 1, sizes[l]) + conv(width, width, 3, sizes[l]))
-            .sum();
-        let a = self.anchors_per_cell();
-        let rpn: f64 = sizes
-            .iter()
-            .map(|&s| conv(width, width, 3, s) + conv(width, 5 * a, 1, s))
-            .sum();
-        let align = RoiAlign {
-            out: self.pool.out,
-            samples: self.pool.samples,
-            scale: 1.0,
-        };
-        let rois = self.roi_per_image;
-        // The box head's fully connected layers, 2 per multiply-add and the biases.
-        let (pooled, hidden, k) = (
-            self.pool.out * self.pool.out * width,
-            self.hidden,
-            self.classes + 1,
-        );
-        let head: f64 = [
-            (pooled, hidden),
-            (hidden, hidden),
-            (hidden, k),
-            (hidden, 4 * k),
-        ]
-        .iter()
-        .map(|&(i, o)| (2 * i * o + o) as f64)
-        .sum::<f64>()
-            * rois as f64;
+        let heads = ["fpn.", "rpn.", "roi_align", "box_head."];
         DetectorFlops {
-            backbone: bb,
-            fpn: both(fpn),
-            rpn: both(rpn),
-            roi_align: Flops {
-                forward: align.flops(rois, width),
-                backward: align.flops(rois, width),
-            },
-            box_head: both(head),
+            backbone: part(&|n| !heads.iter().any(|p| n.starts_with(p))),
+            fpn: part(&|n| n.starts_with("fpn.")),
+            rpn: part(&|n| n.starts_with("rpn.")),
+            roi_align: part(&|n| n == "roi_align"),
+            box_head: part(&|n| n.starts_with("box_head.")),
         }
     }
 
@@ -622,13 +570,32 @@ mod tests {
         let n = m.parameter_count();
         assert!((40_000_000..42_000_000).contains(&n), "{n}");
         let f = m.cfg.flops(768, 1152);
-        // The configuration's count is the built layers': the backbone's convolutions as the
-        // classifier counts them (without its classifier), the box head's as its layers do.
-        let mut r = m.backbone.flops_hw(768, 1152);
-        let fc = 2.0 * (m.backbone.fc.inputs * m.backbone.fc.outputs) as f64;
-        r.forward -= fc;
-        r.backward -= 2.0 * fc;
-        assert_eq!(f.backbone, r);
+        // The configuration's count is the built layers': the backbone's convolutions walked
+        // through the built model (its shapes, sizes from each convolution's output), the box
+        // head's as its layers do.
+        let conv = |c: &crate::layers::Conv2d<f32>, (h, w): (usize, usize)| {
+            let sh = crate::conv::ConvShape {
+                n: 1,
+                h,
+                w,
+                ..c.shape
+            };
+            (sh.flops(), (sh.oh(), sh.ow()))
+        };
+        let b = &m.backbone;
+        let (stem, (oh, ow)) = conv(&b.stem, (768, 1152));
+        let (mut fwd, mut bwd) = (stem, stem);
+        let mut size = ((oh + 2 - 3) / 2 + 1, (ow + 2 - 3) / 2 + 1);
+        for blk in &b.blocks {
+            let (f1, s1) = conv(&blk.conv1, size);
+            let (f2, s2) = conv(&blk.conv2, s1);
+            let (f3, s3) = conv(&blk.conv3, s2);
+            let fd = blk.down.as_ref().map_or(0.0, |(d, _)| conv(d, size).0);
+            fwd += f1 + f2 + f3 + fd;
+            bwd += 2.0 * (f1 + f2 + f3 + fd);
+            size = s3;
+        }
+        assert_eq!((f.backbone.forward, f.backbone.backward), (fwd, bwd));
         assert_eq!(f.box_head.forward, m.head.flops(512));
         // The backbone alone: ~4.1 G multiply-adds at 224², scaled by the pixels (±10%).
         let r50 = m.backbone.flops_per_image(224).forward * (768.0 * 1152.0) / (224.0 * 224.0);
