@@ -9,7 +9,8 @@ use crate::run_args;
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::bagging::{BaggedRun, Member as MemberScore};
-use roofline_model::score::{vflops, Target};
+use roofline_model::placement::Energy;
+use roofline_model::score::{aiperf_regulated, vflops, Run, Target};
 use roofline_workloads::bagging::{ensemble, Member, Predictions};
 use roofline_workloads::detect::map::Detection;
 use roofline_workloads::layers::Reducer;
@@ -272,6 +273,46 @@ fn share(
                 at += c;
             }
             Ok(out)
+        }
+    }
+}
+
+/// A bagged run as the score's run: the ensemble's quality, V3.0's FLOPS and VFLOPS, the time
+/// of the whole ensemble; the first model's FLOPS series (AIPerf's) as a single model's.
+impl Bagged {
+    pub fn record(
+        &self,
+        i: usize,
+        seed: u64,
+        target: &Target,
+        energy: &Energy,
+        batch: usize,
+    ) -> Run {
+        let b = self;
+        let r = &b.run;
+        let s = &b.first;
+        let series = roofline_workloads::run::score::flops_series(s, batch);
+        let watts = energy.average_watts;
+        Run {
+            run: i + 1,
+            seed,
+            time_to_quality_s: b.wall_seconds,
+            reached_target: r.ensemble_quality >= target.value,
+            quality: r.ensemble_quality,
+            top5: b.top5,
+            steps: s.steps,
+            images: b.images,
+            train_seconds: r.epoch_seconds / r.iterations_per_epoch.max(1e-12) * s.steps as f64,
+            flops: r.flops,
+            vflops: r.vflops,
+            energy_j: energy.joules_per_step,
+            average_watts: watts,
+            vflops_per_watt: watts.map(|w| r.vflops / w),
+            flops_series_max: series.iter().copied().fold(0.0, f64::max),
+            flops_series: series,
+            aiperf_regulated: aiperf_regulated(r.flops, r.ensemble_quality),
+            v3_flops_per_epoch: r.flops,
+            bagging: Some(r.clone()),
         }
     }
 }

@@ -5,13 +5,10 @@ use crate::run_args::{self, RunArgs};
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::placement::Energy;
-use roofline_model::score::{
-    aiperf_regulated, vflops, Run, Score, Scores, System, Target, SCORE_SCHEMA,
-};
+use roofline_model::score::{Score, Scores, System, Target, SCORE_SCHEMA};
 use roofline_model::{write::write_atomic, Machine};
 use roofline_workloads::accounting;
-use roofline_workloads::resnet::Version;
-use roofline_workloads::run::{Depth, Kind};
+use roofline_workloads::run::{score, Kind};
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -53,59 +50,6 @@ pub struct ScoreArgs {
     pub report: Option<PathBuf>,
     #[command(flatten)]
     pub run: RunArgs,
-}
-
-/// Why a run of `a` cannot be compared with published scores (empty: it can).
-fn not_comparable(a: &RunArgs, workload: Kind, custom_target: bool) -> Vec<String> {
-    let mut v = Vec::new();
-    let ewa = workload == Kind::Ewa;
-    if custom_target {
-        v.push(if ewa {
-            format!(
-                "its own target quality (--target-map {})",
-                a.target_map.unwrap_or(0.0)
-            )
-        } else {
-            format!(
-                "its own target quality (--target-top1 {})",
-                a.target_top1.unwrap_or(0.0)
-            )
-        });
-    }
-    if a.data.is_none() {
-        v.push(if ewa {
-            "synthetic fields, not the Extreme Weather data".into()
-        } else {
-            "synthetic data, not ImageNet".into()
-        });
-    }
-    let (rule, epochs) = if ewa {
-        (roofline_workloads::run::Resolution { h: 768, w: 1152 }, 50)
-    } else {
-        (roofline_workloads::run::Resolution { h: 224, w: 224 }, 90)
-    };
-    if let Some(r) = a.resolution.filter(|r| *r != rule) {
-        v.push(format!("resolution {r} (the rules: {rule})"));
-    }
-    if a.width != 1.0
-        || a.depth.parse::<Depth>() != Ok(Depth([3, 4, 6, 3]))
-        || a.version != Version::V1_5
-    {
-        v.push(format!(
-            "a scaled model (ResNet-50 v{}, width {}, depth {})",
-            a.version, a.width, a.depth
-        ));
-    }
-    if !ewa && a.classes != 1000 {
-        v.push(format!("{} classes", a.classes));
-    }
-    if !a.epochs.is_some_and(|e| e >= epochs) {
-        v.push(match a.epochs {
-            Some(e) => format!("{e} epochs (the rules: {epochs})"),
-            None => format!("a run counted in steps, not the rules' {epochs} epochs"),
-        });
-    }
-    v
 }
 
 pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
@@ -193,7 +137,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
             let energy =
                 roofline_collectors::energy::per_step(&reading, 1, "per run (all the models)");
             energy_note = energy.note.clone();
-            done.push(bagged_run(i, seed, &b, &target, &energy, prep.batch()));
+            done.push(b.record(i, seed, &target, &energy, prep.batch()));
             if root {
                 let r = &b.run;
                 eprintln!(
@@ -221,66 +165,32 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
                 s.elapsed_seconds,
             );
         }
-        let quality = s
-            .evals
-            .last()
-            .map(|e| e.map.unwrap_or(e.top1))
-            .unwrap_or(0.0);
-        let top5 = s.evals.last().filter(|e| e.map.is_none()).map(|e| e.top5);
-        let reached = s.time_to_quality.is_some();
-        let ttq = s.time_to_quality.unwrap_or(s.elapsed_seconds);
-        let flops = s.flops_step_per_image * s.images as f64 / s.train_seconds.max(1e-12);
-        let v = vflops(flops, quality, target.value, target.exponent);
-        let series: Vec<f64> = s
-            .timing
-            .iter()
-            .map(|t| s.flops_step_per_image * prep.batch() as f64 / t.seconds.max(1e-12))
-            .collect();
         let energy = roofline_collectors::energy::per_step(&reading, 1, "per run");
-        let (energy_j, watts) = (energy.joules_per_step, energy.average_watts);
-        energy_note = energy.note;
+        energy_note = energy.note.clone();
+        let run = score::record(i, seed, &s, prep.batch(), &target, v3_per_image, &energy);
         if root {
             eprintln!(
-                "  {} {quality:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
+                "  {} {:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
                 target.metric,
-                ttq,
-                if reached {
+                run.quality,
+                run.time_to_quality_s,
+                if run.reached_target {
                     "target reached"
                 } else {
                     "target not reached"
                 },
-                roofline_plots::si(flops),
-                roofline_plots::si(v)
+                roofline_plots::si(run.flops),
+                roofline_plots::si(run.vflops)
             );
         }
-        done.push(Run {
-            run: i + 1,
-            seed,
-            time_to_quality_s: ttq,
-            reached_target: reached,
-            quality,
-            top5,
-            steps: s.steps,
-            images: s.images,
-            train_seconds: s.train_seconds,
-            flops,
-            vflops: v,
-            energy_j,
-            average_watts: watts,
-            vflops_per_watt: watts.map(|w| v / w),
-            flops_series_max: series.iter().copied().fold(0.0, f64::max),
-            flops_series: series,
-            aiperf_regulated: aiperf_regulated(flops, quality),
-            v3_flops_per_epoch: v3_per_image * s.images as f64 / s.train_seconds.max(1e-12),
-            bagging: None,
-        });
+        done.push(run);
         last = Some(s);
     }
     if !root {
         return Ok(());
     }
     let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
-    let reasons = not_comparable(&a.run, a.workload, custom);
+    let reasons = score::not_comparable(&prep.spec, custom);
     let ident = roofline_collectors::cpu_ident();
     let cores = roofline_kernels::probe::node::cores_for(None)
         .map_err(crate::probe_cmd::failure)?
@@ -288,80 +198,14 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         .len();
     let cpu = roofline_collectors::cpu_info(&ident, cores);
     let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
-    let mut configuration = serde_json::Map::new();
-    let comm = prep.run().comm;
-    let mut entries = vec![
-        ("model", serde_json::json!(prep.model_name())),
-        (
-            "parameters",
-            serde_json::json!(last.as_ref().map(|s| s.parameters)),
-        ),
-        ("data", serde_json::json!(prep.data_name())),
-    ];
-    entries.extend(prep.workload().describe());
-    entries.extend([
-        ("resolution", serde_json::json!(prep.resolution.to_string())),
-        ("global batch", serde_json::json!(prep.batch())),
-        ("steps", serde_json::json!(prep.steps())),
-        ("epochs", serde_json::json!(a.run.epochs)),
-        (
-            "optimizer",
-            serde_json::json!("SGD, momentum 0.9, weight decay 1e-4 (not on batch norm or biases)"),
-        ),
-        (
-            "evaluate every (steps)",
-            serde_json::json!(prep.run().eval_every),
-        ),
-        (
-            "target",
-            serde_json::json!(format!(
-                "{} {} (VFLOPS exponent {})",
-                target.metric, target.value, target.exponent
-            )),
-        ),
-        (
-            "device",
-            serde_json::json!(match &gpu {
-                Some(g) => format!("cuda: {g}, {}", a.run.precision),
-                None => format!("cpu, {} threads", prep.threads),
-            }),
-        ),
-        ("ranks", serde_json::json!(ranks)),
-        (
-            "gradient exchange",
-            serde_json::json!(format!(
-                "fused buckets of {} elements, compression {}, {}",
-                comm.bucket,
-                comm.wire.name(),
-                if comm.overlap {
-                    "overlapped with the backward pass"
-                } else {
-                    "after the backward pass"
-                }
-            )),
-        ),
-        ("first seed", serde_json::json!(a.run.seed)),
-    ]);
-    if let Some(p) = &topo.plan {
-        entries.push((
-            "bagging (HPC AI500 V3.0)",
-            serde_json::json!(format!(
-                "{} models × {} ranks each (Sys_scale {}), each on a bootstrap sample of the {} training images with its own seed; {}",
-                p.models,
-                p.ranks_per_model,
-                p.sys_scale(),
-                prep.workload().train_images(),
-                if ranks > 1 {
-                    "each model data parallel over its team of ranks, no synchronisation between teams"
-                } else {
-                    "side by side in one process on shares of its cores"
-                }
-            )),
-        ));
-    }
-    for (k, v) in entries {
-        configuration.insert(k.to_string(), v);
-    }
+    let configuration = score::configuration(
+        &prep,
+        last.as_ref().map(|s| s.parameters),
+        &target,
+        gpu.as_deref(),
+        ranks,
+        topo.plan.as_ref(),
+    );
     let system = System {
         cpu: cpu.model_name.clone(),
         sockets: cpu.sockets,
@@ -480,47 +324,6 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
-}
-
-/// A bagged run as the score's run: the ensemble's quality, V3.0's FLOPS and VFLOPS, the time
-/// of the whole ensemble; the first model's FLOPS series (AIPerf's) as a single model's.
-fn bagged_run(
-    i: usize,
-    seed: u64,
-    b: &crate::bagging_cmd::Bagged,
-    target: &Target,
-    energy: &Energy,
-    batch: usize,
-) -> Run {
-    let r = &b.run;
-    let s = &b.first;
-    let series: Vec<f64> = s
-        .timing
-        .iter()
-        .map(|t| s.flops_step_per_image * batch as f64 / t.seconds.max(1e-12))
-        .collect();
-    let watts = energy.average_watts;
-    Run {
-        run: i + 1,
-        seed,
-        time_to_quality_s: b.wall_seconds,
-        reached_target: r.ensemble_quality >= target.value,
-        quality: r.ensemble_quality,
-        top5: b.top5,
-        steps: s.steps,
-        images: b.images,
-        train_seconds: r.epoch_seconds / r.iterations_per_epoch.max(1e-12) * s.steps as f64,
-        flops: r.flops,
-        vflops: r.vflops,
-        energy_j: energy.joules_per_step,
-        average_watts: watts,
-        vflops_per_watt: watts.map(|w| r.vflops / w),
-        flops_series_max: series.iter().copied().fold(0.0, f64::max),
-        flops_series: series,
-        aiperf_regulated: aiperf_regulated(r.flops, r.ensemble_quality),
-        v3_flops_per_epoch: r.flops,
-        bagging: Some(r.clone()),
-    }
 }
 
 /// NVML sampling (power, energy counter) of the GPU this rank trains on.

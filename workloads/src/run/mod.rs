@@ -6,6 +6,7 @@
 pub mod execute;
 pub mod place;
 pub mod report;
+pub mod score;
 pub mod setup;
 
 use crate::exchange::CommOptions;
