@@ -11,6 +11,8 @@ use anyhow::anyhow;
 use roofline_model::placement::Placement;
 use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
 use roofline_model::{write::write_atomic, Machine};
+use roofline_workloads::run::sweep::{flops_range, GridPoint, GridSpec};
+use roofline_workloads::run::Kind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -18,8 +20,8 @@ use std::time::Instant;
 #[derive(clap::Args)]
 pub struct SweepArgs {
     /// The training workload: resnet50 or ewa.
-    #[arg(long, default_value = "resnet50", value_parser = ["resnet50", "ewa"])]
-    pub workload: String,
+    #[arg(long, value_enum, default_value = "resnet50")]
+    pub workload: Kind,
     /// The machine's ceilings (`roofline probe`), that every point is placed on.
     #[arg(long, value_name = "FILE")]
     pub machine: PathBuf,
@@ -71,63 +73,6 @@ pub struct SweepArgs {
     pub output: PathBuf,
 }
 
-/// One model variant.
-#[derive(Clone, Debug)]
-struct Variant {
-    width: f64,
-    depth: String,
-}
-
-/// Training FLOPs per sample of a variant by the trainer's count.
-fn flops_per_sample(
-    workload: &str,
-    v: &Variant,
-    r: roofline_workloads::run::Resolution,
-) -> Result<f64, String> {
-    let blocks: Vec<usize> = v
-        .depth
-        .split(',')
-        .map(|s| s.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|_| format!("--depth {}: expected four numbers, e.g. 3,4,6,3", v.depth))?;
-    let blocks: [usize; 4] = blocks
-        .try_into()
-        .map_err(|_| format!("--depth {}: expected four numbers", v.depth))?;
-    Ok(if workload == "ewa" {
-        roofline_workloads::detect::model::DetectorConfig::scaled(v.width, blocks, r.h, r.w)
-            .flops(r.h, r.w)
-            .total()
-            .training()
-    } else {
-        let cfg = roofline_workloads::resnet::Config {
-            version: roofline_workloads::resnet::Version::V1_5,
-            blocks,
-            width: v.width,
-            classes: 10,
-            zero_init_residual: false,
-        };
-        roofline_workloads::resnet::ResNet::<f32>::new(cfg, 0)
-            .flops_hw(r.h, r.w)
-            .training()
-    })
-}
-
-fn range(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once("..")
-        .ok_or_else(|| format!("--model-flops {s}: expected LO..HI, e.g. 1e8..5e9"))?;
-    let num = |x: &str| {
-        x.trim()
-            .parse::<f64>()
-            .map_err(|_| format!("--model-flops {s}: {x:?} is not a number"))
-    };
-    let (lo, hi) = (num(a)?, num(b)?);
-    if !(lo >= 0.0 && hi > lo) {
-        return Err(format!("--model-flops {s}: expected 0 <= LO < HI"));
-    }
-    Ok((lo, hi))
-}
-
 pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
     let machine = Machine::read(&a.machine).map_err(|e| {
@@ -142,7 +87,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             "--images, --steps and --batch must be positive".into(),
         ));
     }
-    let ewa = a.workload == "ewa";
+    let ewa = a.workload == Kind::Ewa;
     let resolutions = if a.resolution.is_empty() {
         vec![if ewa {
             roofline_workloads::run::Resolution { h: 128, w: 192 }
@@ -155,7 +100,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let filter = a
         .model_flops
         .as_deref()
-        .map(range)
+        .map(flops_range)
         .transpose()
         .map_err(input)?;
     let widths = match (a.width.is_empty(), filter.is_some()) {
@@ -192,40 +137,16 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             )));
         }
     }
-    // The grid, smallest problem first: (flops per sample, variant, resolution, images).
-    let mut notes = Vec::new();
-    let mut grid = Vec::new();
-    for &r in &resolutions {
-        for w in &widths {
-            for d in &depths {
-                let v = Variant {
-                    width: *w,
-                    depth: d.clone(),
-                };
-                let f = flops_per_sample(&a.workload, &v, r).map_err(input)?;
-                if let Some((lo, hi)) = filter {
-                    if f < lo || f > hi {
-                        notes.push(format!(
-                            "left out by --model-flops: width {w}, depth {d} at {r}: {}FLOP per sample",
-                            roofline_plots::si(f)
-                        ));
-                        continue;
-                    }
-                }
-                for &n in &a.images {
-                    grid.push((f, v.clone(), r, n));
-                }
-            }
-        }
+    let (grid, notes) = GridSpec {
+        workload: a.workload,
+        resolutions,
+        widths,
+        depths,
+        images: a.images.clone(),
+        model_flops: filter,
     }
-    if grid.is_empty() {
-        return Err(input(format!(
-            "no model variant's training FLOPs per sample lie in --model-flops {}: {}",
-            a.model_flops.as_deref().unwrap_or(""),
-            notes.join("; ")
-        )));
-    }
-    grid.sort_by(|x, y| (x.0 * x.3 as f64).total_cmp(&(y.0 * y.3 as f64)));
+    .grid()
+    .map_err(input)?;
     let stem = a
         .output
         .file_stem()
@@ -237,7 +158,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let total = grid.len() * counts.len();
     let mut result = Sweep {
         schema: SWEEP_SCHEMA.into(),
-        workload: a.workload.clone(),
+        workload: a.workload.name().to_string(),
         processes: kind.into(),
         machine: a.machine.display().to_string(),
         provenance: crate::probe_cmd::provenance(
@@ -269,28 +190,28 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let mut ran = 0;
     // Each point's placement, beside it (the trajectory chart draws them).
     let mut placements: Vec<Placement> = Vec::new();
-    for (f, v, r, n) in &grid {
+    for g in &grid {
         for &p in &counts {
             ran += 1;
             let idx = result.points.len();
             let file = dir.join(format!("point-{idx}.json"));
             let problem = Problem {
-                images: *n,
-                resolution: r.to_string(),
-                width: v.width,
-                depth: v.depth.clone(),
+                images: g.images,
+                resolution: g.resolution.to_string(),
+                width: g.width,
+                depth: g.depth.to_string(),
                 processes: p,
             };
             eprintln!(
                 "point {ran}/{total}: {} at {p} {kind} …",
                 problem.size_label()
             );
-            match run_point(a, kind, p, v, *r, *n, &file) {
+            match run_point(a, kind, p, g, &file) {
                 Ok(pl) => {
                     let pt = SweepPoint::from_placement(
                         idx,
                         problem,
-                        *f,
+                        g.flops_per_sample,
                         &pl,
                         &machine,
                         &file.file_name().unwrap_or_default().to_string_lossy(),
@@ -385,9 +306,7 @@ fn run_point(
     a: &SweepArgs,
     kind: &str,
     p: usize,
-    v: &Variant,
-    r: roofline_workloads::run::Resolution,
-    images: usize,
+    g: &GridPoint,
     out: &Path,
 ) -> Result<Placement, Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::Run(e.into()))?;
@@ -399,11 +318,13 @@ fn run_point(
     } else {
         Command::new(exe)
     };
-    c.args(["place", "--workload", &a.workload, "--machine"])
+    let r = g.resolution;
+    c.args(["place", "--workload", a.workload.name(), "--machine"])
         .arg(&a.machine)
         .args(["--resolution", &format!("{}x{}", r.h, r.w)])
-        .args(["--train-images", &images.to_string()])
-        .args(["--width", &v.width.to_string(), "--depth", &v.depth])
+        .args(["--train-images", &g.images.to_string()])
+        .args(["--width", &g.width.to_string()])
+        .args(["--depth", &g.depth.to_string()])
         .args(["--batch", &a.batch.to_string()])
         .args([
             "--steps",

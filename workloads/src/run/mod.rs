@@ -8,6 +8,7 @@ pub mod place;
 pub mod report;
 pub mod score;
 pub mod setup;
+pub mod sweep;
 
 use crate::exchange::CommOptions;
 use std::path::PathBuf;
