@@ -13,7 +13,7 @@
 
 use super::{Progress, Section};
 use crate::cuda::device::{self, arg, DevBuf, Gpu};
-use crate::cuda::{blas, dnn, CudaError};
+use crate::cuda::CudaError;
 use cudarc::driver::{result as cu, sys};
 use roofline_model::{
     Ceiling, CeilingKind, Curve, CurvePoint, GpuInfo, PeakDb, PerIteration, Stats, Table,
@@ -21,6 +21,19 @@ use roofline_model::{
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
+
+mod conv;
+mod gemm;
+
+/// What a library section hands back to the probe.
+#[derive(Default)]
+pub struct SectionResult {
+    pub ceilings: Vec<Ceiling>,
+    pub tables: Vec<Table>,
+    pub notes: Vec<String>,
+    /// (kernel, check outcome) per precision or shape family.
+    pub checks: Vec<(String, Result<String, CudaError>)>,
+}
 
 /// How much to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -417,12 +430,12 @@ pub fn run(
         }
         if has(Section::Gemm) {
             progress.advance(&format!("gpu{} cuBLAS / cuBLASLt GEMM", gpu.ordinal));
-            let r = blas::gemm_section(gpu, ctx.mode, cancel, peaks);
+            let r = gemm::gemm_section(gpu, ctx.mode, cancel, peaks);
             absorb(&mut ctx, gpu.ordinal, "gemm", r)?;
         }
         if has(Section::Conv) {
             progress.advance(&format!("gpu{} cuDNN convolution", gpu.ordinal));
-            let r = dnn::conv_section(gpu, ctx.mode, cancel, peaks);
+            let r = conv::conv_section(gpu, ctx.mode, cancel, peaks);
             absorb(&mut ctx, gpu.ordinal, "conv", r)?;
         }
         if has(Section::Copy) {
@@ -459,7 +472,7 @@ fn absorb(
     ctx: &mut Ctx,
     gpu: usize,
     what: &str,
-    r: Result<blas::SectionResult, CudaError>,
+    r: Result<SectionResult, CudaError>,
 ) -> Result<(), CudaError> {
     match r {
         Ok(s) => {

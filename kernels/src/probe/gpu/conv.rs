@@ -1,0 +1,419 @@
+//! Convolution ceilings through cuDNN (`cuda::dnn`) over ResNet-50 v1.5's layer shapes:
+//! forward, backward-data and backward-filter, f32 / tf32 / f16 / bf16, NHWC tensors and KRSC
+//! filters, f32 accumulation. The algorithm is cuDNN's heuristic choice and is recorded per
+//! row. Every result is checked on a sample of entries against f64 sums on the CPU.
+
+use super::gemm::{encode, Rng};
+use super::{Mode, SectionResult};
+use crate::cpu::conv::{resnet50_layers, ConvShape};
+use crate::cuda::blas::{not_supported, GemmPrec, Prec};
+use crate::cuda::device::{DevBuf, Gpu};
+use crate::cuda::dnn::{
+    choose, descs, execute, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
+};
+use crate::cuda::CudaError;
+use roofline_model::{
+    Ceiling, CeilingKind, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
+};
+use std::sync::atomic::{AtomicBool, Ordering};
+
+const PRECISIONS: [Prec; 4] = [Prec::F32, Prec::Tf32, Prec::F16, Prec::Bf16];
+
+struct Tensors {
+    x: DevBuf,
+    w: DevBuf,
+    y: DevBuf,
+    hx: Vec<f64>,
+    hw: Vec<f64>,
+    hdy: Vec<f64>,
+    dy: DevBuf,
+}
+
+fn run_once(h: &Handle, d: &Descs, t: &Tensors, algo: Algo, ws: &DevBuf) -> Result<(), CudaError> {
+    // The output buffer `y` holds the largest of y, dx and dw.
+    let operands = match algo {
+        Algo::Fwd(_) => [t.x.ptr, t.w.ptr, t.y.ptr],
+        Algo::BwdData(_) => [t.w.ptr, t.dy.ptr, t.y.ptr],
+        Algo::BwdFilter(_) => [t.x.ptr, t.dy.ptr, t.y.ptr],
+    };
+    execute(h, d, algo, operands, (ws.ptr, ws.bytes))
+}
+
+/// Output element count of a direction: y (fwd), dx (bwd_data), dw (bwd_filter).
+fn out_len(s: &ConvShape, dir: Dir) -> usize {
+    match dir {
+        Dir::Fwd => s.n * s.oh() * s.ow() * s.k,
+        Dir::BwdData => s.n * s.h * s.w * s.c,
+        Dir::BwdFilter => s.k * s.r * s.s * s.c,
+    }
+}
+
+fn decode(p: Prec, bytes: &[u8], i: usize) -> f64 {
+    match p {
+        Prec::F16 => {
+            half::f16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f64()
+        }
+        Prec::Bf16 => {
+            half::bf16::from_bits(u16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]])).to_f64()
+        }
+        _ => f32::from_le_bytes([
+            bytes[4 * i],
+            bytes[4 * i + 1],
+            bytes[4 * i + 2],
+            bytes[4 * i + 3],
+        ]) as f64,
+    }
+}
+
+/// The reference value of output element `idx` and Σ|terms| (for a normwise error).
+fn reference(
+    s: &ConvShape,
+    hx: &[f64],
+    hw: &[f64],
+    hdy: &[f64],
+    dir: Dir,
+    idx: usize,
+) -> (f64, f64) {
+    let (oh, ow) = (s.oh() as isize, s.ow() as isize);
+    let xi = |n: usize, y: isize, x: isize, c: usize| -> Option<f64> {
+        if y < 0 || x < 0 || y >= s.h as isize || x >= s.w as isize {
+            return None;
+        }
+        Some(hx[((n * s.h + y as usize) * s.w + x as usize) * s.c + c])
+    };
+    let wi = |k: usize, r: usize, q: usize, c: usize| hw[((k * s.r + r) * s.s + q) * s.c + c];
+    let dyi = |n: usize, p: usize, q: usize, k: usize| {
+        hdy[((n * oh as usize + p) * ow as usize + q) * s.k + k]
+    };
+    let (st, pad) = (s.stride as isize, s.pad as isize);
+    let (mut sum, mut abs) = (0.0, 0.0);
+    let mut add = |v: f64| {
+        sum += v;
+        abs += v.abs();
+    };
+    match dir {
+        Dir::Fwd => {
+            let k = idx % s.k;
+            let q = (idx / s.k) % ow as usize;
+            let p = (idx / s.k / ow as usize) % oh as usize;
+            let n = idx / s.k / ow as usize / oh as usize;
+            for r in 0..s.r {
+                for u in 0..s.s {
+                    for c in 0..s.c {
+                        if let Some(x) = xi(
+                            n,
+                            p as isize * st - pad + r as isize,
+                            q as isize * st - pad + u as isize,
+                            c,
+                        ) {
+                            add(x * wi(k, r, u, c));
+                        }
+                    }
+                }
+            }
+        }
+        Dir::BwdData => {
+            let c = idx % s.c;
+            let x = ((idx / s.c) % s.w) as isize;
+            let y = ((idx / s.c / s.w) % s.h) as isize;
+            let n = idx / s.c / s.w / s.h;
+            for r in 0..s.r as isize {
+                for u in 0..s.s as isize {
+                    let (py, qx) = (y + pad - r, x + pad - u);
+                    if py % st != 0 || qx % st != 0 {
+                        continue;
+                    }
+                    let (p, q) = (py / st, qx / st);
+                    if p < 0 || q < 0 || p >= oh || q >= ow {
+                        continue;
+                    }
+                    for k in 0..s.k {
+                        add(dyi(n, p as usize, q as usize, k) * wi(k, r as usize, u as usize, c));
+                    }
+                }
+            }
+        }
+        Dir::BwdFilter => {
+            let c = idx % s.c;
+            let u = (idx / s.c) % s.s;
+            let r = (idx / s.c / s.s) % s.r;
+            let k = idx / s.c / s.s / s.r;
+            for n in 0..s.n {
+                for p in 0..oh as usize {
+                    for q in 0..ow as usize {
+                        if let Some(x) = xi(
+                            n,
+                            p as isize * st - pad + r as isize,
+                            q as isize * st - pad + u as isize,
+                            c,
+                        ) {
+                            add(dyi(n, p, q, k) * x);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    (sum, abs)
+}
+
+fn check(p: Prec, s: &ConvShape, t: &Tensors, dir: Dir, got: &[u8]) -> Result<f64, CudaError> {
+    let len = out_len(s, dir);
+    let mut worst = 0.0f64;
+    for j in 0..24usize {
+        let idx = (j * 2_654_435_761usize) % len;
+        let (want, abs) = reference(s, &t.hx, &t.hw, &t.hdy, dir, idx);
+        let g = decode(p, got, idx);
+        let err = (g - want).abs() / abs.max(1e-30);
+        worst = worst.max(err);
+        if err > p.tolerance() {
+            return Err(CudaError::Check(format!(
+                "cuDNN {} {} element {idx}: GPU {g}, reference {want} (normwise error {err:.2e})",
+                p.name(),
+                dir.name()
+            )));
+        }
+    }
+    Ok(worst)
+}
+
+fn peak_for(peaks: &PeakDb, gpu: &Gpu, p: Prec) -> Option<TheoreticalPeak> {
+    let d = peaks.device(&gpu.name)?;
+    let engine = if p == Prec::F32 { "vector" } else { "matrix" };
+    let pk = d.engine_peak(p.name(), engine)?;
+    Some(TheoreticalPeak {
+        value: pk.value,
+        unit: pk.unit.clone(),
+        source: format!("{} ({} {engine} peak): {}", d.name, p.name(), d.source),
+        uncertainty: 0.0,
+    })
+}
+
+pub fn conv_section(
+    gpu: &mut Gpu,
+    mode: Mode,
+    cancel: &AtomicBool,
+    peaks: &PeakDb,
+) -> Result<SectionResult, CudaError> {
+    let h = Handle::new(gpu)?;
+    let batch = match mode {
+        Mode::Check => 2,
+        Mode::Quick => 16,
+        Mode::Full => 32,
+    };
+    let mut layers = resnet50_layers(batch);
+    if mode == Mode::Check {
+        layers.truncate(3);
+    }
+    let ws = gpu.alloc(WORKSPACE_LIMIT)?;
+    let mut out = SectionResult::default();
+    for p in PRECISIONS {
+        let r = conv_precision(gpu, &h, &ws, p, mode, &layers, cancel, peaks, &mut out);
+        if matches!(r, Err(CudaError::Interrupted)) {
+            return Err(CudaError::Interrupted);
+        }
+        out.checks.push((format!("cudnn_conv_{}", p.name()), r));
+    }
+    Ok(out)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn conv_precision(
+    gpu: &Gpu,
+    h: &Handle,
+    ws: &DevBuf,
+    p: Prec,
+    mode: Mode,
+    layers: &[crate::cpu::conv::Layer],
+    cancel: &AtomicBool,
+    peaks: &PeakDb,
+    out: &mut SectionResult,
+) -> Result<String, CudaError> {
+    let mut rows: Vec<Vec<TableRow>> = vec![Vec::new(); 3];
+    let mut best: Vec<Option<(Stats, f64, String)>> = vec![None, None, None];
+    let mut worst = 0.0f64;
+    let (mut refused, mut measured) = (None, 0usize);
+    for (li, layer) in layers.iter().enumerate() {
+        let s = &layer.shape;
+        // One descriptor set per direction, as in ConvPlan: `choose` sets the math type the
+        // chosen algorithm wants on its descriptor, and a shared one would hand the forward
+        // choice's math type to the backward heuristics.
+        let ds = [descs(s, p)?, descs(s, p)?, descs(s, p)?];
+        let mut rng = Rng(0xC0FFEE + li as u64);
+        let hx: Vec<f64> = (0..s.n * s.h * s.w * s.c).map(|_| rng.value(p)).collect();
+        let hw: Vec<f64> = (0..s.k * s.r * s.s * s.c).map(|_| rng.value(p)).collect();
+        let hdy: Vec<f64> = (0..s.n * s.oh() * s.ow() * s.k)
+            .map(|_| rng.value(p))
+            .collect();
+        let out_bytes = [Dir::Fwd, Dir::BwdData, Dir::BwdFilter]
+            .iter()
+            .map(|d| out_len(s, *d))
+            .max()
+            .unwrap_or(0)
+            * if matches!(p, Prec::F16 | Prec::Bf16) {
+                2
+            } else {
+                4
+            };
+        let t = Tensors {
+            x: gpu.upload(&encode(p, &hx))?,
+            w: gpu.upload(&encode(p, &hw))?,
+            dy: gpu.upload(&encode(p, &hdy))?,
+            y: gpu.alloc(out_bytes)?,
+            hx,
+            hw,
+            hdy,
+        };
+        let flops = 2.0 * (s.rows() * s.depth() * s.k) as f64;
+        for (di, dir) in DIRECTIONS.into_iter().enumerate() {
+            if cancel.load(Ordering::Relaxed) {
+                return Err(CudaError::Interrupted);
+            }
+            let d = &ds[di];
+            // cuDNN's refusal of one layer and direction (no usable algorithm, or the call
+            // refused) costs that row only, noted; a wrong result still fails the precision.
+            let attempt = choose(h, d, p, dir)
+                .and_then(|(a, _)| run_once(h, d, &t, a, ws).map(|_| a))
+                .map_err(not_supported);
+            let algo = match attempt {
+                Ok(a) => a,
+                Err(CudaError::Interrupted) => return Err(CudaError::Interrupted),
+                Err(e) => {
+                    out.notes.push(format!(
+                        "gpu{} conv {} {} {}: not measured: {e}",
+                        gpu.ordinal,
+                        p.name(),
+                        dir.name(),
+                        layer.name
+                    ));
+                    refused = Some(e);
+                    continue;
+                }
+            };
+            measured += 1;
+            let got: Vec<u8> = gpu.download(&t.y)?;
+            let err = check(p, s, &t, dir, &got)?;
+            worst = worst.max(err);
+            if mode == Mode::Check {
+                continue;
+            }
+            let one = gpu.time(|| run_once(h, d, &t, algo, ws))?;
+            let reps = ((if mode == Mode::Quick { 0.005 } else { 0.02 } / one.max(1e-6)).ceil()
+                as usize)
+                .clamp(1, 200);
+            let mut rates = Vec::new();
+            for _ in 0..(if mode == Mode::Quick { 3 } else { 5 }) {
+                let tm = gpu.time(|| {
+                    for _ in 0..reps {
+                        run_once(h, d, &t, algo, ws)?;
+                    }
+                    Ok(())
+                })?;
+                rates.push(flops * reps as f64 / tm);
+            }
+            let Some(stats) = Stats::from_samples(&rates) else {
+                continue;
+            };
+            let algo_name = algo.name();
+            let shape = format!(
+                "n={} c={} h={} w={} k={} r={} s={} stride={} pad={}",
+                s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
+            );
+            if best[di].as_ref().is_none_or(|b| stats.max > b.0.max) {
+                best[di] = Some((
+                    stats.clone(),
+                    flops,
+                    format!("{} ({shape}), {algo_name}", layer.name),
+                ));
+            }
+            rows[di].push(TableRow {
+                name: layer.name.clone(),
+                shape,
+                precision: Some(p.name().into()),
+                threads: 1,
+                value: stats.max,
+                stats,
+                max_rel_error: Some(err),
+                detail: Some(algo_name),
+            });
+        }
+    }
+    for (di, dir) in DIRECTIONS.into_iter().enumerate() {
+        let Some((stats, flops, how)) = best[di].take() else {
+            continue;
+        };
+        let mut c = Ceiling {
+            id: format!("gpu{}/conv/{}/{}", gpu.ordinal, p.name(), dir.name()),
+            kind: CeilingKind::Compute,
+            value: stats.max,
+            unit: "FLOP/s".into(),
+            threads: 1,
+            precision: Some(p.name().into()),
+            level: None,
+            stats,
+            theoretical_peak: peak_for(peaks, gpu, p),
+            above_peak: false,
+            method: format!(
+                "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over ResNet-50 v1.5's layer shapes: {how}; 24 entries per layer checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+                dir.name(),
+                if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
+                p.tolerance()
+            ),
+            per_iteration: PerIteration { ops: flops, bytes: 0.0 },
+        };
+        c.flag_against_peak();
+        out.ceilings.push(c);
+        out.tables.push(Table {
+            id: format!("gpu{}/conv/{}/{}/table", gpu.ordinal, p.name(), dir.name()),
+            unit: "FLOP/s".into(),
+            rows: std::mem::take(&mut rows[di]),
+        });
+    }
+    match refused {
+        // Nothing ran at all: the precision is not supported here.
+        Some(e) if measured == 0 => Err(e),
+        _ => Ok(format!("max normwise error {worst:.1e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The CPU references of the three directions agree with each other through the adjoint
+    /// identity <conv(x, w), dy> = <x, bwd_data(dy, w)> = <w, bwd_filter(x, dy)>.
+    #[test]
+    fn references_satisfy_the_adjoint_identities() {
+        let s = ConvShape {
+            n: 2,
+            c: 3,
+            h: 7,
+            w: 6,
+            k: 4,
+            r: 3,
+            s: 3,
+            stride: 2,
+            pad: 1,
+        };
+        let mut rng = Rng(3);
+        let p = Prec::F64;
+        let mut t_host = |n| (0..n).map(|_| rng.value(p)).collect::<Vec<f64>>();
+        let hx = t_host(s.n * s.h * s.w * s.c);
+        let hw = (0..s.k * s.r * s.s * s.c)
+            .map(|i| ((i * 37) % 11) as f64 - 5.0)
+            .collect::<Vec<_>>();
+        let hdy = (0..s.n * s.oh() * s.ow() * s.k)
+            .map(|i| ((i * 13) % 7) as f64 - 3.0)
+            .collect::<Vec<_>>();
+        let dot = |dir: Dir, other: &[f64]| -> f64 {
+            (0..out_len(&s, dir))
+                .map(|i| reference(&s, &hx, &hw, &hdy, dir, i).0 * other[i])
+                .sum()
+        };
+        let a = dot(Dir::Fwd, &hdy);
+        let b = dot(Dir::BwdData, &hx);
+        let c = dot(Dir::BwdFilter, &hw);
+        assert!((a - b).abs() < 1e-9 * a.abs().max(1.0), "{a} vs {b}");
+        assert!((a - c).abs() < 1e-9 * a.abs().max(1.0), "{a} vs {c}");
+    }
+}
