@@ -1,0 +1,225 @@
+//! Finite-difference gradient checks in f64: for a layer f and a fixed random projection r,
+//! L(x, θ) = Σ r·f(x, θ); the backward pass fed with r must give ∂L/∂x and ∂L/∂θ.
+use super::*;
+use crate::data::Rng;
+
+fn rand_tensor(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
+    let mut r = Rng::new(seed);
+    Tensor::from_vec(n, h, w, c, (0..n * h * w * c).map(|_| r.normal()).collect())
+}
+
+fn dot(a: &[f64], b: &[f64]) -> f64 {
+    a.iter().zip(b).map(|(x, y)| x * y).sum()
+}
+
+/// Central differences of `loss` over a sample of `v`'s entries against `grad`.
+fn check(name: &str, v: &mut [f64], grad: &[f64], mut loss: impl FnMut(&[f64]) -> f64) {
+    let h = 1e-5;
+    let step = (v.len() / 23).max(1);
+    for i in (0..v.len()).step_by(step) {
+        let orig = v[i];
+        v[i] = orig + h;
+        let up = loss(v);
+        v[i] = orig - h;
+        let down = loss(v);
+        v[i] = orig;
+        let fd = (up - down) / (2.0 * h);
+        let err = (fd - grad[i]).abs() / (fd.abs() + grad[i].abs()).max(1e-6);
+        assert!(
+            err < 1e-5,
+            "{name}[{i}]: finite difference {fd}, backward {}",
+            grad[i]
+        );
+    }
+}
+
+#[test]
+fn conv_gradients() {
+    let mut rng = Rng::new(1);
+    for (stride, pad, r) in [(1, 1, 3), (2, 1, 3), (1, 0, 1), (2, 0, 1)] {
+        let mut layer = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
+        let x = Arc::new(rand_tensor(2, 5, 6, 3, 2));
+        let y = layer.forward(&x);
+        let proj = rand_tensor(y.n, y.h, y.w, y.c, 3);
+        let dx = layer.backward(&proj);
+        let mut xv = x.data.clone();
+        let w = layer.weight.value.clone();
+        let mut l2 = Conv2d::<f64>::new("c", 3, 4, r, stride, pad, &mut rng);
+        l2.weight.value = w.clone();
+        check("conv x", &mut xv, &dx.data, |v| {
+            dot(
+                &l2.forward(&Arc::new(Tensor::from_vec(2, 5, 6, 3, v.to_vec())))
+                    .data,
+                &proj.data,
+            )
+        });
+        let mut wv = w.clone();
+        let grad = layer.weight.grad.clone();
+        check("conv w", &mut wv, &grad, |v| {
+            l2.weight.value = v.to_vec();
+            dot(&l2.forward(&x).data, &proj.data)
+        });
+    }
+}
+
+#[test]
+fn batch_norm_gradients_and_running_statistics() {
+    let mut bn = BatchNorm::<f64>::new("bn", 3, 1.0);
+    bn.gamma.value = vec![0.5, 1.5, -0.7];
+    bn.beta.value = vec![0.1, -0.2, 0.3];
+    let x = rand_tensor(2, 3, 4, 3, 5);
+    let y = bn.forward(&x, true);
+    let proj = rand_tensor(2, 3, 4, 3, 6);
+    let dx = bn.backward(&proj);
+    let (g, b) = (bn.gamma.value.clone(), bn.beta.value.clone());
+    let fresh = |g: &[f64], b: &[f64]| {
+        let mut l = BatchNorm::<f64>::new("bn", 3, 1.0);
+        l.gamma.value = g.to_vec();
+        l.beta.value = b.to_vec();
+        l
+    };
+    let mut xv = x.data.clone();
+    check("bn x", &mut xv, &dx.data, |v| {
+        dot(
+            &fresh(&g, &b)
+                .forward(&Tensor::from_vec(2, 3, 4, 3, v.to_vec()), true)
+                .data,
+            &proj.data,
+        )
+    });
+    let mut gv = g.clone();
+    check("bn gamma", &mut gv, &bn.gamma.grad.clone(), |v| {
+        dot(&fresh(v, &b).forward(&x, true).data, &proj.data)
+    });
+    let mut bv = b.clone();
+    check("bn beta", &mut bv, &bn.beta.grad.clone(), |v| {
+        dot(&fresh(&g, v).forward(&x, true).data, &proj.data)
+    });
+    // Training output: per channel mean β, and running statistics moved 10% of the way.
+    let m = y.rows() as f64;
+    for j in 0..3 {
+        let mean: f64 = (0..y.rows()).map(|r| y.data[r * 3 + j]).sum::<f64>() / m;
+        assert!((mean - bn.beta.value[j]).abs() < 1e-12);
+        let xm: f64 = (0..x.rows()).map(|r| x.data[r * 3 + j]).sum::<f64>() / m;
+        assert!((bn.running_mean[j] - 0.1 * xm).abs() < 1e-12);
+    }
+    // Inference uses the running statistics.
+    let yi = bn.forward(&x, false);
+    let want = g[0] * (x.data[0] - bn.running_mean[0]) / (bn.running_var[0] + 1e-5).sqrt() + b[0];
+    assert!((yi.data[0] - want).abs() < 1e-12);
+}
+
+#[test]
+fn fused_batch_norm_relu_and_residual_match_the_separate_layers() {
+    let x = rand_tensor(2, 3, 4, 3, 21);
+    let proj = rand_tensor(2, 3, 4, 3, 22);
+    let mut a = BatchNorm::<f64>::new("a", 3, 1.0);
+    let mut b = BatchNorm::<f64>::new("b", 3, 1.0);
+    let mut y1 = a.forward(&x, true);
+    relu_forward(&mut y1);
+    let y2 = b.forward_act(x.clone(), true, true);
+    assert_eq!(y1, y2);
+    let mut d1 = proj.clone();
+    relu_backward(&y1, &mut d1);
+    assert_eq!(a.backward(&d1), b.backward_act(&proj, Some(&y2)));
+    assert_eq!(a.gamma.grad, b.gamma.grad);
+    let mut r1 = x.clone();
+    add_into(&mut r1, &proj);
+    relu_forward(&mut r1);
+    let mut r2 = x.clone();
+    add_relu(&mut r2, &proj);
+    assert_eq!(r1, r2);
+}
+
+#[test]
+fn relu_pool_linear_and_loss_gradients() {
+    // ReLU
+    let x = rand_tensor(2, 3, 3, 2, 7);
+    let proj = rand_tensor(2, 3, 3, 2, 8);
+    let mut y = x.clone();
+    relu_forward(&mut y);
+    let mut dx = proj.clone();
+    relu_backward(&y, &mut dx);
+    let mut xv = x.data.clone();
+    check("relu", &mut xv, &dx.data, |v| {
+        let mut t = Tensor::from_vec(2, 3, 3, 2, v.to_vec());
+        relu_forward(&mut t);
+        dot(&t.data, &proj.data)
+    });
+    // Max pool
+    let x = rand_tensor(2, 7, 6, 3, 9);
+    let mut mp = MaxPool::<f64>::default();
+    let y = mp.forward(&x);
+    assert_eq!((y.h, y.w), (4, 3));
+    let proj = rand_tensor(y.n, y.h, y.w, y.c, 10);
+    let dx = mp.backward(&proj);
+    let mut xv = x.data.clone();
+    check("maxpool", &mut xv, &dx.data, |v| {
+        dot(
+            &MaxPool::default()
+                .forward(&Tensor::from_vec(2, 7, 6, 3, v.to_vec()))
+                .data,
+            &proj.data,
+        )
+    });
+    // Global average pool
+    let x = rand_tensor(2, 3, 4, 5, 11);
+    let proj = rand_tensor(2, 1, 1, 5, 12);
+    let dx = avgpool_backward(&proj, 3, 4);
+    let mut xv = x.data.clone();
+    check("avgpool", &mut xv, &dx.data, |v| {
+        dot(
+            &avgpool_forward(&Tensor::from_vec(2, 3, 4, 5, v.to_vec())).data,
+            &proj.data,
+        )
+    });
+    // Linear
+    let mut rng = Rng::new(13);
+    let mut lin = Linear::<f64>::new("fc", 5, 4, &mut rng);
+    let x = rand_tensor(3, 1, 1, 5, 14);
+    let y = lin.forward(&x);
+    let proj = rand_tensor(y.n, 1, 1, 4, 15);
+    let dx = lin.backward(&proj);
+    let (w, b) = (lin.weight.value.clone(), lin.bias.value.clone());
+    let mut other = Linear::<f64>::new("fc", 5, 4, &mut rng);
+    let mut xv = x.data.clone();
+    other.weight.value = w.clone();
+    other.bias.value = b.clone();
+    check("linear x", &mut xv, &dx.data, |v| {
+        dot(
+            &other
+                .forward(&Tensor::from_vec(3, 1, 1, 5, v.to_vec()))
+                .data,
+            &proj.data,
+        )
+    });
+    let mut wv = w.clone();
+    check("linear w", &mut wv, &lin.weight.grad.clone(), |v| {
+        other.weight.value = v.to_vec();
+        dot(&other.forward(&x).data, &proj.data)
+    });
+    other.weight.value = w.clone();
+    let mut bv = b.clone();
+    check("linear b", &mut bv, &lin.bias.grad.clone(), |v| {
+        other.bias.value = v.to_vec();
+        dot(&other.forward(&x).data, &proj.data)
+    });
+    // Softmax cross-entropy with label smoothing
+    let z = rand_tensor(4, 1, 1, 6, 16);
+    let labels = [0usize, 5, 2, 2];
+    let (_, g, _, _) = softmax_cross_entropy(&z, &labels, 0.1);
+    let mut zv = z.data.clone();
+    check("loss", &mut zv, &g.data, |v| {
+        softmax_cross_entropy(&Tensor::from_vec(4, 1, 1, 6, v.to_vec()), &labels, 0.1).0
+    });
+}
+
+#[test]
+fn loss_values() {
+    // Uniform logits: loss = ln K whatever the smoothing; top-1 counts ties as wrong only
+    // when a larger logit exists.
+    let z = Tensor::<f64>::zeros(2, 1, 1, 10);
+    let (l, _, top1, top5) = softmax_cross_entropy(&z, &[3, 7], 0.1);
+    assert!((l - 10f64.ln()).abs() < 1e-12);
+    assert_eq!((top1, top5), (2, 2));
+}

@@ -1,0 +1,369 @@
+use super::*;
+use crate::exchange::Wire;
+use crate::resnet::Version;
+
+#[test]
+fn schedule_warms_up_scales_and_decays() {
+    let s = Schedule {
+        base_lr_per_256: 0.1,
+        global_batch: 512,
+        warmup_steps: 10,
+        total_steps: 110,
+        decay: Decay::Cosine,
+    };
+    assert_eq!(s.peak(), 0.2);
+    assert!((s.lr(0) - 0.02).abs() < 1e-12);
+    assert!((s.lr(9) - 0.2).abs() < 1e-12);
+    assert!((s.lr(10) - 0.2).abs() < 1e-12);
+    assert!((s.lr(60) - 0.1).abs() < 1e-12);
+    assert!(s.lr(109) < 0.001);
+    let st = Schedule {
+        decay: Decay::Step,
+        warmup_steps: 0,
+        total_steps: 90,
+        ..s
+    };
+    assert!((st.lr(29) - 0.2).abs() < 1e-12);
+    assert!((st.lr(30) - 0.02).abs() < 1e-12);
+    assert!((st.lr(85) - 0.0002).abs() < 1e-12);
+}
+
+#[test]
+fn sgd_momentum_and_decay_follow_the_formula() {
+    let mut p = Param::<f64>::new("w".into(), vec![1.0, 2.0], true);
+    let mut b = Param::<f64>::new("b".into(), vec![1.0], false);
+    p.grad = vec![0.5, -1.0];
+    b.grad = vec![0.5];
+    let sgd = Sgd::default();
+    sgd.step(vec![&mut p, &mut b], 0.1);
+    // v = g + 1e-4 w; w -= 0.1 v
+    assert!((p.value[0] - (1.0 - 0.1 * (0.5 + 1e-4))).abs() < 1e-15);
+    assert!((b.value[0] - (1.0 - 0.1 * 0.5)).abs() < 1e-15);
+    sgd.step(vec![&mut p, &mut b], 0.1);
+    // v = 0.9 v + g (bias: no decay)
+    assert!((b.value[0] - (0.95 - 0.1 * (0.9 * 0.5 + 0.5))).abs() < 1e-15);
+}
+
+/// Two data-parallel ranks (synchronised batch norm, averaged gradients) compute what one
+/// process computes on the whole batch.
+#[test]
+fn two_ranks_equal_one_process_on_the_global_batch() {
+    let cfg = TrainConfig {
+        model: Config {
+            version: Version::V1_5,
+            blocks: [1, 1, 0, 0],
+            width: 0.125,
+            classes: 4,
+            zero_init_residual: false,
+        },
+        data: Source::Synthetic(Synthetic::new(4, 32, 3)),
+        train_images: 64,
+        eval_images: 0,
+        base_lr_per_256: 1.0,
+        label_smoothing: 0.1,
+        decay: Decay::Cosine,
+        run: RunOptions {
+            batch: 8,
+            steps: 3,
+            warmup_steps: 1,
+            seed: 9,
+            target: None,
+            eval_every: 3,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
+            comm: Default::default(),
+            ensemble: None,
+        },
+    };
+    let single = train::<f64>(&cfg, &Quiet).unwrap();
+    let two = |comm: CommOptions| {
+        let cfg = TrainConfig {
+            run: RunOptions {
+                comm,
+                ..cfg.run.clone()
+            },
+            ..cfg.clone()
+        };
+        crate::exchange::tests::on_ranks(2, |r| train_with::<f64>(&cfg, &Quiet, Some(r)).unwrap())
+    };
+    // Small buckets: many of them in flight during the backward pass.
+    let small = |wire, overlap| CommOptions {
+        wire,
+        overlap,
+        bucket: 3000,
+    };
+    let runs = two(CommOptions::default());
+    for r in &runs {
+        assert!(
+            (r.param_norm - single.param_norm).abs() < 1e-9 * single.param_norm,
+            "{} vs {}",
+            r.param_norm,
+            single.param_norm
+        );
+        assert!(
+            (r.final_loss - single.final_loss).abs() < 1e-9,
+            "{} vs {}",
+            r.final_loss,
+            single.final_loss
+        );
+        assert!(r.comm_bytes_per_step > 0.0);
+    }
+    // Overlapped or not, in small buckets or large: the same sums, bit for bit.
+    for (wire, overlap) in [(Wire::F32, true), (Wire::F32, false)] {
+        for r in two(small(wire, overlap)) {
+            assert_eq!(r.param_norm.to_bits(), runs[0].param_norm.to_bits());
+            assert_eq!(r.final_loss.to_bits(), runs[0].final_loss.to_bits());
+        }
+    }
+    // Compressed on the wire: half the gradient bytes, the same training up to the
+    // 16-bit rounding of the gradients, and the same bits on both ranks.
+    for wire in [Wire::F16, Wire::Bf16] {
+        let c = two(small(wire, true));
+        assert_eq!(c[0].param_norm.to_bits(), c[1].param_norm.to_bits());
+        let dn = (c[0].param_norm - single.param_norm).abs() / single.param_norm;
+        assert!(
+            dn < 1e-3 && dn > 0.0,
+            "{wire:?}: parameter norm off by {dn:e}"
+        );
+        assert!((c[0].final_loss - single.final_loss).abs() < 1e-2 * single.final_loss);
+        let grads = |r: &Summary| {
+            r.comm_bytes_per_step - (runs[0].comm_bytes_per_step - 4.0 * r.parameters as f64)
+        };
+        assert_eq!(
+            grads(&c[0]),
+            2.0 * c[0].parameters as f64,
+            "{wire:?}: bytes on the wire"
+        );
+    }
+    // And the runs moved: the parameters changed from their initial values.
+    let init = train::<f64>(
+        &TrainConfig {
+            base_lr_per_256: 0.0,
+            run: RunOptions {
+                steps: 1,
+                ..cfg.run.clone()
+            },
+            ..cfg.clone()
+        },
+        &Quiet,
+    )
+    .unwrap();
+    assert!((init.param_norm - single.param_norm).abs() > 1e-6);
+}
+
+fn tiny() -> TrainConfig {
+    TrainConfig {
+        model: Config {
+            version: Version::V1_5,
+            blocks: [1, 1, 1, 0],
+            width: 0.125,
+            classes: 4,
+            zero_init_residual: false,
+        },
+        data: Source::Synthetic(Synthetic::new(4, 32, 5)),
+        train_images: 20,
+        eval_images: 0,
+        base_lr_per_256: 2.0,
+        label_smoothing: 0.0,
+        decay: Decay::Cosine,
+        run: RunOptions {
+            batch: 8,
+            steps: 5,
+            warmup_steps: 2,
+            seed: 3,
+            target: None,
+            eval_every: 5,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
+            comm: Default::default(),
+            ensemble: None,
+        },
+    }
+}
+
+/// Same seed, same threads: the same run, bit for bit (every parallel sum is ordered).
+#[test]
+fn runs_are_reproducible() {
+    let a = train::<f32>(&tiny(), &Quiet).unwrap();
+    let b = train::<f32>(&tiny(), &Quiet).unwrap();
+    assert_eq!(a.param_norm.to_bits(), b.param_norm.to_bits());
+    assert_eq!(a.final_loss.to_bits(), b.final_loss.to_bits());
+}
+
+/// A device that is a second CPU model: the accelerator path of the loop (take the model,
+/// step, evaluate, write back) must give the CPU run's result bit for bit.
+struct Mirror {
+    cfg: Config,
+    net: Option<ResNet<f32>>,
+    stored: usize,
+}
+
+fn copy(from: &mut ResNet<f32>, to: &mut ResNet<f32>) {
+    for (a, b) in from.params().into_iter().zip(to.params()) {
+        b.value.clone_from(&a.value);
+        b.momentum.clone_from(&a.momentum);
+    }
+    for ((_, m, v), (_, m2, v2)) in from.running_stats().into_iter().zip(to.running_stats()) {
+        m2.clone_from(m);
+        v2.clone_from(v);
+    }
+}
+
+impl Accelerator<f32> for Mirror {
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        let mut n = ResNet::new(self.cfg.clone(), 999);
+        copy(model, &mut n);
+        self.net = Some(n);
+        Ok(())
+    }
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        labels: &[usize],
+        lr: f64,
+        smoothing: f64,
+        sgd: &Sgd,
+    ) -> Result<(f64, f64), String> {
+        let n = self.net.as_mut().ok_or("not begun")?;
+        let z = n.forward(x, true);
+        let (loss, g, _, _) = softmax_cross_entropy(&z, labels, smoothing);
+        n.backward(&g);
+        sgd.step(n.params(), lr);
+        Ok((loss, 0.0))
+    }
+    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
+        Ok(self.net.as_mut().ok_or("not begun")?.forward(x, false))
+    }
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+        self.stored += 1;
+        copy(self.net.as_mut().ok_or("not begun")?, model);
+        Ok(())
+    }
+}
+
+#[test]
+fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
+    let cfg = TrainConfig {
+        eval_images: 8,
+        ..tiny()
+    };
+    let cpu = train::<f32>(&cfg, &Quiet).unwrap();
+    let mut dev = Mirror {
+        cfg: cfg.model.clone(),
+        net: None,
+        stored: 0,
+    };
+    let on = train_on::<f32>(&cfg, &Quiet, None, Some(&mut dev)).unwrap();
+    assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
+    assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
+    assert_eq!(on.evals, cpu.evals);
+    assert_eq!(dev.stored, 1, "written back once, for the summary");
+}
+
+/// Stopping after 2 steps and resuming from the checkpoint ends where an uninterrupted run
+/// ends (the data order crosses an epoch boundary: 20 images, batch 8).
+#[test]
+fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
+    let dir = std::env::temp_dir().join(format!("roofline-ckpt-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let ckpt = dir.join("c.safetensors");
+    let full = train::<f32>(&tiny(), &Quiet).unwrap();
+    // The schedule's length is part of the run: the first part runs the same 5-step
+    // schedule and stops after 2 steps.
+    let part = train::<f32>(
+        &TrainConfig {
+            run: RunOptions {
+                checkpoint: Some(ckpt.clone()),
+                ..tiny().run.clone()
+            },
+            ..tiny()
+        }
+        .stop_after(2),
+        &Quiet,
+    )
+    .unwrap();
+    assert_eq!(part.steps, 2);
+    let rest = train::<f32>(
+        &TrainConfig {
+            run: RunOptions {
+                resume: Some(ckpt.clone()),
+                ..tiny().run.clone()
+            },
+            ..tiny()
+        },
+        &Quiet,
+    )
+    .unwrap();
+    assert_eq!(rest.start_step, 2);
+    assert_eq!(rest.steps, 5);
+    assert_eq!(rest.param_norm.to_bits(), full.param_norm.to_bits());
+    assert_eq!(rest.final_loss.to_bits(), full.final_loss.to_bits());
+    // A checkpoint of another model is refused with a reason.
+    let other = TrainConfig {
+        model: Config {
+            width: 0.25,
+            ..tiny().model
+        },
+        run: RunOptions {
+            resume: Some(ckpt.clone()),
+            ..tiny().run.clone()
+        },
+        ..tiny()
+    };
+    assert!(train::<f32>(&other, &Quiet)
+        .unwrap_err()
+        .to_string()
+        .contains("another model"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A small ResNet learns the synthetic set: ≥ 90% Top-1 on held-out images.
+#[test]
+fn small_resnet_reaches_90_percent_on_synthetic_data() {
+    let cfg = TrainConfig {
+        model: Config {
+            version: Version::V1_5,
+            blocks: [3, 4, 6, 3],
+            width: 0.25,
+            classes: 10,
+            zero_init_residual: true,
+        },
+        data: Source::Synthetic(Synthetic::new(10, 64, 11)),
+        train_images: 4096,
+        eval_images: 512,
+        base_lr_per_256: 0.8,
+        label_smoothing: 0.0,
+        decay: Decay::Cosine,
+        run: RunOptions {
+            batch: 32,
+            steps: 300,
+            warmup_steps: 20,
+            seed: 5,
+            target: Some(0.95),
+            eval_every: 25,
+            checkpoint: None,
+            resume: None,
+            stop_at: None,
+            checkpoint_every: None,
+            comm: Default::default(),
+            ensemble: None,
+        },
+    };
+    let s = train::<f32>(&cfg, &Quiet).unwrap();
+    let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);
+    eprintln!(
+        "{} steps, {:.0} images/s, evals {:?}",
+        s.steps, s.images_per_second, s.evals
+    );
+    assert!(
+        best >= 0.9,
+        "Top-1 {best} after {} steps: {:?}",
+        s.steps,
+        s.evals
+    );
+    assert!(s.final_loss.is_finite());
+}
