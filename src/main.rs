@@ -16,7 +16,7 @@ mod train_cmd;
 
 use anyhow::anyhow;
 use clap::{Parser, Subcommand};
-use roofline_model::{write::write_atomic, Machine};
+use roofline_model::{write::write_atomic, Machine, MemOp, Threads};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
@@ -193,11 +193,11 @@ enum Command {
         #[arg(short, long, default_value = "roofline.svg")]
         output: PathBuf,
         /// Which ceilings: those of one thread (t1) or of one thread per core (all).
-        #[arg(long, default_value = "all", value_parser = ["all", "t1"])]
-        threads: String,
+        #[arg(long, value_enum, default_value = "all")]
+        threads: Threads,
         /// Which memory operation's ceilings form the slanted roofs.
-        #[arg(long, default_value = "triad", value_parser = ["read", "write", "copy", "triad"])]
-        op: String,
+        #[arg(long, value_enum, default_value = "triad")]
+        op: MemOp,
         /// Whose roofline: `cpu`, or a GPU of the machine.json (`gpu0`, `gpu1`, ...): its FMA,
         /// mma and GEMM roofs, its L2 and HBM roofs, and its measured ERT curve.
         #[arg(long, default_value = "cpu", value_name = "cpu|gpuN")]
@@ -208,8 +208,8 @@ enum Command {
         /// inter-node network). The COI models need a probe run under mpirun. `hierarchical`:
         /// the classic roofs of every memory level, each placement at its intensity (one point
         /// per workload: per-level traffic needs hardware counters, not read here).
-        #[arg(long, default_value = "classic", value_parser = ["classic", "hierarchical", "node-coi", "dist-coi"])]
-        model: String,
+        #[arg(long, value_enum, default_value = "classic")]
+        model: PlotModel,
         /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
         /// option for several): a point each, its top layers, and a tick at the attainable
         /// bound above each. COI models place them at their COI.
@@ -222,6 +222,30 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+}
+
+/// Which roofline `plot` draws.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum PlotModel {
+    /// FLOP per byte of memory traffic.
+    Classic,
+    /// The classic roofs of every memory level, each placement at its intensity.
+    Hierarchical,
+    /// HPC AI500's single-node COI roofline (FLOP per byte communicated).
+    NodeCoi,
+    /// HPC AI500's distributed COI roofline (all nodes against the network).
+    DistCoi,
+}
+
+impl PlotModel {
+    fn name(self) -> &'static str {
+        match self {
+            PlotModel::Classic => "classic",
+            PlotModel::Hierarchical => "hierarchical",
+            PlotModel::NodeCoi => "node-coi",
+            PlotModel::DistCoi => "dist-coi",
+        }
+    }
 }
 
 /// How the command ended.
@@ -286,9 +310,7 @@ fn main() -> ExitCode {
             device,
             model,
             placement,
-        } => plot(
-            &machine, &output, &threads, &op, &device, &model, &placement,
-        ),
+        } => plot(&machine, &output, threads, op, &device, model, &placement),
         Command::Peaks { json } => output::peaks(json).map_err(Failure::Input),
     };
     match result {
@@ -312,10 +334,10 @@ fn main() -> ExitCode {
 fn plot(
     machine: &Path,
     output: &Path,
-    threads: &str,
-    op: &str,
+    threads: Threads,
+    op: MemOp,
     device: &str,
-    model: &str,
+    model: PlotModel,
     placements: &[PathBuf],
 ) -> Result<(), Failure> {
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
@@ -327,15 +349,17 @@ fn plot(
     let mut points = Vec::new();
     for p in &placed {
         let x = |pt: &roofline_model::placement::Point| match model {
-            "node-coi" => pt.coi.as_ref().and_then(|c| c.intra_node),
-            "dist-coi" => pt.coi.as_ref().and_then(|c| c.inter_node),
-            _ => Some(pt.oi.analytic),
+            PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
+            PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
+            PlotModel::Classic | PlotModel::Hierarchical => Some(pt.oi.analytic),
         };
         let these = roofline_plots::placed::points(p, x);
         if these.is_empty() {
             eprintln!(
-                "note: {} did not communicate ({} rank): it has no COI to place on the {model} roofline",
-                p.workload.name, p.workload.ranks
+                "note: {} did not communicate ({} rank): it has no COI to place on the {} roofline",
+                p.workload.name,
+                p.workload.ranks,
+                model.name()
             );
         }
         points.extend(these);
@@ -364,12 +388,16 @@ fn plot(
     }
     probe_cmd::check_writable(output).map_err(Failure::Input)?;
     let opt = roofline_plots::ClassicOptions {
-        model: roofline_plots::Model::parse(model).unwrap_or(roofline_plots::Model::Classic),
+        model: match model {
+            PlotModel::Classic | PlotModel::Hierarchical => roofline_plots::Model::Classic,
+            PlotModel::NodeCoi => roofline_plots::Model::NodeCoi,
+            PlotModel::DistCoi => roofline_plots::Model::DistCoi,
+        },
         device: device.into(),
-        threads: threads.into(),
-        op: op.into(),
+        threads,
+        op,
         points,
-        title: (model == "hierarchical").then(|| {
+        title: (model == PlotModel::Hierarchical).then(|| {
             format!(
                 "Hierarchical roofline: {} (every memory level, {op})",
                 m.provenance.cpu.model_name

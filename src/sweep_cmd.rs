@@ -432,9 +432,9 @@ fn charts(
                 threads: if s.processes == "threads"
                     && placements.iter().all(|p| p.workload.threads <= 1)
                 {
-                    "t1".into()
+                    roofline_model::Threads::T1
                 } else {
-                    "all".into()
+                    roofline_model::Threads::All
                 },
                 points,
                 trajectories,

@@ -88,6 +88,30 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
         .any(|t| t.id == "cpu/gemm/f32/t1/shapes" && t.rows.len() >= 3));
 }
 
+/// The probe writes every roof under an id the model's typed `CeilingId` reads and writes back
+/// the same, with the ceiling's own precision or level: the ids the placement and the plots
+/// look up are the ids the probe writes.
+#[test]
+fn every_roof_id_the_probe_writes_is_a_typed_ceiling_id() {
+    use roofline_model::{CeilingId, CeilingKind};
+    let (path, _) = quick_machine();
+    let m = roofline_model::Machine::read(path).unwrap();
+    let mut roofs = 0;
+    for c in &m.ceilings {
+        if !matches!(c.kind, CeilingKind::Compute | CeilingKind::Memory) {
+            continue;
+        }
+        let id = CeilingId::parse(&c.id).unwrap_or_else(|| panic!("{} does not parse", c.id));
+        assert_eq!(id.to_string(), c.id);
+        match id {
+            CeilingId::Compute { precision, .. } => assert_eq!(c.precision, Some(precision)),
+            CeilingId::Memory { level, .. } => assert_eq!(c.memory_level(), Some(level)),
+        }
+        roofs += 1;
+    }
+    assert!(roofs >= 40, "{roofs} roofs");
+}
+
 #[test]
 fn bad_input_is_one_clear_line_and_exit_code_2() {
     let dir = tmpdir("bad");

@@ -15,7 +15,7 @@ pub mod sweep;
 pub(crate) use render::POINT_COLORS;
 pub use render::{classic_svg, roof_name};
 
-use roofline_model::{Ceiling, CeilingKind, Machine};
+use roofline_model::{Ceiling, CeilingId, CeilingKind, Family, Machine, MemOp, On, Threads};
 
 /// Errors of plotting.
 #[derive(Debug, thiserror::Error)]
@@ -34,9 +34,9 @@ pub struct ClassicOptions {
     /// Whose roofline: `cpu`, or a GPU as `gpu0`, `gpu1`, ... (classic model).
     pub device: String,
     /// Which thread configuration (CPU only): ids ending in `/t1` or `/all`.
-    pub threads: String,
+    pub threads: Threads,
     /// Which memory operation's ceilings make the slanted roofs (`triad`, `read`, ...).
-    pub op: String,
+    pub op: MemOp,
     pub width: u32,
     pub height: u32,
     /// Workloads placed on the plot (`roofline place`).
@@ -72,8 +72,8 @@ impl Default for ClassicOptions {
         ClassicOptions {
             model: Model::Classic,
             device: "cpu".into(),
-            threads: "all".into(),
-            op: "triad".into(),
+            threads: Threads::All,
+            op: MemOp::Triad,
             width: 1100,
             height: 760,
             points: Vec::new(),
@@ -98,17 +98,6 @@ pub enum Model {
     DistCoi,
 }
 
-impl Model {
-    pub fn parse(s: &str) -> Option<Model> {
-        match s {
-            "classic" => Some(Model::Classic),
-            "node-coi" => Some(Model::NodeCoi),
-            "dist-coi" => Some(Model::DistCoi),
-            _ => None,
-        }
-    }
-}
-
 /// Whether `c` is a flat roof of the COI model `model`.
 fn coi_flat(c: &Ceiling, model: Model) -> bool {
     if c.kind != CeilingKind::Compute || c.unit != "FLOP/s" {
@@ -129,7 +118,7 @@ fn coi_flat(c: &Ceiling, model: Model) -> bool {
 }
 
 /// Whether `c` is a slanted roof of the COI model `model`.
-fn coi_slanted(c: &Ceiling, model: Model, op: &str) -> bool {
+fn coi_slanted(c: &Ceiling, model: Model, op: MemOp) -> bool {
     let id = c.id.as_str();
     match model {
         Model::NodeCoi => {
@@ -182,32 +171,34 @@ pub struct ClassicModel {
     pub y_range: (f64, f64),
 }
 
-fn suffix_matches(c: &Ceiling, threads: &str) -> bool {
-    c.id.rsplit('/').next() == Some(threads)
+fn suffix_matches(c: &Ceiling, threads: Threads) -> bool {
+    c.id.rsplit('/').next() == Some(threads.name())
 }
 
-/// Whether `c` belongs on the chosen device's plot: CPU ceilings of the chosen thread
-/// configuration, or a GPU's own ceilings (compute: FMA, mma and GEMM roofs; convolution
-/// ceilings stay in the table to keep the plot readable).
-fn selected(c: &Ceiling, opt: &ClassicOptions) -> bool {
-    if opt.device == "cpu" {
-        return c.id.starts_with("cpu/") && suffix_matches(c, &opt.threads);
-    }
-    let mut parts = c.id.split('/');
-    if parts.next() != Some(opt.device.as_str()) {
+/// Whether `c` is a roof of the chosen device's plot: CPU roofs of the chosen thread
+/// configuration, or a GPU's own (compute: FMA, mma and GEMM roofs; convolution ceilings stay
+/// in the table to keep the plot readable); with `op`, memory roofs of that operation only.
+fn selected(c: &Ceiling, opt: &ClassicOptions, op: Option<MemOp>) -> bool {
+    let Some(id) = CeilingId::parse(&c.id) else {
         return false;
-    }
-    match c.kind {
-        CeilingKind::Compute => matches!(parts.next(), Some("fma" | "mma" | "gemm")),
-        CeilingKind::Memory => parts.next() == Some("mem"),
-        _ => false,
+    };
+    let on = match id.on() {
+        On::Cpu(t) => opt.device == "cpu" && t == opt.threads,
+        On::Gpu(g) => opt.device == format!("gpu{g}"),
+    };
+    on && match id {
+        CeilingId::Compute { family, .. } => family != Family::Conv || opt.device == "cpu",
+        CeilingId::Memory { op: o, .. } => match op {
+            Some(want) => want == o,
+            None => true,
+        },
     }
 }
 
 /// The configuration named in the legend and the title.
 fn config_name(opt: &ClassicOptions) -> String {
     if opt.device == "cpu" {
-        opt.threads.clone()
+        opt.threads.name().to_string()
     } else {
         opt.device.clone()
     }
@@ -225,7 +216,9 @@ fn level_rank(level: &str) -> u32 {
 pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, PlotError> {
     let mut flat: Vec<DrawnRoof> = Vec::new();
     let flat_roof = |c: &Ceiling| match opt.model {
-        Model::Classic => c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && selected(c, opt),
+        Model::Classic => {
+            c.kind == CeilingKind::Compute && c.unit == "FLOP/s" && selected(c, opt, None)
+        }
         model => coi_flat(c, model),
     };
     for c in m.ceilings.iter().filter(|c| flat_roof(c)) {
@@ -238,7 +231,7 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         if let Some(p) = &c.theoretical_peak {
             // One dashed roof per precision (GEMM and FMA share the rule's peak; the first
             // ceiling of a precision, the FMA one, gives it).
-            let prec = c.precision.clone().unwrap_or_default();
+            let prec = c.precision.map(|p| p.to_string()).unwrap_or_default();
             let label = format!("theoretical {prec} peak ({})", config_name(opt));
             let drawn = flat.iter().any(|r| {
                 r.dashed && (r.label == label || (r.value - p.value).abs() <= 1e-9 * p.value)
@@ -257,12 +250,8 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .ceilings
         .iter()
         .filter(|c| match opt.model {
-            Model::Classic => {
-                c.kind == CeilingKind::Memory
-                    && selected(c, opt)
-                    && c.id.split('/').nth(3) == Some(opt.op.as_str())
-            }
-            model => coi_slanted(c, model, &opt.op),
+            Model::Classic => c.kind == CeilingKind::Memory && selected(c, opt, Some(opt.op)),
+            model => coi_slanted(c, model, opt.op),
         })
         .collect();
     // L1, L2, L3, then DRAM/HBM.
@@ -408,7 +397,7 @@ mod tests {
                 value: v,
                 unit: unit.into(),
                 threads: 2,
-                precision: Some("f32".into()),
+                precision: Some(roofline_model::Precision::F32),
                 level: level.map(String::from),
                 stats: stats(v),
                 theoretical_peak: peak.map(|p| TheoreticalPeak {

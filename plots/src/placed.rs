@@ -3,7 +3,7 @@
 
 use crate::{classic_svg, ClassicOptions, PlotError, PlotPoint};
 use roofline_model::placement::{Placement, Point};
-use roofline_model::Machine;
+use roofline_model::{Machine, Threads};
 
 /// The points of `p` (the workload, then its layers) at the intensity `x` gives each (`None`:
 /// not placed; a workload without one places nothing).
@@ -40,9 +40,9 @@ pub fn placements_svg(m: &Machine, placements: &[&Placement]) -> Result<String, 
         .flat_map(|p| points(p, |pt| Some(pt.oi.analytic)))
         .collect();
     let threads = if placements.iter().all(|p| p.workload.threads <= 1) {
-        "t1"
+        Threads::T1
     } else {
-        "all"
+        Threads::All
     };
     let device = match placements.first().map(|p| p.workload.device.as_str()) {
         Some(d) if d.starts_with("gpu") && placements.iter().all(|p| p.workload.device == d) => {
@@ -53,7 +53,7 @@ pub fn placements_svg(m: &Machine, placements: &[&Placement]) -> Result<String, 
     classic_svg(
         m,
         &ClassicOptions {
-            threads: threads.into(),
+            threads,
             device,
             points,
             ..Default::default()

@@ -174,7 +174,7 @@ fn draw(
             opt.threads,
             m.ceilings
                 .iter()
-                .find(|c| suffix_matches(c, &opt.threads))
+                .find(|c| suffix_matches(c, opt.threads))
                 .map(|c| c.threads)
                 .unwrap_or(0)
         )

@@ -97,6 +97,197 @@ impl Level {
     }
 }
 
+/// A memory operation of the bandwidth probes (STREAM's kernels and a pure read and write).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum MemOp {
+    Read,
+    Write,
+    Copy,
+    Triad,
+}
+
+impl MemOp {
+    pub const ALL: [MemOp; 4] = [MemOp::Read, MemOp::Write, MemOp::Copy, MemOp::Triad];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            MemOp::Read => "read",
+            MemOp::Write => "write",
+            MemOp::Copy => "copy",
+            MemOp::Triad => "triad",
+        }
+    }
+}
+
+/// The CPU threads a ceiling ran on: one (`t1`) or one pinned thread per core (`all`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[cfg_attr(feature = "clap", derive(clap::ValueEnum))]
+#[serde(rename_all = "lowercase")]
+pub enum Threads {
+    T1,
+    All,
+}
+
+impl Threads {
+    pub const ALL: [Threads; 2] = [Threads::T1, Threads::All];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Threads::T1 => "t1",
+            Threads::All => "all",
+        }
+    }
+}
+
+/// A compute ceiling's kind of kernel: the FMA peak (CUDA cores or SIMD units), the
+/// tensor-core peak (mma.sync), a GEMM library, a convolution library.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Family {
+    Fma,
+    Mma,
+    Gemm,
+    Conv,
+}
+
+impl Family {
+    pub const ALL: [Family; 4] = [Family::Fma, Family::Mma, Family::Gemm, Family::Conv];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Fma => "fma",
+            Family::Mma => "mma",
+            Family::Gemm => "gemm",
+            Family::Conv => "conv",
+        }
+    }
+}
+
+/// A convolution's direction (the GPU's convolution ceilings have one each).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ConvDir {
+    Fwd,
+    BwdData,
+    BwdFilter,
+}
+
+impl ConvDir {
+    pub const ALL: [ConvDir; 3] = [ConvDir::Fwd, ConvDir::BwdData, ConvDir::BwdFilter];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            ConvDir::Fwd => "fwd",
+            ConvDir::BwdData => "bwd_data",
+            ConvDir::BwdFilter => "bwd_filter",
+        }
+    }
+}
+
+/// Where a roof was measured: the CPU on `t1` or `all` threads, or GPU `n`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum On {
+    Cpu(Threads),
+    Gpu(usize),
+}
+
+/// The id of a roof of the roofline (a compute or memory ceiling), typed; written as the
+/// ceiling ids of the files: `cpu/fma/f32/all`, `cpu/mem/L2/triad/t1`, `gpu0/mma/bf16`,
+/// `gpu0/conv/f16/fwd`, `gpu0/mem/HBM/triad`. Other ids (communication, storage, tables,
+/// sweeps, `agg/…`) are not roofs and do not parse.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum CeilingId {
+    Compute {
+        on: On,
+        family: Family,
+        precision: Precision,
+        /// GPU convolutions only.
+        direction: Option<ConvDir>,
+    },
+    Memory {
+        on: On,
+        level: Level,
+        op: MemOp,
+    },
+}
+
+impl CeilingId {
+    pub fn on(&self) -> On {
+        match self {
+            CeilingId::Compute { on, .. } | CeilingId::Memory { on, .. } => *on,
+        }
+    }
+
+    /// Parses a roof's id (`None`: not a roof's id).
+    pub fn parse(id: &str) -> Option<CeilingId> {
+        let parts: Vec<&str> = id.split('/').collect();
+        let gpu = |s: &str| s.strip_prefix("gpu")?.parse::<usize>().ok();
+        let threads = |s: &str| Threads::ALL.into_iter().find(|t| t.name() == s);
+        let family = |s: &str| Family::ALL.into_iter().find(|f| f.name() == s);
+        let dir = |s: &str| ConvDir::ALL.into_iter().find(|d| d.name() == s);
+        let op = |s: &str| MemOp::ALL.into_iter().find(|o| o.name() == s);
+        let level = |s: &str| s.parse::<Level>().ok();
+        let prec = |s: &str| s.parse::<Precision>().ok();
+        match parts[..] {
+            ["cpu", "mem", l, o, t] => Some(CeilingId::Memory {
+                on: On::Cpu(threads(t)?),
+                level: level(l)?,
+                op: op(o)?,
+            }),
+            ["cpu", f, p, t] => Some(CeilingId::Compute {
+                on: On::Cpu(threads(t)?),
+                family: family(f)?,
+                precision: prec(p)?,
+                direction: None,
+            }),
+            [g, "mem", l, o] => Some(CeilingId::Memory {
+                on: On::Gpu(gpu(g)?),
+                level: level(l)?,
+                op: op(o)?,
+            }),
+            [g, "conv", p, d] => Some(CeilingId::Compute {
+                on: On::Gpu(gpu(g)?),
+                family: Family::Conv,
+                precision: prec(p)?,
+                direction: Some(dir(d)?),
+            }),
+            [g, f, p] if f != "conv" => Some(CeilingId::Compute {
+                on: On::Gpu(gpu(g)?),
+                family: family(f)?,
+                precision: prec(p)?,
+                direction: None,
+            }),
+            _ => None,
+        }
+    }
+}
+
+impl fmt::Display for CeilingId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            CeilingId::Compute {
+                on,
+                family,
+                precision,
+                direction,
+            } => match on {
+                On::Cpu(t) => write!(f, "cpu/{}/{precision}/{}", family.name(), t.name()),
+                On::Gpu(g) => {
+                    write!(f, "gpu{g}/{}/{precision}", family.name())?;
+                    match direction {
+                        Some(d) => write!(f, "/{}", d.name()),
+                        None => Ok(()),
+                    }
+                }
+            },
+            CeilingId::Memory { on, level, op } => match on {
+                On::Cpu(t) => write!(f, "cpu/mem/{level}/{}/{}", op.name(), t.name()),
+                On::Gpu(g) => write!(f, "gpu{g}/mem/{level}/{}", op.name()),
+            },
+        }
+    }
+}
+
 /// A name that is not one of a type's values.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{found:?} is not a {what}; expected one of {expected}")]
@@ -132,6 +323,8 @@ macro_rules! named {
 
 named!(Precision, "precision");
 named!(Level, "memory level");
+named!(MemOp, "memory operation");
+named!(Threads, "thread count (t1 or all)");
 
 #[cfg(test)]
 mod tests {
@@ -155,5 +348,49 @@ mod tests {
         let e = "fp64".parse::<Precision>().unwrap_err();
         assert!(e.to_string().contains("f64, f32, tf32"), "{e}");
         assert!("dram".parse::<Level>().is_err());
+    }
+
+    /// Every roof id the probes write parses and is written back the same; other ids do not
+    /// parse.
+    #[test]
+    fn roof_ids_round_trip() {
+        for id in [
+            "cpu/fma/f32/all",
+            "cpu/fma/int8/t1",
+            "cpu/gemm/f16/t1",
+            "cpu/conv/f32/all",
+            "cpu/mem/L2/triad/t1",
+            "cpu/mem/DRAM/write/all",
+            "gpu0/fma/f64",
+            "gpu1/mma/bf16",
+            "gpu0/gemm/fp8",
+            "gpu0/conv/f16/bwd_filter",
+            "gpu3/mem/HBM/triad",
+            "gpu0/mem/L2/read",
+        ] {
+            let parsed = CeilingId::parse(id).unwrap_or_else(|| panic!("{id}"));
+            assert_eq!(parsed.to_string(), id);
+        }
+        assert_eq!(
+            CeilingId::parse("cpu/mem/L3/copy/all"),
+            Some(CeilingId::Memory {
+                on: On::Cpu(Threads::All),
+                level: Level::L3,
+                op: MemOp::Copy
+            })
+        );
+        for not_a_roof in [
+            "cpu/mem/sweep/triad/all",
+            "cpu/gemm/f32/all/shapes",
+            "gpu0/gemm/f16/table",
+            "gpu0/conv/f16",
+            "gpu0-gpu1/p2p",
+            "agg/cpu/fma/f32/all",
+            "node/intra/allreduce",
+            "cpu/fma/f33/all",
+            "gpux/mem/HBM/triad",
+        ] {
+            assert_eq!(CeilingId::parse(not_a_roof), None, "{not_a_roof}");
+        }
     }
 }

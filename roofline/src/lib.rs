@@ -18,7 +18,7 @@ pub mod validate;
 pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};
-pub use ids::{Level, Precision};
+pub use ids::{CeilingId, ConvDir, Family, Level, MemOp, On, Precision, Threads};
 pub use machine::*;
 pub use peaks::{cpu_peak, PeakDb};
 pub use stats::Stats;

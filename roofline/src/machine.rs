@@ -71,8 +71,10 @@ pub struct Ceiling {
     pub threads: usize,
     /// Precision for compute ceilings (`f64`, `f32`, `tf32`, `f16`, `bf16`, `fp8`, `int8`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub precision: Option<String>,
-    /// Memory level for memory ceilings (`L1`, `L2`, `L3`, `DRAM`; GPUs: `L2`, `HBM`).
+    pub precision: Option<crate::ids::Precision>,
+    /// Memory level for memory ceilings (`L1`, `L2`, `L3`, `DRAM`; GPUs: `L2`, `HBM`; typed:
+    /// [`Ceiling::memory_level`]); the scope (`intra`, `inter`, `world`) for communication
+    /// ceilings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<String>,
     /// The statistics of the samples behind `value`, in `unit`.
@@ -89,6 +91,11 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
+    /// The memory level of a memory ceiling, typed.
+    pub fn memory_level(&self) -> Option<crate::ids::Level> {
+        self.level.as_deref()?.parse().ok()
+    }
+
     /// Sets `above_peak` from `value` and `theoretical_peak`: above the peak by more than the
     /// peak's own uncertainty.
     pub fn flag_against_peak(&mut self) {

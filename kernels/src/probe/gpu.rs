@@ -288,7 +288,7 @@ impl Ctx<'_> {
             value: stats.max,
             unit: unit.into(),
             threads: 1,
-            precision: precision.map(String::from),
+            precision: precision.and_then(|p| p.parse().ok()),
             level: level.map(String::from),
             stats,
             theoretical_peak: peak,

@@ -149,6 +149,6 @@ pub fn compute_ceiling(
         method,
         peak,
     );
-    c.precision = Some(precision.into());
+    c.precision = precision.parse().ok();
     c
 }

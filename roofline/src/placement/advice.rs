@@ -63,7 +63,7 @@ pub fn advise(
                         .find(|c| {
                             c.kind == CeilingKind::Compute
                                 && c.id.split('/').next() == Some(device)
-                                && c.precision.as_deref() == Some(q)
+                                && c.precision.map(|p| p.name()) == Some(q)
                                 && gemm.is_some_and(|g| c.value > g * 1.2)
                         })
                         .map(|c| c.id.clone())

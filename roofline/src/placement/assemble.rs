@@ -5,6 +5,7 @@ use super::{
     advise, bound, cpu_roofs, gpu_roofs, Coi, Energy, Intensity, MachineRef, Placement, Point,
     TimeBreakdown, WorkloadInfo, PLACEMENT_SCHEMA,
 };
+use crate::ids::{Family, Precision};
 use crate::machine::{Machine, Provenance};
 use crate::stats::Stats;
 use std::path::Path;
@@ -71,9 +72,9 @@ pub fn assemble(
         .collect();
     let achieved = stats(&rates)?;
     let oi = r.flops_per_step / r.min_bytes;
-    let families: &[&str] = match r.info.kind.as_str() {
-        "gemm" | "stream" => &["gemm", "fma"],
-        _ => &["conv", "gemm", "fma"],
+    let families: &[Family] = match r.info.kind.as_str() {
+        "gemm" | "stream" => &[Family::Gemm, Family::Fma],
+        _ => &[Family::Conv, Family::Gemm, Family::Fma],
     };
     // A GPU run is held against that GPU's ceilings (`gpuN/...`), a CPU run against the CPU's.
     let gpu: Option<usize> = r
@@ -81,23 +82,18 @@ pub fn assemble(
         .device
         .strip_prefix("gpu")
         .and_then(|g| g.parse().ok());
-    let roofs_at = |footprint: f64, coi: Option<&Coi>| match gpu {
-        Some(g) => gpu_roofs(m, g, &r.info.precision, families, footprint, coi),
-        None => cpu_roofs(
-            m,
-            &r.info.precision,
-            families,
-            r.info.threads,
-            footprint,
-            coi,
-        ),
-    };
-    let roofs = roofs_at(r.footprint, r.coi.as_ref());
-    let b = bound(&roofs, oi, r.coi.as_ref(), achieved.max).ok_or_else(|| PlaceError::NoRoof {
+    let no_roof = || PlaceError::NoRoof {
         device: r.info.device.clone(),
         precision: r.info.precision.clone(),
         probe: if gpu.is_some() { " --device cuda" } else { "" },
-    })?;
+    };
+    let precision: Precision = r.info.precision.parse().map_err(|_| no_roof())?;
+    let roofs_at = |footprint: f64, coi: Option<&Coi>| match gpu {
+        Some(g) => gpu_roofs(m, g, precision, families, footprint, coi),
+        None => cpu_roofs(m, precision, families, r.info.threads, footprint, coi),
+    };
+    let roofs = roofs_at(r.footprint, r.coi.as_ref());
+    let b = bound(&roofs, oi, r.coi.as_ref(), achieved.max).ok_or_else(no_roof)?;
     let measured_note = "no hardware memory-traffic counters are read (yet): the OI is the analytic minimum, an upper bound of the true one".to_string();
     let point = Point {
         label: r.info.name.clone(),

@@ -8,7 +8,8 @@
 //! lowest roof at the point's intensities; the binding ceiling is that roof, and its kind is
 //! the bound.
 
-use crate::machine::{CeilingKind, Machine, Provenance};
+use crate::ids::{CeilingId, ConvDir, Family, Level, MemOp, On, Precision, Threads};
+use crate::machine::{Ceiling, CeilingKind, Machine, Provenance};
 use crate::stats::Stats;
 use crate::ModelError;
 use serde::{Deserialize, Serialize};
@@ -225,28 +226,42 @@ pub struct Advice {
 /// communicates, the allreduce ceilings inside and between nodes.
 pub fn cpu_roofs(
     m: &Machine,
-    precision: &str,
-    families: &[&str],
+    precision: Precision,
+    families: &[Family],
     threads: usize,
     footprint: f64,
     coi: Option<&Coi>,
 ) -> Vec<(RoofAt, Axis)> {
-    let suffix = if threads <= 1 { "t1" } else { "all" };
+    let on = On::Cpu(if threads <= 1 {
+        Threads::T1
+    } else {
+        Threads::All
+    });
     let mut out = Vec::new();
-    for family in families {
-        if let Some(c) = m.ceiling(&format!("cpu/{family}/{precision}/{suffix}")) {
+    for &family in families {
+        let id = CeilingId::Compute {
+            on,
+            family,
+            precision,
+            direction: None,
+        };
+        if let Some(c) = m.ceiling(&id.to_string()) {
             out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
         }
     }
     let level = memory_level(m, footprint, threads);
-    let mem = ["triad", "copy", "read"]
-        .iter()
-        .find_map(|op| m.ceiling(&format!("cpu/mem/{level}/{op}/{suffix}")));
-    if let Some(c) = mem {
+    if let Some(c) = memory_roof(m, on, level) {
         out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
     }
     out.extend(comm_roofs(m, coi));
     out
+}
+
+/// The memory ceiling of `level` on `on`: triad's, else copy's, else read's.
+fn memory_roof(m: &Machine, on: On, level: Level) -> Option<&Ceiling> {
+    [MemOp::Triad, MemOp::Copy, MemOp::Read]
+        .into_iter()
+        .find_map(|op| m.ceiling(&CeilingId::Memory { on, level, op }.to_string()))
 }
 
 /// The roofs of GPU `gpu` (a device of the machine.json) for a point of `precision`: the flat
@@ -258,22 +273,25 @@ pub fn cpu_roofs(
 pub fn gpu_roofs(
     m: &Machine,
     gpu: usize,
-    precision: &str,
-    families: &[&str],
+    precision: Precision,
+    families: &[Family],
     footprint: f64,
     coi: Option<&Coi>,
 ) -> Vec<(RoofAt, Axis)> {
     let mut out = Vec::new();
-    let cuda_cores = matches!(precision, "f32" | "f64");
+    let on = On::Gpu(gpu);
+    let cuda_cores = matches!(precision, Precision::F32 | Precision::F64);
     for &family in families {
-        if family == "fma" && !cuda_cores {
+        if family == Family::Fma && !cuda_cores {
             continue;
         }
-        let id = match family {
-            "conv" => format!("gpu{gpu}/conv/{precision}/fwd"),
-            f => format!("gpu{gpu}/{f}/{precision}"),
+        let id = CeilingId::Compute {
+            on,
+            family,
+            precision,
+            direction: (family == Family::Conv).then_some(ConvDir::Fwd),
         };
-        if let Some(c) = m.ceiling(&id) {
+        if let Some(c) = m.ceiling(&id.to_string()) {
             out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
         }
     }
@@ -283,11 +301,12 @@ pub fn gpu_roofs(
         .iter()
         .find(|g| g.index == gpu)
         .map_or(0.0, |g| g.l2_bytes as f64);
-    let level = if footprint <= l2 { "L2" } else { "HBM" };
-    let mem = ["triad", "copy", "read"]
-        .iter()
-        .find_map(|op| m.ceiling(&format!("gpu{gpu}/mem/{level}/{op}")));
-    if let Some(c) = mem {
+    let level = if footprint <= l2 {
+        Level::L2
+    } else {
+        Level::Hbm
+    };
+    if let Some(c) = memory_roof(m, on, level) {
         out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
     }
     out.extend(comm_roofs(m, coi));
@@ -337,7 +356,7 @@ pub enum Axis {
 /// The memory level whose capacity holds `footprint` bytes on `threads` threads: each core's
 /// private caches count once per thread, shared ones once per instance; beyond the last
 /// level, `DRAM`.
-pub fn memory_level(m: &Machine, footprint: f64, threads: usize) -> String {
+pub fn memory_level(m: &Machine, footprint: f64, threads: usize) -> Level {
     let mut levels: Vec<(u32, f64)> = Vec::new();
     for c in &m.provenance.cpu.caches {
         if c.cache_type == "Instruction" {
@@ -354,8 +373,8 @@ pub fn memory_level(m: &Machine, footprint: f64, threads: usize) -> String {
     levels
         .iter()
         .find(|(_, cap)| footprint <= *cap)
-        .map(|(l, _)| format!("L{l}"))
-        .unwrap_or_else(|| "DRAM".into())
+        .and_then(|(l, _)| format!("L{l}").parse().ok())
+        .unwrap_or(Level::Dram)
 }
 
 /// Places a point with intensities `oi` (and `coi` when it communicates) and `achieved` FLOP/s
@@ -428,7 +447,7 @@ pub(crate) mod tests {
                     "B/s".into()
                 },
                 threads: 2,
-                precision: precision.map(Into::into),
+                precision: precision.map(|p| p.parse().unwrap()),
                 level: level.map(Into::into),
                 stats: Stats::from_samples(&[value]).unwrap(),
                 theoretical_peak: None,
@@ -529,11 +548,11 @@ pub(crate) mod tests {
     fn the_footprint_picks_the_memory_level() {
         let m = machine();
         // Private L1/L2 count once per thread; the shared L3 once.
-        assert_eq!(memory_level(&m, 90e3, 2), "L1");
-        assert_eq!(memory_level(&m, 100e3, 2), "L2");
-        assert_eq!(memory_level(&m, 100e3, 1), "L2");
-        assert_eq!(memory_level(&m, 3e6, 2), "L3");
-        assert_eq!(memory_level(&m, 1e9, 2), "DRAM");
+        assert_eq!(memory_level(&m, 90e3, 2), Level::L1);
+        assert_eq!(memory_level(&m, 100e3, 2), Level::L2);
+        assert_eq!(memory_level(&m, 100e3, 1), Level::L2);
+        assert_eq!(memory_level(&m, 3e6, 2), Level::L3);
+        assert_eq!(memory_level(&m, 1e9, 2), Level::Dram);
     }
 
     /// A GEMM far right of the ridge binds on the lowest compute roof; a DRAM triad (OI 1/12)
@@ -541,7 +560,14 @@ pub(crate) mod tests {
     #[test]
     fn bounds_pick_the_lowest_roof_at_the_point() {
         let m = machine();
-        let r = cpu_roofs(&m, "f32", &["gemm", "conv", "fma"], 2, 3.0 * 64e6, None);
+        let r = cpu_roofs(
+            &m,
+            Precision::F32,
+            &[Family::Gemm, Family::Conv, Family::Fma],
+            2,
+            3.0 * 64e6,
+            None,
+        );
         let g = bound(&r, 683.0, None, 480e9).unwrap();
         assert_eq!(
             (g.kind, g.ceiling.as_str()),
@@ -561,7 +587,14 @@ pub(crate) mod tests {
             intra_node: Some(20.0),
             inter_node: None,
         };
-        let r = cpu_roofs(&m, "f32", &["gemm", "conv", "fma"], 2, 1e9, Some(&coi));
+        let r = cpu_roofs(
+            &m,
+            Precision::F32,
+            &[Family::Gemm, Family::Conv, Family::Fma],
+            2,
+            1e9,
+            Some(&coi),
+        );
         assert_eq!(
             r.len(),
             5,
@@ -574,7 +607,14 @@ pub(crate) mod tests {
         assert_eq!(c.roofs.len(), 5);
         assert!(bound(&[], 1.0, None, 1.0).is_none());
         // A GEMM is not held against the convolution roof.
-        let r = cpu_roofs(&m, "f32", &["gemm", "fma"], 2, 3.0 * 64e6, None);
+        let r = cpu_roofs(
+            &m,
+            Precision::F32,
+            &[Family::Gemm, Family::Fma],
+            2,
+            3.0 * 64e6,
+            None,
+        );
         assert_eq!(
             bound(&r, 683.0, None, 480e9).unwrap().ceiling,
             "cpu/gemm/f32/all"
@@ -701,12 +741,26 @@ pub(crate) mod tests {
             ..Default::default()
         });
         let ids = |r: &[(RoofAt, Axis)]| r.iter().map(|x| x.0.ceiling.clone()).collect::<Vec<_>>();
-        let big = gpu_roofs(&m, 0, "bf16", &["conv", "gemm", "fma"], 1e9, None);
+        let big = gpu_roofs(
+            &m,
+            0,
+            Precision::Bf16,
+            &[Family::Conv, Family::Gemm, Family::Fma],
+            1e9,
+            None,
+        );
         assert_eq!(
             ids(&big),
             ["gpu0/conv/bf16/fwd", "gpu0/gemm/bf16", "gpu0/mem/HBM/triad"]
         );
-        let small = gpu_roofs(&m, 0, "bf16", &["conv", "gemm"], 1e6, None);
+        let small = gpu_roofs(
+            &m,
+            0,
+            Precision::Bf16,
+            &[Family::Conv, Family::Gemm],
+            1e6,
+            None,
+        );
         assert_eq!(ids(&small)[2], "gpu0/mem/L2/triad");
         // At OI 1000 the convolution roof binds, not the CUDA cores' FMA; at OI 10, HBM.
         assert_eq!(

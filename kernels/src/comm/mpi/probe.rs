@@ -280,7 +280,7 @@ impl CommResult {
                 value: last.value,
                 unit: "B/s".into(),
                 threads: ranks,
-                precision: Some("f32".into()),
+                precision: Some(roofline_model::Precision::F32),
                 level: Some(scope.name().into()),
                 stats: last.stats.clone(),
                 theoretical_peak: None,

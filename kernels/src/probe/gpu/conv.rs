@@ -348,7 +348,7 @@ fn conv_precision(
             value: stats.max,
             unit: "FLOP/s".into(),
             threads: 1,
-            precision: Some(p.name().into()),
+            precision: Some(p),
             level: None,
             stats,
             theoretical_peak: peak_for(peaks, gpu, p),

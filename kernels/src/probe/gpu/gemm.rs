@@ -384,7 +384,7 @@ fn gemm_precision(
             value: stats.max,
             unit: p.unit().into(),
             threads: 1,
-            precision: Some(p.name().into()),
+            precision: Some(p),
             level: None,
             stats,
             theoretical_peak: peak_for(peaks, gpu, p),
