@@ -7,6 +7,19 @@ use roofline_model::write::write_atomic;
 use roofline_plots::{report::escape, si};
 use std::path::PathBuf;
 
+/// How the gate's report is written.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// A table on stdout.
+    Text,
+    /// A Markdown table (a pull-request comment).
+    Markdown,
+    /// JUnit XML (one test case per id).
+    Junit,
+    /// GitHub Actions annotations.
+    Github,
+}
+
 #[derive(clap::Args)]
 pub struct GateArgs {
     /// The baseline result: a machine.json, placement.json or score.json. Several files (runs
@@ -26,8 +39,8 @@ pub struct GateArgs {
     pub rules: Option<PathBuf>,
     /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
     /// (workflow annotations).
-    #[arg(long, default_value = "text", value_parser = ["text", "markdown", "junit", "github"])]
-    pub format: String,
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
     /// Fail (exit 1) also when ids are missing from the current result, or when the two were
     /// measured on different hardware, clocks, power limits, drivers or libraries.
     #[arg(long)]
@@ -115,11 +128,11 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
     }
     let regressed = r.regressions();
     let strict_fail = a.strict && (!r.missing.is_empty() || !r.provenance.is_empty());
-    let text = match a.format.as_str() {
-        "markdown" => markdown(&r, a, rules.default.confidence),
-        "junit" => junit(&r, a),
-        "github" => github(&r, a),
-        _ => table(&r, a, rules.default.confidence),
+    let text = match a.format {
+        Format::Markdown => markdown(&r, a, rules.default.confidence),
+        Format::Junit => junit(&r, a),
+        Format::Github => github(&r, a),
+        Format::Text => table(&r, a, rules.default.confidence),
     };
     print!("{text}");
     if a.update_baseline {

@@ -12,6 +12,27 @@ use roofline_workloads::run::{score, Kind};
 use std::path::PathBuf;
 use std::time::Instant;
 
+/// HPC AI500 V2.0's benchmark levels.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Level {
+    /// The reference workload and hyper-parameters as given.
+    Hardware,
+    /// Software and hyper-parameters tuned.
+    System,
+    /// Anything goes.
+    Free,
+}
+
+impl Level {
+    fn name(self) -> &'static str {
+        match self {
+            Level::Hardware => "hardware",
+            Level::System => "system",
+            Level::Free => "free",
+        }
+    }
+}
+
 #[derive(clap::Args)]
 pub struct ScoreArgs {
     /// The workload: resnet50 (Image Classification, Top-1) or ewa (Extreme Weather
@@ -24,8 +45,8 @@ pub struct ScoreArgs {
     pub runs: Option<usize>,
     /// The benchmark level you declare (HPC AI500 V2.0): hardware (the reference workload and
     /// hyper-parameters as given), system (software and hyper-parameters tuned), free.
-    #[arg(long, default_value = "free", value_parser = ["hardware", "system", "free"])]
-    pub level: String,
+    #[arg(long, value_enum, default_value = "free")]
+    pub level: Level,
     /// The machine's ceilings (from `roofline probe`): the report then places the workload on
     /// the machine's roofline.
     #[arg(long, value_name = "FILE")]
@@ -260,7 +281,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         not_comparable: reasons,
         valid: runs >= published.runs,
         warnings,
-        level: a.level.clone(),
+        level: a.level.name().to_string(),
         workload: a.workload.name().to_string(),
         target,
         configuration,
