@@ -12,7 +12,7 @@ impl World {
         progress: &dyn crate::probe::Progress,
     ) -> Result<CommResult, String> {
         let mut out = CommResult::default();
-        let sweep = sizes(cfg.max_size);
+        let sizes_swept = sizes(cfg.max_size);
         let nodes = self.layout.nodes();
         let mut steps = 0;
         if self.intra.size() > 1 {
@@ -40,7 +40,15 @@ impl World {
             if let Some(g) = group {
                 for c in Collective::ALL {
                     progress.advance(&format!("{} {}", c.name(), what.name()));
-                    let points = collective_sweep(g, c, &sweep, cfg.quick, self.timeout)?;
+                    let points = sweep(
+                        g,
+                        &mut Mpi(g),
+                        c.name(),
+                        c,
+                        &sizes_swept,
+                        cfg.quick,
+                        self.timeout,
+                    )?;
                     if self.is_root() {
                         out.add_collective(
                             "net",
@@ -56,7 +64,7 @@ impl World {
                 }
                 if what != Scope::World {
                     progress.advance(&format!("p2p {}", what.name()));
-                    if let Some(points) = p2p_pair(g, &sweep, cfg.quick, self.timeout)? {
+                    if let Some(points) = p2p_pair(g, &sizes_swept, cfg.quick, self.timeout)? {
                         if self.is_root() {
                             out.add_p2p(what, &points, &self.library);
                         }
@@ -66,7 +74,7 @@ impl World {
             // Ranks outside this scope's communicator (inter: non-leaders) wait here.
             self.wait_all(&format!("the end of the {} measurements", what.name()));
         }
-        self.nccl_probe(&sweep, cfg.quick, progress, &mut out)?;
+        self.nccl_probe(&sizes_swept, cfg.quick, progress, &mut out)?;
         if self.is_root() {
             if self.intra.size() <= 1 {
                 out.notes.push("one rank on node 0: no intra-node communication measured (run more ranks per node)".into());
@@ -84,7 +92,7 @@ impl World {
     /// NCCL over the whole world, one rank per GPU, when every rank has a GPU and NCCL.
     fn nccl_probe(
         &self,
-        sweep: &[usize],
+        sizes_swept: &[usize],
         quick: bool,
         progress: &dyn crate::probe::Progress,
         out: &mut CommResult,
@@ -138,37 +146,20 @@ impl World {
         let version = nccl::version().unwrap_or_default();
         for c in Collective::ALL {
             progress.advance(&format!("NCCL {}", c.name()));
-            let mut points = Vec::new();
-            for &bytes in sweep {
-                if c.counts(bytes, self.size).is_none() {
-                    continue;
-                }
-                let label = format!("NCCL {} of {}", c.name(), human(bytes));
-                arrival(&self.world, &label, self.timeout)?;
-                watchdog::arm(&label);
-                let world = &self.world.comm;
-                let mut barrier = || world.barrier();
-                let result = comm.measure(c, bytes, iterations(bytes, quick), &mut barrier);
-                watchdog::disarm();
-                let failed = self.any(result.is_err());
-                let times = match result {
-                    Ok(t) => t,
-                    Err(e) => return Err(e.to_string()),
-                };
-                if failed {
-                    return Err(format!("{label}: another rank's result was wrong"));
-                }
-                let mut slowest = vec![0f64; times.len()];
-                self.world.comm.all_reduce_into(
-                    &times[..],
-                    &mut slowest[..],
-                    SystemOperation::max(),
-                );
-                points.push(Point {
-                    bytes: c.size_bytes(bytes, self.size).unwrap_or(bytes),
-                    seconds: slowest,
-                });
-            }
+            let mut lib = Nccl {
+                comm: &comm,
+                world: &self.world.comm,
+            };
+            let name = format!("NCCL {}", c.name());
+            let points = sweep(
+                &self.world,
+                &mut lib,
+                &name,
+                c,
+                sizes_swept,
+                quick,
+                self.timeout,
+            )?;
             if self.is_root() {
                 out.add_collective(
                     "net/nccl",
@@ -377,37 +368,31 @@ impl CommResult {
     }
 }
 
-/// One collective over every size: warm-up, timed iterations, max over ranks, result check.
-fn collective_sweep(
-    g: &Group,
-    c: Collective,
-    sweep: &[usize],
-    quick: bool,
-    timeout: Duration,
-) -> Result<Vec<Point>, String> {
-    let n = g.size();
-    let r = g.rank();
-    let me = g.members[r];
-    let mut points = Vec::new();
-    for &bytes in sweep {
+/// One library's collectives on a communicator (MPI's own, NCCL's): the one sweep below drives
+/// either, as nccl-tests drives every collective with one loop.
+trait Collectives {
+    /// `c` at `bytes` (the sweep's size; the library's counts from `Collective::counts`):
+    /// warmed up, then `iters` operations each timed after a barrier; this rank's seconds per
+    /// operation, or what was wrong with this rank's result.
+    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String>;
+}
+
+/// MPI's collectives on a group.
+struct Mpi<'a>(&'a Group);
+
+impl Collectives for Mpi<'_> {
+    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String> {
+        let g = self.0;
+        let (n, r) = (g.size(), g.rank());
         let Some((sc, rc)) = c.counts(bytes, n) else {
-            continue;
+            return Ok(Vec::new());
         };
-        let label = format!(
-            "{} of {} ({}, {n} ranks)",
-            c.name(),
-            human(bytes),
-            g.scope.name()
-        );
-        arrival(g, &label, timeout)?;
         let send = send_data(c, r, n, sc);
         let mut recv = if c == Collective::Broadcast && r == 0 {
             send.clone()
         } else {
             vec![0f32; rc]
         };
-        let iters = iterations(bytes, quick);
-        watchdog::arm(&label);
         let op = |recv: &mut Vec<f32>| match c {
             Collective::AllReduce => {
                 g.comm
@@ -430,32 +415,80 @@ fn collective_sweep(
             op(&mut recv);
             times.push(mpi::time() - t0);
         }
-        let mut slowest = vec![0f64; iters];
-        g.comm
-            .all_reduce_into(&times[..], &mut slowest[..], SystemOperation::max());
-        watchdog::disarm();
-        // Every rank checks its own result; all agree on whether one failed.
-        let wrong = first_difference(&recv, &expected(c, r, n, rc));
+        match first_difference(&recv, &expected(c, r, n, rc)) {
+            Some((i, got, want)) => Err(format!("holds {got} at element {i}, expected {want}")),
+            None => Ok(times),
+        }
+    }
+}
+
+/// NCCL's collectives over the world, each operation after an MPI barrier.
+struct Nccl<'a> {
+    comm: &'a crate::comm::nccl::Communicator,
+    world: &'a SimpleCommunicator,
+}
+
+impl Collectives for Nccl<'_> {
+    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String> {
+        let world = self.world;
+        let mut barrier = || world.barrier();
+        self.comm
+            .measure(c, bytes, iters, &mut barrier)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// One collective of `lib` over every size of `sweep` on group `g`: every rank arrives, the
+/// library measures under the watchdog, the ranks agree on whether any result was wrong, and
+/// each iteration's time is the maximum over ranks. `name` names the operation in messages.
+fn sweep(
+    g: &Group,
+    lib: &mut dyn Collectives,
+    name: &str,
+    c: Collective,
+    sizes: &[usize],
+    quick: bool,
+    timeout: Duration,
+) -> Result<Vec<Point>, String> {
+    let n = g.size();
+    let me = g.members[g.rank()];
+    let mut points = Vec::new();
+    for &bytes in sizes {
+        if c.counts(bytes, n).is_none() {
+            continue;
+        }
+        let label = format!("{name} of {} ({}, {n} ranks)", human(bytes), g.scope.name());
+        arrival(g, &label, timeout)?;
+        watchdog::arm(&label);
+        let result = lib.measure(c, bytes, iterations(bytes, quick));
+        // Every rank checked its own result; all agree on whether one failed before the times
+        // are gathered (a failed rank has none).
         let mut first_bad = 0u64;
         g.comm.all_reduce_into(
-            &(if wrong.is_some() { me as u64 + 1 } else { 0 }),
+            &(if result.is_err() { me as u64 + 1 } else { 0 }),
             &mut first_bad,
             SystemOperation::max(),
         );
-        if let Some((i, got, want)) = wrong {
-            return Err(format!(
-                "{label}: rank {me} holds {got} at element {i}, expected {want}"
-            ));
-        }
-        if first_bad != 0 {
-            return Err(format!(
-                "{label}: rank {} holds a wrong result",
-                first_bad - 1
-            ));
-        }
-        let size = c.size_bytes(bytes, n).unwrap_or(bytes);
+        let times = match result {
+            Err(e) => {
+                watchdog::disarm();
+                return Err(format!("{label}: rank {me} {e}"));
+            }
+            Ok(_) if first_bad != 0 => {
+                watchdog::disarm();
+                return Err(format!(
+                    "{label}: rank {} holds a wrong result",
+                    first_bad - 1
+                ));
+            }
+            Ok(t) => t,
+        };
+        let mut slowest = vec![0f64; times.len()];
+        g.comm
+            .all_reduce_into(&times[..], &mut slowest[..], SystemOperation::max());
+        watchdog::disarm();
         points.push(Point {
-            bytes: size,
+            bytes: c.size_bytes(bytes, n).unwrap_or(bytes),
             seconds: slowest,
         });
     }
