@@ -355,20 +355,16 @@ pub fn run(
     let mk =
         |id: String, unit: &str, samples: &[f64], bytes: f64, method: String| -> Option<Ceiling> {
             let stats = Stats::from_samples(samples)?;
-            Some(Ceiling {
+            let per_iteration = PerIteration { ops: 0.0, bytes };
+            Some(Ceiling::measured(
                 id,
-                kind: CeilingKind::Io,
-                value: stats.max,
-                unit: unit.into(),
-                threads: readers,
-                precision: None,
-                level: None,
+                CeilingKind::Io,
+                unit,
+                readers,
                 stats,
-                theoretical_peak: None,
-                above_peak: false,
+                per_iteration,
                 method,
-                per_iteration: PerIteration { ops: 0.0, bytes },
-            })
+            ))
         };
     ceilings.extend(mk(
         format!("io/{label}/seq"),

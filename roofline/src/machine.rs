@@ -91,6 +91,53 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
+    /// The one way a probe makes a ceiling: from the statistics of its best configuration's
+    /// samples, its value the best sample (the highest rate, as STREAM and likwid-bench report:
+    /// clocks and neighbours only ever slow a kernel down; the least time for a time in `s`),
+    /// the spread kept in `stats`. Add the precision, level and theoretical peak with the
+    /// `with_` methods (the peak flags a value above it).
+    pub fn measured(
+        id: impl Into<String>,
+        kind: CeilingKind,
+        unit: &str,
+        threads: usize,
+        stats: Stats,
+        per_iteration: PerIteration,
+        method: String,
+    ) -> Ceiling {
+        Ceiling {
+            id: id.into(),
+            kind,
+            value: if unit == "s" { stats.min } else { stats.max },
+            unit: unit.to_string(),
+            threads,
+            precision: None,
+            level: None,
+            stats,
+            theoretical_peak: None,
+            above_peak: false,
+            method,
+            per_iteration,
+        }
+    }
+
+    pub fn with_precision(mut self, precision: Option<crate::ids::Precision>) -> Ceiling {
+        self.precision = precision;
+        self
+    }
+
+    pub fn with_level(mut self, level: Option<&str>) -> Ceiling {
+        self.level = level.map(String::from);
+        self
+    }
+
+    /// The theoretical peak, and the flag when the value is above it.
+    pub fn with_peak(mut self, peak: Option<TheoreticalPeak>) -> Ceiling {
+        self.theoretical_peak = peak;
+        self.flag_against_peak();
+        self
+    }
+
     /// The memory level of a memory ceiling, typed.
     pub fn memory_level(&self) -> Option<crate::ids::Level> {
         self.level.as_deref()?.parse().ok()

@@ -282,22 +282,12 @@ impl Ctx<'_> {
         let Some(stats) = Stats::from_samples(samples) else {
             return;
         };
-        let mut c = Ceiling {
-            id,
-            kind,
-            value: stats.max,
-            unit: unit.into(),
-            threads: 1,
-            precision: precision.and_then(|p| p.parse().ok()),
-            level: level.map(String::from),
-            stats,
-            theoretical_peak: peak,
-            above_peak: false,
-            method,
-            per_iteration,
-        };
-        c.flag_against_peak();
-        self.out.ceilings.push(c);
+        self.out.ceilings.push(
+            Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method)
+                .with_precision(precision.and_then(|p| p.parse().ok()))
+                .with_level(level)
+                .with_peak(peak),
+        );
     }
 }
 

@@ -106,25 +106,11 @@ pub fn ceiling(
     method: String,
     peak: Option<TheoreticalPeak>,
 ) -> Ceiling {
-    let mut c = Ceiling {
-        id,
-        kind,
-        value: stats.max,
-        unit: unit.to_string(),
-        threads,
-        precision: None,
-        level: None,
-        stats,
-        theoretical_peak: peak,
-        above_peak: false,
-        method,
-        per_iteration: PerIteration {
-            ops: m.ops_per_iter,
-            bytes: m.bytes_per_iter,
-        },
+    let per_iteration = PerIteration {
+        ops: m.ops_per_iter,
+        bytes: m.bytes_per_iter,
     };
-    c.flag_against_peak();
-    c
+    Ceiling::measured(id, kind, unit, threads, stats, per_iteration, method).with_peak(peak)
 }
 
 /// A compute ceiling (flat roof) of `precision`.
@@ -139,7 +125,7 @@ pub fn compute_ceiling(
     method: String,
     peak: Option<TheoreticalPeak>,
 ) -> Ceiling {
-    let mut c = ceiling(
+    ceiling(
         id,
         CeilingKind::Compute,
         unit,
@@ -148,7 +134,6 @@ pub fn compute_ceiling(
         m,
         method,
         peak,
-    );
-    c.precision = precision.parse().ok();
-    c
+    )
+    .with_precision(precision.parse().ok())
 }

@@ -265,28 +265,30 @@ impl CommResult {
             }
         }
         if let Some(last) = bus.last() {
-            let mut ceiling = Ceiling {
-                id: id.clone(),
-                kind: CeilingKind::Comm,
-                value: last.value,
-                unit: "B/s".into(),
-                threads: ranks,
-                precision: Some(roofline_model::Precision::F32),
-                level: Some(scope.name().into()),
-                stats: last.stats.clone(),
-                theoretical_peak: None,
-                above_peak: false,
-                method: format!(
-                    "{} ({library}) on {memory} over {ranks} ranks ({} scope, {nodes} node(s)), f32, {} B; busbw = algbw × {factor:.3} (nccl-tests' factor); each iteration timed after a barrier, its time the maximum over ranks; best of {} iterations; every rank's result checked; the whole size sweep is in curves {id} (busbw) and {id}/algbw",
-                    c.name(),
-                    scope.name(),
-                    last.x,
-                    last.stats.samples
-                ),
-                per_iteration: PerIteration { ops: 0.0, bytes: last.x * factor },
+            let method = format!(
+                "{} ({library}) on {memory} over {ranks} ranks ({} scope, {nodes} node(s)), f32, {} B; busbw = algbw × {factor:.3} (nccl-tests' factor); each iteration timed after a barrier, its time the maximum over ranks; best of {} iterations; every rank's result checked; the whole size sweep is in curves {id} (busbw) and {id}/algbw",
+                c.name(),
+                scope.name(),
+                last.x,
+                last.stats.samples
+            );
+            let per_iteration = PerIteration {
+                ops: 0.0,
+                bytes: last.x * factor,
             };
-            ceiling.flag_against_peak();
-            self.ceilings.push(ceiling);
+            self.ceilings.push(
+                Ceiling::measured(
+                    id.clone(),
+                    CeilingKind::Comm,
+                    "B/s",
+                    ranks,
+                    last.stats.clone(),
+                    per_iteration,
+                    method,
+                )
+                .with_precision(Some(roofline_model::Precision::F32))
+                .with_level(Some(scope.name())),
+            );
         }
         for (suffix, pts) in [("", bus), ("/algbw", alg)] {
             self.curves.push(Curve {
@@ -303,20 +305,23 @@ impl CommResult {
     fn add_p2p(&mut self, scope: Scope, r: &P2p, library: &str) {
         let base = format!("net/p2p/{}", scope.name());
         if let Some(stats) = Stats::from_samples(&r.latency) {
-            self.ceilings.push(Ceiling {
-                id: format!("{base}/latency"),
-                kind: CeilingKind::Comm,
-                value: stats.min,
-                unit: "s".into(),
-                threads: 2,
-                precision: None,
-                level: Some(scope.name().into()),
-                stats,
-                theoretical_peak: None,
-                above_peak: false,
-                method: format!("MPI ping-pong of 8 B between two ranks ({library}); half the round trip; the value is the smallest (lower is better)"),
-                per_iteration: PerIteration { ops: 0.0, bytes: 8.0 },
-            });
+            let method = format!("MPI ping-pong of 8 B between two ranks ({library}); half the round trip; the value is the smallest (lower is better)");
+            let per_iteration = PerIteration {
+                ops: 0.0,
+                bytes: 8.0,
+            };
+            self.ceilings.push(
+                Ceiling::measured(
+                    format!("{base}/latency"),
+                    CeilingKind::Comm,
+                    "s",
+                    2,
+                    stats,
+                    per_iteration,
+                    method,
+                )
+                .with_level(Some(scope.name())),
+            );
         }
         for (name, pts, what) in [
             ("bw", &r.one_way, "one way"),
@@ -338,23 +343,26 @@ impl CommResult {
                 })
                 .collect();
             if let Some(last) = curve.last() {
-                self.ceilings.push(Ceiling {
-                    id: format!("{base}/{name}"),
-                    kind: CeilingKind::Comm,
-                    value: last.value,
-                    unit: "B/s".into(),
-                    threads: 2,
-                    precision: None,
-                    level: Some(scope.name().into()),
-                    stats: last.stats.clone(),
-                    theoretical_peak: None,
-                    above_peak: false,
-                    method: format!(
-                        "MPI_Isend/MPI_Irecv windows between two ranks ({library}), {what}, {} B messages; the last message of each window checked; best sample; the size sweep is in curve {base}/{name}",
-                        last.x
-                    ),
-                    per_iteration: PerIteration { ops: 0.0, bytes: last.x },
-                });
+                let method = format!(
+                    "MPI_Isend/MPI_Irecv windows between two ranks ({library}), {what}, {} B messages; the last message of each window checked; best sample; the size sweep is in curve {base}/{name}",
+                    last.x
+                );
+                let per_iteration = PerIteration {
+                    ops: 0.0,
+                    bytes: last.x,
+                };
+                self.ceilings.push(
+                    Ceiling::measured(
+                        format!("{base}/{name}"),
+                        CeilingKind::Comm,
+                        "B/s",
+                        2,
+                        last.stats.clone(),
+                        per_iteration,
+                        method,
+                    )
+                    .with_level(Some(scope.name())),
+                );
             }
             self.curves.push(Curve {
                 id: format!("{base}/{name}"),

@@ -342,27 +342,30 @@ fn conv_precision(
         let Some((stats, flops, how)) = best[di].take() else {
             continue;
         };
-        let mut c = Ceiling {
-            id: format!("gpu{}/conv/{}/{}", gpu.ordinal, p.name(), dir.name()),
-            kind: CeilingKind::Compute,
-            value: stats.max,
-            unit: "FLOP/s".into(),
-            threads: 1,
-            precision: Some(p),
-            level: None,
-            stats,
-            theoretical_peak: peak_for(peaks, gpu, p),
-            above_peak: false,
-            method: format!(
-                "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over ResNet-50 v1.5's layer shapes: {how}; 24 entries per layer checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
-                dir.name(),
-                if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
-                p.tolerance()
-            ),
-            per_iteration: PerIteration { ops: flops, bytes: 0.0 },
+        let method = format!(
+            "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over ResNet-50 v1.5's layer shapes: {how}; 24 entries per layer checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+            dir.name(),
+            if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
+            p.tolerance()
+        );
+        let per_iteration = PerIteration {
+            ops: flops,
+            bytes: 0.0,
         };
-        c.flag_against_peak();
-        out.ceilings.push(c);
+        let id = format!("gpu{}/conv/{}/{}", gpu.ordinal, p.name(), dir.name());
+        out.ceilings.push(
+            Ceiling::measured(
+                id,
+                CeilingKind::Compute,
+                "FLOP/s",
+                1,
+                stats,
+                per_iteration,
+                method,
+            )
+            .with_precision(Some(p))
+            .with_peak(peak_for(peaks, gpu, p)),
+        );
         out.tables.push(Table {
             id: format!("gpu{}/conv/{}/{}/table", gpu.ordinal, p.name(), dir.name()),
             unit: "FLOP/s".into(),

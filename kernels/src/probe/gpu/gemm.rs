@@ -378,27 +378,30 @@ fn gemm_precision(
         }
     }
     if let Some((stats, flops, how)) = best {
-        let mut c = Ceiling {
-            id: format!("gpu{}/gemm/{}", gpu.ordinal, p.name()),
-            kind: CeilingKind::Compute,
-            value: stats.max,
-            unit: p.unit().into(),
-            threads: 1,
-            precision: Some(p),
-            level: None,
-            stats,
-            theoretical_peak: peak_for(peaks, gpu, p),
-            above_peak: false,
-            method: format!(
-                "best of the shape sweep: {how}; random nonzero inputs; 64 entries of C per shape checked against f64 (normwise error ≤ {:.0e}); CUDA-event timed; the whole sweep is in table gpu{}/gemm/{}/table",
-                p.tolerance(),
-                gpu.ordinal,
-                p.name()
-            ),
-            per_iteration: PerIteration { ops: flops, bytes: 0.0 },
+        let method = format!(
+            "best of the shape sweep: {how}; random nonzero inputs; 64 entries of C per shape checked against f64 (normwise error ≤ {:.0e}); CUDA-event timed; the whole sweep is in table gpu{}/gemm/{}/table",
+            p.tolerance(),
+            gpu.ordinal,
+            p.name()
+        );
+        let per_iteration = PerIteration {
+            ops: flops,
+            bytes: 0.0,
         };
-        c.flag_against_peak();
-        out.ceilings.push(c);
+        let id = format!("gpu{}/gemm/{}", gpu.ordinal, p.name());
+        out.ceilings.push(
+            Ceiling::measured(
+                id,
+                CeilingKind::Compute,
+                p.unit(),
+                1,
+                stats,
+                per_iteration,
+                method,
+            )
+            .with_precision(Some(p))
+            .with_peak(peak_for(peaks, gpu, p)),
+        );
         out.tables.push(Table {
             id: format!("gpu{}/gemm/{}/table", gpu.ordinal, p.name()),
             unit: p.unit().into(),
