@@ -5,7 +5,39 @@
 use crate::layers::Param;
 use crate::tensor::Float;
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// Why a checkpoint could not be read, written or restored.
+#[derive(Debug, thiserror::Error)]
+pub enum CheckpointError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot write the checkpoint: {0}")]
+    Write(#[source] roofline_model::ModelError),
+    /// A file that is not a checkpoint, or a damaged one.
+    #[error("{path}: {source}")]
+    InFile {
+        path: PathBuf,
+        #[source]
+        source: Box<CheckpointError>,
+    },
+    #[error("not a safetensors file: {0}")]
+    NotSafetensors(String),
+    #[error("not a safetensors file: {0}")]
+    Header(#[source] serde_json::Error),
+    #[error("{tensor}: {what}")]
+    Tensor { tensor: String, what: String },
+    #[error("the checkpoint has no {0}")]
+    Missing(String),
+    /// A checkpoint of another run (model, batch, workload) or with values this run cannot
+    /// take.
+    #[error("{0}")]
+    Mismatch(String),
+}
 
 /// One stored tensor.
 #[derive(Clone, Debug, PartialEq)]
@@ -47,7 +79,7 @@ impl Stored {
     }
 
     /// The values as f64 (F32 or F64 tensors).
-    pub fn to_f64s(&self) -> Result<Vec<f64>, String> {
+    pub fn to_f64s(&self) -> Result<Vec<f64>, CheckpointError> {
         match self.dtype.as_str() {
             "F32" => Ok(self
                 .data
@@ -59,13 +91,18 @@ impl Stored {
                 .chunks_exact(8)
                 .map(|b| f64::from_le_bytes(b.try_into().unwrap_or([0; 8])))
                 .collect()),
-            d => Err(format!("expected a floating-point tensor, found {d}")),
+            d => Err(CheckpointError::Mismatch(format!(
+                "expected a floating-point tensor, found {d}"
+            ))),
         }
     }
 
-    pub fn to_u64s(&self) -> Result<Vec<u64>, String> {
+    pub fn to_u64s(&self) -> Result<Vec<u64>, CheckpointError> {
         if self.dtype != "U64" {
-            return Err(format!("expected U64, found {}", self.dtype));
+            return Err(CheckpointError::Mismatch(format!(
+                "expected U64, found {}",
+                self.dtype
+            )));
         }
         Ok(self
             .data
@@ -120,23 +157,24 @@ impl Checkpoint {
         out
     }
 
-    pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, String> {
+    pub fn from_bytes(bytes: &[u8]) -> Result<Checkpoint, CheckpointError> {
+        let not = |what: &str| CheckpointError::NotSafetensors(what.into());
         let n = u64::from_le_bytes(
             bytes
                 .get(..8)
-                .ok_or("not a safetensors file: shorter than 8 bytes")?
+                .ok_or_else(|| not("shorter than 8 bytes"))?
                 .try_into()
-                .map_err(|_| "header length")?,
+                .map_err(|_| not("header length"))?,
         ) as usize;
         let header = bytes
-            .get(8..8 + n)
-            .ok_or("not a safetensors file: the header runs past the end")?;
+            .get(8..8usize.saturating_add(n))
+            .ok_or_else(|| not("the header runs past the end"))?;
         let data = &bytes[8 + n..];
         let v: serde_json::Value =
-            serde_json::from_slice(header).map_err(|e| format!("not a safetensors file: {e}"))?;
+            serde_json::from_slice(header).map_err(CheckpointError::Header)?;
         let obj = v
             .as_object()
-            .ok_or("not a safetensors file: the header is not an object")?;
+            .ok_or_else(|| not("the header is not an object"))?;
         let mut c = Checkpoint::default();
         for (name, t) in obj {
             if name == "__metadata__" {
@@ -146,35 +184,39 @@ impl Checkpoint {
                 }
                 continue;
             }
+            let bad = |what: &str| CheckpointError::Tensor {
+                tensor: name.clone(),
+                what: what.into(),
+            };
             let dtype = t["dtype"]
                 .as_str()
-                .ok_or_else(|| format!("{name}: no dtype"))?
+                .ok_or_else(|| bad("no dtype"))?
                 .to_string();
             let shape: Vec<usize> = t["shape"]
                 .as_array()
-                .ok_or_else(|| format!("{name}: no shape"))?
+                .ok_or_else(|| bad("no shape"))?
                 .iter()
                 .map(|d| {
                     d.as_u64()
                         .map(|d| d as usize)
-                        .ok_or_else(|| format!("{name}: bad shape"))
+                        .ok_or_else(|| bad("bad shape"))
                 })
                 .collect::<Result<_, _>>()?;
             let off = t["data_offsets"]
                 .as_array()
-                .ok_or_else(|| format!("{name}: no data_offsets"))?;
+                .ok_or_else(|| bad("no data_offsets"))?;
             let (b, e) = (
                 off.first()
                     .and_then(|x| x.as_u64())
-                    .ok_or_else(|| format!("{name}: bad offsets"))? as usize,
+                    .ok_or_else(|| bad("bad offsets"))? as usize,
                 off.get(1)
                     .and_then(|x| x.as_u64())
-                    .ok_or_else(|| format!("{name}: bad offsets"))? as usize,
+                    .ok_or_else(|| bad("bad offsets"))? as usize,
             );
             let size =
-                element_size(&dtype).ok_or_else(|| format!("{name}: unknown dtype {dtype}"))?;
+                element_size(&dtype).ok_or_else(|| bad(&format!("unknown dtype {dtype}")))?;
             if e < b || e > data.len() || (e - b) != shape.iter().product::<usize>() * size {
-                return Err(format!("{name}: its byte range does not match its shape"));
+                return Err(bad("its byte range does not match its shape"));
             }
             c.tensors.insert(
                 name.clone(),
@@ -188,27 +230,32 @@ impl Checkpoint {
         Ok(c)
     }
 
-    pub fn save(&self, path: &Path) -> Result<(), String> {
-        roofline_model::write::write_atomic(path, &self.to_bytes()).map_err(|e| e.to_string())
+    pub fn save(&self, path: &Path) -> Result<(), CheckpointError> {
+        roofline_model::write::write_atomic(path, &self.to_bytes()).map_err(CheckpointError::Write)
     }
 
-    pub fn load(path: &Path) -> Result<Checkpoint, String> {
-        let bytes =
-            std::fs::read(path).map_err(|e| format!("cannot read {}: {e}", path.display()))?;
-        Checkpoint::from_bytes(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Checkpoint, CheckpointError> {
+        let bytes = std::fs::read(path).map_err(|source| CheckpointError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Checkpoint::from_bytes(&bytes).map_err(|e| CheckpointError::InFile {
+            path: path.to_path_buf(),
+            source: Box::new(e),
+        })
     }
 
-    pub fn tensor(&self, name: &str) -> Result<&Stored, String> {
+    pub fn tensor(&self, name: &str) -> Result<&Stored, CheckpointError> {
         self.tensors
             .get(name)
-            .ok_or_else(|| format!("the checkpoint has no tensor {name}"))
+            .ok_or_else(|| CheckpointError::Missing(format!("tensor {name}")))
     }
 
-    pub fn meta(&self, key: &str) -> Result<&str, String> {
+    pub fn meta(&self, key: &str) -> Result<&str, CheckpointError> {
         self.metadata
             .get(key)
             .map(String::as_str)
-            .ok_or_else(|| format!("the checkpoint has no {key}"))
+            .ok_or_else(|| CheckpointError::Missing(key.into()))
     }
 }
 
@@ -246,14 +293,13 @@ impl Checkpoint {
     }
 
     /// `name` into `dst`, which must have its length.
-    fn fill<T: Float>(&self, dst: &mut [T], name: &str) -> Result<(), String> {
+    fn fill<T: Float>(&self, dst: &mut [T], name: &str) -> Result<(), CheckpointError> {
         let v = self.tensor(name)?.to_f64s()?;
         if v.len() != dst.len() {
-            return Err(format!(
-                "{name}: {} values, the model has {}",
-                v.len(),
-                dst.len()
-            ));
+            return Err(CheckpointError::Tensor {
+                tensor: name.into(),
+                what: format!("{} values, the model has {}", v.len(), dst.len()),
+            });
         }
         for (d, x) in dst.iter_mut().zip(v) {
             *d = T::from_f64(x);
@@ -262,7 +308,7 @@ impl Checkpoint {
     }
 
     /// Restores what `put_params` stored.
-    pub fn take_params<T: Float>(&self, params: Vec<&mut Param<T>>) -> Result<(), String> {
+    pub fn take_params<T: Float>(&self, params: Vec<&mut Param<T>>) -> Result<(), CheckpointError> {
         for p in params {
             self.fill(&mut p.value, &p.name)?;
             self.fill(&mut p.momentum, &format!("{}.momentum", p.name))?;
@@ -271,7 +317,7 @@ impl Checkpoint {
     }
 
     /// Restores what `put_stats` stored.
-    pub fn take_stats<T: Float>(&self, stats: RunningStats<'_, T>) -> Result<(), String> {
+    pub fn take_stats<T: Float>(&self, stats: RunningStats<'_, T>) -> Result<(), CheckpointError> {
         for (name, mean, var) in stats {
             self.fill(mean, &format!("{name}.running_mean"))?;
             self.fill(var, &format!("{name}.running_var"))?;
@@ -283,6 +329,37 @@ impl Checkpoint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Errors keep their causes: the I/O error of a missing file, what is wrong inside a file
+    /// with the file's name around it.
+    #[test]
+    fn errors_keep_their_causes() {
+        use std::error::Error;
+        let dir = std::env::temp_dir().join(format!("roofline-ckpt-err-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("missing.safetensors");
+        let e = Checkpoint::load(&missing).unwrap_err();
+        let io = e
+            .source()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .unwrap();
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+        let junk = dir.join("junk.safetensors");
+        std::fs::write(&junk, b"\x04\0\0\0\0\0\0\0nope").unwrap();
+        let e = Checkpoint::load(&junk).unwrap_err();
+        assert!(matches!(e, CheckpointError::InFile { .. }), "{e:?}");
+        let inner = e
+            .source()
+            .and_then(|s| s.downcast_ref::<Box<CheckpointError>>())
+            .unwrap();
+        assert!(matches!(**inner, CheckpointError::Header(_)), "{inner:?}");
+        assert!(inner.source().is_some_and(|s| s.is::<serde_json::Error>()));
+        assert!(
+            e.to_string().contains("junk.safetensors")
+                && e.to_string().contains("not a safetensors file")
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn round_trip_and_corruption() {

@@ -5,7 +5,7 @@
 //! optionally 16-bit on the wire), checkpoints that resume the run exactly,
 //! timeline spans, one batch read ahead, evaluation by mAP@0.5 and time-to-quality.
 
-use crate::checkpoint::Checkpoint;
+use crate::checkpoint::{Checkpoint, CheckpointError};
 use crate::data::Rng;
 use crate::detect::map::{mean_average_precision, Detection, Truth};
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
@@ -168,7 +168,7 @@ fn save<T: Float>(
     model: &mut Detector<T>,
     step: usize,
     cfg: &EwaConfig,
-) -> Result<(), String> {
+) -> Result<(), CheckpointError> {
     let mut c = Checkpoint::default();
     c.put_params(model.params());
     c.put_stats(model.backbone.running_stats());
@@ -186,22 +186,22 @@ fn load<T: Float>(
     path: &std::path::Path,
     model: &mut Detector<T>,
     cfg: &EwaConfig,
-) -> Result<usize, String> {
+) -> Result<usize, CheckpointError> {
     let c = Checkpoint::load(path)?;
     if c.meta("workload").ok() != Some("ewa")
         || c.meta("model")? != format!("{:?}", cfg.model)
         || c.meta("batch")? != cfg.run.batch.to_string()
     {
-        return Err(format!(
+        return Err(CheckpointError::Mismatch(format!(
             "{} was written for another workload, model or batch",
             path.display()
-        ));
+        )));
     }
     c.take_params(model.params())?;
     c.take_stats(model.backbone.running_stats())?;
     c.meta("step")?
         .parse::<usize>()
-        .map_err(|_| "bad step in the checkpoint".to_string())
+        .map_err(|_| CheckpointError::Mismatch("bad step in the checkpoint".into()))
 }
 
 /// A device that runs the detector's steps in place of the CPU layers (the CUDA path,

@@ -1,6 +1,7 @@
 //! The optimiser, the learning-rate schedule (HPC AI500 V2.0 section 5.1.2) and the training
 //! loop with evaluation and time-to-quality.
 
+use crate::checkpoint::CheckpointError;
 use crate::data::{Rng, Synthetic};
 use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::folder::ImageFolder;
@@ -114,7 +115,7 @@ fn save_checkpoint<T: Float>(
     order: &[usize],
     cursor: usize,
     cfg: &TrainConfig,
-) -> Result<(), String> {
+) -> Result<(), CheckpointError> {
     use crate::checkpoint::{Checkpoint, Stored};
     let mut c = Checkpoint::default();
     c.put_params(model.params());
@@ -144,30 +145,28 @@ fn load_checkpoint<T: Float>(
     path: &std::path::Path,
     model: &mut ResNet<T>,
     cfg: &TrainConfig,
-) -> Result<(usize, Rng, Vec<usize>, usize), String> {
+) -> Result<(usize, Rng, Vec<usize>, usize), CheckpointError> {
     use crate::checkpoint::Checkpoint;
     let c = Checkpoint::load(path)?;
     if c.meta("model")? != format!("{:?}", cfg.model)
         || c.meta("batch")? != cfg.run.batch.to_string()
     {
-        return Err(format!(
+        return Err(CheckpointError::Mismatch(format!(
             "{} was written for another model or batch: {} batch {}",
             path.display(),
             c.meta("model")?,
             c.meta("batch")?
-        ));
+        )));
     }
     c.take_params(model.params())?;
     c.take_stats(model.running_stats())?;
-    let num = |k: &str| -> Result<u64, String> {
-        c.meta(k)?
-            .parse::<u64>()
-            .map_err(|_| format!("bad {k} in the checkpoint"))
-    };
+    let bad = |k: &str| CheckpointError::Mismatch(format!("bad {k} in the checkpoint"));
+    let num =
+        |k: &str| -> Result<u64, CheckpointError> { c.meta(k)?.parse::<u64>().map_err(|_| bad(k)) };
     let spare = match c.meta("rng_spare")? {
         "" => None,
         s => Some(f64::from_bits(
-            s.parse::<u64>().map_err(|_| "bad rng_spare")?,
+            s.parse::<u64>().map_err(|_| bad("rng_spare"))?,
         )),
     };
     let order: Vec<usize> = c
@@ -501,7 +500,7 @@ impl TrainConfig {
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
     #[error("checkpoint: {0}")]
-    Checkpoint(String),
+    Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("data: {0}")]
     Data(String),
     /// The GPU (the accelerator of `--device cuda`) failed.
