@@ -441,3 +441,76 @@ pub(crate) fn enqueue(
         }
     }
 }
+
+/// A cuBLAS handle on a GPU's stream, for the trainer's f32 products.
+pub struct Blas(bsys::cublasHandle_t);
+
+impl Blas {
+    /// A handle on `gpu`'s stream (cuBLAS's absence is an error that says what was looked for).
+    pub fn new(gpu: &Gpu) -> Result<Blas, CudaError> {
+        if !libs::present(Lib::Cublas) {
+            return Err(CudaError::Missing(libs::not_found(Lib::Cublas)));
+        }
+        gpu.bind()?;
+        let h = blas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
+        let handle = Blas(h);
+        // SAFETY: live handle and stream (the handle is destroyed by Drop if this fails).
+        unsafe { blas::set_stream(h, gpu.stream as bsys::cudaStream_t) }
+            .map_err(|e| CudaError::call("cublasSetStream", e))?;
+        Ok(handle)
+    }
+
+    /// Column-major `c(m×n) = op(a) · op(b)` in f32 on the handle's stream (`beta` 0:
+    /// overwrite).
+    ///
+    /// # Safety
+    /// `a`, `b` and `c` are device addresses on the handle's GPU holding the matrices the sizes
+    /// and leading dimensions describe, alive until the stream has run the product.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn sgemm(
+        &self,
+        (ta, tb): (bool, bool),
+        (m, n, k): (usize, usize, usize),
+        (a, lda): (u64, usize),
+        (b, ldb): (u64, usize),
+        (c, ldc): (u64, usize),
+    ) -> Result<(), CudaError> {
+        let op = |t: bool| {
+            if t {
+                bsys::cublasOperation_t::CUBLAS_OP_T
+            } else {
+                bsys::cublasOperation_t::CUBLAS_OP_N
+            }
+        };
+        let (one, zero) = (1.0f32, 0.0f32);
+        // SAFETY: live handle; the caller vouches for the buffers.
+        unsafe {
+            blas::sgemm(
+                self.0,
+                op(ta),
+                op(tb),
+                m as i32,
+                n as i32,
+                k as i32,
+                &one,
+                a as *const f32,
+                lda as i32,
+                b as *const f32,
+                ldb as i32,
+                &zero,
+                c as *mut f32,
+                ldc as i32,
+            )
+        }
+        .map_err(|e| CudaError::call("cublasSgemm", e))
+    }
+}
+
+impl Drop for Blas {
+    fn drop(&mut self) {
+        // SAFETY: created in `new`, destroyed once.
+        unsafe {
+            let _ = blas::destroy_handle(self.0);
+        }
+    }
+}

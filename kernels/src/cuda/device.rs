@@ -303,6 +303,27 @@ impl Gpu {
         (self.cc.0 * 10 + self.cc.1) as u32
     }
 
+    /// Keeps freed memory in the device's stream-ordered pool instead of returning it to the
+    /// driver at every synchronisation (the trainer frees and allocates every step).
+    pub fn keep_freed_memory(&self) -> Result<(), CudaError> {
+        self.bind()?;
+        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: out-parameter; a valid device.
+        check("cuDeviceGetDefaultMemPool", unsafe {
+            sys::cuDeviceGetDefaultMemPool(&mut pool, self.dev).result()
+        })?;
+        let mut threshold = u64::MAX;
+        // SAFETY: the attribute takes a u64.
+        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", unsafe {
+            sys::cuMemPoolSetAttribute(
+                pool,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                &mut threshold as *mut u64 as *mut c_void,
+            )
+            .result()
+        })
+    }
+
     /// Makes this GPU's context current on the calling thread.
     pub fn bind(&self) -> Result<(), CudaError> {
         // SAFETY: a live context.

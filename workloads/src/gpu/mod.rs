@@ -17,14 +17,12 @@ use crate::layers::{
 };
 use crate::resnet::{Bottleneck, ResNet, BWD, FWD};
 use crate::tensor::Tensor;
-use cudarc::cublas::{result as cublas, sys as bsys};
 use cudarc::driver::result as cu;
 use cudarc::driver::sys;
 use roofline_kernels::comm::nccl::{Communicator, Elem};
-use roofline_kernels::cuda::blas::Prec;
+use roofline_kernels::cuda::blas::{Blas, Prec};
 use roofline_kernels::cuda::device::{self, arg, check, Event, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
-use roofline_kernels::cuda::libs::{self, Lib};
 use roofline_kernels::cuda::CudaError;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -88,7 +86,7 @@ pub struct Ctx {
     /// The layers' CUDA events of the step being timed (while the timeline records).
     clock: Option<Clock>,
     dnn: Handle,
-    blas: bsys::cublasHandle_t,
+    blas: Blas,
     functions: HashMap<&'static str, sys::CUfunction>,
     workspace: Option<Buf>,
     pub prec: Prec,
@@ -100,10 +98,6 @@ impl Drop for Ctx {
         let _ = self.gpu.bind();
         let _ = self.gpu.sync();
         self.workspace = None;
-        // SAFETY: created in `Ctx::new`, destroyed once.
-        unsafe {
-            let _ = cublas::destroy_handle(self.blas);
-        }
     }
 }
 
@@ -111,36 +105,9 @@ impl Ctx {
     /// Trains on `gpu` with convolutions in `prec` (cuDNN's absence is reported by
     /// `Handle::new`).
     pub fn new(gpu: Gpu, prec: Prec) -> Result<Ctx, CudaError> {
-        if !libs::present(Lib::Cublas) {
-            return Err(CudaError::Missing(libs::not_found(Lib::Cublas)));
-        }
-        gpu.bind()?;
-        // Keep freed memory in the stream-ordered pool instead of returning it at every sync.
-        let mut pool: sys::CUmemoryPool = std::ptr::null_mut();
-        // SAFETY: out-parameter; a valid device.
-        check("cuDeviceGetDefaultMemPool", unsafe {
-            sys::cuDeviceGetDefaultMemPool(&mut pool, gpu.dev).result()
-        })?;
-        let mut threshold = u64::MAX;
-        // SAFETY: the attribute takes a u64.
-        check("cuMemPoolSetAttribute(RELEASE_THRESHOLD)", unsafe {
-            sys::cuMemPoolSetAttribute(
-                pool,
-                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-                &mut threshold as *mut u64 as *mut c_void,
-            )
-            .result()
-        })?;
+        let blas = Blas::new(&gpu)?;
+        gpu.keep_freed_memory()?;
         let dnn = Handle::new(&gpu)?;
-        let blas = cublas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
-        // SAFETY: live handle and stream.
-        if let Err(e) = unsafe { cublas::set_stream(blas, gpu.stream as bsys::cudaStream_t) } {
-            // SAFETY: created above.
-            unsafe {
-                let _ = cublas::destroy_handle(blas);
-            }
-            return Err(CudaError::call("cublasSetStream", e));
-        }
         Ok(Ctx {
             clock: None,
             dnn,
@@ -323,35 +290,12 @@ impl Ctx {
         c: u64,
         ldc: usize,
     ) -> Result<(), CudaError> {
-        let op = |t: bool| {
-            if t {
-                bsys::cublasOperation_t::CUBLAS_OP_T
-            } else {
-                bsys::cublasOperation_t::CUBLAS_OP_N
-            }
-        };
-        let (one, zero) = (1.0f32, 0.0f32);
-        // SAFETY: live handle on our stream; the caller's buffers hold the matrices the sizes
-        // and leading dimensions describe.
+        // SAFETY: the caller's buffers hold the matrices the sizes and leading dimensions
+        // describe, on this context's GPU; the product runs on its stream before they drop.
         unsafe {
-            cublas::sgemm(
-                self.blas,
-                op(ta),
-                op(tb),
-                m as i32,
-                n as i32,
-                k as i32,
-                &one,
-                a as *const f32,
-                lda as i32,
-                b as *const f32,
-                ldb as i32,
-                &zero,
-                c as *mut f32,
-                ldc as i32,
-            )
+            self.blas
+                .sgemm((ta, tb), (m, n, k), (a, lda), (b, ldb), (c, ldc))
         }
-        .map_err(|e| CudaError::call("cublasSgemm", e))
     }
 }
 
@@ -501,7 +445,7 @@ mod tests {
 
     #[test]
     fn without_a_driver_the_gpu_cannot_open_and_says_why() {
-        if roofline_kernels::cuda::libs::present(Lib::Driver) {
+        if roofline_kernels::cuda::libs::present(roofline_kernels::cuda::libs::Lib::Driver) {
             return; // a machine with a driver: nothing to show here
         }
         let e = device::init().unwrap_err().to_string();
