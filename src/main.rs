@@ -5,6 +5,7 @@ mod doctor_cmd;
 mod gate_cmd;
 mod output;
 mod place_cmd;
+mod plot_cmd;
 mod probe_cmd;
 #[cfg(feature = "mpi")]
 mod probe_mpi;
@@ -14,10 +15,7 @@ mod score_cmd;
 mod sweep_cmd;
 mod train_cmd;
 
-use anyhow::anyhow;
 use clap::{Parser, Subcommand};
-use roofline_model::{write::write_atomic, Machine, MemOp, Threads};
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::atomic::AtomicBool;
 
@@ -184,68 +182,13 @@ enum Command {
     /// Log-log: operational intensity (FLOP per byte of memory traffic) against FLOP/s. Every
     /// memory level is a slanted roof, every compute ceiling a flat one, theoretical peaks are
     /// dashed, and the ridge points (where a bandwidth roof meets the top compute roof) are marked.
-    Plot {
-        /// The machine.json written by `roofline probe`.
-        machine: PathBuf,
-        /// Where to write the SVG; a name ending in .html writes the interactive page instead
-        /// (one self-contained file: the same figure, a tooltip on every roof, point and label,
-        /// a switch for every roof and placed workload).
-        #[arg(short, long, default_value = "roofline.svg")]
-        output: PathBuf,
-        /// Which ceilings: those of one thread (t1) or of one thread per core (all).
-        #[arg(long, value_enum, default_value = "all")]
-        threads: Threads,
-        /// Which memory operation's ceilings form the slanted roofs.
-        #[arg(long, value_enum, default_value = "triad")]
-        op: MemOp,
-        /// Whose roofline: `cpu`, or a GPU of the machine.json (`gpu0`, `gpu1`, ...): its FMA,
-        /// mma and GEMM roofs, its L2 and HBM roofs, and its measured ERT curve.
-        #[arg(long, default_value = "cpu", value_name = "cpu|gpuN")]
-        device: String,
-        /// Which roofline: `classic` (FLOP per byte of memory traffic); `node-coi` (HPC AI500:
-        /// FLOP per byte communicated, one node: its compute roofs, intra-node communication
-        /// and memory as slanted roofs); `dist-coi` (the aggregate of all nodes against the
-        /// inter-node network). The COI models need a probe run under mpirun. `hierarchical`:
-        /// the classic roofs of every memory level, each placement at its intensity (one point
-        /// per workload: per-level traffic needs hardware counters, not read here).
-        #[arg(long, value_enum, default_value = "classic")]
-        model: PlotModel,
-        /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
-        /// option for several): a point each, its top layers, and a tick at the attainable
-        /// bound above each. COI models place them at their COI.
-        #[arg(long, value_name = "FILE")]
-        placement: Vec<PathBuf>,
-    },
+    Plot(plot_cmd::PlotArgs),
     /// Show the theoretical-peak database (accelerators, and the CPU rule).
     Peaks {
         /// Print the database as JSON.
         #[arg(long)]
         json: bool,
     },
-}
-
-/// Which roofline `plot` draws.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
-enum PlotModel {
-    /// FLOP per byte of memory traffic.
-    Classic,
-    /// The classic roofs of every memory level, each placement at its intensity.
-    Hierarchical,
-    /// HPC AI500's single-node COI roofline (FLOP per byte communicated).
-    NodeCoi,
-    /// HPC AI500's distributed COI roofline (all nodes against the network).
-    DistCoi,
-}
-
-impl PlotModel {
-    fn name(self) -> &'static str {
-        match self {
-            PlotModel::Classic => "classic",
-            PlotModel::Hierarchical => "hierarchical",
-            PlotModel::NodeCoi => "node-coi",
-            PlotModel::DistCoi => "dist-coi",
-        }
-    }
 }
 
 /// How the command ended.
@@ -302,15 +245,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Kernels { arch, json } => output::kernels(&arch, json).map_err(Failure::Input),
-        Command::Plot {
-            machine,
-            output,
-            threads,
-            op,
-            device,
-            model,
-            placement,
-        } => plot(&machine, &output, threads, op, &device, model, &placement),
+        Command::Plot(args) => plot_cmd::plot(&args),
         Command::Peaks { json } => output::peaks(json).map_err(Failure::Input),
     };
     match result {
@@ -329,99 +264,4 @@ fn main() -> ExitCode {
         }
         Err(Failure::Quiet(code)) => ExitCode::from(code),
     }
-}
-
-fn plot(
-    machine: &Path,
-    output: &Path,
-    threads: Threads,
-    op: MemOp,
-    device: &str,
-    model: PlotModel,
-    placements: &[PathBuf],
-) -> Result<(), Failure> {
-    let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
-    let placed: Vec<roofline_model::placement::Placement> = placements
-        .iter()
-        .map(|p| roofline_model::placement::Placement::read(p))
-        .collect::<Result<_, _>>()
-        .map_err(|e| Failure::Input(e.into()))?;
-    let mut points = Vec::new();
-    for p in &placed {
-        let x = |pt: &roofline_model::placement::Point| match model {
-            PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
-            PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
-            PlotModel::Classic | PlotModel::Hierarchical => Some(pt.oi.analytic),
-        };
-        let these = roofline_plots::placed::points(p, x);
-        if these.is_empty() {
-            eprintln!(
-                "note: {} did not communicate ({} rank): it has no COI to place on the {} roofline",
-                p.workload.name,
-                p.workload.ranks,
-                model.name()
-            );
-        }
-        points.extend(these);
-    }
-    let gpus: Vec<String> = m
-        .provenance
-        .gpus
-        .iter()
-        .map(|g| format!("gpu{}", g.index))
-        .collect();
-    if device != "cpu" && !gpus.iter().any(|g| g == device) {
-        return Err(Failure::Input(anyhow!(
-            "--device {device}: {} has {}; use cpu{}",
-            machine.display(),
-            if gpus.is_empty() {
-                "no GPU".to_string()
-            } else {
-                format!("GPUs {}", gpus.join(", "))
-            },
-            if gpus.is_empty() {
-                String::new()
-            } else {
-                format!(" or one of {}", gpus.join(", "))
-            }
-        )));
-    }
-    probe_cmd::check_writable(output).map_err(Failure::Input)?;
-    let opt = roofline_plots::ClassicOptions {
-        model: match model {
-            PlotModel::Classic | PlotModel::Hierarchical => roofline_plots::Model::Classic,
-            PlotModel::NodeCoi => roofline_plots::Model::NodeCoi,
-            PlotModel::DistCoi => roofline_plots::Model::DistCoi,
-        },
-        device: device.into(),
-        threads,
-        op,
-        points,
-        title: (model == PlotModel::Hierarchical).then(|| {
-            format!(
-                "Hierarchical roofline: {} (every memory level, {op})",
-                m.provenance.cpu.model_name
-            )
-        }),
-        ..Default::default()
-    };
-    let svg = roofline_plots::classic_svg(&m, &opt).map_err(|e| Failure::Input(e.into()))?;
-    // `.html`: the interactive page (tooltips, switches) around the same figure.
-    let text = if output
-        .extension()
-        .is_some_and(|e| e.eq_ignore_ascii_case("html"))
-    {
-        roofline_plots::html::interactive(
-            &svg,
-            &format!(
-                "Roofline of {} ({}), measured {}",
-                m.provenance.host, m.provenance.cpu.model_name, m.provenance.time_utc
-            ),
-        )
-    } else {
-        svg
-    };
-    write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-    println!("wrote {}", output.display());
-    Ok(())
 }

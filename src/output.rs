@@ -280,3 +280,73 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
     }
     Ok(())
 }
+
+/// The placement as a table on stdout.
+pub fn placement_table(p: &roofline_model::placement::Placement) {
+    use roofline_plots::si;
+    let pt = &p.point;
+    println!(
+        "{} on {} ({} threads{}): {}FLOP/s (best of {} steps; median {}FLOP/s), {}FLOP per step",
+        p.workload.name,
+        p.machine.cpu,
+        p.workload.threads,
+        if p.workload.ranks > 1 {
+            format!(", {} ranks", p.workload.ranks)
+        } else {
+            String::new()
+        },
+        si(pt.achieved_flops),
+        pt.achieved.samples,
+        si(pt.achieved.median),
+        si(pt.flops_per_step)
+    );
+    println!(
+        "  OI {:.3} FLOP/B (analytic minimum traffic {}B){}",
+        pt.oi.analytic,
+        si(pt.oi.analytic_min_bytes),
+        pt.coi
+            .as_ref()
+            .map(|c| format!(
+                ", COI {:.1} FLOP/B ({}B communicated per step)",
+                c.intra_node.or(c.inter_node).unwrap_or(0.0),
+                si(c.intra_node_bytes + c.inter_node_bytes)
+            ))
+            .unwrap_or_default()
+    );
+    println!(
+        "  {} under {}: attainable {}FLOP/s, achieved {:.0}% of it",
+        pt.bound.kind.as_str(),
+        pt.bound.ceiling,
+        si(pt.bound.attainable),
+        100.0 / pt.bound.headroom
+    );
+    let t = &p.time;
+    if p.workload.kind == "training" {
+        println!(
+            "  per step {:.3} s: compute {:.3}, communication {:.3}, data {:.3}, idle {:.3}",
+            t.total_s, t.compute_s, t.communication_s, t.data_s, t.idle_s
+        );
+    }
+    if !p.layers.is_empty() {
+        println!(
+            "  {:<28} {:>8} {:>12} {:>9}  bound",
+            "top layers", "share", "FLOP/s", "OI"
+        );
+        for l in &p.layers {
+            println!(
+                "  {:<28} {:>7.1}% {:>12} {:>9.2}  {} ({:.0}% of {})",
+                l.label,
+                100.0 * l.share_of_step.unwrap_or(0.0),
+                si(l.achieved_flops),
+                l.oi.analytic,
+                l.bound.kind.as_str(),
+                100.0 / l.bound.headroom,
+                l.bound.ceiling
+            );
+        }
+    }
+    println!("  {}", p.energy.note);
+    for a in &p.advice {
+        println!("  advice ({}): {}", a.topic, a.text);
+    }
+}
