@@ -362,91 +362,23 @@ fn run_point(
     }
 }
 
-/// The three charts beside the output (`placements` are the points', in their order); returns
-/// their paths.
+/// The sweep's charts beside the output (`placements` are the points', in their order);
+/// returns their paths.
 fn charts(
     s: &Sweep,
     placements: &[Placement],
     m: &Machine,
     out: &Path,
 ) -> Result<Vec<String>, Failure> {
-    let with = |suffix: &str| {
-        let stem = out
-            .file_stem()
-            .map(|x| x.to_string_lossy().into_owned())
-            .unwrap_or_else(|| "sweep".into());
-        out.with_file_name(format!("{stem}-{suffix}.svg"))
-    };
-    let draw_err = |e: roofline_plots::PlotError| Failure::Run(anyhow!("{e}"));
+    let stem = out
+        .file_stem()
+        .map(|x| x.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "sweep".into());
     let mut written = Vec::new();
-    let trend = roofline_plots::sweep::trend_svg(
-        &s.points,
-        &format!("{}: % of peak as the problem grows", s.workload),
-    )
-    .map_err(draw_err)?;
-    let p = with("trend");
-    write_atomic(&p, trend.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-    written.push(p.display().to_string());
-    if !s.scaling.is_empty() {
-        let svg = roofline_plots::sweep::scaling_svg(
-            &s.scaling,
-            &format!("{}: strong scaling ({})", s.workload, s.processes),
-        )
-        .map_err(draw_err)?;
-        let p = with("scaling");
-        write_atomic(&p, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-        written.push(p.display().to_string());
-    }
-    // The trajectory: every point on the roofline, each process count's points joined in order
-    // of size.
-    if !placements.is_empty() {
-        let mut points = Vec::new();
-        let mut procs: Vec<usize> = s.points.iter().map(|p| p.problem.processes).collect();
-        procs.sort_unstable();
-        procs.dedup();
-        let mut trajectories = Vec::new();
-        for q in &procs {
-            let mut line = Vec::new();
-            for (sp, pl) in s.points.iter().zip(placements) {
-                if sp.problem.processes != *q {
-                    continue;
-                }
-                line.push((pl.point.oi.analytic, pl.point.achieved_flops));
-                points.push(roofline_plots::PlotPoint {
-                    label: format!("#{}", sp.index),
-                    group: format!("{q} {}", s.processes),
-                    intensity: pl.point.oi.analytic,
-                    achieved: pl.point.achieved_flops,
-                    attainable: pl.point.bound.attainable,
-                    main: true,
-                    share: None,
-                    binding: Some(pl.point.bound.ceiling.clone()),
-                });
-            }
-            trajectories.push(line);
-        }
-        let svg = roofline_plots::classic_svg(
-            m,
-            &roofline_plots::ClassicOptions {
-                // One thread's roofs only when every point ran on one thread.
-                threads: if s.processes == "threads"
-                    && placements.iter().all(|p| p.workload.threads <= 1)
-                {
-                    roofline_model::Threads::T1
-                } else {
-                    roofline_model::Threads::All
-                },
-                points,
-                trajectories,
-                title: Some(format!(
-                    "{}: the sweep's points in order of size (#0 smallest)",
-                    s.workload
-                )),
-                ..Default::default()
-            },
-        )
-        .map_err(draw_err)?;
-        let p = with("roofline");
+    for (suffix, svg) in
+        roofline_plots::sweep::charts(s, placements, m).map_err(|e| Failure::Run(anyhow!("{e}")))?
+    {
+        let p = out.with_file_name(format!("{stem}-{suffix}.svg"));
         write_atomic(&p, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
         written.push(p.display().to_string());
     }

@@ -6,7 +6,9 @@
 
 use crate::{si, PlotError, POINT_COLORS};
 use plotters::prelude::*;
-use roofline_model::sweep::{Scaling, SweepPoint};
+use roofline_model::placement::Placement;
+use roofline_model::sweep::{Scaling, Sweep, SweepPoint};
+use roofline_model::Machine;
 
 fn err(e: impl std::fmt::Display) -> PlotError {
     PlotError::Draw(e.to_string())
@@ -232,6 +234,85 @@ pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError>
         root.present().map_err(err)?;
     }
     Ok(svg)
+}
+
+/// A sweep's charts, each with the suffix of its file: `trend` (% of peak as the problem
+/// grows), `scaling` (speedup and efficiency, when points share a problem), `roofline` (every
+/// point on `m`'s roofline from its placement, each process count's points joined in order of
+/// size; `placements` are the points', in their order).
+pub fn charts(
+    s: &Sweep,
+    placements: &[Placement],
+    m: &Machine,
+) -> Result<Vec<(&'static str, String)>, PlotError> {
+    let mut out = Vec::new();
+    out.push((
+        "trend",
+        trend_svg(
+            &s.points,
+            &format!("{}: % of peak as the problem grows", s.workload),
+        )?,
+    ));
+    if !s.scaling.is_empty() {
+        out.push((
+            "scaling",
+            scaling_svg(
+                &s.scaling,
+                &format!("{}: strong scaling ({})", s.workload, s.processes),
+            )?,
+        ));
+    }
+    // The trajectory: every point on the roofline, each process count's points joined in order
+    // of size.
+    if !placements.is_empty() {
+        let mut points = Vec::new();
+        let mut procs: Vec<usize> = s.points.iter().map(|p| p.problem.processes).collect();
+        procs.sort_unstable();
+        procs.dedup();
+        let mut trajectories = Vec::new();
+        for q in &procs {
+            let mut line = Vec::new();
+            for (sp, pl) in s.points.iter().zip(placements) {
+                if sp.problem.processes != *q {
+                    continue;
+                }
+                line.push((pl.point.oi.analytic, pl.point.achieved_flops));
+                points.push(crate::PlotPoint {
+                    label: format!("#{}", sp.index),
+                    group: format!("{q} {}", s.processes),
+                    intensity: pl.point.oi.analytic,
+                    achieved: pl.point.achieved_flops,
+                    attainable: pl.point.bound.attainable,
+                    main: true,
+                    share: None,
+                    binding: Some(pl.point.bound.ceiling.clone()),
+                });
+            }
+            trajectories.push(line);
+        }
+        let svg = crate::classic_svg(
+            m,
+            &crate::ClassicOptions {
+                // One thread's roofs only when every point ran on one thread.
+                threads: if s.processes == "threads"
+                    && placements.iter().all(|p| p.workload.threads <= 1)
+                {
+                    roofline_model::Threads::T1
+                } else {
+                    roofline_model::Threads::All
+                },
+                points,
+                trajectories,
+                title: Some(format!(
+                    "{}: the sweep's points in order of size (#0 smallest)",
+                    s.workload
+                )),
+                ..Default::default()
+            },
+        )?;
+        out.push(("roofline", svg));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
