@@ -1,12 +1,68 @@
-//! The one driver every probe runs under: it builds the kernel on each (pinned) thread, finds an
-//! iteration count that makes a sample long enough to time, warms up, takes the samples with all
-//! threads released together, and has every thread check its own result.
+//! The one driver every probe runs under. Each device brings its [`Timer`] (the CPU's wall
+//! clock, a GPU's CUDA events on its stream, the MPI clock after a barrier of the ranks) and
+//! [`sample`] does what every backend does with it: warm up, let the device settle, take the
+//! timed samples, stop when interrupted. On the CPU, `measure_here` and `measure_threads` add
+//! what the CPU kernels need: an iteration count that makes a sample long enough to time, the
+//! kernel built on each pinned thread, all threads released together, and every thread checking
+//! its own result.
 
 use crate::affinity::pin_current_thread;
 use crate::ProbeError;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Barrier, Mutex};
 use std::time::Instant;
+
+/// How one sample is timed on a device.
+pub trait Timer {
+    type Error;
+    /// Seconds `work` took, as this device times it.
+    fn time(
+        &mut self,
+        work: &mut dyn FnMut() -> Result<(), Self::Error>,
+    ) -> Result<f64, Self::Error>;
+    /// Waits until everything started has finished (a GPU's stream); the CPU has nothing to wait
+    /// for.
+    fn settle(&mut self) -> Result<(), Self::Error> {
+        Ok(())
+    }
+}
+
+/// The CPU's timer: the wall clock around the work.
+pub struct WallClock;
+
+impl Timer for WallClock {
+    type Error = ProbeError;
+    fn time(
+        &mut self,
+        work: &mut dyn FnMut() -> Result<(), ProbeError>,
+    ) -> Result<f64, ProbeError> {
+        let t0 = Instant::now();
+        work()?;
+        Ok(t0.elapsed().as_secs_f64())
+    }
+}
+
+/// What every backend does with its timer: `warmup` untimed runs of `work`, the device settled,
+/// then `samples` runs each timed by `timer`, `stop` asked before each (an interruption ends the
+/// measurement with its error). Returns each sample's seconds.
+pub fn sample<T: Timer>(
+    timer: &mut T,
+    warmup: usize,
+    samples: usize,
+    stop: &mut dyn FnMut() -> Result<(), T::Error>,
+    work: &mut dyn FnMut() -> Result<(), T::Error>,
+) -> Result<Vec<f64>, T::Error> {
+    for _ in 0..warmup {
+        work()?;
+    }
+    timer.settle()?;
+    let mut seconds = Vec::with_capacity(samples);
+    for _ in 0..samples {
+        stop()?;
+        seconds.push(timer.time(work)?);
+    }
+    Ok(seconds)
+}
 
 /// What a probe kernel states about itself and how it runs.
 pub trait Kernel {
@@ -92,9 +148,11 @@ pub fn measure_here<K: Kernel>(
             return Err(ProbeError::Interrupted);
         }
         let n = ctl.iters;
-        let t0 = Instant::now();
-        kernel.run(n);
-        if !ctl.record(t0.elapsed().as_secs_f64()) {
+        let dt = WallClock.time(&mut || {
+            kernel.run(n);
+            Ok(())
+        })?;
+        if !ctl.record(dt) {
             break;
         }
     }
@@ -298,6 +356,62 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A timer that counts: the driver warms up untimed, settles once, times each sample, and
+    /// ends at the first stop.
+    #[test]
+    fn sample_warms_up_settles_and_stops() {
+        struct Fake {
+            timed: usize,
+            settled: usize,
+        }
+        impl Timer for Fake {
+            type Error = String;
+            fn time(
+                &mut self,
+                work: &mut dyn FnMut() -> Result<(), String>,
+            ) -> Result<f64, String> {
+                self.timed += 1;
+                work()?;
+                Ok(self.timed as f64)
+            }
+            fn settle(&mut self) -> Result<(), String> {
+                self.settled += 1;
+                Ok(())
+            }
+        }
+        let mut t = Fake {
+            timed: 0,
+            settled: 0,
+        };
+        let mut runs = 0;
+        let s = sample(&mut t, 2, 3, &mut || Ok(()), &mut || {
+            runs += 1;
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(
+            (s, runs, t.timed, t.settled),
+            (vec![1.0, 2.0, 3.0], 5, 3, 1)
+        );
+        let mut asked = 0;
+        let e = sample(
+            &mut t,
+            0,
+            5,
+            &mut || {
+                asked += 1;
+                if asked == 3 {
+                    Err("interrupted".to_string())
+                } else {
+                    Ok(())
+                }
+            },
+            &mut || Ok(()),
+        );
+        assert_eq!(e, Err("interrupted".to_string()));
+        assert_eq!(t.timed, 5);
+    }
 
     /// Sums a vector: the result is known, and a wrong count of runs is caught.
     struct Summer {

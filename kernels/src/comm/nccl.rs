@@ -8,7 +8,7 @@
 //! Built in every build; it needs a GPU and libnccl only when it runs.
 
 use super::{expected, first_difference, send_data, Collective};
-use crate::cuda::device::{self, DevBuf, Event, Gpu};
+use crate::cuda::device::{self, DevBuf, Gpu};
 use crate::cuda::nccl_lib::{self, Nccl};
 use crate::cuda::CudaError;
 use cudarc::nccl::sys as ns;
@@ -144,6 +144,25 @@ pub fn unique_id() -> Result<[u8; 128], CudaError> {
     Ok(std::array::from_fn(|i| id.internal[i] as u8))
 }
 
+/// The timer of an NCCL collective: the ranks' barrier, then CUDA events around the work on
+/// this rank's stream; settling syncs the stream.
+struct AfterBarrier<'a> {
+    gpu: &'a Gpu,
+    barrier: &'a mut dyn FnMut(),
+}
+
+impl crate::driver::Timer for AfterBarrier<'_> {
+    type Error = CudaError;
+    fn time(&mut self, work: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+        (self.barrier)();
+        self.gpu.bind()?;
+        self.gpu.time(work)
+    }
+    fn settle(&mut self) -> Result<(), CudaError> {
+        self.gpu.sync()
+    }
+}
+
 impl Communicator {
     /// Joins the communicator `id` as `rank` of `ranks`, on GPU `ordinal`.
     pub fn new(
@@ -259,18 +278,16 @@ impl Communicator {
         let send = self.gpu.upload(&send_data(c, self.rank, self.ranks, sc))?;
         let recv = self.gpu.alloc(rc * 4)?;
         self.gpu.zero(&recv)?;
-        self.enqueue(c, &send, &recv, sc, rc)?;
-        self.gpu.sync()?;
-        let mut times = Vec::with_capacity(iters);
-        let (start, end) = (Event::new()?, Event::new()?);
-        for _ in 0..iters {
-            barrier();
-            self.gpu.bind()?;
-            start.record_on(&self.gpu)?;
-            self.enqueue(c, &send, &recv, sc, rc)?;
-            end.record_on(&self.gpu)?;
-            times.push(start.seconds_to(&end)?);
-        }
+        let times = crate::driver::sample(
+            &mut AfterBarrier {
+                gpu: &self.gpu,
+                barrier,
+            },
+            1,
+            iters,
+            &mut || Ok(()),
+            &mut || self.enqueue(c, &send, &recv, sc, rc),
+        )?;
         let got: Vec<f32> = self.gpu.download(&recv)?;
         if let Some((i, g, w)) = first_difference(&got, &expected(c, self.rank, self.ranks, rc)) {
             return Err(CudaError::Check(format!(

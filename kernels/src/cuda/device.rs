@@ -494,6 +494,20 @@ impl Gpu {
     }
 }
 
+/// A GPU's timer for the driver: CUDA events around the work on its stream; settling syncs
+/// the stream.
+pub struct Events<'a>(pub &'a Gpu);
+
+impl crate::driver::Timer for Events<'_> {
+    type Error = CudaError;
+    fn time(&mut self, work: &mut dyn FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
+        self.0.time(work)
+    }
+    fn settle(&mut self) -> Result<(), CudaError> {
+        self.0.sync()
+    }
+}
+
 impl Drop for Gpu {
     fn drop(&mut self) {
         // SAFETY: everything below was created by this Gpu and is released once.

@@ -297,14 +297,13 @@ fn timed(
     gpu: &Gpu,
     mut work: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<Vec<f64>, CudaError> {
-    work()?;
-    gpu.sync()?;
-    let mut t = Vec::with_capacity(ctx.mode.samples());
-    for _ in 0..ctx.mode.samples() {
-        ctx.cancelled()?;
-        t.push(gpu.time(&mut work)?);
-    }
-    Ok(t)
+    crate::driver::sample(
+        &mut device::Events(gpu),
+        1,
+        ctx.mode.samples(),
+        &mut || ctx.cancelled(),
+        &mut work,
+    )
 }
 
 /// Iterations that make one launch take about the mode's sample time, from a trial at `base`.

@@ -385,6 +385,20 @@ trait Collectives {
     fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String>;
 }
 
+/// The MPI ranks' timer for the driver: a barrier of the ranks, then the MPI clock around the
+/// work (each rank its own time; the sweep takes the maximum over ranks).
+struct MpiClock<'a>(&'a SimpleCommunicator);
+
+impl crate::driver::Timer for MpiClock<'_> {
+    type Error = String;
+    fn time(&mut self, work: &mut dyn FnMut() -> Result<(), String>) -> Result<f64, String> {
+        self.0.barrier();
+        let t0 = mpi::time();
+        work()?;
+        Ok(mpi::time() - t0)
+    }
+}
+
 /// MPI's collectives on a group.
 struct Mpi<'a>(&'a Group);
 
@@ -414,15 +428,16 @@ impl Collectives for Mpi<'_> {
             Collective::Broadcast => g.comm.process_at_rank(0).broadcast_into(&mut recv[..]),
             Collective::AllToAll => g.comm.all_to_all_into(&send[..], &mut recv[..]),
         };
-        op(&mut recv);
-        op(&mut recv);
-        let mut times = Vec::with_capacity(iters);
-        for _ in 0..iters {
-            g.comm.barrier();
-            let t0 = mpi::time();
-            op(&mut recv);
-            times.push(mpi::time() - t0);
-        }
+        let times = crate::driver::sample(
+            &mut MpiClock(&g.comm),
+            2,
+            iters,
+            &mut || Ok(()),
+            &mut || {
+                op(&mut recv);
+                Ok(())
+            },
+        )?;
         match first_difference(&recv, &expected(c, r, n, rc)) {
             Some((i, got, want)) => Err(format!("holds {got} at element {i}, expected {want}")),
             None => Ok(times),

@@ -7,7 +7,7 @@ use super::gemm::{encode, Rng};
 use super::{Mode, SectionResult};
 use crate::cpu::conv::{resnet50_layers, ConvShape};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
-use crate::cuda::device::{DevBuf, Gpu};
+use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{
     choose, descs, execute, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
 };
@@ -301,16 +301,22 @@ fn conv_precision(
             let reps = ((if mode == Mode::Quick { 0.005 } else { 0.02 } / one.max(1e-6)).ceil()
                 as usize)
                 .clamp(1, 200);
-            let mut rates = Vec::new();
-            for _ in 0..(if mode == Mode::Quick { 3 } else { 5 }) {
-                let tm = gpu.time(|| {
+            let times = crate::driver::sample(
+                &mut Events(gpu),
+                0,
+                if mode == Mode::Quick { 3 } else { 5 },
+                &mut || match cancel.load(Ordering::Relaxed) {
+                    true => Err(CudaError::Interrupted),
+                    false => Ok(()),
+                },
+                &mut || {
                     for _ in 0..reps {
                         run_once(h, d, &t, algo, ws)?;
                     }
                     Ok(())
-                })?;
-                rates.push(flops * reps as f64 / tm);
-            }
+                },
+            )?;
+            let rates: Vec<f64> = times.iter().map(|tm| flops * reps as f64 / tm).collect();
             let Some(stats) = Stats::from_samples(&rates) else {
                 continue;
             };

@@ -334,22 +334,25 @@ fn gemm_precision(
                 gpu.time(|| enqueue(gpu, h, lib, p, &pr.operands(1 % pr.a.len()), plan.as_ref()))?;
             let want = if mode == Mode::Quick { 0.01 } else { 0.05 };
             let reps = ((want / one.max(1e-6)).ceil() as usize).clamp(1, 1000);
-            let mut rates = Vec::new();
             let samples = if mode == Mode::Quick { 3 } else { 7 };
-            for _ in 0..samples {
-                if cancel.load(Ordering::Relaxed) {
-                    return Err(CudaError::Interrupted);
-                }
-                let mut set = 0;
-                let t = gpu.time(|| {
+            let mut set = 0;
+            let times = crate::driver::sample(
+                &mut device::Events(gpu),
+                0,
+                samples,
+                &mut || match cancel.load(Ordering::Relaxed) {
+                    true => Err(CudaError::Interrupted),
+                    false => Ok(()),
+                },
+                &mut || {
                     for _ in 0..reps {
                         set = (set + 1) % pr.a.len();
                         enqueue(gpu, h, lib, p, &pr.operands(set), plan.as_ref())?;
                     }
                     Ok(())
-                })?;
-                rates.push(flops * reps as f64 / t);
-            }
+                },
+            )?;
+            let rates: Vec<f64> = times.iter().map(|t| flops * reps as f64 / t).collect();
             let Some(stats) = Stats::from_samples(&rates) else {
                 continue;
             };
