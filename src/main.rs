@@ -1,5 +1,6 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
+mod args;
 mod bagging_cmd;
 mod doctor_cmd;
 mod gate_cmd;

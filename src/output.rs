@@ -350,3 +350,74 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
         println!("  advice ({}): {}", a.topic, a.text);
     }
 }
+
+/// A score's summary on stdout: whether it can be compared, then its figures.
+pub fn score_summary(score: &roofline_model::score::Score) {
+    // The first line says whether the score can be compared with published ones.
+    println!("{}", score.headline());
+    for w in &score.warnings {
+        println!("warning: {w}");
+    }
+    let s = &score.scores;
+    let si = roofline_plots::si;
+    println!(
+        "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
+        s.time_to_quality_s.mean,
+        100.0 * s.time_to_quality_s.variation,
+        score.target.metric,
+        s.quality.mean
+    );
+    println!(
+        "  FLOPS {}FLOP/s (variation {:.1}%), VFLOPS {}FLOP/s",
+        si(s.flops.mean),
+        100.0 * s.flops.variation,
+        si(s.vflops.mean)
+    );
+    match &s.vflops_per_watt {
+        Some(w) => println!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
+        None => println!("  {}", score.energy_note),
+    }
+    if let Some(b) = &s.bagging {
+        println!(
+            "  bagging: {} models × {} ranks (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+            b.models,
+            b.ranks_per_model,
+            b.sys_scale,
+            si(b.apc_flops),
+            b.epoch_seconds.mean,
+            score.target.metric,
+            b.ensemble_quality.mean,
+            b.member_quality.mean,
+            si(b.single_model_flops.mean),
+            si(b.single_model_vflops.mean)
+        );
+    }
+    println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
+}
+
+/// One row of the sweep's table.
+pub fn sweep_row(p: Option<&roofline_model::sweep::SweepPoint>, s: &roofline_model::sweep::Sweep) {
+    let Some(p) = p else { return };
+    let speedup = s
+        .scaling
+        .iter()
+        .find(|x| x.problem == p.problem.size_label())
+        .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
+        .map(|q| format!("{:.2}", q.speedup))
+        .unwrap_or_else(|| "-".into());
+    println!(
+        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
+        p.index,
+        p.problem.images,
+        p.problem.resolution,
+        p.problem.width,
+        p.problem.depth,
+        p.problem.processes,
+        roofline_plots::si(p.flops_per_sample),
+        roofline_plots::si(p.achieved_flops),
+        p.percent_of_peak,
+        speedup,
+        100.0 * p.io_share,
+        p.bound
+    );
+}

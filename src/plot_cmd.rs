@@ -1,7 +1,7 @@
 //! `roofline plot`: a machine.json's roofline (classic, hierarchical, or HPC AI500's COI
 //! models) as SVG or an interactive HTML page, with placed workloads on it.
 
-use crate::{probe_cmd, Failure};
+use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::{write::write_atomic, Machine, MemOp, Threads};
 use std::path::PathBuf;
@@ -121,7 +121,7 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
             }
         )));
     }
-    probe_cmd::check_writable(output).map_err(Failure::Input)?;
+    crate::args::check_writable(output).map_err(Failure::Input)?;
     let opt = roofline_plots::ClassicOptions {
         model: match model {
             PlotModel::Classic | PlotModel::Hierarchical => roofline_plots::Model::Classic,

@@ -2,50 +2,14 @@
 //! GPUs), storage, and under mpirun the distributed run (communication, gathering, aggregates).
 
 use crate::{output, Failure, CANCEL};
-use anyhow::{anyhow, Context};
+use anyhow::anyhow;
 use roofline_kernels::probe::node::{self, Devices, NodeConfig, NodeError};
 use roofline_kernels::probe::{Progress, Section};
 use roofline_model::{write::write_atomic, Machine, Provenance};
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
-
-/// Parses `--only`.
-fn parse_only(only: Option<&str>) -> Result<Vec<Section>, anyhow::Error> {
-    let Some(list) = only else {
-        return Ok(Section::ALL.to_vec());
-    };
-    let mut v = Vec::new();
-    for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        let s = Section::parse(item).ok_or_else(|| {
-            anyhow!("unknown --only entry `{item}`; expected a comma-separated list of: fma, mem, gemm, conv, copy, comm, io")
-        })?;
-        if !v.contains(&s) {
-            v.push(s);
-        }
-    }
-    if v.is_empty() {
-        return Err(anyhow!(
-            "--only is empty; expected a comma-separated list of: fma, mem, gemm, conv, copy, comm, io"
-        ));
-    }
-    Ok(v)
-}
-
-/// Fails early (before minutes of probing) when `path` cannot be written.
-pub(crate) fn check_writable(path: &Path) -> Result<(), anyhow::Error> {
-    roofline_model::write::check_target(path)?;
-    let tmp = roofline_model::write::temp_path(path);
-    std::fs::File::create(&tmp)
-        .and_then(|_| std::fs::remove_file(&tmp))
-        .with_context(|| {
-            format!(
-                "cannot write {} (choose another path with -o)",
-                path.display()
-            )
-        })
-}
 
 pub(crate) struct Bar(pub(crate) Option<indicatif::ProgressBar>);
 
@@ -103,44 +67,12 @@ pub struct ProbeArgs {
     pub io: Option<Option<PathBuf>>,
     /// Largest message of the communication sweeps (under mpirun): e.g. 256M (default),
     /// 4G.
-    #[arg(long, default_value = "256M", value_name = "BYTES", value_parser = parse_bytes)]
+    #[arg(long, default_value = "256M", value_name = "BYTES", value_parser = crate::args::parse_bytes)]
     pub max_size: usize,
     /// Under mpirun: seconds a rank waits for the others in one operation before the run
     /// ends with a message naming who did not answer (a rank died or hangs).
-    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = parse_seconds)]
+    #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = crate::args::parse_seconds)]
     pub comm_timeout: Duration,
-}
-
-/// `256M`, `4G`, `1024`: bytes (binary multiples).
-fn parse_bytes(s: &str) -> Result<usize, String> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last() {
-        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
-        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
-        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    let v: usize = num
-        .parse()
-        .map_err(|_| format!("`{s}`: expected bytes such as 1048576, 256M or 4G"))?;
-    let bytes = v
-        .checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))?;
-    if !(8..=(2usize << 30) - 1).contains(&bytes) && bytes != 2 << 30 {
-        return Err(format!("`{s}`: give 8 bytes to 2G (MPI counts are 32-bit)"));
-    }
-    Ok(bytes)
-}
-
-fn parse_seconds(s: &str) -> Result<Duration, String> {
-    let v: f64 = s
-        .trim()
-        .parse()
-        .map_err(|_| format!("`{s}`: expected seconds, e.g. 60"))?;
-    if !(v > 0.0 && v <= 86_400.0) {
-        return Err(format!("`{s}`: give 0 < seconds ≤ 86400"));
-    }
-    Ok(Duration::from_secs_f64(v))
 }
 
 impl From<anyhow::Error> for Failure {
@@ -160,7 +92,7 @@ impl ProbeArgs {
 
 /// The sections of this run: `--only`, plus `io` when `--io` was given.
 pub(crate) fn sections_of(a: &ProbeArgs) -> Result<Vec<Section>, Failure> {
-    let mut s = parse_only(a.only.as_deref()).map_err(Failure::Input)?;
+    let mut s = Section::parse_list(a.only.as_deref()).map_err(|e| Failure::Input(anyhow!(e)))?;
     if a.io.is_some() && !s.contains(&Section::Io) {
         s.push(Section::Io);
     }
@@ -208,7 +140,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     }
     let gpu_count = node::gpu_status(a.device, &sections).map_err(failure)?;
     let (cores, machine_cores) = node::cores_for(a.threads).map_err(failure)?;
-    check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
     install_ctrlc()?;
     let start = Instant::now();
     let progress = progress_bar(true);

@@ -3,7 +3,7 @@
 //! root probes storage if asked, gathers the nodes' results, and writes machine.json alone.
 
 use crate::probe_cmd::{
-    check_writable, failure, finish, install_ctrlc, io_probe, node_probe, progress_bar, ProbeArgs,
+    failure, finish, install_ctrlc, io_probe, node_probe, progress_bar, ProbeArgs,
 };
 use crate::Failure;
 use anyhow::anyhow;
@@ -48,7 +48,7 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         let gpu_count = node::gpu_status(a.device, sections).map_err(failure)?;
         let cores = node::cores_for(a.threads).map_err(failure)?;
         if root {
-            check_writable(&a.output).map_err(Failure::Input)?;
+            crate::args::check_writable(&a.output).map_err(Failure::Input)?;
         }
         Ok((gpu_count, cores))
     })();

@@ -81,12 +81,12 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     if runs == 0 {
         return Err(input("--runs 0: nothing to score".into()));
     }
-    crate::probe_cmd::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
     let report_path = a
         .report
         .clone()
         .unwrap_or_else(|| a.output.with_extension("html"));
-    crate::probe_cmd::check_writable(&report_path).map_err(Failure::Input)?;
+    crate::args::check_writable(&report_path).map_err(Failure::Input)?;
     let machine = match &a.machine {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,
@@ -303,46 +303,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     let page = roofline_plots::report::html(&score, svg.as_deref());
     write_atomic(&report_path, page.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-    // The first line says whether the score can be compared with published ones.
-    println!("{}", score.headline());
-    for w in &score.warnings {
-        println!("warning: {w}");
-    }
-    let s = &score.scores;
-    let si = roofline_plots::si;
-    println!(
-        "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
-        s.time_to_quality_s.mean,
-        100.0 * s.time_to_quality_s.variation,
-        score.target.metric,
-        s.quality.mean
-    );
-    println!(
-        "  FLOPS {}FLOP/s (variation {:.1}%), VFLOPS {}FLOP/s",
-        si(s.flops.mean),
-        100.0 * s.flops.variation,
-        si(s.vflops.mean)
-    );
-    match &s.vflops_per_watt {
-        Some(w) => println!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
-        None => println!("  {}", score.energy_note),
-    }
-    if let Some(b) = &s.bagging {
-        println!(
-            "  bagging: {} models × {} ranks (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
-            b.models,
-            b.ranks_per_model,
-            b.sys_scale,
-            si(b.apc_flops),
-            b.epoch_seconds.mean,
-            score.target.metric,
-            b.ensemble_quality.mean,
-            b.member_quality.mean,
-            si(b.single_model_flops.mean),
-            si(b.single_model_vflops.mean)
-        );
-    }
-    println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
+    crate::output::score_summary(&score);
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
 }

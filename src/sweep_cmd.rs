@@ -81,7 +81,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             a.machine.display()
         ))
     })?;
-    crate::probe_cmd::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
     if a.images.contains(&0) || a.steps == 0 || a.batch == 0 {
         return Err(input(
             "--images, --steps and --batch must be positive".into(),
@@ -219,7 +219,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                     result.points.push(pt);
                     placements.push(pl);
                     result.scaling = strong_scaling(&result.points);
-                    row(result.points.last(), &result);
+                    crate::output::sweep_row(result.points.last(), &result);
                 }
                 Err(Failure::Interrupted) => return Err(Failure::Interrupted),
                 Err(e) => {
@@ -272,33 +272,6 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         dir.display()
     );
     Ok(())
-}
-
-/// One table row.
-fn row(p: Option<&SweepPoint>, s: &Sweep) {
-    let Some(p) = p else { return };
-    let speedup = s
-        .scaling
-        .iter()
-        .find(|x| x.problem == p.problem.size_label())
-        .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
-        .map(|q| format!("{:.2}", q.speedup))
-        .unwrap_or_else(|| "-".into());
-    println!(
-        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
-        p.index,
-        p.problem.images,
-        p.problem.resolution,
-        p.problem.width,
-        p.problem.depth,
-        p.problem.processes,
-        roofline_plots::si(p.flops_per_sample),
-        roofline_plots::si(p.achieved_flops),
-        p.percent_of_peak,
-        speedup,
-        100.0 * p.io_share,
-        p.bound
-    );
 }
 
 /// Runs one point: `roofline place` in a child process (under the launcher for ranks).

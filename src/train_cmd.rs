@@ -103,7 +103,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         return check(a);
     }
     if let Some(p) = &a.checkpoint {
-        crate::probe_cmd::check_writable(p).map_err(Failure::Input)?;
+        crate::args::check_writable(p).map_err(Failure::Input)?;
     }
     if let Some(p) = &a.resume {
         if !p.is_file() {
@@ -114,7 +114,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         }
     }
     if let Some(t) = &a.trace {
-        crate::probe_cmd::check_writable(t).map_err(Failure::Input)?;
+        crate::args::check_writable(t).map_err(Failure::Input)?;
     }
     let mut prep = run_args::prepare(&a.run, a.workload)?;
     prep.set_checkpoints(a.checkpoint.clone(), a.resume.clone(), a.checkpoint_every);

@@ -77,6 +77,27 @@ impl Section {
         }
     }
 
+    /// Parses `--only`'s comma-separated list (none: every section of a plain probe); an
+    /// unknown or empty entry list says what is expected.
+    pub fn parse_list(only: Option<&str>) -> Result<Vec<Section>, String> {
+        let expected = "expected a comma-separated list of: fma, mem, gemm, conv, copy, comm, io";
+        let Some(list) = only else {
+            return Ok(Section::ALL.to_vec());
+        };
+        let mut v = Vec::new();
+        for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let s = Section::parse(item)
+                .ok_or_else(|| format!("unknown --only entry `{item}`; {expected}"))?;
+            if !v.contains(&s) {
+                v.push(s);
+            }
+        }
+        if v.is_empty() {
+            return Err(format!("--only is empty; {expected}"));
+        }
+        Ok(v)
+    }
+
     pub fn parse(s: &str) -> Option<Section> {
         Section::NAMES.into_iter().find(|x| x.name() == s)
     }

@@ -1,0 +1,52 @@
+//! What every verb checks of its arguments: value parsers, and that an output can be written
+//! before minutes of work.
+
+use anyhow::Context;
+use std::path::Path;
+use std::time::Duration;
+
+/// Fails early (before minutes of probing) when `path` cannot be written.
+pub fn check_writable(path: &Path) -> Result<(), anyhow::Error> {
+    roofline_model::write::check_target(path)?;
+    let tmp = roofline_model::write::temp_path(path);
+    std::fs::File::create(&tmp)
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .with_context(|| {
+            format!(
+                "cannot write {} (choose another path with -o)",
+                path.display()
+            )
+        })
+}
+
+/// `256M`, `4G`, `1024`: bytes (binary multiples).
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last() {
+        Some('k' | 'K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('m' | 'M') => (&t[..t.len() - 1], 1 << 20),
+        Some('g' | 'G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    let v: usize = num
+        .parse()
+        .map_err(|_| format!("`{s}`: expected bytes such as 1048576, 256M or 4G"))?;
+    let bytes = v
+        .checked_mul(mult)
+        .ok_or_else(|| format!("`{s}` is too large"))?;
+    if !(8..=(2usize << 30) - 1).contains(&bytes) && bytes != 2 << 30 {
+        return Err(format!("`{s}`: give 8 bytes to 2G (MPI counts are 32-bit)"));
+    }
+    Ok(bytes)
+}
+
+pub fn parse_seconds(s: &str) -> Result<Duration, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected seconds, e.g. 60"))?;
+    if !(v > 0.0 && v <= 86_400.0) {
+        return Err(format!("`{s}`: give 0 < seconds ≤ 86400"));
+    }
+    Ok(Duration::from_secs_f64(v))
+}
