@@ -66,17 +66,7 @@ pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
             }
         };
         let root = world.is_root();
-        // Shared by the world's and the team's reducer, which are Send and Sync under the
-        // serialized-MPI contract below (`MpiReducer`).
-        #[allow(clippy::arc_with_non_send_sync)]
-        let world = Arc::new(world);
-        let team: Option<Arc<dyn Reducer>> = plan.map(|_| {
-            Arc::new(MpiReducer {
-                world: Arc::clone(&world),
-                team: true,
-            }) as Arc<dyn Reducer>
-        });
-        let w: Arc<dyn Reducer> = Arc::new(MpiReducer { world, team: false });
+        let (w, team) = roofline_kernels::comm::mpi::reducers(world, plan.is_some());
         Ok(Ranks {
             world: Some(w),
             team,
@@ -90,67 +80,6 @@ pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
         Err(Failure::Input(anyhow!(
             "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run it without mpirun"
         )))
-    }
-}
-
-/// The MPI world, or this rank's team of it, as a reducer.
-#[cfg(feature = "mpi")]
-struct MpiReducer {
-    world: Arc<roofline_kernels::comm::mpi::World>,
-    team: bool,
-}
-
-// SAFETY: MPI is initialised with MPI_THREAD_SERIALIZED and the trainer calls the reducer from
-// one thread at a time, never concurrently: on the CPU from the gradient exchange's thread only
-// (`workloads::exchange`), on GPUs from the training loop.
-#[cfg(feature = "mpi")]
-unsafe impl Send for MpiReducer {}
-#[cfg(feature = "mpi")]
-unsafe impl Sync for MpiReducer {}
-
-#[cfg(feature = "mpi")]
-impl Reducer for MpiReducer {
-    fn ranks(&self) -> usize {
-        if self.team {
-            self.world.team_size()
-        } else {
-            self.world.size
-        }
-    }
-    fn rank(&self) -> usize {
-        if self.team {
-            self.world.team_rank()
-        } else {
-            self.world.rank
-        }
-    }
-    fn sum_f64(&self, v: &mut [f64]) {
-        if self.team {
-            self.world.team_sum_f64(v)
-        } else {
-            self.world.sum_f64(v)
-        }
-    }
-    fn sum_f32(&self, v: &mut [f32]) {
-        if self.team {
-            self.world.team_sum_f32(v)
-        } else {
-            self.world.sum_f32(v)
-        }
-    }
-    fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]) {
-        if self.team {
-            self.world.team_exchange_u16(to, send, from, recv)
-        } else {
-            self.world.exchange_u16(to, send, from, recv)
-        }
-    }
-    fn nodes(&self) -> usize {
-        if self.team {
-            self.world.team_nodes()
-        } else {
-            self.world.cluster_info().nodes
-        }
     }
 }
 

@@ -9,6 +9,36 @@ pub mod mpi;
 pub mod nccl;
 pub mod watchdog;
 
+/// Sums across the ranks of a data-parallel run (MPI allreduce); a single process is a world of
+/// one, where summing changes nothing.
+pub trait Reducer: Send + Sync {
+    fn ranks(&self) -> usize;
+    fn rank(&self) -> usize;
+    /// Element-wise sum over ranks, in place.
+    fn sum_f64(&self, v: &mut [f64]);
+    fn sum_f32(&self, v: &mut [f32]);
+    /// Sends `send` to rank `to` while receiving `recv.len()` values from rank `from` (one
+    /// MPI_Sendrecv): the hops of the compressed gradient ring.
+    fn exchange_u16(&self, to: usize, send: &[u16], from: usize, recv: &mut [u16]);
+    /// Nodes the ranks run on (communication inside a node and between nodes differ).
+    fn nodes(&self) -> usize {
+        1
+    }
+    /// Rank 0's `bytes` on every rank: a sum in which the other ranks add zeros (exact for
+    /// bytes in f64). The CUDA path sends NCCL's unique id this way.
+    fn broadcast(&self, bytes: &mut [u8]) {
+        let root = self.rank() == 0;
+        let mut v: Vec<f64> = bytes
+            .iter()
+            .map(|&b| if root { b as f64 } else { 0.0 })
+            .collect();
+        self.sum_f64(&mut v);
+        for (b, x) in bytes.iter_mut().zip(v) {
+            *b = x as u8;
+        }
+    }
+}
+
 /// A collective operation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Collective {

@@ -20,7 +20,9 @@ use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
 
 mod probe;
+mod reducer;
 pub use probe::{CommConfig, CommResult, P2p, Point};
+pub use reducer::reducers;
 
 const TAG_ARRIVE: c_int = 7001;
 const TAG_GO: c_int = 7002;
