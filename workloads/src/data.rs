@@ -3,6 +3,34 @@
 
 use crate::tensor::{Float, Tensor};
 use rayon::prelude::*;
+use std::path::PathBuf;
+
+/// Why the data could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {source}")]
+    Image {
+        path: PathBuf,
+        #[source]
+        source: image::ImageError,
+    },
+    /// A data file whose layout or content is not what was expected (HDF5's own errors are
+    /// kept as their text).
+    #[error("{path}: {what}")]
+    File { path: PathBuf, what: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("no batch was fetched")]
+    NotFetched,
+    #[error("a data loader thread panicked")]
+    LoaderPanicked,
+}
 
 /// xorshift64* with Box-Muller normals: small, fast, reproducible across runs and threads.
 #[derive(Clone, Debug)]

@@ -66,7 +66,10 @@ impl EwaConfig {
 }
 
 /// A batch: NHWC images and their targets.
-pub fn batch<T: Float>(data: &EwaSet, ids: &[usize]) -> Result<(Tensor<T>, Vec<Target>), String> {
+pub fn batch<T: Float>(
+    data: &EwaSet,
+    ids: &[usize],
+) -> Result<(Tensor<T>, Vec<Target>), crate::data::DataError> {
     let (h, w) = (data.height, data.width);
     let c = crate::ewa_data::CHANNELS;
     let mut x = Tensor::zeros(ids.len(), h, w, c);
@@ -132,7 +135,7 @@ pub fn predict_with<T: Float>(
     let (mut dets, mut truths) = (Vec::new(), Vec::new());
     let ids: Vec<usize> = ids.collect();
     for chunk in ids.chunks(size.max(1)) {
-        let (x, targets) = batch::<T>(data, chunk)?;
+        let (x, targets) = batch::<T>(data, chunk).map_err(|e| e.to_string())?;
         let found = detect(&x)?;
         for (k, (f, t)) in found.into_iter().zip(&targets).enumerate() {
             let image = chunk[k];
@@ -249,13 +252,13 @@ pub fn train_on<T: Float>(
 ) -> Result<Summary, TrainError> {
     let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
     if cfg.run.batch == 0 || !cfg.run.batch.is_multiple_of(ranks) {
-        return Err(TrainError::Data(format!(
+        return Err(TrainError::Setup(format!(
             "the global batch ({}) must divide among the {ranks} ranks",
             cfg.run.batch
         )));
     }
     if cfg.train.is_empty() || cfg.train.end > cfg.data.len() || cfg.eval.end > cfg.data.len() {
-        return Err(TrainError::Data(format!(
+        return Err(TrainError::Setup(format!(
             "training images {:?} and evaluation images {:?} must lie in the {} images given",
             cfg.train,
             cfg.eval,
@@ -354,10 +357,10 @@ pub fn train_on<T: Float>(
             loss = l[0] / ranks as f64;
         }
         if !loss.is_finite() {
-            return Err(TrainError::Data(format!(
-                "the loss diverged at step {} ({losses:?}); lower the learning rate",
-                step + 1
-            )));
+            return Err(TrainError::Diverged {
+                step: step + 1,
+                losses: format!("{losses:?}"),
+            });
         }
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
@@ -392,7 +395,7 @@ pub fn train_on<T: Float>(
                     None => evaluate(&mut model, &cfg.data, cfg.eval.clone(), local.max(1)),
                 },
             )
-            .map_err(TrainError::Data)?;
+            .map_err(TrainError::Evaluation)?;
             tally.evals.push(Eval {
                 step: step + 1,
                 top1: f64::NAN,
@@ -425,7 +428,7 @@ pub fn train_on<T: Float>(
                     cfg.model.classes,
                 ),
             }
-            .map_err(TrainError::Data)?,
+            .map_err(TrainError::Evaluation)?,
         ),
         _ => None,
     };

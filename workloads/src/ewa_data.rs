@@ -13,7 +13,7 @@
 //! with storm-like structures of the four kinds and their boxes — so that tests write real HDF5
 //! files and read them back through the same loader.
 
-use crate::data::Rng;
+use crate::data::{DataError, Rng};
 use std::path::{Path, PathBuf};
 
 pub const CHANNELS: usize = 16;
@@ -51,15 +51,18 @@ pub struct EwaFile {
     pub width: usize,
 }
 
-fn err(path: &Path, what: impl std::fmt::Display) -> String {
-    format!("{}: {what}", path.display())
+fn err(path: &Path, what: impl std::fmt::Display) -> DataError {
+    DataError::File {
+        path: path.to_path_buf(),
+        what: what.to_string(),
+    }
 }
 
 impl EwaFile {
     /// Opens `path` for streaming and checks the layout.
-    pub fn open(path: &Path) -> Result<EwaFile, String> {
+    pub fn open(path: &Path) -> Result<EwaFile, DataError> {
         let file = hdf5_pure::File::open_streaming(path).map_err(|e| err(path, e))?;
-        let shape = |name: &str| -> Result<Vec<u64>, String> {
+        let shape = |name: &str| -> Result<Vec<u64>, DataError> {
             file.dataset(name)
                 .and_then(|d| d.shape())
                 .map_err(|e| err(path, format!("dataset `{name}`: {e}")))
@@ -88,7 +91,7 @@ impl EwaFile {
     }
 
     /// Image `i` as [16, H, W] f32, unnormalised.
-    pub fn image(&self, i: usize) -> Result<Vec<f32>, String> {
+    pub fn image(&self, i: usize) -> Result<Vec<f32>, DataError> {
         if i >= self.images {
             return Err(err(&self.path, format!("image {i} of {}", self.images)));
         }
@@ -104,7 +107,7 @@ impl EwaFile {
     }
 
     /// The boxes of image `i` (unused rows, all −1, left out).
-    pub fn boxes(&self, i: usize) -> Result<Vec<WeatherBox>, String> {
+    pub fn boxes(&self, i: usize) -> Result<Vec<WeatherBox>, DataError> {
         let v = self
             .file
             .dataset("boxes")
@@ -138,8 +141,11 @@ impl EwaFile {
     /// Per-channel statistics over every image, from the cache beside the file when it matches
     /// the file's size and modification time, else computed (streamed, one image at a time)
     /// and cached. Returns them and whether they came from the cache.
-    pub fn stats(&self) -> Result<(ChannelStats, bool), String> {
-        let meta = std::fs::metadata(&self.path).map_err(|e| err(&self.path, e))?;
+    pub fn stats(&self) -> Result<(ChannelStats, bool), DataError> {
+        let meta = std::fs::metadata(&self.path).map_err(|source| DataError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
         let stamp = format!(
             "{}:{:?}",
             meta.len(),
@@ -242,7 +248,13 @@ pub fn prepare(
 /// cyclone stronger and tighter), extratropical cyclones as larger elongated lows, atmospheric
 /// rivers as long diagonal bands of water vapour and precipitation. The boxes cover each storm's
 /// core.
-pub fn write_synthetic(path: &Path, n: usize, h: usize, w: usize, seed: u64) -> Result<(), String> {
+pub fn write_synthetic(
+    path: &Path,
+    n: usize,
+    h: usize,
+    w: usize,
+    seed: u64,
+) -> Result<(), DataError> {
     let mut rng = Rng::new(seed);
     let plane = h * w;
     let mut images = vec![0.0f32; n * CHANNELS * plane];
@@ -359,9 +371,9 @@ pub struct EwaSet {
 impl EwaSet {
     /// Opens `paths` (statistics computed once and cached beside each file) for batches of
     /// `height × width`, which must not exceed any file's grid.
-    pub fn open(paths: &[PathBuf], height: usize, width: usize) -> Result<EwaSet, String> {
+    pub fn open(paths: &[PathBuf], height: usize, width: usize) -> Result<EwaSet, DataError> {
         if paths.is_empty() {
-            return Err("no Extreme Weather files given".into());
+            return Err(DataError::Invalid("no Extreme Weather files given".into()));
         }
         let mut files = Vec::new();
         let mut index = Vec::new();
@@ -398,14 +410,14 @@ impl EwaSet {
     }
 
     /// Image `i` (over all files): NHWC values and its boxes with 0-based classes.
-    pub fn item(&self, i: usize) -> Result<(Vec<f32>, Vec<ScaledBox>), String> {
+    pub fn item(&self, i: usize) -> Result<(Vec<f32>, Vec<ScaledBox>), DataError> {
         let &(k, j) = self
             .index
             .get(i)
-            .ok_or_else(|| format!("image {i} of {}", self.index.len()))?;
+            .ok_or_else(|| DataError::Invalid(format!("image {i} of {}", self.index.len())))?;
         let (file, stats) = &self.files[k];
         let (img, boxes, h, w) = {
-            let f = file.lock().map_err(|_| "a reader panicked")?;
+            let f = file.lock().map_err(|_| DataError::LoaderPanicked)?;
             (f.image(j)?, f.boxes(j)?, f.height, f.width)
         };
         let (oh, ow) = (self.height, self.width);
@@ -481,7 +493,7 @@ mod tests {
         // Normalised over the whole file, one image's channel mean is near 0.
         let m0: f64 = small[..12 * 18].iter().map(|&x| x as f64).sum::<f64>() / (12.0 * 18.0);
         assert!(m0.abs() < 1.5, "{m0}");
-        assert!(f.image(n).unwrap_err().contains("image 3 of 3"));
+        assert!(f.image(n).unwrap_err().to_string().contains("image 3 of 3"));
         let _ = std::fs::remove_file(&p);
         let mut sp = p.into_os_string();
         sp.push(".stats.json");
@@ -500,7 +512,10 @@ mod tests {
             .with_shape(&[1, 1, 5]);
         fb.write(&p).unwrap();
         let e = EwaFile::open(&p).err().unwrap();
-        assert!(e.contains("[N, 16, height, width]"), "{e}");
+        assert!(
+            matches!(e, DataError::File { .. }) && e.to_string().contains("[N, 16, height, width]"),
+            "{e}"
+        );
         let _ = std::fs::remove_file(&p);
         assert!(EwaFile::open(Path::new("/nonexistent/climo_1979.h5")).is_err());
     }

@@ -3,7 +3,7 @@
 //! images are resized (shorter side to 256/224 of the output) and centre-cropped; both are
 //! normalised with ImageNet's channel mean and standard deviation.
 
-use crate::data::Rng;
+use crate::data::{DataError, Rng};
 use crate::tensor::{Float, Tensor};
 use image::imageops::FilterType;
 use image::RgbImage;
@@ -29,9 +29,12 @@ fn is_image(p: &Path) -> bool {
 }
 
 impl ImageFolder {
-    pub fn open(root: &Path) -> Result<ImageFolder, String> {
+    pub fn open(root: &Path) -> Result<ImageFolder, DataError> {
         let read = |p: &Path| {
-            std::fs::read_dir(p).map_err(|e| format!("cannot read {}: {e}", p.display()))
+            std::fs::read_dir(p).map_err(|source| DataError::Read {
+                path: p.to_path_buf(),
+                source,
+            })
         };
         let mut classes: Vec<String> = read(root)?
             .flatten()
@@ -40,10 +43,10 @@ impl ImageFolder {
             .collect();
         classes.sort();
         if classes.is_empty() {
-            return Err(format!(
+            return Err(DataError::Invalid(format!(
                 "{} has no class folders (expected one subfolder of JPEG images per class)",
                 root.display()
-            ));
+            )));
         }
         let mut samples = Vec::new();
         for (label, c) in classes.iter().enumerate() {
@@ -56,10 +59,10 @@ impl ImageFolder {
             samples.extend(files.into_iter().map(|f| (f, label)));
         }
         if samples.is_empty() {
-            return Err(format!(
+            return Err(DataError::Invalid(format!(
                 "{}: the class folders hold no .jpg/.jpeg files",
                 root.display()
-            ));
+            )));
         }
         Ok(ImageFolder {
             root: root.to_path_buf(),
@@ -84,10 +87,13 @@ impl ImageFolder {
         train: bool,
         rng: &mut Rng,
         out: &mut [T],
-    ) -> Result<usize, String> {
+    ) -> Result<usize, DataError> {
         let (path, label) = &self.samples[i % self.samples.len()];
         let img = image::open(path)
-            .map_err(|e| format!("{}: {e}", path.display()))?
+            .map_err(|source| DataError::Image {
+                path: path.clone(),
+                source,
+            })?
             .to_rgb8();
         let view = if train {
             random_resized_crop(&img, r, rng)
@@ -116,9 +122,9 @@ impl ImageFolder {
         r: usize,
         train: bool,
         seed: u64,
-    ) -> Result<(Tensor<T>, Vec<usize>), String> {
+    ) -> Result<(Tensor<T>, Vec<usize>), DataError> {
         let mut t = Tensor::zeros(ids.len(), r, r, 3);
-        let labels: Vec<Result<usize, String>> = t
+        let labels: Vec<Result<usize, DataError>> = t
             .data
             .par_chunks_mut(r * r * 3)
             .zip(ids.par_iter())
@@ -196,6 +202,25 @@ pub fn write_test_folder(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A missing folder is an I/O error kept as the cause; an empty one says what it expected.
+    #[test]
+    fn errors_keep_their_causes() {
+        use std::error::Error;
+        let e = ImageFolder::open(Path::new("/nonexistent/imagenet")).unwrap_err();
+        let io = e.source().and_then(|s| s.downcast_ref::<std::io::Error>());
+        assert_eq!(
+            io.map(|e| e.kind()),
+            Some(std::io::ErrorKind::NotFound),
+            "{e}"
+        );
+        let dir =
+            std::env::temp_dir().join(format!("roofline-empty-folder-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let e = ImageFolder::open(&dir).unwrap_err();
+        assert!(matches!(e, DataError::Invalid(_)) && e.to_string().contains("no class folders"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     #[test]
     fn folder_loads_augments_and_normalises() {

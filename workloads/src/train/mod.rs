@@ -2,7 +2,7 @@
 //! loop with evaluation and time-to-quality.
 
 use crate::checkpoint::CheckpointError;
-use crate::data::{Rng, Synthetic};
+use crate::data::{DataError, Rng, Synthetic};
 use crate::exchange::{Buckets, CommOptions, Exchange};
 use crate::folder::ImageFolder;
 use crate::layers::{softmax_cross_entropy, Param, Reducer};
@@ -43,7 +43,7 @@ impl Source {
         &self,
         ids: &[u64],
         seed: u64,
-    ) -> Result<(Tensor<T>, Vec<usize>), String> {
+    ) -> Result<(Tensor<T>, Vec<usize>), DataError> {
         match self {
             Source::Synthetic(s) => Ok(s.batch(ids)),
             Source::Folder {
@@ -53,7 +53,7 @@ impl Source {
     }
 
     /// Evaluation batch `ids` (held-out synthetic images, or the evaluation folder).
-    fn eval_batch<T: Float>(&self, ids: &[u64]) -> Result<(Tensor<T>, Vec<usize>), String> {
+    fn eval_batch<T: Float>(&self, ids: &[u64]) -> Result<(Tensor<T>, Vec<usize>), DataError> {
         match self {
             Source::Synthetic(s) => {
                 Ok(s.batch(&ids.iter().map(|i| (1u64 << 40) + i).collect::<Vec<_>>()))
@@ -62,7 +62,7 @@ impl Source {
                 eval, resolution, ..
             } => match eval {
                 Some(f) => f.batch(ids, *resolution, false, 0),
-                None => Err("no evaluation folder".into()),
+                None => Err(DataError::Invalid("no evaluation folder".into())),
             },
         }
     }
@@ -239,18 +239,17 @@ pub struct Summary {
 
 /// The batch read ahead by a loader thread (a `data` span on the timeline while waiting).
 pub(crate) fn wait_for_batch<B>(
-    pending: &mut Option<std::thread::JoinHandle<Result<B, String>>>,
+    pending: &mut Option<std::thread::JoinHandle<Result<B, DataError>>>,
 ) -> Result<B, TrainError> {
     timed(
         "data",
         || "wait for batch".into(),
         || {
-            pending
+            Ok(pending
                 .take()
-                .ok_or_else(|| TrainError::Data("no batch was fetched".into()))?
+                .ok_or(DataError::NotFetched)?
                 .join()
-                .map_err(|_| TrainError::Data("the data loader panicked".into()))?
-                .map_err(TrainError::Data)
+                .map_err(|_| DataError::LoaderPanicked)??)
         },
     )
 }
@@ -419,7 +418,7 @@ pub fn evaluate_with<T: Float>(
         let ids: Vec<u64> = (start..(start + batch).min(images))
             .map(|i| i as u64)
             .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids)?;
+        let (x, labels) = data.eval_batch::<T>(&ids).map_err(|e| e.to_string())?;
         let z = forward(&x)?;
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
         top1 += t1;
@@ -449,7 +448,7 @@ pub fn predict_with<T: Float>(
         let ids: Vec<u64> = (start..(start + batch).min(images))
             .map(|i| i as u64)
             .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids)?;
+        let (x, labels) = data.eval_batch::<T>(&ids).map_err(|e| e.to_string())?;
         let z = forward(&x)?;
         classes = z.c;
         for row in z.data.chunks(z.c.max(1)) {
@@ -502,7 +501,15 @@ pub enum TrainError {
     #[error("checkpoint: {0}")]
     Checkpoint(#[from] crate::checkpoint::CheckpointError),
     #[error("data: {0}")]
-    Data(String),
+    Data(#[from] DataError),
+    /// The run's configuration does not fit its data or ranks.
+    #[error("{0}")]
+    Setup(String),
+    #[error("the loss diverged at step {step} ({losses}); lower the learning rate")]
+    Diverged { step: usize, losses: String },
+    /// Evaluating the held-out images failed (reading them, or the device).
+    #[error("evaluation: {0}")]
+    Evaluation(String),
     /// The GPU (the accelerator of `--device cuda`) failed.
     #[error("--device cuda: {0}")]
     Device(String),
@@ -722,7 +729,7 @@ pub fn train_on<T: Float>(
                     step + 1,
                 ),
             }
-            .map_err(TrainError::Data)?;
+            .map_err(TrainError::Evaluation)?;
             let reached = cfg.run.target.is_some_and(|t| e.top1 >= t);
             tally.evals.push(e);
             if reached {
@@ -743,7 +750,7 @@ pub fn train_on<T: Float>(
                     cfg.run.batch,
                 ),
             }
-            .map_err(TrainError::Data)?,
+            .map_err(TrainError::Evaluation)?,
         ),
         _ => None,
     };
