@@ -164,8 +164,8 @@ pub(crate) fn assemble(
     let cpu = roofline_collectors::cpu_info(&ident, m.provenance.cpu.cores);
     let provenance = crate::probe_cmd::provenance(cpu, false, start);
     roofline_model::placement::assemble(m, path, r, top, provenance).map_err(|e| match e {
-        PlaceError::NoRoof { .. } => Failure::Input(anyhow!(e)),
-        e => Failure::Run(anyhow!(e)),
+        PlaceError::NoRoof { .. } => Failure::Input(anyhow!("{e}")),
+        e => Failure::Run(anyhow!("{e}")),
     })
 }
 

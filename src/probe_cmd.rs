@@ -258,7 +258,7 @@ pub(crate) fn failure(e: NodeError) -> Failure {
     match e {
         NodeError::Interrupted => Failure::Interrupted,
         NodeError::Input(m) => Failure::Input(anyhow!(m)),
-        e => Failure::Run(anyhow!(e)),
+        e => Failure::Run(anyhow!("{e}")),
     }
 }
 

@@ -173,12 +173,14 @@ impl RunArgs {
     }
 }
 
+/// A run's error as the command line's: its message alone (it already says what its cause
+/// said; the cause chain is for callers of the library).
 impl From<RunError> for Failure {
     fn from(e: RunError) -> Failure {
         if e.is_input() {
-            Failure::Input(anyhow!(e))
+            Failure::Input(anyhow!("{e}"))
         } else {
-            Failure::Run(anyhow!(e))
+            Failure::Run(anyhow!("{e}"))
         }
     }
 }
