@@ -24,6 +24,25 @@ mod reducer;
 pub use probe::{CommConfig, CommResult, P2p, Point};
 pub use reducer::reducers;
 
+/// Why the MPI world or one of its communications failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CommError {
+    /// An MPI call returned an error code.
+    #[error("{call} failed (MPI error {code})")]
+    Call { call: String, code: c_int },
+    /// The launch does not make a world this run can use (threading, teams, the environment).
+    #[error("{0}")]
+    Setup(String),
+    /// A rank did not arrive in time: it died or stopped answering.
+    #[error("{0}")]
+    Timeout(String),
+    /// A collective's or transfer's result was wrong on some rank.
+    #[error("{0}")]
+    WrongResult(String),
+    #[error("NCCL: {0}")]
+    Nccl(#[source] crate::cuda::CudaError),
+}
+
 const TAG_ARRIVE: c_int = 7001;
 const TAG_GO: c_int = 7002;
 const TAG_DATA: c_int = 7003;
@@ -82,16 +101,16 @@ fn host() -> String {
 
 impl World {
     /// Initialises MPI (call only under a launcher: see `super::launched_ranks`).
-    pub fn init(timeout: Duration) -> Result<World, String> {
-        let fake = super::fake_nodes_from_env()?;
+    pub fn init(timeout: Duration) -> Result<World, CommError> {
+        let fake = super::fake_nodes_from_env().map_err(CommError::Setup)?;
         // Serialized: MPI calls come from one thread at a time, not necessarily the main one
         // (the trainer runs its loop on a pinned worker thread).
         let (universe, provided) = mpi::initialize_with_threading(mpi::Threading::Serialized)
-            .ok_or("MPI was already initialised")?;
+            .ok_or_else(|| CommError::Setup("MPI was already initialised".into()))?;
         if provided < mpi::Threading::Serialized {
-            return Err(format!(
+            return Err(CommError::Setup(format!(
                 "the MPI library offers only {provided:?} threading; roofline needs Serialized"
-            ));
+            )));
         }
         let world = universe.world();
         let rank = world.rank() as usize;
@@ -134,7 +153,9 @@ impl World {
         let node = layout.node_of[rank];
         let intra_comm = world
             .split_by_color_with_key(Color::with_value(node as c_int), rank as c_int)
-            .ok_or("MPI_Comm_split (intra-node) returned no communicator")?;
+            .ok_or_else(|| {
+                CommError::Setup("MPI_Comm_split (intra-node) returned no communicator".into())
+            })?;
         let leader = layout.leaders().contains(&rank);
         let inter_comm = world.split_by_color_with_key(
             if leader {
@@ -267,12 +288,12 @@ impl World {
 
     /// Splits the world into `teams` teams of consecutive ranks, `size / teams` each (world
     /// ranks `t·P .. (t + 1)·P` form team t). Collective: every rank calls it.
-    pub fn form_teams(&mut self, teams: usize) -> Result<(), String> {
+    pub fn form_teams(&mut self, teams: usize) -> Result<(), CommError> {
         if teams == 0 || !self.size.is_multiple_of(teams) {
-            return Err(format!(
+            return Err(CommError::Setup(format!(
                 "{} ranks do not split into {teams} equal teams",
                 self.size
-            ));
+            )));
         }
         let per = self.size / teams;
         let comm = self
@@ -282,7 +303,9 @@ impl World {
                 Color::with_value((self.rank / per) as c_int),
                 self.rank as c_int,
             )
-            .ok_or("MPI_Comm_split (teams) returned no communicator")?;
+            .ok_or_else(|| {
+                CommError::Setup("MPI_Comm_split (teams) returned no communicator".into())
+            })?;
         self.team = Some(Group::new(comm, self.rank, Scope::World));
         Ok(())
     }
@@ -399,16 +422,19 @@ fn relaxed_barrier(comm: &SimpleCommunicator, label: &str, _timeout: Option<Dura
     watchdog::disarm();
 }
 
-fn check_rc(call: &str, rc: c_int) -> Result<(), String> {
+fn check_rc(call: &str, rc: c_int) -> Result<(), CommError> {
     if rc == 0 {
         Ok(())
     } else {
-        Err(format!("{call} failed (MPI error {rc})"))
+        Err(CommError::Call {
+            call: call.into(),
+            code: rc,
+        })
     }
 }
 
 /// Blocking send of `buf` (bytes) to `peer` on `comm`, its status checked.
-fn send_bytes(comm: ffi::MPI_Comm, buf: &[u8], peer: c_int, tag: c_int) -> Result<(), String> {
+fn send_bytes(comm: ffi::MPI_Comm, buf: &[u8], peer: c_int, tag: c_int) -> Result<(), CommError> {
     // SAFETY: `buf` outlives the blocking call; its length fits in c_int (≤ 8 bytes here).
     check_rc("MPI_Send", unsafe {
         ffi::MPI_Send(
@@ -423,7 +449,12 @@ fn send_bytes(comm: ffi::MPI_Comm, buf: &[u8], peer: c_int, tag: c_int) -> Resul
 }
 
 /// Blocking receive of exactly `buf.len()` bytes from `peer`.
-fn recv_bytes(comm: ffi::MPI_Comm, buf: &mut [u8], peer: c_int, tag: c_int) -> Result<(), String> {
+fn recv_bytes(
+    comm: ffi::MPI_Comm,
+    buf: &mut [u8],
+    peer: c_int,
+    tag: c_int,
+) -> Result<(), CommError> {
     // SAFETY: as `send_bytes`.
     check_rc("MPI_Recv", unsafe {
         ffi::MPI_Recv(
@@ -439,7 +470,7 @@ fn recv_bytes(comm: ffi::MPI_Comm, buf: &mut [u8], peer: c_int, tag: c_int) -> R
 }
 
 /// Whether a message from `peer` with `tag` is waiting (MPI_Iprobe).
-fn pending(comm: ffi::MPI_Comm, peer: c_int, tag: c_int) -> Result<bool, String> {
+fn pending(comm: ffi::MPI_Comm, peer: c_int, tag: c_int) -> Result<bool, CommError> {
     let mut flag: c_int = 0;
     // SAFETY: out-parameter; the status is ignored.
     check_rc("MPI_Iprobe", unsafe {
@@ -449,7 +480,7 @@ fn pending(comm: ffi::MPI_Comm, peer: c_int, tag: c_int) -> Result<bool, String>
 }
 
 /// Every member shows up for `label`, or the root names the ones that did not.
-fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
+fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), CommError> {
     if let Ok(r) = std::env::var("ROOFLINE_TEST_STALL_RANK") {
         // Test hook: this rank stops answering (as a hung rank would).
         if r.trim().parse::<usize>().ok() == Some(g.members[g.rank()]) {
@@ -491,11 +522,11 @@ fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
                 if Instant::now() > deadline {
                     let names: Vec<String> =
                         missing.iter().map(|p| g.members[*p].to_string()).collect();
-                    return Err(format!(
+                    return Err(CommError::Timeout(format!(
                         "rank {} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
                         names.join(", rank "),
                         timeout.as_secs_f64()
-                    ));
+                    )));
                 }
                 std::thread::sleep(Duration::from_micros(200));
             }
@@ -510,12 +541,12 @@ fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), String> {
                 break;
             }
             if Instant::now() > deadline {
-                return Err(format!(
+                return Err(CommError::Timeout(format!(
                     "rank {} (the root of this {} communicator) did not answer before {label} within {:.0} s",
                     g.members[0],
                     g.scope.name(),
                     timeout.as_secs_f64()
-                ));
+                )));
             }
             std::thread::sleep(Duration::from_micros(200));
         }

@@ -10,7 +10,7 @@ impl World {
         &self,
         cfg: &CommConfig,
         progress: &dyn crate::probe::Progress,
-    ) -> Result<CommResult, String> {
+    ) -> Result<CommResult, CommError> {
         let mut out = CommResult::default();
         let sizes_swept = sizes(cfg.max_size);
         let nodes = self.layout.nodes();
@@ -96,7 +96,7 @@ impl World {
         quick: bool,
         progress: &dyn crate::probe::Progress,
         out: &mut CommResult,
-    ) -> Result<(), String> {
+    ) -> Result<(), CommError> {
         use crate::comm::nccl;
         let local_rank = self.intra.rank();
         let local_size = self.intra.size();
@@ -131,17 +131,17 @@ impl World {
         let log = std::env::temp_dir().join(format!("roofline-nccl-{}.%h.%p", std::process::id()));
         nccl::log_tuning_to(&log);
         let mut id = if self.is_root() {
-            nccl::unique_id().map_err(|e| e.to_string())?.to_vec()
+            nccl::unique_id().map_err(CommError::Nccl)?.to_vec()
         } else {
             Vec::new()
         };
         self.broadcast_bytes(&mut id);
         let id: [u8; 128] = id
             .try_into()
-            .map_err(|_| "the NCCL unique id did not arrive whole".to_string())?;
+            .map_err(|_| CommError::Setup("the NCCL unique id did not arrive whole".into()))?;
         watchdog::arm("ncclCommInitRank");
         let comm = nccl::Communicator::new(&id, self.size, self.rank, ordinal)
-            .map_err(|e| format!("rank {}: {e}", self.rank))?;
+            .map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
         watchdog::disarm();
         let version = nccl::version().unwrap_or_default();
         for c in Collective::ALL {
@@ -472,7 +472,7 @@ fn sweep(
     sizes: &[usize],
     quick: bool,
     timeout: Duration,
-) -> Result<Vec<Point>, String> {
+) -> Result<Vec<Point>, CommError> {
     let n = g.size();
     let me = g.members[g.rank()];
     let mut points = Vec::new();
@@ -495,14 +495,14 @@ fn sweep(
         let times = match result {
             Err(e) => {
                 watchdog::disarm();
-                return Err(format!("{label}: rank {me} {e}"));
+                return Err(CommError::WrongResult(format!("{label}: rank {me} {e}")));
             }
             Ok(_) if first_bad != 0 => {
                 watchdog::disarm();
-                return Err(format!(
+                return Err(CommError::WrongResult(format!(
                     "{label}: rank {} holds a wrong result",
                     first_bad - 1
-                ));
+                )));
             }
             Ok(t) => t,
         };
@@ -538,7 +538,7 @@ fn p2p_pair(
     sweep: &[usize],
     quick: bool,
     timeout: Duration,
-) -> Result<Option<P2p>, String> {
+) -> Result<Option<P2p>, CommError> {
     if g.size() < 2 {
         return Ok(None);
     }
@@ -589,7 +589,9 @@ fn p2p_pair(
                 let ok = window_exchange(comm, r, peer, &send, &mut recv, window, both)?;
                 let t = mpi::time() - t0;
                 if !ok {
-                    return Err(format!("{label}: a {} B message arrived wrong", bytes));
+                    return Err(CommError::WrongResult(format!(
+                        "{label}: a {bytes} B message arrived wrong"
+                    )));
                 }
                 if it > 0 {
                     let moved = (bytes * window) as f64 * if both { 2.0 } else { 1.0 };
@@ -617,14 +619,14 @@ fn window_exchange(
     recv: &mut [u8],
     window: usize,
     both: bool,
-) -> Result<bool, String> {
+) -> Result<bool, CommError> {
     let bytes = send.len();
     let mut reqs: Vec<ffi::MPI_Request> = Vec::with_capacity(2 * window);
     // SAFETY: every request's buffer (`send`, a distinct chunk of `recv`) outlives MPI_Waitall
     // below; counts fit in c_int (sizes ≤ 2 GiB).
     unsafe {
         let post_recvs =
-            |reqs: &mut Vec<ffi::MPI_Request>, recv: &mut [u8]| -> Result<(), String> {
+            |reqs: &mut Vec<ffi::MPI_Request>, recv: &mut [u8]| -> Result<(), CommError> {
                 for k in 0..window {
                     let mut q = std::mem::zeroed();
                     check_rc(
@@ -643,7 +645,7 @@ fn window_exchange(
                 }
                 Ok(())
             };
-        let post_sends = |reqs: &mut Vec<ffi::MPI_Request>| -> Result<(), String> {
+        let post_sends = |reqs: &mut Vec<ffi::MPI_Request>| -> Result<(), CommError> {
             for _ in 0..window {
                 let mut q = std::mem::zeroed();
                 check_rc(
