@@ -124,7 +124,7 @@ pub struct RunArgs {
 
 /// The trainer's precisions (the model's others are the probe's).
 fn precision_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
-    clap::builder::PossibleValuesParser::new(["f32", "tf32", "f16", "bf16"])
+    clap::builder::PossibleValuesParser::new(run::setup::TRAINER_PRECISIONS.map(|p| p.name()))
         .try_map(|s| s.parse::<Precision>())
 }
 

@@ -71,11 +71,7 @@ pub fn check_all(
     opened: impl FnOnce(&Gpu),
 ) -> Result<Vec<Check>, crate::run::RunError> {
     use crate::run::RunError;
-    if !matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
-        return Err(RunError::Input(format!(
-            "--precision {p}: the trainer's convolutions run in f32, tf32, f16 or bf16"
-        )));
-    }
+    let p = crate::run::setup::trainer_precision(p)?;
     let (gpu, ordinal) = crate::run::open_gpu(gpu)?;
     opened(&gpu);
     let mut checks = self_test(gpu, p).map_err(|e| RunError::Run(format!("GPU self-test: {e}")))?;

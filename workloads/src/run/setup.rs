@@ -309,6 +309,27 @@ impl Prepared {
     }
 }
 
+/// The precisions the trainer's convolutions run in (the model's others are the probe's).
+pub const TRAINER_PRECISIONS: [roofline_model::Precision; 4] = [
+    roofline_model::Precision::F32,
+    roofline_model::Precision::Tf32,
+    roofline_model::Precision::F16,
+    roofline_model::Precision::Bf16,
+];
+
+/// `p` when the trainer runs in it, else the input error that lists the ones it does.
+pub fn trainer_precision(
+    p: roofline_model::Precision,
+) -> Result<roofline_model::Precision, RunError> {
+    if TRAINER_PRECISIONS.contains(&p) {
+        Ok(p)
+    } else {
+        Err(RunError::Input(format!(
+            "--precision {p}: the trainer's convolutions run in f32, tf32, f16 or bf16"
+        )))
+    }
+}
+
 /// The CPUs a run of `threads` threads trains on: the first it may use (at least one).
 pub fn training_cpus(threads: usize) -> Vec<usize> {
     let all = roofline_kernels::affinity::allowed_cpus();
@@ -332,12 +353,7 @@ pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
             "--precision and --gpu apply to --device cuda (the CPU trains in f32)".into(),
         ));
     }
-    if !matches!(spec.precision, P::F32 | P::Tf32 | P::F16 | P::Bf16) {
-        return Err(input(format!(
-            "--precision {}: the trainer's convolutions run in f32, tf32, f16 or bf16",
-            spec.precision
-        )));
-    }
+    trainer_precision(spec.precision)?;
     crate::alloc::enable_for_training();
     if spec.steps == Some(0) || spec.epochs == Some(0) {
         return Err(input("nothing to train: --steps or --epochs is 0".into()));
