@@ -169,14 +169,13 @@ pub(crate) fn assemble(
     })
 }
 
-/// `reading` with the GPU's NVML energy over `seconds` added
-/// (`roofline_collectors::nvml::with_gpu_energy`), what it could not measure said on stderr.
-pub(crate) fn with_gpu_energy(
-    reading: Result<energy::Reading, String>,
-    telemetry: Result<Vec<roofline_model::GpuTelemetry>, String>,
-    seconds: f64,
-) -> Result<energy::Reading, String> {
-    let (r, note) = roofline_collectors::nvml::with_gpu_energy(reading, telemetry, seconds);
+/// The reading of `span` stopped now (the GPU's energy over `gpu_seconds`), what it could not
+/// measure said on stderr.
+pub(crate) fn stop_energy(
+    span: energy::Span,
+    gpu_seconds: f64,
+) -> Result<energy::Reading, energy::EnergyError> {
+    let (r, note) = span.stop(gpu_seconds);
     if let Some(n) = note {
         eprintln!("note: {n}");
     }
@@ -201,7 +200,7 @@ fn kernel(a: &PlaceArgs, w: &Micro) -> Result<Measured, Failure> {
             roofline_kernels::ProbeError::Interrupted => Failure::Interrupted,
             e => Failure::Run(anyhow!("{e}")),
         })?;
-    let reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
+    let reading = meter.and_then(|m| m.read());
     m.energy = energy::per_step(&reading, iterations, "over the measured steps");
     Ok(m)
 }
@@ -234,32 +233,25 @@ fn training(a: &PlaceArgs, workload: Kind) -> Result<Option<(Measured, Vec<Span>
         prep.resolution
     );
     timeline::start();
-    let meter_cell: std::sync::Mutex<Option<Result<energy::Meter, String>>> =
-        std::sync::Mutex::new(None);
-    let sampler_cell: SamplerCell = std::sync::Mutex::new(None);
     let monitor = WarmMonitor {
         warm: a.warm,
-        meter: &meter_cell,
-        gpu: (a.run.cuda()).then_some((&a.run, &sampler_cell)),
+        run: &a.run,
+        span: std::sync::Mutex::new(None),
     };
     let result = run_args::execute(&prep, &monitor, reducer);
     let spans = timeline::stop();
     let (s, _) = result?;
-    let meter = meter_cell
-        .into_inner()
-        .unwrap_or_else(|e| e.into_inner())
-        .unwrap_or_else(|| Err("the measured steps did not start".into()));
-    let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
     // On a GPU, its energy over the same steps (NVML) joins the CPU packages'.
-    if let Some(sampler) = sampler_cell.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        let seconds = s
-            .timing
-            .iter()
-            .filter(|t| t.step > a.warm)
-            .map(|t| t.seconds)
-            .sum();
-        reading = with_gpu_energy(reading, sampler.map(|x| x.stop()), seconds);
-    }
+    let seconds = s
+        .timing
+        .iter()
+        .filter(|t| t.step > a.warm)
+        .map(|t| t.seconds)
+        .sum();
+    let reading = match monitor.span.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(span) => stop_energy(span, seconds),
+        None => Err(energy::EnergyError::NotStarted),
+    };
     let energy = energy::per_step(&reading, measured, "over the measured steps");
     if !root {
         return Ok(None);
@@ -275,24 +267,20 @@ fn training(a: &PlaceArgs, workload: Kind) -> Result<Option<(Measured, Vec<Span>
     Ok(Some(measured))
 }
 
-/// A GPU's NVML sampler, once started.
-type SamplerCell = std::sync::Mutex<Option<Result<roofline_collectors::nvml::Sampler, String>>>;
-
-/// Starts the energy meter (and on a GPU its NVML sampler) when the warm-up steps are done.
+/// Starts the energy span (the CPU's meter, and on a GPU its NVML sampler) when the warm-up
+/// steps are done.
 struct WarmMonitor<'a> {
     warm: usize,
-    meter: &'a std::sync::Mutex<Option<Result<energy::Meter, String>>>,
-    gpu: Option<(&'a RunArgs, &'a SamplerCell)>,
+    run: &'a RunArgs,
+    span: std::sync::Mutex<Option<energy::Span>>,
 }
 
 impl Monitor for WarmMonitor<'_> {
     fn step(&self, step: usize, steps: usize, loss: f64, ips: f64) {
         if step == self.warm || (self.warm == 0 && step == 1) {
-            *self.meter.lock().unwrap_or_else(|e| e.into_inner()) = Some(energy::Meter::start());
-            if let Some((run, cell)) = self.gpu {
-                *cell.lock().unwrap_or_else(|e| e.into_inner()) =
-                    Some(crate::score_cmd::gpu_sampler(run));
-            }
+            *self.span.lock().unwrap_or_else(|e| e.into_inner()) = Some(
+                roofline_workloads::run::energy_span(self.run.cuda(), self.run.gpu),
+            );
         }
         eprintln!("  step {step}/{steps}: loss {loss:.4}, {ips:.2} images/s");
     }

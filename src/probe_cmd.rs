@@ -200,7 +200,10 @@ pub(crate) fn io_probe(
             Ok(())
         }
         Err(roofline_kernels::ProbeError::Interrupted) => Err(Failure::Interrupted),
-        Err(roofline_kernels::ProbeError::Io(e)) => Err(Failure::Input(anyhow!("--io: {e}"))),
+        Err(
+            e @ (roofline_kernels::ProbeError::Io { .. }
+            | roofline_kernels::ProbeError::NotAFolder(_)),
+        ) => Err(Failure::Input(anyhow!("--io: {e}"))),
         Err(e) => Err(Failure::Run(anyhow!("storage probe failed: {e}"))),
     }
 }
@@ -257,7 +260,7 @@ pub(crate) fn provenance(cpu: roofline_model::CpuInfo, quick: bool, start: Insta
 pub(crate) fn failure(e: NodeError) -> Failure {
     match e {
         NodeError::Interrupted => Failure::Interrupted,
-        NodeError::Input(m) => Failure::Input(anyhow!(m)),
+        e if e.is_input() => Failure::Input(anyhow!("{e}")),
         e => Failure::Run(anyhow!("{e}")),
     }
 }
@@ -267,12 +270,12 @@ pub(crate) fn failure(e: NodeError) -> Failure {
 pub(crate) fn node_probe(
     a: &ProbeArgs,
     sections: &[Section],
-    gpus: &Result<usize, String>,
+    gpus: &node::Gpus,
     (cores, machine_cores): (&[usize], &[usize]),
     progress: &Bar,
     start: Instant,
 ) -> Result<Machine, Failure> {
-    if let Err(why) = gpus {
+    if let node::Gpus::Absent(why) = gpus {
         if a.device == Devices::Auto && !a.json {
             eprintln!("roofline: no GPU found, probing the CPU only ({why})");
         }
@@ -291,7 +294,7 @@ pub(crate) fn node_probe(
         &CANCEL,
         progress,
     );
-    if r.is_err() || gpus.is_ok() {
+    if r.is_err() || matches!(gpus, node::Gpus::Found(_)) {
         if let Some(b) = &progress.0 {
             b.finish_and_clear();
         }

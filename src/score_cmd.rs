@@ -139,21 +139,14 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         if root {
             eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
         }
-        let meter = roofline_collectors::energy::Meter::start();
-        let sampler = a.run.cuda().then(|| gpu_sampler(&a.run));
+        // The GPU's energy joins the CPU packages' (or stands alone without them).
+        let span = roofline_workloads::run::energy_span(a.run.cuda(), a.run.gpu);
         if topo.plan.is_some() {
             let b = crate::bagging_cmd::run(&prep, &topo, seed, &target, v3_per_image)?;
-            let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
             let Some(b) = b else {
                 continue;
             };
-            if let Some(sampler) = sampler {
-                reading = crate::place_cmd::with_gpu_energy(
-                    reading,
-                    sampler.map(|x| x.stop()),
-                    b.wall_seconds,
-                );
-            }
+            let reading = crate::place_cmd::stop_energy(span, b.wall_seconds);
             gpu = b.gpu.clone();
             let energy =
                 roofline_collectors::energy::per_step(&reading, 1, "per run (all the models)");
@@ -177,15 +170,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         }
         let (s, g) = run_args::execute(&prep, &roofline_workloads::train::Quiet, reducer.clone())?;
         gpu = g;
-        let mut reading = meter.as_ref().map_err(Clone::clone).and_then(|m| m.read());
-        // The GPU's energy joins the CPU packages' (or stands alone without them).
-        if let Some(sampler) = sampler {
-            reading = crate::place_cmd::with_gpu_energy(
-                reading,
-                sampler.map(|x| x.stop()),
-                s.elapsed_seconds,
-            );
-        }
+        let reading = crate::place_cmd::stop_energy(span, s.elapsed_seconds);
         let energy = roofline_collectors::energy::per_step(&reading, 1, "per run");
         energy_note = energy.note.clone();
         let run = score::record(i, seed, &s, prep.batch(), &target, v3_per_image, &energy);
@@ -306,17 +291,4 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     crate::output::score_summary(&score);
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
-}
-
-/// NVML sampling (power, energy counter) of the GPU this rank trains on.
-pub(crate) fn gpu_sampler(a: &RunArgs) -> Result<roofline_collectors::nvml::Sampler, String> {
-    let nvml = roofline_kernels::probe::node::open_nvml()?;
-    let (gpu, _) =
-        roofline_workloads::run::open_gpu(a.gpu).map_err(|_| "no GPU to sample".to_string())?;
-    let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);
-    Ok(roofline_collectors::nvml::Sampler::start(
-        nvml,
-        vec![uuid],
-        std::time::Duration::from_millis(100),
-    ))
 }

@@ -4,8 +4,30 @@
 //! sub-zone is not counted twice. Nothing is estimated: without readable zones there is no
 //! meter, and the reason says what was looked for.
 
+use crate::nvml::{NvmlError, Sampler};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Instant;
+
+/// Why there is no CPU energy reading.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum EnergyError {
+    #[error("no CPU energy counters: {} is not readable ({source})", root.display())]
+    Unreadable {
+        root: PathBuf,
+        #[source]
+        source: Arc<std::io::Error>,
+    },
+    #[error("no CPU energy counters: {zones} package zone(s) under {} exist but energy_uj is not readable (root only since Linux 5.10)", root.display())]
+    Restricted { root: PathBuf, zones: usize },
+    #[error("no CPU energy counters: no package zone under {} (no RAPL driver, or a virtual machine)", root.display())]
+    NoZone { root: PathBuf },
+    #[error("{zone}: the counter stopped being readable")]
+    Stopped { zone: String },
+    /// The span's measured part never began (a run that stopped during its warm-up).
+    #[error("the measured steps did not start")]
+    NotStarted,
+}
 
 /// One readable package zone.
 #[derive(Clone, Debug)]
@@ -35,7 +57,7 @@ pub struct Reading {
 /// Energy per step from a reading over `steps` steps; `span` says what it covers in the note.
 /// No reading, or counters that did not advance: not measured, and why.
 pub fn per_step(
-    reading: &Result<Reading, String>,
+    reading: &Result<Reading, EnergyError>,
     steps: usize,
     span: &str,
 ) -> roofline_model::placement::Energy {
@@ -67,12 +89,10 @@ fn read_u64(p: &Path) -> Option<u64> {
 impl Meter {
     /// Starts every readable package zone under `root` (normally `/sys/class/powercap`), or
     /// says why there is none.
-    pub fn start_at(root: &Path) -> Result<Meter, String> {
-        let entries = std::fs::read_dir(root).map_err(|e| {
-            format!(
-                "no CPU energy counters: {} is not readable ({e})",
-                root.display()
-            )
+    pub fn start_at(root: &Path) -> Result<Meter, EnergyError> {
+        let entries = std::fs::read_dir(root).map_err(|e| EnergyError::Unreadable {
+            root: root.to_path_buf(),
+            source: Arc::new(e),
         })?;
         let mut zones = Vec::new();
         let mut unreadable = 0;
@@ -101,13 +121,14 @@ impl Meter {
             }
         }
         if zones.is_empty() {
+            let root = root.to_path_buf();
             return Err(if unreadable > 0 {
-                format!("no CPU energy counters: {unreadable} package zone(s) under {} exist but energy_uj is not readable (root only since Linux 5.10)", root.display())
+                EnergyError::Restricted {
+                    root,
+                    zones: unreadable,
+                }
             } else {
-                format!(
-                    "no CPU energy counters: no package zone under {} (no RAPL driver, or a virtual machine)",
-                    root.display()
-                )
+                EnergyError::NoZone { root }
             });
         }
         Ok(Meter {
@@ -116,16 +137,17 @@ impl Meter {
         })
     }
 
-    pub fn start() -> Result<Meter, String> {
+    pub fn start() -> Result<Meter, EnergyError> {
         Meter::start_at(Path::new("/sys/class/powercap"))
     }
 
     /// Joules since `start` (each counter's wrap-around undone once).
-    pub fn read(&self) -> Result<Reading, String> {
+    pub fn read(&self) -> Result<Reading, EnergyError> {
         let mut joules = 0.0;
         for z in &self.zones {
-            let now = read_u64(&z.counter)
-                .ok_or_else(|| format!("{}: the counter stopped being readable", z.name))?;
+            let now = read_u64(&z.counter).ok_or_else(|| EnergyError::Stopped {
+                zone: z.name.clone(),
+            })?;
             let uj = if now >= z.start_uj {
                 now - z.start_uj
             } else {
@@ -138,6 +160,37 @@ impl Meter {
             seconds: self.t0.elapsed().as_secs_f64(),
             sources: self.zones.iter().map(|z| z.name.clone()).collect(),
         })
+    }
+}
+
+/// The energy of one span of work: the CPU packages' counters and, on a GPU, its NVML sampler,
+/// both started together.
+pub struct Span {
+    cpu: Result<Meter, EnergyError>,
+    gpu: Option<Result<Sampler, NvmlError>>,
+}
+
+impl Span {
+    /// Starts the CPU's meter now, with `gpu` (a GPU's sampler, or why there is none) when a GPU
+    /// does the work.
+    pub fn start(gpu: Option<Result<Sampler, NvmlError>>) -> Span {
+        Span {
+            cpu: Meter::start(),
+            gpu,
+        }
+    }
+
+    /// The energy since `start`: the CPU packages' reading with the GPU's over `gpu_seconds`
+    /// added (or standing alone without a CPU reading), and a note when a GPU's energy could not
+    /// be measured.
+    pub fn stop(self, gpu_seconds: f64) -> (Result<Reading, EnergyError>, Option<String>) {
+        let reading = self.cpu.and_then(|m| m.read());
+        match self.gpu {
+            None => (reading, None),
+            Some(sampler) => {
+                crate::nvml::with_gpu_energy(reading, sampler.map(|s| s.stop()), gpu_seconds)
+            }
+        }
     }
 }
 
@@ -171,12 +224,14 @@ mod tests {
         assert!(r.sources[0].contains("package-0"));
         let empty = root.join("none");
         std::fs::create_dir_all(&empty).unwrap();
-        assert!(Meter::start_at(&empty)
-            .unwrap_err()
-            .contains("no package zone"));
-        assert!(Meter::start_at(&root.join("missing"))
-            .unwrap_err()
-            .contains("not readable"));
+        assert!(matches!(
+            Meter::start_at(&empty),
+            Err(EnergyError::NoZone { .. })
+        ));
+        let missing = Meter::start_at(&root.join("missing")).unwrap_err();
+        assert!(missing.to_string().contains("not readable"), "{missing}");
+        // The I/O error is kept as the cause.
+        assert!(std::error::Error::source(&missing).is_some());
         std::fs::remove_dir_all(&root).unwrap();
     }
 }

@@ -16,23 +16,48 @@ use std::time::{Duration, Instant};
 /// NVML's largest link count (NVML_NVLINK_MAX_LINKS).
 const MAX_NVLINKS: u32 = 18;
 
+/// Why NVML could not say what was asked. Clone (the causes shared) so that one failed opening
+/// can be the reason of every GPU's missing inventory.
+#[derive(Clone, Debug, thiserror::Error)]
+pub enum NvmlError {
+    #[error("NVML: {0}")]
+    Open(#[source] Arc<nvml_wrapper::error::NvmlError>),
+    #[error("NVML has no device {uuid}: {source}")]
+    NoDevice {
+        uuid: String,
+        #[source]
+        source: Arc<nvml_wrapper::error::NvmlError>,
+    },
+    /// NVML did not open, so nothing it would have said is known.
+    #[error("no NVML inventory or telemetry: {0}")]
+    Unavailable(#[source] Box<NvmlError>),
+    /// There is no GPU to sample; the text says why.
+    #[error("no GPU to sample: {0}")]
+    NoGpu(String),
+}
+
 /// Opens NVML from `lib_path` (or the linker's default name when `None`).
-pub fn open(lib_path: Option<&str>) -> Result<Arc<Nvml>, String> {
+pub fn open(lib_path: Option<&str>) -> Result<Arc<Nvml>, NvmlError> {
     let mut b = Nvml::builder();
     let path;
     if let Some(p) = lib_path {
         path = std::ffi::OsString::from(p);
         b.lib_path(&path);
     }
-    b.init().map(Arc::new).map_err(|e| format!("NVML: {e}"))
+    b.init()
+        .map(Arc::new)
+        .map_err(|e| NvmlError::Open(Arc::new(e)))
 }
 
 /// Fills the NVML half of `info` (found by `info.uuid`, NVML's `GPU-…` form); fields NVML
 /// refuses stay `None`.
-pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), String> {
+pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), NvmlError> {
     let d = nvml
         .device_by_uuid(info.uuid.as_str())
-        .map_err(|e| format!("NVML has no device {}: {e}", info.uuid))?;
+        .map_err(|e| NvmlError::NoDevice {
+            uuid: info.uuid.clone(),
+            source: Arc::new(e),
+        })?;
     info.pci_bus_id = d.pci_info().ok().map(|p| p.bus_id);
     info.sm_clock_mhz = d.clock_info(Clock::SM).ok();
     info.sm_clock_max_mhz = d.max_clock_info(Clock::SM).ok();
@@ -71,10 +96,10 @@ pub fn fill_inventory(nvml: &Nvml, info: &mut GpuInfo) -> Result<(), String> {
 }
 
 /// `fill_inventory` when NVML opened, else the reason it did not, as the error.
-pub fn inventory(nvml: &Result<Arc<Nvml>, String>, info: &mut GpuInfo) -> Result<(), String> {
+pub fn inventory(nvml: &Result<Arc<Nvml>, NvmlError>, info: &mut GpuInfo) -> Result<(), NvmlError> {
     match nvml {
         Ok(n) => fill_inventory(n, info),
-        Err(e) => Err(format!("no NVML inventory or telemetry: {e}")),
+        Err(e) => Err(NvmlError::Unavailable(Box::new(e.clone()))),
     }
 }
 
@@ -210,6 +235,13 @@ impl Sampler {
     }
 }
 
+impl Drop for Sampler {
+    /// A sampler dropped without `stop` (a run that ended early) stops its thread all the same.
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
 /// A GPU's energy over `seconds` from its telemetry: NVML's total-energy counter, or (where
 /// the GPU has none) the mean sampled power × the time, with the source named.
 pub fn energy(t: &GpuTelemetry, seconds: f64) -> Option<(f64, &'static str)> {
@@ -227,10 +259,13 @@ pub fn energy(t: &GpuTelemetry, seconds: f64) -> Option<(f64, &'static str)> {
 /// added, or standing alone without a CPU reading; with a note when the GPU's could not be
 /// measured (no sampler, or neither an energy counter nor power samples), the reading as it was.
 pub fn with_gpu_energy(
-    reading: Result<crate::energy::Reading, String>,
-    telemetry: Result<Vec<GpuTelemetry>, String>,
+    reading: Result<crate::energy::Reading, crate::energy::EnergyError>,
+    telemetry: Result<Vec<GpuTelemetry>, NvmlError>,
     seconds: f64,
-) -> (Result<crate::energy::Reading, String>, Option<String>) {
+) -> (
+    Result<crate::energy::Reading, crate::energy::EnergyError>,
+    Option<String>,
+) {
     let t = match telemetry {
         Ok(t) => t,
         Err(e) => return (reading, Some(format!("GPU energy not measured: {e}"))),
@@ -282,18 +317,22 @@ mod tests {
         assert!(note.is_none());
         assert_eq!(r.joules, 350.0);
         assert!(r.sources[1].contains("NVML total-energy counter (gpu)"));
-        let alone = with_gpu_energy(Err("no powercap".into()), Ok(vec![gpu]), 2.0)
-            .0
-            .unwrap();
+        let none = || {
+            Err(crate::energy::EnergyError::NoZone {
+                root: "/sys/class/powercap".into(),
+            })
+        };
+        let alone = with_gpu_energy(none(), Ok(vec![gpu]), 2.0).0.unwrap();
         assert_eq!((alone.joules, alone.seconds), (250.0, 2.0));
         // Power samples only: mean power × time.
         let sampled = GpuTelemetry {
             power_w: Some(roofline_model::Stats::from_samples(&[100.0, 300.0]).unwrap()),
             ..Default::default()
         };
-        let (p, _) = with_gpu_energy(Err("none".into()), Ok(vec![sampled]), 3.0);
+        let (p, _) = with_gpu_energy(none(), Ok(vec![sampled]), 3.0);
         assert_eq!(p.unwrap().joules, 600.0);
-        let (none, note) = with_gpu_energy(Ok(cpu.clone()), Err("no NVML".into()), 2.0);
+        let no_gpu = NvmlError::NoGpu("no NVML".into());
+        let (none, note) = with_gpu_energy(Ok(cpu.clone()), Err(no_gpu), 2.0);
         assert_eq!(none.unwrap(), cpu);
         assert!(note.unwrap().contains("no NVML"));
     }

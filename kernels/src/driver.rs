@@ -64,6 +64,57 @@ pub fn sample<T: Timer>(
     Ok(seconds)
 }
 
+/// How a kernel's check of its own result failed: the value that is wrong, where, and what it
+/// must be.
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum CheckError {
+    /// A value the work determines exactly (a count, a bit-exact chain) is not that value.
+    #[error("{what}: {got}, expected {want}")]
+    Exact {
+        what: String,
+        got: String,
+        want: String,
+    },
+    /// A value outside its error bound: `err` is its error relative to `scale`.
+    #[error("{what}: {got}, expected {want} (error {err:.2e} of {scale}, bound {bound:.0e})")]
+    Bound {
+        what: String,
+        got: f64,
+        want: f64,
+        err: f64,
+        scale: &'static str,
+        bound: f64,
+    },
+    /// The check of one part of the work (a thread, a layer of a convolution).
+    #[error("{part}: {source}")]
+    In {
+        part: String,
+        #[source]
+        source: Box<CheckError>,
+    },
+    /// The driver finished without a measurement (a thread left before recording it).
+    #[error("no measurement was recorded")]
+    NoMeasurement,
+}
+
+impl CheckError {
+    /// An exact value that is wrong.
+    pub fn exact(what: impl Into<String>, got: impl ToString, want: impl ToString) -> CheckError {
+        CheckError::Exact {
+            what: what.into(),
+            got: got.to_string(),
+            want: want.to_string(),
+        }
+    }
+    /// This error, found in `part` of the work.
+    pub fn within(self, part: impl Into<String>) -> CheckError {
+        CheckError::In {
+            part: part.into(),
+            source: Box::new(self),
+        }
+    }
+}
+
 /// What a probe kernel states about itself and how it runs.
 pub trait Kernel {
     /// Operations (FLOPs, or integer ops) per iteration, this thread's share.
@@ -73,8 +124,8 @@ pub trait Kernel {
     /// Runs `iters` iterations.
     fn run(&mut self, iters: u64);
     /// Checks the result of everything run so far against a reference. Returns the largest
-    /// relative error seen (0 for exact checks) or an error saying what was wrong.
-    fn check(&mut self) -> Result<f64, String>;
+    /// relative error seen (0 for exact checks) or what was wrong.
+    fn check(&mut self) -> Result<f64, CheckError>;
 }
 
 /// How long and how often to measure.
@@ -156,7 +207,7 @@ pub fn measure_here<K: Kernel>(
             break;
         }
     }
-    let err = kernel.check().map_err(ProbeError::Check)?;
+    let err = kernel.check()?;
     Ok(ctl.finish(kernel.ops_per_iter(), kernel.bytes_per_iter(), 1, err))
 }
 
@@ -258,12 +309,12 @@ where
                                 tot.2 = tot.2.max(err);
                             }
                         }
-                        Err(msg) => {
+                        Err(e) => {
                             // Not `fail`: `failed` must not change while other threads may
                             // still be reading it in the loop above.
                             check_failed.store(true, Ordering::SeqCst);
                             if let Ok(mut v) = errors.lock() {
-                                v.push(ProbeError::Check(format!("thread {t} (CPU {cpu}): {msg}")));
+                                v.push(e.within(format!("thread {t} (CPU {cpu})")).into());
                             }
                         }
                     }
@@ -291,7 +342,7 @@ where
         .into_inner()
         .ok()
         .flatten()
-        .ok_or_else(|| ProbeError::Check("no measurement was recorded".into()))
+        .ok_or(ProbeError::Check(CheckError::NoMeasurement))
 }
 
 /// The iteration-count and sample bookkeeping shared by both drivers.
@@ -435,12 +486,13 @@ mod tests {
             }
             self.runs += iters;
         }
-        fn check(&mut self) -> Result<f64, String> {
+        fn check(&mut self) -> Result<f64, CheckError> {
             let per: u64 = self.data.iter().sum();
-            if self.acc == per.wrapping_mul(self.runs) {
+            let want = per.wrapping_mul(self.runs);
+            if self.acc == want {
                 Ok(0.0)
             } else {
-                Err("wrong sum".into())
+                Err(CheckError::exact("sum", self.acc, want))
             }
         }
     }
@@ -478,14 +530,23 @@ mod tests {
                 1.0
             }
             fn run(&mut self, _: u64) {}
-            fn check(&mut self) -> Result<f64, String> {
-                Err("deliberately wrong".into())
+            fn check(&mut self) -> Result<f64, CheckError> {
+                Err(CheckError::exact("deliberately wrong", 1, 2))
             }
         }
         let plan = Plan::new(2, 0, 0.0);
         let cancel = AtomicBool::new(false);
         let e = measure_threads(&[0, 0], &plan, &cancel, |_| Ok(Bad)).unwrap_err();
-        assert!(e.to_string().contains("deliberately wrong"), "{e}");
+        assert!(
+            e.to_string().contains("deliberately wrong: 1, expected 2"),
+            "{e}"
+        );
+        // The failing thread is named, and the kernel's own error is kept as the cause.
+        let ProbeError::Check(CheckError::In { part, source }) = e else {
+            panic!("{e:?}")
+        };
+        assert!(part.starts_with("thread "), "{part}");
+        assert!(matches!(*source, CheckError::Exact { .. }));
         let e = measure_threads(&[0, 0], &plan, &cancel, |t| {
             if t == 1 {
                 Err(ProbeError::Alloc(1 << 40))

@@ -7,6 +7,7 @@
 //! kernel to drop the files from the page cache, and saying that the cache may still help),
 //! checks every byte, and removes everything when it ends — also on an error or Ctrl-C.
 
+use crate::driver::CheckError;
 use crate::ProbeError;
 use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats};
 use std::alloc::Layout;
@@ -100,8 +101,12 @@ impl Drop for TestDir {
     }
 }
 
-fn io_err(what: &str, p: &Path, e: std::io::Error) -> ProbeError {
-    ProbeError::Io(format!("{what} {}: {e}", p.display()))
+fn io_err(what: &'static str, p: &Path, e: std::io::Error) -> ProbeError {
+    ProbeError::Io {
+        what,
+        path: p.to_path_buf(),
+        source: e,
+    }
 }
 
 /// Writes file `f` of `len` bytes and flushes it to the device.
@@ -161,10 +166,12 @@ fn read_file(path: &Path, f: usize, direct: bool, buf: &mut Aligned) -> Result<u
             break;
         }
         if !verify(f, off, &b[..n - n % 8]) {
-            return Err(ProbeError::Check(format!(
-                "{} read back wrong near byte {off}",
-                path.display()
-            )));
+            return Err(CheckError::exact(
+                format!("{} near byte {off}", path.display()),
+                "other bytes",
+                "the bytes written",
+            )
+            .into());
         }
         off += n;
     }
@@ -205,10 +212,7 @@ fn read_all(
             .collect();
         handles
             .into_iter()
-            .map(|h| {
-                h.join()
-                    .unwrap_or_else(|_| Err(ProbeError::Threads("a reader panicked".into())))
-            })
+            .map(|h| h.join().unwrap_or(Err(ProbeError::Panicked("a reader"))))
             .collect()
     });
     let t = start.elapsed().as_secs_f64();
@@ -264,10 +268,7 @@ pub fn run(
     progress: &dyn crate::probe::Progress,
 ) -> Result<IoResult, ProbeError> {
     if !cfg.path.is_dir() {
-        return Err(ProbeError::Io(format!(
-            "{} is not a folder",
-            cfg.path.display()
-        )));
+        return Err(ProbeError::NotAFolder(cfg.path.clone()));
     }
     let dir = cfg.path.join(format!("roofline-io-{}", std::process::id()));
     std::fs::create_dir(&dir).map_err(|e| io_err("cannot create the test folder", &dir, e))?;
@@ -312,10 +313,12 @@ pub fn run(
     for _ in 0..passes {
         let (bytes, _, t) = read_all(&big, &order, &|f| f, readers, direct, REQUEST, cancel)?;
         if bytes != big_files * big_len {
-            return Err(ProbeError::Check(format!(
-                "sequential read returned {bytes} of {} bytes",
-                big_files * big_len
-            )));
+            return Err(CheckError::exact(
+                "bytes a sequential read returned",
+                bytes,
+                big_files * big_len,
+            )
+            .into());
         }
         seq.push(bytes as f64 / t);
     }
@@ -337,9 +340,12 @@ pub fn run(
             cancel,
         )?;
         if files != small_files || bytes != small_files * SMALL_FILE {
-            return Err(ProbeError::Check(format!(
-                "small-file pass read {files} files, {bytes} bytes"
-            )));
+            return Err(CheckError::exact(
+                "files and bytes a small-file pass read",
+                format!("{files} files, {bytes} bytes"),
+                format!("{small_files} files, {} bytes", small_files * SMALL_FILE),
+            )
+            .into());
         }
         small_bw.push(bytes as f64 / t);
         small_rate.push(files as f64 / t);

@@ -18,13 +18,26 @@ pub enum ProbeError {
     #[error("interrupted")]
     Interrupted,
     #[error("result check failed: {0}")]
-    Check(String),
+    Check(#[from] driver::CheckError),
     #[error("cannot allocate {0} bytes")]
     Alloc(usize),
     #[error("not supported here: {0}")]
     Unsupported(String),
-    #[error("cannot start threads: {0}")]
-    Threads(String),
-    #[error("{0}")]
-    Io(String),
+    #[error("no CPU to run on")]
+    NoCpu,
+    #[error("cannot start the probe's threads: {0}")]
+    Threads(#[source] rayon::ThreadPoolBuildError),
+    #[error("a thread of the probe panicked: {0}")]
+    Panicked(&'static str),
+    #[error("the peak database: {0}")]
+    Peaks(#[source] roofline_model::ModelError),
+    #[error("{what} {}: {source}", path.display())]
+    Io {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} is not a folder", .0.display())]
+    NotAFolder(std::path::PathBuf),
 }

@@ -111,8 +111,7 @@ impl Micro {
     ) -> Result<(Measured, usize), ProbeError> {
         let threads = cores.len();
         let plan = Plan::new(samples.max(1), warm, 0.2);
-        let pool = crate::affinity::pinned_pool(cores)
-            .map_err(|e| ProbeError::Threads(format!("{threads} threads: {e}")))?;
+        let pool = crate::affinity::pinned_pool(cores).map_err(ProbeError::Threads)?;
         let (m, name, kind, description, precision, min_bytes): (
             Measurement,
             String,

@@ -69,8 +69,7 @@ fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Metric {
 
 /// Reads any of the three result kinds (by its schema).
 pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ModelError::Json)?;
     let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
     match schema {
         crate::MACHINE_SCHEMA => {

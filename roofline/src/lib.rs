@@ -26,19 +26,33 @@ pub use stats::Stats;
 /// Errors of the model: reading, parsing and writing its files.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("cannot read {path}: {message}")]
-    Io { path: String, message: String },
+    #[error("cannot read {path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("malformed JSON: {0}")]
-    Json(String),
+    Json(#[source] serde_json::Error),
     #[error("unknown schema {found}; expected \"{expected}\" (was the file written by another tool or another version of roofline?)")]
     Schema { expected: String, found: String },
     #[error("{path}: {inner}")]
     InFile {
         path: String,
+        #[source]
         inner: Box<ModelError>,
     },
-    #[error("cannot write {path}: {message}")]
-    Write { path: String, message: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A target an atomic write must not replace.
+    #[error("cannot write {path}: {why}")]
+    Target { path: String, why: &'static str },
+    #[error("peak database: {0}")]
+    PeaksToml(#[source] toml::de::Error),
     #[error("peak database: {0}")]
     Peaks(String),
     #[error("a value no run could have written: {0}")]
@@ -51,8 +65,7 @@ pub fn from_json_with_schema<T: serde::de::DeserializeOwned + validate::Validate
     text: &str,
     schema: &str,
 ) -> Result<T, ModelError> {
-    let value: serde_json::Value =
-        serde_json::from_str(text).map_err(|e| ModelError::Json(e.to_string()))?;
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ModelError::Json)?;
     let found = value.get("schema").and_then(|s| s.as_str());
     if found != Some(schema) {
         return Err(ModelError::Schema {
@@ -62,7 +75,7 @@ pub fn from_json_with_schema<T: serde::de::DeserializeOwned + validate::Validate
                 .unwrap_or_else(|| "no \"schema\" field".into()),
         });
     }
-    let doc: T = serde_json::from_value(value).map_err(|e| ModelError::Json(e.to_string()))?;
+    let doc: T = serde_json::from_value(value).map_err(ModelError::Json)?;
     doc.validate()?;
     Ok(doc)
 }
@@ -74,7 +87,7 @@ pub fn read_with_schema<T: serde::de::DeserializeOwned + validate::Validate>(
 ) -> Result<T, ModelError> {
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::Io {
         path: path.display().to_string(),
-        message: e.to_string(),
+        source: e,
     })?;
     from_json_with_schema(&text, schema).map_err(|e| e.in_file(path))
 }
@@ -83,7 +96,10 @@ impl ModelError {
     /// Attaches the file the error came from (I/O errors already name it).
     pub fn in_file(self, path: &std::path::Path) -> ModelError {
         match self {
-            e @ (ModelError::Io { .. } | ModelError::Write { .. } | ModelError::InFile { .. }) => e,
+            e @ (ModelError::Io { .. }
+            | ModelError::Write { .. }
+            | ModelError::Target { .. }
+            | ModelError::InFile { .. }) => e,
             e => ModelError::InFile {
                 path: path.display().to_string(),
                 inner: Box::new(e),

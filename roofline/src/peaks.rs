@@ -86,7 +86,7 @@ impl PeakDb {
     }
 
     pub fn parse(text: &str) -> Result<PeakDb, ModelError> {
-        let db: PeakDb = toml::from_str(text).map_err(|e| ModelError::Peaks(e.to_string()))?;
+        let db: PeakDb = toml::from_str(text).map_err(ModelError::PeaksToml)?;
         if db.schema != PEAKS_SCHEMA {
             return Err(ModelError::Schema {
                 expected: PEAKS_SCHEMA.into(),

@@ -214,7 +214,7 @@ impl Sweep {
     }
 
     pub fn to_json(&self) -> Result<String, ModelError> {
-        serde_json::to_string_pretty(self).map_err(|e| ModelError::Json(e.to_string()))
+        serde_json::to_string_pretty(self).map_err(ModelError::Json)
     }
 }
 

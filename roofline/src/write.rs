@@ -18,10 +18,10 @@ pub fn temp_path(path: &Path) -> PathBuf {
 /// and anything that exists but is not a regular file (renaming over `/dev/null` as root would
 /// replace the device).
 pub fn check_target(path: &Path) -> Result<(), ModelError> {
-    let refuse = |message: &str| {
-        Err(ModelError::Write {
+    let refuse = |why: &'static str| {
+        Err(ModelError::Target {
             path: path.display().to_string(),
-            message: message.into(),
+            why,
         })
     };
     if path.as_os_str().is_empty() || path.file_name().is_none() {
@@ -38,7 +38,7 @@ pub fn check_target(path: &Path) -> Result<(), ModelError> {
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), ModelError> {
     let err = |e: std::io::Error| ModelError::Write {
         path: path.display().to_string(),
-        message: e.to_string(),
+        source: e,
     };
     check_target(path)?;
     let tmp = temp_path(path);

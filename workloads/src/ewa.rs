@@ -14,8 +14,11 @@ use crate::exchange::{Buckets, Exchange};
 use crate::layers::Reducer;
 use crate::run::RunOptions;
 use crate::tensor::{Float, Tensor};
-use crate::train::{wait_for_batch, Eval, Monitor, Schedule, Sgd, Summary, Tally, TrainError};
+use crate::train::{
+    wait_for_batch, Eval, EvalError, Monitor, Schedule, Sgd, Summary, Tally, TrainError,
+};
 use roofline_collectors::timeline::{span, timed};
+use roofline_kernels::cuda::CudaError;
 use std::ops::Range;
 use std::sync::Arc;
 use std::time::Instant;
@@ -97,7 +100,7 @@ pub fn evaluate<T: Float>(
     data: &EwaSet,
     ids: Range<usize>,
     size: usize,
-) -> Result<(f64, Vec<Option<f64>>), String> {
+) -> Result<(f64, Vec<Option<f64>>), EvalError> {
     let classes = model.cfg.classes;
     evaluate_with(&mut |x| Ok(model.detect(x)), data, ids, size, classes)
 }
@@ -107,35 +110,47 @@ pub type Detections = Vec<Vec<Detection>>;
 
 /// `evaluate` with the detections made by `detect` (the CPU model or a device).
 pub fn evaluate_with<T: Float>(
-    detect: &mut dyn FnMut(&Tensor<T>) -> Result<Detections, String>,
+    detect: &mut Detect<'_, T>,
     data: &EwaSet,
     ids: Range<usize>,
     size: usize,
     classes: usize,
-) -> Result<(f64, Vec<Option<f64>>), String> {
-    let crate::bagging::Predictions::Boxes {
-        detections, truths, ..
-    } = predict_with(detect, data, ids, size, classes)?
-    else {
-        return Err("detections expected".into());
-    };
+) -> Result<(f64, Vec<Option<f64>>), EvalError> {
+    let (detections, truths) = detect_all(detect, data, ids, size)?;
     let (map, per_class) = mean_average_precision(&detections, &truths, classes, 0.5);
-    let map = map.ok_or("the evaluation images hold no ground-truth box: mAP is undefined")?;
-    Ok((map, per_class))
+    Ok((map.ok_or(EvalError::NoTruth)?, per_class))
 }
+
+/// The detections of a batch (the CPU model's or a device's).
+pub type Detect<'a, T> = dyn FnMut(&Tensor<T>) -> Result<Detections, CudaError> + 'a;
 
 /// Every detection of the images `ids` (each `image` the image's id) and their ground truth.
 pub fn predict_with<T: Float>(
-    detect: &mut dyn FnMut(&Tensor<T>) -> Result<Detections, String>,
+    detect: &mut Detect<'_, T>,
     data: &EwaSet,
     ids: Range<usize>,
     size: usize,
     classes: usize,
-) -> Result<crate::bagging::Predictions, String> {
+) -> Result<crate::bagging::Predictions, EvalError> {
+    let (detections, truths) = detect_all(detect, data, ids, size)?;
+    Ok(crate::bagging::Predictions::Boxes {
+        classes,
+        detections,
+        truths,
+    })
+}
+
+/// Every detection of the images `ids`, `size` at a time, and their ground truth.
+fn detect_all<T: Float>(
+    detect: &mut Detect<'_, T>,
+    data: &EwaSet,
+    ids: Range<usize>,
+    size: usize,
+) -> Result<(Vec<Detection>, Vec<Truth>), EvalError> {
     let (mut dets, mut truths) = (Vec::new(), Vec::new());
     let ids: Vec<usize> = ids.collect();
     for chunk in ids.chunks(size.max(1)) {
-        let (x, targets) = batch::<T>(data, chunk).map_err(|e| e.to_string())?;
+        let (x, targets) = batch::<T>(data, chunk)?;
         let found = detect(&x)?;
         for (k, (f, t)) in found.into_iter().zip(&targets).enumerate() {
             let image = chunk[k];
@@ -150,11 +165,7 @@ pub fn predict_with<T: Float>(
             }));
         }
     }
-    Ok(crate::bagging::Predictions::Boxes {
-        classes,
-        detections: dets,
-        truths,
-    })
+    Ok((dets, truths))
 }
 
 /// The CPU's optimizer step.
@@ -213,7 +224,7 @@ fn load<T: Float>(
 /// resume) and writes them back for checkpoints and the summary.
 pub trait DetectorDevice<T> {
     /// Takes `model`'s parameters, momenta and running statistics.
-    fn begin(&mut self, model: &mut Detector<T>) -> Result<(), String>;
+    fn begin(&mut self, model: &mut Detector<T>) -> Result<(), CudaError>;
     /// One step on this rank's share of the batch: forward, losses, backward, gradient
     /// allreduce, update at `lr`. Returns (this rank's losses, bytes it put into gradient
     /// allreduces).
@@ -224,11 +235,11 @@ pub trait DetectorDevice<T> {
         seed: u64,
         lr: f64,
         sgd: &Sgd,
-    ) -> Result<(Losses, f64), String>;
+    ) -> Result<(Losses, f64), CudaError>;
     /// Detections for a batch (inference).
-    fn detect(&mut self, x: &Tensor<T>) -> Result<Detections, String>;
+    fn detect(&mut self, x: &Tensor<T>) -> Result<Detections, CudaError>;
     /// Writes parameters, momenta and running statistics back into `model`.
-    fn store(&mut self, model: &mut Detector<T>) -> Result<(), String>;
+    fn store(&mut self, model: &mut Detector<T>) -> Result<(), CudaError>;
 }
 
 /// Trains the detector, data parallel over the ranks of `reducer` (each rank its share of the
@@ -621,8 +632,12 @@ mod tests {
         }
     }
 
+    fn not_begun() -> CudaError {
+        CudaError::Check("not begun".into())
+    }
+
     impl DetectorDevice<f32> for Mirror {
-        fn begin(&mut self, model: &mut Detector<f32>) -> Result<(), String> {
+        fn begin(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
             let mut n = Detector::new(model.cfg.clone(), 999);
             copy(model, &mut n);
             self.net = Some(n);
@@ -635,18 +650,18 @@ mod tests {
             seed: u64,
             lr: f64,
             sgd: &Sgd,
-        ) -> Result<(Losses, f64), String> {
-            let n = self.net.as_mut().ok_or("not begun")?;
+        ) -> Result<(Losses, f64), CudaError> {
+            let n = self.net.as_mut().ok_or_else(not_begun)?;
             let l = n.train_step(x, truth, seed);
             sgd.step(n.params(), lr);
             Ok((l, 0.0))
         }
-        fn detect(&mut self, x: &Tensor<f32>) -> Result<Detections, String> {
-            Ok(self.net.as_mut().ok_or("not begun")?.detect(x))
+        fn detect(&mut self, x: &Tensor<f32>) -> Result<Detections, CudaError> {
+            Ok(self.net.as_mut().ok_or_else(not_begun)?.detect(x))
         }
-        fn store(&mut self, model: &mut Detector<f32>) -> Result<(), String> {
+        fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
             self.stored += 1;
-            copy(self.net.as_mut().ok_or("not begun")?, model);
+            copy(self.net.as_mut().ok_or_else(not_begun)?, model);
             Ok(())
         }
     }

@@ -2,7 +2,7 @@
 //! every x86-64 core, so adds per second is cycles per second. /proc/cpuinfo's MHz is often the
 //! nominal or the host's clock on virtual machines and ignores turbo.
 
-use crate::driver::Kernel;
+use crate::driver::{CheckError, Kernel};
 
 /// Dependent adds per loop iteration (long, so that the loop branch costs < 0.05%).
 pub const ADDS_PER_ITER: u64 = 1000;
@@ -69,14 +69,15 @@ impl Kernel for ClockKernel {
         self.value = chain(self.value, iters);
         self.total_iters += iters;
     }
-    fn check(&mut self) -> Result<f64, String> {
+    fn check(&mut self) -> Result<f64, CheckError> {
         let want = self.total_iters.wrapping_mul(ADDS_PER_ITER);
         if self.value == want {
             Ok(0.0)
         } else {
-            Err(format!(
-                "add chain gave {} after {} iterations, expected {want}",
-                self.value, self.total_iters
+            Err(CheckError::exact(
+                format!("add chain after {} iterations", self.total_iters),
+                self.value,
+                want,
             ))
         }
     }

@@ -5,7 +5,7 @@
 
 use crate::buffer::Buffer;
 use crate::cpu::gemm::{check_product, matmul, noise, Shape};
-use crate::driver::Kernel;
+use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
 use gemm::Parallelism;
 use rayon::prelude::*;
@@ -295,7 +295,7 @@ impl ConvKernel {
 }
 
 /// Checks 16 outputs against a direct f64 convolution.
-pub fn check_conv(x: &[f32], w: &[f32], y: &[f32], sh: &ConvShape) -> Result<f64, String> {
+pub fn check_conv(x: &[f32], w: &[f32], y: &[f32], sh: &ConvShape) -> Result<f64, CheckError> {
     // Build the 16 sampled patch rows explicitly and reuse the GEMM check.
     let (rows, depth, k) = (sh.rows(), sh.depth(), sh.k);
     let mut worst = 0.0f64;
@@ -320,10 +320,10 @@ pub fn check_conv(x: &[f32], w: &[f32], y: &[f32], sh: &ConvShape) -> Result<f64
             1,
         )
         .map_err(|e| {
-            format!(
-                "convolution {} output row {row} channel {col}: {e}",
+            e.within(format!(
+                "convolution {} output row {row} channel {col}",
                 sh.describe()
-            )
+            ))
         })?;
         worst = worst.max(err);
     }
@@ -362,7 +362,7 @@ impl Kernel for ConvKernel {
             conv2d_forward(&self.x, &self.w, &mut self.y, &self.shape, self.parallel);
         }
     }
-    fn check(&mut self) -> Result<f64, String> {
+    fn check(&mut self) -> Result<f64, CheckError> {
         check_conv(&self.x, &self.w, &self.y, &self.shape)
     }
 }

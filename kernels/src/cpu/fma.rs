@@ -10,7 +10,7 @@
 //! (an FMA is one correctly rounded operation, so vector and scalar agree exactly), and the state
 //! after the timed runs is compared with the recurrence's closed form.
 
-use crate::driver::Kernel;
+use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
 
 /// Accumulator slots (64 bytes each) in a kernel's state: the most any ISA uses.
@@ -167,6 +167,11 @@ impl FmaKernel {
                 isa.name()
             )));
         }
+        Ok(FmaKernel::unchecked(p, isa))
+    }
+
+    /// A kernel for a precision and instruction set already known to run here.
+    fn unchecked(p: Precision, isa: Isa) -> FmaKernel {
         let mut k = FmaKernel {
             p,
             isa,
@@ -176,7 +181,7 @@ impl FmaKernel {
             total_iters: 0,
         };
         k.reset(false);
-        Ok(k)
+        k
     }
 
     /// Initial accumulators and operands. `counting` selects operands whose effect grows with
@@ -263,7 +268,7 @@ impl FmaKernel {
 
     /// Values the state must hold after `n` recurrence steps from the initial state, and the
     /// tolerance: exact (bit for bit) when `exact`, else the closed form within 1e-3.
-    fn verify(&self, steps: u64, exact: bool, counting: bool) -> Result<f64, String> {
+    fn verify(&self, steps: u64, exact: bool, counting: bool) -> Result<f64, CheckError> {
         let lanes_used = |elem: usize| match self.isa {
             Isa::Avx512 => 64 / elem,
             Isa::Avx2 => 32 / elem,
@@ -292,11 +297,24 @@ impl FmaKernel {
                             1.0 + A.powf(steps as f64) * (x0 - 1.0)
                         };
                         let rel = ((got - want) / want).abs();
-                        if (exact && got != want) || !got.is_finite() || rel > 1e-3 {
-                            return Err(format!(
-                                "{} accumulator {r} lane {l}: {got} after {steps} steps, expected {want}",
+                        let what = || {
+                            format!(
+                                "{} accumulator {r} lane {l} after {steps} steps",
                                 self.p.name()
-                            ));
+                            )
+                        };
+                        if exact && got != want {
+                            return Err(CheckError::exact(what(), got, want));
+                        }
+                        if !got.is_finite() || rel > 1e-3 {
+                            return Err(CheckError::Bound {
+                                what: what(),
+                                got,
+                                want,
+                                err: rel,
+                                scale: "the value",
+                                bound: 1e-3,
+                            });
                         }
                         worst = worst.max(rel);
                     }
@@ -315,8 +333,10 @@ impl FmaKernel {
                         x0
                     };
                     if got != want {
-                        return Err(format!(
-                            "bf16 lane {i}: {got} after {steps} dot products, expected {want}"
+                        return Err(CheckError::exact(
+                            format!("bf16 lane {i} after {steps} dot products"),
+                            got,
+                            want,
                         ));
                     }
                 }
@@ -330,8 +350,10 @@ impl FmaKernel {
                     let per = if counting { 4i64 } else { -4 };
                     let want = (x0 as i64).wrapping_add(per.wrapping_mul(steps as i64)) as i32;
                     if got != want {
-                        return Err(format!(
-                            "int8 lane {i}: {got} after {steps} dot products, expected {want}"
+                        return Err(CheckError::exact(
+                            format!("int8 lane {i} after {steps} dot products"),
+                            got,
+                            want,
                         ));
                     }
                 }
@@ -352,11 +374,11 @@ impl FmaKernel {
     /// of two runs of different lengths, so that call overhead cancels. `Ok(None)` when no
     /// counter is available; an error when the count is not the expected
     /// [`INSTR_PER_ITER`] + 2 (`dec`, `jnz`).
-    pub fn confirm_instructions(p: Precision, isa: Isa) -> Result<Option<f64>, String> {
+    pub fn confirm_instructions(p: Precision, isa: Isa) -> Result<Option<f64>, ProbeError> {
         if isa == Isa::Scalar {
             return Ok(None);
         }
-        let mut k = FmaKernel::new(p, isa).map_err(|e| e.to_string())?;
+        let mut k = FmaKernel::new(p, isa)?;
         let (short, long) = (100_000u64, 300_000u64);
         let (_, a) = crate::perf::count_instructions(|| k.run_raw(short));
         let (_, b) = crate::perf::count_instructions(|| k.run_raw(long));
@@ -366,18 +388,28 @@ impl FmaKernel {
         let per_iter = (b as f64 - a as f64) / (long - short) as f64;
         let want = (INSTR_PER_ITER + 2) as f64;
         if (per_iter - want).abs() > 0.25 {
-            return Err(format!(
-                "{} {}: the CPU retired {per_iter:.2} instructions per loop iteration, expected {want}",
-                p.name(),
-                isa.name()
-            ));
+            return Err(CheckError::exact(
+                format!(
+                    "{} {}: instructions the CPU retired per loop iteration",
+                    p.name(),
+                    isa.name()
+                ),
+                format!("{per_iter:.2}"),
+                want,
+            )
+            .into());
         }
         Ok(Some(per_iter))
     }
 
     /// The exact short check: a fresh state, `iters` iterations, compared bit for bit.
-    pub fn self_test(p: Precision, isa: Isa, iters: u64) -> Result<(), String> {
-        let mut k = FmaKernel::new(p, isa).map_err(|e| e.to_string())?;
+    pub fn self_test(p: Precision, isa: Isa, iters: u64) -> Result<(), ProbeError> {
+        Ok(FmaKernel::new(p, isa)?.exact_run(iters)?)
+    }
+
+    /// The exact short check on a fresh state, leaving this kernel's state as it was.
+    fn exact_run(&self, iters: u64) -> Result<(), CheckError> {
+        let mut k = FmaKernel::unchecked(self.p, self.isa);
         k.reset(true);
         k.run_raw(iters);
         k.verify(k.steps(), true, true).map(|_| ())
@@ -394,8 +426,8 @@ impl Kernel for FmaKernel {
     fn run(&mut self, iters: u64) {
         self.run_raw(iters)
     }
-    fn check(&mut self) -> Result<f64, String> {
-        FmaKernel::self_test(self.p, self.isa, 1000)?;
+    fn check(&mut self) -> Result<f64, CheckError> {
+        self.exact_run(1000)?;
         self.verify(self.steps(), false, false)
     }
 }

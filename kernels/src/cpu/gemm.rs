@@ -11,7 +11,7 @@
 //! order), within a bound per precision.
 
 use crate::buffer::{Buffer, Zeroable};
-use crate::driver::Kernel;
+use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
 use gemm::Parallelism;
 
@@ -209,7 +209,7 @@ pub fn check_product<T: Elem>(
     ldb: usize,
     c: &[T],
     ldc: usize,
-) -> Result<f64, String> {
+) -> Result<f64, CheckError> {
     let mut worst = 0.0f64;
     for s in 0..16usize {
         let i = (s * 7919 + 3) % shape.m;
@@ -223,12 +223,14 @@ pub fn check_product<T: Elem>(
         let got = c[i * ldc + j].to_f64();
         let err = (got - want).abs() / scale.max(f64::MIN_POSITIVE);
         if !got.is_finite() || err > T::TOLERANCE {
-            return Err(format!(
-                "{} GEMM {}: C[{i},{j}] = {got}, expected {want} (error {err:.2e} of Σ|a·b|, bound {:.0e})",
-                T::NAME,
-                shape.describe(),
-                T::TOLERANCE
-            ));
+            return Err(CheckError::Bound {
+                what: format!("{} GEMM {}: C[{i},{j}]", T::NAME, shape.describe()),
+                got,
+                want,
+                err,
+                scale: "Σ|a·b|",
+                bound: T::TOLERANCE,
+            });
         }
         worst = worst.max(err);
     }
@@ -260,7 +262,7 @@ impl<T: Elem> Kernel for GemmKernel<T> {
             }
         }
     }
-    fn check(&mut self) -> Result<f64, String> {
+    fn check(&mut self) -> Result<f64, CheckError> {
         check_product(
             self.shape, &self.a, self.lda, &self.b, self.ldb, &self.c, self.ldc,
         )

@@ -10,7 +10,7 @@
 //! timed runs the whole destination array (or the last sum) is compared with its known value.
 
 use crate::buffer::Buffer;
-use crate::driver::Kernel;
+use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
 
 /// The operation.
@@ -182,12 +182,13 @@ impl Kernel for StreamKernel {
             self.pass();
         }
     }
-    fn check(&mut self) -> Result<f64, String> {
+    fn check(&mut self) -> Result<f64, CheckError> {
         let n = self.n;
         let bad = |i: usize, got: f64, want: f64| {
-            Err(format!(
-                "{} element {i} of {n}: {got}, expected {want}",
-                self.op.name()
+            Err(CheckError::exact(
+                format!("{} element {i} of {n}", self.op.name()),
+                got,
+                want,
             ))
         };
         match self.op {

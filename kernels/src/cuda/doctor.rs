@@ -171,7 +171,9 @@ fn cuda_major(lib: Lib, version: &str) -> Option<u32> {
 }
 
 /// Runs every check; `enrich` adds NVML's part of each GPU's inventory.
-pub fn diagnose(enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>) -> Report {
+pub fn diagnose(
+    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), roofline_collectors::nvml::NvmlError>,
+) -> Report {
     let mut problems = Vec::new();
     let blocker = |what: String, fix: String| Problem {
         severity: Severity::Blocker,
@@ -358,7 +360,7 @@ fn generation_checks(
 
 fn gpu_status(
     ordinal: usize,
-    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>,
+    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), roofline_collectors::nvml::NvmlError>,
 ) -> Result<(GpuStatus, Gpu), CudaError> {
     let mut gpu = Gpu::open(ordinal)?;
     let mut info = crate::probe::gpu::inventory(&gpu);

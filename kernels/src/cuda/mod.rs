@@ -32,6 +32,9 @@ pub enum CudaError {
     /// A GPU result disagreed with its CPU reference.
     #[error("result check failed: {0}")]
     Check(String),
+    /// A GPU result outside the bound of its CPU reference (the checks shared with the CPU's).
+    #[error("result check failed: {0}")]
+    Verify(#[from] crate::driver::CheckError),
     #[error("not supported on this GPU: {0}")]
     Unsupported(String),
     #[error("interrupted")]

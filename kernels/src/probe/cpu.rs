@@ -182,7 +182,7 @@ pub fn run(
     progress: &dyn Progress,
 ) -> Result<CpuResult, ProbeError> {
     if cfg.cores.is_empty() {
-        return Err(ProbeError::Threads("no CPU to run on".into()));
+        return Err(ProbeError::NoCpu);
     }
     // Peak arithmetic is cheap to sample: more and longer samples ride out clock changes.
     let (plan, big_plan, peak_plan) = if cfg.quick {
@@ -205,8 +205,8 @@ pub fn run(
         plan,
         big_plan,
         peak_plan,
-        db: PeakDb::builtin().map_err(|e| ProbeError::Unsupported(e.to_string()))?,
-        pool: pinned_pool(&cfg.cores).map_err(|e| ProbeError::Threads(e.to_string()))?,
+        db: PeakDb::builtin().map_err(ProbeError::Peaks)?,
+        pool: pinned_pool(&cfg.cores).map_err(ProbeError::Threads)?,
     };
     progress.begin(planned_measurements(cfg));
     let mut out = CpuResult::default();
@@ -327,7 +327,7 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             continue;
         };
         // The instructions the kernel claims, confirmed with the CPU's counter where one is.
-        let confirmed = match FmaKernel::confirm_instructions(p, isa).map_err(ProbeError::Check)? {
+        let confirmed = match FmaKernel::confirm_instructions(p, isa)? {
             Some(n) => format!("instruction count confirmed by the CPU's counter: {n:.2} per loop iteration (24 + dec/jnz)"),
             None => "instruction count not confirmed (no perf counter here); the loop is 24 instructions + dec/jnz by construction".into(),
         };

@@ -213,7 +213,7 @@ impl Ctx<'_> {
                 Ok(())
             }
             // A wrong result ends the probe: a ceiling from it would be worse than none.
-            Err(e @ CudaError::Check(_)) => Err(e),
+            Err(e @ (CudaError::Check(_) | CudaError::Verify(_))) => Err(e),
             // Anything else (a library call, a compilation, an allocation) costs this kernel
             // only: a note, and the CPU's and the other kernels' results are still written.
             Err(e) => {
@@ -330,7 +330,7 @@ pub fn run(
     cancel: &AtomicBool,
     progress: &dyn Progress,
     peaks: &PeakDb,
-    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), String>,
+    enrich: &dyn Fn(&mut GpuInfo) -> Result<(), roofline_collectors::nvml::NvmlError>,
 ) -> Result<GpuResult, CudaError> {
     let n = device::init()?;
     let mut ctx = Ctx {

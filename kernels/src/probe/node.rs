@@ -39,6 +39,43 @@ pub enum NodeError {
     Check(#[source] CudaError),
     #[error("peak database: {0}")]
     Peaks(#[source] roofline_model::ModelError),
+    /// A GPU was asked for (`flag`) and there is none: the CUDA error says what was looked for.
+    #[error("{flag}: {source}")]
+    NoGpu {
+        flag: &'static str,
+        #[source]
+        source: CudaError,
+    },
+    /// NVML did not open (the GPU sampler's, the inventory's).
+    #[error("{0}")]
+    Nvml(#[from] roofline_collectors::nvml::NvmlError),
+}
+
+impl NodeError {
+    /// Whether the fault is what was asked (exit 2), not the run's.
+    pub fn is_input(&self) -> bool {
+        matches!(self, NodeError::Input(_) | NodeError::NoGpu { .. })
+    }
+}
+
+/// The GPUs a node probe measures, or why it measures none.
+#[derive(Debug)]
+pub enum Gpus {
+    Found(usize),
+    /// `--device cpu`.
+    NotAsked,
+    /// No driver, or no device: the error says what was looked for.
+    Absent(CudaError),
+}
+
+impl std::fmt::Display for Gpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Gpus::Found(n) => write!(f, "{n} GPU(s)"),
+            Gpus::NotAsked => f.write_str("GPUs not probed (--device cpu)"),
+            Gpus::Absent(e) => write!(f, "{e}"),
+        }
+    }
 }
 
 impl From<ProbeError> for NodeError {
@@ -92,22 +129,22 @@ pub fn cores_for(threads: Option<usize>) -> Result<(Vec<usize>, Vec<usize>), Nod
 
 /// How many GPUs are probed, or why none is; `Devices::Cuda` without a driver, or only GPU
 /// sections without a GPU, is an input error.
-pub fn gpu_status(
-    devices: Devices,
-    sections: &[Section],
-) -> Result<Result<usize, String>, NodeError> {
+pub fn gpu_status(devices: Devices, sections: &[Section]) -> Result<Gpus, NodeError> {
     let status = match (devices, gpu_probe::init()) {
-        (Devices::Cpu, _) => Err("GPUs not probed (--device cpu)".to_string()),
-        (Devices::Cuda, Err(e)) => return Err(NodeError::Input(format!("--device cuda: {e}"))),
-        (_, Err(e)) => Err(e.to_string()),
-        (_, Ok(n)) => Ok(n),
-    };
-    if let Err(why) = &status {
-        if sections.iter().all(|s| *s == Section::Copy) {
-            return Err(NodeError::Input(format!(
-                "--only copy measures GPU copies, and no GPU is probed: {why}"
-            )));
+        (Devices::Cpu, _) => Gpus::NotAsked,
+        (Devices::Cuda, Err(source)) => {
+            return Err(NodeError::NoGpu {
+                flag: "--device cuda",
+                source,
+            })
         }
+        (_, Err(e)) => Gpus::Absent(e),
+        (_, Ok(n)) => Gpus::Found(n),
+    };
+    if !matches!(status, Gpus::Found(_)) && sections.iter().all(|s| *s == Section::Copy) {
+        return Err(NodeError::Input(format!(
+            "--only copy measures GPU copies, and no GPU is probed: {status}"
+        )));
     }
     Ok(status)
 }
@@ -134,7 +171,7 @@ pub fn cpu_here(cores: usize) -> CpuInfo {
 /// measured.
 pub fn probe(
     cfg: &NodeConfig,
-    gpus: &Result<usize, String>,
+    gpus: &Gpus,
     provenance: &dyn Fn(CpuInfo) -> Provenance,
     cancel: &AtomicBool,
     progress: &dyn Progress,
@@ -158,8 +195,8 @@ pub fn probe(
     let mut gpu_infos = Vec::new();
     let mut gpu_libraries = Vec::new();
     match gpus {
-        Err(why) => result.notes.push(format!("no GPU found: {why}")),
-        Ok(_) => {
+        Gpus::NotAsked | Gpus::Absent(_) => result.notes.push(format!("no GPU found: {gpus}")),
+        Gpus::Found(_) => {
             let mode = if cfg.quick {
                 gpu_probe::Mode::Quick
             } else {
@@ -228,7 +265,8 @@ pub fn probe(
 }
 
 /// NVML, opened from where the CUDA library search found libnvidia-ml.
-pub fn open_nvml() -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, String> {
+pub fn open_nvml(
+) -> Result<std::sync::Arc<roofline_collectors::nvml::Nvml>, roofline_collectors::nvml::NvmlError> {
     let path = crate::cuda::libs::locate(crate::cuda::libs::Lib::Nvml);
     roofline_collectors::nvml::open(path.as_deref())
 }
@@ -284,8 +322,11 @@ pub fn gpu_check(devices: Devices, cancel: &AtomicBool) -> Result<gpu_probe::Gpu
             "--check tests the GPU kernels; it does not go with --device cpu (the CPU probes check themselves on every run)".into(),
         ));
     }
-    if let Err(e) = gpu_probe::init() {
-        return Err(NodeError::Input(format!("--check: {e}")));
+    if let Err(source) = gpu_probe::init() {
+        return Err(NodeError::NoGpu {
+            flag: "--check",
+            source,
+        });
     }
     let peaks = roofline_model::PeakDb::builtin().map_err(NodeError::Peaks)?;
     let cfg = gpu_probe::GpuConfig {

@@ -18,14 +18,14 @@ impl Parts {
     fn take(
         &mut self,
         old: Option<(Ctx, Option<GradSync>)>,
-    ) -> Result<(Ctx, Option<Communicator>), String> {
+    ) -> Result<(Ctx, Option<Communicator>), CudaError> {
         let ctx = match (self.ctx.take(), old) {
             (Some(c), _) => c,
             (None, Some((ctx, sync))) => {
                 self.nccl = sync.map(|g| g.nccl);
                 ctx
             }
-            (None, None) => return Err("the GPU context is gone".into()),
+            (None, None) => return Err(CudaError::Check("the GPU context is gone".into())),
         };
         Ok((ctx, self.nccl.take()))
     }
@@ -58,10 +58,10 @@ impl CudaTrainer {
         }
     }
 
-    pub(super) fn net(&mut self) -> Result<&mut GpuResNet, String> {
+    pub(super) fn net(&mut self) -> Result<&mut GpuResNet, CudaError> {
         self.net
             .as_mut()
-            .ok_or_else(|| "the GPU model was not loaded".to_string())
+            .ok_or_else(|| CudaError::Check("the GPU model was not loaded".into()))
     }
 }
 
@@ -77,11 +77,10 @@ pub fn communicator(reducer: &dyn Reducer, ordinal: usize) -> Result<Communicato
 }
 
 impl crate::train::Accelerator<f32> for CudaTrainer {
-    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
         let p = &self.parts;
-        let net = GpuResNet::new(ctx, model, nccl, p.reducer.clone(), p.comm)
-            .map_err(|e| e.to_string())?;
+        let net = GpuResNet::new(ctx, model, nccl, p.reducer.clone(), p.comm)?;
         self.net = Some(net);
         Ok(())
     }
@@ -93,20 +92,17 @@ impl crate::train::Accelerator<f32> for CudaTrainer {
         lr: f64,
         smoothing: f64,
         sgd: &crate::train::Sgd,
-    ) -> Result<(f64, f64), String> {
-        let r = self
-            .net()?
-            .step(x, labels, lr, smoothing, sgd)
-            .map_err(|e| e.to_string())?;
+    ) -> Result<(f64, f64), CudaError> {
+        let r = self.net()?.step(x, labels, lr, smoothing, sgd)?;
         Ok((r.loss, r.comm_bytes))
     }
 
-    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
-        self.net()?.logits(x).map_err(|e| e.to_string())
+    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
+        self.net()?.logits(x)
     }
 
-    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
-        self.net()?.store(model).map_err(|e| e.to_string())
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+        self.net()?.store(model)
     }
 }
 
@@ -137,19 +133,18 @@ impl CudaDetectorTrainer {
         }
     }
 
-    fn net(&mut self) -> Result<&mut GpuDetector, String> {
+    fn net(&mut self) -> Result<&mut GpuDetector, CudaError> {
         self.net
             .as_mut()
-            .ok_or_else(|| "the GPU detector was not loaded".to_string())
+            .ok_or_else(|| CudaError::Check("the GPU detector was not loaded".into()))
     }
 }
 
 impl crate::ewa::DetectorDevice<f32> for CudaDetectorTrainer {
-    fn begin(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), String> {
+    fn begin(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), CudaError> {
         let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
         let p = &self.parts;
-        let net = GpuDetector::new(ctx, model, nccl, p.reducer.clone(), p.comm)
-            .map_err(|e| e.to_string())?;
+        let net = GpuDetector::new(ctx, model, nccl, p.reducer.clone(), p.comm)?;
         self.net = Some(net);
         Ok(())
     }
@@ -161,22 +156,19 @@ impl crate::ewa::DetectorDevice<f32> for CudaDetectorTrainer {
         seed: u64,
         lr: f64,
         sgd: &crate::train::Sgd,
-    ) -> Result<(crate::detect::model::Losses, f64), String> {
-        let r = self
-            .net()?
-            .step(x, truth, seed, lr, sgd, None)
-            .map_err(|e| e.to_string())?;
+    ) -> Result<(crate::detect::model::Losses, f64), CudaError> {
+        let r = self.net()?.step(x, truth, seed, lr, sgd, None)?;
         Ok((r.losses, r.comm_bytes))
     }
 
     fn detect(
         &mut self,
         x: &Tensor<f32>,
-    ) -> Result<Vec<Vec<crate::detect::map::Detection>>, String> {
-        self.net()?.detect(x).map_err(|e| e.to_string())
+    ) -> Result<Vec<Vec<crate::detect::map::Detection>>, CudaError> {
+        self.net()?.detect(x)
     }
 
-    fn store(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), String> {
-        self.net()?.store(model).map_err(|e| e.to_string())
+    fn store(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), CudaError> {
+        self.net()?.store(model)
     }
 }

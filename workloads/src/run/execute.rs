@@ -35,6 +35,27 @@ pub fn open_gpu(gpu: Option<usize>) -> Result<(Gpu, usize), RunError> {
     Ok((gpu, ordinal))
 }
 
+/// The energy of a span of this rank's work: the CPU packages' counters, and with `cuda` the
+/// NVML sampler (power, energy counter) of the GPU this rank trains on (`gpu` as `open_gpu`
+/// chooses it).
+pub fn energy_span(cuda: bool, gpu: Option<usize>) -> roofline_collectors::energy::Span {
+    roofline_collectors::energy::Span::start(cuda.then(|| gpu_sampler(gpu)))
+}
+
+fn gpu_sampler(
+    gpu: Option<usize>,
+) -> Result<roofline_collectors::nvml::Sampler, roofline_collectors::nvml::NvmlError> {
+    let nvml = roofline_kernels::probe::node::open_nvml()?;
+    let (gpu, _) =
+        open_gpu(gpu).map_err(|e| roofline_collectors::nvml::NvmlError::NoGpu(e.to_string()))?;
+    let uuid = roofline_kernels::probe::gpu::roofline_uuid(&gpu.uuid);
+    Ok(roofline_collectors::nvml::Sampler::start(
+        nvml,
+        vec![uuid],
+        std::time::Duration::from_millis(100),
+    ))
+}
+
 /// Runs `p` on the CPU or (`--device cuda`) this rank's GPU, its gradients summed over
 /// `reducer`'s ranks; returns the summary and the GPU's name.
 pub fn execute(

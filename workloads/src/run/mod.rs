@@ -13,7 +13,7 @@ pub mod sweep;
 use crate::exchange::CommOptions;
 use std::path::PathBuf;
 
-pub use execute::{execute, open_gpu};
+pub use execute::{energy_span, execute, open_gpu};
 pub use setup::{prepare, training_cpus, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
 /// What a run of either workload is told beside its model and data: the schedule, when to stop,
@@ -113,7 +113,11 @@ impl RunError {
     pub fn is_input(&self) -> bool {
         match self {
             RunError::Input(_) | RunError::NoGpu(_) => true,
-            RunError::Train(e) => !matches!(e, crate::train::TrainError::Device(_)),
+            RunError::Train(e) => !matches!(
+                e,
+                crate::train::TrainError::Device(_)
+                    | crate::train::TrainError::Evaluation(crate::train::EvalError::Device(_))
+            ),
             _ => false,
         }
     }

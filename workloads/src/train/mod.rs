@@ -12,10 +12,13 @@ use crate::run::RunOptions;
 use crate::tensor::Float;
 use crate::tensor::Tensor;
 use roofline_collectors::timeline::{span, timed};
+use roofline_kernels::cuda::CudaError;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod error;
 mod optim;
+pub use error::{EvalError, TrainError};
 pub use optim::{Decay, Schedule, Sgd};
 
 /// Where the images come from.
@@ -392,7 +395,7 @@ pub fn evaluate<T: Float>(
     images: usize,
     batch: usize,
     step: usize,
-) -> Result<Eval, String> {
+) -> Result<Eval, EvalError> {
     evaluate_with(
         &mut |x| Ok(model.forward(x, false)),
         data,
@@ -403,7 +406,7 @@ pub fn evaluate<T: Float>(
 }
 
 /// Inference logits of a batch (the CPU model's or a device's).
-pub type Logits<'a, T> = dyn FnMut(&Tensor<T>) -> Result<Tensor<T>, String> + 'a;
+pub type Logits<'a, T> = dyn FnMut(&Tensor<T>) -> Result<Tensor<T>, CudaError> + 'a;
 
 /// `evaluate` with the inference logits from `forward` (the CPU model or a device).
 pub fn evaluate_with<T: Float>(
@@ -412,13 +415,13 @@ pub fn evaluate_with<T: Float>(
     images: usize,
     batch: usize,
     step: usize,
-) -> Result<Eval, String> {
+) -> Result<Eval, EvalError> {
     let (mut top1, mut top5, mut loss) = (0usize, 0usize, 0.0);
     for start in (0..images).step_by(batch.max(1)) {
         let ids: Vec<u64> = (start..(start + batch).min(images))
             .map(|i| i as u64)
             .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids).map_err(|e| e.to_string())?;
+        let (x, labels) = data.eval_batch::<T>(&ids)?;
         let z = forward(&x)?;
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
         top1 += t1;
@@ -442,13 +445,13 @@ pub fn predict_with<T: Float>(
     data: &Source,
     images: usize,
     batch: usize,
-) -> Result<crate::bagging::Predictions, String> {
+) -> Result<crate::bagging::Predictions, EvalError> {
     let (mut probabilities, mut all_labels, mut classes) = (Vec::new(), Vec::new(), 0);
     for start in (0..images).step_by(batch.max(1)) {
         let ids: Vec<u64> = (start..(start + batch).min(images))
             .map(|i| i as u64)
             .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids).map_err(|e| e.to_string())?;
+        let (x, labels) = data.eval_batch::<T>(&ids)?;
         let z = forward(&x)?;
         classes = z.c;
         for row in z.data.chunks(z.c.max(1)) {
@@ -495,32 +498,12 @@ impl TrainConfig {
     }
 }
 
-/// What can stop a run.
-#[derive(Debug, thiserror::Error)]
-pub enum TrainError {
-    #[error("checkpoint: {0}")]
-    Checkpoint(#[from] crate::checkpoint::CheckpointError),
-    #[error("data: {0}")]
-    Data(#[from] DataError),
-    /// The run's configuration does not fit its data or ranks.
-    #[error("{0}")]
-    Setup(String),
-    #[error("the loss diverged at step {step} ({losses}); lower the learning rate")]
-    Diverged { step: usize, losses: String },
-    /// Evaluating the held-out images failed (reading them, or the device).
-    #[error("evaluation: {0}")]
-    Evaluation(String),
-    /// The GPU (the accelerator of `--device cuda`) failed.
-    #[error("--device cuda: {0}")]
-    Device(String),
-}
-
 /// A device that runs the training step in place of the CPU layers (the CUDA path,
 /// [`crate::gpu`]). The CPU model stays the reference copy: the device takes its parameters
 /// after a resume and writes them back for checkpoints and the summary.
 pub trait Accelerator<T> {
     /// Takes `model`'s parameters, momenta and running statistics.
-    fn begin(&mut self, model: &mut ResNet<T>) -> Result<(), String>;
+    fn begin(&mut self, model: &mut ResNet<T>) -> Result<(), CudaError>;
     /// One step on this rank's share of the batch: forward, loss, backward, gradient
     /// allreduce, update at `lr`. Returns (mean loss over this rank's rows, bytes this rank
     /// put into gradient allreduces).
@@ -531,11 +514,11 @@ pub trait Accelerator<T> {
         lr: f64,
         smoothing: f64,
         sgd: &Sgd,
-    ) -> Result<(f64, f64), String>;
+    ) -> Result<(f64, f64), CudaError>;
     /// Inference logits.
-    fn logits(&mut self, x: &Tensor<T>) -> Result<Tensor<T>, String>;
+    fn logits(&mut self, x: &Tensor<T>) -> Result<Tensor<T>, CudaError>;
     /// Writes parameters, momenta and running statistics back into `model`.
-    fn store(&mut self, model: &mut ResNet<T>) -> Result<(), String>;
+    fn store(&mut self, model: &mut ResNet<T>) -> Result<(), CudaError>;
 }
 
 /// `train`, data parallel over the ranks of `reducer`: every rank draws the same global batch

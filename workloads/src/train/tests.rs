@@ -213,8 +213,12 @@ fn copy(from: &mut ResNet<f32>, to: &mut ResNet<f32>) {
     }
 }
 
+fn not_begun() -> CudaError {
+    CudaError::Check("not begun".into())
+}
+
 impl Accelerator<f32> for Mirror {
-    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         let mut n = ResNet::new(self.cfg.clone(), 999);
         copy(model, &mut n);
         self.net = Some(n);
@@ -227,20 +231,20 @@ impl Accelerator<f32> for Mirror {
         lr: f64,
         smoothing: f64,
         sgd: &Sgd,
-    ) -> Result<(f64, f64), String> {
-        let n = self.net.as_mut().ok_or("not begun")?;
+    ) -> Result<(f64, f64), CudaError> {
+        let n = self.net.as_mut().ok_or_else(not_begun)?;
         let z = n.forward(x, true);
         let (loss, g, _, _) = softmax_cross_entropy(&z, labels, smoothing);
         n.backward(&g);
         sgd.step(n.params(), lr);
         Ok((loss, 0.0))
     }
-    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, String> {
-        Ok(self.net.as_mut().ok_or("not begun")?.forward(x, false))
+    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
+        Ok(self.net.as_mut().ok_or_else(not_begun)?.forward(x, false))
     }
-    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), String> {
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         self.stored += 1;
-        copy(self.net.as_mut().ok_or("not begun")?, model);
+        copy(self.net.as_mut().ok_or_else(not_begun)?, model);
         Ok(())
     }
 }

@@ -8,6 +8,7 @@ use crate::cuda::blas::{
 };
 use crate::cuda::device::{self, Gpu};
 use crate::cuda::CudaError;
+use crate::driver::CheckError;
 use roofline_model::{
     Ceiling, CeilingKind, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -97,7 +98,7 @@ pub fn check_sample(
     m: usize,
     n: usize,
     k: usize,
-) -> Result<f64, String> {
+) -> Result<f64, CheckError> {
     let mut worst = 0.0f64;
     for s in 0..64usize {
         let i = (s * 7919) % m;
@@ -111,12 +112,15 @@ pub fn check_sample(
         let got = decode_out(p, c, i + j * m);
         let err = (got - dot).abs() / abs.max(f64::MIN_POSITIVE);
         worst = worst.max(err);
-        if err > p.tolerance() {
-            return Err(format!(
-                "{} GEMM {m}x{n}x{k}: C[{i},{j}] = {got}, reference {dot} (normwise error {err:.2e} > {:.0e})",
-                p.name(),
-                p.tolerance()
-            ));
+        if !got.is_finite() || err > p.tolerance() {
+            return Err(CheckError::Bound {
+                what: format!("{} GEMM {m}x{n}x{k}: C[{i},{j}]", p.name()),
+                got,
+                want: dot,
+                err,
+                scale: "Σ|a·b|",
+                bound: p.tolerance(),
+            });
         }
     }
     Ok(worst)
@@ -321,8 +325,7 @@ fn gemm_precision(
             };
             // The warm-up above left C: check it.
             let c: Vec<u8> = gpu.download(&pr.c)?;
-            let err =
-                check_sample(p, &pr.host_a, &pr.host_b, &c, m, n, k).map_err(CudaError::Check)?;
+            let err = check_sample(p, &pr.host_a, &pr.host_b, &c, m, n, k)?;
             worst_err = worst_err.max(err);
             measured += 1;
             if mode == Mode::Check {
@@ -476,5 +479,11 @@ mod tests {
             .flat_map(|x| (*x as f32).to_le_bytes())
             .collect();
         assert!(check_sample(Prec::F32, &a, &b, &bytes, m, n, k).is_err());
+        // A NaN is no product: its error compares false with every bound, and must still fail.
+        let mut nan = c.clone();
+        nan[0] = f64::NAN;
+        let bytes: Vec<u8> = nan.iter().flat_map(|x| (*x as f32).to_le_bytes()).collect();
+        let e = check_sample(Prec::F32, &a, &b, &bytes, m, n, k).unwrap_err();
+        assert!(matches!(e, CheckError::Bound { .. }), "{e}");
     }
 }
