@@ -298,15 +298,26 @@ pub fn pool(runs: Vec<GateInput>) -> Option<GateInput> {
     Some(first)
 }
 
+/// Why a rules file is not one.
+#[derive(Debug, thiserror::Error)]
+pub enum RulesError {
+    #[error("{0}")]
+    Toml(#[source] toml::de::Error),
+    #[error("tolerances are fractions in [0, 1), e.g. 0.05 for 5%")]
+    Tolerance,
+    #[error("confidence is a fraction in (0.5, 1), e.g. 0.95")]
+    Confidence,
+}
+
 impl Rules {
-    pub fn parse(text: &str) -> Result<Rules, String> {
-        let r: Rules = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Rules, RulesError> {
+        let r: Rules = toml::from_str(text).map_err(RulesError::Toml)?;
         let bad = |t: f64| !(0.0..1.0).contains(&t);
         if bad(r.default.tolerance) || r.rules.iter().any(|x| bad(x.tolerance)) {
-            return Err("tolerances are fractions in [0, 1), e.g. 0.05 for 5%".into());
+            return Err(RulesError::Tolerance);
         }
         if !(r.default.confidence > 0.5 && r.default.confidence < 1.0) {
-            return Err("confidence is a fraction in (0.5, 1), e.g. 0.95".into());
+            return Err(RulesError::Confidence);
         }
         Ok(r)
     }
@@ -701,11 +712,12 @@ mod tests {
         assert!(glob("cpu/fma/f??/*", "cpu/fma/f32/all"));
         assert!(!glob("cpu/fma/f??/*", "cpu/fma/bf16/all"));
         assert!(glob("*", ""));
-        assert!(Rules::parse("[default]\ntolerance = 2\n")
-            .unwrap_err()
-            .contains("fractions"));
+        assert!(matches!(
+            Rules::parse("[default]\ntolerance = 2\n"),
+            Err(RulesError::Tolerance)
+        ));
         assert!(
-            Rules::parse("[defaults]\n").is_err(),
+            matches!(Rules::parse("[defaults]\n"), Err(RulesError::Toml(_))),
             "unknown tables are errors"
         );
         let d = Rules::default();

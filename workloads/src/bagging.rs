@@ -158,10 +158,23 @@ pub const MEAN_PROBABILITIES: &str =
 /// How the detector's models are combined.
 pub const FUSED_BOXES: &str = "weighted box fusion: per image and class, the models' detections clustered greedily by score (IoU >= 0.55 with the cluster's best box, one box per model), each cluster's box the score-weighted mean of its boxes and its score the sum of their scores / M; the best 100 per image kept; mAP@0.5 of the fused detections";
 
+/// Why the models' predictions make no ensemble.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum EnsembleError {
+    #[error("no model's predictions")]
+    Empty,
+    #[error("the models predicted different kinds of things")]
+    MixedKinds,
+    #[error("the models predicted different held-out images")]
+    DifferentImages,
+    #[error("the held-out images hold no ground-truth box")]
+    NoTruth,
+}
+
 /// The ensemble of `members`' predictions (one per model, of the same held-out images).
-pub fn ensemble(members: &[Predictions]) -> Result<Ensemble, String> {
+pub fn ensemble(members: &[Predictions]) -> Result<Ensemble, EnsembleError> {
     match members.first() {
-        None => Err("no model's predictions".into()),
+        None => Err(EnsembleError::Empty),
         Some(Predictions::Classes {
             classes, labels, ..
         }) => {
@@ -173,10 +186,10 @@ pub fn ensemble(members: &[Predictions]) -> Result<Ensemble, String> {
                     ..
                 } = m
                 else {
-                    return Err("the models predicted different kinds of things".into());
+                    return Err(EnsembleError::MixedKinds);
                 };
                 if p.len() != mean.len() || l != labels {
-                    return Err("the models predicted different held-out images".into());
+                    return Err(EnsembleError::DifferentImages);
                 }
                 for (a, b) in mean.iter_mut().zip(p) {
                     *a += *b as f64 / members.len() as f64;
@@ -195,14 +208,14 @@ pub fn ensemble(members: &[Predictions]) -> Result<Ensemble, String> {
             let mut per_model = Vec::with_capacity(members.len());
             for m in members {
                 let Predictions::Boxes { detections, .. } = m else {
-                    return Err("the models predicted different kinds of things".into());
+                    return Err(EnsembleError::MixedKinds);
                 };
                 per_model.push(detections.clone());
             }
             let fused = fuse_detections(&per_model, 0.55, 100);
             let (map, _) = mean_average_precision(&fused, truths, *classes, 0.5);
             Ok(Ensemble {
-                quality: map.ok_or("the held-out images hold no ground-truth box")?,
+                quality: map.ok_or(EnsembleError::NoTruth)?,
                 top5: None,
                 rule: FUSED_BOXES,
             })

@@ -14,6 +14,14 @@ pub enum DataError {
         #[source]
         source: std::io::Error,
     },
+    #[error("{}: no such file or folder", .0.display())]
+    Missing(PathBuf),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("{path}: {source}")]
     Image {
         path: PathBuf,

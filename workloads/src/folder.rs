@@ -182,18 +182,22 @@ pub fn write_test_folder(
     classes: usize,
     per_class: usize,
     size: u32,
-) -> Result<(), String> {
+) -> Result<(), DataError> {
     for c in 0..classes {
         let dir = root.join(format!("class{c:03}"));
-        std::fs::create_dir_all(&dir).map_err(|e| e.to_string())?;
+        std::fs::create_dir_all(&dir).map_err(|source| DataError::Write {
+            path: dir.clone(),
+            source,
+        })?;
         for i in 0..per_class {
             let img = RgbImage::from_fn(size, size + (i as u32 % 3) * 8, |x, y| {
                 let v = ((x as usize * (c + 1) + y as usize * (2 * c + 1) + i * 7) % 256) as u8;
                 let colour = [(c * 80 % 256) as u8, v, 255 - v];
                 image::Rgb([colour[c % 3], colour[(c + 1) % 3], colour[(c + 2) % 3]])
             });
-            img.save(dir.join(format!("img{i:04}.jpg")))
-                .map_err(|e| e.to_string())?;
+            let path = dir.join(format!("img{i:04}.jpg"));
+            img.save(&path)
+                .map_err(|source| DataError::Image { path, source })?;
         }
     }
     Ok(())

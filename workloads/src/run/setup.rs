@@ -2,7 +2,7 @@
 //! command line): the workload's configuration, checked, and its pinned thread pool.
 
 use super::{RunError, RunOptions, Workload};
-use crate::data::Synthetic;
+use crate::data::{DataError, Synthetic};
 use crate::ewa::EwaConfig;
 use crate::exchange::CommOptions;
 use crate::folder::ImageFolder;
@@ -496,15 +496,18 @@ fn classifier(a: &Spec) -> Result<(Job, Resolution), RunError> {
 
 /// The Extreme Weather files of `--data`: the file itself, or a folder's climo_*.h5 (else its
 /// *.h5), in name order.
-fn ewa_files(path: &Path) -> Result<Vec<PathBuf>, String> {
+fn ewa_files(path: &Path) -> Result<Vec<PathBuf>, DataError> {
     if !path.is_dir() {
         if !path.is_file() {
-            return Err(format!("--data {}: no such file or folder", path.display()));
+            return Err(DataError::Missing(path.to_path_buf()));
         }
         return Ok(vec![path.to_path_buf()]);
     }
     let mut h5: Vec<PathBuf> = std::fs::read_dir(path)
-        .map_err(|e| format!("--data {}: {e}", path.display()))?
+        .map_err(|source| DataError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "h5"))
         .collect();
@@ -519,10 +522,10 @@ fn ewa_files(path: &Path) -> Result<Vec<PathBuf>, String> {
         .collect();
     let files = if climo.is_empty() { h5 } else { climo };
     if files.is_empty() {
-        return Err(format!(
-            "--data {}: no .h5 files (the Extreme Weather data are climo_<year>.h5)",
-            path.display()
-        ));
+        return Err(DataError::File {
+            path: path.to_path_buf(),
+            what: "no .h5 files (the Extreme Weather data are climo_<year>.h5)".into(),
+        });
     }
     Ok(files)
 }
@@ -557,7 +560,7 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
         ));
     }
     let files = match &a.data {
-        Some(p) => ewa_files(p).map_err(input)?,
+        Some(p) => ewa_files(p).map_err(|e| input(format!("--data {e}")))?,
         None => {
             let n = a.train_images.unwrap_or(16) + a.eval_images;
             if n == a.eval_images {

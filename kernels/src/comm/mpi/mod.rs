@@ -41,6 +41,14 @@ pub enum CommError {
     WrongResult(String),
     #[error("NCCL: {0}")]
     Nccl(#[source] crate::cuda::CudaError),
+    /// What went wrong on one rank during one operation of a sweep.
+    #[error("{what}: rank {rank}: {source}")]
+    OnRank {
+        what: String,
+        rank: usize,
+        #[source]
+        source: Box<CommError>,
+    },
 }
 
 const TAG_ARRIVE: c_int = 7001;

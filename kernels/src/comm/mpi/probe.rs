@@ -381,8 +381,9 @@ impl CommResult {
 trait Collectives {
     /// `c` at `bytes` (the sweep's size; the library's counts from `Collective::counts`):
     /// warmed up, then `iters` operations each timed after a barrier; this rank's seconds per
-    /// operation, or what was wrong with this rank's result.
-    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String>;
+    /// operation, or what was wrong with this rank's result or call.
+    fn measure(&mut self, c: Collective, bytes: usize, iters: usize)
+        -> Result<Vec<f64>, CommError>;
 }
 
 /// The MPI ranks' timer for the driver: a barrier of the ranks, then the MPI clock around the
@@ -390,8 +391,8 @@ trait Collectives {
 struct MpiClock<'a>(&'a SimpleCommunicator);
 
 impl crate::driver::Timer for MpiClock<'_> {
-    type Error = String;
-    fn time(&mut self, work: &mut dyn FnMut() -> Result<(), String>) -> Result<f64, String> {
+    type Error = CommError;
+    fn time(&mut self, work: &mut dyn FnMut() -> Result<(), CommError>) -> Result<f64, CommError> {
         self.0.barrier();
         let t0 = mpi::time();
         work()?;
@@ -403,7 +404,12 @@ impl crate::driver::Timer for MpiClock<'_> {
 struct Mpi<'a>(&'a Group);
 
 impl Collectives for Mpi<'_> {
-    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String> {
+    fn measure(
+        &mut self,
+        c: Collective,
+        bytes: usize,
+        iters: usize,
+    ) -> Result<Vec<f64>, CommError> {
         let g = self.0;
         let (n, r) = (g.size(), g.rank());
         let Some((sc, rc)) = c.counts(bytes, n) else {
@@ -439,7 +445,9 @@ impl Collectives for Mpi<'_> {
             },
         )?;
         match first_difference(&recv, &expected(c, r, n, rc)) {
-            Some((i, got, want)) => Err(format!("holds {got} at element {i}, expected {want}")),
+            Some((i, got, want)) => Err(CommError::WrongResult(format!(
+                "holds {got} at element {i}, expected {want}"
+            ))),
             None => Ok(times),
         }
     }
@@ -452,12 +460,17 @@ struct Nccl<'a> {
 }
 
 impl Collectives for Nccl<'_> {
-    fn measure(&mut self, c: Collective, bytes: usize, iters: usize) -> Result<Vec<f64>, String> {
+    fn measure(
+        &mut self,
+        c: Collective,
+        bytes: usize,
+        iters: usize,
+    ) -> Result<Vec<f64>, CommError> {
         let world = self.world;
         let mut barrier = || world.barrier();
         self.comm
             .measure(c, bytes, iters, &mut barrier)
-            .map_err(|e| e.to_string())
+            .map_err(CommError::Nccl)
     }
 }
 
@@ -495,7 +508,11 @@ fn sweep(
         let times = match result {
             Err(e) => {
                 watchdog::disarm();
-                return Err(CommError::WrongResult(format!("{label}: rank {me} {e}")));
+                return Err(CommError::OnRank {
+                    what: label,
+                    rank: me,
+                    source: Box::new(e),
+                });
             }
             Ok(_) if first_bad != 0 => {
                 watchdog::disarm();
