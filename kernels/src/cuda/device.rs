@@ -77,6 +77,26 @@ impl Drop for DevBuf {
     }
 }
 
+/// A stream-ordered device allocation (cuMemAllocAsync on a GPU's stream), freed on drop in
+/// stream order: work enqueued before the free still sees it.
+pub struct StreamBuf {
+    pub ptr: sys::CUdeviceptr,
+    pub bytes: usize,
+    stream: sys::CUstream,
+}
+
+impl Drop for StreamBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemAllocAsync on `stream`, freed once, in stream order.
+        unsafe {
+            let _ = cu::free_async(self.ptr, self.stream);
+        }
+    }
+}
+
+/// A loaded kernel, as [`Gpu::function`] returns it and [`Gpu::launch`] takes it.
+pub type Function = sys::CUfunction;
+
 /// Page-locked host memory (cuMemHostAlloc), freed on drop.
 pub struct PinnedBuf {
     ptr: *mut c_void,
@@ -350,6 +370,66 @@ impl Gpu {
         Ok(PinnedBuf { ptr, bytes })
     }
 
+    /// `bytes` (at least 4) from the stream's memory pool, in stream order; freed in stream
+    /// order when the buffer drops.
+    pub fn alloc_async(&self, bytes: usize) -> Result<StreamBuf, CudaError> {
+        // SAFETY: stream-ordered allocation on our live stream; freed by StreamBuf's Drop.
+        let ptr = check("cuMemAllocAsync", unsafe {
+            cu::malloc_async(self.stream, bytes.max(4))
+        })?;
+        Ok(StreamBuf {
+            ptr,
+            bytes,
+            stream: self.stream,
+        })
+    }
+
+    /// Enqueues the copy of `data` to device address `dst` on this GPU's stream (pageable host
+    /// memory is staged before the call returns, so `data` may go away after it).
+    ///
+    /// # Safety
+    /// `dst` is an allocation of this GPU's context with at least `size_of_val(data)` bytes
+    /// from it on, alive until the copy has run (stream-ordered frees keep that).
+    pub unsafe fn copy_in_async<T: Pod>(&self, dst: u64, data: &[T]) -> Result<(), CudaError> {
+        if data.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        check("cuMemcpyHtoDAsync", unsafe {
+            cu::memcpy_htod_async(dst, data, self.stream)
+        })
+    }
+
+    /// `len` elements from device address `src`, after everything enqueued on this GPU's
+    /// stream so far (waits for the copy).
+    ///
+    /// # Safety
+    /// `src` is an allocation of this GPU's context holding at least `len` elements of `T`.
+    pub unsafe fn copy_out<T: Pod>(&self, src: u64, len: usize) -> Result<Vec<T>, CudaError> {
+        let mut v = vec![T::default(); len];
+        if len == 0 {
+            return Ok(v);
+        }
+        // SAFETY: the caller's contract for `src`; `v` holds `len` elements, and we wait for
+        // the copy before `v` is read or moved.
+        check("cuMemcpyDtoHAsync", unsafe {
+            cu::memcpy_dtoh_async(&mut v, src, self.stream)
+        })?;
+        self.sync()?;
+        Ok(v)
+    }
+
+    /// Enqueues zeroing `bytes` from device address `dst` on this GPU's stream.
+    ///
+    /// # Safety
+    /// `dst` is an allocation of this GPU's context with at least `bytes` bytes from it on.
+    pub unsafe fn zero_async(&self, dst: u64, bytes: usize) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract.
+        check("cuMemsetD8Async", unsafe {
+            cu::memset_d8_async(dst, 0, bytes, self.stream)
+        })
+    }
+
     /// Copies host data into a new device buffer, in order on this GPU's stream, and waits
     /// for it: a synchronous `cuMemcpyHtoD` is ordered only against the legacy default stream,
     /// never against our non-blocking one, so work already queued there could still read the
@@ -371,11 +451,9 @@ impl Gpu {
             )));
         }
         self.bind()?;
-        // SAFETY: `b` holds at least size_of_val(data) bytes; we wait for the copy before
-        // `data` can go away.
-        check("cuMemcpyHtoDAsync", unsafe {
-            cu::memcpy_htod_async(b.ptr, data, self.stream)
-        })?;
+        // SAFETY: `b` holds at least size_of_val(data) bytes (checked above); we wait for the
+        // copy before `data` can go away.
+        unsafe { self.copy_in_async(b.ptr, data)? };
         self.sync()
     }
 
@@ -383,21 +461,14 @@ impl Gpu {
     /// GPU's stream.
     pub fn download<T: Pod>(&self, b: &DevBuf) -> Result<Vec<T>, CudaError> {
         self.bind()?;
-        let mut v = vec![T::default(); b.bytes / std::mem::size_of::<T>()];
-        // SAFETY: `v` is no larger than the buffer; we wait for the copy before reading `v`.
-        check("cuMemcpyDtoHAsync", unsafe {
-            cu::memcpy_dtoh_async(&mut v, b.ptr, self.stream)
-        })?;
-        self.sync()?;
-        Ok(v)
+        // SAFETY: the buffer holds bytes / size_of::<T>() whole elements.
+        unsafe { self.copy_out(b.ptr, b.bytes / std::mem::size_of::<T>()) }
     }
 
     pub fn zero(&self, b: &DevBuf) -> Result<(), CudaError> {
         self.bind()?;
         // SAFETY: the whole buffer, on our stream.
-        check("cuMemsetD8Async", unsafe {
-            cu::memset_d8_async(b.ptr, 0, b.bytes, self.stream)
-        })
+        unsafe { self.zero_async(b.ptr, b.bytes) }
     }
 
     pub fn sync(&self) -> Result<(), CudaError> {

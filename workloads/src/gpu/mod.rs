@@ -17,11 +17,9 @@ use crate::layers::{
 };
 use crate::resnet::{Bottleneck, ResNet, BWD, FWD};
 use crate::tensor::Tensor;
-use cudarc::driver::result as cu;
-use cudarc::driver::sys;
 use roofline_kernels::comm::nccl::{Communicator, Elem};
 use roofline_kernels::cuda::blas::{Blas, Prec};
-use roofline_kernels::cuda::device::{self, arg, check, Event, Gpu};
+use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
 use roofline_kernels::cuda::CudaError;
 use std::collections::HashMap;
@@ -33,22 +31,8 @@ fn half(p: Prec) -> bool {
     matches!(p, Prec::F16 | Prec::Bf16)
 }
 
-/// A stream-ordered device allocation (cuMemAllocAsync), freed on drop in stream order: work
-/// enqueued before the free still sees it.
-pub struct Buf {
-    pub ptr: u64,
-    pub bytes: usize,
-    stream: sys::CUstream,
-}
-
-impl Drop for Buf {
-    fn drop(&mut self) {
-        // SAFETY: allocated by cuMemAllocAsync on `stream`, freed once, in stream order.
-        unsafe {
-            let _ = cu::free_async(self.ptr, self.stream);
-        }
-    }
-}
+/// A stream-ordered device allocation on the trainer's stream, freed in stream order.
+pub use roofline_kernels::cuda::device::StreamBuf as Buf;
 
 /// A device NHWC f32 tensor.
 pub struct GTensor {
@@ -87,7 +71,7 @@ pub struct Ctx {
     clock: Option<Clock>,
     dnn: Handle,
     blas: Blas,
-    functions: HashMap<&'static str, sys::CUfunction>,
+    functions: HashMap<&'static str, Function>,
     workspace: Option<Buf>,
     pub prec: Prec,
     pub gpu: Gpu,
@@ -120,15 +104,7 @@ impl Ctx {
     }
 
     pub fn alloc(&self, bytes: usize) -> Result<Buf, CudaError> {
-        // SAFETY: stream-ordered allocation on our live stream; freed by Buf's Drop.
-        let ptr = check("cuMemAllocAsync", unsafe {
-            cu::malloc_async(self.gpu.stream, bytes.max(4))
-        })?;
-        Ok(Buf {
-            ptr,
-            bytes,
-            stream: self.gpu.stream,
-        })
+        self.gpu.alloc_async(bytes)
     }
 
     pub fn tensor(&self, n: usize, h: usize, w: usize, c: usize) -> Result<GTensor, CudaError> {
@@ -147,14 +123,9 @@ impl Ctx {
         dst: u64,
         data: &[T],
     ) -> Result<(), CudaError> {
-        if data.is_empty() {
-            return Ok(());
-        }
         // SAFETY: the caller's `dst` holds at least size_of_val(data) bytes; pageable source
         // memory is staged before the call returns.
-        check("cuMemcpyHtoDAsync", unsafe {
-            cu::memcpy_htod_async(dst, data, self.gpu.stream)
-        })
+        unsafe { self.gpu.copy_in_async(dst, data) }
     }
 
     pub fn upload_buf<T: device::bytemuck_like::Pod>(&self, data: &[T]) -> Result<Buf, CudaError> {
@@ -175,16 +146,8 @@ impl Ctx {
         src: u64,
         len: usize,
     ) -> Result<Vec<T>, CudaError> {
-        let mut v = vec![T::default(); len];
-        if len == 0 {
-            return Ok(v);
-        }
-        // SAFETY: `src` holds at least `len` elements; we wait for the copy before returning.
-        check("cuMemcpyDtoHAsync", unsafe {
-            cu::memcpy_dtoh_async(&mut v, src, self.gpu.stream)
-        })?;
-        self.gpu.sync()?;
-        Ok(v)
+        // SAFETY: the caller's `src` holds at least `len` elements; the copy is waited for.
+        unsafe { self.gpu.copy_out(src, len) }
     }
 
     pub fn download(&self, g: &GTensor) -> Result<Tensor<f32>, CudaError> {
@@ -199,12 +162,10 @@ impl Ctx {
 
     pub fn zero(&self, b: u64, bytes: usize) -> Result<(), CudaError> {
         // SAFETY: the caller's buffer holds `bytes`; on our stream.
-        check("cuMemsetD8Async", unsafe {
-            cu::memset_d8_async(b, 0, bytes, self.gpu.stream)
-        })
+        unsafe { self.gpu.zero_async(b, bytes) }
     }
 
-    fn function(&mut self, name: &'static str) -> Result<sys::CUfunction, CudaError> {
+    fn function(&mut self, name: &'static str) -> Result<Function, CudaError> {
         if let Some(f) = self.functions.get(name) {
             return Ok(*f);
         }
