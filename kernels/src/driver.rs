@@ -64,6 +64,43 @@ pub fn sample<T: Timer>(
     Ok(seconds)
 }
 
+/// The calibration rule of every backend: after a run of `iters` iterations that took `dt`
+/// seconds, the next count to try — grown towards `target` seconds with 20% to spare, at least
+/// ×2 and at most ×16 at a time, never above `cap` — or `None` when this count is long enough
+/// (or is the cap).
+pub fn grow(iters: u64, dt: f64, target: f64, cap: u64) -> Option<u64> {
+    if dt >= target || iters >= cap {
+        return None;
+    }
+    let factor = if dt > 0.0 {
+        (1.2 * target / dt).clamp(2.0, 16.0)
+    } else {
+        16.0
+    };
+    Some(((iters as f64 * factor).ceil() as u64).min(cap))
+}
+
+/// The iteration count (from `start`, at most `cap`) that makes one run of `work` last at least
+/// `target` seconds on `timer`, by [`grow`]; one untimed run first (a first launch loads and
+/// compiles).
+pub fn calibrate<T: Timer>(
+    timer: &mut T,
+    start: u64,
+    cap: u64,
+    target: f64,
+    work: &mut dyn FnMut(u64) -> Result<(), T::Error>,
+) -> Result<u64, T::Error> {
+    let mut n = start.max(1);
+    work(n)?;
+    loop {
+        let dt = timer.time(&mut || work(n))?;
+        match grow(n, dt, target, cap) {
+            None => return Ok(n),
+            Some(next) => n = next,
+        }
+    }
+}
+
 /// How a kernel's check of its own result failed: the value that is wrong, where, and what it
 /// must be.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -369,14 +406,8 @@ impl Controller {
     fn record(&mut self, dt: f64) -> bool {
         let target = self.plan.min_sample_s;
         if self.calibrating {
-            if dt < target && self.iters < self.plan.max_iters {
-                // Grow towards the target, at most ×16 at a time, at least ×2.
-                let factor = if dt > 0.0 {
-                    (1.2 * target / dt).clamp(2.0, 16.0)
-                } else {
-                    16.0
-                };
-                self.iters = ((self.iters as f64 * factor).ceil() as u64).min(self.plan.max_iters);
+            if let Some(next) = grow(self.iters, dt, target, self.plan.max_iters) {
+                self.iters = next;
                 return true;
             }
             self.calibrating = false;
@@ -462,6 +493,44 @@ mod tests {
         );
         assert_eq!(e, Err("interrupted".to_string()));
         assert_eq!(t.timed, 5);
+    }
+
+    /// Calibration grows the count (×2 to ×16 a step, never past the cap) until a run lasts the
+    /// target, on any timer: here one whose runs take 1 ms per iteration, and one that reads 0 s.
+    #[test]
+    fn calibration_reaches_the_target_or_the_cap() {
+        use std::cell::Cell;
+        struct PerIter<'a>(&'a Cell<u64>, f64);
+        impl Timer for PerIter<'_> {
+            type Error = ();
+            fn time(&mut self, work: &mut dyn FnMut() -> Result<(), ()>) -> Result<f64, ()> {
+                work()?;
+                Ok(self.0.get() as f64 * self.1)
+            }
+        }
+        let ran = Cell::new(0u64);
+        let mut counts = Vec::new();
+        let n = calibrate(&mut PerIter(&ran, 1e-3), 1, 1 << 20, 0.05, &mut |n| {
+            ran.set(n);
+            counts.push(n);
+            Ok(())
+        })
+        .unwrap();
+        // Warm-up at 1, then 1 (1 ms: ×16), 16 (16 ms: ×3.75), 60: the first to last 50 ms.
+        assert_eq!(counts, vec![1, 1, 16, 60]);
+        assert_eq!(n, 60);
+        assert!(n as f64 * 1e-3 >= 0.05);
+        // A timer that reads 0 s: ×16 a step until the cap.
+        let n = calibrate(&mut PerIter(&ran, 0.0), 1, 1 << 20, 0.05, &mut |n| {
+            ran.set(n);
+            Ok(())
+        });
+        assert_eq!(n, Ok(1 << 20));
+        assert_eq!(grow(10, 0.001, 0.05, 1000), Some(160));
+        assert_eq!(grow(10, 0.04, 0.05, 1000), Some(20));
+        assert_eq!(grow(10, 0.06, 0.05, 1000), None);
+        assert_eq!(grow(900, 0.001, 0.05, 1000), Some(1000));
+        assert_eq!(grow(1000, 0.001, 0.05, 1000), None);
     }
 
     /// Sums a vector: the result is known, and a wrong count of runs is caught.

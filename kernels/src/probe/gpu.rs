@@ -306,7 +306,8 @@ fn timed(
     )
 }
 
-/// Iterations that make one launch take about the mode's sample time, from a trial at `base`.
+/// Iterations (from `base`, at most `cap`) that make one launch last the mode's sample time,
+/// by the driver's calibration rule, timed with the GPU's events; `base` in check mode.
 fn calibrate(
     ctx: &Ctx,
     gpu: &Gpu,
@@ -317,11 +318,15 @@ fn calibrate(
     if ctx.mode == Mode::Check {
         return Ok(base);
     }
-    launch(base)?;
-    let t = gpu.time(|| launch(base))?;
-    let want = ctx.mode.sample_seconds();
-    let scale = if t > 0.0 { want / t } else { 64.0 };
-    Ok(((base as f64 * scale).round() as i64).clamp(base as i64, cap as i64) as i32)
+    let n = crate::driver::calibrate(
+        &mut device::Events(gpu),
+        base.max(1) as u64,
+        cap.max(1) as u64,
+        ctx.mode.sample_seconds(),
+        // The counts stay within `cap`, an i32.
+        &mut |n| launch(n as i32),
+    )?;
+    Ok(n as i32)
 }
 
 /// Probes every GPU. `Missing`/`NoDevice` errors say there is nothing to probe.

@@ -297,10 +297,13 @@ fn conv_precision(
             if mode == Mode::Check {
                 continue;
             }
-            let one = gpu.time(|| run_once(h, d, &t, algo, ws))?;
-            let reps = ((if mode == Mode::Quick { 0.005 } else { 0.02 } / one.max(1e-6)).ceil()
-                as usize)
-                .clamp(1, 200);
+            let want = if mode == Mode::Quick { 0.005 } else { 0.02 };
+            let reps = crate::driver::calibrate(&mut Events(gpu), 1, 200, want, &mut |r| {
+                for _ in 0..r {
+                    run_once(h, d, &t, algo, ws)?;
+                }
+                Ok(())
+            })?;
             let times = crate::driver::sample(
                 &mut Events(gpu),
                 0,

@@ -332,13 +332,19 @@ fn gemm_precision(
                 continue;
             }
             let flops = 2.0 * (m * n * k) as f64;
-            // GEMMs per sample: enough for the mode's sample time.
-            let one =
-                gpu.time(|| enqueue(gpu, h, lib, p, &pr.operands(1 % pr.a.len()), plan.as_ref()))?;
+            // GEMMs per sample: enough for the mode's sample time (the driver's calibration,
+            // rotating the operand sets as the samples do).
             let want = if mode == Mode::Quick { 0.01 } else { 0.05 };
-            let reps = ((want / one.max(1e-6)).ceil() as usize).clamp(1, 1000);
             let samples = if mode == Mode::Quick { 3 } else { 7 };
             let mut set = 0;
+            let reps =
+                crate::driver::calibrate(&mut device::Events(gpu), 1, 1000, want, &mut |r| {
+                    for _ in 0..r {
+                        set = (set + 1) % pr.a.len();
+                        enqueue(gpu, h, lib, p, &pr.operands(set), plan.as_ref())?;
+                    }
+                    Ok(())
+                })?;
             let times = crate::driver::sample(
                 &mut device::Events(gpu),
                 0,
