@@ -160,8 +160,7 @@ pub(crate) fn assemble(
     start: Instant,
 ) -> Result<Placement, Failure> {
     use roofline_model::placement::PlaceError;
-    let ident = roofline_collectors::cpu_ident();
-    let cpu = roofline_collectors::cpu_info(&ident, m.provenance.cpu.cores);
+    let cpu = roofline_kernels::probe::node::cpu_here(m.provenance.cpu.cores);
     let provenance = crate::probe_cmd::provenance(cpu, false, start);
     roofline_model::placement::assemble(m, path, r, top, provenance).map_err(|e| match e {
         PlaceError::NoRoof { .. } => Failure::Input(anyhow!("{e}")),
@@ -208,8 +207,7 @@ fn kernel(a: &PlaceArgs, w: &Micro) -> Result<Measured, Failure> {
 /// The last-level cache's total size (the stream workload streams past it with non-temporal
 /// stores, as the probe's DRAM ceiling does).
 fn llc_bytes() -> usize {
-    let ident = roofline_collectors::cpu_ident();
-    let cpu = roofline_collectors::cpu_info(&ident, 1);
+    let cpu = roofline_kernels::probe::node::cpu_here(1);
     cpu.caches
         .iter()
         .map(|c| c.size_bytes as usize * c.instances.max(1))

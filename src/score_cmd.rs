@@ -197,12 +197,11 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     }
     let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
     let reasons = score::not_comparable(&prep.spec, custom);
-    let ident = roofline_collectors::cpu_ident();
     let cores = roofline_kernels::probe::node::cores_for(None)
         .map_err(crate::probe_cmd::failure)?
         .1
         .len();
-    let cpu = roofline_collectors::cpu_info(&ident, cores);
+    let cpu = roofline_kernels::probe::node::cpu_here(cores);
     let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
     let configuration = score::configuration(
         &prep,

@@ -11,7 +11,7 @@ use anyhow::anyhow;
 use roofline_model::placement::Placement;
 use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
 use roofline_model::{write::write_atomic, Machine};
-use roofline_workloads::run::sweep::{flops_range, GridPoint, GridSpec};
+use roofline_workloads::run::sweep::{FlopsRange, GridPoint, Processes, SweepPlan, SweepSpec};
 use roofline_workloads::run::Kind;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -38,11 +38,11 @@ pub struct SweepArgs {
     /// Blocks per stage, a list separated by `;` (default 1,1,1,1; with --model-flops the
     /// candidates, default 1,1,1,1;2,2,2,2;3,4,6,3).
     #[arg(long, value_delimiter = ';')]
-    pub depth: Vec<String>,
+    pub depth: Vec<roofline_workloads::run::Depth>,
     /// SAIH's model filter: keep the variants (width × depth at each resolution) whose analytic
     /// training FLOPs per sample lie in LO..HI (e.g. 1e8..5e9); the rest are listed as left out.
     #[arg(long, value_name = "LO..HI")]
-    pub model_flops: Option<String>,
+    pub model_flops: Option<FlopsRange>,
     /// Threads per point, a list (processes of one node; default: every CPU roofline may use).
     #[arg(long, value_delimiter = ',', conflicts_with = "ranks")]
     pub threads: Vec<usize>,
@@ -82,71 +82,26 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         ))
     })?;
     crate::args::check_writable(&a.output).map_err(Failure::Input)?;
-    if a.images.contains(&0) || a.steps == 0 || a.batch == 0 {
-        return Err(input(
-            "--images, --steps and --batch must be positive".into(),
-        ));
-    }
-    let ewa = a.workload == Kind::Ewa;
-    let resolutions = if a.resolution.is_empty() {
-        vec![if ewa {
-            roofline_workloads::run::Resolution { h: 128, w: 192 }
-        } else {
-            roofline_workloads::run::Resolution { h: 64, w: 64 }
-        }]
-    } else {
-        a.resolution.clone()
-    };
-    let filter = a
-        .model_flops
-        .as_deref()
-        .map(flops_range)
-        .transpose()
-        .map_err(input)?;
-    let widths = match (a.width.is_empty(), filter.is_some()) {
-        (false, _) => a.width.clone(),
-        (true, true) => vec![0.125, 0.25, 0.5, 1.0],
-        (true, false) => vec![0.25],
-    };
-    let depths = match (a.depth.is_empty(), filter.is_some()) {
-        (false, _) => a.depth.clone(),
-        (true, true) => vec!["1,1,1,1".into(), "2,2,2,2".into(), "3,4,6,3".into()],
-        (true, false) => vec!["1,1,1,1".into()],
-    };
-    let (kind, counts) = if a.ranks.is_empty() {
-        let all = roofline_kernels::affinity::allowed_cpus().len();
-        (
-            "threads",
-            if a.threads.is_empty() {
-                vec![all]
-            } else {
-                a.threads.clone()
-            },
-        )
-    } else {
-        ("ranks", a.ranks.clone())
-    };
-    if counts.contains(&0) {
-        return Err(input(format!("--{kind} 0: a point needs a process")));
-    }
-    if kind == "ranks" {
-        if let Some(r) = counts.iter().find(|r| a.batch % **r != 0) {
-            return Err(input(format!(
-                "--batch {} does not divide among {r} ranks",
-                a.batch
-            )));
-        }
-    }
-    let (grid, notes) = GridSpec {
+    let SweepPlan {
+        grid,
+        notes,
+        processes,
+        counts,
+    } = SweepSpec {
         workload: a.workload,
-        resolutions,
-        widths,
-        depths,
+        resolutions: a.resolution.clone(),
+        widths: a.width.clone(),
+        depths: a.depth.clone(),
         images: a.images.clone(),
-        model_flops: filter,
+        model_flops: a.model_flops,
+        threads: a.threads.clone(),
+        ranks: a.ranks.clone(),
+        batch: a.batch,
+        steps: a.steps,
     }
-    .grid()
-    .map_err(input)?;
+    .plan()
+    .map_err(|e| input(e.to_string()))?;
+    let kind = processes.name();
     let stem = a
         .output
         .file_stem()
@@ -162,8 +117,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         processes: kind.into(),
         machine: a.machine.display().to_string(),
         provenance: crate::probe_cmd::provenance(
-            roofline_collectors::cpu_info(
-                &roofline_collectors::cpu_ident(),
+            roofline_kernels::probe::node::cpu_here(
                 roofline_kernels::affinity::allowed_cpus().len(),
             ),
             false,
@@ -173,20 +127,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         scaling: Vec::new(),
         notes,
     };
-    println!(
-        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>8} {:>8} {:>6}  bound",
-        "#",
-        "images",
-        "size",
-        "width",
-        "depth",
-        kind,
-        "FLOP/smpl",
-        "FLOP/s",
-        "% peak",
-        "speedup",
-        "I/O"
-    );
+    crate::output::sweep::header(kind);
     let mut ran = 0;
     // Each point's placement, beside it (the trajectory chart draws them).
     let mut placements: Vec<Placement> = Vec::new();
@@ -206,7 +147,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                 "point {ran}/{total}: {} at {p} {kind} …",
                 problem.size_label()
             );
-            match run_point(a, kind, p, g, &file) {
+            match run_point(a, processes, p, g, &file) {
                 Ok(pl) => {
                     let pt = SweepPoint::from_placement(
                         idx,
@@ -219,7 +160,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                     result.points.push(pt);
                     placements.push(pl);
                     result.scaling = strong_scaling(&result.points);
-                    crate::output::sweep_row(result.points.last(), &result);
+                    crate::output::sweep::row(result.points.last(), &result);
                 }
                 Err(Failure::Interrupted) => return Err(Failure::Interrupted),
                 Err(e) => {
@@ -246,22 +187,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         )));
     }
     let charts = charts(&result, &placements, &machine, &a.output)?;
-    for s in &result.scaling {
-        println!(
-            "strong scaling of {}: {}",
-            s.problem,
-            s.points
-                .iter()
-                .map(|p| format!(
-                    "{} {kind} ×{:.2} ({:.0}%)",
-                    p.processes,
-                    p.speedup,
-                    100.0 * p.efficiency
-                ))
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-    }
+    crate::output::sweep::scaling(&result, kind);
     for n in &result.notes {
         println!("note: {n}");
     }
@@ -277,13 +203,14 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
 /// Runs one point: `roofline place` in a child process (under the launcher for ranks).
 fn run_point(
     a: &SweepArgs,
-    kind: &str,
+    processes: Processes,
     p: usize,
     g: &GridPoint,
     out: &Path,
 ) -> Result<Placement, Failure> {
     let exe = std::env::current_exe().map_err(|e| Failure::Run(e.into()))?;
-    let mut c = if kind == "ranks" {
+    let ranks = processes == Processes::Ranks;
+    let mut c = if ranks {
         let mut words = a.mpirun.split_whitespace();
         let mut c = Command::new(words.next().unwrap_or("mpirun"));
         c.args(words).arg("-np").arg(p.to_string()).arg(exe);
@@ -305,10 +232,7 @@ fn run_point(
             "--warm",
             &a.warm.to_string(),
         ])
-        .args([
-            "--threads",
-            &if kind == "ranks" { 1 } else { p }.to_string(),
-        ])
+        .args(["--threads", &if ranks { 1 } else { p }.to_string()])
         .arg("-o")
         .arg(out);
     if let Some(d) = &a.data {

@@ -24,10 +24,134 @@ pub struct GridSpec {
     pub workload: Kind,
     pub resolutions: Vec<Resolution>,
     pub widths: Vec<f64>,
-    pub depths: Vec<String>,
+    pub depths: Vec<Depth>,
     pub images: Vec<usize>,
     /// Keep the variants whose training FLOPs per sample lie in `[lo, hi]` (SAIH's filter).
     pub model_flops: Option<(f64, f64)>,
+}
+
+/// How a sweep's points run: threads of one process, or MPI ranks through a launcher.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Processes {
+    Threads,
+    Ranks,
+}
+
+impl Processes {
+    /// As the sweep's table and sweep.json name it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Processes::Threads => "threads",
+            Processes::Ranks => "ranks",
+        }
+    }
+}
+
+/// A sweep as asked: what varies (an empty list takes the default) and the processes of each
+/// point (`threads` or `ranks`, at most one of them given).
+#[derive(Clone, Debug)]
+pub struct SweepSpec {
+    pub workload: Kind,
+    pub resolutions: Vec<Resolution>,
+    pub widths: Vec<f64>,
+    pub depths: Vec<Depth>,
+    pub images: Vec<usize>,
+    pub model_flops: Option<FlopsRange>,
+    pub threads: Vec<usize>,
+    pub ranks: Vec<usize>,
+    /// The global batch of every point, and its measured steps.
+    pub batch: usize,
+    pub steps: usize,
+}
+
+/// The sweep to run: every grid point at every process count, and a note for each variant the
+/// FLOPs range left out.
+#[derive(Clone, Debug)]
+pub struct SweepPlan {
+    pub grid: Vec<GridPoint>,
+    pub notes: Vec<String>,
+    pub processes: Processes,
+    pub counts: Vec<usize>,
+}
+
+/// A sweep that cannot be run as asked (the command line's exit 2).
+#[derive(Clone, Debug, PartialEq, thiserror::Error)]
+pub enum SweepError {
+    #[error("--images, --steps and --batch must be positive")]
+    NotPositive,
+    #[error("--{} 0: a point needs a process", .0.name())]
+    NoProcess(Processes),
+    #[error("--batch {batch} does not divide among {ranks} ranks")]
+    Batch { batch: usize, ranks: usize },
+    #[error("no model variant's training FLOPs per sample lie in --model-flops: {}", .left_out.join("; "))]
+    NoVariant { left_out: Vec<String> },
+}
+
+impl SweepSpec {
+    /// The plan, the defaults filled in: resolution 64 (resnet50) or 128×192 (ewa); width 0.25
+    /// and depth 1,1,1,1, or with a FLOPs range the candidates 0.125–1 × 1,1,1,1–3,4,6,3; every
+    /// CPU roofline may use as the one thread count.
+    pub fn plan(&self) -> Result<SweepPlan, SweepError> {
+        if self.images.contains(&0) || self.steps == 0 || self.batch == 0 {
+            return Err(SweepError::NotPositive);
+        }
+        let resolutions = match (self.resolutions.is_empty(), self.workload) {
+            (false, _) => self.resolutions.clone(),
+            (true, Kind::Ewa) => vec![Resolution { h: 128, w: 192 }],
+            (true, Kind::Resnet50) => vec![Resolution { h: 64, w: 64 }],
+        };
+        let filter = self.model_flops.is_some();
+        let widths = match (self.widths.is_empty(), filter) {
+            (false, _) => self.widths.clone(),
+            (true, true) => vec![0.125, 0.25, 0.5, 1.0],
+            (true, false) => vec![0.25],
+        };
+        let depths = match (self.depths.is_empty(), filter) {
+            (false, _) => self.depths.clone(),
+            (true, true) => vec![
+                Depth([1, 1, 1, 1]),
+                Depth([2, 2, 2, 2]),
+                Depth([3, 4, 6, 3]),
+            ],
+            (true, false) => vec![Depth([1, 1, 1, 1])],
+        };
+        let (processes, counts) = if self.ranks.is_empty() {
+            let counts = if self.threads.is_empty() {
+                vec![roofline_kernels::affinity::allowed_cpus().len()]
+            } else {
+                self.threads.clone()
+            };
+            (Processes::Threads, counts)
+        } else {
+            (Processes::Ranks, self.ranks.clone())
+        };
+        if counts.contains(&0) {
+            return Err(SweepError::NoProcess(processes));
+        }
+        if processes == Processes::Ranks {
+            if let Some(&ranks) = counts.iter().find(|r| !self.batch.is_multiple_of(**r)) {
+                return Err(SweepError::Batch {
+                    batch: self.batch,
+                    ranks,
+                });
+            }
+        }
+        let (grid, notes) = GridSpec {
+            workload: self.workload,
+            resolutions,
+            widths,
+            depths,
+            images: self.images.clone(),
+            model_flops: self.model_flops.map(|r| (r.0, r.1)),
+        }
+        .grid()?;
+        Ok(SweepPlan {
+            grid,
+            notes,
+            processes,
+            counts,
+        })
+    }
 }
 
 /// Training FLOPs per `r` sample of a `workload` variant (the trainer's count).
@@ -50,38 +174,41 @@ pub fn flops_per_sample(workload: Kind, width: f64, depth: Depth, r: Resolution)
     }
 }
 
-/// Parses `--model-flops LO..HI`.
-pub fn flops_range(s: &str) -> Result<(f64, f64), String> {
-    let (a, b) = s
-        .split_once("..")
-        .ok_or_else(|| format!("--model-flops {s}: expected LO..HI, e.g. 1e8..5e9"))?;
-    let num = |x: &str| {
-        x.trim()
-            .parse::<f64>()
-            .map_err(|_| format!("--model-flops {s}: {x:?} is not a number"))
-    };
-    let (lo, hi) = (num(a)?, num(b)?);
-    if !(lo >= 0.0 && hi > lo) {
-        return Err(format!("--model-flops {s}: expected 0 <= LO < HI"));
+/// A range of training FLOPs per sample, `LO..HI` (`--model-flops`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FlopsRange(pub f64, pub f64);
+
+impl std::str::FromStr for FlopsRange {
+    type Err = String;
+    fn from_str(s: &str) -> Result<FlopsRange, String> {
+        let (a, b) = s.split_once("..").ok_or("expected LO..HI, e.g. 1e8..5e9")?;
+        let num = |x: &str| {
+            x.trim()
+                .parse::<f64>()
+                .map_err(|_| format!("{x:?} is not a number"))
+        };
+        let (lo, hi) = (num(a)?, num(b)?);
+        if !(lo >= 0.0 && hi > lo) {
+            return Err("expected 0 <= LO < HI".into());
+        }
+        Ok(FlopsRange(lo, hi))
     }
-    Ok((lo, hi))
 }
 
 impl GridSpec {
     /// The grid, smallest problem (FLOPs per sample × images) first, and a note for each
     /// variant the FLOPs range left out; no variant left is an error naming them.
-    pub fn grid(&self) -> Result<(Vec<GridPoint>, Vec<String>), String> {
+    pub fn grid(&self) -> Result<(Vec<GridPoint>, Vec<String>), SweepError> {
         let mut notes = Vec::new();
         let mut grid = Vec::new();
         for &r in &self.resolutions {
             for &w in &self.widths {
-                for d in &self.depths {
-                    let depth = d.parse::<Depth>().map_err(|e| format!("--depth {e}"))?;
+                for &depth in &self.depths {
                     let f = flops_per_sample(self.workload, w, depth, r);
                     if let Some((lo, hi)) = self.model_flops {
                         if f < lo || f > hi {
                             notes.push(format!(
-                                "left out by --model-flops: width {w}, depth {d} at {r}: {}FLOP per sample",
+                                "left out by --model-flops: width {w}, depth {depth} at {r}: {}FLOP per sample",
                                 roofline_model::si(f)
                             ));
                             continue;
@@ -100,10 +227,7 @@ impl GridSpec {
             }
         }
         if grid.is_empty() {
-            return Err(format!(
-                "no model variant's training FLOPs per sample lie in --model-flops: {}",
-                notes.join("; ")
-            ));
+            return Err(SweepError::NoVariant { left_out: notes });
         }
         grid.sort_by(|x, y| {
             (x.flops_per_sample * x.images as f64)
@@ -126,7 +250,7 @@ mod tests {
             workload: Kind::Resnet50,
             resolutions: vec![r],
             widths: vec![0.5, 0.25],
-            depths: vec!["1,1,1,1".into()],
+            depths: vec![Depth([1, 1, 1, 1])],
             images: vec![64, 16],
             model_flops: None,
         };
@@ -152,8 +276,12 @@ mod tests {
             model_flops: Some((0.0, 1.0)),
             ..spec
         };
-        assert!(none.grid().unwrap_err().contains("no model variant"));
-        assert_eq!(flops_range("1e8..5e9"), Ok((1e8, 5e9)));
-        assert!(flops_range("5..1").is_err());
+        assert!(matches!(
+            none.grid(),
+            Err(SweepError::NoVariant { left_out }) if left_out.len() == 2
+        ));
+        assert_eq!("1e8..5e9".parse(), Ok(FlopsRange(1e8, 5e9)));
+        assert!("5..1".parse::<FlopsRange>().is_err());
+        assert!("5".parse::<FlopsRange>().is_err());
     }
 }

@@ -1,5 +1,8 @@
 //! Human output: tables on stdout.
 
+pub mod gate;
+pub mod sweep;
+
 use roofline_model::{Ceiling, Machine, PeakDb};
 use roofline_plots::si;
 
@@ -393,31 +396,4 @@ pub fn score_summary(score: &roofline_model::score::Score) {
         );
     }
     println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
-}
-
-/// One row of the sweep's table.
-pub fn sweep_row(p: Option<&roofline_model::sweep::SweepPoint>, s: &roofline_model::sweep::Sweep) {
-    let Some(p) = p else { return };
-    let speedup = s
-        .scaling
-        .iter()
-        .find(|x| x.problem == p.problem.size_label())
-        .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
-        .map(|q| format!("{:.2}", q.speedup))
-        .unwrap_or_else(|| "-".into());
-    println!(
-        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
-        p.index,
-        p.problem.images,
-        p.problem.resolution,
-        p.problem.width,
-        p.problem.depth,
-        p.problem.processes,
-        roofline_plots::si(p.flops_per_sample),
-        roofline_plots::si(p.achieved_flops),
-        p.percent_of_peak,
-        speedup,
-        100.0 * p.io_share,
-        p.bound
-    );
 }

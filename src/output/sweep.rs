@@ -1,0 +1,68 @@
+//! `roofline sweep`'s table: a header, a row per point as it finishes, the strong scaling.
+
+use roofline_model::sweep::{Sweep, SweepPoint};
+
+/// The table's header; `kind` names the processes (threads or ranks).
+pub fn header(kind: &str) {
+    println!(
+        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>8} {:>8} {:>6}  bound",
+        "#",
+        "images",
+        "size",
+        "width",
+        "depth",
+        kind,
+        "FLOP/smpl",
+        "FLOP/s",
+        "% peak",
+        "speedup",
+        "I/O"
+    );
+}
+
+/// One row of the sweep's table.
+pub fn row(p: Option<&SweepPoint>, s: &Sweep) {
+    let Some(p) = p else { return };
+    let speedup = s
+        .scaling
+        .iter()
+        .find(|x| x.problem == p.problem.size_label())
+        .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
+        .map(|q| format!("{:.2}", q.speedup))
+        .unwrap_or_else(|| "-".into());
+    println!(
+        "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
+        p.index,
+        p.problem.images,
+        p.problem.resolution,
+        p.problem.width,
+        p.problem.depth,
+        p.problem.processes,
+        roofline_plots::si(p.flops_per_sample),
+        roofline_plots::si(p.achieved_flops),
+        p.percent_of_peak,
+        speedup,
+        100.0 * p.io_share,
+        p.bound
+    );
+}
+
+/// Each problem's strong scaling, one line each.
+pub fn scaling(result: &Sweep, kind: &str) {
+    for s in &result.scaling {
+        println!(
+            "strong scaling of {}: {}",
+            s.problem,
+            s.points
+                .iter()
+                .map(|p| format!(
+                    "{} {kind} ×{:.2} ({:.0}%)",
+                    p.processes,
+                    p.speedup,
+                    100.0 * p.efficiency
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
