@@ -56,7 +56,7 @@ pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
                 Some(plan)
             }
             None => {
-                if batch % world.size != 0 {
+                if !batch.is_multiple_of(world.size) {
                     return Err(input(format!(
                         "--batch {batch} does not divide among {} ranks",
                         world.size
