@@ -68,6 +68,8 @@ pub enum Level {
     L1,
     L2,
     L3,
+    /// A fourth cache level (eDRAM, or a memory-side cache).
+    L4,
     /// A CPU's main memory.
     #[serde(rename = "DRAM")]
     #[cfg_attr(feature = "clap", value(name = "DRAM"))]
@@ -79,13 +81,32 @@ pub enum Level {
 }
 
 impl Level {
-    pub const ALL: [Level; 5] = [Level::L1, Level::L2, Level::L3, Level::Dram, Level::Hbm];
+    pub const ALL: [Level; 6] = [
+        Level::L1,
+        Level::L2,
+        Level::L3,
+        Level::L4,
+        Level::Dram,
+        Level::Hbm,
+    ];
+
+    /// The cache of `level` (1 = L1); `None` past the fourth.
+    pub fn cache(level: u32) -> Option<Level> {
+        match level {
+            1 => Some(Level::L1),
+            2 => Some(Level::L2),
+            3 => Some(Level::L3),
+            4 => Some(Level::L4),
+            _ => None,
+        }
+    }
 
     pub fn name(self) -> &'static str {
         match self {
             Level::L1 => "L1",
             Level::L2 => "L2",
             Level::L3 => "L3",
+            Level::L4 => "L4",
             Level::Dram => "DRAM",
             Level::Hbm => "HBM",
         }

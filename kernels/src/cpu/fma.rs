@@ -67,6 +67,17 @@ pub enum Precision {
     Int8,
 }
 
+impl From<Precision> for roofline_model::Precision {
+    fn from(p: Precision) -> roofline_model::Precision {
+        match p {
+            Precision::F64 => roofline_model::Precision::F64,
+            Precision::F32 => roofline_model::Precision::F32,
+            Precision::Bf16 => roofline_model::Precision::Bf16,
+            Precision::Int8 => roofline_model::Precision::Int8,
+        }
+    }
+}
+
 impl Precision {
     pub const ALL: [Precision; 4] = [
         Precision::F64,

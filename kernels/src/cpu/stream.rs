@@ -22,6 +22,18 @@ pub enum Op {
     Triad,
 }
 
+impl From<Op> for roofline_model::MemOp {
+    fn from(op: Op) -> roofline_model::MemOp {
+        use roofline_model::MemOp;
+        match op {
+            Op::Read => MemOp::Read,
+            Op::Write => MemOp::Write,
+            Op::Copy => MemOp::Copy,
+            Op::Triad => MemOp::Triad,
+        }
+    }
+}
+
 impl Op {
     pub const ALL: [Op; 4] = [Op::Read, Op::Write, Op::Copy, Op::Triad];
 

@@ -11,8 +11,8 @@ use crate::cpu::{clock::ClockKernel, stream};
 use crate::driver::{measure_here, measure_threads, Measurement, Plan};
 use crate::ProbeError;
 use roofline_model::{
-    cpu_peak, CacheInfo, Ceiling, CeilingKind, Curve, CurvePoint, PeakDb, Stats, Table, TableRow,
-    TheoreticalPeak,
+    cpu_peak, CacheInfo, Ceiling, CeilingId, CeilingKind, Curve, CurvePoint, Family, Level, On,
+    PeakDb, Stats, Table, TableRow, TheoreticalPeak, Threads,
 };
 use std::sync::atomic::AtomicBool;
 
@@ -58,8 +58,22 @@ struct Ctx<'a> {
 }
 
 /// The thread configurations: (suffix, CPUs).
-fn configs(cfg: &CpuConfig) -> Vec<(&'static str, Vec<usize>)> {
-    vec![("t1", cfg.cores[..1].to_vec()), ("all", cfg.cores.clone())]
+fn configs(cfg: &CpuConfig) -> Vec<(Threads, Vec<usize>)> {
+    vec![
+        (Threads::T1, cfg.cores[..1].to_vec()),
+        (Threads::All, cfg.cores.clone()),
+    ]
+}
+
+/// The id of a CPU compute ceiling.
+fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> String {
+    CeilingId::Compute {
+        on: On::Cpu(t),
+        family,
+        precision: p,
+        direction: None,
+    }
+    .to_string()
 }
 
 /// Working-set sizes of the memory sweep (all arrays of all threads together), bytes.
@@ -229,9 +243,10 @@ pub fn run(
         memory(&ctx, &mut out)?;
     }
     if has(Section::Gemm) {
-        gemm_section::<f64>(&ctx, &mut out, "f64")?;
-        gemm_section::<f32>(&ctx, &mut out, "f32")?;
-        gemm_section::<half::f16>(&ctx, &mut out, "f16")?;
+        use roofline_model::Precision as P;
+        gemm_section::<f64>(&ctx, &mut out, P::F64)?;
+        gemm_section::<f32>(&ctx, &mut out, P::F32)?;
+        gemm_section::<half::f16>(&ctx, &mut out, P::F16)?;
     }
     if has(Section::Conv) {
         conv(&ctx, &mut out)?;
@@ -245,7 +260,7 @@ pub fn run(
 fn measure_clock(
     ctx: &Ctx,
     out: &mut CpuResult,
-    suffix: &str,
+    suffix: Threads,
     cpus: &[usize],
     plan: &Plan,
 ) -> Result<f64, ProbeError> {
@@ -253,14 +268,14 @@ fn measure_clock(
     let m = measure_threads(cpus, plan, ctx.cancel, |_| Ok(ClockKernel::new()))?;
     // ops = adds = cycles on every thread; per-thread clock = total / threads.
     let per_thread: Vec<f64> = m.op_rates().iter().map(|r| r / cpus.len() as f64).collect();
-    let all = if suffix == "t1" {
+    let all = if suffix == Threads::T1 {
         &mut out.clock_samples_t1
     } else {
         &mut out.clock_samples_all
     };
     all.extend(&per_thread);
     let stats = Stats::from_samples(all);
-    if suffix == "t1" {
+    if suffix == Threads::T1 {
         out.clock_t1 = stats;
     } else {
         out.clock_all = stats;
@@ -361,7 +376,7 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 Some((before.max(after), before.min(after))),
             );
             out.ceilings.push(compute_ceiling(
-                format!("cpu/fma/{}/{suffix}", p.name()),
+                compute_id(Family::Fma, p.into(), suffix),
                 p.name(),
                 p.unit(),
                 cpus.len(),
@@ -390,7 +405,7 @@ pub fn level_of(
     total_ws: usize,
     threads: usize,
     max_ws: usize,
-) -> Option<String> {
+) -> Option<Level> {
     let data: Vec<&CacheInfo> = {
         let mut v: Vec<&CacheInfo> = caches
             .iter()
@@ -404,7 +419,7 @@ pub fn level_of(
     for c in &data {
         let cap = per_thread_capacity(c, threads);
         if per_thread >= 2.0 * prev && per_thread <= 0.5 * cap {
-            return Some(format!("L{}", c.level));
+            return Level::cache(c.level);
         }
         prev = cap;
     }
@@ -413,8 +428,7 @@ pub fn level_of(
         .map(|c| c.size_bytes as f64 * c.instances.max(1) as f64)
         .unwrap_or(64e6);
     // 1% slack: working sets are rounded down to whole blocks of elements.
-    (total_ws as f64 >= 0.99 * (4.0 * llc_total).max(max_ws as f64 / 2.0))
-        .then(|| "DRAM".to_string())
+    (total_ws as f64 >= 0.99 * (4.0 * llc_total).max(max_ws as f64 / 2.0)).then_some(Level::Dram)
 }
 
 fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
@@ -431,7 +445,7 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         for (suffix, cpus) in configs(ctx.cfg) {
             let threads = cpus.len();
             let mut points = Vec::new();
-            let mut best: Vec<(String, Stats, Measurement, usize, bool)> = Vec::new();
+            let mut best: Vec<(Level, Stats, Measurement, usize, bool)> = Vec::new();
             for &ws in &sizes {
                 ctx.progress.advance(&format!(
                     "memory {} {suffix} {}",
@@ -449,18 +463,18 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     continue;
                 };
                 let level = level_of(&ctx.cfg.caches, actual, threads, max_ws);
-                if let Some(l) = &level {
-                    match best.iter_mut().find(|b| &b.0 == l) {
+                if let Some(l) = level {
+                    match best.iter_mut().find(|b| b.0 == l) {
                         Some(b) if b.1.max >= stats.max => {}
-                        Some(b) => *b = (l.clone(), stats.clone(), m.clone(), actual, nt),
-                        None => best.push((l.clone(), stats.clone(), m.clone(), actual, nt)),
+                        Some(b) => *b = (l, stats.clone(), m.clone(), actual, nt),
+                        None => best.push((l, stats.clone(), m.clone(), actual, nt)),
                     }
                 }
                 points.push(CurvePoint {
                     x: actual as f64,
                     value: stats.max,
                     stats,
-                    level,
+                    level: level.map(|l| l.name().to_string()),
                 });
             }
             out.curves.push(Curve {
@@ -482,7 +496,12 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     if nt { "; non-temporal stores" } else { "" }
                 );
                 let mut c = ceiling(
-                    format!("cpu/mem/{level}/{}/{suffix}", op.name()),
+                    CeilingId::Memory {
+                        on: On::Cpu(suffix),
+                        level,
+                        op: op.into(),
+                    }
+                    .to_string(),
                     CeilingKind::Memory,
                     "B/s",
                     threads,
@@ -491,7 +510,7 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     method,
                     None,
                 );
-                c.level = Some(level);
+                c.level = Some(level.name().to_string());
                 out.ceilings.push(c);
             }
         }
@@ -554,8 +573,9 @@ impl Sweep {
 fn gemm_section<T: Elem>(
     ctx: &Ctx,
     out: &mut CpuResult,
-    precision: &str,
+    p: roofline_model::Precision,
 ) -> Result<(), ProbeError> {
+    let precision = p.name();
     let mut shapes: Vec<(String, Shape)> = gemm_squares(ctx.cfg, precision)
         .into_iter()
         .map(|n| (format!("square {n}"), Shape { m: n, n, k: n }))
@@ -604,7 +624,7 @@ fn gemm_section<T: Elem>(
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
             out.ceilings.push(compute_ceiling(
-                format!("cpu/gemm/{precision}/{suffix}"),
+                compute_id(Family::Gemm, p, suffix),
                 precision,
                 "FLOP/s",
                 threads,
@@ -643,7 +663,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
         out.ceilings.push(compute_ceiling(
-            "cpu/conv/f32/all".into(),
+            compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
             "f32",
             "FLOP/s",
             threads,
@@ -705,25 +725,19 @@ mod tests {
     fn working_sets_map_to_levels() {
         let c = caches();
         let max = 512 << 20;
-        assert_eq!(level_of(&c, 16 << 10, 1, max).as_deref(), Some("L1"));
+        assert_eq!(level_of(&c, 16 << 10, 1, max), Some(Level::L1));
         assert_eq!(level_of(&c, 40 << 10, 1, max), None); // between L1/2 and 2·L1
-        assert_eq!(level_of(&c, 256 << 10, 1, max).as_deref(), Some("L2"));
-        assert_eq!(level_of(&c, 8 << 20, 1, max).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 256 << 10, 1, max), Some(Level::L2));
+        assert_eq!(level_of(&c, 8 << 20, 1, max), Some(Level::L3));
         assert_eq!(level_of(&c, 20 << 20, 1, max), None);
-        assert_eq!(level_of(&c, 512 << 20, 1, max).as_deref(), Some("DRAM"));
-        assert_eq!(
-            level_of(&c, (256 << 20) - 1024, 1, max).as_deref(),
-            Some("DRAM")
-        );
+        assert_eq!(level_of(&c, 512 << 20, 1, max), Some(Level::Dram));
+        assert_eq!(level_of(&c, (256 << 20) - 1024, 1, max), Some(Level::Dram));
         // Four times the LLC but under half the sweep: not trusted as DRAM.
         assert_eq!(level_of(&c, 128 << 20, 1, max), None);
-        assert_eq!(
-            level_of(&c, 128 << 20, 1, 128 << 20).as_deref(),
-            Some("DRAM")
-        );
+        assert_eq!(level_of(&c, 128 << 20, 1, 128 << 20), Some(Level::Dram));
         // Two threads: L1 and L2 are private, L3 is split.
-        assert_eq!(level_of(&c, 32 << 10, 2, max).as_deref(), Some("L1"));
-        assert_eq!(level_of(&c, 16 << 20, 2, max).as_deref(), Some("L3"));
+        assert_eq!(level_of(&c, 32 << 10, 2, max), Some(Level::L1));
+        assert_eq!(level_of(&c, 16 << 20, 2, max), Some(Level::L3));
         assert_eq!(level_of(&c, 24 << 20, 2, max), None);
     }
 
