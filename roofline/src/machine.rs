@@ -126,6 +126,17 @@ impl Ceiling {
         self
     }
 
+    /// This ceiling as the roof `roof`: its id, and the precision (a compute roof) or the memory
+    /// level (a memory roof) the id names.
+    pub fn as_roof(mut self, roof: crate::ids::CeilingId) -> Ceiling {
+        self.id = roof.to_string();
+        match roof {
+            crate::ids::CeilingId::Compute { precision, .. } => self.precision = Some(precision),
+            crate::ids::CeilingId::Memory { level, .. } => self.level = Some(level.name().into()),
+        }
+        self
+    }
+
     pub fn with_level(mut self, level: Option<&str>) -> Ceiling {
         self.level = level.map(String::from);
         self

@@ -16,22 +16,8 @@ use std::ffi::c_void;
 pub(crate) const DIRECTIONS: [Dir; 3] = [Dir::Fwd, Dir::BwdData, Dir::BwdFilter];
 pub(crate) const WORKSPACE_LIMIT: usize = 512 << 20;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Dir {
-    Fwd,
-    BwdData,
-    BwdFilter,
-}
-
-impl Dir {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Dir::Fwd => "fwd",
-            Dir::BwdData => "bwd_data",
-            Dir::BwdFilter => "bwd_filter",
-        }
-    }
-}
+/// A convolution's direction: the model's, whose roofs name it.
+pub(crate) use roofline_model::ConvDir as Dir;
 
 fn dtype(p: Prec) -> dsys::cudnnDataType_t {
     match p {

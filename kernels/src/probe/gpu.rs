@@ -16,8 +16,8 @@ use crate::cuda::device::{self, arg, DevBuf, Gpu};
 use crate::cuda::CudaError;
 use cudarc::driver::{result as cu, sys};
 use roofline_model::{
-    Ceiling, CeilingKind, Curve, CurvePoint, GpuInfo, PeakDb, PerIteration, Stats, Table,
-    TheoreticalPeak,
+    Ceiling, CeilingId, CeilingKind, Curve, CurvePoint, Family, GpuInfo, Level, MemOp, On, PeakDb,
+    PerIteration, Precision, Stats, Table, TheoreticalPeak,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -273,8 +273,46 @@ impl Ctx<'_> {
         per_iteration: PerIteration,
         method: String,
         peak: Option<TheoreticalPeak>,
-        precision: Option<&str>,
-        level: Option<&str>,
+    ) {
+        self.push_ceiling(id, None, kind, unit, samples, per_iteration, method, peak);
+    }
+
+    /// `push` for a roof of the roofline: its id, precision or level from `roof`.
+    #[allow(clippy::too_many_arguments)]
+    fn push_roof(
+        &mut self,
+        roof: CeilingId,
+        kind: CeilingKind,
+        unit: &str,
+        samples: &[f64],
+        per_iteration: PerIteration,
+        method: String,
+        peak: Option<TheoreticalPeak>,
+    ) {
+        let id = roof.to_string();
+        self.push_ceiling(
+            id,
+            Some(roof),
+            kind,
+            unit,
+            samples,
+            per_iteration,
+            method,
+            peak,
+        );
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn push_ceiling(
+        &mut self,
+        id: String,
+        roof: Option<CeilingId>,
+        kind: CeilingKind,
+        unit: &str,
+        samples: &[f64],
+        per_iteration: PerIteration,
+        method: String,
+        peak: Option<TheoreticalPeak>,
     ) {
         if self.mode == Mode::Check {
             return;
@@ -282,12 +320,12 @@ impl Ctx<'_> {
         let Some(stats) = Stats::from_samples(samples) else {
             return;
         };
-        self.out.ceilings.push(
-            Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method)
-                .with_precision(precision.and_then(|p| p.parse().ok()))
-                .with_level(level)
-                .with_peak(peak),
-        );
+        let c = Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method);
+        let c = match roof {
+            Some(r) => c.as_roof(r),
+            None => c,
+        };
+        self.out.ceilings.push(c.with_peak(peak));
     }
 }
 
@@ -327,6 +365,22 @@ fn calibrate(
         &mut |n| launch(n as i32),
     )?;
     Ok(n as i32)
+}
+
+/// The id of GPU `ordinal`'s compute roof of `family` in `precision` (`direction`: a
+/// convolution's).
+pub(super) fn compute_roof(
+    ordinal: usize,
+    family: Family,
+    precision: Precision,
+    direction: Option<roofline_model::ConvDir>,
+) -> CeilingId {
+    CeilingId::Compute {
+        on: On::Gpu(ordinal),
+        family,
+        precision,
+        direction,
+    }
 }
 
 /// Probes every GPU. `Missing`/`NoDevice` errors say there is nothing to probe.
@@ -562,13 +616,83 @@ mod tests {
         for s in &MMA {
             let k = s.ops / (2.0 * 16.0 * 8.0);
             let (a, b) = match s.precision {
-                "f16" => (1.0, 1.0 / 1024.0),
-                "bf16" | "tf32" => (1.0, 1.0 / 1024.0),
-                "int8" => (1.0, 1.0),
+                Precision::F16 => (1.0, 1.0 / 1024.0),
+                Precision::Bf16 | Precision::Tf32 => (1.0, 1.0 / 1024.0),
+                Precision::Int8 => (1.0, 1.0),
                 _ => (1.0, 1.0 / 64.0),
             };
             assert_eq!(s.per_mma, k * a * b, "{}", s.precision);
         }
+    }
+
+    /// The GPU's roofs are written as the files spell them, and a ceiling built as a roof
+    /// carries the precision or level its id names.
+    #[test]
+    fn gpu_roof_ids_are_the_files_ids() {
+        use roofline_model::ConvDir;
+        let cases = [
+            (
+                compute_roof(0, Family::Mma, Precision::Bf16, None),
+                "gpu0/mma/bf16",
+            ),
+            (
+                compute_roof(0, Family::Fma, Precision::F64, None),
+                "gpu0/fma/f64",
+            ),
+            (
+                compute_roof(1, Family::Gemm, Precision::Tf32, None),
+                "gpu1/gemm/tf32",
+            ),
+            (
+                compute_roof(1, Family::Conv, Precision::F16, Some(ConvDir::BwdData)),
+                "gpu1/conv/f16/bwd_data",
+            ),
+            (
+                CeilingId::Memory {
+                    on: On::Gpu(0),
+                    level: Level::Hbm,
+                    op: MemOp::Triad,
+                },
+                "gpu0/mem/HBM/triad",
+            ),
+        ];
+        for (roof, id) in cases {
+            assert_eq!(roof.to_string(), id);
+            assert_eq!(CeilingId::parse(id), Some(roof));
+        }
+        let stats = Stats::from_samples(&[1.0, 2.0]).unwrap();
+        let per = PerIteration {
+            ops: 1.0,
+            bytes: 1.0,
+        };
+        let c = Ceiling::measured(
+            "x",
+            CeilingKind::Memory,
+            "B/s",
+            1,
+            stats.clone(),
+            per.clone(),
+            "m".into(),
+        )
+        .as_roof(cases[4].0);
+        assert_eq!(
+            (c.id.as_str(), c.level.as_deref(), c.precision),
+            ("gpu0/mem/HBM/triad", Some("HBM"), None)
+        );
+        let c = Ceiling::measured(
+            "x",
+            CeilingKind::Compute,
+            "FLOP/s",
+            1,
+            stats,
+            per,
+            "m".into(),
+        )
+        .as_roof(cases[0].0);
+        assert_eq!(
+            (c.id.as_str(), c.precision),
+            ("gpu0/mma/bf16", Some(Precision::Bf16))
+        );
     }
 
     #[test]

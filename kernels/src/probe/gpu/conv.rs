@@ -13,7 +13,7 @@ use crate::cuda::dnn::{
 };
 use crate::cuda::CudaError;
 use roofline_model::{
-    Ceiling, CeilingKind, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
+    Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -361,10 +361,10 @@ fn conv_precision(
             ops: flops,
             bytes: 0.0,
         };
-        let id = format!("gpu{}/conv/{}/{}", gpu.ordinal, p.name(), dir.name());
+        let roof = super::compute_roof(gpu.ordinal, Family::Conv, p, Some(dir));
         out.ceilings.push(
             Ceiling::measured(
-                id,
+                roof.to_string(),
                 CeilingKind::Compute,
                 "FLOP/s",
                 1,
@@ -372,7 +372,7 @@ fn conv_precision(
                 per_iteration,
                 method,
             )
-            .with_precision(Some(p))
+            .as_roof(roof)
             .with_peak(peak_for(peaks, gpu, p)),
         );
         out.tables.push(Table {

@@ -221,8 +221,6 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
             PerIteration { ops: 0.0, bytes },
             format!("{method}; data verified"),
             peak,
-            None,
-            None,
         );
     }
     Ok(format!("{size} each way verified"))
@@ -407,12 +405,10 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
             }
         ),
         nvlink_peak.clone(),
-        None,
-        None,
     );
-    ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }), None, None);
+    ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
     if !sm.is_empty() {
-        ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone(), None, None);
+        ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone());
     }
     if !sm_both.is_empty() {
         ctx.push(
@@ -426,8 +422,6 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
                 p.value *= 2.0;
                 p
             }),
-            None,
-            None,
         );
     }
     Ok(format!(

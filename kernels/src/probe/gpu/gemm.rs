@@ -10,7 +10,7 @@ use crate::cuda::device::{self, Gpu};
 use crate::cuda::CudaError;
 use crate::driver::CheckError;
 use roofline_model::{
-    Ceiling, CeilingKind, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
+    Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -400,10 +400,10 @@ fn gemm_precision(
             ops: flops,
             bytes: 0.0,
         };
-        let id = format!("gpu{}/gemm/{}", gpu.ordinal, p.name());
+        let roof = super::compute_roof(gpu.ordinal, Family::Gemm, p, None);
         out.ceilings.push(
             Ceiling::measured(
-                id,
+                roof.to_string(),
                 CeilingKind::Compute,
                 p.unit(),
                 1,
@@ -411,7 +411,7 @@ fn gemm_precision(
                 per_iteration,
                 method,
             )
-            .with_precision(Some(p))
+            .as_roof(roof)
             .with_peak(peak_for(peaks, gpu, p)),
         );
         out.tables.push(Table {

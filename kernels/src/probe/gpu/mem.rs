@@ -7,7 +7,7 @@ use super::*;
 // Memory: working-set sweep
 
 pub(super) const MEM_BLOCK: u32 = 256;
-pub(super) const MEM_OPS: [&str; 4] = ["read", "write", "copy", "triad"];
+pub(super) const MEM_OPS: [MemOp; 4] = MemOp::ALL;
 
 /// pattern(i, seed) of stream.cu: small integers as f32 bits.
 pub(super) fn pattern(i: u64, seed: u32) -> u32 {
@@ -91,7 +91,8 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
     }
     gpu.sync()?;
     let l2 = gpu.l2_bytes;
-    for op in MEM_OPS {
+    for mem_op in MEM_OPS {
+        let op = mem_op.name();
         let mut points = Vec::new();
         let mut worst: Option<String> = None;
         for &size in &sizes {
@@ -100,9 +101,9 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                 Ok((rates, size)) => {
                     if let Some(stats) = Stats::from_samples(&rates) {
                         let level = if size * 2 <= l2 {
-                            Some("L2".to_string())
+                            Some(Level::L2.name().to_string())
                         } else if size >= 4 * l2 {
-                            Some("HBM".to_string())
+                            Some(Level::Hbm.name().to_string())
                         } else {
                             None
                         };
@@ -134,22 +135,28 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                 Ok(format!("{} sizes checked", sizes.len())),
             )?;
         }
-        for level in ["L2", "HBM"] {
+        for level in [Level::L2, Level::Hbm] {
             let best = points
                 .iter()
                 .filter(|p| {
-                    p.level.as_deref() == Some(level) && (level != "L2" || p.x >= (2 << 20) as f64)
+                    p.level.as_deref() == Some(level.name())
+                        && (level != Level::L2 || p.x >= (2 << 20) as f64)
                 })
                 .max_by(|a, b| a.value.total_cmp(&b.value));
             if let Some(p) = best {
-                let peak = if level == "HBM" {
+                let peak = if level == Level::Hbm {
                     ctx.memory_peak(gpu)
                 } else {
                     None
                 };
                 let samples = p.stats.values.clone();
-                ctx.push(
-                    format!("gpu{}/mem/{level}/{op}", gpu.ordinal),
+                let roof = CeilingId::Memory {
+                    on: On::Gpu(gpu.ordinal),
+                    level,
+                    op: mem_op,
+                };
+                ctx.push_roof(
+                    roof,
                     CeilingKind::Memory,
                     "B/s",
                     &samples,
@@ -157,13 +164,11 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                     format!(
                         "NVRTC kernel stream_{op}: 16-byte ld.global.cg/st.global, {grid} blocks × {MEM_BLOCK} threads, grid-stride; best working set {} of the {level} plateau ({}), repeated in-kernel so a sample lasts ≥ {:.0} ms; bytes counted: {}; every word checked on the GPU",
                         crate::probe::cpu::human_bytes(p.x),
-                        if level == "L2" { format!("working sets ≤ half the {} L2", crate::probe::cpu::human_bytes(l2 as f64)) } else { format!("working sets ≥ 4× the L2, {} device memory", crate::probe::cpu::human_bytes(gpu.memory_bytes as f64)) },
+                        if level == Level::L2 { format!("working sets ≤ half the {} L2", crate::probe::cpu::human_bytes(l2 as f64)) } else { format!("working sets ≥ 4× the L2, {} device memory", crate::probe::cpu::human_bytes(gpu.memory_bytes as f64)) },
                         ctx.mode.sample_seconds() * 1e3,
                         stream_counted(op)
                     ),
                     peak,
-                    None,
-                    Some(level),
                 );
             }
         }

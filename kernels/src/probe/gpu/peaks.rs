@@ -65,10 +65,15 @@ pub(super) fn half_value(bits: u16, bf16: bool) -> f64 {
 pub(super) fn fma_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
     let grid = gpu.grid_for(FMA_BLOCK, 2048);
     let threads = (grid * FMA_BLOCK) as usize;
-    for precision in ["f64", "f32", "f16", "bf16"] {
+    for p in [
+        Precision::F64,
+        Precision::F32,
+        Precision::F16,
+        Precision::Bf16,
+    ] {
         ctx.cancelled()?;
-        let r = fma_one(ctx, gpu, precision, grid, threads);
-        ctx.checked(gpu.ordinal, &format!("fma_{precision}"), r)?;
+        let r = fma_one(ctx, gpu, p, grid, threads);
+        ctx.checked(gpu.ordinal, &format!("fma_{p}"), r)?;
     }
     Ok(())
 }
@@ -76,10 +81,11 @@ pub(super) fn fma_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
 pub(super) fn fma_one(
     ctx: &mut Ctx,
     gpu: &mut Gpu,
-    precision: &str,
+    p: Precision,
     grid: u32,
     threads: usize,
 ) -> Result<String, CudaError> {
+    let precision = p.name();
     let kernel = match precision {
         "f64" => "fma_f64",
         "f32" => "fma_f32",
@@ -204,10 +210,9 @@ pub(super) fn fma_one(
         }
     }
     let rates: Vec<f64> = times.iter().map(|t| flops / t).collect();
-    let id = format!("gpu{}/fma/{precision}", gpu.ordinal);
     let peak = ctx.peak(gpu, precision, "vector");
-    ctx.push(
-        id,
+    ctx.push_roof(
+        compute_roof(gpu.ordinal, Family::Fma, p, None),
         CeilingKind::Compute,
         "FLOP/s",
         &rates,
@@ -219,8 +224,6 @@ pub(super) fn fma_one(
             sample.len()
         ),
         peak,
-        Some(precision),
-        None,
     );
     Ok(format!(
         "{} threads sampled, max rel. error {worst:.1e}",
@@ -235,7 +238,7 @@ pub(super) const MMA_CHAINS: f64 = 4.0;
 pub(super) const MMA_BLOCK: u32 = 256;
 
 pub(super) struct MmaSpec {
-    pub(super) precision: &'static str,
+    pub(super) precision: Precision,
     pub(super) kernel: &'static str,
     /// Operations (2·M·N·K) of one mma instruction.
     pub(super) ops: f64,
@@ -250,7 +253,7 @@ pub(super) struct MmaSpec {
 pub(super) const MMA: [MmaSpec; 5] = [
     // f16: a = 1.0 (0x3C00), b = 2^-10 (0x1400), K = 16.
     MmaSpec {
-        precision: "f16",
+        precision: Precision::F16,
         kernel: "mma_f16",
         ops: 4096.0,
         a: 0x3C00_3C00,
@@ -261,7 +264,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
     },
     // bf16: a = 1.0 (0x3F80), b = 2^-10 (0x3A80), K = 16.
     MmaSpec {
-        precision: "bf16",
+        precision: Precision::Bf16,
         kernel: "mma_bf16",
         ops: 4096.0,
         a: 0x3F80_3F80,
@@ -272,7 +275,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
     },
     // tf32 (f32 bits): a = 1.0, b = 2^-10, K = 8.
     MmaSpec {
-        precision: "tf32",
+        precision: Precision::Tf32,
         kernel: "mma_tf32",
         ops: 2048.0,
         a: 0x3F80_0000,
@@ -283,7 +286,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
     },
     // int8: a = b = 1, K = 32.
     MmaSpec {
-        precision: "int8",
+        precision: Precision::Int8,
         kernel: "mma_int8",
         ops: 8192.0,
         a: 0x0101_0101,
@@ -294,7 +297,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
     },
     // fp8 e4m3: a = 1.0 (0x38), b = 2^-6 (0x08), K = 32.
     MmaSpec {
-        precision: "fp8",
+        precision: Precision::Fp8,
         kernel: "mma_fp8",
         ops: 8192.0,
         a: 0x3838_3838,
@@ -380,9 +383,9 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
     let ops = warps * iters as f64 * MMA_CHAINS * spec.ops;
     let rates: Vec<f64> = times.iter().map(|t| ops / t).collect();
     let unit = if spec.int { "OP/s" } else { "FLOP/s" };
-    let peak = ctx.peak(gpu, spec.precision, "matrix");
-    ctx.push(
-        format!("gpu{}/mma/{}", gpu.ordinal, spec.precision),
+    let peak = ctx.peak(gpu, spec.precision.name(), "matrix");
+    ctx.push_roof(
+        compute_roof(gpu.ordinal, Family::Mma, spec.precision, None),
         CeilingKind::Compute,
         unit,
         &rates,
@@ -393,8 +396,6 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
             if gpu.arch() >= 90 { "; on sm_90 mma.sync reaches only part of the tensor-core peak (wgmma is needed for all of it) — see gpu/gemm for the library figure" } else { "" }
         ),
         peak,
-        Some(spec.precision),
-        None,
     );
     Ok(format!("{threads} lanes exact"))
 }
