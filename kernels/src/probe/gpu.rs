@@ -263,50 +263,12 @@ impl Ctx<'_> {
         })
     }
 
+    /// Keeps a measured ceiling (not in check mode, and only with samples): a roof of the
+    /// roofline (its id, precision or level from the `CeilingId`) or another ceiling by its id.
     #[allow(clippy::too_many_arguments)]
     fn push(
         &mut self,
-        id: String,
-        kind: CeilingKind,
-        unit: &str,
-        samples: &[f64],
-        per_iteration: PerIteration,
-        method: String,
-        peak: Option<TheoreticalPeak>,
-    ) {
-        self.push_ceiling(id, None, kind, unit, samples, per_iteration, method, peak);
-    }
-
-    /// `push` for a roof of the roofline: its id, precision or level from `roof`.
-    #[allow(clippy::too_many_arguments)]
-    fn push_roof(
-        &mut self,
-        roof: CeilingId,
-        kind: CeilingKind,
-        unit: &str,
-        samples: &[f64],
-        per_iteration: PerIteration,
-        method: String,
-        peak: Option<TheoreticalPeak>,
-    ) {
-        let id = roof.to_string();
-        self.push_ceiling(
-            id,
-            Some(roof),
-            kind,
-            unit,
-            samples,
-            per_iteration,
-            method,
-            peak,
-        );
-    }
-
-    #[allow(clippy::too_many_arguments)]
-    fn push_ceiling(
-        &mut self,
-        id: String,
-        roof: Option<CeilingId>,
+        id: impl Into<Named>,
         kind: CeilingKind,
         unit: &str,
         samples: &[f64],
@@ -320,10 +282,12 @@ impl Ctx<'_> {
         let Some(stats) = Stats::from_samples(samples) else {
             return;
         };
-        let c = Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method);
-        let c = match roof {
-            Some(r) => c.as_roof(r),
-            None => c,
+        let c = match id.into() {
+            Named::Roof(r) => {
+                Ceiling::measured(r.to_string(), kind, unit, 1, stats, per_iteration, method)
+                    .as_roof(r)
+            }
+            Named::Other(id) => Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method),
         };
         self.out.ceilings.push(c.with_peak(peak));
     }
@@ -365,6 +329,24 @@ fn calibrate(
         &mut |n| launch(n as i32),
     )?;
     Ok(n as i32)
+}
+
+/// What a ceiling is: a roof of the roofline, or another ceiling (a copy, a link) by its id.
+pub(super) enum Named {
+    Roof(CeilingId),
+    Other(String),
+}
+
+impl From<CeilingId> for Named {
+    fn from(r: CeilingId) -> Named {
+        Named::Roof(r)
+    }
+}
+
+impl From<String> for Named {
+    fn from(id: String) -> Named {
+        Named::Other(id)
+    }
 }
 
 /// The id of GPU `ordinal`'s compute roof of `family` in `precision` (`direction`: a

@@ -155,7 +155,7 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                     level,
                     op: mem_op,
                 };
-                ctx.push_roof(
+                ctx.push(
                     roof,
                     CeilingKind::Memory,
                     "B/s",

@@ -211,7 +211,7 @@ pub(super) fn fma_one(
     }
     let rates: Vec<f64> = times.iter().map(|t| flops / t).collect();
     let peak = ctx.peak(gpu, precision, "vector");
-    ctx.push_roof(
+    ctx.push(
         compute_roof(gpu.ordinal, Family::Fma, p, None),
         CeilingKind::Compute,
         "FLOP/s",
@@ -384,7 +384,7 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
     let rates: Vec<f64> = times.iter().map(|t| ops / t).collect();
     let unit = if spec.int { "OP/s" } else { "FLOP/s" };
     let peak = ctx.peak(gpu, spec.precision.name(), "matrix");
-    ctx.push_roof(
+    ctx.push(
         compute_roof(gpu.ordinal, Family::Mma, spec.precision, None),
         CeilingKind::Compute,
         unit,
