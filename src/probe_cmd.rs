@@ -39,6 +39,11 @@ pub struct ProbeArgs {
     /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
     #[arg(long)]
     pub quick: bool,
+    /// Cap the CPU kernels' instruction set: avx512, avx2 or scalar (the portable code), to
+    /// measure and check a narrower path on a wider CPU (as the environment variable
+    /// ROOFLINE_ISA does). The GEMM and convolution ceilings use the gemm crate's own dispatch.
+    #[arg(long, value_name = "ISA", value_parser = parse_isa)]
+    pub isa: Option<roofline_kernels::cpu::isa::Isa>,
     /// Measure only these sections, comma-separated: fma, mem, gemm, conv, copy (host-device
     /// and peer copies, GPUs only), comm (between MPI ranks, under mpirun), io (storage; as
     /// --io).
@@ -120,7 +125,18 @@ pub(crate) fn install_ctrlc() -> Result<(), Failure> {
 }
 
 /// `roofline probe`.
+fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
+    roofline_kernels::cpu::isa::Isa::parse(s)
+        .ok_or_else(|| format!("{s:?}: expected avx512, avx2 or scalar"))
+}
+
 pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
+    if let Some(isa) = a.isa {
+        // Read by the kernels wherever they choose their instruction set (this thread only
+        // runs yet: nothing reads the environment concurrently).
+        std::env::set_var(roofline_kernels::cpu::isa::ENV, isa.name());
+    }
+    roofline_kernels::cpu::isa::Isa::cap().map_err(|e| Failure::Input(anyhow!("{e}")))?;
     let sections = sections_of(&a)?;
     if let Some(n) = roofline_kernels::comm::launched_ranks() {
         #[cfg(feature = "mpi")]

@@ -154,6 +154,66 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
     assert!(!dir.join("m.json").exists());
 }
 
+/// `--isa` (or ROOFLINE_ISA) caps the CPU kernels' instruction set: each FMA and memory
+/// ceiling names the set it ran with, the FMA peak follows it, bf16 and int8 (AVX-512 only) are
+/// left out under a cap; a name that is no instruction set is refused with exit 2.
+#[test]
+fn isa_caps_the_cpu_kernels_and_each_ceiling_names_its_own() {
+    let dir = tmpdir("isa");
+    let out = dir.join("m.json");
+    let o = bin()
+        .args(["probe", "--quick", "--only", "fma,mem", "--threads", "1"])
+        .args(["--isa", "scalar", "-o"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let ceilings = m["ceilings"].as_array().unwrap();
+    assert!(ceilings.len() >= 10, "{ceilings:?}");
+    for c in ceilings {
+        let id = c["id"].as_str().unwrap();
+        assert_eq!(c["isa"], "scalar", "{id}");
+        assert!(!id.contains("bf16") && !id.contains("int8"), "{id}");
+    }
+    // Without a cap, the widest set this CPU has, named on every CPU ceiling.
+    let (machine, _) = quick_machine();
+    let m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
+    for c in m["ceilings"].as_array().unwrap() {
+        let id = c["id"].as_str().unwrap();
+        if id.starts_with("cpu/fma") || id.starts_with("cpu/mem") || id.starts_with("cpu/gemm") {
+            let isa = c["isa"].as_str().unwrap_or_else(|| panic!("{id}: no isa"));
+            assert!(["avx512", "avx2", "scalar"].contains(&isa), "{id}: {isa}");
+        }
+    }
+    let o = bin()
+        .args(["probe", "--isa", "sse", "-o"])
+        .arg(dir.join("x.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("expected avx512, avx2 or scalar"),
+        "{}",
+        stderr(&o)
+    );
+    let o = bin()
+        .env("ROOFLINE_ISA", "sse")
+        .args(["probe", "--quick", "--only", "mem", "-o"])
+        .arg(dir.join("x.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ROOFLINE_ISA=\"sse\""),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!dir.join("x.json").exists());
+}
+
 #[test]
 fn ctrl_c_leaves_no_file_behind() {
     let dir = tmpdir("sigint");

@@ -399,6 +399,7 @@ mod tests {
                 threads: 2,
                 precision: Some(roofline_model::Precision::F32),
                 level: level.map(String::from),
+                isa: None,
                 stats: stats(v),
                 theoretical_peak: peak.map(|p| TheoreticalPeak {
                     value: p,

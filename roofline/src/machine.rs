@@ -77,6 +77,10 @@ pub struct Ceiling {
     /// ceilings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub level: Option<String>,
+    /// The CPU instruction set the kernel ran with (`avx512`, `avx2`, `scalar`: the portable
+    /// code of the baseline target), for CPU compute and memory ceilings.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub isa: Option<String>,
     /// The statistics of the samples behind `value`, in `unit`.
     pub stats: Stats,
     /// The theoretical peak when one is known.
@@ -113,6 +117,7 @@ impl Ceiling {
             threads,
             precision: None,
             level: None,
+            isa: None,
             stats,
             theoretical_peak: None,
             above_peak: false,
@@ -134,6 +139,12 @@ impl Ceiling {
             crate::ids::CeilingId::Compute { precision, .. } => self.precision = Some(precision),
             crate::ids::CeilingId::Memory { level, .. } => self.level = Some(level.name().into()),
         }
+        self
+    }
+
+    /// The CPU instruction set the kernel ran with.
+    pub fn with_isa(mut self, isa: &str) -> Ceiling {
+        self.isa = Some(isa.to_string());
         self
     }
 

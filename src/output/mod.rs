@@ -70,18 +70,19 @@ pub fn machine_table(m: &Machine) {
     }
     println!();
     println!(
-        "{:<32} {:>14} {:>7} {:>14} {:>24}",
-        "ceiling", "value", "threads", "samples", "of theoretical peak"
+        "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
+        "ceiling", "value", "threads", "samples", "of theoretical peak", "isa"
     );
     for c in &m.ceilings {
         let mark = if shared.contains(&c.id) { "*" } else { "" };
         println!(
-            "{:<32} {:>14} {:>7} {:>14} {:>24}",
+            "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
             format!("{}{mark}", c.id),
             format!("{}{}", si(c.value), c.unit),
             c.threads,
             stats_cell(c),
-            peak_cell(c)
+            peak_cell(c),
+            c.isa.as_deref().unwrap_or("")
         );
     }
     let flagged: Vec<&str> = m

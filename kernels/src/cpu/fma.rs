@@ -28,33 +28,7 @@ pub fn accumulators(isa: Isa) -> usize {
 }
 
 /// The instruction set a kernel runs on.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Isa {
-    /// 512-bit `vfmadd213ps/pd`, `vdpbf16ps`, `vpdpbusd`.
-    Avx512,
-    /// 256-bit `vfmadd213ps/pd`.
-    Avx2,
-    /// Scalar multiply and add (no FMA instruction assumed).
-    Scalar,
-}
-
-impl Isa {
-    pub fn name(self) -> &'static str {
-        match self {
-            Isa::Avx512 => "avx512",
-            Isa::Avx2 => "avx2",
-            Isa::Scalar => "scalar",
-        }
-    }
-    /// Vector width in bits.
-    pub fn bits(self) -> u32 {
-        match self {
-            Isa::Avx512 => 512,
-            Isa::Avx2 => 256,
-            Isa::Scalar => 64,
-        }
-    }
-}
+pub use super::isa::Isa;
 
 /// What the peak kernel computes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +78,16 @@ impl Precision {
 
 /// The best instruction set this CPU offers for `p`, or `None` when it has no instruction for it.
 pub fn best_isa(p: Precision) -> Option<Isa> {
+    let cap = Isa::current();
+    detected_isa(p).map(|i| i.min(cap)).filter(|i| match p {
+        // bf16 and int8 have only their AVX-512 kernel.
+        Precision::Bf16 | Precision::Int8 => *i == Isa::Avx512,
+        Precision::F64 | Precision::F32 => true,
+    })
+}
+
+/// The widest instruction set this CPU runs the kernel of precision `p` with (no cap).
+fn detected_isa(p: Precision) -> Option<Isa> {
     #[cfg(target_arch = "x86_64")]
     {
         let avx512 = std::arch::is_x86_feature_detected!("avx512f");
@@ -171,7 +155,13 @@ pub struct FmaKernel {
 
 impl FmaKernel {
     pub fn new(p: Precision, isa: Isa) -> Result<FmaKernel, ProbeError> {
-        if best_isa(p).is_none() || (isa == Isa::Avx512 && best_isa(p) != Some(Isa::Avx512)) {
+        // What this CPU runs (the cap does not matter here: a capped run asks for less).
+        let runs = match (p, detected_isa(p)) {
+            (Precision::Bf16 | Precision::Int8, Some(d)) => isa == Isa::Avx512 && d == Isa::Avx512,
+            (_, Some(d)) => isa <= d,
+            (_, None) => false,
+        };
+        if !runs {
             return Err(ProbeError::Unsupported(format!(
                 "{} on {} is not supported by this CPU",
                 p.name(),

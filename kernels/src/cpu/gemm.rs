@@ -10,6 +10,7 @@
 //! inputs; the error is relative to Σ|a·b| (the scale of the rounding error of any summation
 //! order), within a bound per precision.
 
+use super::isa::Isa;
 use crate::buffer::{Buffer, Zeroable};
 use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
@@ -197,6 +198,27 @@ impl<T: Elem> GemmKernel<T> {
             Parallelism::None
         }
     }
+}
+
+/// The instruction set the gemm crate dispatches to on this CPU (it detects its own, and
+/// `ROOFLINE_ISA` does not cap it): x86-64-v4 (AVX-512 F/BW/CD/DQ/VL) or v3 (AVX2, FMA).
+pub fn gemm_isa() -> Isa {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx512f")
+            && has!("avx512bw")
+            && has!("avx512cd")
+            && has!("avx512dq")
+            && has!("avx512vl")
+        {
+            return Isa::Avx512;
+        }
+        if has!("avx2") && has!("fma") {
+            return Isa::Avx2;
+        }
+    }
+    Isa::Scalar
 }
 
 /// Checks 16 entries of `c` against f64 references; returns the largest normwise error.

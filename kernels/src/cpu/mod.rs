@@ -4,4 +4,5 @@ pub mod clock;
 pub mod conv;
 pub mod fma;
 pub mod gemm;
+pub mod isa;
 pub mod stream;

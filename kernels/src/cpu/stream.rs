@@ -9,6 +9,7 @@
 //! Checks: the arrays hold small multiples of 1/2, so every sum and triad is exact; after the
 //! timed runs the whole destination array (or the last sum) is compared with its known value.
 
+use super::isa::Isa;
 use crate::buffer::Buffer;
 use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
@@ -89,12 +90,25 @@ pub struct StreamKernel {
     b: Buffer<f64>,
     c: Buffer<f64>,
     sum: f64,
-    avx512: bool,
+    isa: Isa,
 }
 
 impl StreamKernel {
-    /// Arrays for a working set of `bytes`; `nt` selects non-temporal stores.
+    /// Arrays for a working set of `bytes`; `nt` selects non-temporal stores. The kernels are
+    /// the widest this CPU runs under the `ROOFLINE_ISA` cap ([`Isa::current`]).
     pub fn new(op: Op, bytes: usize, nt: bool) -> Result<StreamKernel, ProbeError> {
+        StreamKernel::with_isa(op, bytes, nt, Isa::current())
+    }
+
+    /// As `new`, with the kernels of `isa` (which this CPU must run).
+    pub fn with_isa(op: Op, bytes: usize, nt: bool, isa: Isa) -> Result<StreamKernel, ProbeError> {
+        if isa > Isa::detected() {
+            return Err(ProbeError::Unsupported(format!(
+                "{} memory kernels on a CPU whose widest is {}",
+                isa.name(),
+                Isa::detected().name()
+            )));
+        }
         let n = elems_for(op, bytes);
         let alloc = |len: usize, f: fn(usize) -> f64| {
             Buffer::from_fn(len, f).ok_or(ProbeError::Alloc(len * 8))
@@ -115,10 +129,7 @@ impl StreamKernel {
             b: alloc(nb, b_init)?,
             c: alloc(nc, c_init)?,
             sum: 0.0,
-            #[cfg(target_arch = "x86_64")]
-            avx512: std::arch::is_x86_feature_detected!("avx512f"),
-            #[cfg(not(target_arch = "x86_64"))]
-            avx512: false,
+            isa,
         })
     }
 
@@ -127,24 +138,44 @@ impl StreamKernel {
         self.n * self.op.bytes_per_elem()
     }
 
+    /// The instruction set of this kernel's loops.
+    pub fn isa(&self) -> Isa {
+        self.isa
+    }
+
     fn pass(&mut self) {
         let n = self.n;
         let a = std::hint::black_box(self.a.as_mut_ptr());
         let b = std::hint::black_box(self.b.as_ptr());
         let c = std::hint::black_box(self.c.as_ptr());
         #[cfg(target_arch = "x86_64")]
-        if self.avx512 {
-            // SAFETY: AVX-512F detected; arrays are 4096-aligned with n (a multiple of 64)
-            // elements each where the op touches them.
-            unsafe {
-                match self.op {
-                    Op::Read => self.sum = x86::read(b, n),
-                    Op::Write => x86::write(a, n, self.nt),
-                    Op::Copy => x86::copy(a, b, n, self.nt),
-                    Op::Triad => x86::triad(a, b, c, n, self.nt),
+        match self.isa {
+            Isa::Avx512 => {
+                // SAFETY: AVX-512F detected (`with_isa`); arrays are 4096-aligned with n (a
+                // multiple of 64) elements each where the op touches them.
+                unsafe {
+                    match self.op {
+                        Op::Read => self.sum = x86::read(b, n),
+                        Op::Write => x86::write(a, n, self.nt),
+                        Op::Copy => x86::copy(a, b, n, self.nt),
+                        Op::Triad => x86::triad(a, b, c, n, self.nt),
+                    }
                 }
+                return;
             }
-            return;
+            Isa::Avx2 => {
+                // SAFETY: AVX2 and FMA detected (`with_isa`); alignment and lengths as above.
+                unsafe {
+                    match self.op {
+                        Op::Read => self.sum = avx2::read(b, n),
+                        Op::Write => avx2::write(a, n, self.nt),
+                        Op::Copy => avx2::copy(a, b, n, self.nt),
+                        Op::Triad => avx2::triad(a, b, c, n, self.nt),
+                    }
+                }
+                return;
+            }
+            Isa::Scalar => {}
         }
         // Portable fallback (compiler-vectorised, normal stores).
         // SAFETY: as above, the pointers cover n elements where used.
@@ -330,22 +361,130 @@ mod x86 {
     }
 }
 
+/// The AVX2 kernels: as the AVX-512 ones, eight 256-bit vectors (32 elements) per step.
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn read(b: *const f64, n: usize) -> f64 {
+        let mut s = [_mm256_setzero_pd(); 8];
+        let mut i = 0;
+        while i < n {
+            for (j, acc) in s.iter_mut().enumerate() {
+                *acc = _mm256_add_pd(*acc, _mm256_load_pd(b.add(i + 4 * j)));
+            }
+            i += 32;
+        }
+        let t = _mm256_add_pd(
+            _mm256_add_pd(_mm256_add_pd(s[0], s[1]), _mm256_add_pd(s[2], s[3])),
+            _mm256_add_pd(_mm256_add_pd(s[4], s[5]), _mm256_add_pd(s[6], s[7])),
+        );
+        let mut lanes = [0.0f64; 4];
+        _mm256_storeu_pd(lanes.as_mut_ptr(), t);
+        (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
+        let q = _mm256_set1_pd(super::Q);
+        let mut i = 0;
+        if nt {
+            while i < n {
+                for j in 0..8 {
+                    _mm256_stream_pd(a.add(i + 4 * j), q);
+                }
+                i += 32;
+            }
+            _mm_sfence();
+        } else {
+            while i < n {
+                for j in 0..8 {
+                    _mm256_store_pd(a.add(i + 4 * j), q);
+                }
+                i += 32;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn copy(a: *mut f64, b: *const f64, n: usize, nt: bool) {
+        let mut i = 0;
+        if nt {
+            while i < n {
+                for j in 0..8 {
+                    _mm256_stream_pd(a.add(i + 4 * j), _mm256_load_pd(b.add(i + 4 * j)));
+                }
+                i += 32;
+            }
+            _mm_sfence();
+        } else {
+            while i < n {
+                for j in 0..8 {
+                    _mm256_store_pd(a.add(i + 4 * j), _mm256_load_pd(b.add(i + 4 * j)));
+                }
+                i += 32;
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn triad(a: *mut f64, b: *const f64, c: *const f64, n: usize, nt: bool) {
+        let q = _mm256_set1_pd(super::Q);
+        let mut i = 0;
+        if nt {
+            while i < n {
+                for j in 0..8 {
+                    let k = i + 4 * j;
+                    _mm256_stream_pd(
+                        a.add(k),
+                        _mm256_fmadd_pd(q, _mm256_load_pd(c.add(k)), _mm256_load_pd(b.add(k))),
+                    );
+                }
+                i += 32;
+            }
+            _mm_sfence();
+        } else {
+            while i < n {
+                for j in 0..8 {
+                    let k = i + 4 * j;
+                    _mm256_store_pd(
+                        a.add(k),
+                        _mm256_fmadd_pd(q, _mm256_load_pd(c.add(k)), _mm256_load_pd(b.add(k))),
+                    );
+                }
+                i += 32;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    /// Every instruction set this CPU runs (AVX-512, AVX2, portable: each path, not only the
+    /// widest), every op, both store kinds, sizes in L1 to past L2: each result checks out.
     #[test]
-    fn every_op_checks_out_with_both_store_kinds() {
-        for op in Op::ALL {
-            for nt in [false, true] {
-                for bytes in [4096, 100_000, 3 << 20] {
-                    let mut k = StreamKernel::new(op, bytes, nt).unwrap();
-                    assert!(k.working_set() <= bytes.max(BLOCK * op.bytes_per_elem()));
-                    k.run(3);
-                    k.check()
-                        .unwrap_or_else(|e| panic!("{} nt={nt} {bytes}: {e}", op.name()));
+    fn every_op_checks_out_on_every_isa_with_both_store_kinds() {
+        for isa in Isa::available() {
+            for op in Op::ALL {
+                for nt in [false, true] {
+                    for bytes in [4096, 100_000, 3 << 20] {
+                        let mut k = StreamKernel::with_isa(op, bytes, nt, isa).unwrap();
+                        assert_eq!(k.isa(), isa);
+                        assert!(k.working_set() <= bytes.max(BLOCK * op.bytes_per_elem()));
+                        k.run(3);
+                        k.check().unwrap_or_else(|e| {
+                            panic!("{} {} nt={nt} {bytes}: {e}", isa.name(), op.name())
+                        });
+                    }
                 }
             }
+        }
+        // A wider set than the CPU has is refused, not run.
+        if Isa::detected() < Isa::Avx512 {
+            assert!(StreamKernel::with_isa(Op::Read, 4096, false, Isa::Avx512).is_err());
         }
     }
 

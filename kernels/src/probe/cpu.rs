@@ -375,16 +375,19 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 isa,
                 Some((before.max(after), before.min(after))),
             );
-            out.ceilings.push(compute_ceiling(
-                compute_id(Family::Fma, p.into(), suffix),
-                p.name(),
-                p.unit(),
-                cpus.len(),
-                stats,
-                &m,
-                method,
-                peak,
-            ));
+            out.ceilings.push(
+                compute_ceiling(
+                    compute_id(Family::Fma, p.into(), suffix),
+                    p.name(),
+                    p.unit(),
+                    cpus.len(),
+                    stats,
+                    &m,
+                    method,
+                    peak,
+                )
+                .with_isa(isa.name()),
+            );
         }
     }
     Ok(())
@@ -432,6 +435,7 @@ pub fn level_of(
 }
 
 fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
+    let mem_isa = crate::cpu::isa::Isa::current();
     let sizes = sweep_sizes(ctx.cfg);
     let max_ws = sizes.last().copied().unwrap_or(0);
     let llc_total = ctx
@@ -495,6 +499,11 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     pinned(threads),
                     if nt { "; non-temporal stores" } else { "" }
                 );
+                let method = format!(
+                    "{method}; {} kernels ({}-bit)",
+                    mem_isa.name(),
+                    mem_isa.bits()
+                );
                 let mut c = ceiling(
                     CeilingId::Memory {
                         on: On::Cpu(suffix),
@@ -511,6 +520,7 @@ fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     None,
                 );
                 c.level = Some(level.name().to_string());
+                c.isa = Some(mem_isa.name().to_string());
                 out.ceilings.push(c);
             }
         }
@@ -587,7 +597,7 @@ fn gemm_section<T: Elem>(
         }
         shapes.extend(r);
     }
-    let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
+    let isa = crate::cpu::gemm::gemm_isa();
     for (suffix, cpus) in configs(ctx.cfg) {
         let threads = cpus.len();
         let mut sweep = Sweep::new();
@@ -618,21 +628,24 @@ fn gemm_section<T: Elem>(
                 ""
             };
             let method = format!(
-                "gemm crate (x86-v4 kernels) in blocks of 1024{f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
-                shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
+                "gemm crate ({} kernels, its own dispatch) in blocks of 1024{f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
+                isa.name(), shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
-            out.ceilings.push(compute_ceiling(
-                compute_id(Family::Gemm, p, suffix),
-                precision,
-                "FLOP/s",
-                threads,
-                stats,
-                &m,
-                method,
-                peak,
-            ));
+            out.ceilings.push(
+                compute_ceiling(
+                    compute_id(Family::Gemm, p, suffix),
+                    precision,
+                    "FLOP/s",
+                    threads,
+                    stats,
+                    &m,
+                    method,
+                    peak,
+                )
+                .with_isa(isa.name()),
+            );
         }
     }
     Ok(())
@@ -641,7 +654,7 @@ fn gemm_section<T: Elem>(
 fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
     let layers = conv_layers(ctx.cfg);
     let threads = ctx.cfg.cores.len();
-    let isa = best_isa(Precision::F32).unwrap_or(Isa::Scalar);
+    let isa = crate::cpu::gemm::gemm_isa();
     let mut sweep = Sweep::new();
     for (i, (name, shape)) in layers.iter().enumerate() {
         ctx.progress.advance(&format!("conv f32 all {name}"));
@@ -662,16 +675,19 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             layers.len(), layers[i].0, layers[i].1.describe(), pinned(threads)
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
-        out.ceilings.push(compute_ceiling(
-            compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
-            "f32",
-            "FLOP/s",
-            threads,
-            stats,
-            &m,
-            method,
-            peak,
-        ));
+        out.ceilings.push(
+            compute_ceiling(
+                compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
+                "f32",
+                "FLOP/s",
+                threads,
+                stats,
+                &m,
+                method,
+                peak,
+            )
+            .with_isa(isa.name()),
+        );
     }
     Ok(())
 }

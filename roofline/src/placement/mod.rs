@@ -449,6 +449,7 @@ pub(crate) mod tests {
                 threads: 2,
                 precision: precision.map(|p| p.parse().unwrap()),
                 level: level.map(Into::into),
+                isa: None,
                 stats: Stats::from_samples(&[value]).unwrap(),
                 theoretical_peak: None,
                 above_peak: false,
