@@ -41,10 +41,46 @@ pub fn parse_cpuinfo(text: &str) -> CpuIdent {
             "stepping" => id.stepping = v.parse().unwrap_or(0),
             "cpu MHz" => id.mhz = v.parse().ok(),
             "flags" => id.flags = v.split_whitespace().map(String::from).collect(),
+            // aarch64: the implementer (0x41 Arm Ltd, whose Neoverse cores Grace and Graviton
+            // use) as the vendor, the architecture as the family, the part as the model.
+            "CPU implementer" => id.vendor = arm_implementer(v),
+            "CPU architecture" => id.family = v.parse().unwrap_or(0),
+            "CPU part" => {
+                id.model = u32::from_str_radix(v.trim_start_matches("0x"), 16).unwrap_or(0)
+            }
+            "Features" => id.flags = v.split_whitespace().map(String::from).collect(),
             _ => {}
         }
     }
+    if id.model_name.is_empty() && id.vendor == "ARM" {
+        id.model_name = arm_part_name(id.model)
+            .map(String::from)
+            .unwrap_or_else(|| format!("Arm part {:#x}", id.model));
+    }
     id
+}
+
+/// The vendor of an aarch64 `CPU implementer` code.
+fn arm_implementer(code: &str) -> String {
+    match code {
+        "0x41" => "ARM".into(),
+        "0x4e" => "NVIDIA".into(),
+        "0x61" => "Apple".into(),
+        "0xc0" => "Ampere".into(),
+        other => format!("implementer {other}"),
+    }
+}
+
+/// The name of an Arm Ltd core by its `CPU part`.
+fn arm_part_name(part: u32) -> Option<&'static str> {
+    Some(match part {
+        0xd0c => "Arm Neoverse N1",
+        0xd40 => "Arm Neoverse V1",
+        0xd49 => "Arm Neoverse N2",
+        0xd4f => "Arm Neoverse V2",
+        0xd84 => "Arm Neoverse V3",
+        _ => return None,
+    })
 }
 
 /// Parses sizes like `48K`, `1024K`, `32M`.
@@ -296,6 +332,17 @@ pub fn rfc3339(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An aarch64 /proc/cpuinfo (NVIDIA Grace, Neoverse V2): implementer, architecture and part
+    /// stand for vendor, family and model; Features are the flags.
+    #[test]
+    fn arm_cpuinfo_names_the_core() {
+        let text = "processor\t: 0\nBogoMIPS\t: 2000.00\nFeatures\t: fp asimd evtstrm sve sve2 bf16\nCPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd4f\nCPU revision\t: 0\n\nprocessor\t: 1\n";
+        let id = parse_cpuinfo(text);
+        assert_eq!((id.vendor.as_str(), id.family, id.model), ("ARM", 8, 0xd4f));
+        assert_eq!(id.model_name, "Arm Neoverse V2");
+        assert!(id.flags.iter().any(|f| f == "asimd"));
+    }
 
     #[test]
     fn parses_cpuinfo() {

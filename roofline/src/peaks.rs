@@ -58,6 +58,9 @@ pub struct FmaUnits {
     pub avx512: u32,
     /// 256-bit FMAs per cycle per core.
     pub avx2: u32,
+    /// 128-bit NEON FMA pipes (aarch64 cores); 0 when the entry does not say.
+    #[serde(default)]
+    pub neon: u32,
     pub source: String,
 }
 
@@ -247,6 +250,14 @@ mod tests {
         let db = PeakDb::builtin().unwrap();
         assert_eq!(db.fma_units("AuthenticAMD", 26, 2).avx512, 2);
         assert_eq!(db.fma_units("AuthenticAMD", 25, 17).avx512, 1);
+        // Grace and Graviton4 (Neoverse V2), Graviton3 (V1), Graviton2 (N1).
+        assert_eq!(db.fma_units("ARM", 8, 0xd4f).neon, 4);
+        assert_eq!(db.fma_units("ARM", 8, 0xd40).neon, 4);
+        assert_eq!(db.fma_units("ARM", 8, 0xd0c).neon, 2);
+        assert_eq!(db.cpu_rule.default.neon, 0);
+        // One Grace core at 3.1 GHz: 2 f64 lanes × 4 pipes × 2 = 16 FLOP per cycle.
+        let (v, _) = cpu_peak(1, 3.1e9, 128, 4, "f64").unwrap();
+        assert!((v - 49.6e9).abs() < 1.0, "{v}");
         assert_eq!(
             db.fma_units("SomeVendor", 1, 1).name,
             db.cpu_rule.default.name

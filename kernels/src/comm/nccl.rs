@@ -141,6 +141,8 @@ impl Elem {
 /// A new unique id (on the root rank; the MPI driver broadcasts its 128 bytes).
 pub fn unique_id() -> Result<[u8; 128], CudaError> {
     let id = nccl_lib::get()?.unique_id()?;
+    // c_char: i8 on x86-64, u8 on aarch64.
+    #[allow(clippy::unnecessary_cast)]
     Ok(std::array::from_fn(|i| id.internal[i] as u8))
 }
 

@@ -21,11 +21,25 @@ pub const INSTR_PER_ITER: usize = 24;
 /// Independent accumulators (vector registers) of a kernel.
 pub fn accumulators(isa: Isa) -> usize {
     match isa {
-        Isa::Avx512 => 24,
+        Isa::Avx512 | Isa::Neon => 24,
         Isa::Avx2 => 12,
         Isa::Scalar => 8,
     }
 }
+
+/// Arithmetic instructions per loop iteration: [`INSTR_PER_ITER`] on x86; 48 on NEON (each of
+/// the 24 accumulators gets `fmla` by +b, then by −b: `fmla` only adds to its accumulator, so
+/// the pair keeps every value exact and bounded).
+pub fn instr_per_iter(isa: Isa) -> usize {
+    match isa {
+        Isa::Neon => 2 * INSTR_PER_ITER,
+        _ => INSTR_PER_ITER,
+    }
+}
+
+/// The NEON operands: a · b = 2^-10, added (and, in a timed run, taken away again) per step.
+const NEON_A: f64 = 1.0 / 32.0;
+const NEON_B: f64 = 1.0 / 32.0;
 
 /// The instruction set a kernel runs on.
 pub use super::isa::Isa;
@@ -111,7 +125,16 @@ fn detected_isa(p: Precision) -> Option<Isa> {
             }
         }
     }
-    #[cfg(not(target_arch = "x86_64"))]
+    #[cfg(target_arch = "aarch64")]
+    {
+        let neon = std::arch::is_aarch64_feature_detected!("neon");
+        matches!(p, Precision::F64 | Precision::F32).then_some(if neon {
+            Isa::Neon
+        } else {
+            Isa::Scalar
+        })
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     {
         matches!(p, Precision::F64 | Precision::F32).then_some(Isa::Scalar)
     }
@@ -133,7 +156,7 @@ pub fn ops_per_iter(p: Precision, isa: Isa) -> f64 {
     match isa {
         // The scalar fallback keeps 8 chains of one multiply and one add.
         Isa::Scalar => 8.0 * 2.0,
-        _ => INSTR_PER_ITER as f64 * per_instr,
+        _ => instr_per_iter(isa) as f64 * per_instr,
     }
 }
 
@@ -156,11 +179,14 @@ pub struct FmaKernel {
 impl FmaKernel {
     pub fn new(p: Precision, isa: Isa) -> Result<FmaKernel, ProbeError> {
         // What this CPU runs (the cap does not matter here: a capped run asks for less).
-        let runs = match (p, detected_isa(p)) {
-            (Precision::Bf16 | Precision::Int8, Some(d)) => isa == Isa::Avx512 && d == Isa::Avx512,
-            (_, Some(d)) => isa <= d,
-            (_, None) => false,
-        };
+        let runs = Isa::of_this_arch().contains(&isa)
+            && match (p, detected_isa(p)) {
+                (Precision::Bf16 | Precision::Int8, Some(d)) => {
+                    isa == Isa::Avx512 && d == Isa::Avx512
+                }
+                (_, Some(d)) => isa <= d,
+                (_, None) => false,
+            };
         if !runs {
             return Err(ProbeError::Unsupported(format!(
                 "{} on {} is not supported by this CPU",
@@ -236,6 +262,21 @@ impl FmaKernel {
                 ops[64..128].fill(if counting { 1 } else { 255 }); // i8 operand: 1 or −1
             }
         }
+        if self.isa == Isa::Neon {
+            // a, b and ±b (the pair's second operand), broadcast from bytes 0, 64 and 128.
+            let second = if counting { NEON_B } else { -NEON_B };
+            let ops = &mut self.ops[0].0;
+            ops.fill(0);
+            if self.p == Precision::F32 {
+                ops[..4].copy_from_slice(&(NEON_A as f32).to_le_bytes());
+                ops[64..68].copy_from_slice(&(NEON_B as f32).to_le_bytes());
+                ops[128..132].copy_from_slice(&(second as f32).to_le_bytes());
+            } else {
+                ops[..8].copy_from_slice(&NEON_A.to_le_bytes());
+                ops[64..72].copy_from_slice(&NEON_B.to_le_bytes());
+                ops[128..136].copy_from_slice(&second.to_le_bytes());
+            }
+        }
         self.initial = self.state;
     }
 
@@ -257,10 +298,20 @@ impl FmaKernel {
                 (Precision::F64, Isa::Avx2) => x86::f64_avx2(s, o, iters),
                 (Precision::Bf16, _) => x86::bf16_avx512(s, o, iters),
                 (Precision::Int8, _) => x86::int8_avx512(s, o, iters),
-                (p, Isa::Scalar) => scalar(&mut self.state, p, iters),
+                // `new` refuses NEON here.
+                (p, Isa::Scalar | Isa::Neon) => scalar(&mut self.state, p, iters),
             }
         }
-        #[cfg(not(target_arch = "x86_64"))]
+        // SAFETY: as above (NEON detected by `new`).
+        #[cfg(target_arch = "aarch64")]
+        unsafe {
+            match (self.p, self.isa) {
+                (Precision::F32, Isa::Neon) => neon::f32(s, o, iters),
+                (Precision::F64, Isa::Neon) => neon::f64(s, o, iters),
+                (p, _) => scalar(&mut self.state, p, iters),
+            }
+        }
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         {
             let _ = (s, o);
             scalar(&mut self.state, self.p, iters);
@@ -273,6 +324,7 @@ impl FmaKernel {
         let lanes_used = |elem: usize| match self.isa {
             Isa::Avx512 => 64 / elem,
             Isa::Avx2 => 32 / elem,
+            Isa::Neon => 16 / elem,
             Isa::Scalar => 1,
         };
         let used = |elem: usize, reg: usize, lane: usize| -> usize { reg * (64 / elem) + lane };
@@ -292,11 +344,19 @@ impl FmaKernel {
                             let i = used(8, r, l);
                             (as_f64(&self.state)[i], as_f64(&self.initial)[i])
                         };
-                        let want = if exact {
+                        let want = if self.isa == Isa::Neon {
+                            // +a·b per step when counting; +a·b then −a·b otherwise: exact.
+                            if counting {
+                                x0 + steps as f64 * NEON_A * NEON_B
+                            } else {
+                                x0
+                            }
+                        } else if exact {
                             reference_chain(self.p, self.isa, x0, steps)
                         } else {
                             1.0 + A.powf(steps as f64) * (x0 - 1.0)
                         };
+                        let exact = exact || self.isa == Isa::Neon;
                         let rel = ((got - want) / want).abs();
                         let what = || {
                             format!(
@@ -366,7 +426,7 @@ impl FmaKernel {
     /// Recurrence steps (updates of each accumulator) done so far.
     fn steps(&self) -> u64 {
         match self.isa {
-            Isa::Avx2 => 2 * self.total_iters,
+            Isa::Avx2 | Isa::Neon => 2 * self.total_iters,
             _ => self.total_iters,
         }
     }
@@ -387,7 +447,8 @@ impl FmaKernel {
             return Ok(None);
         };
         let per_iter = (b as f64 - a as f64) / (long - short) as f64;
-        let want = (INSTR_PER_ITER + 2) as f64;
+        // + the loop's two (dec/jnz; subs/b.ne).
+        let want = (instr_per_iter(isa) + 2) as f64;
         if (per_iter - want).abs() > 0.25 {
             return Err(CheckError::exact(
                 format!(
@@ -621,6 +682,59 @@ mod x86 {
     );
 }
 
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    //! The NEON kernels: 24 accumulators v0–v23 (state slots 0–23, 16 of their 64 bytes), the
+    //! operands a, b, ±b in v24–v26; each iteration `fmla`s every accumulator by a·b, then by
+    //! a·(±b): 48 instructions, two dependent per chain, 24 chains (enough for four pipes of
+    //! four cycles' latency, Neoverse V2).
+    use std::arch::asm;
+
+    macro_rules! kernel {
+        ($name:ident, $t:literal) => {
+            pub unsafe fn $name(s: *mut u8, o: *const u8, n: u64) {
+                asm!(
+                    concat!("ld1r {{v24.", $t, "}}, [{o}]"),
+                    "add {p}, {o}, #64",
+                    concat!("ld1r {{v25.", $t, "}}, [{p}]"),
+                    "add {p}, {o}, #128",
+                    concat!("ld1r {{v26.", $t, "}}, [{p}]"),
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
+                    "ldr q\\r, [{s}, #(64 * \\r)]",
+                    ".endr",
+                    "2:",
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
+                    concat!("fmla v\\r\\().", $t, ", v24.", $t, ", v25.", $t),
+                    ".endr",
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
+                    concat!("fmla v\\r\\().", $t, ", v24.", $t, ", v26.", $t),
+                    ".endr",
+                    "subs {n}, {n}, #1",
+                    "b.ne 2b",
+                    ".irp r,0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15,16,17,18,19,20,21,22,23",
+                    "str q\\r, [{s}, #(64 * \\r)]",
+                    ".endr",
+                    s = in(reg) s,
+                    o = in(reg) o,
+                    p = out(reg) _,
+                    n = inout(reg) n => _,
+                    out("v0") _, out("v1") _, out("v2") _, out("v3") _,
+                    out("v4") _, out("v5") _, out("v6") _, out("v7") _,
+                    out("v8") _, out("v9") _, out("v10") _, out("v11") _,
+                    out("v12") _, out("v13") _, out("v14") _, out("v15") _,
+                    out("v16") _, out("v17") _, out("v18") _, out("v19") _,
+                    out("v20") _, out("v21") _, out("v22") _, out("v23") _,
+                    out("v24") _, out("v25") _, out("v26") _,
+                    options(nostack),
+                );
+            }
+        };
+    }
+
+    kernel!(f32, "4s");
+    kernel!(f64, "2d");
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -630,18 +744,11 @@ mod tests {
         let mut tested = 0;
         for p in Precision::ALL {
             let Some(best) = best_isa(p) else { continue };
-            for isa in [Isa::Avx512, Isa::Avx2, Isa::Scalar] {
-                let allowed = match (best, isa) {
-                    (Isa::Avx512, _) => {
-                        p == Precision::F32 || p == Precision::F64 || isa == Isa::Avx512
-                    }
-                    (Isa::Avx2, Isa::Avx512) => false,
-                    (Isa::Avx2, _) => true,
-                    (Isa::Scalar, i) => i == Isa::Scalar,
-                };
-                if !allowed
-                    || (matches!(p, Precision::Bf16 | Precision::Int8) && isa != Isa::Avx512)
-                {
+            for isa in Isa::available() {
+                // bf16 and int8 have only their AVX-512 kernel; f32 and f64 every set.
+                let allowed = isa <= best
+                    && (matches!(p, Precision::F32 | Precision::F64) || isa == Isa::Avx512);
+                if !allowed {
                     continue;
                 }
                 for iters in [1, 7, 1000] {
@@ -670,7 +777,10 @@ mod tests {
         for p in Precision::ALL {
             let Some(isa) = best_isa(p) else { continue };
             match FmaKernel::confirm_instructions(p, isa) {
-                Ok(Some(n)) => assert!((n - 26.0).abs() <= 0.25, "{n}"),
+                Ok(Some(n)) => {
+                    let want = (instr_per_iter(isa) + 2) as f64;
+                    assert!((n - want).abs() <= 0.25, "{n}, expected {want}")
+                }
                 Ok(None) => eprintln!(
                     "no perf counters: instruction count of {} not confirmed",
                     p.name()
@@ -685,6 +795,9 @@ mod tests {
         assert_eq!(ops_per_iter(Precision::F32, Isa::Avx512), 24.0 * 16.0 * 2.0);
         assert_eq!(ops_per_iter(Precision::F64, Isa::Avx512), 24.0 * 8.0 * 2.0);
         assert_eq!(ops_per_iter(Precision::F32, Isa::Avx2), 24.0 * 8.0 * 2.0);
+        // NEON: 48 fmla (24 accumulators, by +b then by −b) of 4 or 2 lanes.
+        assert_eq!(ops_per_iter(Precision::F32, Isa::Neon), 48.0 * 4.0 * 2.0);
+        assert_eq!(ops_per_iter(Precision::F64, Isa::Neon), 48.0 * 2.0 * 2.0);
         assert_eq!(
             ops_per_iter(Precision::Bf16, Isa::Avx512),
             24.0 * 16.0 * 4.0

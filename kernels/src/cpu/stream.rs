@@ -175,7 +175,20 @@ impl StreamKernel {
                 }
                 return;
             }
-            Isa::Scalar => {}
+            Isa::Scalar | Isa::Neon => {}
+        }
+        #[cfg(target_arch = "aarch64")]
+        if self.isa == Isa::Neon {
+            // SAFETY: NEON detected (`with_isa`); arrays 4096-aligned, n a multiple of 64.
+            unsafe {
+                match self.op {
+                    Op::Read => self.sum = neon::read(b, n),
+                    Op::Write => neon::write(a, n, self.nt),
+                    Op::Copy => neon::copy(a, b, n, self.nt),
+                    Op::Triad => neon::triad(a, b, c, n, self.nt),
+                }
+            }
+            return;
         }
         // Portable fallback (compiler-vectorised, normal stores).
         // SAFETY: as above, the pointers cover n elements where used.
@@ -455,6 +468,91 @@ mod avx2 {
                 }
                 i += 32;
             }
+        }
+    }
+}
+
+/// The NEON kernels: eight 128-bit vectors (16 elements) per step; non-temporal stores are
+/// `stnp` pairs (a hint: the core may still allocate).
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use std::arch::aarch64::*;
+    use std::arch::asm;
+
+    /// Stores `x`, `y` to `p` and `p + 2` with a non-temporal pair store.
+    #[inline(always)]
+    unsafe fn stnp(p: *mut f64, x: float64x2_t, y: float64x2_t) {
+        asm!("stnp {x:q}, {y:q}, [{p}]", x = in(vreg) x, y = in(vreg) y, p = in(reg) p,
+            options(nostack, preserves_flags));
+    }
+
+    pub unsafe fn read(b: *const f64, n: usize) -> f64 {
+        let mut s = [vdupq_n_f64(0.0); 8];
+        let mut i = 0;
+        while i < n {
+            for (j, acc) in s.iter_mut().enumerate() {
+                *acc = vaddq_f64(*acc, vld1q_f64(b.add(i + 2 * j)));
+            }
+            i += 16;
+        }
+        let t = vaddq_f64(
+            vaddq_f64(vaddq_f64(s[0], s[1]), vaddq_f64(s[2], s[3])),
+            vaddq_f64(vaddq_f64(s[4], s[5]), vaddq_f64(s[6], s[7])),
+        );
+        vgetq_lane_f64::<0>(t) + vgetq_lane_f64::<1>(t)
+    }
+
+    pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
+        let q = vdupq_n_f64(super::Q);
+        let mut i = 0;
+        while i < n {
+            for j in (0..8).step_by(2) {
+                let p = a.add(i + 2 * j);
+                if nt {
+                    stnp(p, q, q);
+                } else {
+                    vst1q_f64(p, q);
+                    vst1q_f64(p.add(2), q);
+                }
+            }
+            i += 16;
+        }
+    }
+
+    pub unsafe fn copy(a: *mut f64, b: *const f64, n: usize, nt: bool) {
+        let mut i = 0;
+        while i < n {
+            for j in (0..8).step_by(2) {
+                let k = i + 2 * j;
+                let (x, y) = (vld1q_f64(b.add(k)), vld1q_f64(b.add(k + 2)));
+                if nt {
+                    stnp(a.add(k), x, y);
+                } else {
+                    vst1q_f64(a.add(k), x);
+                    vst1q_f64(a.add(k + 2), y);
+                }
+            }
+            i += 16;
+        }
+    }
+
+    pub unsafe fn triad(a: *mut f64, b: *const f64, c: *const f64, n: usize, nt: bool) {
+        let q = vdupq_n_f64(super::Q);
+        let mut i = 0;
+        while i < n {
+            for j in (0..8).step_by(2) {
+                let k = i + 2 * j;
+                // b + q·c, one rounding (as the x86 kernels' FMA).
+                let x = vfmaq_f64(vld1q_f64(b.add(k)), q, vld1q_f64(c.add(k)));
+                let y = vfmaq_f64(vld1q_f64(b.add(k + 2)), q, vld1q_f64(c.add(k + 2)));
+                if nt {
+                    stnp(a.add(k), x, y);
+                } else {
+                    vst1q_f64(a.add(k), x);
+                    vst1q_f64(a.add(k + 2), y);
+                }
+            }
+            i += 16;
         }
     }
 }

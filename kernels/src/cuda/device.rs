@@ -296,7 +296,11 @@ impl Gpu {
         gpu.name = check("cuDeviceGetName", cu::device::get_name(dev))?;
         let uuid = check("cuDeviceGetUuid", cu::device::get_uuid(dev))?;
         for (d, s) in gpu.uuid.iter_mut().zip(uuid.bytes.iter()) {
-            *d = *s as u8;
+            // c_char: i8 on x86-64, u8 on aarch64.
+            #[allow(clippy::unnecessary_cast)]
+            {
+                *d = *s as u8;
+            }
         }
         gpu.cc = (
             gpu.attribute(A::CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,

@@ -314,6 +314,8 @@ unsafe fn image(prog: sys::nvrtcProgram, target: Target) -> Result<Vec<u8>, Cuda
     }
 }
 
+// c_char: i8 on x86-64, u8 on aarch64.
+#[allow(clippy::unnecessary_cast)]
 fn c_chars_to_string(v: &[c_char]) -> String {
     let bytes: Vec<u8> = v.iter().map(|&c| c as u8).take_while(|&b| b != 0).collect();
     String::from_utf8_lossy(&bytes).into_owned()

@@ -308,6 +308,7 @@ impl Ctx<'_> {
         let fma_units = match isa {
             Isa::Avx512 => units.avx512,
             Isa::Avx2 => units.avx2,
+            Isa::Neon => units.neon,
             Isa::Scalar => return None,
         };
         let (value, rule) = cpu_peak(threads, clock, isa.bits(), fma_units, precision)?;
@@ -358,11 +359,14 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
                 continue;
             };
-            let instr = match p {
-                Precision::F64 => "vfmadd213pd",
-                Precision::F32 => "vfmadd213ps",
-                Precision::Bf16 => "vdpbf16ps",
-                Precision::Int8 => "vpdpbusd",
+            let instr = match (p, isa) {
+                (Precision::F64, Isa::Neon) => "fmla .2d (by +b, then by -b)",
+                (Precision::F32, Isa::Neon) => "fmla .4s (by +b, then by -b)",
+                (_, Isa::Scalar) => "multiply and add",
+                (Precision::F64, _) => "vfmadd213pd",
+                (Precision::F32, _) => "vfmadd213ps",
+                (Precision::Bf16, _) => "vdpbf16ps",
+                (Precision::Int8, _) => "vpdpbusd",
             };
             let method = format!(
                 "{} {instr} ({}-bit) on {} independent accumulators, inline assembly, {}; result checked bit-exact against a scalar reference; {confirmed}",

@@ -215,11 +215,23 @@ pub fn probe(
         cpu.simd = result.simd.clone();
     }
     // /proc/cpuinfo's names of the features the probes use.
-    cpu.features = ["fma", "avx2", "avx512f", "avx512_bf16", "avx512_vnni"]
-        .iter()
-        .filter(|f| ident.flags.contains(**f))
-        .map(|f| f.to_string())
-        .collect();
+    cpu.features = [
+        "fma",
+        "avx2",
+        "avx512f",
+        "avx512_bf16",
+        "avx512_vnni",
+        // aarch64's names.
+        "asimd",
+        "sve",
+        "sve2",
+        "bf16",
+        "i8mm",
+    ]
+    .iter()
+    .filter(|f| ident.flags.contains(**f))
+    .map(|f| f.to_string())
+    .collect();
     cpu.measured_clock_hz_t1 = result.clock_t1.clone();
     cpu.measured_clock_hz_all = result.clock_all.clone();
     let mut notes = result.notes.clone();

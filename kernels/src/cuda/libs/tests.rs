@@ -161,7 +161,10 @@ fn a_dispatchers_sub_libraries_are_loaded_from_beside_it() {
     let build = |name: &str, src: &str| {
         let c = dir.join(format!("{name}.c"));
         std::fs::write(&c, src).unwrap();
-        std::process::Command::new("gcc")
+        // The target's C compiler (cross runs under qemu name theirs, e.g.
+        // ROOFLINE_TEST_CC=aarch64-linux-gnu-gcc).
+        let cc = std::env::var("ROOFLINE_TEST_CC").unwrap_or_else(|_| "gcc".into());
+        std::process::Command::new(cc)
             .args(["-shared", "-fPIC", "-o"])
             .arg(dir.join(name))
             .arg(&c)
