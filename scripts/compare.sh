@@ -12,6 +12,13 @@
 #   cpu/gemm/f32/t1 @4096  vs numpy's OpenBLAS sgemm, 1 thread, OPENBLAS_CORETYPE=SkylakeX
 #   cpu/conv/f32 (largest 3x3 ResNet-50 layer) vs cpu/gemm/f32 of the same run
 #
+#   cpu/mem/{L1,L2}/read/t1 vs likwid-bench load_avx512 in L1 / L2
+#
+# ROOFLINE_ISA=avx2 compares the AVX2 path (roofline probe --isa avx2) with the peers' AVX2
+# kernels instead: likwid's *_avx / *_avx_fma, the C triad built with -march=haswell (the C FMA
+# peer is AVX-512 code and is left out). Like peers throughout: non-temporal with non-temporal
+# (likwid stream_mem_*), write-allocate with write-allocate, equal stream counts named.
+#
 # Needs: likwid (apt-get install likwid), numpy (pip install numpy), gcc. Missing peers are
 # reported and skipped. Usage: scripts/compare.sh [rounds=3]   (about 3 minutes a round)
 set -uo pipefail
@@ -21,9 +28,18 @@ OUT=compare-out
 mkdir -p "$OUT"
 cargo build --release --quiet || exit 1
 BIN=target/release/roofline
+ISA=${ROOFLINE_ISA:-avx512}
+case "$ISA" in
+    avx512) LK=avx512; MARCH=native ;;
+    avx2) LK=avx; MARCH=haswell ;;
+    *) echo "ROOFLINE_ISA=$ISA: this comparison knows avx512 and avx2"; exit 2 ;;
+esac
+probe() { ROOFLINE_ISA="$ISA" "$BIN" probe "$@"; }
+echo "instruction set compared: $ISA (likwid *_$LK kernels, C peers -march=$MARCH)"
 
-gcc -O3 -march=native -o "$OUT/fma12" scripts/fma12.c || echo "gcc failed: no C FMA peer"
-gcc -O3 -march=native -fopenmp -o "$OUT/triad" scripts/triad.c || echo "gcc failed: no C triad peer"
+rm -f "$OUT/fma12"
+[ "$ISA" = avx512 ] && { gcc -O3 -march=native -o "$OUT/fma12" scripts/fma12.c || echo "gcc failed: no C FMA peer"; }
+gcc -O3 -march=$MARCH -fopenmp -o "$OUT/triad" scripts/triad.c || echo "gcc failed: no C triad peer"
 have_likwid=0; command -v likwid-bench >/dev/null && have_likwid=1
 have_numpy=0; python3 -c "import numpy" 2>/dev/null && have_numpy=1
 [ $have_likwid = 1 ] || echo "likwid-bench not found (apt-get install likwid): skipping its figures"
@@ -56,7 +72,7 @@ EOF
 # the FMA comparison alternates probe and peers over twice as many (short) rounds.
 for r in $(seq 1 $((2 * ROUNDS))); do
     echo "== FMA round $r/$((2 * ROUNDS))"
-    $BIN probe --only fma -o "$OUT/fma.json" > /dev/null || exit 1
+    probe --only fma -o "$OUT/fma.json" > /dev/null || exit 1
     python3 - "$OUT/fma.json" >> "$RES" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -68,35 +84,37 @@ EOF
         "$OUT/fma12" 0.3 | while read -r k v; do rec "$k" "$(python3 -c "print($v*1e9)")"; done
     fi
     if [ $have_likwid = 1 ]; then
-        rec likwid_peakflops_sp_avx512_fma "$(likwid peakflops_sp_avx512_fma S0:32kB:1 MFlops/s:)e6"
-        rec likwid_peakflops_avx512_fma "$(likwid peakflops_avx512_fma S0:32kB:1 MFlops/s:)e6"
+        rec likwid_peakflops_sp_fma "$(likwid peakflops_sp_${LK}_fma S0:32kB:1 MFlops/s:)e6"
+        rec likwid_peakflops_fma "$(likwid peakflops_${LK}_fma S0:32kB:1 MFlops/s:)e6"
     fi
 done
 
 for r in $(seq 1 "$ROUNDS"); do
     echo "== round $r/$ROUNDS"
     # Memory next to the memory probe (the quick sweep: same ids, coarser steps).
-    $BIN probe --only mem --quick -o "$OUT/mem.json" > /dev/null || exit 1
+    probe --only mem --quick -o "$OUT/mem.json" > /dev/null || exit 1
     python3 - "$OUT/mem.json" >> "$RES" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
 for c in m["ceilings"]:
-    if c["id"] in ("cpu/mem/L1/triad/t1", "cpu/mem/L2/triad/t1", "cpu/mem/DRAM/triad/t1", "cpu/mem/DRAM/triad/all"):
+    if c["id"] in ("cpu/mem/L1/triad/t1", "cpu/mem/L2/triad/t1", "cpu/mem/DRAM/triad/t1", "cpu/mem/DRAM/triad/all", "cpu/mem/L1/read/t1", "cpu/mem/L2/read/t1"):
         print(c["id"], c["value"])
 EOF
     if [ $have_likwid = 1 ]; then
-        rec likwid_triad_avx512_fma_1GB "$(likwid triad_avx512_fma S0:1GB:1 MByte/s:)e6"
-        rec likwid_stream_mem_avx512_1GB "$(likwid stream_mem_avx512 S0:1GB:1 MByte/s:)e6"
-        rec likwid_triad_avx512_fma_L1 "$(likwid triad_avx512_fma S0:16kB:1 MByte/s:)e6"
-        rec likwid_stream_avx512_fma_L1 "$(likwid stream_avx512_fma S0:16kB:1 MByte/s:)e6"
-        rec likwid_triad_avx512_fma_L2 "$(likwid triad_avx512_fma S0:256kB:1 MByte/s:)e6"
-        rec likwid_stream_avx512_fma_L2 "$(likwid stream_avx512_fma S0:256kB:1 MByte/s:)e6"
+        rec likwid_triad_fma_1GB "$(likwid triad_${LK}_fma S0:1GB:1 MByte/s:)e6"
+        rec likwid_stream_mem_1GB "$(likwid stream_mem_${LK} S0:1GB:1 MByte/s:)e6"
+        rec likwid_triad_fma_L1 "$(likwid triad_${LK}_fma S0:16kB:1 MByte/s:)e6"
+        rec likwid_stream_fma_L1 "$(likwid stream_${LK}_fma S0:16kB:1 MByte/s:)e6"
+        rec likwid_triad_fma_L2 "$(likwid triad_${LK}_fma S0:256kB:1 MByte/s:)e6"
+        rec likwid_stream_fma_L2 "$(likwid stream_${LK}_fma S0:256kB:1 MByte/s:)e6"
+        rec likwid_load_L1 "$(likwid load_${LK} S0:16kB:1 MByte/s:)e6"
+        rec likwid_load_L2 "$(likwid load_${LK} S0:256kB:1 MByte/s:)e6"
     fi
     if [ -x "$OUT/triad" ]; then
         OMP_NUM_THREADS=1 OMP_PROC_BIND=true "$OUT/triad" | while read -r k v; do rec "${k}_t1" "${v}e9"; done
     fi
     # GEMM and convolution: the default probe (n = 4096 is in its sweep).
-    $BIN probe --only gemm,conv -o "$OUT/gemm.json" > /dev/null || exit 1
+    probe --only gemm,conv -o "$OUT/gemm.json" > /dev/null || exit 1
     python3 - "$OUT/gemm.json" >> "$RES" <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -147,14 +165,18 @@ for k in sorted(best):
     unit, scale = ("GB/s", 1e9) if ("mem" in k or "triad" in k or "stream" in k) else ("GFLOP/s", 1e9)
     show(k, unit, scale)
 print("\ncomparisons:")
-ratio("cpu/fma/f32/t1", ["likwid_peakflops_sp_avx512_fma", "c_fma12_f32_gflops"], 0.95, "FMA f32 t1")
-ratio("cpu/fma/f64/t1", ["likwid_peakflops_avx512_fma", "c_fma12_f64_gflops"], 0.95, "FMA f64 t1")
-ratio("cpu/mem/DRAM/triad/t1", ["likwid_triad_avx512_fma_1GB", "c_omp_triad_gbs_t1"], 0.95, "DRAM triad t1")
-ratio("cpu/mem/DRAM/triad/t1", ["likwid_stream_mem_avx512_1GB"], None, "DRAM triad t1 vs likwid STREAM triad with NT stores (extra)")
-ratio("cpu/mem/L1/triad/t1", ["likwid_triad_avx512_fma_L1"], 0.85, "L1 triad t1 vs likwid triad (4 streams)")
-ratio("cpu/mem/L1/triad/t1", ["likwid_stream_avx512_fma_L1"], 0.85, "L1 triad t1 vs likwid stream (3 streams)")
-ratio("cpu/mem/L2/triad/t1", ["likwid_triad_avx512_fma_L2"], 0.85, "L2 triad t1 vs likwid triad (4 streams)")
-ratio("cpu/mem/L2/triad/t1", ["likwid_stream_avx512_fma_L2"], 0.85, "L2 triad t1 vs likwid stream (3 streams)")
+ratio("cpu/fma/f32/t1", ["likwid_peakflops_sp_fma", "c_fma12_f32_gflops"], 0.95, "FMA f32 t1")
+ratio("cpu/fma/f64/t1", ["likwid_peakflops_fma", "c_fma12_f64_gflops"], 0.95, "FMA f64 t1")
+# DRAM: roofline's triad streams past the LLC with non-temporal stores; like peers are
+# likwid's stream_mem (NT stores, 3 streams); the write-allocate ones are shown, not required.
+ratio("cpu/mem/DRAM/triad/t1", ["likwid_stream_mem_1GB"], 0.95, "DRAM triad t1 vs likwid stream_mem (NT stores, 3 streams)")
+ratio("cpu/mem/DRAM/triad/t1", ["likwid_triad_fma_1GB", "c_omp_triad_gbs_t1"], None, "DRAM triad t1 vs write-allocate peers (unlike: shown only)")
+ratio("cpu/mem/L1/triad/t1", ["likwid_stream_fma_L1"], 0.85, "L1 triad t1 vs likwid stream (3 streams)")
+ratio("cpu/mem/L1/triad/t1", ["likwid_triad_fma_L1"], None, "L1 triad t1 vs likwid triad (4 streams: unlike, shown only)")
+ratio("cpu/mem/L2/triad/t1", ["likwid_stream_fma_L2"], 0.85, "L2 triad t1 vs likwid stream (3 streams)")
+ratio("cpu/mem/L2/triad/t1", ["likwid_triad_fma_L2"], None, "L2 triad t1 vs likwid triad (4 streams: unlike, shown only)")
+ratio("cpu/mem/L1/read/t1", ["likwid_load_L1"], 0.85, "L1 read t1 vs likwid load")
+ratio("cpu/mem/L2/read/t1", ["likwid_load_L2"], 0.85, "L2 read t1 vs likwid load")
 ratio("cpu/gemm/f32/t1@4096", ["numpy_openblas_sgemm_t1_4096"], 0.95, "sgemm t1 n=4096")
 for k in sorted(best):
     if k.startswith("ratio_conv_over_gemm"):

@@ -1,6 +1,6 @@
 //! The core clock, measured: a chain of dependent integer adds retires one add per cycle on
-//! every x86-64 core, so adds per second is cycles per second. /proc/cpuinfo's MHz is often the
-//! nominal or the host's clock on virtual machines and ignores turbo.
+//! every x86-64 and aarch64 core, so adds per second is cycles per second. /proc/cpuinfo's MHz
+//! is often the nominal or the host's clock on virtual machines and ignores turbo.
 
 use crate::driver::{CheckError, Kernel};
 
@@ -50,7 +50,30 @@ fn chain(mut x: u64, n: u64) -> u64 {
     x
 }
 
-#[cfg(not(target_arch = "x86_64"))]
+/// aarch64: `add` of an immediate has one cycle of latency on every Neoverse and Cortex-A core.
+#[cfg(target_arch = "aarch64")]
+fn chain(mut x: u64, n: u64) -> u64 {
+    if n == 0 {
+        return x;
+    }
+    // SAFETY: plain integer arithmetic on registers; n ≥ 1.
+    unsafe {
+        std::arch::asm!(
+            "2:",
+            ".rept 1000",
+            "add {x}, {x}, #1",
+            ".endr",
+            "subs {n}, {n}, #1",
+            "b.ne 2b",
+            x = inout(reg) x,
+            n = inout(reg) n => _,
+            options(nostack, nomem),
+        );
+    }
+    x
+}
+
+#[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
 fn chain(mut x: u64, n: u64) -> u64 {
     for _ in 0..n * ADDS_PER_ITER {
         x = std::hint::black_box(x) + 1;

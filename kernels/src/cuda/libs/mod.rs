@@ -17,7 +17,8 @@
 //!    `nvidia` folder) holding NVIDIA's CUDA wheels, or a virtual environment;
 //! 2. the active virtual environment (`VIRTUAL_ENV`), any virtual environment whose `bin` is on
 //!    the PATH, and the conda environment (`CONDA_PREFIX`: its `lib` and its wheels);
-//! 3. `CUDA_HOME`, `CUDA_PATH`, `CUDA_ROOT` (`lib64`, `lib`, `targets/x86_64-linux/lib`);
+//! 3. `CUDA_HOME`, `CUDA_PATH`, `CUDA_ROOT` (`lib64`, `lib`, `targets/x86_64-linux/lib`, on
+//!    aarch64 `targets/sbsa-linux/lib`);
 //! 4. `/usr/local/cuda`, then `/usr/local/cuda-13.*` and `/usr/local/cuda-12.*`, newest first;
 //! 5. for the driver and NVML, the distributions' library folders;
 //! 6. the dynamic linker's own search (`LD_LIBRARY_PATH`, ld.so.cache) by soname.
@@ -244,9 +245,23 @@ fn toolkit_lib_dirs(root: &Path) -> [PathBuf; 3] {
     [
         root.join("lib64"),
         root.join("lib"),
-        root.join("targets/x86_64-linux/lib"),
+        root.join(TOOLKIT_TARGET),
     ]
 }
+
+/// The CUDA toolkit's per-target library folder: x86-64, or Arm servers (SBSA: Grace).
+const TOOLKIT_TARGET: &str = if cfg!(target_arch = "aarch64") {
+    "targets/sbsa-linux/lib"
+} else {
+    "targets/x86_64-linux/lib"
+};
+
+/// Where Debian-style distributions put the driver's libraries on this architecture.
+const MULTIARCH_LIB: &str = if cfg!(target_arch = "aarch64") {
+    "/usr/lib/aarch64-linux-gnu"
+} else {
+    "/usr/lib/x86_64-linux-gnu"
+};
 
 /// The directories searched by absolute path for `lib`, in order; the dynamic linker's own
 /// search (`LD_LIBRARY_PATH`, ld.so.cache, system directories) is tried after them.
@@ -277,7 +292,7 @@ pub fn search_dirs_in(lib: Lib, env: &SearchEnv) -> Vec<PathBuf> {
     }
     if lib == Lib::Driver || lib == Lib::Nvml {
         // Where distributions and the NVIDIA installer put the driver's libraries.
-        dirs.push(PathBuf::from("/usr/lib/x86_64-linux-gnu"));
+        dirs.push(PathBuf::from(MULTIARCH_LIB));
         dirs.push(PathBuf::from("/usr/lib64"));
         dirs.push(PathBuf::from("/usr/lib/wsl/lib"));
     }

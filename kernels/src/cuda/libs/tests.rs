@@ -110,7 +110,7 @@ fn toolkits_conda_and_cuda_home_are_searched_newest_toolkit_first() {
     let ul = root.join("usr-local");
     touch(&ul.join("cuda-12.4/lib64/libcublas.so.12"));
     touch(&ul.join("cuda-13.0/lib64/libcublas.so.13"));
-    touch(&ul.join("cuda-12.10/targets/x86_64-linux/lib/libcublas.so.12"));
+    touch(&ul.join(format!("cuda-12.10/{TOOLKIT_TARGET}/libcublas.so.12")));
     touch(&root.join("conda/lib/libcublas.so.12"));
     touch(&root.join("home/lib64/libcublas.so.12"));
     let env = SearchEnv {
@@ -124,7 +124,7 @@ fn toolkits_conda_and_cuda_home_are_searched_newest_toolkit_first() {
             root.join("conda/lib/libcublas.so.12"),
             root.join("home/lib64/libcublas.so.12"),
             ul.join("cuda-13.0/lib64/libcublas.so.13"),
-            ul.join("cuda-12.10/targets/x86_64-linux/lib/libcublas.so.12"),
+            ul.join(format!("cuda-12.10/{TOOLKIT_TARGET}/libcublas.so.12")),
             ul.join("cuda-12.4/lib64/libcublas.so.12"),
         ]
     );
