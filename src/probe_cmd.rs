@@ -39,9 +39,10 @@ pub struct ProbeArgs {
     /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
     #[arg(long)]
     pub quick: bool,
-    /// Cap the CPU kernels' instruction set: avx512, avx2 or scalar (the portable code), to
-    /// measure and check a narrower path on a wider CPU (as the environment variable
-    /// ROOFLINE_ISA does). The GEMM and convolution ceilings use the gemm crate's own dispatch.
+    /// Cap the CPU kernels' instruction set: avx512, avx2 or scalar (the portable code; on
+    /// aarch64 neon or scalar), to measure and check a narrower path on a wider CPU (as the
+    /// environment variable ROOFLINE_ISA does). The GEMM and convolution ceilings use the gemm
+    /// crate's own dispatch.
     #[arg(long, value_name = "ISA", value_parser = parse_isa)]
     pub isa: Option<roofline_kernels::cpu::isa::Isa>,
     /// Measure only these sections, comma-separated: fma, mem, gemm, conv, copy (host-device
@@ -126,8 +127,12 @@ pub(crate) fn install_ctrlc() -> Result<(), Failure> {
 
 /// `roofline probe`.
 fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
-    roofline_kernels::cpu::isa::Isa::parse(s)
-        .ok_or_else(|| format!("{s:?}: expected avx512, avx2 or scalar"))
+    roofline_kernels::cpu::isa::Isa::parse(s).ok_or_else(|| {
+        format!(
+            "{s:?}: expected {}",
+            roofline_kernels::cpu::isa::Isa::expected()
+        )
+    })
 }
 
 pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
