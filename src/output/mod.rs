@@ -277,10 +277,17 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
         .iter()
         .chain(std::iter::once(&db.cpu_rule.default))
     {
-        println!(
-            "  {}: {} × 512-bit, {} × 256-bit FMA units ({})",
-            f.name, f.avx512, f.avx2, f.source
-        );
+        if f.neon > 0 {
+            println!(
+                "  {}: {} × 128-bit NEON FMA pipes ({})",
+                f.name, f.neon, f.source
+            );
+        } else {
+            println!(
+                "  {}: {} × 512-bit, {} × 256-bit FMA units ({})",
+                f.name, f.avx512, f.avx2, f.source
+            );
+        }
     }
     Ok(())
 }
