@@ -250,6 +250,12 @@ mod tests {
         let db = PeakDb::builtin().unwrap();
         assert_eq!(db.fma_units("AuthenticAMD", 26, 2).avx512, 2);
         assert_eq!(db.fma_units("AuthenticAMD", 25, 17).avx512, 1);
+        // Zen 1 (family 23, e.g. model 1): one 256-bit FMA per cycle, not two; Zen 2 two.
+        assert_eq!(db.fma_units("AuthenticAMD", 23, 1).avx2, 1);
+        assert_eq!(db.fma_units("AuthenticAMD", 23, 49).avx2, 2);
+        // Ice Lake client (model 126): one 512-bit FMA unit; a Xeon (model 106) two.
+        assert_eq!(db.fma_units("GenuineIntel", 6, 126).avx512, 1);
+        assert_eq!(db.fma_units("GenuineIntel", 6, 106).avx512, 2);
         // Grace and Graviton4 (Neoverse V2), Graviton3 (V1), Graviton2 (N1).
         assert_eq!(db.fma_units("ARM", 8, 0xd4f).neon, 4);
         assert_eq!(db.fma_units("ARM", 8, 0xd40).neon, 4);

@@ -99,6 +99,13 @@ pub fn sweep_sizes(cfg: &CpuConfig) -> Vec<usize> {
         }
         x *= step;
     }
+    // The largest point is 4 × LLC itself (or 512 MiB) even when the grid steps over it (an LLC
+    // of 384 MiB: the grid's last point, 1.41 GiB, is short of 1.5 GiB, and the DRAM window
+    // would hold no point at all).
+    let top = max / 4096 * 4096;
+    if v.last().is_some_and(|&b| b < top) {
+        v.push(top);
+    }
     v
 }
 
@@ -780,6 +787,14 @@ mod tests {
         assert!(fine.len() > s.len());
         cfg.caches[3].size_bytes = 256 << 20;
         assert_eq!(*sweep_sizes(&cfg).last().unwrap(), 1 << 30);
+        // A 384 MiB LLC: 4 × LLC (1.5 GiB) falls between the grid's points, and is added: the
+        // DRAM window then holds a point.
+        cfg.caches[3].size_bytes = 384 << 20;
+        let s = sweep_sizes(&cfg);
+        assert_eq!(*s.last().unwrap(), 1536 << 20);
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+        let top = *s.last().unwrap();
+        assert_eq!(level_of(&cfg.caches, top, 1, top), Some(Level::Dram));
         assert_eq!(human_bytes(1536.0), "1.5 KiB");
     }
 
