@@ -279,197 +279,120 @@ impl Kernel for StreamKernel {
     }
 }
 
+/// One x86 module of kernels: eight vectors of `$w` f64 per step (AVX-512: 8, AVX2: 4), with
+/// the width's intrinsics; `$reduce` sums one vector's lanes.
 #[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
+macro_rules! x86_kernels {
+    ($feat:literal, $w:literal, $zero:ident, $set1:ident, $load:ident, $store:ident,
+     $stream:ident, $add:ident, $fmadd:ident, $reduce:expr) => {
+        use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn read(b: *const f64, n: usize) -> f64 {
-        let mut s = [_mm512_setzero_pd(); 8];
-        let mut i = 0;
-        while i < n {
-            for (j, acc) in s.iter_mut().enumerate() {
-                *acc = _mm512_add_pd(*acc, _mm512_load_pd(b.add(i + 8 * j)));
-            }
-            i += 64;
-        }
-        let t = _mm512_add_pd(
-            _mm512_add_pd(_mm512_add_pd(s[0], s[1]), _mm512_add_pd(s[2], s[3])),
-            _mm512_add_pd(_mm512_add_pd(s[4], s[5]), _mm512_add_pd(s[6], s[7])),
-        );
-        _mm512_reduce_add_pd(t)
-    }
+        const STEP: usize = 8 * $w;
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
-        let q = _mm512_set1_pd(super::Q);
-        let mut i = 0;
-        if nt {
+        /// `f(k)` for the first element `k` of each of the eight vectors of every step.
+        #[inline(always)]
+        unsafe fn steps(n: usize, mut f: impl FnMut(usize)) {
+            let mut i = 0;
             while i < n {
                 for j in 0..8 {
-                    _mm512_stream_pd(a.add(i + 8 * j), q);
+                    f(i + $w * j);
                 }
-                i += 64;
-            }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    _mm512_store_pd(a.add(i + 8 * j), q);
-                }
-                i += 64;
+                i += STEP;
             }
         }
-    }
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn copy(a: *mut f64, b: *const f64, n: usize, nt: bool) {
-        let mut i = 0;
-        if nt {
+        #[target_feature(enable = $feat)]
+        pub unsafe fn read(b: *const f64, n: usize) -> f64 {
+            let mut s = [$zero(); 8];
+            let mut i = 0;
             while i < n {
-                for j in 0..8 {
-                    _mm512_stream_pd(a.add(i + 8 * j), _mm512_load_pd(b.add(i + 8 * j)));
+                for (j, acc) in s.iter_mut().enumerate() {
+                    *acc = $add(*acc, $load(b.add(i + $w * j)));
                 }
-                i += 64;
+                i += STEP;
             }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    _mm512_store_pd(a.add(i + 8 * j), _mm512_load_pd(b.add(i + 8 * j)));
-                }
-                i += 64;
+            let t = $add(
+                $add($add(s[0], s[1]), $add(s[2], s[3])),
+                $add($add(s[4], s[5]), $add(s[6], s[7])),
+            );
+            $reduce(t)
+        }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
+            let q = $set1(super::Q);
+            // The store kind chosen outside the loops (no branch per store).
+            if nt {
+                steps(n, |k| $stream(a.add(k), q));
+                _mm_sfence();
+            } else {
+                steps(n, |k| $store(a.add(k), q));
             }
         }
-    }
 
-    #[target_feature(enable = "avx512f")]
-    pub unsafe fn triad(a: *mut f64, b: *const f64, c: *const f64, n: usize, nt: bool) {
-        let q = _mm512_set1_pd(super::Q);
-        let mut i = 0;
-        if nt {
-            while i < n {
-                for j in 0..8 {
-                    let k = i + 8 * j;
-                    _mm512_stream_pd(
-                        a.add(k),
-                        _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))),
-                    );
-                }
-                i += 64;
-            }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    let k = i + 8 * j;
-                    _mm512_store_pd(
-                        a.add(k),
-                        _mm512_fmadd_pd(q, _mm512_load_pd(c.add(k)), _mm512_load_pd(b.add(k))),
-                    );
-                }
-                i += 64;
+        #[target_feature(enable = $feat)]
+        pub unsafe fn copy(a: *mut f64, b: *const f64, n: usize, nt: bool) {
+            if nt {
+                steps(n, |k| $stream(a.add(k), $load(b.add(k))));
+                _mm_sfence();
+            } else {
+                steps(n, |k| $store(a.add(k), $load(b.add(k))));
             }
         }
-    }
+
+        #[target_feature(enable = $feat)]
+        pub unsafe fn triad(a: *mut f64, b: *const f64, c: *const f64, n: usize, nt: bool) {
+            let q = $set1(super::Q);
+            if nt {
+                steps(n, |k| {
+                    $stream(a.add(k), $fmadd(q, $load(c.add(k)), $load(b.add(k))))
+                });
+                _mm_sfence();
+            } else {
+                steps(n, |k| {
+                    $store(a.add(k), $fmadd(q, $load(c.add(k)), $load(b.add(k))))
+                });
+            }
+        }
+    };
 }
 
-/// The AVX2 kernels: as the AVX-512 ones, eight 256-bit vectors (32 elements) per step.
+/// The AVX-512 kernels: eight 512-bit vectors (64 elements) per step.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    x86_kernels!(
+        "avx512f",
+        8,
+        _mm512_setzero_pd,
+        _mm512_set1_pd,
+        _mm512_load_pd,
+        _mm512_store_pd,
+        _mm512_stream_pd,
+        _mm512_add_pd,
+        _mm512_fmadd_pd,
+        |t| _mm512_reduce_add_pd(t)
+    );
+}
+
+/// The AVX2 kernels: eight 256-bit vectors (32 elements) per step.
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn read(b: *const f64, n: usize) -> f64 {
-        let mut s = [_mm256_setzero_pd(); 8];
-        let mut i = 0;
-        while i < n {
-            for (j, acc) in s.iter_mut().enumerate() {
-                *acc = _mm256_add_pd(*acc, _mm256_load_pd(b.add(i + 4 * j)));
-            }
-            i += 32;
+    x86_kernels!(
+        "avx2,fma",
+        4,
+        _mm256_setzero_pd,
+        _mm256_set1_pd,
+        _mm256_load_pd,
+        _mm256_store_pd,
+        _mm256_stream_pd,
+        _mm256_add_pd,
+        _mm256_fmadd_pd,
+        |t| {
+            let mut lanes = [0.0f64; 4];
+            _mm256_storeu_pd(lanes.as_mut_ptr(), t);
+            (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
         }
-        let t = _mm256_add_pd(
-            _mm256_add_pd(_mm256_add_pd(s[0], s[1]), _mm256_add_pd(s[2], s[3])),
-            _mm256_add_pd(_mm256_add_pd(s[4], s[5]), _mm256_add_pd(s[6], s[7])),
-        );
-        let mut lanes = [0.0f64; 4];
-        _mm256_storeu_pd(lanes.as_mut_ptr(), t);
-        (lanes[0] + lanes[1]) + (lanes[2] + lanes[3])
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
-        let q = _mm256_set1_pd(super::Q);
-        let mut i = 0;
-        if nt {
-            while i < n {
-                for j in 0..8 {
-                    _mm256_stream_pd(a.add(i + 4 * j), q);
-                }
-                i += 32;
-            }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    _mm256_store_pd(a.add(i + 4 * j), q);
-                }
-                i += 32;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn copy(a: *mut f64, b: *const f64, n: usize, nt: bool) {
-        let mut i = 0;
-        if nt {
-            while i < n {
-                for j in 0..8 {
-                    _mm256_stream_pd(a.add(i + 4 * j), _mm256_load_pd(b.add(i + 4 * j)));
-                }
-                i += 32;
-            }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    _mm256_store_pd(a.add(i + 4 * j), _mm256_load_pd(b.add(i + 4 * j)));
-                }
-                i += 32;
-            }
-        }
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn triad(a: *mut f64, b: *const f64, c: *const f64, n: usize, nt: bool) {
-        let q = _mm256_set1_pd(super::Q);
-        let mut i = 0;
-        if nt {
-            while i < n {
-                for j in 0..8 {
-                    let k = i + 4 * j;
-                    _mm256_stream_pd(
-                        a.add(k),
-                        _mm256_fmadd_pd(q, _mm256_load_pd(c.add(k)), _mm256_load_pd(b.add(k))),
-                    );
-                }
-                i += 32;
-            }
-            _mm_sfence();
-        } else {
-            while i < n {
-                for j in 0..8 {
-                    let k = i + 4 * j;
-                    _mm256_store_pd(
-                        a.add(k),
-                        _mm256_fmadd_pd(q, _mm256_load_pd(c.add(k)), _mm256_load_pd(b.add(k))),
-                    );
-                }
-                i += 32;
-            }
-        }
-    }
+    );
 }
 
 /// The NEON kernels: eight 128-bit vectors (16 elements) per step; non-temporal stores are
