@@ -192,8 +192,8 @@ impl Plan {
 /// The raw outcome of one measurement.
 #[derive(Clone, Debug)]
 pub struct Measurement {
-    /// Wall time of each kept sample, seconds (start of the slowest-starting thread's release to
-    /// the end of the slowest thread).
+    /// Wall time of each kept sample, seconds (the earliest thread's start to the latest
+    /// thread's end).
     pub seconds: Vec<f64>,
     /// Iterations per sample on every thread.
     pub iters: u64,
@@ -250,8 +250,8 @@ pub fn measure_here<K: Kernel>(
 
 /// Runs one kernel per CPU in `cpus`, each thread pinned and building its own kernel with
 /// `make(thread_index)` (so that its memory is first touched, and therefore placed, locally).
-/// All threads run the same iteration count per sample; a sample's time is from the common
-/// release to the moment the last thread finishes.
+/// All threads run the same iteration count per sample; a sample's time is from the earliest
+/// thread's start to the latest thread's end (STREAM's max(end) − min(start)).
 pub fn measure_threads<K, F>(
     cpus: &[usize],
     plan: &Plan,
@@ -262,7 +262,29 @@ where
     K: Kernel,
     F: Fn(usize) -> Result<K, ProbeError> + Sync,
 {
+    measure_threads_with(cpus, plan, cancel, make, &|_| {})
+}
+
+/// `measure_threads`, with `before_start(thread)` called by each thread between the common
+/// release and its start stamp (tests make a thread late with it).
+fn measure_threads_with<K, F>(
+    cpus: &[usize],
+    plan: &Plan,
+    cancel: &AtomicBool,
+    make: F,
+    before_start: &(dyn Fn(usize) + Sync),
+) -> Result<Measurement, ProbeError>
+where
+    K: Kernel,
+    F: Fn(usize) -> Result<K, ProbeError> + Sync,
+{
     let threads = cpus.len().max(1);
+    // Each thread's start and end of the current sample, nanoseconds since `base`: a sample
+    // lasts from the earliest start to the latest end (a thread released late must not shorten
+    // it, or best-of-samples would pick exactly the samples where one was late).
+    let base = Instant::now();
+    let starts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+    let ends: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(threads);
     let iters = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
@@ -283,6 +305,7 @@ where
                 &result,
                 &make,
             );
+            let (starts, ends) = (&starts, &ends);
             scope.spawn(move || {
                 pin_current_thread(cpu);
                 let fail = |e: ProbeError| {
@@ -316,13 +339,15 @@ where
                     if n == 0 {
                         break;
                     }
-                    let t0 = Instant::now();
+                    before_start(t);
+                    starts[t].store(nanos_since(base), Ordering::SeqCst);
                     if let Some(k) = kernel.as_mut() {
                         k.run(n);
                     }
+                    ends[t].store(nanos_since(base), Ordering::SeqCst);
                     barrier.wait();
                     if t == 0 {
-                        let more = ctl.record(t0.elapsed().as_secs_f64());
+                        let more = ctl.record(window(starts, ends));
                         let next = if cancel.load(Ordering::Relaxed) {
                             fail(ProbeError::Interrupted);
                             0
@@ -380,6 +405,20 @@ where
         .ok()
         .flatten()
         .ok_or(ProbeError::Check(CheckError::NoMeasurement))
+}
+
+fn nanos_since(base: Instant) -> u64 {
+    base.elapsed().as_nanos() as u64
+}
+
+/// Seconds from the earliest start to the latest end of the threads' stamps (nanoseconds).
+fn window(starts: &[AtomicU64], ends: &[AtomicU64]) -> f64 {
+    let first = starts.iter().map(|s| s.load(Ordering::SeqCst)).min();
+    let last = ends.iter().map(|e| e.load(Ordering::SeqCst)).max();
+    match (first, last) {
+        (Some(a), Some(b)) => b.saturating_sub(a) as f64 * 1e-9,
+        _ => 0.0,
+    }
 }
 
 /// The iteration-count and sample bookkeeping shared by both drivers.
@@ -626,6 +665,49 @@ mod tests {
         .unwrap_err();
         assert!(matches!(e, ProbeError::Alloc(_)));
         assert!(measure_here(&plan, &cancel, &mut Bad).is_err());
+    }
+
+    /// A sample lasts from the earliest start to the latest end: thread 0 released 30 ms late
+    /// while thread 1 works 60 ms from the release does not shorten it (timed from thread 0's
+    /// start, each sample read ~30 ms, and rates twice too high).
+    #[test]
+    fn a_late_thread_does_not_shorten_the_window() {
+        struct Sleeper(u64);
+        impl Kernel for Sleeper {
+            fn ops_per_iter(&self) -> f64 {
+                1.0
+            }
+            fn bytes_per_iter(&self) -> f64 {
+                0.0
+            }
+            fn run(&mut self, iters: u64) {
+                std::thread::sleep(std::time::Duration::from_millis(self.0 * iters));
+            }
+            fn check(&mut self) -> Result<f64, CheckError> {
+                Ok(0.0)
+            }
+        }
+        let plan = Plan::new(2, 0, 0.0);
+        let late = |t: usize| {
+            if t == 0 {
+                std::thread::sleep(std::time::Duration::from_millis(30));
+            }
+        };
+        let m = measure_threads_with(
+            &[0, 0],
+            &plan,
+            &AtomicBool::new(false),
+            |t| Ok(Sleeper(if t == 0 { 0 } else { 60 })),
+            &late,
+        )
+        .unwrap();
+        assert_eq!(m.seconds.len(), 2);
+        for s in &m.seconds {
+            assert!(
+                *s >= 0.060,
+                "a sample of {s} s is shorter than thread 1's 60 ms"
+            );
+        }
     }
 
     #[test]
