@@ -6,8 +6,18 @@
 //! larger than the caches use non-temporal stores, which write without allocating, so that the
 //! counted bytes are the bytes that move.
 //!
-//! Checks: the arrays hold small multiples of 1/2, so every sum and triad is exact; after the
-//! timed runs the whole destination array (or the last sum) is compared with its known value.
+//! Checks, as STREAM and BabelStream check: the result of *every* pass, not only the last.
+//! The arrays hold small multiples of 1/2, so every sum and triad is exact. Read adds every
+//! pass's sum into one total (checked against passes × the array's sum); write stores the
+//! pass's number (the array must hold the last one); triad alternates its destination,
+//! `a = b + q·c` then `b = a + q·c`, so the last destination holds `b₀ + passes·q·c` and the
+//! other `b₀ + (passes − 1)·q·c`. A pass skipped or optimised away fails the check. Copy
+//! moves the same values every pass (no arithmetic to count with): its whole destination is
+//! checked against the source.
+//!
+//! The arrays start at different offsets into their first page (0, 1088 and 2176 bytes), as
+//! STREAM's `OFFSET`: loads and stores to arrays at one page offset alias in the 4 KiB address
+//! bits the core compares between loads and earlier stores.
 
 use super::isa::Isa;
 use crate::buffer::Buffer;
@@ -68,6 +78,9 @@ pub const BLOCK: usize = 64;
 
 const Q: f64 = 3.0;
 
+/// Page offsets of the arrays a, b, c, bytes: 17 and 34 cache lines apart.
+pub const OFFSETS: [usize; 3] = [0, 17 * 64, 34 * 64];
+
 fn b_init(i: usize) -> f64 {
     ((i % 7) + 1) as f64 * 0.5
 }
@@ -90,6 +103,8 @@ pub struct StreamKernel {
     b: Buffer<f64>,
     c: Buffer<f64>,
     sum: f64,
+    /// Passes run so far (what the check counts with).
+    passes: u64,
     isa: Isa,
 }
 
@@ -110,8 +125,8 @@ impl StreamKernel {
             )));
         }
         let n = elems_for(op, bytes);
-        let alloc = |len: usize, f: fn(usize) -> f64| {
-            Buffer::from_fn(len, f).ok_or(ProbeError::Alloc(len * 8))
+        let alloc = |len: usize, offset: usize, f: fn(usize) -> f64| {
+            Buffer::from_fn_at(len, offset, f).ok_or(ProbeError::Alloc(len * 8))
         };
         let zero = |_| 0.0;
         // Only the arrays the op touches are sized; the others are empty.
@@ -125,10 +140,11 @@ impl StreamKernel {
             op,
             nt,
             n,
-            a: alloc(na, zero)?,
-            b: alloc(nb, b_init)?,
-            c: alloc(nc, c_init)?,
+            a: alloc(na, OFFSETS[0], zero)?,
+            b: alloc(nb, OFFSETS[1], b_init)?,
+            c: alloc(nc, OFFSETS[2], c_init)?,
             sum: 0.0,
+            passes: 0,
             isa,
         })
     }
@@ -145,8 +161,15 @@ impl StreamKernel {
 
     fn pass(&mut self) {
         let n = self.n;
-        let a = std::hint::black_box(self.a.as_mut_ptr());
-        let b = std::hint::black_box(self.b.as_ptr());
+        self.passes += 1;
+        // Write stores the pass's number; triad writes a on odd passes, b on even ones.
+        let q = self.passes as f64;
+        let (mut a, mut b) = (self.a.as_mut_ptr(), self.b.as_mut_ptr());
+        if self.op == Op::Triad && self.passes.is_multiple_of(2) {
+            std::mem::swap(&mut a, &mut b);
+        }
+        let a = std::hint::black_box(a);
+        let b = std::hint::black_box(b as *const f64);
         let c = std::hint::black_box(self.c.as_ptr());
         #[cfg(target_arch = "x86_64")]
         match self.isa {
@@ -155,8 +178,8 @@ impl StreamKernel {
                 // multiple of 64) elements each where the op touches them.
                 unsafe {
                     match self.op {
-                        Op::Read => self.sum = x86::read(b, n),
-                        Op::Write => x86::write(a, n, self.nt),
+                        Op::Read => self.sum += x86::read(b, n),
+                        Op::Write => x86::write(a, n, q, self.nt),
                         Op::Copy => x86::copy(a, b, n, self.nt),
                         Op::Triad => x86::triad(a, b, c, n, self.nt),
                     }
@@ -167,8 +190,8 @@ impl StreamKernel {
                 // SAFETY: AVX2 and FMA detected (`with_isa`); alignment and lengths as above.
                 unsafe {
                     match self.op {
-                        Op::Read => self.sum = avx2::read(b, n),
-                        Op::Write => avx2::write(a, n, self.nt),
+                        Op::Read => self.sum += avx2::read(b, n),
+                        Op::Write => avx2::write(a, n, q, self.nt),
                         Op::Copy => avx2::copy(a, b, n, self.nt),
                         Op::Triad => avx2::triad(a, b, c, n, self.nt),
                     }
@@ -182,8 +205,8 @@ impl StreamKernel {
             // SAFETY: NEON detected (`with_isa`); arrays 4096-aligned, n a multiple of 64.
             unsafe {
                 match self.op {
-                    Op::Read => self.sum = neon::read(b, n),
-                    Op::Write => neon::write(a, n, self.nt),
+                    Op::Read => self.sum += neon::read(b, n),
+                    Op::Write => neon::write(a, n, q, self.nt),
                     Op::Copy => neon::copy(a, b, n, self.nt),
                     Op::Triad => neon::triad(a, b, c, n, self.nt),
                 }
@@ -202,9 +225,9 @@ impl StreamKernel {
                             acc[j] += ch[j];
                         }
                     }
-                    self.sum = acc.iter().sum();
+                    self.sum += acc.iter().sum::<f64>();
                 }
-                Op::Write => std::slice::from_raw_parts_mut(a, n).fill(Q),
+                Op::Write => std::slice::from_raw_parts_mut(a, n).fill(q),
                 Op::Copy => std::slice::from_raw_parts_mut(a, n)
                     .copy_from_slice(std::slice::from_raw_parts(b, n)),
                 Op::Triad => {
@@ -239,24 +262,37 @@ impl Kernel for StreamKernel {
         }
     }
     fn check(&mut self) -> Result<f64, CheckError> {
-        let n = self.n;
+        let (n, p) = (self.n, self.passes);
+        if p == 0 {
+            return Err(CheckError::exact(
+                format!("{} passes run", self.op.name()),
+                0,
+                "at least 1",
+            ));
+        }
         let bad = |i: usize, got: f64, want: f64| {
             Err(CheckError::exact(
-                format!("{} element {i} of {n}", self.op.name()),
+                format!("{} element {i} of {n} after {p} passes", self.op.name()),
                 got,
                 want,
             ))
         };
         match self.op {
             Op::Read => {
-                let want: f64 = (0..n).map(b_init).sum();
+                // Exact: every partial sum is a multiple of 1/2 far below 2^52.
+                let want = p as f64 * (0..n).map(b_init).sum::<f64>();
                 if self.sum != want {
-                    return bad(0, self.sum, want);
+                    return Err(CheckError::exact(
+                        format!("read: the sum of {p} passes over {n} elements"),
+                        self.sum,
+                        want,
+                    ));
                 }
             }
             Op::Write => {
-                if let Some(i) = self.a.iter().position(|&x| x != Q) {
-                    return bad(i, self.a[i], Q);
+                let want = p as f64;
+                if let Some(i) = self.a.iter().position(|&x| x != want) {
+                    return bad(i, self.a[i], want);
                 }
             }
             Op::Copy => {
@@ -267,10 +303,20 @@ impl Kernel for StreamKernel {
                 }
             }
             Op::Triad => {
+                // The last destination (a after an odd count, b after an even one) holds
+                // b₀ + p·q·c, the other b₀ + (p − 1)·q·c.
+                let (last, other) = if p % 2 == 1 {
+                    (&self.a, &self.b)
+                } else {
+                    (&self.b, &self.a)
+                };
                 for i in 0..n {
-                    let want = b_init(i) + Q * c_init(i);
-                    if self.a[i] != want {
-                        return bad(i, self.a[i], want);
+                    let want = |k: u64| b_init(i) + k as f64 * Q * c_init(i);
+                    if last[i] != want(p) {
+                        return bad(i, last[i], want(p));
+                    }
+                    if other[i] != want(p - 1) {
+                        return bad(i, other[i], want(p - 1));
                     }
                 }
             }
@@ -319,8 +365,8 @@ macro_rules! x86_kernels {
         }
 
         #[target_feature(enable = $feat)]
-        pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
-            let q = $set1(super::Q);
+        pub unsafe fn write(a: *mut f64, n: usize, q: f64, nt: bool) {
+            let q = $set1(q);
             // The store kind chosen outside the loops (no branch per store).
             if nt {
                 steps(n, |k| $stream(a.add(k), q));
@@ -425,8 +471,8 @@ mod neon {
         vgetq_lane_f64::<0>(t) + vgetq_lane_f64::<1>(t)
     }
 
-    pub unsafe fn write(a: *mut f64, n: usize, nt: bool) {
-        let q = vdupq_n_f64(super::Q);
+    pub unsafe fn write(a: *mut f64, n: usize, q: f64, nt: bool) {
+        let q = vdupq_n_f64(q);
         let mut i = 0;
         while i < n {
             for j in (0..8).step_by(2) {
@@ -519,6 +565,43 @@ mod tests {
         k.run(1);
         k.a[17] += 1.0;
         assert!(k.check().is_err());
+    }
+
+    /// Every pass counts: a pass that did not run (the count advanced, the work skipped) fails
+    /// the check of read, write and triad on every instruction set; so does a triad whose
+    /// destination did not alternate.
+    #[test]
+    fn a_skipped_pass_fails_the_check() {
+        for isa in Isa::available() {
+            for op in [Op::Read, Op::Write, Op::Triad] {
+                for runs in [1, 2, 5] {
+                    let mut k = StreamKernel::with_isa(op, 8192, false, isa).unwrap();
+                    k.run(runs);
+                    k.check().unwrap();
+                    k.passes += 1;
+                    assert!(k.check().is_err(), "{} {} {runs}", isa.name(), op.name());
+                }
+            }
+            // Two passes into the same destination (a = b + q·c twice): b is unchanged and a
+            // holds one pass's value, not two.
+            let mut k = StreamKernel::with_isa(Op::Triad, 8192, false, isa).unwrap();
+            k.run(1);
+            k.passes = 0;
+            k.run(1);
+            k.passes = 2;
+            assert!(k.check().is_err(), "{}", isa.name());
+        }
+    }
+
+    /// The arrays start at three page offsets (STREAM's OFFSET): no two alias in the low 12
+    /// address bits, and each stays 64-byte aligned for the aligned vector loads.
+    #[test]
+    fn arrays_start_at_different_page_offsets() {
+        let k = StreamKernel::new(Op::Triad, 3 << 20, false).unwrap();
+        let at = [k.a.as_ptr(), k.b.as_ptr(), k.c.as_ptr()].map(|p| p as usize % 4096);
+        assert_eq!(at, OFFSETS);
+        assert!(at.iter().all(|o| o % 64 == 0));
+        assert!(at[0] != at[1] && at[1] != at[2] && at[0] != at[2]);
     }
 
     #[test]
