@@ -24,6 +24,32 @@ pub enum PlotError {
     Empty(String),
     #[error("drawing failed: {0}")]
     Draw(String),
+    /// The axes would span more decades than a plot can show (a value in the file is wrong:
+    /// the plotting library's tick search never ends on such a range).
+    #[error("the {axis} axis would run from {from:e} to {to:e}, more than {MAX_DECADES} decades: a value in the file is wrong")]
+    Range {
+        axis: &'static str,
+        from: f64,
+        to: f64,
+    },
+}
+
+/// The most decades an axis of a roofline plot spans.
+pub const MAX_DECADES: f64 = 15.0;
+
+/// `range` when it is finite, positive, increasing and at most [`MAX_DECADES`] wide.
+fn checked_range(axis: &'static str, range: (f64, f64)) -> Result<(f64, f64), PlotError> {
+    let (from, to) = range;
+    let ok = from.is_finite()
+        && to.is_finite()
+        && from > 0.0
+        && to > from
+        && (to / from).log10() <= MAX_DECADES;
+    if ok {
+        Ok(range)
+    } else {
+        Err(PlotError::Range { axis, from, to })
+    }
 }
 
 /// What to draw.
@@ -352,6 +378,8 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         .map(|p| p.achieved.max(p.attainable))
         .fold(ymax, f64::max);
     let y_range = (pow10_floor(ymin / 1.5), pow10_ceil(ymax * 1.5));
+    let x_range = checked_range("intensity", x_range)?;
+    let y_range = checked_range("performance", y_range)?;
     Ok(ClassicModel {
         flat,
         slanted,
@@ -413,6 +441,7 @@ mod tests {
                     ops: 1.0,
                     bytes: 1.0,
                 },
+                plateau: None,
             };
         Machine {
             schema: MACHINE_SCHEMA.into(),
@@ -628,6 +657,27 @@ mod tests {
         let svg = classic_svg(&m, &opt).unwrap();
         assert!(svg.contains("Test GPU"));
         assert!(svg.contains("gpu0/ert/f32 (measured"));
+    }
+
+    /// A value 300 decades off (a corrupted file) is refused by name; plotters' tick search
+    /// never returned on such an axis (the fuzz test hung in it).
+    #[test]
+    fn absurd_ranges_are_refused_not_drawn() {
+        let mut m = machine();
+        let c = m
+            .ceilings
+            .iter_mut()
+            .find(|c| c.id == "cpu/mem/DRAM/triad/all")
+            .unwrap();
+        c.value = 1e-300;
+        let e = classic_model(&m, &ClassicOptions::default()).unwrap_err();
+        assert!(matches!(e, PlotError::Range { .. }), "{e}");
+        assert!(e.to_string().contains("decades"), "{e}");
+        assert!(classic_svg(&m, &ClassicOptions::default()).is_err());
+        assert!(checked_range("x", (1e-3, 1e12)).is_ok());
+        assert!(checked_range("x", (1e-3, 1e13)).is_err());
+        assert!(checked_range("x", (0.0, 1.0)).is_err());
+        assert!(checked_range("x", (1.0, f64::INFINITY)).is_err());
     }
 
     #[test]
