@@ -163,7 +163,14 @@ pub fn caches_from_sysfs(root: &Path) -> Vec<CacheInfo> {
                 continue;
             };
             let shared = read(&p.join("shared_cpu_list")).unwrap_or_default();
-            let sharing = parse_cpu_list(&shared).len().max(1);
+            let cpus = parse_cpu_list(&shared);
+            let sharing = cpus.len().max(1);
+            // SMT siblings are one core: count distinct (package, core) pairs; without topology
+            // files, every CPU is a core.
+            let cores: BTreeSet<(u32, u32)> = cpus
+                .iter()
+                .map(|&c| core_of(root, c).unwrap_or((u32::MAX, c as u32)))
+                .collect();
             match found
                 .iter_mut()
                 .find(|(c, _)| c.level == level && c.cache_type == ty)
@@ -177,6 +184,7 @@ pub fn caches_from_sysfs(root: &Path) -> Vec<CacheInfo> {
                         cache_type: ty,
                         size_bytes: size,
                         shared_by_cpus: sharing,
+                        shared_by_cores: cores.len().max(1),
                         instances: 0,
                     },
                     BTreeSet::from([shared]),
@@ -402,6 +410,12 @@ mod tests {
             ),
             (32768, 2, 2)
         );
+        // The two hardware threads of a core are one core: a probe's one-thread-per-core run
+        // has each L1 and L2 to itself, and all of its threads share the L3.
+        assert_eq!(caches[0].shared_by_cores, 1);
+        assert_eq!(caches[0].cores_sharing(), 1);
+        assert_eq!(caches[1].cores_sharing(), 1);
+        assert_eq!(caches[2].cores_sharing(), 2);
         assert_eq!(
             (
                 caches[2].size_bytes,

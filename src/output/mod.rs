@@ -94,6 +94,28 @@ pub fn machine_table(m: &Machine) {
     if !flagged.is_empty() {
         println!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));
     }
+    let uneven: Vec<String> = m
+        .ceilings
+        .iter()
+        .filter_map(|c| {
+            let p = c.plateau.as_ref().filter(|p| !p.flat())?;
+            Some(format!(
+                "{} ({}{u} to {}{u}, {:.0}%)",
+                c.id,
+                si(p.low),
+                si(p.high),
+                100.0 * p.spread,
+                u = c.unit
+            ))
+        })
+        .collect();
+    if !uneven.is_empty() {
+        println!(
+            "\nwarning: plateaus not flat (their working sets' best rates lie more than {:.0}% apart; each ceiling is its window's median point): {}",
+            100.0 * roofline_model::Plateau::FLAT,
+            uneven.join(", ")
+        );
+    }
     for n in &m.provenance.notes {
         println!("note: {n}");
     }

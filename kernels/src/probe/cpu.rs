@@ -1,18 +1,19 @@
 //! The CPU probe: clock, peak arithmetic, the memory working-set sweep, GEMM and convolution,
 //! each on one thread (`t1`) and on one pinned thread per core (`all`).
 
-use super::{ceiling, compute_ceiling, rate_stats, Progress, Section};
+pub use super::cpu_mem::{level_of, sweep_sizes};
+use super::{compute_ceiling, rate_stats, Progress, Section};
 use crate::affinity::pinned_pool;
+use crate::cpu::clock::ClockKernel;
 use crate::cpu::conv::{resnet50_layers, ConvKernel, ConvShape};
 use crate::cpu::fma::{accumulators, best_isa, FmaKernel, Isa, Precision};
 use crate::cpu::gemm::{Elem, GemmKernel, Shape};
-use crate::cpu::stream::{Op, StreamKernel};
-use crate::cpu::{clock::ClockKernel, stream};
+use crate::cpu::stream::Op;
 use crate::driver::{measure_here, measure_threads, Measurement, Plan};
 use crate::ProbeError;
 use roofline_model::{
-    cpu_peak, CacheInfo, Ceiling, CeilingId, CeilingKind, Curve, CurvePoint, Family, Level, On,
-    PeakDb, Stats, Table, TableRow, TheoreticalPeak, Threads,
+    cpu_peak, CacheInfo, Ceiling, CeilingId, CeilingKind, Curve, Family, On, PeakDb, Stats, Table,
+    TableRow, TheoreticalPeak, Threads,
 };
 use std::sync::atomic::AtomicBool;
 
@@ -46,11 +47,11 @@ pub struct CpuResult {
     clock_samples_all: Vec<f64>,
 }
 
-struct Ctx<'a> {
-    cfg: &'a CpuConfig,
-    cancel: &'a AtomicBool,
-    progress: &'a dyn Progress,
-    plan: Plan,
+pub(super) struct Ctx<'a> {
+    pub(super) cfg: &'a CpuConfig,
+    pub(super) cancel: &'a AtomicBool,
+    pub(super) progress: &'a dyn Progress,
+    pub(super) plan: Plan,
     big_plan: Plan,
     peak_plan: Plan,
     db: PeakDb,
@@ -58,7 +59,7 @@ struct Ctx<'a> {
 }
 
 /// The thread configurations: (suffix, CPUs).
-fn configs(cfg: &CpuConfig) -> Vec<(Threads, Vec<usize>)> {
+pub(super) fn configs(cfg: &CpuConfig) -> Vec<(Threads, Vec<usize>)> {
     vec![
         (Threads::T1, cfg.cores[..1].to_vec()),
         (Threads::All, cfg.cores.clone()),
@@ -74,39 +75,6 @@ fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> Strin
         direction: None,
     }
     .to_string()
-}
-
-/// Working-set sizes of the memory sweep (all arrays of all threads together), bytes.
-pub fn sweep_sizes(cfg: &CpuConfig) -> Vec<usize> {
-    let llc = cfg
-        .caches
-        .iter()
-        .map(|c| c.size_bytes as usize * c.instances.max(1))
-        .max()
-        .unwrap_or(0);
-    let max = (4 * llc).max(512 << 20);
-    let step: f64 = if cfg.quick {
-        2.0
-    } else {
-        std::f64::consts::SQRT_2
-    };
-    let mut v = Vec::new();
-    let mut x = 4096.0f64;
-    while x <= max as f64 * 1.0001 {
-        let b = (x.round() as usize) / 4096 * 4096;
-        if v.last() != Some(&b) {
-            v.push(b);
-        }
-        x *= step;
-    }
-    // The largest point is 4 × LLC itself (or 512 MiB) even when the grid steps over it (an LLC
-    // of 384 MiB: the grid's last point, 1.41 GiB, is short of 1.5 GiB, and the DRAM window
-    // would hold no point at all).
-    let top = max / 4096 * 4096;
-    if v.last().is_some_and(|&b| b < top) {
-        v.push(top);
-    }
-    v
 }
 
 fn gemm_squares(cfg: &CpuConfig, precision: &str) -> Vec<usize> {
@@ -177,7 +145,7 @@ pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
             .count() as u64;
     }
     if has(Section::Mem) {
-        n += 2 * Op::ALL.len() as u64 * sweep_sizes(cfg).len() as u64;
+        n += 2 * Op::ALL.len() as u64 * sweep_sizes(&cfg.caches, cfg.quick).len() as u64;
     }
     if has(Section::Gemm) {
         for p in ["f64", "f32", "f16"] {
@@ -247,7 +215,7 @@ pub fn run(
         fma(&ctx, &mut out)?;
     }
     if has(Section::Mem) {
-        memory(&ctx, &mut out)?;
+        super::cpu_mem::memory(&ctx, &mut out)?;
     }
     if has(Section::Gemm) {
         use roofline_model::Precision as P;
@@ -402,150 +370,6 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         }
     }
     Ok(())
-}
-
-/// A cache level's capacity available to one of `threads` threads, bytes.
-fn per_thread_capacity(cache: &CacheInfo, threads: usize) -> f64 {
-    let sharing = cache.shared_by_cpus.max(1).min(threads.max(1));
-    cache.size_bytes as f64 / sharing as f64
-}
-
-/// The level a per-thread working set lies clearly inside, if any. Windows: L1 up to half its
-/// size; L(i) from twice L(i−1) to half L(i); DRAM from four times the last level (all threads)
-/// and from half the sweep's largest working set `max_ws` (caches of the host of a virtual
-/// machine, or victim caches, can still serve part of a set four times the reported LLC).
-pub fn level_of(
-    caches: &[CacheInfo],
-    total_ws: usize,
-    threads: usize,
-    max_ws: usize,
-) -> Option<Level> {
-    let data: Vec<&CacheInfo> = {
-        let mut v: Vec<&CacheInfo> = caches
-            .iter()
-            .filter(|c| c.cache_type != "Instruction")
-            .collect();
-        v.sort_by_key(|c| c.level);
-        v
-    };
-    let per_thread = total_ws as f64 / threads.max(1) as f64;
-    let mut prev = 0.0;
-    for c in &data {
-        let cap = per_thread_capacity(c, threads);
-        if per_thread >= 2.0 * prev && per_thread <= 0.5 * cap {
-            return Level::cache(c.level);
-        }
-        prev = cap;
-    }
-    let llc_total = data
-        .last()
-        .map(|c| c.size_bytes as f64 * c.instances.max(1) as f64)
-        .unwrap_or(64e6);
-    // 1% slack: working sets are rounded down to whole blocks of elements.
-    (total_ws as f64 >= 0.99 * (4.0 * llc_total).max(max_ws as f64 / 2.0)).then_some(Level::Dram)
-}
-
-fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
-    let mem_isa = crate::cpu::isa::Isa::current();
-    let sizes = sweep_sizes(ctx.cfg);
-    let max_ws = sizes.last().copied().unwrap_or(0);
-    let llc_total = ctx
-        .cfg
-        .caches
-        .iter()
-        .map(|c| c.size_bytes as usize * c.instances.max(1))
-        .max()
-        .unwrap_or(32 << 20);
-    for op in Op::ALL {
-        for (suffix, cpus) in configs(ctx.cfg) {
-            let threads = cpus.len();
-            let mut points = Vec::new();
-            let mut best: Vec<(Level, Stats, Measurement, usize, bool)> = Vec::new();
-            for &ws in &sizes {
-                ctx.progress.advance(&format!(
-                    "memory {} {suffix} {}",
-                    op.name(),
-                    human_bytes(ws as f64)
-                ));
-                // Beyond the caches, non-temporal stores: no write-allocate, counted = moved.
-                let nt = ws > llc_total;
-                let per_thread = ws / threads;
-                let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| {
-                    StreamKernel::new(op, per_thread, nt)
-                })?;
-                let actual = stream::elems_for(op, per_thread) * op.bytes_per_elem() * threads;
-                let Some(stats) = rate_stats(&m, CeilingKind::Memory) else {
-                    continue;
-                };
-                let level = level_of(&ctx.cfg.caches, actual, threads, max_ws);
-                if let Some(l) = level {
-                    match best.iter_mut().find(|b| b.0 == l) {
-                        Some(b) if b.1.max >= stats.max => {}
-                        Some(b) => *b = (l, stats.clone(), m.clone(), actual, nt),
-                        None => best.push((l, stats.clone(), m.clone(), actual, nt)),
-                    }
-                }
-                points.push(CurvePoint {
-                    x: actual as f64,
-                    value: stats.max,
-                    stats,
-                    level: level.map(|l| l.name().to_string()),
-                });
-            }
-            out.curves.push(Curve {
-                id: format!("cpu/mem/sweep/{}/{suffix}", op.name()),
-                x_label: "working set (all arrays, all threads)".into(),
-                x_unit: "B".into(),
-                unit: "B/s".into(),
-                threads,
-                points,
-            });
-            for (level, stats, m, ws, nt) in best {
-                let method = format!(
-                    "{} {}: best plateau point at a working set of {} ({} per thread), {}; bytes counted as STREAM counts them (reads + writes, no write-allocate){}; every element checked",
-                    op.name(),
-                    stream_formula(op),
-                    human_bytes(ws as f64),
-                    human_bytes(ws as f64 / threads as f64),
-                    pinned(threads),
-                    if nt { "; non-temporal stores" } else { "" }
-                );
-                let method = format!(
-                    "{method}; {} kernels ({}-bit)",
-                    mem_isa.name(),
-                    mem_isa.bits()
-                );
-                let mut c = ceiling(
-                    CeilingId::Memory {
-                        on: On::Cpu(suffix),
-                        level,
-                        op: op.into(),
-                    }
-                    .to_string(),
-                    CeilingKind::Memory,
-                    "B/s",
-                    threads,
-                    stats,
-                    &m,
-                    method,
-                    None,
-                );
-                c.level = Some(level.name().to_string());
-                c.isa = Some(mem_isa.name().to_string());
-                out.ceilings.push(c);
-            }
-        }
-    }
-    Ok(())
-}
-
-fn stream_formula(op: Op) -> &'static str {
-    match op {
-        Op::Read => "(s += b[i], 8 B/element)",
-        Op::Write => "(a[i] = q, 8 B/element)",
-        Op::Copy => "(a[i] = b[i], 16 B/element)",
-        Op::Triad => "(a[i] = b[i] + q·c[i], 24 B/element)",
-    }
 }
 
 /// The rows of a swept table and its best row so far.
@@ -704,7 +528,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
 }
 
 /// "1 thread" or "N threads pinned one per core".
-fn pinned(threads: usize) -> String {
+pub(super) fn pinned(threads: usize) -> String {
     if threads == 1 {
         "1 thread, pinned".into()
     } else {
@@ -732,77 +556,11 @@ pub fn human_bytes(b: f64) -> String {
 mod tests {
     use super::*;
 
-    fn caches() -> Vec<CacheInfo> {
-        let c = |level, t: &str, kib: u64, shared, instances| CacheInfo {
-            level,
-            cache_type: t.into(),
-            size_bytes: kib * 1024,
-            shared_by_cpus: shared,
-            instances,
-        };
-        vec![
-            c(1, "Data", 48, 1, 2),
-            c(1, "Instruction", 32, 1, 2),
-            c(2, "Unified", 1024, 1, 2),
-            c(3, "Unified", 32768, 2, 1),
-        ]
-    }
-
-    #[test]
-    fn working_sets_map_to_levels() {
-        let c = caches();
-        let max = 512 << 20;
-        assert_eq!(level_of(&c, 16 << 10, 1, max), Some(Level::L1));
-        assert_eq!(level_of(&c, 40 << 10, 1, max), None); // between L1/2 and 2·L1
-        assert_eq!(level_of(&c, 256 << 10, 1, max), Some(Level::L2));
-        assert_eq!(level_of(&c, 8 << 20, 1, max), Some(Level::L3));
-        assert_eq!(level_of(&c, 20 << 20, 1, max), None);
-        assert_eq!(level_of(&c, 512 << 20, 1, max), Some(Level::Dram));
-        assert_eq!(level_of(&c, (256 << 20) - 1024, 1, max), Some(Level::Dram));
-        // Four times the LLC but under half the sweep: not trusted as DRAM.
-        assert_eq!(level_of(&c, 128 << 20, 1, max), None);
-        assert_eq!(level_of(&c, 128 << 20, 1, 128 << 20), Some(Level::Dram));
-        // Two threads: L1 and L2 are private, L3 is split.
-        assert_eq!(level_of(&c, 32 << 10, 2, max), Some(Level::L1));
-        assert_eq!(level_of(&c, 16 << 20, 2, max), Some(Level::L3));
-        assert_eq!(level_of(&c, 24 << 20, 2, max), None);
-    }
-
-    #[test]
-    fn sweep_covers_4k_to_512m_and_four_times_the_llc() {
-        let mut cfg = CpuConfig {
-            cores: vec![0],
-            caches: caches(),
-            vendor: "x".into(),
-            family: 0,
-            model: 0,
-            quick: true,
-            sections: Section::ALL.to_vec(),
-        };
-        let s = sweep_sizes(&cfg);
-        assert_eq!(s[0], 4096);
-        assert_eq!(*s.last().unwrap(), 512 << 20);
-        cfg.quick = false;
-        let fine = sweep_sizes(&cfg);
-        assert!(fine.len() > s.len());
-        cfg.caches[3].size_bytes = 256 << 20;
-        assert_eq!(*sweep_sizes(&cfg).last().unwrap(), 1 << 30);
-        // A 384 MiB LLC: 4 × LLC (1.5 GiB) falls between the grid's points, and is added: the
-        // DRAM window then holds a point.
-        cfg.caches[3].size_bytes = 384 << 20;
-        let s = sweep_sizes(&cfg);
-        assert_eq!(*s.last().unwrap(), 1536 << 20);
-        assert!(s.windows(2).all(|w| w[0] < w[1]));
-        let top = *s.last().unwrap();
-        assert_eq!(level_of(&cfg.caches, top, 1, top), Some(Level::Dram));
-        assert_eq!(human_bytes(1536.0), "1.5 KiB");
-    }
-
     #[test]
     fn a_quick_probe_of_fma_on_one_core_measures_and_checks() {
         let cfg = CpuConfig {
             cores: crate::affinity::allowed_cpus()[..1].to_vec(),
-            caches: caches(),
+            caches: super::super::cpu_mem::tests::caches(),
             vendor: "AuthenticAMD".into(),
             family: 26,
             model: 2,

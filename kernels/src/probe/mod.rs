@@ -1,6 +1,7 @@
 //! Probes: sweeps of kernels under the driver, turned into ceilings, curves and tables.
 
 pub mod cpu;
+pub mod cpu_mem;
 pub mod gpu;
 pub mod node;
 

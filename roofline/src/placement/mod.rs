@@ -362,7 +362,7 @@ pub fn memory_level(m: &Machine, footprint: f64, threads: usize) -> Level {
         if c.cache_type == "Instruction" {
             continue;
         }
-        let copies = if c.shared_by_cpus <= 1 {
+        let copies = if c.cores_sharing() <= 1 {
             threads.max(1)
         } else {
             c.instances.max(1)
@@ -458,6 +458,7 @@ pub(crate) mod tests {
                     ops: 0.0,
                     bytes: 0.0,
                 },
+                plateau: None,
             };
         let mut m: Machine = serde_json::from_value(serde_json::json!({
             "schema": crate::MACHINE_SCHEMA,
@@ -476,6 +477,7 @@ pub(crate) mod tests {
             cache_type: if level == 1 { "Data" } else { "Unified" }.into(),
             size_bytes: size,
             shared_by_cpus: shared,
+            shared_by_cores: shared,
             instances,
         };
         m.provenance.cpu.caches = vec![
