@@ -249,6 +249,18 @@ mod tests {
     fn cpu_rule_matches_known_cores() {
         let db = PeakDb::builtin().unwrap();
         assert_eq!(db.fma_units("AuthenticAMD", 26, 2).avx512, 2);
+        // Zen 5 mobile (Strix Point 0x24, Krackan 0x60): the 256-bit datapath; Granite Ridge
+        // (0x44) and Strix Halo (0x70) the full 512-bit one.
+        assert_eq!(db.fma_units("AuthenticAMD", 26, 0x24).avx512, 1);
+        assert_eq!(db.fma_units("AuthenticAMD", 26, 0x60).avx512, 1);
+        assert_eq!(db.fma_units("AuthenticAMD", 26, 0x44).avx512, 2);
+        assert_eq!(db.fma_units("AuthenticAMD", 26, 0x70).avx512, 2);
+        // An unlisted core assumes one 512-bit unit (client cores), two 256-bit ones; Cannon
+        // Lake (102) is listed with one, Xeon Phi (87) with two.
+        assert_eq!(db.cpu_rule.default.avx512, 1);
+        assert_eq!(db.cpu_rule.default.avx2, 2);
+        assert_eq!(db.fma_units("GenuineIntel", 6, 102).avx512, 1);
+        assert_eq!(db.fma_units("GenuineIntel", 6, 87).avx512, 2);
         assert_eq!(db.fma_units("AuthenticAMD", 25, 17).avx512, 1);
         // Zen 1 (family 23, e.g. model 1): one 256-bit FMA per cycle, not two; Zen 2 two.
         assert_eq!(db.fma_units("AuthenticAMD", 23, 1).avx2, 1);
