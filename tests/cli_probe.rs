@@ -86,6 +86,45 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
         .tables
         .iter()
         .any(|t| t.id == "cpu/gemm/f32/t1/shapes" && t.rows.len() >= 3));
+    // The convolution ceiling comes from a layer that is not one GEMM (1×1 stride 1: the GEMM
+    // ceiling's kernel); the 1×1 layers stay in the table.
+    let conv = m.ceiling("cpu/conv/f32/all").unwrap();
+    let layers = m
+        .tables
+        .iter()
+        .find(|t| t.id == "cpu/conv/f32/all/layers")
+        .unwrap();
+    let best = layers
+        .rows
+        .iter()
+        .find(|r| r.value == conv.value)
+        .expect("the ceiling is a row of the table");
+    assert!(
+        !best.shape.contains("r=1 s=1 stride=1 pad=0"),
+        "{}",
+        best.shape
+    );
+    assert!(layers
+        .rows
+        .iter()
+        .any(|r| r.shape.contains("r=1 s=1 stride=1 pad=0")));
+    assert!(conv.method.contains("not 1×1"), "{}", conv.method);
+    // Memory ceilings of cache levels carry their bytes-per-cycle bound, DRAM none; every
+    // memory ceiling keeps its window's flatness.
+    for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/mem/")) {
+        let p = c.plateau.as_ref().expect("plateau");
+        assert!(
+            p.low <= c.value && c.value <= p.high && p.points >= 1,
+            "{}",
+            c.id
+        );
+        let bound = c.theoretical_peak.as_ref();
+        assert_eq!(bound.is_none(), c.id.contains("/DRAM/"), "{}", c.id);
+        if let Some(b) = bound {
+            assert!(b.source.contains("B/cycle"), "{}", b.source);
+            assert_eq!(c.above_peak, c.value > b.value * (1.0 + b.uncertainty));
+        }
+    }
 }
 
 /// The probe writes every roof under an id the model's typed `CeilingId` reads and writes back

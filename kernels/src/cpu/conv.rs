@@ -74,7 +74,8 @@ impl ConvShape {
             self.n, self.c, self.h, self.w, self.k, self.r, self.s, self.stride, self.pad
         )
     }
-    fn is_pointwise(&self) -> bool {
+    /// 1×1, stride 1, no padding: the convolution is one GEMM (the GEMM ceiling's kernel).
+    pub fn is_pointwise(&self) -> bool {
         self.r == 1 && self.s == 1 && self.stride == 1 && self.pad == 0
     }
 }
