@@ -1,16 +1,33 @@
-//! Counting retired instructions with the Linux perf interface (`perf_event_open`), to confirm
-//! that a kernel executes the instructions it claims. Unavailable (→ `None`) where the kernel,
-//! the hypervisor or `perf_event_paranoid` does not allow user-space counting.
+//! Counting retired instructions and core cycles with the Linux perf interface
+//! (`perf_event_open`), to confirm that a kernel executes the instructions it claims and that
+//! the clock measurement counts cycles. Unavailable (→ `None`) where the kernel, the hypervisor
+//! or `perf_event_paranoid` does not allow user-space counting.
+
+/// A hardware event of the calling thread, in user space.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Event {
+    /// Core cycles (PERF_COUNT_HW_CPU_CYCLES).
+    Cycles,
+    /// Instructions retired (PERF_COUNT_HW_INSTRUCTIONS).
+    Instructions,
+}
 
 /// Instructions retired in user space by the calling thread while `f` runs, or `None` when the
 /// counter cannot be opened or read.
 pub fn count_instructions<R>(f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    count(Event::Instructions, f)
+}
+
+/// `event` counted on the calling thread in user space while `f` runs, or `None` when the
+/// counter cannot be opened or read.
+pub fn count<R>(event: Event, f: impl FnOnce() -> R) -> (R, Option<u64>) {
     #[cfg(target_os = "linux")]
     {
-        linux::count(f)
+        linux::count(event, f)
     }
     #[cfg(not(target_os = "linux"))]
     {
+        let _ = event;
         (f(), None)
     }
 }
@@ -34,6 +51,7 @@ mod linux {
     }
 
     const PERF_TYPE_HARDWARE: u32 = 0;
+    const PERF_COUNT_HW_CPU_CYCLES: u64 = 0;
     const PERF_COUNT_HW_INSTRUCTIONS: u64 = 1;
     const FLAG_DISABLED: u64 = 1 << 0;
     const FLAG_EXCLUDE_KERNEL: u64 = 1 << 5;
@@ -42,11 +60,14 @@ mod linux {
     const IOC_DISABLE: libc::c_ulong = 0x2401;
     const IOC_RESET: libc::c_ulong = 0x2403;
 
-    pub fn count<R>(f: impl FnOnce() -> R) -> (R, Option<u64>) {
+    pub fn count<R>(event: super::Event, f: impl FnOnce() -> R) -> (R, Option<u64>) {
         let attr = Attr {
             type_: PERF_TYPE_HARDWARE,
             size: std::mem::size_of::<Attr>() as u32,
-            config: PERF_COUNT_HW_INSTRUCTIONS,
+            config: match event {
+                super::Event::Cycles => PERF_COUNT_HW_CPU_CYCLES,
+                super::Event::Instructions => PERF_COUNT_HW_INSTRUCTIONS,
+            },
             flags: FLAG_DISABLED | FLAG_EXCLUDE_KERNEL | FLAG_EXCLUDE_HV,
             ..Default::default()
         };

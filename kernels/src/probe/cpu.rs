@@ -45,6 +45,9 @@ pub struct CpuResult {
     pub notes: Vec<String>,
     clock_samples_t1: Vec<f64>,
     clock_samples_all: Vec<f64>,
+    /// Cycles per add of the clock chain by the CPU's counter where it disagrees with one
+    /// (the clock is the chain's rate times it); `None`: one.
+    clock_factor: Option<f64>,
 }
 
 pub(super) struct Ctx<'a> {
@@ -199,6 +202,10 @@ pub fn run(
     };
     progress.begin(planned_measurements(cfg));
     let mut out = CpuResult::default();
+    // The clock method checked against the cycle counter where one is readable.
+    let (factor, note) = crate::cpu::clock::counter_verdict(crate::cpu::clock::cycles_per_add());
+    out.clock_factor = Some(factor);
+    out.notes.push(note);
 
     // The theoretical peaks need the clock. The FMA section measures it around each of its
     // measurements; without that section, measure it once here.
@@ -241,8 +248,13 @@ fn measure_clock(
 ) -> Result<f64, ProbeError> {
     ctx.progress.advance(&format!("clock {suffix}"));
     let m = measure_threads(cpus, plan, ctx.cancel, |_| Ok(ClockKernel::new()))?;
-    // ops = adds = cycles on every thread; per-thread clock = total / threads.
-    let per_thread: Vec<f64> = m.op_rates().iter().map(|r| r / cpus.len() as f64).collect();
+    // ops = adds = cycles on every thread (× the counter's cycles per add where it disagrees);
+    // per-thread clock = total / threads.
+    let per_thread: Vec<f64> = m
+        .op_rates()
+        .iter()
+        .map(|r| r * out.clock_factor.unwrap_or(1.0) / cpus.len() as f64)
+        .collect();
     let all = if suffix == Threads::T1 {
         &mut out.clock_samples_t1
     } else {
