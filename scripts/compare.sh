@@ -35,6 +35,8 @@ case "$ISA" in
     *) echo "ROOFLINE_ISA=$ISA: this comparison knows avx512 and avx2"; exit 2 ;;
 esac
 probe() { ROOFLINE_ISA="$ISA" "$BIN" probe "$@"; }
+# The stamp: what ran, when, at which revision, on what (tests/docs_stamped.rs asks it of docs/).
+echo "# ROOFLINE_ISA=$ISA scripts/compare.sh $ROUNDS — $(date -u +%F), revision $(git describe --always --dirty --abbrev=7), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) CPUs"
 echo "instruction set compared: $ISA (likwid *_$LK kernels, C peers -march=$MARCH)"
 
 rm -f "$OUT/fma12"
