@@ -12,7 +12,9 @@ BIN=target/release/roofline
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$BIN" probe -o "$tmp/machine.json" "$@" > "$tmp/table.txt"
-rev=$(git describe --always --dirty --abbrev=7)
+# The revision, `-dirty` when files other than the README (which this script rewrites) differ.
+rev=$(git describe --always --abbrev=7)
+git diff --quiet HEAD -- . ':!README.md' || rev="$rev-dirty"
 python3 - "$tmp/table.txt" "$tmp/machine.json" "$rev" <<'PY'
 import json, re, subprocess, sys, datetime
 table, machine, rev = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
