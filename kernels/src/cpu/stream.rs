@@ -174,8 +174,8 @@ impl StreamKernel {
         #[cfg(target_arch = "x86_64")]
         match self.isa {
             Isa::Avx512 => {
-                // SAFETY: AVX-512F detected (`with_isa`); arrays are 4096-aligned with n (a
-                // multiple of 64) elements each where the op touches them.
+                // SAFETY: AVX-512F detected (`with_isa`); arrays 64-byte aligned (a page plus
+                // `OFFSETS`) with n (a multiple of 64) elements each where the op touches them.
                 unsafe {
                     match self.op {
                         Op::Read => self.sum += x86::read(b, n),
@@ -202,7 +202,7 @@ impl StreamKernel {
         }
         #[cfg(target_arch = "aarch64")]
         if self.isa == Isa::Neon {
-            // SAFETY: NEON detected (`with_isa`); arrays 4096-aligned, n a multiple of 64.
+            // SAFETY: NEON detected (`with_isa`); arrays 64-byte aligned, n a multiple of 64.
             unsafe {
                 match self.op {
                     Op::Read => self.sum += neon::read(b, n),
