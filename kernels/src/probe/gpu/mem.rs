@@ -2,6 +2,7 @@
 //! every word checked on the GPU, and the ERT FLOPs-per-element sweep.
 
 use super::*;
+use roofline_model::Plateau;
 
 // ---------------------------------------------------------------------------------------------
 // Memory: working-set sweep
@@ -136,14 +137,18 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
             )?;
         }
         for level in [Level::L2, Level::Hbm] {
-            let best = points
+            // The level's ceiling is its window's median point (each point its best sample),
+            // as on the CPU: not the window's best edge; the window's spread is kept.
+            let window: Vec<&CurvePoint> = points
                 .iter()
                 .filter(|p| {
                     p.level.as_deref() == Some(level.name())
                         && (level != Level::L2 || p.x >= (2 << 20) as f64)
                 })
-                .max_by(|a, b| a.value.total_cmp(&b.value));
-            if let Some(p) = best {
+                .collect();
+            let values: Vec<f64> = window.iter().map(|p| p.value).collect();
+            if let Some((i, plateau)) = Plateau::of(&values) {
+                let p = window[i];
                 let peak = if level == Level::Hbm {
                     ctx.memory_peak(gpu)
                 } else {
@@ -162,14 +167,21 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                     &samples,
                     PerIteration { ops: 0.0, bytes: p.x },
                     format!(
-                        "NVRTC kernel stream_{op}: 16-byte ld.global.cg/st.global, {grid} blocks × {MEM_BLOCK} threads, grid-stride; best working set {} of the {level} plateau ({}), repeated in-kernel so a sample lasts ≥ {:.0} ms; bytes counted: {}; every word checked on the GPU",
-                        crate::probe::cpu::human_bytes(p.x),
+                        "NVRTC kernel stream_{op}: 16-byte ld.global.cg/st.global, {grid} blocks × {MEM_BLOCK} threads, grid-stride; the median of {} working sets of the {level} plateau ({}; spread {:.1}%{}), here {}, repeated in-kernel so a sample lasts ≥ {:.0} ms; bytes counted: {}; every word checked on the GPU",
+                        plateau.points,
                         if level == Level::L2 { format!("working sets ≤ half the {} L2", crate::probe::cpu::human_bytes(l2 as f64)) } else { format!("working sets ≥ 4× the L2, {} device memory", crate::probe::cpu::human_bytes(gpu.memory_bytes as f64)) },
+                        100.0 * plateau.spread,
+                        if plateau.flat() { "" } else { ": NOT FLAT" },
+                        crate::probe::cpu::human_bytes(p.x),
                         ctx.mode.sample_seconds() * 1e3,
                         stream_counted(op)
                     ),
                     peak,
                 );
+                let id = roof.to_string();
+                if let Some(c) = ctx.out.ceilings.last_mut().filter(|c| c.id == id) {
+                    c.plateau = Some(plateau);
+                }
             }
         }
         if ctx.mode != Mode::Check {
