@@ -171,44 +171,16 @@ impl StreamKernel {
         let a = std::hint::black_box(a);
         let b = std::hint::black_box(b as *const f64);
         let c = std::hint::black_box(self.c.as_ptr());
-        #[cfg(target_arch = "x86_64")]
-        match self.isa {
-            Isa::Avx512 => {
-                // SAFETY: AVX-512F detected (`with_isa`); arrays 64-byte aligned (a page plus
-                // `OFFSETS`) with n (a multiple of 64) elements each where the op touches them.
-                unsafe {
-                    match self.op {
-                        Op::Read => self.sum += x86::read(b, n),
-                        Op::Write => x86::write(a, n, q, self.nt),
-                        Op::Copy => x86::copy(a, b, n, self.nt),
-                        Op::Triad => x86::triad(a, b, c, n, self.nt),
-                    }
-                }
-                return;
-            }
-            Isa::Avx2 => {
-                // SAFETY: AVX2 and FMA detected (`with_isa`); alignment and lengths as above.
-                unsafe {
-                    match self.op {
-                        Op::Read => self.sum += avx2::read(b, n),
-                        Op::Write => avx2::write(a, n, q, self.nt),
-                        Op::Copy => avx2::copy(a, b, n, self.nt),
-                        Op::Triad => avx2::triad(a, b, c, n, self.nt),
-                    }
-                }
-                return;
-            }
-            Isa::Scalar | Isa::Neon => {}
-        }
-        #[cfg(target_arch = "aarch64")]
-        if self.isa == Isa::Neon {
-            // SAFETY: NEON detected (`with_isa`); arrays 64-byte aligned, n a multiple of 64.
+        if let Some(k) = Kernels::of(self.isa) {
+            // SAFETY: `with_isa` refused an instruction set this CPU lacks; the arrays are
+            // 64-byte aligned (a page plus `OFFSETS`) with n (a multiple of 64) elements each
+            // where the op touches them.
             unsafe {
                 match self.op {
-                    Op::Read => self.sum += neon::read(b, n),
-                    Op::Write => neon::write(a, n, q, self.nt),
-                    Op::Copy => neon::copy(a, b, n, self.nt),
-                    Op::Triad => neon::triad(a, b, c, n, self.nt),
+                    Op::Read => self.sum += (k.read)(b, n),
+                    Op::Write => (k.write)(a, n, q, self.nt),
+                    Op::Copy => (k.copy)(a, b, n, self.nt),
+                    Op::Triad => (k.triad)(a, b, c, n, self.nt),
                 }
             }
             return;
@@ -325,6 +297,29 @@ impl Kernel for StreamKernel {
     }
 }
 
+/// One instruction set's kernels (the x86 modules' and NEON's), called through one dispatch.
+struct Kernels {
+    read: unsafe fn(*const f64, usize) -> f64,
+    write: unsafe fn(*mut f64, usize, f64, bool),
+    copy: unsafe fn(*mut f64, *const f64, usize, bool),
+    triad: unsafe fn(*mut f64, *const f64, *const f64, usize, bool),
+}
+
+impl Kernels {
+    /// The kernels of `isa` on this architecture; `None`: the portable code.
+    fn of(isa: Isa) -> Option<&'static Kernels> {
+        match isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => Some(&x86::KERNELS),
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => Some(&avx2::KERNELS),
+            #[cfg(target_arch = "aarch64")]
+            Isa::Neon => Some(&neon::KERNELS),
+            _ => None,
+        }
+    }
+}
+
 /// One x86 module of kernels: eight vectors of `$w` f64 per step (AVX-512: 8, AVX2: 4), with
 /// the width's intrinsics; `$reduce` sums one vector's lanes.
 #[cfg(target_arch = "x86_64")]
@@ -332,6 +327,13 @@ macro_rules! x86_kernels {
     ($feat:literal, $w:literal, $zero:ident, $set1:ident, $load:ident, $store:ident,
      $stream:ident, $add:ident, $fmadd:ident, $reduce:expr) => {
         use std::arch::x86_64::*;
+
+        pub(super) const KERNELS: super::Kernels = super::Kernels {
+            read,
+            write,
+            copy,
+            triad,
+        };
 
         const STEP: usize = 8 * $w;
 
@@ -447,6 +449,13 @@ mod avx2 {
 mod neon {
     use std::arch::aarch64::*;
     use std::arch::asm;
+
+    pub(super) const KERNELS: super::Kernels = super::Kernels {
+        read,
+        write,
+        copy,
+        triad,
+    };
 
     /// Stores `x`, `y` to `p` and `p + 2` with a non-temporal pair store.
     #[inline(always)]

@@ -50,6 +50,17 @@ pub struct CpuResult {
     clock_factor: Option<f64>,
 }
 
+impl CpuResult {
+    /// The run's clock statistics for `threads` threads (one core's, or all cores').
+    pub fn clock(&self, threads: usize) -> Option<&Stats> {
+        if threads == 1 {
+            self.clock_t1.as_ref()
+        } else {
+            self.clock_all.as_ref()
+        }
+    }
+}
+
 pub(super) struct Ctx<'a> {
     pub(super) cfg: &'a CpuConfig,
     pub(super) cancel: &'a AtomicBool,
@@ -282,12 +293,7 @@ impl Ctx<'_> {
         isa: Isa,
         clock_hz: Option<(f64, f64)>,
     ) -> Option<TheoreticalPeak> {
-        let run_max = if threads == 1 {
-            out.clock_t1.as_ref()
-        } else {
-            out.clock_all.as_ref()
-        }
-        .map(|s| s.max);
+        let run_max = out.clock(threads).map(|s| s.max);
         let clock = clock_hz.map(|c| c.0).or(run_max)?;
         let units = self
             .db

@@ -15,11 +15,7 @@ use roofline_model::{
 /// Working-set sizes of the memory sweep (all arrays of all threads together), bytes: from
 /// 4 KiB by √2 (×2 when quick) to 4 × the last level (at least 512 MiB), that point included.
 pub fn sweep_sizes(caches: &[CacheInfo], quick: bool) -> Vec<usize> {
-    let llc = caches
-        .iter()
-        .map(|c| c.size_bytes as usize * c.instances.max(1))
-        .max()
-        .unwrap_or(0);
+    let llc = llc_total(caches).unwrap_or(0);
     let max = (4 * llc).max(512 << 20);
     let step: f64 = if quick { 2.0 } else { std::f64::consts::SQRT_2 };
     let mut v = Vec::new();
@@ -39,6 +35,14 @@ pub fn sweep_sizes(caches: &[CacheInfo], quick: bool) -> Vec<usize> {
         v.push(top);
     }
     v
+}
+
+/// The largest cache's capacity over all its instances, bytes.
+fn llc_total(caches: &[CacheInfo]) -> Option<usize> {
+    caches
+        .iter()
+        .map(|c| c.size_bytes as usize * c.instances.max(1))
+        .max()
 }
 
 /// A cache level's capacity available to one of `threads` threads (one per physical core),
@@ -136,11 +140,7 @@ fn level_bound(
     if level == Level::Dram {
         return None;
     }
-    let clock = if threads == 1 {
-        out.clock_t1.as_ref()
-    } else {
-        out.clock_all.as_ref()
-    }?;
+    let clock = out.clock(threads)?;
     let (per_cycle, how) = bytes_per_cycle_bound(op, level, isa);
     Some(TheoreticalPeak {
         value: per_cycle * clock.max * threads as f64,
@@ -168,13 +168,7 @@ pub(super) fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
     let mem_isa = Isa::current();
     let sizes = sweep_sizes(&ctx.cfg.caches, ctx.cfg.quick);
     let max_ws = sizes.last().copied().unwrap_or(0);
-    let llc_total = ctx
-        .cfg
-        .caches
-        .iter()
-        .map(|c| c.size_bytes as usize * c.instances.max(1))
-        .max()
-        .unwrap_or(32 << 20);
+    let llc_total = llc_total(&ctx.cfg.caches).unwrap_or(32 << 20);
     for op in Op::ALL {
         for (suffix, cpus) in configs(ctx.cfg) {
             let threads = cpus.len();
