@@ -247,7 +247,24 @@ pub(crate) fn finish(a: &ProbeArgs, m: &Machine) -> Result<(), Failure> {
             a.output.display()
         );
     }
-    Ok(())
+    failed_checks(m)
+}
+
+/// Exit 1 when a result check failed (its ceiling left out, the rest written), naming each.
+pub(crate) fn failed_checks(m: &Machine) -> Result<(), Failure> {
+    if m.failures.is_empty() {
+        return Ok(());
+    }
+    let list: Vec<String> = m
+        .failures
+        .iter()
+        .map(|f| format!("{} {}: {}", f.on, f.kernel, f.error))
+        .collect();
+    Err(Failure::Run(anyhow!(
+        "{} result check(s) failed; their ceilings are left out of the file, everything else was written: {} (`roofline probe --check` runs every GPU kernel once against its CPU reference)",
+        list.len(),
+        list.join("; ")
+    )))
 }
 
 pub(crate) fn provenance(cpu: roofline_model::CpuInfo, quick: bool, start: Instant) -> Provenance {

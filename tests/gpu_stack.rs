@@ -195,3 +195,54 @@ fn placing_on_a_gpu_needs_that_gpus_ceilings_and_a_training_workload() {
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(err.contains("places a training run"), "{err}");
 }
+
+/// A second NVRTC on the dynamic linker's path under the unversioned name cudarc opens first
+/// (`libnvrtc.so`, as a toolkit's `lib64` has it), beside the wheel roofline finds: `roofline
+/// kernels` refuses (exit 2) naming both files and the fix, instead of compiling with the copy.
+/// Needs NVRTC (the CUDA wheels CI installs); skipped without it, except under CI=true.
+#[test]
+fn a_second_copy_of_a_library_on_the_linker_path_is_refused() {
+    use roofline_kernels::cuda::libs::{self, Lib};
+    let Some(found) = libs::locate(Lib::Nvrtc).filter(|p| p.contains('/')) else {
+        assert!(
+            std::env::var("CI").map_or(true, |v| v != "true"),
+            "CI=true and no NVRTC wheel found (ROOFLINE_CUDA_LIBS)"
+        );
+        eprintln!("skipped: no NVRTC file found");
+        return;
+    };
+    let dir = std::env::temp_dir().join(format!("roofline-shadow-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A copy (another file, as a toolkit's would be), under the name cudarc tries first.
+    let copy = dir.join("libnvrtc.so");
+    std::fs::copy(&found, &copy).unwrap();
+    let o = bin()
+        .args(["kernels", "--arch", "80"])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("ROOFLINE_CUDA_LIBS", Path::new(&found).parent().unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "stdout: {}\nstderr: {err}",
+        String::from_utf8_lossy(&o.stdout)
+    );
+    assert!(err.contains("two copies of NVRTC"), "{err}");
+    assert!(err.contains(&copy.display().to_string()), "{err}");
+    assert!(err.contains("LD_LIBRARY_PATH"), "{err}");
+    // The same files without the copy on the path: compiled.
+    let o = bin()
+        .args(["kernels", "--arch", "80"])
+        .env("ROOFLINE_CUDA_LIBS", Path::new(&found).parent().unwrap())
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}

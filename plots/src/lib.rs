@@ -540,6 +540,7 @@ mod tests {
             curves: vec![],
             tables: vec![],
             nodes: vec![],
+            failures: vec![],
         }
     }
 

@@ -543,6 +543,21 @@ pub struct Machine {
     /// Every node's own ceilings (distributed runs only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub nodes: Vec<NodeCeilings>,
+    /// Result checks that failed: each costs its own precision or section (no ceiling is
+    /// written from a wrong result), the rest is kept, and the probe exits 1.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub failures: Vec<CheckFailure>,
+}
+
+/// One failed result check of a probe: what ran where, and what it got wrong.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct CheckFailure {
+    /// The device (`gpu0`, `cpu`).
+    pub on: String,
+    /// The kernel, precision or section that failed (`mma_fp8`, `gemm_f16`, `mem`).
+    pub kernel: String,
+    /// The check's own words: what was expected and what came back.
+    pub error: String,
 }
 
 impl Machine {

@@ -42,7 +42,8 @@ pub fn log_tuning_to(path: &std::path::Path) {
     std::env::set_var("NCCL_DEBUG_FILE", path);
 }
 
-/// NCCL's algorithm and protocol numbers (nccl.h's NCCL_ALGO_* and NCCL_PROTO_*).
+/// NCCL's algorithm and protocol numbers (nccl.h's NCCL_ALGO_* and NCCL_PROTO_*), as older
+/// releases logged them.
 fn algo_name(n: u32) -> &'static str {
     match n {
         0 => "Tree",
@@ -65,9 +66,46 @@ fn proto_name(n: u32) -> &'static str {
     }
 }
 
+/// An algorithm as NCCL writes it, by number (before 2.19) or by name (`RING`, `Tree`,
+/// `COLLNET_DIRECT`, `NVLS_TREE`: 2.19 on, `ncclAlgoToString`), in one spelling.
+fn algo_of(word: &str) -> Option<&'static str> {
+    if let Ok(n) = word.parse::<u32>() {
+        return Some(algo_name(n));
+    }
+    let key: String = word
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric())
+        .collect::<String>()
+        .to_ascii_uppercase();
+    Some(match key.as_str() {
+        "TREE" => "Tree",
+        "RING" => "Ring",
+        "COLLNETDIRECT" => "CollNetDirect",
+        "COLLNETCHAIN" => "CollNetChain",
+        "NVLS" => "NVLS",
+        "NVLSTREE" => "NVLSTree",
+        "PAT" => "PAT",
+        _ => return None,
+    })
+}
+
+/// A protocol as NCCL writes it, by number or by name (`LL`, `LL128`, `SIMPLE` or `Simple`).
+fn proto_of(word: &str) -> Option<&'static str> {
+    if let Ok(n) = word.parse::<u32>() {
+        return Some(proto_name(n));
+    }
+    Some(match word.to_ascii_uppercase().as_str() {
+        "LL" => "LL",
+        "LL128" => "LL128",
+        "SIMPLE" => "Simple",
+        _ => return None,
+    })
+}
+
 /// The algorithm/protocol choices in an NCCL debug log: lines such as
-/// `AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 34.5`, returned as
-/// ("AllReduce 4194304 B", "Ring/Simple"), each distinct line once.
+/// `AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}` (2.19 on, by
+/// name) or `AllReduce: 4194304 Bytes -> Algo 1 proto 2 time 34.5` (older, by number),
+/// returned as ("AllReduce 4194304 B", "Ring/Simple"), each distinct line once.
 pub fn parse_tuning(log: &str) -> Vec<(String, String)> {
     let mut out: Vec<(String, String)> = Vec::new();
     for line in log.lines() {
@@ -77,9 +115,9 @@ pub fn parse_tuning(log: &str) -> Vec<(String, String)> {
         let before = &line[..pos];
         let after = &line[pos + "-> Algo ".len()..];
         let mut words = after.split_whitespace();
-        let algo: Option<u32> = words.next().and_then(|w| w.parse().ok());
-        let proto: Option<u32> = match (words.next(), words.next()) {
-            (Some(p), Some(n)) if p.eq_ignore_ascii_case("proto") => n.parse().ok(),
+        let algo = words.next().and_then(algo_of);
+        let proto = match (words.next(), words.next()) {
+            (Some(p), Some(n)) if p.eq_ignore_ascii_case("proto") => proto_of(n),
             _ => None,
         };
         let (Some(a), Some(p)) = (algo, proto) else {
@@ -93,7 +131,7 @@ pub fn parse_tuning(log: &str) -> Vec<(String, String)> {
             .replace(':', "")
             .replace("Bytes", "B");
         let what = what.split_whitespace().collect::<Vec<_>>().join(" ");
-        let choice = format!("{}/{}", algo_name(a), proto_name(p));
+        let choice = format!("{a}/{p}");
         if !out.iter().any(|(w, c)| *w == what && *c == choice) {
             out.push((what, choice));
         }
@@ -318,6 +356,32 @@ mod tests {
             vec![
                 ("AllReduce 4194304 B".to_string(), "Ring/Simple".to_string()),
                 ("AllGather 1024 B".to_string(), "NVLS/LL".to_string()),
+            ]
+        );
+    }
+
+    /// NCCL 2.19 on (2.28 included) writes the algorithm and protocol by name
+    /// (`ncclAlgoToString`, `ncclProtoToString`), in capitals, with the channel range after.
+    #[test]
+    fn tuning_lines_by_name_are_parsed() {
+        let log = "h:1:2 [0] NCCL INFO AllReduce: 4194304 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={0..31}\n\
+                   h:1:2 [0] NCCL INFO AllReduce: 8 Bytes -> Algo TREE proto LL channel{Lo..Hi}={0..0}\n\
+                   h:1:2 [0] NCCL INFO AllGather: 1048576 Bytes -> Algo NVLS_TREE proto LL128 channel{Lo..Hi}={0..15}\n\
+                   h:1:2 [0] NCCL INFO ReduceScatter: 65536 Bytes -> Algo COLLNET_DIRECT proto Simple channel{Lo..Hi}={0..1} comm 0x55a7\n\
+                   h:1:2 [0] NCCL INFO Broadcast: 64 Bytes -> Algo WARP proto LL channel{Lo..Hi}={0..0}\n";
+        assert_eq!(
+            parse_tuning(log),
+            vec![
+                ("AllReduce 4194304 B".to_string(), "Ring/Simple".to_string()),
+                ("AllReduce 8 B".to_string(), "Tree/LL".to_string()),
+                (
+                    "AllGather 1048576 B".to_string(),
+                    "NVLSTree/LL128".to_string()
+                ),
+                (
+                    "ReduceScatter 65536 B".to_string(),
+                    "CollNetDirect/Simple".to_string()
+                ),
             ]
         );
     }

@@ -103,9 +103,7 @@ const WORKSPACE: usize = 32 << 20;
 
 pub(crate) fn handles(gpu: &Gpu) -> Result<Handles, CudaError> {
     for l in [Lib::Cublas, Lib::CublasLt] {
-        if !libs::present(l) {
-            return Err(CudaError::Missing(libs::not_found(l)));
-        }
+        libs::require(l)?;
     }
     gpu.bind()?;
     let workspace = gpu.alloc(WORKSPACE)?;
@@ -448,9 +446,7 @@ pub struct Blas(bsys::cublasHandle_t);
 impl Blas {
     /// A handle on `gpu`'s stream (cuBLAS's absence is an error that says what was looked for).
     pub fn new(gpu: &Gpu) -> Result<Blas, CudaError> {
-        if !libs::present(Lib::Cublas) {
-            return Err(CudaError::Missing(libs::not_found(Lib::Cublas)));
-        }
+        libs::require(Lib::Cublas)?;
         gpu.bind()?;
         let h = blas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
         let handle = Blas(h);

@@ -27,11 +27,13 @@ pub fn check<T>(call: &str, r: Result<T, DriverError>) -> Result<T, CudaError> {
 }
 
 /// Loads the driver and counts the GPUs. `Missing` when there is no driver library,
-/// `NoDevice` when the driver sees no GPU.
+/// `Shadowed` when a CUDA library found is not the one its bindings would call, `NoDevice`
+/// when the driver sees no GPU.
 pub fn init() -> Result<usize, CudaError> {
-    if !libs::present(Lib::Driver) {
-        return Err(CudaError::Missing(libs::not_found(Lib::Driver)));
-    }
+    libs::require(Lib::Driver)?;
+    // Every GPU verb starts here: a library whose bindings would call a second copy is refused
+    // before any work (`Shadowed`, with the fix).
+    libs::all_consistent()?;
     match cu::init() {
         Ok(()) => {}
         Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_NO_DEVICE => {
@@ -48,9 +50,7 @@ pub fn init() -> Result<usize, CudaError> {
 
 /// The driver's CUDA version, e.g. 12040 → "12.4".
 pub fn driver_version() -> Result<String, CudaError> {
-    if !libs::present(Lib::Driver) {
-        return Err(CudaError::Missing(libs::not_found(Lib::Driver)));
-    }
+    libs::require(Lib::Driver)?;
     let mut v = 0;
     // SAFETY: out-parameter.
     check(

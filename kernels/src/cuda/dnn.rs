@@ -112,9 +112,7 @@ pub struct Handle(dsys::cudnnHandle_t);
 impl Handle {
     /// A handle whose work goes to `gpu`'s stream.
     pub fn new(gpu: &Gpu) -> Result<Handle, CudaError> {
-        if !libs::present(Lib::Cudnn) {
-            return Err(CudaError::Missing(libs::not_found(Lib::Cudnn)));
-        }
+        libs::require(Lib::Cudnn)?;
         gpu.bind()?;
         let h = Handle(dnn::create_handle().map_err(e("cudnnCreate"))?);
         // SAFETY: live handle and stream.

@@ -1,7 +1,7 @@
 //! The CUDA backend: library discovery, NVRTC kernels, and (on a machine with an NVIDIA GPU)
 //! the device, library and copy measurements. Everything here builds with no CUDA installed:
 //! cudarc loads every library at run time, and nothing calls into a library before
-//! [`libs::present`] says it is there.
+//! [`libs::require`] says it is there, and is the file roofline found.
 
 pub mod blas;
 pub mod device;
@@ -17,6 +17,10 @@ pub enum CudaError {
     /// A library is not installed; the text says which and where we looked.
     #[error("{0}")]
     Missing(String),
+    /// A library's bindings would call another file than the one roofline found (a second
+    /// copy on the dynamic linker's path): the text names both and the fix.
+    #[error("{0}")]
+    Shadowed(String),
     /// The driver is there but reports no device.
     #[error("the NVIDIA driver is installed but reports no GPU ({0})")]
     NoDevice(String),

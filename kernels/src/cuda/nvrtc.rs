@@ -222,13 +222,10 @@ pub fn target_for(arch: u32, supported: &[u32]) -> Option<Target> {
         .map(Target::Ptx)
 }
 
-/// Fails with the "not found, looked in ..." message when NVRTC is absent.
+/// Fails with the "not found, looked in ..." message when NVRTC is absent, and with both files
+/// and the fix when the bindings would call another NVRTC than the one found.
 pub fn ensure_nvrtc() -> Result<(), CudaError> {
-    if libs::present(Lib::Nvrtc) {
-        Ok(())
-    } else {
-        Err(CudaError::Missing(libs::not_found(Lib::Nvrtc)))
-    }
+    libs::require(Lib::Nvrtc)
 }
 
 /// Compiles `source` for `target` with `-O3`-level defaults, C++17, and (SASS) ptxas's
@@ -343,8 +340,10 @@ pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
         }
         let Some(cur) = out.last_mut() else { continue };
         if line.contains("bytes stack frame") {
+            // NVRTC 12: `    8 bytes stack frame, ...`; NVRTC 13: `ptxas . 8 bytes stack
+            // frame, ...`: the number is the word before "bytes".
             for part in line.split(',') {
-                let n = leading_number(part);
+                let n = number_before_bytes(part);
                 if part.contains("stack frame") {
                     cur.stack_bytes = n;
                 } else if part.contains("spill stores") {
@@ -365,6 +364,17 @@ pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
         }
     }
     out
+}
+
+/// The number just before the word "bytes" in `s` (0 when there is none).
+fn number_before_bytes(s: &str) -> u32 {
+    let words: Vec<&str> = s.split_whitespace().collect();
+    words
+        .iter()
+        .position(|w| *w == "bytes")
+        .and_then(|i| i.checked_sub(1))
+        .and_then(|i| words[i].parse().ok())
+        .unwrap_or(0)
 }
 
 fn leading_number(s: &str) -> u32 {
@@ -416,6 +426,23 @@ mod tests {
         );
         assert_eq!(r[1].registers, 40);
         assert_eq!(r[1].spill_store_bytes, 0);
+        // NVRTC 13 starts the properties line with `ptxas .`.
+        let log13 = "ptxas info    : Compiling entry function 'mma_fp8' for 'sm_90'\n\
+            ptxas info    : Function properties for mma_fp8\n\
+            ptxas .     24 bytes stack frame, 8 bytes spill stores, 16 bytes spill loads\n\
+            ptxas info    : Used 37 registers, used 0 barriers\n";
+        let r = parse_ptxas_report(log13);
+        assert_eq!(
+            r,
+            vec![Resources {
+                kernel: "mma_fp8".into(),
+                registers: 37,
+                shared_bytes: 0,
+                spill_store_bytes: 8,
+                spill_load_bytes: 16,
+                stack_bytes: 24,
+            }]
+        );
     }
 
     #[test]

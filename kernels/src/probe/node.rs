@@ -138,6 +138,8 @@ pub fn gpu_status(devices: Devices, sections: &[Section]) -> Result<Gpus, NodeEr
                 source,
             })
         }
+        // Two copies of a library: refused, whatever was asked (not "no GPU").
+        (_, Err(e @ CudaError::Shadowed(_))) => return Err(NodeError::Input(e.to_string())),
         (_, Err(e)) => Gpus::Absent(e),
         (_, Ok(n)) => Gpus::Found(n),
     };
@@ -158,6 +160,7 @@ pub fn bare(provenance: Provenance) -> Machine {
         curves: Vec::new(),
         tables: Vec::new(),
         nodes: Vec::new(),
+        failures: Vec::new(),
     }
 }
 
@@ -194,6 +197,7 @@ pub fn probe(
     };
     let mut gpu_infos = Vec::new();
     let mut gpu_libraries = Vec::new();
+    let mut failures = Vec::new();
     match gpus {
         Gpus::NotAsked | Gpus::Absent(_) => result.notes.push(format!("no GPU found: {gpus}")),
         Gpus::Found(_) => {
@@ -203,6 +207,18 @@ pub fn probe(
                 gpu_probe::Mode::Full
             };
             let g = run_gpus(mode, &cfg.sections, cancel, progress)?;
+            failures = g
+                .checks
+                .iter()
+                .filter(|c| !c.skipped)
+                .filter_map(|c| {
+                    Some(roofline_model::CheckFailure {
+                        on: format!("gpu{}", c.gpu),
+                        kernel: c.kernel.clone(),
+                        error: c.failure.clone()?,
+                    })
+                })
+                .collect();
             result.ceilings.extend(g.ceilings);
             result.curves.extend(g.curves);
             result.tables.extend(g.tables);
@@ -272,6 +288,7 @@ pub fn probe(
         ceilings: result.ceilings,
         curves: result.curves,
         tables: result.tables,
+        failures,
         ..bare(p)
     })
 }

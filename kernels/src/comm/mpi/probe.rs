@@ -195,7 +195,7 @@ impl World {
             choices.sort();
             choices.dedup();
             if choices.is_empty() {
-                out.notes.push(format!("NCCL {version}: its algorithm/protocol choices were not in its TUNING log (NCCL before 2.20 logs them only at TRACE level)"));
+                out.notes.push(format!("NCCL {version}: its algorithm/protocol choices were not found in its TUNING log (NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS=INIT,TUNING into NCCL_DEBUG_FILE: rank 0 of each communicator writes one line per collective and size)"));
             } else {
                 let list: Vec<String> = choices.iter().map(|(w, c)| format!("{w}: {c}")).collect();
                 out.notes.push(format!(

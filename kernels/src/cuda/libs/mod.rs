@@ -537,6 +537,59 @@ pub fn present(lib: Lib) -> bool {
     }
 }
 
+/// Fails unless `lib` is found and the file the bindings call is the file roofline found:
+/// `Missing` (where we looked, the fix) or `Shadowed` (both files, the fix). Every use of a
+/// library starts here.
+pub fn require(lib: Lib) -> Result<(), super::CudaError> {
+    if !present(lib) {
+        return Err(super::CudaError::Missing(not_found(lib)));
+    }
+    match shadowed(lib) {
+        Some(why) => Err(super::CudaError::Shadowed(why)),
+        None => Ok(()),
+    }
+}
+
+/// Why the bindings would call another file of `lib` than the one roofline found, if they
+/// would. cudarc opens each library by its unversioned name first (`libcublas.so`, then
+/// `libcublas.so.13`): where a toolkit's copy lies on the dynamic linker's path
+/// (`LD_LIBRARY_PATH`, ld.so.cache), that name opens it beside the wheel's file roofline
+/// loaded, and the two mix versions (a toolkit's cuBLAS 13.0 calling the wheel's cuBLASLt 13.1
+/// through 76 internal symbols). `None` when they are the same file, or `lib` is absent.
+pub fn shadowed(lib: Lib) -> Option<String> {
+    let found = locate(lib)?;
+    let used = in_use(lib)?;
+    if !found.contains('/') || same_file(&found, &used) {
+        return None;
+    }
+    let dir = |p: &str| {
+        Path::new(p)
+            .parent()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default()
+    };
+    Some(format!(
+        "two copies of {}: roofline found {found}, but the bindings would call {used}, a second copy that the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache) gives for its unversioned name; one process must not mix two CUDA library versions. Fix: take {} off LD_LIBRARY_PATH (or run ldconfig without it), or set ROOFLINE_CUDA_LIBS={} to use that copy throughout (`roofline doctor` shows every library's file)",
+        lib.label(),
+        dir(&used),
+        dir(&used)
+    ))
+}
+
+/// The first library of those present whose bindings would call another file than the one
+/// roofline found ([`shadowed`]), for the verbs to refuse before any GPU work.
+pub fn all_consistent() -> Result<(), super::CudaError> {
+    for lib in Lib::ALL {
+        if matches!(lib, Lib::Nvml) || locate(lib).is_none() || !present(lib) {
+            continue;
+        }
+        if let Some(why) = shadowed(lib) {
+            return Err(super::CudaError::Shadowed(why));
+        }
+    }
+    Ok(())
+}
+
 /// The file the bindings really call into: the object that defines `lib`'s probe symbol in
 /// cudarc's handle (or, for NCCL and NVML, ours). `None` when it is not loaded.
 pub fn in_use(lib: Lib) -> Option<String> {

@@ -247,6 +247,11 @@ pub(super) struct MmaSpec {
     /// The product of one A and one B element times K: what each mma adds to each D element.
     pub(super) per_mma: f64,
     pub(super) min_arch: u32,
+    /// The architectures from `min_arch` on whose tensor cores run this `mma.sync` natively;
+    /// empty: all of them. On the others ptxas emulates it (fp8 on sm_90 and sm_100: e4m3 →
+    /// f16 conversions and f16 HMMAs, the product hoisted out of the loop), so a figure would
+    /// not be this precision's rate.
+    pub(super) native: &'static [u32],
     pub(super) int: bool,
 }
 
@@ -260,6 +265,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
         b: 0x1400_1400,
         per_mma: 16.0 / 1024.0,
         min_arch: 80,
+        native: &[],
         int: false,
     },
     // bf16: a = 1.0 (0x3F80), b = 2^-10 (0x3A80), K = 16.
@@ -271,6 +277,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
         b: 0x3A80_3A80,
         per_mma: 16.0 / 1024.0,
         min_arch: 80,
+        native: &[],
         int: false,
     },
     // tf32 (f32 bits): a = 1.0, b = 2^-10, K = 8.
@@ -282,6 +289,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
         b: 0x3A80_0000,
         per_mma: 8.0 / 1024.0,
         min_arch: 80,
+        native: &[],
         int: false,
     },
     // int8: a = b = 1, K = 32.
@@ -293,6 +301,7 @@ pub(super) const MMA: [MmaSpec; 5] = [
         b: 0x0101_0101,
         per_mma: 32.0,
         min_arch: 80,
+        native: &[],
         int: true,
     },
     // fp8 e4m3: a = 1.0 (0x38), b = 2^-6 (0x08), K = 32.
@@ -304,22 +313,42 @@ pub(super) const MMA: [MmaSpec; 5] = [
         b: 0x0808_0808,
         per_mma: 32.0 / 64.0,
         min_arch: 89,
+        // QMMA: Ada (sm_89) and the Blackwell GeForce/workstation parts (sm_120, sm_121).
+        // Hopper and Blackwell data-centre parts run fp8 only through wgmma / tcgen05.
+        native: &[89, 120, 121],
         int: false,
     },
 ];
 
+/// Whether the probe measures mma kernel `kernel` on a GPU of architecture `arch` (sm_XY as
+/// XY): `Err` says why not. The SASS gate (kernels/tests/sass_gate.rs) asserts, for every
+/// architecture where this is `Ok`, that the kernel's machine code is the precision's own
+/// tensor-core instruction.
+pub fn mma_support(kernel: &str, arch: u32) -> Result<(), String> {
+    let Some(spec) = MMA.iter().find(|s| s.kernel == kernel) else {
+        return Err(format!("{kernel} is not an mma kernel"));
+    };
+    if arch < spec.min_arch {
+        return Err(format!(
+            "{} mma needs sm_{} or newer; this GPU is sm_{arch}",
+            spec.precision, spec.min_arch
+        ));
+    }
+    if !spec.native.is_empty() && !spec.native.contains(&arch) {
+        return Err(format!(
+            "not supported here: sm_{arch} has no native {} mma.sync (ptxas turns it into conversions and f16 HMMAs, which would not measure the {} tensor-core rate); the {} ceiling of this GPU is cuBLASLt's, gpu/gemm/{}",
+            spec.precision, spec.precision, spec.precision, spec.precision
+        ));
+    }
+    Ok(())
+}
+
 pub(super) fn mma_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError> {
     for spec in &MMA {
         ctx.cancelled()?;
-        let r = if gpu.arch() < spec.min_arch {
-            Err(CudaError::Unsupported(format!(
-                "{} mma needs sm_{} or newer; this GPU is sm_{}",
-                spec.precision,
-                spec.min_arch,
-                gpu.arch()
-            )))
-        } else {
-            mma_one(ctx, gpu, spec).map_err(|e| fp8_needs_newer_nvrtc(spec, e))
+        let r = match mma_support(spec.kernel, gpu.arch()) {
+            Err(why) => Err(CudaError::Unsupported(why)),
+            Ok(()) => mma_one(ctx, gpu, spec).map_err(|e| fp8_needs_newer_nvrtc(spec, e)),
         };
         ctx.checked(gpu.ordinal, spec.kernel, r)?;
     }
