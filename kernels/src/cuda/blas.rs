@@ -260,33 +260,206 @@ fn scalars(p: Prec) -> (*const c_void, *const c_void) {
     }
 }
 
-/// A cuBLASLt plan: descriptors and the heuristic's algorithm, destroyed on drop.
-pub(crate) struct LtPlan {
+/// One GEMM's cuBLASLt descriptors (the operation, A's, B's and C's layouts, the
+/// preference), destroyed on drop. Built without a handle: the gate builds every one the probe
+/// does on a machine with no GPU.
+pub(crate) struct LtDescs {
     desc: lsys::cublasLtMatmulDesc_t,
     la: lsys::cublasLtMatrixLayout_t,
     lb: lsys::cublasLtMatrixLayout_t,
     lc: lsys::cublasLtMatrixLayout_t,
-    algo: lsys::cublasLtMatmulAlgo_t,
-    workspace: usize,
+    pref: lsys::cublasLtMatmulPreference_t,
 }
 
-impl Drop for LtPlan {
+impl Drop for LtDescs {
     fn drop(&mut self) {
-        // SAFETY: created in `lt_plan`, destroyed once (null handles are skipped).
+        // SAFETY: created in `lt_descs`, destroyed once (null handles are skipped).
         unsafe {
-            if !self.la.is_null() {
-                let _ = lt::destroy_matrix_layout(self.la);
-            }
-            if !self.lb.is_null() {
-                let _ = lt::destroy_matrix_layout(self.lb);
-            }
-            if !self.lc.is_null() {
-                let _ = lt::destroy_matrix_layout(self.lc);
+            for l in [self.la, self.lb, self.lc] {
+                if !l.is_null() {
+                    let _ = lt::destroy_matrix_layout(l);
+                }
             }
             if !self.desc.is_null() {
                 let _ = lt::destroy_matmul_desc(self.desc);
             }
+            if !self.pref.is_null() {
+                let _ = lt::destroy_matmul_pref(self.pref);
+            }
         }
+    }
+}
+
+/// A cuBLASLt plan: descriptors and the heuristic's algorithm, destroyed on drop.
+pub(crate) struct LtPlan {
+    d: LtDescs,
+    algo: lsys::cublasLtMatmulAlgo_t,
+    workspace: usize,
+}
+
+fn lt_err(call: &'static str) -> impl Fn(lt::CublasError) -> CudaError {
+    move |err| CudaError::call(call, err)
+}
+
+/// The descriptors of the "TN" GEMM C (m×n) = Aᵀ (A k×m) · B (k×n), column-major, in `p`'s
+/// types, and a preference allowing the probe's workspace.
+pub(crate) fn lt_descs(p: Prec, m: usize, n: usize, k: usize) -> Result<LtDescs, CudaError> {
+    libs::require(Lib::CublasLt)?;
+    let (tab, tc, compute, scale) = lt_types(p);
+    let e = lt_err;
+    let mut d = LtDescs {
+        desc: lt::create_matmul_desc(compute, scale).map_err(e("cublasLtMatmulDescCreate"))?,
+        la: std::ptr::null_mut(),
+        lb: std::ptr::null_mut(),
+        lc: std::ptr::null_mut(),
+        pref: std::ptr::null_mut(),
+    };
+    let transa: i32 = 1; // CUBLAS_OP_T
+                         // SAFETY: live descriptor; the attribute value is an i32 of the right size.
+    unsafe {
+        lt::set_matmul_desc_attribute(
+            d.desc,
+            lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
+            &transa as *const i32 as *const c_void,
+            std::mem::size_of::<i32>(),
+        )
+        .map_err(e("cublasLtMatmulDescSetAttribute(TRANSA)"))?;
+    }
+    d.la = lt::create_matrix_layout(tab, k as u64, m as u64, k as i64)
+        .map_err(e("cublasLtMatrixLayoutCreate(A)"))?;
+    d.lb = lt::create_matrix_layout(tab, k as u64, n as u64, k as i64)
+        .map_err(e("cublasLtMatrixLayoutCreate(B)"))?;
+    d.lc = lt::create_matrix_layout(tc, m as u64, n as u64, m as i64)
+        .map_err(e("cublasLtMatrixLayoutCreate(C)"))?;
+    d.pref = lt::create_matmul_pref().map_err(e("cublasLtMatmulPreferenceCreate"))?;
+    let ws = WORKSPACE as u64;
+    // SAFETY: live preference; the value is a u64 of the right size.
+    unsafe {
+        lt::set_matmul_pref_attribute(
+            d.pref,
+            lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &ws as *const u64 as *const c_void,
+            std::mem::size_of::<u64>(),
+        )
+        .map_err(e("cublasLtMatmulPreferenceSetAttribute"))?;
+    }
+    Ok(d)
+}
+
+/// What cuBLASLt reads back from one GEMM's descriptors: each layout's (type, rows, columns,
+/// leading dimension), the operation's TRANSA, compute and scale types, the preference's
+/// workspace limit. The gate compares them with what was meant.
+#[derive(Debug, PartialEq, Eq)]
+pub struct LtReadBack {
+    pub layouts: [(u32, u64, u64, i64); 3],
+    pub transa: i32,
+    pub compute_type: u32,
+    pub scale_type: u32,
+    pub max_workspace: u64,
+}
+
+/// Builds `p`'s descriptors for an m×n×k GEMM exactly as the probe does and reads them back
+/// (no handle, no GPU needed); the second value is what they should hold.
+pub fn lt_read_back(
+    p: Prec,
+    m: usize,
+    n: usize,
+    k: usize,
+) -> Result<(LtReadBack, LtReadBack), CudaError> {
+    let d = lt_descs(p, m, n, k)?;
+    let (tab, tc, compute, scale) = lt_types(p);
+    let want = LtReadBack {
+        layouts: [
+            (tab as u32, k as u64, m as u64, k as i64),
+            (tab as u32, k as u64, n as u64, k as i64),
+            (tc as u32, m as u64, n as u64, m as i64),
+        ],
+        transa: 1,
+        compute_type: compute as u32,
+        scale_type: scale as u32,
+        max_workspace: WORKSPACE as u64,
+    };
+    use lsys::cublasLtMatrixLayoutAttribute_t as LA;
+    let e = lt_err;
+    // SAFETY: live descriptors; every value read is of the size given.
+    unsafe {
+        let layout = |l: lsys::cublasLtMatrixLayout_t| -> Result<(u32, u64, u64, i64), CudaError> {
+            let mut ty = 0u32;
+            let mut rows = 0u64;
+            let mut cols = 0u64;
+            let mut ld = 0i64;
+            let mut got = 0usize;
+            for (attr, ptr, size) in [
+                (
+                    LA::CUBLASLT_MATRIX_LAYOUT_TYPE,
+                    &mut ty as *mut u32 as *mut c_void,
+                    4,
+                ),
+                (
+                    LA::CUBLASLT_MATRIX_LAYOUT_ROWS,
+                    &mut rows as *mut u64 as *mut c_void,
+                    8,
+                ),
+                (
+                    LA::CUBLASLT_MATRIX_LAYOUT_COLS,
+                    &mut cols as *mut u64 as *mut c_void,
+                    8,
+                ),
+                (
+                    LA::CUBLASLT_MATRIX_LAYOUT_LD,
+                    &mut ld as *mut i64 as *mut c_void,
+                    8,
+                ),
+            ] {
+                lsys::cublasLtMatrixLayoutGetAttribute(l, attr, ptr, size, &mut got)
+                    .result()
+                    .map_err(e("cublasLtMatrixLayoutGetAttribute"))?;
+            }
+            Ok((ty, rows, cols, ld))
+        };
+        use lsys::cublasLtMatmulDescAttributes_t as DA;
+        let mut got = 0usize;
+        let mut transa = 0i32;
+        let mut compute_type = 0u32;
+        let mut scale_type = 0u32;
+        for (attr, ptr) in [
+            (
+                DA::CUBLASLT_MATMUL_DESC_TRANSA,
+                &mut transa as *mut i32 as *mut c_void,
+            ),
+            (
+                DA::CUBLASLT_MATMUL_DESC_COMPUTE_TYPE,
+                &mut compute_type as *mut u32 as *mut c_void,
+            ),
+            (
+                DA::CUBLASLT_MATMUL_DESC_SCALE_TYPE,
+                &mut scale_type as *mut u32 as *mut c_void,
+            ),
+        ] {
+            lsys::cublasLtMatmulDescGetAttribute(d.desc, attr, ptr, 4, &mut got)
+                .result()
+                .map_err(e("cublasLtMatmulDescGetAttribute"))?;
+        }
+        let mut max_workspace = 0u64;
+        lsys::cublasLtMatmulPreferenceGetAttribute(
+            d.pref,
+            lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+            &mut max_workspace as *mut u64 as *mut c_void,
+            8,
+            &mut got,
+        )
+        .result()
+        .map_err(e("cublasLtMatmulPreferenceGetAttribute"))?;
+        Ok((
+            LtReadBack {
+                layouts: [layout(d.la)?, layout(d.lb)?, layout(d.lc)?],
+                transa,
+                compute_type,
+                scale_type,
+                max_workspace,
+            },
+            want,
+        ))
     }
 }
 
@@ -297,56 +470,17 @@ pub(crate) fn lt_plan(
     n: usize,
     k: usize,
 ) -> Result<LtPlan, CudaError> {
-    let (tab, tc, compute, scale) = lt_types(p);
-    let e = |call: &'static str| move |err: lt::CublasError| CudaError::call(call, err);
-    let desc = lt::create_matmul_desc(compute, scale).map_err(e("cublasLtMatmulDescCreate"))?;
-    // SAFETY: zeroed algo is only a placeholder until the heuristic fills it.
-    let mut plan = LtPlan {
-        desc,
-        la: std::ptr::null_mut(),
-        lb: std::ptr::null_mut(),
-        lc: std::ptr::null_mut(),
-        algo: unsafe { std::mem::zeroed() },
-        workspace: 0,
-    };
-    let transa: i32 = 1; // CUBLAS_OP_T
-                         // SAFETY: live descriptor; the attribute value is an i32 of the right size.
-    unsafe {
-        lt::set_matmul_desc_attribute(
-            plan.desc,
-            lsys::cublasLtMatmulDescAttributes_t::CUBLASLT_MATMUL_DESC_TRANSA,
-            &transa as *const i32 as *const c_void,
-            std::mem::size_of::<i32>(),
-        )
-        .map_err(e("cublasLtMatmulDescSetAttribute(TRANSA)"))?;
-    }
-    plan.la = lt::create_matrix_layout(tab, k as u64, m as u64, k as i64)
-        .map_err(e("cublasLtMatrixLayoutCreate(A)"))?;
-    plan.lb = lt::create_matrix_layout(tab, k as u64, n as u64, k as i64)
-        .map_err(e("cublasLtMatrixLayoutCreate(B)"))?;
-    plan.lc = lt::create_matrix_layout(tc, m as u64, n as u64, m as i64)
-        .map_err(e("cublasLtMatrixLayoutCreate(C)"))?;
-    let pref = lt::create_matmul_pref().map_err(e("cublasLtMatmulPreferenceCreate"))?;
-    let ws = WORKSPACE as u64;
-    // SAFETY: live handles; the preference is destroyed below whatever happens.
+    let d = lt_descs(p, m, n, k)?;
+    // SAFETY: live handle and descriptors.
     let heuristic = unsafe {
-        let r = lt::set_matmul_pref_attribute(
-            pref,
-            lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &ws as *const u64 as *const c_void,
-            std::mem::size_of::<u64>(),
-        )
-        .map_err(e("cublasLtMatmulPreferenceSetAttribute"))
-        .and_then(|_| {
-            lt::get_matmul_algo_heuristic(h.lt, plan.desc, plan.la, plan.lb, plan.lc, plan.lc, pref)
-                .map_err(e("cublasLtMatmulAlgoGetHeuristic"))
-        });
-        let _ = lt::destroy_matmul_pref(pref);
-        r
+        lt::get_matmul_algo_heuristic(h.lt, d.desc, d.la, d.lb, d.lc, d.lc, d.pref)
+            .map_err(lt_err("cublasLtMatmulAlgoGetHeuristic"))
     }?;
-    plan.algo = heuristic.algo;
-    plan.workspace = heuristic.workspaceSize;
-    Ok(plan)
+    Ok(LtPlan {
+        d,
+        algo: heuristic.algo,
+        workspace: heuristic.workspaceSize,
+    })
 }
 
 /// The operands of one "TN" GEMM on the device: A is k×m, B is k×n (column-major, in the
@@ -413,17 +547,17 @@ pub(crate) fn enqueue(
             unsafe {
                 lt::matmul(
                     h.lt,
-                    plan.desc,
+                    plan.d.desc,
                     alpha,
                     beta,
                     a,
-                    plan.la,
+                    plan.d.la,
                     b,
-                    plan.lb,
+                    plan.d.lb,
                     c,
-                    plan.lc,
+                    plan.d.lc,
                     c,
-                    plan.lc,
+                    plan.d.lc,
                     &plan.algo,
                     h.workspace.ptr as *mut c_void,
                     plan.workspace.min(WORKSPACE),

@@ -106,6 +106,45 @@ pub(crate) fn descs(s: &ConvShape, p: Prec) -> Result<Descs, CudaError> {
     Ok(d)
 }
 
+/// cuDNN's own output size (n, c, h, w) of `shape`'s convolution in `p`, from descriptors built
+/// exactly as the probe and the trainers build them ([`descs`]); needs no handle and no GPU, so
+/// the gate checks every layer's against the CPU model's on a machine without one. A
+/// descriptor cuDNN refuses (`CUDNN_STATUS_BAD_PARAM`) is the error of the call that set it.
+pub fn output_dims(shape: &ConvShape, p: Prec) -> Result<[usize; 4], CudaError> {
+    libs::require(Lib::Cudnn)?;
+    let d = descs(shape, p)?;
+    let (mut n, mut c, mut h, mut w) = (0i32, 0i32, 0i32, 0i32);
+    // SAFETY: live descriptors and four out-parameters.
+    unsafe {
+        dsys::cudnnGetConvolution2dForwardOutputDim(
+            d.conv, d.x, d.w, &mut n, &mut c, &mut h, &mut w,
+        )
+    }
+    .result()
+    .map_err(e("cudnnGetConvolution2dForwardOutputDim"))?;
+    Ok([n, c, h, w].map(|v| v.max(0) as usize))
+}
+
+/// cuDNN's version, the CUDA runtime it was built for, and its sub-libraries' own version
+/// checks (`cudnnOpsVersionCheck`, `cudnnCnnVersionCheck`, `cudnnAdvVersionCheck`: each
+/// fails when a sub-library of another version was loaded beside the dispatcher).
+pub fn versions() -> Result<(usize, usize), CudaError> {
+    libs::require(Lib::Cudnn)?;
+    // SAFETY: no arguments; the checks only compare versions.
+    unsafe {
+        dsys::cudnnOpsVersionCheck()
+            .result()
+            .map_err(e("cudnnOpsVersionCheck"))?;
+        dsys::cudnnCnnVersionCheck()
+            .result()
+            .map_err(e("cudnnCnnVersionCheck"))?;
+        dsys::cudnnAdvVersionCheck()
+            .result()
+            .map_err(e("cudnnAdvVersionCheck"))?;
+        Ok((dsys::cudnnGetVersion(), dsys::cudnnGetCudartVersion()))
+    }
+}
+
 /// A cuDNN handle bound to one GPU's stream, destroyed on drop.
 pub struct Handle(dsys::cudnnHandle_t);
 

@@ -24,6 +24,7 @@ use std::time::Instant;
 
 mod conv;
 mod gemm;
+pub use gemm::all_shapes as gemm_shapes;
 
 /// What a library section hands back to the probe.
 #[derive(Default)]

@@ -629,6 +629,22 @@ pub fn in_use(lib: Lib) -> Option<String> {
     }
 }
 
+/// Whether the file roofline found for `lib` exports `symbol` (looked up in that file, as
+/// loaded; false when `lib` is not found). The gate resolves every call of the code with it.
+pub fn resolves(lib: Lib, symbol: &str) -> bool {
+    let (Some(path), Ok(sym)) = (locate(lib), CString::new(symbol)) else {
+        return false;
+    };
+    let Ok(path) = CString::new(path) else {
+        return false;
+    };
+    // SAFETY: RTLD_NOLOAD only looks the loaded object up; dlsym reads its tables.
+    unsafe {
+        let h = libc::dlopen(path.as_ptr(), libc::RTLD_NOW | libc::RTLD_NOLOAD);
+        !h.is_null() && !libc::dlsym(h, sym.as_ptr()).is_null()
+    }
+}
+
 /// The file of the loaded object that holds `addr`, its links resolved.
 fn file_of(addr: *const c_void) -> Option<String> {
     if addr.is_null() {

@@ -127,6 +127,18 @@ pub fn check_sample(
 }
 
 /// The shapes (m, n, k, name): squares and the ResNet-50 ones that matter most in training.
+/// Every GEMM shape (m, n, k) the probe runs in any mode, for the library gate.
+pub fn all_shapes() -> Vec<(usize, usize, usize)> {
+    let mut v: Vec<(usize, usize, usize)> = [Mode::Check, Mode::Quick, Mode::Full]
+        .into_iter()
+        .flat_map(shapes)
+        .map(|(m, n, k, _)| (m, n, k))
+        .collect();
+    v.sort_unstable();
+    v.dedup();
+    v
+}
+
 fn shapes(mode: Mode) -> Vec<(usize, usize, usize, String)> {
     let mut v: Vec<(usize, usize, usize, String)> = Vec::new();
     let squares: &[usize] = match mode {
