@@ -24,6 +24,12 @@
 # train.jsonl, placement.json and .svg, peers.json, summary.txt) and prints
 # summary.txt last: roofline's figures beside the peers'. A failed step is recorded and the
 # next one runs; the exit code is the number of failed steps (0: all passed).
+# Every file is written as the run goes (a time-out keeps what finished): summary.txt gets one
+# line per step as it ends — pass, FAIL (exit code, time-out, the error's line) or skipped
+# (why: the budget spent, the part not asked) — and the peers' table at the end. A part that
+# needs ceilings (train, ewa, peers) and has no machine.json from this call takes
+# ROOFLINE_BRINGUP_MACHINE (an earlier call's machine.json) or a quick probe, never a second
+# full one.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -83,9 +89,21 @@ run() {
     fi
     local budget=${ROOFLINE_BRINGUP_BUDGET:-540}
     local start=$SECONDS failed=0
-    local log=$out/log.txt
+    local log=$out/log.txt summary=$out/summary.txt
     : >"$log"
     : >"$out/train.jsonl"
+    echo "roofline bring-up, parts: $parts; one line per step as it ends" >"$summary"
+    # record NAME STATUS WHY: one line of the summary, written at once.
+    record() { printf '%-16s %-8s %s\n' "$1" "$2" "$3" >>"$summary"; }
+    # not_asked PART STEP...: the steps of a part this run does not take.
+    not_asked() {
+        local part=$1
+        shift
+        want "$part" && return 1
+        local s
+        for s in "$@"; do record "$s" skipped "part '$part' not in this run"; done
+        return 0
+    }
     echo "roofline bring-up on $(hostname), $(date -u +%FT%TZ); ROOFLINE_CUDA_LIBS=$ROOFLINE_CUDA_LIBS" | tee -a "$log"
     nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
 
@@ -97,31 +115,52 @@ run() {
         local left=$((budget - (SECONDS - start)))
         if [ "$left" -le 5 ]; then
             echo "== $name: skipped, the budget of ${budget}s is spent" | tee -a "$log"
+            record "$name" skipped "the budget of ${budget}s was spent (ROOFLINE_BRINGUP_BUDGET)"
             failed=$((failed + 1))
             return 1
         fi
         [ "$limit" -gt "$left" ] && limit=$left
         echo "== $name (limit ${limit}s)" | tee -a "$log"
-        local t0=$SECONDS
-        timeout --signal=INT --kill-after=10 "$limit" "$@" >>"$log" 2>&1
+        local t0=$SECONDS part
+        part=$(mktemp)
+        timeout --signal=INT --kill-after=10 "$limit" "$@" >"$part" 2>&1
         local rc=$?
+        cat "$part" >>"$log"
         echo "== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$log"
-        [ "$rc" = 0 ] || failed=$((failed + 1))
+        if [ "$rc" = 0 ]; then
+            record "$name" pass "$((SECONDS - t0))s"
+        else
+            local why
+            why=$(grep -m1 -E 'roofline: error|error:|Error|FAILED|failed' "$part" | cut -c1-300)
+            case $rc in
+                124 | 130 | 137) why="timed out after ${limit}s${why:+; $why}" ;;
+                *) why="exit $rc after $((SECONDS - t0))s${why:+: $why}" ;;
+            esac
+            record "$name" FAIL "$why"
+            failed=$((failed + 1))
+        fi
+        rm -f "$part"
         return "$rc"
     }
 
     step doctor 60 "$rl" doctor
     local tmp machine=$out/machine.json
     tmp=$(mktemp -d)
-    if want probe; then
+    if ! not_asked probe kernels probe-check probe-quick probe-full; then
         step kernels 120 "$rl" kernels --arch 80,89,90
         step probe-check 180 "$rl" probe --check
         step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
         step probe-full 360 "$rl" probe --device cuda -o "$machine"
     fi
+    # A part with placements and no probe of its own in this call: an earlier call's file, or a
+    # quick probe (never a second full one).
+    if [ ! -f "$machine" ] && [ -n "${ROOFLINE_BRINGUP_MACHINE:-}" ] && [ -f "$ROOFLINE_BRINGUP_MACHINE" ]; then
+        cp "$ROOFLINE_BRINGUP_MACHINE" "$machine"
+        record machine pass "taken from ROOFLINE_BRINGUP_MACHINE=$ROOFLINE_BRINGUP_MACHINE"
+    fi
     # At most 8 files come back from a lent machine: the quick probe's only if there is no full one.
     if [ ! -f "$machine" ]; then
-        if [ ! -f "$tmp/machine-quick.json" ] && { want train || want peers; }; then
+        if [ ! -f "$tmp/machine-quick.json" ] && { want train || want peers || want ewa; }; then
             step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
         fi
         if [ -f "$tmp/machine-quick.json" ]; then
@@ -130,7 +169,7 @@ run() {
         fi
     fi
     local batch=${ROOFLINE_BRINGUP_BATCH:-128} steps=${ROOFLINE_BRINGUP_STEPS:-30}
-    if want train; then
+    if ! not_asked train train-check train-f32 train-tf32 train-bf16 train-f16 place; then
         step train-check 240 "$rl" train --device cuda --check
         for p in f32 tf32 bf16 f16; do
             step "train-$p" 180 sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
@@ -139,7 +178,7 @@ run() {
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
-    if want ewa; then
+    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-place; then
         # The detector: every GPU layer and a whole step of a small detector against the CPU,
         # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
         # placement on the GPU roofline (table in the log).
@@ -152,21 +191,22 @@ run() {
         done
         step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
     fi
-    if want peers; then
+    if ! not_asked peers peers; then
         step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
     fi
-    if want ewa-peers; then
+    if ! not_asked ewa-peers ewa-peers; then
         step ewa-peers 240 "$py" "$here/peers.py" --parts ewa --ewa-batch 2 --steps 10 -o "$out/peers.json"
     fi
+    echo >>"$summary"
     if [ -f "$out/peers.json" ]; then
-        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >"$out/summary.txt" 2>>"$log" \
-            || echo "no summary (see log.txt)" >"$out/summary.txt"
+        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >>"$summary" 2>>"$log" \
+            || echo "no peer table (see log.txt)" >>"$summary"
     else
-        echo "no peer figures in this run (part: $parts)" >"$out/summary.txt"
+        echo "no peer figures in this run (part: $parts)" >>"$summary"
     fi
     rm -rf "$tmp"
-    echo "failed steps: $failed; total $((SECONDS - start))s" >>"$out/summary.txt"
-    cat "$out/summary.txt"
+    echo "failed steps: $failed; total $((SECONDS - start))s" >>"$summary"
+    cat "$summary"
     return "$failed"
 }
 
@@ -174,7 +214,7 @@ case "${1:-}" in
     pack) pack ;;
     run) shift; run "$@" ;;
     *)
-        sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac
