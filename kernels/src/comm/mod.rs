@@ -315,9 +315,40 @@ pub fn launched_rank() -> Option<usize> {
     .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
 }
 
+/// The first two local ranks whose GPUs have the same identity (a UUID, zero-padded; all
+/// zeros: no GPU), if any: two ranks on one GPU, which `ncclCommInitRank` refuses.
+pub fn shared_gpu(keys: &[[u8; 64]]) -> Option<(usize, usize)> {
+    for (a, ka) in keys.iter().enumerate() {
+        if ka.iter().all(|b| *b == 0) {
+            continue;
+        }
+        if let Some(b) = keys[a + 1..].iter().position(|kb| kb == ka) {
+            return Some((a, a + 1 + b));
+        }
+    }
+    None
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two local ranks that see the same single GPU are found (each sees it as ordinal 0, so
+    /// only the UUID tells); ranks without a GPU (all zeros) never match.
+    #[test]
+    fn two_ranks_on_one_gpu_are_found_by_uuid() {
+        let key = |s: &str| -> [u8; 64] {
+            let mut k = [0u8; 64];
+            k[..s.len()].copy_from_slice(s.as_bytes());
+            k
+        };
+        let a = key("GPU-00010203-0405-0607-0809-0a0b0c0d0e0f");
+        let b = key("GPU-ffffffff-0405-0607-0809-0a0b0c0d0e0f");
+        assert_eq!(shared_gpu(&[a, b]), None);
+        assert_eq!(shared_gpu(&[a, b, a]), Some((0, 2)));
+        assert_eq!(shared_gpu(&[b, a, a]), Some((1, 2)));
+        assert_eq!(shared_gpu(&[[0; 64], [0; 64], a]), None);
+    }
 
     /// Simulates every collective on `ranks` ranks in memory and checks `expected`.
     fn simulate(c: Collective, ranks: usize, bytes: usize) {

@@ -253,6 +253,39 @@ pub struct Gpu {
     pub memory_bytes: u64,
     pub max_threads_per_sm: u32,
     modules: Vec<Module>,
+    /// Pinned memory that host-to-device copies are staged through ([`Gpu::copy_in_async`]).
+    staging: std::cell::RefCell<Staging>,
+}
+
+/// Pinned host memory that uploads are staged through: `cuMemcpyHtoDAsync` from pageable
+/// memory "might be synchronous" (the driver's words), so the source could be read after the
+/// call returns; from pinned memory the copy is a true DMA. Carved in order and reused only
+/// after the stream has been synchronised ([`Gpu::sync`]); a buffer outgrown before that is
+/// kept until then.
+#[derive(Default)]
+struct Staging {
+    current: Option<PinnedBuf>,
+    used: usize,
+    retired: Vec<PinnedBuf>,
+}
+
+/// Staging offsets are aligned to this many bytes.
+const STAGE_ALIGN: usize = 256;
+/// The smallest staging buffer.
+const STAGE_MIN: usize = 4 << 20;
+
+/// Where `n` bytes go in a staging buffer of `cap` bytes whose first `used` bytes are taken:
+/// `Ok(offset)`, or `Err(capacity)` of the new buffer to allocate (the old one is kept until
+/// the next synchronisation; the new one's offset is 0).
+fn stage_at(cap: usize, used: usize, n: usize) -> Result<usize, usize> {
+    let off = used.next_multiple_of(STAGE_ALIGN);
+    if off + n <= cap {
+        Ok(off)
+    } else {
+        Err((2 * cap)
+            .max(n.next_multiple_of(STAGE_ALIGN))
+            .max(STAGE_MIN))
+    }
 }
 
 impl Gpu {
@@ -291,6 +324,7 @@ impl Gpu {
             memory_bytes: 0,
             max_threads_per_sm: 0,
             modules: Vec::new(),
+            staging: Default::default(),
         };
         use sys::CUdevice_attribute as A;
         gpu.name = check("cuDeviceGetName", cu::device::get_name(dev))?;
@@ -388,19 +422,42 @@ impl Gpu {
         })
     }
 
-    /// Enqueues the copy of `data` to device address `dst` on this GPU's stream (pageable host
-    /// memory is staged before the call returns, so `data` may go away after it).
+    /// Enqueues the copy of `data` to device address `dst` on this GPU's stream. `data` is
+    /// first copied into this GPU's pinned staging memory (not reused before the next
+    /// [`Gpu::sync`]), so it may go away as soon as the call returns, and the copy itself is
+    /// asynchronous.
     ///
     /// # Safety
     /// `dst` is an allocation of this GPU's context with at least `size_of_val(data)` bytes
     /// from it on, alive until the copy has run (stream-ordered frees keep that).
     pub unsafe fn copy_in_async<T: Pod>(&self, dst: u64, data: &[T]) -> Result<(), CudaError> {
-        if data.is_empty() {
+        let n = std::mem::size_of_val(data);
+        if n == 0 {
             return Ok(());
         }
-        // SAFETY: the caller's contract.
+        let mut st = self.staging.borrow_mut();
+        let cap = st.current.as_ref().map_or(0, |b| b.bytes);
+        let off = match stage_at(cap, st.used, n) {
+            Ok(off) => off,
+            Err(bytes) => {
+                let fresh = self.alloc_pinned(bytes)?;
+                if let Some(old) = st.current.replace(fresh) {
+                    st.retired.push(old);
+                }
+                0
+            }
+        };
+        st.used = off + n;
+        let Some(buf) = st.current.as_mut() else {
+            return Err(CudaError::Check("no staging buffer".into()));
+        };
+        let stage = &mut buf.as_mut_slice::<u8>()[off..off + n];
+        // SAFETY: `data` is `n` bytes of plain old data.
+        stage.copy_from_slice(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, n) });
+        // SAFETY: the caller's contract for `dst`; the source is pinned memory that stays
+        // untouched until the stream's next synchronisation.
         check("cuMemcpyHtoDAsync", unsafe {
-            cu::memcpy_htod_async(dst, data, self.stream)
+            sys::cuMemcpyHtoDAsync_v2(dst, stage.as_ptr() as *const c_void, n, self.stream).result()
         })
     }
 
@@ -479,7 +536,12 @@ impl Gpu {
         // SAFETY: live stream.
         check("cuStreamSynchronize", unsafe {
             cu::stream::synchronize(self.stream)
-        })
+        })?;
+        // Every staged upload has landed: the staging memory may be reused.
+        let mut st = self.staging.borrow_mut();
+        st.used = 0;
+        st.retired.clear();
+        Ok(())
     }
 
     /// The function `kernel`, compiling and loading its source on first use: SASS for this
@@ -589,11 +651,50 @@ impl Drop for Gpu {
         unsafe {
             let _ = cu::ctx::set_current(self.ctx);
             let _ = cu::stream::synchronize(self.stream);
+            // The staging memory is freed while its context lives.
+            *self.staging.get_mut() = Staging::default();
             for m in self.modules.drain(..) {
                 let _ = cu::module::unload(m.module);
             }
             let _ = cu::stream::destroy(self.stream);
             let _ = cu::primary_ctx::release(self.dev);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Uploads between two synchronisations never share staging bytes: each goes after the
+    /// last (aligned), and one that does not fit gets a new, larger buffer (the old one kept).
+    #[test]
+    fn staged_uploads_never_overlap_before_a_synchronisation() {
+        let (mut cap, mut used) = (0usize, 0usize);
+        let mut taken: Vec<(usize, usize, usize)> = Vec::new(); // (buffer, offset, len)
+        let mut buffer = 0;
+        for n in [100, 3 << 20, 1, 255, 257, 5 << 20, 64, 9 << 20] {
+            let off = match stage_at(cap, used, n) {
+                Ok(off) => off,
+                Err(new_cap) => {
+                    assert!(new_cap >= n && new_cap >= 2 * cap && new_cap >= STAGE_MIN);
+                    cap = new_cap;
+                    buffer += 1;
+                    0
+                }
+            };
+            assert_eq!(off % STAGE_ALIGN, 0);
+            assert!(off + n <= cap);
+            for &(b, o, l) in &taken {
+                assert!(
+                    b != buffer || off >= o + l || off + n <= o,
+                    "{n} at {off} overlaps"
+                );
+            }
+            taken.push((buffer, off, n));
+            used = off + n;
+        }
+        // After a synchronisation the buffer is reused from its start.
+        assert_eq!(stage_at(cap, 0, 100), Ok(0));
     }
 }

@@ -348,6 +348,30 @@ fn calibrate(
     Ok(n as i32)
 }
 
+/// Times an operation that may be short (one copy, one pass): `one` is repeated back to back
+/// within each sample, as many times as make a sample last the mode's sample time (5 ms quick,
+/// 20 ms full; once in check mode), so that the launch and event overheads (a few µs) stay far
+/// under 1% however short one operation is. Returns the seconds of one operation per sample
+/// and the repetitions per sample.
+fn timed_repeated(
+    ctx: &Ctx,
+    gpu: &Gpu,
+    mut one: impl FnMut() -> Result<(), CudaError>,
+) -> Result<(Vec<f64>, u32), CudaError> {
+    let mut run = |reps: i32| -> Result<(), CudaError> {
+        for _ in 0..reps.max(1) {
+            one()?;
+        }
+        Ok(())
+    };
+    let reps = calibrate(ctx, gpu, 1, 1 << 12, &mut run)?;
+    let times = timed(ctx, gpu, || run(reps))?;
+    Ok((
+        times.iter().map(|t| t / reps.max(1) as f64).collect(),
+        reps.max(1) as u32,
+    ))
+}
+
 /// What a ceiling is: a roof of the roofline, or another ceiling (a copy, a link) by its id.
 pub(super) enum Named {
     Roof(CeilingId),

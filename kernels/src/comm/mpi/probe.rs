@@ -107,7 +107,7 @@ impl World {
         // its own. More ranks than GPUs on a node with several visible would put two ranks on
         // one GPU, which NCCL refuses.
         let ordinal = local_rank % gpus.max(1);
-        let mine = if gpus == 0 {
+        let mut mine = if gpus == 0 {
             Err(format!("rank {} sees no GPU", self.rank))
         } else if gpus > 1 && local_size > gpus {
             Err(format!(
@@ -117,6 +117,31 @@ impl World {
         } else {
             nccl::available().map_err(|e| e.to_string())
         };
+        // Ranks that each see one GPU may still see the same one (no CUDA_VISIBLE_DEVICES per
+        // rank): NCCL would refuse it in ncclCommInitRank. Compared by UUID on each node.
+        let uuid = match &mine {
+            Ok(()) => crate::probe::gpu::uuids()
+                .ok()
+                .and_then(|u| u.get(ordinal).cloned())
+                .unwrap_or_default(),
+            Err(_) => String::new(),
+        };
+        let mut key = [0u8; 64];
+        for (k, b) in key.iter_mut().zip(uuid.bytes()) {
+            *k = b;
+        }
+        let mut all = vec![0u8; 64 * local_size];
+        self.intra.comm.all_gather_into(&key[..], &mut all[..]);
+        let keys: Vec<[u8; 64]> = all
+            .chunks(64)
+            .map(|c| std::array::from_fn(|i| c[i]))
+            .collect();
+        if let (Ok(()), Some((a, b))) = (&mine, crate::comm::shared_gpu(&keys)) {
+            mine = Err(format!(
+                "local ranks {a} and {b} of rank {}'s node see the same GPU ({uuid}); NCCL needs one GPU per rank: give each rank its own (CUDA_VISIBLE_DEVICES per rank, or srun --gpus-per-task=1)",
+                self.rank
+            ));
+        }
         if self.any(mine.is_err()) {
             if self.is_root() {
                 out.notes.push(match mine {
@@ -130,19 +155,50 @@ impl World {
         }
         let log = std::env::temp_dir().join(format!("roofline-nccl-{}.%h.%p", std::process::id()));
         nccl::log_tuning_to(&log);
+        // The root's unique id, or nothing when NCCL could not give one: every rank learns it
+        // from the broadcast (an empty id), so none is left waiting.
+        let mut id_error = None;
         let mut id = if self.is_root() {
-            nccl::unique_id().map_err(CommError::Nccl)?.to_vec()
+            match nccl::unique_id() {
+                Ok(id) => id.to_vec(),
+                Err(e) => {
+                    id_error = Some(e);
+                    Vec::new()
+                }
+            }
         } else {
             Vec::new()
         };
         self.broadcast_bytes(&mut id);
+        if id.is_empty() {
+            if let Some(e) = id_error {
+                out.notes
+                    .push(format!("no NCCL measured: ncclGetUniqueId on rank 0: {e}"));
+            }
+            return Ok(());
+        }
         let id: [u8; 128] = id
             .try_into()
             .map_err(|_| CommError::Setup("the NCCL unique id did not arrive whole".into()))?;
         watchdog::arm("ncclCommInitRank");
-        let comm = nccl::Communicator::new(&id, self.size, self.rank, ordinal)
-            .map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
+        let comm = nccl::Communicator::new(&id, self.size, self.rank, ordinal);
+        // Disarmed whatever the outcome: a failed init must not leave the watchdog to end the
+        // run later, in work that has nothing to do with it.
         watchdog::disarm();
+        if let Err(e) = &comm {
+            eprintln!("roofline: rank {}: NCCL: {e}", self.rank);
+        }
+        if self.any(comm.is_err()) {
+            // Every rank gives NCCL up together; the host results are kept.
+            if self.is_root() {
+                out.notes.push(match &comm {
+                    Err(e) => format!("no NCCL measured: ncclCommInitRank on rank 0: {e}"),
+                    Ok(_) => "no NCCL measured: ncclCommInitRank failed on another rank (its error is on its stderr)".into(),
+                });
+            }
+            return Ok(());
+        }
+        let comm = comm.map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
         let version = nccl::version().unwrap_or_default();
         for c in Collective::ALL {
             progress.advance(&format!("NCCL {}", c.name()));

@@ -85,7 +85,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     };
     // Pinned host -> device.
     let src = pinned.as_mut_slice::<u32>().as_ptr();
-    let h2d = timed(ctx, gpu, || {
+    let (h2d, h2d_reps) = timed_repeated(ctx, gpu, || {
         // SAFETY: pinned buffer of `bytes` bytes into a device buffer of `bytes` bytes.
         device::check("cuMemcpyHtoDAsync", unsafe {
             sys::cuMemcpyHtoDAsync_v2(dev.ptr, src as *const _, bytes, stream).result()
@@ -99,7 +99,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     }
     // Device -> pinned host.
     let dst = pinned2.as_mut_slice::<u32>().as_mut_ptr();
-    let d2h = timed(ctx, gpu, || {
+    let (d2h, d2h_reps) = timed_repeated(ctx, gpu, || {
         // SAFETY: device buffer of `bytes` bytes into a pinned buffer of `bytes` bytes.
         device::check("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst as *mut _, dev.ptr, bytes, stream).result()
@@ -182,7 +182,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
         )));
     }
     // Device -> device.
-    let d2d = timed(ctx, gpu, || {
+    let (d2d, d2d_reps) = timed_repeated(ctx, gpu, || {
         // SAFETY: two device buffers of `bytes` bytes.
         device::check("cuMemcpyDtoDAsync", unsafe {
             cu::memcpy_dtod_async(dev2.ptr, dev.ptr, bytes, stream)
@@ -200,12 +200,12 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     let size = crate::probe::cpu::human_bytes(bytes as f64);
     type Entry = (String, Vec<f64>, f64, String, Option<TheoreticalPeak>);
     let entries: [Entry; 6] = [
-        (format!("gpu{o}/h2d"), rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, CUDA-event timed"), pcie_peak(())),
-        (format!("gpu{o}/d2h"), rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, CUDA-event timed"), pcie_peak(())),
+        (format!("gpu{o}/h2d"), rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, {h2d_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
+        (format!("gpu{o}/d2h"), rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, {d2h_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
         (format!("gpu{o}/h2d+d2h"), rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p })),
         (format!("gpu{o}/h2d/pageable"), rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
         (format!("gpu{o}/d2h/pageable"), rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
-        (format!("gpu{o}/d2d"), rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
+        (format!("gpu{o}/d2d"), rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}, {d2d_reps} back to back per CUDA-event-timed sample; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
     ];
     for (id, rates, bytes, method, peak) in entries {
         let kind = if id.ends_with("/d2d") {
@@ -263,7 +263,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
     let (sa, sb) = (a.stream, b.stream);
     // Copy engine, one way.
     a.bind()?;
-    let one = timed(ctx, a, || {
+    let (one, one_reps) = timed_repeated(ctx, a, || {
         // SAFETY: buffers of `bytes` bytes in their own contexts.
         device::check("cuMemcpyPeerAsync", unsafe {
             cu::memcpy_peer_async(b.ctx, dst.ptr, a.ctx, src.ptr, bytes, sa)
@@ -283,21 +283,25 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
         a.sync()?;
         b.sync()?;
         let t = Instant::now();
-        // SAFETY: as above, on each GPU's own stream.
-        unsafe {
-            device::check(
-                "cuMemcpyPeerAsync",
-                cu::memcpy_peer_async(b.ctx, dst.ptr, a.ctx, src.ptr, bytes, sa),
-            )?;
-            device::check(
-                "cuMemcpyPeerAsync",
-                cu::memcpy_peer_async(a.ctx, back_dst.ptr, b.ctx, back_src.ptr, bytes, sb),
-            )?;
+        // As many copies each way between the synchronisations as the one-way sample took,
+        // so that the synchronisations' cost stays small against the copies.
+        for _ in 0..one_reps {
+            // SAFETY: as above, on each GPU's own stream.
+            unsafe {
+                device::check(
+                    "cuMemcpyPeerAsync",
+                    cu::memcpy_peer_async(b.ctx, dst.ptr, a.ctx, src.ptr, bytes, sa),
+                )?;
+                device::check(
+                    "cuMemcpyPeerAsync",
+                    cu::memcpy_peer_async(a.ctx, back_dst.ptr, b.ctx, back_src.ptr, bytes, sb),
+                )?;
+            }
         }
         a.sync()?;
         b.sync()?;
         if i > 0 {
-            both.push(t.elapsed().as_secs_f64());
+            both.push(t.elapsed().as_secs_f64() / one_reps as f64);
         }
     }
     let got: Vec<u32> = a.download(&back_dst)?;
@@ -316,16 +320,22 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
         let f = a.function("stream_copy")?;
         let grid = a.grid_for(MEM_BLOCK, a.max_threads_per_sm);
         let n = (bytes / 16) as u64;
-        let reps: i32 = 1;
+        // Passes per launch (the kernel's own repetition count) calibrated so that a sample
+        // lasts the mode's sample time.
         let g: &Gpu = a;
-        sm = timed(ctx, g, || unsafe {
+        let launch = |reps: i32| unsafe {
             g.launch(
                 f,
                 grid,
                 MEM_BLOCK,
                 &mut [arg(&dst.ptr), arg(&src.ptr), arg(&n), arg(&reps)],
             )
-        })?;
+        };
+        let reps = calibrate(ctx, g, 1, 1 << 12, launch)?;
+        sm = timed(ctx, g, || launch(reps))?
+            .into_iter()
+            .map(|t| t / reps as f64)
+            .collect();
         let got: Vec<u32> = b.download(&dst)?;
         if let Some(i) = first_mismatch(&got, 17) {
             return Err(CudaError::Check(format!(
@@ -366,7 +376,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
             a.sync()?;
             b.sync()?;
             if i > 0 {
-                sm_both.push(t.elapsed().as_secs_f64());
+                sm_both.push(t.elapsed().as_secs_f64() / reps as f64);
             }
         }
         let got: Vec<u32> = a.download(&back_dst)?;
@@ -397,7 +407,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
             bytes: bf,
         },
         format!(
-            "cuMemcpyPeerAsync (copy engine), {size} one way, CUDA-event timed, verified{}",
+            "cuMemcpyPeerAsync (copy engine), {size} one way, {one_reps} back to back per CUDA-event-timed sample, verified{}",
             if peer {
                 ""
             } else {
@@ -406,7 +416,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
         ),
         nvlink_peak.clone(),
     );
-    ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
+    ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, {one_reps} each way per sample, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
     if !sm.is_empty() {
         ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone());
     }

@@ -377,23 +377,35 @@ pub(super) fn ert(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<usize, CudaError> {
         )
     }?;
     let (a, b) = (0.999f32, 0.001f32);
-    let reps: i32 = 1;
     let mut applied: u64 = 0; // FMAs applied to every element so far
     let mut points = Vec::new();
     for k in ERT_K {
         ctx.cancelled()?;
         let f = gpu.function(&format!("ert_f32_{k}"))?;
-        let launches = 1 + ctx.mode.samples() as u64;
         let g: &Gpu = gpu;
-        let times = timed(ctx, g, || unsafe {
-            g.launch(
-                f,
-                grid,
-                MEM_BLOCK,
-                &mut [arg(&data.ptr), arg(&n16), arg(&a), arg(&b), arg(&reps)],
-            )
-        })?;
-        applied += launches * k as u64;
+        // Every pass of every launch (calibration and warm-up included) applies k FMAs to
+        // every element: counted here for the check below.
+        let passes = std::cell::Cell::new(0u64);
+        let launch = |reps: i32| {
+            passes.set(passes.get() + reps as u64);
+            // SAFETY: ert_f32_K(data, n, a, b, reps) over a buffer of n16 16-byte elements.
+            unsafe {
+                g.launch(
+                    f,
+                    grid,
+                    MEM_BLOCK,
+                    &mut [arg(&data.ptr), arg(&n16), arg(&a), arg(&b), arg(&reps)],
+                )
+            }
+        };
+        // Passes per launch so that a sample lasts the mode's sample time: one pass at k = 1
+        // over a few hundred MB takes well under a millisecond on an HBM GPU.
+        let reps = calibrate(ctx, g, 1, 1 << 16, launch)?;
+        let times: Vec<f64> = timed(ctx, g, || launch(reps))?
+            .into_iter()
+            .map(|t| t / reps as f64)
+            .collect();
+        applied += passes.get() * k as u64;
         let flops = 2.0 * k as f64 * (n16 * 4) as f64;
         let rates: Vec<f64> = times.iter().map(|t| flops / t).collect();
         if let Some(stats) = Stats::from_samples(&rates) {
