@@ -648,6 +648,30 @@ mod tests {
         })
     }
 
+    /// A failed result check is kept in the file and read back; a file without any (every
+    /// earlier one) reads as none, and none is written.
+    #[test]
+    fn failed_checks_are_kept_in_the_file() {
+        let m = Machine::from_json(&minimal().to_string()).unwrap();
+        assert!(m.failures.is_empty());
+        assert!(!m.to_json().unwrap().contains("failures"));
+        let mut v = minimal();
+        v["failures"] = serde_json::json!([
+            { "on": "gpu0", "kernel": "mma_bf16", "error": "result check failed: lane 3: GPU 1, expected 2" }
+        ]);
+        let m = Machine::from_json(&v.to_string()).unwrap();
+        assert_eq!(
+            m.failures,
+            vec![CheckFailure {
+                on: "gpu0".into(),
+                kernel: "mma_bf16".into(),
+                error: "result check failed: lane 3: GPU 1, expected 2".into(),
+            }]
+        );
+        let again = Machine::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(again.failures, m.failures);
+    }
+
     /// Two vCPUs on one core halve the all-core clock: the `all` ceilings of more than one
     /// thread are marked; a 10% turbo drop is not sharing.
     #[test]
