@@ -101,6 +101,31 @@ pub fn calibrate<T: Timer>(
     }
 }
 
+/// Times an operation that may be short (one copy, one pass over a buffer): `one` repeated
+/// back to back within each sample, as many times (from 1, at most `cap`) as make a sample last
+/// `target` seconds by [`calibrate`], so that a sample's fixed cost (a launch, a pair of events:
+/// a few µs) stays far under 1% of it however short one operation is. Returns the seconds of
+/// one operation in each of `samples` samples (after one warm-up), and the repetitions per
+/// sample.
+pub fn repeated<T: Timer>(
+    timer: &mut T,
+    samples: usize,
+    target: f64,
+    cap: u64,
+    stop: &mut dyn FnMut() -> Result<(), T::Error>,
+    one: &mut dyn FnMut() -> Result<(), T::Error>,
+) -> Result<(Vec<f64>, u64), T::Error> {
+    let mut run = |n: u64| -> Result<(), T::Error> {
+        for _ in 0..n.max(1) {
+            one()?;
+        }
+        Ok(())
+    };
+    let reps = calibrate(timer, 1, cap, target, &mut run)?.max(1);
+    let seconds = sample(timer, 1, samples, stop, &mut || run(reps))?;
+    Ok((seconds.iter().map(|t| t / reps as f64).collect(), reps))
+}
+
 /// How a kernel's check of its own result failed: the value that is wrong, where, and what it
 /// must be.
 #[derive(Clone, Debug, PartialEq, thiserror::Error)]
@@ -477,6 +502,51 @@ impl Controller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A device whose samples cost 5 µs of their own (a launch, two events) and whose
+    /// operation takes 10 µs: one operation per sample would read 15 µs, 50% slow. Repeated to
+    /// the 5 ms target, the fixed cost is 0.1%.
+    #[test]
+    fn short_operations_are_repeated_until_the_overhead_is_negligible() {
+        struct Simulated<'a>(&'a std::cell::Cell<u64>);
+        impl Timer for Simulated<'_> {
+            type Error = ();
+            fn time(&mut self, work: &mut dyn FnMut() -> Result<(), ()>) -> Result<f64, ()> {
+                let before = self.0.get();
+                work()?;
+                Ok(5e-6 + (self.0.get() - before) as f64 * 10e-6)
+            }
+        }
+        let ops = std::cell::Cell::new(0u64);
+        let (seconds, reps) = repeated(
+            &mut Simulated(&ops),
+            5,
+            5e-3,
+            1 << 12,
+            &mut || Ok(()),
+            &mut || {
+                ops.set(ops.get() + 1);
+                Ok(())
+            },
+        )
+        .unwrap();
+        assert_eq!(seconds.len(), 5);
+        assert!(reps >= 500, "{reps} repetitions per sample");
+        for s in seconds {
+            assert!((s - 10e-6).abs() < 0.01 * 10e-6, "{s} s per operation");
+        }
+        // With no target (check mode), once.
+        let (_, reps) = repeated(
+            &mut Simulated(&ops),
+            1,
+            0.0,
+            1 << 12,
+            &mut || Ok(()),
+            &mut || Ok(()),
+        )
+        .unwrap();
+        assert_eq!(reps, 1);
+    }
 
     /// A timer that counts: the driver warms up untimed, settles once, times each sample, and
     /// ends at the first stop.

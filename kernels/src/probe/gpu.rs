@@ -358,18 +358,15 @@ fn timed_repeated(
     gpu: &Gpu,
     mut one: impl FnMut() -> Result<(), CudaError>,
 ) -> Result<(Vec<f64>, u32), CudaError> {
-    let mut run = |reps: i32| -> Result<(), CudaError> {
-        for _ in 0..reps.max(1) {
-            one()?;
-        }
-        Ok(())
-    };
-    let reps = calibrate(ctx, gpu, 1, 1 << 12, &mut run)?;
-    let times = timed(ctx, gpu, || run(reps))?;
-    Ok((
-        times.iter().map(|t| t / reps.max(1) as f64).collect(),
-        reps.max(1) as u32,
-    ))
+    let (seconds, reps) = crate::driver::repeated(
+        &mut device::Events(gpu),
+        ctx.mode.samples(),
+        ctx.mode.sample_seconds(),
+        1 << 12,
+        &mut || ctx.cancelled(),
+        &mut one,
+    )?;
+    Ok((seconds, reps as u32))
 }
 
 /// What a ceiling is: a roof of the roofline, or another ceiling (a copy, a link) by its id.
