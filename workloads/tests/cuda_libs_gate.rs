@@ -413,6 +413,8 @@ fn every_cublaslt_descriptor_of_the_gemm_probe_reads_back_as_meant() {
     println!("{n} cuBLASLt descriptor sets read back as meant");
 }
 
+// The id's bytes are c_char: i8 or u8 by platform.
+#[allow(clippy::unnecessary_cast)]
 #[test]
 fn nccl_gives_its_version_and_a_unique_id_without_a_gpu() {
     if !have(Lib::Nccl) {
