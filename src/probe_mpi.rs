@@ -150,6 +150,14 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         return Err(Failure::Run(anyhow!("no node result reached the root")));
     };
     m.provenance.cluster = Some(world.cluster_info());
+    // Every node's failed result checks, named by node (node 0's are already in `m`).
+    for (i, n) in nodes.iter().enumerate().skip(1) {
+        m.failures
+            .extend(n.failures.iter().map(|f| roofline_model::CheckFailure {
+                on: format!("node {i} ({}) {}", n.provenance.host, f.on),
+                ..f.clone()
+            }));
+    }
     if world.layout.fake {
         m.provenance.notes.push(format!(
             "ROOFLINE_FAKE_NODES: {} pretend nodes on one host (for tests): they took turns for the node probe, and their \"inter-node\" communication is shared memory",
