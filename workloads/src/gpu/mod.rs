@@ -123,8 +123,9 @@ impl Ctx {
         dst: u64,
         data: &[T],
     ) -> Result<(), CudaError> {
-        // SAFETY: the caller's `dst` holds at least size_of_val(data) bytes; pageable source
-        // memory is staged before the call returns.
+        // SAFETY: the caller's `dst` holds at least size_of_val(data) bytes; `data` is copied
+        // into the GPU's pinned staging memory before the call returns (kept until the next
+        // synchronisation), so the host slice may go at once.
         unsafe { self.gpu.copy_in_async(dst, data) }
     }
 
