@@ -211,9 +211,27 @@ impl Communicator {
         rank: usize,
         ordinal: usize,
     ) -> Result<Communicator, CudaError> {
-        let lib = nccl_lib::get()?;
+        Communicator::join(Communicator::gpu(ordinal)?, id, ranks, rank)
+    }
+
+    /// What one rank must have before the collective `ncclCommInitRank`: NCCL, the driver and
+    /// its GPU opened. A rank that fails here has not entered the collective call, so the
+    /// ranks can agree to give NCCL up before any of them waits in it.
+    pub fn gpu(ordinal: usize) -> Result<Gpu, CudaError> {
+        nccl_lib::get()?;
         device::init()?;
-        let gpu = Gpu::open(ordinal)?;
+        Gpu::open(ordinal)
+    }
+
+    /// Joins the communicator `id` as `rank` of `ranks` on `gpu` (collective: every rank calls
+    /// it with the same id).
+    pub fn join(
+        gpu: Gpu,
+        id: &[u8; 128],
+        ranks: usize,
+        rank: usize,
+    ) -> Result<Communicator, CudaError> {
+        let lib = nccl_lib::get()?;
         let uid = ns::ncclUniqueId {
             internal: std::array::from_fn(|i| id[i] as std::ffi::c_char),
         };

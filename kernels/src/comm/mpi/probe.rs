@@ -180,8 +180,24 @@ impl World {
         let id: [u8; 128] = id
             .try_into()
             .map_err(|_| CommError::Setup("the NCCL unique id did not arrive whole".into()))?;
+        // Each rank's GPU first, agreed by all: a rank that cannot open its GPU never enters the
+        // collective init, where the others would wait for it.
+        let gpu = nccl::Communicator::gpu(ordinal);
+        if let Err(e) = &gpu {
+            eprintln!("roofline: rank {}: NCCL: {e}", self.rank);
+        }
+        if self.any(gpu.is_err()) {
+            if self.is_root() {
+                out.notes.push(match &gpu {
+                    Err(e) => format!("no NCCL measured: rank 0's GPU {ordinal}: {e}"),
+                    Ok(_) => "no NCCL measured: a rank could not open its GPU (its error is on its stderr)".into(),
+                });
+            }
+            return Ok(());
+        }
+        let gpu = gpu.map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
         watchdog::arm("ncclCommInitRank");
-        let comm = nccl::Communicator::new(&id, self.size, self.rank, ordinal);
+        let comm = nccl::Communicator::join(gpu, &id, self.size, self.rank);
         // Disarmed whatever the outcome: a failed init must not leave the watchdog to end the
         // run later, in work that has nothing to do with it.
         watchdog::disarm();
