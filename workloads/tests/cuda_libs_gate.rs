@@ -386,6 +386,17 @@ fn every_cudnn_descriptor_of_the_probe_and_the_trainers_matches_the_cpu_model() 
         stride: 1,
         pad: 1,
     };
+    // A filter larger than the padded input: refused before cuDNN, with the sizes.
+    let too_big = ConvShape {
+        h: 2,
+        w: 2,
+        r: 7,
+        s: 7,
+        k: 4,
+        ..bad
+    };
+    let e = roofline_kernels::cuda::dnn::output_dims(&too_big, Precision::F32).unwrap_err();
+    assert!(e.to_string().contains("does not fit a 2×2 input"), "{e}");
     let e = roofline_kernels::cuda::dnn::output_dims(&bad, Precision::F32).unwrap_err();
     assert!(
         e.to_string().contains("cudnnSetTensor4dDescriptor(y)")

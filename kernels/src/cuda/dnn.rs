@@ -68,6 +68,12 @@ impl Drop for Descs {
 }
 
 pub(crate) fn descs(s: &ConvShape, p: Prec) -> Result<Descs, CudaError> {
+    if s.stride == 0 || s.h + 2 * s.pad < s.r || s.w + 2 * s.pad < s.s {
+        return Err(CudaError::Check(format!(
+            "a {}×{} filter (stride {}, padding {}) does not fit a {}×{} input",
+            s.r, s.s, s.stride, s.pad, s.h, s.w
+        )));
+    }
     let mut d = Descs {
         x: std::ptr::null_mut(),
         y: std::ptr::null_mut(),
