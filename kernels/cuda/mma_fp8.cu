@@ -5,8 +5,11 @@
 
 #define CHAINS 4
 
-// fp8 (e4m3) MMA exists from sm_89 on; on older targets the kernel compiles to a stub that
-// writes a sentinel the host refuses (and the host never launches it there).
+// fp8 (e4m3) MMA exists in PTX from sm_89 on; on older targets the kernel compiles to a stub
+// that writes a sentinel the host refuses (and the host never launches it there). ptxas makes it
+// the native QMMA only on sm_89 and sm_120/121: on sm_90 and sm_100 it emulates it with e4m3 ->
+// f16 conversions and f16 HMMAs, so the probe runs it only where it is QMMA (`mma_support`,
+// checked in the SASS by kernels/tests/sass_gate.rs).
 extern "C" __global__ void mma_fp8(float* out, unsigned a, unsigned b, int iters) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
     float d[CHAINS][4];
