@@ -379,88 +379,60 @@ pub fn lt_read_back(
         scale_type: scale as u32,
         max_workspace: WORKSPACE as u64,
     };
+    use lsys::cublasLtMatmulDescAttributes_t as DA;
     use lsys::cublasLtMatrixLayoutAttribute_t as LA;
-    let e = lt_err;
-    // SAFETY: live descriptors; every value read is of the size given.
+    // SAFETY: live descriptors; `attr` reads each value with its own size.
     unsafe {
         let layout = |l: lsys::cublasLtMatrixLayout_t| -> Result<(u32, u64, u64, i64), CudaError> {
-            let mut ty = 0u32;
-            let mut rows = 0u64;
-            let mut cols = 0u64;
-            let mut ld = 0i64;
-            let mut got = 0usize;
-            for (attr, ptr, size) in [
-                (
-                    LA::CUBLASLT_MATRIX_LAYOUT_TYPE,
-                    &mut ty as *mut u32 as *mut c_void,
-                    4,
-                ),
-                (
-                    LA::CUBLASLT_MATRIX_LAYOUT_ROWS,
-                    &mut rows as *mut u64 as *mut c_void,
-                    8,
-                ),
-                (
-                    LA::CUBLASLT_MATRIX_LAYOUT_COLS,
-                    &mut cols as *mut u64 as *mut c_void,
-                    8,
-                ),
-                (
-                    LA::CUBLASLT_MATRIX_LAYOUT_LD,
-                    &mut ld as *mut i64 as *mut c_void,
-                    8,
-                ),
-            ] {
-                lsys::cublasLtMatrixLayoutGetAttribute(l, attr, ptr, size, &mut got)
-                    .result()
-                    .map_err(e("cublasLtMatrixLayoutGetAttribute"))?;
-            }
-            Ok((ty, rows, cols, ld))
+            let get = |a, v, n, got| lsys::cublasLtMatrixLayoutGetAttribute(l, a, v, n, got);
+            let call = "cublasLtMatrixLayoutGetAttribute";
+            Ok((
+                attr(call, get, LA::CUBLASLT_MATRIX_LAYOUT_TYPE)?,
+                attr(call, get, LA::CUBLASLT_MATRIX_LAYOUT_ROWS)?,
+                attr(call, get, LA::CUBLASLT_MATRIX_LAYOUT_COLS)?,
+                attr(call, get, LA::CUBLASLT_MATRIX_LAYOUT_LD)?,
+            ))
         };
-        use lsys::cublasLtMatmulDescAttributes_t as DA;
-        let mut got = 0usize;
-        let mut transa = 0i32;
-        let mut compute_type = 0u32;
-        let mut scale_type = 0u32;
-        for (attr, ptr) in [
-            (
-                DA::CUBLASLT_MATMUL_DESC_TRANSA,
-                &mut transa as *mut i32 as *mut c_void,
-            ),
-            (
-                DA::CUBLASLT_MATMUL_DESC_COMPUTE_TYPE,
-                &mut compute_type as *mut u32 as *mut c_void,
-            ),
-            (
-                DA::CUBLASLT_MATMUL_DESC_SCALE_TYPE,
-                &mut scale_type as *mut u32 as *mut c_void,
-            ),
-        ] {
-            lsys::cublasLtMatmulDescGetAttribute(d.desc, attr, ptr, 4, &mut got)
-                .result()
-                .map_err(e("cublasLtMatmulDescGetAttribute"))?;
-        }
-        let mut max_workspace = 0u64;
-        lsys::cublasLtMatmulPreferenceGetAttribute(
-            d.pref,
-            lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-            &mut max_workspace as *mut u64 as *mut c_void,
-            8,
-            &mut got,
-        )
-        .result()
-        .map_err(e("cublasLtMatmulPreferenceGetAttribute"))?;
+        let desc = |a, v, n, got| lsys::cublasLtMatmulDescGetAttribute(d.desc, a, v, n, got);
+        let call = "cublasLtMatmulDescGetAttribute";
         Ok((
             LtReadBack {
                 layouts: [layout(d.la)?, layout(d.lb)?, layout(d.lc)?],
-                transa,
-                compute_type,
-                scale_type,
-                max_workspace,
+                transa: attr(call, desc, DA::CUBLASLT_MATMUL_DESC_TRANSA)?,
+                compute_type: attr(call, desc, DA::CUBLASLT_MATMUL_DESC_COMPUTE_TYPE)?,
+                scale_type: attr(call, desc, DA::CUBLASLT_MATMUL_DESC_SCALE_TYPE)?,
+                max_workspace: attr(
+                    "cublasLtMatmulPreferenceGetAttribute",
+                    |a, v, n, got| lsys::cublasLtMatmulPreferenceGetAttribute(d.pref, a, v, n, got),
+                    lsys::cublasLtMatmulPreferenceAttributes_t::CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                )?,
             },
             want,
         ))
     }
+}
+
+/// One attribute of a cuBLASLt object, read by its getter `get` (attribute, buffer, its size,
+/// bytes written) into a `T` of the attribute's size.
+///
+/// # Safety
+/// `get` reads a live object, and `T` is the attribute's type.
+unsafe fn attr<A, T: Default>(
+    call: &'static str,
+    get: impl Fn(A, *mut c_void, usize, *mut usize) -> lsys::cublasStatus_t,
+    a: A,
+) -> Result<T, CudaError> {
+    let mut v = T::default();
+    let mut got = 0usize;
+    get(
+        a,
+        &mut v as *mut T as *mut c_void,
+        std::mem::size_of::<T>(),
+        &mut got,
+    )
+    .result()
+    .map_err(lt_err(call))?;
+    Ok(v)
 }
 
 pub(crate) fn lt_plan(
