@@ -89,6 +89,31 @@ impl World {
 }
 
 impl World {
+    /// One step of NCCL's setup that every rank must pass: a rank that failed says why on its
+    /// stderr, all agree, and where any failed the root notes it (`root_what` with its own
+    /// error, or `other` for another rank's) and every rank gets `None`.
+    fn agreed<T>(
+        &self,
+        r: Result<T, crate::cuda::CudaError>,
+        root_what: &str,
+        other: &str,
+        out: &mut CommResult,
+    ) -> Option<T> {
+        if let Err(e) = &r {
+            eprintln!("roofline: rank {}: NCCL: {e}", self.rank);
+        }
+        if !self.any(r.is_err()) {
+            return r.ok();
+        }
+        if self.is_root() {
+            out.notes.push(match &r {
+                Err(e) => format!("no NCCL measured: {root_what}: {e}"),
+                Ok(_) => format!("no NCCL measured: {other} (its error is on its stderr)"),
+            });
+        }
+        None
+    }
+
     /// NCCL over the whole world, one rank per GPU, when every rank has a GPU and NCCL.
     fn nccl_probe(
         &self,
@@ -182,39 +207,28 @@ impl World {
             .map_err(|_| CommError::Setup("the NCCL unique id did not arrive whole".into()))?;
         // Each rank's GPU first, agreed by all: a rank that cannot open its GPU never enters the
         // collective init, where the others would wait for it.
-        let gpu = nccl::Communicator::gpu(ordinal);
-        if let Err(e) = &gpu {
-            eprintln!("roofline: rank {}: NCCL: {e}", self.rank);
-        }
-        if self.any(gpu.is_err()) {
-            if self.is_root() {
-                out.notes.push(match &gpu {
-                    Err(e) => format!("no NCCL measured: rank 0's GPU {ordinal}: {e}"),
-                    Ok(_) => "no NCCL measured: a rank could not open its GPU (its error is on its stderr)".into(),
-                });
-            }
+        let Some(gpu) = self.agreed(
+            nccl::Communicator::gpu(ordinal),
+            &format!("rank 0's GPU {ordinal}"),
+            "a rank could not open its GPU",
+            out,
+        ) else {
             return Ok(());
-        }
-        let gpu = gpu.map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
+        };
         watchdog::arm("ncclCommInitRank");
         let comm = nccl::Communicator::join(gpu, &id, self.size, self.rank);
         // Disarmed whatever the outcome: a failed init must not leave the watchdog to end the
         // run later, in work that has nothing to do with it.
         watchdog::disarm();
-        if let Err(e) = &comm {
-            eprintln!("roofline: rank {}: NCCL: {e}", self.rank);
-        }
-        if self.any(comm.is_err()) {
-            // Every rank gives NCCL up together; the host results are kept.
-            if self.is_root() {
-                out.notes.push(match &comm {
-                    Err(e) => format!("no NCCL measured: ncclCommInitRank on rank 0: {e}"),
-                    Ok(_) => "no NCCL measured: ncclCommInitRank failed on another rank (its error is on its stderr)".into(),
-                });
-            }
+        // Every rank gives NCCL up together; the host results are kept.
+        let Some(comm) = self.agreed(
+            comm,
+            "ncclCommInitRank on rank 0",
+            "ncclCommInitRank failed on another rank",
+            out,
+        ) else {
             return Ok(());
-        }
-        let comm = comm.map_err(|e| CommError::Setup(format!("rank {}: NCCL: {e}", self.rank)))?;
+        };
         let version = nccl::version().unwrap_or_default();
         for c in Collective::ALL {
             progress.advance(&format!("NCCL {}", c.name()));
