@@ -101,12 +101,26 @@ pub fn calibrate<T: Timer>(
     }
 }
 
-/// Times an operation that may be short (one copy, one pass over a buffer): `one` repeated
-/// back to back within each sample, as many times (from 1, at most `cap`) as make a sample last
-/// `target` seconds by [`calibrate`], so that a sample's fixed cost (a launch, a pair of events:
-/// a few µs) stays far under 1% of it however short one operation is. Returns the seconds of
-/// one operation in each of `samples` samples (after one warm-up), and the repetitions per
-/// sample.
+/// Times an operation that may be short (one copy, one pass over a buffer): `run(n)` does it
+/// `n` times back to back, and each sample runs it as many times (from 1, at most `cap`) as
+/// make the sample last `target` seconds by [`calibrate`], so that a sample's fixed cost (a
+/// launch, a pair of events: a few µs) stays far under 1% of it however short one operation
+/// is. Returns the seconds of one operation in each of `samples` samples (after one warm-up),
+/// and the operations per sample.
+pub fn per_operation<T: Timer>(
+    timer: &mut T,
+    samples: usize,
+    target: f64,
+    cap: u64,
+    stop: &mut dyn FnMut() -> Result<(), T::Error>,
+    run: &mut dyn FnMut(u64) -> Result<(), T::Error>,
+) -> Result<(Vec<f64>, u64), T::Error> {
+    let reps = calibrate(timer, 1, cap, target, run)?.max(1);
+    let seconds = sample(timer, 1, samples, stop, &mut || run(reps))?;
+    Ok((seconds.iter().map(|t| t / reps as f64).collect(), reps))
+}
+
+/// [`per_operation`] for an operation issued once per call: `one` called back to back.
 pub fn repeated<T: Timer>(
     timer: &mut T,
     samples: usize,
@@ -115,15 +129,12 @@ pub fn repeated<T: Timer>(
     stop: &mut dyn FnMut() -> Result<(), T::Error>,
     one: &mut dyn FnMut() -> Result<(), T::Error>,
 ) -> Result<(Vec<f64>, u64), T::Error> {
-    let mut run = |n: u64| -> Result<(), T::Error> {
+    per_operation(timer, samples, target, cap, stop, &mut |n| {
         for _ in 0..n.max(1) {
             one()?;
         }
         Ok(())
-    };
-    let reps = calibrate(timer, 1, cap, target, &mut run)?.max(1);
-    let seconds = sample(timer, 1, samples, stop, &mut || run(reps))?;
-    Ok((seconds.iter().map(|t| t / reps as f64).collect(), reps))
+    })
 }
 
 /// How a kernel's check of its own result failed: the value that is wrong, where, and what it

@@ -204,24 +204,20 @@ impl Ctx<'_> {
                 });
                 Ok(())
             }
-            Err(e) if self.mode == Mode::Check => {
-                self.out.checks.push(CheckLine {
-                    gpu,
-                    kernel: kernel.into(),
-                    failure: Some(e.to_string()),
-                    skipped: false,
-                    detail: String::new(),
-                });
-                Ok(())
-            }
-            // A wrong result costs its own precision or section: no ceiling is written from it
-            // (each kernel pushes its ceiling only after its check passed), the failure is
-            // kept (machine.json's `failures`, exit 1), and the other kernels still run. On
-            // code first run on a new GPU, one over-tight tolerance must not erase the rest.
-            Err(e @ (CudaError::Check(_) | CudaError::Verify(_))) => {
-                self.out.notes.push(format!(
-                    "gpu{gpu} {kernel}: RESULT CHECK FAILED, its ceiling is left out: {e}"
-                ));
+            // In check mode every failure is a line of the table. Outside it, a wrong result
+            // costs its own precision or section: no ceiling is written from it (each kernel
+            // pushes its ceiling only after its check passed), the failure is kept
+            // (machine.json's `failures`, exit 1), and the other kernels still run. On code
+            // first run on a new GPU, one over-tight tolerance must not erase the rest.
+            Err(e)
+                if self.mode == Mode::Check
+                    || matches!(e, CudaError::Check(_) | CudaError::Verify(_)) =>
+            {
+                if self.mode != Mode::Check {
+                    self.out.notes.push(format!(
+                        "gpu{gpu} {kernel}: RESULT CHECK FAILED, its ceiling is left out: {e}"
+                    ));
+                }
                 self.out.checks.push(CheckLine {
                     gpu,
                     kernel: kernel.into(),
@@ -351,8 +347,8 @@ fn calibrate(
 /// Times an operation that may be short (one copy, one pass): `one` is repeated back to back
 /// within each sample, as many times as make a sample last the mode's sample time (5 ms quick,
 /// 20 ms full; once in check mode), so that the launch and event overheads (a few µs) stay far
-/// under 1% however short one operation is. Returns the seconds of one operation per sample
-/// and the repetitions per sample.
+/// under 1% however short one operation is ([`crate::driver::repeated`]). Returns the seconds
+/// of one operation per sample and the repetitions per sample.
 fn timed_repeated(
     ctx: &Ctx,
     gpu: &Gpu,
@@ -367,6 +363,27 @@ fn timed_repeated(
         &mut one,
     )?;
     Ok((seconds, reps as u32))
+}
+
+/// As [`timed_repeated`] for a kernel that repeats its pass itself: `launch(n)` runs `n`
+/// passes in one launch (at most `cap`); returns the seconds of one pass per sample and the
+/// passes per launch.
+fn timed_passes(
+    ctx: &Ctx,
+    gpu: &Gpu,
+    cap: i32,
+    mut launch: impl FnMut(i32) -> Result<(), CudaError>,
+) -> Result<(Vec<f64>, i32), CudaError> {
+    let (seconds, passes) = crate::driver::per_operation(
+        &mut device::Events(gpu),
+        ctx.mode.samples(),
+        ctx.mode.sample_seconds(),
+        cap.max(1) as u64,
+        &mut || ctx.cancelled(),
+        // The counts stay within `cap`, an i32.
+        &mut |n| launch(n as i32),
+    )?;
+    Ok((seconds, passes as i32))
 }
 
 /// What a ceiling is: a roof of the roofline, or another ceiling (a copy, a link) by its id.

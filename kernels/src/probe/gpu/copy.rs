@@ -331,11 +331,8 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
                 &mut [arg(&dst.ptr), arg(&src.ptr), arg(&n), arg(&reps)],
             )
         };
-        let reps = calibrate(ctx, g, 1, 1 << 12, launch)?;
-        sm = timed(ctx, g, || launch(reps))?
-            .into_iter()
-            .map(|t| t / reps as f64)
-            .collect();
+        let reps;
+        (sm, reps) = timed_passes(ctx, g, 1 << 12, launch)?;
         let got: Vec<u32> = b.download(&dst)?;
         if let Some(i) = first_mismatch(&got, 17) {
             return Err(CudaError::Check(format!(

@@ -400,11 +400,7 @@ pub(super) fn ert(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<usize, CudaError> {
         };
         // Passes per launch so that a sample lasts the mode's sample time: one pass at k = 1
         // over a few hundred MB takes well under a millisecond on an HBM GPU.
-        let reps = calibrate(ctx, g, 1, 1 << 16, launch)?;
-        let times: Vec<f64> = timed(ctx, g, || launch(reps))?
-            .into_iter()
-            .map(|t| t / reps as f64)
-            .collect();
+        let (times, _) = timed_passes(ctx, g, 1 << 16, launch)?;
         applied += passes.get() * k as u64;
         let flops = 2.0 * k as f64 * (n16 * 4) as f64;
         let rates: Vec<f64> = times.iter().map(|t| flops / t).collect();
