@@ -226,13 +226,9 @@ pub fn diagnose(
                 fix: lib.fix(),
             });
         }
-        if let (Some(found), Some(used)) = (&path, &in_use) {
-            if found.contains('/') && !libs::same_file(found, used) {
-                problems.push(blocker(
-                    format!("{} found at {found}, but the bindings call {used}", lib.label()),
-                    format!("remove {used} from the linker's path (LD_LIBRARY_PATH, ld.so.cache) or point ROOFLINE_CUDA_LIBS at the one you want"),
-                ));
-            }
+        // The same refusal as every GPU verb's (`libs::require`), in the doctor's two parts.
+        if let Some(two) = present.then(|| libs::shadowed(lib)).flatten() {
+            problems.push(blocker(two.what(), two.fix()));
         }
         libraries.push(LibStatus {
             name: lib.label(),

@@ -545,49 +545,81 @@ pub fn require(lib: Lib) -> Result<(), super::CudaError> {
         return Err(super::CudaError::Missing(not_found(lib)));
     }
     match shadowed(lib) {
-        Some(why) => Err(super::CudaError::Shadowed(why)),
+        Some(two) => Err(super::CudaError::Shadowed(two.to_string())),
         None => Ok(()),
     }
 }
 
-/// Why the bindings would call another file of `lib` than the one roofline found, if they
-/// would. cudarc opens each library by its unversioned name first (`libcublas.so`, then
-/// `libcublas.so.13`): where a toolkit's copy lies on the dynamic linker's path
-/// (`LD_LIBRARY_PATH`, ld.so.cache), that name opens it beside the wheel's file roofline
-/// loaded, and the two mix versions (a toolkit's cuBLAS 13.0 calling the wheel's cuBLASLt 13.1
-/// through 76 internal symbols). `None` when they are the same file, or `lib` is absent.
-pub fn shadowed(lib: Lib) -> Option<String> {
+/// Two files of one library in the process: the one roofline found, and the one cudarc's
+/// bindings would call.
+#[derive(Clone, Debug)]
+pub struct TwoCopies {
+    pub lib: Lib,
+    pub found: String,
+    pub used: String,
+}
+
+impl TwoCopies {
+    fn used_dir(&self) -> String {
+        Path::new(&self.used)
+            .parent()
+            .map(|d| d.display().to_string())
+            .unwrap_or_default()
+    }
+
+    pub fn what(&self) -> String {
+        format!(
+            "two copies of {}: roofline found {}, but the bindings would call {}, a second copy that the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache) gives for its unversioned name; one process must not mix two CUDA library versions",
+            self.lib.label(),
+            self.found,
+            self.used
+        )
+    }
+
+    pub fn fix(&self) -> String {
+        let dir = self.used_dir();
+        format!(
+            "take {dir} off LD_LIBRARY_PATH (or run ldconfig without it), or set ROOFLINE_CUDA_LIBS={dir} to use that copy throughout (`roofline doctor` shows every library's file)"
+        )
+    }
+}
+
+impl std::fmt::Display for TwoCopies {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}. Fix: {}", self.what(), self.fix())
+    }
+}
+
+/// Whether the bindings would call another file of `lib` than the one roofline found. cudarc
+/// opens each library by its unversioned name first (`libcublas.so`, then `libcublas.so.13`):
+/// where a toolkit's copy lies on the dynamic linker's path (`LD_LIBRARY_PATH`, ld.so.cache),
+/// that name opens it beside the wheel's file roofline loaded, and the two mix versions (a
+/// toolkit's cuBLAS 13.0 calling the wheel's cuBLASLt 13.1 through 76 internal symbols).
+/// `None` when they are the same file, or `lib` is absent.
+pub fn shadowed(lib: Lib) -> Option<TwoCopies> {
     let found = locate(lib)?;
     let used = in_use(lib)?;
     if !found.contains('/') || same_file(&found, &used) {
         return None;
     }
-    let dir = |p: &str| {
-        Path::new(p)
-            .parent()
-            .map(|d| d.display().to_string())
-            .unwrap_or_default()
-    };
-    Some(format!(
-        "two copies of {}: roofline found {found}, but the bindings would call {used}, a second copy that the dynamic linker's path (LD_LIBRARY_PATH, ld.so.cache) gives for its unversioned name; one process must not mix two CUDA library versions. Fix: take {} off LD_LIBRARY_PATH (or run ldconfig without it), or set ROOFLINE_CUDA_LIBS={} to use that copy throughout (`roofline doctor` shows every library's file)",
-        lib.label(),
-        dir(&used),
-        dir(&used)
-    ))
+    Some(TwoCopies { lib, found, used })
 }
 
 /// The first library of those present whose bindings would call another file than the one
-/// roofline found ([`shadowed`]), for the verbs to refuse before any GPU work.
+/// roofline found ([`shadowed`]), for the verbs to refuse before any GPU work. Asked once per
+/// process (every GPU verb's `device::init` asks): a loaded library stays loaded.
 pub fn all_consistent() -> Result<(), super::CudaError> {
-    for lib in Lib::ALL {
-        if matches!(lib, Lib::Nvml) || locate(lib).is_none() || !present(lib) {
-            continue;
-        }
-        if let Some(why) = shadowed(lib) {
-            return Err(super::CudaError::Shadowed(why));
-        }
+    static FIRST_SHADOWED: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let why = FIRST_SHADOWED.get_or_init(|| {
+        Lib::ALL
+            .into_iter()
+            .filter(|l| *l != Lib::Nvml)
+            .find_map(|l| shadowed(l).map(|two| two.to_string()))
+    });
+    match why {
+        Some(why) => Err(super::CudaError::Shadowed(why.clone())),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The file the bindings really call into: the object that defines `lib`'s probe symbol in
