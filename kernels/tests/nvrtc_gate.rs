@@ -11,6 +11,8 @@
 use roofline_kernels::cuda::nvrtc::{self, Target, CI_TARGETS, SOURCES};
 use roofline_kernels::cuda::CudaError;
 
+mod common;
+
 fn nvrtc_or_skip() -> bool {
     match nvrtc::ensure_nvrtc() {
         Ok(()) => true,
@@ -187,24 +189,7 @@ fn a_syntax_error_fails_with_nvrtcs_log() {
 /// (`nvidia/cuda_nvrtc/lib` → `nvidia/cuda_nvcc/bin/ptxas`, the `nvidia-cuda-nvcc-cu12` wheel)
 /// or a toolkit (`lib64` → `bin/ptxas`); else `CUDA_HOME`'s or `/usr/local/cuda`'s.
 fn ptxas() -> Option<std::path::PathBuf> {
-    use roofline_kernels::cuda::libs::{self, Lib};
-    let mut candidates = Vec::new();
-    if let Some(nvrtc) = libs::in_use(Lib::Nvrtc) {
-        let lib_dir = std::path::Path::new(&nvrtc)
-            .parent()
-            .map(|p| p.to_path_buf());
-        if let Some(root) = lib_dir.as_deref().and_then(|d| d.parent()) {
-            candidates.push(root.join("bin/ptxas"));
-            if let Some(nvidia) = root.parent() {
-                candidates.push(nvidia.join("cuda_nvcc/bin/ptxas"));
-            }
-        }
-    }
-    if let Some(home) = std::env::var_os("CUDA_HOME") {
-        candidates.push(std::path::PathBuf::from(home).join("bin/ptxas"));
-    }
-    candidates.push("/usr/local/cuda/bin/ptxas".into());
-    candidates.into_iter().find(|p| p.is_file())
+    common::tool_beside_nvrtc("ptxas", None, &["cuda_nvcc/bin"])
 }
 
 /// The driver's path for PTX: every kernel's PTX (compute_80, and compute_90) assembles with the

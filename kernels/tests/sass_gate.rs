@@ -13,7 +13,9 @@
 use roofline_kernels::cuda::nvrtc::{self, Target, SOURCES};
 use roofline_kernels::probe::gpu::mma_support;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
+
+mod common;
 
 fn in_ci() -> bool {
     std::env::var("CI").is_ok_and(|v| v == "true")
@@ -22,24 +24,7 @@ fn in_ci() -> bool {
 /// nvdisasm: `ROOFLINE_NVDISASM`, beside the NVRTC loaded (a CUDA 13 wheel's `cu13/bin`, a
 /// toolkit's `bin`), `CUDA_HOME/bin`, `/usr/local/cuda/bin`.
 fn nvdisasm() -> Option<PathBuf> {
-    use roofline_kernels::cuda::libs::{self, Lib};
-    let mut candidates: Vec<PathBuf> = Vec::new();
-    if let Some(p) = std::env::var_os("ROOFLINE_NVDISASM") {
-        candidates.push(PathBuf::from(p));
-    }
-    if let Some(nvrtc) = libs::in_use(Lib::Nvrtc) {
-        if let Some(root) = Path::new(&nvrtc).parent().and_then(|d| d.parent()) {
-            candidates.push(root.join("bin/nvdisasm"));
-            if let Some(nvidia) = root.parent() {
-                candidates.push(nvidia.join("cu13/bin/nvdisasm"));
-            }
-        }
-    }
-    if let Some(home) = std::env::var_os("CUDA_HOME") {
-        candidates.push(PathBuf::from(home).join("bin/nvdisasm"));
-    }
-    candidates.push("/usr/local/cuda/bin/nvdisasm".into());
-    candidates.into_iter().find(|p| p.is_file())
+    common::tool_beside_nvrtc("nvdisasm", Some("ROOFLINE_NVDISASM"), &["cu13/bin"])
 }
 
 /// One SASS instruction: its opcode (predicate dropped) and the label it branches to, if any.
