@@ -30,8 +30,9 @@ pub struct PlotArgs {
     /// FLOP per byte communicated, one node: its compute roofs, intra-node communication
     /// and memory as slanted roofs); `dist-coi` (the aggregate of all nodes against the
     /// inter-node network). The COI models need a probe run under mpirun. `hierarchical`:
-    /// the classic roofs of every memory level, each placement at its intensity (one point
-    /// per workload: per-level traffic needs hardware counters, not read here).
+    /// every memory level's roof, and each placement once per level at the intensity of the
+    /// traffic that level serves (a capacity model of its layers' footprints: an upper
+    /// bound, as no hardware counter is read), its points joined.
     #[arg(long, value_enum, default_value = "classic")]
     pub model: PlotModel,
     /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
@@ -82,19 +83,31 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Input(e.into()))?;
     let mut points = Vec::new();
+    let mut trajectories = Vec::new();
     for p in &placed {
-        let x = |pt: &roofline_model::placement::Point| match model {
-            PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
-            PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
-            PlotModel::Classic | PlotModel::Hierarchical => Some(pt.oi.analytic),
+        let these = if model == PlotModel::Hierarchical {
+            // One point per memory level, joined: the workload's traffic level by level.
+            let pts = roofline_plots::placed::hierarchical_points(p, &m, threads);
+            trajectories.push(pts.iter().map(|q| (q.intensity, q.achieved)).collect());
+            pts
+        } else {
+            let x = |pt: &roofline_model::placement::Point| match model {
+                PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
+                PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
+                PlotModel::Classic | PlotModel::Hierarchical => Some(pt.oi.analytic),
+            };
+            roofline_plots::placed::points(p, x)
         };
-        let these = roofline_plots::placed::points(p, x);
         if these.is_empty() {
             eprintln!(
-                "note: {} did not communicate ({} rank): it has no COI to place on the {} roofline",
+                "note: {} has no point on the {} roofline ({})",
                 p.workload.name,
-                p.workload.ranks,
-                model.name()
+                model.name(),
+                if model == PlotModel::Hierarchical {
+                    "it did no work that the levels' model can place".to_string()
+                } else {
+                    format!("it did not communicate: {} rank", p.workload.ranks)
+                }
             );
         }
         points.extend(these);
@@ -132,9 +145,10 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         threads,
         op,
         points,
+        trajectories,
         title: (model == PlotModel::Hierarchical).then(|| {
             format!(
-                "Hierarchical roofline: {} (every memory level, {op})",
+                "Hierarchical roofline: {} (a point per memory level, {op} roofs)",
                 m.provenance.cpu.model_name
             )
         }),

@@ -173,6 +173,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
             (&cores, &machine_cores),
             &progress,
             start,
+            true,
         )?
     } else {
         node::bare(provenance(
@@ -291,6 +292,7 @@ pub(crate) fn provenance(cpu: roofline_model::CpuInfo, quick: bool, start: Insta
         cluster: None,
         quick,
         duration_s: start.elapsed().as_secs_f64(),
+        load: None,
     }
 }
 
@@ -304,7 +306,8 @@ pub(crate) fn failure(e: NodeError) -> Failure {
 }
 
 /// This node's own ceilings (its CPU on `cores`, its GPUs), the progress bar cleared however it
-/// ends.
+/// ends; `check_load`: whether the machine's quiet is checked (not where the job's own ranks
+/// share the node).
 pub(crate) fn node_probe(
     a: &ProbeArgs,
     sections: &[Section],
@@ -312,6 +315,7 @@ pub(crate) fn node_probe(
     (cores, machine_cores): (&[usize], &[usize]),
     progress: &Bar,
     start: Instant,
+    check_load: bool,
 ) -> Result<Machine, Failure> {
     if let node::Gpus::Absent(why) = gpus {
         if a.device == Devices::Auto && !a.json {
@@ -324,6 +328,7 @@ pub(crate) fn node_probe(
         cores: cores.to_vec(),
         machine_cores: machine_cores.to_vec(),
         quick: a.quick,
+        check_load,
     };
     let r = node::probe(
         &cfg,

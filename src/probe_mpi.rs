@@ -80,6 +80,8 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
                 (&cores, &machine_cores),
                 &progress,
                 start,
+                // The job's other ranks wait on this node while its leader probes.
+                false,
             )
         }
     });

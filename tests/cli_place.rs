@@ -124,6 +124,23 @@ fn place_puts_workloads_on_the_roofline() {
         "the placement's labels overlap: {clash:?}"
     );
     assert!(svg.contains("resnet50"));
+    // Its top layers share one intensity: in Chromium no label overlaps or is crossed, and
+    // the hierarchical plot of it too.
+    let hier = dir.join("h.svg");
+    let o = bin()
+        .arg("plot")
+        .arg(quick_machine().0.as_path())
+        .args(["--model", "hierarchical", "--placement"])
+        .arg(dir.join("r.json"))
+        .arg("-o")
+        .arg(&hier)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(std::fs::read_to_string(&hier)
+        .unwrap()
+        .contains("resnet50 at L1"));
+    assert_figures_fit(&[&dir.join("r.svg"), &hier]);
     // A placement gates against itself (ids placement/<workload>/…).
     let o = bin()
         .arg("gate")
@@ -196,8 +213,9 @@ fn place_puts_workloads_on_the_roofline() {
         assert!(o.status.success(), "{}", stderr(&o));
         let svg = std::fs::read_to_string(dir.join("all.svg")).unwrap();
         assert!(svg.contains("gemm:512x512x512:f32") && svg.contains("resnet50"));
+        assert_figures_fit(&[&dir.join("all.svg"), &dir.join("g.svg")]);
         assert!(
-            svg.contains(">ewa<") || svg.contains("ewa ("),
+            svg.contains(">ewa<") || svg.contains("ewa (") || svg.contains("ewa at L"),
             "the detector's point"
         );
     }
@@ -309,6 +327,7 @@ fn sweep_places_a_grid_and_scales_it() {
         assert!(svg.contains("<svg"), "{chart}");
         let clash = roofline_plots::labels::collisions(&svg);
         assert!(clash.is_empty(), "{chart}: overlapping labels {clash:?}");
+        assert_figures_fit(&[&dir.join(chart)]);
     }
     // The model filter: of widths 0.125 and 0.25 at depth 1,1,0,0 only the variants in range.
     let fout = dir.join("f.json");

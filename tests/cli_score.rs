@@ -71,6 +71,7 @@ fn score_writes_score_json_and_a_report_that_renders() {
         !html.contains("src=\"http") && !html.contains("<link") && !html.contains("<script"),
         "no external assets, no script"
     );
+    assert_figures_fit(&[&dir.join("score.html")]);
     let Some(chrome) = chromium("the rendering check") else {
         return;
     };

@@ -2,6 +2,7 @@
 //! model, topology, caches, OS, kernel, host), NVML, CPU energy counters, and timeline spans.
 
 pub mod energy;
+pub mod load;
 pub mod nvml;
 pub mod timeline;
 

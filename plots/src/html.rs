@@ -2,8 +2,9 @@
 //! file — no network, no external asset — holding the same SVG figure, with a tooltip for every
 //! roof, point and label (its id, value, samples, spread, method), a switch for every roof and
 //! every placed workload, and a self-check (`#selftest` in the address: it shows the first
-//! tooltip, switches the first roof off and counts overlapping label boxes as the browser
-//! lays them out, into `data-` attributes of the body, for headless tests).
+//! tooltip, runs the figure check of `crate::check` as the browser lays the figure out —
+//! overlapping texts, texts crossed by a line not their own, small fonts — and switches the
+//! first roof off, into `data-` attributes of the body, for headless tests).
 
 use crate::labels::esc;
 
@@ -46,26 +47,12 @@ document.querySelectorAll('input[data-key]').forEach(c => {
     members(c).forEach(e => { e.style.display = c.checked ? '' : 'none'; });
   });
 });
-function overlaps() {
-  // Unrotated labels as the browser lays them out (rotated ones are checked in the SVG).
-  const boxes = [...document.querySelectorAll('svg text')]
-    .filter(t => !t.hasAttribute('transform') && t.style.display !== 'none' && t.textContent.trim())
-    .map(t => t.getBoundingClientRect());
-  let n = 0;
-  for (let i = 0; i < boxes.length; i++)
-    for (let j = i + 1; j < boxes.length; j++) {
-      const a = boxes[i], b = boxes[j];
-      const same = a.left === b.left && a.top === b.top && a.width === b.width;
-      if (!same && a.left < b.right - 1 && b.left < a.right - 1 && a.top < b.bottom - 1 && b.top < a.bottom - 1) n++;
-    }
-  return n;
-}
 if (location.hash === '#selftest') {
   const first = document.querySelector('.roof ~ .hit[data-tip], [data-tip]');
   const r = first.getBoundingClientRect();
   first.dispatchEvent(new MouseEvent('mouseover', {bubbles: true, clientX: r.left, clientY: r.top}));
   document.body.dataset.tip = tip.hidden ? '' : tip.textContent;
-  document.body.dataset.overlaps = String(overlaps());
+  figureCheck();
   const c = document.querySelector('input[data-key="roof"]');
   if (c) {
     c.click();
@@ -114,6 +101,7 @@ pub fn interactive(svg: &str, title: &str) -> String {
             .trim_start_matches(|c: char| c != '<'),
     );
     h.push_str("\n</div>\n<div id=\"tip\" hidden></div>\n<script>");
+    h.push_str(&crate::check::script());
     h.push_str(SCRIPT);
     h.push_str("</script>\n</body></html>\n");
     h

@@ -1,10 +1,13 @@
 //! Text labels that never collide: each label is a candidate list of positions (anchor point,
 //! angle, alignment); the placer takes the first candidate whose box overlaps no placed label
 //! and crosses no obstacle segment (the roofs, for labels that are not on a roof), and falls
-//! back to a leader line out to a free spot. Boxes are oriented rectangles in pixels, from an
-//! estimate of the text's width (sans-serif: 0.6 em per character, which over-covers); the same
-//! estimate reads every `<text>` of an SVG back (`text_boxes`), so that tests can check a whole
-//! figure, plotters' own text included.
+//! back to a leader line out to a free spot. Boxes are oriented rectangles in pixels, from the
+//! text's width in DejaVu Sans (the widest of the common sans-serif faces, and the one a Linux
+//! browser picks for `sans-serif`: every other face fits inside); the same estimate reads every
+//! `<text>` of an SVG back (`text_boxes`), so that tests can check a whole figure, plotters'
+//! own text included. Every line a figure draws is an obstacle ([`Line`]) with an owner: a
+//! label is never placed across a line that is not its own (`crate::check` confirms it in a
+//! browser).
 
 /// Where a label may go.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -53,6 +56,16 @@ pub struct Label {
     /// What it belongs to, as a `data-` attribute (`roof` → a ceiling id, `group` → a placed
     /// workload): the interactive page switches them on and off together.
     pub data: Option<(&'static str, String)>,
+    /// The drawn line(s) it labels ([`Line::own`]): only those may touch it. Written as
+    /// `data-own`.
+    pub own: String,
+}
+
+/// A drawn line, as an obstacle for the labels: its pixels and what it belongs to.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Line {
+    pub seg: Segment,
+    pub own: String,
 }
 
 /// An oriented rectangle: four corners.
@@ -61,9 +74,38 @@ pub type Quad = [(f64, f64); 4];
 /// A line segment in pixels.
 pub type Segment = ((f64, f64), (f64, f64));
 
+/// A character's advance in DejaVu Sans, in em (Book; Bold is about 12% wider).
+fn advance(c: char) -> f64 {
+    match c {
+        ' ' | ',' | '.' | '·' => 0.318,
+        'i' | 'j' | 'l' | 'I' | 'J' | '\'' | '|' => 0.28,
+        ':' | ';' | '/' | '\\' => 0.337,
+        'f' | 't' => 0.39,
+        '(' | ')' | '[' | ']' | '{' | '}' | 'r' | '-' | '²' => 0.41,
+        'm' => 0.974,
+        'w' => 0.818,
+        'W' => 0.989,
+        'M' | '%' | '@' => 0.95,
+        '0'..='9' | 'a'..='z' | '$' | '_' | '*' | '?' => 0.636,
+        'A'..='Z' | '&' => 0.78,
+        _ => 0.84,
+    }
+}
+
+/// The width of `text` in pixels at font size `size`.
+pub fn text_width(text: &str, size: f64, bold: bool) -> f64 {
+    let w: f64 = text.chars().map(advance).sum();
+    w * size * if bold { 1.12 } else { 1.0 }
+}
+
 /// The box of `text` at `spot` in font size `size`.
 pub fn quad(text: &str, size: f64, spot: &Spot) -> Quad {
-    let w = 0.6 * size * text.chars().count() as f64;
+    quad_of(text, size, false, spot)
+}
+
+/// The box of `text` (bold or not) at `spot` in font size `size`.
+pub fn quad_of(text: &str, size: f64, bold: bool, spot: &Spot) -> Quad {
+    let w = text_width(text, size, bold);
     let (h_up, h_down) = (0.8 * size, 0.25 * size);
     let x0 = match spot.anchor {
         Anchor::Start => 0.0,
@@ -144,50 +186,46 @@ pub struct Placed {
 }
 
 /// Places `labels` in order (earlier labels win) inside the `area` (x0, y0, x1, y1), avoiding
-/// `taken` boxes (e.g. the axes' own text) and, for labels that ask, the `lines`.
+/// `taken` boxes (the axes' own text, the markers) and, for labels that ask, every line of
+/// `lines` that is not their own, and every leader line drawn before them. A label with no
+/// free candidate goes out on a leader line (from its owner point) to the nearest free spot
+/// whose leader crosses no placed label; a label with nowhere free is left out (returned in
+/// the second list: the caller names it elsewhere).
 pub fn place(
     labels: Vec<Label>,
     taken: &[Quad],
-    lines: &[Segment],
+    lines: &[Line],
     area: (f64, f64, f64, f64),
-) -> Vec<Placed> {
+) -> (Vec<Placed>, Vec<Label>) {
     let mut boxes: Vec<Quad> = taken.to_vec();
+    let mut lines: Vec<Line> = lines.to_vec();
     let mut out = Vec::with_capacity(labels.len());
+    let mut left_out = Vec::new();
     let inside = |q: &Quad| {
         q.iter()
             .all(|p| p.0 >= area.0 && p.0 <= area.2 && p.1 >= area.1 && p.1 <= area.3)
     };
     for l in labels {
-        let free_of = |s: &Spot, boxes: &[Quad], avoid: bool| {
-            let q = quad(&l.text, l.size, s);
+        let free = |s: &Spot, boxes: &[Quad], lines: &[Line]| {
+            let q = quad_of(&l.text, l.size, l.bold, s);
             inside(&q)
                 && !boxes.iter().any(|b| overlap(&q, b, -1.0))
-                && !(avoid && lines.iter().any(|&(p, r)| crosses(&q, p, r)))
+                && !(l.avoid_lines
+                    && lines
+                        .iter()
+                        .any(|k| k.own != l.own && crosses(&q, k.seg.0, k.seg.1)))
         };
-        let free = |s: &Spot, boxes: &[Quad]| free_of(s, boxes, l.avoid_lines);
-        // A candidate clear of text and lines; then (a label without an owner, on its roof)
-        // one clear of text only.
-        let mut chosen = l
-            .spots
-            .iter()
-            .find(|s| free(s, &boxes))
-            .or_else(|| {
-                l.owner
-                    .is_none()
-                    .then(|| l.spots.iter().find(|s| free_of(s, &boxes, false)))
-                    .flatten()
-            })
-            .copied();
+        let mut chosen = l.spots.iter().find(|s| free(s, &boxes, &lines)).copied();
         let mut leader = None;
         if chosen.is_none() {
             // A leader line: spots on rings around the owner (or the first candidate).
             let (ox, oy) = l
                 .owner
                 .unwrap_or_else(|| l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y)));
-            'rings: for ring in 1..12 {
-                let r = 18.0 * ring as f64;
-                for k in 0..16 {
-                    let t = std::f64::consts::TAU * k as f64 / 16.0;
+            'rings: for ring in 1..14 {
+                let r = 16.0 * ring as f64;
+                for k in 0..24 {
+                    let t = std::f64::consts::TAU * k as f64 / 24.0;
                     let s = Spot {
                         x: ox + r * t.cos(),
                         y: oy - r * t.sin(),
@@ -198,29 +236,34 @@ pub fn place(
                             Anchor::End
                         },
                     };
-                    if free(&s, &boxes) {
+                    let end = (s.x, s.y - 0.3 * l.size);
+                    if free(&s, &boxes, &lines) && !boxes.iter().any(|b| crosses(b, (ox, oy), end))
+                    {
                         chosen = Some(s);
-                        leader = l.owner.map(|o| (o, (s.x, s.y - 0.3 * l.size)));
+                        leader = Some(((ox, oy), end));
                         break 'rings;
                     }
                 }
             }
         }
-        // Nowhere free: the first candidate (the figure is too crowded to label everything;
-        // the tooltips still name it).
-        let Some(spot) = chosen.or_else(|| l.spots.first().copied()) else {
+        let Some(spot) = chosen else {
+            left_out.push(l);
             continue;
         };
-        if chosen.is_some() {
-            boxes.push(quad(&l.text, l.size, &spot));
-            out.push(Placed {
-                label: l,
-                spot,
-                leader,
+        boxes.push(quad_of(&l.text, l.size, l.bold, &spot));
+        if let Some(seg) = leader {
+            lines.push(Line {
+                seg,
+                own: l.own.clone(),
             });
         }
+        out.push(Placed {
+            label: l,
+            spot,
+            leader,
+        });
     }
-    out
+    (out, left_out)
 }
 
 /// ` data-<key>="<value>"`, or nothing.
@@ -245,7 +288,8 @@ pub fn svg(placed: &[Placed]) -> String {
         if let Some(((x0, y0), (x1, y1))) = p.leader {
             let (r, g, b) = p.label.color;
             s.push_str(&format!(
-                "<line x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"0.8\"{}/>\n",
+                "<line class=\"leader\" data-own=\"{}\" x1=\"{x0:.1}\" y1=\"{y0:.1}\" x2=\"{x1:.1}\" y2=\"{y1:.1}\" stroke=\"rgb({r},{g},{b})\" stroke-width=\"0.8\"{}/>\n",
+                esc(&p.label.own),
                 data_attr(&p.label.data)
             ));
         }
@@ -274,7 +318,8 @@ pub fn svg(placed: &[Placed]) -> String {
             .map(|t| format!(" data-tip=\"{}\"", esc(t)))
             .unwrap_or_default();
         s.push_str(&format!(
-            "<text class=\"label\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" font-family=\"sans-serif\" font-size=\"{:.1}\"{} fill=\"rgb({r},{g},{b})\"{rotate}{}{tip}>{title}{}</text>\n",
+            "<text class=\"label\" data-own=\"{}\" x=\"{:.1}\" y=\"{:.1}\" text-anchor=\"{}\" font-family=\"sans-serif\" font-size=\"{:.1}\"{} fill=\"rgb({r},{g},{b})\"{rotate}{}{tip}>{title}{}</text>\n",
+            esc(&p.label.own),
             sp.x,
             sp.y,
             sp.anchor.svg(),
@@ -352,7 +397,8 @@ pub fn text_boxes(svg: &str) -> Vec<(String, Quad)> {
             angle,
             anchor,
         };
-        out.push((text.to_string(), quad(&text, size, &spot)));
+        let bold = attr(tag, "font-weight").as_deref() == Some("bold");
+        out.push((text.to_string(), quad_of(&text, size, bold, &spot)));
     }
     out
 }
@@ -413,8 +459,9 @@ mod tests {
             owner: Some((50.0, 50.0)),
             title: None,
             data: None,
+            own: t.into(),
         };
-        let placed = place(
+        let (placed, left_out) = place(
             vec![
                 label("first", vec![s(50.0, 50.0)]),
                 label("second", vec![s(52.0, 50.0)]),
@@ -424,6 +471,7 @@ mod tests {
             (0.0, 0.0, 400.0, 300.0),
         );
         assert_eq!(placed.len(), 2);
+        assert!(left_out.is_empty());
         assert!(
             placed[1].leader.is_some(),
             "the second moved out on a leader line"

@@ -5,10 +5,11 @@
 //! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
+pub mod check;
 pub mod html;
 pub mod labels;
 pub mod placed;
-mod render;
+pub(crate) mod render;
 pub mod report;
 pub mod sweep;
 
@@ -173,7 +174,14 @@ pub struct DrawnRoof {
     pub value: f64,
     pub slanted: bool,
     pub dashed: bool,
+    /// The theoretical peak merged into this measured roof (it reaches at least
+    /// [`MERGE_PEAK`] of it: the two would be one line on the plot).
+    pub peak: Option<f64>,
 }
+
+/// A measured compute roof at or above this fraction of its theoretical peak is drawn as one
+/// roof with it ("574 of 577 GFLOP/s"), not as two lines a few pixels apart.
+pub const MERGE_PEAK: f64 = 0.9;
 
 /// A ridge point: where a bandwidth roof meets the top compute roof.
 #[derive(Clone, Debug, PartialEq)]
@@ -253,23 +261,48 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             value: c.value,
             slanted: false,
             dashed: false,
+            peak: None,
         });
-        if let Some(p) = &c.theoretical_peak {
-            // One dashed roof per precision (GEMM and FMA share the rule's peak; the first
-            // ceiling of a precision, the FMA one, gives it).
-            let prec = c.precision.map(|p| p.to_string()).unwrap_or_default();
-            let label = format!("theoretical {prec} peak ({})", config_name(opt));
-            let drawn = flat.iter().any(|r| {
-                r.dashed && (r.label == label || (r.value - p.value).abs() <= 1e-9 * p.value)
-            });
-            if p.unit == "FLOP/s" && !drawn {
-                flat.push(DrawnRoof {
-                    label,
-                    value: p.value,
-                    slanted: false,
-                    dashed: true,
-                });
+        // A precision's theoretical peak, where it applies: given by the FMA (or mma)
+        // ceiling, whose instruction the rule counts; a CPU GEMM in f16 runs in f32 and has
+        // no f16 peak of its own. A GPU's GEMM ceiling carries its datasheet peak.
+        let gives_peak = match CeilingId::parse(&c.id) {
+            Some(CeilingId::Compute { on, family, .. }) => {
+                matches!(family, Family::Fma | Family::Mma) || matches!(on, On::Gpu(_))
             }
+            _ => false,
+        };
+        let Some(p) = c
+            .theoretical_peak
+            .as_ref()
+            .filter(|p| gives_peak && p.unit == "FLOP/s")
+        else {
+            continue;
+        };
+        let prec = c.precision.map(|p| p.to_string()).unwrap_or_default();
+        let label = format!("theoretical {prec} peak ({})", config_name(opt));
+        let drawn = flat.iter().any(|r| {
+            r.label == label
+                || (r.dashed && (r.value - p.value).abs() <= 1e-9 * p.value)
+                || r.peak
+                    .is_some_and(|v| (v - p.value).abs() <= 1e-9 * p.value)
+        });
+        if drawn {
+            continue;
+        }
+        if c.value >= MERGE_PEAK * p.value {
+            // Within a line's width of its peak: one roof, labelled "574 of 577 GFLOP/s".
+            if let Some(r) = flat.last_mut() {
+                r.peak = Some(p.value);
+            }
+        } else {
+            flat.push(DrawnRoof {
+                label,
+                value: p.value,
+                slanted: false,
+                dashed: true,
+                peak: None,
+            });
         }
     }
     let mut mem: Vec<&Ceiling> = m
@@ -289,6 +322,7 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             value: c.value,
             slanted: true,
             dashed: false,
+            peak: None,
         })
         .collect();
     if flat.is_empty() && slanted.is_empty() {
@@ -301,6 +335,11 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
             Model::NodeCoi => "machine.json has no node compute or intra-node communication ceilings; run `mpirun -np 2 roofline probe` (a build with --features mpi)".into(),
             Model::DistCoi => "machine.json has no aggregate or inter-node ceilings; run `roofline probe` under mpirun across two or more nodes".into(),
         }));
+    }
+    if opt.model == Model::NodeCoi && !slanted.iter().any(|r| r.label.starts_with("net/")) {
+        return Err(PlotError::Empty(
+            "machine.json has no communication ceilings: a COI roofline needs them (it was probed as one process); run `mpirun -np 2 roofline probe` (a build with --features mpi)".into(),
+        ));
     }
     if opt.model == Model::DistCoi && !slanted.iter().any(|r| r.label.contains("inter")) {
         return Err(PlotError::Empty(
@@ -478,6 +517,7 @@ mod tests {
                 cluster: None,
                 quick: true,
                 duration_s: 1.0,
+                load: None,
             },
             ceilings: vec![
                 c(
@@ -550,9 +590,19 @@ mod tests {
         let model = classic_model(&m, &ClassicOptions::default()).unwrap();
         assert_eq!(model.slanted.len(), 2, "L1 and DRAM triad of `all`");
         assert_eq!(model.slanted[0].label, "cpu/mem/L1/triad/all");
-        // Two measured flat roofs (int8 OP/s is not a FLOP/s roof) and one theoretical.
+        // Two measured flat roofs (int8 OP/s is not a FLOP/s roof); FMA at 98% of its peak
+        // carries it (one line); GEMM's peak is FMA's rule, not drawn twice.
         assert_eq!(model.flat.iter().filter(|r| !r.dashed).count(), 2);
-        assert_eq!(model.flat.iter().filter(|r| r.dashed).count(), 1);
+        assert_eq!(model.flat.iter().filter(|r| r.dashed).count(), 0);
+        assert_eq!(model.flat[0].peak, Some(5.1e11));
+        assert_eq!(model.flat[1].peak, None);
+        // Below 90% of its peak the peak is a dashed roof of its own.
+        let mut low = m.clone();
+        low.ceilings[0].value = 4e11;
+        let model_low = classic_model(&low, &ClassicOptions::default()).unwrap();
+        let dashed: Vec<_> = model_low.flat.iter().filter(|r| r.dashed).collect();
+        assert_eq!(dashed.len(), 1);
+        assert_eq!(dashed[0].value, 5.1e11);
         let dram = model
             .ridges
             .iter()

@@ -4,7 +4,7 @@
 //! roofline joined in order of size (the workload's trajectory, `classic_svg` with
 //! `ClassicOptions::trajectories`).
 
-use crate::{si, PlotError, POINT_COLORS};
+use crate::{PlotError, POINT_COLORS};
 use plotters::prelude::*;
 use roofline_model::placement::Placement;
 use roofline_model::sweep::{Scaling, Sweep, SweepPoint};
@@ -14,9 +14,18 @@ fn err(e: impl std::fmt::Display) -> PlotError {
     PlotError::Draw(e.to_string())
 }
 
+/// "1 thread", "2 threads" (`unit` is the sweep's: threads, or processes).
+pub fn count(n: usize, unit: &str) -> String {
+    if n == 1 {
+        format!("1 {}", unit.strip_suffix('s').unwrap_or(unit))
+    } else {
+        format!("{n} {unit}")
+    }
+}
+
 /// % of peak against problem size (training FLOPs per epoch), log x, one line per process
-/// count.
-pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError> {
+/// (or thread) count, `unit` naming which.
+pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<String, PlotError> {
     if points.is_empty() {
         return Err(PlotError::Draw("no sweep point to draw".into()));
     }
@@ -36,6 +45,8 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
         * 1.15;
     let mut svg = String::new();
     let mut labels: Vec<crate::labels::Label> = Vec::new();
+    let mut lines: Vec<crate::labels::Line> = Vec::new();
+    let mut shapes = String::new();
     let area;
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 640)).into_drawing_area();
@@ -45,14 +56,20 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
             .margin(16)
             .x_label_area_size(48)
             .y_label_area_size(70)
-            .build_cartesian_2d((x0..x1).log_scale(), 0.0..y1)
+            .build_cartesian_2d(
+                (x0..x1)
+                    .log_scale()
+                    .with_key_points(crate::render::log_ticks(x0, x1)),
+                0.0..y1,
+            )
             .map_err(err)?;
         chart
             .configure_mesh()
             .x_desc("Problem size: training FLOPs per epoch (FLOPs per sample × samples)")
             .y_desc("% of peak")
-            .x_labels(6)
-            .x_label_formatter(&|x| si(*x))
+            .label_style(("sans-serif", 16))
+            .axis_desc_style(("sans-serif", 18))
+            .x_label_formatter(&|x| crate::render::tick(*x))
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
@@ -79,10 +96,21 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
                 .map(|q| (q.problem_flops.max(1.0), q.percent_of_peak))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
+            // The line is ours (an obstacle for the other lines' labels); the legend's entry
+            // plotters'.
+            let own = count(*p, unit);
+            let pix: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| px(x, y)).collect();
+            shapes.push_str(&crate::render::polyline(&own, &pix, (c.0, c.1, c.2), 2.0));
+            for w in pix.windows(2) {
+                lines.push(crate::labels::Line {
+                    seg: (w[0], w[1]),
+                    own: own.clone(),
+                });
+            }
             chart
-                .draw_series(LineSeries::new(pts.clone(), c.stroke_width(2)))
+                .draw_series(std::iter::empty::<Circle<(f64, f64), i32>>())
                 .map_err(err)?
-                .label(format!("{p} processes"))
+                .label(own.clone())
                 .legend(move |(x, y)| {
                     PathElement::new(vec![(x, y), (x + 18, y)], c.stroke_width(2))
                 });
@@ -100,7 +128,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
                 use crate::labels::Anchor::{End, Middle, Start};
                 labels.push(crate::labels::Label {
                     text: format!("{y:.1}%"),
-                    size: 11.0,
+                    size: 12.0,
                     color: (c.0, c.1, c.2),
                     bold: false,
                     spots: vec![
@@ -111,16 +139,18 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
                         spot(8.0, 12.0, Start),
                         spot(-8.0, 12.0, End),
                     ],
-                    avoid_lines: false,
+                    avoid_lines: true,
                     owner: Some((sx, sy)),
                     title: None,
                     data: None,
+                    own: own.clone(),
                 });
             }
         }
         chart
             .configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 16))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
@@ -131,16 +161,16 @@ pub fn trend_svg(points: &[SweepPoint], title: &str) -> Result<String, PlotError
         .into_iter()
         .map(|t| t.1)
         .collect();
-    let placed = crate::labels::place(labels, &taken, &[], area);
+    let (placed, _) = crate::labels::place(labels, &taken, &lines, area);
     if let Some(i) = svg.rfind("</svg>") {
-        svg.insert_str(i, &crate::labels::svg(&placed));
+        svg.insert_str(i, &format!("{shapes}{}", crate::labels::svg(&placed)));
     }
     Ok(svg)
 }
 
 /// Strong scaling: speedup (top, with the ideal p / p₀) and efficiency (bottom) against
 /// processes, one line per problem.
-pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError> {
+pub fn scaling_svg(series: &[Scaling], title: &str, unit: &str) -> Result<String, PlotError> {
     if series.is_empty() {
         return Err(PlotError::Draw(
             "no problem ran at two process counts: nothing to scale".into(),
@@ -167,20 +197,32 @@ pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError>
         root.fill(&WHITE).map_err(err)?;
         let root = root.titled(title, ("sans-serif", 22)).map_err(err)?;
         let (top, bottom) = root.split_vertically(450);
+        // Whole-number ticks (an integer axis), named by what was swept.
+        let pad = ((pmax - pmin) / 10.0).ceil().max(1.0) as i32;
+        let xs = (pmin as i32 - pad).max(0)..pmax as i32 + pad;
+        let x_desc = {
+            let mut c = unit.chars();
+            c.next()
+                .map(|f| f.to_uppercase().chain(c).collect::<String>())
+                .unwrap_or_default()
+        };
         let mut a = ChartBuilder::on(&top)
             .margin(16)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(pmin * 0.9..pmax * 1.1, 0.0..smax)
+            .build_cartesian_2d(xs.clone(), 0.0..smax)
             .map_err(err)?;
         a.configure_mesh()
-            .x_desc("Processes")
+            .x_desc(x_desc.as_str())
+            .label_style(("sans-serif", 16))
+            .axis_desc_style(("sans-serif", 18))
+            .x_labels(((pmax - pmin) as usize + 2 * pad as usize).min(12))
             .y_desc("Speedup over the fewest")
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
         a.draw_series(DashedLineSeries::new(
-            vec![(pmin, 1.0), (pmax, pmax / pmin)],
+            vec![(pmin as i32, 1.0), (pmax as i32, pmax / pmin)],
             6,
             4,
             RGBColor(90, 90, 90).stroke_width(1),
@@ -192,25 +234,28 @@ pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError>
             .margin(16)
             .x_label_area_size(40)
             .y_label_area_size(60)
-            .build_cartesian_2d(pmin * 0.9..pmax * 1.1, 0.0..1.25f64)
+            .build_cartesian_2d(xs.clone(), 0.0..1.25f64)
             .map_err(err)?;
         b.configure_mesh()
-            .x_desc("Processes")
+            .x_desc(x_desc.as_str())
+            .label_style(("sans-serif", 16))
+            .axis_desc_style(("sans-serif", 18))
+            .x_labels(((pmax - pmin) as usize + 2 * pad as usize).min(12))
             .y_desc("Efficiency")
             .light_line_style(RGBColor(235, 235, 235))
             .draw()
             .map_err(err)?;
         for (i, s) in series.iter().enumerate() {
             let c = POINT_COLORS[i % POINT_COLORS.len()];
-            let sp: Vec<(f64, f64)> = s
+            let sp: Vec<(i32, f64)> = s
                 .points
                 .iter()
-                .map(|p| (p.processes as f64, p.speedup))
+                .map(|p| (p.processes as i32, p.speedup))
                 .collect();
-            let ef: Vec<(f64, f64)> = s
+            let ef: Vec<(i32, f64)> = s
                 .points
                 .iter()
-                .map(|p| (p.processes as f64, p.efficiency))
+                .map(|p| (p.processes as i32, p.efficiency))
                 .collect();
             a.draw_series(LineSeries::new(sp.clone(), c.stroke_width(2)))
                 .map_err(err)?
@@ -227,6 +272,7 @@ pub fn scaling_svg(series: &[Scaling], title: &str) -> Result<String, PlotError>
         }
         a.configure_series_labels()
             .position(SeriesLabelPosition::UpperLeft)
+            .label_font(("sans-serif", 16))
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
@@ -251,6 +297,7 @@ pub fn charts(
         trend_svg(
             &s.points,
             &format!("{}: % of peak as the problem grows", s.workload),
+            &s.processes,
         )?,
     ));
     if !s.scaling.is_empty() {
@@ -259,6 +306,7 @@ pub fn charts(
             scaling_svg(
                 &s.scaling,
                 &format!("{}: strong scaling ({})", s.workload, s.processes),
+                &s.processes,
             )?,
         ));
     }
@@ -279,7 +327,7 @@ pub fn charts(
                 line.push((pl.point.oi.analytic, pl.point.achieved_flops));
                 points.push(crate::PlotPoint {
                     label: format!("#{}", sp.index),
-                    group: format!("{q} {}", s.processes),
+                    group: count(*q, &s.processes),
                     intensity: pl.point.oi.analytic,
                     achieved: pl.point.achieved_flops,
                     attainable: pl.point.bound.attainable,
@@ -352,10 +400,11 @@ mod tests {
             p(1024, 1, 59.6),
             p(64, 2, 4.0),
         ];
-        let svg = trend_svg(&pts, "trend").unwrap();
+        let svg = trend_svg(&pts, "trend", "threads").unwrap();
         assert!(
-            svg.contains("59.6%") && svg.contains("1 processes") && svg.contains("2 processes")
+            svg.contains("59.6%") && svg.contains("\n1 thread\n") && svg.contains("\n2 threads\n")
         );
+        assert!(!svg.contains("processes"), "a thread sweep says threads");
         let s = vec![Scaling {
             problem: "64 images".into(),
             points: vec![
@@ -373,9 +422,12 @@ mod tests {
                 },
             ],
         }];
-        let svg = scaling_svg(&s, "scaling").unwrap();
+        let svg = scaling_svg(&s, "scaling", "ranks").unwrap();
         assert!(svg.contains("ideal") && svg.contains("64 images") && svg.contains("Efficiency"));
-        assert!(scaling_svg(&[], "x").is_err());
-        assert!(trend_svg(&[], "x").is_err());
+        assert!(svg.contains("\nRanks\n"), "the axis names what was swept");
+        // Whole counts on the x axis (an integer axis: "1", "2", never "1.2").
+        assert!(svg.contains("\n1\n") && svg.contains("\n2\n"), "{svg}");
+        assert!(scaling_svg(&[], "x", "ranks").is_err());
+        assert!(trend_svg(&[], "x", "ranks").is_err());
     }
 }

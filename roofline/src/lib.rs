@@ -8,6 +8,7 @@ pub mod bagging;
 pub mod bound;
 pub mod gate;
 pub mod ids;
+pub mod load;
 pub mod machine;
 pub mod peaks;
 pub mod placement;
@@ -19,6 +20,7 @@ pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};
 pub use ids::{CeilingId, ConvDir, Family, Level, MemOp, On, Precision, Threads};
+pub use load::LoadCheck;
 pub use machine::*;
 pub use peaks::{cpu_peak, PeakDb};
 pub use stats::Stats;

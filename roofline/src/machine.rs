@@ -424,6 +424,10 @@ pub struct Provenance {
     pub quick: bool,
     /// Wall time of the whole probe, seconds.
     pub duration_s: f64,
+    /// Whether the machine was quiet while it was measured (absent: not checked, as in
+    /// files written before the check, or under MPI where the job's own ranks share a node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub load: Option<crate::LoadCheck>,
 }
 
 /// One NVLink link of a GPU.

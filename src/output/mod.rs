@@ -68,6 +68,9 @@ pub fn machine_table(m: &Machine) {
             100.0 * s.ratio
         );
     }
+    if let Some(w) = m.provenance.load.as_ref().and_then(|l| l.warning()) {
+        println!("WARNING: {w}");
+    }
     println!();
     println!(
         "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",

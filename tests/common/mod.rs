@@ -94,3 +94,33 @@ pub fn expect_input_error(args: &[&str], extra: Option<&Path>, needle: &str) {
     assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// The figure check (`roofline_plots::check`) run on `file` (an SVG, or an HTML page holding
+/// figures) in headless Chromium, as the browser lays it out; None (after saying so) when no
+/// Chromium is here. Asserts that the script ran.
+pub fn figure_check(file: &Path) -> Option<roofline_plots::check::Found> {
+    let chrome = chromium("the figure check")?;
+    let doc = std::fs::read_to_string(file).unwrap();
+    let page = file.with_extension("check.html");
+    std::fs::write(&page, roofline_plots::check::page(&doc)).unwrap();
+    let o = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&o.stdout);
+    let found = roofline_plots::check::Found::from_dom(&dom)
+        .unwrap_or_else(|| panic!("the figure check did not run on {}", file.display()));
+    assert!(found.texts > 0, "{}: no text at all", file.display());
+    Some(found)
+}
+
+/// Asserts that every figure of `files` is fit for a report: no text overlapping another,
+/// none crossed by a line that is not its own, none smaller than the minimum font.
+pub fn assert_figures_fit(files: &[&Path]) {
+    for f in files {
+        if let Some(found) = figure_check(f) {
+            assert!(found.clean(), "{}: {found:?}", f.display());
+        }
+    }
+}

@@ -81,6 +81,24 @@ fn chain(mut x: u64, n: u64) -> u64 {
     x
 }
 
+/// The calling thread's core clock, Hz, from the add chain alone (not the counter's factor):
+/// the best of `repeats` runs of about 10 ms each. For a quick reference, not a ceiling.
+pub fn quick_hz(repeats: usize) -> f64 {
+    let iters = 30_000u64;
+    let mut best = 0.0f64;
+    let mut x = 0;
+    for _ in 0..repeats.max(1) {
+        let t = std::time::Instant::now();
+        x = chain(x, iters);
+        let s = t.elapsed().as_secs_f64();
+        if s > 0.0 {
+            best = best.max((iters * ADDS_PER_ITER) as f64 / s);
+        }
+    }
+    std::hint::black_box(x);
+    best
+}
+
 /// Core cycles per add of the chain, by the CPU's cycle counter (`perf_event_open`) on the
 /// calling thread: two runs of different lengths, their difference (start-up cancels). 1.00
 /// confirms that adds per second is the clock; `None` where the counter cannot be read.

@@ -6,6 +6,7 @@
 use super::{cpu as cpu_probe, gpu as gpu_probe, Progress, Section};
 use crate::cuda::CudaError;
 use crate::ProbeError;
+use roofline_collectors::load;
 use roofline_model::{CpuInfo, GpuInfo, Machine, Provenance, MACHINE_SCHEMA};
 use std::path::Path;
 use std::sync::atomic::AtomicBool;
@@ -105,6 +106,9 @@ pub struct NodeConfig {
     /// Every core roofline may use here.
     pub machine_cores: Vec<usize>,
     pub quick: bool,
+    /// Check that the machine is quiet (`provenance.load`): not under MPI, where the job's
+    /// own ranks share the node.
+    pub check_load: bool,
 }
 
 /// The cores for the `all` ceilings (`threads` of them, checked; default one per physical
@@ -181,6 +185,12 @@ pub fn probe(
 ) -> Result<Machine, NodeError> {
     let ident = roofline_collectors::cpu_ident();
     let mut cpu = roofline_collectors::cpu_info(&ident, cfg.machine_cores.len());
+    // The idle reference, before the work: others' share of the CPUs, the one-core clock.
+    let window = std::time::Duration::from_millis(300);
+    let before = cfg
+        .check_load
+        .then(|| (load::others_over(window), crate::cpu::clock::quick_hz(5)));
+    let during_from = load::cpu_times();
     let cpu_cfg = cpu_probe::CpuConfig {
         cores: cfg.cores.clone(),
         caches: cpu.caches.clone(),
@@ -251,6 +261,23 @@ pub fn probe(
     cpu.measured_clock_hz_t1 = result.clock_t1.clone();
     cpu.measured_clock_hz_all = result.clock_all.clone();
     let mut notes = result.notes.clone();
+    // ... and checked after it.
+    let load_check = before.map(|(others_before, clock_before)| {
+        let during = during_from
+            .zip(load::cpu_times())
+            .and_then(|(a, b)| load::others_share(&a, &b));
+        let clock_after = crate::cpu::clock::quick_hz(5);
+        let others_after = load::others_over(window);
+        roofline_model::LoadCheck::judge(
+            [others_before, during, others_after],
+            Some(clock_before).filter(|c| *c > 0.0),
+            result.clock_t1.as_ref().map(|s| s.median),
+            Some(clock_after).filter(|c| *c > 0.0),
+        )
+    });
+    if let Some(w) = load_check.as_ref().and_then(|l| l.warning()) {
+        notes.push(w);
+    }
     cpu.shared_cores = roofline_model::SharedCores::detect(&cpu, &result.ceilings);
     if let Some(s) = &cpu.shared_cores {
         notes.push(format!(
@@ -284,6 +311,7 @@ pub fn probe(
         .collect();
     p.gpus = gpu_infos;
     p.notes = notes;
+    p.load = load_check;
     Ok(Machine {
         ceilings: result.ceilings,
         curves: result.curves,
