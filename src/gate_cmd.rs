@@ -3,7 +3,7 @@
 use crate::output::gate as gate_out;
 use crate::Failure;
 use anyhow::anyhow;
-use roofline_model::gate::{gate, pool, read_input, Rules};
+use roofline_model::gate::{gate, not_comparable, pool, read_input, Rules};
 use roofline_model::write::write_atomic;
 use std::path::PathBuf;
 
@@ -32,9 +32,10 @@ pub struct GateArgs {
     pub current: Vec<PathBuf>,
     /// Tolerances per id pattern (TOML): `[default] tolerance = 0.10, confidence = 0.95` and
     /// `[[rule]] pattern = "cpu/mem/*" tolerance = 0.15` (first match wins; `ignore = true`
-    /// leaves ids out); it replaces the built-in rules: 10% at 95% confidence, except DRAM
-    /// bandwidth 65%, HBM 25%, other memory levels 20%, GEMM and convolution 25%, network and
-    /// storage 50% (what moves between runs of one shared VM; tighten them on dedicated nodes).
+    /// leaves ids out); it replaces the built-in rules, which take each id's tolerance from the
+    /// files' own spread (the wider of the two runs' (max − min) / median, 2% to 50%) at 95%
+    /// confidence. Files of different work (workload, shapes, batch, precision, threads,
+    /// ranks, hardware) or measured on a busy machine are refused (exit 2) before any rule.
     #[arg(long, value_name = "TOML")]
     pub rules: Option<PathBuf>,
     /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
@@ -106,6 +107,24 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
             kb,
             kc
         )));
+    }
+    // Every file against the first baseline: the same work, a quiet machine.
+    for (i, g) in bases.iter().chain(&currents).enumerate() {
+        let why = not_comparable(&bases[0], g);
+        if !why.is_empty() {
+            let file = a
+                .baseline
+                .iter()
+                .chain(&a.current)
+                .nth(i)
+                .map(|p| p.display().to_string());
+            return Err(input(format!(
+                "{} and {} are not comparable: {}",
+                names(&a.baseline[..1]),
+                file.unwrap_or_default(),
+                why.join("; ")
+            )));
+        }
     }
     let (Some(base), Some(cur)) = (pool(bases), pool(currents)) else {
         return Err(input("nothing to compare".into()));

@@ -118,14 +118,21 @@ fn half(v: &serde_json::Value) -> serde_json::Value {
 }
 
 /// `gate`: a result against itself passes; with the FMA ceilings' samples halved it fails and
-/// names them, in every format; a different CPU is a warning (an error with --strict); missing
-/// ids fail only with --strict; --update-baseline replaces the baseline; bad input exits 2.
+/// names them, in every format; another kernel is a warning (an error with --strict); another
+/// CPU, other `--threads`, or a busy machine are not compared (exit 2); missing ids fail only
+/// with --strict; --update-baseline replaces the baseline; bad input exits 2.
 #[test]
 fn gate_catches_a_slower_fma_and_not_an_identical_run() {
     let (machine, _) = quick_machine();
     let dir = tmpdir("gate");
     let base = dir.join("base.json");
-    std::fs::copy(machine, &base).unwrap();
+    // The shared quick probe may have run beside other tests (a busy machine, which gate
+    // refuses: checked below); the comparisons here take it as quiet.
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
+    let load = m["provenance"].as_object_mut().unwrap().remove("load");
+    std::fs::write(&base, serde_json::to_string(&m).unwrap()).unwrap();
+    let machine = &base.clone();
     let gate = |args: &[&str]| {
         bin()
             .arg("gate")
@@ -160,7 +167,7 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
             }
         }
     }
-    m["provenance"]["cpu"]["model_name"] = serde_json::json!("Another CPU");
+    m["provenance"]["kernel"] = serde_json::json!("another kernel");
     let slow = dir.join("slow.json");
     std::fs::write(&slow, serde_json::to_string(&m).unwrap()).unwrap();
     let s = slow.to_str().unwrap();
@@ -169,8 +176,8 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("REGRESSED") && out.contains("FAIL"), "{out}");
     assert!(
-        out.contains("CPU: baseline"),
-        "the changed CPU is reported: {out}"
+        out.contains("kernel: baseline"),
+        "the changed kernel is reported: {out}"
     );
     let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
     assert!(
@@ -245,6 +252,49 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
         std::fs::read(&fresh).unwrap(),
         std::fs::read(&slow).unwrap()
     );
+    // Not comparable: another CPU, other `all` threads, a busy machine.
+    let variant = |name: &str, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&slow).unwrap()).unwrap();
+        f(&mut v);
+        let p = dir.join(name);
+        std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
+        p
+    };
+    let cpu = variant("cpu.json", &|v| {
+        v["provenance"]["cpu"]["model_name"] = serde_json::json!("Another CPU")
+    });
+    expect_input_error(
+        &["gate", "--baseline", s, "--current"],
+        Some(&cpu),
+        "not comparable: CPU: baseline",
+    );
+    let threads = variant("threads.json", &|v| {
+        for c in v["ceilings"].as_array_mut().unwrap() {
+            if c["id"].as_str().unwrap().ends_with("/all") {
+                c["threads"] = serde_json::json!(1);
+            }
+        }
+    });
+    expect_input_error(
+        &["gate", "--baseline", s, "--current"],
+        Some(&threads),
+        "threads of the `all` ceilings",
+    );
+    let busy = variant("busy.json", &|v| {
+        v["provenance"]["load"] = serde_json::json!({
+            "others_before": 0.5, "others_during": 0.5, "others_after": 0.5,
+            "clock_before_hz": null, "clock_after_hz": null, "clock_during_hz": null,
+            "busy": ["other processes took 50% of the CPUs during the work"]
+        })
+    });
+    expect_input_error(
+        &["gate", "--baseline", s, "--current"],
+        Some(&busy),
+        "busy machine",
+    );
+    // What the quick probe saw of the machine is in its file.
+    assert!(load.is_some(), "provenance.load is written");
     // Bad input.
     expect_input_error(
         &["gate", "--current", s, "--baseline"],

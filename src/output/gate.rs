@@ -51,8 +51,8 @@ pub fn table(r: &Report, strict: bool, confidence: f64) -> String {
     let mut o = format!(
         "{:<40} {:>14} {:>14} {:>9} {:>20} {:>6}  verdict\n",
         "id",
-        "baseline",
-        "current",
+        "baseline (med.)",
+        "current (med.)",
         "change",
         format!("{:.0}% interval", 100.0 * confidence),
         "tol."
@@ -84,7 +84,7 @@ pub fn table(r: &Report, strict: bool, confidence: f64) -> String {
 pub fn markdown(r: &Report, strict: bool, confidence: f64) -> String {
     let mut o = format!("### roofline gate: {}\n\n", summary(r, strict));
     o += &format!(
-        "| id | baseline | current | change | {:.0}% interval | tolerance | verdict |\n|---|---:|---:|---:|---:|---:|---|\n",
+        "| id | baseline (median) | current (median) | change | {:.0}% interval | tolerance | verdict |\n|---|---:|---:|---:|---:|---:|---|\n",
         100.0 * confidence
     );
     // Regressions first.
@@ -134,8 +134,11 @@ pub fn junit(r: &Report, strict: bool) -> String {
             0
         };
     let tests = r.comparisons.len() + r.missing.len() + usize::from(!r.provenance.is_empty());
+    let skipped = if strict { 0 } else { r.missing.len() };
+    // The attributes the common xunit schema (Jenkins' junit-10) requires of a testsuite —
+    // name, tests, failures, errors — and of a testcase — name.
     let mut o = format!(
-        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n<testsuite name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\">\n"
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\">\n<testsuite name=\"roofline gate\" tests=\"{tests}\" failures=\"{failures}\" errors=\"0\" skipped=\"{skipped}\">\n"
     );
     for c in &r.comparisons {
         let msg = finding(c);
@@ -179,37 +182,162 @@ pub fn junit(r: &Report, strict: bool) -> String {
     o + "</testsuite>\n</testsuites>\n"
 }
 
-/// GitHub Actions workflow commands: one annotation per finding, a notice with the summary.
+/// How many annotations of one level GitHub shows per step.
+pub const GITHUB_LIMIT: usize = 10;
+
+/// GitHub Actions workflow commands, within what GitHub shows (10 annotations of each level
+/// per step): the worst regressions as errors, the rest in one summary error; missing ids and
+/// provenance as warnings (errors with --strict) the same way; a notice with the verdict.
 pub fn github(r: &Report, strict: bool) -> String {
     // Workflow-command data must not contain raw newlines or %.
     let clean = |s: &str| s.replace('%', "%25").replace('\n', "%0A");
-    let mut o = String::new();
-    for c in r
+    let mut regressed: Vec<&Comparison> = r
         .comparisons
         .iter()
         .filter(|c| c.verdict == Verdict::Regressed)
-    {
-        o += &format!(
-            "::error title=roofline gate: {} regressed::{}\n",
-            clean(&c.id),
-            clean(&finding(c))
-        );
-    }
+        .collect();
+    regressed.sort_by(|a, b| a.change.total_cmp(&b.change));
     let level = if strict { "error" } else { "warning" };
+    // (level, title, message), in the order shown.
+    let mut notes: Vec<(&str, String, String)> = regressed
+        .iter()
+        .map(|c| {
+            (
+                "error",
+                format!("roofline gate: {} regressed", c.id),
+                finding(c),
+            )
+        })
+        .collect();
     for m in &r.missing {
-        o += &format!(
-            "::{level} title=roofline gate: missing id::{} is missing from the current result\n",
-            clean(m)
-        );
+        notes.push((
+            level,
+            "roofline gate: missing id".into(),
+            format!("{m} is missing from the current result"),
+        ));
     }
     for p in &r.provenance {
-        o += &format!(
-            "::{level} title=roofline gate: different machine or software::{}\n",
-            clean(p)
-        );
+        notes.push((
+            level,
+            "roofline gate: different machine or software".into(),
+            p.clone(),
+        ));
+    }
+    let mut o = String::new();
+    for lv in ["error", "warning"] {
+        let these: Vec<&(&str, String, String)> = notes.iter().filter(|n| n.0 == lv).collect();
+        let shown = if these.len() > GITHUB_LIMIT {
+            GITHUB_LIMIT - 1
+        } else {
+            these.len()
+        };
+        for (_, title, msg) in &these[..shown] {
+            o += &format!("::{lv} title={}::{}\n", clean(title), clean(msg));
+        }
+        if these.len() > shown {
+            let rest: Vec<String> = these[shown..]
+                .iter()
+                .map(|(_, t, m)| format!("{}: {m}", t.trim_start_matches("roofline gate: ")))
+                .collect();
+            o += &format!(
+                "::{lv} title=roofline gate: {} more::{}\n",
+                rest.len(),
+                clean(&rest.join("\n"))
+            );
+        }
     }
     o + &format!(
         "::notice title=roofline gate::{}\n",
         clean(&summary(r, strict))
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_model::gate::Direction;
+
+    fn report(regressions: usize) -> Report {
+        let c = |i: usize| Comparison {
+            id: format!("cpu/mem/L{i}/read/all"),
+            unit: "B/s".into(),
+            direction: Direction::Higher,
+            baseline: 100.0,
+            current: 50.0 + i as f64,
+            change: -0.5 + 0.01 * i as f64,
+            low: -0.6,
+            high: -0.4,
+            tolerance: 0.1,
+            verdict: Verdict::Regressed,
+            samples: (5, 5),
+        };
+        Report {
+            comparisons: (0..regressions).map(c).collect(),
+            missing: vec!["cpu/fma/f64/all".into()],
+            added: vec![],
+            provenance: vec!["kernel: baseline a, current b".into()],
+            ignored: 0,
+        }
+    }
+
+    #[test]
+    fn github_annotations_stay_within_its_limits() {
+        let gh = github(&report(37), false);
+        let errors: Vec<&str> = gh.lines().filter(|l| l.starts_with("::error")).collect();
+        assert_eq!(errors.len(), GITHUB_LIMIT);
+        // The worst first (the most negative change), the 28 others in one summary.
+        assert!(errors[0].contains("cpu/mem/L0/read/all regressed"), "{gh}");
+        assert!(
+            errors[9].starts_with("::error title=roofline gate: 28 more::"),
+            "{gh}"
+        );
+        assert_eq!(gh.lines().filter(|l| l.starts_with("::warning")).count(), 2);
+        assert_eq!(gh.lines().filter(|l| l.starts_with("::notice")).count(), 1);
+        let few = github(&report(3), true);
+        assert_eq!(few.lines().filter(|l| l.starts_with("::error")).count(), 5);
+    }
+
+    /// Against the common xunit schema (Jenkins' junit-10): testsuite has name, tests,
+    /// failures and errors; every testcase a name; a testcase holds only skipped, error,
+    /// failure, system-out and system-err; the counts match the cases.
+    #[test]
+    fn junit_has_what_the_xunit_schema_requires() {
+        for strict in [false, true] {
+            let x = junit(&report(4), strict);
+            let attrs = |tag: &str| -> Vec<String> {
+                x.match_indices(&format!("<{tag} "))
+                    .map(|(i, _)| x[i..i + x[i..].find('>').unwrap()].to_string())
+                    .collect()
+            };
+            let suites = attrs("testsuite");
+            assert_eq!(suites.len(), 1);
+            for a in ["name=", "tests=\"6\"", "errors=\"0\"", "skipped="] {
+                assert!(suites[0].contains(a), "{a} in {}", suites[0]);
+            }
+            let failures = if strict {
+                "failures=\"6\""
+            } else {
+                "failures=\"4\""
+            };
+            assert!(suites[0].contains(failures), "{}", suites[0]);
+            let cases = attrs("testcase");
+            assert_eq!(cases.len(), 6);
+            assert!(cases.iter().all(|c| c.contains(" name=\"")));
+            for (i, _) in x.match_indices("<testcase ") {
+                let end = i + x[i..].find("</testcase>").unwrap();
+                let inner = &x[i + x[i..].find('>').unwrap() + 1..end];
+                for (j, _) in inner.match_indices('<') {
+                    let name: String = inner[j + 1..]
+                        .chars()
+                        .take_while(|c| c.is_alphanumeric() || *c == '-' || *c == '/')
+                        .collect();
+                    let name = name.trim_start_matches('/');
+                    assert!(
+                        ["skipped", "error", "failure", "system-out", "system-err"].contains(&name),
+                        "<{name}> in a testcase"
+                    );
+                }
+            }
+        }
+    }
 }

@@ -9,10 +9,7 @@
 //! of 1). Tolerances come per id pattern (globs: `*` any run of characters, `?` one) from a rules
 //! file, with a default.
 
-use crate::machine::{Machine, Provenance};
-use crate::placement::Placement;
-use crate::score::Score;
-use crate::ModelError;
+use crate::machine::Provenance;
 use serde::Deserialize;
 
 /// Which way is better.
@@ -33,169 +30,10 @@ impl Direction {
     }
 }
 
-/// One comparable figure of a result.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Metric {
-    pub id: String,
-    pub unit: String,
-    pub direction: Direction,
-    /// The headline value (the ceiling, the best step, the olympic mean).
-    pub value: f64,
-    /// The samples behind it (at least the value itself).
-    pub samples: Vec<f64>,
-}
-
-/// A result file gate can compare, with its provenance.
-#[derive(Clone, Debug)]
-pub struct GateInput {
-    pub kind: &'static str,
-    pub provenance: Provenance,
-    pub metrics: Vec<Metric>,
-}
-
-fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Metric {
-    Metric {
-        id,
-        unit: unit.to_string(),
-        direction: Direction::of_unit(unit),
-        value,
-        samples: if samples.is_empty() {
-            vec![value]
-        } else {
-            samples.to_vec()
-        },
-    }
-}
-
-/// Reads any of the three result kinds (by its schema).
-pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
-    let value: serde_json::Value = serde_json::from_str(text).map_err(ModelError::Json)?;
-    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
-    match schema {
-        crate::MACHINE_SCHEMA => {
-            let m = Machine::from_json(text)?;
-            let mut metrics: Vec<Metric> = m
-                .ceilings
-                .iter()
-                .map(|c| metric(c.id.clone(), &c.unit, c.value, &c.stats.values))
-                .collect();
-            for n in &m.nodes {
-                for c in &n.ceilings {
-                    metrics.push(metric(
-                        format!("node{}/{}", n.node, c.id),
-                        &c.unit,
-                        c.value,
-                        &c.stats.values,
-                    ));
-                }
-            }
-            Ok(GateInput {
-                kind: "machine",
-                provenance: m.provenance,
-                metrics,
-            })
-        }
-        crate::placement::PLACEMENT_SCHEMA => {
-            let p = Placement::from_json(text)?;
-            let w = &p.workload.name;
-            let mut metrics = vec![
-                metric(
-                    format!("placement/{w}/achieved"),
-                    "FLOP/s",
-                    p.point.achieved_flops,
-                    &p.point.achieved.values,
-                ),
-                metric(
-                    format!("placement/{w}/step"),
-                    "s",
-                    p.point.seconds_per_step.median,
-                    &p.point.seconds_per_step.values,
-                ),
-            ];
-            for l in &p.layers {
-                metrics.push(metric(
-                    format!("placement/{w}/layer/{}", l.label),
-                    "FLOP/s",
-                    l.achieved_flops,
-                    &l.achieved.values,
-                ));
-            }
-            Ok(GateInput {
-                kind: "placement",
-                provenance: p.provenance,
-                metrics,
-            })
-        }
-        crate::score::SCORE_SCHEMA => {
-            let s = Score::from_json(text)?;
-            let w = &s.workload;
-            let runs =
-                |f: fn(&crate::score::Run) -> f64| -> Vec<f64> { s.runs.iter().map(f).collect() };
-            let sc = &s.scores;
-            let mut metrics = vec![
-                metric(
-                    format!("score/{w}/flops"),
-                    "FLOP/s",
-                    sc.flops.mean,
-                    &runs(|r| r.flops),
-                ),
-                metric(
-                    format!("score/{w}/vflops"),
-                    "FLOP/s",
-                    sc.vflops.mean,
-                    &runs(|r| r.vflops),
-                ),
-                metric(
-                    format!("score/{w}/time_to_quality"),
-                    "s",
-                    sc.time_to_quality_s.mean,
-                    &runs(|r| r.time_to_quality_s),
-                ),
-            ];
-            // A bagged score (V3.0): its flops and vflops above are the ensemble's; the single
-            // model's and the ensemble's quality beside them.
-            if let Some(b) = &sc.bagging {
-                let bag = |f: fn(&crate::bagging::BaggedRun) -> f64| -> Vec<f64> {
-                    s.runs
-                        .iter()
-                        .filter_map(|r| r.bagging.as_ref())
-                        .map(f)
-                        .collect()
-                };
-                metrics.push(metric(
-                    format!("score/{w}/bagging/single_model_flops"),
-                    "FLOP/s",
-                    b.single_model_flops.mean,
-                    &bag(|r| r.members.first().map_or(0.0, |m| m.flops)),
-                ));
-                metrics.push(metric(
-                    format!("score/{w}/bagging/ensemble_quality"),
-                    &s.target.metric,
-                    b.ensemble_quality.mean,
-                    &bag(|r| r.ensemble_quality),
-                ));
-            }
-            Ok(GateInput {
-                kind: "score",
-                provenance: s.provenance,
-                metrics,
-            })
-        }
-        other => Err(ModelError::Schema {
-            expected: format!(
-                "{}, {} or {}",
-                crate::MACHINE_SCHEMA,
-                crate::placement::PLACEMENT_SCHEMA,
-                crate::score::SCORE_SCHEMA
-            ),
-            found: if other.is_empty() {
-                "no \"schema\" field".into()
-            } else {
-                format!("\"{other}\"")
-            },
-        }),
-    }
-}
+mod input;
+#[cfg(test)]
+use input::metric;
+pub use input::{read_input, GateInput, Metric};
 
 /// `gate.toml`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -206,6 +44,10 @@ pub struct Rules {
     /// The first rule whose pattern matches an id gives its tolerance.
     #[serde(default, rename = "rule")]
     pub rules: Vec<Rule>,
+    /// The built-in rules: each id's tolerance from the two files' own spread
+    /// ([`spread_tolerance`]), not from a table.
+    #[serde(skip)]
+    pub from_spread: bool,
 }
 
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -245,30 +87,77 @@ pub struct Rule {
     pub ignore: bool,
 }
 
-/// The built-in rules: tolerances by how much each kind of figure moves between runs of the
-/// same machine (measured on a shared 2-core VM: peak FMA within ±5%, GEMM and convolution
-/// ±20%, caches ±15%, DRAM bandwidth by up to 2× when neighbours load the memory system). On a
-/// dedicated node tighten them with a rules file; on a noisy one gate several runs at once.
+/// The built-in rules: every id's tolerance from the files' own spread ([`spread_tolerance`]),
+/// at 95% confidence. A rules file replaces them with fixed tolerances.
 impl Default for Rules {
     fn default() -> Self {
-        let rule = |pattern: &str, tolerance: f64| Rule {
-            pattern: pattern.into(),
-            tolerance,
-            ignore: false,
-        };
         Rules {
             default: Defaults::default(),
-            rules: vec![
-                rule("*/mem/DRAM/*", 0.65),
-                rule("*/mem/HBM/*", 0.25),
-                rule("*/mem/*", 0.20),
-                rule("*/gemm/*", 0.25),
-                rule("*/conv/*", 0.25),
-                rule("net/*", 0.50),
-                rule("io/*", 0.50),
-            ],
+            rules: Vec::new(),
+            from_spread: true,
         }
     }
+}
+
+/// The spread of samples: (max − min) / median; 0 for one sample.
+pub fn spread(samples: &[f64]) -> f64 {
+    if samples.len() < 2 {
+        return 0.0;
+    }
+    let mut v = samples.to_vec();
+    let m = median(&mut v);
+    let lo = v.iter().copied().fold(f64::INFINITY, f64::min);
+    let hi = v.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+    if m > 0.0 {
+        (hi - lo) / m
+    } else {
+        0.0
+    }
+}
+
+/// The tolerance the built-in rules give one id: the wider of the two files' spreads (what
+/// the figure moved within each run), at least [`MIN_TOLERANCE`] and at most
+/// [`MAX_TOLERANCE`]. A change beyond what either run saw of itself is a change.
+pub fn spread_tolerance(b: &Metric, c: &Metric) -> f64 {
+    spread(&b.samples)
+        .max(spread(&c.samples))
+        .clamp(MIN_TOLERANCE, MAX_TOLERANCE)
+}
+
+/// The built-in tolerance's floor (clock and timer resolution) and ceiling.
+pub const MIN_TOLERANCE: f64 = 0.02;
+pub const MAX_TOLERANCE: f64 = 0.5;
+
+/// Why two results cannot be compared: they describe different work (workload, shapes, batch,
+/// precision, device, threads, ranks, hardware), or one was measured on a busy machine. Empty
+/// when they can.
+pub fn not_comparable(base: &GateInput, cur: &GateInput) -> Vec<String> {
+    let mut out = Vec::new();
+    let (hb, hc) = (
+        input::hardware(&base.provenance),
+        input::hardware(&cur.provenance),
+    );
+    let (wb, wc) = (
+        [&base.work[..], &hb].concat(),
+        [&cur.work[..], &hc].concat(),
+    );
+    for (what, b) in &wb {
+        match wc.iter().find(|w| w.0 == *what) {
+            Some((_, c)) if c != b => {
+                out.push(format!("{what}: baseline {b}, current {c}"));
+            }
+            _ => {}
+        }
+    }
+    for (name, g) in [("baseline", base), ("current", cur)] {
+        if let Some(l) = g.provenance.load.as_ref().filter(|l| l.is_busy()) {
+            out.push(format!(
+                "the {name} was measured on a busy machine ({})",
+                l.busy.join("; ")
+            ));
+        }
+    }
+    out
 }
 
 /// Several runs of one kind as one: every id's samples pooled over the runs (so that the
@@ -438,6 +327,7 @@ pub struct Comparison {
     pub id: String,
     pub unit: String,
     pub direction: Direction,
+    /// The medians of the samples: the figures the change compares.
     pub baseline: f64,
     pub current: f64,
     /// Relative change of the medians, signed so that negative is worse.
@@ -474,8 +364,8 @@ pub fn compare(b: &Metric, c: &Metric, tolerance: f64, confidence: f64) -> Compa
         id: b.id.clone(),
         unit: b.unit.clone(),
         direction: b.direction,
-        baseline: b.value,
-        current: c.value,
+        baseline: median(&mut b.samples.clone()),
+        current: median(&mut c.samples.clone()),
         change,
         low,
         high,
@@ -517,7 +407,14 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
             continue;
         };
         match cur.metrics.iter().find(|c| c.id == b.id) {
-            Some(c) => comparisons.push(compare(b, c, tol, rules.default.confidence)),
+            Some(c) => {
+                let tol = if rules.from_spread {
+                    spread_tolerance(b, c)
+                } else {
+                    tol
+                };
+                comparisons.push(compare(b, c, tol, rules.default.confidence))
+            }
             None => missing.push(b.id.clone()),
         }
     }
@@ -674,6 +571,7 @@ mod tests {
             }))
             .unwrap(),
             metrics: vec![m("cpu/mem/DRAM/triad/all", "B/s", noisy(v, 0.01, 3, seed))],
+            work: vec![("CPU", "m".into())],
         };
         let strict = Rules::parse("[default]\ntolerance = 0.1\n").unwrap();
         let one = gate(&run(100.0, 1), &run(50.0, 2), &strict);
@@ -721,11 +619,72 @@ mod tests {
             "unknown tables are errors"
         );
         let d = Rules::default();
-        assert_eq!(d.default.tolerance, 0.10);
-        assert_eq!(d.tolerance("cpu/fma/f32/all"), Some(0.10));
-        assert_eq!(d.tolerance("cpu/mem/DRAM/triad/all"), Some(0.65));
-        assert_eq!(d.tolerance("cpu/mem/L2/read/t1"), Some(0.20));
-        assert_eq!(d.tolerance("gpu0/gemm/bf16"), Some(0.25));
+        assert!(d.from_spread && d.rules.is_empty());
+        assert!(!r.from_spread, "a rules file gives fixed tolerances");
+    }
+
+    /// The built-in tolerance is the files' own spread: a DRAM ceiling falling 49% with 5%
+    /// noise is a regression; the same noise alone is not; a noisy figure gets a wide one.
+    #[test]
+    fn built_in_tolerances_come_from_the_files_spread() {
+        let d = Rules::default();
+        let one = |id: &str, s: Vec<f64>| GateInput {
+            kind: "machine",
+            provenance: crate::placement::tests::machine().provenance,
+            metrics: vec![m(id, "B/s", s)],
+            work: vec![],
+        };
+        let base = one("cpu/mem/DRAM/read/all", noisy(40e9, 0.05, 5, 1));
+        let fell = one("cpu/mem/DRAM/read/all", noisy(0.51 * 40e9, 0.05, 5, 2));
+        let same = one("cpu/mem/DRAM/read/all", noisy(40e9, 0.05, 5, 3));
+        let r = gate(&base, &fell, &d);
+        assert_eq!(r.regressions(), 1, "{:?}", r.comparisons);
+        let t = r.comparisons[0].tolerance;
+        assert!((MIN_TOLERANCE..0.3).contains(&t), "{t}");
+        assert_eq!(gate(&base, &same, &d).regressions(), 0);
+        // The table's figures are the medians the change compares.
+        let c = &r.comparisons[0];
+        assert!((c.current / c.baseline - 1.0 - c.change).abs() < 1e-9);
+        let wide = one("x", vec![1.0, 2.0, 3.0]);
+        assert_eq!(
+            spread_tolerance(&wide.metrics[0], &wide.metrics[0]),
+            MAX_TOLERANCE
+        );
+    }
+
+    /// Files of different work, or from a busy machine, are not compared.
+    #[test]
+    fn different_work_and_busy_machines_are_not_comparable() {
+        let p = |batch: usize, width: &str| GateInput {
+            kind: "placement",
+            provenance: crate::placement::tests::machine().provenance,
+            metrics: vec![m("placement/resnet50/achieved", "FLOP/s", vec![1.0])],
+            work: vec![
+                ("shapes", format!("ResNet-50 v1.5 (width {width})")),
+                ("batch", format!("{:?}", Some(batch))),
+                ("precision", "f32".into()),
+            ],
+        };
+        let (a, b) = (p(8, "1"), p(16, "0.25"));
+        let why = not_comparable(&a, &b);
+        assert_eq!(why.len(), 2, "{why:?}");
+        assert!(
+            why[0].starts_with("shapes:") && why[1].starts_with("batch:"),
+            "{why:?}"
+        );
+        assert!(not_comparable(&a, &a).is_empty());
+        let mut busy = a.clone();
+        busy.provenance.load = Some(crate::LoadCheck::judge(
+            [Some(0.4), None, None],
+            None,
+            None,
+            None,
+        ));
+        let why = not_comparable(&a, &busy);
+        assert!(
+            why[0].contains("current was measured on a busy machine"),
+            "{why:?}"
+        );
     }
 
     #[test]
@@ -742,6 +701,8 @@ mod tests {
             r.provenance
         );
         assert!(r.provenance.iter().any(|p| p.starts_with("libraries")));
+        // Another CPU is other work: not compared at all.
+        assert!(not_comparable(&a, &b)[0].starts_with("CPU: baseline"));
         assert!(gate(&a, &a, &Rules::default()).provenance.is_empty());
         // Missing and added ids.
         let mut c = a.clone();

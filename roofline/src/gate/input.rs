@@ -1,0 +1,232 @@
+//! What gate reads from a result file: its comparable figures with their samples, the work
+//! it describes (compared before any figure: two files of different work are not compared),
+//! and its provenance.
+
+use super::Direction;
+use crate::machine::{Machine, Provenance};
+use crate::placement::Placement;
+use crate::score::Score;
+use crate::ModelError;
+
+/// One comparable figure of a result.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Metric {
+    pub id: String,
+    pub unit: String,
+    pub direction: Direction,
+    /// The headline value (the ceiling, the best step, the olympic mean).
+    pub value: f64,
+    /// The samples behind it (at least the value itself).
+    pub samples: Vec<f64>,
+}
+
+/// A result file gate can compare, with its provenance.
+#[derive(Clone, Debug)]
+pub struct GateInput {
+    pub kind: &'static str,
+    pub provenance: Provenance,
+    pub metrics: Vec<Metric>,
+    /// The work it measured, as (what, value): workload, shapes, batch, precision, device,
+    /// threads, ranks. Two files that differ here (or in their hardware,
+    /// `provenance`) are not compared.
+    pub work: Vec<(&'static str, String)>,
+}
+
+/// The hardware part of a result's work: the CPU, its cores and SIMD, the GPUs.
+pub(super) fn hardware(p: &Provenance) -> Vec<(&'static str, String)> {
+    vec![
+        ("CPU", p.cpu.model_name.clone()),
+        ("CPU cores", p.cpu.cores.to_string()),
+        ("SIMD", p.cpu.simd.clone()),
+        (
+            "GPUs",
+            p.gpus
+                .iter()
+                .map(|g| g.name.clone())
+                .collect::<Vec<_>>()
+                .join(", "),
+        ),
+        (
+            "ranks",
+            p.cluster.as_ref().map_or("1".to_string(), |c| {
+                format!("{} on {} nodes", c.ranks, c.nodes)
+            }),
+        ),
+    ]
+}
+
+pub(super) fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Metric {
+    Metric {
+        id,
+        unit: unit.to_string(),
+        direction: Direction::of_unit(unit),
+        value,
+        samples: if samples.is_empty() {
+            vec![value]
+        } else {
+            samples.to_vec()
+        },
+    }
+}
+
+/// Reads any of the three result kinds (by its schema).
+pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
+    let value: serde_json::Value = serde_json::from_str(text).map_err(ModelError::Json)?;
+    let schema = value.get("schema").and_then(|s| s.as_str()).unwrap_or("");
+    match schema {
+        crate::MACHINE_SCHEMA => {
+            let m = Machine::from_json(text)?;
+            let mut metrics: Vec<Metric> = m
+                .ceilings
+                .iter()
+                .map(|c| metric(c.id.clone(), &c.unit, c.value, &c.stats.values))
+                .collect();
+            for n in &m.nodes {
+                for c in &n.ceilings {
+                    metrics.push(metric(
+                        format!("node{}/{}", n.node, c.id),
+                        &c.unit,
+                        c.value,
+                        &c.stats.values,
+                    ));
+                }
+            }
+            // The `all` ceilings' thread count (--threads) is part of the work.
+            let all_threads = m
+                .ceilings
+                .iter()
+                .filter(|c| c.id.ends_with("/all"))
+                .map(|c| c.threads)
+                .max()
+                .unwrap_or(0);
+            let work = vec![("threads of the `all` ceilings", all_threads.to_string())];
+            Ok(GateInput {
+                kind: "machine",
+                work,
+                provenance: m.provenance,
+                metrics,
+            })
+        }
+        crate::placement::PLACEMENT_SCHEMA => {
+            let p = Placement::from_json(text)?;
+            let w = &p.workload.name;
+            let mut metrics = vec![
+                metric(
+                    format!("placement/{w}/achieved"),
+                    "FLOP/s",
+                    p.point.achieved_flops,
+                    &p.point.achieved.values,
+                ),
+                metric(
+                    format!("placement/{w}/step"),
+                    "s",
+                    p.point.seconds_per_step.median,
+                    &p.point.seconds_per_step.values,
+                ),
+            ];
+            for l in &p.layers {
+                metrics.push(metric(
+                    format!("placement/{w}/layer/{}", l.label),
+                    "FLOP/s",
+                    l.achieved_flops,
+                    &l.achieved.values,
+                ));
+            }
+            let wl = &p.workload;
+            let work = vec![
+                ("workload", format!("{} ({})", wl.name, wl.kind)),
+                ("shapes", wl.description.clone()),
+                ("batch", format!("{:?}", wl.batch)),
+                ("precision", wl.precision.clone()),
+                ("device", wl.device.clone()),
+                ("threads", wl.threads.to_string()),
+                ("ranks", format!("{} on {} nodes", wl.ranks, wl.nodes)),
+                ("parameters", format!("{:?}", wl.parameters)),
+            ];
+            Ok(GateInput {
+                kind: "placement",
+                work,
+                provenance: p.provenance,
+                metrics,
+            })
+        }
+        crate::score::SCORE_SCHEMA => {
+            let s = Score::from_json(text)?;
+            let w = &s.workload;
+            let runs =
+                |f: fn(&crate::score::Run) -> f64| -> Vec<f64> { s.runs.iter().map(f).collect() };
+            let sc = &s.scores;
+            let mut metrics = vec![
+                metric(
+                    format!("score/{w}/flops"),
+                    "FLOP/s",
+                    sc.flops.mean,
+                    &runs(|r| r.flops),
+                ),
+                metric(
+                    format!("score/{w}/vflops"),
+                    "FLOP/s",
+                    sc.vflops.mean,
+                    &runs(|r| r.vflops),
+                ),
+                metric(
+                    format!("score/{w}/time_to_quality"),
+                    "s",
+                    sc.time_to_quality_s.mean,
+                    &runs(|r| r.time_to_quality_s),
+                ),
+            ];
+            // A bagged score (V3.0): its flops and vflops above are the ensemble's; the single
+            // model's and the ensemble's quality beside them.
+            if let Some(b) = &sc.bagging {
+                let bag = |f: fn(&crate::bagging::BaggedRun) -> f64| -> Vec<f64> {
+                    s.runs
+                        .iter()
+                        .filter_map(|r| r.bagging.as_ref())
+                        .map(f)
+                        .collect()
+                };
+                metrics.push(metric(
+                    format!("score/{w}/bagging/single_model_flops"),
+                    "FLOP/s",
+                    b.single_model_flops.mean,
+                    &bag(|r| r.members.first().map_or(0.0, |m| m.flops)),
+                ));
+                metrics.push(metric(
+                    format!("score/{w}/bagging/ensemble_quality"),
+                    &s.target.metric,
+                    b.ensemble_quality.mean,
+                    &bag(|r| r.ensemble_quality),
+                ));
+            }
+            let work = vec![
+                ("workload", s.workload.clone()),
+                ("level", s.level.clone()),
+                ("target", format!("{} {}", s.target.metric, s.target.value)),
+                (
+                    "configuration",
+                    serde_json::Value::Object(s.configuration.clone()).to_string(),
+                ),
+            ];
+            Ok(GateInput {
+                kind: "score",
+                work,
+                provenance: s.provenance,
+                metrics,
+            })
+        }
+        other => Err(ModelError::Schema {
+            expected: format!(
+                "{}, {} or {}",
+                crate::MACHINE_SCHEMA,
+                crate::placement::PLACEMENT_SCHEMA,
+                crate::score::SCORE_SCHEMA
+            ),
+            found: if other.is_empty() {
+                "no \"schema\" field".into()
+            } else {
+                format!("\"{other}\"")
+            },
+        }),
+    }
+}
