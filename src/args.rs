@@ -5,15 +5,16 @@ use anyhow::Context;
 use std::path::Path;
 use std::time::Duration;
 
-/// Fails early (before minutes of probing) when `path` cannot be written.
-pub fn check_writable(path: &Path) -> Result<(), anyhow::Error> {
+/// Fails early (before minutes of probing) when `path` cannot be written; `flag` is the
+/// option that named it (the one to change).
+pub fn check_writable(path: &Path, flag: &str) -> Result<(), anyhow::Error> {
     roofline_model::write::check_target(path)?;
     let tmp = roofline_model::write::temp_path(path);
     std::fs::File::create(&tmp)
         .and_then(|_| std::fs::remove_file(&tmp))
         .with_context(|| {
             format!(
-                "cannot write {} (choose another path with -o)",
+                "cannot write {} (choose another path with {flag})",
                 path.display()
             )
         })

@@ -198,6 +198,8 @@ pub(crate) enum Failure {
     Input(anyhow::Error),
     /// Interrupted: exit 130, nothing written.
     Interrupted,
+    /// Interrupted after writing part of the result: exit 130, saying what was kept.
+    InterruptedKept(String),
     /// A probe failed (e.g. a result check): exit 1.
     Run(anyhow::Error),
     /// Under mpirun: another rank failed and said why; exit with this code, silently.
@@ -252,17 +254,49 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(Failure::Input(e)) => {
-            eprintln!("roofline: error: {e:#}");
+            eprintln!("roofline: error: {}", causes(&e));
             ExitCode::from(2)
         }
         Err(Failure::Interrupted) => {
             eprintln!("roofline: interrupted; nothing was written");
             ExitCode::from(130)
         }
+        Err(Failure::InterruptedKept(kept)) => {
+            eprintln!("roofline: interrupted; kept {kept}");
+            ExitCode::from(130)
+        }
         Err(Failure::Run(e)) => {
-            eprintln!("roofline: error: {e:#}");
+            eprintln!("roofline: error: {}", causes(&e));
             ExitCode::from(1)
         }
         Err(Failure::Quiet(code)) => ExitCode::from(code),
     }
 }
+
+/// For verbs whose work cannot stop half-way (training runs): Ctrl-C says what it leaves
+/// (`kept`: what is on disk, or nothing) and exits 130 at once.
+pub(crate) fn exit_on_ctrlc(kept: String) -> Result<(), Failure> {
+    ctrlc::set_handler(move || {
+        eprintln!("\nroofline: interrupted; {kept}");
+        std::process::exit(130);
+    })
+    .map_err(|e| Failure::Run(anyhow::anyhow!("cannot install the Ctrl-C handler: {e}")))
+}
+
+/// An error and its causes on one line, each cause said once: a cause whose text the line
+/// already holds (an error that prints its source, and chains it too) is left out.
+fn causes(e: &anyhow::Error) -> String {
+    let mut out = String::new();
+    for c in e.chain() {
+        let s = c.to_string();
+        if out.contains(&s) {
+            continue;
+        }
+        if !out.is_empty() {
+            out.push_str(": ");
+        }
+        out.push_str(&s);
+    }
+    out
+}
+

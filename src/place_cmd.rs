@@ -82,12 +82,12 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
             a.machine.display()
         )));
     }
-    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     let plot_path = a
         .plot
         .clone()
         .unwrap_or_else(|| a.output.with_extension("svg"));
-    crate::args::check_writable(&plot_path).map_err(Failure::Input)?;
+    crate::args::check_writable(&plot_path, "--plot").map_err(Failure::Input)?;
     if a.trace.is_some() && !matches!(workload, Workload::Training(_)) {
         return Err(input(
             "--trace records a training run's timeline: use it with --workload resnet50 or ewa"
@@ -95,7 +95,13 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         ));
     }
     if let Some(t) = &a.trace {
-        crate::args::check_writable(t).map_err(Failure::Input)?;
+        crate::args::check_writable(t, "--trace").map_err(Failure::Input)?;
+    }
+    if matches!(workload, Workload::Training(_)) {
+        crate::exit_on_ctrlc(
+            "nothing was written (the placement, its plot and the trace are written at the end)"
+                .into(),
+        )?;
     }
     if a.run.cuda() {
         let g = format!("gpu{}/", a.run.gpu.unwrap_or(0));

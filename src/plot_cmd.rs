@@ -134,7 +134,7 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
             }
         )));
     }
-    crate::args::check_writable(output).map_err(Failure::Input)?;
+    crate::args::check_writable(output, "-o").map_err(Failure::Input)?;
     let opt = roofline_plots::ClassicOptions {
         model: match model {
             PlotModel::Classic | PlotModel::Hierarchical => roofline_plots::Model::Classic,

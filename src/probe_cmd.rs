@@ -161,7 +161,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     }
     let gpu_count = node::gpu_status(a.device, &sections).map_err(failure)?;
     let (cores, machine_cores) = node::cores_for(a.threads).map_err(failure)?;
-    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     install_ctrlc()?;
     let start = Instant::now();
     let progress = progress_bar(true);

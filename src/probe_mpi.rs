@@ -48,7 +48,7 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         let gpu_count = node::gpu_status(a.device, sections).map_err(failure)?;
         let cores = node::cores_for(a.threads).map_err(failure)?;
         if root {
-            crate::args::check_writable(&a.output).map_err(Failure::Input)?;
+            crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
         }
         Ok((gpu_count, cores))
     })();

@@ -81,12 +81,16 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     if runs == 0 {
         return Err(input("--runs 0: nothing to score".into()));
     }
-    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     let report_path = a
         .report
         .clone()
         .unwrap_or_else(|| a.output.with_extension("html"));
-    crate::args::check_writable(&report_path).map_err(Failure::Input)?;
+    crate::args::check_writable(&report_path, "--report").map_err(Failure::Input)?;
+    crate::exit_on_ctrlc(
+        "nothing was written (score.json and its report are written when every run has ended)"
+            .into(),
+    )?;
     let machine = match &a.machine {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,

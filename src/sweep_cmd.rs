@@ -81,7 +81,11 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             a.machine.display()
         ))
     })?;
-    crate::args::check_writable(&a.output).map_err(Failure::Input)?;
+    crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
+    // Ctrl-C ends the running point (the child has its own handler); the sweep then says what
+    // it kept.
+    ctrlc::set_handler(|| crate::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst))
+        .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
     let SweepPlan {
         grid,
         notes,
@@ -143,6 +147,9 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                 depth: g.depth.to_string(),
                 processes: p,
             };
+            if crate::CANCEL.load(std::sync::atomic::Ordering::SeqCst) {
+                return Err(interrupted(&result, total, &a.output));
+            }
             eprintln!(
                 "point {ran}/{total}: {} at {p} {kind} …",
                 problem.size_label()
@@ -162,7 +169,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
                     result.scaling = strong_scaling(&result.points);
                     crate::output::sweep::row(result.points.last(), &result);
                 }
-                Err(Failure::Interrupted) => return Err(Failure::Interrupted),
+                Err(Failure::Interrupted) => return Err(interrupted(&result, total, &a.output)),
                 Err(e) => {
                     let why = match e {
                         Failure::Input(e) | Failure::Run(e) => e.to_string(),
@@ -198,6 +205,19 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         dir.display()
     );
     Ok(())
+}
+
+/// An interrupted sweep's ending: what of it is on disk.
+fn interrupted(result: &Sweep, total: usize, output: &Path) -> Failure {
+    if result.points.is_empty() {
+        Failure::Interrupted
+    } else {
+        Failure::InterruptedKept(format!(
+            "{} of the {total} points in {} (written after each point; the charts are drawn at the end)",
+            result.points.len(),
+            output.display()
+        ))
+    }
 }
 
 /// Runs one point: `roofline place` in a child process (under the launcher for ranks).

@@ -103,7 +103,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         return check(a);
     }
     if let Some(p) = &a.checkpoint {
-        crate::args::check_writable(p).map_err(Failure::Input)?;
+        crate::args::check_writable(p, "--checkpoint").map_err(Failure::Input)?;
     }
     if let Some(p) = &a.resume {
         if !p.is_file() {
@@ -114,9 +114,17 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         }
     }
     if let Some(t) = &a.trace {
-        crate::args::check_writable(t).map_err(Failure::Input)?;
+        crate::args::check_writable(t, "--trace").map_err(Failure::Input)?;
     }
     let mut prep = run_args::prepare(&a.run, a.workload)?;
+    crate::exit_on_ctrlc(match (&a.checkpoint, a.checkpoint_every) {
+        (Some(c), Some(n)) => format!(
+            "nothing else was written: the last checkpoint (every {n} steps) is in {}; resume with the same arguments and --resume {}",
+            c.display(),
+            c.display()
+        ),
+        _ => "nothing was written (the report, the checkpoint and the trace are written at the end)".into(),
+    })?;
     prep.set_checkpoints(a.checkpoint.clone(), a.resume.clone(), a.checkpoint_every);
     let bar = (!a.json && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(prep.steps() as u64);

@@ -47,7 +47,7 @@ pub(super) fn hardware(p: &Provenance) -> Vec<(&'static str, String)> {
                 .join(", "),
         ),
         (
-            "ranks",
+            "MPI world",
             p.cluster.as_ref().map_or("1".to_string(), |c| {
                 format!("{} on {} nodes", c.ranks, c.nodes)
             }),

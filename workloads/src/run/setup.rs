@@ -411,15 +411,22 @@ fn classifier(a: &Spec) -> Result<(Job, Resolution), RunError> {
     let resolution = res.h;
     let batch = a.batch.unwrap_or(32);
     let train_images = a.train_images.unwrap_or(1281);
-    if batch == 0
-        || resolution < 32
-        || a.classes < 2
-        || !(a.width > 0.0 && a.width <= 4.0)
-        || train_images == 0
-    {
-        return Err(input(
-            "expected --batch ≥ 1, --resolution ≥ 32, --classes ≥ 2, 0 < --width ≤ 4, --train-images ≥ 1".into(),
-        ));
+    // The one constraint broken, said alone (the first of them, in the options' order).
+    let broken = [
+        (batch == 0, format!("--batch {batch}: give 1 or more")),
+        (
+            resolution < 32,
+            format!("--resolution {resolution}: give 32 or more (resnet50 downsamples by 32)"),
+        ),
+        (a.classes < 2, format!("--classes {}: give 2 or more", a.classes)),
+        (
+            !(a.width > 0.0 && a.width <= 4.0),
+            format!("--width {}: give more than 0 and at most 4", a.width),
+        ),
+        (train_images == 0, "--train-images 0: give 1 or more".to_string()),
+    ];
+    if let Some((_, why)) = broken.into_iter().find(|b| b.0) {
+        return Err(input(why));
     }
     if a.target_top1.is_some_and(|t| !(t > 0.0 && t <= 1.0))
         || (a.target_top1.is_some() && a.eval_images == 0)
@@ -541,10 +548,22 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
     }
     let res = a.resolution.unwrap_or(Resolution { h: 768, w: 1152 });
     let batch = a.batch.unwrap_or(2);
-    if batch == 0 || res.h < 64 || res.w < 64 || !(a.width > 0.0 && a.width <= 4.0) {
-        return Err(input(
-            "expected --batch ≥ 1, --resolution of at least 64x64 (P6 has stride 64), 0 < --width ≤ 4".into(),
-        ));
+    let broken = [
+        (batch == 0, format!("--batch {batch}: give 1 or more")),
+        (
+            res.h < 64 || res.w < 64,
+            format!(
+                "--resolution {}x{}: give at least 64x64 (P6 has stride 64)",
+                res.h, res.w
+            ),
+        ),
+        (
+            !(a.width > 0.0 && a.width <= 4.0),
+            format!("--width {}: give more than 0 and at most 4", a.width),
+        ),
+    ];
+    if let Some((_, why)) = broken.into_iter().find(|b| b.0) {
+        return Err(input(why));
     }
     if a.depth.0.contains(&0) {
         return Err(input(format!(
