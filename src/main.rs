@@ -299,4 +299,3 @@ fn causes(e: &anyhow::Error) -> String {
     }
     out
 }
-

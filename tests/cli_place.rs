@@ -304,8 +304,9 @@ fn sweep_places_a_grid_and_scales_it() {
         let f = p["flops_per_sample"].as_f64().unwrap();
         let n = p["problem"]["images"].as_f64().unwrap();
         assert_eq!(p["problem_flops"].as_f64().unwrap(), f * n);
-        let pct = p["percent_of_peak"].as_f64().unwrap();
-        assert!(pct > 0.0 && pct < 100.0, "{p}");
+        // Fractions, both.
+        let of_peak = p["fraction_of_peak"].as_f64().unwrap();
+        assert!(of_peak > 0.0 && of_peak < 1.0, "{p}");
         let share = p["io_share"].as_f64().unwrap();
         assert!((0.0..1.0).contains(&share));
         assert!(dir

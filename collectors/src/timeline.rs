@@ -117,7 +117,8 @@ pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Va
         "name": "process_name", "ph": "M", "pid": pid, "args": {"name": process}
     })];
     // Each thread's categories name it: the one with steps trains, one with only allreduces
-    // communicates, one with only data spans loads.
+    // communicates, one with only data spans loads. The data loader starts a thread per
+    // batch: all of them are one track (the first one's).
     let mut tids: Vec<(u64, Vec<&'static str>)> = Vec::new();
     for s in spans {
         match tids.iter_mut().find(|(t, _)| *t == s.tid) {
@@ -125,6 +126,13 @@ pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Va
             Some(_) => {}
             None => tids.push((s.tid, vec![s.cat])),
         }
+    }
+    let loader = tids.iter().find(|(_, c)| c == &["data"]).map(|(t, _)| *t);
+    let track = |t: u64| match loader {
+        Some(l) if tids.iter().any(|(x, c)| *x == t && c == &["data"]) => l,
+        _ => t,
+    };
+    for s in spans {
         events.push(serde_json::json!({
             "name": s.name,
             "cat": s.cat,
@@ -132,15 +140,15 @@ pub fn chrome_trace(spans: &[Span], pid: usize, process: &str) -> serde_json::Va
             "ts": s.start_ns as f64 / 1e3,
             "dur": s.dur_ns as f64 / 1e3,
             "pid": pid,
-            "tid": s.tid,
+            "tid": track(s.tid),
         }));
     }
-    for (t, cats) in tids {
+    for (t, cats) in tids.iter().filter(|(t, _)| track(*t) == *t) {
         let name = if cats.contains(&"step") {
             "training".to_string()
-        } else if cats == ["comm"] {
+        } else if cats == &["comm"] {
             "communication".to_string()
-        } else if cats == ["data"] {
+        } else if cats == &["data"] {
             "data loader".to_string()
         } else {
             format!("thread {t}")
@@ -219,6 +227,28 @@ mod tests {
         assert_eq!(x[0]["pid"], 3);
         assert!(x[0]["dur"].as_f64().unwrap() >= 2000.0, "microseconds");
         assert!(ev.iter().any(|e| e["args"]["name"] == "communication"));
+        // A data loader's thread per batch: one track.
+        let batch = |tid: u64| Span {
+            cat: "data",
+            name: format!("load batch {tid}"),
+            start_ns: 10 * tid,
+            dur_ns: 5,
+            tid,
+        };
+        let loads = vec![spans[0].clone(), batch(40), batch(41), batch(42)];
+        let j = chrome_trace(&loads, 0, "rank 0");
+        let ev = j["traceEvents"].as_array().unwrap();
+        let data: Vec<_> = ev.iter().filter(|e| e["cat"] == "data").collect();
+        assert!(data.iter().all(|e| e["tid"] == 40), "{data:?}");
+        let names: Vec<_> = ev
+            .iter()
+            .filter(|e| e["ph"] == "M" && e["tid"].is_u64())
+            .collect();
+        assert_eq!(
+            names.len(),
+            2,
+            "the trainer's track and the loader's: {names:?}"
+        );
         {
             let _g = span("forward", || panic!("off again"));
         }

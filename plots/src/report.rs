@@ -177,12 +177,22 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
     let flops = |v: f64| si(v);
     let secs = |v: f64| format!("{v:.2} ");
     let frac = |v: f64| format!("{:.4}", v);
-    h.push_str(&summary_row(
-        "time to quality",
-        "s",
-        &s.time_to_quality_s,
-        &secs,
-    ));
+    match &s.time_to_quality_s {
+        Some(t) => h.push_str(&summary_row("time to quality", "s", t, &secs)),
+        None => h.push_str(&row(&[
+            "time to quality".into(),
+            format!(
+                "not reached ({} of {} runs reached {} {})",
+                s.runs_reached,
+                score.runs.len(),
+                escape(&score.target.metric),
+                score.target.value
+            ),
+            String::new(),
+            String::new(),
+            String::new(),
+        ])),
+    }
     h.push_str(&summary_row(&score.target.metric, "", &s.quality, &frac));
     h.push_str(&summary_row("FLOPS", "FLOP/s", &s.flops, &flops));
     h.push_str(&summary_row("VFLOPS", "FLOP/s", &s.vflops, &flops));
@@ -237,7 +247,11 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
         h.push_str(&row(&[
             r.run.to_string(),
             r.seed.to_string(),
-            format!("{:.2}", r.time_to_quality_s),
+            if r.reached_target {
+                format!("{:.2}", r.time_to_quality_s)
+            } else {
+                "not reached".into()
+            },
             if r.reached_target { "yes" } else { "no" }.into(),
             format!("{:.4}", r.quality),
             r.top5.map(|v| format!("{v:.4}")).unwrap_or_default(),

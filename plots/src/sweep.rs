@@ -39,7 +39,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
     );
     let y1 = points
         .iter()
-        .map(|p| p.percent_of_peak)
+        .map(|p| 100.0 * p.fraction_of_peak)
         .fold(0.0, f64::max)
         .max(1.0)
         * 1.15;
@@ -93,7 +93,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
             let mut pts: Vec<(f64, f64)> = points
                 .iter()
                 .filter(|q| q.problem.processes == *p)
-                .map(|q| (q.problem_flops.max(1.0), q.percent_of_peak))
+                .map(|q| (q.problem_flops.max(1.0), 100.0 * q.fraction_of_peak))
                 .collect();
             pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             // The line is ours (an obstacle for the other lines' labels); the legend's entry
@@ -387,7 +387,7 @@ mod tests {
             per_process_flops: 1e10,
             peak_ceiling: "cpu/conv/f32/all".into(),
             peak_flops: 1e11,
-            percent_of_peak: pct,
+            fraction_of_peak: pct / 100.0,
             arithmetic_intensity: 10.0,
             bound: "compute-bound".into(),
             attainable_flops: 1e11,

@@ -96,7 +96,8 @@ pub struct Run {
     pub run: usize,
     pub seed: u64,
     /// HPC AI500's time-to-quality: from the first batch read to the target quality, or to the
-    /// end of the run when it did not get there.
+    /// end of the run when it did not get there (`reached_target` false: then it is the run's
+    /// length, not a time to quality, and the scores leave it out).
     pub time_to_quality_s: f64,
     pub reached_target: bool,
     /// The quality at the end (Top-1 for Image Classification).
@@ -151,7 +152,12 @@ impl Summary {
 /// The scores.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Scores {
-    pub time_to_quality_s: Summary,
+    /// Over the runs, when every run reached the target; absent (null) when one did not: a
+    /// time to quality that was not reached is not a time.
+    pub time_to_quality_s: Option<Summary>,
+    /// How many runs reached the target.
+    #[serde(default)]
+    pub runs_reached: usize,
     pub quality: Summary,
     pub flops: Summary,
     pub vflops: Summary,
@@ -173,7 +179,12 @@ impl Scores {
         };
         let per_watt: Option<Vec<f64>> = runs.iter().map(|r| r.vflops_per_watt).collect();
         Some(Scores {
-            time_to_quality_s: f(|r| r.time_to_quality_s)?,
+            time_to_quality_s: if runs.iter().all(|r| r.reached_target) {
+                f(|r| r.time_to_quality_s)
+            } else {
+                None
+            },
+            runs_reached: runs.iter().filter(|r| r.reached_target).count(),
             quality: f(|r| r.quality)?,
             flops: f(|r| r.flops)?,
             vflops: f(|r| r.vflops)?,

@@ -60,7 +60,8 @@ pub struct SweepPoint {
     pub per_process_flops: f64,
     pub peak_ceiling: String,
     pub peak_flops: f64,
-    pub percent_of_peak: f64,
+    /// achieved / peak, a fraction (0.25 is 25%), as every share in the file (`io_share`).
+    pub fraction_of_peak: f64,
     /// FLOP per byte (the analytic minimum of bytes).
     pub arithmetic_intensity: f64,
     pub bound: String,
@@ -112,8 +113,8 @@ impl SweepPoint {
             step_seconds: step,
             achieved_flops: achieved,
             per_process_flops: achieved / processes as f64,
-            percent_of_peak: if peak_flops > 0.0 {
-                100.0 * achieved / peak_flops
+            fraction_of_peak: if peak_flops > 0.0 {
+                achieved / peak_flops
             } else {
                 0.0
             },
@@ -240,7 +241,7 @@ mod tests {
             per_process_flops: 8e9 / step / processes as f64,
             peak_ceiling: "cpu/conv/f32/all".into(),
             peak_flops: 1e11,
-            percent_of_peak: 8e11 / step / 1e11,
+            fraction_of_peak: 8e9 / step / 1e11,
             arithmetic_intensity: 10.0,
             bound: "compute-bound".into(),
             attainable_flops: 1e11,

@@ -334,8 +334,10 @@ impl Validate for Score {
             }
         }
         let s = &self.scores;
+        if let Some(t) = &s.time_to_quality_s {
+            summary("scores.time_to_quality_s", t)?;
+        }
         for (id, x) in [
-            ("scores.time_to_quality_s", &s.time_to_quality_s),
             ("scores.quality", &s.quality),
             ("scores.flops", &s.flops),
             ("scores.vflops", &s.vflops),
@@ -363,7 +365,7 @@ impl Validate for Sweep {
                 ("achieved_flops", p.achieved_flops),
                 ("per_process_flops", p.per_process_flops),
                 ("peak_flops", p.peak_flops),
-                ("percent_of_peak", p.percent_of_peak),
+                ("fraction_of_peak", p.fraction_of_peak),
                 ("arithmetic_intensity", p.arithmetic_intensity),
                 ("attainable_flops", p.attainable_flops),
             ] {

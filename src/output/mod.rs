@@ -396,13 +396,24 @@ pub fn score_summary(score: &roofline_model::score::Score) {
     }
     let s = &score.scores;
     let si = roofline_plots::si;
-    println!(
-        "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
-        s.time_to_quality_s.mean,
-        100.0 * s.time_to_quality_s.variation,
-        score.target.metric,
-        s.quality.mean
-    );
+    match &s.time_to_quality_s {
+        Some(t) => println!(
+            "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
+            t.mean,
+            100.0 * t.variation,
+            score.target.metric,
+            s.quality.mean
+        ),
+        None => println!(
+            "  time to quality: not reached ({} of {} runs reached {} {}), {} {:.4}",
+            s.runs_reached,
+            score.runs.len(),
+            score.target.metric,
+            score.target.value,
+            score.target.metric,
+            s.quality.mean
+        ),
+    }
     println!(
         "  FLOPS {}FLOP/s (variation {:.1}%), VFLOPS {}FLOP/s",
         si(s.flops.mean),

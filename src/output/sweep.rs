@@ -40,7 +40,7 @@ pub fn row(p: Option<&SweepPoint>, s: &Sweep) {
         p.problem.processes,
         roofline_plots::si(p.flops_per_sample),
         roofline_plots::si(p.achieved_flops),
-        p.percent_of_peak,
+        100.0 * p.fraction_of_peak,
         speedup,
         100.0 * p.io_share,
         p.bound

@@ -169,13 +169,16 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                     sc.vflops.mean,
                     &runs(|r| r.vflops),
                 ),
-                metric(
+            ];
+            // A time to quality only where every run reached the target.
+            if let Some(t) = &sc.time_to_quality_s {
+                metrics.push(metric(
                     format!("score/{w}/time_to_quality"),
                     "s",
-                    sc.time_to_quality_s.mean,
+                    t.mean,
                     &runs(|r| r.time_to_quality_s),
-                ),
-            ];
+                ));
+            }
             // A bagged score (V3.0): its flops and vflops above are the ensemble's; the single
             // model's and the ensemble's quality beside them.
             if let Some(b) = &sc.bagging {

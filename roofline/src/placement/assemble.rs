@@ -15,7 +15,10 @@ use std::path::Path;
 #[derive(Clone, Debug, PartialEq)]
 pub struct LayerTime {
     pub name: String,
+    /// Mean seconds per measured step.
     pub seconds: f64,
+    /// Each measured step's seconds (the samples of `seconds`; empty when not known).
+    pub step_seconds: Vec<f64>,
     pub flops: f64,
     pub min_bytes: f64,
     pub footprint: f64,
@@ -128,9 +131,23 @@ pub fn assemble(
         layers.push(Point {
             label: l.name,
             flops_per_step: l.flops,
-            seconds_per_step: stats(&[l.seconds])?,
+            seconds_per_step: stats(if l.step_seconds.is_empty() {
+                std::slice::from_ref(&l.seconds)
+            } else {
+                &l.step_seconds
+            })?,
             achieved_flops: rate,
-            achieved: stats(&[rate])?,
+            // One rate per measured step (its mean is not `rate`: `rate` is the mean time's).
+            achieved: stats(&if l.step_seconds.iter().all(|s| *s > 0.0)
+                && !l.step_seconds.is_empty()
+            {
+                l.step_seconds
+                    .iter()
+                    .map(|s| l.flops / s)
+                    .collect::<Vec<_>>()
+            } else {
+                vec![rate]
+            })?,
             footprint_bytes: l.footprint,
             oi: Intensity {
                 analytic_min_bytes: l.min_bytes,

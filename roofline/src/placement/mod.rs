@@ -139,8 +139,11 @@ pub struct RoofAt {
     /// The ceiling's id in `machine.json`.
     pub ceiling: String,
     pub kind: BoundKind,
-    /// The ceiling's own value (FLOP/s flat, B/s slanted).
+    /// The ceiling's own value, in `unit`.
     pub value: f64,
+    /// `value`'s unit: FLOP/s for a compute roof, B/s for a memory or communication one.
+    #[serde(default)]
+    pub unit: String,
     /// FLOP/s it allows at the point's intensity.
     pub allows: f64,
 }
@@ -340,6 +343,12 @@ fn roof(id: &str, kind: BoundKind, value: f64) -> RoofAt {
         ceiling: id.to_string(),
         kind,
         value,
+        unit: if kind == BoundKind::Compute {
+            "FLOP/s"
+        } else {
+            "B/s"
+        }
+        .into(),
         allows: 0.0,
     }
 }
@@ -649,6 +658,7 @@ pub(crate) mod tests {
                     ceiling: "cpu/gemm/f32/all".into(),
                     kind: BoundKind::Compute,
                     value: 500e9,
+                    unit: "FLOP/s".into(),
                     allows: 500e9,
                 }],
             },

@@ -77,7 +77,25 @@ pub fn measured(
             None => per_layer.push((name, t)),
         }
     }
+    // Each measured step's own time per layer: the samples behind the layer's figure.
+    let per_step: Vec<Vec<(String, f64)>> = window
+        .iter()
+        .map(|(a, b)| {
+            let step: Vec<Span> = measured_spans
+                .iter()
+                .filter(|sp| sp.start_ns >= *a && sp.start_ns < *b)
+                .cloned()
+                .collect();
+            let mut t = timeline::totals(&step, "forward");
+            t.extend(timeline::totals(&step, "backward"));
+            t
+        })
+        .collect();
     for (name, t) in per_layer {
+        let step_seconds: Vec<f64> = per_step
+            .iter()
+            .map(|st| st.iter().filter(|(n, _)| *n == name).map(|(_, x)| x).sum())
+            .collect();
         let ls = accounting::span_layers(&counted, &name);
         if ls.is_empty() {
             continue;
@@ -96,6 +114,7 @@ pub fn measured(
         layers.push(LayerTime {
             name,
             seconds: t / n,
+            step_seconds,
             flops,
             min_bytes: bytes,
             footprint,

@@ -418,12 +418,18 @@ fn classifier(a: &Spec) -> Result<(Job, Resolution), RunError> {
             resolution < 32,
             format!("--resolution {resolution}: give 32 or more (resnet50 downsamples by 32)"),
         ),
-        (a.classes < 2, format!("--classes {}: give 2 or more", a.classes)),
+        (
+            a.classes < 2,
+            format!("--classes {}: give 2 or more", a.classes),
+        ),
         (
             !(a.width > 0.0 && a.width <= 4.0),
             format!("--width {}: give more than 0 and at most 4", a.width),
         ),
-        (train_images == 0, "--train-images 0: give 1 or more".to_string()),
+        (
+            train_images == 0,
+            "--train-images 0: give 1 or more".to_string(),
+        ),
     ];
     if let Some((_, why)) = broken.into_iter().find(|b| b.0) {
         return Err(input(why));
