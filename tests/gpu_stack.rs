@@ -208,7 +208,7 @@ fn a_second_copy_of_a_library_on_the_linker_path_is_refused() {
             std::env::var("CI").map_or(true, |v| v != "true"),
             "CI=true and no NVRTC wheel found (ROOFLINE_CUDA_LIBS)"
         );
-        eprintln!("skipped: no NVRTC file found");
+        roofline_model::skipped::skipped("the CUDA library search test", "no NVRTC file found");
         return;
     };
     let dir = std::env::temp_dir().join(format!("roofline-shadow-{}", std::process::id()));

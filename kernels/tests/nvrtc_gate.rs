@@ -20,7 +20,7 @@ fn nvrtc_or_skip() -> bool {
             if std::env::var("CI").is_ok_and(|v| v == "true") {
                 panic!("CI=true and NVRTC is missing, so the CUDA kernels cannot be checked: {e}");
             }
-            eprintln!("skipped: {e}");
+            roofline_model::skipped::skipped("the NVRTC kernel gate", &e.to_string());
             false
         }
     }
@@ -203,7 +203,10 @@ fn ptx_assembles_with_ptxas_for_every_target() {
         if std::env::var("CI").is_ok_and(|v| v == "true") {
             panic!("CI=true and ptxas is missing beside NVRTC (pip wheel nvidia-cuda-nvcc-cu12, or nvidia-cuda-nvcc for CUDA 13)");
         }
-        eprintln!("skipped: no ptxas");
+        roofline_model::skipped::skipped(
+            "the ptxas (SASS) compile of the kernels",
+            "no ptxas beside NVRTC",
+        );
         return;
     };
     println!("ptxas: {}", ptxas.display());

@@ -289,7 +289,7 @@ fn opcodes(f: &Function) -> String {
 fn every_kernel_is_the_instruction_it_measures() {
     if let Err(e) = nvrtc::ensure_nvrtc() {
         assert!(!in_ci(), "CI=true and NVRTC is missing: {e}");
-        eprintln!("skipped: {e}");
+        roofline_model::skipped::skipped("the SASS gate", &e.to_string());
         return;
     }
     let Some(nvdisasm) = nvdisasm() else {
@@ -297,7 +297,7 @@ fn every_kernel_is_the_instruction_it_measures() {
             !in_ci(),
             "CI=true and nvdisasm is missing (pip wheel nvidia-cuda-nvdisasm; set ROOFLINE_NVDISASM)"
         );
-        eprintln!("skipped: no nvdisasm");
+        roofline_model::skipped::skipped("the SASS gate", "no nvdisasm (ROOFLINE_NVDISASM)");
         return;
     };
     let supported = nvrtc::supported_archs().expect("nvrtcGetSupportedArchs");

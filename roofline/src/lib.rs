@@ -13,6 +13,7 @@ pub mod machine;
 pub mod peaks;
 pub mod placement;
 pub mod score;
+pub mod skipped;
 pub mod stats;
 pub mod sweep;
 pub mod validate;

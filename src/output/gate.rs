@@ -39,11 +39,16 @@ pub fn summary(r: &Report, strict: bool) -> String {
         "PASS".to_string()
     };
     format!(
-        "{verdict} — {} ids compared, {improved} improved, {} missing, {} new, {} ignored by the rules",
+        "{verdict} — {} ids compared, {improved} improved, {} missing, {} new, {} ignored by the rules{}",
         r.comparisons.len(),
         r.missing.len(),
         r.added.len(),
-        r.ignored
+        r.ignored,
+        if r.single_runs {
+            " (one run per side: each tolerance is that run's own spread, not the spread between runs; on a shared machine pool three runs per side)"
+        } else {
+            ""
+        }
     )
 }
 
@@ -277,6 +282,7 @@ mod tests {
             added: vec![],
             provenance: vec!["kernel: baseline a, current b".into()],
             ignored: 0,
+            single_runs: true,
         }
     }
 

@@ -71,7 +71,7 @@ pub fn chromium(what: &str) -> Option<&'static str> {
             std::env::var("CI").as_deref() != Ok("true"),
             "CI=true and no chromium"
         );
-        eprintln!("skipped {what}: no chromium");
+        roofline_model::skipped::skipped(what, "no chromium");
     }
     found
 }

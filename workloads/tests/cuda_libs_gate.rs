@@ -31,7 +31,10 @@ fn have(lib: Lib) -> bool {
         Ok(()) => true,
         Err(e) => {
             assert!(!in_ci(), "CI=true and {} cannot be used: {e}", lib.label());
-            eprintln!("skipped: {e}");
+            roofline_model::skipped::skipped(
+                &format!("the CUDA library gate ({})", lib.label()),
+                &e.to_string(),
+            );
             false
         }
     }

@@ -210,27 +210,46 @@ pub(super) fn draw(
     for stack in &stacks {
         let (top, bottom) = (flat[stack[0]].2 .0 .1, flat[*stack.last().unwrap()].2 .0 .1);
         let k = stack.len();
+        let text_of = |f: usize| {
+            let r = flat[f].0;
+            let size = if r.dashed { SMALL_FONT } else { ROOF_FONT };
+            (flat_text(r), size)
+        };
+        // Row i of the stack above it (the top roof's label highest) or below it, at the
+        // right end shifted left by `j` steps.
+        let slot = |i: usize, above: bool, j: usize, size: f64| labels::Spot {
+            x: flat[stack[i]].2 .1 .0 - 6.0 - 70.0 * j as f64,
+            y: if above {
+                top - 4.0 - (k - 1 - i) as f64 * row
+            } else {
+                bottom + size + 3.0 + i as f64 * row
+            },
+            angle: 0.0,
+            anchor: labels::Anchor::End,
+        };
+        // One side for the whole stack where every row of it is clear of the other lines
+        // there (so that the labels keep the roofs' order), above first.
+        let clear = |above: bool| {
+            stack.iter().enumerate().all(|(i, &f)| {
+                let (text, size) = text_of(f);
+                let q = labels::quad_of(&text, size, false, &slot(i, above, 0, size));
+                !lines
+                    .iter()
+                    .any(|l| l.own != flat[f].0.label && labels::crosses(&q, l.seg.0, l.seg.1))
+            })
+        };
+        let first_above = clear(true) || !clear(false);
         for (i, &f) in stack.iter().enumerate() {
             let (r, c, (pa, pb)) = flat[f];
-            let text = flat_text(r);
-            let size = if r.dashed { SMALL_FONT } else { ROOF_FONT };
+            let (text, size) = text_of(f);
             let w = labels::text_width(&text, size, false);
             let mut spots = Vec::new();
             for j in 0..14 {
-                let x = pb.0 - 6.0 - 70.0 * j as f64;
-                if x - w < pa.0 + 4.0 {
+                if pb.0 - 6.0 - 70.0 * j as f64 - w < pa.0 + 4.0 {
                     break;
                 }
-                let mut at = |y: f64| {
-                    spots.push(labels::Spot {
-                        x,
-                        y,
-                        angle: 0.0,
-                        anchor: labels::Anchor::End,
-                    })
-                };
-                at(top - 4.0 - (k - 1 - i) as f64 * row);
-                at(bottom + size + 3.0 + i as f64 * row);
+                spots.push(slot(i, first_above, j, size));
+                spots.push(slot(i, !first_above, j, size));
             }
             labels.push(labels::Label {
                 text,

@@ -30,6 +30,8 @@ pub struct GateInput {
     /// threads, ranks. Two files that differ here (or in their hardware,
     /// `provenance`) are not compared.
     pub work: Vec<(&'static str, String)>,
+    /// How many result files it pools (`gate::pool`).
+    pub runs: usize,
 }
 
 /// The hardware part of a result's work: the CPU, its cores and SIMD, the GPUs.
@@ -102,6 +104,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             let work = vec![("threads of the `all` ceilings", all_threads.to_string())];
             Ok(GateInput {
                 kind: "machine",
+                runs: 1,
                 work,
                 provenance: m.provenance,
                 metrics,
@@ -145,6 +148,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             ];
             Ok(GateInput {
                 kind: "placement",
+                runs: 1,
                 work,
                 provenance: p.provenance,
                 metrics,
@@ -213,6 +217,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             ];
             Ok(GateInput {
                 kind: "score",
+                runs: 1,
                 work,
                 provenance: s.provenance,
                 metrics,

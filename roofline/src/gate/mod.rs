@@ -168,6 +168,7 @@ pub fn pool(runs: Vec<GateInput>) -> Option<GateInput> {
     let mut first = it.next()?;
     let mut values: Vec<Vec<f64>> = first.metrics.iter().map(|m| vec![m.value]).collect();
     for r in it {
+        first.runs += r.runs;
         for m in r.metrics {
             match first.metrics.iter().position(|f| f.id == m.id) {
                 Some(i) => {
@@ -385,6 +386,9 @@ pub struct Report {
     /// Differences of hardware, clocks, power limits, drivers, libraries.
     pub provenance: Vec<String>,
     pub ignored: usize,
+    /// Set when the tolerances came from one run per side: a run's own spread does not hold
+    /// the spread between runs of a shared machine (what pooling several runs adds).
+    pub single_runs: bool,
 }
 
 impl Report {
@@ -430,6 +434,7 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
         added,
         provenance: provenance_differences(&base.provenance, &cur.provenance),
         ignored,
+        single_runs: rules.from_spread && (base.runs == 1 || cur.runs == 1),
     }
 }
 
@@ -572,6 +577,7 @@ mod tests {
             .unwrap(),
             metrics: vec![m("cpu/mem/DRAM/triad/all", "B/s", noisy(v, 0.01, 3, seed))],
             work: vec![("CPU", "m".into())],
+            runs: 1,
         };
         let strict = Rules::parse("[default]\ntolerance = 0.1\n").unwrap();
         let one = gate(&run(100.0, 1), &run(50.0, 2), &strict);
@@ -633,6 +639,7 @@ mod tests {
             provenance: crate::placement::tests::machine().provenance,
             metrics: vec![m(id, "B/s", s)],
             work: vec![],
+            runs: 1,
         };
         let base = one("cpu/mem/DRAM/read/all", noisy(40e9, 0.05, 5, 1));
         let fell = one("cpu/mem/DRAM/read/all", noisy(0.51 * 40e9, 0.05, 5, 2));
@@ -664,6 +671,7 @@ mod tests {
                 ("batch", format!("{:?}", Some(batch))),
                 ("precision", "f32".into()),
             ],
+            runs: 1,
         };
         let (a, b) = (p(8, "1"), p(16, "0.25"));
         let why = not_comparable(&a, &b);

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs what the tests use beyond Rust, so that none of them is skipped:
+#   - Open MPI and libclang (the MPI tests, scripts/test-mpi.sh) and Chromium (every figure
+#     checked in a browser), from Debian's packages: as root, or through sudo;
+#   - NVRTC 12.4, ptxas and the CUDA runtime headers (the kernel gate) from NVIDIA's pip
+#     wheels into .venv-cuda;
+#   - with --cuda13, also CUDA 13's NVRTC, cuBLAS, cuDNN, NCCL and nvdisasm into .venv-cuda13
+#     (about 1.3 GB: the SASS gate and the CUDA library gate).
+# No GPU and no driver are needed. scripts/test.sh finds the two environments by themselves.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+cuda13=0
+for a in "$@"; do
+    case "$a" in
+        --cuda13) cuda13=1 ;;
+        *) echo "usage: scripts/install-test-tools.sh [--cuda13]" >&2; exit 2 ;;
+    esac
+done
+sudo=""
+[ "$(id -u)" = 0 ] || sudo="sudo"
+need=()
+command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
+ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+    export DEBIAN_FRONTEND=noninteractive
+    $sudo apt-get update -q >/dev/null
+    $sudo apt-get install -y -q "${need[@]}" >/dev/null
+fi
+# shellcheck source=scripts/cuda-wheels.sh
+. scripts/cuda-wheels.sh
+wheels .venv-cuda "$CUDA12_WHEELS"
+if [ "$cuda13" = 1 ]; then
+    wheels .venv-cuda13 "$CUDA13_WHEELS"
+fi
+echo "installed: ${need[*]:-no Debian package needed}; NVRTC wheels in .venv-cuda$([ "$cuda13" = 1 ] && echo ", CUDA 13 wheels in .venv-cuda13")"

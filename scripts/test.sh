@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# The tests, as the README's second command runs them: set-up where no root is needed (NVRTC
+# from NVIDIA's pip wheels into .venv-cuda), formatting, lints, every test of the workspace,
+# the MPI tests; then what was skipped for want of a tool, and the one command that installs
+# it. Variables already set (ROOFLINE_CUDA_LIBS, ROOFLINE_NVDISASM, CI) are kept: .ci/run sets
+# them, and under CI=true a missing tool fails instead of skipping.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p target
+export ROOFLINE_SKIPPED="$PWD/target/skipped-tests.txt"
+: >"$ROOFLINE_SKIPPED"
+# shellcheck source=scripts/cuda-wheels.sh
+. scripts/cuda-wheels.sh
+if [ -z "${ROOFLINE_CUDA_LIBS:-}" ]; then
+    libs=""
+    if python3 -m venv --help >/dev/null 2>&1; then
+        if wheels .venv-cuda "$CUDA12_WHEELS" 2>/dev/null; then
+            libs=$(nvidia_path .venv-cuda)
+        else
+            echo "note: could not install the NVRTC wheels into .venv-cuda (no network?)" >&2
+        fi
+    fi
+    # The CUDA 13 wheels where scripts/install-test-tools.sh --cuda13 put them.
+    if [ -x .venv-cuda13/bin/python ]; then
+        n13=$(nvidia_path .venv-cuda13)
+        libs="${libs:+$libs:}$n13"
+        export ROOFLINE_NVDISASM="${ROOFLINE_NVDISASM:-$n13/cu13/bin/nvdisasm}"
+    fi
+    if [ -n "$libs" ]; then export ROOFLINE_CUDA_LIBS="$libs"; fi
+fi
+cargo fmt --check
+cargo clippy --workspace --all-targets -- -D warnings
+cargo test --workspace
+scripts/test-mpi.sh
+if [ -s "$ROOFLINE_SKIPPED" ]; then
+    echo
+    echo "PASSED, but these checks were skipped (a tool is missing here):"
+    sort -u "$ROOFLINE_SKIPPED" | sed 's/^/  - /'
+    echo "install what they need (Debian packages as root or with sudo, and pip wheels), then run the tests again:"
+    echo "  scripts/install-test-tools.sh --cuda13"
+else
+    echo
+    echo "PASSED; nothing was skipped"
+fi
