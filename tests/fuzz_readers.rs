@@ -212,8 +212,8 @@ fn consume(kind: &str, text: &str) -> bool {
         },
         _ => match Sweep::from_json(text) {
             Ok(s) => {
-                let _ = roofline_plots::sweep::trend_svg(&s.points, "t");
-                let _ = roofline_plots::sweep::scaling_svg(&s.scaling, "s");
+                let _ = roofline_plots::sweep::trend_svg(&s.points, "t", &s.processes);
+                let _ = roofline_plots::sweep::scaling_svg(&s.scaling, "s", &s.processes);
                 true
             }
             Err(_) => false,

@@ -77,7 +77,7 @@ pub type Segment = ((f64, f64), (f64, f64));
 /// A character's advance in DejaVu Sans, in em (Book; Bold is about 12% wider).
 fn advance(c: char) -> f64 {
     match c {
-        ' ' | ',' | '.' | '·' => 0.318,
+        ' ' | ',' | '.' | '·' => 0.3179,
         'i' | 'j' | 'l' | 'I' | 'J' | '\'' | '|' => 0.28,
         ':' | ';' | '/' | '\\' => 0.337,
         'f' | 't' => 0.39,
