@@ -39,7 +39,10 @@ pub enum PlotError {
 pub const MAX_DECADES: f64 = 15.0;
 
 /// `range` when it is finite, positive, increasing and at most [`MAX_DECADES`] wide.
-fn checked_range(axis: &'static str, range: (f64, f64)) -> Result<(f64, f64), PlotError> {
+pub(crate) fn checked_range(
+    axis: &'static str,
+    range: (f64, f64),
+) -> Result<(f64, f64), PlotError> {
     let (from, to) = range;
     let ok = from.is_finite()
         && to.is_finite()

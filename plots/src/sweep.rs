@@ -43,6 +43,15 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
         .fold(0.0, f64::max)
         .max(1.0)
         * 1.15;
+    // Values no sweep could have written stop here, not in the axes' tick search.
+    let (x0, x1) = crate::checked_range("problem size", (x0, x1))?;
+    if !y1.is_finite() {
+        return Err(PlotError::Range {
+            axis: "% of peak",
+            from: 0.0,
+            to: y1,
+        });
+    }
     let mut svg = String::new();
     let mut labels: Vec<crate::labels::Label> = Vec::new();
     let mut lines: Vec<crate::labels::Line> = Vec::new();
@@ -191,6 +200,14 @@ pub fn scaling_svg(series: &[Scaling], title: &str, unit: &str) -> Result<String
         .flat_map(|s| s.points.iter().map(|p| p.speedup))
         .fold(pmax / pmin, f64::max)
         * 1.15;
+    // An integer axis of process counts a machine can have; a finite speedup.
+    if pmax > 1e7 || !smax.is_finite() {
+        return Err(PlotError::Range {
+            axis: "processes",
+            from: pmin,
+            to: pmax.max(smax),
+        });
+    }
     let mut svg = String::new();
     {
         let root = SVGBackend::with_string(&mut svg, (1000, 900)).into_drawing_area();
