@@ -59,6 +59,12 @@ impl CpuResult {
             self.clock_all.as_ref()
         }
     }
+
+    /// Cycles per add of the clock chain (1 unless the CPU's counter said otherwise): the
+    /// clock is the chain's rate times it.
+    pub fn clock_factor(&self) -> f64 {
+        self.clock_factor.unwrap_or(1.0)
+    }
 }
 
 pub(super) struct Ctx<'a> {

@@ -268,6 +268,10 @@ pub fn probe(
             .and_then(|(a, b)| load::others_share(&a, &b));
         let clock_after = crate::cpu::clock::quick_hz(5);
         let others_after = load::others_over(window);
+        // The references are the chain's rate; the run's clock is that times the counter's
+        // cycles per add.
+        let f = result.clock_factor();
+        let (clock_before, clock_after) = (clock_before * f, clock_after * f);
         roofline_model::LoadCheck::judge(
             [others_before, during, others_after],
             Some(clock_before).filter(|c| *c > 0.0),
