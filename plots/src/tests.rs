@@ -1,0 +1,374 @@
+//! The classic roofline's model and drawing, on fixtures.
+
+use super::*;
+use roofline_model::*;
+
+pub fn machine() -> Machine {
+    let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
+    let c =
+        |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
+            id: id.into(),
+            kind,
+            value: v,
+            unit: unit.into(),
+            threads: 2,
+            precision: Some(roofline_model::Precision::F32),
+            level: level.map(String::from),
+            isa: None,
+            stats: stats(v),
+            theoretical_peak: peak.map(|p| TheoreticalPeak {
+                value: p,
+                unit: unit.into(),
+                source: "rule".into(),
+                uncertainty: 0.0,
+            }),
+            above_peak: false,
+            method: "test".into(),
+            per_iteration: PerIteration {
+                ops: 1.0,
+                bytes: 1.0,
+            },
+            plateau: None,
+        };
+    Machine {
+        schema: MACHINE_SCHEMA.into(),
+        provenance: Provenance {
+            tool: "roofline test".into(),
+            git_revision: None,
+            command_line: vec![],
+            compiler: String::new(),
+            libraries: vec![],
+            time_utc: "2026-01-01T00:00:00Z".into(),
+            host: "h".into(),
+            os: "os".into(),
+            kernel: "k".into(),
+            cpu: CpuInfo {
+                shared_cores: None,
+                vendor: "v".into(),
+                model_name: "Test CPU".into(),
+                family: 0,
+                model: 0,
+                stepping: 0,
+                sockets: 1,
+                cores: 2,
+                logical_cpus: 2,
+                features: vec![],
+                simd: "avx512".into(),
+                caches: vec![],
+                cpuinfo_mhz: None,
+                measured_clock_hz_t1: None,
+                measured_clock_hz_all: None,
+            },
+            devices: vec![],
+            gpus: vec![],
+            notes: vec![],
+            cluster: None,
+            quick: true,
+            duration_s: 1.0,
+            load: None,
+        },
+        ceilings: vec![
+            c(
+                "cpu/fma/f32/all",
+                CeilingKind::Compute,
+                5e11,
+                "FLOP/s",
+                None,
+                Some(5.1e11),
+            ),
+            c(
+                "cpu/gemm/f32/all",
+                CeilingKind::Compute,
+                4.5e11,
+                "FLOP/s",
+                None,
+                Some(5.1e11),
+            ),
+            c(
+                "cpu/fma/int8/all",
+                CeilingKind::Compute,
+                2e12,
+                "OP/s",
+                None,
+                None,
+            ),
+            c(
+                "cpu/mem/L1/triad/all",
+                CeilingKind::Memory,
+                1e12,
+                "B/s",
+                Some("L1"),
+                None,
+            ),
+            c(
+                "cpu/mem/DRAM/triad/all",
+                CeilingKind::Memory,
+                5e10,
+                "B/s",
+                Some("DRAM"),
+                None,
+            ),
+            c(
+                "cpu/mem/DRAM/read/all",
+                CeilingKind::Memory,
+                6e10,
+                "B/s",
+                Some("DRAM"),
+                None,
+            ),
+            c(
+                "cpu/mem/DRAM/triad/t1",
+                CeilingKind::Memory,
+                3e10,
+                "B/s",
+                Some("DRAM"),
+                None,
+            ),
+        ],
+        curves: vec![],
+        tables: vec![],
+        nodes: vec![],
+        failures: vec![],
+    }
+}
+
+#[test]
+fn roofs_and_exact_ridges() {
+    let m = machine();
+    let model = classic_model(&m, &ClassicOptions::default()).unwrap();
+    assert_eq!(model.slanted.len(), 2, "L1 and DRAM triad of `all`");
+    assert_eq!(model.slanted[0].label, "cpu/mem/L1/triad/all");
+    // Two measured flat roofs (int8 OP/s is not a FLOP/s roof); FMA at 98% of its peak
+    // carries it (one line); GEMM's peak is FMA's rule, not drawn twice.
+    assert_eq!(model.flat.iter().filter(|r| !r.dashed).count(), 2);
+    assert_eq!(model.flat.iter().filter(|r| r.dashed).count(), 0);
+    assert_eq!(model.flat[0].peak, Some(5.1e11));
+    assert_eq!(model.flat[1].peak, None);
+    // Below 90% of its peak the peak is a dashed roof of its own.
+    let mut low = m.clone();
+    low.ceilings[0].value = 4e11;
+    let model_low = classic_model(&low, &ClassicOptions::default()).unwrap();
+    let dashed: Vec<_> = model_low.flat.iter().filter(|r| r.dashed).collect();
+    assert_eq!(dashed.len(), 1);
+    assert_eq!(dashed[0].value, 5.1e11);
+    let dram = model
+        .ridges
+        .iter()
+        .find(|r| r.memory.contains("DRAM"))
+        .unwrap();
+    assert_eq!(dram.intensity, 5e11 / 5e10);
+    assert_eq!(dram.compute, "cpu/fma/f32/all");
+    assert!(model.x_range.0 <= 0.5 / 4.0 && model.x_range.1 >= 40.0);
+}
+
+#[test]
+fn renders_svg_with_axes_units_and_legend() {
+    let svg = classic_svg(&machine(), &ClassicOptions::default()).unwrap();
+    assert!(svg.starts_with("<svg"));
+    assert!(svg.contains("Operational intensity [FLOP/byte of memory traffic]"));
+    assert!(svg.contains("Performance [FLOP/s]"));
+    assert!(svg.contains("cpu/mem/DRAM/triad/all"));
+    assert!(svg.contains("DRAM ridge 10.000 FLOP/B"));
+    assert!(svg.contains("stroke-dasharray") || svg.contains("theoretical"));
+}
+
+/// `machine()` with one GPU's ceilings and ERT curve added.
+fn machine_with_gpu() -> Machine {
+    let mut m = machine();
+    let template = m.ceilings[0].clone();
+    let mk = |id: &str, kind, v: f64, level: Option<&str>| {
+        let mut c = template.clone();
+        c.id = id.into();
+        c.kind = kind;
+        c.value = v;
+        c.unit = if kind == CeilingKind::Memory {
+            "B/s"
+        } else {
+            "FLOP/s"
+        }
+        .into();
+        c.level = level.map(String::from);
+        c.theoretical_peak = None;
+        c.threads = 1;
+        c
+    };
+    m.ceilings.extend([
+        mk("gpu0/fma/f32", CeilingKind::Compute, 6e13, None),
+        mk("gpu0/mma/f16", CeilingKind::Compute, 6e14, None),
+        mk("gpu0/gemm/f16", CeilingKind::Compute, 7e14, None),
+        mk("gpu0/conv/f16/fwd", CeilingKind::Compute, 5e14, None),
+        mk("gpu0/mem/L2/triad", CeilingKind::Memory, 1e13, Some("L2")),
+        mk("gpu0/mem/HBM/triad", CeilingKind::Memory, 3e12, Some("HBM")),
+        mk("gpu0/d2d", CeilingKind::Memory, 2.5e12, None),
+    ]);
+    m.provenance.gpus.push(GpuInfo {
+        index: 0,
+        name: "Test GPU".into(),
+        ..GpuInfo::default()
+    });
+    let stats = Stats::from_samples(&[1.0]).unwrap();
+    m.curves.push(Curve {
+        id: "gpu0/ert/f32".into(),
+        x_label: "operational intensity".into(),
+        x_unit: "FLOP/B".into(),
+        unit: "FLOP/s".into(),
+        threads: 1,
+        points: [0.25, 1.0, 4.0, 16.0, 64.0]
+            .iter()
+            .map(|&x| CurvePoint {
+                x,
+                value: (3e12 * x).min(6e13) * 0.9,
+                stats: stats.clone(),
+                level: None,
+            })
+            .collect(),
+    });
+    m
+}
+
+#[test]
+fn gpu_plot_takes_only_that_gpus_roofs() {
+    let m = machine_with_gpu();
+    let opt = ClassicOptions {
+        device: "gpu0".into(),
+        ..ClassicOptions::default()
+    };
+    let model = classic_model(&m, &opt).unwrap();
+    let flat: Vec<&str> = model.flat.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(flat, ["gpu0/fma/f32", "gpu0/mma/f16", "gpu0/gemm/f16"]);
+    let slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+    assert_eq!(slanted, ["gpu0/mem/L2/triad", "gpu0/mem/HBM/triad"]);
+    // Ridges against the GPU's own f32 FMA roof: 6e13 / 3e12 = 20 FLOP/B for HBM.
+    let hbm = model
+        .ridges
+        .iter()
+        .find(|r| r.memory == "gpu0/mem/HBM/triad")
+        .unwrap();
+    assert_eq!(hbm.compute, "gpu0/fma/f32");
+    assert!((hbm.intensity - 20.0).abs() < 1e-12);
+    // The CPU plot of the same file is unchanged by the GPU's ceilings.
+    let cpu = classic_model(&m, &ClassicOptions::default()).unwrap();
+    assert!(cpu
+        .flat
+        .iter()
+        .chain(&cpu.slanted)
+        .all(|r| r.label.starts_with("cpu/") || r.dashed));
+    let svg = classic_svg(&m, &opt).unwrap();
+    assert!(svg.contains("Test GPU"));
+    assert!(svg.contains("gpu0/ert/f32 (measured"));
+}
+
+/// A value 300 decades off (a corrupted file) is refused by name; plotters' tick search
+/// never returned on such an axis (the fuzz test hung in it).
+#[test]
+fn absurd_ranges_are_refused_not_drawn() {
+    let mut m = machine();
+    let c = m
+        .ceilings
+        .iter_mut()
+        .find(|c| c.id == "cpu/mem/DRAM/triad/all")
+        .unwrap();
+    c.value = 1e-300;
+    let e = classic_model(&m, &ClassicOptions::default()).unwrap_err();
+    assert!(matches!(e, PlotError::Range { .. }), "{e}");
+    assert!(e.to_string().contains("decades"), "{e}");
+    assert!(classic_svg(&m, &ClassicOptions::default()).is_err());
+    assert!(checked_range("x", (1e-3, 1e12)).is_ok());
+    assert!(checked_range("x", (1e-3, 1e13)).is_err());
+    assert!(checked_range("x", (0.0, 1.0)).is_err());
+    assert!(checked_range("x", (1.0, f64::INFINITY)).is_err());
+}
+
+#[test]
+fn coi_models_take_communication_roofs() {
+    let mut m = machine();
+    let template = m.ceilings[0].clone();
+    let mk = |id: &str, kind, v: f64, unit: &str| {
+        let mut c = template.clone();
+        c.id = id.into();
+        c.kind = kind;
+        c.value = v;
+        c.unit = unit.into();
+        c.theoretical_peak = None;
+        c
+    };
+    m.ceilings.extend([
+        mk("net/allreduce/intra", CeilingKind::Comm, 1e10, "B/s"),
+        mk("net/allgather/intra", CeilingKind::Comm, 2e10, "B/s"),
+        mk("net/p2p/intra/latency", CeilingKind::Comm, 1e-6, "s"),
+    ]);
+    let node = ClassicOptions {
+        model: Model::NodeCoi,
+        ..ClassicOptions::default()
+    };
+    let model = classic_model(&m, &node).unwrap();
+    let mut slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+    slanted.sort_unstable();
+    assert_eq!(slanted, ["cpu/mem/DRAM/triad/all", "net/allreduce/intra"]);
+    let flat: Vec<&str> = model
+        .flat
+        .iter()
+        .filter(|r| !r.dashed)
+        .map(|r| r.label.as_str())
+        .collect();
+    assert_eq!(flat, ["cpu/fma/f32/all", "cpu/gemm/f32/all"]);
+    // COI ridge of intra-node allreduce against the f32 peak: 5e11 / 1e10 = 50 FLOP/B.
+    let r = model
+        .ridges
+        .iter()
+        .find(|r| r.memory == "net/allreduce/intra")
+        .unwrap();
+    assert!((r.intensity - 50.0).abs() < 1e-9);
+    assert!(classic_svg(&m, &node).unwrap().contains("COI"));
+    // No inter-node ceilings: the distributed model refuses with a reason.
+    let dist = ClassicOptions {
+        model: Model::DistCoi,
+        ..ClassicOptions::default()
+    };
+    assert!(matches!(classic_model(&m, &dist), Err(PlotError::Empty(_))));
+    m.ceilings.push(mk(
+        "agg/cpu/fma/f32/all",
+        CeilingKind::Compute,
+        1e12,
+        "FLOP/s",
+    ));
+    m.ceilings
+        .push(mk("net/allreduce/inter", CeilingKind::Comm, 2e9, "B/s"));
+    let model = classic_model(&m, &dist).unwrap();
+    let mut slanted: Vec<&str> = model.slanted.iter().map(|r| r.label.as_str()).collect();
+    slanted.sort_unstable();
+    assert_eq!(slanted, ["net/allreduce/inter", "net/allreduce/intra"]);
+    let r = model
+        .ridges
+        .iter()
+        .find(|r| r.memory == "net/allreduce/inter")
+        .unwrap();
+    assert_eq!(r.compute, "agg/cpu/fma/f32/all");
+    assert!((r.intensity - 500.0).abs() < 1e-9);
+}
+
+#[test]
+fn nothing_to_plot_is_an_error() {
+    let mut m = machine();
+    m.ceilings.clear();
+    assert!(matches!(
+        classic_svg(&m, &ClassicOptions::default()),
+        Err(PlotError::Empty(_))
+    ));
+}
+
+#[test]
+fn ranges_snap_to_1_2_5() {
+    assert_eq!(pow10_floor(0.0999), 0.05);
+    assert_eq!(pow10_floor(0.1), 0.1);
+    assert_eq!(pow10_floor(3.7e9), 2e9);
+    assert_eq!(pow10_ceil(1.13e12 * 1.5), 2e12);
+    assert_eq!(pow10_ceil(6e3), 1e4);
+}
+
+#[test]
+fn si_prefixes() {
+    assert_eq!(si(1.2e11), "120 G");
+    assert_eq!(si(2.5e9), "2.50 G");
+    assert_eq!(si(0.25), "250 m");
+}
