@@ -5,31 +5,30 @@ use roofline_model::*;
 
 pub fn machine() -> Machine {
     let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
-    let c =
-        |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
-            id: id.into(),
-            kind,
-            value: v,
+    let c = |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
+        id: id.into(),
+        kind,
+        value: v,
+        unit: unit.into(),
+        threads: 2,
+        precision: Some(roofline_model::Precision::F32),
+        level: level.map(String::from),
+        isa: None,
+        stats: stats(v),
+        theoretical_peak: peak.map(|p| TheoreticalPeak {
+            value: p,
             unit: unit.into(),
-            threads: 2,
-            precision: Some(roofline_model::Precision::F32),
-            level: level.map(String::from),
-            isa: None,
-            stats: stats(v),
-            theoretical_peak: peak.map(|p| TheoreticalPeak {
-                value: p,
-                unit: unit.into(),
-                source: "rule".into(),
-                uncertainty: 0.0,
-            }),
-            above_peak: false,
-            method: "test".into(),
-            per_iteration: PerIteration {
-                ops: 1.0,
-                bytes: 1.0,
-            },
-            plateau: None,
-        };
+            source: "rule".into(),
+            uncertainty: 0.0,
+        }),
+        above_peak: false,
+        method: "test".into(),
+        per_iteration: PerIteration {
+            ops: 1.0,
+            bytes: 1.0,
+        },
+        plateau: None,
+    };
     Machine {
         schema: MACHINE_SCHEMA.into(),
         provenance: Provenance {
