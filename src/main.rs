@@ -273,6 +273,12 @@ fn main() -> ExitCode {
     }
 }
 
+/// For verbs that stop where they are told: Ctrl-C sets `CANCEL`, which their work polls.
+pub(crate) fn install_ctrlc() -> Result<(), Failure> {
+    ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst))
+        .map_err(|e| Failure::Run(anyhow::anyhow!("cannot install the Ctrl-C handler: {e}")))
+}
+
 /// For verbs whose work cannot stop half-way (training runs): Ctrl-C says what it leaves
 /// (`kept`: what is on disk, or nothing) and exits 130 at once.
 pub(crate) fn exit_on_ctrlc(kept: String) -> Result<(), Failure> {

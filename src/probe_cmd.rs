@@ -120,11 +120,6 @@ pub(crate) fn progress_bar(show: bool) -> Bar {
     Bar(bar)
 }
 
-pub(crate) fn install_ctrlc() -> Result<(), Failure> {
-    ctrlc::set_handler(|| CANCEL.store(true, Ordering::SeqCst))
-        .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))
-}
-
 /// `roofline probe`.
 fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
     roofline_kernels::cpu::isa::Isa::parse(s).ok_or_else(|| {
@@ -162,7 +157,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     let gpu_count = node::gpu_status(a.device, &sections).map_err(failure)?;
     let (cores, machine_cores) = node::cores_for(a.threads).map_err(failure)?;
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
-    install_ctrlc()?;
+    crate::install_ctrlc()?;
     let start = Instant::now();
     let progress = progress_bar(true);
     let mut m = if sections.iter().any(|s| s.on_node()) {
@@ -347,7 +342,7 @@ pub(crate) fn node_probe(
 
 /// `roofline probe --check`: every GPU kernel once, against CPU references.
 pub fn gpu_check(devices: Devices) -> Result<(), Failure> {
-    install_ctrlc()?;
+    crate::install_ctrlc()?;
     let r = node::gpu_check(devices, &CANCEL).map_err(failure)?;
     let failed = output::check_table(&r);
     if failed > 0 {

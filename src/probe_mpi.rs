@@ -2,9 +2,7 @@
 //! rank; the other ranks sleep), then every rank takes part in the communication probes, the
 //! root probes storage if asked, gathers the nodes' results, and writes machine.json alone.
 
-use crate::probe_cmd::{
-    failure, finish, install_ctrlc, io_probe, node_probe, progress_bar, ProbeArgs,
-};
+use crate::probe_cmd::{failure, finish, io_probe, node_probe, progress_bar, ProbeArgs};
 use crate::Failure;
 use anyhow::anyhow;
 use roofline_kernels::comm::mpi::{CommConfig, World};
@@ -59,7 +57,7 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         });
     }
     let (gpu_count, (cores, machine_cores)) = checked?;
-    install_ctrlc()?;
+    crate::install_ctrlc()?;
     let start = Instant::now();
     let progress = progress_bar(root);
     let clear = || {

@@ -84,8 +84,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     // Ctrl-C ends the running point (the child has its own handler); the sweep then says what
     // it kept.
-    ctrlc::set_handler(|| crate::CANCEL.store(true, std::sync::atomic::Ordering::SeqCst))
-        .map_err(|e| Failure::Run(anyhow!("cannot install the Ctrl-C handler: {e}")))?;
+    crate::install_ctrlc()?;
     let SweepPlan {
         grid,
         notes,

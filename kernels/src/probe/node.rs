@@ -187,10 +187,13 @@ pub fn probe(
     let mut cpu = roofline_collectors::cpu_info(&ident, cfg.machine_cores.len());
     // The idle reference, before the work: others' share of the CPUs, the one-core clock.
     let window = std::time::Duration::from_millis(300);
-    let before = cfg
-        .check_load
-        .then(|| (load::others_over(window), crate::cpu::clock::quick_hz(5)));
-    let during_from = load::cpu_times();
+    let before = cfg.check_load.then(|| {
+        (
+            load::others_over(window),
+            crate::cpu::clock::quick_hz(5),
+            load::cpu_times(),
+        )
+    });
     let cpu_cfg = cpu_probe::CpuConfig {
         cores: cfg.cores.clone(),
         caches: cpu.caches.clone(),
@@ -262,7 +265,7 @@ pub fn probe(
     cpu.measured_clock_hz_all = result.clock_all.clone();
     let mut notes = result.notes.clone();
     // ... and checked after it.
-    let load_check = before.map(|(others_before, clock_before)| {
+    let load_check = before.map(|(others_before, clock_before, during_from)| {
         let during = during_from
             .zip(load::cpu_times())
             .and_then(|(a, b)| load::others_share(&a, &b));
