@@ -369,7 +369,7 @@ mod tests {
     #[test]
     fn an_ensemble_of_bootstrap_models_beats_its_mean_member() {
         use crate::resnet::{Config, Version};
-        use crate::train::{train_on, Decay, Quiet, Source, TrainConfig};
+        use crate::train::{train, Decay, Quiet, Source, TrainConfig};
         let base = TrainConfig {
             model: Config {
                 version: Version::V1_5,
@@ -412,7 +412,7 @@ mod tests {
                 },
                 ..base.clone()
             };
-            let s = train_on::<f32>(&cfg, &Quiet, None, None).unwrap();
+            let s = train::<f32, _>(&cfg, &Quiet, None).unwrap();
             quality.push(s.evals.last().unwrap().top1);
             norms.push(s.param_norm);
             preds.push(s.predictions.unwrap());

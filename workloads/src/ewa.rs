@@ -5,23 +5,21 @@
 //! optionally 16-bit on the wire), checkpoints that resume the run exactly,
 //! timeline spans, one batch read ahead, evaluation by mAP@0.5 and time-to-quality.
 
-use crate::checkpoint::{Checkpoint, CheckpointError};
+use crate::checkpoint::{Checkpoint, CheckpointError, RunningStats};
 use crate::data::Rng;
 use crate::detect::map::{mean_average_precision, Detection, Truth};
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
 use crate::ewa_data::EwaSet;
-use crate::exchange::{Buckets, Exchange};
-use crate::layers::Reducer;
+use crate::layers::{Param, Reducer};
+use crate::resnet::Flops;
 use crate::run::RunOptions;
 use crate::tensor::{Float, Tensor};
 use crate::train::{
-    wait_for_batch, Eval, EvalError, Monitor, Schedule, Sgd, Summary, Tally, TrainError,
+    Decay, Eval, EvalError, Infer, Loader, Loss, Model, Schedule, Task, TrainError,
 };
-use roofline_collectors::timeline::{span, timed};
-use roofline_kernels::cuda::CudaError;
+use roofline_collectors::timeline::timed;
 use std::ops::Range;
 use std::sync::Arc;
-use std::time::Instant;
 
 /// What to train.
 #[derive(Clone)]
@@ -122,7 +120,7 @@ pub fn evaluate_with<T: Float>(
 }
 
 /// The detections of a batch (the CPU model's or a device's).
-pub type Detect<'a, T> = dyn FnMut(&Tensor<T>) -> Result<Detections, CudaError> + 'a;
+pub type Detect<'a, T> = Infer<'a, T, Detections>;
 
 /// Every detection of the images `ids` (each `image` the image's id) and their ground truth.
 pub fn predict_with<T: Float>(
@@ -168,301 +166,157 @@ fn detect_all<T: Float>(
     Ok((dets, truths))
 }
 
-/// The CPU's optimizer step.
-fn cpu_update<T: Float>(sgd: &Sgd, model: &mut Detector<T>, lr: f64) {
-    timed(
-        "optimizer",
-        || "sgd".into(),
-        || sgd.step(model.params(), lr),
-    );
-}
+impl<T: Float> Model<T> for Detector<T> {
+    type Truth = Vec<Target>;
+    type Output = Detections;
+    type Loss = Losses;
 
-fn save<T: Float>(
-    path: &std::path::Path,
-    model: &mut Detector<T>,
-    step: usize,
-    cfg: &EwaConfig,
-) -> Result<(), CheckpointError> {
-    let mut c = Checkpoint::default();
-    c.put_params(model.params());
-    c.put_stats(model.backbone.running_stats());
-    c.metadata
-        .insert("format".into(), "roofline/checkpoint/v1".into());
-    c.metadata.insert("workload".into(), "ewa".into());
-    c.metadata.insert("step".into(), step.to_string());
-    c.metadata
-        .insert("model".into(), format!("{:?}", cfg.model));
-    c.metadata.insert("batch".into(), cfg.run.batch.to_string());
-    c.save(path)
-}
-
-fn load<T: Float>(
-    path: &std::path::Path,
-    model: &mut Detector<T>,
-    cfg: &EwaConfig,
-) -> Result<usize, CheckpointError> {
-    let c = Checkpoint::load(path)?;
-    if c.meta("workload").ok() != Some("ewa")
-        || c.meta("model")? != format!("{:?}", cfg.model)
-        || c.meta("batch")? != cfg.run.batch.to_string()
-    {
-        return Err(CheckpointError::Mismatch(format!(
-            "{} was written for another workload, model or batch",
-            path.display()
-        )));
+    fn describe(&self) -> String {
+        format!("{:?}", self.cfg)
     }
-    c.take_params(model.params())?;
-    c.take_stats(model.backbone.running_stats())?;
-    c.meta("step")?
-        .parse::<usize>()
-        .map_err(|_| CheckpointError::Mismatch("bad step in the checkpoint".into()))
-}
-
-/// A device that runs the detector's steps in place of the CPU layers (the CUDA path,
-/// [`crate::gpu::GpuDetector`]), as [`crate::train::Accelerator`] is for the classifier. The CPU
-/// model stays the reference copy: the device takes its parameters at the start (after a
-/// resume) and writes them back for checkpoints and the summary.
-pub trait DetectorDevice<T> {
-    /// Takes `model`'s parameters, momenta and running statistics.
-    fn begin(&mut self, model: &mut Detector<T>) -> Result<(), CudaError>;
-    /// One step on this rank's share of the batch: forward, losses, backward, gradient
-    /// allreduce, update at `lr`. Returns (this rank's losses, bytes it put into gradient
-    /// allreduces).
-    fn step(
+    fn params(&mut self) -> Vec<&mut Param<T>> {
+        Detector::params(self)
+    }
+    fn backward_order(&mut self) -> Vec<&mut Param<T>> {
+        Detector::backward_order(self)
+    }
+    fn running_stats(&mut self) -> RunningStats<'_, T> {
+        self.backbone.running_stats()
+    }
+    fn synced_channels(&mut self) -> usize {
+        self.backbone
+            .running_stats()
+            .iter()
+            .map(|(_, m, _)| m.len())
+            .sum()
+    }
+    fn set_reducer(&mut self, r: Arc<dyn Reducer>) {
+        Detector::set_reducer(self, r)
+    }
+    fn train_step(
         &mut self,
         x: &Tensor<T>,
-        truth: &[Target],
+        truth: &Vec<Target>,
         seed: u64,
-        lr: f64,
-        sgd: &Sgd,
-    ) -> Result<(Losses, f64), CudaError>;
-    /// Detections for a batch (inference).
-    fn detect(&mut self, x: &Tensor<T>) -> Result<Detections, CudaError>;
-    /// Writes parameters, momenta and running statistics back into `model`.
-    fn store(&mut self, model: &mut Detector<T>) -> Result<(), CudaError>;
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
+    ) -> Losses {
+        self.train_step_with(x, truth, seed, ready)
+    }
+    fn infer(&mut self, x: &Tensor<T>) -> Detections {
+        self.detect(x)
+    }
 }
 
-/// Trains the detector, data parallel over the ranks of `reducer` (each rank its share of the
-/// global batch). Returns the trainer's summary: its evaluations carry mAP@0.5 (`map`), with
-/// no Top-1/Top-5 (NaN).
-pub fn train<T: Float>(
-    cfg: &EwaConfig,
-    monitor: &dyn Monitor,
-    reducer: Option<Arc<dyn Reducer>>,
-) -> Result<Summary, TrainError> {
-    train_on::<T>(cfg, monitor, reducer, None)
+impl Loss for Losses {
+    fn total(&self) -> f64 {
+        Losses::total(self)
+    }
 }
 
-/// `train`, the steps run by `device` when given (the CPU layers otherwise): the same loop,
-/// data, schedule, checkpoints, evaluation and tally either way.
-pub fn train_on<T: Float>(
-    cfg: &EwaConfig,
-    monitor: &dyn Monitor,
-    reducer: Option<Arc<dyn Reducer>>,
-    mut device: Option<&mut dyn DetectorDevice<T>>,
-) -> Result<Summary, TrainError> {
-    let (ranks, rank) = reducer.as_ref().map_or((1, 0), |r| (r.ranks(), r.rank()));
-    if cfg.run.batch == 0 || !cfg.run.batch.is_multiple_of(ranks) {
-        return Err(TrainError::Setup(format!(
-            "the global batch ({}) must divide among the {ranks} ranks",
-            cfg.run.batch
-        )));
+/// The detection task: its data order is a function of the step ([`EwaConfig::batch_ids`]),
+/// so a checkpoint keeps nothing of it.
+impl<T: Float> Task<T> for EwaConfig {
+    type Model = Detector<T>;
+    type Order = ();
+
+    fn name(&self) -> &'static str {
+        "ewa"
     }
-    if cfg.train.is_empty() || cfg.train.end > cfg.data.len() || cfg.eval.end > cfg.data.len() {
-        return Err(TrainError::Setup(format!(
-            "training images {:?} and evaluation images {:?} must lie in the {} images given",
-            cfg.train,
-            cfg.eval,
-            cfg.data.len()
-        )));
+    fn options(&self) -> &RunOptions {
+        &self.run
     }
-    let local = cfg.run.batch / ranks;
-    let mut model = Detector::<T>::new(cfg.model.clone(), cfg.run.seed);
-    // The CPU layers' reductions all go through the exchange's thread (a device sums its
-    // gradients itself, and its batch norms use the reducer it was given).
-    let exchange = match (&reducer, &device) {
-        (Some(r), None) => Some(Exchange::start(Arc::clone(r))),
-        _ => None,
-    };
-    if let Some(e) = &exchange {
-        model.set_reducer(Arc::clone(e) as Arc<dyn Reducer>);
+    fn check(&self, ranks: usize) -> Result<(), TrainError> {
+        if self.run.batch == 0 || !self.run.batch.is_multiple_of(ranks) {
+            return Err(TrainError::Setup(format!(
+                "the global batch ({}) must divide among the {ranks} ranks",
+                self.run.batch
+            )));
+        }
+        if self.train.is_empty()
+            || self.train.end > self.data.len()
+            || self.eval.end > self.data.len()
+        {
+            return Err(TrainError::Setup(format!(
+                "training images {:?} and evaluation images {:?} must lie in the {} images given",
+                self.train,
+                self.eval,
+                self.data.len()
+            )));
+        }
+        Ok(())
     }
-    let reducer: Option<Arc<dyn Reducer>> = match &exchange {
-        Some(e) => Some(Arc::clone(e) as Arc<dyn Reducer>),
-        None => reducer,
-    };
-    let sgd = Sgd::default();
-    let schedule = Schedule {
-        // The trainer's schedule is per 256 images.
-        base_lr_per_256: cfg.base_lr_per_16 * 16.0,
-        global_batch: cfg.run.batch,
-        warmup_steps: cfg.run.warmup_steps,
-        total_steps: cfg.run.steps,
-        decay: crate::train::Decay::Cosine,
-    };
-    let flops = cfg.model.flops(cfg.data.height, cfg.data.width).total();
-    let mut start_step = 0;
-    if let Some(path) = &cfg.run.resume {
-        start_step = load(path, &mut model, cfg).map_err(TrainError::Checkpoint)?;
+    fn build(&self) -> Detector<T> {
+        Detector::new(self.model.clone(), self.run.seed)
     }
-    if let Some(d) = device.as_deref_mut() {
-        d.begin(&mut model).map_err(TrainError::Device)?;
+    fn schedule(&self) -> Schedule {
+        Schedule {
+            // The trainer's schedule is per 256 images.
+            base_lr_per_256: self.base_lr_per_16 * 16.0,
+            global_batch: self.run.batch,
+            warmup_steps: self.run.warmup_steps,
+            total_steps: self.run.steps,
+            decay: Decay::Cosine,
+        }
     }
-    let end = cfg.run.stop_at.unwrap_or(cfg.run.steps).min(cfg.run.steps);
-    let fetch = |step: usize| {
-        let data = Arc::clone(&cfg.data);
-        let ids = cfg.batch_ids(step)[rank * local..(rank + 1) * local].to_vec();
-        std::thread::spawn(move || {
-            timed(
-                "data",
-                || format!("load batch {}", step + 1),
-                || batch::<T>(&data, &ids),
-            )
+    fn flops(&self, _: &Detector<T>) -> Flops {
+        self.model.flops(self.data.height, self.data.width).total()
+    }
+    fn first_order(&self) {}
+    fn next_batch(&self, _: &mut (), step: usize, rows: Range<usize>) -> Loader<T, Vec<Target>> {
+        let data = Arc::clone(&self.data);
+        let ids = self.batch_ids(step)[rows].to_vec();
+        Box::new(move || batch::<T>(&data, &ids))
+    }
+    fn save_order(&self, _: &(), _: &mut Checkpoint) {}
+    fn load_order(&self, _: &Checkpoint) -> Result<(), CheckpointError> {
+        Ok(())
+    }
+    fn step_seed(&self, step: usize, rank: usize) -> u64 {
+        self.run.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64)
+    }
+    fn evaluates(&self) -> bool {
+        !self.eval.is_empty()
+    }
+    fn evaluate(
+        &self,
+        infer: &mut Infer<'_, T, Detections>,
+        step: usize,
+        local: usize,
+    ) -> Result<Eval, EvalError> {
+        let (map, _) = timed(
+            "eval",
+            || "mAP".into(),
+            || {
+                evaluate_with(
+                    infer,
+                    &self.data,
+                    self.eval.clone(),
+                    local.max(1),
+                    self.model.classes,
+                )
+            },
+        )?;
+        Ok(Eval {
+            step,
+            top1: f64::NAN,
+            top5: f64::NAN,
+            loss: f64::NAN,
+            map: Some(map),
         })
-    };
-    let mut pending = (start_step < end).then(|| fetch(start_step));
-    let mut tally = Tally::new(cfg.run.batch, ranks, cfg.run.comm, start_step);
-    let first_read = Instant::now();
-    for step in start_step..end {
-        let t0 = Instant::now();
-        let step_span = span("step", || format!("step {}", step + 1));
-        let (x, targets) = wait_for_batch(&mut pending)?;
-        let data_s = t0.elapsed().as_secs_f64();
-        if step + 1 < end {
-            pending = Some(fetch(step + 1));
-        }
-        let seed = cfg.run.seed ^ (step as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (rank as u64);
-        let mut comm_s = 0.0;
-        let losses = match (device.as_deref_mut(), &exchange) {
-            (Some(d), _) => {
-                let (losses, bytes) = d
-                    .step(&x, &targets, seed, schedule.lr(step), &sgd)
-                    .map_err(TrainError::Device)?;
-                tally.comm_bytes = bytes;
-                losses
-            }
-            (None, None) => {
-                let losses = model.train_step(&x, &targets, seed);
-                cpu_update(&sgd, &mut model, schedule.lr(step));
-                losses
-            }
-            (None, Some(ex)) => {
-                // Each group's gradients go into the fused buckets as soon as the backward
-                // pass finishes them (heads first, backbone last).
-                let mut buckets = Buckets::new(ex, cfg.run.comm);
-                let losses = model.train_step_with(&x, &targets, seed, &mut |ps| {
-                    for p in ps {
-                        buckets.push(p.grad.iter().map(|g| g.to_f64() as f32));
-                    }
-                });
-                tally.comm_bytes = buckets.bytes;
-                comm_s = buckets.finish_into(model.backward_order(), ranks);
-                cpu_update(&sgd, &mut model, schedule.lr(step));
-                losses
-            }
-        };
-        let mut loss = losses.total();
-        if let Some(r) = &reducer {
-            let mut l = [loss];
-            r.sum_f64(&mut l);
-            loss = l[0] / ranks as f64;
-        }
-        if !loss.is_finite() {
-            return Err(TrainError::Diverged {
-                step: step + 1,
-                losses: format!("{losses:?}"),
-            });
-        }
-        drop(step_span);
-        let dt = t0.elapsed().as_secs_f64();
-        tally.step(step, dt, data_s, comm_s, loss);
-        monitor.step(step + 1, cfg.run.steps, loss, cfg.run.batch as f64 / dt);
-        if let (Some(path), Some(every)) = (&cfg.run.checkpoint, cfg.run.checkpoint_every) {
-            if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < cfg.run.steps {
-                // Every rank stores (a device's copy comes back), rank 0 writes.
-                if let Some(d) = device.as_deref_mut() {
-                    d.store(&mut model).map_err(TrainError::Device)?;
-                }
-                if rank == 0 {
-                    save(path, &mut model, step + 1, cfg).map_err(TrainError::Checkpoint)?;
-                }
-            }
-        }
-        let last = step + 1 == cfg.run.steps;
-        if !cfg.eval.is_empty() && ((step + 1) % cfg.run.eval_every.max(1) == 0 || last) {
-            // Every rank evaluates the same images with the same parameters (batch norm on
-            // running statistics): the same mAP everywhere, so that all stop together.
-            let (map, _) = timed(
-                "eval",
-                || "mAP".into(),
-                || match device.as_deref_mut() {
-                    Some(d) => evaluate_with(
-                        &mut |x| d.detect(x),
-                        &cfg.data,
-                        cfg.eval.clone(),
-                        local.max(1),
-                        cfg.model.classes,
-                    ),
-                    None => evaluate(&mut model, &cfg.data, cfg.eval.clone(), local.max(1)),
-                },
-            )
-            .map_err(TrainError::Evaluation)?;
-            tally.evals.push(Eval {
-                step: step + 1,
-                top1: f64::NAN,
-                top5: f64::NAN,
-                loss: f64::NAN,
-                map: Some(map),
-            });
-            if cfg.run.target.is_some_and(|t| map >= t) {
-                tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
-                break;
-            }
-        }
     }
-    // A bagged model's held-out detections, for the ensemble.
-    let predictions = match &cfg.run.ensemble {
-        Some(_) if !cfg.eval.is_empty() => Some(
-            match device.as_deref_mut() {
-                Some(d) => predict_with(
-                    &mut |x| d.detect(x),
-                    &cfg.data,
-                    cfg.eval.clone(),
-                    local.max(1),
-                    cfg.model.classes,
-                ),
-                None => predict_with(
-                    &mut |x| Ok(model.detect(x)),
-                    &cfg.data,
-                    cfg.eval.clone(),
-                    local.max(1),
-                    cfg.model.classes,
-                ),
-            }
-            .map_err(TrainError::Evaluation)?,
-        ),
-        _ => None,
-    };
-    if let Some(d) = device {
-        d.store(&mut model).map_err(TrainError::Device)?;
+    fn predict(
+        &self,
+        infer: &mut Infer<'_, T, Detections>,
+        local: usize,
+    ) -> Result<crate::bagging::Predictions, EvalError> {
+        predict_with(
+            infer,
+            &self.data,
+            self.eval.clone(),
+            local.max(1),
+            self.model.classes,
+        )
     }
-    if let (Some(path), 0) = (&cfg.run.checkpoint, rank) {
-        save(path, &mut model, tally.steps_done, cfg).map_err(TrainError::Checkpoint)?;
-    }
-    let bn_channels: usize = model
-        .backbone
-        .running_stats()
-        .iter()
-        .map(|(_, m, _)| m.len())
-        .sum();
-    let mut summary = tally.summary(
-        flops,
-        model.params(),
-        bn_channels,
-        first_read.elapsed().as_secs_f64(),
-    );
-    summary.predictions = predictions;
-    Ok(summary)
 }
 
 #[cfg(test)]
@@ -470,7 +324,8 @@ mod tests {
     use super::*;
     use crate::ewa_data::write_synthetic;
     use crate::exchange::CommOptions;
-    use crate::train::Quiet;
+    use crate::train::tests::Mirror;
+    use crate::train::{train, Quiet, Summary};
 
     /// A synthetic year of `n` images at `h × w`, written as HDF5 and opened through the loader.
     fn synthetic(name: &str, n: usize, h: usize, w: usize) -> Arc<EwaSet> {
@@ -521,7 +376,7 @@ mod tests {
     fn a_small_detector_learns_the_synthetic_storms() {
         let data = synthetic("learn", 320, 64, 96);
         let cfg = config(data, 0..256, 256..320);
-        let s = train::<f32>(&cfg, &Quiet, None).unwrap();
+        let s = train::<f32, _>(&cfg, &Quiet, None).unwrap();
         let map = s.evals.last().and_then(|e| e.map).unwrap();
         eprintln!("mAP@0.5 after {} steps: {map:.4}", s.steps);
         assert!(map >= 0.5, "mAP@0.5 {map}");
@@ -548,7 +403,7 @@ mod tests {
             },
             ..base
         };
-        let whole = train::<f32>(&cfg, &Quiet, None).unwrap();
+        let whole = train::<f32, _>(&cfg, &Quiet, None).unwrap();
         let path =
             std::env::temp_dir().join(format!("roofline-ewa-ckpt-{}.st", std::process::id()));
         let first = EwaConfig {
@@ -559,7 +414,7 @@ mod tests {
             },
             ..cfg.clone()
         };
-        train::<f32>(&first, &Quiet, None).unwrap();
+        train::<f32, _>(&first, &Quiet, None).unwrap();
         let rest = EwaConfig {
             run: RunOptions {
                 resume: Some(path.clone()),
@@ -567,7 +422,7 @@ mod tests {
             },
             ..cfg.clone()
         };
-        let resumed = train::<f32>(&rest, &Quiet, None).unwrap();
+        let resumed = train::<f32, _>(&rest, &Quiet, None).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(resumed.start_step, 3);
         assert_eq!(resumed.param_norm.to_bits(), whole.param_norm.to_bits());
@@ -575,8 +430,8 @@ mod tests {
         // Another model's checkpoint is refused.
         let mut other = cfg.clone();
         other.model.hidden += 1;
-        train::<f32>(&first, &Quiet, None).unwrap();
-        let e = train::<f32>(
+        train::<f32, _>(&first, &Quiet, None).unwrap();
+        let e = train::<f32, _>(
             &EwaConfig {
                 run: RunOptions {
                     resume: Some(path.clone()),
@@ -594,7 +449,7 @@ mod tests {
             "{e}"
         );
         // Any mAP reaches a target of zero at the first evaluation.
-        let quick = train::<f32>(
+        let quick = train::<f32, _>(
             &EwaConfig {
                 run: RunOptions {
                     target: Some(0.0),
@@ -614,58 +469,6 @@ mod tests {
     /// Two data-parallel ranks keep the same parameters (batch norm over both ranks' images,
     /// gradients averaged), put every gradient on the wire (4 bytes each in f32, 2 in fp16),
     /// and both report the same loss.
-    /// A device that computes what the CPU does: its own copy of the detector.
-    struct Mirror {
-        net: Option<Detector<f32>>,
-        stored: usize,
-    }
-
-    fn copy(from: &mut Detector<f32>, to: &mut Detector<f32>) {
-        for (a, b) in from.params().into_iter().zip(to.params()) {
-            b.value.clone_from(&a.value);
-            b.momentum.clone_from(&a.momentum);
-        }
-        let stats = from.backbone.running_stats();
-        for ((_, m, v), (_, m2, v2)) in stats.into_iter().zip(to.backbone.running_stats()) {
-            m2.clone_from(m);
-            v2.clone_from(v);
-        }
-    }
-
-    fn not_begun() -> CudaError {
-        CudaError::Check("not begun".into())
-    }
-
-    impl DetectorDevice<f32> for Mirror {
-        fn begin(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
-            let mut n = Detector::new(model.cfg.clone(), 999);
-            copy(model, &mut n);
-            self.net = Some(n);
-            Ok(())
-        }
-        fn step(
-            &mut self,
-            x: &Tensor<f32>,
-            truth: &[Target],
-            seed: u64,
-            lr: f64,
-            sgd: &Sgd,
-        ) -> Result<(Losses, f64), CudaError> {
-            let n = self.net.as_mut().ok_or_else(not_begun)?;
-            let l = n.train_step(x, truth, seed);
-            sgd.step(n.params(), lr);
-            Ok((l, 0.0))
-        }
-        fn detect(&mut self, x: &Tensor<f32>) -> Result<Detections, CudaError> {
-            Ok(self.net.as_mut().ok_or_else(not_begun)?.detect(x))
-        }
-        fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
-            self.stored += 1;
-            copy(self.net.as_mut().ok_or_else(not_begun)?, model);
-            Ok(())
-        }
-    }
-
     /// The loop with a device (the CUDA path's shape) is the CPU's loop: the same losses,
     /// parameters, evaluations and checkpoint, the device's copy written back for each
     /// checkpoint and at the end.
@@ -685,13 +488,11 @@ mod tests {
             },
             ..base
         };
-        let cpu = train::<f32>(&cfg, &Quiet, None).unwrap();
+        let cpu = train::<f32, _>(&cfg, &Quiet, None).unwrap();
         let written = std::fs::read(&path).unwrap();
-        let mut dev = Mirror {
-            net: None,
-            stored: 0,
-        };
-        let on = train_on::<f32>(&cfg, &Quiet, None, Some(&mut dev)).unwrap();
+        let model = cfg.model.clone();
+        let mut dev = Mirror::new(move || Detector::new(model.clone(), 999));
+        let on = crate::train::run::<f32, _>(&cfg, &Quiet, &mut dev).unwrap();
         let again = std::fs::read(&path).unwrap();
         let _ = std::fs::remove_file(&path);
         assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
@@ -727,7 +528,7 @@ mod tests {
                 ..config(Arc::clone(&data), 0..16, 0..0)
             };
             let runs = crate::exchange::tests::on_ranks(2, |r| {
-                train::<f32>(&cfg, &Quiet, Some(r)).unwrap()
+                train::<f32, _>(&cfg, &Quiet, Some(r)).unwrap()
             });
             assert_eq!(runs[0].param_norm.to_bits(), runs[1].param_norm.to_bits());
             assert_eq!(runs[0].final_loss.to_bits(), runs[1].final_loss.to_bits());

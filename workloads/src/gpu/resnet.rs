@@ -63,7 +63,7 @@ pub struct GpuResNet {
 /// backward pass has finished is always a suffix `[lo, total)`: each bucket is the newly
 /// finished stretch, summed on the communicator's stream once the compute stream gets there
 /// (an event, no host wait) while the backward pass goes on.
-pub(super) struct GradSync {
+pub struct GradSync {
     pub(super) nccl: Communicator,
     pub(super) opts: CommOptions,
     /// The gradients in the wire's 16-bit format, when compressed.

@@ -1,7 +1,10 @@
-//! The training loop's accelerator on one GPU (`crate::train::Accelerator`), and the NCCL
-//! communicator of a data-parallel run.
+//! The training loop's device on one GPU ([`CudaTrainer`], a [`crate::train::Device`] for any
+//! network with a GPU copy: [`GpuModel`]), and the NCCL communicator of a data-parallel run.
 
 use super::*;
+use crate::detect::map::Detection;
+use crate::detect::model::{Detector, Losses, Target};
+use crate::train::{Device, Model, Stepped};
 
 /// What a GPU model is built from at the start of a run: the context and the communicator
 /// (taken back from the previous model when a run begins again), the reducer and the exchange's
@@ -31,14 +34,114 @@ impl Parts {
     }
 }
 
-/// The CUDA path as the trainer's [`crate::train::Accelerator`]: the model moves to the GPU at
-/// the start of the run (after a resume) and back for checkpoints and the summary.
-pub struct CudaTrainer {
-    parts: Parts,
-    pub net: Option<GpuResNet>,
+/// A network's copy on the GPU, as the loop's CUDA device drives it: built from the CPU model
+/// (its parameters, momenta and running statistics), stepped, asked for inference, written
+/// back. ResNet-50 ([`GpuResNet`]) and the detector ([`GpuDetector`]) are two.
+pub trait GpuModel: Sized {
+    /// The CPU model it mirrors.
+    type Cpu: Model<f32>;
+    /// Builds the GPU copy of `model` on `ctx`; `nccl` sums the gradients over its ranks as
+    /// `comm` says and `reducer` (the same ranks, over MPI) the batch-norm statistics.
+    fn build(
+        ctx: Ctx,
+        model: &mut Self::Cpu,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> Result<Self, CudaError>;
+    /// The context and the gradient sync, taken back to build the next copy.
+    fn into_parts(self) -> (Ctx, Option<GradSync>);
+    /// One step on this rank's share of the batch; returns its losses and the bytes it put
+    /// into gradient allreduces.
+    #[allow(clippy::too_many_arguments)]
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        truth: &<Self::Cpu as Model<f32>>::Truth,
+        seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(<Self::Cpu as Model<f32>>::Loss, f64), CudaError>;
+    /// Inference on a batch.
+    fn infer(&mut self, x: &Tensor<f32>) -> Result<<Self::Cpu as Model<f32>>::Output, CudaError>;
+    /// Writes parameters, momenta and running statistics back into `model`.
+    fn store(&mut self, model: &mut Self::Cpu) -> Result<(), CudaError>;
 }
 
-impl CudaTrainer {
+impl GpuModel for GpuResNet {
+    type Cpu = ResNet<f32>;
+    fn build(
+        ctx: Ctx,
+        model: &mut ResNet<f32>,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> Result<Self, CudaError> {
+        GpuResNet::new(ctx, model, nccl, reducer, comm)
+    }
+    fn into_parts(self) -> (Ctx, Option<GradSync>) {
+        (self.ctx, self.sync)
+    }
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        truth: &crate::train::Labels,
+        _seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(f64, f64), CudaError> {
+        let r = GpuResNet::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?;
+        Ok((r.loss, r.comm_bytes))
+    }
+    fn infer(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
+        self.logits(x)
+    }
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+        GpuResNet::store(self, model)
+    }
+}
+
+impl GpuModel for GpuDetector {
+    type Cpu = Detector<f32>;
+    fn build(
+        ctx: Ctx,
+        model: &mut Detector<f32>,
+        nccl: Option<Communicator>,
+        reducer: Option<Arc<dyn Reducer>>,
+        comm: CommOptions,
+    ) -> Result<Self, CudaError> {
+        GpuDetector::new(ctx, model, nccl, reducer, comm)
+    }
+    fn into_parts(self) -> (Ctx, Option<GradSync>) {
+        (self.ctx, self.sync)
+    }
+    fn step(
+        &mut self,
+        x: &Tensor<f32>,
+        truth: &Vec<Target>,
+        seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(Losses, f64), CudaError> {
+        let r = GpuDetector::step(self, x, truth, seed, lr, sgd, None)?;
+        Ok((r.losses, r.comm_bytes))
+    }
+    fn infer(&mut self, x: &Tensor<f32>) -> Result<Vec<Vec<Detection>>, CudaError> {
+        self.detect(x)
+    }
+    fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
+        GpuDetector::store(self, model)
+    }
+}
+
+/// The CUDA path as the loop's [`crate::train::Device`]: the model moves to the GPU at the
+/// start of the run (after a resume) and back for checkpoints and the summary.
+pub struct CudaTrainer<N: GpuModel> {
+    parts: Parts,
+    pub net: Option<N>,
+}
+
+impl<N: GpuModel> CudaTrainer<N> {
     /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks as `comm` says and
     /// `reducer` (the same ranks, over MPI) the batch-norm statistics.
     pub fn new(
@@ -46,7 +149,7 @@ impl CudaTrainer {
         nccl: Option<Communicator>,
         reducer: Option<Arc<dyn Reducer>>,
         comm: CommOptions,
-    ) -> CudaTrainer {
+    ) -> CudaTrainer<N> {
         CudaTrainer {
             parts: Parts {
                 ctx: Some(ctx),
@@ -58,10 +161,52 @@ impl CudaTrainer {
         }
     }
 
-    pub(super) fn net(&mut self) -> Result<&mut GpuResNet, CudaError> {
+    pub(super) fn net(&mut self) -> Result<&mut N, CudaError> {
         self.net
             .as_mut()
             .ok_or_else(|| CudaError::Check("the GPU model was not loaded".into()))
+    }
+}
+
+impl<N: GpuModel> Device<f32, N::Cpu> for CudaTrainer<N> {
+    fn reducer(&self) -> Option<Arc<dyn Reducer>> {
+        self.parts.reducer.clone()
+    }
+
+    fn begin(&mut self, model: &mut N::Cpu) -> Result<(), CudaError> {
+        let (ctx, nccl) = self.parts.take(self.net.take().map(N::into_parts))?;
+        let p = &self.parts;
+        self.net = Some(N::build(ctx, model, nccl, p.reducer.clone(), p.comm)?);
+        Ok(())
+    }
+
+    fn step(
+        &mut self,
+        _: &mut N::Cpu,
+        x: &Tensor<f32>,
+        truth: &<N::Cpu as Model<f32>>::Truth,
+        seed: u64,
+        lr: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<Stepped<<N::Cpu as Model<f32>>::Loss>, CudaError> {
+        let (loss, comm_bytes) = self.net()?.step(x, truth, seed, lr, sgd)?;
+        Ok(Stepped {
+            loss,
+            comm_bytes,
+            comm_wait_s: 0.0,
+        })
+    }
+
+    fn infer(
+        &mut self,
+        _: &mut N::Cpu,
+        x: &Tensor<f32>,
+    ) -> Result<<N::Cpu as Model<f32>>::Output, CudaError> {
+        self.net()?.infer(x)
+    }
+
+    fn store(&mut self, model: &mut N::Cpu) -> Result<(), CudaError> {
+        self.net()?.store(model)
     }
 }
 
@@ -74,101 +219,4 @@ pub fn communicator(reducer: &dyn Reducer, ordinal: usize) -> Result<Communicato
     }
     reducer.broadcast(&mut id);
     Communicator::new(&id, reducer.ranks(), reducer.rank(), ordinal)
-}
-
-impl crate::train::Accelerator<f32> for CudaTrainer {
-    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
-        let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
-        let p = &self.parts;
-        let net = GpuResNet::new(ctx, model, nccl, p.reducer.clone(), p.comm)?;
-        self.net = Some(net);
-        Ok(())
-    }
-
-    fn step(
-        &mut self,
-        x: &Tensor<f32>,
-        labels: &[usize],
-        lr: f64,
-        smoothing: f64,
-        sgd: &crate::train::Sgd,
-    ) -> Result<(f64, f64), CudaError> {
-        let r = self.net()?.step(x, labels, lr, smoothing, sgd)?;
-        Ok((r.loss, r.comm_bytes))
-    }
-
-    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
-        self.net()?.logits(x)
-    }
-
-    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
-        self.net()?.store(model)
-    }
-}
-
-/// The CUDA path as the EWA trainer's [`crate::ewa::DetectorDevice`]: the detector moves to
-/// the GPU at the start of the run (after a resume) and back for checkpoints and the summary.
-pub struct CudaDetectorTrainer {
-    parts: Parts,
-    pub net: Option<GpuDetector>,
-}
-
-impl CudaDetectorTrainer {
-    /// Trains on `ctx`'s GPU; `nccl` sums the gradients over its ranks as `comm` says and
-    /// `reducer` (the same ranks, over MPI) the batch-norm statistics.
-    pub fn new(
-        ctx: Ctx,
-        nccl: Option<Communicator>,
-        reducer: Option<Arc<dyn Reducer>>,
-        comm: CommOptions,
-    ) -> CudaDetectorTrainer {
-        CudaDetectorTrainer {
-            parts: Parts {
-                ctx: Some(ctx),
-                nccl,
-                reducer,
-                comm,
-            },
-            net: None,
-        }
-    }
-
-    fn net(&mut self) -> Result<&mut GpuDetector, CudaError> {
-        self.net
-            .as_mut()
-            .ok_or_else(|| CudaError::Check("the GPU detector was not loaded".into()))
-    }
-}
-
-impl crate::ewa::DetectorDevice<f32> for CudaDetectorTrainer {
-    fn begin(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), CudaError> {
-        let (ctx, nccl) = self.parts.take(self.net.take().map(|n| (n.ctx, n.sync)))?;
-        let p = &self.parts;
-        let net = GpuDetector::new(ctx, model, nccl, p.reducer.clone(), p.comm)?;
-        self.net = Some(net);
-        Ok(())
-    }
-
-    fn step(
-        &mut self,
-        x: &Tensor<f32>,
-        truth: &[crate::detect::model::Target],
-        seed: u64,
-        lr: f64,
-        sgd: &crate::train::Sgd,
-    ) -> Result<(crate::detect::model::Losses, f64), CudaError> {
-        let r = self.net()?.step(x, truth, seed, lr, sgd, None)?;
-        Ok((r.losses, r.comm_bytes))
-    }
-
-    fn detect(
-        &mut self,
-        x: &Tensor<f32>,
-    ) -> Result<Vec<Vec<crate::detect::map::Detection>>, CudaError> {
-        self.net()?.detect(x)
-    }
-
-    fn store(&mut self, model: &mut crate::detect::model::Detector<f32>) -> Result<(), CudaError> {
-        self.net()?.store(model)
-    }
 }

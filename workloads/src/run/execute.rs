@@ -2,6 +2,7 @@
 
 use super::setup::{Device, Job, Prepared};
 use super::RunError;
+use crate::gpu::{CudaTrainer, GpuDetector, GpuResNet};
 use crate::layers::Reducer;
 use crate::train::{self, Monitor, Summary};
 use roofline_kernels::cuda::device::{self, Gpu};
@@ -67,10 +68,10 @@ pub fn execute(
         let s = match &p.job {
             Job::Detector(cfg) => p
                 .pool
-                .install(|| crate::ewa::train::<f32>(cfg, monitor, reducer)),
+                .install(|| train::train::<f32, _>(cfg, monitor, reducer)),
             Job::Classifier(cfg) => p
                 .pool
-                .install(|| train::train_with::<f32>(cfg, monitor, reducer)),
+                .install(|| train::train::<f32, _>(cfg, monitor, reducer)),
         }?;
         return Ok((s, None));
     }
@@ -87,13 +88,12 @@ pub fn execute(
     // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
     let s = match &p.job {
         Job::Detector(cfg) => {
-            let mut dev =
-                crate::gpu::CudaDetectorTrainer::new(ctx, nccl, reducer.clone(), cfg.run.comm);
-            crate::ewa::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+            let mut dev = CudaTrainer::<GpuDetector>::new(ctx, nccl, reducer, cfg.run.comm);
+            train::run(cfg, monitor, &mut dev)
         }
         Job::Classifier(cfg) => {
-            let mut dev = crate::gpu::CudaTrainer::new(ctx, nccl, reducer.clone(), cfg.run.comm);
-            train::train_on::<f32>(cfg, monitor, reducer, Some(&mut dev))
+            let mut dev = CudaTrainer::<GpuResNet>::new(ctx, nccl, reducer, cfg.run.comm);
+            train::run(cfg, monitor, &mut dev)
         }
     }?;
     Ok((s, gpu_name))

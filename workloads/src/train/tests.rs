@@ -1,6 +1,11 @@
 use super::*;
+use crate::data::Synthetic;
 use crate::exchange::Wire;
 use crate::resnet::Version;
+use crate::resnet::{Config, ResNet};
+use crate::run::RunOptions;
+use crate::tensor::Tensor;
+use roofline_kernels::cuda::CudaError;
 
 #[test]
 fn schedule_warms_up_scales_and_decays() {
@@ -77,7 +82,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
             ensemble: None,
         },
     };
-    let single = train::<f64>(&cfg, &Quiet).unwrap();
+    let single = train::<f64, _>(&cfg, &Quiet, None).unwrap();
     let two = |comm: CommOptions| {
         let cfg = TrainConfig {
             run: RunOptions {
@@ -86,7 +91,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
             },
             ..cfg.clone()
         };
-        crate::exchange::tests::on_ranks(2, |r| train_with::<f64>(&cfg, &Quiet, Some(r)).unwrap())
+        crate::exchange::tests::on_ranks(2, |r| train::<f64, _>(&cfg, &Quiet, Some(r)).unwrap())
     };
     // Small buckets: many of them in flight during the backward pass.
     let small = |wire, overlap| CommOptions {
@@ -138,7 +143,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
         );
     }
     // And the runs moved: the parameters changed from their initial values.
-    let init = train::<f64>(
+    let init = train::<f64, _>(
         &TrainConfig {
             base_lr_per_256: 0.0,
             run: RunOptions {
@@ -148,6 +153,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
             ..cfg.clone()
         },
         &Quiet,
+        None,
     )
     .unwrap();
     assert!((init.param_norm - single.param_norm).abs() > 1e-6);
@@ -188,21 +194,31 @@ fn tiny() -> TrainConfig {
 /// Same seed, same threads: the same run, bit for bit (every parallel sum is ordered).
 #[test]
 fn runs_are_reproducible() {
-    let a = train::<f32>(&tiny(), &Quiet).unwrap();
-    let b = train::<f32>(&tiny(), &Quiet).unwrap();
+    let a = train::<f32, _>(&tiny(), &Quiet, None).unwrap();
+    let b = train::<f32, _>(&tiny(), &Quiet, None).unwrap();
     assert_eq!(a.param_norm.to_bits(), b.param_norm.to_bits());
     assert_eq!(a.final_loss.to_bits(), b.final_loss.to_bits());
 }
 
-/// A device that is a second CPU model: the accelerator path of the loop (take the model,
-/// step, evaluate, write back) must give the CPU run's result bit for bit.
-struct Mirror {
-    cfg: Config,
-    net: Option<ResNet<f32>>,
-    stored: usize,
+/// A device that is a second CPU model, for any model of the loop: the device path (take the
+/// model, step, evaluate, write back) must give the CPU run's result bit for bit.
+pub(crate) struct Mirror<M> {
+    pub make: Box<dyn Fn() -> M>,
+    pub net: Option<M>,
+    pub stored: usize,
 }
 
-fn copy(from: &mut ResNet<f32>, to: &mut ResNet<f32>) {
+impl<M> Mirror<M> {
+    pub fn new(make: impl Fn() -> M + 'static) -> Mirror<M> {
+        Mirror {
+            make: Box::new(make),
+            net: None,
+            stored: 0,
+        }
+    }
+}
+
+fn copy<M: Model<f32>>(from: &mut M, to: &mut M) {
     for (a, b) in from.params().into_iter().zip(to.params()) {
         b.value.clone_from(&a.value);
         b.momentum.clone_from(&a.momentum);
@@ -217,32 +233,38 @@ fn not_begun() -> CudaError {
     CudaError::Check("not begun".into())
 }
 
-impl Accelerator<f32> for Mirror {
-    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
-        let mut n = ResNet::new(self.cfg.clone(), 999);
+impl<M: Model<f32>> Device<f32, M> for Mirror<M> {
+    fn reducer(&self) -> Option<Arc<dyn Reducer>> {
+        None
+    }
+    fn begin(&mut self, model: &mut M) -> Result<(), CudaError> {
+        let mut n = (self.make)();
         copy(model, &mut n);
         self.net = Some(n);
         Ok(())
     }
     fn step(
         &mut self,
+        _: &mut M,
         x: &Tensor<f32>,
-        labels: &[usize],
+        truth: &M::Truth,
+        seed: u64,
         lr: f64,
-        smoothing: f64,
         sgd: &Sgd,
-    ) -> Result<(f64, f64), CudaError> {
+    ) -> Result<Stepped<M::Loss>, CudaError> {
         let n = self.net.as_mut().ok_or_else(not_begun)?;
-        let z = n.forward(x, true);
-        let (loss, g, _, _) = softmax_cross_entropy(&z, labels, smoothing);
-        n.backward(&g);
+        let loss = n.train_step(x, truth, seed, &mut |_| {});
         sgd.step(n.params(), lr);
-        Ok((loss, 0.0))
+        Ok(Stepped {
+            loss,
+            comm_bytes: 0.0,
+            comm_wait_s: 0.0,
+        })
     }
-    fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
-        Ok(self.net.as_mut().ok_or_else(not_begun)?.forward(x, false))
+    fn infer(&mut self, _: &mut M, x: &Tensor<f32>) -> Result<M::Output, CudaError> {
+        Ok(self.net.as_mut().ok_or_else(not_begun)?.infer(x))
     }
-    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+    fn store(&mut self, model: &mut M) -> Result<(), CudaError> {
         self.stored += 1;
         copy(self.net.as_mut().ok_or_else(not_begun)?, model);
         Ok(())
@@ -255,13 +277,10 @@ fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
         eval_images: 8,
         ..tiny()
     };
-    let cpu = train::<f32>(&cfg, &Quiet).unwrap();
-    let mut dev = Mirror {
-        cfg: cfg.model.clone(),
-        net: None,
-        stored: 0,
-    };
-    let on = train_on::<f32>(&cfg, &Quiet, None, Some(&mut dev)).unwrap();
+    let cpu = train::<f32, _>(&cfg, &Quiet, None).unwrap();
+    let model = cfg.model.clone();
+    let mut dev = Mirror::new(move || ResNet::new(model.clone(), 999));
+    let on = run::<f32, _>(&cfg, &Quiet, &mut dev).unwrap();
     assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
     assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
     assert_eq!(on.evals, cpu.evals);
@@ -275,10 +294,10 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
     let dir = std::env::temp_dir().join(format!("roofline-ckpt-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let ckpt = dir.join("c.safetensors");
-    let full = train::<f32>(&tiny(), &Quiet).unwrap();
+    let full = train::<f32, _>(&tiny(), &Quiet, None).unwrap();
     // The schedule's length is part of the run: the first part runs the same 5-step
     // schedule and stops after 2 steps.
-    let part = train::<f32>(
+    let part = train::<f32, _>(
         &TrainConfig {
             run: RunOptions {
                 checkpoint: Some(ckpt.clone()),
@@ -288,10 +307,11 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
         }
         .stop_after(2),
         &Quiet,
+        None,
     )
     .unwrap();
     assert_eq!(part.steps, 2);
-    let rest = train::<f32>(
+    let rest = train::<f32, _>(
         &TrainConfig {
             run: RunOptions {
                 resume: Some(ckpt.clone()),
@@ -300,6 +320,7 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
             ..tiny()
         },
         &Quiet,
+        None,
     )
     .unwrap();
     assert_eq!(rest.start_step, 2);
@@ -318,10 +339,10 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
         },
         ..tiny()
     };
-    assert!(train::<f32>(&other, &Quiet)
+    assert!(train::<f32, _>(&other, &Quiet, None)
         .unwrap_err()
         .to_string()
-        .contains("another model"));
+        .contains("was written for another workload, model or batch"));
     let _ = std::fs::remove_dir_all(&dir);
 }
 
@@ -357,7 +378,7 @@ fn small_resnet_reaches_90_percent_on_synthetic_data() {
             ensemble: None,
         },
     };
-    let s = train::<f32>(&cfg, &Quiet).unwrap();
+    let s = train::<f32, _>(&cfg, &Quiet, None).unwrap();
     let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);
     eprintln!(
         "{} steps, {:.0} images/s, evals {:?}",
