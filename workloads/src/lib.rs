@@ -14,6 +14,7 @@ pub mod ewa_data;
 pub mod exchange;
 pub mod folder;
 pub mod gpu;
+pub mod graph;
 pub mod layers;
 pub mod resnet;
 pub mod run;

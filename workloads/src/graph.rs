@@ -1,0 +1,632 @@
+//! Networks described as data: layers and their connections in a [`Description`] (built at
+//! run time, read from JSON), checked for shapes, built into a [`Graph`] of the trainer's own
+//! layers and trained by the one loop ([`crate::train::run`]) as ResNet-50 and the detector
+//! are: a [`Model`] of the loop, and a classification [`Task`] ([`GraphTask`]) on
+//! [`TrainConfig`]'s data, schedule and evaluation. What AutoML's candidates are made of.
+//!
+//! Value 0 is the input image; node `i` makes value `i + 1` from the values it names (earlier
+//! ones only, so a description is a DAG in topological order). The last node's value is the
+//! logits.
+
+use crate::accounting::{Kind, LayerCount};
+use crate::checkpoint::{Checkpoint, CheckpointError, RunningStats};
+use crate::data::Rng;
+use crate::layers::{
+    add_into, avgpool_backward, avgpool_forward, relu_backward, relu_forward,
+    softmax_cross_entropy, BatchNorm, Conv2d, Linear, MaxPool, Param, Reducer,
+};
+use crate::resnet::{Flops, BWD, FWD};
+use crate::run::RunOptions;
+use crate::tensor::{Float, Tensor};
+use crate::train::{
+    Eval, EvalError, Infer, Labels, Loader, Model, Order, Schedule, Task, TrainConfig, TrainError,
+};
+use roofline_collectors::timeline::timed;
+use serde::{Deserialize, Serialize};
+use std::ops::Range;
+use std::sync::Arc;
+
+/// One layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum Op {
+    /// A convolution without bias, `kernel × kernel`, padding `kernel / 2`.
+    Conv {
+        channels: usize,
+        kernel: usize,
+        stride: usize,
+    },
+    /// Batch normalisation, followed by ReLU when `relu` (one pass).
+    BatchNorm {
+        relu: bool,
+    },
+    Relu,
+    /// 3×3 max pooling, stride 2, padding 1 (ResNet's).
+    MaxPool,
+    /// The sum of its two inputs (a skip connection).
+    Add,
+    /// The mean over rows and columns.
+    GlobalAvgPool,
+    /// A dense layer with bias, on a 1×1 input.
+    Dense {
+        outputs: usize,
+    },
+}
+
+impl Op {
+    /// How many inputs the layer takes.
+    pub fn arity(&self) -> usize {
+        match self {
+            Op::Add => 2,
+            _ => 1,
+        }
+    }
+}
+
+/// A layer and the values it reads.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Node {
+    pub op: Op,
+    pub inputs: Vec<usize>,
+}
+
+/// A network as data.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Description {
+    /// The input image's channels.
+    pub channels: usize,
+    pub nodes: Vec<Node>,
+}
+
+/// What makes a description not a network.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+pub enum GraphError {
+    #[error("node {node} ({op:?}) takes {want} input(s), not {got}")]
+    Arity {
+        node: usize,
+        op: Op,
+        want: usize,
+        got: usize,
+    },
+    #[error("node {node} reads value {value}, which is not made before it (values 0..={node})")]
+    Order { node: usize, value: usize },
+    #[error("node {node} ({op:?}): {why}")]
+    Shape { node: usize, op: Op, why: String },
+    #[error("the network has no layers")]
+    Empty,
+    #[error("the last node must give 1×1 logits, not {h}×{w}×{c}")]
+    Output { h: usize, w: usize, c: usize },
+}
+
+/// A value's rows, columns and channels.
+pub type Shape = (usize, usize, usize);
+
+impl Description {
+    /// A plain chain: each node reads the one before it.
+    pub fn chain(channels: usize, ops: &[Op]) -> Description {
+        Description {
+            channels,
+            nodes: ops
+                .iter()
+                .enumerate()
+                .map(|(i, &op)| Node {
+                    op,
+                    inputs: vec![i],
+                })
+                .collect(),
+        }
+    }
+
+    /// ResNet (v1 or v1.5) as a description, node for node the layers of
+    /// [`crate::resnet::ResNet`] created in its order (so that a graph built from it with the
+    /// same seed starts from the same weights); every batch norm's γ starts at 1
+    /// (`zero_init_residual` is not described).
+    pub fn resnet(cfg: &crate::resnet::Config, channels: usize) -> Description {
+        let width = |base: usize| ((base as f64 * cfg.width).round() as usize).max(1);
+        let mut nodes: Vec<Node> = Vec::new();
+        let mut push = |op: Op, inputs: Vec<usize>| {
+            nodes.push(Node { op, inputs });
+            nodes.len()
+        };
+        let conv = |channels, kernel, stride| Op::Conv {
+            channels,
+            kernel,
+            stride,
+        };
+        let bn = |relu| Op::BatchNorm { relu };
+        let c0 = width(64);
+        let v = push(conv(c0, 7, 2), vec![0]);
+        let v = push(bn(true), vec![v]);
+        let mut x = push(Op::MaxPool, vec![v]);
+        let mut cin = c0;
+        for (stage, &n) in cfg.blocks.iter().enumerate() {
+            let mid = width(64 << stage);
+            for b in 0..n {
+                let stride = if stage > 0 && b == 0 { 2 } else { 1 };
+                let (s1, s2) = match cfg.version {
+                    crate::resnet::Version::V1 => (stride, 1),
+                    crate::resnet::Version::V1_5 => (1, stride),
+                };
+                let out = mid * 4;
+                // The shortcut's convolution first: ResNet draws its weights first.
+                let short = if stride != 1 || cin != out {
+                    let d = push(conv(out, 1, stride), vec![x]);
+                    push(bn(false), vec![d])
+                } else {
+                    x
+                };
+                let v = push(conv(mid, 1, s1), vec![x]);
+                let v = push(bn(true), vec![v]);
+                let v = push(conv(mid, 3, s2), vec![v]);
+                let v = push(bn(true), vec![v]);
+                let v = push(conv(out, 1, 1), vec![v]);
+                let v = push(bn(false), vec![v]);
+                let v = push(Op::Add, vec![v, short]);
+                x = push(Op::Relu, vec![v]);
+                cin = out;
+            }
+        }
+        let v = push(Op::GlobalAvgPool, vec![x]);
+        push(
+            Op::Dense {
+                outputs: cfg.classes,
+            },
+            vec![v],
+        );
+        Description { channels, nodes }
+    }
+
+    /// Every value's shape for an `h × w` input (value 0 the input), or what is wrong.
+    pub fn shapes(&self, h: usize, w: usize) -> Result<Vec<Shape>, GraphError> {
+        if self.nodes.is_empty() {
+            return Err(GraphError::Empty);
+        }
+        let mut s: Vec<Shape> = vec![(h, w, self.channels)];
+        for (i, n) in self.nodes.iter().enumerate() {
+            let op = n.op;
+            if n.inputs.len() != op.arity() {
+                return Err(GraphError::Arity {
+                    node: i,
+                    op,
+                    want: op.arity(),
+                    got: n.inputs.len(),
+                });
+            }
+            if let Some(&value) = n.inputs.iter().find(|&&v| v > i) {
+                return Err(GraphError::Order { node: i, value });
+            }
+            let bad = |why: String| GraphError::Shape { node: i, op, why };
+            let (ih, iw, ic) = s[n.inputs[0]];
+            let out = match op {
+                Op::Conv {
+                    channels,
+                    kernel,
+                    stride,
+                } => {
+                    if channels == 0 || kernel == 0 || stride == 0 {
+                        return Err(bad("channels, kernel and stride must be positive".into()));
+                    }
+                    let p = kernel / 2;
+                    if ih + 2 * p < kernel || iw + 2 * p < kernel {
+                        return Err(bad(format!("a {kernel}×{kernel} kernel on {ih}×{iw}")));
+                    }
+                    (
+                        (ih + 2 * p - kernel) / stride + 1,
+                        (iw + 2 * p - kernel) / stride + 1,
+                        channels,
+                    )
+                }
+                Op::BatchNorm { .. } | Op::Relu => (ih, iw, ic),
+                Op::MaxPool => ((ih + 2 - 3) / 2 + 1, (iw + 2 - 3) / 2 + 1, ic),
+                Op::Add => {
+                    let other = s[n.inputs[1]];
+                    if other != (ih, iw, ic) {
+                        return Err(bad(format!(
+                            "adds {ih}×{iw}×{ic} and {}×{}×{}",
+                            other.0, other.1, other.2
+                        )));
+                    }
+                    (ih, iw, ic)
+                }
+                Op::GlobalAvgPool => (1, 1, ic),
+                Op::Dense { outputs } => {
+                    if (ih, iw) != (1, 1) || outputs == 0 {
+                        return Err(bad(format!(
+                            "{outputs} outputs from a {ih}×{iw} input (1×1 needed)"
+                        )));
+                    }
+                    (1, 1, outputs)
+                }
+            };
+            if out.0 == 0 || out.1 == 0 {
+                return Err(bad(format!("an empty output from {ih}×{iw}")));
+            }
+            s.push(out);
+        }
+        let &(h, w, c) = s.last().expect("not empty");
+        if (h, w) != (1, 1) {
+            return Err(GraphError::Output { h, w, c });
+        }
+        Ok(s)
+    }
+
+    /// Every layer's count per `h × w` image (the accounting's rules).
+    pub fn layers(&self, h: usize, w: usize) -> Result<Vec<LayerCount>, GraphError> {
+        let s = self.shapes(h, w)?;
+        let size = |v: Shape| (v.0 * v.1 * v.2) as f64;
+        Ok(self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let (input, out) = (s[n.inputs[0]], s[i + 1]);
+                let (kind, macs, params) = match n.op {
+                    Op::Conv { kernel, .. } => {
+                        let k = (kernel * kernel * input.2) as f64;
+                        let first = n.inputs[0] == 0;
+                        (Kind::Conv { first }, k * size(out), k * out.2 as f64)
+                    }
+                    Op::BatchNorm { .. } => (Kind::BatchNorm, 0.0, 2.0 * out.2 as f64),
+                    Op::Relu => (Kind::Relu, 0.0, 0.0),
+                    Op::MaxPool => (Kind::MaxPool { window: 3 }, 0.0, 0.0),
+                    Op::Add => (Kind::Add, 0.0, 0.0),
+                    Op::GlobalAvgPool => (Kind::AvgPool, 0.0, 0.0),
+                    Op::Dense { outputs } => (
+                        Kind::Dense,
+                        (input.2 * outputs) as f64,
+                        ((input.2 + 1) * outputs) as f64,
+                    ),
+                };
+                let inputs = n.inputs.iter().map(|&v| size(s[v])).sum();
+                LayerCount {
+                    name: format!("node{i}"),
+                    kind,
+                    macs,
+                    params,
+                    inputs,
+                    outputs: size(out),
+                    size: (out.0, out.1),
+                    channels: out.2,
+                }
+            })
+            .collect())
+    }
+}
+
+/// A layer of a built graph.
+enum Layer<T> {
+    Conv(Conv2d<T>),
+    BatchNorm { bn: BatchNorm<T>, relu: bool },
+    Relu,
+    MaxPool(MaxPool<T>),
+    Add,
+    GlobalAvgPool,
+    Dense(Linear<T>),
+}
+
+impl<T: Float> Layer<T> {
+    fn params(&mut self) -> Vec<&mut Param<T>> {
+        match self {
+            Layer::Conv(c) => vec![&mut c.weight],
+            Layer::BatchNorm { bn, .. } => vec![&mut bn.gamma, &mut bn.beta],
+            Layer::Dense(d) => vec![&mut d.weight, &mut d.bias],
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// A described network built from the trainer's layers (He-initialised convolutions, batch
+/// norms at γ = 1, as ResNet's).
+pub struct Graph<T> {
+    pub description: Description,
+    layers: Vec<Layer<T>>,
+    /// The values of the last training forward pass (the backward pass reads them).
+    values: Vec<Option<Arc<Tensor<T>>>>,
+}
+
+impl<T: Float> Graph<T> {
+    /// Builds `d` for `h × w` inputs, initialised from `seed`.
+    pub fn new(d: Description, h: usize, w: usize, seed: u64) -> Result<Graph<T>, GraphError> {
+        let s = d.shapes(h, w)?;
+        let mut rng = Rng::new(seed);
+        let layers = d
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                let name = format!("node{i}");
+                let c = s[n.inputs[0]].2;
+                match n.op {
+                    Op::Conv {
+                        channels,
+                        kernel,
+                        stride,
+                    } => Layer::Conv(Conv2d::new(
+                        &format!("{name}.conv"),
+                        c,
+                        channels,
+                        kernel,
+                        stride,
+                        kernel / 2,
+                        &mut rng,
+                    )),
+                    Op::BatchNorm { relu } => Layer::BatchNorm {
+                        bn: BatchNorm::new(&format!("{name}.bn"), c, 1.0),
+                        relu,
+                    },
+                    Op::Relu => Layer::Relu,
+                    Op::MaxPool => Layer::MaxPool(MaxPool::default()),
+                    Op::Add => Layer::Add,
+                    Op::GlobalAvgPool => Layer::GlobalAvgPool,
+                    Op::Dense { outputs } => {
+                        Layer::Dense(Linear::new(&format!("{name}.fc"), c, outputs, &mut rng))
+                    }
+                }
+            })
+            .collect();
+        Ok(Graph {
+            description: d,
+            layers,
+            values: Vec::new(),
+        })
+    }
+
+    /// The logits of a batch; a training pass keeps what the backward pass needs.
+    pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
+        let mut values: Vec<Option<Arc<Tensor<T>>>> = vec![Some(Arc::new(x.clone()))];
+        let value = |v: &[Option<Arc<Tensor<T>>>], k: usize| -> Arc<Tensor<T>> {
+            Arc::clone(v[k].as_ref().expect("made before"))
+        };
+        for (i, (node, layer)) in self
+            .description
+            .nodes
+            .iter()
+            .zip(&mut self.layers)
+            .enumerate()
+        {
+            let a = value(&values, node.inputs[0]);
+            let label = || format!("node{i}");
+            let y = timed(FWD, label, || match layer {
+                Layer::Conv(c) => c.forward(&a),
+                Layer::BatchNorm { bn, relu } => bn.forward_act((*a).clone(), train, *relu),
+                Layer::Relu => {
+                    let mut y = (*a).clone();
+                    relu_forward(&mut y);
+                    y
+                }
+                Layer::MaxPool(p) => p.forward(&a),
+                Layer::Add => {
+                    let mut y = (*a).clone();
+                    add_into(&mut y, &value(&values, node.inputs[1]));
+                    y
+                }
+                Layer::GlobalAvgPool => avgpool_forward(&a),
+                Layer::Dense(d) => d.forward(&a),
+            });
+            values.push(Some(Arc::new(y)));
+        }
+        let out = (*value(&values, values.len() - 1)).clone();
+        if train {
+            self.values = values;
+        }
+        out
+    }
+
+    /// Gradients of every parameter from ∂loss/∂logits (after a training forward pass), each
+    /// node's handed to `ready` as soon as they are final (the order of `backward_order`).
+    pub fn backward_with(
+        &mut self,
+        dlogits: &Tensor<T>,
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
+    ) {
+        let values = std::mem::take(&mut self.values);
+        let n = self.layers.len();
+        let mut grads: Vec<Option<Tensor<T>>> = (0..=n).map(|_| None).collect();
+        grads[n] = Some(dlogits.clone());
+        for i in (0..n).rev() {
+            let Some(dy) = grads[i + 1].take() else {
+                // Nothing downstream reads this value: no gradient flows through it.
+                ready(self.layers[i].params());
+                continue;
+            };
+            let node = &self.description.nodes[i];
+            let input = node.inputs[0];
+            let label = || format!("node{i}");
+            let dx: Option<Tensor<T>> = timed(BWD, label, || match &mut self.layers[i] {
+                // The image needs no gradient.
+                Layer::Conv(c) if input == 0 => {
+                    c.backward_filter_only(&dy);
+                    None
+                }
+                Layer::Conv(c) => Some(c.backward(&dy)),
+                Layer::BatchNorm { bn, relu } => {
+                    let out = relu.then(|| values[i + 1].as_deref().expect("kept"));
+                    Some(bn.backward_act(&dy, out))
+                }
+                Layer::Relu => {
+                    let mut d = dy.clone();
+                    let y = values[i + 1].as_ref().expect("kept");
+                    relu_backward(y, &mut d);
+                    Some(d)
+                }
+                Layer::MaxPool(p) => Some(p.backward(&dy)),
+                Layer::Add => Some(dy.clone()),
+                Layer::GlobalAvgPool => {
+                    let x = values[input].as_ref().expect("kept");
+                    Some(avgpool_backward(&dy, x.h, x.w))
+                }
+                Layer::Dense(d) => Some(d.backward(&dy)),
+            });
+            let mut send = |k: usize, d: Tensor<T>| {
+                if k == 0 {
+                    return;
+                }
+                match &mut grads[k] {
+                    Some(g) => add_into(g, &d),
+                    slot => *slot = Some(d),
+                }
+            };
+            if let Some(dx) = dx {
+                if let Layer::Add = self.layers[i] {
+                    send(node.inputs[1], dx.clone());
+                }
+                send(input, dx);
+            }
+            ready(self.layers[i].params());
+        }
+    }
+}
+
+impl<T: Float> Model<T> for Graph<T> {
+    type Truth = Labels;
+    type Output = Tensor<T>;
+    type Loss = f64;
+
+    fn describe(&self) -> String {
+        format!("{:?}", self.description)
+    }
+    fn params(&mut self) -> Vec<&mut Param<T>> {
+        self.layers.iter_mut().flat_map(|l| l.params()).collect()
+    }
+    fn backward_order(&mut self) -> Vec<&mut Param<T>> {
+        self.layers
+            .iter_mut()
+            .rev()
+            .flat_map(|l| l.params())
+            .collect()
+    }
+    fn running_stats(&mut self) -> RunningStats<'_, T> {
+        self.layers
+            .iter_mut()
+            .enumerate()
+            .filter_map(|(i, l)| match l {
+                Layer::BatchNorm { bn, .. } => Some((
+                    format!("node{i}.bn"),
+                    &mut bn.running_mean,
+                    &mut bn.running_var,
+                )),
+                _ => None,
+            })
+            .collect()
+    }
+    fn synced_channels(&mut self) -> usize {
+        self.running_stats().iter().map(|(_, m, _)| m.len()).sum()
+    }
+    fn set_reducer(&mut self, r: Arc<dyn Reducer>) {
+        for l in &mut self.layers {
+            if let Layer::BatchNorm { bn, .. } = l {
+                bn.reducer = Some(Arc::clone(&r));
+            }
+        }
+    }
+    fn train_step(
+        &mut self,
+        x: &Tensor<T>,
+        truth: &Labels,
+        _seed: u64,
+        ready: &mut dyn FnMut(Vec<&mut Param<T>>),
+    ) -> f64 {
+        let z = self.forward(x, true);
+        let (loss, g, _, _) = timed(
+            FWD,
+            || "softmax".into(),
+            || softmax_cross_entropy(&z, &truth.classes, truth.smoothing),
+        );
+        self.backward_with(&g, ready);
+        loss
+    }
+    fn infer(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        self.forward(x, false)
+    }
+}
+
+/// A described network trained on a classification task's data, schedule and evaluation
+/// (`classify`'s model is not used).
+#[derive(Clone, Debug)]
+pub struct GraphTask {
+    pub net: Description,
+    pub classify: TrainConfig,
+}
+
+impl GraphTask {
+    /// The network for this task's images, or what is wrong with its description.
+    pub fn new(net: Description, classify: TrainConfig) -> Result<GraphTask, GraphError> {
+        let r = classify.data.resolution();
+        net.shapes(r, r)?;
+        Ok(GraphTask { net, classify })
+    }
+
+    fn side(&self) -> usize {
+        self.classify.data.resolution()
+    }
+}
+
+impl<T: Float> Task<T> for GraphTask {
+    type Model = Graph<T>;
+    type Order = Order;
+
+    fn name(&self) -> &'static str {
+        "graph"
+    }
+    fn options(&self) -> &RunOptions {
+        &self.classify.run
+    }
+    fn check(&self, ranks: usize) -> Result<(), TrainError> {
+        self.net
+            .shapes(self.side(), self.side())
+            .map_err(|e| TrainError::Setup(format!("the network: {e}")))?;
+        <TrainConfig as Task<T>>::check(&self.classify, ranks)
+    }
+    fn build(&self) -> Graph<T> {
+        let s = self.side();
+        Graph::new(self.net.clone(), s, s, self.classify.run.seed)
+            .expect("checked in GraphTask::new")
+    }
+    fn schedule(&self) -> Schedule {
+        <TrainConfig as Task<T>>::schedule(&self.classify)
+    }
+    fn flops(&self, _: &Graph<T>) -> Flops {
+        let s = self.side();
+        let c = crate::accounting::trainer(&self.net.layers(s, s).unwrap_or_default());
+        Flops {
+            forward: c.forward,
+            backward: c.backward,
+        }
+    }
+    fn first_order(&self) -> Order {
+        <TrainConfig as Task<T>>::first_order(&self.classify)
+    }
+    fn next_batch(&self, order: &mut Order, step: usize, rows: Range<usize>) -> Loader<T, Labels> {
+        <TrainConfig as Task<T>>::next_batch(&self.classify, order, step, rows)
+    }
+    fn save_order(&self, order: &Order, c: &mut Checkpoint) {
+        <TrainConfig as Task<T>>::save_order(&self.classify, order, c)
+    }
+    fn load_order(&self, c: &Checkpoint) -> Result<Order, CheckpointError> {
+        <TrainConfig as Task<T>>::load_order(&self.classify, c)
+    }
+    fn step_seed(&self, step: usize, rank: usize) -> u64 {
+        <TrainConfig as Task<T>>::step_seed(&self.classify, step, rank)
+    }
+    fn evaluates(&self) -> bool {
+        <TrainConfig as Task<T>>::evaluates(&self.classify)
+    }
+    fn evaluate(
+        &self,
+        infer: &mut Infer<'_, T, Tensor<T>>,
+        step: usize,
+        local: usize,
+    ) -> Result<Eval, EvalError> {
+        <TrainConfig as Task<T>>::evaluate(&self.classify, infer, step, local)
+    }
+    fn predict(
+        &self,
+        infer: &mut Infer<'_, T, Tensor<T>>,
+        local: usize,
+    ) -> Result<crate::bagging::Predictions, EvalError> {
+        <TrainConfig as Task<T>>::predict(&self.classify, infer, local)
+    }
+}
+
+#[cfg(test)]
+mod tests;
