@@ -1,7 +1,7 @@
 //! `roofline doctor`: what the GPU path would use on this machine, and the fix for what is
 //! missing. Exit 0 when everything the GPU path needs is there, 2 otherwise.
 
-use crate::Failure;
+use crate::exit::Failure;
 use anyhow::anyhow;
 use roofline_kernels::cuda::doctor::{self, Report, Severity};
 

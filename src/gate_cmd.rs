@@ -1,7 +1,7 @@
 //! `roofline gate`: fails a CI job when a result regressed against its baseline, not on noise.
 
+use crate::exit::Failure;
 use crate::output::gate as gate_out;
-use crate::Failure;
 use anyhow::anyhow;
 use roofline_model::gate::{gate, not_comparable, pool, read_input, Rules};
 use roofline_model::write::write_atomic;

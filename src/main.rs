@@ -1,32 +1,26 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
 mod args;
-mod bagging_cmd;
 mod doctor_cmd;
+mod exit;
 mod gate_cmd;
 mod output;
 mod place_cmd;
 mod plot_cmd;
 mod probe_cmd;
-#[cfg(feature = "mpi")]
-mod probe_mpi;
-mod ranks;
 mod run_args;
 mod score_cmd;
 mod sweep_cmd;
 mod train_cmd;
 
 use clap::{Parser, Subcommand};
+use exit::{causes, Failure};
 use std::process::ExitCode;
-use std::sync::atomic::AtomicBool;
 
 /// The system allocator plus a cache of large freed blocks, which the trainer turns on (see
 /// `roofline_workloads::alloc`).
 #[global_allocator]
 static ALLOCATOR: roofline_workloads::alloc::Caching = roofline_workloads::alloc::Caching;
-
-/// Set by Ctrl-C; the probe stops at the next sample and nothing is written.
-pub(crate) static CANCEL: AtomicBool = AtomicBool::new(false);
 
 #[derive(Parser)]
 #[command(
@@ -192,21 +186,6 @@ enum Command {
     },
 }
 
-/// How the command ended.
-pub(crate) enum Failure {
-    /// Bad input: exit 2.
-    Input(anyhow::Error),
-    /// Interrupted: exit 130, nothing written.
-    Interrupted,
-    /// Interrupted after writing part of the result: exit 130, saying what was kept.
-    InterruptedKept(String),
-    /// A probe failed (e.g. a result check): exit 1.
-    Run(anyhow::Error),
-    /// Under mpirun: another rank failed and said why; exit with this code, silently.
-    #[cfg_attr(not(feature = "mpi"), allow(dead_code))]
-    Quiet(u8),
-}
-
 fn main() -> ExitCode {
     // Like other Unix tools, end quietly when the reader of stdout goes away (`roofline peaks |
     // head`) instead of panicking on a broken pipe.
@@ -216,6 +195,18 @@ fn main() -> ExitCode {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
     let cli = Cli::parse();
+    roofline_collectors::provenance::set_build(roofline_collectors::provenance::Build {
+        tool: format!("roofline {}", env!("CARGO_PKG_VERSION")),
+        git_revision: option_env!("ROOFLINE_GIT_REVISION")
+            .filter(|s| !s.is_empty())
+            .map(String::from),
+        compiler: env!("ROOFLINE_RUSTC_VERSION").to_string(),
+        libraries: env!("ROOFLINE_LIBRARIES")
+            .split(", ")
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect(),
+    });
     // Under mpirun every verb runs on every rank; apart from `probe` (which gathers) and the
     // training verbs (data parallel: `train`, `score`, `place --workload resnet50|ewa`), only rank 0
     // acts, so that one plot is written and one table printed.
@@ -271,37 +262,4 @@ fn main() -> ExitCode {
         }
         Err(Failure::Quiet(code)) => ExitCode::from(code),
     }
-}
-
-/// For verbs that stop where they are told: Ctrl-C sets `CANCEL`, which their work polls.
-pub(crate) fn install_ctrlc() -> Result<(), Failure> {
-    ctrlc::set_handler(|| CANCEL.store(true, std::sync::atomic::Ordering::SeqCst))
-        .map_err(|e| Failure::Run(anyhow::anyhow!("cannot install the Ctrl-C handler: {e}")))
-}
-
-/// For verbs whose work cannot stop half-way (training runs): Ctrl-C says what it leaves
-/// (`kept`: what is on disk, or nothing) and exits 130 at once.
-pub(crate) fn exit_on_ctrlc(kept: String) -> Result<(), Failure> {
-    ctrlc::set_handler(move || {
-        eprintln!("\nroofline: interrupted; {kept}");
-        std::process::exit(130);
-    })
-    .map_err(|e| Failure::Run(anyhow::anyhow!("cannot install the Ctrl-C handler: {e}")))
-}
-
-/// An error and its causes on one line, each cause said once: a cause whose text the line
-/// already holds (an error that prints its source, and chains it too) is left out.
-fn causes(e: &anyhow::Error) -> String {
-    let mut out = String::new();
-    for c in e.chain() {
-        let s = c.to_string();
-        if out.contains(&s) {
-            continue;
-        }
-        if !out.is_empty() {
-            out.push_str(": ");
-        }
-        out.push_str(&s);
-    }
-    out
 }

@@ -1,18 +1,14 @@
 //! `roofline place`: runs a workload, measures it, and puts it on the machine's rooflines.
 
+use crate::exit::{Failure, CANCEL};
 use crate::run_args::{self, RunArgs};
-use crate::{Failure, CANCEL};
 use anyhow::anyhow;
-use roofline_collectors::energy;
-use roofline_collectors::timeline::{self, Span};
+use roofline_collectors::timeline;
 use roofline_kernels::micro::Micro;
-use roofline_model::placement::{Measured, Placement};
 use roofline_model::{write::write_atomic, Machine};
+use roofline_workloads::run::placing::{self, What};
 use roofline_workloads::run::Kind;
-use roofline_workloads::train::Monitor;
-use std::path::Path;
 use std::path::PathBuf;
-use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct PlaceArgs {
@@ -98,7 +94,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         crate::args::check_writable(t, "--trace").map_err(Failure::Input)?;
     }
     if matches!(workload, Workload::Training(_)) {
-        crate::exit_on_ctrlc(
+        crate::exit::exit_on_ctrlc(
             "nothing was written (the placement, its plot and the trace are written at the end)"
                 .into(),
         )?;
@@ -120,12 +116,32 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
-    let start = Instant::now();
-    let measured = match &workload {
-        Workload::Training(kind) => training(a, *kind)?,
-        Workload::Micro(w) => Some((kernel(a, w)?, Vec::new())),
+    let what = match &workload {
+        Workload::Training(kind) => {
+            let prep = run_args::prepare(&a.run, *kind)?;
+            let steps = a.run.steps.unwrap_or(5).max(1);
+            eprintln!(
+                "placing {}: {} warm-up and {steps} measured training steps, batch {}, {} …",
+                a.workload,
+                a.warm,
+                prep.batch(),
+                prep.resolution
+            );
+            What::Training {
+                prep: Box::new(prep),
+                warm: a.warm,
+                steps,
+            }
+        }
+        Workload::Micro(micro) => What::Kernel {
+            micro,
+            threads: a.run.threads,
+            steps: a.run.steps.unwrap_or(10),
+            warm: a.warm,
+            cancel: &CANCEL,
+        },
     };
-    let Some((measured, spans)) = measured else {
+    let Some((placement, spans)) = placing::place(what, &m, &a.machine, a.top, &Printed)? else {
         // Another rank reports.
         return Ok(());
     };
@@ -134,7 +150,6 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         let text = serde_json::to_string(&j).map_err(|e| Failure::Run(e.into()))?;
         write_atomic(t, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     }
-    let placement = assemble(&m, &a.machine, measured, a.top, start)?;
     let text = placement.to_json().map_err(|e| Failure::Run(e.into()))?;
     write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     let svg = roofline_plots::placed::placements_svg(&m, &[&placement])
@@ -157,135 +172,14 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Places `r` on `m` (read from `path`), where and when it ran said by this host's provenance.
-pub(crate) fn assemble(
-    m: &Machine,
-    path: &Path,
-    r: Measured,
-    top: usize,
-    start: Instant,
-) -> Result<Placement, Failure> {
-    use roofline_model::placement::PlaceError;
-    let cpu = roofline_kernels::probe::node::cpu_here(m.provenance.cpu.cores);
-    let provenance = crate::probe_cmd::provenance(cpu, false, start);
-    roofline_model::placement::assemble(m, path, r, top, provenance).map_err(|e| match e {
-        PlaceError::NoRoof { .. } => Failure::Input(anyhow!("{e}")),
-        e => Failure::Run(anyhow!("{e}")),
-    })
-}
+/// The placement's progress on stderr.
+struct Printed;
 
-/// The reading of `span` stopped now (the GPU's energy over `gpu_seconds`), what it could not
-/// measure said on stderr.
-pub(crate) fn stop_energy(
-    span: energy::Span,
-    gpu_seconds: f64,
-) -> Result<energy::Reading, energy::EnergyError> {
-    let (r, note) = span.stop(gpu_seconds);
-    if let Some(n) = note {
-        eprintln!("note: {n}");
+impl placing::Report for Printed {
+    fn note(&self, line: &str) {
+        eprintln!("note: {line}");
     }
-    r
-}
-
-/// A micro workload on the probe's CPU kernels and driver, the CPU packages' energy over it.
-fn kernel(a: &PlaceArgs, w: &Micro) -> Result<Measured, Failure> {
-    let cores = roofline_kernels::probe::node::cores_for(a.run.threads)
-        .map_err(crate::probe_cmd::failure)?
-        .0;
-    let meter = energy::Meter::start();
-    let (mut m, iterations) = w
-        .measure(
-            &cores,
-            a.run.steps.unwrap_or(10),
-            a.warm,
-            llc_bytes(),
-            &CANCEL,
-        )
-        .map_err(|e| match e {
-            roofline_kernels::ProbeError::Interrupted => Failure::Interrupted,
-            e => Failure::Run(anyhow!("{e}")),
-        })?;
-    let reading = meter.and_then(|m| m.read());
-    m.energy = energy::per_step(&reading, iterations, "over the measured steps");
-    Ok(m)
-}
-
-/// The last-level cache's total size (the stream workload streams past it with non-temporal
-/// stores, as the probe's DRAM ceiling does).
-fn llc_bytes() -> usize {
-    let cpu = roofline_kernels::probe::node::cpu_here(1);
-    cpu.caches
-        .iter()
-        .map(|c| c.size_bytes as usize * c.instances.max(1))
-        .max()
-        .unwrap_or(32 << 20)
-}
-
-/// A training run (resnet50, ewa) on the embedded trainer: `warm` steps, then `--steps`
-/// measured ones (default 5), with the timeline on for the per-layer times.
-fn training(a: &PlaceArgs, workload: Kind) -> Result<Option<(Measured, Vec<Span>)>, Failure> {
-    let measured = a.run.steps.unwrap_or(5).max(1);
-    let mut prep = run_args::prepare(&a.run, workload)?;
-    prep.for_measurement(a.warm + measured);
-    let (reducer, root) = crate::ranks::reducer(prep.batch())?;
-    let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
-    eprintln!(
-        "placing {}: {} warm-up and {measured} measured training steps, batch {}, {} …",
-        a.workload,
-        a.warm,
-        prep.batch(),
-        prep.resolution
-    );
-    timeline::start();
-    let monitor = WarmMonitor {
-        warm: a.warm,
-        run: &a.run,
-        span: std::sync::Mutex::new(None),
-    };
-    let result = run_args::execute(&prep, &monitor, reducer);
-    let spans = timeline::stop();
-    let (s, _) = result?;
-    // On a GPU, its energy over the same steps (NVML) joins the CPU packages'.
-    let seconds = s
-        .timing
-        .iter()
-        .filter(|t| t.step > a.warm)
-        .map(|t| t.seconds)
-        .sum();
-    let reading = match monitor.span.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(span) => stop_energy(span, seconds),
-        None => Err(energy::EnergyError::NotStarted),
-    };
-    let energy = energy::per_step(&reading, measured, "over the measured steps");
-    if !root {
-        return Ok(None);
-    }
-    let measured = roofline_workloads::run::place::measured(
-        &s,
-        &prep,
-        (ranks, nodes),
-        a.warm,
-        &spans,
-        energy,
-    )?;
-    Ok(Some(measured))
-}
-
-/// Starts the energy span (the CPU's meter, and on a GPU its NVML sampler) when the warm-up
-/// steps are done.
-struct WarmMonitor<'a> {
-    warm: usize,
-    run: &'a RunArgs,
-    span: std::sync::Mutex<Option<energy::Span>>,
-}
-
-impl Monitor for WarmMonitor<'_> {
     fn step(&self, step: usize, steps: usize, loss: f64, ips: f64) {
-        if step == self.warm || (self.warm == 0 && step == 1) {
-            *self.span.lock().unwrap_or_else(|e| e.into_inner()) = Some(
-                roofline_workloads::run::energy_span(self.run.cuda(), self.run.gpu),
-            );
-        }
         eprintln!("  step {step}/{steps}: loss {loss:.4}, {ips:.2} images/s");
     }
 }

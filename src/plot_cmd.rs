@@ -1,7 +1,7 @@
 //! `roofline plot`: a machine.json's roofline (classic, hierarchical, or HPC AI500's COI
 //! models) as SVG or an interactive HTML page, with placed workloads on it.
 
-use crate::Failure;
+use crate::exit::Failure;
 use anyhow::anyhow;
 use roofline_model::{write::write_atomic, Machine, MemOp, Threads};
 use std::path::PathBuf;

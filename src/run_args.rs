@@ -1,12 +1,12 @@
 //! The run options `train`, `place`, `score` and `sweep` share, typed, and the run they make.
 
-use crate::Failure;
+use crate::exit::Failure;
 use anyhow::anyhow;
 use clap::builder::TypedValueParser;
 use roofline_model::Precision;
 use roofline_workloads::exchange::{CommOptions, Wire};
 use roofline_workloads::resnet::Version;
-use roofline_workloads::run::{self, Depth, Device, Kind, Resolution, RunError, Spec};
+use roofline_workloads::run::{self, Depth, Device, Kind, Resolution, Spec};
 
 /// How a training run is set up: the model, the data, the schedule, the device, the ranks'
 /// gradient exchange. Shared by `train`, `place --workload resnet50|ewa` and `score`.
@@ -173,35 +173,15 @@ impl RunArgs {
     }
 }
 
-/// A run's error as the command line's: its message alone (it already says what its cause
-/// said; the cause chain is for callers of the library).
-impl From<RunError> for Failure {
-    fn from(e: RunError) -> Failure {
-        if e.is_input() {
-            Failure::Input(anyhow!("{e}"))
-        } else {
-            Failure::Run(anyhow!("{e}"))
-        }
-    }
-}
-
-/// `prepare` for `workload`, with the command line's failure.
+/// `prepare` for `workload`, with the command line's failure; a single process told how to
+/// exchange gradients hears that it has none to exchange.
 pub fn prepare(a: &RunArgs, workload: Kind) -> Result<run::Prepared, Failure> {
-    Ok(run::prepare(&a.spec(workload)?)?)
-}
-
-/// Runs `p` (see [`run::execute`]); a single process told how to exchange gradients hears that
-/// it has none to exchange.
-pub fn execute(
-    p: &run::Prepared,
-    monitor: &(dyn roofline_workloads::train::Monitor + Sync),
-    reducer: Option<std::sync::Arc<dyn roofline_workloads::layers::Reducer>>,
-) -> Result<(roofline_workloads::train::Summary, Option<String>), Failure> {
+    let p = run::prepare(&a.spec(workload)?)?;
     let c = p.spec.comm;
-    if reducer.is_none() && (c.wire != Wire::F32 || !c.overlap) {
+    if roofline_kernels::comm::launched_ranks().is_none() && (c.wire != Wire::F32 || !c.overlap) {
         eprintln!(
             "note: --grad-compression and --no-overlap change how ranks exchange gradients; a single process has none to exchange (start it with mpirun -np N)"
         );
     }
-    Ok(run::execute(p, monitor, reducer)?)
+    Ok(p)
 }

@@ -1,16 +1,14 @@
 //! `roofline score`: the HPC AI500 V2.0 score of a workload from repeated training runs, and its
 //! report.
 
+use crate::exit::Failure;
 use crate::run_args::{self, RunArgs};
-use crate::Failure;
 use anyhow::anyhow;
-use roofline_model::placement::Energy;
-use roofline_model::score::{Score, Scores, System, Target, SCORE_SCHEMA};
+use roofline_model::bagging::BaggedRun;
+use roofline_model::score::{Run, Target};
 use roofline_model::{write::write_atomic, Machine};
-use roofline_workloads::accounting;
-use roofline_workloads::run::{score, Kind};
+use roofline_workloads::run::{scoring, Kind};
 use std::path::PathBuf;
-use std::time::Instant;
 
 /// HPC AI500 V2.0's benchmark levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -87,7 +85,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| a.output.with_extension("html"));
     crate::args::check_writable(&report_path, "--report").map_err(Failure::Input)?;
-    crate::exit_on_ctrlc(
+    crate::exit::exit_on_ctrlc(
         "nothing was written (score.json and its report are written when every run has ended)"
             .into(),
     )?;
@@ -121,164 +119,21 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         eprintln!("note: evaluating on {n} held-out images (--eval-images)");
     }
     prep.run_mut().target = Some(target.value);
-    let start = Instant::now();
-    let topo = crate::ranks::ranks(prep.batch(), a.bagging)?;
-    let (reducer, root) = (topo.world.clone(), topo.root);
-    let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
-    if topo.plan.is_some() && prep.workload().eval_images() == 0 {
-        return Err(input(
-            "--bagging: the ensemble is scored on held-out images".into(),
-        ));
-    }
-    let counted = prep.layers();
-    let v3_per_image = accounting::hpc_ai500_v3(&counted).total();
-    let mut done = Vec::new();
-    let mut energy_note = String::new();
-    let mut last = None;
-    let mut gpu = None;
-    for i in 0..runs {
-        let seed = a.run.seed + i as u64;
-        // The same data set for every run; the seed changes the model and the order.
-        prep.reseed(seed, a.run.seed);
-        if root {
-            eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
-        }
-        // The GPU's energy joins the CPU packages' (or stands alone without them).
-        let span = roofline_workloads::run::energy_span(a.run.cuda(), a.run.gpu);
-        if topo.plan.is_some() {
-            let b = crate::bagging_cmd::run(&prep, &topo, seed, &target, v3_per_image)?;
-            let Some(b) = b else {
-                continue;
-            };
-            let reading = crate::place_cmd::stop_energy(span, b.wall_seconds);
-            gpu = b.gpu.clone();
-            let energy =
-                roofline_collectors::energy::per_step(&reading, 1, "per run (all the models)");
-            energy_note = energy.note.clone();
-            done.push(b.record(i, seed, &target, &energy, prep.batch()));
-            if root {
-                let r = &b.run;
-                eprintln!(
-                    "  {} models × {} ranks: ensemble {} {:.4} (models {:.4} on average), V3.0 FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
-                    r.models,
-                    r.ranks_per_model,
-                    target.metric,
-                    r.ensemble_quality,
-                    r.mean_member_quality(),
-                    roofline_plots::si(r.flops),
-                    roofline_plots::si(r.vflops)
-                );
-            }
-            last = Some(b.first);
-            continue;
-        }
-        let (s, g) = run_args::execute(&prep, &roofline_workloads::train::Quiet, reducer.clone())?;
-        gpu = g;
-        let reading = crate::place_cmd::stop_energy(span, s.elapsed_seconds);
-        let energy = roofline_collectors::energy::per_step(&reading, 1, "per run");
-        energy_note = energy.note.clone();
-        let run = score::record(i, seed, &s, prep.batch(), &target, v3_per_image, &energy);
-        if root {
-            eprintln!(
-                "  {} {:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
-                target.metric,
-                run.quality,
-                run.time_to_quality_s,
-                if run.reached_target {
-                    "target reached"
-                } else {
-                    "target not reached"
-                },
-                roofline_plots::si(run.flops),
-                roofline_plots::si(run.vflops)
-            );
-        }
-        done.push(run);
-        last = Some(s);
-    }
-    if !root {
-        return Ok(());
-    }
-    let scores = Scores::of(&done).ok_or_else(|| Failure::Run(anyhow!("no run finished")))?;
-    let reasons = score::not_comparable(&prep.spec, custom);
-    let cores = roofline_kernels::probe::node::cores_for(None)
-        .map_err(crate::probe_cmd::failure)?
-        .1
-        .len();
-    let cpu = roofline_kernels::probe::node::cpu_here(cores);
-    let provenance = crate::probe_cmd::provenance(cpu.clone(), false, start);
-    let configuration = score::configuration(
-        &prep,
-        last.as_ref().map(|s| s.parameters),
-        &target,
-        gpu.as_deref(),
-        ranks,
-        topo.plan.as_ref(),
-    );
-    let system = System {
-        cpu: cpu.model_name.clone(),
-        sockets: cpu.sockets,
-        cores: cpu.cores,
-        logical_cpus: cpu.logical_cpus,
-        memory_bytes: roofline_collectors::memory_bytes(),
-        accelerators: gpu.iter().cloned().collect(),
-        intra_node_links: vec![if ranks > 1 {
-            "shared memory (MPI ranks on one node)".into()
-        } else {
-            "none used (one process)".into()
-        }],
-        inter_node_links: vec![if nodes > 1 {
-            format!("{nodes} nodes over the MPI library's network")
-        } else {
-            "none (one node)".into()
-        }],
-        os: provenance.os.clone(),
-        kernel: provenance.kernel.clone(),
-        driver: roofline_kernels::cuda::device::driver_version().ok(),
-        libraries: provenance.libraries.clone(),
-        compiler: provenance.compiler.clone(),
-        ranks,
-        nodes,
-    };
-    let score_energy_note = format!("per run in the score: {energy_note}");
-    let placement = match (&machine, &a.machine, &last) {
-        (Some(m), Some(path), Some(s)) => {
-            // The last run's steps after the first, on the machine's roofline (bagged: its
-            // first model, whose batch its team of P ranks shared).
-            let trained_by = topo.plan.map_or(ranks, |p| p.ranks_per_model);
-            let (measured, _) = roofline_workloads::run::place::measured(
-                s,
-                &prep,
-                (trained_by, nodes),
-                1,
-                &[],
-                Energy {
-                    note: score_energy_note.clone(),
-                    ..Default::default()
-                },
-            )?;
-            Some(Box::new(crate::place_cmd::assemble(
-                m, path, measured, 0, start,
-            )?))
-        }
-        _ => None,
-    };
-    let score = Score {
-        schema: SCORE_SCHEMA.into(),
-        comparable: reasons.is_empty(),
-        not_comparable: reasons,
-        valid: runs >= published.runs,
-        warnings,
-        level: a.level.name().to_string(),
-        workload: a.workload.name().to_string(),
+    let req = scoring::Request {
+        prep,
+        runs,
+        seed: a.run.seed,
         target,
-        configuration,
-        system,
-        provenance,
-        runs: done,
-        scores,
-        energy_note,
-        placement,
+        custom_target: custom,
+        bagging: a.bagging,
+        level: a.level.name(),
+        warnings,
+        valid: runs >= published.runs,
+        machine: machine.as_ref().zip(a.machine.as_deref()),
+    };
+    let Some(score) = scoring::score(req, &Printed)? else {
+        // Another rank reports.
+        return Ok(());
     };
     let svg = match (&machine, &score.placement) {
         (Some(m), Some(p)) => Some(
@@ -294,4 +149,41 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     crate::output::score_summary(&score);
     println!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
+}
+
+/// The score's progress on stderr.
+struct Printed;
+
+impl scoring::Report for Printed {
+    fn note(&self, line: &str) {
+        eprintln!("note: {line}");
+    }
+    fn started(&self, i: usize, runs: usize, seed: u64) {
+        eprintln!("run {}/{runs} (seed {seed}) …", i + 1);
+    }
+    fn run(&self, run: &Run, metric: &str) {
+        eprintln!(
+            "  {metric} {:.4} after {:.1} s ({}), {}FLOP/s, VFLOPS {}FLOP/s",
+            run.quality,
+            run.time_to_quality_s,
+            if run.reached_target {
+                "target reached"
+            } else {
+                "target not reached"
+            },
+            roofline_plots::si(run.flops),
+            roofline_plots::si(run.vflops)
+        );
+    }
+    fn bagged(&self, r: &BaggedRun, metric: &str) {
+        eprintln!(
+            "  {} models × {} ranks: ensemble {metric} {:.4} (models {:.4} on average), V3.0 FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+            r.models,
+            r.ranks_per_model,
+            r.ensemble_quality,
+            r.mean_member_quality(),
+            roofline_plots::si(r.flops),
+            roofline_plots::si(r.vflops)
+        );
+    }
 }

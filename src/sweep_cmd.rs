@@ -6,16 +6,15 @@
 //! roofline). `sweep.json` is rewritten after every point, so an interrupted sweep keeps what it
 //! measured.
 
-use crate::Failure;
+use crate::exit::Failure;
 use anyhow::anyhow;
 use roofline_model::placement::Placement;
-use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
+use roofline_model::sweep::{Problem, Sweep};
 use roofline_model::{write::write_atomic, Machine};
-use roofline_workloads::run::sweep::{FlopsRange, GridPoint, Processes, SweepPlan, SweepSpec};
+use roofline_workloads::run::sweep::{FlopsRange, SweepSpec};
+use roofline_workloads::run::sweeping::{self, Swept};
 use roofline_workloads::run::Kind;
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
 
 #[derive(clap::Args)]
 pub struct SweepArgs {
@@ -84,114 +83,37 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     // Ctrl-C ends the running point (the child has its own handler); the sweep then says what
     // it kept.
-    crate::install_ctrlc()?;
-    let SweepPlan {
-        grid,
-        notes,
-        processes,
-        counts,
-    } = SweepSpec {
+    crate::exit::install_ctrlc()?;
+    let req = sweeping::Request {
         workload: a.workload,
-        resolutions: a.resolution.clone(),
-        widths: a.width.clone(),
-        depths: a.depth.clone(),
-        images: a.images.clone(),
-        model_flops: a.model_flops,
-        threads: a.threads.clone(),
-        ranks: a.ranks.clone(),
+        spec: SweepSpec {
+            workload: a.workload,
+            resolutions: a.resolution.clone(),
+            widths: a.width.clone(),
+            depths: a.depth.clone(),
+            images: a.images.clone(),
+            model_flops: a.model_flops,
+            threads: a.threads.clone(),
+            ranks: a.ranks.clone(),
+            batch: a.batch,
+            steps: a.steps,
+        },
+        machine: &machine,
+        machine_path: &a.machine,
+        output: &a.output,
+        exe: std::env::current_exe().map_err(|e| Failure::Run(e.into()))?,
+        mpirun: a.mpirun.clone(),
         batch: a.batch,
         steps: a.steps,
-    }
-    .plan()
-    .map_err(|e| input(e.to_string()))?;
-    let kind = processes.name();
-    let stem = a
-        .output
-        .file_stem()
-        .map(|s| s.to_string_lossy().into_owned())
-        .unwrap_or_else(|| "sweep".into());
-    let dir = a.output.with_file_name(format!("{stem}-points"));
-    std::fs::create_dir_all(&dir).map_err(|e| input(format!("{}: {e}", dir.display())))?;
-    let start = Instant::now();
-    let total = grid.len() * counts.len();
-    let mut result = Sweep {
-        schema: SWEEP_SCHEMA.into(),
-        workload: a.workload.name().to_string(),
-        processes: kind.into(),
-        machine: a.machine.display().to_string(),
-        provenance: crate::probe_cmd::provenance(
-            roofline_kernels::probe::node::cpu_here(
-                roofline_kernels::affinity::allowed_cpus().len(),
-            ),
-            false,
-            start,
-        ),
-        points: Vec::new(),
-        scaling: Vec::new(),
-        notes,
+        warm: a.warm,
+        data: a.data.clone(),
     };
-    crate::output::sweep::header(kind);
-    let mut ran = 0;
-    // Each point's placement, beside it (the trajectory chart draws them).
-    let mut placements: Vec<Placement> = Vec::new();
-    for g in &grid {
-        for &p in &counts {
-            ran += 1;
-            let idx = result.points.len();
-            let file = dir.join(format!("point-{idx}.json"));
-            let problem = Problem {
-                images: g.images,
-                resolution: g.resolution.to_string(),
-                width: g.width,
-                depth: g.depth.to_string(),
-                processes: p,
-            };
-            if crate::CANCEL.load(std::sync::atomic::Ordering::SeqCst) {
-                return Err(interrupted(&result, total, &a.output));
-            }
-            eprintln!(
-                "point {ran}/{total}: {} at {p} {kind} …",
-                problem.size_label()
-            );
-            match run_point(a, processes, p, g, &file) {
-                Ok(pl) => {
-                    let pt = SweepPoint::from_placement(
-                        idx,
-                        problem,
-                        g.flops_per_sample,
-                        &pl,
-                        &machine,
-                        &file.file_name().unwrap_or_default().to_string_lossy(),
-                    );
-                    result.points.push(pt);
-                    placements.push(pl);
-                    result.scaling = strong_scaling(&result.points);
-                    crate::output::sweep::row(result.points.last(), &result);
-                }
-                Err(Failure::Interrupted) => return Err(interrupted(&result, total, &a.output)),
-                Err(e) => {
-                    let why = match e {
-                        Failure::Input(e) | Failure::Run(e) => e.to_string(),
-                        _ => "failed".into(),
-                    };
-                    eprintln!("  failed: {why}");
-                    result.notes.push(format!(
-                        "{} at {p} {kind}: failed: {why}",
-                        problem.size_label()
-                    ));
-                }
-            }
-            // What is measured so far survives an interruption.
-            let text = result.to_json().map_err(|e| Failure::Run(e.into()))?;
-            write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-        }
-    }
-    if result.points.is_empty() {
-        return Err(Failure::Run(anyhow!(
-            "no point of the sweep ran: {}",
-            result.notes.join("; ")
-        )));
-    }
+    let Swept {
+        sweep: result,
+        placements,
+        points_dir: dir,
+    } = sweeping::sweep(&req, &Printed, &crate::exit::CANCEL)?;
+    let kind = result.processes.as_str();
     let charts = charts(&result, &placements, &machine, &a.output)?;
     crate::output::sweep::scaling(&result, kind);
     for n in &result.notes {
@@ -206,75 +128,25 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// An interrupted sweep's ending: what of it is on disk.
-fn interrupted(result: &Sweep, total: usize, output: &Path) -> Failure {
-    if result.points.is_empty() {
-        Failure::Interrupted
-    } else {
-        Failure::InterruptedKept(format!(
-            "{} of the {total} points in {} (written after each point; the charts are drawn at the end)",
-            result.points.len(),
-            output.display()
-        ))
-    }
-}
+/// The sweep's progress: the table on stdout as points end, the rest on stderr.
+struct Printed;
 
-/// Runs one point: `roofline place` in a child process (under the launcher for ranks).
-fn run_point(
-    a: &SweepArgs,
-    processes: Processes,
-    p: usize,
-    g: &GridPoint,
-    out: &Path,
-) -> Result<Placement, Failure> {
-    let exe = std::env::current_exe().map_err(|e| Failure::Run(e.into()))?;
-    let ranks = processes == Processes::Ranks;
-    let mut c = if ranks {
-        let mut words = a.mpirun.split_whitespace();
-        let mut c = Command::new(words.next().unwrap_or("mpirun"));
-        c.args(words).arg("-np").arg(p.to_string()).arg(exe);
-        c
-    } else {
-        Command::new(exe)
-    };
-    let r = g.resolution;
-    c.args(["place", "--workload", a.workload.name(), "--machine"])
-        .arg(&a.machine)
-        .args(["--resolution", &format!("{}x{}", r.h, r.w)])
-        .args(["--train-images", &g.images.to_string()])
-        .args(["--width", &g.width.to_string()])
-        .args(["--depth", &g.depth.to_string()])
-        .args(["--batch", &a.batch.to_string()])
-        .args([
-            "--steps",
-            &a.steps.to_string(),
-            "--warm",
-            &a.warm.to_string(),
-        ])
-        .args(["--threads", &if ranks { 1 } else { p }.to_string()])
-        .arg("-o")
-        .arg(out);
-    if let Some(d) = &a.data {
-        c.arg("--data").arg(d);
+impl sweeping::Report for Printed {
+    fn header(&self, kind: &str) {
+        crate::output::sweep::header(kind);
     }
-    let o = c
-        .output()
-        .map_err(|e| Failure::Run(anyhow!("cannot start the point's run: {e}")))?;
-    match o.status.code() {
-        Some(0) => Placement::read(out).map_err(|e| Failure::Run(e.into())),
-        Some(130) | None => Err(Failure::Interrupted),
-        Some(code) => {
-            let err = String::from_utf8_lossy(&o.stderr);
-            let last = err
-                .lines()
-                .rev()
-                .find(|l| l.contains("error"))
-                .or_else(|| err.lines().last())
-                .unwrap_or("")
-                .trim()
-                .to_string();
-            Err(Failure::Run(anyhow!("exit {code}: {last}")))
-        }
+    fn started(&self, ran: usize, total: usize, problem: &Problem, kind: &str) {
+        eprintln!(
+            "point {ran}/{total}: {} at {} {kind} …",
+            problem.size_label(),
+            problem.processes
+        );
+    }
+    fn point(&self, sweep: &Sweep) {
+        crate::output::sweep::row(sweep.points.last(), sweep);
+    }
+    fn failed(&self, why: &str) {
+        eprintln!("  failed: {why}");
     }
 }
 

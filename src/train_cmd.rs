@@ -1,7 +1,7 @@
 //! `roofline train`: the embedded trainer on the command line.
 
+use crate::exit::Failure;
 use crate::run_args::{self, RunArgs};
-use crate::Failure;
 use anyhow::anyhow;
 use roofline_plots::si;
 use roofline_workloads::exchange::Wire;
@@ -117,7 +117,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         crate::args::check_writable(t, "--trace").map_err(Failure::Input)?;
     }
     let mut prep = run_args::prepare(&a.run, a.workload)?;
-    crate::exit_on_ctrlc(match (&a.checkpoint, a.checkpoint_every) {
+    crate::exit::exit_on_ctrlc(match (&a.checkpoint, a.checkpoint_every) {
         (Some(c), Some(n)) => format!(
             "nothing else was written: the last checkpoint (every {n} steps) is in {}; resume with the same arguments and --resume {}",
             c.display(),
@@ -138,14 +138,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b
     });
     let monitor = Bar(bar);
-    let (reducer, root) = crate::ranks::reducer(prep.batch())?;
-    let rank = reducer.as_ref().map_or(0, |r| r.rank());
-    let (s, gpu) = crate::ranks::traced(a.trace.as_deref(), rank, "train", || {
-        run_args::execute(&prep, &monitor, reducer)
-    })??;
-    if !root {
+    let Some((s, gpu)) = roofline_workloads::run::train(&prep, &monitor, a.trace.as_deref())?
+    else {
+        // Another rank reports.
         return Ok(());
-    }
+    };
     if let Some(b) = &monitor.0 {
         b.finish_and_clear();
     }

@@ -4,6 +4,7 @@
 pub mod energy;
 pub mod load;
 pub mod nvml;
+pub mod provenance;
 pub mod timeline;
 
 use roofline_model::{CacheInfo, CpuInfo};

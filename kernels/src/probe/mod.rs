@@ -4,6 +4,9 @@ pub mod cpu;
 pub mod cpu_mem;
 pub mod gpu;
 pub mod node;
+pub mod run;
+#[cfg(feature = "mpi")]
+pub mod world;
 
 use crate::driver::Measurement;
 use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats, TheoreticalPeak};
@@ -14,6 +17,10 @@ pub trait Progress: Sync {
     fn begin(&self, total: u64);
     /// One measurement is about to run.
     fn advance(&self, label: &str);
+    /// A line for the person running the probe (a GPU not found, an error on another rank).
+    fn note(&self, _line: &str) {}
+    /// The measurements are over (or stopped): clear what was drawn.
+    fn finish(&self) {}
 }
 
 /// A progress sink that says nothing.

@@ -3,17 +3,23 @@
 //! the run built from typed command-line choices ([`setup::prepare`]) and executed on the CPU or
 //! a GPU ([`execute`]).
 
+pub mod bagged;
 pub mod execute;
 pub mod place;
+pub mod placing;
+pub mod ranks;
 pub mod report;
 pub mod score;
+pub mod scoring;
 pub mod setup;
 pub mod sweep;
+pub mod sweeping;
 
 use crate::exchange::CommOptions;
 use std::path::PathBuf;
 
 pub use execute::{energy_span, execute, open_gpu};
+pub use ranks::{ranks, reducer, traced, train, Ranks};
 pub use setup::{prepare, training_cpus, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
 /// What a run of either workload is told beside its model and data: the schedule, when to stop,
@@ -106,6 +112,12 @@ pub enum RunError {
     Gpu(#[source] roofline_kernels::cuda::CudaError),
     #[error(transparent)]
     Train(#[from] crate::train::TrainError),
+    /// Ctrl-C stopped a measurement that polls for it (exit 130).
+    #[error("interrupted")]
+    Interrupted,
+    /// Ctrl-C stopped a run that had written part of its result: what it kept.
+    #[error("interrupted; kept {0}")]
+    InterruptedKept(String),
 }
 
 impl RunError {

@@ -191,3 +191,21 @@ pub fn measured(
     };
     Ok((measured, measured_spans))
 }
+
+/// Places `r` on `m` (read from `path`), where and when it ran said by this host's provenance
+/// (`start`: when the run began).
+pub fn assemble(
+    m: &roofline_model::Machine,
+    path: &std::path::Path,
+    r: Measured,
+    top: usize,
+    start: std::time::Instant,
+) -> Result<roofline_model::placement::Placement, RunError> {
+    use roofline_model::placement::PlaceError;
+    let cpu = roofline_kernels::probe::node::cpu_here(m.provenance.cpu.cores);
+    let provenance = roofline_collectors::provenance::here(cpu, false, start);
+    roofline_model::placement::assemble(m, path, r, top, provenance).map_err(|e| match e {
+        PlaceError::NoRoof { .. } => RunError::Input(e.to_string()),
+        e => RunError::Run(e.to_string()),
+    })
+}

@@ -2,15 +2,14 @@
 //! parallel), split into teams when bagging (`score --bagging`); without a launcher a single
 //! process.
 
-use crate::Failure;
-use anyhow::anyhow;
-use roofline_workloads::layers::Reducer;
+use super::RunError;
+use crate::layers::Reducer;
 use std::sync::Arc;
 
 /// Under mpirun: the MPI world as the trainer's reducer (data parallel), and whether this rank
 /// reports; otherwise a single process.
 #[allow(clippy::type_complexity)]
-pub fn reducer(batch: usize) -> Result<(Option<Arc<dyn Reducer>>, bool), Failure> {
+pub fn reducer(batch: usize) -> Result<(Option<Arc<dyn Reducer>>, bool), RunError> {
     let r = ranks(batch, None)?;
     Ok((r.world, r.root))
 }
@@ -21,14 +20,14 @@ pub struct Ranks {
     pub world: Option<Arc<dyn Reducer>>,
     pub team: Option<Arc<dyn Reducer>>,
     pub root: bool,
-    pub plan: Option<roofline_workloads::bagging::Plan>,
+    pub plan: Option<crate::bagging::Plan>,
 }
 
 /// Under mpirun: the MPI world (split into `models` teams when bagging) as the trainer's
 /// reducers; otherwise a single process (whose bagged models share its cores).
-pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
-    use roofline_workloads::bagging::Plan;
-    let input = |e: String| Failure::Input(anyhow!(e));
+pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, RunError> {
+    use crate::bagging::Plan;
+    let input = RunError::Input;
     let Some(n) = roofline_kernels::comm::launched_ranks() else {
         let plan = match models {
             Some(m) => Some(Plan::new(m, 1, batch).map_err(|e| input(e.to_string()))?),
@@ -46,7 +45,7 @@ pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
         let _ = n;
         let mut world =
             roofline_kernels::comm::mpi::World::init(std::time::Duration::from_secs(600))
-                .map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
+                .map_err(|e| RunError::Input(format!("MPI: {e}")))?;
         let plan = match models {
             Some(m) => {
                 let plan = Plan::new(m, world.size, batch).map_err(|e| input(e.to_string()))?;
@@ -77,7 +76,7 @@ pub fn ranks(batch: usize, models: Option<usize>) -> Result<Ranks, Failure> {
     #[cfg(not(feature = "mpi"))]
     {
         let _ = (batch, models);
-        Err(Failure::Input(anyhow!(
+        Err(RunError::Input(format!(
             "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run it without mpirun"
         )))
     }
@@ -90,7 +89,7 @@ pub fn traced<T>(
     rank: usize,
     verb: &str,
     f: impl FnOnce() -> T,
-) -> Result<T, Failure> {
+) -> Result<T, RunError> {
     let Some(t) = trace else {
         return Ok(f());
     };
@@ -108,6 +107,23 @@ pub fn traced<T>(
         &format!("roofline {verb} (rank {rank})"),
     );
     roofline_model::write::write_atomic(&path, j.to_string().as_bytes())
-        .map_err(|e| Failure::Input(e.into()))?;
+        .map_err(|e| RunError::Input(e.to_string()))?;
     Ok(out)
+}
+
+/// `roofline train` as one library call: `prep` run on this process or, under a launcher, data
+/// parallel over the MPI world, its timeline written to `trace` when asked. Returns the summary
+/// and the GPU's name on the reporting rank, None on the others.
+#[allow(clippy::type_complexity)]
+pub fn train(
+    prep: &super::Prepared,
+    monitor: &(dyn crate::train::Monitor + Sync),
+    trace: Option<&std::path::Path>,
+) -> Result<Option<(crate::train::Summary, Option<String>)>, RunError> {
+    let (reducer, root) = reducer(prep.batch())?;
+    let rank = reducer.as_ref().map_or(0, |r| r.rank());
+    let out = traced(trace, rank, "train", || {
+        super::execute(prep, monitor, reducer)
+    })??;
+    Ok(root.then_some(out))
 }

@@ -1,25 +1,21 @@
-//! One bagged run of `roofline score --bagging M` (HPC AI500 V3.0): M base models, each on its
-//! own bootstrap sample and seed, trained with no synchronisation between them — under mpirun
+//! One bagged run of a score (`roofline score --bagging M`, HPC AI500 V3.0): M base models,
+//! each on its own bootstrap sample and seed, trained with no synchronisation between them — under mpirun
 //! each by its team of P = N / M ranks (data parallel inside the team), without a launcher side
 //! by side in this process on M shares of its cores — then the ensemble of their held-out
-//! predictions (`roofline_workloads::bagging`), and V3.0's figures (`roofline_model::bagging`).
+//! predictions ([`crate::bagging`]), and V3.0's figures (`roofline_model::bagging`).
 
-use crate::ranks::Ranks;
-use crate::run_args;
-use crate::Failure;
-use anyhow::anyhow;
+use super::{execute, training_cpus, Prepared, Ranks, RunError};
+use crate::bagging::{ensemble, Member, Predictions};
+use crate::detect::map::Detection;
+use crate::layers::Reducer;
+use crate::train::{Quiet, Summary};
 use roofline_model::bagging::{BaggedRun, Member as MemberScore};
 use roofline_model::placement::Energy;
 use roofline_model::score::{aiperf_regulated, vflops, Run, Target};
-use roofline_workloads::bagging::{ensemble, Member, Predictions};
-use roofline_workloads::detect::map::Detection;
-use roofline_workloads::layers::Reducer;
-use roofline_workloads::run::Prepared;
-use roofline_workloads::train::{Quiet, Summary};
 use std::time::Instant;
 
 /// What a bagged run gives the score (on the reporting rank).
-pub(crate) struct Bagged {
+pub struct Bagged {
     pub run: BaggedRun,
     pub top5: Option<f64>,
     /// Seconds from the start to the last model's end (the models run side by side).
@@ -51,16 +47,16 @@ fn stats_of(s: &Summary) -> [f64; STATS] {
 /// Trains the ensemble of `ranks.plan` from `seed` and scores it against `target`, each
 /// sample's training step counting `flops_per_sample` FLOPs (V3.0 table 3's rules). Every rank
 /// calls it; the reporting rank gets the result.
-pub(crate) fn run(
+pub fn run(
     prep: &Prepared,
     ranks: &Ranks,
     seed: u64,
     target: &Target,
     flops_per_sample: f64,
-) -> Result<Option<Bagged>, Failure> {
+) -> Result<Option<Bagged>, RunError> {
     let plan = ranks
         .plan
-        .ok_or_else(|| Failure::Run(anyhow!("a bagged run without a plan")))?;
+        .ok_or_else(|| RunError::Run("a bagged run without a plan".into()))?;
     let m = plan.models;
     let n = prep.workload().train_images();
     let start = Instant::now();
@@ -71,11 +67,11 @@ pub(crate) fn run(
             let team = ranks
                 .team
                 .as_ref()
-                .ok_or_else(|| Failure::Run(anyhow!("a bagged run without its team")))?;
+                .ok_or_else(|| RunError::Run("a bagged run without its team".into()))?;
             let k = plan.model_of(world.rank());
-            let cpus = roofline_workloads::run::training_cpus(prep.threads);
+            let cpus = training_cpus(prep.threads);
             let p = prep.member(members[k].clone(), &cpus)?;
-            let (s, gpu) = run_args::execute(&p, &Quiet, Some(team.clone()))?;
+            let (s, gpu) = execute(&p, &Quiet, Some(team.clone()))?;
             let lead = team.rank() == 0;
             // Each team's first rank puts its model's figures and predictions in its slot.
             let mut stats = vec![0.0; m * STATS];
@@ -84,7 +80,7 @@ pub(crate) fn run(
             }
             world.sum_f64(&mut stats);
             let own = s.predictions.clone().ok_or_else(|| {
-                Failure::Run(anyhow!("model {} kept no held-out predictions", k + 1))
+                RunError::Run(format!("model {} kept no held-out predictions", k + 1))
             })?;
             let predictions = share(world.as_ref(), m, k, lead, own)?;
             (
@@ -102,7 +98,7 @@ pub(crate) fn run(
     if !ranks.root {
         return Ok(None);
     }
-    let e = ensemble(&predictions).map_err(|e| Failure::Run(anyhow!("the ensemble: {e}")))?;
+    let e = ensemble(&predictions).map_err(|e| RunError::Run(format!("the ensemble: {e}")))?;
     // Each model alone, counted by the same rule as the ensemble: its batch's FLOPs per
     // steady step.
     let alone = |st: &[f64; STATS]| flops_per_sample * prep.batch() as f64 / st[1].max(1e-12);
@@ -147,8 +143,8 @@ type Outcome = (Vec<[f64; STATS]>, Vec<Predictions>, Summary, Option<String>);
 
 /// The M models in this process at once, each on its share of the cores (a model per core,
 /// and cores shared round-robin when there are more models than cores).
-fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure> {
-    let cpus = roofline_workloads::run::training_cpus(prep.threads);
+fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, RunError> {
+    let cpus = training_cpus(prep.threads);
     let m = members.len();
     let share = |k: usize| -> Vec<usize> {
         if m <= cpus.len() {
@@ -157,7 +153,7 @@ fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure>
             vec![cpus[k % cpus.len()]]
         }
     };
-    let results: Vec<Result<(Summary, Option<String>), Failure>> = std::thread::scope(|s| {
+    let results: Vec<Result<(Summary, Option<String>), RunError>> = std::thread::scope(|s| {
         let handles: Vec<_> = members
             .iter()
             .enumerate()
@@ -165,7 +161,7 @@ fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure>
                 let cores = share(k);
                 s.spawn(move || {
                     let p = prep.member(mb.clone(), &cores)?;
-                    run_args::execute(&p, &Quiet, None)
+                    execute(&p, &Quiet, None)
                 })
             })
             .collect();
@@ -173,7 +169,7 @@ fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure>
             .into_iter()
             .map(|h| {
                 h.join()
-                    .unwrap_or_else(|_| Err(Failure::Run(anyhow!("a model's thread panicked"))))
+                    .unwrap_or_else(|_| Err(RunError::Run("a model's thread panicked".into())))
             })
             .collect()
     });
@@ -185,14 +181,14 @@ fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, Failure>
         let (s, g) = r?;
         stats.push(stats_of(&s));
         predictions.push(s.predictions.clone().ok_or_else(|| {
-            Failure::Run(anyhow!("model {} kept no held-out predictions", k + 1))
+            RunError::Run(format!("model {} kept no held-out predictions", k + 1))
         })?);
         gpu = gpu.or(g);
         if first.is_none() {
             first = Some(s);
         }
     }
-    let first = first.ok_or_else(|| Failure::Run(anyhow!("no model ran")))?;
+    let first = first.ok_or_else(|| RunError::Run("no model ran".into()))?;
     Ok((stats, predictions, first, gpu))
 }
 
@@ -205,7 +201,7 @@ fn share(
     k: usize,
     lead: bool,
     own: Predictions,
-) -> Result<Vec<Predictions>, Failure> {
+) -> Result<Vec<Predictions>, RunError> {
     match own {
         Predictions::Classes {
             classes,
@@ -291,7 +287,7 @@ impl Bagged {
         let b = self;
         let r = &b.run;
         let s = &b.first;
-        let series = roofline_workloads::run::score::flops_series(s, batch);
+        let series = super::score::flops_series(s, batch);
         let watts = energy.average_watts;
         Run {
             run: i + 1,

@@ -1,40 +1,51 @@
-//! `roofline probe` under mpirun / srun: every node probes itself concurrently (its lowest
-//! rank; the other ranks sleep), then every rank takes part in the communication probes, the
-//! root probes storage if asked, gathers the nodes' results, and writes machine.json alone.
+//! The probe of an MPI world (`mpirun`/`srun`): every node probes itself concurrently (its
+//! lowest rank; the other ranks sleep), then every rank takes part in the communication
+//! probes, the root probes storage if asked, gathers the nodes' results, and alone gets the
+//! machine (with every node's ceilings, the aggregates, the cluster).
 
-use crate::probe_cmd::{failure, finish, io_probe, node_probe, progress_bar, ProbeArgs};
-use crate::Failure;
-use anyhow::anyhow;
-use roofline_kernels::comm::mpi::{CommConfig, World};
-use roofline_kernels::probe::node;
-use roofline_kernels::probe::{Progress, Section};
+use super::node;
+use super::run::{bare, check_output, io_probe, node_probe, Request, RunError};
+use super::{Progress, Section};
+use crate::comm::mpi::{CommConfig, World};
 use roofline_model::{Machine, NodeCeilings};
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
-/// A machine.json with this run's provenance only.
-fn bare(a: &ProbeArgs, machine_cores: &[usize], start: Instant) -> Machine {
-    let cpu = node::cpu_here(machine_cores.len());
-    node::bare(crate::probe_cmd::provenance(cpu, a.quick, start))
-}
-
 /// The error with this rank named.
-fn on_rank(e: Failure, who: &str) -> Failure {
+fn on_rank(e: RunError, who: &str) -> RunError {
     match e {
-        Failure::Input(e) => Failure::Input(anyhow!("{who}: {e:#}")),
-        Failure::Run(e) => Failure::Run(anyhow!("{who}: {e:#}")),
-        other => other,
+        e @ (RunError::Interrupted | RunError::OtherRank(_)) => e,
+        e if e.is_input() => RunError::Input(format!("{who}: {e}")),
+        e => RunError::Run(format!("{who}: {e}")),
     }
 }
 
-pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
-    let world = World::init(a.comm_timeout).map_err(|e| Failure::Input(anyhow!("MPI: {e}")))?;
+/// Another rank's progress: its notes, not the bar (the root's alone is drawn).
+struct NotesOnly<'a>(&'a dyn Progress);
+
+impl Progress for NotesOnly<'_> {
+    fn begin(&self, _: u64) {}
+    fn advance(&self, _: &str) {}
+    fn note(&self, line: &str) {
+        self.0.note(line)
+    }
+}
+
+/// See the module: every rank calls it; the root gets the machine.
+pub fn probe(
+    req: &Request,
+    cancel: &AtomicBool,
+    progress: &dyn Progress,
+) -> Result<Option<Machine>, RunError> {
+    let world = World::init(req.comm_timeout).map_err(|e| RunError::Input(format!("MPI: {e}")))?;
     let root = world.is_root();
+    let quiet = NotesOnly(progress);
+    let progress: &dyn Progress = if root { progress } else { &quiet };
     let who = format!("rank {} ({})", world.rank, world.hosts[world.rank]);
     // The launcher bound each rank to a core; the rank that probes its node needs them all.
     let mut widened = None;
     if world.is_leader() {
-        let (before, after) =
-            roofline_kernels::affinity::widen_to(&roofline_collectors::node_cpus());
+        let (before, after) = crate::affinity::widen_to(&roofline_collectors::node_cpus());
         if after != before {
             widened = Some(format!(
                 "node leaders widened their CPU affinity from {before} to {after} CPUs for the node probe (the MPI launcher had bound them)"
@@ -42,41 +53,39 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         }
     }
     // Input: each rank checks what concerns it (its GPUs, its cores), the root the output.
-    let checked = (|| -> Result<_, Failure> {
-        let gpu_count = node::gpu_status(a.device, sections).map_err(failure)?;
-        let cores = node::cores_for(a.threads).map_err(failure)?;
+    let checked = (|| -> Result<_, RunError> {
+        let gpus = node::gpu_status(req.devices, &req.sections)?;
+        let cores = node::cores_for(req.threads)?;
         if root {
-            crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
+            check_output(req)?;
         }
-        Ok((gpu_count, cores))
+        Ok((gpus, cores))
     })();
     if world.any(checked.is_err()) {
         return Err(match checked {
             Err(e) => on_rank(e, &who),
-            Ok(_) => Failure::Quiet(2),
+            Ok(_) => RunError::OtherRank(2),
         });
     }
-    let (gpu_count, (cores, machine_cores)) = checked?;
-    crate::install_ctrlc()?;
+    let (gpus, (cores, machine_cores)) = checked?;
     let start = Instant::now();
-    let progress = progress_bar(root);
-    let clear = || {
-        if let Some(b) = &progress.0 {
-            b.finish_and_clear();
-        }
-    };
     // 1. Every node probes its own CPU and GPUs, all nodes at once.
-    let node_sections: Vec<Section> = sections.iter().copied().filter(|s| s.on_node()).collect();
+    let node_sections: Vec<Section> = req
+        .sections
+        .iter()
+        .copied()
+        .filter(|s| s.on_node())
+        .collect();
     let local = world.is_leader().then(|| {
         if node_sections.is_empty() {
-            Ok(bare(a, &machine_cores, start))
+            Ok(bare(req, machine_cores.len(), start))
         } else {
             node_probe(
-                a,
+                req,
                 &node_sections,
-                &gpu_count,
+                &gpus,
                 (&cores, &machine_cores),
-                &progress,
+                (cancel, progress),
                 start,
                 // The job's other ranks wait on this node while its leader probes.
                 false,
@@ -85,43 +94,39 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
     });
     world.wait_unbounded();
     if world.any(matches!(local, Some(Err(_)))) {
-        clear();
+        progress.finish();
         return Err(match local {
             Some(Err(e)) => on_rank(e, &who),
-            _ => Failure::Quiet(1),
+            _ => RunError::OtherRank(1),
         });
     }
     // 2. Communication: intra-node, inter-node, world.
     let mut comm = None;
-    if sections.contains(&Section::Comm) {
+    if req.sections.contains(&Section::Comm) {
         let cfg = CommConfig {
-            max_size: a.max_size,
-            quick: a.quick,
+            max_size: req.max_size,
+            quick: req.quick,
         };
-        let silent = roofline_kernels::probe::Silent;
-        let shown: &dyn Progress = if root { &progress } else { &silent };
-        match world.comm_probe(&cfg, shown) {
+        match world.comm_probe(&cfg, progress) {
             Ok(r) => comm = Some(r),
             Err(e) => {
-                clear();
-                eprintln!("roofline: error: {who}: {e}; nothing was written");
+                progress.finish();
+                progress.note(&format!("error: {who}: {e}; nothing was written"));
                 world.abort(1);
             }
         }
     }
     // 3. Storage, on the root only (the others sleep meanwhile).
     let mut io_part: Option<Machine> = None;
-    if root && sections.contains(&Section::Io) {
-        let mut m = bare(a, &machine_cores, start);
-        match io_probe(a, &mut m, &progress) {
+    if root && req.sections.contains(&Section::Io) {
+        let mut m = bare(req, machine_cores.len(), start);
+        match io_probe(req, &mut m, cancel, progress) {
             Ok(()) => io_part = Some(m),
             Err(e) => {
-                clear();
+                progress.finish();
                 match e {
-                    Failure::Input(e) | Failure::Run(e) => {
-                        eprintln!("roofline: error: {who}: {e:#}")
-                    }
-                    _ => eprintln!("roofline: interrupted; nothing was written"),
+                    RunError::Interrupted => progress.note("interrupted; nothing was written"),
+                    e => progress.note(&format!("error: {who}: {e}")),
                 }
                 world.abort(1);
             }
@@ -135,19 +140,19 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
     };
     let gathered = world.gather_from_leaders(&bytes);
     if !root {
-        return Ok(());
+        return Ok(None);
     }
-    clear();
+    progress.finish();
     let mut nodes = Vec::new();
     for (i, b) in gathered.unwrap_or_default().iter().enumerate() {
         let text = String::from_utf8_lossy(b);
         nodes.push(
             Machine::from_json(&text)
-                .map_err(|e| Failure::Run(anyhow!("node {i}'s result could not be read: {e}")))?,
+                .map_err(|e| RunError::Run(format!("node {i}'s result could not be read: {e}")))?,
         );
     }
     let Some(mut m) = nodes.first().cloned() else {
-        return Err(Failure::Run(anyhow!("no node result reached the root")));
+        return Err(RunError::Run("no node result reached the root".into()));
     };
     m.provenance.cluster = Some(world.cluster_info());
     // Every node's failed result checks, named by node (node 0's are already in `m`).
@@ -164,10 +169,10 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
             world.layout.nodes()
         ));
     }
-    if node_sections.iter().any(|s| s.on_node()) {
+    if !node_sections.is_empty() {
         m.provenance.notes.extend(widened);
     }
-    if nodes.len() > 1 && node_sections.iter().any(|s| s.on_node()) {
+    if nodes.len() > 1 && !node_sections.is_empty() {
         m.ceilings.extend(roofline_model::aggregate(&nodes));
         m.nodes = nodes
             .iter()
@@ -189,5 +194,5 @@ pub fn probe(a: &ProbeArgs, sections: &[Section]) -> Result<(), Failure> {
         m.provenance.notes.extend(io.provenance.notes);
     }
     m.provenance.duration_s = start.elapsed().as_secs_f64();
-    finish(a, &m)
+    Ok(Some(m))
 }

@@ -1,0 +1,200 @@
+//! `roofline score` as one library call ([`score`]): the repeated runs (single models, or
+//! bagged ensembles under `--bagging`), each run's record, the scores, the system and its
+//! provenance, and the placement of the last run on the machine's roofline. The command line
+//! parses, checks its files, calls it, writes and prints.
+
+use super::score::{configuration, not_comparable, record};
+use super::{bagged, energy_span, execute, ranks, Prepared, RunError};
+use crate::accounting;
+use crate::train::Quiet;
+use roofline_collectors::energy;
+use roofline_model::bagging::BaggedRun;
+use roofline_model::placement::Energy;
+use roofline_model::score::{Run, Score, Scores, System, Target, SCORE_SCHEMA};
+use roofline_model::Machine;
+use std::path::Path;
+use std::time::Instant;
+
+/// What a score is asked: the prepared run (its target set), the runs, the rules.
+pub struct Request<'a> {
+    pub prep: Prepared,
+    pub runs: usize,
+    /// Run i trains from seed `seed + i` (the data set stays that of `seed`).
+    pub seed: u64,
+    pub target: Target,
+    /// Whether the target is the user's, not the published one (then not comparable).
+    pub custom_target: bool,
+    /// HPC AI500 V3.0 bagging: this many base models per run.
+    pub bagging: Option<usize>,
+    /// The level declared (HPC AI500 V2.0: hardware, system, free).
+    pub level: &'static str,
+    /// The rules' warnings already known (too few runs).
+    pub warnings: Vec<String>,
+    /// Whether the runs are valid by the count of runs.
+    pub valid: bool,
+    /// The machine (and its file) the last run is placed on.
+    pub machine: Option<(&'a Machine, &'a Path)>,
+}
+
+/// Hears a score's progress (the command line prints it).
+pub trait Report {
+    /// Something the person running the score should know (energy not measured, …).
+    fn note(&self, line: &str);
+    /// Run `i` (0-based) of `runs` starts from `seed`.
+    fn started(&self, i: usize, runs: usize, seed: u64);
+    /// A single model's run ended (`metric`: what the target is on).
+    fn run(&self, run: &Run, metric: &str);
+    /// A bagged run ended.
+    fn bagged(&self, run: &BaggedRun, metric: &str);
+}
+
+/// The score of `req`, on the reporting rank (None on the others).
+pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>, RunError> {
+    let start = Instant::now();
+    let (prep, target) = (&mut req.prep, &req.target);
+    let topo = ranks(prep.batch(), req.bagging)?;
+    let (reducer, root) = (topo.world.clone(), topo.root);
+    let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
+    if topo.plan.is_some() && prep.workload().eval_images() == 0 {
+        return Err(RunError::Input(
+            "--bagging: the ensemble is scored on held-out images".into(),
+        ));
+    }
+    let v3_per_image = accounting::hpc_ai500_v3(&prep.layers()).total();
+    let (cuda, gpu_index) = (prep.spec.device == super::Device::Cuda, prep.spec.gpu);
+    let mut done = Vec::new();
+    let mut energy_note = String::new();
+    let mut last = None;
+    let mut gpu = None;
+    for i in 0..req.runs {
+        let seed = req.seed + i as u64;
+        // The same data set for every run; the seed changes the model and the order.
+        prep.reseed(seed, req.seed);
+        if root {
+            report.started(i, req.runs, seed);
+        }
+        // The GPU's energy joins the CPU packages' (or stands alone without them).
+        let span = energy_span(cuda, gpu_index);
+        if topo.plan.is_some() {
+            let Some(b) = bagged::run(prep, &topo, seed, target, v3_per_image)? else {
+                continue;
+            };
+            let reading = stop(span, b.wall_seconds, report);
+            gpu = b.gpu.clone();
+            let energy = energy::per_step(&reading, 1, "per run (all the models)");
+            energy_note = energy.note.clone();
+            done.push(b.record(i, seed, target, &energy, prep.batch()));
+            report.bagged(&b.run, &target.metric);
+            last = Some(b.first);
+            continue;
+        }
+        let (s, g) = execute(prep, &Quiet, reducer.clone())?;
+        gpu = g;
+        let reading = stop(span, s.elapsed_seconds, report);
+        let energy = energy::per_step(&reading, 1, "per run");
+        energy_note = energy.note.clone();
+        let run = record(i, seed, &s, prep.batch(), target, v3_per_image, &energy);
+        if root {
+            report.run(&run, &target.metric);
+        }
+        done.push(run);
+        last = Some(s);
+    }
+    if !root {
+        return Ok(None);
+    }
+    let scores = Scores::of(&done).ok_or_else(|| RunError::Run("no run finished".into()))?;
+    let reasons = not_comparable(&prep.spec, req.custom_target);
+    let cores = roofline_kernels::probe::node::cores_for(None)
+        .map_err(|e| RunError::Run(e.to_string()))?
+        .1
+        .len();
+    let cpu = roofline_kernels::probe::node::cpu_here(cores);
+    let provenance = roofline_collectors::provenance::here(cpu.clone(), false, start);
+    let configuration = configuration(
+        prep,
+        last.as_ref().map(|s| s.parameters),
+        target,
+        gpu.as_deref(),
+        ranks,
+        topo.plan.as_ref(),
+    );
+    let system = System {
+        cpu: cpu.model_name.clone(),
+        sockets: cpu.sockets,
+        cores: cpu.cores,
+        logical_cpus: cpu.logical_cpus,
+        memory_bytes: roofline_collectors::memory_bytes(),
+        accelerators: gpu.iter().cloned().collect(),
+        intra_node_links: vec![if ranks > 1 {
+            "shared memory (MPI ranks on one node)".into()
+        } else {
+            "none used (one process)".into()
+        }],
+        inter_node_links: vec![if nodes > 1 {
+            format!("{nodes} nodes over the MPI library's network")
+        } else {
+            "none (one node)".into()
+        }],
+        os: provenance.os.clone(),
+        kernel: provenance.kernel.clone(),
+        driver: roofline_kernels::cuda::device::driver_version().ok(),
+        libraries: provenance.libraries.clone(),
+        compiler: provenance.compiler.clone(),
+        ranks,
+        nodes,
+    };
+    let placement = match (req.machine, &last) {
+        (Some((m, path)), Some(s)) => {
+            // The last run's steps after the first, on the machine's roofline (bagged: its
+            // first model, whose batch its team of P ranks shared).
+            let trained_by = topo.plan.map_or(ranks, |p| p.ranks_per_model);
+            let (measured, _) = super::place::measured(
+                s,
+                prep,
+                (trained_by, nodes),
+                1,
+                &[],
+                Energy {
+                    note: format!("per run in the score: {energy_note}"),
+                    ..Default::default()
+                },
+            )?;
+            Some(Box::new(super::place::assemble(
+                m, path, measured, 0, start,
+            )?))
+        }
+        _ => None,
+    };
+    Ok(Some(Score {
+        schema: SCORE_SCHEMA.into(),
+        comparable: reasons.is_empty(),
+        not_comparable: reasons,
+        valid: req.valid,
+        warnings: req.warnings,
+        level: req.level.to_string(),
+        workload: prep.spec.workload.name().to_string(),
+        target: req.target,
+        configuration,
+        system,
+        provenance,
+        runs: done,
+        scores,
+        energy_note,
+        placement,
+    }))
+}
+
+/// The reading of `span` stopped now (the GPU's energy over `gpu_seconds`), what it could not
+/// measure told to `report`.
+pub(super) fn stop(
+    span: energy::Span,
+    gpu_seconds: f64,
+    report: &dyn Report,
+) -> Result<energy::Reading, energy::EnergyError> {
+    let (r, note) = span.stop(gpu_seconds);
+    if let Some(n) = note {
+        report.note(&n);
+    }
+    r
+}

@@ -1,0 +1,229 @@
+//! `roofline sweep` as one library call ([`sweep`]): SAIH's grid of problem sizes × process
+//! counts, each point a `roofline place` run of its own (a child process of the binary: clean
+//! memory, its own affinity; under the launcher for ranks) on the same machine.json, the
+//! points and the strong-scaling series, the file rewritten after every point so that an
+//! interrupted sweep keeps what it measured. The command line parses, calls it, draws the
+//! charts and prints.
+
+use super::sweep::{GridPoint, Processes, SweepSpec};
+use super::{Kind, RunError};
+use roofline_model::placement::Placement;
+use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
+use roofline_model::{write::write_atomic, Machine};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// What a sweep is asked.
+pub struct Request<'a> {
+    pub workload: Kind,
+    /// The grid.
+    pub spec: SweepSpec,
+    pub machine: &'a Machine,
+    pub machine_path: &'a Path,
+    /// sweep.json; each point's placement goes to `<name>-points/`.
+    pub output: &'a Path,
+    /// The binary each point runs (`roofline place …`).
+    pub exe: PathBuf,
+    /// The launcher for ranks, before `-np N`.
+    pub mpirun: String,
+    pub batch: usize,
+    pub steps: usize,
+    pub warm: usize,
+    pub data: Option<PathBuf>,
+}
+
+/// Hears a sweep's progress (the command line prints it).
+pub trait Report {
+    /// The sweep starts over `kind` ("threads", "ranks").
+    fn header(&self, kind: &str);
+    /// Point `ran` of `total` starts.
+    fn started(&self, ran: usize, total: usize, problem: &Problem, kind: &str);
+    /// A point ended: the sweep so far.
+    fn point(&self, sweep: &Sweep);
+    /// A point failed (its note is kept in the sweep).
+    fn failed(&self, why: &str);
+}
+
+/// A finished sweep: the file's contents, each point's placement in its order, where the
+/// placements are.
+pub struct Swept {
+    pub sweep: Sweep,
+    pub placements: Vec<Placement>,
+    pub points_dir: PathBuf,
+}
+
+/// Runs the sweep `req` (Ctrl-C through `cancel` ends it after the running point, keeping
+/// what was measured).
+pub fn sweep(
+    req: &Request<'_>,
+    report: &dyn Report,
+    cancel: &AtomicBool,
+) -> Result<Swept, RunError> {
+    let plan = req
+        .spec
+        .plan()
+        .map_err(|e| RunError::Input(e.to_string()))?;
+    let (grid, counts, processes) = (plan.grid, plan.counts, plan.processes);
+    let kind = processes.name();
+    let stem = req
+        .output
+        .file_stem()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|| "sweep".into());
+    let dir = req.output.with_file_name(format!("{stem}-points"));
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| RunError::Input(format!("{}: {e}", dir.display())))?;
+    let start = Instant::now();
+    let total = grid.len() * counts.len();
+    let mut result = Sweep {
+        schema: SWEEP_SCHEMA.into(),
+        workload: req.workload.name().to_string(),
+        processes: kind.into(),
+        machine: req.machine_path.display().to_string(),
+        provenance: roofline_collectors::provenance::here(
+            roofline_kernels::probe::node::cpu_here(
+                roofline_kernels::affinity::allowed_cpus().len(),
+            ),
+            false,
+            start,
+        ),
+        points: Vec::new(),
+        scaling: Vec::new(),
+        notes: plan.notes,
+    };
+    report.header(kind);
+    let mut ran = 0;
+    // Each point's placement, beside it (the trajectory chart draws them).
+    let mut placements: Vec<Placement> = Vec::new();
+    for g in &grid {
+        for &p in &counts {
+            ran += 1;
+            let idx = result.points.len();
+            let file = dir.join(format!("point-{idx}.json"));
+            let problem = Problem {
+                images: g.images,
+                resolution: g.resolution.to_string(),
+                width: g.width,
+                depth: g.depth.to_string(),
+                processes: p,
+            };
+            if cancel.load(Ordering::SeqCst) {
+                return Err(interrupted(&result, total, req.output));
+            }
+            report.started(ran, total, &problem, kind);
+            match run_point(req, processes, p, g, &file) {
+                Ok(pl) => {
+                    let pt = SweepPoint::from_placement(
+                        idx,
+                        problem,
+                        g.flops_per_sample,
+                        &pl,
+                        req.machine,
+                        &file.file_name().unwrap_or_default().to_string_lossy(),
+                    );
+                    result.points.push(pt);
+                    placements.push(pl);
+                    result.scaling = strong_scaling(&result.points);
+                    report.point(&result);
+                }
+                Err(RunError::Interrupted) => return Err(interrupted(&result, total, req.output)),
+                Err(e) => {
+                    let why = e.to_string();
+                    report.failed(&why);
+                    result.notes.push(format!(
+                        "{} at {p} {kind}: failed: {why}",
+                        problem.size_label()
+                    ));
+                }
+            }
+            // What is measured so far survives an interruption.
+            let text = result.to_json().map_err(|e| RunError::Run(e.to_string()))?;
+            write_atomic(req.output, text.as_bytes())
+                .map_err(|e| RunError::Input(e.to_string()))?;
+        }
+    }
+    if result.points.is_empty() {
+        return Err(RunError::Run(format!(
+            "no point of the sweep ran: {}",
+            result.notes.join("; ")
+        )));
+    }
+    Ok(Swept {
+        sweep: result,
+        placements,
+        points_dir: dir,
+    })
+}
+
+/// An interrupted sweep's ending: what of it is on disk.
+fn interrupted(result: &Sweep, total: usize, output: &Path) -> RunError {
+    if result.points.is_empty() {
+        RunError::Interrupted
+    } else {
+        RunError::InterruptedKept(format!(
+            "{} of the {total} points in {} (written after each point; the charts are drawn at the end)",
+            result.points.len(),
+            output.display()
+        ))
+    }
+}
+
+/// Runs one point: `roofline place` in a child process (under the launcher for ranks).
+fn run_point(
+    req: &Request<'_>,
+    processes: Processes,
+    p: usize,
+    g: &GridPoint,
+    out: &Path,
+) -> Result<Placement, RunError> {
+    let ranks = processes == Processes::Ranks;
+    let mut c = if ranks {
+        let mut words = req.mpirun.split_whitespace();
+        let mut c = Command::new(words.next().unwrap_or("mpirun"));
+        c.args(words).arg("-np").arg(p.to_string()).arg(&req.exe);
+        c
+    } else {
+        Command::new(&req.exe)
+    };
+    let r = g.resolution;
+    c.args(["place", "--workload", req.workload.name(), "--machine"])
+        .arg(req.machine_path)
+        .args(["--resolution", &format!("{}x{}", r.h, r.w)])
+        .args(["--train-images", &g.images.to_string()])
+        .args(["--width", &g.width.to_string()])
+        .args(["--depth", &g.depth.to_string()])
+        .args(["--batch", &req.batch.to_string()])
+        .args([
+            "--steps",
+            &req.steps.to_string(),
+            "--warm",
+            &req.warm.to_string(),
+        ])
+        .args(["--threads", &if ranks { 1 } else { p }.to_string()])
+        .arg("-o")
+        .arg(out);
+    if let Some(d) = &req.data {
+        c.arg("--data").arg(d);
+    }
+    let o = c
+        .output()
+        .map_err(|e| RunError::Run(format!("cannot start the point's run: {e}")))?;
+    match o.status.code() {
+        Some(0) => Placement::read(out).map_err(|e| RunError::Run(e.to_string())),
+        Some(130) | None => Err(RunError::Interrupted),
+        Some(code) => {
+            let err = String::from_utf8_lossy(&o.stderr);
+            let last = err
+                .lines()
+                .rev()
+                .find(|l| l.contains("error"))
+                .or_else(|| err.lines().last())
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            Err(RunError::Run(format!("exit {code}: {last}")))
+        }
+    }
+}
