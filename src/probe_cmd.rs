@@ -63,7 +63,9 @@ pub struct ProbeArgs {
     /// --io).
     #[arg(long, value_name = "LIST")]
     pub only: Option<String>,
-    /// Threads for the `all` ceilings (default: one per physical core).
+    /// Threads for the `all` ceilings, one pinned per physical core: the first N cores roofline
+    /// may use (default: all of them); the rule of every verb. N beyond the cores is an error
+    /// that says how many there are.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Print machine.json on stdout instead of the table (the file is written too).

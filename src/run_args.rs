@@ -85,8 +85,10 @@ pub struct RunArgs {
     /// Seed (same seed, same thread count: the same run).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Threads (default: every CPU roofline may use).
-    #[arg(long)]
+    /// Threads, one pinned per physical core: the first N cores roofline may use (default: all
+    /// of them); the rule of every verb, `probe` included. N beyond the cores is an error
+    /// that says how many there are.
+    #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
     /// Where to run: cpu, or cuda (resnet50: cuDNN convolutions, cuBLAS classifier, NVRTC
     /// kernels for the rest; ewa: the detector on the same layers, NVRTC RoIAlign and pyramid

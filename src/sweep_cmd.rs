@@ -42,7 +42,8 @@ pub struct SweepArgs {
     /// training FLOPs per sample lie in LO..HI (e.g. 1e8..5e9); the rest are listed as left out.
     #[arg(long, value_name = "LO..HI")]
     pub model_flops: Option<FlopsRange>,
-    /// Threads per point, a list (processes of one node; default: every CPU roofline may use).
+    /// Threads per point, a list (processes of one node, one pinned thread per physical core as
+    /// every verb chooses them; default: all the cores roofline may use).
     #[arg(long, value_delimiter = ',', conflicts_with = "ranks")]
     pub threads: Vec<usize>,
     /// MPI ranks per point, a list: each point runs under `--mpirun` with -np N (one thread

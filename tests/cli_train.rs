@@ -289,3 +289,67 @@ fn ewa_trains_and_scores() {
         assert!(err.contains(needle), "{args:?}: `{needle}` not in: {err}");
     }
 }
+
+/// One rule for cores, the same for every verb: `--threads` beyond the physical cores is an
+/// input error (exit 2) naming how many there are, for training verbs as for `probe`; and the
+/// `--help` of each says the rule.
+#[test]
+fn threads_follow_one_rule_in_every_verb() {
+    let dir = tmpdir("threads-rule");
+    let out = dir.join("x.json");
+    let mut messages = Vec::new();
+    for verb in [
+        vec!["probe", "--quick", "--only", "fma"],
+        vec![
+            "train",
+            "--steps",
+            "1",
+            "--width",
+            "0.125",
+            "--resolution",
+            "32",
+        ],
+        vec![
+            "place",
+            "--workload",
+            "gemm:64x64x64",
+            "--machine",
+            "no-such-machine-needed-first.json",
+        ],
+        vec!["score", "--runs", "1", "--steps", "1", "--width", "0.125"],
+    ] {
+        let o = bin()
+            .args(&verb)
+            .args(["--threads", "100000", "-o"])
+            .arg(&out)
+            .output()
+            .unwrap();
+        let e = stderr(&o);
+        if verb[0] == "place" {
+            // place reads its machine first; the rule is checked where cores are chosen.
+            assert_eq!(o.status.code(), Some(2), "{e}");
+        } else {
+            assert_eq!(o.status.code(), Some(2), "{verb:?}: {e}");
+            assert!(
+                e.contains("--threads 100000: this machine lets roofline use")
+                    && e.contains("one thread per physical core"),
+                "{verb:?}: {e}"
+            );
+            messages.push(e.lines().last().unwrap_or("").to_string());
+        }
+        let help = bin().args([verb[0], "--help"]).output().unwrap();
+        let text = String::from_utf8_lossy(&help.stdout).replace('\n', " ");
+        assert!(
+            text.contains("one pinned per physical core")
+                && text.contains("the rule of every verb"),
+            "{}: --help does not say the rule",
+            verb[0]
+        );
+    }
+    // The same sentence from every verb.
+    let core = |m: &str| m[m.find("--threads").unwrap()..].to_string();
+    assert!(
+        messages.windows(2).all(|w| core(&w[0]) == core(&w[1])),
+        "{messages:?}"
+    );
+}

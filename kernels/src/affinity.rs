@@ -23,6 +23,45 @@ pub fn allowed_cpus() -> Vec<usize> {
         .collect()
 }
 
+/// The cores a run uses, chosen by the one rule every verb follows (`probe`, `train`, `place`,
+/// `score`, `sweep`): one pinned thread per physical core this process may run on (the first
+/// hardware thread of each), the first `threads` of them, all of them by default.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cores {
+    /// The CPUs the run's threads are pinned to, one each.
+    pub chosen: Vec<usize>,
+    /// One CPU of every physical core this process may use.
+    pub all: Vec<usize>,
+}
+
+/// `--threads` outside 1 to the cores this process may use.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--threads {asked}: this machine lets roofline use {cores} cores (one thread per physical core); give 1 to {cores}")]
+pub struct TooManyThreads {
+    pub asked: usize,
+    pub cores: usize,
+}
+
+/// The rule: see [`Cores`].
+pub fn cores(threads: Option<usize>) -> Result<Cores, TooManyThreads> {
+    let allowed = allowed_cpus();
+    let all = roofline_collectors::one_cpu_per_core(
+        std::path::Path::new(roofline_collectors::SYSFS_CPU),
+        &allowed,
+    );
+    let mut chosen = all.clone();
+    if let Some(n) = threads {
+        if n == 0 || n > all.len() {
+            return Err(TooManyThreads {
+                asked: n,
+                cores: all.len(),
+            });
+        }
+        chosen.truncate(n);
+    }
+    Ok(Cores { chosen, all })
+}
+
 /// Sets this process's CPU affinity to `cpus` (an MPI launcher binds each rank to one core;
 /// the rank that probes its node needs them all). Returns (before, after) CPU counts; unchanged
 /// when the OS refuses or `cpus` is empty.

@@ -185,7 +185,7 @@ impl Micro {
                     StreamKernel::new(Op::Triad, per, nt)
                 })?;
                 let actual = (stream::elems_for(Op::Triad, per)
-                    * Op::Triad.bytes_per_elem()
+                    * stream::bytes_per_elem(Op::Triad)
                     * threads) as f64;
                 (
                     m,

@@ -132,6 +132,16 @@ pub enum MemOp {
 impl MemOp {
     pub const ALL: [MemOp; 4] = [MemOp::Read, MemOp::Write, MemOp::Copy, MemOp::Triad];
 
+    /// The arrays the operation touches (STREAM's: a read or a write one, a copy two, a triad
+    /// three); its bytes per element are these arrays' element sizes.
+    pub fn arrays(self) -> usize {
+        match self {
+            MemOp::Read | MemOp::Write => 1,
+            MemOp::Copy => 2,
+            MemOp::Triad => 3,
+        }
+    }
+
     pub fn name(self) -> &'static str {
         match self {
             MemOp::Read => "read",

@@ -24,53 +24,12 @@ use crate::buffer::Buffer;
 use crate::driver::{CheckError, Kernel};
 use crate::ProbeError;
 
-/// The operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Op {
-    Read,
-    Write,
-    Copy,
-    Triad,
-}
+/// The operation: the model's memory operation (one type from the kernels to the files).
+pub use roofline_model::MemOp as Op;
 
-impl From<Op> for roofline_model::MemOp {
-    fn from(op: Op) -> roofline_model::MemOp {
-        use roofline_model::MemOp;
-        match op {
-            Op::Read => MemOp::Read,
-            Op::Write => MemOp::Write,
-            Op::Copy => MemOp::Copy,
-            Op::Triad => MemOp::Triad,
-        }
-    }
-}
-
-impl Op {
-    pub const ALL: [Op; 4] = [Op::Read, Op::Write, Op::Copy, Op::Triad];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Op::Read => "read",
-            Op::Write => "write",
-            Op::Copy => "copy",
-            Op::Triad => "triad",
-        }
-    }
-    pub fn parse(s: &str) -> Option<Op> {
-        Op::ALL.into_iter().find(|o| o.name() == s)
-    }
-    /// Arrays the kernel touches.
-    pub fn arrays(self) -> usize {
-        match self {
-            Op::Read | Op::Write => 1,
-            Op::Copy => 2,
-            Op::Triad => 3,
-        }
-    }
-    /// Bytes counted per element (reads + writes).
-    pub fn bytes_per_elem(self) -> usize {
-        8 * self.arrays()
-    }
+/// Bytes counted per element of `op` (f64 arrays: reads + writes).
+pub fn bytes_per_elem(op: Op) -> usize {
+    8 * op.arrays()
 }
 
 /// Elements are processed in blocks of this many (8 vectors of 8 doubles).
@@ -91,7 +50,7 @@ fn c_init(i: usize) -> f64 {
 /// Elements per array for a working set of `bytes` (all arrays together), a multiple of
 /// [`BLOCK`] and at least one block.
 pub fn elems_for(op: Op, bytes: usize) -> usize {
-    ((bytes / op.bytes_per_elem()) / BLOCK).max(1) * BLOCK
+    ((bytes / bytes_per_elem(op)) / BLOCK).max(1) * BLOCK
 }
 
 /// A streaming kernel over its own arrays.
@@ -151,7 +110,7 @@ impl StreamKernel {
 
     /// Working-set bytes actually used (all arrays).
     pub fn working_set(&self) -> usize {
-        self.n * self.op.bytes_per_elem()
+        self.n * bytes_per_elem(self.op)
     }
 
     /// The instruction set of this kernel's loops.
@@ -549,7 +508,7 @@ mod tests {
                     for bytes in [4096, 100_000, 3 << 20] {
                         let mut k = StreamKernel::with_isa(op, bytes, nt, isa).unwrap();
                         assert_eq!(k.isa(), isa);
-                        assert!(k.working_set() <= bytes.max(BLOCK * op.bytes_per_elem()));
+                        assert!(k.working_set() <= bytes.max(BLOCK * bytes_per_elem(op)));
                         k.run(3);
                         k.check().unwrap_or_else(|e| {
                             panic!("{} {} nt={nt} {bytes}: {e}", isa.name(), op.name())

@@ -87,14 +87,13 @@ pub(super) fn configs(cfg: &CpuConfig) -> Vec<(Threads, Vec<usize>)> {
 }
 
 /// The id of a CPU compute ceiling.
-fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> String {
+fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> CeilingId {
     CeilingId::Compute {
         on: On::Cpu(t),
         family,
         precision: p,
         direction: None,
     }
-    .to_string()
 }
 
 fn gemm_squares(cfg: &CpuConfig, precision: &str) -> Vec<usize> {
@@ -381,7 +380,6 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             out.ceilings.push(
                 compute_ceiling(
                     compute_id(Family::Fma, p.into(), suffix),
-                    p.name(),
                     p.unit(),
                     cpus.len(),
                     stats,
@@ -498,7 +496,6 @@ fn gemm_section<T: Elem>(
             out.ceilings.push(
                 compute_ceiling(
                     compute_id(Family::Gemm, p, suffix),
-                    precision,
                     "FLOP/s",
                     threads,
                     stats,
@@ -563,7 +560,6 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         out.ceilings.push(
             compute_ceiling(
                 compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
-                "f32",
                 "FLOP/s",
                 threads,
                 stats,

@@ -186,7 +186,8 @@ pub(super) fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 let m = measure_threads(&cpus, &ctx.plan, ctx.cancel, |_| {
                     StreamKernel::new(op, per_thread, nt)
                 })?;
-                let actual = stream::elems_for(op, per_thread) * op.bytes_per_elem() * threads;
+                let actual =
+                    stream::elems_for(op, per_thread) * stream::bytes_per_elem(op) * threads;
                 let Some(stats) = rate_stats(&m, CeilingKind::Memory) else {
                     continue;
                 };
@@ -280,7 +281,7 @@ fn level_ceiling(
         CeilingId::Memory {
             on: On::Cpu(suffix),
             level,
-            op: op.into(),
+            op,
         }
         .to_string(),
         CeilingKind::Memory,

@@ -142,11 +142,10 @@ pub fn ceiling(
     Ceiling::measured(id, kind, unit, threads, stats, per_iteration, method).with_peak(peak)
 }
 
-/// A compute ceiling (flat roof) of `precision`.
+/// A compute ceiling (flat roof): `roof` is its typed id, which says its precision.
 #[allow(clippy::too_many_arguments)]
 pub fn compute_ceiling(
-    id: String,
-    precision: &str,
+    roof: roofline_model::CeilingId,
     unit: &str,
     threads: usize,
     stats: Stats,
@@ -155,7 +154,7 @@ pub fn compute_ceiling(
     peak: Option<TheoreticalPeak>,
 ) -> Ceiling {
     ceiling(
-        id,
+        roof.to_string(),
         CeilingKind::Compute,
         unit,
         threads,
@@ -164,5 +163,5 @@ pub fn compute_ceiling(
         method,
         peak,
     )
-    .with_precision(precision.parse().ok())
+    .as_roof(roof)
 }

@@ -8,7 +8,6 @@ use crate::cuda::CudaError;
 use crate::ProbeError;
 use roofline_collectors::load;
 use roofline_model::{CpuInfo, GpuInfo, Machine, Provenance, MACHINE_SCHEMA};
-use std::path::Path;
 use std::sync::atomic::AtomicBool;
 
 /// What to probe.
@@ -111,24 +110,11 @@ pub struct NodeConfig {
     pub check_load: bool,
 }
 
-/// The cores for the `all` ceilings (`threads` of them, checked; default one per physical
-/// core) and all the cores roofline may use.
+/// The cores for the `all` ceilings and all the cores roofline may use, by the one rule
+/// ([`crate::affinity::cores`]).
 pub fn cores_for(threads: Option<usize>) -> Result<(Vec<usize>, Vec<usize>), NodeError> {
-    let allowed = crate::affinity::allowed_cpus();
-    let machine_cores =
-        roofline_collectors::one_cpu_per_core(Path::new(roofline_collectors::SYSFS_CPU), &allowed);
-    let mut cores = machine_cores.clone();
-    if let Some(n) = threads {
-        if n == 0 || n > cores.len() {
-            return Err(NodeError::Input(format!(
-                "--threads {n}: this machine lets roofline use {} cores; give 1 to {}",
-                cores.len(),
-                cores.len()
-            )));
-        }
-        cores.truncate(n);
-    }
-    Ok((cores, machine_cores))
+    let c = crate::affinity::cores(threads).map_err(|e| NodeError::Input(e.to_string()))?;
+    Ok((c.chosen, c.all))
 }
 
 /// How many GPUs are probed, or why none is; `Devices::Cuda` without a driver, or only GPU

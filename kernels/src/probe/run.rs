@@ -35,7 +35,7 @@ pub struct Request {
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error(transparent)]
-    Node(#[from] NodeError),
+    Node(NodeError),
     /// What was asked cannot be done here (exit 2).
     #[error("{0}")]
     Input(String),
@@ -54,6 +54,16 @@ pub enum RunError {
     /// Under MPI: another rank failed and said why; this rank ends with this exit code.
     #[error("another rank failed (exit {0})")]
     OtherRank(u8),
+}
+
+/// A node probe's error; its interruption is the run's.
+impl From<NodeError> for RunError {
+    fn from(e: NodeError) -> RunError {
+        match e {
+            NodeError::Interrupted => RunError::Interrupted,
+            e => RunError::Node(e),
+        }
+    }
 }
 
 impl RunError {

@@ -4,7 +4,7 @@
 //! by side in this process on M shares of its cores — then the ensemble of their held-out
 //! predictions ([`crate::bagging`]), and V3.0's figures (`roofline_model::bagging`).
 
-use super::{execute, training_cpus, Prepared, Ranks, RunError};
+use super::{execute, Prepared, Ranks, RunError};
 use crate::bagging::{ensemble, Member, Predictions};
 use crate::detect::map::Detection;
 use crate::layers::Reducer;
@@ -69,7 +69,7 @@ pub fn run(
                 .as_ref()
                 .ok_or_else(|| RunError::Run("a bagged run without its team".into()))?;
             let k = plan.model_of(world.rank());
-            let cpus = training_cpus(prep.threads);
+            let cpus = prep.cpus.clone();
             let p = prep.member(members[k].clone(), &cpus)?;
             let (s, gpu) = execute(&p, &Quiet, Some(team.clone()))?;
             let lead = team.rank() == 0;
@@ -144,7 +144,7 @@ type Outcome = (Vec<[f64; STATS]>, Vec<Predictions>, Summary, Option<String>);
 /// The M models in this process at once, each on its share of the cores (a model per core,
 /// and cores shared round-robin when there are more models than cores).
 fn side_by_side(prep: &Prepared, members: &[Member]) -> Result<Outcome, RunError> {
-    let cpus = training_cpus(prep.threads);
+    let cpus = prep.cpus.clone();
     let m = members.len();
     let share = |k: usize| -> Vec<usize> {
         if m <= cpus.len() {

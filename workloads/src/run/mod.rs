@@ -20,7 +20,7 @@ use std::path::PathBuf;
 
 pub use execute::{energy_span, execute, open_gpu};
 pub use ranks::{ranks, reducer, traced, train, Ranks};
-pub use setup::{prepare, training_cpus, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
+pub use setup::{prepare, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
 /// What a run of either workload is told beside its model and data: the schedule, when to stop,
 /// checkpoints, the ranks' gradient exchange, the ensemble member it is.

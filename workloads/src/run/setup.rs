@@ -175,6 +175,8 @@ pub struct Prepared {
     pub job: Job,
     pub spec: Spec,
     pub threads: usize,
+    /// The CPUs the run's threads are pinned to, one per physical core.
+    pub cpus: Vec<usize>,
     pub resolution: Resolution,
     pub(super) pool: rayon::ThreadPool,
 }
@@ -232,6 +234,7 @@ impl Prepared {
             job,
             spec: self.spec.clone(),
             threads: cpus.len().max(1),
+            cpus: cpus.to_vec(),
             resolution: self.resolution,
             pool: pool(cpus)?,
         })
@@ -330,12 +333,6 @@ pub fn trainer_precision(
     }
 }
 
-/// The CPUs a run of `threads` threads trains on: the first it may use (at least one).
-pub fn training_cpus(threads: usize) -> Vec<usize> {
-    let all = roofline_kernels::affinity::allowed_cpus();
-    all[..threads.min(all.len()).max(1)].to_vec()
-}
-
 fn pool(cpus: &[usize]) -> Result<rayon::ThreadPool, RunError> {
     roofline_kernels::affinity::pinned_pool(cpus).map_err(|source| RunError::Threads {
         threads: cpus.len(),
@@ -362,15 +359,17 @@ pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
         Kind::Ewa => detector(spec)?,
         Kind::Resnet50 => classifier(spec)?,
     };
-    let threads = spec
-        .threads
-        .unwrap_or_else(|| roofline_kernels::affinity::allowed_cpus().len());
+    // The one rule for cores: one pinned thread per physical core, the first --threads.
+    let cpus = roofline_kernels::affinity::cores(spec.threads)
+        .map_err(|e| input(e.to_string()))?
+        .chosen;
     Ok(Prepared {
         job,
         spec: spec.clone(),
-        threads,
+        threads: cpus.len(),
         resolution,
-        pool: pool(&training_cpus(threads))?,
+        pool: pool(&cpus)?,
+        cpus,
     })
 }
 

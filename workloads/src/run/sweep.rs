@@ -117,7 +117,7 @@ impl SweepSpec {
         };
         let (processes, counts) = if self.ranks.is_empty() {
             let counts = if self.threads.is_empty() {
-                vec![roofline_kernels::affinity::allowed_cpus().len()]
+                vec![roofline_kernels::affinity::cores(None).map_or(1, |c| c.all.len())]
             } else {
                 self.threads.clone()
             };

@@ -93,7 +93,7 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
     gpu.sync()?;
     let l2 = gpu.l2_bytes;
     for mem_op in MEM_OPS {
-        let op = mem_op.name();
+        let op = mem_op;
         let mut points = Vec::new();
         let mut worst: Option<String> = None;
         for &size in &sizes {
@@ -198,20 +198,17 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
     Ok(())
 }
 
-pub(super) fn stream_factor(op: &str) -> f64 {
-    match op {
-        "copy" => 2.0,
-        "triad" => 3.0,
-        _ => 1.0,
-    }
+/// The arrays `op` touches (its working set is their sum).
+pub(super) fn stream_factor(op: MemOp) -> f64 {
+    op.arrays() as f64
 }
 
-pub(super) fn stream_counted(op: &str) -> &'static str {
+pub(super) fn stream_counted(op: MemOp) -> &'static str {
     match op {
-        "read" => "one read per word",
-        "write" => "one write per word",
-        "copy" => "a read and a write per word",
-        _ => "two reads and a write per word",
+        MemOp::Read => "one read per word",
+        MemOp::Write => "one write per word",
+        MemOp::Copy => "a read and a write per word",
+        MemOp::Triad => "two reads and a write per word",
     }
 }
 
@@ -221,7 +218,7 @@ pub(super) fn mem_point(
     ctx: &Ctx,
     gpu: &mut Gpu,
     bufs: &MemBufs,
-    op: &str,
+    op: MemOp,
     size: u64,
     grid: u32,
 ) -> Result<(Vec<f64>, u64), CudaError> {
@@ -249,7 +246,7 @@ pub(super) fn mem_point(
     let s: f32 = 2.0;
     let launch_reps = |gpu: &Gpu, reps: i32| -> Result<(), CudaError> {
         match op {
-            "read" => unsafe {
+            MemOp::Read => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -257,7 +254,7 @@ pub(super) fn mem_point(
                     &mut [arg(&bufs.sums.ptr), arg(&bufs.b.ptr), arg(&n), arg(&reps)],
                 )
             },
-            "write" => unsafe {
+            MemOp::Write => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -265,7 +262,7 @@ pub(super) fn mem_point(
                     &mut [arg(&bufs.a.ptr), arg(&n), arg(&value), arg(&reps)],
                 )
             },
-            "copy" => unsafe {
+            MemOp::Copy => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -273,7 +270,7 @@ pub(super) fn mem_point(
                     &mut [arg(&bufs.a.ptr), arg(&bufs.b.ptr), arg(&n), arg(&reps)],
                 )
             },
-            _ => unsafe {
+            MemOp::Triad => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -295,7 +292,14 @@ pub(super) fn mem_point(
     let times = timed(ctx, g, || launch_reps(g, reps))?;
     // Check what the last launch left.
     let words = n * 4;
-    if op == "read" {
+    // The check's kind of each op: the read's sum here, the others' words on the GPU.
+    let kind: i32 = match op {
+        MemOp::Read => -1,
+        MemOp::Write => 0,
+        MemOp::Copy => 1,
+        MemOp::Triad => 2,
+    };
+    if op == MemOp::Read {
         let sums: Vec<u32> = g.download(&bufs.sums)?;
         let got = sums.iter().fold(0u32, |s, v| s.wrapping_add(*v));
         let want = pattern_sum(words, 1).wrapping_mul(reps as u32);
@@ -306,11 +310,6 @@ pub(super) fn mem_point(
         }
     } else {
         g.zero(&bufs.bad)?;
-        let kind: i32 = match op {
-            "write" => 0,
-            "copy" => 1,
-            _ => 2,
-        };
         let (sb, sc) = (1u32, 2u32);
         unsafe {
             g.launch(
