@@ -100,8 +100,11 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         )?;
     }
     if a.run.cuda() {
-        let g = format!("gpu{}/", a.run.gpu.unwrap_or(0));
-        if !m.ceilings.iter().any(|c| c.id.starts_with(&g)) {
+        let gpu = a.run.gpu.unwrap_or(0);
+        let g = format!("gpu{gpu}/");
+        if !m.ceilings.iter().any(
+            |c| matches!(c.id.roof().map(|r| r.on()), Some(roofline_model::On::Gpu(n)) if n == gpu),
+        ) {
             return Err(input(format!(
                 "{} has no {} ceilings to place a GPU run on: run `roofline probe --device cuda -o {}` on this machine first",
                 a.machine.display(),

@@ -51,7 +51,11 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
         assert!(table.contains(id.as_str()), "the table shows {id}");
     }
     // Compute ceilings carry a theoretical peak from the CPU rule; the flag is consistent.
-    for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/fma/f")) {
+    for c in m
+        .ceilings
+        .iter()
+        .filter(|c| c.id.to_string().starts_with("cpu/fma/f"))
+    {
         let p = c.theoretical_peak.as_ref().expect("peak");
         assert!(p.source.contains("CPU rule"));
         assert!(p.uncertainty >= 0.005);
@@ -111,7 +115,11 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
     assert!(conv.method.contains("not 1×1"), "{}", conv.method);
     // Memory ceilings of cache levels carry their bytes-per-cycle bound, DRAM none; every
     // memory ceiling keeps its window's flatness.
-    for c in m.ceilings.iter().filter(|c| c.id.starts_with("cpu/mem/")) {
+    for c in m
+        .ceilings
+        .iter()
+        .filter(|c| c.id.to_string().starts_with("cpu/mem/"))
+    {
         let p = c.plateau.as_ref().expect("plateau");
         assert!(
             p.low <= c.value && c.value <= p.high && p.points >= 1,
@@ -119,7 +127,12 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
             c.id
         );
         let bound = c.theoretical_peak.as_ref();
-        assert_eq!(bound.is_none(), c.id.contains("/DRAM/"), "{}", c.id);
+        assert_eq!(
+            bound.is_none(),
+            c.id.to_string().contains("/DRAM/"),
+            "{}",
+            c.id
+        );
         if let Some(b) = bound {
             assert!(b.source.contains("B/cycle"), "{}", b.source);
             assert_eq!(c.above_peak, c.value > b.value * (1.0 + b.uncertainty));
@@ -127,12 +140,12 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
     }
 }
 
-/// The probe writes every roof under an id the model's typed `CeilingId` reads and writes back
+/// The probe writes every roof under an id the model's typed `RoofId` reads and writes back
 /// the same, with the ceiling's own precision or level: the ids the placement and the plots
 /// look up are the ids the probe writes.
 #[test]
 fn every_roof_id_the_probe_writes_is_a_typed_ceiling_id() {
-    use roofline_model::{CeilingId, CeilingKind};
+    use roofline_model::{CeilingKind, RoofId};
     let (path, _) = quick_machine();
     let m = roofline_model::Machine::read(path).unwrap();
     let mut roofs = 0;
@@ -140,11 +153,13 @@ fn every_roof_id_the_probe_writes_is_a_typed_ceiling_id() {
         if !matches!(c.kind, CeilingKind::Compute | CeilingKind::Memory) {
             continue;
         }
-        let id = CeilingId::parse(&c.id).unwrap_or_else(|| panic!("{} does not parse", c.id));
-        assert_eq!(id.to_string(), c.id);
+        let id =
+            c.id.roof()
+                .unwrap_or_else(|| panic!("{} is not a roof", c.id));
+        assert_eq!(id.to_string(), c.id.to_string());
         match id {
-            CeilingId::Compute { precision, .. } => assert_eq!(c.precision, Some(precision)),
-            CeilingId::Memory { level, .. } => assert_eq!(c.memory_level(), Some(level)),
+            RoofId::Compute { precision, .. } => assert_eq!(c.precision, Some(precision)),
+            RoofId::Memory { level, .. } => assert_eq!(c.memory_level(), Some(level)),
         }
         roofs += 1;
     }

@@ -297,9 +297,10 @@ fn ewa_trains_and_scores() {
 fn threads_follow_one_rule_in_every_verb() {
     let dir = tmpdir("threads-rule");
     let out = dir.join("x.json");
+    let out = out.to_str().unwrap();
     let mut messages = Vec::new();
-    for verb in [
-        vec!["probe", "--quick", "--only", "fma"],
+    for args in [
+        vec!["probe", "--quick", "--only", "fma", "-o", out],
         vec![
             "train",
             "--steps",
@@ -310,46 +311,37 @@ fn threads_follow_one_rule_in_every_verb() {
             "32",
         ],
         vec![
-            "place",
-            "--workload",
-            "gemm:64x64x64",
-            "--machine",
-            "no-such-machine-needed-first.json",
+            "score", "--runs", "1", "--steps", "1", "--width", "0.125", "-o", out,
         ],
-        vec!["score", "--runs", "1", "--steps", "1", "--width", "0.125"],
     ] {
         let o = bin()
-            .args(&verb)
-            .args(["--threads", "100000", "-o"])
-            .arg(&out)
+            .args(&args)
+            .args(["--threads", "100000"])
             .output()
             .unwrap();
         let e = stderr(&o);
-        if verb[0] == "place" {
-            // place reads its machine first; the rule is checked where cores are chosen.
-            assert_eq!(o.status.code(), Some(2), "{e}");
-        } else {
-            assert_eq!(o.status.code(), Some(2), "{verb:?}: {e}");
-            assert!(
-                e.contains("--threads 100000: this machine lets roofline use")
-                    && e.contains("one thread per physical core"),
-                "{verb:?}: {e}"
-            );
-            messages.push(e.lines().last().unwrap_or("").to_string());
-        }
-        let help = bin().args([verb[0], "--help"]).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {e}");
+        assert!(
+            e.contains("--threads 100000: this machine lets roofline use")
+                && e.contains("one thread per physical core"),
+            "{args:?}: {e}"
+        );
+        messages.push(e.lines().last().unwrap_or("").to_string());
+    }
+    // The same sentence from every verb.
+    let rule = |m: &str| m[m.find("--threads").unwrap()..].to_string();
+    assert!(
+        messages.windows(2).all(|w| rule(&w[0]) == rule(&w[1])),
+        "{messages:?}"
+    );
+    for verb in ["probe", "train", "place", "score"] {
+        let help = bin().args([verb, "--help"]).output().unwrap();
         let text = String::from_utf8_lossy(&help.stdout).replace('\n', " ");
+        let text = text.split_whitespace().collect::<Vec<_>>().join(" ");
         assert!(
             text.contains("one pinned per physical core")
                 && text.contains("the rule of every verb"),
-            "{}: --help does not say the rule",
-            verb[0]
+            "{verb}: --help does not say the rule"
         );
     }
-    // The same sentence from every verb.
-    let core = |m: &str| m[m.find("--threads").unwrap()..].to_string();
-    assert!(
-        messages.windows(2).all(|w| core(&w[0]) == core(&w[1])),
-        "{messages:?}"
-    );
 }

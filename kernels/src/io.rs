@@ -9,6 +9,8 @@
 
 use crate::driver::CheckError;
 use crate::ProbeError;
+use roofline_model::ceiling_id::IoTest;
+use roofline_model::CeilingId;
 use roofline_model::{Ceiling, CeilingKind, PerIteration, Stats};
 use std::alloc::Layout;
 use std::fs::File;
@@ -358,22 +360,29 @@ pub fn run(
         "buffered after POSIX_FADV_DONTNEED (no O_DIRECT)"
     };
     let mut ceilings = Vec::new();
-    let mk =
-        |id: String, unit: &str, samples: &[f64], bytes: f64, method: String| -> Option<Ceiling> {
-            let stats = Stats::from_samples(samples)?;
-            let per_iteration = PerIteration { ops: 0.0, bytes };
-            Some(Ceiling::measured(
-                id,
-                CeilingKind::Io,
-                unit,
-                readers,
-                stats,
-                per_iteration,
-                method,
-            ))
-        };
+    let mk = |id: CeilingId,
+              unit: &str,
+              samples: &[f64],
+              bytes: f64,
+              method: String|
+     -> Option<Ceiling> {
+        let stats = Stats::from_samples(samples)?;
+        let per_iteration = PerIteration { ops: 0.0, bytes };
+        Some(Ceiling::measured(
+            id,
+            CeilingKind::Io,
+            unit,
+            readers,
+            stats,
+            per_iteration,
+            method,
+        ))
+    };
     ceilings.extend(mk(
-        format!("io/{label}/seq"),
+        CeilingId::Io {
+            label: label.to_string(),
+            test: IoTest::Sequential,
+        },
         "B/s",
         &seq,
         (big_files * big_len) as f64,
@@ -388,14 +397,20 @@ pub fn run(
         cfg.path.display()
     );
     ceilings.extend(mk(
-        format!("io/{label}/small"),
+        CeilingId::Io {
+            label: label.to_string(),
+            test: IoTest::Small,
+        },
         "B/s",
         &small_bw,
         (small_files * SMALL_FILE) as f64,
         small_method.clone(),
     ));
     ceilings.extend(mk(
-        format!("io/{label}/small/files"),
+        CeilingId::Io {
+            label: label.to_string(),
+            test: IoTest::SmallFiles,
+        },
         "file/s",
         &small_rate,
         (small_files * SMALL_FILE) as f64,
@@ -422,7 +437,7 @@ mod tests {
             quick: true,
         };
         let r = run(&cfg, "t", &AtomicBool::new(false), &crate::probe::Silent).unwrap();
-        let ids: Vec<&str> = r.ceilings.iter().map(|c| c.id.as_str()).collect();
+        let ids: Vec<String> = r.ceilings.iter().map(|c| c.id.to_string()).collect();
         assert_eq!(ids, ["io/t/seq", "io/t/small", "io/t/small/files"]);
         assert!(r
             .ceilings

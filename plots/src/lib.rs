@@ -16,7 +16,9 @@ pub mod sweep;
 pub(crate) use render::POINT_COLORS;
 pub use render::{classic_svg, roof_name};
 
-use roofline_model::{Ceiling, CeilingId, CeilingKind, Family, Machine, MemOp, On, Threads};
+use roofline_model::{
+    Ceiling, CeilingId, CeilingKind, ConvDir, Family, Level, Machine, MemOp, On, RoofId, Threads,
+};
 
 /// Errors of plotting.
 #[derive(Debug, thiserror::Error)]
@@ -128,44 +130,75 @@ pub enum Model {
     DistCoi,
 }
 
-/// Whether `c` is a flat roof of the COI model `model`.
+/// Whether `c` is a flat roof of the COI model `model`: a node's whole compute (the CPU's
+/// `all` roofs, a GPU's GEMM and forward convolution); the aggregates of them for the
+/// distributed model.
 fn coi_flat(c: &Ceiling, model: Model) -> bool {
     if c.kind != CeilingKind::Compute || c.unit != "FLOP/s" {
         return false;
     }
-    let id = c.id.as_str();
-    match model {
-        Model::NodeCoi => {
-            (id.starts_with("cpu/") && id.ends_with("/all"))
-                || (id.starts_with("gpu")
-                    && (id.contains("/gemm/") || (id.contains("/conv/") && id.ends_with("/fwd"))))
-        }
-        Model::DistCoi => {
-            id.starts_with("agg/") && (!id.starts_with("agg/cpu/") || id.ends_with("/all"))
-        }
-        Model::Classic => false,
+    let node_compute = |id: &CeilingId| match id.roof() {
+        Some(RoofId::Compute { on: On::Cpu(t), .. }) => t == Threads::All,
+        Some(RoofId::Compute {
+            on: On::Gpu(_),
+            family,
+            direction,
+            ..
+        }) => family == Family::Gemm || (family == Family::Conv && direction == Some(ConvDir::Fwd)),
+        _ => false,
+    };
+    let id = &c.id;
+    match (model, id) {
+        (Model::NodeCoi, id) => node_compute(id),
+        (Model::DistCoi, CeilingId::Aggregate(of)) => match of.roof() {
+            Some(RoofId::Compute { on: On::Cpu(t), .. }) => t == Threads::All,
+            Some(RoofId::Compute { on: On::Gpu(_), .. }) => true,
+            _ => false,
+        },
+        _ => false,
     }
 }
 
-/// Whether `c` is a slanted roof of the COI model `model`.
+/// Whether `c` is a slanted roof of the COI model `model`: the communication a step of data
+/// parallelism waits for (allreduce, point to point) and, inside a node, its main memory.
 fn coi_slanted(c: &Ceiling, model: Model, op: MemOp) -> bool {
-    let id = c.id.as_str();
+    use roofline_model::ceiling_id::{Collective, CommLib, P2pMetric, Scope};
+    let id = &c.id;
+    let allreduce = |lib, scope| CeilingId::Collective {
+        lib,
+        op: Collective::AllReduce,
+        scope,
+    };
+    let p2p = |scope| CeilingId::P2p {
+        scope,
+        metric: P2pMetric::Bandwidth,
+    };
     match model {
         Model::NodeCoi => {
-            matches!(
-                id,
-                "net/allreduce/intra" | "net/p2p/intra/bw" | "net/nccl/allreduce/world"
-            ) || (c.kind == CeilingKind::Memory
-                && (id == format!("cpu/mem/DRAM/{op}/all")
-                    || (id.starts_with("gpu") && id.ends_with(&format!("/mem/HBM/{op}")))))
+            *id == allreduce(CommLib::Mpi, Scope::Intra)
+                || *id == p2p(Scope::Intra)
+                || *id == allreduce(CommLib::Nccl, Scope::World)
+                || (c.kind == CeilingKind::Memory
+                    && match id.roof() {
+                        Some(RoofId::Memory {
+                            on: On::Cpu(Threads::All),
+                            level: Level::Dram,
+                            op: o,
+                        }) => o == op,
+                        Some(RoofId::Memory {
+                            on: On::Gpu(_),
+                            level: Level::Hbm,
+                            op: o,
+                        }) => o == op,
+                        _ => false,
+                    })
         }
-        Model::DistCoi => matches!(
-            id,
-            "net/allreduce/inter"
-                | "net/p2p/inter/bw"
-                | "net/allreduce/intra"
-                | "net/nccl/allreduce/world"
-        ),
+        Model::DistCoi => {
+            *id == allreduce(CommLib::Mpi, Scope::Inter)
+                || *id == p2p(Scope::Inter)
+                || *id == allreduce(CommLib::Mpi, Scope::Intra)
+                || *id == allreduce(CommLib::Nccl, Scope::World)
+        }
         Model::Classic => false,
     }
 }
@@ -209,14 +242,14 @@ pub struct ClassicModel {
 }
 
 fn suffix_matches(c: &Ceiling, threads: Threads) -> bool {
-    c.id.rsplit('/').next() == Some(threads.name())
+    matches!(c.id.roof().map(|r| r.on()), Some(On::Cpu(t)) if t == threads)
 }
 
 /// Whether `c` is a roof of the chosen device's plot: CPU roofs of the chosen thread
 /// configuration, or a GPU's own (compute: FMA, mma and GEMM roofs; convolution ceilings stay
 /// in the table to keep the plot readable); with `op`, memory roofs of that operation only.
 fn selected(c: &Ceiling, opt: &ClassicOptions, op: Option<MemOp>) -> bool {
-    let Some(id) = CeilingId::parse(&c.id) else {
+    let Some(id) = c.id.roof() else {
         return false;
     };
     let on = match id.on() {
@@ -224,8 +257,8 @@ fn selected(c: &Ceiling, opt: &ClassicOptions, op: Option<MemOp>) -> bool {
         On::Gpu(g) => opt.device == format!("gpu{g}"),
     };
     on && match id {
-        CeilingId::Compute { family, .. } => family != Family::Conv || opt.device == "cpu",
-        CeilingId::Memory { op: o, .. } => match op {
+        RoofId::Compute { family, .. } => family != Family::Conv || opt.device == "cpu",
+        RoofId::Memory { op: o, .. } => match op {
             Some(want) => want == o,
             None => true,
         },
@@ -260,7 +293,7 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
     };
     for c in m.ceilings.iter().filter(|c| flat_roof(c)) {
         flat.push(DrawnRoof {
-            label: c.id.clone(),
+            label: c.id.to_string(),
             value: c.value,
             slanted: false,
             dashed: false,
@@ -269,8 +302,8 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         // A precision's theoretical peak, where it applies: given by the FMA (or mma)
         // ceiling, whose instruction the rule counts; a CPU GEMM in f16 runs in f32 and has
         // no f16 peak of its own. A GPU's GEMM ceiling carries its datasheet peak.
-        let gives_peak = match CeilingId::parse(&c.id) {
-            Some(CeilingId::Compute { on, family, .. }) => {
+        let gives_peak = match c.id.roof() {
+            Some(RoofId::Compute { on, family, .. }) => {
                 matches!(family, Family::Fma | Family::Mma) || matches!(on, On::Gpu(_))
             }
             _ => false,
@@ -317,11 +350,11 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         })
         .collect();
     // L1, L2, L3, then DRAM/HBM.
-    mem.sort_by_key(|c| level_rank(c.level.as_deref().unwrap_or("")));
+    mem.sort_by_key(|c| level_rank(&c.level.map(|l| l.to_string()).unwrap_or_default()));
     let slanted: Vec<DrawnRoof> = mem
         .iter()
         .map(|c| DrawnRoof {
-            label: c.id.clone(),
+            label: c.id.to_string(),
             value: c.value,
             slanted: true,
             dashed: false,

@@ -3,7 +3,7 @@
 
 use crate::{classic_svg, ClassicOptions, PlotError, PlotPoint};
 use roofline_model::placement::{Placement, Point};
-use roofline_model::{Machine, Threads};
+use roofline_model::{Level, Machine, MemOp, On, RoofId, Threads};
 
 /// The points of `p` (the workload, then its layers) at the intensity `x` gives each (`None`:
 /// not placed; a workload without one places nothing).
@@ -85,11 +85,13 @@ pub fn hierarchical_points(p: &Placement, m: &Machine, t: Threads) -> Vec<PlotPo
         return Vec::new();
     }
     let achieved = flops / seconds;
-    let suffix = format!("/{}", t.name());
     let compute = m
         .ceilings
         .iter()
-        .filter(|c| c.id.starts_with("cpu/") && c.id.ends_with(&suffix) && c.unit == "FLOP/s")
+        .filter(|c| {
+            matches!(c.id.roof(), Some(RoofId::Compute { on: On::Cpu(x), .. }) if x == t)
+                && c.unit == "FLOP/s"
+        })
         .map(|c| c.value)
         .fold(0.0, f64::max);
     // Capacity of cache level n for this configuration (every instance when all cores run).
@@ -110,16 +112,18 @@ pub fn hierarchical_points(p: &Placement, m: &Machine, t: Threads) -> Vec<PlotPo
             .fold(0.0, f64::max)
     };
     let mut out = Vec::new();
-    for c in m
-        .ceilings
-        .iter()
-        .filter(|c| c.id.starts_with("cpu/mem/") && c.id.ends_with(&format!("/triad{suffix}")))
-    {
-        let Some(level) = c.level.as_deref() else {
+    for c in m.ceilings.iter().filter(|c| {
+        matches!(
+            c.id.roof(),
+            Some(RoofId::Memory { on: On::Cpu(x), op: MemOp::Triad, .. }) if x == t
+        )
+    }) {
+        let Some(level) = c.memory_level() else {
             continue;
         };
         // The level inside this one: L(n-1) for Ln, the last cache for DRAM; none for L1.
-        let inner = match level.strip_prefix('L').and_then(|n| n.parse::<u32>().ok()) {
+        let n = (1..=4).find(|&n| Level::cache(n) == Some(level));
+        let inner = match n {
             Some(n) => n.saturating_sub(1),
             None => (1..=4).rev().find(|&n| capacity(n) > 0.0).unwrap_or(0),
         };
@@ -135,7 +139,7 @@ pub fn hierarchical_points(p: &Placement, m: &Machine, t: Threads) -> Vec<PlotPo
         let intensity = flops / bytes;
         let roof = c.value * intensity;
         let (attainable, binding) = if roof < compute || compute <= 0.0 {
-            (roof, c.id.clone())
+            (roof, c.id.to_string())
         } else {
             (compute, "the highest compute roof".to_string())
         };

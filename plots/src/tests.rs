@@ -6,13 +6,13 @@ use roofline_model::*;
 pub fn machine() -> Machine {
     let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
     let c = |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
-        id: id.into(),
+        id: id.parse().unwrap(),
         kind,
         value: v,
         unit: unit.into(),
         threads: 2,
         precision: Some(roofline_model::Precision::F32),
-        level: level.map(String::from),
+        level: level.map(|l| l.parse().unwrap()),
         isa: None,
         stats: stats(v),
         theoretical_peak: peak.map(|p| TheoreticalPeak {
@@ -177,7 +177,7 @@ fn machine_with_gpu() -> Machine {
     let template = m.ceilings[0].clone();
     let mk = |id: &str, kind, v: f64, level: Option<&str>| {
         let mut c = template.clone();
-        c.id = id.into();
+        c.id = id.parse().unwrap();
         c.kind = kind;
         c.value = v;
         c.unit = if kind == CeilingKind::Memory {
@@ -186,7 +186,7 @@ fn machine_with_gpu() -> Machine {
             "FLOP/s"
         }
         .into();
-        c.level = level.map(String::from);
+        c.level = level.map(|l| l.parse().unwrap());
         c.theoretical_peak = None;
         c.threads = 1;
         c
@@ -284,7 +284,7 @@ fn coi_models_take_communication_roofs() {
     let template = m.ceilings[0].clone();
     let mk = |id: &str, kind, v: f64, unit: &str| {
         let mut c = template.clone();
-        c.id = id.into();
+        c.id = id.parse().unwrap();
         c.kind = kind;
         c.value = v;
         c.unit = unit.into();

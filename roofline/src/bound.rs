@@ -15,7 +15,7 @@ impl Roof {
     /// The roof a ceiling draws: compute ceilings are flat, every other kind is slanted.
     pub fn from_ceiling(c: &Ceiling) -> Roof {
         Roof {
-            id: c.id.clone(),
+            id: c.id.to_string(),
             slanted: c.kind != CeilingKind::Compute,
             value: c.value,
         }

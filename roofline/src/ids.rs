@@ -227,7 +227,7 @@ pub enum On {
 /// `gpu0/conv/f16/fwd`, `gpu0/mem/HBM/triad`. Other ids (communication, storage, tables,
 /// sweeps, `agg/…`) are not roofs and do not parse.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum CeilingId {
+pub enum RoofId {
     Compute {
         on: On,
         family: Family,
@@ -242,15 +242,15 @@ pub enum CeilingId {
     },
 }
 
-impl CeilingId {
+impl RoofId {
     pub fn on(&self) -> On {
         match self {
-            CeilingId::Compute { on, .. } | CeilingId::Memory { on, .. } => *on,
+            RoofId::Compute { on, .. } | RoofId::Memory { on, .. } => *on,
         }
     }
 
     /// Parses a roof's id (`None`: not a roof's id).
-    pub fn parse(id: &str) -> Option<CeilingId> {
+    pub fn parse(id: &str) -> Option<RoofId> {
         let parts: Vec<&str> = id.split('/').collect();
         let gpu = |s: &str| s.strip_prefix("gpu")?.parse::<usize>().ok();
         let threads = |s: &str| Threads::ALL.into_iter().find(|t| t.name() == s);
@@ -260,29 +260,29 @@ impl CeilingId {
         let level = |s: &str| s.parse::<Level>().ok();
         let prec = |s: &str| s.parse::<Precision>().ok();
         match parts[..] {
-            ["cpu", "mem", l, o, t] => Some(CeilingId::Memory {
+            ["cpu", "mem", l, o, t] => Some(RoofId::Memory {
                 on: On::Cpu(threads(t)?),
                 level: level(l)?,
                 op: op(o)?,
             }),
-            ["cpu", f, p, t] => Some(CeilingId::Compute {
+            ["cpu", f, p, t] => Some(RoofId::Compute {
                 on: On::Cpu(threads(t)?),
                 family: family(f)?,
                 precision: prec(p)?,
                 direction: None,
             }),
-            [g, "mem", l, o] => Some(CeilingId::Memory {
+            [g, "mem", l, o] => Some(RoofId::Memory {
                 on: On::Gpu(gpu(g)?),
                 level: level(l)?,
                 op: op(o)?,
             }),
-            [g, "conv", p, d] => Some(CeilingId::Compute {
+            [g, "conv", p, d] => Some(RoofId::Compute {
                 on: On::Gpu(gpu(g)?),
                 family: Family::Conv,
                 precision: prec(p)?,
                 direction: Some(dir(d)?),
             }),
-            [g, f, p] if f != "conv" => Some(CeilingId::Compute {
+            [g, f, p] if f != "conv" => Some(RoofId::Compute {
                 on: On::Gpu(gpu(g)?),
                 family: family(f)?,
                 precision: prec(p)?,
@@ -293,10 +293,10 @@ impl CeilingId {
     }
 }
 
-impl fmt::Display for CeilingId {
+impl fmt::Display for RoofId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match *self {
-            CeilingId::Compute {
+            RoofId::Compute {
                 on,
                 family,
                 precision,
@@ -311,7 +311,7 @@ impl fmt::Display for CeilingId {
                     }
                 }
             },
-            CeilingId::Memory { on, level, op } => match on {
+            RoofId::Memory { on, level, op } => match on {
                 On::Cpu(t) => write!(f, "cpu/mem/{level}/{}/{}", op.name(), t.name()),
                 On::Gpu(g) => write!(f, "gpu{g}/mem/{level}/{}", op.name()),
             },
@@ -399,12 +399,12 @@ mod tests {
             "gpu3/mem/HBM/triad",
             "gpu0/mem/L2/read",
         ] {
-            let parsed = CeilingId::parse(id).unwrap_or_else(|| panic!("{id}"));
+            let parsed = RoofId::parse(id).unwrap_or_else(|| panic!("{id}"));
             assert_eq!(parsed.to_string(), id);
         }
         assert_eq!(
-            CeilingId::parse("cpu/mem/L3/copy/all"),
-            Some(CeilingId::Memory {
+            RoofId::parse("cpu/mem/L3/copy/all"),
+            Some(RoofId::Memory {
                 on: On::Cpu(Threads::All),
                 level: Level::L3,
                 op: MemOp::Copy
@@ -421,7 +421,7 @@ mod tests {
             "cpu/fma/f33/all",
             "gpux/mem/HBM/triad",
         ] {
-            assert_eq!(CeilingId::parse(not_a_roof), None, "{not_a_roof}");
+            assert_eq!(RoofId::parse(not_a_roof), None, "{not_a_roof}");
         }
     }
 }

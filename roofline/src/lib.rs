@@ -6,6 +6,7 @@
 
 pub mod bagging;
 pub mod bound;
+pub mod ceiling_id;
 pub mod gate;
 pub mod ids;
 pub mod load;
@@ -20,7 +21,8 @@ pub mod validate;
 pub mod write;
 
 pub use bound::{binding, Binding, Roof, Roofline, Side};
-pub use ids::{CeilingId, ConvDir, Family, Level, MemOp, On, Precision, Threads};
+pub use ceiling_id::CeilingId;
+pub use ids::{ConvDir, Family, Level, MemOp, On, Precision, RoofId, Threads};
 pub use load::LoadCheck;
 pub use machine::*;
 pub use peaks::{cpu_peak, PeakDb};

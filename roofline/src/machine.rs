@@ -60,7 +60,7 @@ pub struct PerIteration {
 pub struct Ceiling {
     /// Stable identifier, e.g. `cpu/fma/f32/all`, `cpu/mem/L2/triad/t1`, `gpu0/mma/bf16`,
     /// `gpu0/mem/HBM/triad`, `gpu0-gpu1/p2p`.
-    pub id: String,
+    pub id: crate::CeilingId,
     pub kind: CeilingKind,
     /// The ceiling: the best sample of the best configuration (the spread is in `stats`).
     pub value: f64,
@@ -76,7 +76,7 @@ pub struct Ceiling {
     /// [`Ceiling::memory_level`]); the scope (`intra`, `inter`, `world`) for communication
     /// ceilings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub level: Option<String>,
+    pub level: Option<crate::ceiling_id::Tier>,
     /// The CPU instruction set the kernel ran with (`avx512`, `avx2`, `scalar`: the portable
     /// code of the baseline target), for CPU compute and memory ceilings.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -156,7 +156,7 @@ impl Ceiling {
     /// the spread kept in `stats`. Add the precision, level and theoretical peak with the
     /// `with_` methods (the peak flags a value above it).
     pub fn measured(
-        id: impl Into<String>,
+        id: impl Into<crate::CeilingId>,
         kind: CeilingKind,
         unit: &str,
         threads: usize,
@@ -189,11 +189,13 @@ impl Ceiling {
 
     /// This ceiling as the roof `roof`: its id, and the precision (a compute roof) or the memory
     /// level (a memory roof) the id names.
-    pub fn as_roof(mut self, roof: crate::ids::CeilingId) -> Ceiling {
-        self.id = roof.to_string();
+    pub fn as_roof(mut self, roof: crate::ids::RoofId) -> Ceiling {
+        self.id = roof.into();
         match roof {
-            crate::ids::CeilingId::Compute { precision, .. } => self.precision = Some(precision),
-            crate::ids::CeilingId::Memory { level, .. } => self.level = Some(level.name().into()),
+            crate::ids::RoofId::Compute { precision, .. } => self.precision = Some(precision),
+            crate::ids::RoofId::Memory { level, .. } => {
+                self.level = Some(crate::ceiling_id::Tier::Memory(level))
+            }
         }
         self
     }
@@ -204,8 +206,8 @@ impl Ceiling {
         self
     }
 
-    pub fn with_level(mut self, level: Option<&str>) -> Ceiling {
-        self.level = level.map(String::from);
+    pub fn with_level(mut self, level: Option<crate::ceiling_id::Tier>) -> Ceiling {
+        self.level = level;
         self
     }
 
@@ -218,7 +220,10 @@ impl Ceiling {
 
     /// The memory level of a memory ceiling, typed.
     pub fn memory_level(&self) -> Option<crate::ids::Level> {
-        self.level.as_deref()?.parse().ok()
+        match self.level? {
+            crate::ceiling_id::Tier::Memory(l) => Some(l),
+            crate::ceiling_id::Tier::Comm(_) => None,
+        }
     }
 
     /// Sets `above_peak` from `value` and `theoretical_peak`: above the peak by more than the
@@ -249,7 +254,7 @@ pub struct CurvePoint {
     pub stats: Stats,
     /// The memory level this point was attributed to, if any (the plateau it belongs to).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub level: Option<String>,
+    pub level: Option<crate::ids::Level>,
 }
 
 /// A whole measured curve, kept for plotting (e.g. `cpu/mem/sweep/triad/t1`).
@@ -380,8 +385,13 @@ impl SharedCores {
             ratio,
             ceilings: ceilings
                 .iter()
-                .filter(|c| c.id.starts_with("cpu/") && c.id.ends_with("/all") && c.threads > 1)
-                .map(|c| c.id.clone())
+                .filter(|c| {
+                    matches!(
+                        c.id.roof(),
+                        Some(r) if r.on() == crate::On::Cpu(crate::Threads::All)
+                    ) && c.threads > 1
+                })
+                .map(|c| c.id.to_string())
                 .collect(),
         })
     }
@@ -567,7 +577,12 @@ pub struct CheckFailure {
 impl Machine {
     /// The ceiling with this id.
     pub fn ceiling(&self, id: &str) -> Option<&Ceiling> {
-        self.ceilings.iter().find(|c| c.id == id)
+        self.ceilings.iter().find(|c| c.id == *id)
+    }
+
+    /// The ceiling of a typed id.
+    pub fn ceiling_of(&self, id: &crate::CeilingId) -> Option<&Ceiling> {
+        self.ceilings.iter().find(|c| c.id == *id)
     }
 
     /// Parses a `machine.json` text, rejecting any other schema with a clear error.
@@ -598,13 +613,13 @@ pub fn aggregate(nodes: &[Machine]) -> Vec<crate::Ceiling> {
         .filter(|c| c.kind == crate::CeilingKind::Compute)
         .filter_map(|c| {
             let all: Vec<&crate::Ceiling> =
-                nodes.iter().filter_map(|m| m.ceiling(&c.id)).collect();
+                nodes.iter().filter_map(|m| m.ceiling_of(&c.id)).collect();
             if all.len() != nodes.len() {
                 return None;
             }
             let values: Vec<f64> = all.iter().map(|x| x.value).collect();
             let mut agg = c.clone();
-            agg.id = format!("agg/{}", c.id);
+            agg.id = crate::CeilingId::Aggregate(Box::new(c.id.clone()));
             agg.value = values.iter().sum();
             agg.stats = crate::Stats::from_samples(&values)?;
             agg.threads = all.iter().map(|x| x.threads).sum();
@@ -682,7 +697,7 @@ mod tests {
     fn shared_cores_are_detected_from_the_clocks() {
         let mut m = Machine::from_json(&minimal().to_string()).unwrap();
         let mut all = m.ceilings[0].clone();
-        all.id = "cpu/fma/f32/all".into();
+        all.id = "cpu/fma/f32/all".parse().unwrap();
         all.threads = 2;
         m.ceilings.push(all);
         let cpu = &mut m.provenance.cpu;

@@ -114,12 +114,12 @@ pub fn stats(id: &str, field: &str, s: &Stats, positive_values: bool) -> Result<
 }
 
 fn ceiling(c: &Ceiling) -> Result<(), Invalid> {
-    let id = c.id.as_str();
+    let id = &c.id.to_string()[..];
     positive(id, "value", c.value)?;
     stats(id, "stats", &c.stats, true)?;
     // An aggregate (`agg/…`) is the sum over nodes of its samples; any other ceiling is one of
     // its own samples' values or their median.
-    let (lo, hi) = if id.starts_with("agg/") {
+    let (lo, hi) = if c.id.is_aggregate() {
         let n = c.stats.samples as f64;
         (c.stats.min * n, c.stats.max * n)
     } else {

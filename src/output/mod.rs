@@ -77,7 +77,11 @@ pub fn machine_table(m: &Machine) {
         "ceiling", "value", "threads", "samples", "of theoretical peak", "isa"
     );
     for c in &m.ceilings {
-        let mark = if shared.contains(&c.id) { "*" } else { "" };
+        let mark = if shared.contains(&c.id.to_string()) {
+            "*"
+        } else {
+            ""
+        };
         println!(
             "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
             format!("{}{mark}", c.id),
@@ -88,11 +92,11 @@ pub fn machine_table(m: &Machine) {
             c.isa.as_deref().unwrap_or("")
         );
     }
-    let flagged: Vec<&str> = m
+    let flagged: Vec<String> = m
         .ceilings
         .iter()
         .filter(|c| c.above_peak)
-        .map(|c| c.id.as_str())
+        .map(|c| c.id.to_string())
         .collect();
     if !flagged.is_empty() {
         println!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));

@@ -39,94 +39,9 @@ pub trait Reducer: Send + Sync {
     }
 }
 
-/// A collective operation.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Collective {
-    AllReduce,
-    AllGather,
-    ReduceScatter,
-    Broadcast,
-    AllToAll,
-}
-
-impl Collective {
-    pub const ALL: [Collective; 5] = [
-        Collective::AllReduce,
-        Collective::AllGather,
-        Collective::ReduceScatter,
-        Collective::Broadcast,
-        Collective::AllToAll,
-    ];
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Collective::AllReduce => "allreduce",
-            Collective::AllGather => "allgather",
-            Collective::ReduceScatter => "reducescatter",
-            Collective::Broadcast => "broadcast",
-            Collective::AllToAll => "alltoall",
-        }
-    }
-
-    /// busbw = algbw × this (nccl-tests' PERFORMANCE.md): the bandwidth each link must carry,
-    /// comparable with the hardware's, whatever the rank count.
-    pub fn bus_factor(self, ranks: usize) -> f64 {
-        let n = ranks.max(1) as f64;
-        match self {
-            Collective::AllReduce => 2.0 * (n - 1.0) / n,
-            Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => {
-                (n - 1.0) / n
-            }
-            Collective::Broadcast => 1.0,
-        }
-    }
-
-    /// Elements of f32 per rank in the send and receive buffers for a "size" of `bytes`
-    /// (nccl-tests' convention: the whole buffer — the gathered output of allgather, the input
-    /// of reduce-scatter, each rank's whole buffer of alltoall). `None` when the size is too
-    /// small to give every rank one element.
-    pub fn counts(self, bytes: usize, ranks: usize) -> Option<(usize, usize)> {
-        let total = bytes / 4;
-        let per = total / ranks.max(1);
-        match self {
-            Collective::AllReduce | Collective::Broadcast => (total >= 1).then_some((total, total)),
-            Collective::AllGather => (per >= 1).then_some((per, per * ranks)),
-            Collective::ReduceScatter => (per >= 1).then_some((per * ranks, per)),
-            Collective::AllToAll => (per >= 1).then_some((per * ranks, per * ranks)),
-        }
-    }
-
-    /// The bytes the size stands for, once rounded to whole elements per rank.
-    pub fn size_bytes(self, bytes: usize, ranks: usize) -> Option<usize> {
-        self.counts(bytes, ranks).map(|(s, r)| {
-            4 * match self {
-                Collective::AllGather => r,
-                _ => s,
-            }
-        })
-    }
-}
-
-/// Where a measurement ran.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Scope {
-    /// Ranks of one node.
-    Intra,
-    /// One rank per node.
-    Inter,
-    /// Every rank.
-    World,
-}
-
-impl Scope {
-    pub fn name(self) -> &'static str {
-        match self {
-            Scope::Intra => "intra",
-            Scope::Inter => "inter",
-            Scope::World => "world",
-        }
-    }
-}
+/// A collective operation, and which ranks a measurement spans: the model's types (the ids
+/// of the ceilings they make are spelt in one place).
+pub use roofline_model::ceiling_id::{Collective, Scope};
 
 /// Message sizes: 8 B doubling to `max` (inclusive when a power of two).
 pub fn sizes(max: usize) -> Vec<usize> {

@@ -12,7 +12,7 @@ use crate::cpu::stream::Op;
 use crate::driver::{measure_here, measure_threads, Measurement, Plan};
 use crate::ProbeError;
 use roofline_model::{
-    cpu_peak, CacheInfo, Ceiling, CeilingId, CeilingKind, Curve, Family, On, PeakDb, Stats, Table,
+    cpu_peak, CacheInfo, Ceiling, CeilingKind, Curve, Family, On, PeakDb, RoofId, Stats, Table,
     TableRow, TheoreticalPeak, Threads,
 };
 use std::sync::atomic::AtomicBool;
@@ -87,8 +87,8 @@ pub(super) fn configs(cfg: &CpuConfig) -> Vec<(Threads, Vec<usize>)> {
 }
 
 /// The id of a CPU compute ceiling.
-fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> CeilingId {
-    CeilingId::Compute {
+fn compute_id(family: Family, p: roofline_model::Precision, t: Threads) -> RoofId {
+    RoofId::Compute {
         on: On::Cpu(t),
         family,
         precision: p,

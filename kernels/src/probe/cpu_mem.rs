@@ -8,8 +8,8 @@ use crate::cpu::stream::{self, Op, StreamKernel};
 use crate::driver::{measure_threads, Measurement};
 use crate::ProbeError;
 use roofline_model::{
-    CacheInfo, CeilingId, CeilingKind, Curve, CurvePoint, Level, On, Plateau, Stats,
-    TheoreticalPeak, Threads,
+    CacheInfo, CeilingKind, Curve, CurvePoint, Level, On, Plateau, RoofId, Stats, TheoreticalPeak,
+    Threads,
 };
 
 /// Working-set sizes of the memory sweep (all arrays of all threads together), bytes: from
@@ -196,7 +196,7 @@ pub(super) fn memory(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     x: actual as f64,
                     value: stats.max,
                     stats: stats.clone(),
-                    level: level.map(|l| l.name().to_string()),
+                    level,
                 });
                 if let Some(l) = level {
                     let p = Point {
@@ -278,12 +278,11 @@ fn level_ceiling(
         isa.bits()
     );
     let mut c = ceiling(
-        CeilingId::Memory {
+        RoofId::Memory {
             on: On::Cpu(suffix),
             level,
             op,
-        }
-        .to_string(),
+        },
         CeilingKind::Memory,
         "B/s",
         threads,
@@ -292,7 +291,7 @@ fn level_ceiling(
         method,
         level_bound(out, op, level, isa, threads),
     );
-    c.level = Some(level.name().to_string());
+    c.level = Some(roofline_model::ceiling_id::Tier::Memory(level));
     c.isa = Some(isa.name().to_string());
     c.plateau = Some(plateau);
     c
@@ -446,7 +445,7 @@ pub(super) mod tests {
         assert!(level_bound(&out, Op::Read, Level::Dram, Isa::Avx512, 1).is_none());
         let c = |v: f64| {
             roofline_model::Ceiling::measured(
-                "cpu/mem/L2/read/t1",
+                roofline_model::CeilingId::parse("cpu/mem/L2/read/t1").unwrap(),
                 CeilingKind::Memory,
                 "B/s",
                 1,

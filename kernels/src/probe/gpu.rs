@@ -15,9 +15,10 @@ use super::{Progress, Section};
 use crate::cuda::device::{self, arg, DevBuf, Gpu};
 use crate::cuda::CudaError;
 use cudarc::driver::{result as cu, sys};
+use roofline_model::ceiling_id::{GpuCopy, PeerCopy};
 use roofline_model::{
     Ceiling, CeilingId, CeilingKind, Curve, CurvePoint, Family, GpuInfo, Level, MemOp, On, PeakDb,
-    PerIteration, Precision, Stats, Table, TheoreticalPeak,
+    PerIteration, Precision, RoofId, Stats, Table, TheoreticalPeak,
 };
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -277,11 +278,11 @@ impl Ctx<'_> {
     }
 
     /// Keeps a measured ceiling (not in check mode, and only with samples): a roof of the
-    /// roofline (its id, precision or level from the `CeilingId`) or another ceiling by its id.
+    /// roofline (its id, precision or level from the `RoofId`) or another ceiling by its id.
     #[allow(clippy::too_many_arguments)]
     fn push(
         &mut self,
-        id: impl Into<Named>,
+        id: impl Into<CeilingId>,
         kind: CeilingKind,
         unit: &str,
         samples: &[f64],
@@ -295,12 +296,11 @@ impl Ctx<'_> {
         let Some(stats) = Stats::from_samples(samples) else {
             return;
         };
-        let c = match id.into() {
-            Named::Roof(r) => {
-                Ceiling::measured(r.to_string(), kind, unit, 1, stats, per_iteration, method)
-                    .as_roof(r)
-            }
-            Named::Other(id) => Ceiling::measured(id, kind, unit, 1, stats, per_iteration, method),
+        let id = id.into();
+        let c = Ceiling::measured(id.clone(), kind, unit, 1, stats, per_iteration, method);
+        let c = match id.roof() {
+            Some(r) => c.as_roof(r),
+            None => c,
         };
         self.out.ceilings.push(c.with_peak(peak));
     }
@@ -386,24 +386,6 @@ fn timed_passes(
     Ok((seconds, passes as i32))
 }
 
-/// What a ceiling is: a roof of the roofline, or another ceiling (a copy, a link) by its id.
-pub(super) enum Named {
-    Roof(CeilingId),
-    Other(String),
-}
-
-impl From<CeilingId> for Named {
-    fn from(r: CeilingId) -> Named {
-        Named::Roof(r)
-    }
-}
-
-impl From<String> for Named {
-    fn from(id: String) -> Named {
-        Named::Other(id)
-    }
-}
-
 /// The id of GPU `ordinal`'s compute roof of `family` in `precision` (`direction`: a
 /// convolution's).
 pub(super) fn compute_roof(
@@ -411,8 +393,8 @@ pub(super) fn compute_roof(
     family: Family,
     precision: Precision,
     direction: Option<roofline_model::ConvDir>,
-) -> CeilingId {
-    CeilingId::Compute {
+) -> RoofId {
+    RoofId::Compute {
         on: On::Gpu(ordinal),
         family,
         precision,

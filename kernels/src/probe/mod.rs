@@ -126,7 +126,7 @@ pub fn rate_stats(m: &Measurement, kind: CeilingKind) -> Option<Stats> {
 /// spread stays in `stats`.
 #[allow(clippy::too_many_arguments)]
 pub fn ceiling(
-    id: String,
+    id: impl Into<roofline_model::CeilingId>,
     kind: CeilingKind,
     unit: &str,
     threads: usize,
@@ -145,7 +145,7 @@ pub fn ceiling(
 /// A compute ceiling (flat roof): `roof` is its typed id, which says its precision.
 #[allow(clippy::too_many_arguments)]
 pub fn compute_ceiling(
-    roof: roofline_model::CeilingId,
+    roof: roofline_model::RoofId,
     unit: &str,
     threads: usize,
     stats: Stats,
@@ -154,7 +154,7 @@ pub fn compute_ceiling(
     peak: Option<TheoreticalPeak>,
 ) -> Ceiling {
     ceiling(
-        roof.to_string(),
+        roof,
         CeilingKind::Compute,
         unit,
         threads,

@@ -81,7 +81,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             let mut metrics: Vec<Metric> = m
                 .ceilings
                 .iter()
-                .map(|c| metric(c.id.clone(), &c.unit, c.value, &c.stats.values))
+                .map(|c| metric(c.id.to_string(), &c.unit, c.value, &c.stats.values))
                 .collect();
             for n in &m.nodes {
                 for c in &n.ceilings {
@@ -97,7 +97,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             let all_threads = m
                 .ceilings
                 .iter()
-                .filter(|c| c.id.ends_with("/all"))
+                .filter(|c| c.id.to_string().ends_with("/all"))
                 .map(|c| c.threads)
                 .max()
                 .unwrap_or(0);

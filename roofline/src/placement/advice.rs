@@ -62,7 +62,7 @@ pub fn advise(
                         .iter()
                         .find(|c| {
                             c.kind == CeilingKind::Compute
-                                && c.id.split('/').next() == Some(device)
+                                && c.id.to_string().split('/').next() == Some(device)
                                 && c.precision.map(|p| p.name()) == Some(q)
                                 && gemm.is_some_and(|g| c.value > g * 1.2)
                         })

@@ -8,7 +8,7 @@
 //! lowest roof at the point's intensities; the binding ceiling is that roof, and its kind is
 //! the bound.
 
-use crate::ids::{CeilingId, ConvDir, Family, Level, MemOp, On, Precision, Threads};
+use crate::ids::{ConvDir, Family, Level, MemOp, On, Precision, RoofId, Threads};
 use crate::machine::{Ceiling, CeilingKind, Machine, Provenance};
 use crate::stats::Stats;
 use crate::ModelError;
@@ -242,19 +242,25 @@ pub fn cpu_roofs(
     });
     let mut out = Vec::new();
     for &family in families {
-        let id = CeilingId::Compute {
+        let id = RoofId::Compute {
             on,
             family,
             precision,
             direction: None,
         };
         if let Some(c) = m.ceiling(&id.to_string()) {
-            out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
+            out.push((
+                roof(&c.id.to_string(), BoundKind::Compute, c.value),
+                Axis::Flat,
+            ));
         }
     }
     let level = memory_level(m, footprint, threads);
     if let Some(c) = memory_roof(m, on, level) {
-        out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
+        out.push((
+            roof(&c.id.to_string(), BoundKind::Memory, c.value),
+            Axis::Oi,
+        ));
     }
     out.extend(comm_roofs(m, coi));
     out
@@ -264,7 +270,7 @@ pub fn cpu_roofs(
 fn memory_roof(m: &Machine, on: On, level: Level) -> Option<&Ceiling> {
     [MemOp::Triad, MemOp::Copy, MemOp::Read]
         .into_iter()
-        .find_map(|op| m.ceiling(&CeilingId::Memory { on, level, op }.to_string()))
+        .find_map(|op| m.ceiling(&RoofId::Memory { on, level, op }.to_string()))
 }
 
 /// The roofs of GPU `gpu` (a device of the machine.json) for a point of `precision`: the flat
@@ -288,14 +294,17 @@ pub fn gpu_roofs(
         if family == Family::Fma && !cuda_cores {
             continue;
         }
-        let id = CeilingId::Compute {
+        let id = RoofId::Compute {
             on,
             family,
             precision,
             direction: (family == Family::Conv).then_some(ConvDir::Fwd),
         };
         if let Some(c) = m.ceiling(&id.to_string()) {
-            out.push((roof(&c.id, BoundKind::Compute, c.value), Axis::Flat));
+            out.push((
+                roof(&c.id.to_string(), BoundKind::Compute, c.value),
+                Axis::Flat,
+            ));
         }
     }
     let l2 = m
@@ -310,7 +319,10 @@ pub fn gpu_roofs(
         Level::Hbm
     };
     if let Some(c) = memory_roof(m, on, level) {
-        out.push((roof(&c.id, BoundKind::Memory, c.value), Axis::Oi));
+        out.push((
+            roof(&c.id.to_string(), BoundKind::Memory, c.value),
+            Axis::Oi,
+        ));
     }
     out.extend(comm_roofs(m, coi));
     out
@@ -331,7 +343,10 @@ fn comm_roofs(m: &Machine, coi: Option<&Coi>) -> Vec<(RoofAt, Axis)> {
                 .ceiling(&format!("net/allreduce/{scope}"))
                 .filter(|c| c.kind == CeilingKind::Comm)
             {
-                out.push((roof(&c.id, BoundKind::Communication, c.value), axis));
+                out.push((
+                    roof(&c.id.to_string(), BoundKind::Communication, c.value),
+                    axis,
+                ));
             }
         }
     }
@@ -447,7 +462,7 @@ pub(crate) mod tests {
     pub(crate) fn machine() -> Machine {
         let c =
             |id: &str, kind, value: f64, precision: Option<&str>, level: Option<&str>| Ceiling {
-                id: id.into(),
+                id: id.parse().unwrap(),
                 kind,
                 value,
                 unit: if kind == CeilingKind::Compute {
@@ -457,7 +472,7 @@ pub(crate) mod tests {
                 },
                 threads: 2,
                 precision: precision.map(|p| p.parse().unwrap()),
-                level: level.map(Into::into),
+                level: level.map(|l| l.parse().unwrap()),
                 isa: None,
                 stats: Stats::from_samples(&[value]).unwrap(),
                 theoretical_peak: None,
@@ -742,7 +757,7 @@ pub(crate) mod tests {
             ("gpu1/gemm/bf16", CeilingKind::Compute, 1.0),
         ] {
             m.ceilings.push(Ceiling {
-                id: id.into(),
+                id: id.parse().unwrap(),
                 kind,
                 value,
                 ..template.clone()

@@ -3,6 +3,8 @@
 //! pairs and one-sided windows; each size's time the maximum over ranks, each result checked.
 
 use super::*;
+use roofline_model::ceiling_id::{CommLib, P2pMetric, Tier};
+use roofline_model::CeilingId;
 
 impl World {
     /// Runs the communication probes on every rank; the root's result holds the ceilings.
@@ -51,7 +53,7 @@ impl World {
                     )?;
                     if self.is_root() {
                         out.add_collective(
-                            "net",
+                            CommLib::Mpi,
                             c,
                             what,
                             g.size(),
@@ -248,7 +250,7 @@ impl World {
             )?;
             if self.is_root() {
                 out.add_collective(
-                    "net/nccl",
+                    CommLib::Nccl,
                     c,
                     Scope::World,
                     self.size,
@@ -319,7 +321,7 @@ impl CommResult {
     #[allow(clippy::too_many_arguments)]
     fn add_collective(
         &mut self,
-        prefix: &str,
+        lib: CommLib,
         c: Collective,
         scope: Scope,
         ranks: usize,
@@ -329,7 +331,7 @@ impl CommResult {
         memory: &str,
     ) {
         let factor = c.bus_factor(ranks);
-        let id = format!("{prefix}/{}/{}", c.name(), scope.name());
+        let id = CeilingId::Collective { lib, op: c, scope };
         let mut bus = Vec::new();
         let mut alg = Vec::new();
         for p in points {
@@ -373,7 +375,7 @@ impl CommResult {
                     method,
                 )
                 .with_precision(Some(roofline_model::Precision::F32))
-                .with_level(Some(scope.name())),
+                .with_level(Some(Tier::Comm(scope))),
             );
         }
         for (suffix, pts) in [("", bus), ("/algbw", alg)] {
@@ -389,7 +391,7 @@ impl CommResult {
     }
 
     fn add_p2p(&mut self, scope: Scope, r: &P2p, library: &str) {
-        let base = format!("net/p2p/{}", scope.name());
+        let id = |metric| CeilingId::P2p { scope, metric };
         if let Some(stats) = Stats::from_samples(&r.latency) {
             let method = format!("MPI ping-pong of 8 B between two ranks ({library}); half the round trip; the value is the smallest (lower is better)");
             let per_iteration = PerIteration {
@@ -398,7 +400,7 @@ impl CommResult {
             };
             self.ceilings.push(
                 Ceiling::measured(
-                    format!("{base}/latency"),
+                    id(P2pMetric::Latency),
                     CeilingKind::Comm,
                     "s",
                     2,
@@ -406,13 +408,13 @@ impl CommResult {
                     per_iteration,
                     method,
                 )
-                .with_level(Some(scope.name())),
+                .with_level(Some(Tier::Comm(scope))),
             );
         }
-        for (name, pts, what) in [
-            ("bw", &r.one_way, "one way"),
+        for (metric, pts, what) in [
+            (P2pMetric::Bandwidth, &r.one_way, "one way"),
             (
-                "bw_bidir",
+                P2pMetric::BandwidthBidir,
                 &r.both_ways,
                 "both ways at once (both directions counted)",
             ),
@@ -430,8 +432,9 @@ impl CommResult {
                 .collect();
             if let Some(last) = curve.last() {
                 let method = format!(
-                    "MPI_Isend/MPI_Irecv windows between two ranks ({library}), {what}, {} B messages; the last message of each window checked; best sample; the size sweep is in curve {base}/{name}",
-                    last.x
+                    "MPI_Isend/MPI_Irecv windows between two ranks ({library}), {what}, {} B messages; the last message of each window checked; best sample; the size sweep is in curve {}",
+                    last.x,
+                    id(metric)
                 );
                 let per_iteration = PerIteration {
                     ops: 0.0,
@@ -439,7 +442,7 @@ impl CommResult {
                 };
                 self.ceilings.push(
                     Ceiling::measured(
-                        format!("{base}/{name}"),
+                        id(metric),
                         CeilingKind::Comm,
                         "B/s",
                         2,
@@ -447,11 +450,11 @@ impl CommResult {
                         per_iteration,
                         method,
                     )
-                    .with_level(Some(scope.name())),
+                    .with_level(Some(Tier::Comm(scope))),
                 );
             }
             self.curves.push(Curve {
-                id: format!("{base}/{name}"),
+                id: id(metric).to_string(),
                 x_label: "message size".into(),
                 x_unit: "B".into(),
                 unit: "B/s".into(),

@@ -364,7 +364,7 @@ fn conv_precision(
         let roof = super::compute_roof(gpu.ordinal, Family::Conv, p, Some(dir));
         out.ceilings.push(
             Ceiling::measured(
-                roof.to_string(),
+                roof,
                 CeilingKind::Compute,
                 "FLOP/s",
                 1,

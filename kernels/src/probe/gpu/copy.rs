@@ -198,23 +198,22 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     let rate = |t: &[f64], bytes: f64| -> Vec<f64> { t.iter().map(|t| bytes / t).collect() };
     let o = gpu.ordinal;
     let size = crate::probe::cpu::human_bytes(bytes as f64);
-    type Entry = (String, Vec<f64>, f64, String, Option<TheoreticalPeak>);
+    type Entry = (GpuCopy, Vec<f64>, f64, String, Option<TheoreticalPeak>);
     let entries: [Entry; 6] = [
-        (format!("gpu{o}/h2d"), rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, {h2d_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
-        (format!("gpu{o}/d2h"), rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, {d2h_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
-        (format!("gpu{o}/h2d+d2h"), rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p })),
-        (format!("gpu{o}/h2d/pageable"), rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
-        (format!("gpu{o}/d2h/pageable"), rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
-        (format!("gpu{o}/d2d"), rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}, {d2d_reps} back to back per CUDA-event-timed sample; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
+        (GpuCopy::H2d, rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, {h2d_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
+        (GpuCopy::D2h, rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, {d2h_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
+        (GpuCopy::Both, rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p })),
+        (GpuCopy::H2dPageable, rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
+        (GpuCopy::D2hPageable, rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
+        (GpuCopy::D2d, rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}, {d2d_reps} back to back per CUDA-event-timed sample; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
     ];
-    for (id, rates, bytes, method, peak) in entries {
-        let kind = if id.ends_with("/d2d") {
-            CeilingKind::Memory
-        } else {
-            CeilingKind::Comm
+    for (copy, rates, bytes, method, peak) in entries {
+        let kind = match copy {
+            GpuCopy::D2d => CeilingKind::Memory,
+            _ => CeilingKind::Comm,
         };
         ctx.push(
-            id,
+            CeilingId::Copy { gpu: o, copy },
             kind,
             "B/s",
             &rates,
@@ -392,10 +391,14 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
     let bf = bytes as f64;
     let nvlink_peak = nvlink_peak(ctx, a.ordinal);
     let rate = |t: &[f64], x: f64| -> Vec<f64> { t.iter().map(|t| x / t).collect() };
-    let pair = format!("gpu{}-gpu{}", a.ordinal, b.ordinal);
+    let peer_id = |copy| CeilingId::PeerCopy {
+        from: a.ordinal,
+        to: b.ordinal,
+        copy,
+    };
     let size = crate::probe::cpu::human_bytes(bytes as f64);
     ctx.push(
-        format!("{pair}/p2p"),
+        peer_id(PeerCopy::Engine),
         CeilingKind::Comm,
         "B/s",
         &rate(&one, bf),
@@ -413,13 +416,13 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
         ),
         nvlink_peak.clone(),
     );
-    ctx.push(format!("{pair}/p2p/bidir"), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, {one_reps} each way per sample, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
+    ctx.push(peer_id(PeerCopy::EngineBidir), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, {one_reps} each way per sample, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
     if !sm.is_empty() {
-        ctx.push(format!("{pair}/p2p/sm"), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone());
+        ctx.push(peer_id(PeerCopy::Sm), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone());
     }
     if !sm_both.is_empty() {
         ctx.push(
-            format!("{pair}/p2p/sm/bidir"),
+            peer_id(PeerCopy::SmBidir),
             CeilingKind::Comm,
             "B/s",
             &rate(&sm_both, 2.0 * bf),

@@ -415,7 +415,7 @@ fn gemm_precision(
         let roof = super::compute_roof(gpu.ordinal, Family::Gemm, p, None);
         out.ceilings.push(
             Ceiling::measured(
-                roof.to_string(),
+                roof,
                 CeilingKind::Compute,
                 p.unit(),
                 1,

@@ -102,9 +102,9 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                 Ok((rates, size)) => {
                     if let Some(stats) = Stats::from_samples(&rates) {
                         let level = if size * 2 <= l2 {
-                            Some(Level::L2.name().to_string())
+                            Some(Level::L2)
                         } else if size >= 4 * l2 {
-                            Some(Level::Hbm.name().to_string())
+                            Some(Level::Hbm)
                         } else {
                             None
                         };
@@ -142,8 +142,7 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
             let window: Vec<&CurvePoint> = points
                 .iter()
                 .filter(|p| {
-                    p.level.as_deref() == Some(level.name())
-                        && (level != Level::L2 || p.x >= (2 << 20) as f64)
+                    p.level == Some(level) && (level != Level::L2 || p.x >= (2 << 20) as f64)
                 })
                 .collect();
             let values: Vec<f64> = window.iter().map(|p| p.value).collect();
@@ -155,7 +154,7 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                     None
                 };
                 let samples = p.stats.values.clone();
-                let roof = CeilingId::Memory {
+                let roof = RoofId::Memory {
                     on: On::Gpu(gpu.ordinal),
                     level,
                     op: mem_op,

@@ -100,7 +100,7 @@ fn gpu_roof_ids_are_the_files_ids() {
             "gpu1/conv/f16/bwd_data",
         ),
         (
-            CeilingId::Memory {
+            RoofId::Memory {
                 on: On::Gpu(0),
                 level: Level::Hbm,
                 op: MemOp::Triad,
@@ -110,7 +110,7 @@ fn gpu_roof_ids_are_the_files_ids() {
     ];
     for (roof, id) in cases {
         assert_eq!(roof.to_string(), id);
-        assert_eq!(CeilingId::parse(id), Some(roof));
+        assert_eq!(RoofId::parse(id), Some(roof));
     }
     let stats = Stats::from_samples(&[1.0, 2.0]).unwrap();
     let per = PerIteration {
@@ -118,7 +118,7 @@ fn gpu_roof_ids_are_the_files_ids() {
         bytes: 1.0,
     };
     let c = Ceiling::measured(
-        "x",
+        cases[1].0,
         CeilingKind::Memory,
         "B/s",
         1,
@@ -128,11 +128,15 @@ fn gpu_roof_ids_are_the_files_ids() {
     )
     .as_roof(cases[4].0);
     assert_eq!(
-        (c.id.as_str(), c.level.as_deref(), c.precision),
+        (
+            c.id.to_string().as_str(),
+            c.level.map(|l| l.to_string()).as_deref(),
+            c.precision
+        ),
         ("gpu0/mem/HBM/triad", Some("HBM"), None)
     );
     let c = Ceiling::measured(
-        "x",
+        cases[1].0,
         CeilingKind::Compute,
         "FLOP/s",
         1,
@@ -142,7 +146,7 @@ fn gpu_roof_ids_are_the_files_ids() {
     )
     .as_roof(cases[0].0);
     assert_eq!(
-        (c.id.as_str(), c.precision),
+        (c.id.to_string().as_str(), c.precision),
         ("gpu0/mma/bf16", Some(Precision::Bf16))
     );
 }
