@@ -12,14 +12,15 @@ use crate::accounting::{Kind, LayerCount};
 use crate::checkpoint::{Checkpoint, CheckpointError, RunningStats};
 use crate::data::Rng;
 use crate::layers::{
-    add_into, avgpool_backward, avgpool_forward, relu_backward, relu_forward,
-    softmax_cross_entropy, BatchNorm, Conv2d, Linear, MaxPool, Param, Reducer,
+    add_into, avgpool_backward, avgpool_forward, relu_backward, relu_forward, BatchNorm, Conv2d,
+    Linear, MaxPool, Param, Reducer,
 };
 use crate::resnet::{Flops, BWD, FWD};
 use crate::run::RunOptions;
 use crate::tensor::{Float, Tensor};
 use crate::train::{
-    Eval, EvalError, Infer, Labels, Loader, Model, Order, Schedule, Task, TrainConfig, TrainError,
+    softmax_loss, Eval, EvalError, Infer, Labels, Loader, Model, Order, Schedule, Task,
+    TrainConfig, TrainError,
 };
 use roofline_collectors::timeline::timed;
 use serde::{Deserialize, Serialize};
@@ -527,11 +528,7 @@ impl<T: Float> Model<T> for Graph<T> {
         ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) -> f64 {
         let z = self.forward(x, true);
-        let (loss, g, _, _) = timed(
-            FWD,
-            || "softmax".into(),
-            || softmax_cross_entropy(&z, &truth.classes, truth.smoothing),
-        );
+        let (loss, g) = softmax_loss(&z, truth);
         self.backward_with(&g, ready);
         loss
     }

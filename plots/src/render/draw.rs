@@ -235,7 +235,7 @@ pub(super) fn draw(
                 let q = labels::quad_of(&text, size, false, &slot(i, above, 0, size));
                 !lines
                     .iter()
-                    .any(|l| l.own != flat[f].0.label && labels::crosses(&q, l.seg.0, l.seg.1))
+                    .any(|l| l.own != flat[f].0.label && labels::grazes(&q, l.seg.0, l.seg.1))
             })
         };
         let first_above = clear(true) || !clear(false);

@@ -109,6 +109,17 @@ pub struct Labels {
     pub smoothing: f64,
 }
 
+/// A classifier's loss on its training logits `z`: the mean softmax cross-entropy against
+/// `truth` (label-smoothed as it says) and its gradient, ∂loss/∂logits.
+pub fn softmax_loss<T: Float>(z: &Tensor<T>, truth: &Labels) -> (f64, Tensor<T>) {
+    let (loss, g, _, _) = timed(
+        FWD,
+        || "softmax".into(),
+        || softmax_cross_entropy(z, &truth.classes, truth.smoothing),
+    );
+    (loss, g)
+}
+
 impl<T: Float> Model<T> for ResNet<T> {
     type Truth = Labels;
     type Output = Tensor<T>;
@@ -146,11 +157,7 @@ impl<T: Float> Model<T> for ResNet<T> {
         ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) -> f64 {
         let z = self.forward(x, true);
-        let (loss, g, _, _) = timed(
-            FWD,
-            || "softmax".into(),
-            || softmax_cross_entropy(&z, &truth.classes, truth.smoothing),
-        );
+        let (loss, g) = softmax_loss(&z, truth);
         self.backward_with(&g, ready);
         loss
     }

@@ -18,7 +18,7 @@ pub mod classify;
 mod error;
 pub mod model;
 mod optim;
-pub use classify::{evaluate, predict, Labels, Order, Source, TrainConfig};
+pub use classify::{evaluate, predict, softmax_loss, Labels, Order, Source, TrainConfig};
 pub use error::{EvalError, TrainError};
 pub use model::{Cpu, Device, Infer, Loader, Loss, Model, Stepped, Task};
 pub use optim::{Decay, Schedule, Sgd};

@@ -1,0 +1,343 @@
+use super::*;
+use crate::machine::{CacheInfo, Ceiling, PerIteration};
+
+pub(crate) fn machine() -> Machine {
+    let c = |id: &str, kind, value: f64, precision: Option<&str>, level: Option<&str>| Ceiling {
+        id: id.parse().unwrap(),
+        kind,
+        value,
+        unit: if kind == CeilingKind::Compute {
+            "FLOP/s".into()
+        } else {
+            "B/s".into()
+        },
+        threads: 2,
+        precision: precision.map(|p| p.parse().unwrap()),
+        level: level.map(|l| l.parse().unwrap()),
+        isa: None,
+        stats: Stats::from_samples(&[value]).unwrap(),
+        theoretical_peak: None,
+        above_peak: false,
+        method: String::new(),
+        per_iteration: PerIteration {
+            ops: 0.0,
+            bytes: 0.0,
+        },
+        plateau: None,
+    };
+    let mut m: Machine = serde_json::from_value(serde_json::json!({
+        "schema": crate::MACHINE_SCHEMA,
+        "provenance": {
+            "tool": "roofline 0", "command_line": [], "time_utc": "t", "host": "h", "os": "o",
+            "kernel": "k", "quick": true, "duration_s": 1.0,
+            "cpu": { "vendor": "v", "model_name": "m", "family": 1, "model": 2, "stepping": 3,
+                     "sockets": 1, "cores": 2, "logical_cpus": 2, "features": [], "simd": "avx512",
+                     "caches": [] }
+        },
+        "ceilings": []
+    }))
+    .unwrap();
+    let cache = |level, size, shared, instances| CacheInfo {
+        level,
+        cache_type: if level == 1 { "Data" } else { "Unified" }.into(),
+        size_bytes: size,
+        shared_by_cpus: shared,
+        shared_by_cores: shared,
+        instances,
+    };
+    m.provenance.cpu.caches = vec![
+        cache(1, 48 << 10, 1, 2),
+        cache(2, 1 << 20, 1, 2),
+        cache(3, 32 << 20, 2, 1),
+    ];
+    m.ceilings = vec![
+        c(
+            "cpu/fma/f32/all",
+            CeilingKind::Compute,
+            800e9,
+            Some("f32"),
+            None,
+        ),
+        c(
+            "cpu/gemm/f32/all",
+            CeilingKind::Compute,
+            500e9,
+            Some("f32"),
+            None,
+        ),
+        c(
+            "cpu/conv/f32/all",
+            CeilingKind::Compute,
+            400e9,
+            Some("f32"),
+            None,
+        ),
+        c(
+            "cpu/fma/bf16/all",
+            CeilingKind::Compute,
+            1600e9,
+            Some("bf16"),
+            None,
+        ),
+        c(
+            "cpu/mem/L1/triad/all",
+            CeilingKind::Memory,
+            1000e9,
+            None,
+            Some("L1"),
+        ),
+        c(
+            "cpu/mem/L2/triad/all",
+            CeilingKind::Memory,
+            400e9,
+            None,
+            Some("L2"),
+        ),
+        c(
+            "cpu/mem/L3/triad/all",
+            CeilingKind::Memory,
+            200e9,
+            None,
+            Some("L3"),
+        ),
+        c(
+            "cpu/mem/DRAM/triad/all",
+            CeilingKind::Memory,
+            20e9,
+            None,
+            Some("DRAM"),
+        ),
+        c("net/allreduce/intra", CeilingKind::Comm, 10e9, None, None),
+    ];
+    m
+}
+
+#[test]
+fn the_footprint_picks_the_memory_level() {
+    let m = machine();
+    // Private L1/L2 count once per thread; the shared L3 once.
+    assert_eq!(memory_level(&m, 90e3, 2), Level::L1);
+    assert_eq!(memory_level(&m, 100e3, 2), Level::L2);
+    assert_eq!(memory_level(&m, 100e3, 1), Level::L2);
+    assert_eq!(memory_level(&m, 3e6, 2), Level::L3);
+    assert_eq!(memory_level(&m, 1e9, 2), Level::Dram);
+}
+
+/// A GEMM far right of the ridge binds on the lowest compute roof; a DRAM triad (OI 1/12)
+/// on the DRAM roof; a point that communicates a lot on the allreduce roof.
+#[test]
+fn bounds_pick_the_lowest_roof_at_the_point() {
+    let m = machine();
+    let r = cpu_roofs(
+        &m,
+        Precision::F32,
+        &[Family::Gemm, Family::Conv, Family::Fma],
+        2,
+        3.0 * 64e6,
+        None,
+    );
+    let g = bound(&r, 683.0, None, 480e9).unwrap();
+    assert_eq!(
+        (g.kind, g.ceiling.as_str()),
+        (BoundKind::Compute, "cpu/conv/f32/all")
+    );
+    assert_eq!(g.attainable, 400e9);
+    assert!((g.headroom - 400.0 / 480.0).abs() < 1e-12);
+    let s = bound(&r, 1.0 / 12.0, None, 1.6e9).unwrap();
+    assert_eq!(
+        (s.kind, s.ceiling.as_str()),
+        (BoundKind::Memory, "cpu/mem/DRAM/triad/all")
+    );
+    assert!((s.attainable - 20e9 / 12.0).abs() < 1.0);
+    let coi = Coi {
+        intra_node_bytes: 100e6,
+        inter_node_bytes: 0.0,
+        intra_node: Some(20.0),
+        inter_node: None,
+    };
+    let r = cpu_roofs(
+        &m,
+        Precision::F32,
+        &[Family::Gemm, Family::Conv, Family::Fma],
+        2,
+        1e9,
+        Some(&coi),
+    );
+    assert_eq!(
+        r.len(),
+        5,
+        "three compute roofs, DRAM, the intra-node allreduce"
+    );
+    let c = bound(&r, 50.0, Some(&coi), 100e9).unwrap();
+    // 10 GB/s × 20 FLOP/B = 200 GFLOP/s < 400 (conv) < 1000 (DRAM × 50).
+    assert_eq!(c.kind, BoundKind::Communication);
+    assert_eq!(c.attainable, 200e9);
+    assert_eq!(c.roofs.len(), 5);
+    assert!(bound(&[], 1.0, None, 1.0).is_none());
+    // A GEMM is not held against the convolution roof.
+    let r = cpu_roofs(
+        &m,
+        Precision::F32,
+        &[Family::Gemm, Family::Fma],
+        2,
+        3.0 * 64e6,
+        None,
+    );
+    assert_eq!(
+        bound(&r, 683.0, None, 480e9).unwrap().ceiling,
+        "cpu/gemm/f32/all"
+    );
+}
+
+fn point(kind: BoundKind, ceiling: &str, headroom: f64, achieved: f64) -> Point {
+    Point {
+        label: "x".into(),
+        flops_per_step: 1.0,
+        seconds_per_step: Stats::from_samples(&[1.0]).unwrap(),
+        achieved_flops: achieved,
+        achieved: Stats::from_samples(&[achieved]).unwrap(),
+        footprint_bytes: 1.0,
+        oi: Intensity {
+            analytic_min_bytes: 1.0,
+            analytic: 0.5,
+            measured: None,
+            measured_note: String::new(),
+        },
+        coi: None,
+        share_of_step: Some(0.2),
+        bound: Bound {
+            kind,
+            ceiling: ceiling.into(),
+            attainable: achieved * headroom,
+            headroom,
+            roofs: vec![RoofAt {
+                ceiling: "cpu/gemm/f32/all".into(),
+                kind: BoundKind::Compute,
+                value: 500e9,
+                unit: "FLOP/s".into(),
+                allows: 500e9,
+            }],
+        },
+    }
+}
+
+#[test]
+fn advice_follows_the_bound() {
+    let m = machine();
+    let w = WorkloadInfo {
+        name: "resnet50".into(),
+        kind: "training".into(),
+        description: String::new(),
+        precision: "f32".into(),
+        device: "cpu".into(),
+        threads: 2,
+        ranks: 2,
+        nodes: 1,
+        warm_steps: 1,
+        measured_steps: 3,
+        parameters: None,
+        batch: None,
+    };
+    let time = TimeBreakdown {
+        total_s: 1.0,
+        compute_s: 0.6,
+        communication_s: 0.05,
+        data_s: 0.3,
+        idle_s: 0.05,
+    };
+    let comm = point(BoundKind::Communication, "net/allreduce/intra", 1.5, 100e9);
+    let a = advise(&w, &comm, &[], &time, &m);
+    assert!(
+        a[0].text.contains("fp16") && a[0].text.contains("overlap"),
+        "{a:?}"
+    );
+    assert!(
+        a.iter().any(|x| x.topic == "data"),
+        "30% data wait is named"
+    );
+    let comp = point(BoundKind::Compute, "cpu/gemm/f32/all", 1.7, 300e9);
+    let bn = Point {
+        label: "layer1.0.bn1".into(),
+        ..point(BoundKind::Memory, "cpu/mem/DRAM/triad/all", 1.1, 5e9)
+    };
+    let a = advise(&w, &comp, &[bn], &time, &m);
+    assert!(
+        a[0].text.contains("60% of the GEMM ceiling"),
+        "{}",
+        a[0].text
+    );
+    assert!(
+        a[0].text.contains("cpu/fma/bf16/all"),
+        "names the faster precision"
+    );
+    assert!(a
+        .iter()
+        .any(|x| x.topic == "memory" && x.text.contains("layer1.0.bn1")));
+    let above = point(BoundKind::Compute, "cpu/gemm/f32/all", 0.8, 600e9);
+    let a = advise(&w, &above, &[], &TimeBreakdown::default(), &m);
+    assert!(a.iter().any(|x| x.topic == "measurement"));
+}
+
+#[test]
+fn other_schemas_are_rejected() {
+    let e = Placement::from_json(r#"{"schema": "roofline/machine/v1"}"#).unwrap_err();
+    assert!(e.to_string().contains(PLACEMENT_SCHEMA), "{e}");
+}
+
+#[test]
+fn a_gpu_point_is_held_against_its_gpus_library_roofs_and_l2_or_hbm() {
+    let mut m = machine();
+    let template = m.ceilings[0].clone();
+    for (id, kind, value) in [
+        ("gpu0/gemm/bf16", CeilingKind::Compute, 700e12),
+        ("gpu0/conv/bf16/fwd", CeilingKind::Compute, 400e12),
+        ("gpu0/conv/bf16/bwd_data", CeilingKind::Compute, 300e12),
+        ("gpu0/fma/bf16", CeilingKind::Compute, 100e12),
+        ("gpu0/mem/L2/triad", CeilingKind::Memory, 10e12),
+        ("gpu0/mem/HBM/triad", CeilingKind::Memory, 3e12),
+        ("gpu1/gemm/bf16", CeilingKind::Compute, 1.0),
+    ] {
+        m.ceilings.push(Ceiling {
+            id: id.parse().unwrap(),
+            kind,
+            value,
+            ..template.clone()
+        });
+    }
+    m.provenance.gpus.push(crate::GpuInfo {
+        index: 0,
+        l2_bytes: 50 << 20,
+        ..Default::default()
+    });
+    let ids = |r: &[(RoofAt, Axis)]| r.iter().map(|x| x.0.ceiling.clone()).collect::<Vec<_>>();
+    let big = gpu_roofs(
+        &m,
+        0,
+        Precision::Bf16,
+        &[Family::Conv, Family::Gemm, Family::Fma],
+        1e9,
+        None,
+    );
+    assert_eq!(
+        ids(&big),
+        ["gpu0/conv/bf16/fwd", "gpu0/gemm/bf16", "gpu0/mem/HBM/triad"]
+    );
+    let small = gpu_roofs(
+        &m,
+        0,
+        Precision::Bf16,
+        &[Family::Conv, Family::Gemm],
+        1e6,
+        None,
+    );
+    assert_eq!(ids(&small)[2], "gpu0/mem/L2/triad");
+    // At OI 1000 the convolution roof binds, not the CUDA cores' FMA; at OI 10, HBM.
+    assert_eq!(
+        bound(&big, 1000.0, None, 200e12).unwrap().ceiling,
+        "gpu0/conv/bf16/fwd"
+    );
+    assert_eq!(
+        bound(&big, 10.0, None, 20e12).unwrap().ceiling,
+        "gpu0/mem/HBM/triad"
+    );
+}
