@@ -442,9 +442,112 @@ impl<'de> serde::Deserialize<'de> for CeilingId {
     }
 }
 
+/// What a table of measurements behind a roof lists: the shapes a CPU GEMM ceiling is the best
+/// of, the layers of the CPU convolution ceiling, a GPU library's shapes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum TableRows {
+    Shapes,
+    Layers,
+    Table,
+}
+
+impl TableRows {
+    pub const ALL: [TableRows; 3] = [TableRows::Shapes, TableRows::Layers, TableRows::Table];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            TableRows::Shapes => "shapes",
+            TableRows::Layers => "layers",
+            TableRows::Table => "table",
+        }
+    }
+}
+
+/// A table's id: the roof it is behind and what it lists (`cpu/gemm/f32/all/shapes`,
+/// `cpu/conv/f32/all/layers`, `gpu0/gemm/f16/table`, `gpu0/conv/f16/fwd/table`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TableId {
+    pub of: RoofId,
+    pub rows: TableRows,
+}
+
+impl TableId {
+    /// Parses a table's id (None: not one).
+    pub fn parse(id: &str) -> Option<TableId> {
+        let (roof, rows) = id.rsplit_once('/')?;
+        Some(TableId {
+            of: RoofId::parse(roof)?,
+            rows: TableRows::ALL.into_iter().find(|r| r.name() == rows)?,
+        })
+    }
+}
+
+impl fmt::Display for TableId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.of, self.rows.name())
+    }
+}
+
+impl FromStr for TableId {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<TableId, UnknownName> {
+        TableId::parse(s).ok_or_else(|| UnknownName {
+            what: "table id",
+            found: s.to_string(),
+            expected: "<roof id>/shapes, <roof id>/layers or <roof id>/table".into(),
+        })
+    }
+}
+
+impl PartialEq<str> for TableId {
+    fn eq(&self, other: &str) -> bool {
+        TableId::parse(other).is_some_and(|o| o == *self)
+    }
+}
+
+impl PartialEq<&str> for TableId {
+    fn eq(&self, other: &&str) -> bool {
+        *self == **other
+    }
+}
+
+impl serde::Serialize for TableId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for TableId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<TableId, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every table id the probe writes round-trips, typed.
+    #[test]
+    fn table_ids_round_trip() {
+        for id in [
+            "cpu/gemm/f32/all/shapes",
+            "cpu/gemm/f16/t1/shapes",
+            "cpu/conv/f32/all/layers",
+            "gpu0/gemm/f16/table",
+            "gpu1/conv/bf16/bwd_data/table",
+        ] {
+            let t: TableId = id.parse().unwrap();
+            assert_eq!(t.to_string(), id);
+            assert_eq!(
+                serde_json::from_str::<TableId>(&serde_json::to_string(&t).unwrap()).unwrap(),
+                t
+            );
+        }
+        assert!(TableId::parse("cpu/gemm/f32/all/rows").is_none());
+        assert!(TableId::parse("cpu/mem/sweep/triad/t1").is_none());
+    }
 
     /// Every id the probe writes reads back as itself, typed: the roofs, MPI's and NCCL's
     /// collectives, point to point, the GPU's copies, storage (labels with slashes too), the

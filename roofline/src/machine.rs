@@ -291,7 +291,7 @@ pub struct TableRow {
 /// A kept table of measurements (e.g. `cpu/gemm/f32/table`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Table {
-    pub id: String,
+    pub id: crate::ceiling_id::TableId,
     pub unit: String,
     pub rows: Vec<TableRow>,
 }

@@ -11,6 +11,7 @@ use crate::cpu::gemm::{Elem, GemmKernel, Shape};
 use crate::cpu::stream::Op;
 use crate::driver::{measure_here, measure_threads, Measurement, Plan};
 use crate::ProbeError;
+use roofline_model::ceiling_id::{TableId, TableRows};
 use roofline_model::{
     cpu_peak, CacheInfo, Ceiling, CeilingKind, Curve, Family, On, PeakDb, RoofId, Stats, Table,
     TableRow, TheoreticalPeak, Threads,
@@ -477,7 +478,10 @@ fn gemm_section<T: Elem>(
             sweep.add(i, name, shape.describe(), precision, threads, m, true);
         }
         out.tables.push(Table {
-            id: format!("cpu/gemm/{precision}/{suffix}/shapes"),
+            id: TableId {
+                of: compute_id(Family::Gemm, p, suffix),
+                rows: TableRows::Shapes,
+            },
             unit: "FLOP/s".into(),
             rows: sweep.rows,
         });
@@ -547,7 +551,10 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         })
         .unwrap_or_default();
     out.tables.push(Table {
-        id: "cpu/conv/f32/all/layers".into(),
+        id: TableId {
+            of: compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
+            rows: TableRows::Layers,
+        },
         unit: "FLOP/s".into(),
         rows: sweep.rows,
     });

@@ -12,6 +12,7 @@ use crate::cuda::dnn::{
     choose, descs, execute, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
 };
 use crate::cuda::CudaError;
+use roofline_model::ceiling_id::{TableId, TableRows};
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -376,7 +377,10 @@ fn conv_precision(
             .with_peak(peak_for(peaks, gpu, p)),
         );
         out.tables.push(Table {
-            id: format!("gpu{}/conv/{}/{}/table", gpu.ordinal, p.name(), dir.name()),
+            id: TableId {
+                of: super::compute_roof(gpu.ordinal, Family::Conv, p, Some(dir)),
+                rows: TableRows::Table,
+            },
             unit: "FLOP/s".into(),
             rows: std::mem::take(&mut rows[di]),
         });

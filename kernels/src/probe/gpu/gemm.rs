@@ -9,6 +9,7 @@ use crate::cuda::blas::{
 use crate::cuda::device::{self, Gpu};
 use crate::cuda::CudaError;
 use crate::driver::CheckError;
+use roofline_model::ceiling_id::{TableId, TableRows};
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -427,7 +428,10 @@ fn gemm_precision(
             .with_peak(peak_for(peaks, gpu, p)),
         );
         out.tables.push(Table {
-            id: format!("gpu{}/gemm/{}/table", gpu.ordinal, p.name()),
+            id: TableId {
+                of: roof,
+                rows: TableRows::Table,
+            },
             unit: p.unit().into(),
             rows,
         });
