@@ -120,7 +120,7 @@ fn progress_bar(show: bool) -> Bar {
     Bar(bar)
 }
 
-/// `roofline probe`.
+/// `--isa`: an instruction set by name.
 fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
     roofline_kernels::cpu::isa::Isa::parse(s).ok_or_else(|| {
         format!(
@@ -130,6 +130,8 @@ fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
     })
 }
 
+/// `roofline probe`: the request from the arguments, the probe (`kernels::probe::run`), the
+/// file and the table.
 pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     if let Some(isa) = a.isa {
         // Read by the kernels wherever they choose their instruction set (this thread only

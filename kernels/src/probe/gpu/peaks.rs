@@ -78,6 +78,14 @@ pub(super) fn fma_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
     Ok(())
 }
 
+/// What an FMA kernel computes on: f64, f32, or two 16-bit halves packed in a 32-bit word.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum FmaKind {
+    F64,
+    F32,
+    Half,
+}
+
 pub(super) fn fma_one(
     ctx: &mut Ctx,
     gpu: &mut Gpu,
@@ -86,15 +94,21 @@ pub(super) fn fma_one(
     threads: usize,
 ) -> Result<String, CudaError> {
     let precision = p.name();
-    let kernel = match precision {
-        "f64" => "fma_f64",
-        "f32" => "fma_f32",
-        "f16" => "fma_f16x2",
-        _ => "fma_bf16x2",
+    // The kernel of each precision: a precision without one fails to compile here when added.
+    let (kind, kernel) = match p {
+        Precision::F64 => (FmaKind::F64, "fma_f64"),
+        Precision::F32 => (FmaKind::F32, "fma_f32"),
+        Precision::F16 => (FmaKind::Half, "fma_f16x2"),
+        Precision::Bf16 => (FmaKind::Half, "fma_bf16x2"),
+        Precision::Tf32 | Precision::Fp8 | Precision::Int8 => {
+            return Err(CudaError::Check(format!(
+                "{p} has no FMA on the CUDA cores (its peak is the tensor cores')"
+            )))
+        }
     };
     let f = gpu.function(kernel)?;
-    let packed = matches!(precision, "f16" | "bf16");
-    let bf16 = precision == "bf16";
+    let packed = kind == FmaKind::Half;
+    let bf16 = p == Precision::Bf16;
     let out = gpu.alloc(threads * FMA_ACC * 8)?;
     // x = 0.75 x + 0.125 for the halves (exact constants), 0.999 x + 0.001 for f32/f64.
     let (a16, b16) = (half_bits(0.75, bf16), half_bits(0.125, bf16));
@@ -111,8 +125,8 @@ pub(super) fn fma_one(
     let (a64, b64) = (0.999f64, 0.001f64);
     let (a32, b32) = (0.999f32, 0.001f32);
     let mut launch = |iters: i32| -> Result<(), CudaError> {
-        match precision {
-            "f64" => unsafe {
+        match kind {
+            FmaKind::F64 => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -120,7 +134,7 @@ pub(super) fn fma_one(
                     &mut [arg(&out.ptr), arg(&a64), arg(&b64), arg(&iters)],
                 )
             },
-            "f32" => unsafe {
+            FmaKind::F32 => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -128,7 +142,7 @@ pub(super) fn fma_one(
                     &mut [arg(&out.ptr), arg(&a32), arg(&b32), arg(&iters)],
                 )
             },
-            _ => unsafe {
+            FmaKind::Half => unsafe {
                 gpu.launch(
                     f,
                     grid,
@@ -152,8 +166,8 @@ pub(super) fn fma_one(
     let flops = 2.0 * lanes * (FMA_ACC * FMA_UNROLL) as f64 * iters as f64 * threads as f64;
     let sample: Vec<usize> = (0..8).map(|k| k * (threads / 8) + k % 3).collect();
     let mut worst = 0.0f64;
-    match precision {
-        "f64" => {
+    match kind {
+        FmaKind::F64 => {
             let v: Vec<f64> = gpu.download(&out)?;
             for &t in &sample {
                 let want = fma_ref_f64(t, a64, b64, iters as usize);
@@ -167,7 +181,7 @@ pub(super) fn fma_one(
                 }
             }
         }
-        "f32" => {
+        FmaKind::F32 => {
             let v: Vec<f32> = gpu.download(&out)?;
             for &t in &sample {
                 let want = fma_ref_f32(t, a32, b32, iters as usize);
@@ -181,7 +195,7 @@ pub(super) fn fma_one(
                 }
             }
         }
-        _ => {
+        FmaKind::Half => {
             let v: Vec<u32> = gpu.download(&out)?;
             for &t in &sample {
                 for i in 0..FMA_ACC {
