@@ -1,23 +1,27 @@
 //! What every verb checks of its arguments: value parsers, and that an output can be written
 //! before minutes of work.
 
-use anyhow::Context;
 use std::path::Path;
 use std::time::Duration;
 
 /// Fails early (before minutes of probing) when `path` cannot be written; `flag` is the
 /// option that named it (the one to change).
 pub fn check_writable(path: &Path, flag: &str) -> Result<(), anyhow::Error> {
-    roofline_model::write::check_target(path)?;
-    let tmp = roofline_model::write::temp_path(path);
-    std::fs::File::create(&tmp)
-        .and_then(|_| std::fs::remove_file(&tmp))
-        .with_context(|| {
-            format!(
+    roofline_model::write::check_writable(path).map_err(|e| unwritable(path, flag, e))
+}
+
+/// Why `path` (named by `flag`) cannot be written, as the command line says it: the file
+/// system's refusal with the option to change, or what is wrong with the target.
+pub fn unwritable(path: &Path, flag: &str, e: roofline_model::ModelError) -> anyhow::Error {
+    match e {
+        roofline_model::ModelError::Write { source, .. } => {
+            anyhow::Error::new(source).context(format!(
                 "cannot write {} (choose another path with {flag})",
                 path.display()
-            )
-        })
+            ))
+        }
+        e => e.into(),
+    }
 }
 
 /// `256M`, `4G`, `1024`: bytes (binary multiples).

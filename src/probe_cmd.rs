@@ -163,8 +163,8 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
             Err(match e {
                 RunError::Interrupted => Failure::Interrupted,
                 RunError::OtherRank(code) => Failure::Quiet(code),
-                e @ RunError::Output { .. } => {
-                    Failure::Input(anyhow!("{e} (choose another path with -o)"))
+                RunError::Output { path, source } => {
+                    Failure::Input(crate::args::unwritable(&path, "-o", source))
                 }
                 e if e.is_input() => Failure::Input(anyhow!("{e}")),
                 e => Failure::Run(anyhow!("{e}")),

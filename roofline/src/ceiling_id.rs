@@ -121,10 +121,9 @@ impl FromStr for Tier {
         if let Ok(l) = s.parse::<crate::ids::Level>() {
             return Ok(Tier::Memory(l));
         }
-        Scope::ALL
-            .into_iter()
-            .find(|x| x.name() == s)
+        s.parse::<Scope>()
             .map(Tier::Comm)
+            .ok()
             .ok_or_else(|| UnknownName {
                 what: "memory level or communication scope",
                 found: s.to_string(),
@@ -271,6 +270,13 @@ impl IoTest {
     }
 }
 
+named!(Collective, "collective");
+named!(Scope, "communication scope");
+named!(P2pMetric, "point-to-point metric");
+named!(GpuCopy, "GPU copy");
+named!(PeerCopy, "peer copy");
+named!(IoTest, "storage test");
+
 /// Any ceiling's id.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub enum CeilingId {
@@ -321,15 +327,15 @@ impl CeilingId {
         if let Some(r) = RoofId::parse(id) {
             return Some(CeilingId::Roof(r));
         }
-        let scope = |s: &str| Scope::ALL.into_iter().find(|x| x.name() == s);
-        let coll = |s: &str| Collective::ALL.into_iter().find(|x| x.name() == s);
+        let scope = |s: &str| s.parse::<Scope>().ok();
+        let coll = |s: &str| s.parse::<Collective>().ok();
         let gpu = |s: &str| s.strip_prefix("gpu")?.parse::<usize>().ok();
         if let Some(rest) = id.strip_prefix("net/") {
             let parts: Vec<&str> = rest.split('/').collect();
             return match parts[..] {
                 ["p2p", s, m] => Some(CeilingId::P2p {
                     scope: scope(s)?,
-                    metric: P2pMetric::ALL.into_iter().find(|x| x.name() == m)?,
+                    metric: m.parse().ok()?,
                 }),
                 ["nccl", op, s] => Some(CeilingId::Collective {
                     lib: CommLib::Nccl,
@@ -362,12 +368,12 @@ impl CeilingId {
             return Some(CeilingId::PeerCopy {
                 from: gpu(a)?,
                 to: gpu(b)?,
-                copy: PeerCopy::ALL.into_iter().find(|c| c.name() == tail)?,
+                copy: tail.parse().ok()?,
             });
         }
         Some(CeilingId::Copy {
             gpu: gpu(head)?,
-            copy: GpuCopy::ALL.into_iter().find(|c| c.name() == tail)?,
+            copy: tail.parse().ok()?,
         })
     }
 }
@@ -477,10 +483,12 @@ impl TableId {
         let (roof, rows) = id.rsplit_once('/')?;
         Some(TableId {
             of: RoofId::parse(roof)?,
-            rows: TableRows::ALL.into_iter().find(|r| r.name() == rows)?,
+            rows: rows.parse().ok()?,
         })
     }
 }
+
+named!(TableRows, "table's rows");
 
 impl fmt::Display for TableId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -328,6 +328,7 @@ pub struct UnknownName {
     pub expected: String,
 }
 
+/// `Display` and `FromStr` for a closed set of names (`ALL`, `name()`): the files' spelling.
 macro_rules! named {
     ($t:ty, $what:literal) => {
         impl fmt::Display for $t {

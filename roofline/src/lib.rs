@@ -6,9 +6,10 @@
 
 pub mod bagging;
 pub mod bound;
-pub mod ceiling_id;
 pub mod gate;
+#[macro_use]
 pub mod ids;
+pub mod ceiling_id;
 pub mod load;
 pub mod machine;
 pub mod peaks;

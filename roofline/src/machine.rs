@@ -577,7 +577,7 @@ pub struct CheckFailure {
 impl Machine {
     /// The ceiling with this id.
     pub fn ceiling(&self, id: &str) -> Option<&Ceiling> {
-        self.ceilings.iter().find(|c| c.id == *id)
+        self.ceiling_of(&crate::CeilingId::parse(id)?)
     }
 
     /// The ceiling of a typed id.

@@ -34,6 +34,20 @@ pub fn check_target(path: &Path) -> Result<(), ModelError> {
     }
 }
 
+/// Fails early (before minutes of work) when `path` cannot be written: a target an atomic
+/// rename must not replace ([`check_target`]), or a folder where its temporary file cannot be
+/// created.
+pub fn check_writable(path: &Path) -> Result<(), ModelError> {
+    check_target(path)?;
+    let tmp = temp_path(path);
+    std::fs::File::create(&tmp)
+        .and_then(|_| std::fs::remove_file(&tmp))
+        .map_err(|source| ModelError::Write {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
 /// Writes `contents` to `path` atomically.
 pub fn write_atomic(path: &Path, contents: &[u8]) -> Result<(), ModelError> {
     let err = |e: std::io::Error| ModelError::Write {

@@ -134,21 +134,10 @@ pub fn probe(
 
 /// Refuses a result file that cannot be written, before any measurement.
 pub(super) fn check_output(req: &Request) -> Result<(), RunError> {
-    let path = &req.output;
-    let err = |source| RunError::Output {
-        path: path.clone(),
+    roofline_model::write::check_writable(&req.output).map_err(|source| RunError::Output {
+        path: req.output.clone(),
         source,
-    };
-    roofline_model::write::check_target(path).map_err(err)?;
-    let tmp = roofline_model::write::temp_path(path);
-    std::fs::File::create(&tmp)
-        .and_then(|_| std::fs::remove_file(&tmp))
-        .map_err(|e| {
-            err(roofline_model::ModelError::Write {
-                path: path.display().to_string(),
-                source: e,
-            })
-        })
+    })
 }
 
 /// A machine with this run's provenance only.

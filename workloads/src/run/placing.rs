@@ -80,15 +80,9 @@ fn kernel(
     warm: usize,
     cancel: &AtomicBool,
 ) -> Result<Measured, RunError> {
-    let cores = roofline_kernels::probe::node::cores_for(threads)
-        .map_err(|e| {
-            if e.is_input() {
-                RunError::Input(e.to_string())
-            } else {
-                RunError::Run(e.to_string())
-            }
-        })?
-        .0;
+    let cores = roofline_kernels::affinity::cores(threads)
+        .map_err(|e| RunError::Input(e.to_string()))?
+        .chosen;
     let meter = energy::Meter::start();
     let (mut m, iterations) = w
         .measure(&cores, steps, warm, llc_bytes(), cancel)

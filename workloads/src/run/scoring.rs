@@ -105,9 +105,9 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
     }
     let scores = Scores::of(&done).ok_or_else(|| RunError::Run("no run finished".into()))?;
     let reasons = not_comparable(&prep.spec, req.custom_target);
-    let cores = roofline_kernels::probe::node::cores_for(None)
+    let cores = roofline_kernels::affinity::cores(None)
         .map_err(|e| RunError::Run(e.to_string()))?
-        .1
+        .all
         .len();
     let cpu = roofline_kernels::probe::node::cpu_here(cores);
     let provenance = roofline_collectors::provenance::here(cpu.clone(), false, start);

@@ -310,17 +310,12 @@ pub fn evaluate<T: Float>(
     step: usize,
 ) -> Result<Eval, EvalError> {
     let (mut top1, mut top5, mut loss) = (0usize, 0usize, 0.0);
-    for start in (0..images).step_by(batch.max(1)) {
-        let ids: Vec<u64> = (start..(start + batch).min(images))
-            .map(|i| i as u64)
-            .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids)?;
-        let z = forward(&x)?;
+    held_out(forward, data, images, batch, &mut |z, labels| {
         let (l, _, t1, t5) = softmax_cross_entropy(&z, &labels, 0.0);
         top1 += t1;
         top5 += t5;
-        loss += l * ids.len() as f64;
-    }
+        loss += l * labels.len() as f64;
+    })?;
     let n = images.max(1) as f64;
     Ok(Eval {
         step,
@@ -340,12 +335,7 @@ pub fn predict<T: Float>(
     batch: usize,
 ) -> Result<crate::bagging::Predictions, EvalError> {
     let (mut probabilities, mut all_labels, mut classes) = (Vec::new(), Vec::new(), 0);
-    for start in (0..images).step_by(batch.max(1)) {
-        let ids: Vec<u64> = (start..(start + batch).min(images))
-            .map(|i| i as u64)
-            .collect();
-        let (x, labels) = data.eval_batch::<T>(&ids)?;
-        let z = forward(&x)?;
+    held_out(forward, data, images, batch, &mut |z, labels| {
         classes = z.c;
         for row in z.data.chunks(z.c.max(1)) {
             let m = row
@@ -357,10 +347,29 @@ pub fn predict<T: Float>(
             probabilities.extend(e.iter().map(|v| (v / sum) as f32));
         }
         all_labels.extend(labels);
-    }
+    })?;
     Ok(crate::bagging::Predictions::Classes {
         classes,
         probabilities,
         labels: all_labels,
     })
+}
+
+/// The inference logits of the `images` held-out images by `forward`, `batch` at a time, each
+/// batch's handed to `each` with its labels.
+fn held_out<T: Float>(
+    forward: &mut Infer<'_, T, Tensor<T>>,
+    data: &Source,
+    images: usize,
+    batch: usize,
+    each: &mut dyn FnMut(Tensor<T>, Vec<usize>),
+) -> Result<(), EvalError> {
+    for start in (0..images).step_by(batch.max(1)) {
+        let ids: Vec<u64> = (start..(start + batch).min(images))
+            .map(|i| i as u64)
+            .collect();
+        let (x, labels) = data.eval_batch::<T>(&ids)?;
+        each(forward(&x)?, labels);
+    }
+    Ok(())
 }
