@@ -4,6 +4,7 @@
 //! Pure: no hardware, no unsafe, no threads. Every other crate of the workspace depends on this
 //! one; it depends on none of them.
 
+pub mod automl;
 pub mod bagging;
 pub mod bound;
 pub mod gate;

@@ -397,6 +397,7 @@ mod tests {
                 checkpoint_every: None,
                 comm: Default::default(),
                 ensemble: None,
+                stop: None,
             },
         };
         let mut preds = Vec::new();

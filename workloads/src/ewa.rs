@@ -365,6 +365,7 @@ mod tests {
                 checkpoint_every: None,
                 comm: Default::default(),
                 ensemble: None,
+                stop: None,
             },
         }
     }

@@ -372,6 +372,39 @@ impl<T: Float> Graph<T> {
         })
     }
 
+    /// Parameters (with their momenta) and running statistics from a checkpoint of this
+    /// network.
+    pub fn load(&mut self, c: &Checkpoint) -> Result<(), CheckpointError> {
+        c.take_params(Model::params(self))?;
+        c.take_stats(self.running_stats())
+    }
+
+    /// Parameters (with their momenta) and running statistics as a checkpoint.
+    pub fn snapshot(&mut self) -> Checkpoint {
+        let mut c = Checkpoint::default();
+        c.put_params(Model::params(self));
+        c.put_stats(self.running_stats());
+        c
+    }
+
+    /// The multiply-accumulates per image of the convolutions and dense layers as built and
+    /// run on `x` (their filters' sizes times the outputs they made): what the analytic count
+    /// from the description must equal.
+    #[cfg(test)]
+    pub(crate) fn ran_macs(&mut self, x: &Tensor<T>) -> f64 {
+        self.forward(x, true);
+        let mut macs = 0.0;
+        for (i, l) in self.layers.iter_mut().enumerate() {
+            let out = self.values[i + 1].as_ref().expect("kept");
+            match l {
+                Layer::Conv(c) => macs += (c.weight.value.len() * out.h * out.w) as f64,
+                Layer::Dense(d) => macs += d.weight.value.len() as f64,
+                _ => {}
+            }
+        }
+        macs
+    }
+
     /// The logits of a batch; a training pass keeps what the backward pass needs.
     pub fn forward(&mut self, x: &Tensor<T>, train: bool) -> Tensor<T> {
         let mut values: Vec<Option<Arc<Tensor<T>>>> = vec![Some(Arc::new(x.clone()))];
@@ -543,6 +576,9 @@ impl<T: Float> Model<T> for Graph<T> {
 pub struct GraphTask {
     pub net: Description,
     pub classify: TrainConfig,
+    /// The weights the network starts from instead of its seed's (a morphed parent's:
+    /// [`crate::automl::morph`]), parameters, zero momenta and running statistics.
+    pub init: Option<Arc<Checkpoint>>,
 }
 
 impl GraphTask {
@@ -550,7 +586,11 @@ impl GraphTask {
     pub fn new(net: Description, classify: TrainConfig) -> Result<GraphTask, GraphError> {
         let r = classify.data.resolution();
         net.shapes(r, r)?;
-        Ok(GraphTask { net, classify })
+        Ok(GraphTask {
+            net,
+            classify,
+            init: None,
+        })
     }
 
     fn side(&self) -> usize {
@@ -576,8 +616,13 @@ impl<T: Float> Task<T> for GraphTask {
     }
     fn build(&self) -> Graph<T> {
         let s = self.side();
-        Graph::new(self.net.clone(), s, s, self.classify.run.seed)
-            .expect("checked in GraphTask::new")
+        let mut g = Graph::new(self.net.clone(), s, s, self.classify.run.seed)
+            .expect("checked in GraphTask::new");
+        if let Some(c) = &self.init {
+            // Made by the morphism for exactly this description.
+            g.load(c).expect("initial weights made for this network");
+        }
+        g
     }
     fn schedule(&self) -> Schedule {
         <TrainConfig as Task<T>>::schedule(&self.classify)
@@ -626,4 +671,4 @@ impl<T: Float> Task<T> for GraphTask {
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -4,6 +4,7 @@
 
 pub mod accounting;
 pub mod alloc;
+pub mod automl;
 pub mod bagging;
 pub mod checkpoint;
 pub mod conv;

@@ -3,14 +3,14 @@ use crate::data::Synthetic;
 use crate::resnet::{Config, ResNet, Version};
 use crate::train::{run, tests::Mirror, train, Decay, Quiet, Source};
 
-fn rand(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
+pub(crate) fn rand(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
     let mut r = Rng::new(seed);
     Tensor::from_vec(n, h, w, c, (0..n * h * w * c).map(|_| r.normal()).collect())
 }
 
 /// Every kind of layer, a value read twice (a skip connection) and a convolution on a
 /// convolution's output: 6×6×3 images to 5 logits.
-fn every_layer() -> Description {
+pub(crate) fn every_layer() -> Description {
     let conv = |channels, kernel, stride| Op::Conv {
         channels,
         kernel,
@@ -81,10 +81,17 @@ fn shapes_follow_the_layers_and_bad_descriptions_say_why() {
 /// the skip connection summed.
 #[test]
 fn gradients_match_finite_differences() {
-    let d = every_layer();
-    let x = rand(3, 6, 6, 3, 1);
-    let proj = rand(3, 1, 1, 5, 2);
-    let mut g = Graph::<f64>::new(d.clone(), 6, 6, 7).unwrap();
+    let n = check_gradients(&every_layer(), 6, 7);
+    assert_eq!(n, 3 + 2 * 2 + 2, "3 convolutions, 2 batch norms, 1 dense");
+}
+
+/// The finite-difference check of every parameter of `d` (built from `seed`) on three random
+/// `side × side` images; the number of parameters checked.
+pub(crate) fn check_gradients(d: &Description, side: usize, seed: u64) -> usize {
+    let classes = d.shapes(side, side).unwrap().last().unwrap().2;
+    let x = rand(3, side, side, d.channels, 1);
+    let proj = rand(3, 1, 1, classes, 2);
+    let mut g = Graph::<f64>::new(d.clone(), side, side, seed).unwrap();
     let z = g.forward(&x, true);
     let mut order = Vec::new();
     g.backward_with(&proj, &mut |ps| {
@@ -101,12 +108,7 @@ fn gradients_match_finite_differences() {
         .into_iter()
         .map(|p| (p.name.clone(), p.value.clone(), p.grad.clone()))
         .collect();
-    assert_eq!(
-        grads.len(),
-        3 + 2 * 2 + 2,
-        "3 convolutions, 2 batch norms, 1 dense"
-    );
-    let mut fresh = Graph::<f64>::new(d, 6, 6, 7).unwrap();
+    let mut fresh = Graph::<f64>::new(d.clone(), side, side, seed).unwrap();
     let h = 1e-5;
     for (k, (name, value, grad)) in grads.iter().enumerate() {
         let stride = (value.len() / 11).max(1);
@@ -129,6 +131,7 @@ fn gradients_match_finite_differences() {
             );
         }
     }
+    grads.len()
 }
 
 fn small_resnet() -> Config {

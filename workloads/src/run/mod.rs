@@ -50,6 +50,9 @@ pub struct RunOptions {
     /// A base model of a bagged ensemble (HPC AI500 V3.0): it trains on its bootstrap sample
     /// of the training images and keeps its held-out predictions (`Summary::predictions`).
     pub ensemble: Option<crate::bagging::Member>,
+    /// Stop before the next step once this is set (AutoML's time budget, Ctrl-C): the run ends
+    /// as if `stop_at` had been the step it reached.
+    pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
 }
 
 impl RunOptions {
@@ -69,6 +72,7 @@ impl RunOptions {
             checkpoint_every: None,
             comm: CommOptions::default(),
             ensemble: None,
+            stop: None,
         }
     }
 }

@@ -291,6 +291,13 @@ pub fn run<T: Float, W: Task<T>>(
     let mut saved = order.clone();
     let mut pending = (start_step < end).then(|| fetch(&mut order, start_step));
     for step in start_step..end {
+        if opts
+            .stop
+            .as_ref()
+            .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
+        {
+            break;
+        }
         let t0 = Instant::now();
         let step_span = span("step", || format!("step {}", step + 1));
         let (x, truth) = wait_for_batch(&mut pending)?;

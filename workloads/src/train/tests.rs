@@ -80,6 +80,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
             checkpoint_every: None,
             comm: Default::default(),
             ensemble: None,
+            stop: None,
         },
     };
     let single = train::<f64, _>(&cfg, &Quiet, None).unwrap();
@@ -187,6 +188,7 @@ fn tiny() -> TrainConfig {
             checkpoint_every: None,
             comm: Default::default(),
             ensemble: None,
+            stop: None,
         },
     }
 }
@@ -376,6 +378,7 @@ fn small_resnet_reaches_90_percent_on_synthetic_data() {
             checkpoint_every: None,
             comm: Default::default(),
             ensemble: None,
+            stop: None,
         },
     };
     let s = train::<f32, _>(&cfg, &Quiet, None).unwrap();

@@ -1,0 +1,301 @@
+//! `automl.json` (schema `roofline/automl/v1`): an AIPerf AutoML run — every candidate network
+//! the search made and trained, the FLOPS time series, the score, the regulated score and
+//! whether the run is valid by AIPerf's rules. Rewritten (atomically) after every finished
+//! epoch, so that an interrupted run keeps what it found and can be resumed from it.
+
+use crate::stats::Stats;
+use crate::validate::{non_negative, positive, Invalid, Validate};
+use crate::{ModelError, Provenance};
+use serde::{Deserialize, Serialize};
+
+/// The schema tag every `automl.json` of this version carries.
+pub const AUTOML_SCHEMA: &str = "roofline/automl/v1";
+
+/// AIPerf's rules (paper, table IV): at least an hour, at least FP16, an error of at most 30 %
+/// (the paper's text says 35 %; the table is kept).
+pub const MIN_SECONDS: f64 = 3600.0;
+pub const MAX_ERROR: f64 = 0.30;
+
+/// Operations per image by AIPerf's rules.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Ops {
+    pub forward: f64,
+    pub backward: f64,
+    /// Forward, backward and update: what one training image costs.
+    pub total: f64,
+}
+
+/// How a candidate's training ended.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "status")]
+pub enum Outcome {
+    /// Handed out, not finished (a resumed run trains it again).
+    Running,
+    /// All its epochs.
+    Trained,
+    /// Its validation accuracy stopped improving for `patience` epochs.
+    EarlyStopped,
+    /// The run's time budget ended it; its finished epochs count.
+    Cut,
+    /// Its worker sent nothing for longer than the stall limit: the trial was ended and the
+    /// candidate handed to another worker (as a new candidate with the same network).
+    Stalled,
+    /// Its worker failed (the message).
+    Failed { why: String },
+}
+
+/// One finished epoch of a candidate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Epoch {
+    pub epoch: usize,
+    pub top1: f64,
+    pub loss: f64,
+    /// Training and evaluation, seconds.
+    pub seconds: f64,
+    /// AIPerf operations of the epoch: training images × total + evaluation images × forward.
+    pub ops: f64,
+    /// Seconds since the run began when it finished.
+    pub at_s: f64,
+}
+
+/// One candidate network.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Candidate {
+    pub id: usize,
+    /// The trained network it was made from (none for the starting network).
+    pub parent: Option<usize>,
+    /// The morphisms from the parent, in order (`roofline_workloads::automl::morph::Morphism`).
+    pub morphisms: Vec<serde_json::Value>,
+    /// The network (`roofline_workloads::graph::Description`).
+    pub description: serde_json::Value,
+    pub parameters: f64,
+    pub ops_per_image: Ops,
+    /// Hyper-parameters: images per step, and the kernel of the layers deeper inserts.
+    pub batch: usize,
+    pub kernel: usize,
+    /// Its round (AIPerf's warm-up rounds train longer each), epochs planned and patience.
+    pub round: usize,
+    pub epochs_planned: usize,
+    pub patience: usize,
+    /// The search's expectation: the GP's mean accuracy and its upper confidence bound.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expected: Option<(f64, f64)>,
+    pub worker: usize,
+    pub started_s: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finished_s: Option<f64>,
+    pub epochs: Vec<Epoch>,
+    /// The fit of the validation curve's final accuracy (warm-up rounds).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub predicted_top1: Option<f64>,
+    #[serde(flatten)]
+    pub outcome: Outcome,
+}
+
+impl Candidate {
+    /// The best observed top-1.
+    pub fn best_top1(&self) -> Option<f64> {
+        self.epochs.iter().map(|e| e.top1).reduce(f64::max)
+    }
+}
+
+/// One point of the time series (AIPerf samples every 0.1 hour).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sample {
+    pub at_s: f64,
+    /// Operations of every finished epoch so far.
+    pub ops: f64,
+    pub flops: f64,
+    /// 1 − the best top-1 so far.
+    pub error: f64,
+    /// −ln(error) × FLOPS.
+    pub regulated: f64,
+}
+
+/// The score.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AutomlScore {
+    /// AIPerf's score: the series' highest FLOPS.
+    pub flops: f64,
+    /// The series' highest regulated score.
+    pub regulated: f64,
+    pub error: f64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_candidate: Option<usize>,
+    pub elapsed_s: f64,
+    pub candidates_per_minute: f64,
+    /// The share of the workers' time spent in training and evaluation (the rest: the master,
+    /// the search, building children and hand-offs).
+    pub training_share: f64,
+}
+
+/// A worker: its rank(s), trials and busy time.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Worker {
+    pub id: usize,
+    pub trials: usize,
+    pub train_seconds: f64,
+    pub alive: bool,
+}
+
+/// The whole `automl.json`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Automl {
+    pub schema: String,
+    pub provenance: Provenance,
+    /// Every setting, by name.
+    pub configuration: serde_json::Map<String, serde_json::Value>,
+    /// Whether the run still goes on (false once it ended).
+    pub running: bool,
+    pub candidates: Vec<Candidate>,
+    pub series: Vec<Sample>,
+    pub workers: Vec<Worker>,
+    pub score: AutomlScore,
+    /// Seconds per epoch over all candidates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch_seconds: Option<Stats>,
+    /// Valid by AIPerf's rules, and why not.
+    pub valid: bool,
+    #[serde(default)]
+    pub invalid_because: Vec<String>,
+}
+
+impl Automl {
+    pub fn from_json(text: &str) -> Result<Automl, ModelError> {
+        crate::from_json_with_schema(text, AUTOML_SCHEMA)
+    }
+
+    pub fn read(path: &std::path::Path) -> Result<Automl, ModelError> {
+        crate::read_with_schema(path, AUTOML_SCHEMA)
+    }
+
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(ModelError::Json)
+    }
+
+    /// The report's first line.
+    pub fn headline(&self) -> String {
+        format!(
+            "AIPerf AutoML: {} candidates in {:.0} s{}",
+            self.candidates.len(),
+            self.score.elapsed_s,
+            if self.valid {
+                String::new()
+            } else {
+                format!(" — NOT VALID: {}", self.invalid_because.join("; "))
+            }
+        )
+    }
+}
+
+/// The series point at `at_s` with `ops` done and `best_top1` the best accuracy.
+pub fn sample(at_s: f64, ops: f64, best_top1: Option<f64>) -> Sample {
+    let flops = if at_s > 0.0 { ops / at_s } else { 0.0 };
+    let error = 1.0 - best_top1.unwrap_or(0.0);
+    Sample {
+        at_s,
+        ops,
+        flops,
+        error,
+        regulated: crate::score::aiperf_regulated(flops, 1.0 - error),
+    }
+}
+
+/// Why a run is not valid by AIPerf's rules (empty: valid). `imagenet_224`: ImageNet at 224².
+pub fn invalid_because(
+    elapsed_s: f64,
+    error: f64,
+    imagenet_224: bool,
+    fp16_or_wider: bool,
+) -> Vec<String> {
+    let mut why = Vec::new();
+    if elapsed_s < MIN_SECONDS {
+        why.push(format!(
+            "ran {elapsed_s:.0} s, the rules ask at least {MIN_SECONDS:.0} s"
+        ));
+    }
+    if error > MAX_ERROR {
+        why.push(format!(
+            "error {:.1} %, the rules allow at most {:.0} % (table IV; the paper's text says 35 %)",
+            error * 100.0,
+            MAX_ERROR * 100.0
+        ));
+    }
+    if !imagenet_224 {
+        why.push("not ImageNet at 224×224".into());
+    }
+    if !fp16_or_wider {
+        why.push("below FP16".into());
+    }
+    why
+}
+
+fn fraction(id: &str, field: &str, v: f64) -> Result<(), Invalid> {
+    if (0.0..=1.0).contains(&v) {
+        Ok(())
+    } else {
+        Err(Invalid {
+            id: id.into(),
+            field: field.into(),
+            why: format!("is {v}: it lies in [0, 1]"),
+        })
+    }
+}
+
+impl Validate for Automl {
+    fn validate(&self) -> Result<(), Invalid> {
+        for c in &self.candidates {
+            let id = format!("candidate {}", c.id);
+            positive(&id, "ops_per_image.total", c.ops_per_image.total)?;
+            positive(&id, "parameters", c.parameters)?;
+            if c.batch == 0 {
+                return Err(Invalid {
+                    id,
+                    field: "batch".into(),
+                    why: "is 0".into(),
+                });
+            }
+            if let Some(p) = c.parent {
+                if p >= c.id {
+                    return Err(Invalid {
+                        id,
+                        field: "parent".into(),
+                        why: format!("is {p}: a parent comes before its child"),
+                    });
+                }
+            }
+            for e in &c.epochs {
+                fraction(&id, "top1", e.top1)?;
+                non_negative(&id, "seconds", e.seconds)?;
+                positive(&id, "ops", e.ops)?;
+            }
+        }
+        let mut last = 0.0;
+        for s in &self.series {
+            non_negative("series", "at_s", s.at_s)?;
+            if s.at_s < last {
+                return Err(Invalid {
+                    id: "series".into(),
+                    field: "at_s".into(),
+                    why: format!("goes back from {last} to {}", s.at_s),
+                });
+            }
+            last = s.at_s;
+            non_negative("series", "flops", s.flops)?;
+            fraction("series", "error", s.error)?;
+            non_negative("series", "regulated", s.regulated)?;
+        }
+        non_negative("score", "flops", self.score.flops)?;
+        non_negative("score", "regulated", self.score.regulated)?;
+        fraction("score", "training_share", self.score.training_share)?;
+        fraction("score", "error", self.score.error)?;
+        if self.valid != self.invalid_because.is_empty() {
+            return Err(Invalid {
+                id: "verdict".into(),
+                field: "valid".into(),
+                why: "disagrees with invalid_because".into(),
+            });
+        }
+        Ok(())
+    }
+}
