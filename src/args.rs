@@ -45,6 +45,33 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
     Ok(bytes)
 }
 
+/// A duration: seconds, or a number with s, m or h (90, 90s, 3m, 1.5h).
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let t = s.trim();
+    let (num, unit) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => (&t[..i], c),
+        _ => (t, 's'),
+    };
+    let k = match unit {
+        's' => 1.0,
+        'm' => 60.0,
+        'h' => 3600.0,
+        _ => {
+            return Err(format!(
+                "`{s}`: expected seconds or a number with s, m or h (90s, 3m, 1h)"
+            ))
+        }
+    };
+    let v: f64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("`{s}`: expected seconds or a number with s, m or h (90s, 3m, 1h)"))?;
+    if !(v > 0.0 && v * k <= 30.0 * 86_400.0) {
+        return Err(format!("`{s}`: give more than 0 and at most 30 days"));
+    }
+    Ok(Duration::from_secs_f64(v * k))
+}
+
 pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     let v: f64 = s
         .trim()

@@ -1,6 +1,7 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
 mod args;
+mod automl_cmd;
 mod doctor_cmd;
 mod exit;
 mod gate_cmd;
@@ -129,6 +130,32 @@ enum Command {
     /// Example (minutes on 2 cores):
     ///   roofline sweep --machine machine.json --images 64,256 --resolution 32,64 --threads 1,2
     Sweep(Box<sweep_cmd::SweepArgs>),
+    /// Run AIPerf's AutoML benchmark: neural architecture search by network morphism from
+    /// ResNet-50, scored by the FLOPS the machine sustains while searching.
+    ///
+    /// A master holds the history of trained networks; workers (--workers, each on its share
+    /// of the cores) take candidates from a shared buffer and train them in the embedded
+    /// trainer. Each candidate is its parent changed by morphisms — deeper (a conv + batch norm
+    /// + ReLU block), wider (a convolution's channels doubled), skip (an addition from an
+    /// earlier ReLU) — and starts from its parent's trained weights, carried over so that it
+    /// computes what its parent computed (Net2Net). The next candidate is chosen by a Gaussian
+    /// process over architectures (edit-distance kernel, UCB, simulated annealing); after the
+    /// warm-up rounds TPE picks its batch and kernel size. Operations are counted per candidate
+    /// by AIPerf's rules (forward, backward, update) for the training and evaluation images of
+    /// every finished epoch; FLOPS = operations / time, sampled over time: the score is the
+    /// highest; regulated score = −ln(error) × FLOPS, error = 1 − best top-1. Valid by the
+    /// rules: at least 1 hour, ImageNet at 224², at least FP16, error at most 30 %.
+    ///
+    /// Writes automl.json (roofline/automl/v1; rewritten after every epoch: an interrupted
+    /// run keeps what it found, --resume goes on), the candidates' weights and an HTML report
+    /// with the three time series and the tree of candidates. A stalled or failed trial is
+    /// ended and its candidate given to another worker. Ctrl-C stops at the next step.
+    /// Examples:
+    ///   roofline automl                                   # 3 minutes, synthetic, small
+    ///   roofline automl --budget 10m --workers 2 -o run.json
+    ///   roofline automl --official --data /data/imagenet  # AIPerf's settings, 1 hour
+    ///   roofline automl --resume -o run.json --budget 20m
+    Automl(Box<automl_cmd::AutomlArgs>),
     /// Fail a CI job when performance regressed against a baseline, and not on noise.
     ///
     /// Compares two results of one kind (machine.json from `probe`, placement.json from `place`,
@@ -212,7 +239,9 @@ fn main() -> ExitCode {
     // acts, so that one plot is written and one table printed.
     let every_rank = match &cli.command {
         Command::Probe(_) | Command::Train(_) | Command::Score(_) => true,
-        Command::Place(a) => a.workload == "resnet50" || a.workload == "ewa",
+        Command::Place(a) => {
+            a.workload == "resnet50" || a.workload == "ewa" || a.workload.starts_with("automl:")
+        }
         _ => false,
     };
     if !every_rank && roofline_kernels::comm::launched_rank().is_some_and(|r| r != 0) {
@@ -230,6 +259,7 @@ fn main() -> ExitCode {
         Command::Place(args) => place_cmd::place(&args),
         Command::Score(args) => score_cmd::score(&args),
         Command::Sweep(args) => sweep_cmd::sweep(&args),
+        Command::Automl(args) => automl_cmd::automl(&args),
         Command::Doctor(args) => match doctor_cmd::run(&args) {
             Ok(code) => return code,
             Err(e) => Err(e),

@@ -15,7 +15,9 @@ pub struct PlaceArgs {
     /// What to place: `resnet50` or `ewa` (a training run of the embedded trainer; the
     /// training options below apply; ewa at e.g. --resolution 192x288 on small machines),
     /// `gemm:MxNxK[:f32|f64|f16]`, `conv:N,C,H,W,K,R,S,stride,pad` (f32 forward, NHWC), or
-    /// `stream:BYTES` (a triad over BYTES of arrays).
+    /// `stream:BYTES` (a triad over BYTES of arrays), or `automl:FILE[#ID]` (a candidate of a
+    /// `roofline automl` run — its best without an id — from its trained weights, on the run's
+    /// data, resolution and classes).
     #[arg(long, value_name = "W")]
     pub workload: String,
     /// The machine's ceilings, from `roofline probe`.
@@ -51,6 +53,8 @@ pub struct PlaceArgs {
 pub enum Workload {
     /// A training run of the embedded trainer.
     Training(Kind),
+    /// An AutoML run's candidate (its best without an id).
+    Automl(PathBuf, Option<usize>),
     /// A GEMM, convolution or triad on the probe's kernels.
     Micro(Micro),
 }
@@ -59,6 +63,19 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
     match w {
         "resnet50" => Ok(Workload::Training(Kind::Resnet50)),
         "ewa" => Ok(Workload::Training(Kind::Ewa)),
+        w if w.starts_with("automl:") => {
+            let rest = &w["automl:".len()..];
+            let (file, id) = match rest.rsplit_once('#') {
+                Some((f, i)) => (
+                    f,
+                    Some(i.parse::<usize>().map_err(|_| {
+                        format!("--workload {w}: expected automl:FILE or automl:FILE#ID (a candidate's number)")
+                    })?),
+                ),
+                None => (rest, None),
+            };
+            Ok(Workload::Automl(PathBuf::from(file), id))
+        }
         _ => Micro::parse(w).map(Workload::Micro),
     }
 }
@@ -84,7 +101,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| a.output.with_extension("svg"));
     crate::args::check_writable(&plot_path, "--plot").map_err(Failure::Input)?;
-    if a.trace.is_some() && !matches!(workload, Workload::Training(_)) {
+    if a.trace.is_some() && !matches!(workload, Workload::Training(_) | Workload::Automl(..)) {
         return Err(input(
             "--trace records a training run's timeline: use it with --workload resnet50 or ewa"
                 .into(),
@@ -93,7 +110,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     if let Some(t) = &a.trace {
         crate::args::check_writable(t, "--trace").map_err(Failure::Input)?;
     }
-    if matches!(workload, Workload::Training(_)) {
+    if matches!(workload, Workload::Training(_) | Workload::Automl(..)) {
         crate::exit::exit_on_ctrlc(
             "nothing was written (the placement, its plot and the trace are written at the end)"
                 .into(),
@@ -113,7 +130,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
             )));
         }
     }
-    if a.run.cuda() && !matches!(workload, Workload::Training(_)) {
+    if a.run.cuda() && !matches!(workload, Workload::Training(_) | Workload::Automl(..)) {
         return Err(input(
             "--device cuda places a training run (--workload resnet50 or ewa) on a GPU's roofline; a GEMM, convolution or STREAM kernel on the GPU is what `roofline probe --device cuda` measures (its gemm, conv and mem ceilings)"
                 .into(),
@@ -126,6 +143,27 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
             eprintln!(
                 "placing {}: {} warm-up and {steps} measured training steps, batch {}, {} …",
                 a.workload,
+                a.warm,
+                prep.batch(),
+                prep.resolution
+            );
+            What::Training {
+                prep: Box::new(prep),
+                warm: a.warm,
+                steps,
+            }
+        }
+        Workload::Automl(file, id) => {
+            let prep = roofline_workloads::automl::setup::prepare_candidate(
+                file,
+                *id,
+                &a.run.spec(Kind::Resnet50)?,
+            )?;
+            let steps = a.run.steps.unwrap_or(5).max(1);
+            eprintln!(
+                "placing {} of {}: {} warm-up and {steps} measured training steps, batch {}, {} …",
+                prep.workload_name(),
+                file.display(),
                 a.warm,
                 prep.batch(),
                 prep.resolution

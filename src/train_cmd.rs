@@ -159,7 +159,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         None => format!("{} threads", prep.threads),
     };
     match &prep.job {
-        Job::Classifier(_) => print_classifier(&prep, &s, &on),
+        Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, &s, &on),
         Job::Detector(_) => print_detector(&prep, &s, &on),
     }
     if s.ranks > 1 {
@@ -183,7 +183,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     println!("final training loss {:.4}", s.final_loss);
     let held_out = prep.job.workload().eval_images();
     match (&prep.job, s.evals.last()) {
-        (Job::Classifier(_), Some(e)) => println!(
+        (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => println!(
             "held-out: Top-1 {:.2}%, Top-5 {:.2}% on {held_out} images",
             100.0 * e.top1,
             100.0 * e.top5,

@@ -5,6 +5,7 @@
 //! every compute ceiling a flat roof drawn from where it meets the highest bandwidth roof,
 //! theoretical peaks dashed, the ridge points (peak / bandwidth) marked and labelled exactly.
 
+pub mod automl;
 pub mod check;
 pub mod html;
 pub mod labels;

@@ -223,12 +223,14 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                 metrics,
             })
         }
+        crate::automl::AUTOML_SCHEMA => automl(text),
         other => Err(ModelError::Schema {
             expected: format!(
-                "{}, {} or {}",
+                "{}, {}, {} or {}",
                 crate::MACHINE_SCHEMA,
                 crate::placement::PLACEMENT_SCHEMA,
-                crate::score::SCORE_SCHEMA
+                crate::score::SCORE_SCHEMA,
+                crate::automl::AUTOML_SCHEMA
             ),
             found: if other.is_empty() {
                 "no \"schema\" field".into()
@@ -237,4 +239,49 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             },
         }),
     }
+}
+
+/// An AutoML run: its score (the series' highest FLOPS, with the series as samples), the
+/// regulated score, the best accuracy (the candidates' as samples), the candidates a minute
+/// and the seconds an epoch took. The work: the run's configuration.
+fn automl(text: &str) -> Result<GateInput, ModelError> {
+    let a = crate::automl::Automl::from_json(text)?;
+    let series =
+        |f: fn(&crate::automl::Sample) -> f64| -> Vec<f64> { a.series.iter().map(f).collect() };
+    let best: Vec<f64> = a.candidates.iter().filter_map(|c| c.best_top1()).collect();
+    let s = &a.score;
+    let mut metrics = vec![
+        metric(
+            "automl/flops".into(),
+            "FLOP/s",
+            s.flops,
+            &series(|p| p.flops),
+        ),
+        metric(
+            "automl/regulated".into(),
+            "FLOP/s",
+            s.regulated,
+            &series(|p| p.regulated),
+        ),
+        metric("automl/best_top1".into(), "top-1", 1.0 - s.error, &best),
+        metric(
+            "automl/candidates_per_minute".into(),
+            "1/min",
+            s.candidates_per_minute,
+            &[],
+        ),
+    ];
+    if let Some(e) = &a.epoch_seconds {
+        metrics.push(metric("automl/epoch".into(), "s", e.median, &e.values));
+    }
+    Ok(GateInput {
+        kind: "automl",
+        runs: 1,
+        work: vec![(
+            "configuration",
+            serde_json::Value::Object(a.configuration.clone()).to_string(),
+        )],
+        provenance: a.provenance,
+        metrics,
+    })
 }

@@ -14,6 +14,7 @@
 pub mod master;
 pub mod morph;
 pub mod search;
+pub mod setup;
 pub mod tpe;
 pub mod worker;
 

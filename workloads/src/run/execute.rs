@@ -72,8 +72,16 @@ pub fn execute(
             Job::Classifier(cfg) => p
                 .pool
                 .install(|| train::train::<f32, _>(cfg, monitor, reducer)),
+            Job::Graph { task, .. } => p
+                .pool
+                .install(|| train::train::<f32, _>(task, monitor, reducer)),
         }?;
         return Ok((s, None));
+    }
+    if let Job::Graph { .. } = &p.job {
+        return Err(RunError::Input(
+            "--device cuda: the CUDA trainer has no model for a described network (an AutoML candidate) yet; run it on the CPU".into(),
+        ));
     }
     let (gpu, ordinal) = open_gpu(p.spec.gpu)?;
     let gpu_name = Some(gpu.name.clone());
@@ -95,6 +103,7 @@ pub fn execute(
             let mut dev = CudaTrainer::<GpuResNet>::new(ctx, nccl, reducer, cfg.run.comm);
             train::run(cfg, monitor, &mut dev)
         }
+        Job::Graph { .. } => unreachable!("refused above"),
     }?;
     Ok((s, gpu_name))
 }

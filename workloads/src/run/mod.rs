@@ -175,6 +175,36 @@ impl Workload for crate::train::TrainConfig {
     }
 }
 
+/// A described network: the classifier's data and schedule, its own layers.
+impl Workload for crate::graph::GraphTask {
+    fn run(&self) -> &RunOptions {
+        &self.classify.run
+    }
+    fn run_mut(&mut self) -> &mut RunOptions {
+        &mut self.classify.run
+    }
+    fn train_images(&self) -> usize {
+        self.classify.train_images
+    }
+    fn eval_images(&self) -> usize {
+        self.classify.eval_images
+    }
+    fn no_evaluation(&mut self) {
+        self.classify.eval_images = 0;
+    }
+    fn layers(&self, h: usize, w: usize) -> Vec<crate::accounting::LayerCount> {
+        self.net.layers(h, w).unwrap_or_default()
+    }
+    fn describe(&self) -> Vec<(&'static str, serde_json::Value)> {
+        let mut d = self.classify.describe();
+        d.push((
+            "network",
+            serde_json::to_value(&self.net).unwrap_or_default(),
+        ));
+        d
+    }
+}
+
 impl Workload for crate::ewa::EwaConfig {
     fn run(&self) -> &RunOptions {
         &self.run

@@ -151,7 +151,7 @@ pub fn measured(
     let cuda = prep.spec.device == Device::Cuda;
     let measured = Measured {
         info: WorkloadInfo {
-            name: prep.spec.workload.name().to_string(),
+            name: prep.workload_name(),
             kind: "training".into(),
             description: format!(
                 "{} training on {}, {}, SGD; FLOPs per step: {} per image (forward, backward) × {} images on this rank",

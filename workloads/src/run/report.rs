@@ -16,7 +16,7 @@ pub fn json(p: &Prepared, s: &Summary, gpu: Option<&str>) -> Value {
     let res = p.resolution;
     let spec = &p.spec;
     let mut v = match &p.job {
-        Job::Classifier(_) => {
+        Job::Classifier(_) | Job::Graph { .. } => {
             let counted = p.layers();
             let aiperf = accounting::aiperf(&counted);
             let v3 = accounting::hpc_ai500_v3(&counted);

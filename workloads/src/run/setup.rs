@@ -152,6 +152,11 @@ pub enum Job {
     Classifier(TrainConfig),
     /// Faster R-CNN detection (ewa).
     Detector(EwaConfig),
+    /// A described network on the classifier's data (an AutoML candidate, `label`).
+    Graph {
+        task: crate::graph::GraphTask,
+        label: String,
+    },
 }
 
 impl Job {
@@ -159,6 +164,7 @@ impl Job {
         match self {
             Job::Classifier(c) => c,
             Job::Detector(c) => c,
+            Job::Graph { task, .. } => task,
         }
     }
 
@@ -166,6 +172,7 @@ impl Job {
         match self {
             Job::Classifier(c) => c,
             Job::Detector(c) => c,
+            Job::Graph { task, .. } => task,
         }
     }
 }
@@ -247,11 +254,13 @@ impl Prepared {
             return Ok(None);
         }
         match &mut self.job {
-            Job::Classifier(c) if matches!(c.data, Source::Synthetic(_)) => {
+            Job::Classifier(c) | Job::Graph { task: crate::graph::GraphTask { classify: c, .. }, .. }
+                if matches!(c.data, Source::Synthetic(_)) =>
+            {
                 c.eval_images = 512;
                 Ok(Some(512))
             }
-            Job::Classifier(_) => Err(RunError::Input(
+            Job::Classifier(_) | Job::Graph { .. } => Err(RunError::Input(
                 "quality is measured on held-out images: give --eval-images N (with DIR/val)".into(),
             )),
             Job::Detector(_) => Err(RunError::Input(
@@ -265,7 +274,12 @@ impl Prepared {
     pub fn reseed(&mut self, seed: u64, data_seed: u64) {
         self.run_mut().seed = seed;
         // The detector's data are a file: already the same for every run.
-        if let Job::Classifier(c) = &mut self.job {
+        if let Job::Classifier(c)
+        | Job::Graph {
+            task: crate::graph::GraphTask { classify: c, .. },
+            ..
+        } = &mut self.job
+        {
             if let Source::Synthetic(s) = &mut c.data {
                 *s = Synthetic::new(s.classes, s.resolution, data_seed);
             }
@@ -279,12 +293,25 @@ impl Prepared {
             .layers(self.resolution.h, self.resolution.w)
     }
 
+    /// The workload's name in reports (resnet50, ewa, or the AutoML candidate's label).
+    pub fn workload_name(&self) -> String {
+        match &self.job {
+            Job::Graph { label, .. } => label.clone(),
+            _ => self.spec.workload.name().to_string(),
+        }
+    }
+
     /// The model in words.
     pub fn model_name(&self) -> String {
         let s = &self.spec;
         let v = s.version;
         match &self.job {
             Job::Classifier(_) => format!("ResNet-50 v{v} (width {}, depth {:?})", s.width, s.depth.0),
+            Job::Graph { task, label } => format!(
+                "{label} ({} convolution and dense layers, {} nodes)",
+                crate::automl::morph::layer_count(&task.net),
+                task.net.nodes.len()
+            ),
             Job::Detector(c) => format!(
                 "Faster R-CNN, ResNet-50 v{v}-FPN backbone (width {}, depth {:?}), {} input channels, {} classes",
                 s.width, s.depth.0, c.model.in_channels, c.model.classes
@@ -296,7 +323,11 @@ impl Prepared {
     pub fn data_name(&self) -> String {
         match (&self.job, &self.spec.data) {
             (Job::Classifier(c), None) => format!("synthetic ({} classes)", c.model.classes),
-            (Job::Classifier(_), Some(d)) => d.display().to_string(),
+            (Job::Graph { task, .. }, None) => match &task.classify.data {
+                Source::Synthetic(s) => format!("synthetic ({} classes)", s.classes),
+                Source::Folder { train, .. } => train.root.display().to_string(),
+            },
+            (Job::Classifier(_) | Job::Graph { .. }, Some(d)) => d.display().to_string(),
             (Job::Detector(c), None) => format!(
                 "synthetic Extreme Weather fields ({})",
                 c.data.paths[0].display()

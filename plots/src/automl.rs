@@ -1,0 +1,342 @@
+//! The AutoML report: one self-contained HTML page (inline SVG and CSS, no script) with the
+//! verdict, the score, AIPerf's three time series (FLOPS, error, regulated score), the table of
+//! time points, the tree of candidates (each under its parent, with its morphisms) and every
+//! candidate's figures.
+
+use crate::report::escape;
+use crate::si;
+use roofline_model::automl::{Automl, Candidate, Outcome};
+
+/// One line chart of `(x, y)` points as inline SVG.
+fn chart(id: &str, title: &str, unit: &str, pts: &[(f64, f64)]) -> String {
+    let (w, h, l, b) = (420.0, 220.0, 64.0, 34.0);
+    let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
+    let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-12);
+    let x = |v: f64| l + (w - l - 10.0) * v / xmax;
+    let y = |v: f64| (h - b) - (h - b - 20.0) * v / ymax;
+    let mut s = format!(
+        "<svg id=\"{id}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-size=\"11\">\
+         <text x=\"{l}\" y=\"13\" font-weight=\"bold\">{}</text>\
+         <line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/><line x1=\"{l}\" y1=\"20\" x2=\"{l}\" y2=\"{}\" stroke=\"#444\"/>",
+        escape(title),
+        h - b,
+        w - 10.0,
+        h - b,
+        h - b
+    );
+    for k in 0..=4 {
+        let v = ymax * k as f64 / 4.0;
+        s.push_str(&format!(
+            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}{}</text>",
+            l - 4.0,
+            y(v) + 4.0,
+            si(v),
+            escape(unit)
+        ));
+        let t = xmax * k as f64 / 4.0;
+        s.push_str(&format!(
+            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} s</text>",
+            x(t),
+            h - b + 14.0,
+            t
+        ));
+    }
+    let path: Vec<String> = pts
+        .iter()
+        .map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1)))
+        .collect();
+    s.push_str(&format!(
+        "<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"{}\"/>",
+        path.join(" ")
+    ));
+    for p in pts {
+        s.push_str(&format!(
+            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"#1565c0\"><title>{:.0} s: {}{}</title></circle>",
+            x(p.0),
+            y(p.1),
+            p.0,
+            si(p.1),
+            escape(unit)
+        ));
+    }
+    s.push_str(&format!(
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time since the start</text></svg>",
+        (l + w) / 2.0,
+        h - 4.0
+    ));
+    s
+}
+
+fn outcome(c: &Candidate) -> String {
+    match &c.outcome {
+        Outcome::Failed { why } => format!("failed: {why}"),
+        Outcome::EarlyStopped => "early stopped".into(),
+        o => format!("{o:?}").to_lowercase(),
+    }
+}
+
+fn top1(c: &Candidate) -> String {
+    c.best_top1().map_or("—".into(), |a| format!("{:.3}", a))
+}
+
+/// The candidates under `parent`, as nested lists.
+fn tree(h: &mut String, doc: &Automl, parent: Option<usize>, best: Option<usize>) {
+    let kids: Vec<&Candidate> = doc
+        .candidates
+        .iter()
+        .filter(|c| c.parent == parent)
+        .collect();
+    if kids.is_empty() {
+        return;
+    }
+    h.push_str("<ul>");
+    for c in kids {
+        let how = if c.morphisms.is_empty() {
+            if parent.is_none() && c.id == 0 {
+                "the starting network".to_string()
+            } else {
+                "from its seed".to_string()
+            }
+        } else {
+            c.morphisms
+                .iter()
+                .map(|m| {
+                    m.get("kind")
+                        .and_then(|k| k.as_str())
+                        .unwrap_or("?")
+                        .to_string()
+                })
+                .collect::<Vec<_>>()
+                .join(" + ")
+        };
+        h.push_str(&format!(
+            "<li{}>#{} {} — top-1 {}, {} parameters, {}FLOP per image, batch {}, kernel {}, {} epoch(s), {}",
+            if Some(c.id) == best { " class=\"best\"" } else { "" },
+            c.id,
+            escape(&how),
+            top1(c),
+            si(c.parameters),
+            si(c.ops_per_image.total),
+            c.batch,
+            c.kernel,
+            c.epochs.len(),
+            escape(&outcome(c))
+        ));
+        tree(h, doc, Some(c.id), best);
+        h.push_str("</li>");
+    }
+    h.push_str("</ul>");
+}
+
+/// The report for `doc`.
+pub fn html(doc: &Automl) -> String {
+    let mut h = String::from("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\"><title>roofline automl</title>");
+    h.push_str(
+        "<style>body{font-family:sans-serif;margin:2em;max-width:1200px;color:#222}\
+         table{border-collapse:collapse;margin:0.5em 0 1.5em}td,th{border:1px solid #bbb;padding:3px 8px;text-align:left}\
+         th{background:#eee}.warn{background:#fff3cd;border:1px solid #e0c060;padding:8px;font-weight:bold}\
+         .ok{background:#e6f4ea;border:1px solid #8c8;padding:8px;font-weight:bold}\
+         .charts{display:flex;flex-wrap:wrap;gap:12px}li.best{font-weight:bold}ul{margin:2px 0}</style></head><body>\n",
+    );
+    h.push_str(&format!(
+        "<p id=\"verdict\" class=\"{}\">{}</p>\n",
+        if doc.valid { "ok" } else { "warn" },
+        escape(&doc.headline())
+    ));
+    let s = &doc.score;
+    h.push_str("<h1>AIPerf AutoML benchmark</h1>\n<h2>Score</h2>\n<table id=\"score\">");
+    for (k, v) in [
+        (
+            "score: highest FLOPS of the series",
+            format!("{}FLOP/s", si(s.flops)),
+        ),
+        (
+            "regulated score (−ln(error) × FLOPS), highest",
+            format!("{}FLOP/s", si(s.regulated)),
+        ),
+        ("error (1 − best top-1)", format!("{:.4}", s.error)),
+        (
+            "best candidate",
+            s.best_candidate.map_or("—".into(), |b| format!("#{b}")),
+        ),
+        ("elapsed", format!("{:.0} s", s.elapsed_s)),
+        (
+            "candidates per minute",
+            format!("{:.2}", s.candidates_per_minute),
+        ),
+        (
+            "workers' share of the run in training",
+            format!("{:.1} %", 100.0 * s.training_share),
+        ),
+    ] {
+        h.push_str(&format!(
+            "<tr><th>{}</th><td>{}</td></tr>",
+            escape(k),
+            escape(&v)
+        ));
+    }
+    h.push_str("</table>\n");
+    let series = |f: &dyn Fn(&roofline_model::automl::Sample) -> f64| -> Vec<(f64, f64)> {
+        doc.series.iter().map(|p| (p.at_s, f(p))).collect()
+    };
+    h.push_str("<h2>Over time</h2>\n<div class=\"charts\">");
+    h.push_str(&chart("flops", "FLOPS", "FLOP/s", &series(&|p| p.flops)));
+    h.push_str(&chart(
+        "error",
+        "error (1 − best top-1)",
+        "",
+        &series(&|p| p.error),
+    ));
+    h.push_str(&chart(
+        "regulated",
+        "regulated score",
+        "FLOP/s",
+        &series(&|p| p.regulated),
+    ));
+    h.push_str("</div>\n<table id=\"series\">");
+    h.push_str(
+        "<tr><th>time</th><th>operations</th><th>FLOPS</th><th>error</th><th>regulated</th></tr>",
+    );
+    for p in &doc.series {
+        h.push_str(&format!(
+            "<tr><td>{:.0} s</td><td>{}</td><td>{}FLOP/s</td><td>{:.4}</td><td>{}FLOP/s</td></tr>",
+            p.at_s,
+            si(p.ops),
+            si(p.flops),
+            p.error,
+            si(p.regulated)
+        ));
+    }
+    h.push_str("</table>\n<h2>The candidates' tree</h2>\n<div id=\"tree\">");
+    tree(&mut h, doc, None, s.best_candidate);
+    h.push_str("</div>\n<h2>Workers</h2>\n<table id=\"workers\"><tr><th>worker</th><th>trials</th><th>busy</th><th>alive at the end</th></tr>");
+    for w in &doc.workers {
+        h.push_str(&format!(
+            "<tr><td>{}</td><td>{}</td><td>{:.1} s</td><td>{}</td></tr>",
+            w.id,
+            w.trials,
+            w.train_seconds,
+            if w.alive { "yes" } else { "no" }
+        ));
+    }
+    h.push_str("</table>\n");
+    if !doc.valid {
+        h.push_str("<h2>Why the run is not valid by AIPerf's rules</h2><ul>");
+        for w in &doc.invalid_because {
+            h.push_str(&format!("<li>{}</li>", escape(w)));
+        }
+        h.push_str("</ul>\n");
+    }
+    h.push_str("<h2>Configuration</h2>\n<table id=\"configuration\">");
+    for (k, v) in &doc.configuration {
+        h.push_str(&format!(
+            "<tr><th>{}</th><td>{}</td></tr>",
+            escape(k),
+            escape(&v.to_string())
+        ));
+    }
+    h.push_str(&format!(
+        "</table>\n<p>{} · {} · {}</p>\n</body></html>\n",
+        escape(&doc.provenance.tool),
+        escape(&doc.provenance.host),
+        escape(&doc.provenance.time_utc)
+    ));
+    h
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_model::automl::{sample, AutomlScore, Epoch, Ops};
+
+    fn candidate(id: usize, parent: Option<usize>, top1: f64) -> Candidate {
+        Candidate {
+            id,
+            parent,
+            morphisms: if parent.is_some() {
+                vec![serde_json::json!({"kind": "wider", "node": 0})]
+            } else {
+                Vec::new()
+            },
+            description: serde_json::json!({}),
+            parameters: 1e6,
+            ops_per_image: Ops {
+                forward: 1e9,
+                backward: 2e9,
+                total: 3e9,
+            },
+            batch: 32,
+            kernel: 3,
+            round: 0,
+            epochs_planned: 1,
+            patience: 2,
+            expected: None,
+            worker: 0,
+            started_s: 0.0,
+            finished_s: Some(1.0),
+            epochs: vec![Epoch {
+                epoch: 1,
+                top1,
+                loss: 1.0,
+                seconds: 1.0,
+                ops: 1e12,
+                at_s: 1.0,
+            }],
+            predicted_top1: None,
+            outcome: Outcome::Trained,
+        }
+    }
+
+    /// The page has the verdict, the three series, a row per time point and each candidate
+    /// under its parent; text is escaped.
+    #[test]
+    fn the_report_shows_series_tree_and_verdict() {
+        let doc = Automl {
+            schema: roofline_model::automl::AUTOML_SCHEMA.into(),
+            provenance: serde_json::from_value(serde_json::json!({
+                "tool": "roofline <test>", "command_line": [], "time_utc": "t", "host": "h",
+                "os": "o", "kernel": "k", "cpu": {"vendor": "v", "model_name": "m", "family": 0,
+                "model": 0, "stepping": 0, "sockets": 1, "cores": 1, "logical_cpus": 1,
+                "features": [], "simd": "", "caches": []}, "quick": true, "duration_s": 0.0
+            }))
+            .unwrap(),
+            configuration: serde_json::Map::new(),
+            running: false,
+            candidates: vec![
+                candidate(0, None, 0.4),
+                candidate(1, Some(0), 0.6),
+                candidate(2, Some(1), 0.5),
+            ],
+            series: vec![sample(10.0, 1e12, Some(0.4)), sample(20.0, 3e12, Some(0.6))],
+            workers: Vec::new(),
+            score: AutomlScore {
+                flops: 1.5e11,
+                regulated: 1.4e11,
+                error: 0.4,
+                best_candidate: Some(1),
+                elapsed_s: 20.0,
+                candidates_per_minute: 9.0,
+                training_share: 0.9,
+            },
+            epoch_seconds: None,
+            valid: false,
+            invalid_because: vec!["ran 20 s, the rules ask at least 3600 s".into()],
+        };
+        let h = html(&doc);
+        assert!(h.contains("class=\"warn\"") && h.contains("NOT VALID: ran 20 s"));
+        for id in ["id=\"flops\"", "id=\"error\"", "id=\"regulated\""] {
+            assert!(h.contains(id), "{id}");
+        }
+        assert_eq!(h.matches("<tr><td>").count(), 2, "a row per time point");
+        // #2 nested inside #1's item, inside #0's.
+        let (a, b, c) = (
+            h.find("#0 the starting").unwrap(),
+            h.find("#1 wider").unwrap(),
+            h.find("#2 wider").unwrap(),
+        );
+        assert!(a < b && b < c);
+        assert!(h[b..c].contains("<ul>"), "the child is under its parent");
+        assert!(h.contains("<li class=\"best\">#1"));
+        assert!(h.contains("&lt;test&gt;"), "escaped");
+    }
+}

@@ -1,0 +1,245 @@
+//! `roofline automl`: AIPerf's AutoML benchmark on the embedded trainer.
+
+use crate::exit::{Failure, CANCEL};
+use anyhow::anyhow;
+use roofline_plots::si;
+use roofline_workloads::automl::master::{weights_dir, Progress};
+use roofline_workloads::automl::setup::{self, Request};
+use roofline_workloads::exchange::CommOptions;
+use roofline_workloads::resnet::Version;
+use roofline_workloads::run::{Depth, Device, Kind, Resolution, Spec};
+use std::path::PathBuf;
+use std::time::Duration;
+
+#[derive(clap::Args)]
+pub struct AutomlArgs {
+    /// An ImageNet-style folder, DIR/train/<class>/*.jpg and DIR/val/<class>/*.jpg (held-out
+    /// accuracy); synthetic, learnable images without it.
+    #[arg(long, value_name = "DIR")]
+    data: Option<PathBuf>,
+    /// AIPerf's settings: ImageNet (--data) at 224², ResNet-50 v1 as the start (width 1,
+    /// 3,4,6,3), rounds of 15, 30, 45 then 60 epochs, a budget of 1 hour (the rules' minimum),
+    /// the series sampled every 0.1 hour. Any option given explicitly still wins.
+    #[arg(long)]
+    official: bool,
+    /// How long the search runs (seconds, or with s, m, h: 90s, 3m, 1h). Default 3m (official:
+    /// 1h). Trials still running when it ends stop at their next step; their finished epochs
+    /// count.
+    #[arg(long, value_parser = crate::args::parse_duration)]
+    budget: Option<Duration>,
+    /// Epochs of each round, comma-separated; the last repeats. The rounds before the last are
+    /// warm-up: children keep their parent's batch and kernel, and their accuracy is
+    /// predicted from the curve (a·log2(x+b)+c). Default 1,2,3 (official: 15,30,45,60).
+    #[arg(long, value_name = "LIST")]
+    rounds: Option<String>,
+    /// Image size (square). Default 32 (official: 224).
+    #[arg(long, value_name = "N")]
+    resolution: Option<usize>,
+    /// The starting ResNet's width multiplier. Default 0.125 (official: 1).
+    #[arg(long)]
+    width: Option<f64>,
+    /// The starting ResNet's bottlenecks per stage. Default 1,1,1,1 (official: 3,4,6,3).
+    #[arg(long, value_name = "A,B,C,D")]
+    depth: Option<String>,
+    /// Classes of the synthetic data (a folder has its own). Default 10.
+    #[arg(long, default_value_t = 10)]
+    classes: usize,
+    /// Training images per epoch (synthetic; with --data, the first this many). Default 256.
+    #[arg(long)]
+    train_images: Option<usize>,
+    /// Held-out images evaluated after every epoch. Default 128.
+    #[arg(long, default_value_t = 128)]
+    eval_images: usize,
+    /// The starting batch (images per step). Default 32.
+    #[arg(long)]
+    batch: Option<usize>,
+    /// Batch sizes TPE chooses among after warm-up, comma-separated (default: half, the same
+    /// and twice --batch).
+    #[arg(long, value_name = "LIST")]
+    batches: Option<String>,
+    /// Kernel sizes of the layers `deeper` inserts, TPE's second hyper-parameter (odd; default
+    /// 3,5,7).
+    #[arg(long, value_name = "LIST")]
+    kernels: Option<String>,
+    /// Workers in this process; the cores (--threads) are split evenly among them, each worker
+    /// trains its candidates data parallel on its share.
+    #[arg(long, default_value_t = 1)]
+    workers: usize,
+    /// Cores to use, one pinned thread per physical core (the rule every training verb
+    /// follows); default all.
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Learning rate per 256 images (default 0.1), scaled with each candidate's batch.
+    #[arg(long)]
+    lr: Option<f64>,
+    /// Seed of the synthetic data, the networks' initialisation and the search (same seed,
+    /// same threads: the same candidates, apart from what timing decides).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Convolution and dense layers a candidate may have (default: the start's + 24).
+    #[arg(long)]
+    max_layers: Option<usize>,
+    /// Parameters a candidate may have (default: 4 × the start's).
+    #[arg(long)]
+    max_parameters: Option<f64>,
+    /// Children sampled per morphism step (AIPerf: 8).
+    #[arg(long, default_value_t = 8)]
+    neighbours: usize,
+    /// The FLOPS series' interval (seconds, or 90s, 6m). Default: the budget / 30, at least
+    /// 1 s (official: 6m, AIPerf's 0.1 hour).
+    #[arg(long, value_parser = crate::args::parse_duration)]
+    sample_every: Option<Duration>,
+    /// A trial whose worker makes no training step for this long is ended and its candidate
+    /// given to another worker.
+    #[arg(long, value_parser = crate::args::parse_duration, default_value = "10m")]
+    stall: Duration,
+    /// Where automl.json goes (rewritten after every epoch); the candidates' weights go to
+    /// <stem>.weights/ beside it, the report to <stem>.html.
+    #[arg(short, long, default_value = "automl.json")]
+    output: PathBuf,
+    /// Go on from --output (and the weights beside it): the finished candidates are kept, the
+    /// clock goes on from where it stopped, the budget counts from the first start.
+    #[arg(long)]
+    resume: bool,
+    /// cpu only for now (a GPU model for described networks is not built yet).
+    #[arg(long, value_enum, default_value = "cpu")]
+    device: Device,
+}
+
+fn list(s: &Option<String>, what: &str) -> Result<Vec<usize>, Failure> {
+    let Some(s) = s else { return Ok(Vec::new()) };
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| Failure::Input(anyhow!("{what} {s}: expected numbers separated by commas")))
+}
+
+struct Printed;
+
+impl Progress for Printed {
+    fn line(&self, line: &str) {
+        eprintln!("{line}");
+    }
+}
+
+/// The request the options make.
+fn request(a: &AutomlArgs) -> Result<Request, Failure> {
+    let off = a.official;
+    if off && a.data.is_none() {
+        return Err(Failure::Input(anyhow!(
+            "--official runs on ImageNet: give --data DIR (DIR/train/<class>/*.jpg, DIR/val/<class>/*.jpg)"
+        )));
+    }
+    let depth: Depth = a
+        .depth
+        .as_deref()
+        .unwrap_or(if off { "3,4,6,3" } else { "1,1,1,1" })
+        .parse()
+        .map_err(|e| Failure::Input(anyhow!("--depth {e}")))?;
+    let side = a.resolution.unwrap_or(if off { 224 } else { 32 });
+    let budget = a
+        .budget
+        .unwrap_or(Duration::from_secs(if off { 3600 } else { 180 }));
+    let rounds = match &a.rounds {
+        Some(_) => list(&a.rounds, "--rounds")?,
+        None if off => vec![15, 30, 45, 60],
+        None => vec![1, 2, 3],
+    };
+    let spec = Spec {
+        workload: Kind::Resnet50,
+        data: a.data.clone(),
+        batch: Some(a.batch.unwrap_or(32)),
+        resolution: Some(Resolution { h: side, w: side }),
+        steps: None,
+        epochs: None,
+        train_images: Some(a.train_images.unwrap_or(if off && a.data.is_some() {
+            1_281_167
+        } else {
+            256
+        })),
+        eval_images: a.eval_images,
+        target_top1: None,
+        target_map: None,
+        eval_every: None,
+        classes: a.classes,
+        width: a.width.unwrap_or(if off { 1.0 } else { 0.125 }),
+        depth,
+        version: Version::V1,
+        warmup_steps: None,
+        lr: a.lr,
+        label_smoothing: 0.0,
+        seed: a.seed,
+        threads: a.threads,
+        device: a.device,
+        precision: roofline_model::Precision::F32,
+        gpu: None,
+        comm: CommOptions::default(),
+    };
+    Ok(Request {
+        spec,
+        budget,
+        rounds,
+        workers: a.workers,
+        batches: list(&a.batches, "--batches")?,
+        kernels: list(&a.kernels, "--kernels")?,
+        max_layers: a.max_layers,
+        max_parameters: a.max_parameters,
+        neighbours: a.neighbours,
+        sample_every: a.sample_every.unwrap_or(if off {
+            Duration::from_secs(360)
+        } else {
+            (budget / 30).max(Duration::from_secs(1))
+        }),
+        stall: a.stall,
+        out: a.output.clone(),
+        resume: a.resume,
+        fault: None,
+    })
+}
+
+pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
+    if roofline_kernels::comm::launched_ranks().is_some() {
+        return Err(Failure::Input(anyhow!(
+            "automl runs as one process for now (--workers N splits its cores into N workers); teams of MPI ranks as workers are not built yet: run it without mpirun"
+        )));
+    }
+    let req = request(a)?;
+    let html = a.output.with_extension("html");
+    crate::args::check_writable(&html, "the report").map_err(Failure::Input)?;
+    crate::exit::install_ctrlc()?;
+    let result = setup::run(&req, &Printed, &CANCEL);
+    // Whatever was kept (also when interrupted) gets its report.
+    if let Ok(doc) = roofline_model::automl::Automl::read(&a.output) {
+        roofline_model::write::write_atomic(&html, roofline_plots::automl::html(&doc).as_bytes())
+            .map_err(|e| Failure::Run(anyhow!("{e}")))?;
+    }
+    let (doc, _) = result?;
+    let s = &doc.score;
+    println!("{}", doc.headline());
+    println!(
+        "  score (highest FLOPS of the series): {}FLOP/s; regulated score {}FLOP/s; error {:.4}{}",
+        si(s.flops),
+        si(s.regulated),
+        s.error,
+        s.best_candidate
+            .map_or(String::new(), |b| format!(" (best: candidate {b})"))
+    );
+    println!(
+        "  {:.2} candidates a minute; the workers spent {:.1} % of the run training",
+        s.candidates_per_minute,
+        100.0 * s.training_share
+    );
+    println!(
+        "  wrote {}, {} and the candidates' weights in {}",
+        a.output.display(),
+        html.display(),
+        weights_dir(&a.output).display()
+    );
+    if let Some(b) = s.best_candidate {
+        println!(
+            "  the best on the roofline: roofline place --workload automl:{}#{b} --machine machine.json",
+            a.output.display()
+        );
+    }
+    Ok(())
+}

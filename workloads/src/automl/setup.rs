@@ -1,0 +1,320 @@
+//! `roofline automl`'s workflow: a request (the classifier's run options and the search's)
+//! checked and made into [`Settings`] — the data, the starting ResNet as a description, the
+//! workers' cores, the hyper-parameter choices, the limits — with a calibration step that
+//! refuses a budget too short for one trial; then the run.
+
+use super::master::{self, Progress, Settings};
+use super::morph::{layer_count, Limits};
+use super::worker::Fault;
+use crate::checkpoint::Checkpoint;
+use crate::graph::{Description, GraphTask};
+use crate::run::{self, Job, Prepared, RunError, Spec};
+use crate::train::{train, Quiet};
+use roofline_model::automl::Automl;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// What the command line asks for.
+#[derive(Clone, Debug)]
+pub struct Request {
+    /// The classifier's options (data, resolution, the starting ResNet's width, depth and
+    /// version, classes, images, batch, learning rate, seed, threads).
+    pub spec: Spec,
+    pub budget: Duration,
+    pub rounds: Vec<usize>,
+    /// Workers in this process (the cores split among them).
+    pub workers: usize,
+    /// Batch and kernel choices for TPE (empty: around the starting batch; 3, 5, 7).
+    pub batches: Vec<usize>,
+    pub kernels: Vec<usize>,
+    pub max_layers: Option<usize>,
+    pub max_parameters: Option<f64>,
+    pub neighbours: usize,
+    pub sample_every: Duration,
+    pub stall: Duration,
+    pub out: PathBuf,
+    /// Go on from this automl.json (and the weights beside it).
+    pub resume: bool,
+    pub fault: Option<Fault>,
+}
+
+/// What a calibration step measured: seconds of one step of the starting network, and the
+/// first trial's estimate.
+#[derive(Clone, Copy, Debug)]
+pub struct Calibration {
+    pub step_seconds: f64,
+    pub trial_seconds: f64,
+}
+
+/// Checks `req`, builds the settings and measures one step of the starting network.
+pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
+    let input = |m: String| RunError::Input(m);
+    if req.spec.device == run::Device::Cuda {
+        return Err(input(
+            "automl trains on the CPU for now: the CUDA trainer has no model for a described network yet (a GpuModel for graph::Graph); run it without --device cuda".into(),
+        ));
+    }
+    if req.spec.steps.is_some() || req.spec.epochs.is_some() || req.spec.target_top1.is_some() {
+        return Err(input(
+            "automl trains each candidate for its round's epochs (--rounds) until --budget ends; --steps, --epochs and --target-top1 do not apply".into(),
+        ));
+    }
+    if req.rounds.is_empty() || req.rounds.contains(&0) {
+        return Err(input(
+            "--rounds: give epochs per round, each 1 or more (e.g. 15,30,45,60)".into(),
+        ));
+    }
+    if req.budget.is_zero() {
+        return Err(input("--budget must be more than 0".into()));
+    }
+    if req.spec.eval_images == 0 {
+        return Err(input(
+            "--eval-images 0: the search needs held-out accuracy".into(),
+        ));
+    }
+    if req.workers == 0 || req.neighbours == 0 {
+        return Err(input("--workers and --neighbours must be 1 or more".into()));
+    }
+    let prep = run::prepare(&req.spec)?;
+    let Job::Classifier(classify) = &prep.job else {
+        return Err(input("automl searches image classifiers".into()));
+    };
+    if req.workers > prep.cpus.len() {
+        return Err(input(format!(
+            "--workers {}: more workers than the {} cores this run has (--threads)",
+            req.workers,
+            prep.cpus.len()
+        )));
+    }
+    let per = prep.cpus.len() / req.workers;
+    let workers: Vec<Vec<usize>> = (0..req.workers)
+        .map(|w| prep.cpus[w * per..(w + 1) * per].to_vec())
+        .collect();
+    let side = classify.data.resolution();
+    let start = Description::resnet(&classify.model, 3);
+    let layers = start
+        .layers(side, side)
+        .map_err(|e| input(format!("the starting network at {side}²: {e}")))?;
+    let params: f64 = layers.iter().map(|l| l.params).sum();
+    let batch = classify.run.batch;
+    let batches = if req.batches.is_empty() {
+        let mut b = vec![(batch / 2).max(1), batch, batch * 2];
+        b.dedup();
+        b
+    } else {
+        req.batches.clone()
+    };
+    if batches.contains(&0) || req.kernels.iter().any(|k| k % 2 == 0) {
+        return Err(input(
+            "--batches must be 1 or more; --kernels odd (1, 3, 5, 7)".into(),
+        ));
+    }
+    let kernels = if req.kernels.is_empty() {
+        vec![3, 5, 7]
+    } else {
+        req.kernels.clone()
+    };
+    let resume = if req.resume {
+        if !req.out.is_file() {
+            return Err(input(format!(
+                "--resume: {} does not exist",
+                req.out.display()
+            )));
+        }
+        Some(Automl::read(&req.out).map_err(|e| input(format!("--resume: {e}")))?)
+    } else {
+        roofline_model::write::check_writable(&req.out).map_err(|e| input(e.to_string()))?;
+        None
+    };
+    let imagenet_224 = req.spec.data.is_some() && side == 224 && classify.model.classes == 1000;
+    let cores = roofline_kernels::affinity::cores(None)
+        .map(|c| c.all.len())
+        .unwrap_or(prep.cpus.len());
+    let provenance = roofline_collectors::provenance::here(
+        roofline_kernels::probe::node::cpu_here(cores),
+        false,
+        Instant::now(),
+    );
+    let limits = Limits {
+        layers: req.max_layers.unwrap_or(layer_count(&start) + 24),
+        parameters: req.max_parameters.unwrap_or(4.0 * params),
+    };
+    let configuration = serde_json::json!({
+        "data": prep.data_name(),
+        "data_path": req.spec.data,
+        "resolution": side,
+        "classes": classify.model.classes,
+        "train_images": classify.train_images,
+        "eval_images": classify.eval_images,
+        "start": prep.model_name(),
+        "start_parameters": params,
+        "batch": batch,
+        "batches": batches,
+        "kernels": kernels,
+        "lr_per_256": classify.base_lr_per_256,
+        "rounds": req.rounds,
+        "budget_s": req.budget.as_secs_f64(),
+        "workers": workers,
+        "max_layers": limits.layers,
+        "max_parameters": limits.parameters,
+        "neighbours": req.neighbours,
+        "sample_every_s": req.sample_every.as_secs_f64(),
+        "stall_s": req.stall.as_secs_f64(),
+        "seed": req.spec.seed,
+        "precision": "f32",
+        "ops_rule": "AIPerf (tables I-III): training images x (forward + backward + update), evaluation images x forward",
+    });
+    let s = Settings {
+        classify: classify.clone(),
+        start: start.clone(),
+        rounds: req.rounds.clone(),
+        budget: req.budget,
+        workers,
+        batch,
+        kernel: 3,
+        batches,
+        kernels,
+        limits,
+        neighbours: req.neighbours,
+        sample_every: req.sample_every,
+        stall: req.stall,
+        out: req.out.clone(),
+        seed: req.spec.seed,
+        imagenet_224,
+        configuration: configuration.as_object().cloned().unwrap_or_default(),
+        provenance,
+        resume,
+        fault: req.fault,
+    };
+    // One step of the starting network on one worker's cores: is there time for a trial?
+    let mut probe = classify.clone();
+    probe.run = crate::run::RunOptions::new(batch, 1, req.spec.seed);
+    probe.eval_images = 0;
+    let task = GraphTask::new(start, probe).map_err(|e| input(e.to_string()))?;
+    let pool = roofline_kernels::affinity::pinned_pool(&s.workers[0]).map_err(|source| {
+        RunError::Threads {
+            threads: s.workers[0].len(),
+            source,
+        }
+    })?;
+    let t0 = Instant::now();
+    pool.install(|| train::<f32, _>(&task, &Quiet, None))?;
+    let step = t0.elapsed().as_secs_f64();
+    let per_epoch = (classify.train_images / batch).max(1) as f64;
+    // Evaluation costs about a third of a training step per image.
+    let epoch = step * (per_epoch + classify.eval_images as f64 / batch as f64 / 3.0);
+    let trial = epoch * s.rounds[0] as f64;
+    let left = s.budget.as_secs_f64() - s.resume.as_ref().map_or(0.0, |d| d.score.elapsed_s);
+    if trial > left {
+        return Err(input(format!(
+            "--budget {:.0} s is shorter than one trial: the starting network trains {} epoch(s) of {} steps at about {step:.2} s a step (about {trial:.0} s); give a longer --budget, fewer --rounds epochs or fewer --train-images",
+            left,
+            s.rounds[0],
+            per_epoch as usize
+        )));
+    }
+    Ok((
+        s,
+        Calibration {
+            step_seconds: step,
+            trial_seconds: trial,
+        },
+    ))
+}
+
+/// The run: settings, then the search.
+pub fn run(
+    req: &Request,
+    progress: &dyn Progress,
+    cancel: &AtomicBool,
+) -> Result<(Automl, Calibration), RunError> {
+    let (s, cal) = settings(req)?;
+    progress.line(&format!(
+        "{} worker(s) on cores {:?}; one step of the starting network {:.2} s, its first trial about {:.0} s; budget {:.0} s",
+        s.workers.len(),
+        s.workers,
+        cal.step_seconds,
+        cal.trial_seconds,
+        s.budget.as_secs_f64()
+    ));
+    Ok((master::automl(&s, progress, cancel)?, cal))
+}
+
+/// Candidate `id` of the AutoML run in `path` (its best when `None`) as a prepared training
+/// run: its network from its trained weights, on the run's data, resolution and classes;
+/// `spec` gives the rest (batch, steps, threads). For `place`.
+pub fn prepare_candidate(
+    path: &Path,
+    id: Option<usize>,
+    spec: &Spec,
+) -> Result<Prepared, RunError> {
+    let input = |m: String| RunError::Input(m);
+    let doc = Automl::read(path).map_err(|e| input(e.to_string()))?;
+    let id = match id.or(doc.score.best_candidate) {
+        Some(i) => i,
+        None => {
+            return Err(input(format!(
+                "{}: no candidate has an accuracy yet",
+                path.display()
+            )))
+        }
+    };
+    let c = doc
+        .candidates
+        .iter()
+        .find(|c| c.id == id)
+        .ok_or_else(|| input(format!("{}: no candidate {id}", path.display())))?;
+    let net: Description = serde_json::from_value(c.description.clone())
+        .map_err(|e| input(format!("{}: candidate {id}: {e}", path.display())))?;
+    let conf = &doc.configuration;
+    let num = |k: &str| conf.get(k).and_then(|v| v.as_u64()).map(|v| v as usize);
+    let side = num("resolution").ok_or_else(|| {
+        input(format!(
+            "{}: no resolution in its configuration",
+            path.display()
+        ))
+    })?;
+    let mut spec = spec.clone();
+    spec.workload = run::Kind::Resnet50;
+    spec.resolution = Some(run::Resolution { h: side, w: side });
+    spec.classes = num("classes").unwrap_or(spec.classes);
+    // The synthetic images are drawn from the seed: the run's data, not another set.
+    spec.seed = conf
+        .get("seed")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(spec.seed);
+    spec.train_images = spec.train_images.or(num("train_images"));
+    if spec.data.is_none() {
+        spec.data = conf
+            .get("data_path")
+            .and_then(|v| v.as_str())
+            .map(PathBuf::from);
+    }
+    if spec.batch.is_none() {
+        spec.batch = Some(c.batch);
+    }
+    let mut prep = run::prepare(&spec)?;
+    let Job::Classifier(classify) = &prep.job else {
+        return Err(input("an AutoML candidate is a classifier".into()));
+    };
+    let mut task =
+        GraphTask::new(net, classify.clone()).map_err(|e| input(format!("candidate {id}: {e}")))?;
+    let weights = master::weights_dir(path).join(format!("{id}.safetensors"));
+    if weights.is_file() {
+        let mut ck = Checkpoint::load(&weights).map_err(|e| input(e.to_string()))?;
+        // Its trained parameters and statistics; a fresh optimiser.
+        for (name, t) in ck.tensors.iter_mut() {
+            if name.ends_with(".momentum") {
+                t.data.iter_mut().for_each(|b| *b = 0);
+            }
+        }
+        task.init = Some(Arc::new(ck));
+    }
+    prep.job = Job::Graph {
+        task,
+        label: format!("automl#{id}"),
+    };
+    Ok(prep)
+}
