@@ -7,64 +7,82 @@ use crate::report::escape;
 use crate::si;
 use roofline_model::automl::{Automl, Candidate, Outcome};
 
-/// One line chart of `(x, y)` points as inline SVG.
-fn chart(id: &str, title: &str, unit: &str, pts: &[(f64, f64)]) -> String {
-    let (w, h, l, b) = (420.0, 220.0, 64.0, 34.0);
-    let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
-    let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-12);
-    let x = |v: f64| l + (w - l - 10.0) * v / xmax;
-    let y = |v: f64| (h - b) - (h - b - 20.0) * v / ymax;
+/// A chart's title, how its values read, and its `(seconds, value)` points.
+type Panel<'a> = (&'a str, &'a dyn Fn(f64) -> String, Vec<(f64, f64)>);
+
+/// The panels side by side in one inline SVG (one coordinate space, so that the figure check
+/// sees them where the browser draws them).
+fn charts(id: &str, panels: &[Panel<'_>]) -> String {
+    let (pw, h, l, b) = (460.0, 240.0, 88.0, 42.0);
+    let w = pw * panels.len() as f64;
     let mut s = format!(
-        "<svg id=\"{id}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-size=\"11\">\
-         <text x=\"{l}\" y=\"13\" font-weight=\"bold\">{}</text>\
-         <line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/><line x1=\"{l}\" y1=\"20\" x2=\"{l}\" y2=\"{}\" stroke=\"#444\"/>",
-        escape(title),
-        h - b,
-        w - 10.0,
-        h - b,
-        h - b
+        "<svg id=\"{id}\" xmlns=\"http://www.w3.org/2000/svg\" width=\"{w}\" height=\"{h}\" viewBox=\"0 0 {w} {h}\" font-size=\"12\" font-family=\"sans-serif\">"
     );
-    for k in 0..=4 {
-        let v = ymax * k as f64 / 4.0;
+    for (k, (title, fmt, pts)) in panels.iter().enumerate() {
+        let xmax = pts.iter().map(|p| p.0).fold(0.0, f64::max).max(1e-9);
+        let ymax = pts.iter().map(|p| p.1).fold(0.0, f64::max).max(1e-12);
+        let x = |v: f64| l + (pw - l - 24.0) * v / xmax;
+        let y = |v: f64| (h - b) - (h - b - 30.0) * v / ymax;
         s.push_str(&format!(
-            "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}{}</text>",
-            l - 4.0,
-            y(v) + 4.0,
-            si(v),
-            escape(unit)
+            "<g transform=\"translate({},0)\"><text x=\"{l}\" y=\"16\" font-weight=\"bold\">{}</text>\
+             <line x1=\"{l}\" y1=\"{}\" x2=\"{}\" y2=\"{}\" stroke=\"#444\"/><line x1=\"{l}\" y1=\"30\" x2=\"{l}\" y2=\"{}\" stroke=\"#444\"/>",
+            pw * k as f64,
+            escape(title),
+            h - b,
+            pw - 24.0,
+            h - b,
+            h - b
         ));
-        let t = xmax * k as f64 / 4.0;
+        for t in 0..=4 {
+            let v = ymax * t as f64 / 4.0;
+            s.push_str(&format!(
+                "<text x=\"{}\" y=\"{:.1}\" text-anchor=\"end\">{}</text>",
+                l - 6.0,
+                y(v) + 4.0,
+                escape(&fmt(v))
+            ));
+            let at = xmax * t as f64 / 4.0;
+            s.push_str(&format!(
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} s</text>",
+                x(at),
+                h - b + 18.0,
+                at
+            ));
+        }
+        let path: Vec<String> = pts
+            .iter()
+            .map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1)))
+            .collect();
         s.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} s</text>",
-            x(t),
-            h - b + 14.0,
-            t
+            "<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"{}\"/>",
+            path.join(" ")
+        ));
+        for p in pts {
+            s.push_str(&format!(
+                "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"#1565c0\"><title>{:.0} s: {}</title></circle>",
+                x(p.0),
+                y(p.1),
+                p.0,
+                escape(&fmt(p.1))
+            ));
+        }
+        s.push_str(&format!(
+            "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time since the start</text></g>",
+            (l + pw - 24.0) / 2.0,
+            h - 4.0
         ));
     }
-    let path: Vec<String> = pts
-        .iter()
-        .map(|p| format!("{:.1},{:.1}", x(p.0), y(p.1)))
-        .collect();
-    s.push_str(&format!(
-        "<polyline fill=\"none\" stroke=\"#1565c0\" stroke-width=\"1.5\" points=\"{}\"/>",
-        path.join(" ")
-    ));
-    for p in pts {
-        s.push_str(&format!(
-            "<circle cx=\"{:.1}\" cy=\"{:.1}\" r=\"2.5\" fill=\"#1565c0\"><title>{:.0} s: {}{}</title></circle>",
-            x(p.0),
-            y(p.1),
-            p.0,
-            si(p.1),
-            escape(unit)
-        ));
-    }
-    s.push_str(&format!(
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"middle\">time since the start</text></svg>",
-        (l + w) / 2.0,
-        h - 4.0
-    ));
+    s.push_str("</svg>");
     s
+}
+
+/// FLOP/s with an SI prefix, 0 as 0.
+fn rate(v: f64) -> String {
+    if v == 0.0 {
+        "0".into()
+    } else {
+        format!("{}FLOP/s", si(v))
+    }
 }
 
 fn outcome(c: &Candidate) -> String {
@@ -180,18 +198,14 @@ pub fn html(doc: &Automl) -> String {
         doc.series.iter().map(|p| (p.at_s, f(p))).collect()
     };
     h.push_str("<h2>Over time</h2>\n<div class=\"charts\">");
-    h.push_str(&chart("flops", "FLOPS", "FLOP/s", &series(&|p| p.flops)));
-    h.push_str(&chart(
-        "error",
-        "error (1 − best top-1)",
-        "",
-        &series(&|p| p.error),
-    ));
-    h.push_str(&chart(
-        "regulated",
-        "regulated score",
-        "FLOP/s",
-        &series(&|p| p.regulated),
+    let fraction = |v: f64| format!("{v:.3}");
+    h.push_str(&charts(
+        "over-time",
+        &[
+            ("FLOPS", &rate, series(&|p| p.flops)),
+            ("error (1 − best top-1)", &fraction, series(&|p| p.error)),
+            ("regulated score", &rate, series(&|p| p.regulated)),
+        ],
     ));
     h.push_str("</div>\n<table id=\"series\">");
     h.push_str(
@@ -324,9 +338,10 @@ mod tests {
         };
         let h = html(&doc);
         assert!(h.contains("class=\"warn\"") && h.contains("NOT VALID: ran 20 s"));
-        for id in ["id=\"flops\"", "id=\"error\"", "id=\"regulated\""] {
-            assert!(h.contains(id), "{id}");
+        for title in [">FLOPS<", ">error (1 − best top-1)<", ">regulated score<"] {
+            assert!(h.contains(title), "{title}");
         }
+        assert_eq!(h.matches("<polyline").count(), 3, "three series");
         assert_eq!(h.matches("<tr><td>").count(), 2, "a row per time point");
         // #2 nested inside #1's item, inside #0's.
         let (a, b, c) = (

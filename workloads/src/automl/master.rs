@@ -686,7 +686,19 @@ impl<'a> Run<'a> {
             .iter()
             .filter_map(|c| c.best_top1())
             .reduce(f64::max);
-        self.doc.series.push(sample(self.elapsed(), ops, best));
+        let point = sample(self.elapsed(), ops, best);
+        // A point right after the last one (the run's end) replaces it.
+        let close = self.s.sample_every.as_secs_f64() / 10.0;
+        if let Some(last) = self
+            .doc
+            .series
+            .last_mut()
+            .filter(|l| point.at_s - l.at_s < close)
+        {
+            *last = point;
+        } else {
+            self.doc.series.push(point);
+        }
     }
 
     /// The score from what is known now, and the document written (atomically).

@@ -1,0 +1,243 @@
+//! End-to-end tests of `roofline automl`: a short search, its report, gate and place on its
+//! result, Ctrl-C and --resume, and bad input as one line and exit 2.
+
+mod common;
+
+use common::*;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A small, quick search: 32² synthetic images of 4 classes, rounds of 1 and 2 epochs.
+fn small(cmd: &mut Command, out: &std::path::Path, budget: &str) {
+    cmd.args([
+        "automl",
+        "--budget",
+        budget,
+        "--rounds",
+        "1,2",
+        "--classes",
+        "4",
+        "--train-images",
+        "64",
+        "--eval-images",
+        "32",
+        "--batch",
+        "16",
+        "-o",
+    ])
+    .arg(out);
+}
+
+/// A search writes automl.json (valid by its schema, candidates made from trained parents,
+/// the series) and the report (its figures fit); gate compares it with itself and passes;
+/// place puts its best candidate on the machine's roofline from its trained weights.
+#[test]
+fn automl_searches_reports_gates_and_places() {
+    let dir = tmpdir("automl");
+    let out = dir.join("run.json");
+    let mut cmd = bin();
+    small(&mut cmd, &out, "12s");
+    let o = cmd.output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.starts_with("AIPerf AutoML: "), "{text}");
+    assert!(
+        text.contains("NOT VALID") && text.contains("3600 s"),
+        "{text}"
+    );
+    assert!(text.contains("candidates a minute"), "{text}");
+    let doc = roofline_model::automl::Automl::read(&out).unwrap();
+    assert!(!doc.running);
+    assert!(doc.candidates.len() >= 3, "{}", stderr(&o));
+    assert!(
+        doc.candidates.iter().any(|c| c.parent.is_some()),
+        "children were made"
+    );
+    assert!(!doc.series.is_empty() && doc.score.flops > 0.0);
+    assert_eq!(doc.configuration["resolution"], 32);
+    let html = dir.join("run.html");
+    let page = std::fs::read_to_string(&html).unwrap();
+    for id in [
+        "id=\"over-time\"",
+        "id=\"tree\"",
+        "id=\"series\"",
+        "id=\"score\"",
+    ] {
+        assert!(page.contains(id), "{id} not in the report");
+    }
+    assert_figures_fit(&[&html]);
+    let g = bin()
+        .args(["gate", "--baseline"])
+        .arg(&out)
+        .arg("--current")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(
+        g.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&g.stdout)
+    );
+    let table = String::from_utf8_lossy(&g.stdout);
+    assert!(
+        table.contains("automl/flops") && table.contains("automl/regulated"),
+        "{table}"
+    );
+    let (machine, _) = quick_machine();
+    let best = doc.score.best_candidate.expect("a best candidate");
+    let placed = dir.join("best.json");
+    let p = bin()
+        .args(["place", "--workload"])
+        .arg(format!("automl:{}", out.display()))
+        .arg("--machine")
+        .arg(machine)
+        .args(["--steps", "2", "--warm", "1", "-o"])
+        .arg(&placed)
+        .output()
+        .unwrap();
+    assert!(p.status.success(), "{}", stderr(&p));
+    let pl: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&placed).unwrap()).unwrap();
+    assert_eq!(pl["workload"]["name"], format!("automl#{best}"));
+    // From its trained weights on the run's data: the first loss is far below chance (ln 4).
+    let first = stderr(&p)
+        .lines()
+        .find_map(|l| {
+            l.split("loss ")
+                .nth(1)
+                .and_then(|r| r.split(',').next())
+                .and_then(|v| v.parse::<f64>().ok())
+        })
+        .expect("a step line");
+    assert!(
+        first < 0.8 * 4f64.ln(),
+        "first loss {first}: {}",
+        stderr(&p)
+    );
+}
+
+/// Ctrl-C keeps what was found (exit 130, automl.json valid, the report written) and
+/// --resume goes on from it with the same candidates and a later clock.
+#[test]
+fn automl_interrupted_keeps_its_candidates_and_resumes() {
+    let dir = tmpdir("automl-int");
+    let out = dir.join("run.json");
+    let mut cmd = bin();
+    small(&mut cmd, &out, "60s");
+    let child = cmd
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    // Until an epoch has been written.
+    loop {
+        let has_epoch = std::fs::read_to_string(&out)
+            .ok()
+            .and_then(|t| roofline_model::automl::Automl::from_json(&t).ok())
+            .is_some_and(|d| d.candidates.iter().filter(|c| !c.epochs.is_empty()).count() >= 2);
+        if has_epoch || t0.elapsed() > Duration::from_secs(50) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(130), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("kept") && stderr(&o).contains("--resume"),
+        "{}",
+        stderr(&o)
+    );
+    let before = roofline_model::automl::Automl::read(&out).unwrap();
+    assert!(!before.running);
+    assert!(dir.join("run.html").is_file());
+    let trained: Vec<usize> = before
+        .candidates
+        .iter()
+        .filter(|c| !c.epochs.is_empty())
+        .map(|c| c.id)
+        .collect();
+    assert!(trained.len() >= 2);
+    let mut cmd = bin();
+    small(
+        &mut cmd,
+        &out,
+        &format!("{:.0}s", before.score.elapsed_s + 6.0),
+    );
+    let o = cmd.arg("--resume").output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let after = roofline_model::automl::Automl::read(&out).unwrap();
+    for id in trained {
+        assert!(
+            after.candidates.iter().any(|c| c.id == id),
+            "candidate {id} kept"
+        );
+    }
+    assert!(after.candidates.len() > before.candidates.len());
+    assert!(after.score.elapsed_s > before.score.elapsed_s);
+}
+
+/// Bad input: one line, exit 2, nothing run.
+#[test]
+fn automl_bad_input_is_one_line() {
+    let dir = tmpdir("automl-bad");
+    let empty = dir.join("empty");
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = dir.join("x.json");
+    let o = out.to_str().unwrap();
+    expect_input_error(
+        &["automl", "--data", "/nonexistent/imagenet", "-o", o],
+        None,
+        "--data",
+    );
+    expect_input_error(
+        &["automl", "--data", empty.to_str().unwrap(), "-o", o],
+        None,
+        "--data",
+    );
+    expect_input_error(
+        &["automl", "--official", "-o", o],
+        None,
+        "--official runs on ImageNet",
+    );
+    expect_input_error(
+        &[
+            "automl",
+            "--budget",
+            "1s",
+            "--resolution",
+            "64",
+            "--width",
+            "0.5",
+            "--train-images",
+            "4096",
+            "-o",
+            o,
+        ],
+        None,
+        "shorter than one trial",
+    );
+    expect_input_error(&["automl", "--rounds", "1,0", "-o", o], None, "--rounds");
+    // clap's own message for a value it cannot parse (its usual three lines), exit 2.
+    let c = bin()
+        .args(["automl", "--budget", "soon", "-o", o])
+        .output()
+        .unwrap();
+    assert_eq!(c.status.code(), Some(2));
+    assert!(stderr(&c).contains("expected seconds or a number with s, m or h"));
+    expect_input_error(&["automl", "--resume", "-o", o], None, "does not exist");
+    expect_input_error(
+        &["automl", "--workers", "64", "-o", o],
+        None,
+        "--workers 64",
+    );
+    expect_input_error(
+        &["automl", "--device", "cuda", "-o", o],
+        None,
+        "CPU for now",
+    );
+    assert!(!out.exists());
+}
