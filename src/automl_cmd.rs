@@ -65,6 +65,12 @@ pub struct AutomlArgs {
     /// trains its candidates data parallel on its share.
     #[arg(long, default_value_t = 1)]
     workers: usize,
+    /// Under mpirun/srun: MPI ranks per worker. Rank 0 is the master; the other ranks form
+    /// teams of this many, each team a worker training its candidates data parallel
+    /// (synchronous all-reduce inside the team). The ranks must share a file system (the
+    /// buffer and the candidates' weights beside --output).
+    #[arg(long, default_value_t = 1)]
+    team: usize,
     /// Cores to use, one pinned thread per physical core (the rule every training verb
     /// follows); default all.
     #[arg(long)]
@@ -180,6 +186,7 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         budget,
         rounds,
         workers: a.workers,
+        team: a.team,
         batches: list(&a.batches, "--batches")?,
         kernels: list(&a.kernels, "--kernels")?,
         max_layers: a.max_layers,
@@ -198,22 +205,33 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
 }
 
 pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
-    if roofline_kernels::comm::launched_ranks().is_some() {
-        return Err(Failure::Input(anyhow!(
-            "automl runs as one process for now (--workers N splits its cores into N workers); teams of MPI ranks as workers are not built yet: run it without mpirun"
-        )));
-    }
     let req = request(a)?;
     let html = a.output.with_extension("html");
     crate::args::check_writable(&html, "the report").map_err(Failure::Input)?;
     crate::exit::install_ctrlc()?;
-    let result = setup::run(&req, &Printed, &CANCEL);
+    let result = match roofline_kernels::comm::launched_ranks() {
+        None => setup::run(&req, &Printed, &CANCEL).map(Some),
+        #[cfg(feature = "mpi")]
+        Some(_) => roofline_workloads::automl::ranks::run(&req, &Printed, &CANCEL),
+        #[cfg(not(feature = "mpi"))]
+        Some(n) => {
+            return Err(Failure::Input(anyhow!(
+                "started by an MPI launcher with {n} ranks, but this roofline was built without MPI: rebuild it with `cargo build --release --features mpi`, or run one process (--workers N splits its cores)"
+            )))
+        }
+    };
+    // A worker rank: the master (rank 0) reports.
+    if let Ok(None) = result {
+        return Ok(());
+    }
     // Whatever was kept (also when interrupted) gets its report.
     if let Ok(doc) = roofline_model::automl::Automl::read(&a.output) {
         roofline_model::write::write_atomic(&html, roofline_plots::automl::html(&doc).as_bytes())
             .map_err(|e| Failure::Run(anyhow!("{e}")))?;
     }
-    let (doc, _) = result?;
+    let Some((doc, _)) = result? else {
+        return Ok(());
+    };
     let s = &doc.score;
     println!("{}", doc.headline());
     println!(

@@ -238,7 +238,7 @@ fn main() -> ExitCode {
     // training verbs (data parallel: `train`, `score`, `place --workload resnet50|ewa`), only rank 0
     // acts, so that one plot is written and one table printed.
     let every_rank = match &cli.command {
-        Command::Probe(_) | Command::Train(_) | Command::Score(_) => true,
+        Command::Probe(_) | Command::Train(_) | Command::Score(_) | Command::Automl(_) => true,
         Command::Place(a) => {
             a.workload == "resnet50" || a.workload == "ewa" || a.workload.starts_with("automl:")
         }

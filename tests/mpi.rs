@@ -515,3 +515,76 @@ fn four_ranks_bag_two_models_of_two_ranks() {
     let t = text(&o);
     assert!(t.contains("3 is not a multiple of 2"), "{t}");
 }
+
+/// AutoML under mpirun: rank 0 the master, the other ranks teams of `--team` (here 1 + one
+/// team of two ranks training data parallel, and 1 + two single-rank teams): candidates are
+/// trained by every team, written by the master alone; a wrong rank count is one line.
+#[test]
+fn automl_master_and_teams_of_ranks() {
+    for (n, team, workers) in [(3, 1, 2), (3, 2, 1)] {
+        let dir = tmpdir(&format!("automl-{n}-{team}"));
+        let out = dir.join("run.json");
+        let team_arg = team.to_string();
+        let o = mpirun(
+            n,
+            &[],
+            &[
+                "automl",
+                "--budget",
+                "15s",
+                "--rounds",
+                "1,2",
+                "--classes",
+                "4",
+                "--train-images",
+                "64",
+                "--eval-images",
+                "32",
+                "--batch",
+                "16",
+                "--threads",
+                "1",
+                "--team",
+                &team_arg,
+            ],
+            Some(&out),
+        );
+        assert!(o.status.success(), "{}", text(&o));
+        let stdout = String::from_utf8_lossy(&o.stdout);
+        assert_eq!(
+            stdout.matches("AIPerf AutoML:").count(),
+            1,
+            "one report: {}",
+            text(&o)
+        );
+        let doc = roofline_model::automl::Automl::read(&out).unwrap();
+        assert_eq!(doc.workers.len(), workers);
+        let trained: Vec<_> = doc
+            .candidates
+            .iter()
+            .filter(|c| !c.epochs.is_empty())
+            .collect();
+        assert!(trained.len() >= 2, "{}", text(&o));
+        for w in 0..workers {
+            assert!(
+                trained.iter().any(|c| c.worker == w),
+                "worker {w} trained nothing: {}",
+                text(&o)
+            );
+        }
+        assert!(doc.configuration["workers"]
+            .as_str()
+            .unwrap()
+            .contains(&format!("teams of {team}")));
+    }
+    let dir = tmpdir("automl-bad");
+    let o = mpirun(
+        4,
+        &[],
+        &["automl", "--team", "2", "--budget", "5s"],
+        Some(&dir.join("x.json")),
+    );
+    assert!(!o.status.success());
+    assert!(text(&o).contains("1 + a multiple of 2"), "{}", text(&o));
+    assert!(!dir.join("x.json").exists());
+}

@@ -3,10 +3,11 @@
 //! candidate to another worker), samples the FLOPS time series and rewrites `automl.json`
 //! after every finished epoch.
 
+use super::buffer::{self, Folder, Link};
 use super::morph::{Limits, Morphism};
 use super::search::{self, Gp, Signature, Trained};
 use super::tpe;
-use super::worker::{self, Event, Fault, Shared, Trial};
+use super::worker::{self, Context, Event, Fault, Trial};
 use crate::accounting;
 use crate::data::Rng;
 use crate::graph::Description;
@@ -19,9 +20,25 @@ use roofline_model::{Provenance, Stats};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{self, RecvTimeoutError, Sender};
-use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Where the workers are.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Workers {
+    /// Threads of this process, each on its CPUs.
+    Threads(Vec<Vec<usize>>),
+    /// Teams of MPI ranks (this many), started beside the master.
+    Teams(usize),
+}
+
+impl Workers {
+    pub fn count(&self) -> usize {
+        match self {
+            Workers::Threads(t) => t.len(),
+            Workers::Teams(n) => *n,
+        }
+    }
+}
 
 /// Everything a run is told.
 #[derive(Clone, Debug)]
@@ -35,8 +52,7 @@ pub struct Settings {
     /// and their accuracy is predicted from the curve.
     pub rounds: Vec<usize>,
     pub budget: Duration,
-    /// Each worker's CPUs.
-    pub workers: Vec<Vec<usize>>,
+    pub workers: Workers,
     /// The starting batch and kernel, and the choices TPE picks among after warm-up.
     pub batch: usize,
     pub kernel: usize,
@@ -67,6 +83,11 @@ pub trait Progress {
     fn line(&self, line: &str);
 }
 
+/// The shared buffer's folder (in the weights' folder).
+pub fn buffer_dir(out: &Path) -> Folder {
+    Folder(weights_dir(out).join("buffer"))
+}
+
 /// The folder of candidates' weights beside `out`.
 pub fn weights_dir(out: &Path) -> PathBuf {
     let stem = out
@@ -87,13 +108,14 @@ struct Run<'a> {
     next_id: usize,
     handed: usize,
     rng: Rng,
-    buffer: Sender<Trial>,
-    shared: Arc<Shared>,
+    buffer: buffer::Master,
+    cx: Context,
     start: Instant,
     last_sample: Instant,
 }
 
 /// Runs the search until the budget is spent (or `cancel` is set); the document as written.
+/// The shared buffer (`buffer_dir`) must have been created fresh (`Folder::create`).
 pub fn automl(
     s: &Settings,
     progress: &dyn Progress,
@@ -104,37 +126,34 @@ pub fn automl(
     s.start
         .shapes(side, side)
         .map_err(|e| input(format!("the starting network: {e}")))?;
-    if s.workers.is_empty() || s.rounds.is_empty() || s.rounds.contains(&0) {
+    if s.workers.count() == 0 || s.rounds.is_empty() || s.rounds.contains(&0) {
         return Err(input(
             "automl needs a worker and rounds of at least one epoch".into(),
         ));
     }
-    let dir = weights_dir(&s.out);
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| input(format!("cannot make {}: {e}", dir.display())))?;
-    let (tx, rx) = mpsc::channel::<Trial>();
-    let (etx, erx) = mpsc::channel::<Event>();
     let resumed = s.resume.as_ref().map_or(0.0, |d| d.score.elapsed_s);
     let start = Instant::now() - Duration::from_secs_f64(resumed);
-    let shared = Arc::new(Shared {
-        buffer: Arc::new(Mutex::new(rx)),
-        events: etx,
-        stop: Arc::new(AtomicBool::new(false)),
-        classify: s.classify.clone(),
-        start,
-        fault: s.fault,
-    });
-    let mut run = Run::new(s, tx, Arc::clone(&shared), start)?;
-    for cpus in &s.workers {
-        run.spawn(cpus)?;
+    let folder = buffer_dir(&s.out);
+    let mut run = Run::new(s, buffer::Master::new(folder), start)?;
+    match &s.workers {
+        Workers::Threads(cpus) => {
+            for c in cpus {
+                run.spawn(c)?;
+            }
+        }
+        Workers::Teams(n) => {
+            for _ in 0..*n {
+                run.add_worker();
+            }
+        }
     }
-    let result = run.drive(&erx, progress, cancel);
-    // Ends the workers' loops (the buffer closed, the stop flag set).
-    shared.stop.store(true, Ordering::SeqCst);
+    let result = run.drive(progress, cancel);
+    // Ends the workers' loops.
+    run.buffer.stop();
     let doc = result?;
     if cancel.load(Ordering::SeqCst) {
         return Err(RunError::InterruptedKept(format!(
-            "{} ({} candidates; resume with --resume)",
+            "{} ({} candidates; go on with --resume)",
             s.out.display(),
             doc.candidates.len()
         )));
@@ -143,12 +162,7 @@ pub fn automl(
 }
 
 impl<'a> Run<'a> {
-    fn new(
-        s: &'a Settings,
-        buffer: Sender<Trial>,
-        shared: Arc<Shared>,
-        start: Instant,
-    ) -> Result<Run<'a>, RunError> {
+    fn new(s: &'a Settings, buffer: buffer::Master, start: Instant) -> Result<Run<'a>, RunError> {
         let mut doc = s.resume.clone().unwrap_or_else(|| Automl {
             schema: AUTOML_SCHEMA.into(),
             provenance: s.provenance.clone(),
@@ -204,7 +218,10 @@ impl<'a> Run<'a> {
             next_id,
             rng: Rng::new(s.seed ^ 0xA1_9E4F),
             buffer,
-            shared,
+            cx: Context {
+                classify: s.classify.clone(),
+                fault: s.fault,
+            },
             start,
             last_sample: Instant::now(),
         })
@@ -214,6 +231,7 @@ impl<'a> Run<'a> {
         self.start.elapsed().as_secs_f64()
     }
 
+    /// A worker thread on `cpus`.
     fn spawn(&mut self, cpus: &[usize]) -> Result<(), RunError> {
         let id = self.doc.workers.len();
         let pool =
@@ -221,33 +239,38 @@ impl<'a> Run<'a> {
                 threads: cpus.len(),
                 source,
             })?;
-        let shared = Arc::clone(&self.shared);
+        let link = Link::new(buffer_dir(&self.s.out), id, None);
+        let cx = self.cx.clone();
         std::thread::Builder::new()
             .name(format!("automl-worker-{id}"))
-            .spawn(move || worker::work(id, shared, pool))
+            .spawn(move || {
+                if let Err(e) = worker::work(id, &link, &cx, Some(&pool)) {
+                    eprintln!("automl worker {id}: {e}");
+                }
+            })
             .map_err(|e| RunError::Run(format!("cannot start worker {id}: {e}")))?;
+        self.add_worker();
+        Ok(())
+    }
+
+    fn add_worker(&mut self) {
+        let id = self.doc.workers.len();
         self.doc.workers.push(Worker {
             id,
             trials: 0,
             train_seconds: 0.0,
             alive: true,
         });
-        Ok(())
     }
 
-    fn drive(
-        &mut self,
-        events: &mpsc::Receiver<Event>,
-        p: &dyn Progress,
-        cancel: &AtomicBool,
-    ) -> Result<Automl, RunError> {
+    fn drive(&mut self, p: &dyn Progress, cancel: &AtomicBool) -> Result<Automl, RunError> {
         let budget = self.s.budget.as_secs_f64();
         let mut ended = false;
         loop {
             let over = self.elapsed() >= budget || cancel.load(Ordering::SeqCst);
             if over && !ended {
                 ended = true;
-                self.shared.stop.store(true, Ordering::SeqCst);
+                self.buffer.stop();
                 p.line(&format!(
                     "{:.0} s: the budget is spent; the trials in progress stop at their next step",
                     self.elapsed()
@@ -258,16 +281,18 @@ impl<'a> Run<'a> {
                 if self.running.is_empty() && self.pending.is_empty() {
                     p.line("the search has no candidate left to train (the limits are reached)");
                     ended = true;
-                    self.shared.stop.store(true, Ordering::SeqCst);
+                    self.buffer.stop();
                 }
             }
             if ended && self.running.is_empty() {
                 break;
             }
-            match events.recv_timeout(Duration::from_millis(100)) {
-                Ok(e) => self.on(e, p)?,
-                Err(RecvTimeoutError::Timeout) => {}
-                Err(RecvTimeoutError::Disconnected) => break,
+            if let Some(e) = self
+                .buffer
+                .next(Duration::from_millis(50))
+                .map_err(RunError::Run)?
+            {
+                self.on(e, p)?;
             }
             self.watchdog(p, ended)?;
             if self.last_sample.elapsed() >= self.s.sample_every {
@@ -275,7 +300,9 @@ impl<'a> Run<'a> {
                 self.write()?;
             }
         }
-        self.pending.clear();
+        for id in std::mem::take(&mut self.pending).into_keys() {
+            self.buffer.withdraw(id);
+        }
         // Handed out and never taken: not candidates; taken and not finished: cut.
         self.doc
             .candidates
@@ -315,10 +342,8 @@ impl<'a> Run<'a> {
                 t.kernel,
                 t.epochs
             ));
-            self.pending.insert(t.id, t.clone());
-            if self.buffer.send(t).is_err() {
-                return Err(RunError::Run("every worker has ended".into()));
-            }
+            self.buffer.hand(&t).map_err(RunError::Run)?;
+            self.pending.insert(t.id, t);
         }
         Ok(())
     }
@@ -365,7 +390,7 @@ impl<'a> Run<'a> {
     fn generate(&mut self) -> Option<Trial> {
         let s = self.s;
         let side = s.classify.data.resolution();
-        let workers = s.workers.len().max(1);
+        let workers = s.workers.count().max(1);
         let round = (self.handed / workers).min(s.rounds.len() - 1);
         let warm_up = round + 1 < s.rounds.len();
         let trained = self.trained();
@@ -521,12 +546,13 @@ impl<'a> Run<'a> {
             Event::Epoch {
                 worker,
                 trial,
-                epoch,
+                mut epoch,
             } => {
                 let Some(r) = self.running.get_mut(&trial).filter(|r| r.0 == worker) else {
                     return Ok(());
                 };
                 r.1 = Instant::now();
+                epoch.at_s = now;
                 p.line(&format!(
                     "{now:.0} s: candidate {trial} epoch {} on worker {worker}: top-1 {:.3}, {:.1} s",
                     epoch.epoch, epoch.top1, epoch.seconds
@@ -633,8 +659,9 @@ impl<'a> Run<'a> {
         });
         self.nets.push(net);
         self.morphs.push(t.morphisms.clone());
-        self.pending.insert(id, t.clone());
-        let _ = self.buffer.send(t);
+        if self.buffer.hand(&t).is_ok() {
+            self.pending.insert(id, t);
+        }
     }
 
     /// Ends trials whose worker sent nothing for longer than the stall limit: the worker is
@@ -658,12 +685,15 @@ impl<'a> Run<'a> {
                 self.doc.candidates[i].outcome = Outcome::Stalled;
                 self.doc.candidates[i].finished_s = Some(self.elapsed());
             }
-            let cpus = self.s.workers[worker % self.s.workers.len()].clone();
             if let Some(w) = self.doc.workers.get_mut(worker) {
                 w.alive = false;
             }
             if !ended {
-                self.spawn(&cpus)?;
+                // A thread's cores go to a fresh worker; a team of ranks cannot be replaced.
+                if let Workers::Threads(cpus) = &self.s.workers {
+                    let c = cpus[worker % cpus.len()].clone();
+                    self.spawn(&c)?;
+                }
                 self.again(trial);
             }
             self.write()?;
@@ -721,7 +751,7 @@ impl<'a> Run<'a> {
             .iter()
             .filter(|c| c.finished_s.is_some())
             .count();
-        let capacity = elapsed * self.s.workers.len() as f64;
+        let capacity = elapsed * self.s.workers.count() as f64;
         d.score = AutomlScore {
             flops: d.series.iter().map(|s| s.flops).fold(0.0, f64::max),
             regulated: d.series.iter().map(|s| s.regulated).fold(0.0, f64::max),

@@ -11,8 +11,11 @@
 //! - [`worker`]: a worker's loop.
 //! - [`master`]: the run (hand-out, watchdog, time series, `automl.json`, resume).
 
+pub mod buffer;
 pub mod master;
 pub mod morph;
+#[cfg(feature = "mpi")]
+pub mod ranks;
 pub mod search;
 pub mod setup;
 pub mod tpe;

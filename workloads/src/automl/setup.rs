@@ -3,7 +3,7 @@
 //! workers' cores, the hyper-parameter choices, the limits — with a calibration step that
 //! refuses a budget too short for one trial; then the run.
 
-use super::master::{self, Progress, Settings};
+use super::master::{self, Progress, Settings, Workers};
 use super::morph::{layer_count, Limits};
 use super::worker::Fault;
 use crate::checkpoint::Checkpoint;
@@ -26,6 +26,9 @@ pub struct Request {
     pub rounds: Vec<usize>,
     /// Workers in this process (the cores split among them).
     pub workers: usize,
+    /// Under an MPI launcher: ranks per worker (rank 0 is the master, the others form teams
+    /// of this many).
+    pub team: usize,
     /// Batch and kernel choices for TPE (empty: around the starting batch; 3, 5, 7).
     pub batches: Vec<usize>,
     pub kernels: Vec<usize>,
@@ -48,8 +51,9 @@ pub struct Calibration {
     pub trial_seconds: f64,
 }
 
-/// Checks `req`, builds the settings and measures one step of the starting network.
-pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
+/// Checks `req`, builds the settings (`teams` of MPI ranks as workers, or threads of this
+/// process) and measures one step of the starting network.
+pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibration), RunError> {
     let input = |m: String| RunError::Input(m);
     if req.spec.device == run::Device::Cuda {
         return Err(input(
@@ -81,7 +85,7 @@ pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
     let Job::Classifier(classify) = &prep.job else {
         return Err(input("automl searches image classifiers".into()));
     };
-    if req.workers > prep.cpus.len() {
+    if teams.is_none() && req.workers > prep.cpus.len() {
         return Err(input(format!(
             "--workers {}: more workers than the {} cores this run has (--threads)",
             req.workers,
@@ -89,9 +93,18 @@ pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
         )));
     }
     let per = prep.cpus.len() / req.workers;
-    let workers: Vec<Vec<usize>> = (0..req.workers)
-        .map(|w| prep.cpus[w * per..(w + 1) * per].to_vec())
-        .collect();
+    let workers = match teams {
+        Some(n) => Workers::Teams(n),
+        None => Workers::Threads(
+            (0..req.workers)
+                .map(|w| prep.cpus[w * per..(w + 1) * per].to_vec())
+                .collect(),
+        ),
+    };
+    let calibration_cpus = match &workers {
+        Workers::Threads(t) => t[0].clone(),
+        Workers::Teams(_) => prep.cpus.clone(),
+    };
     let side = classify.data.resolution();
     let start = Description::resnet(&classify.model, 3);
     let layers = start
@@ -156,7 +169,10 @@ pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
         "lr_per_256": classify.base_lr_per_256,
         "rounds": req.rounds,
         "budget_s": req.budget.as_secs_f64(),
-        "workers": workers,
+        "workers": match &workers {
+            Workers::Threads(t) => serde_json::json!(t),
+            Workers::Teams(n) => serde_json::json!(format!("{n} teams of {} MPI rank(s)", req.team)),
+        },
         "max_layers": limits.layers,
         "max_parameters": limits.parameters,
         "neighbours": req.neighbours,
@@ -193,9 +209,9 @@ pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
     probe.run = crate::run::RunOptions::new(batch, 1, req.spec.seed);
     probe.eval_images = 0;
     let task = GraphTask::new(start, probe).map_err(|e| input(e.to_string()))?;
-    let pool = roofline_kernels::affinity::pinned_pool(&s.workers[0]).map_err(|source| {
+    let pool = roofline_kernels::affinity::pinned_pool(&calibration_cpus).map_err(|source| {
         RunError::Threads {
-            threads: s.workers[0].len(),
+            threads: calibration_cpus.len(),
             source,
         }
     })?;
@@ -224,22 +240,43 @@ pub fn settings(req: &Request) -> Result<(Settings, Calibration), RunError> {
     ))
 }
 
-/// The run: settings, then the search.
+/// The run in one process: settings, a fresh shared buffer, then the search.
 pub fn run(
     req: &Request,
     progress: &dyn Progress,
     cancel: &AtomicBool,
 ) -> Result<(Automl, Calibration), RunError> {
-    let (s, cal) = settings(req)?;
+    let (s, cal) = settings(req, None)?;
+    master::buffer_dir(&s.out).create().map_err(|e| {
+        RunError::Input(format!("the shared buffer beside {}: {e}", s.out.display()))
+    })?;
     progress.line(&format!(
         "{} worker(s) on cores {:?}; one step of the starting network {:.2} s, its first trial about {:.0} s; budget {:.0} s",
-        s.workers.len(),
-        s.workers,
+        s.workers.count(),
+        match &s.workers {
+            Workers::Threads(t) => t.clone(),
+            Workers::Teams(_) => Vec::new(),
+        },
         cal.step_seconds,
         cal.trial_seconds,
         s.budget.as_secs_f64()
     ));
     Ok((master::automl(&s, progress, cancel)?, cal))
+}
+
+/// What every worker rank trains with (its own view of the data), and its cores.
+pub fn worker_context(req: &Request) -> Result<(super::worker::Context, Vec<usize>), RunError> {
+    let prep = run::prepare(&req.spec)?;
+    let Job::Classifier(classify) = &prep.job else {
+        return Err(RunError::Input("automl searches image classifiers".into()));
+    };
+    Ok((
+        super::worker::Context {
+            classify: classify.clone(),
+            fault: req.fault,
+        },
+        prep.cpus.clone(),
+    ))
 }
 
 /// Candidate `id` of the AutoML run in `path` (its best when `None`) as a prepared training

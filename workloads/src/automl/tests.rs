@@ -1,5 +1,4 @@
-use super::automl;
-use super::master::{weights_dir, Progress, Settings};
+use super::master::{buffer_dir, weights_dir, Progress, Settings, Workers};
 use super::morph::{self, applicable, apply, Limits, Morphism, Weights};
 use super::search::{self, distance, Gp, Signature, Trained};
 use super::worker::Fault;
@@ -312,6 +311,16 @@ fn the_search_proposes_what_its_model_expects() {
     }
 }
 
+/// A fresh buffer, then the search.
+fn automl(
+    s: &Settings,
+    p: &dyn Progress,
+    cancel: &AtomicBool,
+) -> Result<Automl, crate::run::RunError> {
+    buffer_dir(&s.out).create().unwrap();
+    super::automl(s, p, cancel)
+}
+
 struct Lines(std::sync::Mutex<Vec<String>>);
 
 impl Progress for Lines {
@@ -352,7 +361,7 @@ fn settings(name: &str, budget: f64, fault: Option<Fault>) -> Settings {
         ),
         rounds: vec![1, 2],
         budget: Duration::from_secs_f64(budget),
-        workers: vec![vec![cores[0]], vec![*cores.last().unwrap()]],
+        workers: Workers::Threads(vec![vec![cores[0]], vec![*cores.last().unwrap()]]),
         batch: 8,
         kernel: 3,
         batches: vec![4, 8],

@@ -1,22 +1,25 @@
 //! An AutoML worker: takes trials from the shared buffer, makes each child from its parent's
 //! trained weights (the morphisms, function-preserving), and trains it epoch by epoch in the
 //! one training loop (a checkpoint after every epoch, the next epoch resumed from it), with
-//! early stopping, reporting every finished epoch and a heartbeat every step to the master.
+//! early stopping, reporting every finished epoch and a heartbeat a second to the master. A
+//! worker is a thread in the master's process or a team of MPI ranks training data parallel
+//! (the team's root speaks for it).
 
+use super::buffer::Link;
 use super::morph::{self, Morphism, Weights};
 use super::tpe;
 use crate::checkpoint::Checkpoint;
 use crate::graph::{Description, GraphTask};
 use crate::train::{train, Monitor, TrainConfig};
 use roofline_model::automl::{Epoch, Outcome};
+use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::mpsc::{Receiver, Sender};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// A candidate to train, as the master hands it out.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Trial {
     pub id: usize,
     /// The parent's network and its trained weights (none for the starting network).
@@ -38,7 +41,8 @@ pub struct Trial {
 }
 
 /// What a worker tells the master.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "event")]
 pub enum Event {
     /// It took trial `trial` from the buffer.
     Took { worker: usize, trial: usize },
@@ -60,27 +64,23 @@ pub enum Event {
 
 /// A fault made on purpose (tests): worker `worker`'s `trial`-th trial (0-based) stalls until
 /// the run stops, or panics.
-#[derive(Clone, Copy, Debug, PartialEq)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum Fault {
     Stall { worker: usize, trial: usize },
     Die { worker: usize, trial: usize },
 }
 
-/// What every worker shares.
-pub struct Shared {
-    pub buffer: Arc<Mutex<Receiver<Trial>>>,
-    pub events: Sender<Event>,
-    /// The run is over: no new epoch starts (a step in progress finishes).
-    pub stop: Arc<AtomicBool>,
+/// What every worker trains with.
+#[derive(Clone)]
+pub struct Context {
     /// The data, schedule and evaluation every candidate trains with.
     pub classify: TrainConfig,
-    pub start: Instant,
     pub fault: Option<Fault>,
 }
 
 /// Sends a heartbeat at most every second.
 struct Beats<'a> {
-    events: &'a Sender<Event>,
+    link: &'a Link,
     worker: usize,
     trial: usize,
     last: Mutex<Instant>,
@@ -91,7 +91,7 @@ impl Monitor for Beats<'_> {
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
         if last.elapsed() >= Duration::from_secs(1) {
             *last = Instant::now();
-            let _ = self.events.send(Event::Beat {
+            self.link.send(&Event::Beat {
                 worker: self.worker,
                 trial: self.trial,
             });
@@ -99,37 +99,30 @@ impl Monitor for Beats<'_> {
     }
 }
 
-/// The worker's loop, on `pool`'s cores, until the buffer closes or the run stops.
-pub fn work(worker: usize, shared: Arc<Shared>, pool: rayon::ThreadPool) {
+/// The worker's loop (on `pool`'s cores when given) until the run stops or the buffer fails.
+pub fn work(
+    worker: usize,
+    link: &Link,
+    cx: &Context,
+    pool: Option<&rayon::ThreadPool>,
+) -> Result<(), String> {
     let mut taken = 0;
-    loop {
-        let next = {
-            let rx = shared.buffer.lock().unwrap_or_else(|p| p.into_inner());
-            rx.recv_timeout(Duration::from_millis(200))
-        };
-        let trial = match next {
-            Ok(t) => t,
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                if shared.stop.load(Ordering::SeqCst) {
-                    return;
-                }
-                continue;
-            }
-            Err(_) => return,
-        };
-        let _ = shared.events.send(Event::Took {
+    while let Some(trial) = link.take()? {
+        link.send(&Event::Took {
             worker,
             trial: trial.id,
         });
-        let fault = shared.fault.filter(|f| match *f {
+        let fault = cx.fault.filter(|f| match *f {
             Fault::Stall { worker: w, trial } | Fault::Die { worker: w, trial } => {
                 w == worker && trial == taken
             }
         });
         taken += 1;
         let t0 = Instant::now();
-        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-            pool.install(|| run_trial(worker, &trial, &shared, fault))
+        let run = || run_trial(worker, &trial, link, cx, fault);
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| match pool {
+            Some(p) => p.install(run),
+            None => run(),
         }));
         let (outcome, predicted) = match result {
             Ok(Ok(done)) => done,
@@ -148,7 +141,7 @@ pub fn work(worker: usize, shared: Arc<Shared>, pool: rayon::ThreadPool) {
                 )
             }
         };
-        let _ = shared.events.send(Event::Done {
+        link.send(&Event::Done {
             worker,
             trial: trial.id,
             outcome,
@@ -156,6 +149,7 @@ pub fn work(worker: usize, shared: Arc<Shared>, pool: rayon::ThreadPool) {
             train_seconds: t0.elapsed().as_secs_f64(),
         });
     }
+    Ok(())
 }
 
 /// The child's starting weights: the parent's trained ones through the morphisms.
@@ -180,11 +174,12 @@ fn inherit(trial: &Trial, side: usize) -> Result<Option<Arc<Checkpoint>>, String
 fn run_trial(
     worker: usize,
     trial: &Trial,
-    shared: &Shared,
+    link: &Link,
+    cx: &Context,
     fault: Option<Fault>,
 ) -> Result<(Outcome, Option<f64>), String> {
-    let side = shared.classify.data.resolution();
-    let mut classify = shared.classify.clone();
+    let side = cx.classify.data.resolution();
+    let mut classify = cx.classify.clone();
     let images = classify.train_images.max(1);
     let per_epoch = (images / trial.batch).max(1);
     let steps = per_epoch * trial.epochs;
@@ -192,7 +187,7 @@ fn run_trial(
         warmup_steps: per_epoch.min(steps / 10),
         eval_every: per_epoch,
         checkpoint: Some(trial.checkpoint.clone()),
-        stop: Some(Arc::clone(&shared.stop)),
+        stop: Some(Arc::clone(&link.stop)),
         comm: classify.run.comm,
         ..crate::run::RunOptions::new(trial.batch, steps, trial.seed)
     };
@@ -200,7 +195,7 @@ fn run_trial(
         GraphTask::new(trial.description.clone(), classify).map_err(|e| e.to_string())?;
     task.init = inherit(trial, side)?;
     let beats = Beats {
-        events: &shared.events,
+        link,
         worker,
         trial: trial.id,
         last: Mutex::new(Instant::now()),
@@ -208,12 +203,14 @@ fn run_trial(
     let mut curve: Vec<(f64, f64)> = Vec::new();
     let (mut best, mut since_best) = (f64::NEG_INFINITY, 0);
     for e in 0..trial.epochs {
-        if shared.stop.load(Ordering::SeqCst) {
+        // Alone a worker sees the stop itself; a team learns it inside the loop (all its ranks
+        // stop after the same step).
+        if link.team().is_none() && link.stop.load(Ordering::SeqCst) {
             return Ok((Outcome::Cut, None));
         }
         match fault {
             Some(Fault::Stall { .. }) if e == 0 => {
-                while !shared.stop.load(Ordering::SeqCst) {
+                while !link.stop.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
                 return Ok((Outcome::Cut, None));
@@ -224,7 +221,9 @@ fn run_trial(
         let t0 = Instant::now();
         task.classify.run.stop_at = Some((e + 1) * per_epoch);
         task.classify.run.resume = (e > 0).then(|| trial.checkpoint.clone());
-        let s = train::<f32, _>(&task, &beats, None).map_err(|e| e.to_string())?;
+        let s = train::<f32, _>(&task, &beats, link.team()).map_err(|e| e.to_string())?;
+        // The root wrote the checkpoint the next epoch resumes from: the team waits for it.
+        link.team_barrier();
         if s.steps < (e + 1) * per_epoch || s.evals.is_empty() {
             // The budget ended the epoch part-way: it does not count.
             return Ok((Outcome::Cut, None));
@@ -237,10 +236,11 @@ fn run_trial(
             seconds: t0.elapsed().as_secs_f64(),
             ops: (per_epoch * trial.batch) as f64 * trial.train_ops
                 + task.classify.eval_images as f64 * trial.eval_ops,
-            at_s: shared.start.elapsed().as_secs_f64(),
+            // The master stamps its own clock when it hears of the epoch.
+            at_s: 0.0,
         };
         curve.push(((e + 1) as f64, ev.top1));
-        let _ = shared.events.send(Event::Epoch {
+        link.send(&Event::Epoch {
             worker,
             trial: trial.id,
             epoch,

@@ -290,12 +290,15 @@ pub fn run<T: Float, W: Task<T>>(
     // The data order as of the last finished step (before the prefetch's draw).
     let mut saved = order.clone();
     let mut pending = (start_step < end).then(|| fetch(&mut order, start_step));
-    for step in start_step..end {
-        if opts
-            .stop
+    let stop_asked = || {
+        opts.stop
             .as_ref()
             .is_some_and(|s| s.load(std::sync::atomic::Ordering::SeqCst))
-        {
+    };
+    for step in start_step..end {
+        // Alone, a stop is seen before the next step; data parallel, every rank's flag is
+        // summed with the step's loss so that all stop after the same step.
+        if reducer.is_none() && stop_asked() {
             break;
         }
         let t0 = Instant::now();
@@ -313,10 +316,12 @@ pub fn run<T: Float, W: Task<T>>(
             .map_err(TrainError::Device)?;
         tally.comm_bytes = done.comm_bytes;
         let mut loss = done.loss.total();
+        let mut agreed_stop = false;
         if let Some(r) = &reducer {
-            let mut l = [loss];
+            let mut l = [loss, if stop_asked() { 1.0 } else { 0.0 }];
             r.sum_f64(&mut l);
             loss = l[0] / ranks as f64;
+            agreed_stop = l[1] > 0.0;
         }
         if !loss.is_finite() {
             return Err(TrainError::Diverged {
@@ -349,6 +354,9 @@ pub fn run<T: Float, W: Task<T>>(
                 tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
                 break;
             }
+        }
+        if agreed_stop {
+            break;
         }
     }
     // A bagged model's held-out predictions, for the ensemble.

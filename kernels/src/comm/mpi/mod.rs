@@ -304,13 +304,16 @@ impl World {
             )));
         }
         let per = self.size / teams;
+        self.split_teams(self.rank / per)
+    }
+
+    /// Splits the world into teams by `color`: the ranks that give the same color form a team
+    /// (in world order), of any sizes. Collective: every rank calls it.
+    pub fn split_teams(&mut self, color: usize) -> Result<(), CommError> {
         let comm = self
             .world
             .comm
-            .split_by_color_with_key(
-                Color::with_value((self.rank / per) as c_int),
-                self.rank as c_int,
-            )
+            .split_by_color_with_key(Color::with_value(color as c_int), self.rank as c_int)
             .ok_or_else(|| {
                 CommError::Setup("MPI_Comm_split (teams) returned no communicator".into())
             })?;
