@@ -135,8 +135,8 @@ enum Command {
     ///
     /// A master holds the history of trained networks; workers (--workers, each on its share
     /// of the cores) take candidates from a shared buffer and train them in the embedded
-    /// trainer. Each candidate is its parent changed by morphisms — deeper (a conv + batch norm
-    /// + ReLU block), wider (a convolution's channels doubled), skip (an addition from an
+    /// trainer. Each candidate is its parent changed by morphisms — deeper (a convolution,
+    /// batch norm and ReLU block), wider (a convolution's channels doubled), skip (an addition from an
     /// earlier ReLU) — and starts from its parent's trained weights, carried over so that it
     /// computes what its parent computed (Net2Net). The next candidate is chosen by a Gaussian
     /// process over architectures (edit-distance kernel, UCB, simulated annealing); after the

@@ -85,7 +85,34 @@ fn documents(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             ])
             .arg(&w),
     );
-    vec![("machine", m), ("placement", p), ("score", s), ("sweep", w)]
+    let a = dir.join("automl.json");
+    run_ok(
+        bin()
+            .args([
+                "automl",
+                "--budget",
+                "4s",
+                "--rounds",
+                "1",
+                "--classes",
+                "3",
+                "--train-images",
+                "16",
+                "--eval-images",
+                "8",
+                "--batch",
+                "8",
+                "-o",
+            ])
+            .arg(&a),
+    );
+    vec![
+        ("machine", m),
+        ("placement", p),
+        ("score", s),
+        ("sweep", w),
+        ("automl", a),
+    ]
 }
 
 /// xorshift64*: deterministic mutations.
@@ -206,6 +233,13 @@ fn consume(kind: &str, text: &str) -> bool {
         "score" => match Score::from_json(text) {
             Ok(s) => {
                 let _ = roofline_plots::report::html(&s, None);
+                true
+            }
+            Err(_) => false,
+        },
+        "automl" => match roofline_model::automl::Automl::from_json(text) {
+            Ok(a) => {
+                let _ = roofline_plots::automl::html(&a);
                 true
             }
             Err(_) => false,

@@ -244,6 +244,15 @@ fn fraction(id: &str, field: &str, v: f64) -> Result<(), Invalid> {
 
 impl Validate for Automl {
     fn validate(&self) -> Result<(), Invalid> {
+        let mut ids: Vec<usize> = self.candidates.iter().map(|c| c.id).collect();
+        ids.sort_unstable();
+        if let Some(w) = ids.windows(2).find(|w| w[0] == w[1]) {
+            return Err(Invalid {
+                id: format!("candidate {}", w[0]),
+                field: "id".into(),
+                why: "appears twice".into(),
+            });
+        }
         for c in &self.candidates {
             let id = format!("candidate {}", c.id);
             positive(&id, "ops_per_image.total", c.ops_per_image.total)?;
@@ -286,6 +295,12 @@ impl Validate for Automl {
             non_negative("series", "regulated", s.regulated)?;
         }
         non_negative("score", "flops", self.score.flops)?;
+        non_negative("score", "elapsed_s", self.score.elapsed_s)?;
+        non_negative(
+            "score",
+            "candidates_per_minute",
+            self.score.candidates_per_minute,
+        )?;
         non_negative("score", "regulated", self.score.regulated)?;
         fraction("score", "training_share", self.score.training_share)?;
         fraction("score", "error", self.score.error)?;

@@ -185,8 +185,8 @@ pub fn applicable(d: &Description, h: usize, w: usize, kernel: usize) -> Vec<Mor
         return Vec::new();
     };
     let mut out = Vec::new();
-    for v in 1..=d.nodes.len() {
-        if non_negative(d, v) && shapes[v].0 * shapes[v].1 > 1 {
+    for (v, &(h, w, _)) in shapes.iter().enumerate().skip(1) {
+        if non_negative(d, v) && h * w > 1 {
             out.push(Morphism::Deeper { after: v, kernel });
         }
     }
