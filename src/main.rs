@@ -159,7 +159,7 @@ enum Command {
     /// Fail a CI job when performance regressed against a baseline, and not on noise.
     ///
     /// Compares two results of one kind (machine.json from `probe`, placement.json from `place`,
-    /// score.json from `score`) id by id, each in its direction (rates higher, times lower),
+    /// score.json from `score`, automl.json from `automl`) id by id, each in its direction (rates higher, times lower),
     /// from the stored samples: the change of the medians and its bootstrap confidence
     /// interval. A regression is a change worse than the tolerance whose interval excludes "no
     /// change". Also reports ids that disappeared and differences of hardware, clocks, power

@@ -331,6 +331,7 @@ mod tests {
                 elapsed_s: 20.0,
                 candidates_per_minute: 9.0,
                 training_share: 0.9,
+                search_seconds: 1.0,
             },
             epoch_seconds: None,
             valid: false,

@@ -127,6 +127,9 @@ pub struct AutomlScore {
     /// The share of the workers' time spent in training and evaluation (the rest: the master,
     /// the search, building children and hand-offs).
     pub training_share: f64,
+    /// Seconds the master spent choosing candidates (the GP, the annealing, TPE).
+    #[serde(default)]
+    pub search_seconds: f64,
 }
 
 /// A worker: its rank(s), trials and busy time.
@@ -296,6 +299,7 @@ impl Validate for Automl {
         }
         non_negative("score", "flops", self.score.flops)?;
         non_negative("score", "elapsed_s", self.score.elapsed_s)?;
+        non_negative("score", "search_seconds", self.score.search_seconds)?;
         non_negative(
             "score",
             "candidates_per_minute",

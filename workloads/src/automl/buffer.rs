@@ -198,7 +198,7 @@ impl Link {
                     return Some(id);
                 }
             }
-            std::thread::sleep(Duration::from_millis(50));
+            std::thread::sleep(Duration::from_millis(10));
         }
     }
 

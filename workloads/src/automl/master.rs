@@ -83,6 +83,22 @@ pub trait Progress {
     fn line(&self, line: &str);
 }
 
+/// Half the observations the GP holds at most.
+const GP_HALF: usize = 32;
+
+/// The `half` most accurate and the `half` latest of `(id, accuracy)`, each once.
+fn best_and_latest(mut v: Vec<(usize, f64)>, half: usize) -> Vec<(usize, f64)> {
+    if v.len() <= 2 * half {
+        return v;
+    }
+    v.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let mut keep: Vec<(usize, f64)> = v[..half].to_vec();
+    let mut rest = v[half..].to_vec();
+    rest.sort_by_key(|x| std::cmp::Reverse(x.0));
+    keep.extend(rest.into_iter().take(half));
+    keep
+}
+
 /// The shared buffer's folder (in the weights' folder).
 pub fn buffer_dir(out: &Path) -> Folder {
     Folder(weights_dir(out).join("buffer"))
@@ -107,6 +123,8 @@ struct Run<'a> {
     running: BTreeMap<usize, (usize, Instant)>,
     next_id: usize,
     handed: usize,
+    /// Seconds spent in the search (`generate`), before this run's resume included.
+    search_s: f64,
     rng: Rng,
     buffer: buffer::Master,
     cx: Context,
@@ -179,6 +197,7 @@ impl<'a> Run<'a> {
                 elapsed_s: 0.0,
                 candidates_per_minute: 0.0,
                 training_share: 0.0,
+                search_seconds: 0.0,
             },
             epoch_seconds: None,
             valid: false,
@@ -210,6 +229,7 @@ impl<'a> Run<'a> {
         Ok(Run {
             s,
             handed: doc.candidates.len(),
+            search_s: doc.score.search_seconds,
             doc,
             nets,
             morphs,
@@ -289,7 +309,7 @@ impl<'a> Run<'a> {
             }
             if let Some(e) = self
                 .buffer
-                .next(Duration::from_millis(50))
+                .next(Duration::from_millis(20))
                 .map_err(RunError::Run)?
             {
                 self.on(e, p)?;
@@ -318,11 +338,15 @@ impl<'a> Run<'a> {
         Ok(self.doc.clone())
     }
 
-    /// Keeps one trial waiting for every idle live worker.
+    /// Keeps a trial waiting in the buffer for every live worker beside the one it trains, so
+    /// that a worker that finishes takes the next at once (the search runs while it trains).
     fn fill(&mut self, p: &dyn Progress) -> Result<(), RunError> {
         let alive = self.doc.workers.iter().filter(|w| w.alive).count();
-        while self.pending.len() + self.running.len() < alive {
-            let Some(t) = self.generate() else { break };
+        while self.pending.len() + self.running.len() < 2 * alive {
+            let t0 = Instant::now();
+            let next = self.generate();
+            self.search_s += t0.elapsed().as_secs_f64();
+            let Some(t) = next else { break };
             p.line(&format!(
                 "candidate {}: {} (batch {}, kernel {}, {} epochs)",
                 t.id,
@@ -405,18 +429,29 @@ impl<'a> Run<'a> {
         {
             (None, Vec::new(), s.start.clone(), None, (s.batch, s.kernel))
         } else if trained.is_empty() {
-            let ns = super::morph::neighbours(
-                &s.start,
-                side,
-                s.kernel,
-                s.limits,
-                s.neighbours,
-                &mut self.rng,
-            );
-            let (m, d) = ns.into_iter().find(|(_, d)| !taken.contains(d))?;
+            // Nothing trained yet (or no weights kept): a child of the start, or of a network
+            // already handed out, trained from its seed.
+            let mut found = None;
+            for net in std::iter::once(&s.start).chain(&self.nets) {
+                let ns = super::morph::neighbours(
+                    net,
+                    side,
+                    s.kernel,
+                    s.limits,
+                    s.neighbours,
+                    &mut self.rng,
+                );
+                if let Some((m, d)) = ns.into_iter().find(|(_, d)| !taken.contains(d)) {
+                    found = Some((m, d));
+                    break;
+                }
+            }
+            let (m, d) = found?;
             (None, vec![m], d, None, (s.batch, s.kernel))
         } else {
-            let obs: Vec<(Signature, f64)> = trained
+            // The GP on the best and the latest trained networks (at most 2 × GP_HALF): its
+            // cost grows with the square of what it holds, and the master shares the cores.
+            let obs: Vec<(Signature, f64)> = best_and_latest(trained.clone(), GP_HALF)
                 .iter()
                 .filter_map(|&(id, acc)| Some((Signature::of(&self.nets[self.index(id)?]), acc)))
                 .collect();
@@ -460,6 +495,13 @@ impl<'a> Run<'a> {
                 evaluations: 96,
             };
             let prop = search::propose(&gp, &list, &taken, settings, &mut self.rng)?;
+            if warm_up {
+                // In warm-up a child trains with its parent's batch (and the kernel the
+                // morphisms used).
+                if let Some(i) = self.index(prop.parent) {
+                    hp.0 = self.doc.candidates[i].batch;
+                }
+            }
             (
                 Some(prop.parent),
                 prop.morphisms,
@@ -768,6 +810,7 @@ impl<'a> Run<'a> {
             } else {
                 0.0
             },
+            search_seconds: self.search_s,
         };
         d.epoch_seconds = Stats::from_samples(&seconds);
         d.invalid_because = invalid_because(elapsed, d.score.error, self.s.imagenet_224, true);

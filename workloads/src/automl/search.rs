@@ -251,11 +251,29 @@ pub fn propose(
 ) -> Option<Proposal> {
     let mut order: Vec<&Trained> = trained.iter().collect();
     order.sort_by(|a, b| b.accuracy.total_cmp(&a.accuracy));
+    // The annealing starts from the best few trained networks; when their every child is
+    // taken or over the limits, from the next few.
+    for start in order.chunks(s.neighbours.max(1)) {
+        if let Some(p) = anneal(gp, start, taken, s, rng) {
+            return Some(p);
+        }
+    }
+    None
+}
+
+/// One annealing from `start`.
+fn anneal(
+    gp: &Gp,
+    start: &[&Trained<'_>],
+    taken: &[Description],
+    s: Settings,
+    rng: &mut Rng,
+) -> Option<Proposal> {
     let mut best: Option<Proposal> = None;
     let mut evaluations = 0;
     let mut t = s.t0;
     // Each element: a parent, a chain of morphisms and the network it makes, and its UCB.
-    let mut queue: Vec<(usize, Vec<Morphism>, Description, f64)> = order
+    let mut queue: Vec<(usize, Vec<Morphism>, Description, f64)> = start
         .iter()
         .map(|tr| {
             let (m, sd) = gp.predict(&Signature::of(tr.description));

@@ -455,7 +455,7 @@ fn a_short_search_finds_trains_and_resumes() {
     assert!(!doc.valid && doc.invalid_because.iter().any(|w| w.contains("3600")));
     assert!(weights_dir(&s.out).join("0.safetensors").is_file());
     // Resumed: the finished candidates kept, the clock and the ids go on.
-    let mut again = settings("run", doc.score.elapsed_s + 3.0, None);
+    let mut again = settings("resumed", doc.score.elapsed_s + 3.0, None);
     let _ = std::fs::create_dir_all(weights_dir(&again.out));
     roofline_model::write::write_atomic(&again.out, doc.to_json().unwrap().as_bytes()).unwrap();
     for c in &doc.candidates {
@@ -470,7 +470,11 @@ fn a_short_search_finds_trains_and_resumes() {
     }
     again.resume = Some(doc.clone());
     let more = automl(&again, &lines, &AtomicBool::new(false)).unwrap();
-    assert!(more.candidates.len() > doc.candidates.len());
+    assert!(
+        more.candidates.len() > doc.candidates.len(),
+        "{}",
+        lines.0.lock().unwrap().join("\n")
+    );
     for c in doc
         .candidates
         .iter()
