@@ -241,3 +241,50 @@ fn automl_bad_input_is_one_line() {
     );
     assert!(!out.exists());
 }
+
+/// On a JPEG folder (DIR/train, DIR/val): the candidates train on its images and classes, and
+/// the run records the folder so that `place` finds it again.
+#[test]
+fn automl_searches_an_image_folder() {
+    let dir = tmpdir("automl-folder");
+    let data = dir.join("images");
+    roofline_workloads::folder::write_test_folder(&data.join("train"), 3, 8, 40).unwrap();
+    roofline_workloads::folder::write_test_folder(&data.join("val"), 3, 4, 40).unwrap();
+    let out = dir.join("run.json");
+    let o = bin()
+        .args(["automl", "--data"])
+        .arg(&data)
+        .args([
+            "--budget",
+            "10s",
+            "--rounds",
+            "1",
+            "--train-images",
+            "24",
+            "--eval-images",
+            "12",
+            "--batch",
+            "8",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = roofline_model::automl::Automl::read(&out).unwrap();
+    assert!(
+        doc.candidates
+            .iter()
+            .filter(|c| !c.epochs.is_empty())
+            .count()
+            >= 2,
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(doc.configuration["classes"], 3, "the folder's classes");
+    assert_eq!(doc.configuration["data_path"], data.display().to_string());
+    for c in &doc.candidates {
+        let last = &c.description["nodes"].as_array().unwrap().last().unwrap()["op"];
+        assert_eq!(last["outputs"], 3);
+    }
+}
