@@ -210,7 +210,19 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
     let html = a.output.with_extension("html");
     crate::args::check_writable(&html, "the report").map_err(Failure::Input)?;
     crate::exit::install_ctrlc()?;
-    let result = match roofline_kernels::comm::launched_ranks() {
+    let launched = roofline_kernels::comm::launched_ranks();
+    if launched.is_none() && a.team != 1 {
+        return Err(Failure::Input(anyhow!(
+            "--team {} sets MPI ranks per worker under mpirun/srun; in one process use --workers",
+            a.team
+        )));
+    }
+    if launched.is_some() && a.workers != 1 {
+        return Err(Failure::Input(anyhow!(
+            "--workers splits one process's cores; under mpirun/srun every rank but the master is a worker: use --team for ranks per worker"
+        )));
+    }
+    let result = match launched {
         None => setup::run(&req, &Printed, &CANCEL).map(Some),
         #[cfg(feature = "mpi")]
         Some(_) => roofline_workloads::automl::ranks::run(&req, &Printed, &CANCEL),

@@ -239,6 +239,7 @@ fn automl_bad_input_is_one_line() {
         None,
         "CPU for now",
     );
+    expect_input_error(&["automl", "--team", "2", "-o", o], None, "--team 2");
     assert!(!out.exists());
 }
 
