@@ -62,8 +62,9 @@ fn io(what: &str, p: &Path, e: impl std::fmt::Display) -> String {
 /// The master's side.
 pub struct Master {
     folder: Folder,
-    /// Bytes of each worker's events file read so far, and an unfinished last line.
-    read: BTreeMap<PathBuf, (u64, String)>,
+    /// Bytes of each worker's events file read so far, and an unfinished last line (bytes: a
+    /// line may be caught half-written, in the middle of a character).
+    read: BTreeMap<PathBuf, (u64, Vec<u8>)>,
     pending: std::collections::VecDeque<Event>,
 }
 
@@ -113,16 +114,16 @@ impl Master {
             let mut file = std::fs::File::open(&f).map_err(|e| io("cannot read", &f, e))?;
             file.seek(SeekFrom::Start(*offset))
                 .map_err(|e| io("cannot read", &f, e))?;
-            let mut new = String::new();
+            let mut new = Vec::new();
             let n = file
-                .read_to_string(&mut new)
+                .read_to_end(&mut new)
                 .map_err(|e| io("cannot read", &f, e))?;
             *offset += n as u64;
-            partial.push_str(&new);
-            while let Some(end) = partial.find('\n') {
-                let line: String = partial.drain(..=end).collect();
-                let e: Event =
-                    serde_json::from_str(line.trim()).map_err(|e| io("a bad event in", &f, e))?;
+            partial.extend_from_slice(&new);
+            while let Some(end) = partial.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = partial.drain(..=end).collect();
+                let e: Event = serde_json::from_slice(&line[..end])
+                    .map_err(|e| io("a bad event in", &f, e))?;
                 self.pending.push_back(e);
             }
         }
@@ -255,5 +256,67 @@ impl Drop for Link {
     fn drop(&mut self) {
         // Ends the stop poller.
         self.stop.store(true, Ordering::SeqCst);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use roofline_model::automl::Outcome;
+
+    /// A trial is claimed once; the master reads events whole, also a line caught half-written
+    /// in the middle of a character; `stop` reaches the workers.
+    #[test]
+    fn claims_once_and_reads_whole_events() {
+        let dir = std::env::temp_dir().join(format!("roofline-buffer-{}", std::process::id()));
+        let folder = Folder(dir.clone());
+        folder.create().unwrap();
+        let mut master = Master::new(folder.clone());
+        let trial: Trial = serde_json::from_value(serde_json::json!({
+            "id": 7, "parent": null, "morphisms": [], "description": {"channels": 3, "nodes": []},
+            "batch": 8, "kernel": 3, "epochs": 1, "patience": 2, "final_epochs": 1,
+            "checkpoint": "x.safetensors", "seed": 1, "train_ops": 1.0, "eval_ops": 1.0
+        }))
+        .unwrap();
+        master.hand(&trial).unwrap();
+        let (a, b) = (
+            Link::new(folder.clone(), 0, None),
+            Link::new(folder.clone(), 1, None),
+        );
+        assert_eq!(a.take().unwrap().map(|t| t.id), Some(7));
+        // The other finds nothing until the run stops.
+        master.stop();
+        assert!(b.take().unwrap().is_none());
+        let done = Event::Done {
+            worker: 0,
+            trial: 7,
+            outcome: Outcome::Failed {
+                why: "naïve × 2".into(),
+            },
+            predicted: None,
+            train_seconds: 1.0,
+        };
+        let mut line = serde_json::to_vec(&done).unwrap();
+        line.push(b'\n');
+        let cut = line.iter().position(|&c| c == 0xC3).unwrap() + 1;
+        let path = dir.join("events").join("3.jsonl");
+        std::fs::write(&path, &line[..cut]).unwrap();
+        assert!(
+            master.next(Duration::ZERO).unwrap().is_none(),
+            "half a line is no event"
+        );
+        let mut f = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .unwrap();
+        f.write_all(&line[cut..]).unwrap();
+        match master.next(Duration::ZERO).unwrap() {
+            Some(Event::Done {
+                outcome: Outcome::Failed { why },
+                ..
+            }) => assert_eq!(why, "naïve × 2"),
+            e => panic!("{e:?}"),
+        }
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
