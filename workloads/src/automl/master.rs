@@ -6,17 +6,15 @@
 use super::buffer::{self, Folder, Link};
 use super::morph::{Limits, Morphism};
 use super::search::{self, Gp, Signature, Trained};
-use super::tpe;
 use super::worker::{self, Context, Event, Fault, Trial};
+use super::{tally, tpe};
 use crate::accounting;
 use crate::data::Rng;
 use crate::graph::Description;
 use crate::run::RunError;
 use crate::train::TrainConfig;
-use roofline_model::automl::{
-    invalid_because, sample, Automl, AutomlScore, Candidate, Ops, Outcome, Worker, AUTOML_SCHEMA,
-};
-use roofline_model::{Provenance, Stats};
+use roofline_model::automl::{Automl, AutomlScore, Candidate, Ops, Outcome, Worker, AUTOML_SCHEMA};
+use roofline_model::Provenance;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -745,77 +743,27 @@ impl<'a> Run<'a> {
 
     fn sample_now(&mut self) {
         self.last_sample = Instant::now();
-        let ops: f64 = self
-            .doc
-            .candidates
-            .iter()
-            .flat_map(|c| &c.epochs)
-            .map(|e| e.ops)
-            .sum();
-        let best = self
-            .doc
-            .candidates
-            .iter()
-            .filter_map(|c| c.best_top1())
-            .reduce(f64::max);
-        let point = sample(self.elapsed(), ops, best);
         // A point right after the last one (the run's end) replaces it.
         let close = self.s.sample_every.as_secs_f64() / 10.0;
-        if let Some(last) = self
-            .doc
-            .series
-            .last_mut()
-            .filter(|l| point.at_s - l.at_s < close)
-        {
-            *last = point;
-        } else {
-            self.doc.series.push(point);
-        }
+        let at = self.elapsed();
+        tally::add_sample(&mut self.doc, at, close);
     }
 
     /// The score from what is known now, and the document written (atomically).
     fn write(&mut self) -> Result<(), RunError> {
+        let workers = self.s.workers.count();
         let elapsed = self.elapsed();
-        let d = &mut self.doc;
-        let best = d
-            .candidates
-            .iter()
-            .filter_map(|c| Some((c.id, c.best_top1()?)))
-            .max_by(|a, b| a.1.total_cmp(&b.1));
-        let seconds: Vec<f64> = d
-            .candidates
-            .iter()
-            .flat_map(|c| &c.epochs)
-            .map(|e| e.seconds)
-            .collect();
-        let finished = d
-            .candidates
-            .iter()
-            .filter(|c| c.finished_s.is_some())
-            .count();
-        let capacity = elapsed * self.s.workers.count() as f64;
-        d.score = AutomlScore {
-            flops: d.series.iter().map(|s| s.flops).fold(0.0, f64::max),
-            regulated: d.series.iter().map(|s| s.regulated).fold(0.0, f64::max),
-            error: 1.0 - best.map_or(0.0, |b| b.1),
-            best_candidate: best.map(|b| b.0),
-            elapsed_s: elapsed,
-            candidates_per_minute: if elapsed > 0.0 {
-                finished as f64 * 60.0 / elapsed
-            } else {
-                0.0
-            },
-            training_share: if capacity > 0.0 {
-                (seconds.iter().sum::<f64>() / capacity).min(1.0)
-            } else {
-                0.0
-            },
-            search_seconds: self.search_s,
-        };
-        d.epoch_seconds = Stats::from_samples(&seconds);
-        d.invalid_because = invalid_because(elapsed, d.score.error, self.s.imagenet_224, true);
-        d.valid = d.invalid_because.is_empty();
-        let json = d.to_json().map_err(|e| RunError::Run(e.to_string()))?;
+        tally::rescore(
+            &mut self.doc,
+            elapsed,
+            workers,
+            self.search_s,
+            self.s.imagenet_224,
+        );
+        let json = self
+            .doc
+            .to_json()
+            .map_err(|e| RunError::Run(e.to_string()))?;
         roofline_model::write::write_atomic(&self.s.out, json.as_bytes())
             .map_err(|e| RunError::Run(e.to_string()))
     }

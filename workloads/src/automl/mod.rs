@@ -18,6 +18,7 @@ pub mod morph;
 pub mod ranks;
 pub mod search;
 pub mod setup;
+pub mod tally;
 pub mod tpe;
 pub mod worker;
 

@@ -1,0 +1,74 @@
+//! A run's figures from its candidates: the time series' points, the score (AIPerf's highest
+//! FLOPS, the regulated score, candidates a minute, the workers' share in training) and the
+//! verdict by AIPerf's rules.
+
+use roofline_model::automl::{invalid_because, sample, Automl, AutomlScore};
+use roofline_model::Stats;
+
+/// The point at `at_s` (operations of every finished epoch, the best top-1 so far); it replaces
+/// the last point when that is less than `close` seconds older.
+pub fn add_sample(doc: &mut Automl, at_s: f64, close: f64) {
+    let ops: f64 = doc
+        .candidates
+        .iter()
+        .flat_map(|c| &c.epochs)
+        .map(|e| e.ops)
+        .sum();
+    let best = doc
+        .candidates
+        .iter()
+        .filter_map(|c| c.best_top1())
+        .reduce(f64::max);
+    let point = sample(at_s, ops, best);
+    match doc
+        .series
+        .last_mut()
+        .filter(|l| point.at_s - l.at_s < close)
+    {
+        Some(last) => *last = point,
+        None => doc.series.push(point),
+    }
+}
+
+/// The score and the verdict after `elapsed` seconds with `workers` workers, the master having
+/// searched for `search_s` seconds; `imagenet_224`: the run is on ImageNet at 224².
+pub fn rescore(doc: &mut Automl, elapsed: f64, workers: usize, search_s: f64, imagenet_224: bool) {
+    let best = doc
+        .candidates
+        .iter()
+        .filter_map(|c| Some((c.id, c.best_top1()?)))
+        .max_by(|a, b| a.1.total_cmp(&b.1));
+    let seconds: Vec<f64> = doc
+        .candidates
+        .iter()
+        .flat_map(|c| &c.epochs)
+        .map(|e| e.seconds)
+        .collect();
+    let finished = doc
+        .candidates
+        .iter()
+        .filter(|c| c.finished_s.is_some())
+        .count();
+    let capacity = elapsed * workers as f64;
+    doc.score = AutomlScore {
+        flops: doc.series.iter().map(|s| s.flops).fold(0.0, f64::max),
+        regulated: doc.series.iter().map(|s| s.regulated).fold(0.0, f64::max),
+        error: 1.0 - best.map_or(0.0, |b| b.1),
+        best_candidate: best.map(|b| b.0),
+        elapsed_s: elapsed,
+        candidates_per_minute: if elapsed > 0.0 {
+            finished as f64 * 60.0 / elapsed
+        } else {
+            0.0
+        },
+        training_share: if capacity > 0.0 {
+            (seconds.iter().sum::<f64>() / capacity).min(1.0)
+        } else {
+            0.0
+        },
+        search_seconds: search_s,
+    };
+    doc.epoch_seconds = Stats::from_samples(&seconds);
+    doc.invalid_because = invalid_because(elapsed, doc.score.error, imagenet_224, true);
+    doc.valid = doc.invalid_because.is_empty();
+}
