@@ -115,6 +115,42 @@ fn automl_searches_reports_gates_and_places() {
         "first loss {first}: {}",
         stderr(&p)
     );
+    // Weights that are not the candidate's: one line, exit 2, no panic.
+    let other = doc
+        .candidates
+        .iter()
+        .find(|c| {
+            c.id != best
+                && c.parameters
+                    != doc
+                        .candidates
+                        .iter()
+                        .find(|x| x.id == best)
+                        .unwrap()
+                        .parameters
+        })
+        .unwrap()
+        .id;
+    let w = dir.join("run.weights");
+    std::fs::copy(
+        w.join(format!("{other}.safetensors")),
+        w.join(format!("{best}.safetensors")),
+    )
+    .unwrap();
+    let workload = format!("automl:{}#{best}", out.display());
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            &workload,
+            "--machine",
+            machine.to_str().unwrap(),
+            "-o",
+            placed.to_str().unwrap(),
+        ],
+        None,
+        "not candidate",
+    );
 }
 
 /// Ctrl-C keeps what was found (exit 130, automl.json valid, the report written) and

@@ -347,6 +347,17 @@ pub fn prepare_candidate(
                 t.data.iter_mut().for_each(|b| *b = 0);
             }
         }
+        // A file that does not fit the network is refused here, not when the run builds it.
+        let side = task.classify.data.resolution();
+        crate::graph::Graph::<f32>::new(task.net.clone(), side, side, 0)
+            .map_err(|e| input(format!("candidate {id}: {e}")))?
+            .load(&ck)
+            .map_err(|e| {
+                input(format!(
+                    "{}: not candidate {id}'s weights: {e}",
+                    weights.display()
+                ))
+            })?;
         task.init = Some(Arc::new(ck));
     }
     prep.job = Job::Graph {
