@@ -32,7 +32,9 @@ pub struct PlotArgs {
     /// inter-node network). The COI models need a probe run under mpirun. `hierarchical`:
     /// every memory level's roof, and each placement once per level at the intensity of the
     /// traffic that level serves (a capacity model of its layers' footprints: an upper
-    /// bound, as no hardware counter is read), its points joined.
+    /// bound, as no hardware counter is read), its points joined. `links`: not a roofline but
+    /// the link matrix of a probe run under mpirun over several nodes, as a heat map (each
+    /// pair's bandwidth against the median link, slow links outlined, figures in tooltips).
     #[arg(long, value_enum, default_value = "classic")]
     pub model: PlotModel,
     /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
@@ -53,6 +55,8 @@ pub enum PlotModel {
     NodeCoi,
     /// HPC AI500's distributed COI roofline (all nodes against the network).
     DistCoi,
+    /// The link matrix between the nodes, as a heat map.
+    Links,
 }
 
 impl PlotModel {
@@ -62,6 +66,7 @@ impl PlotModel {
             PlotModel::Hierarchical => "hierarchical",
             PlotModel::NodeCoi => "node-coi",
             PlotModel::DistCoi => "dist-coi",
+            PlotModel::Links => "links",
         }
     }
 }
@@ -77,6 +82,9 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         &a.placement,
     );
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
+    if model == PlotModel::Links {
+        return links(&m, machine, output);
+    }
     let placed: Vec<roofline_model::placement::Placement> = placements
         .iter()
         .map(|p| roofline_model::placement::Placement::read(p))
@@ -94,7 +102,9 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
             let x = |pt: &roofline_model::placement::Point| match model {
                 PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
                 PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
-                PlotModel::Classic | PlotModel::Hierarchical => Some(pt.oi.analytic),
+                PlotModel::Classic | PlotModel::Hierarchical | PlotModel::Links => {
+                    Some(pt.oi.analytic)
+                }
             };
             roofline_plots::placed::points(p, x)
         };
@@ -137,7 +147,10 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
     crate::args::check_writable(output, "-o").map_err(Failure::Input)?;
     let opt = roofline_plots::ClassicOptions {
         model: match model {
-            PlotModel::Classic | PlotModel::Hierarchical => roofline_plots::Model::Classic,
+            // (`links` returned above.)
+            PlotModel::Classic | PlotModel::Hierarchical | PlotModel::Links => {
+                roofline_plots::Model::Classic
+            }
             PlotModel::NodeCoi => roofline_plots::Model::NodeCoi,
             PlotModel::DistCoi => roofline_plots::Model::DistCoi,
         },
@@ -167,6 +180,34 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
                 m.provenance.host, m.provenance.cpu.model_name, m.provenance.time_utc
             ),
         )
+    } else {
+        svg
+    };
+    write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    println!("wrote {}", output.display());
+    Ok(())
+}
+
+/// `--model links`: the link matrix's heat map (SVG, or the page around it for `.html`).
+fn links(m: &Machine, machine: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
+    let Some(l) = m.fleet.as_ref().and_then(|f| f.links.as_ref()) else {
+        return Err(Failure::Input(anyhow!(
+            "{} has no link matrix: it is measured by a probe under mpirun over two nodes or more, with the comm section (e.g. `mpirun -np N --map-by ppr:1:node roofline probe`)",
+            machine.display()
+        )));
+    };
+    crate::args::check_writable(output, "-o").map_err(Failure::Input)?;
+    let title = format!(
+        "Links between {} nodes, measured {}",
+        l.hosts.len(),
+        m.provenance.time_utc
+    );
+    let svg = roofline_plots::links::heat_map_svg(l, &title);
+    let text = if output
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("html"))
+    {
+        roofline_plots::html::interactive(&svg, &title)
     } else {
         svg
     };

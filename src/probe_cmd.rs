@@ -94,6 +94,25 @@ pub struct ProbeArgs {
     /// ends with a message naming who did not answer (a rank died or hangs).
     #[arg(long, default_value = "60", value_name = "SECONDS", value_parser = crate::args::parse_seconds)]
     pub comm_timeout: Duration,
+    /// Under mpirun with several nodes: a node whose ceiling falls more than this many percent
+    /// (plus the noise of its own samples) below the fleet's median is named in the outliers,
+    /// and so is a link below the median link by as much.
+    #[arg(long, default_value = "10", value_name = "PERCENT", value_parser = parse_percent)]
+    pub fleet_margin: f64,
+}
+
+/// `--fleet-margin`: a percentage in [0, 100).
+fn parse_percent(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .trim_end_matches('%')
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a percentage such as 10"))?;
+    if (0.0..100.0).contains(&v) {
+        Ok(v / 100.0)
+    } else {
+        Err(format!("{s:?}: expected a percentage from 0 to below 100"))
+    }
 }
 
 /// The sections of this run: `--only`, plus `io` when `--io` was given.
@@ -150,6 +169,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
         io,
         max_size: a.max_size,
         comm_timeout: a.comm_timeout,
+        fleet_margin: a.fleet_margin,
         output: a.output.clone(),
     };
     crate::exit::install_ctrlc()?;

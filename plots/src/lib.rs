@@ -9,6 +9,7 @@ pub mod automl;
 pub mod check;
 pub mod html;
 pub mod labels;
+pub mod links;
 pub mod placed;
 pub(crate) mod render;
 pub mod report;

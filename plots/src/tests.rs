@@ -128,6 +128,7 @@ pub fn machine() -> Machine {
         tables: vec![],
         nodes: vec![],
         failures: vec![],
+        fleet: None,
     }
 }
 

@@ -7,10 +7,12 @@
 pub mod automl;
 pub mod bagging;
 pub mod bound;
+pub mod fleet;
 pub mod gate;
 #[macro_use]
 pub mod ids;
 pub mod ceiling_id;
+pub mod links;
 pub mod load;
 pub mod machine;
 pub mod peaks;

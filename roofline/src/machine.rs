@@ -561,6 +561,10 @@ pub struct Machine {
     /// written from a wrong result), the rest is kept, and the probe exits 1.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub failures: Vec<CheckFailure>,
+    /// A distributed probe's screening of its nodes and links (`crate::fleet`): the fleet's
+    /// median of every ceiling, the nodes short of it, the link matrix.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet: Option<crate::fleet::Fleet>,
 }
 
 /// One failed result check of a probe: what ran where, and what it got wrong.

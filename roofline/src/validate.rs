@@ -175,8 +175,46 @@ impl Validate for Machine {
                 stats(&cv.id, &field("stats"), &p.stats, true)?;
             }
         }
+        if let Some(f) = &self.fleet {
+            fleet(f)?;
+        }
         Ok(())
     }
+}
+
+/// The fleet: medians that are rates or times, outliers of screened nodes, links between
+/// nodes of the matrix with samples that are rates and times.
+fn fleet(f: &crate::fleet::Fleet) -> Result<(), Invalid> {
+    non_negative("fleet", "margin", f.margin)?;
+    for c in &f.ceilings {
+        positive(&format!("fleet {}", c.id), "median", c.median)?;
+    }
+    for o in &f.outliers {
+        if o.node >= f.nodes {
+            return Err(bad(
+                &format!("fleet outlier {}", o.id),
+                "node",
+                format!("is {}: the fleet has {} nodes", o.node, f.nodes),
+            ));
+        }
+        positive(&format!("fleet outlier {}", o.id), "value", o.value)?;
+    }
+    if let Some(m) = &f.links {
+        for l in &m.links {
+            let id = format!("fleet link {}-{}", l.a, l.b);
+            if l.a >= l.b || l.b >= m.hosts.len() {
+                return Err(bad(
+                    &id,
+                    "a, b",
+                    format!("name nodes {} and {} of {}", l.a, l.b, m.hosts.len()),
+                ));
+            }
+            stats(&id, "latency", &l.latency, true)?;
+            stats(&id, "bandwidth_ab", &l.bandwidth_ab, true)?;
+            stats(&id, "bandwidth_ba", &l.bandwidth_ba, true)?;
+        }
+    }
+    Ok(())
 }
 
 fn point(p: &Point, main: bool) -> Result<(), Invalid> {

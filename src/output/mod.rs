@@ -1,5 +1,6 @@
 //! Human output: tables on stdout.
 
+pub mod fleet;
 pub mod gate;
 pub mod sweep;
 
@@ -122,6 +123,9 @@ pub fn machine_table(m: &Machine) {
             100.0 * roofline_model::Plateau::FLAT,
             uneven.join(", ")
         );
+    }
+    if let Some(f) = &m.fleet {
+        fleet::table(f);
     }
     for n in &m.provenance.notes {
         println!("note: {n}");

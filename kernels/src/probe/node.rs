@@ -151,6 +151,7 @@ pub fn bare(provenance: Provenance) -> Machine {
         tables: Vec::new(),
         nodes: Vec::new(),
         failures: Vec::new(),
+        fleet: None,
     }
 }
 

@@ -26,6 +26,9 @@ pub struct Request {
     pub max_size: usize,
     /// How long a rank waits for the others in one operation (under MPI).
     pub comm_timeout: Duration,
+    /// Under MPI: how far (a fraction) below the fleet's median a node's ceiling or a link may
+    /// fall, beyond its own noise, before it is named.
+    pub fleet_margin: f64,
     /// The file the result goes to: checked writable before anything runs (by the root rank
     /// under MPI, its answer agreed by all).
     pub output: PathBuf,

@@ -6,7 +6,9 @@
 use super::node;
 use super::run::{bare, check_output, io_probe, node_probe, Request, RunError};
 use super::{Progress, Section};
-use crate::comm::mpi::{CommConfig, World};
+use crate::comm::mpi::{CommConfig, LinkConfig, World};
+use roofline_model::fleet::{self, Conditions};
+use roofline_model::links::{Link, LinkMatrix};
 use roofline_model::{Machine, NodeCeilings};
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -42,10 +44,16 @@ pub fn probe(
     let quiet = NotesOnly(progress);
     let progress: &dyn Progress = if root { progress } else { &quiet };
     let who = format!("rank {} ({})", world.rank, world.hosts[world.rank]);
-    // The launcher bound each rank to a core; the rank that probes its node needs them all.
+    // The launcher bound each rank to a core; the rank that probes its node needs them all
+    // (a pretend node: the cores its own ranks were bound to).
+    let node_cpus = if world.layout.fake {
+        world.node_allowed_cpus()
+    } else {
+        roofline_collectors::node_cpus()
+    };
     let mut widened = None;
     if world.is_leader() {
-        let (before, after) = crate::affinity::widen_to(&roofline_collectors::node_cpus());
+        let (before, after) = crate::affinity::widen_to(&node_cpus);
         if after != before {
             widened = Some(format!(
                 "node leaders widened their CPU affinity from {before} to {after} CPUs for the node probe (the MPI launcher had bound them)"
@@ -76,7 +84,7 @@ pub fn probe(
         .copied()
         .filter(|s| s.on_node())
         .collect();
-    let local = world.is_leader().then(|| {
+    let probe_here = || {
         if node_sections.is_empty() {
             Ok(bare(req, machine_cores.len(), start))
         } else {
@@ -91,8 +99,22 @@ pub fn probe(
                 false,
             )
         }
-    });
-    world.wait_unbounded();
+    };
+    let local = if world.layout.fake {
+        // Pretend nodes share one host's memory and caches: they take turns.
+        let mut local = None;
+        for turn in 0..world.layout.nodes() {
+            if turn == world.node() && world.is_leader() {
+                local = Some(probe_here());
+            }
+            world.wait_unbounded();
+        }
+        local
+    } else {
+        let local = world.is_leader().then(probe_here);
+        world.wait_unbounded();
+        local
+    };
     if world.any(matches!(local, Some(Err(_)))) {
         progress.finish();
         return Err(match local {
@@ -139,12 +161,44 @@ pub fn probe(
         _ => Vec::new(),
     };
     let gathered = world.gather_from_leaders(&bytes);
-    if !root {
-        return Ok(None);
+    let mut machine = if root {
+        progress.finish();
+        Some(assemble(
+            req,
+            &world,
+            gathered.unwrap_or_default(),
+            (&node_sections, widened, comm, io_part),
+            start,
+        )?)
+    } else {
+        None
+    };
+    // 5. The link matrix: every pair of nodes, in rounds.
+    if req.sections.contains(&Section::Comm) && world.layout.nodes() > 1 {
+        links(req, &world, machine.as_mut(), progress, &who);
     }
-    progress.finish();
+    if let Some(m) = machine.as_mut() {
+        m.provenance.duration_s = start.elapsed().as_secs_f64();
+    }
+    Ok(machine)
+}
+
+/// The root's machine from the gathered nodes (node 0's result the base), the communication,
+/// storage, the aggregates and the fleet's screening.
+fn assemble(
+    req: &Request,
+    world: &World,
+    gathered: Vec<Vec<u8>>,
+    (node_sections, widened, comm, io_part): (
+        &[Section],
+        Option<String>,
+        Option<crate::comm::mpi::CommResult>,
+        Option<Machine>,
+    ),
+    start: Instant,
+) -> Result<Machine, RunError> {
     let mut nodes = Vec::new();
-    for (i, b) in gathered.unwrap_or_default().iter().enumerate() {
+    for (i, b) in gathered.iter().enumerate() {
         let text = String::from_utf8_lossy(b);
         nodes.push(
             Machine::from_json(&text)
@@ -172,6 +226,7 @@ pub fn probe(
     if !node_sections.is_empty() {
         m.provenance.notes.extend(widened);
     }
+    let names = world.node_names();
     if nodes.len() > 1 && !node_sections.is_empty() {
         m.ceilings.extend(roofline_model::aggregate(&nodes));
         m.nodes = nodes
@@ -179,10 +234,16 @@ pub fn probe(
             .enumerate()
             .map(|(i, n)| NodeCeilings {
                 node: i,
-                host: n.provenance.host.clone(),
+                host: names.get(i).cloned().unwrap_or(n.provenance.host.clone()),
                 ceilings: n.ceilings.clone(),
             })
             .collect();
+    }
+    if world.layout.nodes() > 1 {
+        let conditions: Vec<Conditions> = nodes.iter().map(Conditions::of).collect();
+        let mut fleet = fleet::screen(&m.nodes, &conditions, req.fleet_margin);
+        fleet.nodes = world.layout.nodes();
+        m.fleet = Some(fleet);
     }
     if let Some(c) = comm {
         m.ceilings.extend(c.ceilings);
@@ -194,5 +255,99 @@ pub fn probe(
         m.provenance.notes.extend(io.provenance.notes);
     }
     m.provenance.duration_s = start.elapsed().as_secs_f64();
-    Ok(Some(m))
+    Ok(m)
+}
+
+/// The link rounds on every rank; the root keeps what they measured in `machine` (and in the
+/// result file as they go: a node that dies or hangs loses nothing measured before its round).
+/// A failure ends the job (exit 1) after a message naming the pair.
+fn links(
+    req: &Request,
+    world: &World,
+    mut machine: Option<&mut Machine>,
+    progress: &dyn Progress,
+    who: &str,
+) {
+    let margin = req.fleet_margin;
+    let cfg = LinkConfig {
+        bytes: req.max_size.min(if req.quick { 1 << 20 } else { 4 << 20 }),
+        quick: req.quick,
+    };
+    let names = world.node_names();
+    let method = format!(
+        "MPI point to point between the lowest ranks of every pair of nodes, host memory ({}): half the round trip of 8 B ({} round trips), and windows of {} messages each way, each window's last message checked; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}",
+        world.library,
+        if req.quick { 100 } else { 500 },
+        crate::probe::cpu::human_bytes(cfg.bytes as f64),
+        if world.layout.fake {
+            "; pretend nodes on one host: the pairs of a round took turns"
+        } else {
+            ", the pairs of a round at once"
+        }
+    );
+    let started = Instant::now();
+    let mut written: Option<Instant> = None;
+    let matrix = |links: &[Link], rounds: usize| {
+        LinkMatrix::judge(
+            names.clone(),
+            method.clone(),
+            cfg.bytes,
+            rounds,
+            started.elapsed().as_secs_f64(),
+            links.to_vec(),
+            margin,
+        )
+    };
+    // The root keeps the machine with the links so far: in the watchdog (written if this rank
+    // hangs) and in the file: before every round up to 64 rounds, then at most every 2 s
+    // (a large fleet's file is large).
+    let mut keep = |links: &[Link], round: usize, rounds: usize| {
+        let Some(m) = machine.as_deref() else { return };
+        if round >= rounds {
+            crate::comm::watchdog::keep(None);
+            return;
+        }
+        if rounds > 64 && written.is_some_and(|t| t.elapsed().as_secs_f64() < 2.0) {
+            return;
+        }
+        let mut partial = m.clone();
+        let mut lm = matrix(links, rounds);
+        let why = format!(
+            "the link rounds did not finish: this file was written before round {} of {rounds}",
+            round + 1
+        );
+        lm.incomplete = Some(why.clone());
+        partial.provenance.notes.push(format!("INCOMPLETE: {why}"));
+        if let Some(f) = partial.fleet.as_mut() {
+            f.links = Some(lm);
+        }
+        if let Ok(text) = partial.to_json() {
+            let _ = roofline_model::write::write_atomic(&req.output, text.as_bytes());
+            crate::comm::watchdog::keep(Some((req.output.clone(), text)));
+        }
+        written = Some(Instant::now());
+    };
+    match world.link_rounds(&cfg, progress, &mut keep) {
+        Ok(Some(run)) => {
+            if let Some(f) = machine.as_mut().and_then(|m| m.fleet.as_mut()) {
+                let mut lm = matrix(&run.links, run.rounds);
+                lm.seconds = run.seconds;
+                f.links = Some(lm);
+            }
+        }
+        Ok(None) => {}
+        Err(e) => {
+            progress.finish();
+            let kept = if world.is_root() {
+                format!(
+                    "; what was measured before that round is in {}",
+                    req.output.display()
+                )
+            } else {
+                String::new()
+            };
+            progress.note(&format!("error: {who}: {e}{kept}"));
+            world.abort(1);
+        }
+    }
 }

@@ -93,6 +93,29 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                     ));
                 }
             }
+            // The fleet's links, pair by pair (a node's own ceilings are `node<i>/…` above).
+            if let Some(l) = m.fleet.as_ref().and_then(|f| f.links.as_ref()) {
+                for k in &l.links {
+                    let slower = if k.bandwidth_ab.median <= k.bandwidth_ba.median {
+                        &k.bandwidth_ab
+                    } else {
+                        &k.bandwidth_ba
+                    };
+                    let id = |what: &str| format!("link/node{}-node{}/{what}", k.a, k.b);
+                    metrics.push(metric(
+                        id("bandwidth"),
+                        "B/s",
+                        slower.median,
+                        &slower.values,
+                    ));
+                    metrics.push(metric(
+                        id("latency"),
+                        "s",
+                        k.latency.median,
+                        &k.latency.values,
+                    ));
+                }
+            }
             // The `all` ceilings' thread count (--threads) is part of the work.
             let all_threads = m
                 .ceilings

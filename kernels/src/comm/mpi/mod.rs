@@ -19,8 +19,10 @@ use roofline_model::{Ceiling, CeilingKind, ClusterInfo, Curve, CurvePoint, PerIt
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
 
+mod links;
 mod probe;
 mod reducer;
+pub use links::{LinkConfig, LinkRun};
 pub use probe::{CommConfig, CommResult, P2p, Point};
 pub use reducer::reducers;
 
@@ -250,6 +252,23 @@ impl World {
                 }
             }
         }
+    }
+
+    /// The CPUs the node's ranks may run on, together (each rank's affinity as the launcher
+    /// bound it, gathered over the node): with pretend nodes on one host, a node's own cores.
+    pub fn node_allowed_cpus(&self) -> Vec<usize> {
+        const WORDS: usize = 16;
+        let mut mine = [0u64; WORDS];
+        for c in crate::affinity::allowed_cpus() {
+            if c < 64 * WORDS {
+                mine[c / 64] |= 1 << (c % 64);
+            }
+        }
+        let mut all = vec![0u64; WORDS * self.intra.size()];
+        self.intra.comm.all_gather_into(&mine[..], &mut all[..]);
+        (0..64 * WORDS)
+            .filter(|c| all.chunks(WORDS).any(|m| m[c / 64] & (1 << (c % 64)) != 0))
+            .collect()
     }
 
     /// The logical OR of `flag` over every rank (e.g. "did any rank fail?").
@@ -492,9 +511,21 @@ fn pending(comm: ffi::MPI_Comm, peer: c_int, tag: c_int) -> Result<bool, CommErr
 
 /// Every member shows up for `label`, or the root names the ones that did not.
 fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), CommError> {
+    arrival_named(g, label, timeout, &|r| format!("rank {r}"))
+}
+
+/// `arrival`, naming a world rank with `name` in the messages.
+fn arrival_named(
+    g: &Group,
+    label: &str,
+    timeout: Duration,
+    name: &dyn Fn(usize) -> String,
+) -> Result<(), CommError> {
     if let Ok(r) = std::env::var("ROOFLINE_TEST_STALL_RANK") {
-        // Test hook: this rank stops answering (as a hung rank would).
-        if r.trim().parse::<usize>().ok() == Some(g.members[g.rank()]) {
+        // Test hook: this rank stops answering (as a hung rank would); `R@PREFIX` only at an
+        // operation whose label starts with PREFIX.
+        let (rank, at) = r.split_once('@').unwrap_or((r.as_str(), ""));
+        if rank.trim().parse::<usize>().ok() == Some(g.members[g.rank()]) && label.starts_with(at) {
             eprintln!(
                 "roofline: rank {} stalls on purpose (ROOFLINE_TEST_STALL_RANK)",
                 g.members[g.rank()]
@@ -531,11 +562,10 @@ fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), CommError> {
             missing = still;
             if !missing.is_empty() {
                 if Instant::now() > deadline {
-                    let names: Vec<String> =
-                        missing.iter().map(|p| g.members[*p].to_string()).collect();
+                    let names: Vec<String> = missing.iter().map(|p| name(g.members[*p])).collect();
                     return Err(CommError::Timeout(format!(
-                        "rank {} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
-                        names.join(", rank "),
+                        "{} did not reach {label} within {:.0} s (it died or stopped answering; raise the limit with --comm-timeout)",
+                        names.join(", "),
                         timeout.as_secs_f64()
                     )));
                 }
@@ -553,8 +583,8 @@ fn arrival(g: &Group, label: &str, timeout: Duration) -> Result<(), CommError> {
             }
             if Instant::now() > deadline {
                 return Err(CommError::Timeout(format!(
-                    "rank {} (the root of this {} communicator) did not answer before {label} within {:.0} s",
-                    g.members[0],
+                    "{} (the root of this {} communicator) did not answer before {label} within {:.0} s",
+                    name(g.members[0]),
                     g.scope.name(),
                     timeout.as_secs_f64()
                 )));

@@ -633,7 +633,7 @@ pub struct P2p {
     pub both_ways: Vec<(usize, Vec<f64>)>,
 }
 
-fn pattern(bytes: usize, i: usize) -> u8 {
+pub(super) fn pattern(bytes: usize, i: usize) -> u8 {
     (i.wrapping_mul(31) ^ bytes) as u8
 }
 
@@ -717,7 +717,7 @@ fn p2p_pair(
 
 /// One window: `window` messages of `send` from rank 0 to rank 1 (and back at once when `both`),
 /// then an acknowledgement from rank 1 that says whether its last message arrived intact.
-fn window_exchange(
+pub(super) fn window_exchange(
     comm: ffi::MPI_Comm,
     r: usize,
     peer: c_int,

@@ -1,0 +1,261 @@
+//! The link matrix: latency and bandwidth between every pair of nodes (their lowest ranks, on
+//! the inter-node communicator), in the rounds of disjoint pairs of
+//! `roofline_model::links::rounds` — n − 1 rounds for n nodes, all pairs of a round at once —
+//! so that the matrix takes time linear in the nodes. Every round starts with an arrival check
+//! that names a node that never came (with its host and its partner of that round); every
+//! transfer runs under the watchdog with the pair and their hosts as its label; every message's
+//! bytes are checked. The root is handed the links measured so far before each round, to keep
+//! them (a hang or a dead node loses nothing measured).
+
+use super::probe::{pattern, window_exchange};
+use super::*;
+use roofline_model::links::{rounds, Link};
+
+/// How the links are measured.
+pub struct LinkConfig {
+    /// Bytes of one bandwidth message.
+    pub bytes: usize,
+    pub quick: bool,
+}
+
+/// What the root gets: the links, the rounds and their wall time.
+pub struct LinkRun {
+    pub links: Vec<Link>,
+    pub rounds: usize,
+    pub seconds: f64,
+    /// Pairs took turns inside a round (pretend nodes share one host's cores).
+    pub in_turns: bool,
+}
+
+/// What one rank measured in a round, for the root: the pair, the latency (the pair's lower
+/// node only) and the bandwidth of the direction it sent.
+struct Half {
+    a: usize,
+    b: usize,
+    latency: Vec<f64>,
+    sent: Vec<f64>,
+}
+
+impl Half {
+    fn to_bytes(&self) -> Vec<u8> {
+        let mut v = vec![
+            self.a as f64,
+            self.b as f64,
+            self.latency.len() as f64,
+            self.sent.len() as f64,
+        ];
+        v.extend(&self.latency);
+        v.extend(&self.sent);
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    fn from_bytes(b: &[u8]) -> Option<Half> {
+        let v: Vec<f64> = b
+            .chunks_exact(8)
+            .map(|c| f64::from_le_bytes(c.try_into().unwrap_or([0; 8])))
+            .collect();
+        let (nl, ns) = (*v.get(2)? as usize, *v.get(3)? as usize);
+        if v.len() != 4 + nl + ns {
+            return None;
+        }
+        Some(Half {
+            a: v[0] as usize,
+            b: v[1] as usize,
+            latency: v[4..4 + nl].to_vec(),
+            sent: v[4 + nl..].to_vec(),
+        })
+    }
+}
+
+impl World {
+    /// Each node's name for messages and the matrix: its host, or with pretend nodes (all on
+    /// one host) the host and the node's number.
+    pub fn node_names(&self) -> Vec<String> {
+        let hosts = self.cluster_info().hosts;
+        if self.layout.fake {
+            hosts
+                .iter()
+                .enumerate()
+                .map(|(k, h)| format!("{h}#{k}"))
+                .collect()
+        } else {
+            hosts
+        }
+    }
+
+    /// The link rounds. Every rank calls it; the root gets the links (None elsewhere, and for
+    /// a world of one node). `keep(links, round, rounds)` is called on the root before each
+    /// round and after the last.
+    pub fn link_rounds(
+        &self,
+        cfg: &LinkConfig,
+        progress: &dyn crate::probe::Progress,
+        keep: &mut dyn FnMut(&[Link], usize, usize),
+    ) -> Result<Option<LinkRun>, CommError> {
+        let nodes = self.layout.nodes();
+        let Some(inter) = self.inter.as_ref().filter(|_| nodes > 1) else {
+            self.wait_all("the end of the link rounds");
+            return Ok(None);
+        };
+        let names = self.node_names();
+        let schedule = rounds(nodes);
+        let start = Instant::now();
+        let me = inter.rank();
+        let node_of_rank = |r: usize| self.layout.node_of.get(r).copied().unwrap_or(0);
+        let mut links = Vec::new();
+        progress.begin(schedule.len() as u64);
+        for (round, pairs) in schedule.iter().enumerate() {
+            if self.is_root() {
+                keep(&links, round, schedule.len());
+            }
+            progress.advance(&format!("links: round {} of {}", round + 1, schedule.len()));
+            let label = format!("link round {} of {}", round + 1, schedule.len());
+            let partner = |n: usize| {
+                pairs
+                    .iter()
+                    .find(|(a, b)| *a == n || *b == n)
+                    .map(|&(a, b)| if a == n { b } else { a })
+            };
+            let name = |r: usize| {
+                let n = node_of_rank(r);
+                let with = partner(n)
+                    .map(|p| format!(", to be paired with node {p} ({})", names[p]))
+                    .unwrap_or_default();
+                format!("rank {r} (node {n}, {}{with})", names[n])
+            };
+            arrival_named(inter, &label, self.timeout, &name)?;
+            // Pretend nodes share one host's cores: their pairs take turns.
+            let turns: Vec<&[(usize, usize)]> = if self.layout.fake {
+                pairs.chunks(1).collect()
+            } else {
+                vec![&pairs[..]]
+            };
+            let mut half = None;
+            for turn in turns {
+                if let Some(&(a, b)) = turn.iter().find(|(a, b)| *a == me || *b == me) {
+                    let pair = format!(
+                        "{label}: node {a} ({}) and node {b} ({})",
+                        names[a], names[b]
+                    );
+                    half = Some(measure_pair(inter, me, a, b, cfg, &pair)?);
+                }
+                if self.layout.fake {
+                    relaxed_barrier(&inter.comm, &label, None);
+                }
+            }
+            watchdog::arm(&format!("gathering the results of {label}"));
+            let bytes = half.as_ref().map(Half::to_bytes).unwrap_or_default();
+            let gathered = self.gather_from_leaders(&bytes);
+            watchdog::disarm();
+            if let Some(all) = gathered {
+                let halves: Vec<Half> = all.iter().filter_map(|b| Half::from_bytes(b)).collect();
+                for &(a, b) in pairs {
+                    let from_a = halves
+                        .iter()
+                        .find(|h| h.a == a && h.b == b && !h.latency.is_empty());
+                    let from_b = halves
+                        .iter()
+                        .find(|h| h.a == a && h.b == b && h.latency.is_empty());
+                    let (Some(ha), Some(hb)) = (from_a, from_b) else {
+                        return Err(CommError::WrongResult(format!(
+                            "{label}: the results of node {a} ({}) and node {b} ({}) did not both arrive",
+                            names[a], names[b]
+                        )));
+                    };
+                    let stats = |v: &[f64], what: &str| {
+                        Stats::from_samples(v).ok_or_else(|| {
+                            CommError::WrongResult(format!(
+                                "{label}: node {a} and node {b}: no valid {what} sample"
+                            ))
+                        })
+                    };
+                    links.push(Link {
+                        a,
+                        b,
+                        round,
+                        latency: stats(&ha.latency, "latency")?,
+                        bandwidth_ab: stats(&ha.sent, "bandwidth")?,
+                        bandwidth_ba: stats(&hb.sent, "bandwidth")?,
+                    });
+                }
+            }
+        }
+        if self.is_root() {
+            keep(&links, schedule.len(), schedule.len());
+        }
+        self.wait_all("the end of the link rounds");
+        Ok(self.is_root().then(|| LinkRun {
+            links,
+            rounds: schedule.len(),
+            seconds: start.elapsed().as_secs_f64(),
+            in_turns: self.layout.fake,
+        }))
+    }
+}
+
+/// One pair: the latency (half round trips of 8 B, from `a`), then windows of `cfg.bytes`
+/// messages from a to b and from b to a, each window's last message checked byte for byte.
+/// `me` is this rank's node (a or b); `label` names the pair and their hosts.
+fn measure_pair(
+    inter: &Group,
+    me: usize,
+    a: usize,
+    b: usize,
+    cfg: &LinkConfig,
+    label: &str,
+) -> Result<Half, CommError> {
+    let peer = (if me == a { b } else { a }) as c_int;
+    let comm = inter.comm.as_raw();
+    let mut latency = Vec::new();
+    watchdog::arm(&format!("{label}: latency"));
+    let mut small = [0u8; 8];
+    let rounds = if cfg.quick { 100 } else { 500 };
+    for i in 0..rounds + 10 {
+        let t0 = mpi::time();
+        if me == a {
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            if i >= 10 {
+                latency.push((mpi::time() - t0) / 2.0);
+            }
+        } else {
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+        }
+    }
+    watchdog::disarm();
+    let bytes = cfg.bytes.max(1);
+    let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 16);
+    let send: Vec<u8> = (0..bytes).map(|i| pattern(bytes, i)).collect();
+    let mut recv = vec![0u8; bytes * window];
+    let samples = if cfg.quick { 3 } else { 5 };
+    let mut sent = Vec::new();
+    for (from, to) in [(a, b), (b, a)] {
+        watchdog::arm(&format!(
+            "{label}: {} from node {from} to node {to}",
+            human(bytes)
+        ));
+        let role = if me == from { 0 } else { 1 };
+        for it in 0..samples + 1 {
+            let t0 = mpi::time();
+            let ok = window_exchange(comm, role, peer, &send, &mut recv, window, false)?;
+            let t = mpi::time() - t0;
+            if !ok {
+                return Err(CommError::WrongResult(format!(
+                    "{label}: a {} message from node {from} to node {to} arrived wrong",
+                    human(bytes)
+                )));
+            }
+            if it > 0 && me == from {
+                sent.push((bytes * window) as f64 / t);
+            }
+        }
+        watchdog::disarm();
+    }
+    Ok(Half {
+        a,
+        b,
+        latency,
+        sent,
+    })
+}

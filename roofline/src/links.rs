@@ -1,0 +1,342 @@
+//! The link matrix of a distributed probe (`fleet.links`): point-to-point latency and bandwidth
+//! between every pair of nodes, measured in rounds of disjoint pairs ([`rounds`]: n − 1 rounds
+//! for n nodes, each pair once, every node busy in every round, so the whole matrix takes time
+//! linear in n), each link compared with the median link, a slow one named by its two hosts,
+//! and a node whose links are slow with most of its peers named as the likely fault (its
+//! network interface or port rather than one cable).
+
+use crate::fleet::{median, shortfall};
+use crate::stats::Stats;
+use serde::{Deserialize, Serialize};
+
+/// The rounds of a round-robin tournament over `n` nodes (the circle method): each round a set
+/// of disjoint pairs `(a, b)` with a < b, every pair in exactly one round; n − 1 rounds for an
+/// even n (every node in every round), n rounds for an odd n (one node rests in each).
+pub fn rounds(n: usize) -> Vec<Vec<(usize, usize)>> {
+    if n < 2 {
+        return Vec::new();
+    }
+    // An odd count gets a phantom node `n`: whoever meets it rests that round.
+    let m = n + n % 2;
+    let ring = m - 1;
+    (0..ring)
+        .map(|r| {
+            let mut pairs = vec![(r, m - 1)];
+            for k in 1..m / 2 {
+                pairs.push(((r + k) % ring, (r + ring - k) % ring));
+            }
+            pairs
+                .into_iter()
+                .filter(|&(a, b)| a < n && b < n)
+                .map(|(a, b)| (a.min(b), a.max(b)))
+                .collect()
+        })
+        .collect()
+}
+
+/// Which figure of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LinkMetric {
+    /// The slower direction's bandwidth (B/s).
+    Bandwidth,
+    /// Half the round trip of a small message (s).
+    Latency,
+}
+
+impl LinkMetric {
+    pub fn name(self) -> &'static str {
+        match self {
+            LinkMetric::Bandwidth => "bandwidth",
+            LinkMetric::Latency => "latency",
+        }
+    }
+    pub fn unit(self) -> &'static str {
+        match self {
+            LinkMetric::Bandwidth => "B/s",
+            LinkMetric::Latency => "s",
+        }
+    }
+}
+
+/// One pair of nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Link {
+    /// The two nodes, a < b.
+    pub a: usize,
+    pub b: usize,
+    /// The round it was measured in (0-based).
+    pub round: usize,
+    /// Half round trips, seconds.
+    pub latency: Stats,
+    /// From a to b, and from b to a, B/s.
+    pub bandwidth_ab: Stats,
+    pub bandwidth_ba: Stats,
+}
+
+impl Link {
+    /// The link's figure: the median sample (a link is judged by its typical message, not its
+    /// luckiest), of the slower direction for the bandwidth.
+    pub fn value(&self, metric: LinkMetric) -> f64 {
+        match metric {
+            LinkMetric::Latency => self.latency.median,
+            LinkMetric::Bandwidth => self.bandwidth_ab.median.min(self.bandwidth_ba.median),
+        }
+    }
+
+    /// The noise of that figure's samples (coefficient of variation).
+    pub fn noise(&self, metric: LinkMetric) -> f64 {
+        match metric {
+            LinkMetric::Latency => self.latency.cv,
+            LinkMetric::Bandwidth => {
+                if self.bandwidth_ab.median <= self.bandwidth_ba.median {
+                    self.bandwidth_ab.cv
+                } else {
+                    self.bandwidth_ba.cv
+                }
+            }
+        }
+    }
+}
+
+/// A link short of the median link.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SlowLink {
+    pub a: usize,
+    pub b: usize,
+    pub host_a: String,
+    pub host_b: String,
+    pub metric: LinkMetric,
+    pub value: f64,
+    pub median: f64,
+    /// How far short of the median link (for the latency: how far above it), a fraction.
+    pub short_by: f64,
+}
+
+/// A node slow with most of its peers: the fault is likely its own (interface, port, driver),
+/// not one cable.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SuspectNode {
+    pub node: usize,
+    pub host: String,
+    /// Its slow links and all its links.
+    pub slow_links: usize,
+    pub links: usize,
+}
+
+/// Every pair of nodes.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LinkMatrix {
+    /// Each node's host, in node order.
+    pub hosts: Vec<String>,
+    /// How the links were measured, in words (library, memory, message sizes).
+    pub method: String,
+    /// Bytes of one bandwidth message.
+    pub message_bytes: usize,
+    pub rounds: usize,
+    /// Wall time of all the rounds, seconds.
+    pub seconds: f64,
+    pub links: Vec<Link>,
+    /// The median link's figures.
+    pub median_bandwidth: f64,
+    pub median_latency: f64,
+    pub margin: f64,
+    /// Links short of the median link by more than the margin plus their own noise.
+    pub slow: Vec<SlowLink>,
+    /// Nodes whose links are slow with more than half their peers (at least two).
+    pub suspects: Vec<SuspectNode>,
+    /// Set when the rounds did not all finish (a node died or hung): why, and which round.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub incomplete: Option<String>,
+}
+
+impl LinkMatrix {
+    /// The matrix of `links` between nodes on `hosts`, judged against the median link with
+    /// `margin`.
+    pub fn judge(
+        hosts: Vec<String>,
+        method: String,
+        message_bytes: usize,
+        rounds: usize,
+        seconds: f64,
+        links: Vec<Link>,
+        margin: f64,
+    ) -> LinkMatrix {
+        let host = |i: usize| hosts.get(i).cloned().unwrap_or_default();
+        let med = |m: LinkMetric| {
+            let v: Vec<f64> = links.iter().map(|l| l.value(m)).collect();
+            median(&v).unwrap_or(0.0)
+        };
+        let (median_bandwidth, median_latency) =
+            (med(LinkMetric::Bandwidth), med(LinkMetric::Latency));
+        let mut slow = Vec::new();
+        // Three links at least: with fewer, the median is one of two links, not a typical one.
+        if links.len() >= 3 {
+            for l in &links {
+                for (m, median) in [
+                    (LinkMetric::Bandwidth, median_bandwidth),
+                    (LinkMetric::Latency, median_latency),
+                ] {
+                    let short_by = shortfall(l.value(m), median, m.unit());
+                    if short_by > margin + l.noise(m).max(0.0) {
+                        slow.push(SlowLink {
+                            a: l.a,
+                            b: l.b,
+                            host_a: host(l.a),
+                            host_b: host(l.b),
+                            metric: m,
+                            value: l.value(m),
+                            median,
+                            short_by,
+                        });
+                    }
+                }
+            }
+        }
+        slow.sort_by(|x, y| y.short_by.total_cmp(&x.short_by));
+        let mut suspects = Vec::new();
+        for node in 0..hosts.len() {
+            let mine = links.iter().filter(|l| l.a == node || l.b == node).count();
+            let mut peers: Vec<usize> = slow
+                .iter()
+                .filter(|s| s.a == node || s.b == node)
+                .map(|s| if s.a == node { s.b } else { s.a })
+                .collect();
+            peers.sort_unstable();
+            peers.dedup();
+            if peers.len() >= 2 && 2 * peers.len() > mine {
+                suspects.push(SuspectNode {
+                    node,
+                    host: host(node),
+                    slow_links: peers.len(),
+                    links: mine,
+                });
+            }
+        }
+        LinkMatrix {
+            hosts,
+            method,
+            message_bytes,
+            rounds,
+            seconds,
+            links,
+            median_bandwidth,
+            median_latency,
+            margin,
+            slow,
+            suspects,
+            incomplete: None,
+        }
+    }
+
+    /// The link between nodes `a` and `b` (either order).
+    pub fn link(&self, a: usize, b: usize) -> Option<&Link> {
+        let (a, b) = (a.min(b), a.max(b));
+        self.links.iter().find(|l| l.a == a && l.b == b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(v: f64) -> Stats {
+        Stats::from_samples(&[v, v, v]).unwrap()
+    }
+
+    fn link(a: usize, b: usize, bw: f64, lat: f64) -> Link {
+        Link {
+            a,
+            b,
+            round: 0,
+            latency: stats(lat),
+            bandwidth_ab: stats(bw),
+            bandwidth_ba: stats(bw * 1.1),
+        }
+    }
+
+    /// Every pair exactly once, disjoint pairs in a round, n − 1 rounds for even n (every
+    /// node busy), n for odd n (one resting).
+    #[test]
+    fn rounds_pair_every_node_with_every_other_once() {
+        for n in 0..=17 {
+            let r = rounds(n);
+            let expect_rounds = match n {
+                0 | 1 => 0,
+                n if n % 2 == 0 => n - 1,
+                n => n,
+            };
+            assert_eq!(r.len(), expect_rounds, "n = {n}");
+            let mut seen = std::collections::HashSet::new();
+            for round in &r {
+                let mut busy = std::collections::HashSet::new();
+                for &(a, b) in round {
+                    assert!(a < b && b < n, "n = {n}: {a}-{b}");
+                    assert!(
+                        busy.insert(a) && busy.insert(b),
+                        "n = {n}: node twice in a round"
+                    );
+                    assert!(seen.insert((a, b)), "n = {n}: {a}-{b} twice");
+                }
+                assert_eq!(busy.len(), n - n % 2, "n = {n}: nodes busy in a round");
+            }
+            assert_eq!(seen.len(), n * n.saturating_sub(1) / 2, "n = {n}");
+        }
+    }
+
+    /// One node's links at a quarter of the rate: each named by its hosts, the node named as
+    /// the suspect; one slow cable alone names that link and no node.
+    #[test]
+    fn a_slow_node_and_a_slow_cable_are_told_apart() {
+        let hosts: Vec<String> = (0..5).map(|i| format!("h{i}")).collect();
+        let mut links = Vec::new();
+        for round in rounds(5) {
+            for (a, b) in round {
+                let slow = a == 3 || b == 3;
+                links.push(link(a, b, if slow { 2.5e9 } else { 1e10 }, 2e-6));
+            }
+        }
+        let m = LinkMatrix::judge(hosts.clone(), "m".into(), 1 << 20, 5, 1.0, links, 0.1);
+        assert_eq!(m.median_bandwidth, 1e10);
+        assert_eq!(m.slow.len(), 4, "{:?}", m.slow);
+        assert!(m.slow.iter().all(|s| (s.a == 3 || s.b == 3)
+            && s.metric == LinkMetric::Bandwidth
+            && (s.host_a == "h3" || s.host_b == "h3")));
+        assert_eq!(m.suspects.len(), 1);
+        assert_eq!((m.suspects[0].node, m.suspects[0].slow_links), (3, 4));
+
+        let mut links = Vec::new();
+        for round in rounds(5) {
+            for (a, b) in round {
+                let lat = if (a, b) == (1, 4) { 9e-6 } else { 2e-6 };
+                links.push(link(a, b, 1e10, lat));
+            }
+        }
+        let m = LinkMatrix::judge(hosts, "m".into(), 1 << 20, 5, 1.0, links, 0.1);
+        assert_eq!(m.slow.len(), 1);
+        assert_eq!(
+            (m.slow[0].a, m.slow[0].b, m.slow[0].metric),
+            (1, 4, LinkMetric::Latency)
+        );
+        assert!((m.slow[0].short_by - 3.5).abs() < 1e-12);
+        assert!(m.suspects.is_empty());
+    }
+
+    /// Noisy samples widen the allowance: a link 15% short with a 10% cv is not named at a 10%
+    /// margin.
+    #[test]
+    fn noise_is_allowed_on_top_of_the_margin() {
+        let hosts: Vec<String> = (0..4).map(|i| format!("h{i}")).collect();
+        let mut links: Vec<Link> = rounds(4)
+            .concat()
+            .into_iter()
+            .map(|(a, b)| link(a, b, 1e10, 2e-6))
+            .collect();
+        let noisy = Stats::from_samples(&[0.75e10, 0.85e10, 0.95e10]).unwrap();
+        assert!(noisy.cv > 0.05);
+        links[0].bandwidth_ab = noisy.clone();
+        links[0].bandwidth_ba = noisy;
+        let m = LinkMatrix::judge(hosts, "m".into(), 1 << 20, 3, 1.0, links, 0.1);
+        assert!(m.slow.is_empty(), "{:?}", m.slow);
+    }
+}
