@@ -7,6 +7,14 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
+/// The tests of this file run at once, except one that measures the fleet: it compares the
+/// nodes' speed and takes the machine alone (the others hold it shared).
+static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
+
+fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
+    MACHINE.read().unwrap_or_else(|e| e.into_inner())
+}
+
 fn tmpdir(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("roofline-mpi-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -51,6 +59,7 @@ const COLLECTIVES: [&str; 5] = [
 
 #[test]
 fn two_ranks_write_every_intra_node_ceiling_with_its_size_curve() {
+    let _shared = shared();
     let dir = tmpdir("np2");
     let out = dir.join("m.json");
     let o = mpirun(
@@ -107,6 +116,7 @@ fn two_ranks_write_every_intra_node_ceiling_with_its_size_curve() {
 
 #[test]
 fn two_pretend_nodes_give_inter_node_ceilings_aggregates_and_the_distributed_plot() {
+    let _shared = shared();
     let dir = tmpdir("fake");
     let out = dir.join("m.json");
     let o = mpirun(
@@ -182,6 +192,7 @@ fn two_pretend_nodes_give_inter_node_ceilings_aggregates_and_the_distributed_plo
 
 #[test]
 fn tcp_only_measures_a_network_path() {
+    let _shared = shared();
     let dir = tmpdir("tcp");
     let out = dir.join("m.json");
     let o = mpirun(
@@ -199,6 +210,7 @@ fn tcp_only_measures_a_network_path() {
 
 #[test]
 fn a_rank_that_stops_answering_ends_the_run_with_its_name_and_nothing_written() {
+    let _shared = shared();
     let dir = tmpdir("stall");
     let out = dir.join("m.json");
     let start = Instant::now();
@@ -225,6 +237,7 @@ fn a_rank_that_stops_answering_ends_the_run_with_its_name_and_nothing_written() 
 
 #[test]
 fn two_rank_training_equals_single_process_training_after_three_steps() {
+    let _shared = shared();
     let args = [
         "train",
         "--width",
@@ -301,6 +314,7 @@ fn two_rank_training_equals_single_process_training_after_three_steps() {
 /// is held against the intra-node allreduce roof, and only rank 0 writes.
 #[test]
 fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
+    let _shared = shared();
     let dir = tmpdir("place");
     let m = dir.join("m.json");
     let o = mpirun(
@@ -443,6 +457,7 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
 /// ranks the split is refused, naming the numbers.
 #[test]
 fn four_ranks_bag_two_models_of_two_ranks() {
+    let _shared = shared();
     let dir = tmpdir("bagging");
     let out = dir.join("bag.json");
     let args = [
@@ -521,6 +536,7 @@ fn four_ranks_bag_two_models_of_two_ranks() {
 /// trained by every team, written by the master alone; a wrong rank count is one line.
 #[test]
 fn automl_master_and_teams_of_ranks() {
+    let _shared = shared();
     for (n, team, workers) in [(3, 1, 2), (3, 2, 1)] {
         let dir = tmpdir(&format!("automl-{n}-{team}"));
         let out = dir.join("run.json");
@@ -601,6 +617,7 @@ fn fleet(m: &roofline_model::Machine) -> &roofline_model::fleet::Fleet {
 /// clock as the cause, the table says so, and `gate` holds it to the quiet run node by node.
 #[test]
 fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
+    let _alone = MACHINE.write().unwrap_or_else(|e| e.into_inner());
     if std::thread::available_parallelism().map_or(0, |n| n.get()) < 2 {
         eprintln!("skipped: needs two CPUs");
         return;
@@ -709,6 +726,7 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
 /// the file (marked incomplete), and the run ends non-zero.
 #[test]
 fn the_link_rounds_cover_every_pair_and_a_hung_node_is_named() {
+    let _shared = shared();
     let dir = tmpdir("links");
     let out = dir.join("m.json");
     let args = ["probe", "--only", "comm", "--quick", "--max-size", "64K"];
