@@ -101,10 +101,7 @@ fn margin_noise_direction_and_coverage() {
     assert_eq!(f.outliers[0].id.to_string(), "net/p2p/intra/latency");
     assert_eq!(f.outliers[0].node, 0);
     assert!((f.outliers[0].short_by - 3.5).abs() < 1e-12);
-    assert!(!f
-        .ceilings
-        .iter()
-        .any(|c| c.id.to_string() == "cpu/fma/f64/all"));
+    assert!(!f.ceilings.iter().any(|c| c.id == "cpu/fma/f64/all"));
 }
 
 /// A GPU ceiling's causes: the throttle reasons NVML saw (idle left out), a lower SM clock,
