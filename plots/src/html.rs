@@ -90,11 +90,15 @@ pub fn interactive(svg: &str, title: &str) -> String {
         }
         h.push_str("</fieldset>");
     }
-    h.push_str("<fieldset><legend>roofs</legend>\n");
-    for r in &roofs {
-        h.push_str(&switch("roof", r));
+    // A figure without roofs (the link matrix) gets no empty box of switches.
+    if !roofs.is_empty() {
+        h.push_str("<fieldset><legend>roofs</legend>\n");
+        for r in &roofs {
+            h.push_str(&switch("roof", r));
+        }
+        h.push_str("</fieldset>");
     }
-    h.push_str("</fieldset></div>\n<div id=\"figure\">\n");
+    h.push_str("</div>\n<div id=\"figure\">\n");
     // The SVG inline, without its XML prologue.
     h.push_str(
         svg.trim_start_matches(|c| c != '<')

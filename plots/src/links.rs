@@ -29,7 +29,8 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
     let labelled = n <= 64;
     let margin_left = if labelled { 150.0 } else { 40.0 };
     let top = if labelled { 150.0 } else { 60.0 };
-    let width = margin_left + cell * n as f64 + 40.0;
+    // Wide enough for the legend and its note whatever the matrix's size.
+    let width = (margin_left + cell * n as f64 + 40.0).max(margin_left + 600.0);
     let height = top + cell * n as f64 + 70.0;
     let mut s = format!(
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\">\n"
@@ -117,7 +118,7 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
     }
     let ly = top + cell * n as f64 + 24.0;
     for (i, r) in [0.5, 0.75, 1.0].iter().enumerate() {
-        let x = margin_left + 120.0 * i as f64;
+        let x = margin_left + 170.0 * i as f64;
         s.push_str(&format!(
             "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\">{}</text>\n",
             ly - 11.0,

@@ -144,19 +144,11 @@ impl fmt::Display for Cause {
     }
 }
 
-/// The median of `v` (upper median of an even count is not used: the mean of the middle two).
+/// The median of the finite values of `v` (of an even count: the mean of the middle two), as
+/// every figure's statistics take it.
 pub fn median(v: &[f64]) -> Option<f64> {
-    let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
-    if s.is_empty() {
-        return None;
-    }
-    s.sort_by(f64::total_cmp);
-    let n = s.len();
-    Some(if n % 2 == 1 {
-        s[n / 2]
-    } else {
-        0.5 * (s[n / 2 - 1] + s[n / 2])
-    })
+    let finite: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
+    crate::Stats::from_samples(&finite).map(|s| s.median)
 }
 
 /// Whether a ceiling in `unit` is better when lower (a time).

@@ -7,7 +7,7 @@
 //! bytes are checked. The root is handed the links measured so far before each round, to keep
 //! them (a hang or a dead node loses nothing measured).
 
-use super::probe::{pattern, window_exchange};
+use super::probe::{pattern, ping_pong, window_exchange};
 use super::*;
 use roofline_model::links::{rounds, Link};
 
@@ -206,23 +206,8 @@ fn measure_pair(
 ) -> Result<Half, CommError> {
     let peer = (if me == a { b } else { a }) as c_int;
     let comm = inter.comm.as_raw();
-    let mut latency = Vec::new();
     watchdog::arm(&format!("{label}: latency"));
-    let mut small = [0u8; 8];
-    let rounds = if cfg.quick { 100 } else { 500 };
-    for i in 0..rounds + 10 {
-        let t0 = mpi::time();
-        if me == a {
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            if i >= 10 {
-                latency.push((mpi::time() - t0) / 2.0);
-            }
-        } else {
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-        }
-    }
+    let latency = ping_pong(comm, me == a, peer, if cfg.quick { 100 } else { 500 })?;
     watchdog::disarm();
     let bytes = cfg.bytes.max(1);
     let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 16);

@@ -662,21 +662,7 @@ fn p2p_pair(
         both_ways: Vec::new(),
     };
     watchdog::arm(&format!("{label}: latency"));
-    let mut small = [0u8; 8];
-    let rounds = if quick { 200 } else { 2000 };
-    for i in 0..rounds + 10 {
-        let t0 = mpi::time();
-        if r == 0 {
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            if i >= 10 {
-                out.latency.push((mpi::time() - t0) / 2.0);
-            }
-        } else {
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-        }
-    }
+    out.latency = ping_pong(comm, r == 0, peer, if quick { 200 } else { 2000 })?;
     watchdog::disarm();
     for &bytes in sweep {
         let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 64);
@@ -713,6 +699,32 @@ fn p2p_pair(
         }
     }
     Ok((r == 0).then_some(out))
+}
+
+/// `rounds` ping-pongs of 8 B with `peer` after 10 untimed ones: the side that sends first
+/// gets each one's half round trip (seconds), the other side nothing.
+pub(super) fn ping_pong(
+    comm: ffi::MPI_Comm,
+    first: bool,
+    peer: c_int,
+    rounds: usize,
+) -> Result<Vec<f64>, CommError> {
+    let mut small = [0u8; 8];
+    let mut out = Vec::new();
+    for i in 0..rounds + 10 {
+        let t0 = mpi::time();
+        if first {
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            if i >= 10 {
+                out.push((mpi::time() - t0) / 2.0);
+            }
+        } else {
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+        }
+    }
+    Ok(out)
 }
 
 /// One window: `window` messages of `send` from rank 0 to rank 1 (and back at once when `both`),
