@@ -7,7 +7,7 @@
 //! bytes are checked. The root is handed the links measured so far before each round, to keep
 //! them (a hang or a dead node loses nothing measured).
 
-use super::probe::{pattern, ping_pong, window_exchange};
+use super::probe::{pattern, window_exchange};
 use super::*;
 use roofline_model::links::{rounds, Link};
 
@@ -243,4 +243,30 @@ fn measure_pair(
         latency,
         sent,
     })
+}
+
+/// `rounds` ping-pongs of 8 B with `peer` after 10 untimed ones: the side that sends first
+/// gets each one's half round trip (seconds), the other side nothing.
+pub(super) fn ping_pong(
+    comm: ffi::MPI_Comm,
+    first: bool,
+    peer: c_int,
+    rounds: usize,
+) -> Result<Vec<f64>, CommError> {
+    let mut small = [0u8; 8];
+    let mut out = Vec::new();
+    for i in 0..rounds + 10 {
+        let t0 = mpi::time();
+        if first {
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            if i >= 10 {
+                out.push((mpi::time() - t0) / 2.0);
+            }
+        } else {
+            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
+            send_bytes(comm, &small, peer, TAG_DATA)?;
+        }
+    }
+    Ok(out)
 }

@@ -2,6 +2,7 @@
 //! intra-node, inter-node and world communicators (and NCCL's, where GPUs are), point-to-point
 //! pairs and one-sided windows; each size's time the maximum over ranks, each result checked.
 
+use super::links::ping_pong;
 use super::*;
 use roofline_model::ceiling_id::{CommLib, P2pMetric, Tier};
 use roofline_model::CeilingId;
@@ -699,32 +700,6 @@ fn p2p_pair(
         }
     }
     Ok((r == 0).then_some(out))
-}
-
-/// `rounds` ping-pongs of 8 B with `peer` after 10 untimed ones: the side that sends first
-/// gets each one's half round trip (seconds), the other side nothing.
-pub(super) fn ping_pong(
-    comm: ffi::MPI_Comm,
-    first: bool,
-    peer: c_int,
-    rounds: usize,
-) -> Result<Vec<f64>, CommError> {
-    let mut small = [0u8; 8];
-    let mut out = Vec::new();
-    for i in 0..rounds + 10 {
-        let t0 = mpi::time();
-        if first {
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            if i >= 10 {
-                out.push((mpi::time() - t0) / 2.0);
-            }
-        } else {
-            recv_bytes(comm, &mut small, peer, TAG_DATA)?;
-            send_bytes(comm, &small, peer, TAG_DATA)?;
-        }
-    }
-    Ok(out)
 }
 
 /// One window: `window` messages of `send` from rank 0 to rank 1 (and back at once when `both`),
