@@ -20,7 +20,11 @@ sudo=""
 [ "$(id -u)" = 0 ] || sudo="sudo"
 need=()
 command -v mpicc >/dev/null || need+=(openmpi-bin libopenmpi-dev)
-ls /usr/lib/llvm-*/lib/libclang*.so* >/dev/null 2>&1 || need+=(libclang-dev)
+# bindgen loads libclang.so or libclang-<version>.so (libclang-cpp, which LLVM's own packages
+# bring, is another library).
+compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
+    || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null \
+    || need+=(libclang-dev)
 command -v chromium >/dev/null || need+=(chromium)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive

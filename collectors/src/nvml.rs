@@ -103,6 +103,31 @@ pub fn inventory(nvml: &Result<Arc<Nvml>, NvmlError>, info: &mut GpuInfo) -> Res
     }
 }
 
+/// What NVML reports of a GPU at one moment: the end of one timed sample.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Reading {
+    pub sm_clock_mhz: Option<f64>,
+    pub power_w: Option<f64>,
+    /// The throttle (clock event) reasons set, idle excluded ([`throttle_names`]).
+    pub throttle: Vec<String>,
+}
+
+/// GPU `uuid`'s SM clock, power draw and throttle reasons now (each `None`, or no reasons,
+/// where NVML refuses it: a reading never fails the sample it describes).
+pub fn reading(nvml: &Nvml, uuid: &str) -> Reading {
+    let Ok(d) = nvml.device_by_uuid(uuid) else {
+        return Reading::default();
+    };
+    Reading {
+        sm_clock_mhz: d.clock_info(Clock::SM).ok().map(|v| v as f64),
+        power_w: d.power_usage().ok().map(|v| v as f64 / 1000.0),
+        throttle: d
+            .current_throttle_reasons()
+            .map(throttle_names)
+            .unwrap_or_default(),
+    }
+}
+
 /// Names of the throttle (clock event) reasons set in `r`, idle excluded.
 pub fn throttle_names(r: ThrottleReasons) -> Vec<String> {
     let all = [

@@ -25,6 +25,9 @@ pub trait Timer {
     fn settle(&mut self) -> Result<(), Self::Error> {
         Ok(())
     }
+    /// Called at the end of every kept sample: a device that records its conditions (a GPU's
+    /// clock, power and throttle reasons, through NVML) reads them here. Nothing by default.
+    fn observe(&mut self) {}
 }
 
 /// The CPU's timer: the wall clock around the work.
@@ -60,6 +63,7 @@ pub fn sample<T: Timer>(
     for _ in 0..samples {
         stop()?;
         seconds.push(timer.time(work)?);
+        timer.observe();
     }
     Ok(seconds)
 }
@@ -240,6 +244,11 @@ pub struct Measurement {
     pub threads: usize,
     /// Largest relative error any thread's check reported.
     pub max_rel_error: f64,
+    /// The core clock around each kept sample: the add chain's rate (adds per second; the
+    /// probe applies the cycle counter's factor) read right before and right after it on every
+    /// thread ([`crate::cpu::clock::sample_hz`]): the slowest thread's reading at each end,
+    /// the higher of the two ends. Empty where it was not read.
+    pub clock_hz: Vec<f64>,
 }
 
 impl Measurement {
@@ -268,6 +277,8 @@ pub fn measure_here<K: Kernel>(
 ) -> Result<Measurement, ProbeError> {
     let mut ctl = Controller::new(plan);
     loop {
+        // The clock before this run, which is also the clock after the one before it.
+        ctl.clocks.push(crate::cpu::clock::sample_hz());
         if cancel.load(Ordering::Relaxed) {
             return Err(ProbeError::Interrupted);
         }
@@ -280,6 +291,7 @@ pub fn measure_here<K: Kernel>(
             break;
         }
     }
+    ctl.clocks.push(crate::cpu::clock::sample_hz());
     let err = kernel.check()?;
     Ok(ctl.finish(kernel.ops_per_iter(), kernel.bytes_per_iter(), 1, err))
 }
@@ -321,6 +333,9 @@ where
     let base = Instant::now();
     let starts: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
     let ends: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
+    // Each thread's clock reading (f64 bits) taken before the barrier that starts a run: the
+    // clock after the run before and before the next.
+    let clocks: Vec<AtomicU64> = (0..threads).map(|_| AtomicU64::new(0)).collect();
     let barrier = Barrier::new(threads);
     let iters = AtomicU64::new(0);
     let failed = AtomicBool::new(false);
@@ -341,7 +356,7 @@ where
                 &result,
                 &make,
             );
-            let (starts, ends) = (&starts, &ends);
+            let (starts, ends, clocks) = (&starts, &ends, &clocks);
             scope.spawn(move || {
                 pin_current_thread(cpu);
                 let fail = |e: ProbeError| {
@@ -364,9 +379,19 @@ where
                 barrier.wait();
                 let mut aborted = false;
                 loop {
+                    clocks[t].store(crate::cpu::clock::sample_hz().to_bits(), Ordering::SeqCst);
                     // Every thread reads the same `failed` here: it is written only before the
                     // first barrier and by thread 0 after the end-of-sample barrier.
                     barrier.wait();
+                    if t == 0 {
+                        // Every thread wrote its reading before this barrier and writes the
+                        // next only after the end-of-sample one.
+                        let slowest = clocks
+                            .iter()
+                            .map(|c| f64::from_bits(c.load(Ordering::SeqCst)))
+                            .fold(f64::INFINITY, f64::min);
+                        ctl.clocks.push(slowest);
+                    }
                     if failed.load(Ordering::SeqCst) {
                         aborted = true;
                         break;
@@ -464,6 +489,12 @@ struct Controller {
     calibrating: bool,
     warmups_left: usize,
     seconds: Vec<f64>,
+    /// Runs recorded so far (calibration, warm-up and kept).
+    runs: usize,
+    /// The run each kept sample was.
+    kept: Vec<usize>,
+    /// Clock readings between runs: `clocks[r]` before run r, `clocks[r + 1]` after it.
+    clocks: Vec<f64>,
 }
 
 impl Controller {
@@ -474,11 +505,16 @@ impl Controller {
             calibrating: true,
             warmups_left: plan.warmup,
             seconds: Vec::with_capacity(plan.samples),
+            runs: 0,
+            kept: Vec::with_capacity(plan.samples),
+            clocks: Vec::new(),
         }
     }
 
     /// Records the time of the run just done; returns whether to run again (with `self.iters`).
     fn record(&mut self, dt: f64) -> bool {
+        let run = self.runs;
+        self.runs += 1;
         let target = self.plan.min_sample_s;
         if self.calibrating {
             if let Some(next) = grow(self.iters, dt, target, self.plan.max_iters) {
@@ -495,11 +531,21 @@ impl Controller {
             return true;
         }
         self.seconds.push(dt);
+        self.kept.push(run);
         self.seconds.len() < self.plan.samples
     }
 
     fn finish(self, ops: f64, bytes: f64, threads: usize, err: f64) -> Measurement {
+        // A sample's clock: the higher of the readings before and after it (a throttle that
+        // lasts through the sample shows in both; a moment's dip in one reading, an interrupt
+        // or a busy SMT sibling, is not the sample's clock). All samples or none.
+        let around = |r: usize| Some(self.clocks.get(r)?.max(*self.clocks.get(r + 1)?));
+        let clock_hz: Option<Vec<f64>> = self.kept.iter().map(|&r| around(r)).collect();
+        let clock_hz = clock_hz
+            .filter(|c| c.iter().all(|x| x.is_finite() && *x > 0.0))
+            .unwrap_or_default();
         Measurement {
+            clock_hz,
             seconds: self.seconds,
             iters: self.iters,
             ops_per_iter: ops,
@@ -706,6 +752,36 @@ mod tests {
         // Calibration chose a count (usually thousands; under a preempted core it can be 1, so
         // nothing more is asserted: tests never assert timings).
         assert!(m.iters >= 1);
+        // One clock per kept sample, each a clock (adds per second of a chain: above 100 MHz
+        // on anything that runs these tests).
+        assert_eq!(m.clock_hz.len(), 3);
+        assert!(m.clock_hz.iter().all(|&hz| hz > 1e8), "{:?}", m.clock_hz);
+    }
+
+    /// The clock around sample k is the higher of the readings taken before run r_k and after
+    /// it, whatever the calibration and warm-up runs before.
+    #[test]
+    fn each_kept_sample_gets_the_readings_around_its_own_run() {
+        let plan = Plan::new(2, 1, 0.5);
+        let mut c = Controller::new(&plan);
+        // Run 0 calibrates (long enough: it is also the warm-up), runs 1 and 2 are kept.
+        for (i, dt) in [1.0, 1.0, 1.0].into_iter().enumerate() {
+            c.clocks.push([3.0e9, 2.0e9, 3.5e9][i]);
+            c.record(dt);
+        }
+        c.clocks.push(1.0e9);
+        let m = c.finish(1.0, 1.0, 1, 0.0);
+        assert_eq!(m.seconds.len(), 2);
+        // Run 1: readings 2.0 (before) and 3.5 (after); run 2: 3.5 and 1.0.
+        assert_eq!(m.clock_hz, vec![3.5e9, 3.5e9]);
+        // measure_here reads them too.
+        let m = measure_here(
+            &Plan::new(3, 0, 0.001),
+            &AtomicBool::new(false),
+            &mut summer(),
+        )
+        .unwrap();
+        assert_eq!(m.clock_hz.len(), 3);
     }
 
     #[test]

@@ -28,6 +28,7 @@ pub fn machine() -> Machine {
             bytes: 1.0,
         },
         plateau: None,
+        conditions: None,
     };
     Machine {
         schema: MACHINE_SCHEMA.into(),

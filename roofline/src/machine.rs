@@ -96,6 +96,10 @@ pub struct Ceiling {
     /// was.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub plateau: Option<Plateau>,
+    /// What each sample was taken under (clock; GPU: SM clock, power, throttle reasons), the
+    /// samples left out of `value` and why ([`crate::conditions`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub conditions: Option<crate::conditions::SampleConditions>,
 }
 
 /// The window of a sweep behind a plateau ceiling: its points' values (each point's best
@@ -179,7 +183,33 @@ impl Ceiling {
             method,
             per_iteration,
             plateau: None,
+            conditions: None,
         }
+    }
+
+    /// The conditions of this ceiling's samples: its value becomes the best of the clean ones
+    /// (a sample left out stays in `stats`), and the flag against the peak is set again. A
+    /// plateau ceiling (a sweep's median point) keeps its value; conditions that do not
+    /// describe its samples are not attached.
+    pub fn with_conditions(mut self, c: Option<crate::conditions::SampleConditions>) -> Ceiling {
+        let Some(c) = c else { return self };
+        if c.inconsistency(self.stats.samples).is_some() {
+            return self;
+        }
+        if self.plateau.is_none() {
+            let clean = c.clean_values(&self.stats.values);
+            let best = if self.unit == "s" {
+                clean.iter().copied().fold(f64::INFINITY, f64::min)
+            } else {
+                clean.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+            };
+            if best.is_finite() {
+                self.value = best;
+            }
+        }
+        self.conditions = Some(c);
+        self.flag_against_peak();
+        self
     }
 
     pub fn with_precision(mut self, precision: Option<crate::ids::Precision>) -> Ceiling {

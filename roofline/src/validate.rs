@@ -155,6 +155,13 @@ fn ceiling(c: &Ceiling) -> Result<(), Invalid> {
     if let Some(p) = &c.theoretical_peak {
         positive(id, "theoretical_peak.value", p.value)?;
     }
+    if let Some(why) = c
+        .conditions
+        .as_ref()
+        .and_then(|k| k.inconsistency(c.stats.samples))
+    {
+        return Err(bad(id, "conditions", why));
+    }
     Ok(())
 }
 

@@ -8,7 +8,21 @@ use roofline_model::{Ceiling, Machine, PeakDb};
 use roofline_plots::si;
 
 fn stats_cell(c: &Ceiling) -> String {
-    format!("{:>2} × cv {:>5.2}%", c.stats.samples, 100.0 * c.stats.cv)
+    // Samples left out of the value (taken at a low clock or throttled) as "−k", "!" when too
+    // few clean ones are left.
+    let left = match &c.conditions {
+        Some(k) if !k.left_out.is_empty() || k.too_few_clean => format!(
+            " −{}{}",
+            k.left_out.len(),
+            if k.too_few_clean { "!" } else { "" }
+        ),
+        _ => String::new(),
+    };
+    format!(
+        "{:>2} × cv {:>5.2}%{left}",
+        c.stats.samples,
+        100.0 * c.stats.cv
+    )
 }
 
 fn peak_cell(c: &Ceiling) -> String {
@@ -101,6 +115,17 @@ pub fn machine_table(m: &Machine) {
         .collect();
     if !flagged.is_empty() {
         println!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));
+    }
+    let left_out: Vec<String> = m
+        .ceilings
+        .iter()
+        .filter_map(|c| Some(format!("  {}: {}", c.id, c.conditions.as_ref()?.summary()?)))
+        .collect();
+    if !left_out.is_empty() {
+        println!(
+            "\nsamples left out of their ceilings (taken at a clock below the ceiling's by more than its drift, or throttled; kept in stats):\n{}",
+            left_out.join("\n")
+        );
     }
     let uneven: Vec<String> = m
         .ceilings

@@ -255,6 +255,18 @@ pub struct Gpu {
     modules: Vec<Module>,
     /// Pinned memory that host-to-device copies are staged through ([`Gpu::copy_in_async`]).
     staging: std::cell::RefCell<Staging>,
+    /// What reads this GPU's conditions at the end of each timed sample, and the readings of
+    /// the measurement in progress ([`Gpu::watched`]).
+    watch: std::cell::RefCell<Watch>,
+}
+
+/// Reads a GPU's conditions (NVML's SM clock, power and throttle reasons) at one moment.
+pub type Reader = Box<dyn Fn() -> roofline_collectors::nvml::Reading>;
+
+#[derive(Default)]
+struct Watch {
+    reader: Option<Reader>,
+    readings: Vec<roofline_collectors::nvml::Reading>,
 }
 
 /// Pinned host memory that uploads are staged through: `cuMemcpyHtoDAsync` from pageable
@@ -325,6 +337,7 @@ impl Gpu {
             max_threads_per_sm: 0,
             modules: Vec::new(),
             staging: Default::default(),
+            watch: Default::default(),
         };
         use sys::CUdevice_attribute as A;
         gpu.name = check("cuDeviceGetName", cu::device::get_name(dev))?;
@@ -642,6 +655,49 @@ impl crate::driver::Timer for Events<'_> {
     }
     fn settle(&mut self) -> Result<(), CudaError> {
         self.0.sync()
+    }
+    fn observe(&mut self) {
+        self.0.observe();
+    }
+}
+
+impl Gpu {
+    /// Reads this GPU's conditions with `reader` at the end of every timed sample from now on.
+    pub fn set_reader(&self, reader: Reader) {
+        self.watch.borrow_mut().reader = Some(reader);
+    }
+
+    /// One reading, at the end of a timed sample (nothing without a reader).
+    fn observe(&self) {
+        let mut w = self.watch.borrow_mut();
+        if let Some(r) = &w.reader {
+            let reading = r();
+            w.readings.push(reading);
+        }
+    }
+
+    /// Runs `measure` (which times its samples with [`Events`] on this GPU) and returns its
+    /// result with the conditions of its samples: NVML's readings at the end of each, a
+    /// throttled sample left out ([`SampleConditions::gpu`]). `None` without a reader, or when
+    /// the readings are not one per sample of `samples(&result)`.
+    ///
+    /// [`SampleConditions::gpu`]: roofline_model::conditions::SampleConditions::gpu
+    pub fn watched<T, E>(
+        &self,
+        measure: impl FnOnce() -> Result<T, E>,
+        samples: impl Fn(&T) -> usize,
+    ) -> Result<(T, Option<roofline_model::conditions::SampleConditions>), E> {
+        self.watch.borrow_mut().readings.clear();
+        let out = measure()?;
+        let readings = std::mem::take(&mut self.watch.borrow_mut().readings);
+        let conditions = (!readings.is_empty() && readings.len() == samples(&out)).then(|| {
+            roofline_model::conditions::SampleConditions::gpu(
+                readings.iter().map(|r| r.sm_clock_mhz).collect(),
+                readings.iter().map(|r| r.power_w).collect(),
+                readings.into_iter().map(|r| r.throttle).collect(),
+            )
+        });
+        Ok((out, conditions))
     }
 }
 

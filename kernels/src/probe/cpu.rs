@@ -12,6 +12,7 @@ use crate::cpu::stream::Op;
 use crate::driver::{measure_here, measure_threads, Measurement, Plan};
 use crate::ProbeError;
 use roofline_model::ceiling_id::{TableId, TableRows};
+use roofline_model::conditions::SampleConditions;
 use roofline_model::{
     cpu_peak, CacheInfo, Ceiling, CeilingKind, Curve, Family, On, PeakDb, RoofId, Stats, Table,
     TableRow, TheoreticalPeak, Threads,
@@ -59,6 +60,30 @@ impl CpuResult {
         } else {
             self.clock_all.as_ref()
         }
+    }
+
+    /// The conditions of `m`'s samples on `threads` cores: each sample's clock (the chain's
+    /// readings around it, times the counter's factor) held to `reference` = (clock, drift),
+    /// the clock measured around the ceiling, or else to the run's clock for that many threads
+    /// (its median, with twice its coefficient of variation as the drift). `None` where no
+    /// clock was read.
+    fn sample_conditions(
+        &self,
+        m: &Measurement,
+        threads: usize,
+        reference: Option<(f64, f64)>,
+    ) -> Option<SampleConditions> {
+        if m.clock_hz.is_empty() {
+            return None;
+        }
+        let (hz, drift) =
+            reference.or_else(|| self.clock(threads).map(|s| (s.median, 2.0 * s.cv)))?;
+        let k = self.clock_factor();
+        Some(SampleConditions::cpu(
+            m.clock_hz.iter().map(|c| c * k).collect(),
+            hz,
+            drift,
+        ))
     }
 
     /// Cycles per add of the clock chain (1 unless the CPU's counter said otherwise): the
@@ -371,13 +396,9 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 "{} {instr} ({}-bit) on {} independent accumulators, inline assembly, {}; result checked bit-exact against a scalar reference; {confirmed}",
                 isa.name(), isa.bits(), accumulators(isa), pinned(cpus.len())
             );
-            let peak = ctx.peak(
-                out,
-                p.name(),
-                cpus.len(),
-                isa,
-                Some((before.max(after), before.min(after))),
-            );
+            let (hi, lo) = (before.max(after), before.min(after));
+            let peak = ctx.peak(out, p.name(), cpus.len(), isa, Some((hi, lo)));
+            let conditions = out.sample_conditions(&m, cpus.len(), Some((hi, (hi - lo) / hi)));
             out.ceilings.push(
                 compute_ceiling(
                     compute_id(Family::Fma, p.into(), suffix),
@@ -388,7 +409,8 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                     method,
                     peak,
                 )
-                .with_isa(isa.name()),
+                .with_isa(isa.name())
+                .with_conditions(conditions),
             );
         }
     }
@@ -497,6 +519,7 @@ fn gemm_section<T: Elem>(
             );
             let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
+            let conditions = out.sample_conditions(&m, threads, None);
             out.ceilings.push(
                 compute_ceiling(
                     compute_id(Family::Gemm, p, suffix),
@@ -507,7 +530,8 @@ fn gemm_section<T: Elem>(
                     method,
                     peak,
                 )
-                .with_isa(isa.name()),
+                .with_isa(isa.name())
+                .with_conditions(conditions),
             );
         }
     }
@@ -564,6 +588,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             layers.iter().filter(|(_, s)| !s.is_pointwise()).count(), layers[i].0, layers[i].1.describe(), pinned(threads)
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
+        let conditions = out.sample_conditions(&m, threads, None);
         out.ceilings.push(
             compute_ceiling(
                 compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
@@ -574,7 +599,8 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
                 method,
                 peak,
             )
-            .with_isa(isa.name()),
+            .with_isa(isa.name())
+            .with_conditions(conditions),
         );
     }
     Ok(())
@@ -628,7 +654,17 @@ mod tests {
             .unwrap();
         assert!(f32t1.value > 1e8, "{}", f32t1.value);
         assert_eq!(f32t1.stats.samples, 5);
-        assert_eq!(f32t1.value, f32t1.stats.max, "a ceiling is its best sample");
+        // Every sample carries the clock measured around it; the value is the best clean one.
+        let c = f32t1.conditions.as_ref().expect("each sample's clock");
+        assert_eq!(c.clock_hz.len(), 5);
+        assert!(c.clock_hz.iter().all(|hz| *hz > 1e8), "{:?}", c.clock_hz);
+        assert_eq!(c.clean + c.left_out.len(), 5);
+        let clean = c.clean_values(&f32t1.stats.values);
+        assert_eq!(
+            f32t1.value,
+            clean.iter().copied().fold(0.0, f64::max),
+            "a ceiling is its best clean sample"
+        );
         assert!(r.clock_t1.unwrap().median > 1e8);
         assert!(r.ceilings.iter().any(|c| c.id == "cpu/fma/f64/all"));
     }

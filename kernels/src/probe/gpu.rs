@@ -16,6 +16,7 @@ use crate::cuda::device::{self, arg, DevBuf, Gpu};
 use crate::cuda::CudaError;
 use cudarc::driver::{result as cu, sys};
 use roofline_model::ceiling_id::{GpuCopy, PeerCopy};
+use roofline_model::conditions::SampleConditions;
 use roofline_model::{
     Ceiling, CeilingId, CeilingKind, Curve, CurvePoint, Family, GpuInfo, Level, MemOp, On, PeakDb,
     PerIteration, Precision, RoofId, Stats, Table, TheoreticalPeak,
@@ -289,6 +290,7 @@ impl Ctx<'_> {
         per_iteration: PerIteration,
         method: String,
         peak: Option<TheoreticalPeak>,
+        conditions: Option<SampleConditions>,
     ) {
         if self.mode == Mode::Check {
             return;
@@ -302,22 +304,30 @@ impl Ctx<'_> {
             Some(r) => c.as_roof(r),
             None => c,
         };
-        self.out.ceilings.push(c.with_peak(peak));
+        self.out
+            .ceilings
+            .push(c.with_peak(peak).with_conditions(conditions));
     }
 }
 
-/// Runs `work` once as warm-up, then `samples` timed times; returns seconds per sample.
+/// Runs `work` once as warm-up, then `samples` timed times; returns seconds per sample and
+/// what NVML saw at the end of each ([`Gpu::watched`]).
 fn timed(
     ctx: &Ctx,
     gpu: &Gpu,
     mut work: impl FnMut() -> Result<(), CudaError>,
-) -> Result<Vec<f64>, CudaError> {
-    crate::driver::sample(
-        &mut device::Events(gpu),
-        1,
-        ctx.mode.samples(),
-        &mut || ctx.cancelled(),
-        &mut work,
+) -> Result<(Vec<f64>, Option<SampleConditions>), CudaError> {
+    gpu.watched(
+        || {
+            crate::driver::sample(
+                &mut device::Events(gpu),
+                1,
+                ctx.mode.samples(),
+                &mut || ctx.cancelled(),
+                &mut work,
+            )
+        },
+        |s| s.len(),
     )
 }
 
@@ -348,42 +358,52 @@ fn calibrate(
 /// within each sample, as many times as make a sample last the mode's sample time (5 ms quick,
 /// 20 ms full; once in check mode), so that the launch and event overheads (a few µs) stay far
 /// under 1% however short one operation is ([`crate::driver::repeated`]). Returns the seconds
-/// of one operation per sample and the repetitions per sample.
+/// of one operation per sample, the repetitions per sample and the samples' conditions.
 fn timed_repeated(
     ctx: &Ctx,
     gpu: &Gpu,
     mut one: impl FnMut() -> Result<(), CudaError>,
-) -> Result<(Vec<f64>, u32), CudaError> {
-    let (seconds, reps) = crate::driver::repeated(
-        &mut device::Events(gpu),
-        ctx.mode.samples(),
-        ctx.mode.sample_seconds(),
-        1 << 12,
-        &mut || ctx.cancelled(),
-        &mut one,
+) -> Result<(Vec<f64>, u32, Option<SampleConditions>), CudaError> {
+    let ((seconds, reps), conditions) = gpu.watched(
+        || {
+            crate::driver::repeated(
+                &mut device::Events(gpu),
+                ctx.mode.samples(),
+                ctx.mode.sample_seconds(),
+                1 << 12,
+                &mut || ctx.cancelled(),
+                &mut one,
+            )
+        },
+        |r| r.0.len(),
     )?;
-    Ok((seconds, reps as u32))
+    Ok((seconds, reps as u32, conditions))
 }
 
 /// As [`timed_repeated`] for a kernel that repeats its pass itself: `launch(n)` runs `n`
 /// passes in one launch (at most `cap`); returns the seconds of one pass per sample and the
-/// passes per launch.
+/// passes per launch and the samples' conditions.
 fn timed_passes(
     ctx: &Ctx,
     gpu: &Gpu,
     cap: i32,
     mut launch: impl FnMut(i32) -> Result<(), CudaError>,
-) -> Result<(Vec<f64>, i32), CudaError> {
-    let (seconds, passes) = crate::driver::per_operation(
-        &mut device::Events(gpu),
-        ctx.mode.samples(),
-        ctx.mode.sample_seconds(),
-        cap.max(1) as u64,
-        &mut || ctx.cancelled(),
-        // The counts stay within `cap`, an i32.
-        &mut |n| launch(n as i32),
+) -> Result<(Vec<f64>, i32, Option<SampleConditions>), CudaError> {
+    let ((seconds, passes), conditions) = gpu.watched(
+        || {
+            crate::driver::per_operation(
+                &mut device::Events(gpu),
+                ctx.mode.samples(),
+                ctx.mode.sample_seconds(),
+                cap.max(1) as u64,
+                &mut || ctx.cancelled(),
+                // The counts stay within `cap`, an i32.
+                &mut |n| launch(n as i32),
+            )
+        },
+        |r| r.0.len(),
     )?;
-    Ok((seconds, passes as i32))
+    Ok((seconds, passes as i32, conditions))
 }
 
 /// The id of GPU `ordinal`'s compute roof of `family` in `precision` (`direction`: a
@@ -402,13 +422,16 @@ pub(super) fn compute_roof(
     }
 }
 
-/// Probes every GPU. `Missing`/`NoDevice` errors say there is nothing to probe.
+/// Probes every GPU. `Missing`/`NoDevice` errors say there is nothing to probe. `enrich` adds
+/// NVML's part of a GPU's inventory; `watch` gives, for a GPU's NVML uuid, what reads its
+/// conditions at the end of every sample (`None`: not read).
 pub fn run(
     cfg: &GpuConfig,
     cancel: &AtomicBool,
     progress: &dyn Progress,
     peaks: &PeakDb,
     enrich: &dyn Fn(&mut GpuInfo) -> Result<(), roofline_collectors::nvml::NvmlError>,
+    watch: &dyn Fn(&str) -> Option<device::Reader>,
 ) -> Result<GpuResult, CudaError> {
     let n = device::init()?;
     let mut ctx = Ctx {
@@ -458,6 +481,9 @@ pub fn run(
         let mut info = inventory(gpu);
         if let Err(e) = enrich(&mut info) {
             ctx.out.notes.push(format!("gpu{}: {e}", gpu.ordinal));
+        }
+        if let Some(reader) = watch(&info.uuid) {
+            gpu.set_reader(reader);
         }
         ctx.out.gpus.push(info);
         let nvrtc = crate::cuda::nvrtc::ensure_nvrtc();

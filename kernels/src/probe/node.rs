@@ -345,7 +345,15 @@ fn run_gpus(
         sections: sections.to_vec(),
     };
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
-    let result = gpu_probe::run(&cfg, cancel, progress, &peaks, &enrich);
+    // Every sample's conditions: NVML's SM clock, power and throttle reasons at its end.
+    let watch = |uuid: &str| -> Option<crate::cuda::device::Reader> {
+        let nvml = nvml.as_ref().ok()?.clone();
+        let uuid = uuid.to_string();
+        Some(Box::new(move || {
+            roofline_collectors::nvml::reading(&nvml, &uuid)
+        }))
+    };
+    let result = gpu_probe::run(&cfg, cancel, progress, &peaks, &enrich, &watch);
     let telemetry = sampler.map(|s| s.stop()).unwrap_or_default();
     let mut r = result?;
     for g in r.gpus.iter_mut() {
@@ -386,7 +394,7 @@ pub fn gpu_check(devices: Devices, cancel: &AtomicBool) -> Result<gpu_probe::Gpu
     };
     let nvml = open_nvml();
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
-    gpu_probe::run(&cfg, cancel, &super::Silent, &peaks, &enrich).map_err(|e| match e {
+    gpu_probe::run(&cfg, cancel, &super::Silent, &peaks, &enrich, &|_| None).map_err(|e| match e {
         CudaError::Interrupted => NodeError::Interrupted,
         e => NodeError::Check(e),
     })

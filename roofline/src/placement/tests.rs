@@ -24,6 +24,7 @@ pub(crate) fn machine() -> Machine {
             bytes: 0.0,
         },
         plateau: None,
+        conditions: None,
     };
     let mut m: Machine = serde_json::from_value(serde_json::json!({
         "schema": crate::MACHINE_SCHEMA,

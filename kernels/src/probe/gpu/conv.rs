@@ -13,6 +13,7 @@ use crate::cuda::dnn::{
 };
 use crate::cuda::CudaError;
 use roofline_model::ceiling_id::{TableId, TableRows};
+use roofline_model::conditions::SampleConditions;
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -231,7 +232,9 @@ fn conv_precision(
     out: &mut SectionResult,
 ) -> Result<String, CudaError> {
     let mut rows: Vec<Vec<TableRow>> = vec![Vec::new(); 3];
-    let mut best: Vec<Option<(Stats, f64, String)>> = vec![None, None, None];
+    // Per direction: the best layer's statistics, FLOPs, description and sample conditions.
+    type Best = (Stats, f64, String, Option<SampleConditions>);
+    let mut best: Vec<Option<Best>> = vec![None, None, None];
     let mut worst = 0.0f64;
     let (mut refused, mut measured) = (None, 0usize);
     for (li, layer) in layers.iter().enumerate() {
@@ -305,20 +308,26 @@ fn conv_precision(
                 }
                 Ok(())
             })?;
-            let times = crate::driver::sample(
-                &mut Events(gpu),
-                0,
-                if mode == Mode::Quick { 3 } else { 5 },
-                &mut || match cancel.load(Ordering::Relaxed) {
-                    true => Err(CudaError::Interrupted),
-                    false => Ok(()),
+            // NVML's readings at the end of each sample come with the times.
+            let (times, conditions) = gpu.watched(
+                || {
+                    crate::driver::sample(
+                        &mut Events(gpu),
+                        0,
+                        if mode == Mode::Quick { 3 } else { 5 },
+                        &mut || match cancel.load(Ordering::Relaxed) {
+                            true => Err(CudaError::Interrupted),
+                            false => Ok(()),
+                        },
+                        &mut || {
+                            for _ in 0..reps {
+                                run_once(h, d, &t, algo, ws)?;
+                            }
+                            Ok(())
+                        },
+                    )
                 },
-                &mut || {
-                    for _ in 0..reps {
-                        run_once(h, d, &t, algo, ws)?;
-                    }
-                    Ok(())
-                },
+                |t| t.len(),
             )?;
             let rates: Vec<f64> = times.iter().map(|tm| flops * reps as f64 / tm).collect();
             let Some(stats) = Stats::from_samples(&rates) else {
@@ -334,6 +343,7 @@ fn conv_precision(
                     stats.clone(),
                     flops,
                     format!("{} ({shape}), {algo_name}", layer.name),
+                    conditions,
                 ));
             }
             rows[di].push(TableRow {
@@ -349,7 +359,7 @@ fn conv_precision(
         }
     }
     for (di, dir) in DIRECTIONS.into_iter().enumerate() {
-        let Some((stats, flops, how)) = best[di].take() else {
+        let Some((stats, flops, how, conditions)) = best[di].take() else {
             continue;
         };
         let method = format!(
@@ -374,7 +384,8 @@ fn conv_precision(
                 method,
             )
             .as_roof(roof)
-            .with_peak(peak_for(peaks, gpu, p)),
+            .with_peak(peak_for(peaks, gpu, p))
+            .with_conditions(conditions),
         );
         out.tables.push(Table {
             id: TableId {

@@ -85,7 +85,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     };
     // Pinned host -> device.
     let src = pinned.as_mut_slice::<u32>().as_ptr();
-    let (h2d, h2d_reps) = timed_repeated(ctx, gpu, || {
+    let (h2d, h2d_reps, h2d_cond) = timed_repeated(ctx, gpu, || {
         // SAFETY: pinned buffer of `bytes` bytes into a device buffer of `bytes` bytes.
         device::check("cuMemcpyHtoDAsync", unsafe {
             sys::cuMemcpyHtoDAsync_v2(dev.ptr, src as *const _, bytes, stream).result()
@@ -99,7 +99,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     }
     // Device -> pinned host.
     let dst = pinned2.as_mut_slice::<u32>().as_mut_ptr();
-    let (d2h, d2h_reps) = timed_repeated(ctx, gpu, || {
+    let (d2h, d2h_reps, d2h_cond) = timed_repeated(ctx, gpu, || {
         // SAFETY: device buffer of `bytes` bytes into a pinned buffer of `bytes` bytes.
         device::check("cuMemcpyDtoHAsync", unsafe {
             sys::cuMemcpyDtoHAsync_v2(dst as *mut _, dev.ptr, bytes, stream).result()
@@ -182,7 +182,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
         )));
     }
     // Device -> device.
-    let (d2d, d2d_reps) = timed_repeated(ctx, gpu, || {
+    let (d2d, d2d_reps, d2d_cond) = timed_repeated(ctx, gpu, || {
         // SAFETY: two device buffers of `bytes` bytes.
         device::check("cuMemcpyDtoDAsync", unsafe {
             cu::memcpy_dtod_async(dev2.ptr, dev.ptr, bytes, stream)
@@ -198,16 +198,23 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
     let rate = |t: &[f64], bytes: f64| -> Vec<f64> { t.iter().map(|t| bytes / t).collect() };
     let o = gpu.ordinal;
     let size = crate::probe::cpu::human_bytes(bytes as f64);
-    type Entry = (GpuCopy, Vec<f64>, f64, String, Option<TheoreticalPeak>);
+    type Entry = (
+        GpuCopy,
+        Vec<f64>,
+        f64,
+        String,
+        Option<TheoreticalPeak>,
+        Option<SampleConditions>,
+    );
     let entries: [Entry; 6] = [
-        (GpuCopy::H2d, rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, {h2d_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
-        (GpuCopy::D2h, rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, {d2h_reps} back to back per CUDA-event-timed sample"), pcie_peak(())),
-        (GpuCopy::Both, rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p })),
-        (GpuCopy::H2dPageable, rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
-        (GpuCopy::D2hPageable, rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(())),
-        (GpuCopy::D2d, rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}, {d2d_reps} back to back per CUDA-event-timed sample; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu)),
+        (GpuCopy::H2d, rate(&h2d, b), b, format!("cuMemcpyHtoDAsync from pinned host memory, {size}, {h2d_reps} back to back per CUDA-event-timed sample"), pcie_peak(()), h2d_cond),
+        (GpuCopy::D2h, rate(&d2h, b), b, format!("cuMemcpyDtoHAsync into pinned host memory, {size}, {d2h_reps} back to back per CUDA-event-timed sample"), pcie_peak(()), d2h_cond),
+        (GpuCopy::Both, rate(&both, 2.0 * b), 2.0 * b, format!("both directions at once on two streams, {size} each way, pinned; bytes of both directions counted; wall clock"), pcie_peak(()).map(|mut p| { p.value *= 2.0; p.source += ", both directions"; p }), None),
+        (GpuCopy::H2dPageable, rate(&pageable_h2d, b), b, format!("cuMemcpyHtoDAsync from pageable (malloc'd) memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(()), None),
+        (GpuCopy::D2hPageable, rate(&pageable_d2h, b), b, format!("cuMemcpyDtoHAsync into pageable memory, {size}, wall clock to the end of cuStreamSynchronize"), pcie_peak(()), None),
+        (GpuCopy::D2d, rate(&d2d, 2.0 * b), 2.0 * b, format!("cuMemcpyDtoDAsync, {size}, {d2d_reps} back to back per CUDA-event-timed sample; a read and a write counted per byte copied (as STREAM copy)"), ctx.memory_peak(gpu), d2d_cond),
     ];
-    for (copy, rates, bytes, method, peak) in entries {
+    for (copy, rates, bytes, method, peak, conditions) in entries {
         let kind = match copy {
             GpuCopy::D2d => CeilingKind::Memory,
             _ => CeilingKind::Comm,
@@ -220,6 +227,7 @@ pub(super) fn copies(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<String, CudaError> 
             PerIteration { ops: 0.0, bytes },
             format!("{method}; data verified"),
             peak,
+            conditions,
         );
     }
     Ok(format!("{size} each way verified"))
@@ -262,7 +270,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
     let (sa, sb) = (a.stream, b.stream);
     // Copy engine, one way.
     a.bind()?;
-    let (one, one_reps) = timed_repeated(ctx, a, || {
+    let (one, one_reps, one_cond) = timed_repeated(ctx, a, || {
         // SAFETY: buffers of `bytes` bytes in their own contexts.
         device::check("cuMemcpyPeerAsync", unsafe {
             cu::memcpy_peer_async(b.ctx, dst.ptr, a.ctx, src.ptr, bytes, sa)
@@ -312,6 +320,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
     }
     // SM copy kernel on `a` writing into `b`'s memory (needs peer access).
     let mut sm = Vec::new();
+    let mut sm_cond = None;
     let mut sm_both = Vec::new();
     if peer {
         b.zero(&dst)?;
@@ -331,7 +340,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
             )
         };
         let reps;
-        (sm, reps) = timed_passes(ctx, g, 1 << 12, launch)?;
+        (sm, reps, sm_cond) = timed_passes(ctx, g, 1 << 12, launch)?;
         let got: Vec<u32> = b.download(&dst)?;
         if let Some(i) = first_mismatch(&got, 17) {
             return Err(CudaError::Check(format!(
@@ -415,10 +424,11 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
             }
         ),
         nvlink_peak.clone(),
+        one_cond,
     );
-    ctx.push(peer_id(PeerCopy::EngineBidir), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, {one_reps} each way per sample, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }));
+    ctx.push(peer_id(PeerCopy::EngineBidir), CeilingKind::Comm, "B/s", &rate(&both, 2.0 * bf), PerIteration { ops: 0.0, bytes: 2.0 * bf }, format!("cuMemcpyPeerAsync both ways at once, {size} each way, {one_reps} each way per sample, both directions counted, wall clock, verified"), nvlink_peak.clone().map(|mut p| { p.value *= 2.0; p }), None);
     if !sm.is_empty() {
-        ctx.push(peer_id(PeerCopy::Sm), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone());
+        ctx.push(peer_id(PeerCopy::Sm), CeilingKind::Comm, "B/s", &rate(&sm, bf), PerIteration { ops: 0.0, bytes: bf }, format!("NVRTC kernel stream_copy on gpu{} storing into gpu{}'s memory (16-byte accesses), {size}, CUDA-event timed, verified", a.ordinal, b.ordinal), nvlink_peak.clone(), sm_cond);
     }
     if !sm_both.is_empty() {
         ctx.push(
@@ -432,6 +442,7 @@ pub(super) fn p2p_pair(ctx: &mut Ctx, a: &mut Gpu, b: &mut Gpu) -> Result<String
                 p.value *= 2.0;
                 p
             }),
+            None,
         );
     }
     Ok(format!(

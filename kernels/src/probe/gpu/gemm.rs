@@ -10,6 +10,7 @@ use crate::cuda::device::{self, Gpu};
 use crate::cuda::CudaError;
 use crate::driver::CheckError;
 use roofline_model::ceiling_id::{TableId, TableRows};
+use roofline_model::conditions::SampleConditions;
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -288,7 +289,7 @@ fn gemm_precision(
     out: &mut SectionResult,
 ) -> Result<String, CudaError> {
     let mut rows = Vec::new();
-    let mut best: Option<(Stats, f64, String)> = None;
+    let mut best: Option<(Stats, f64, String, Option<SampleConditions>)> = None;
     let mut worst_err = 0.0f64;
     let mut refused = None;
     let mut measured = 0usize;
@@ -358,21 +359,27 @@ fn gemm_precision(
                     }
                     Ok(())
                 })?;
-            let times = crate::driver::sample(
-                &mut device::Events(gpu),
-                0,
-                samples,
-                &mut || match cancel.load(Ordering::Relaxed) {
-                    true => Err(CudaError::Interrupted),
-                    false => Ok(()),
+            // NVML's readings at the end of each sample come with the times.
+            let (times, conditions) = gpu.watched(
+                || {
+                    crate::driver::sample(
+                        &mut device::Events(gpu),
+                        0,
+                        samples,
+                        &mut || match cancel.load(Ordering::Relaxed) {
+                            true => Err(CudaError::Interrupted),
+                            false => Ok(()),
+                        },
+                        &mut || {
+                            for _ in 0..reps {
+                                set = (set + 1) % pr.a.len();
+                                enqueue(gpu, h, lib, p, &pr.operands(set), plan.as_ref())?;
+                            }
+                            Ok(())
+                        },
+                    )
                 },
-                &mut || {
-                    for _ in 0..reps {
-                        set = (set + 1) % pr.a.len();
-                        enqueue(gpu, h, lib, p, &pr.operands(set), plan.as_ref())?;
-                    }
-                    Ok(())
-                },
+                |t| t.len(),
             )?;
             let rates: Vec<f64> = times.iter().map(|t| flops * reps as f64 / t).collect();
             let Some(stats) = Stats::from_samples(&rates) else {
@@ -388,6 +395,7 @@ fn gemm_precision(
                         lib.name(),
                         pr.a.len()
                     ),
+                    conditions,
                 ));
             }
             rows.push(TableRow {
@@ -402,7 +410,7 @@ fn gemm_precision(
             });
         }
     }
-    if let Some((stats, flops, how)) = best {
+    if let Some((stats, flops, how, conditions)) = best {
         let method = format!(
             "best of the shape sweep: {how}; random nonzero inputs; 64 entries of C per shape checked against f64 (normwise error ≤ {:.0e}); CUDA-event timed; the whole sweep is in table gpu{}/gemm/{}/table",
             p.tolerance(),
@@ -425,7 +433,8 @@ fn gemm_precision(
                 method,
             )
             .as_roof(roof)
-            .with_peak(peak_for(peaks, gpu, p)),
+            .with_peak(peak_for(peaks, gpu, p))
+            .with_conditions(conditions),
         );
         out.tables.push(Table {
             id: TableId {

@@ -176,6 +176,7 @@ pub(super) fn mem_section(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<(), CudaError>
                         stream_counted(op)
                     ),
                     peak,
+                    None,
                 );
                 let id = roof.to_string();
                 if let Some(c) = ctx.out.ceilings.last_mut().filter(|c| c.id == id) {
@@ -288,7 +289,9 @@ pub(super) fn mem_point(
     };
     let g: &Gpu = gpu;
     let reps = calibrate(ctx, g, guess, 1 << 24, |r| launch_reps(g, r))?;
-    let times = timed(ctx, g, || launch_reps(g, reps))?;
+    // A point of the sweep: its samples' conditions are not kept (a plateau ceiling is a
+    // window's median point, not one measurement).
+    let (times, _) = timed(ctx, g, || launch_reps(g, reps))?;
     // Check what the last launch left.
     let words = n * 4;
     // The check's kind of each op: the read's sum here, the others' words on the GPU.
@@ -398,7 +401,7 @@ pub(super) fn ert(ctx: &mut Ctx, gpu: &mut Gpu) -> Result<usize, CudaError> {
         };
         // Passes per launch so that a sample lasts the mode's sample time: one pass at k = 1
         // over a few hundred MB takes well under a millisecond on an HBM GPU.
-        let (times, _) = timed_passes(ctx, g, 1 << 16, launch)?;
+        let (times, _, _) = timed_passes(ctx, g, 1 << 16, launch)?;
         applied += passes.get() * k as u64;
         let flops = 2.0 * k as f64 * (n16 * 4) as f64;
         let rates: Vec<f64> = times.iter().map(|t| flops / t).collect();

@@ -160,7 +160,7 @@ pub(super) fn fma_one(
     };
     let base = if ctx.mode == Mode::Check { 8 } else { 64 };
     let iters = calibrate(ctx, gpu, base, 1 << 22, &mut launch)?;
-    let times = timed(ctx, gpu, || launch(iters))?;
+    let (times, conditions) = timed(ctx, gpu, || launch(iters))?;
     // Check a sample of threads against the CPU model of the same chains.
     let lanes = if packed { 2.0 } else { 1.0 };
     let flops = 2.0 * lanes * (FMA_ACC * FMA_UNROLL) as f64 * iters as f64 * threads as f64;
@@ -238,6 +238,7 @@ pub(super) fn fma_one(
             sample.len()
         ),
         peak,
+        conditions,
     );
     Ok(format!(
         "{} threads sampled, max rel. error {worst:.1e}",
@@ -404,7 +405,7 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
     // (fp8 on sm_90 keeps about 14); int8 sums stay far below 2^31. A 4096-iteration launch
     // already lasts far longer than a sample needs.
     let iters = calibrate(ctx, gpu, base, 1 << 12, &mut launch)?;
-    let times = timed(ctx, gpu, || launch(iters))?;
+    let (times, conditions) = timed(ctx, gpu, || launch(iters))?;
     let want = MMA_CHAINS * 4.0 * iters as f64 * spec.per_mma;
     let bad = if spec.int {
         let v: Vec<i32> = gpu.download(&out)?;
@@ -439,6 +440,7 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
             if gpu.arch() >= 90 { "; on sm_90 mma.sync reaches only part of the tensor-core peak (wgmma is needed for all of it) — see gpu/gemm for the library figure" } else { "" }
         ),
         peak,
+        conditions,
     );
     Ok(format!("{threads} lanes exact"))
 }
