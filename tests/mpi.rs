@@ -612,9 +612,12 @@ fn fleet(m: &roofline_model::Machine) -> &roofline_model::fleet::Fleet {
         .expect("a probe over several nodes screens its fleet")
 }
 
-/// Two pretend nodes, each bound to its own core: with nothing else running nobody is named;
-/// with a busy process pinned on node 1's core, node 1 is named on its ceilings with its lower
-/// clock as the cause, the table says so, and `gate` holds it to the quiet run node by node.
+/// Three pretend nodes, node 1 alone on its core (nodes 0 and 2 share the other, and take
+/// turns): with nothing else running nobody is named; with a busy process pinned on node 1's
+/// core, node 1 is named on its ceilings with its lower clock as the cause, the table says so,
+/// and `gate` holds it to the quiet run node by node. (With two nodes the fleet's median is
+/// their mean: a node at 63% of the other is only 23% short of it, within the margin plus the
+/// noise of its time-sliced samples.)
 #[test]
 fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     let _alone = MACHINE.write().unwrap_or_else(|e| e.into_inner());
@@ -626,14 +629,14 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     let run = |name: &str| {
         let out = dir.join(name);
         let o = mpirun(
-            2,
+            3,
             &[
                 "--bind-to",
-                "core",
+                "core:overload-allowed",
                 "--map-by",
                 "core",
                 "-x",
-                "ROOFLINE_FAKE_NODES=2",
+                "ROOFLINE_FAKE_NODES=3",
             ],
             &[
                 "probe",
@@ -656,11 +659,11 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
         (quiet, o, quiet_path) = run("quiet.json");
     }
     let f = fleet(&quiet);
-    assert_eq!(f.nodes, 2);
+    assert_eq!(f.nodes, 3);
     assert!(f.outliers.is_empty(), "{:?}\n{}", f.outliers, text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("outliers: none"));
     let links = f.links.as_ref().expect("the link matrix");
-    assert_eq!((links.links.len(), links.rounds), (1, 1));
+    assert_eq!((links.links.len(), links.rounds), (3, 3));
     // A busy process on node 1's core.
     let mut busy = Command::new("taskset")
         .args(["-c", "1", "sh", "-c", "while :; do :; done"])
@@ -722,7 +725,8 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
             .unwrap()
             .matches("data-link=")
             .count(),
-        2
+        6,
+        "each of the three links, both ways"
     );
 }
 

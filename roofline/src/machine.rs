@@ -656,6 +656,9 @@ pub fn aggregate(nodes: &[Machine]) -> Vec<crate::Ceiling> {
             agg.id = crate::CeilingId::Aggregate(Box::new(c.id.clone()));
             agg.value = values.iter().sum();
             agg.stats = crate::Stats::from_samples(&values)?;
+            // Its samples are the nodes' values, not timed samples: each node's ceiling keeps
+            // its own samples' conditions.
+            agg.conditions = None;
             agg.threads = all.iter().map(|x| x.threads).sum();
             agg.theoretical_peak = all
                 .iter()

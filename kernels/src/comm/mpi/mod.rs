@@ -576,6 +576,11 @@ fn arrival_named(
             send_bytes(comm, std::slice::from_ref(&byte), p as c_int, TAG_GO)?;
         }
     } else {
+        // A member waits twice as long as the root: the root, which may reach the check later
+        // (it writes what was measured before a round), is the one that names the missing; a
+        // member gives up only when the root itself is gone.
+        let patience = 2 * timeout;
+        let deadline = Instant::now() + patience;
         send_bytes(comm, std::slice::from_ref(&byte), 0, TAG_ARRIVE)?;
         loop {
             if pending(comm, 0, TAG_GO)? {
@@ -586,7 +591,7 @@ fn arrival_named(
                     "{} (the root of this {} communicator) did not answer before {label} within {:.0} s",
                     name(g.members[0]),
                     g.scope.name(),
-                    timeout.as_secs_f64()
+                    patience.as_secs_f64()
                 )));
             }
             std::thread::sleep(Duration::from_micros(200));
