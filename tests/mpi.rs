@@ -664,6 +664,9 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("outliers: none"));
     let links = f.links.as_ref().expect("the link matrix");
     assert_eq!((links.links.len(), links.rounds), (3, 3));
+    // (Nodes 0 and 2 share a core: their round trip is slower, which may name that one link's
+    // latency, never a node.)
+    assert!(links.suspects.is_empty(), "{:?}", links.suspects);
     // A busy process on node 1's core.
     let mut busy = Command::new("taskset")
         .args(["-c", "1", "sh", "-c", "while :; do :; done"])
@@ -674,6 +677,23 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     let _ = busy.wait();
     let f = fleet(&loaded);
     assert_eq!(f.named_nodes(), vec![1], "{:?}\n{}", f.outliers, text(&o));
+    // Its links too: both slow against the link between the other two, named by their hosts,
+    // and node 1 the suspect.
+    let links = f.links.as_ref().expect("the link matrix");
+    let mut slow: Vec<(usize, usize)> = links
+        .slow
+        .iter()
+        .filter(|s| s.metric == roofline_model::links::LinkMetric::Bandwidth)
+        .map(|s| (s.a, s.b))
+        .collect();
+    slow.sort_unstable();
+    assert_eq!(slow, [(0, 1), (1, 2)], "{:?}", links.links);
+    assert_eq!(
+        links.suspects.iter().map(|s| s.node).collect::<Vec<_>>(),
+        [1],
+        "{:?}",
+        links.links
+    );
     // Which FMA ceilings fall past the margin varies with how the host shares the core; at
     // least one does, and each named one with the clock as its cause.
     let fma: Vec<_> = f

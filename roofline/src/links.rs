@@ -137,13 +137,15 @@ pub struct LinkMatrix {
     /// Wall time of all the rounds, seconds.
     pub seconds: f64,
     pub links: Vec<Link>,
-    /// The median link's figures.
+    /// The typical link's figures, the reference every link is held to: the median of the
+    /// links between nodes that are not slow as a whole ([`LinkMatrix::reference`]).
     pub median_bandwidth: f64,
     pub median_latency: f64,
     pub margin: f64,
     /// Links short of the median link by more than the margin plus their own noise.
     pub slow: Vec<SlowLink>,
-    /// Nodes whose links are slow with more than half their peers (at least two).
+    /// Nodes whose links (bandwidth or latency) are slow with more than half their peers (at
+    /// least two).
     pub suspects: Vec<SuspectNode>,
     /// Set when the rounds did not all finish (a node died or hung): why, and which round.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -163,12 +165,10 @@ impl LinkMatrix {
         margin: f64,
     ) -> LinkMatrix {
         let host = |i: usize| hosts.get(i).cloned().unwrap_or_default();
-        let med = |m: LinkMetric| {
-            let v: Vec<f64> = links.iter().map(|l| l.value(m)).collect();
-            median(&v).unwrap_or(0.0)
-        };
-        let (median_bandwidth, median_latency) =
-            (med(LinkMetric::Bandwidth), med(LinkMetric::Latency));
+        let (median_bandwidth, median_latency) = (
+            Self::reference(&links, hosts.len(), LinkMetric::Bandwidth, margin),
+            Self::reference(&links, hosts.len(), LinkMetric::Latency, margin),
+        );
         let mut slow = Vec::new();
         // Three links at least: with fewer, the median is one of two links, not a typical one.
         if links.len() >= 3 {
@@ -197,18 +197,27 @@ impl LinkMatrix {
         let mut suspects = Vec::new();
         for node in 0..hosts.len() {
             let mine = links.iter().filter(|l| l.a == node || l.b == node).count();
-            let mut peers: Vec<usize> = slow
-                .iter()
-                .filter(|s| s.a == node || s.b == node)
-                .map(|s| if s.a == node { s.b } else { s.a })
-                .collect();
-            peers.sort_unstable();
-            peers.dedup();
-            if peers.len() >= 2 && 2 * peers.len() > mine {
+            // Per metric: a node whose bandwidth is slow with one peer and whose latency is
+            // slow with another has two faulty links, not a fault of its own.
+            let peers = [LinkMetric::Bandwidth, LinkMetric::Latency]
+                .into_iter()
+                .map(|m| {
+                    let mut p: Vec<usize> = slow
+                        .iter()
+                        .filter(|s| s.metric == m && (s.a == node || s.b == node))
+                        .map(|s| if s.a == node { s.b } else { s.a })
+                        .collect();
+                    p.sort_unstable();
+                    p.dedup();
+                    p.len()
+                })
+                .max()
+                .unwrap_or(0);
+            if peers >= 2 && 2 * peers > mine {
                 suspects.push(SuspectNode {
                     node,
                     host: host(node),
-                    slow_links: peers.len(),
+                    slow_links: peers,
                     links: mine,
                 });
             }
@@ -227,6 +236,42 @@ impl LinkMatrix {
             suspects,
             incomplete: None,
         }
+    }
+
+    /// The typical link of `metric` among `links` between `nodes` nodes: each node's own median
+    /// link first, and the nodes whose median is short of the fleet's median of those by more
+    /// than `margin` set aside (a node slow as a whole spoils n − 1 of the n(n − 1)/2 links: on
+    /// a few nodes, enough to drag the plain median down to its own links, which would then
+    /// look typical); the median of the links among the other nodes (of every link, when none
+    /// are left).
+    pub fn reference(links: &[Link], nodes: usize, metric: LinkMetric, margin: f64) -> f64 {
+        let all: Vec<f64> = links.iter().map(|l| l.value(metric)).collect();
+        let of_node = |n: usize| {
+            let v: Vec<f64> = links
+                .iter()
+                .filter(|l| l.a == n || l.b == n)
+                .map(|l| l.value(metric))
+                .collect();
+            median(&v)
+        };
+        let per_node: Vec<Option<f64>> = (0..nodes).map(of_node).collect();
+        let known: Vec<f64> = per_node.iter().flatten().copied().collect();
+        let Some(fleet) = median(&known) else {
+            return median(&all).unwrap_or(0.0);
+        };
+        let slow_node = |n: usize| {
+            per_node
+                .get(n)
+                .copied()
+                .flatten()
+                .is_some_and(|v| shortfall(v, fleet, metric.unit()) > margin)
+        };
+        let typical: Vec<f64> = links
+            .iter()
+            .filter(|l| !slow_node(l.a) && !slow_node(l.b))
+            .map(|l| l.value(metric))
+            .collect();
+        median(&typical).or_else(|| median(&all)).unwrap_or(0.0)
     }
 
     /// The link between nodes `a` and `b` (either order).
@@ -320,6 +365,47 @@ mod tests {
         );
         assert!((m.slow[0].short_by - 3.5).abs() < 1e-12);
         assert!(m.suspects.is_empty());
+    }
+
+    /// Three nodes, one slow as a whole: two of the three links are its, so the plain median
+    /// link is one of them; held to the link between the other two, both of its links are
+    /// named and it is the suspect. A slow latency to one peer and a slow bandwidth to the
+    /// other do not make a node a suspect.
+    #[test]
+    fn on_three_nodes_a_slow_node_and_its_links_are_named() {
+        let hosts: Vec<String> = (0..3).map(|i| format!("h{i}")).collect();
+        let links = vec![
+            link(0, 1, 1.05e9, 1.4e-6),
+            link(0, 2, 6.59e9, 1.8e-6),
+            link(1, 2, 1.05e9, 1.6e-6),
+        ];
+        let m = LinkMatrix::judge(hosts.clone(), "m".into(), 1 << 20, 3, 1.0, links, 0.1);
+        assert_eq!(m.median_bandwidth, 6.59e9);
+        let bw: Vec<(usize, usize)> = m
+            .slow
+            .iter()
+            .filter(|s| s.metric == LinkMetric::Bandwidth)
+            .map(|s| (s.a, s.b))
+            .collect();
+        assert_eq!(bw.len(), 2);
+        assert!(bw.contains(&(0, 1)) && bw.contains(&(1, 2)), "{bw:?}");
+        assert_eq!(
+            m.suspects.iter().map(|s| s.node).collect::<Vec<_>>(),
+            vec![1]
+        );
+        // Node 0: bandwidth slow to node 1, latency slow to node 2: two links, no suspect.
+        let links = vec![
+            link(0, 1, 2e9, 1e-6),
+            link(0, 2, 1e10, 5e-6),
+            link(1, 2, 1e10, 1e-6),
+            link(0, 3, 1e10, 1e-6),
+            link(1, 3, 1e10, 1e-6),
+            link(2, 3, 1e10, 1e-6),
+        ];
+        let hosts: Vec<String> = (0..4).map(|i| format!("h{i}")).collect();
+        let m = LinkMatrix::judge(hosts, "m".into(), 1 << 20, 3, 1.0, links, 0.1);
+        assert_eq!(m.slow.len(), 2, "{:?}", m.slow);
+        assert!(m.suspects.is_empty(), "{:?}", m.suspects);
     }
 
     /// Noisy samples widen the allowance: a link 15% short with a 10% cv is not named at a 10%
