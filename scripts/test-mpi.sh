@@ -16,4 +16,4 @@ if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
     exit 0
 fi
 cargo clippy --workspace --all-targets --features mpi -- -D warnings
-cargo test --features mpi --test mpi
+cargo test --features mpi --test mpi --test mpi_fleet
