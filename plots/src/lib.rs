@@ -7,6 +7,7 @@
 
 pub mod automl;
 pub mod check;
+pub mod gpus;
 pub mod html;
 pub mod labels;
 pub mod links;

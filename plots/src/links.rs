@@ -8,7 +8,7 @@ use crate::si;
 use roofline_model::links::{LinkMatrix, LinkMetric};
 
 /// The colour of a link at `ratio` of the median link's bandwidth.
-fn colour(ratio: f64) -> String {
+pub(crate) fn colour(ratio: f64) -> String {
     // 0.5 or less: red; 1 or more: green; yellow between.
     let t = ((ratio - 0.5) / 0.5).clamp(0.0, 1.0);
     let (r, g) = if t < 0.5 {

@@ -10,6 +10,7 @@ pub mod bound;
 pub mod conditions;
 pub mod fleet;
 pub mod gate;
+pub mod gpu_matrix;
 #[macro_use]
 pub mod ids;
 pub mod ceiling_id;

@@ -2,6 +2,7 @@
 
 pub mod fleet;
 pub mod gate;
+pub mod gpus;
 pub mod sweep;
 
 use roofline_model::{Ceiling, Machine, PeakDb};
@@ -148,6 +149,11 @@ pub fn machine_table(m: &Machine) {
             100.0 * roofline_model::Plateau::FLAT,
             uneven.join(", ")
         );
+    }
+    if let Some(g) = roofline_model::gpu_matrix::GpuMatrix::of(&m.ceilings) {
+        for l in gpus::lines(&g) {
+            println!("{l}");
+        }
     }
     if let Some(f) = &m.fleet {
         fleet::table(f);
