@@ -35,6 +35,9 @@ pub struct PlotArgs {
     /// bound, as no hardware counter is read), its points joined. `links`: not a roofline but
     /// the link matrix of a probe run under mpirun over several nodes, as a heat map (each
     /// pair's bandwidth against the median link, slow links outlined, figures in tooltips).
+    /// `gpu-links`: the same between the nodes' GPUs, over NCCL send/recv.
+    /// `gpus`: the GPU matrix of a machine with GPUs (every ordered pair by the copy engine
+    /// and by the SMs, the host to and from each GPU, each against its NVLink or PCIe figure).
     #[arg(long, value_enum, default_value = "classic")]
     pub model: PlotModel,
     /// Workloads to draw on it (placement.json files from `roofline place`; repeat the
@@ -57,6 +60,10 @@ pub enum PlotModel {
     DistCoi,
     /// The link matrix between the nodes, as a heat map.
     Links,
+    /// The link matrix between the nodes' GPUs (NCCL), as a heat map.
+    GpuLinks,
+    /// The GPU-to-GPU and host-to-GPU copies of a node, as a heat map.
+    Gpus,
 }
 
 impl PlotModel {
@@ -67,6 +74,8 @@ impl PlotModel {
             PlotModel::NodeCoi => "node-coi",
             PlotModel::DistCoi => "dist-coi",
             PlotModel::Links => "links",
+            PlotModel::GpuLinks => "gpu-links",
+            PlotModel::Gpus => "gpus",
         }
     }
 }
@@ -82,8 +91,11 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         &a.placement,
     );
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
-    if model == PlotModel::Links {
-        return links(&m, machine, output);
+    if matches!(model, PlotModel::Links | PlotModel::GpuLinks) {
+        return links(&m, machine, output, model == PlotModel::GpuLinks);
+    }
+    if model == PlotModel::Gpus {
+        return gpus(&m, machine, output);
     }
     let placed: Vec<roofline_model::placement::Placement> = placements
         .iter()
@@ -102,9 +114,11 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
             let x = |pt: &roofline_model::placement::Point| match model {
                 PlotModel::NodeCoi => pt.coi.as_ref().and_then(|c| c.intra_node),
                 PlotModel::DistCoi => pt.coi.as_ref().and_then(|c| c.inter_node),
-                PlotModel::Classic | PlotModel::Hierarchical | PlotModel::Links => {
-                    Some(pt.oi.analytic)
-                }
+                PlotModel::Classic
+                | PlotModel::Hierarchical
+                | PlotModel::Links
+                | PlotModel::GpuLinks
+                | PlotModel::Gpus => Some(pt.oi.analytic),
             };
             roofline_plots::placed::points(p, x)
         };
@@ -148,9 +162,11 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
     let opt = roofline_plots::ClassicOptions {
         model: match model {
             // (`links` returned above.)
-            PlotModel::Classic | PlotModel::Hierarchical | PlotModel::Links => {
-                roofline_plots::Model::Classic
-            }
+            PlotModel::Classic
+            | PlotModel::Hierarchical
+            | PlotModel::Links
+            | PlotModel::GpuLinks
+            | PlotModel::Gpus => roofline_plots::Model::Classic,
             PlotModel::NodeCoi => roofline_plots::Model::NodeCoi,
             PlotModel::DistCoi => roofline_plots::Model::DistCoi,
         },
@@ -188,30 +204,79 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
     Ok(())
 }
 
-/// `--model links`: the link matrix's heat map (SVG, or the page around it for `.html`).
-fn links(m: &Machine, machine: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
-    let Some(l) = m.fleet.as_ref().and_then(|f| f.links.as_ref()) else {
+/// `--model gpus`: the GPU matrix's heat map (SVG, or the page around it for `.html`).
+fn gpus(m: &Machine, machine: &std::path::Path, output: &std::path::Path) -> Result<(), Failure> {
+    let Some(g) = roofline_model::gpu_matrix::GpuMatrix::of(&m.ceilings) else {
         return Err(Failure::Input(anyhow!(
-            "{} has no link matrix: it is measured by a probe under mpirun over two nodes or more, with the comm section (e.g. `mpirun -np N --map-by ppr:1:node roofline probe`)",
+            "{} has no GPU copies: they are measured by `roofline probe` on a machine with NVIDIA GPUs (the copy section; peer copies need two GPUs)",
             machine.display()
         )));
     };
     crate::args::check_writable(output, "-o").map_err(Failure::Input)?;
     let title = format!(
-        "Links between {} nodes, measured {}",
-        l.hosts.len(),
+        "GPU copies of {} ({} GPUs), measured {}",
+        m.provenance.host,
+        g.gpus.len(),
         m.provenance.time_utc
     );
-    let svg = roofline_plots::links::heat_map_svg(l, &title);
+    write_figure(
+        output,
+        &roofline_plots::gpus::matrix_svg(&g, &title),
+        &title,
+    )
+}
+
+/// Writes `svg` to `output`, or the interactive page around it for an `.html` name.
+fn write_figure(output: &std::path::Path, svg: &str, title: &str) -> Result<(), Failure> {
     let text = if output
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("html"))
     {
-        roofline_plots::html::interactive(&svg, &title)
+        roofline_plots::html::interactive(svg, title)
     } else {
-        svg
+        svg.to_string()
     };
     write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     println!("wrote {}", output.display());
     Ok(())
+}
+
+/// `--model links` (`gpu-links`): the link matrix's heat map between the nodes (their GPUs),
+/// SVG, or the page around it for `.html`.
+fn links(
+    m: &Machine,
+    machine: &std::path::Path,
+    output: &std::path::Path,
+    gpu: bool,
+) -> Result<(), Failure> {
+    let f = m.fleet.as_ref();
+    let l = if gpu {
+        f.and_then(|f| f.gpu_links.as_ref())
+    } else {
+        f.and_then(|f| f.links.as_ref())
+    };
+    let Some(l) = l else {
+        return Err(Failure::Input(anyhow!(
+            "{} has no {}link matrix: it is measured by a probe under mpirun over two nodes or more, with the comm section (e.g. `mpirun -np N --map-by ppr:1:node roofline probe`){}",
+            machine.display(),
+            if gpu { "GPU " } else { "" },
+            if gpu {
+                ", on nodes with NVIDIA GPUs and NCCL (one GPU per rank)"
+            } else {
+                ""
+            }
+        )));
+    };
+    crate::args::check_writable(output, "-o").map_err(Failure::Input)?;
+    let title = format!(
+        "{} between {} nodes, measured {}",
+        if gpu { "GPU links (NCCL)" } else { "Links" },
+        l.hosts.len(),
+        m.provenance.time_utc
+    );
+    write_figure(
+        output,
+        &roofline_plots::links::heat_map_svg(l, &title),
+        &title,
+    )
 }

@@ -127,3 +127,101 @@ fn plot_writes_an_interactive_page() {
         "a roof switched off: {body}"
     );
 }
+
+/// `plot --model gpus`: a CPU-only machine has no GPU matrix (one line, exit 2); with GPU copy
+/// ceilings (written into the quick machine here: no GPU runs the tests) every one-way copy
+/// is a cell against its figure, and the page passes the browser's figure check.
+#[test]
+fn plot_draws_the_gpu_matrix() {
+    let (path, _) = quick_machine();
+    let dir = tmpdir("gpus");
+    expect_input_error(
+        &[
+            "plot",
+            path.to_str().unwrap(),
+            "--model",
+            "gpus",
+            "-o",
+            dir.join("none.svg").to_str().unwrap(),
+        ],
+        None,
+        "has no GPU copies",
+    );
+    expect_input_error(
+        &[
+            "plot",
+            path.to_str().unwrap(),
+            "--model",
+            "gpu-links",
+            "-o",
+            dir.join("none.svg").to_str().unwrap(),
+        ],
+        None,
+        "has no GPU link matrix",
+    );
+    let mut m = roofline_model::Machine::read(path).unwrap();
+    let copy = |id: &str, value: f64, peak: Option<f64>| {
+        roofline_model::Ceiling::measured(
+            roofline_model::CeilingId::parse(id).unwrap(),
+            roofline_model::CeilingKind::Comm,
+            "B/s",
+            1,
+            roofline_model::Stats::from_samples(&[value * 0.98, value]).unwrap(),
+            roofline_model::PerIteration {
+                ops: 0.0,
+                bytes: 1.0,
+            },
+            "test".into(),
+        )
+        .with_peak(peak.map(|p| roofline_model::TheoreticalPeak {
+            value: p,
+            unit: "B/s".into(),
+            source: "NVLink 4".into(),
+            uncertainty: 0.0,
+        }))
+    };
+    for (a, b) in [(0, 1), (1, 0), (0, 2), (2, 0), (1, 2), (2, 1)] {
+        let slow = if (a, b) == (2, 1) { 0.4 } else { 0.9 };
+        m.ceilings.push(copy(
+            &format!("gpu{a}-gpu{b}/p2p"),
+            450e9 * slow,
+            Some(450e9),
+        ));
+        m.ceilings
+            .push(copy(&format!("gpu{a}-gpu{b}/p2p/sm"), 400e9, Some(450e9)));
+    }
+    for g in 0..3 {
+        m.ceilings
+            .push(copy(&format!("gpu{g}/h2d"), 55e9, Some(64e9)));
+        m.ceilings.push(copy(&format!("gpu{g}/d2h"), 50e9, None));
+    }
+    let gpus = dir.join("gpus.json");
+    std::fs::write(&gpus, serde_json::to_string(&m).unwrap()).unwrap();
+    let page = dir.join("gpus.html");
+    let o = bin()
+        .arg("plot")
+        .arg(&gpus)
+        .args(["--model", "gpus", "-o"])
+        .arg(&page)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let html = std::fs::read_to_string(&page).unwrap();
+    assert_eq!(html.matches("data-cell=").count(), 6 + 6 + 6);
+    assert!(html.contains("gpu2 → gpu1 by the copy engine: 180 GB/s, 40% of 450 GB/s"));
+    let Some(chrome) = chromium("the browser check") else {
+        return;
+    };
+    let dom = Command::new(chrome)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+        .arg(format!("file://{}#selftest", page.display()))
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&dom.stdout);
+    let body = dom
+        .find("<body")
+        .map(|i| &dom[i..i + dom[i..].find('>').unwrap_or(0)])
+        .unwrap_or("");
+    assert!(body.contains("data-overlaps=\"0\""), "{body}");
+    assert!(body.contains("data-crossed=\"0\""), "{body}");
+}

@@ -31,6 +31,9 @@ pub struct Fleet {
     /// Point-to-point links between every pair of nodes (absent when not measured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub links: Option<crate::links::LinkMatrix>,
+    /// The same between the nodes' GPUs, over NCCL send/recv (absent without GPUs and NCCL).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gpu_links: Option<crate::links::LinkMatrix>,
 }
 
 /// One ceiling over the fleet.
@@ -382,6 +385,7 @@ pub fn screen(nodes: &[NodeCeilings], conditions: &[Conditions], margin: f64) ->
         ceilings,
         outliers,
         links: None,
+        gpu_links: None,
     }
 }
 

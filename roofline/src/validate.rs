@@ -206,9 +206,10 @@ fn fleet(f: &crate::fleet::Fleet) -> Result<(), Invalid> {
         }
         positive(&format!("fleet outlier {}", o.id), "value", o.value)?;
     }
-    if let Some(m) = &f.links {
+    for (m, what) in [(&f.links, "link"), (&f.gpu_links, "GPU link")] {
+        let Some(m) = m else { continue };
         for l in &m.links {
-            let id = format!("fleet link {}-{}", l.a, l.b);
+            let id = format!("fleet {what} {}-{}", l.a, l.b);
             if l.a >= l.b || l.b >= m.hosts.len() {
                 return Err(bad(
                     &id,

@@ -49,9 +49,17 @@ pub fn table(f: &Fleet) {
             );
         }
     }
-    let Some(l) = &f.links else { return };
+    for (l, what) in [(&f.links, "links"), (&f.gpu_links, "GPU links (NCCL)")] {
+        if let Some(l) = l {
+            links(l, what);
+        }
+    }
+}
+
+/// One link matrix's summary line, its slow links and its suspect nodes.
+fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
     println!(
-        "links: {} pairs in {} rounds ({:.1} s); median link {} and {} one way{}",
+        "{what}: {} pairs in {} rounds ({:.1} s); median link {} and {} one way{}",
         l.links.len(),
         l.rounds,
         l.seconds,

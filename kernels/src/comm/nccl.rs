@@ -275,6 +275,71 @@ impl Communicator {
         }
     }
 
+    /// Enqueues, in one NCCL group on this GPU's stream, `count` sends of the first `bytes`
+    /// bytes of `buf` to `peer` (the same bytes each time): ncclSend as ncclUint8. The stream
+    /// waits in it until the peer has posted its receives.
+    pub fn send_to(
+        &self,
+        peer: usize,
+        buf: &DevBuf,
+        bytes: usize,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        self.point_to_point(peer, buf, bytes, count, true)
+    }
+
+    /// Enqueues, in one NCCL group on this GPU's stream, `count` receives of `bytes` bytes
+    /// from `peer` into consecutive pieces of `buf`: ncclRecv as ncclUint8.
+    pub fn recv_from(
+        &self,
+        peer: usize,
+        buf: &DevBuf,
+        bytes: usize,
+        count: usize,
+    ) -> Result<(), CudaError> {
+        self.point_to_point(peer, buf, bytes, count, false)
+    }
+
+    fn point_to_point(
+        &self,
+        peer: usize,
+        buf: &DevBuf,
+        bytes: usize,
+        count: usize,
+        send: bool,
+    ) -> Result<(), CudaError> {
+        let needed = if send { bytes } else { bytes * count };
+        if peer >= self.ranks || peer == self.rank || needed > buf.bytes {
+            return Err(CudaError::Check(format!(
+                "NCCL point to point from rank {} to peer {peer} of {} ranks: {count} × {bytes} B in a buffer of {} B",
+                self.rank, self.ranks, buf.bytes
+            )));
+        }
+        self.gpu.bind()?;
+        let (lib, comm, st) = (self.lib, self.comm, self.stream());
+        let u8t = ns::ncclDataType_t::ncclUint8;
+        lib.group_start()?;
+        let mut result = Ok(());
+        for k in 0..count {
+            // SAFETY: `buf` is a device buffer of this GPU holding `needed` bytes (checked
+            // above); a send reads its first `bytes`, receive k writes bytes [k·bytes, (k+1)·bytes).
+            result = unsafe {
+                if send {
+                    lib.send(buf.ptr as *const c_void, bytes, u8t, peer as i32, comm, st)
+                } else {
+                    let p = (buf.ptr + (k * bytes) as u64) as *mut c_void;
+                    lib.recv(p, bytes, u8t, peer as i32, comm, st)
+                }
+            };
+            if result.is_err() {
+                break;
+            }
+        }
+        // The group is always closed, even after a failed call.
+        let end = lib.group_end();
+        result.and(end)
+    }
+
     /// Enqueues one collective of `send_count`/`recv_count` f32 elements.
     fn enqueue(
         &self,

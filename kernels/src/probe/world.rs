@@ -6,7 +6,7 @@
 use super::node;
 use super::run::{bare, check_output, io_probe, node_probe, Request, RunError};
 use super::{Progress, Section};
-use crate::comm::mpi::{CommConfig, LinkConfig, World};
+use crate::comm::mpi::{CommConfig, LinkConfig, LinkRun, World};
 use roofline_model::fleet::{self, Conditions};
 use roofline_model::links::{Link, LinkMatrix};
 use roofline_model::{Machine, NodeCeilings};
@@ -249,6 +249,9 @@ fn assemble(
         m.ceilings.extend(c.ceilings);
         m.curves.extend(c.curves);
         m.provenance.notes.extend(c.notes);
+        if let (Some(run), Some(f)) = (c.gpu_links, m.fleet.as_mut()) {
+            f.gpu_links = Some(gpu_link_matrix(req, world, run));
+        }
     }
     if let Some(io) = io_part {
         m.ceilings.extend(io.ceilings);
@@ -256,6 +259,32 @@ fn assemble(
     }
     m.provenance.duration_s = start.elapsed().as_secs_f64();
     Ok(m)
+}
+
+/// The GPU links' matrix, judged as the host links are.
+fn gpu_link_matrix(req: &Request, world: &World, run: LinkRun) -> LinkMatrix {
+    let version = crate::comm::nccl::version().unwrap_or_default();
+    let method = format!(
+        "NCCL {version} ncclSend/ncclRecv between the GPUs of the lowest ranks of every pair of nodes, device memory: half the round trip of 8 B as the host sees it ({} round trips), and windows of up to 16 messages of {} each way (at most 256 MiB), CUDA events on the sender once the receiver has posted, the last window checked on the receiver; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}",
+        if req.quick { 100 } else { 500 },
+        crate::probe::cpu::human_bytes(run.bytes as f64),
+        if run.in_turns {
+            "; pretend nodes on one host: the pairs of a round took turns"
+        } else {
+            ", the pairs of a round at once"
+        }
+    );
+    let mut lm = LinkMatrix::judge(
+        world.node_names(),
+        method,
+        run.bytes,
+        run.rounds,
+        run.seconds,
+        run.links,
+        req.fleet_margin,
+    );
+    lm.seconds = run.seconds;
+    lm
 }
 
 /// The link rounds on every rank; the root keeps what they measured in `machine` (and in the

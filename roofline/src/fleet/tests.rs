@@ -150,3 +150,47 @@ fn gpu_causes() {
     let back: Fleet = serde_json::from_str(&text).unwrap();
     assert_eq!(back, f);
 }
+
+/// The GPU links travel beside the host links: through machine.json, its validation and the
+/// gate's inputs (`gpu-link/…` beside `link/…`); a GPU link naming a node the fleet does not
+/// have is refused.
+#[test]
+fn gpu_links_are_kept_validated_and_gated_beside_the_host_links() {
+    use crate::links::{Link, LinkMatrix};
+    let matrix = |bw: f64, b: usize| {
+        let s = |v: f64| Stats::from_samples(&[v, v * 0.99, v * 1.01]).unwrap();
+        LinkMatrix::judge(
+            vec!["n0".into(), "n1".into()],
+            "m".into(),
+            1 << 20,
+            1,
+            0.1,
+            vec![Link {
+                a: 0,
+                b,
+                round: 0,
+                latency: s(2e-6),
+                bandwidth_ab: s(bw),
+                bandwidth_ba: s(bw),
+            }],
+            0.1,
+        )
+    };
+    let mut m = crate::placement::tests::machine();
+    let mut f = screen(&[node(0, 1e11, 2e10), node(1, 1e11, 2e10)], &[], 0.1);
+    f.links = Some(matrix(10e9, 1));
+    f.gpu_links = Some(matrix(45e9, 1));
+    m.fleet = Some(f);
+    let text = m.to_json().unwrap();
+    let back = crate::Machine::from_json(&text).unwrap();
+    assert_eq!(back.fleet, m.fleet);
+    let g = crate::gate::read_input(&text).unwrap();
+    let value = |id: &str| g.metrics.iter().find(|x| x.id == id).map(|x| x.value);
+    assert_eq!(value("link/node0-node1/bandwidth"), Some(10e9));
+    assert_eq!(value("gpu-link/node0-node1/bandwidth"), Some(45e9));
+    assert_eq!(value("gpu-link/node0-node1/latency"), Some(2e-6));
+    // A GPU link to a third node of a two-node fleet.
+    m.fleet.as_mut().unwrap().gpu_links = Some(matrix(45e9, 2));
+    let err = crate::Machine::from_json(&m.to_json().unwrap()).unwrap_err();
+    assert!(err.to_string().contains("fleet GPU link 0-2"), "{err}");
+}

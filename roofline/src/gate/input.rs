@@ -93,15 +93,21 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                     ));
                 }
             }
-            // The fleet's links, pair by pair (a node's own ceilings are `node<i>/…` above).
-            if let Some(l) = m.fleet.as_ref().and_then(|f| f.links.as_ref()) {
+            // The fleet's links, pair by pair (a node's own ceilings are `node<i>/…` above),
+            // between hosts (`link/…`) and between GPUs (`gpu-link/…`).
+            let f = m.fleet.as_ref();
+            for (l, prefix) in [
+                (f.and_then(|f| f.links.as_ref()), "link"),
+                (f.and_then(|f| f.gpu_links.as_ref()), "gpu-link"),
+            ] {
+                let Some(l) = l else { continue };
                 for k in &l.links {
                     let slower = if k.bandwidth_ab.median <= k.bandwidth_ba.median {
                         &k.bandwidth_ab
                     } else {
                         &k.bandwidth_ba
                     };
-                    let id = |what: &str| format!("link/node{}-node{}/{what}", k.a, k.b);
+                    let id = |what: &str| format!("{prefix}/node{}-node{}/{what}", k.a, k.b);
                     metrics.push(metric(
                         id("bandwidth"),
                         "B/s",

@@ -25,6 +25,8 @@ pub struct LinkRun {
     pub seconds: f64,
     /// Pairs took turns inside a round (pretend nodes share one host's cores).
     pub in_turns: bool,
+    /// Bytes of one bandwidth message.
+    pub bytes: usize,
 }
 
 /// What one rank measured in a round, for the root: the pair, the latency (the pair's lower
@@ -92,6 +94,17 @@ impl World {
         progress: &dyn crate::probe::Progress,
         keep: &mut dyn FnMut(&[Link], usize, usize),
     ) -> Result<Option<LinkRun>, CommError> {
+        self.rounds_with(cfg, progress, keep, &mut HostLinks)
+    }
+
+    /// The link rounds over `transport` (MPI between host buffers, or NCCL between GPUs).
+    pub(super) fn rounds_with(
+        &self,
+        cfg: &LinkConfig,
+        progress: &dyn crate::probe::Progress,
+        keep: &mut dyn FnMut(&[Link], usize, usize),
+        transport: &mut dyn Transport,
+    ) -> Result<Option<LinkRun>, CommError> {
         let nodes = self.layout.nodes();
         let Some(inter) = self.inter.as_ref().filter(|_| nodes > 1) else {
             self.wait_all("the end of the link rounds");
@@ -108,8 +121,18 @@ impl World {
             if self.is_root() {
                 keep(&links, round, schedule.len());
             }
-            progress.advance(&format!("links: round {} of {}", round + 1, schedule.len()));
-            let label = format!("link round {} of {}", round + 1, schedule.len());
+            progress.advance(&format!(
+                "{}links: round {} of {}",
+                transport.prefix(),
+                round + 1,
+                schedule.len()
+            ));
+            let label = format!(
+                "{}link round {} of {}",
+                transport.prefix(),
+                round + 1,
+                schedule.len()
+            );
             let partner = |n: usize| {
                 pairs
                     .iter()
@@ -137,7 +160,7 @@ impl World {
                         "{label}: node {a} ({}) and node {b} ({})",
                         names[a], names[b]
                     );
-                    half = Some(measure_pair(inter, me, a, b, cfg, &pair)?);
+                    half = Some(measure_pair(inter, me, a, b, cfg, &pair, transport)?);
                 }
                 if self.layout.fake {
                     relaxed_barrier(&inter.comm, &label, None);
@@ -189,13 +212,88 @@ impl World {
             rounds: schedule.len(),
             seconds: start.elapsed().as_secs_f64(),
             in_turns: self.layout.fake,
+            bytes: cfg.bytes.max(1),
         }))
     }
 }
 
-/// One pair: the latency (half round trips of 8 B, from `a`), then windows of `cfg.bytes`
-/// messages from a to b and from b to a, each window's last message checked byte for byte.
-/// `me` is this rank's node (a or b); `label` names the pair and their hosts.
+/// How one pair's bytes travel: MPI between host buffers ([`HostLinks`]), or NCCL between
+/// GPUs (`gpu_links`). Peers are nodes: ranks of the inter-node communicator `inter`.
+pub(super) trait Transport {
+    /// Put before the progress line and the watchdog's labels ("" or "GPU ").
+    fn prefix(&self) -> &'static str;
+    /// `rounds` half round trips of 8 B with `peer`, seconds, on the side that sends first
+    /// (`first`); nothing on the other.
+    fn ping_pong(
+        &mut self,
+        inter: &Group,
+        first: bool,
+        peer: usize,
+        rounds: usize,
+    ) -> Result<Vec<f64>, CommError>;
+    /// One direction: one untimed and `samples` timed windows of `bytes`-byte messages to
+    /// (`sending`) or from `peer`, the bytes checked where they arrive and the verdict told to
+    /// both sides; the sender gets B/s per timed window. `Ok((_, false))`: bytes arrived wrong.
+    fn one_way(
+        &mut self,
+        inter: &Group,
+        sending: bool,
+        peer: usize,
+        bytes: usize,
+        samples: usize,
+    ) -> Result<(Vec<f64>, bool), CommError>;
+}
+
+/// MPI point to point between host buffers.
+pub(super) struct HostLinks;
+
+impl Transport for HostLinks {
+    fn prefix(&self) -> &'static str {
+        ""
+    }
+
+    fn ping_pong(
+        &mut self,
+        inter: &Group,
+        first: bool,
+        peer: usize,
+        rounds: usize,
+    ) -> Result<Vec<f64>, CommError> {
+        ping_pong(inter.comm.as_raw(), first, peer as c_int, rounds)
+    }
+
+    fn one_way(
+        &mut self,
+        inter: &Group,
+        sending: bool,
+        peer: usize,
+        bytes: usize,
+        samples: usize,
+    ) -> Result<(Vec<f64>, bool), CommError> {
+        let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 16);
+        let send: Vec<u8> = (0..bytes).map(|i| pattern(bytes, i)).collect();
+        let mut recv = vec![0u8; bytes * window];
+        let role = if sending { 0 } else { 1 };
+        let comm = inter.comm.as_raw();
+        let mut rates = Vec::new();
+        for it in 0..samples + 1 {
+            let t0 = mpi::time();
+            let ok = window_exchange(comm, role, peer as c_int, &send, &mut recv, window, false)?;
+            let t = mpi::time() - t0;
+            if !ok {
+                return Ok((rates, false));
+            }
+            if it > 0 && sending {
+                rates.push((bytes * window) as f64 / t);
+            }
+        }
+        Ok((rates, true))
+    }
+}
+
+/// One pair: the latency (half round trips of 8 B, from `a`), then `cfg.bytes` messages from
+/// a to b and from b to a, checked where they arrive. `me` is this rank's node (a or b);
+/// `label` names the pair and their hosts.
 fn measure_pair(
     inter: &Group,
     me: usize,
@@ -203,16 +301,13 @@ fn measure_pair(
     b: usize,
     cfg: &LinkConfig,
     label: &str,
+    transport: &mut dyn Transport,
 ) -> Result<Half, CommError> {
-    let peer = (if me == a { b } else { a }) as c_int;
-    let comm = inter.comm.as_raw();
+    let peer = if me == a { b } else { a };
     watchdog::arm(&format!("{label}: latency"));
-    let latency = ping_pong(comm, me == a, peer, if cfg.quick { 100 } else { 500 })?;
+    let latency = transport.ping_pong(inter, me == a, peer, if cfg.quick { 100 } else { 500 })?;
     watchdog::disarm();
     let bytes = cfg.bytes.max(1);
-    let window = (64usize << 20).checked_div(bytes).unwrap_or(1).clamp(1, 16);
-    let send: Vec<u8> = (0..bytes).map(|i| pattern(bytes, i)).collect();
-    let mut recv = vec![0u8; bytes * window];
     let samples = if cfg.quick { 3 } else { 5 };
     let mut sent = Vec::new();
     for (from, to) in [(a, b), (b, a)] {
@@ -220,20 +315,15 @@ fn measure_pair(
             "{label}: {} from node {from} to node {to}",
             human(bytes)
         ));
-        let role = if me == from { 0 } else { 1 };
-        for it in 0..samples + 1 {
-            let t0 = mpi::time();
-            let ok = window_exchange(comm, role, peer, &send, &mut recv, window, false)?;
-            let t = mpi::time() - t0;
-            if !ok {
-                return Err(CommError::WrongResult(format!(
-                    "{label}: a {} message from node {from} to node {to} arrived wrong",
-                    human(bytes)
-                )));
-            }
-            if it > 0 && me == from {
-                sent.push((bytes * window) as f64 / t);
-            }
+        let (rates, ok) = transport.one_way(inter, me == from, peer, bytes, samples)?;
+        if !ok {
+            return Err(CommError::WrongResult(format!(
+                "{label}: a {} message from node {from} to node {to} arrived wrong",
+                human(bytes)
+            )));
+        }
+        if me == from {
+            sent = rates;
         }
         watchdog::disarm();
     }

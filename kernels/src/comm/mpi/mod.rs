@@ -19,6 +19,7 @@ use roofline_model::{Ceiling, CeilingKind, ClusterInfo, Curve, CurvePoint, PerIt
 use std::ffi::{c_int, c_void};
 use std::time::{Duration, Instant};
 
+mod gpu_links;
 mod links;
 mod probe;
 mod reducer;

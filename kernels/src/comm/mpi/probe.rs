@@ -77,7 +77,7 @@ impl World {
             // Ranks outside this scope's communicator (inter: non-leaders) wait here.
             self.wait_all(&format!("the end of the {} measurements", what.name()));
         }
-        self.nccl_probe(&sizes_swept, cfg.quick, progress, &mut out)?;
+        self.nccl_probe(&sizes_swept, cfg, progress, &mut out)?;
         if self.is_root() {
             if self.intra.size() <= 1 {
                 out.notes.push("one rank on node 0: no intra-node communication measured (run more ranks per node)".into());
@@ -121,7 +121,7 @@ impl World {
     fn nccl_probe(
         &self,
         sizes_swept: &[usize],
-        quick: bool,
+        cfg: &CommConfig,
         progress: &dyn crate::probe::Progress,
         out: &mut CommResult,
     ) -> Result<(), CommError> {
@@ -246,7 +246,7 @@ impl World {
                 &name,
                 c,
                 sizes_swept,
-                quick,
+                cfg.quick,
                 self.timeout,
             )?;
             if self.is_root() {
@@ -261,6 +261,15 @@ impl World {
                     "device memory",
                 );
             }
+        }
+        if self.layout.nodes() > 1 {
+            // The GPU link matrix: long messages (fast links need them to reach their rate).
+            let bytes = cfg.max_size.min(if cfg.quick { 8 << 20 } else { 64 << 20 });
+            let links = super::LinkConfig {
+                bytes,
+                quick: cfg.quick,
+            };
+            out.gpu_links = self.gpu_link_rounds(&comm, &links, progress)?;
         }
         drop(comm);
         if self.is_root() {
@@ -309,6 +318,8 @@ pub struct CommResult {
     pub ceilings: Vec<Ceiling>,
     pub curves: Vec<Curve>,
     pub notes: Vec<String>,
+    /// The link rounds between the nodes' GPUs over NCCL (several nodes with GPUs).
+    pub gpu_links: Option<super::LinkRun>,
 }
 
 /// One size of a sweep: the bytes the size stands for and each iteration's seconds (max over
