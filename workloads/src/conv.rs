@@ -104,10 +104,17 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
 /// then read a row-major operand (packing a strided transpose for every block costs more than
 /// this one copy per layer).
 fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
+    // In 32 × 32 tiles: a row-by-row transpose writes one element per cache line (and, for a
+    // deep layer, per page) and ran at a fifth of the copy's speed.
+    const TILE: usize = 32;
     let mut t = vec![T::zero(); w.len()];
-    for (d, row) in w.chunks_exact(k).enumerate() {
-        for (j, v) in row.iter().enumerate() {
-            t[j * depth + d] = *v;
+    for d0 in (0..depth).step_by(TILE) {
+        for j0 in (0..k).step_by(TILE) {
+            for d in d0..(d0 + TILE).min(depth) {
+                for j in j0..(j0 + TILE).min(k) {
+                    t[j * depth + d] = w[d * k + j];
+                }
+            }
         }
     }
     t

@@ -170,19 +170,32 @@ pub fn im2col<T: Copy + Default>(x: &[T], sh: &ConvShape, r0: usize, rows: usize
         let img = row / (oh * ow);
         let oy = (row / ow) % oh;
         let ox = row % ow;
-        let mut off = 0;
+        // The s taps of one filter row read s·c consecutive inputs (NHWC): one copy where the
+        // whole run lies inside the image, tap by tap at its edges.
+        let run = sh.s * c;
+        let x0 = (ox * sh.stride) as isize - sh.pad as isize;
+        let inside_x = x0 >= 0 && x0 as usize + sh.s <= sh.w;
         for ky in 0..sh.r {
             let iy = (oy * sh.stride + ky) as isize - sh.pad as isize;
-            for kx in 0..sh.s {
-                let ix = (ox * sh.stride + kx) as isize - sh.pad as isize;
-                let dst = &mut prow[off..off + c];
-                if iy >= 0 && (iy as usize) < sh.h && ix >= 0 && (ix as usize) < sh.w {
-                    let src = ((img * sh.h + iy as usize) * sh.w + ix as usize) * c;
-                    dst.copy_from_slice(&x[src..src + c]);
+            let dst = &mut prow[ky * run..(ky + 1) * run];
+            if iy < 0 || iy as usize >= sh.h {
+                dst.fill(T::default());
+                continue;
+            }
+            let line = (img * sh.h + iy as usize) * sh.w;
+            if inside_x {
+                let src = (line + x0 as usize) * c;
+                dst.copy_from_slice(&x[src..src + run]);
+                continue;
+            }
+            for (kx, d) in dst.chunks_exact_mut(c).enumerate() {
+                let ix = x0 + kx as isize;
+                if ix >= 0 && (ix as usize) < sh.w {
+                    let src = (line + ix as usize) * c;
+                    d.copy_from_slice(&x[src..src + c]);
                 } else {
-                    dst.fill(T::default());
+                    d.fill(T::default());
                 }
-                off += c;
             }
         }
     }

@@ -527,34 +527,56 @@ impl<T: Float> MaxPool<T> {
             .zip(arg.par_chunks_mut(oh * ow * c))
             .enumerate()
             .for_each(|(n, (yi, ai))| {
-                for oy in 0..oh {
-                    for ox in 0..ow {
-                        for j in 0..c {
-                            let mut best = None::<(T, usize)>;
-                            for ky in 0..3 {
-                                let iy = (oy * 2 + ky) as isize - 1;
-                                if iy < 0 || iy >= x.h as isize {
-                                    continue;
-                                }
-                                for kx in 0..3 {
-                                    let ix = (ox * 2 + kx) as isize - 1;
-                                    if ix < 0 || ix >= x.w as isize {
+                let image = x.h * x.w * c;
+                let xi = &x.data[n * image..(n + 1) * image];
+                // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
+                // taken, a later one only where strictly greater (the first maximum wins).
+                simd(
+                    #[inline(always)]
+                    || {
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                let o = (oy * ow + ox) * c;
+                                let (yo, ao) = (&mut yi[o..o + c], &mut ai[o..o + c]);
+                                let mut first = true;
+                                for ky in 0..3 {
+                                    let iy = (oy * 2 + ky) as isize - 1;
+                                    if iy < 0 || iy >= x.h as isize {
                                         continue;
                                     }
-                                    let idx = ((iy as usize) * x.w + ix as usize) * c + j;
-                                    let v = x.data[n * x.h * x.w * c + idx];
-                                    if best.is_none_or(|(b, _)| v > b) {
-                                        best = Some((v, idx));
+                                    for kx in 0..3 {
+                                        let ix = (ox * 2 + kx) as isize - 1;
+                                        if ix < 0 || ix >= x.w as isize {
+                                            continue;
+                                        }
+                                        let base = ((iy as usize) * x.w + ix as usize) * c;
+                                        let row = &xi[base..base + c];
+                                        if first {
+                                            yo.copy_from_slice(row);
+                                            for (j, a) in ao.iter_mut().enumerate() {
+                                                *a = (base + j) as u32;
+                                            }
+                                            first = false;
+                                            continue;
+                                        }
+                                        for (j, ((b, a), v)) in
+                                            yo.iter_mut().zip(ao.iter_mut()).zip(row).enumerate()
+                                        {
+                                            if *v > *b {
+                                                *b = *v;
+                                                *a = (base + j) as u32;
+                                            }
+                                        }
                                     }
                                 }
+                                if first {
+                                    yo.fill(T::zero());
+                                    ao.fill(0);
+                                }
                             }
-                            let o = (oy * ow + ox) * c + j;
-                            let (v, i) = best.unwrap_or((T::zero(), 0));
-                            yi[o] = v;
-                            ai[o] = i as u32;
                         }
-                    }
-                }
+                    },
+                )
             });
         self.argmax = arg;
         self.input_shape = (x.n, x.h, x.w, x.c);

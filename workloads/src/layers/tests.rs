@@ -162,6 +162,41 @@ fn relu_pool_linear_and_loss_gradients() {
             &proj.data,
         )
     });
+    // Max pool against the direct definition (each output the largest valid tap, the first
+    // in (ky, kx) order among equals: ties in half the values), and its gradient routed there.
+    let mut x = rand_tensor(2, 9, 8, 5, 13);
+    for v in x.data.iter_mut().step_by(2) {
+        *v = 0.25;
+    }
+    let y = mp.forward(&x);
+    for n in 0..2 {
+        for oy in 0..y.h {
+            for ox in 0..y.w {
+                for j in 0..5 {
+                    let mut best: Option<(f64, usize)> = None;
+                    for ky in 0..3 {
+                        for kx in 0..3 {
+                            let (iy, ix) = (oy * 2 + ky, ox * 2 + kx);
+                            if iy == 0 || ix == 0 || iy > 9 || ix > 8 {
+                                continue;
+                            }
+                            let i = ((iy - 1) * 8 + ix - 1) * 5 + j;
+                            let v = x.data[n * 9 * 8 * 5 + i];
+                            if best.is_none_or(|(b, _)| v > b) {
+                                best = Some((v, i));
+                            }
+                        }
+                    }
+                    let o = ((n * y.h + oy) * y.w + ox) * 5 + j;
+                    assert_eq!(
+                        (y.data[o], mp.argmax[o] as usize),
+                        best.unwrap(),
+                        "output {o}"
+                    );
+                }
+            }
+        }
+    }
     // Global average pool
     let x = rand_tensor(2, 3, 4, 5, 11);
     let proj = rand_tensor(2, 1, 1, 5, 12);

@@ -1,0 +1,56 @@
+//! The trainer's convolution passes (forward, backward data, backward filter; f32, both cores)
+//! on every distinct ResNet-50 v1.5 layer shape at batch 32, 224×224: what `place` sees per
+//! layer, split by direction. Each bench's throughput is in FLOP (criterion prints elem/s:
+//! read it as FLOP/s), to be held against `cpu/gemm/f32/all`. `ROOFLINE_BENCH_LAYERS=a,b`
+//! keeps the layers whose names contain one of a, b; `ROOFLINE_BENCH_BATCH` sets the batch.
+
+use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use roofline_kernels::cpu::conv::resnet50_layers;
+use roofline_workloads::conv::{backward_data, backward_filter, forward};
+
+fn data(len: usize, seed: f32) -> Vec<f32> {
+    (0..len)
+        .map(|i| ((i as f32 * 0.618 + seed).sin()) * 0.5)
+        .collect()
+}
+
+fn passes(c: &mut Criterion) {
+    let batch = std::env::var("ROOFLINE_BENCH_BATCH")
+        .ok()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(32);
+    let keep: Vec<String> = std::env::var("ROOFLINE_BENCH_LAYERS")
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    let mut g = c.benchmark_group("trainer_conv");
+    g.sample_size(10);
+    for layer in resnet50_layers(batch) {
+        if !keep.is_empty() && !keep.iter().any(|k| layer.name.contains(k.as_str())) {
+            continue;
+        }
+        let sh = layer.shape;
+        let x = data(sh.input_len(), 0.1);
+        let w = data(sh.weight_len(), 0.2);
+        let dy = data(sh.output_len(), 0.3);
+        let mut y = vec![0f32; sh.output_len()];
+        let mut dx = vec![0f32; sh.input_len()];
+        let mut dw = vec![0f32; sh.weight_len()];
+        g.throughput(Throughput::Elements(sh.flops() as u64));
+        let name = layer.name.replace(' ', "_");
+        g.bench_function(format!("{name}/fwd"), |b| {
+            b.iter(|| forward(&x, &w, &mut y, &sh))
+        });
+        if sh.c > 3 {
+            g.bench_function(format!("{name}/bwd_data"), |b| {
+                b.iter(|| backward_data(&dy, &w, &mut dx, &sh))
+            });
+        }
+        g.bench_function(format!("{name}/bwd_filter"), |b| {
+            b.iter(|| backward_filter(&x, &dy, &mut dw, &sh))
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, passes);
+criterion_main!(benches);
