@@ -21,6 +21,7 @@ unsafe impl Zeroable for i8 {}
 unsafe impl Zeroable for i32 {}
 unsafe impl Zeroable for u64 {}
 unsafe impl Zeroable for half::f16 {}
+unsafe impl Zeroable for half::bf16 {}
 
 /// A heap buffer aligned to [`ALIGN`] (or starting `offset` bytes past a page boundary).
 pub struct Buffer<T: Zeroable> {

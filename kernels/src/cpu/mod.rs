@@ -1,5 +1,6 @@
 //! CPU kernels.
 
+pub mod bf16;
 pub mod clock;
 pub mod conv;
 pub mod fma;

@@ -4,6 +4,7 @@
 pub use super::cpu_mem::{level_of, sweep_sizes};
 use super::{compute_ceiling, rate_stats, Progress, Section};
 use crate::affinity::pinned_pool;
+use crate::cpu::bf16::{Bf16Gemm, Bf16GemmKernel, MR, NR};
 use crate::cpu::clock::ClockKernel;
 use crate::cpu::conv::{resnet50_layers, ConvKernel, ConvShape};
 use crate::cpu::fma::{accumulators, best_isa, FmaKernel, Isa, Precision};
@@ -193,14 +194,11 @@ pub fn planned_measurements(cfg: &CpuConfig) -> u64 {
         n += 2 * Op::ALL.len() as u64 * sweep_sizes(&cfg.caches, cfg.quick).len() as u64;
     }
     if has(Section::Gemm) {
-        for p in ["f64", "f32", "f16"] {
-            let extra = if p == "f32" {
-                resnet50_gemms(if cfg.quick { 2 } else { 8 }).len()
-            } else {
-                0
-            };
-            let shapes = gemm_squares(cfg, p).len() + if cfg.quick { extra.min(3) } else { extra };
-            n += 2 * shapes as u64;
+        for p in ["f64", "f32", "f16", "bf16"] {
+            if p == "bf16" && Bf16Gemm::detect().is_err() {
+                continue;
+            }
+            n += 2 * gemm_shapes(cfg, p).len() as u64;
         }
     }
     if has(Section::Conv) {
@@ -271,6 +269,7 @@ pub fn run(
         gemm_section::<f64>(&ctx, &mut out, P::F64)?;
         gemm_section::<f32>(&ctx, &mut out, P::F32)?;
         gemm_section::<half::f16>(&ctx, &mut out, P::F16)?;
+        gemm_bf16_section(&ctx, &mut out)?;
     }
     if has(Section::Conv) {
         conv(&ctx, &mut out)?;
@@ -463,24 +462,91 @@ impl Sweep {
     }
 }
 
+/// The GEMM ceilings of one precision: the gemm crate's products for f64, f32, f16.
 fn gemm_section<T: Elem>(
     ctx: &Ctx,
     out: &mut CpuResult,
     p: roofline_model::Precision,
 ) -> Result<(), ProbeError> {
-    let precision = p.name();
-    let mut shapes: Vec<(String, Shape)> = gemm_squares(ctx.cfg, precision)
+    let isa = crate::cpu::gemm::gemm_isa();
+    let f16_note = if p.name() == "f16" {
+        ", computed in f32 and rounded (no native f16 arithmetic used)"
+    } else {
+        ""
+    };
+    let method = format!(
+        "gemm crate ({} kernels, its own dispatch) in blocks of 1024{f16_note}, C = A·B row-major, random inputs",
+        isa.name()
+    );
+    let peak_precision = if p == roofline_model::Precision::F16 {
+        "f32"
+    } else {
+        p.name()
+    };
+    gemm_ceilings(
+        ctx,
+        out,
+        p,
+        isa,
+        &method,
+        peak_precision,
+        |shape, threads| GemmKernel::<T>::new(shape, threads),
+    )
+}
+
+/// The bf16 GEMM ceilings (bf16 inputs, f32 sums), where the CPU has the dot-product
+/// instruction and the cap allows it.
+fn gemm_bf16_section(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
+    let gemm = match Bf16Gemm::detect() {
+        Ok(g) => g,
+        Err(why) => {
+            out.notes.push(format!("no cpu/gemm/bf16 ceiling: {why}"));
+            return Ok(());
+        }
+    };
+    let method = format!(
+        "roofline's bf16 GEMM (vdpbf16ps, {MR}×{NR} tiles, GotoBLAS blocking), A and B in bf16, C in f32, row-major, random inputs"
+    );
+    gemm_ceilings(
+        ctx,
+        out,
+        roofline_model::Precision::Bf16,
+        Isa::Avx512,
+        &method,
+        "bf16",
+        |shape, threads| Bf16GemmKernel::new(gemm, shape, threads),
+    )
+}
+
+/// The shapes a GEMM ceiling of `precision` is the best of: squares, and for the training
+/// precisions the GEMMs of ResNet-50.
+fn gemm_shapes(cfg: &CpuConfig, precision: &str) -> Vec<(String, Shape)> {
+    let mut shapes: Vec<(String, Shape)> = gemm_squares(cfg, precision)
         .into_iter()
         .map(|n| (format!("square {n}"), Shape { m: n, n, k: n }))
         .collect();
-    if precision == "f32" {
-        let mut r = resnet50_gemms(if ctx.cfg.quick { 2 } else { 8 });
-        if ctx.cfg.quick {
+    if precision == "f32" || precision == "bf16" {
+        let mut r = resnet50_gemms(if cfg.quick { 2 } else { 8 });
+        if cfg.quick {
             r.truncate(3);
         }
         shapes.extend(r);
     }
-    let isa = crate::cpu::gemm::gemm_isa();
+    shapes
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_ceilings<K: crate::driver::Kernel>(
+    ctx: &Ctx,
+    out: &mut CpuResult,
+    p: roofline_model::Precision,
+    isa: Isa,
+    method: &str,
+    peak_precision: &str,
+    make: impl Fn(Shape, usize) -> Result<K, ProbeError> + Sync,
+) -> Result<(), ProbeError> {
+    let precision = p.name();
+    let shapes = gemm_shapes(ctx.cfg, precision);
     for (suffix, cpus) in configs(ctx.cfg) {
         let threads = cpus.len();
         let mut sweep = Sweep::new();
@@ -494,7 +560,7 @@ fn gemm_section<T: Elem>(
             };
             // Built and run on a pinned pool thread; `threads` > 1 spreads over the pool.
             let m = ctx.pool.install(|| -> Result<Measurement, ProbeError> {
-                let mut k = GemmKernel::<T>::new(*shape, threads)?;
+                let mut k = make(*shape, threads)?;
                 measure_here(&plan, ctx.cancel, &mut k)
             })?;
             sweep.add(i, name, shape.describe(), precision, threads, m, true);
@@ -508,16 +574,10 @@ fn gemm_section<T: Elem>(
             rows: sweep.rows,
         });
         if let Some((i, stats, m)) = sweep.best {
-            let f16_note = if precision == "f16" {
-                ", computed in f32 and rounded (no native f16 arithmetic used)"
-            } else {
-                ""
-            };
             let method = format!(
-                "gemm crate ({} kernels, its own dispatch) in blocks of 1024{f16_note}, C = A·B row-major, random inputs; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
-                isa.name(), shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
+                "{method}; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
+                shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
             );
-            let peak_precision = if precision == "f16" { "f32" } else { precision };
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
             let conditions = out.sample_conditions(&m, threads, None);
             out.ceilings.push(

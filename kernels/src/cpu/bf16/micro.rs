@@ -1,0 +1,95 @@
+//! The micro-kernel: an `MR × NR` tile of C (f32) += packed A panel · packed B panel, one
+//! `vdpbf16ps` per accumulator per pair of k (two products each), 28 accumulators in registers.
+//! The portable version computes the same sums in the same order per lane (each pair: the high
+//! product added, then the low one, as Intel's pseudo-code for `vdpbf16ps` has it), for CPUs
+//! without AVX512_BF16 and as the tests' second opinion.
+
+/// Rows of a tile.
+pub const MR: usize = 14;
+/// Columns of a tile (two 16-lane vectors).
+pub const NR: usize = 32;
+
+/// Where a tile goes: `rows × cols` of C (≤ MR × NR) at `c` with leading dimension `ldc`,
+/// overwritten or added to.
+#[derive(Clone, Copy)]
+pub struct Dest {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub overwrite: bool,
+}
+
+fn widen(h: u32) -> f32 {
+    f32::from_bits(h << 16)
+}
+
+/// # Safety
+/// `a` holds `pairs · MR` words, `b` `pairs · NR`; `d` covers its rows and columns.
+pub unsafe fn tile_portable(pairs: usize, a: *const u32, b: *const u32, d: Dest) {
+    let mut acc = [[0f32; NR]; MR];
+    for p in 0..pairs {
+        let bw = std::slice::from_raw_parts(b.add(p * NR), NR);
+        for (i, row) in acc.iter_mut().enumerate() {
+            let aw = *a.add(p * MR + i);
+            let (alo, ahi) = (widen(aw & 0xffff), widen(aw >> 16));
+            for (x, &w) in row.iter_mut().zip(bw) {
+                *x += ahi * widen(w >> 16);
+                *x += alo * widen(w & 0xffff);
+            }
+        }
+    }
+    for (i, row) in acc.iter().enumerate().take(d.rows) {
+        let dst = std::slice::from_raw_parts_mut(d.c.add(i * d.ldc), d.cols);
+        for (y, &x) in dst.iter_mut().zip(row) {
+            *y = if d.overwrite { x } else { *y + x };
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// # Safety
+    /// As `tile_portable`; AVX-512 F/BW/VL/BF16 present.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn tile(pairs: usize, a: *const u32, b: *const u32, d: Dest) {
+        let mut acc = [[_mm512_setzero_ps(); 2]; MR];
+        for p in 0..pairs {
+            let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR) as *const _));
+            let b1: __m512bh =
+                std::mem::transmute(_mm512_loadu_si512(b.add(p * NR + 16) as *const _));
+            let ap = a.add(p * MR);
+            for (i, row) in acc.iter_mut().enumerate() {
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                row[0] = _mm512_dpbf16_ps(row[0], av, b0);
+                row[1] = _mm512_dpbf16_ps(row[1], av, b1);
+            }
+        }
+        let mask = |lo: usize| -> u16 {
+            let n = d.cols.saturating_sub(lo).min(16);
+            ((1u32 << n) - 1) as u16
+        };
+        let (m0, m1) = (mask(0), mask(16));
+        for (i, row) in acc.iter().enumerate() {
+            if i >= d.rows {
+                break;
+            }
+            let dst = d.c.add(i * d.ldc);
+            for (h, (v, mk)) in [(row[0], m0), (row[1], m1)].into_iter().enumerate() {
+                let p = dst.add(16 * h);
+                let v = if d.overwrite {
+                    v
+                } else {
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), v)
+                };
+                _mm512_mask_storeu_ps(p, mk, v);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use x86::tile;

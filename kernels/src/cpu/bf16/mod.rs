@@ -1,0 +1,256 @@
+//! bf16 matrix products with f32 accumulation: `C (+)= A·B`, C in f32, A and B f32 or bf16 in
+//! any strides, rounded to bf16 (nearest even) while they are packed. On AVX512_BF16 CPUs the
+//! micro-kernel is `vdpbf16ps` (two bf16 products added into each f32 lane); elsewhere there is
+//! no fast path, and `Bf16Gemm::detect` says so (the portable kernel is for tests).
+//!
+//! Blocking as GotoBLAS: for each block of NC columns and KC of k, B is packed once (panels of
+//! NR columns, ~16 KiB each: one stays in L1 while A streams past it); A in blocks of MC rows
+//! (~170 KiB, in L2), packed by whichever thread multiplies them. Threads take blocks of rows
+//! (or, for short matrices, groups of column panels): every entry of C is summed by one thread
+//! in one order, so results do not depend on the thread count.
+
+mod kernel;
+mod micro;
+mod pack;
+
+pub use kernel::{Bf16GemmKernel, TOLERANCE};
+pub use micro::{MR, NR};
+pub use pack::{round, Source};
+
+use micro::Dest;
+use pack::View;
+use rayon::prelude::*;
+
+/// k per block (pairs of k: KC / 2).
+pub const KC: usize = 256;
+/// Rows of A per block.
+pub const MC: usize = 24 * MR;
+/// Columns of B per block.
+pub const NC: usize = 1024;
+
+/// A matrix operand: element (i, j) at `ptr + i·rs + j·cs` (a transpose costs nothing).
+#[derive(Clone, Copy, Debug)]
+pub struct Operand<T> {
+    pub ptr: *const T,
+    pub rs: isize,
+    pub cs: isize,
+}
+
+impl<T> Operand<T> {
+    /// A row-major matrix with leading dimension `ld`.
+    pub fn rows(ptr: *const T, ld: usize) -> Operand<T> {
+        Operand {
+            ptr,
+            rs: ld as isize,
+            cs: 1,
+        }
+    }
+    /// The transpose of a row-major matrix with leading dimension `ld`.
+    pub fn transposed(ptr: *const T, ld: usize) -> Operand<T> {
+        Operand {
+            ptr,
+            rs: 1,
+            cs: ld as isize,
+        }
+    }
+}
+
+/// Which kernels a product runs on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    /// `vdpbf16ps` and AVX-512 packing.
+    Avx512Bf16,
+    /// Scalar, the same sums per lane: for tests and for checking, ~50× slower.
+    Portable,
+}
+
+/// The right to multiply in bf16: `detect` gives the fast path only on a CPU that has it and
+/// under a `ROOFLINE_ISA` cap that allows AVX-512.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Bf16Gemm {
+    path: Path,
+}
+
+/// Why there is no fast bf16 product here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unsupported {
+    #[error("this CPU has no bf16 dot-product instruction (AVX512_BF16 on x86-64); bf16 runs on CPUs that have it")]
+    NoInstruction,
+    #[error(
+        "ROOFLINE_ISA={0} caps the instruction set below AVX-512, which the bf16 product needs"
+    )]
+    Capped(String),
+}
+
+impl Bf16Gemm {
+    /// The fast path, or why there is none.
+    pub fn detect() -> Result<Bf16Gemm, Unsupported> {
+        if !Bf16Gemm::cpu_has() {
+            return Err(Unsupported::NoInstruction);
+        }
+        let cap = super::isa::Isa::current();
+        if cap != super::isa::Isa::Avx512 {
+            return Err(Unsupported::Capped(cap.name().into()));
+        }
+        Ok(Bf16Gemm {
+            path: Path::Avx512Bf16,
+        })
+    }
+
+    /// Whether the CPU has AVX-512 F/BW/VL and AVX512_BF16 (whatever the cap).
+    pub fn cpu_has() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            has!("avx512f") && has!("avx512bw") && has!("avx512vl") && has!("avx512bf16")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// The scalar kernels (any CPU).
+    pub fn portable() -> Bf16Gemm {
+        Bf16Gemm {
+            path: Path::Portable,
+        }
+    }
+
+    pub fn path(&self) -> Path {
+        self.path
+    }
+
+    /// `c[m×n] (+)= a[m×k] · b[k×n]` with a and b rounded to bf16, products and sums in f32;
+    /// `c` row-major with leading dimension `ldc`, added to when `accumulate`. `parallel` spreads
+    /// the work over the current rayon pool.
+    ///
+    /// # Safety
+    /// The operands must cover the matrices their sizes and strides describe; `c` must not
+    /// overlap them.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm<A: Source, B: Source>(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<A>,
+        b: Operand<B>,
+        parallel: bool,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
+                }
+            }
+            return;
+        }
+        let vector = self.path == Path::Avx512Bf16;
+        let (va, vb) = (View::of_lhs(a), View::of_rhs(b));
+        let c = SendPtr(c);
+        let threads = if parallel {
+            rayon::current_num_threads().max(1)
+        } else {
+            1
+        };
+        let mut bpack = vec![0u32; KC / 2 * NC];
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            let npanels = nc.div_ceil(NR);
+            for pc in (0..k).step_by(KC) {
+                let kc = KC.min(k - pc);
+                let pairs = kc.div_ceil(2);
+                let pack_b = |q: usize, out: &mut [u32]| {
+                    let cols = NR.min(nc - q * NR);
+                    pack::panel(vb, jc + q * NR, cols, pc, kc, NR, out, vector)
+                };
+                let panels = bpack[..npanels * pairs * NR].chunks_mut(pairs * NR);
+                if threads > 1 {
+                    panels
+                        .collect::<Vec<_>>()
+                        .into_par_iter()
+                        .enumerate()
+                        .for_each(|(q, out)| pack_b(q, out));
+                } else {
+                    panels.enumerate().for_each(|(q, out)| pack_b(q, out));
+                }
+                let bpack = &bpack;
+                let overwrite = pc == 0 && !accumulate;
+                // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
+                // multiple of the threads, so that no thread waits on a short last block.
+                let mut mblocks = m.div_ceil(MC);
+                if threads > 1 {
+                    mblocks = mblocks.div_ceil(threads) * threads;
+                }
+                let mb = m.div_ceil(mblocks).next_multiple_of(MR).min(MC);
+                let mblocks = m.div_ceil(mb);
+                let groups = (threads / mblocks).clamp(1, npanels);
+                let task = |t: usize, apack: &mut Vec<u32>| {
+                    let (ib, g) = (t / groups, t % groups);
+                    let i0 = ib * mb;
+                    let mc = mb.min(m - i0);
+                    let mpanels = mc.div_ceil(MR);
+                    for q in 0..mpanels {
+                        let rows = MR.min(mc - q * MR);
+                        let out = &mut apack[q * pairs * MR..(q + 1) * pairs * MR];
+                        pack::panel(va, i0 + q * MR, rows, pc, kc, MR, out, vector);
+                    }
+                    let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                    for jp in j0..j1 {
+                        let bp = bpack[jp * pairs * NR..].as_ptr();
+                        for ip in 0..mpanels {
+                            let d = Dest {
+                                c: c.get().add((i0 + ip * MR) * ldc + jc + jp * NR),
+                                ldc,
+                                rows: MR.min(mc - ip * MR),
+                                cols: NR.min(nc - jp * NR),
+                                overwrite,
+                            };
+                            let ap = apack[ip * pairs * MR..].as_ptr();
+                            self.tile(pairs, ap, bp, d);
+                        }
+                    }
+                };
+                let new_a = || vec![0u32; MC * KC / 2];
+                if threads > 1 && mblocks * groups > 1 {
+                    (0..mblocks * groups)
+                        .into_par_iter()
+                        .for_each_init(new_a, |buf, t| task(t, buf));
+                } else {
+                    let mut buf = new_a();
+                    for t in 0..mblocks * groups {
+                        task(t, &mut buf);
+                    }
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn tile(&self, pairs: usize, a: *const u32, b: *const u32, d: Dest) {
+        match self.path {
+            #[cfg(target_arch = "x86_64")]
+            Path::Avx512Bf16 => micro::tile(pairs, a, b, d),
+            _ => micro::tile_portable(pairs, a, b, d),
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the tasks write disjoint tiles of C.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests;
