@@ -116,9 +116,28 @@ fn train_runs_a_small_resnet_and_reports_json() {
     expect_input_error(
         &["train", "--precision", "f16"],
         None,
-        "apply to --device cuda",
+        "applies to --device cuda",
     );
     expect_input_error(&["train", "--steps", "0"], None, "nothing to train");
+}
+
+#[test]
+fn bf16_on_a_cpu_without_it_is_one_line_and_exit_2() {
+    // Under an AVX2 cap (what an AVX2-only CPU is to the trainer) or on a CPU without
+    // AVX512_BF16, --precision bf16 is refused before anything runs.
+    let o = bin()
+        .env("ROOFLINE_ISA", "avx2")
+        .args(["train", "--precision", "bf16", "--steps", "1"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    assert!(err.contains("--precision bf16 on the CPU"), "{err}");
+    assert!(
+        err.contains("AVX-512") || err.contains("AVX512_BF16"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -2,6 +2,8 @@
 //! every heavy layer reduces to.
 
 use gemm::Parallelism;
+pub use roofline_kernels::cpu::bf16::Bf16Gemm;
+use roofline_kernels::cpu::bf16::Operand;
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -41,6 +43,26 @@ pub trait Float:
             o
         }
     }
+    /// Runs `c (+)= a·b` through `g` (bf16 operands, f32 sums) where this type can, and says
+    /// whether it did: f32 can, f64 (gradient checks) keeps its own precision.
+    ///
+    /// # Safety
+    /// As `gemm`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bf16_gemm(
+        _g: &Bf16Gemm,
+        _m: usize,
+        _n: usize,
+        _k: usize,
+        _c: *mut Self,
+        _ldc: usize,
+        _accumulate: bool,
+        _a: Mat<Self>,
+        _b: Mat<Self>,
+        _parallel: bool,
+    ) -> bool {
+        false
+    }
 }
 
 impl Float for f32 {
@@ -58,6 +80,26 @@ impl Float for f32 {
     }
     fn ln(self) -> Self {
         f32::ln(self)
+    }
+    unsafe fn bf16_gemm(
+        g: &Bf16Gemm,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Mat<f32>,
+        b: Mat<f32>,
+        parallel: bool,
+    ) -> bool {
+        let op = |x: Mat<f32>| Operand {
+            ptr: x.ptr,
+            rs: x.rs,
+            cs: x.cs,
+        };
+        g.gemm(m, n, k, c, ldc, accumulate, op(a), op(b), parallel);
+        true
     }
 }
 
@@ -216,14 +258,64 @@ impl<T> Mat<T> {
     }
 }
 
+/// What the layers' matrix products (convolutions, fully connected layers) compute in.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Products {
+    /// The tensors' own type (f32 training, f64 gradient checks).
+    #[default]
+    Native,
+    /// bf16 operands (rounded to nearest even as they are packed), f32 products and sums: mixed
+    /// precision on CPUs with AVX512_BF16. Only f32 layers use it; f64 layers stay in f64.
+    Bf16(Bf16Gemm),
+}
+
+thread_local! {
+    static PRODUCTS: std::cell::Cell<Products> = const { std::cell::Cell::new(Products::Native) };
+}
+
+/// Sets the products of every thread of `pool` (the trainer's pinned pool: each step runs on
+/// its threads, so this is the run's precision). Other pools and threads are not touched.
+pub fn set_products(pool: &rayon::ThreadPool, p: Products) {
+    pool.broadcast(|_| PRODUCTS.with(|c| c.set(p)));
+}
+
+/// The products of the current thread.
+pub fn products() -> Products {
+    PRODUCTS.with(|c| c.get())
+}
+
 /// `c[m×n] (+)= a[m×k] · b[k×n]`, `c` row-major with leading dimension `ldc`; accumulates into
-/// `c` when `accumulate`.
+/// `c` when `accumulate`. f32 operands multiply in bf16 where the thread's `products` say so.
 ///
 /// # Safety
 /// The operands must cover the matrices their sizes and strides describe; `c` must not overlap
 /// them.
 #[allow(clippy::too_many_arguments)]
 pub unsafe fn gemm<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    a: Mat<T>,
+    b: Mat<T>,
+    parallel: bool,
+) {
+    if let Products::Bf16(g) = products() {
+        if T::bf16_gemm(&g, m, n, k, c, ldc, accumulate, a, b, parallel) {
+            return;
+        }
+    }
+    native_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
+}
+
+/// The product in `T` itself (the gemm crate).
+///
+/// # Safety
+/// As `gemm`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn native_gemm<T: Float>(
     m: usize,
     n: usize,
     k: usize,

@@ -161,12 +161,9 @@ pub fn measured(
                 si(s.flops_step_per_image),
                 local
             ),
-            // On a GPU: the trainer's precision, and the GPU this (the root) rank trained on.
-            precision: if cuda {
-                prep.spec.precision.to_string()
-            } else {
-                "f32".into()
-            },
+            // The trainer's precision (the CPU's: f32 or bf16), and the GPU this (the root)
+            // rank trained on.
+            precision: prep.spec.precision.to_string(),
             device: if cuda {
                 format!("gpu{}", prep.spec.gpu.unwrap_or(0))
             } else {

@@ -7,6 +7,7 @@ use crate::ewa::EwaConfig;
 use crate::exchange::CommOptions;
 use crate::folder::ImageFolder;
 use crate::resnet::{Config, Version};
+use crate::tensor::{Bf16Gemm, Products};
 use crate::train::{Decay, Source, TrainConfig};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -243,7 +244,7 @@ impl Prepared {
             threads: cpus.len().max(1),
             cpus: cpus.to_vec(),
             resolution: self.resolution,
-            pool: pool(cpus)?,
+            pool: pool(cpus, cpu_products(&self.spec)?)?,
         })
     }
 
@@ -364,24 +365,43 @@ pub fn trainer_precision(
     }
 }
 
-fn pool(cpus: &[usize]) -> Result<rayon::ThreadPool, RunError> {
-    roofline_kernels::affinity::pinned_pool(cpus).map_err(|source| RunError::Threads {
-        threads: cpus.len(),
-        source,
-    })
+/// The pinned pool of a run's threads, its products set (bf16 mixed precision on the CPU).
+fn pool(cpus: &[usize], products: Products) -> Result<rayon::ThreadPool, RunError> {
+    let pool =
+        roofline_kernels::affinity::pinned_pool(cpus).map_err(|source| RunError::Threads {
+            threads: cpus.len(),
+            source,
+        })?;
+    crate::tensor::set_products(&pool, products);
+    Ok(pool)
+}
+
+/// What the CPU layers' matrix products run in for `spec` (f32, or bf16 on CPUs with the
+/// instruction), or why `spec` cannot run on the CPU.
+pub fn cpu_products(spec: &Spec) -> Result<Products, RunError> {
+    use roofline_model::Precision as P;
+    match (spec.device, spec.precision) {
+        (Device::Cuda, _) | (_, P::F32) => Ok(Products::Native),
+        (_, P::Bf16) => Bf16Gemm::detect().map(Products::Bf16).map_err(|why| {
+            RunError::Input(format!(
+                "--precision bf16 on the CPU: {why}; train in f32 (the default) here, or bf16 on a GPU"
+            ))
+        }),
+        (_, p) => Err(RunError::Input(format!(
+            "--precision {p} applies to --device cuda; the CPU trains in f32, or bf16 on CPUs with AVX512_BF16"
+        ))),
+    }
 }
 
 /// Checks `spec` and builds its configuration (no checkpoints; the caller adds them) and its
 /// pinned thread pool.
 pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
     let input = |m: String| RunError::Input(m);
-    use roofline_model::Precision as P;
-    if spec.device != Device::Cuda && (spec.precision != P::F32 || spec.gpu.is_some()) {
-        return Err(input(
-            "--precision and --gpu apply to --device cuda (the CPU trains in f32)".into(),
-        ));
+    if spec.device != Device::Cuda && spec.gpu.is_some() {
+        return Err(input("--gpu applies to --device cuda".into()));
     }
     trainer_precision(spec.precision)?;
+    let products = cpu_products(spec)?;
     crate::alloc::enable_for_training();
     if spec.steps == Some(0) || spec.epochs == Some(0) {
         return Err(input("nothing to train: --steps or --epochs is 0".into()));
@@ -399,7 +419,7 @@ pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
         spec: spec.clone(),
         threads: cpus.len(),
         resolution,
-        pool: pool(&cpus)?,
+        pool: pool(&cpus, products)?,
         cpus,
     })
 }

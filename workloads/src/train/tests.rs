@@ -348,9 +348,9 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// A small ResNet learns the synthetic set: ≥ 90% Top-1 on held-out images.
-#[test]
-fn small_resnet_reaches_90_percent_on_synthetic_data() {
+/// The small ResNet of the convergence tests, trained on a pool whose products are `products`;
+/// the best held-out Top-1 and the summary.
+fn small_resnet_on_synthetic_data(products: crate::tensor::Products) -> (f64, Summary) {
     let cfg = TrainConfig {
         model: Config {
             version: Version::V1_5,
@@ -381,17 +381,57 @@ fn small_resnet_reaches_90_percent_on_synthetic_data() {
             stop: None,
         },
     };
-    let s = train::<f32, _>(&cfg, &Quiet, None).unwrap();
+    let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
+    crate::tensor::set_products(&pool, products);
+    let s = pool
+        .install(|| train::<f32, _>(&cfg, &Quiet, None))
+        .unwrap();
     let best = s.evals.iter().map(|e| e.top1).fold(0.0, f64::max);
     eprintln!(
-        "{} steps, {:.0} images/s, evals {:?}",
+        "{products:?}: {} steps, {:.0} images/s, evals {:?}",
         s.steps, s.images_per_second, s.evals
     );
+    assert!(s.final_loss.is_finite());
+    (best, s)
+}
+
+/// A small ResNet learns the synthetic set: ≥ 90% Top-1 on held-out images.
+#[test]
+fn small_resnet_reaches_90_percent_on_synthetic_data() {
+    let (best, s) = small_resnet_on_synthetic_data(crate::tensor::Products::Native);
     assert!(
         best >= 0.9,
         "Top-1 {best} after {} steps: {:?}",
         s.steps,
         s.evals
     );
-    assert!(s.final_loss.is_finite());
+}
+
+/// The same in bf16 mixed precision (bf16 products, f32 master weights, batch norm and loss):
+/// it learns as f32 does — ≥ 90%, within 3 evaluations (75 steps) of f32's steps to 95%.
+#[test]
+fn small_resnet_in_bf16_converges_as_in_f32() {
+    let g = match crate::tensor::Bf16Gemm::detect() {
+        Ok(g) => g,
+        Err(why) => {
+            eprintln!("bf16 convergence not run: {why}");
+            return;
+        }
+    };
+    let (best, s) = small_resnet_on_synthetic_data(crate::tensor::Products::Bf16(g));
+    assert!(
+        best >= 0.9,
+        "bf16: Top-1 {best} after {} steps: {:?}",
+        s.steps,
+        s.evals
+    );
+    let (f32_best, f) = small_resnet_on_synthetic_data(crate::tensor::Products::Native);
+    assert!(
+        s.steps <= f.steps + 75,
+        "bf16 took {} steps, f32 {} ({f32_best}): {:?} against {:?}",
+        s.steps,
+        f.steps,
+        s.evals,
+        f.evals
+    );
 }
