@@ -2,11 +2,14 @@
 //! on every distinct ResNet-50 v1.5 layer shape at batch 32, 224×224: what `place` sees per
 //! layer, split by direction. Each bench's throughput is in FLOP (criterion prints elem/s:
 //! read it as FLOP/s), to be held against `cpu/gemm/f32/all`. `ROOFLINE_BENCH_LAYERS=a,b`
-//! keeps the layers whose names contain one of a, b; `ROOFLINE_BENCH_BATCH` sets the batch.
+//! keeps the layers whose names contain one of a, b; `ROOFLINE_BENCH_BATCH` sets the batch;
+//! `ROOFLINE_BENCH_PRECISION=bf16` runs them as `--precision bf16` does (bf16 products, f32
+//! sums: hold them against `cpu/gemm/bf16/all`), with the names suffixed `_bf16`.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use roofline_kernels::cpu::conv::resnet50_layers;
 use roofline_workloads::conv::{backward_data, backward_filter, forward};
+use roofline_workloads::tensor::{set_products, Bf16Gemm, Products};
 
 fn data(len: usize, seed: f32) -> Vec<f32> {
     (0..len)
@@ -22,6 +25,15 @@ fn passes(c: &mut Criterion) {
     let keep: Vec<String> = std::env::var("ROOFLINE_BENCH_LAYERS")
         .map(|s| s.split(',').map(str::to_string).collect())
         .unwrap_or_default();
+    let bf16 = std::env::var("ROOFLINE_BENCH_PRECISION").is_ok_and(|p| p == "bf16");
+    let products = if bf16 {
+        Products::Bf16(Bf16Gemm::detect().expect("ROOFLINE_BENCH_PRECISION=bf16 on this CPU"))
+    } else {
+        Products::Native
+    };
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+    set_products(&pool, products);
+    let suffix = if bf16 { "_bf16" } else { "" };
     let mut g = c.benchmark_group("trainer_conv");
     g.sample_size(10);
     for layer in resnet50_layers(batch) {
@@ -37,16 +49,16 @@ fn passes(c: &mut Criterion) {
         let mut dw = vec![0f32; sh.weight_len()];
         g.throughput(Throughput::Elements(sh.flops() as u64));
         let name = layer.name.replace(' ', "_");
-        g.bench_function(format!("{name}/fwd"), |b| {
-            b.iter(|| forward(&x, &w, &mut y, &sh))
+        g.bench_function(format!("{name}/fwd{suffix}"), |b| {
+            b.iter(|| pool.install(|| forward(&x, &w, &mut y, &sh)))
         });
         if sh.c > 3 {
-            g.bench_function(format!("{name}/bwd_data"), |b| {
-                b.iter(|| backward_data(&dy, &w, &mut dx, &sh))
+            g.bench_function(format!("{name}/bwd_data{suffix}"), |b| {
+                b.iter(|| pool.install(|| backward_data(&dy, &w, &mut dx, &sh)))
             });
         }
-        g.bench_function(format!("{name}/bwd_filter"), |b| {
-            b.iter(|| backward_filter(&x, &dy, &mut dw, &sh))
+        g.bench_function(format!("{name}/bwd_filter{suffix}"), |b| {
+            b.iter(|| pool.install(|| backward_filter(&x, &dy, &mut dw, &sh)))
         });
     }
     g.finish();

@@ -79,6 +79,9 @@ pub fn advise(
             if w.kind == "training" {
                 text += match &mixed {
                     Some(_) => ": train in mixed precision (a higher ceiling exists on this machine: ",
+                    None if ["bf16", "f16"].contains(&w.precision.as_str()) => {
+                        ": a larger batch raises both the GEMM efficiency and the COI"
+                    }
                     None => ": a larger batch raises both the GEMM efficiency and the COI; mixed precision (bf16/f16 with f32 master weights) raises the ceiling where the hardware has faster 16-bit arithmetic",
                 };
                 if let Some(id) = mixed {

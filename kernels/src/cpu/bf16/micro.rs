@@ -52,18 +52,45 @@ mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// A packed as panels (`a` holds `pairs · MR` words, pair-major).
+    ///
     /// # Safety
     /// As `tile_portable`; AVX-512 F/BW/VL/BF16 present.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
     pub unsafe fn tile(pairs: usize, a: *const u32, b: *const u32, d: Dest) {
+        tile_at::<false>(pairs, a, 0, b, d)
+    }
+
+    /// A as rows of `lda` words (row i's pair p at `a + i·lda + p`, rows past `d.rows`
+    /// readable): no transposition in the packing.
+    ///
+    /// # Safety
+    /// As `tile_portable`, with A's MR rows of `pairs` words `lda` apart; AVX-512 F/BW/VL/BF16.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn tile_rows(pairs: usize, a: *const u32, lda: usize, b: *const u32, d: Dest) {
+        tile_at::<true>(pairs, a, lda, b, d)
+    }
+
+    #[inline(always)]
+    unsafe fn tile_at<const ROWS: bool>(
+        pairs: usize,
+        a: *const u32,
+        lda: usize,
+        b: *const u32,
+        d: Dest,
+    ) {
         let mut acc = [[_mm512_setzero_ps(); 2]; MR];
         for p in 0..pairs {
             let b0: __m512bh = std::mem::transmute(_mm512_loadu_si512(b.add(p * NR) as *const _));
             let b1: __m512bh =
                 std::mem::transmute(_mm512_loadu_si512(b.add(p * NR + 16) as *const _));
-            let ap = a.add(p * MR);
             for (i, row) in acc.iter_mut().enumerate() {
-                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*ap.add(i) as i32));
+                let at = if ROWS {
+                    a.add(i * lda + p)
+                } else {
+                    a.add(p * MR + i)
+                };
+                let av: __m512bh = std::mem::transmute(_mm512_set1_epi32(*at as i32));
                 row[0] = _mm512_dpbf16_ps(row[0], av, b0);
                 row[1] = _mm512_dpbf16_ps(row[1], av, b1);
             }
@@ -92,4 +119,4 @@ mod x86 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use x86::tile;
+pub use x86::{tile, tile_rows};

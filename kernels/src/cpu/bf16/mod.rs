@@ -152,6 +152,9 @@ impl Bf16Gemm {
         }
         let vector = self.path == Path::Avx512Bf16;
         let (va, vb) = (View::of_lhs(a), View::of_rhs(b));
+        // A with k contiguous is rounded row by row and the micro-kernel broadcasts from its
+        // rows; otherwise A is packed in panels (a transposition of 32-bit pairs).
+        let a_rows = vector && va.ks == 1;
         let c = SendPtr(c);
         let threads = if parallel {
             rayon::current_num_threads().max(1)
@@ -195,10 +198,15 @@ impl Bf16Gemm {
                     let i0 = ib * mb;
                     let mc = mb.min(m - i0);
                     let mpanels = mc.div_ceil(MR);
-                    for q in 0..mpanels {
-                        let rows = MR.min(mc - q * MR);
-                        let out = &mut apack[q * pairs * MR..(q + 1) * pairs * MR];
-                        pack::panel(va, i0 + q * MR, rows, pc, kc, MR, out, vector);
+                    if a_rows {
+                        #[cfg(target_arch = "x86_64")]
+                        pack::rows(va, i0, mc, pc, kc, apack);
+                    } else {
+                        for q in 0..mpanels {
+                            let rows = MR.min(mc - q * MR);
+                            let out = &mut apack[q * pairs * MR..(q + 1) * pairs * MR];
+                            pack::panel(va, i0 + q * MR, rows, pc, kc, MR, out, vector);
+                        }
                     }
                     let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
                     for jp in j0..j1 {
@@ -211,8 +219,15 @@ impl Bf16Gemm {
                                 cols: NR.min(nc - jp * NR),
                                 overwrite,
                             };
+                            // Panel ip starts at the same word in both layouts.
                             let ap = apack[ip * pairs * MR..].as_ptr();
-                            self.tile(pairs, ap, bp, d);
+                            match (a_rows, self.path) {
+                                #[cfg(target_arch = "x86_64")]
+                                (true, _) => micro::tile_rows(pairs, ap, pairs, bp, d),
+                                #[cfg(target_arch = "x86_64")]
+                                (false, Path::Avx512Bf16) => micro::tile(pairs, ap, bp, d),
+                                _ => micro::tile_portable(pairs, ap, bp, d),
+                            }
                         }
                     }
                 };
@@ -228,15 +243,6 @@ impl Bf16Gemm {
                     }
                 }
             }
-        }
-    }
-
-    #[inline(always)]
-    unsafe fn tile(&self, pairs: usize, a: *const u32, b: *const u32, d: Dest) {
-        match self.path {
-            #[cfg(target_arch = "x86_64")]
-            Path::Avx512Bf16 => micro::tile(pairs, a, b, d),
-            _ => micro::tile_portable(pairs, a, b, d),
         }
     }
 }

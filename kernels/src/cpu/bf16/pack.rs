@@ -152,6 +152,42 @@ pub(super) unsafe fn panel<T: Source>(
     }
 }
 
+/// Rounds rows `r0 .. r0 + rows` and k `k0 .. k0 + kk` of `x` into `out` row by row: row r's
+/// pair p at word `r · kk.div_ceil(2) + p` (the layout the row micro-kernel broadcasts from; it
+/// needs X's k stride 1, so no transposition: one conversion per 32 values).
+///
+/// # Safety
+/// The view covers those rows and k, with k stride 1; AVX-512 F/BW/VL/BF16 are present.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+pub(super) unsafe fn rows<T: Source>(
+    x: View<T>,
+    r0: usize,
+    rows: usize,
+    k0: usize,
+    kk: usize,
+    out: &mut [u32],
+) {
+    let pairs = kk.div_ceil(2);
+    debug_assert!(x.ks == 1 && out.len() >= rows * pairs);
+    for r in 0..rows {
+        let row = x.ptr.offset((r0 + r) as isize * x.rs + k0 as isize);
+        let dst = out.as_mut_ptr().add(r * pairs);
+        for p0 in (0..pairs).step_by(16) {
+            let k = 2 * p0;
+            let lo = T::load16(row.add(k), (kk - k).min(16));
+            let hi = if kk > k + 16 {
+                T::load16(row.add(k + 16), (kk - k - 16).min(16))
+            } else {
+                _mm512_setzero_ps()
+            };
+            let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+            let n = (pairs - p0).min(16);
+            _mm512_mask_storeu_epi32(dst.add(p0) as *mut i32, ((1u32 << n) - 1) as u16, v);
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
