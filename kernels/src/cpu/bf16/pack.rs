@@ -152,6 +152,24 @@ pub(super) unsafe fn panel<T: Source>(
     }
 }
 
+/// The values `k .. min(k + 32, kk)` of a row with k stride 1 (zeros past `kk`), rounded to
+/// 16 words of two bf16 each, in k order.
+///
+/// # Safety
+/// `row + k .. row + kk` readable; AVX-512 F/BW/VL/BF16 present.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+unsafe fn round32<T: Source>(row: *const T, k: usize, kk: usize) -> __m512i {
+    let lo = T::load16(row.add(k), (kk - k).min(16));
+    let hi = if kk > k + 16 {
+        T::load16(row.add(k + 16), (kk - k - 16).min(16))
+    } else {
+        _mm512_setzero_ps()
+    };
+    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo))
+}
+
 /// Rounds rows `r0 .. r0 + rows` and k `k0 .. k0 + kk` of `x` into `out` row by row: row r's
 /// pair p at word `r · kk.div_ceil(2) + p` (the layout the row micro-kernel broadcasts from; it
 /// needs X's k stride 1, so no transposition: one conversion per 32 values).
@@ -174,14 +192,7 @@ pub(super) unsafe fn rows<T: Source>(
         let row = x.ptr.offset((r0 + r) as isize * x.rs + k0 as isize);
         let dst = out.as_mut_ptr().add(r * pairs);
         for p0 in (0..pairs).step_by(16) {
-            let k = 2 * p0;
-            let lo = T::load16(row.add(k), (kk - k).min(16));
-            let hi = if kk > k + 16 {
-                T::load16(row.add(k + 16), (kk - k - 16).min(16))
-            } else {
-                _mm512_setzero_ps()
-            };
-            let v = std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+            let v = round32(row, 2 * p0, kk);
             let n = (pairs - p0).min(16);
             _mm512_mask_storeu_epi32(dst.add(p0) as *mut i32, ((1u32 << n) - 1) as u16, v);
         }
@@ -267,15 +278,7 @@ mod x86 {
             }
             let row = x.ptr.offset((r0 + r) as isize * x.rs + k0 as isize);
             for p0 in (0..pairs).step_by(16) {
-                let k = 2 * p0;
-                let lo = T::load16(row.add(k), (kk - k).min(16));
-                let hi = if kk > k + 16 {
-                    T::load16(row.add(k + 16), (kk - k - 16).min(16))
-                } else {
-                    _mm512_setzero_ps()
-                };
-                let v: __m512i =
-                    std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(hi, lo));
+                let v = round32(row, 2 * p0, kk);
                 _mm512_storeu_si512(words.as_mut_ptr() as *mut __m512i, v);
                 for (t, wd) in words.iter().enumerate().take((pairs - p0).min(16)) {
                     *dst.add((p0 + t) * w + r) = *wd;
