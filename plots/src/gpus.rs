@@ -152,27 +152,15 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use roofline_model::{Ceiling, CeilingId, CeilingKind, PerIteration, Stats, TheoreticalPeak};
+    use roofline_model::gpu_matrix::one_sample_copy;
+    use roofline_model::{Ceiling, CeilingId};
 
     fn copy(id: &str, value: f64, peak: Option<f64>) -> Ceiling {
-        Ceiling::measured(
+        one_sample_copy(
             CeilingId::parse(id).unwrap(),
-            CeilingKind::Comm,
-            "B/s",
-            1,
-            Stats::from_samples(&[value]).unwrap(),
-            PerIteration {
-                ops: 0.0,
-                bytes: 1.0,
-            },
-            String::new(),
+            value,
+            peak.map(|p| (p, "NVLink <4>")),
         )
-        .with_peak(peak.map(|p| TheoreticalPeak {
-            value: p,
-            unit: "B/s".into(),
-            source: "NVLink <4>".into(),
-            uncertainty: 0.0,
-        }))
     }
 
     /// Two GPUs: every measured one-way copy a cell, the diagonal and what was not measured

@@ -98,30 +98,39 @@ impl GpuMatrix {
     }
 }
 
+/// A copy ceiling of one sample, `bytes_per_s`, against `peak` (its figure and the figure's
+/// source): the matrix's input as its readers' examples and tests build it.
+pub fn one_sample_copy(id: CeilingId, bytes_per_s: f64, peak: Option<(f64, &str)>) -> Ceiling {
+    Ceiling::measured(
+        id,
+        crate::CeilingKind::Comm,
+        "B/s",
+        1,
+        crate::Stats::from_samples(&[bytes_per_s]).expect("one finite sample"),
+        crate::PerIteration {
+            ops: 0.0,
+            bytes: 1.0,
+        },
+        String::new(),
+    )
+    .with_peak(peak.map(|(value, source)| crate::TheoreticalPeak {
+        value,
+        unit: "B/s".into(),
+        source: source.into(),
+        uncertainty: 0.0,
+    }))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{CeilingKind, PerIteration, Stats, TheoreticalPeak};
 
     fn copy(id: &str, value: f64, peak: Option<f64>) -> Ceiling {
-        Ceiling::measured(
+        one_sample_copy(
             CeilingId::parse(id).unwrap(),
-            CeilingKind::Comm,
-            "B/s",
-            1,
-            Stats::from_samples(&[value]).unwrap(),
-            PerIteration {
-                ops: 0.0,
-                bytes: 1.0,
-            },
-            String::new(),
+            value,
+            peak.map(|p| (p, "NVLink 4 × 18 links")),
         )
-        .with_peak(peak.map(|p| TheoreticalPeak {
-            value: p,
-            unit: "B/s".into(),
-            source: "NVLink 4 × 18 links".into(),
-            uncertainty: 0.0,
-        }))
     }
 
     #[test]
