@@ -161,7 +161,10 @@ impl Bf16Gemm {
         } else {
             1
         };
-        let mut bpack = vec![0u32; KC / 2 * NC];
+        // Buffers as large as this product's blocks need (a small product, called once per
+        // image by the trainer, does not zero the 512 KiB a full block takes).
+        let max_pairs = KC.min(k).div_ceil(2);
+        let mut bpack = vec![0u32; NC.min(n).next_multiple_of(NR) * max_pairs];
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             let npanels = nc.div_ceil(NR);
@@ -231,7 +234,7 @@ impl Bf16Gemm {
                         }
                     }
                 };
-                let new_a = || vec![0u32; MC * KC / 2];
+                let new_a = || vec![0u32; mb.next_multiple_of(MR) * max_pairs];
                 if threads > 1 && mblocks * groups > 1 {
                     (0..mblocks * groups)
                         .into_par_iter()
