@@ -3,7 +3,7 @@
 
 use gemm::Parallelism;
 pub use roofline_kernels::cpu::bf16::Bf16Gemm;
-use roofline_kernels::cpu::bf16::Operand;
+use roofline_kernels::cpu::bf16::{Operand, PackedB};
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -63,6 +63,44 @@ pub trait Float:
     ) -> bool {
         false
     }
+    /// `b` packed for `g` where this type multiplies in bf16 (f32), else `None`.
+    ///
+    /// # Safety
+    /// `b` must cover the k×n matrix its strides describe.
+    unsafe fn bf16_pack(
+        _g: &Bf16Gemm,
+        _k: usize,
+        _n: usize,
+        _b: Mat<Self>,
+        _parallel: bool,
+    ) -> Option<PackedB> {
+        None
+    }
+    /// `c (+)= a·b` with `b` from `bf16_pack`; whether it ran (f32 only).
+    ///
+    /// # Safety
+    /// As `gemm`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn bf16_gemm_packed(
+        _g: &Bf16Gemm,
+        _m: usize,
+        _c: *mut Self,
+        _ldc: usize,
+        _accumulate: bool,
+        _a: Mat<Self>,
+        _b: &PackedB,
+        _parallel: bool,
+    ) -> bool {
+        false
+    }
+}
+
+fn operand<T>(x: Mat<T>) -> Operand<T> {
+    Operand {
+        ptr: x.ptr,
+        rs: x.rs,
+        cs: x.cs,
+    }
 }
 
 impl Float for f32 {
@@ -93,12 +131,39 @@ impl Float for f32 {
         b: Mat<f32>,
         parallel: bool,
     ) -> bool {
-        let op = |x: Mat<f32>| Operand {
-            ptr: x.ptr,
-            rs: x.rs,
-            cs: x.cs,
-        };
-        g.gemm(m, n, k, c, ldc, accumulate, op(a), op(b), parallel);
+        g.gemm(
+            m,
+            n,
+            k,
+            c,
+            ldc,
+            accumulate,
+            operand(a),
+            operand(b),
+            parallel,
+        );
+        true
+    }
+    unsafe fn bf16_pack(
+        g: &Bf16Gemm,
+        k: usize,
+        n: usize,
+        b: Mat<f32>,
+        parallel: bool,
+    ) -> Option<PackedB> {
+        Some(g.pack_b(k, n, operand(b), parallel))
+    }
+    unsafe fn bf16_gemm_packed(
+        g: &Bf16Gemm,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Mat<f32>,
+        b: &PackedB,
+        parallel: bool,
+    ) -> bool {
+        g.gemm_packed(m, c, ldc, accumulate, operand(a), b, parallel);
         true
     }
 }
@@ -308,6 +373,61 @@ pub unsafe fn gemm<T: Float>(
         }
     }
     native_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
+}
+
+/// A right-hand side for many products (a convolution's filter, multiplied by every block of
+/// patch rows): packed once in bf16 where the products of the thread that makes it are bf16,
+/// used as it is otherwise.
+pub struct Rhs<T> {
+    b: Mat<T>,
+    k: usize,
+    n: usize,
+    packed: Option<(Bf16Gemm, PackedB)>,
+}
+
+// SAFETY: an Rhs only reads its matrix, which its maker keeps alive and unchanged (`Rhs::new`).
+unsafe impl<T: Sync> Send for Rhs<T> {}
+unsafe impl<T: Sync> Sync for Rhs<T> {}
+
+impl<T: Float> Rhs<T> {
+    /// The k×n matrix `b`, packed over the current pool where the products are bf16.
+    ///
+    /// # Safety
+    /// `b` must cover the matrix its strides describe, and stay alive and unchanged as long as
+    /// the `Rhs`.
+    pub unsafe fn new(k: usize, n: usize, b: Mat<T>) -> Rhs<T> {
+        let packed = match products() {
+            Products::Bf16(g) => T::bf16_pack(&g, k, n, b, true).map(|p| (g, p)),
+            Products::Native => None,
+        };
+        Rhs { b, k, n, packed }
+    }
+
+    /// Whether it was packed (the products are bf16).
+    pub fn is_packed(&self) -> bool {
+        self.packed.is_some()
+    }
+
+    /// `c[m×n] (+)= a[m×k] · self`, as `gemm` (one thread unless `parallel`).
+    ///
+    /// # Safety
+    /// As `gemm`.
+    pub unsafe fn gemm(
+        &self,
+        m: usize,
+        c: *mut T,
+        ldc: usize,
+        accumulate: bool,
+        a: Mat<T>,
+        parallel: bool,
+    ) {
+        if let Some((g, p)) = &self.packed {
+            if T::bf16_gemm_packed(g, m, c, ldc, accumulate, a, p, parallel) {
+                return;
+            }
+        }
+        native_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel)
+    }
 }
 
 /// The product in `T` itself (the gemm crate).

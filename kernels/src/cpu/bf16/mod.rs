@@ -139,6 +139,104 @@ impl Bf16Gemm {
         b: Operand<B>,
         parallel: bool,
     ) {
+        self.run(
+            m,
+            n,
+            k,
+            c,
+            ldc,
+            accumulate,
+            a,
+            Rhs::Pack(View::of_rhs(b)),
+            parallel,
+        )
+    }
+
+    /// `b[k×n]` rounded and packed once, for many products with the same right-hand side (a
+    /// convolution's filter, multiplied by every block of patch rows: packing it for each block
+    /// read the whole filter again for a few rows of output).
+    ///
+    /// # Safety
+    /// `b` must cover the k×n matrix its strides describe.
+    pub unsafe fn pack_b<B: Source>(
+        &self,
+        k: usize,
+        n: usize,
+        b: Operand<B>,
+        parallel: bool,
+    ) -> PackedB {
+        let vector = self.path == Path::Avx512Bf16;
+        let vb = View::of_rhs(b);
+        let mut offsets = Vec::new();
+        let mut len = 0;
+        for jc in (0..n).step_by(NC) {
+            for pc in (0..k).step_by(KC) {
+                offsets.push(len);
+                len += NC.min(n - jc).div_ceil(NR) * KC.min(k - pc).div_ceil(2) * NR;
+            }
+        }
+        let mut words = vec![0u32; len];
+        // Every panel on its own: (column, k, panel, its words).
+        let mut panels = Vec::new();
+        let mut rest = &mut words[..];
+        for jc in (0..n).step_by(NC) {
+            for pc in (0..k).step_by(KC) {
+                let size = KC.min(k - pc).div_ceil(2) * NR;
+                for q in 0..NC.min(n - jc).div_ceil(NR) {
+                    let (out, tail) = rest.split_at_mut(size);
+                    panels.push((jc + q * NR, pc, out));
+                    rest = tail;
+                }
+            }
+        }
+        let pack = |(j0, pc, out): (usize, usize, &mut [u32])| {
+            pack::panel(vb, j0, NR.min(n - j0), pc, KC.min(k - pc), NR, out, vector)
+        };
+        if parallel && rayon::current_num_threads() > 1 {
+            panels.into_par_iter().for_each(pack);
+        } else {
+            panels.into_iter().for_each(pack);
+        }
+        PackedB {
+            k,
+            n,
+            words,
+            offsets,
+        }
+    }
+
+    /// `c[m×n] (+)= a[m×k] · b` with `b` packed by `pack_b` (k and n are its own); the same
+    /// bits as `gemm` with the unpacked `b`.
+    ///
+    /// # Safety
+    /// As `gemm`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_packed<A: Source>(
+        &self,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<A>,
+        b: &PackedB,
+        parallel: bool,
+    ) {
+        self.run::<A, f32>(m, b.n, b.k, c, ldc, accumulate, a, Rhs::Packed(b), parallel)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run<A: Source, B: Source>(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<A>,
+        rhs: Rhs<B>,
+        parallel: bool,
+    ) {
         if m == 0 || n == 0 {
             return;
         }
@@ -151,7 +249,7 @@ impl Bf16Gemm {
             return;
         }
         let vector = self.path == Path::Avx512Bf16;
-        let (va, vb) = (View::of_lhs(a), View::of_rhs(b));
+        let va = View::of_lhs(a);
         // A with k contiguous is rounded row by row and the micro-kernel broadcasts from its
         // rows; otherwise A is packed in panels (a transposition of 32-bit pairs).
         let a_rows = vector && va.ks == 1;
@@ -164,28 +262,40 @@ impl Bf16Gemm {
         // Buffers as large as this product's blocks need (a small product, called once per
         // image by the trainer, does not zero the 512 KiB a full block takes).
         let max_pairs = KC.min(k).div_ceil(2);
-        let mut bpack = vec![0u32; NC.min(n).next_multiple_of(NR) * max_pairs];
-        for jc in (0..n).step_by(NC) {
+        let mut bpack = match rhs {
+            Rhs::Pack(_) => vec![0u32; NC.min(n).next_multiple_of(NR) * max_pairs],
+            Rhs::Packed(_) => Vec::new(),
+        };
+        let kblocks = k.div_ceil(KC);
+        for (jb, jc) in (0..n).step_by(NC).enumerate() {
             let nc = NC.min(n - jc);
             let npanels = nc.div_ceil(NR);
-            for pc in (0..k).step_by(KC) {
+            for (pb, pc) in (0..k).step_by(KC).enumerate() {
                 let kc = KC.min(k - pc);
                 let pairs = kc.div_ceil(2);
-                let pack_b = |q: usize, out: &mut [u32]| {
-                    let cols = NR.min(nc - q * NR);
-                    pack::panel(vb, jc + q * NR, cols, pc, kc, NR, out, vector)
+                let bpack: &[u32] = match rhs {
+                    Rhs::Packed(p) => {
+                        let at = p.offsets[jb * kblocks + pb];
+                        &p.words[at..at + npanels * pairs * NR]
+                    }
+                    Rhs::Pack(vb) => {
+                        let pack_b = |q: usize, out: &mut [u32]| {
+                            let cols = NR.min(nc - q * NR);
+                            pack::panel(vb, jc + q * NR, cols, pc, kc, NR, out, vector)
+                        };
+                        let panels = bpack[..npanels * pairs * NR].chunks_mut(pairs * NR);
+                        if threads > 1 {
+                            panels
+                                .collect::<Vec<_>>()
+                                .into_par_iter()
+                                .enumerate()
+                                .for_each(|(q, out)| pack_b(q, out));
+                        } else {
+                            panels.enumerate().for_each(|(q, out)| pack_b(q, out));
+                        }
+                        &bpack[..npanels * pairs * NR]
+                    }
                 };
-                let panels = bpack[..npanels * pairs * NR].chunks_mut(pairs * NR);
-                if threads > 1 {
-                    panels
-                        .collect::<Vec<_>>()
-                        .into_par_iter()
-                        .enumerate()
-                        .for_each(|(q, out)| pack_b(q, out));
-                } else {
-                    panels.enumerate().for_each(|(q, out)| pack_b(q, out));
-                }
-                let bpack = &bpack;
                 let overwrite = pc == 0 && !accumulate;
                 // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
                 // multiple of the threads, so that no thread waits on a short last block.
@@ -248,6 +358,32 @@ impl Bf16Gemm {
             }
         }
     }
+}
+
+/// A right-hand side rounded and packed once (`Bf16Gemm::pack_b`): blocks of NC columns by KC
+/// of k, column-block major, each in panels of NR columns.
+pub struct PackedB {
+    k: usize,
+    n: usize,
+    words: Vec<u32>,
+    /// Where block (column block, k block) starts, column-block major.
+    offsets: Vec<usize>,
+}
+
+impl PackedB {
+    /// Rows (k) and columns of the packed matrix.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+}
+
+/// Where a product's right-hand side comes from.
+#[derive(Clone, Copy)]
+enum Rhs<'a, B> {
+    /// Packed block by block as the product runs.
+    Pack(View<B>),
+    /// Packed beforehand.
+    Packed(&'a PackedB),
 }
 
 #[derive(Clone, Copy)]

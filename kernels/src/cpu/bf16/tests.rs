@@ -38,6 +38,17 @@ impl Case {
         }
     }
 
+    /// B stored transposed (n × k, row-major).
+    fn bt(&self) -> Vec<f32> {
+        let mut t = vec![0.0; self.b.len()];
+        for p in 0..self.k {
+            for j in 0..self.n {
+                t[j * self.k + p] = self.b[p * self.n + j];
+            }
+        }
+        t
+    }
+
     /// C as the product of the rounded inputs in f64; and Σ|a·b| per entry.
     fn reference(&self, accumulate: bool) -> (Vec<f64>, Vec<f64>) {
         let (mut want, mut scale) = (vec![0.0; self.m * self.n], vec![0.0; self.m * self.n]);
@@ -225,6 +236,54 @@ fn threads_do_not_change_a_bit() {
             .unwrap();
         let many = pool.install(|| case.run(g, true, false, false, false, true));
         assert_eq!(one, many, "{g:?}");
+    }
+}
+
+#[test]
+fn a_packed_rhs_gives_the_same_bits_as_packing_on_the_fly() {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    for (s, &(m, n, k)) in shapes().iter().enumerate() {
+        let case = Case::new(m, n, k, 40 + s as u64);
+        for g in paths() {
+            if m * n * k > 1 << 24 && g.path() == Path::Portable {
+                continue;
+            }
+            for (tb, acc, par) in [
+                (false, false, false),
+                (true, true, true),
+                (false, true, true),
+            ] {
+                let plain = pool.install(|| case.run(g, false, tb, false, acc, par));
+                let bt = case.bt();
+                let (a, b0, c0) = (&case.a, &case.b, &case.c0);
+                let c = pool.install(|| {
+                    let b = if tb {
+                        Operand::transposed(bt.as_ptr(), k)
+                    } else {
+                        Operand::rows(b0.as_ptr(), n)
+                    };
+                    let mut c = c0.clone();
+                    // SAFETY: b is k×n as described, a m×k, c m×n.
+                    unsafe {
+                        let packed = g.pack_b(k, n, b, par);
+                        assert_eq!(packed.dims(), (k, n));
+                        let a = Operand::rows(a.as_ptr(), k);
+                        g.gemm_packed(m, c.as_mut_ptr(), n, acc, a, &packed, par);
+                    }
+                    c
+                });
+                assert!(
+                    plain
+                        .iter()
+                        .zip(&c)
+                        .all(|(x, y)| x.to_bits() == y.to_bits()),
+                    "{g:?} m={m} n={n} k={k} tb={tb} acc={acc} par={par}"
+                );
+            }
+        }
     }
 }
 
