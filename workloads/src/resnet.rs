@@ -5,8 +5,8 @@
 use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{
-    add_into, add_relu, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d,
-    Linear, MaxPool, Param,
+    add_into, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d, Linear, MaxPool,
+    Param, Shortcut,
 };
 use crate::tensor::{Float, Tensor};
 use roofline_collectors::timeline::timed;
@@ -138,14 +138,19 @@ impl<T: Float> Bottleneck<T> {
             self.bn2.forward_act(b, train, true)
         }));
         let c = timed(FWD, f("conv3"), || self.conv3.forward(&b));
-        let mut c = timed(FWD, f("bn3"), || self.bn3.forward_act(c, train, false));
-        let shortcut = self.down.as_mut().map(|(conv, bn)| {
-            let d = timed(FWD, f("downsample.0"), || conv.forward(x));
-            timed(FWD, f("downsample.1"), || bn.forward_act(d, train, false))
-        });
-        timed(FWD, f("add+relu3"), || {
-            add_relu(&mut c, shortcut.as_ref().unwrap_or(x))
-        });
+        // The block's end in one pass: bn3, the projection's batch norm, the sum and the ReLU.
+        let bn3 = &mut self.bn3;
+        let c = match self.down.as_mut() {
+            Some((conv, bn)) => {
+                let d = timed(FWD, f("downsample.0"), || conv.forward(x));
+                timed(FWD, f("bn3+downsample.1+add+relu3"), || {
+                    bn3.forward_add_relu(c, Shortcut::Projected(bn, d), train)
+                })
+            }
+            None => timed(FWD, f("bn3+add+relu3"), || {
+                bn3.forward_add_relu(c, Shortcut::Identity(x), train)
+            }),
+        };
         let out = Arc::new(c);
         if train {
             self.a1 = a;
@@ -158,8 +163,16 @@ impl<T: Float> Bottleneck<T> {
     fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
-        timed(BWD, f("add+relu3"), || relu_backward(&self.out, &mut d));
-        let g = timed(BWD, f("bn3"), || self.bn3.backward(&d));
+        // Spans named as the forward pass's fused one, so that the placement has one row for
+        // those layers. (The backward passes stay apart: the masked gradient feeds both bn3 and
+        // the shortcut, and fusing the mask into each reads the mask twice.)
+        let end = if self.down.is_some() {
+            "bn3+downsample.1+add+relu3"
+        } else {
+            "bn3+add+relu3"
+        };
+        timed(BWD, f(end), || relu_backward(&self.out, &mut d));
+        let g = timed(BWD, f(end), || self.bn3.backward(&d));
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
             self.bn2.backward_act(&db, Some(&self.b1))
@@ -171,11 +184,11 @@ impl<T: Float> Bottleneck<T> {
         let mut dx = timed(BWD, f("conv1"), || self.conv1.backward(&g));
         match &mut self.down {
             Some((conv, bn)) => {
-                let g = timed(BWD, f("downsample.1"), || bn.backward(&d));
+                let g = timed(BWD, f(end), || bn.backward(&d));
                 let dd = timed(BWD, f("downsample.0"), || conv.backward(&g));
-                timed(BWD, f("add+relu3"), || add_into(&mut dx, &dd));
+                timed(BWD, f(end), || add_into(&mut dx, &dd));
             }
-            None => timed(BWD, f("add+relu3"), || add_into(&mut dx, &d)),
+            None => timed(BWD, f(end), || add_into(&mut dx, &d)),
         }
         dx
     }

@@ -4,6 +4,7 @@
 use crate::conv::{self, ConvShape};
 use crate::tensor::{gemm, simd, Float, Mat, Tensor};
 use rayon::prelude::*;
+use std::borrow::Cow;
 use std::sync::Arc;
 
 /// Sums across the ranks of a data-parallel run: the communication layer's (`kernels::comm`).
@@ -267,6 +268,14 @@ pub(crate) fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> Conv
 }
 
 /// Batch normalisation over N·H·W per channel, with running statistics for inference.
+/// What a residual block adds to its normalised branch (`BatchNorm::forward_add_relu`).
+pub enum Shortcut<'a, T: Float> {
+    /// The block's input.
+    Identity(&'a Tensor<T>),
+    /// The projection's convolution output, normalised by its own batch norm in the same pass.
+    Projected(&'a mut BatchNorm<T>, Tensor<T>),
+}
+
 pub struct BatchNorm<T> {
     pub gamma: Param<T>,
     pub beta: Param<T>,
@@ -302,9 +311,9 @@ impl<T: Float> BatchNorm<T> {
         self.forward_act(x.clone(), train, false)
     }
 
-    /// `forward` followed by ReLU when `relu`, in one pass over memory. Takes the input by
-    /// value: training keeps it (not a normalised copy) for the backward pass.
-    pub fn forward_act(&mut self, x: Tensor<T>, train: bool, relu: bool) -> Tensor<T> {
+    /// The batch's (training) or the running (inference) statistics as the per-channel affine
+    /// map `y = x·a + d`; training keeps the statistics for the backward pass.
+    fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
         let c = x.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
@@ -320,13 +329,25 @@ impl<T: Float> BatchNorm<T> {
         } else {
             running_statistics(&self.running_mean, &self.running_var, self.eps)
         };
-        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
-        let zero = T::zero();
         // y = γ·(x − μ)/σ + β = x·a + d per channel.
         let a: Vec<T> = (0..c).map(|j| self.gamma.value[j] * inv_std[j]).collect();
         let d: Vec<T> = (0..c)
             .map(|j| self.beta.value[j] - mean[j] * a[j])
             .collect();
+        if train {
+            self.mean = mean;
+            self.inv_std = inv_std;
+        }
+        (a, d)
+    }
+
+    /// `forward` followed by ReLU when `relu`, in one pass over memory. Takes the input by
+    /// value: training keeps it (not a normalised copy) for the backward pass.
+    pub fn forward_act(&mut self, x: Tensor<T>, train: bool, relu: bool) -> Tensor<T> {
+        let c = x.c;
+        let (a, d) = self.affine(&x, train);
+        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
+        let zero = T::zero();
         y.data
             .par_chunks_mut(CHUNK_ROWS * c)
             .zip(x.data.par_chunks(CHUNK_ROWS * c))
@@ -353,8 +374,72 @@ impl<T: Float> BatchNorm<T> {
             });
         if train {
             self.input = Some(x);
-            self.mean = mean;
-            self.inv_std = inv_std;
+        }
+        y
+    }
+
+    /// A residual block's end, `relu(bn(x) + shortcut)`, in one pass over memory: the normalised
+    /// branch and the sum are never written (with separate passes they were written and read
+    /// back once each, and a projection's normalised output once more). The same bits as
+    /// `forward_act` then `add_relu` (the same operations in the same order).
+    pub fn forward_add_relu(
+        &mut self,
+        x: Tensor<T>,
+        shortcut: Shortcut<'_, T>,
+        train: bool,
+    ) -> Tensor<T> {
+        let c = x.c;
+        let (a, d) = self.affine(&x, train);
+        let (s, down) = match shortcut {
+            Shortcut::Identity(s) => (Cow::Borrowed(s), None),
+            Shortcut::Projected(bn, s) => {
+                let ad = bn.affine(&s, train);
+                (Cow::Owned(s), Some((bn, ad)))
+            }
+        };
+        assert!(x.same_shape(&s), "residual shapes");
+        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
+        let zero = T::zero();
+        let projected = down.is_some();
+        let (a2, d2) = match &down {
+            Some((_, (a2, d2))) => (&a2[..], &d2[..]),
+            None => (&a[..], &d[..]),
+        };
+        y.data
+            .par_chunks_mut(CHUNK_ROWS * c)
+            .zip(x.data.par_chunks(CHUNK_ROWS * c))
+            .zip(s.data.par_chunks(CHUNK_ROWS * c))
+            .for_each(|((yc, xc), sc)| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
+                        for ((yr, xr), sr) in yc
+                            .chunks_exact_mut(c)
+                            .zip(xc.chunks_exact(c))
+                            .zip(sc.chunks_exact(c))
+                        {
+                            let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
+                            if projected {
+                                for j in 0..c {
+                                    let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
+                                    yr[j] = if t < zero { zero } else { t };
+                                }
+                            } else {
+                                for j in 0..c {
+                                    let t = (xr[j] * a[j] + d[j]) + sr[j];
+                                    yr[j] = if t < zero { zero } else { t };
+                                }
+                            }
+                        }
+                    },
+                )
+            });
+        if train {
+            self.input = Some(x);
+            if let Some((bn, _)) = down {
+                bn.input = Some(s.into_owned());
+            }
         }
         y
     }

@@ -132,6 +132,47 @@ fn fused_batch_norm_relu_and_residual_match_the_separate_layers() {
 }
 
 #[test]
+fn a_blocks_end_in_one_pass_matches_the_separate_layers_bit_for_bit() {
+    let x = rand_tensor(2, 3, 4, 5, 31);
+    let s = rand_tensor(2, 3, 4, 5, 32);
+    let dsr = rand_tensor(2, 3, 4, 5, 33);
+    for train in [true, false] {
+        // Identity shortcut: bn, then relu(y + s).
+        let (mut a, mut b) = (
+            BatchNorm::<f64>::new("a", 5, 0.7),
+            BatchNorm::<f64>::new("b", 5, 0.7),
+        );
+        let mut want = a.forward_act(x.clone(), train, false);
+        add_relu(&mut want, &s);
+        let got = b.forward_add_relu(x.clone(), Shortcut::Identity(&s), train);
+        assert_eq!(want, got, "identity, train {train}");
+        assert_eq!(a.running_mean, b.running_mean);
+        // Projection: both batch norms, the sum and the ReLU; both keep their inputs for the
+        // backward pass.
+        let (mut a, mut b) = (
+            BatchNorm::<f64>::new("a", 5, 0.7),
+            BatchNorm::<f64>::new("b", 5, 0.7),
+        );
+        let (mut pa, mut pb) = (
+            BatchNorm::<f64>::new("p", 5, 1.3),
+            BatchNorm::<f64>::new("q", 5, 1.3),
+        );
+        let mut want = a.forward_act(x.clone(), train, false);
+        let p = pa.forward_act(dsr.clone(), train, false);
+        add_relu(&mut want, &p);
+        let got = b.forward_add_relu(x.clone(), Shortcut::Projected(&mut pb, dsr.clone()), train);
+        assert_eq!(want, got, "projected, train {train}");
+        assert_eq!(pa.running_var, pb.running_var);
+        if train {
+            let g = rand_tensor(2, 3, 4, 5, 34);
+            assert_eq!(a.backward(&g), b.backward(&g));
+            assert_eq!(pa.backward(&g), pb.backward(&g));
+            assert_eq!(pa.gamma.grad, pb.gamma.grad);
+        }
+    }
+}
+
+#[test]
 fn relu_pool_linear_and_loss_gradients() {
     // ReLU
     let x = rand_tensor(2, 3, 3, 2, 7);
