@@ -29,7 +29,8 @@
 # (why: the budget spent, the part not asked) — and the peers' table at the end. A part that
 # needs ceilings (train, ewa, peers) and has no machine.json from this call takes
 # ROOFLINE_BRINGUP_MACHINE (an earlier call's machine.json) or a quick probe, never a second
-# full one.
+# full one. ROOFLINE_BRINGUP_PROBE_LIMIT (360) and ROOFLINE_BRINGUP_TRAIN_LIMIT (180) cap the
+# full probe and each of the four trainings, so that a short lease reaches the later steps.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -150,7 +151,7 @@ run() {
         step kernels 120 "$rl" kernels --arch 80,89,90
         step probe-check 180 "$rl" probe --check
         step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
-        step probe-full 360 "$rl" probe --device cuda -o "$machine"
+        step probe-full "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" "$rl" probe --device cuda -o "$machine"
     fi
     # A part with placements and no probe of its own in this call: an earlier call's file, or a
     # quick probe (never a second full one).
@@ -172,7 +173,7 @@ run() {
     if ! not_asked train train-check train-f32 train-tf32 train-bf16 train-f16 place; then
         step train-check 240 "$rl" train --device cuda --check
         for p in f32 tf32 bf16 f16; do
-            step "train-$p" 180 sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
+            step "train-$p" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
             [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
             rm -f "$out/train-$p.json"
         done

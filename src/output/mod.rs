@@ -361,10 +361,20 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
     use roofline_plots::si;
     let pt = &p.point;
     println!(
-        "{} on {} ({} threads{}): {}FLOP/s (best of {} steps; median {}FLOP/s), {}FLOP per step",
+        "{} on {} ({}{}): {}FLOP/s (best of {} steps; median {}FLOP/s), {}FLOP per step",
         p.workload.name,
-        p.machine.cpu,
-        p.workload.threads,
+        // A GPU run's host threads only feed the device: name the device (this line named the
+        // host's CPU for an H200 run, 2026-11-26).
+        if p.workload.device.starts_with("gpu") {
+            format!("{} of {}", p.workload.device, p.machine.host)
+        } else {
+            p.machine.cpu.clone()
+        },
+        if p.workload.device.starts_with("gpu") {
+            p.workload.precision.clone()
+        } else {
+            format!("{} threads", p.workload.threads)
+        },
         if p.workload.ranks > 1 {
             format!(", {} ranks", p.workload.ranks)
         } else {

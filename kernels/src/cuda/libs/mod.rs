@@ -12,7 +12,10 @@
 //! first name instead ([`crate::cuda::device::Event::seconds_to`]). NCCL (`libnccl.so.2`, a
 //! name cudarc never tries) is called through roofline's own table ([`crate::cuda::nccl_lib`]).
 //!
-//! Where we look, in order (the list is kept for the error message):
+//! First, for NVRTC, cuBLAS, cuBLASLt and cuDNN, the file the dynamic linker gives for the
+//! unversioned name (`libcublas.so`), if any: the bindings open that name first, so a copy on
+//! `LD_LIBRARY_PATH` or in ld.so.cache is the one they call whatever else is loaded. Then,
+//! where we look, in order (the list is kept for the error message):
 //! 1. `ROOFLINE_CUDA_LIBS`: folders, each a library folder, a Python `site-packages` (or its
 //!    `nvidia` folder) holding NVIDIA's CUDA wheels, or a virtual environment;
 //! 2. the active virtual environment (`VIRTUAL_ENV`), any virtual environment whose `bin` is on
@@ -81,6 +84,14 @@ impl Lib {
             Lib::Nccl => &["nccl/lib"],
             Lib::Driver | Lib::Nvml => &[],
         }
+    }
+
+    /// Whether cudarc's bindings open it by its unversioned name first, through the dynamic
+    /// linker, so that a copy there wins over every folder we search ([`locate`]). Not the
+    /// driver (a toolkit's `stubs/libcuda.so` must never be taken for it), NVML, or NCCL (called
+    /// through our own table, by the file we found).
+    fn linker_first(self) -> bool {
+        matches!(self, Lib::Nvrtc | Lib::Cublas | Lib::CublasLt | Lib::Cudnn)
     }
 
     /// The libraries it opens by soname itself, to be loaded before it.
@@ -435,11 +446,25 @@ pub fn locate(lib: Lib) -> Option<String> {
     for dep in lib.needs() {
         let _ = locate(*dep);
     }
+    // What the bindings open first is the unversioned name (`libcublas.so`) through the
+    // dynamic linker's own search: where that resolves (a toolkit or a distribution's package
+    // on LD_LIBRARY_PATH or in ld.so.cache), cudarc calls that file whatever we load, so it is
+    // the one to use; a wheel's copy found first would make two ([`shadowed`]). Seen on an
+    // H200 image with CUDA 13.0 in /usr/local/cuda-13.0 and cuDNN 9.14 in /usr/lib beside
+    // PyTorch's wheels (2026-11-26).
+    let mut found = lib
+        .linker_first()
+        .then(|| lib.names().iter().find(|n| n.ends_with(".so")))
+        .flatten()
+        .and_then(|bare| linker_file(bare, lib.probe_symbol()))
+        .filter(|file| fits(lib, file, max_generation));
     let env = SearchEnv::from_process();
-    let mut found = candidates_in(lib, &env, max_generation)
-        .into_iter()
-        .map(|p| p.to_string_lossy().into_owned())
-        .find(|p| try_open(lib, p));
+    if found.is_none() {
+        found = candidates_in(lib, &env, max_generation)
+            .into_iter()
+            .map(|p| p.to_string_lossy().into_owned())
+            .find(|p| try_open(lib, p));
+    }
     if found.is_none() {
         found = lib
             .names()
@@ -459,6 +484,18 @@ pub fn locate(lib: Lib) -> Option<String> {
         path: path.clone(),
     });
     Some(path)
+}
+
+/// The file the dynamic linker's own search gives for `name` (opened, `RTLD_GLOBAL`, and
+/// kept open), found through the object that defines `symbol`; `None` when the name does not
+/// resolve or the symbol is not in it.
+pub fn linker_file(name: &str, symbol: &CStr) -> Option<String> {
+    let handle = dlopen_global(name);
+    if handle.is_null() {
+        return None;
+    }
+    // SAFETY: `handle` is a loaded object; dlsym only reads its tables.
+    file_of(unsafe { libc::dlsym(handle, symbol.as_ptr()) })
 }
 
 /// Loads the libraries `lib` itself opens by bare name from beside its file, so that the

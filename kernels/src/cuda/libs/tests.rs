@@ -222,3 +222,17 @@ fn a_missing_library_names_the_wheels_that_fix_it() {
     assert!(msg.contains("nvidia-cuda-nvrtc-cu12") && msg.contains("nvidia-cuda-nvrtc "));
     assert!(Lib::Driver.fix().contains("NVIDIA driver"));
 }
+
+#[test]
+fn the_linkers_file_for_a_name_is_found_through_its_symbol() {
+    // The C library's maths is on every Linux linker path: the file behind a bare name.
+    let file = linker_file("libm.so.6", c"cos").expect("libm.so.6 resolves");
+    assert!(file.starts_with('/'), "{file}");
+    assert!(
+        Path::new(&file).file_name().unwrap().to_string_lossy().starts_with("libm"),
+        "{file}"
+    );
+    assert!(same_file(&file, &file));
+    assert_eq!(linker_file("libroofline-not-a-library.so", c"cos"), None);
+    assert_eq!(linker_file("libm.so.6", c"roofline_no_such_symbol"), None);
+}
