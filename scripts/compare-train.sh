@@ -27,7 +27,9 @@ OUT=compare-out
 mkdir -p "$OUT"
 cargo build --release --quiet || exit 1
 BIN=target/release/roofline
-echo "# scripts/compare-train.sh $ROUNDS $BATCH $RES $STEPS — $(date -u +%F), revision $(git describe --always --dirty --abbrev=7), $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $THREADS CPUs, bf16 instruction: $(grep -qw avx512_bf16 /proc/cpuinfo && echo AVX512_BF16 || echo none)"
+# The revision once, at the start: the tree may be edited while the rounds run.
+REV=$(git describe --always --dirty --abbrev=7)
+echo "# scripts/compare-train.sh $ROUNDS $BATCH $RES $STEPS — $(date -u +%F), revision $REV, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $THREADS CPUs, bf16 instruction: $(grep -qw avx512_bf16 /proc/cpuinfo && echo AVX512_BF16 || echo none)"
 echo "# ResNet-50 v1.5, batch $BATCH, ${RES}x$RES, $THREADS threads, 1 warm-up step then $STEPS measured; images/s over the measured steps"
 have_torch=0; $PY -c "import torch, torchvision" 2>/dev/null && have_torch=1
 have_tf=0; $PY -c "import tensorflow" 2>/dev/null && have_tf=1
@@ -44,7 +46,7 @@ roofline() { # precision
         echo "roofline $1: $(tail -1 "$OUT/train-roofline-$1.err")"
         return
     fi
-    echo "$j" | $PY -c "import json,sys; d=json.load(sys.stdin); print('roofline', '$1', d['steady_images_per_second'], d['parameters'], 'roofline-' + '$(git describe --always --dirty --abbrev=7)')" >> "$RESULTS"
+    echo "$j" | $PY -c "import json,sys; d=json.load(sys.stdin); print('roofline', '$1', d['steady_images_per_second'], d['parameters'], 'roofline-' + '$REV')" >> "$RESULTS"
 }
 peer() { # framework precision
     local j

@@ -325,6 +325,18 @@ impl Ctx<'_> {
     ) -> Option<TheoreticalPeak> {
         let run_max = out.clock(threads).map(|s| s.max);
         let clock = clock_hz.map(|c| c.0).or(run_max)?;
+        if precision == AMX_BF16 {
+            // One TMUL per core: tdpbf16ps (16 × 16 × 32 products) every 16 cycles.
+            return Some(TheoreticalPeak {
+                value: threads as f64 * clock * 1024.0,
+                unit: "FLOP/s".into(),
+                source: format!(
+                    "AMX-BF16: {threads} cores × {:.2} GHz × 1024 FLOP per cycle (one tdpbf16ps of 16×16×32 every 16 cycles)",
+                    clock / 1e9
+                ),
+                uncertainty: 0.005,
+            });
+        }
         let units = self
             .db
             .fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
@@ -494,6 +506,9 @@ fn gemm_section<T: Elem>(
     )
 }
 
+/// The peak name of the AMX-BF16 tile unit (not a precision of the FMA table).
+const AMX_BF16: &str = "bf16-amx";
+
 /// The bf16 GEMM ceilings (bf16 inputs, f32 sums), where the CPU has the dot-product
 /// instruction and the cap allows it.
 fn gemm_bf16_section(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
@@ -504,16 +519,21 @@ fn gemm_bf16_section(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             return Ok(());
         }
     };
-    let method = format!(
-        "roofline's bf16 GEMM (vdpbf16ps, {MR}×{NR} tiles, GotoBLAS blocking), A and B in bf16, C in f32, row-major, random inputs"
-    );
+    let amx = gemm.path() == crate::cpu::bf16::Path::Amx;
+    let method = if amx {
+        "roofline's bf16 GEMM (AMX tdpbf16ps, 32×32 tiles of C, vdpbf16ps for k past a multiple of 32, GotoBLAS blocking; ROOFLINE_AMX=0 measures vdpbf16ps alone), A and B in bf16, C in f32, row-major, random inputs".to_string()
+    } else {
+        format!(
+            "roofline's bf16 GEMM (vdpbf16ps, {MR}×{NR} tiles, GotoBLAS blocking), A and B in bf16, C in f32, row-major, random inputs"
+        )
+    };
     gemm_ceilings(
         ctx,
         out,
         roofline_model::Precision::Bf16,
         Isa::Avx512,
         &method,
-        "bf16",
+        if amx { AMX_BF16 } else { "bf16" },
         |shape, threads| Bf16GemmKernel::new(gemm, shape, threads),
     )
 }

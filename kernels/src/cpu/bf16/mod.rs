@@ -9,6 +9,8 @@
 //! (or, for short matrices, groups of column panels): every entry of C is summed by one thread
 //! in one order, so results do not depend on the thread count.
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 mod kernel;
 mod micro;
 mod pack;
@@ -27,6 +29,9 @@ pub const KC: usize = 256;
 pub const MC: usize = 24 * MR;
 /// Columns of B per block.
 pub const NC: usize = 1024;
+/// Rows of A per block on the AMX path (10 tiles of 32 rows: 160 KiB of A at KC).
+#[cfg(target_arch = "x86_64")]
+const MC_AMX: usize = 10 * amx::ROWS;
 
 /// A matrix operand: element (i, j) at `ptr + i·rs + j·cs` (a transpose costs nothing).
 #[derive(Clone, Copy, Debug)]
@@ -58,6 +63,9 @@ impl<T> Operand<T> {
 /// Which kernels a product runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
+    /// AMX tiles (`tdpbf16ps`, 32 × 32 of C at a time), AVX-512 packing, and `vdpbf16ps` for
+    /// the pairs of k past a multiple of 16.
+    Amx,
     /// `vdpbf16ps` and AVX-512 packing.
     Avx512Bf16,
     /// Scalar, the same sums per lane: for tests and for checking, ~50× slower.
@@ -83,7 +91,8 @@ pub enum Unsupported {
 }
 
 impl Bf16Gemm {
-    /// The fast path, or why there is none.
+    /// The fast path, or why there is none: AMX where the CPU has it and the kernel grants
+    /// the tiles (unless `ROOFLINE_AMX=0`), else `vdpbf16ps`.
     pub fn detect() -> Result<Bf16Gemm, Unsupported> {
         if !Bf16Gemm::cpu_has() {
             return Err(Unsupported::NoInstruction);
@@ -92,7 +101,29 @@ impl Bf16Gemm {
         if cap != super::isa::Isa::Avx512 {
             return Err(Unsupported::Capped(cap.name().into()));
         }
+        let off = std::env::var("ROOFLINE_AMX").is_ok_and(|v| v == "0" || v == "off");
         Ok(Bf16Gemm {
+            path: if !off && Bf16Gemm::amx_available() {
+                Path::Amx
+            } else {
+                Path::Avx512Bf16
+            },
+        })
+    }
+
+    /// Whether this CPU has AMX-BF16 and the kernel lets this process use its tiles.
+    pub fn amx_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            Bf16Gemm::cpu_has() && amx::available()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// The `vdpbf16ps` path where the CPU has it (for comparisons beside AMX).
+    pub fn avx512() -> Option<Bf16Gemm> {
+        Bf16Gemm::cpu_has().then_some(Bf16Gemm {
             path: Path::Avx512Bf16,
         })
     }
@@ -165,7 +196,7 @@ impl Bf16Gemm {
         b: Operand<B>,
         parallel: bool,
     ) -> PackedB {
-        let vector = self.path == Path::Avx512Bf16;
+        let vector = self.path != Path::Portable;
         let vb = View::of_rhs(b);
         let mut offsets = Vec::new();
         let mut len = 0;
@@ -248,11 +279,18 @@ impl Bf16Gemm {
             }
             return;
         }
-        let vector = self.path == Path::Avx512Bf16;
+        let vector = self.path != Path::Portable;
+        let amx = self.path == Path::Amx;
         let va = View::of_lhs(a);
         // A with k contiguous is rounded row by row and the micro-kernel broadcasts from its
-        // rows; otherwise A is packed in panels (a transposition of 32-bit pairs).
-        let a_rows = vector && va.ks == 1;
+        // rows; otherwise A is packed in panels (a transposition of 32-bit pairs). AMX takes
+        // rows whatever A's strides.
+        let a_rows = amx || (vector && va.ks == 1);
+        // Rows per micro-kernel call and per block of A.
+        #[cfg(target_arch = "x86_64")]
+        let (rm, mc_max) = if amx { (amx::ROWS, MC_AMX) } else { (MR, MC) };
+        #[cfg(not(target_arch = "x86_64"))]
+        let (rm, mc_max) = (MR, MC);
         let c = SendPtr(c);
         let threads = if parallel {
             rayon::current_num_threads().max(1)
@@ -299,17 +337,35 @@ impl Bf16Gemm {
                 let overwrite = pc == 0 && !accumulate;
                 // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
                 // multiple of the threads, so that no thread waits on a short last block.
-                let mut mblocks = m.div_ceil(MC);
+                let mut mblocks = m.div_ceil(mc_max);
                 if threads > 1 {
                     mblocks = mblocks.div_ceil(threads) * threads;
                 }
-                let mb = m.div_ceil(mblocks).next_multiple_of(MR).min(MC);
+                let mb = m.div_ceil(mblocks).next_multiple_of(rm).min(mc_max);
                 let mblocks = m.div_ceil(mb);
                 let groups = (threads / mblocks).clamp(1, npanels);
                 let task = |t: usize, apack: &mut Vec<u32>| {
                     let (ib, g) = (t / groups, t % groups);
                     let i0 = ib * mb;
                     let mc = mb.min(m - i0);
+                    let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                    #[cfg(target_arch = "x86_64")]
+                    if amx {
+                        if va.ks == 1 {
+                            pack::rows(va, i0, mc, pc, kc, apack);
+                        } else {
+                            pack::rows_any(va, i0, mc, pc, kc, apack);
+                        }
+                        let c_at = |i: usize, j: usize| c.get().add((i0 + i) * ldc + jc + j);
+                        for jp in j0..j1 {
+                            let bp = bpack[jp * pairs * NR..].as_ptr();
+                            for i in (0..mc).step_by(amx::ROWS) {
+                                let (rows, cols) = (amx::ROWS.min(mc - i), NR.min(nc - jp * NR));
+                                amx_tile(pairs, &apack[i * pairs..], bp, c_at(i, jp * NR), ldc, rows, cols, overwrite);
+                            }
+                        }
+                        return;
+                    }
                     let mpanels = mc.div_ceil(MR);
                     if a_rows {
                         #[cfg(target_arch = "x86_64")]
@@ -321,7 +377,6 @@ impl Bf16Gemm {
                             pack::panel(va, i0 + q * MR, rows, pc, kc, MR, out, vector);
                         }
                     }
-                    let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
                     for jp in j0..j1 {
                         let bp = bpack[jp * pairs * NR..].as_ptr();
                         for ip in 0..mpanels {
@@ -344,7 +399,8 @@ impl Bf16Gemm {
                         }
                     }
                 };
-                let new_a = || vec![0u32; mb.next_multiple_of(MR) * max_pairs];
+                // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels.
+                let new_a = || vec![0u32; (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs];
                 if threads > 1 && mblocks * groups > 1 {
                     (0..mblocks * groups)
                         .into_par_iter()
@@ -356,6 +412,56 @@ impl Bf16Gemm {
                     }
                 }
             }
+        }
+    }
+}
+
+/// One AMX tile of C at `c` (`rows × cols` ≤ 32 × 32 of it): A's rows from `a` (`pairs`
+/// words apart, 32 + MR rows readable), B one packed panel of `pairs` pairs. The pairs past a
+/// multiple of 16 go through the vector kernel, after the tiles; an edge tile is computed
+/// into a buffer and copied.
+///
+/// # Safety
+/// AMX granted; `c` covers `rows × cols` with leading dimension `ldc`.
+#[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn amx_tile(
+    pairs: usize,
+    a: &[u32],
+    b: *const u32,
+    c: *mut f32,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    overwrite: bool,
+) {
+    debug_assert!(a.len() >= (amx::ROWS + MR) * pairs);
+    let steps = pairs / amx::STEP;
+    if steps > 0 {
+        if rows == amx::ROWS && cols == NR {
+            amx::tile(steps, a.as_ptr(), pairs, b, c, ldc, !overwrite);
+        } else {
+            let mut buf = [0f32; amx::ROWS * NR];
+            amx::tile(steps, a.as_ptr(), pairs, b, buf.as_mut_ptr(), NR, false);
+            for (i, row) in buf.chunks(NR).take(rows).enumerate() {
+                let dst = std::slice::from_raw_parts_mut(c.add(i * ldc), cols);
+                for (y, &x) in dst.iter_mut().zip(row) {
+                    *y = if overwrite { x } else { *y + x };
+                }
+            }
+        }
+    }
+    let done = steps * amx::STEP;
+    if done < pairs {
+        for i in (0..rows).step_by(MR) {
+            let d = Dest {
+                c: c.add(i * ldc),
+                ldc,
+                rows: MR.min(rows - i),
+                cols,
+                overwrite: overwrite && steps == 0,
+            };
+            micro::tile_rows(pairs - done, a[i * pairs + done..].as_ptr(), pairs, b.add(done * NR), d);
         }
     }
 }

@@ -199,6 +199,36 @@ pub(super) unsafe fn rows<T: Source>(
     }
 }
 
+/// As [`rows`], for any strides: panels of 32 rows (the vector interleave where X's rows are
+/// contiguous), their words then transposed into rows.
+///
+/// # Safety
+/// The view covers those rows and k; `kk ≤ KC`; AVX-512 F/BW/VL/BF16 are present.
+#[cfg(target_arch = "x86_64")]
+pub(super) unsafe fn rows_any<T: Source>(
+    x: View<T>,
+    r0: usize,
+    rows: usize,
+    k0: usize,
+    kk: usize,
+    out: &mut [u32],
+) {
+    const W: usize = 32;
+    let pairs = kk.div_ceil(2);
+    debug_assert!(pairs <= super::KC / 2 && out.len() >= rows * pairs);
+    let mut tmp = [0u32; super::KC / 2 * W];
+    for g in (0..rows).step_by(W) {
+        let n = W.min(rows - g);
+        panel(x, r0 + g, n, k0, kk, W, &mut tmp[..pairs * W], true);
+        for r in 0..n {
+            let dst = &mut out[(g + r) * pairs..(g + r + 1) * pairs];
+            for (p, d) in dst.iter_mut().enumerate() {
+                *d = tmp[p * W + r];
+            }
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;

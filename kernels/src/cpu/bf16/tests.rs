@@ -9,6 +9,11 @@ fn paths() -> Vec<Bf16Gemm> {
             path: Path::Avx512Bf16,
         });
     }
+    if Bf16Gemm::amx_available() {
+        v.push(Bf16Gemm { path: Path::Amx });
+    } else {
+        eprintln!("no AMX-BF16 granted here: the AMX path is not tested");
+    }
     v
 }
 
@@ -140,6 +145,10 @@ fn shapes() -> Vec<(usize, usize, usize)> {
         (3, 5, 2),
         (37, 50, 129),
         (MR * 2, NR * 3, 64),
+        // AMX: whole 32-row tiles with k a multiple of 32, and with a tail of pairs.
+        (64, 64, 96),
+        (96, 32, 40),
+        (70, 45, 300),
         // Crosses blocks of rows, columns and k, with ragged ends in each.
         (MC + 5, NC + 40, 2 * KC + 3),
     ]
@@ -349,7 +358,15 @@ fn packing_paths_give_the_same_words() {
 #[test]
 fn detect_honours_the_cap() {
     match Bf16Gemm::detect() {
-        Ok(g) => assert_eq!(g.path(), Path::Avx512Bf16),
+        Ok(g) => {
+            let off = std::env::var("ROOFLINE_AMX").is_ok_and(|v| v == "0" || v == "off");
+            let want = if Bf16Gemm::amx_available() && !off {
+                Path::Amx
+            } else {
+                Path::Avx512Bf16
+            };
+            assert_eq!(g.path(), want)
+        }
         Err(Unsupported::NoInstruction) => assert!(!Bf16Gemm::cpu_has()),
         Err(Unsupported::Capped(_)) => {
             assert!(crate::cpu::isa::Isa::current() < crate::cpu::isa::Isa::Avx512)
