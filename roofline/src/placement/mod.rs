@@ -224,7 +224,7 @@ pub struct Advice {
 /// The roofs a point of `precision` on `threads` CPU threads is held against, from `m`:
 /// the flat compute ceilings of that precision among `families` (`gemm`, `conv`, `fma`: a
 /// GEMM is held against the GEMM and FMA roofs, a convolution or a network also against the
-/// convolution roof), the memory
+/// convolution roof; the FMA roof not where a GEMM beat it, on AMX), the memory
 /// ceiling (triad) of the level a `footprint` of bytes lives in, and, when the point
 /// communicates, the allreduce ceilings inside and between nodes.
 pub fn cpu_roofs(
@@ -255,6 +255,15 @@ pub fn cpu_roofs(
             ));
         }
     }
+    // A GEMM measured above the FMA roof of its precision ran on a unit that roof does not
+    // count (AMX tiles beside vdpbf16ps): the FMA roof would bind the point below what the
+    // machine showed it can do, so it goes.
+    let gemm = out
+        .iter()
+        .filter(|(r, _)| r.ceiling.contains("/gemm/"))
+        .map(|(r, _)| r.value)
+        .fold(0.0, f64::max);
+    out.retain(|(r, _)| !(r.ceiling.contains("/fma/") && r.value < gemm));
     let level = memory_level(m, footprint, threads);
     if let Some(c) = memory_roof(m, on, level) {
         out.push((

@@ -190,6 +190,29 @@ fn bounds_pick_the_lowest_roof_at_the_point() {
     );
 }
 
+/// On AMX the bf16 GEMM runs past the vdpbf16ps FMA roof: a bf16 network is held against the
+/// GEMM, not bound below what the probe measured; where the GEMM is below the FMA roof (f32
+/// here), the FMA roof stays among the roofs.
+#[test]
+fn a_gemm_above_the_fma_roof_replaces_it() {
+    let mut m = machine();
+    let fma = m.ceiling("cpu/fma/bf16/all").unwrap().clone();
+    let mut gemm = fma.clone();
+    gemm.id = "cpu/gemm/bf16/all".parse().unwrap();
+    gemm.value = 3000e9;
+    m.ceilings.push(gemm);
+    let families = [Family::Conv, Family::Gemm, Family::Fma];
+    let r = cpu_roofs(&m, Precision::Bf16, &families, 2, 3.0 * 64e6, None);
+    assert!(r.iter().all(|(x, _)| !x.ceiling.contains("/fma/")), "{r:?}");
+    let b = bound(&r, 500.0, None, 1000e9).unwrap();
+    assert_eq!(
+        (b.ceiling.as_str(), b.attainable),
+        ("cpu/gemm/bf16/all", 3000e9)
+    );
+    let f = cpu_roofs(&m, Precision::F32, &families, 2, 3.0 * 64e6, None);
+    assert!(f.iter().any(|(x, _)| x.ceiling == "cpu/fma/f32/all"));
+}
+
 fn point(kind: BoundKind, ceiling: &str, headroom: f64, achieved: f64) -> Point {
     Point {
         label: "x".into(),
