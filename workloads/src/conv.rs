@@ -236,7 +236,9 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     // 512 KiB inside one image, the 9.4 MB gradient of a layer4 3×3 went through memory every
     // 28 rows). Measured (trainer_conv bench, bwd_filter): 0.5, 2, 4, 8, 16 MiB; 2 MiB is the
     // best or within noise of it on every 3×3 shape (layer4: 150–159 → 168–172 GFLOP/s).
-    let mb = ((2 << 20) / (std::mem::size_of::<T>() * depth)).max(16);
+    // A multiple of 32 rows: the reduction of each product, which AMX takes 32 at a time (a
+    // layer4 3×3 block of 113 rows left 9 pairs of every product to the vector kernel).
+    let mb = ((2 << 20) / (std::mem::size_of::<T>() * depth)).next_multiple_of(32);
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
     let parts = partitions().min(sh.n.max(1));
     let per = sh.n.div_ceil(parts);

@@ -55,14 +55,48 @@ const CONFIG: Config = {
     Config(c)
 };
 
+/// The tile configuration loaded on this thread for a run of [`tile`] calls, released when
+/// dropped (so the thread's tile state is not kept, and saved at every switch, after the
+/// products).
+pub struct Tiles(());
+
+impl Tiles {
+    /// Loads the configuration.
+    ///
+    /// # Safety
+    /// [`available`] returned true. The value must be dropped on the thread that made it, and
+    /// no other tile configuration loaded on that thread while it lives.
+    #[cfg(target_arch = "x86_64")]
+    pub unsafe fn configure() -> Tiles {
+        std::arch::asm!(
+            "ldtilecfg [{cfg}]",
+            cfg = in(reg) &CONFIG as *const Config,
+            options(nostack, readonly),
+        );
+        Tiles(())
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: the configuration was loaded by `configure` on this thread.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            std::arch::asm!("tilerelease", options(nostack, nomem))
+        };
+    }
+}
+
 /// `C[32×32] (+)= A · B` over `steps · 16` pairs of k: C f32 with leading dimension `ldc`
 /// (added to when `load`, else overwritten), A rows `lda` words apart, B one packed panel.
 ///
 /// # Safety
-/// [`available`] returned true; `steps ≥ 1`; A's 32 rows and B's `steps · 16` pairs readable;
-/// C's 32 rows of 32 values readable and writable.
+/// The tiles configured on this thread (`_tiles`); `steps ≥ 1`; A's 32 rows and B's
+/// `steps · 16` pairs readable; C's 32 rows of 32 values readable and writable.
 #[cfg(target_arch = "x86_64")]
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn tile(
+    _tiles: &Tiles,
     steps: usize,
     a: *const u32,
     lda: usize,
@@ -75,7 +109,6 @@ pub unsafe fn tile(
     let ldc4 = ldc * 4;
     let lda4 = lda * 4;
     std::arch::asm!(
-        "ldtilecfg [{cfg}]",
         "test {load}, {load}",
         "jz 2f",
         "tileloadd tmm0, [{c0} + {ldc4}*1]",
@@ -106,8 +139,6 @@ pub unsafe fn tile(
         "tilestored [{c0} + {ldc4}*1 + 64], tmm1",
         "tilestored [{c1} + {ldc4}*1], tmm2",
         "tilestored [{c1} + {ldc4}*1 + 64], tmm3",
-        "tilerelease",
-        cfg = in(reg) &CONFIG as *const Config,
         load = in(reg) load as usize,
         c0 = in(reg) c,
         c1 = in(reg) c.add(16 * ldc),

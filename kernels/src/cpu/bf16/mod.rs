@@ -357,11 +357,12 @@ impl Bf16Gemm {
                             pack::rows_any(va, i0, mc, pc, kc, apack);
                         }
                         let c_at = |i: usize, j: usize| c.get().add((i0 + i) * ldc + jc + j);
+                        let tiles = amx::Tiles::configure();
                         for jp in j0..j1 {
                             let bp = bpack[jp * pairs * NR..].as_ptr();
                             for i in (0..mc).step_by(amx::ROWS) {
                                 let (rows, cols) = (amx::ROWS.min(mc - i), NR.min(nc - jp * NR));
-                                amx_tile(pairs, &apack[i * pairs..], bp, c_at(i, jp * NR), ldc, rows, cols, overwrite);
+                                amx_tile(&tiles, pairs, &apack[i * pairs..], bp, c_at(i, jp * NR), ldc, rows, cols, overwrite);
                             }
                         }
                         return;
@@ -422,10 +423,11 @@ impl Bf16Gemm {
 /// into a buffer and copied.
 ///
 /// # Safety
-/// AMX granted; `c` covers `rows × cols` with leading dimension `ldc`.
+/// The tiles configured on this thread; `c` covers `rows × cols` with leading dimension `ldc`.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn amx_tile(
+    tiles: &amx::Tiles,
     pairs: usize,
     a: &[u32],
     b: *const u32,
@@ -439,10 +441,10 @@ unsafe fn amx_tile(
     let steps = pairs / amx::STEP;
     if steps > 0 {
         if rows == amx::ROWS && cols == NR {
-            amx::tile(steps, a.as_ptr(), pairs, b, c, ldc, !overwrite);
+            amx::tile(tiles, steps, a.as_ptr(), pairs, b, c, ldc, !overwrite);
         } else {
             let mut buf = [0f32; amx::ROWS * NR];
-            amx::tile(steps, a.as_ptr(), pairs, b, buf.as_mut_ptr(), NR, false);
+            amx::tile(tiles, steps, a.as_ptr(), pairs, b, buf.as_mut_ptr(), NR, false);
             for (i, row) in buf.chunks(NR).take(rows).enumerate() {
                 let dst = std::slice::from_raw_parts_mut(c.add(i * ldc), cols);
                 for (y, &x) in dst.iter_mut().zip(row) {
