@@ -66,14 +66,7 @@ fn place_puts_workloads_on_the_roofline() {
     let bytes = (2 * caches).max(256 << 20).next_multiple_of(64 << 20);
     let stream = format!("stream:{bytes}");
     let s = place(
-        &[
-            "--workload",
-            &stream,
-            "--steps",
-            "2",
-            "--warm",
-            "1",
-        ],
+        &["--workload", &stream, "--steps", "2", "--warm", "1"],
         &dir.join("s.json"),
     );
     assert_eq!(s["point"]["bound"]["kind"], "memory");

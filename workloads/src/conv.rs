@@ -4,9 +4,10 @@
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
 //! once per call (packed once in bf16).
 
-use crate::tensor::{gemm, ordered_sum, partitions, Float, Mat, Rhs};
+use crate::tensor::{as_uninit, fill_uninit, gemm, ordered_sum, partitions, Float, Mat, Rhs};
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
+use std::mem::MaybeUninit;
 
 fn pointwise(sh: &ConvShape) -> bool {
     sh.r == 1 && sh.s == 1 && sh.stride == 1 && sh.pad == 0
@@ -70,6 +71,12 @@ fn check_lengths<T>(sh: &ConvShape, x: usize, w: usize, y: usize) {
 
 /// `y = conv(x, w)`.
 pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
+    forward_into(x, w, as_uninit(y), sh)
+}
+
+/// `y = conv(x, w)` into storage not yet written: every element of `y` is written (the GEMMs
+/// overwrite their output without reading it).
+pub fn forward_into<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &ConvShape) {
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
@@ -79,7 +86,7 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
                 sh.rows(),
                 k,
                 depth,
-                y.as_mut_ptr(),
+                y.as_mut_ptr() as *mut T,
                 k,
                 false,
                 Mat::rows(x.as_ptr(), depth),
@@ -104,7 +111,7 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
                 unsafe {
                     wb.gemm(
                         rows,
-                        y_t[r0 * k..].as_mut_ptr(),
+                        y_t[r0 * k..].as_mut_ptr() as *mut T,
                         k,
                         false,
                         Mat::rows(patch.as_ptr(), depth),
@@ -138,6 +145,11 @@ fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
 
 /// `dx = ∂L/∂x` from `dy = ∂L/∂y`.
 pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
+    backward_data_into(dy, w, as_uninit(dx), sh)
+}
+
+/// `backward_data` into storage not yet written: every element of `dx` is written.
+pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>], sh: &ConvShape) {
     check_lengths::<T>(sh, dx.len(), w.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
     // wᵀ (k × depth): packed in bf16 straight from w's strides; for the native products, a
@@ -156,7 +168,7 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
         unsafe {
             wb.gemm(
                 sh.rows(),
-                dx.as_mut_ptr(),
+                dx.as_mut_ptr() as *mut T,
                 depth,
                 false,
                 Mat::rows(dy.as_ptr(), k),
@@ -172,7 +184,7 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
         .for_each_init(
             || vec![T::zero(); mb * depth],
             |patch, (t, dx_t)| {
-                dx_t.fill(T::zero());
+                let dx_t = fill_uninit(dx_t, T::zero());
                 let first = t * g * per_img;
                 let rows_t = dx_t.len() / (sh.h * sh.w * sh.c) * per_img;
                 for r0 in (0..rows_t).step_by(mb) {

@@ -5,6 +5,7 @@ use crate::conv::{self, ConvShape};
 use crate::tensor::{gemm, simd, Float, Mat, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
+use std::mem::MaybeUninit;
 use std::sync::Arc;
 
 /// Sums across the ranks of a data-parallel run: the communication layer's (`kernels::comm`).
@@ -232,10 +233,11 @@ impl<T: Float> Conv2d<T> {
     /// The input is shared, not copied: the backward pass needs it for the filter gradient.
     pub fn forward(&mut self, x: &Arc<Tensor<T>>) -> Tensor<T> {
         let sh = self.shape_for(x);
-        let mut y = Tensor::for_overwrite(x.n, sh.oh(), sh.ow(), sh.k);
-        conv::forward(&x.data, &self.weight.value, &mut y.data, &sh);
+        let mut y = Tensor::uninit(x.n, sh.oh(), sh.ow(), sh.k);
+        conv::forward_into(&x.data, &self.weight.value, &mut y.data, &sh);
         self.input = Some(Arc::clone(x));
-        y
+        // SAFETY: forward_into writes every output element.
+        unsafe { y.assume_init() }
     }
 
     /// The input kept by the last forward pass (for the backward pass).
@@ -247,11 +249,11 @@ impl<T: Float> Conv2d<T> {
         let x = self.take_input();
         let sh = self.shape_for(&x);
         conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
-        // backward_data overwrites every element (GEMM without accumulation, or zero-filled
-        // images for col2im).
-        let mut dx = Tensor::for_overwrite(x.n, x.h, x.w, x.c);
-        conv::backward_data(&dy.data, &self.weight.value, &mut dx.data, &sh);
-        dx
+        let mut dx = Tensor::uninit(x.n, x.h, x.w, x.c);
+        conv::backward_data_into(&dy.data, &self.weight.value, &mut dx.data, &sh);
+        // SAFETY: backward_data_into writes every element (a GEMM without accumulation, or
+        // zero-filled images for col2im).
+        unsafe { dx.assume_init() }
     }
 }
 
@@ -346,7 +348,7 @@ impl<T: Float> BatchNorm<T> {
     pub fn forward_act(&mut self, x: Tensor<T>, train: bool, relu: bool) -> Tensor<T> {
         let c = x.c;
         let (a, d) = self.affine(&x, train);
-        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
+        let mut y = Tensor::uninit(x.n, x.h, x.w, c);
         let zero = T::zero();
         y.data
             .par_chunks_mut(CHUNK_ROWS * c)
@@ -361,11 +363,11 @@ impl<T: Float> BatchNorm<T> {
                             if relu {
                                 for j in 0..c {
                                     let t = xr[j] * a[j] + d[j];
-                                    yr[j] = if t < zero { zero } else { t };
+                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
                                 }
                             } else {
                                 for j in 0..c {
-                                    yr[j] = xr[j] * a[j] + d[j];
+                                    yr[j] = MaybeUninit::new(xr[j] * a[j] + d[j]);
                                 }
                             }
                         }
@@ -375,7 +377,8 @@ impl<T: Float> BatchNorm<T> {
         if train {
             self.input = Some(x);
         }
-        y
+        // SAFETY: the chunks of rows cover y, and every row's c elements were written.
+        unsafe { y.assume_init() }
     }
 
     /// A residual block's end, `relu(bn(x) + shortcut)`, in one pass over memory: the normalised
@@ -398,7 +401,7 @@ impl<T: Float> BatchNorm<T> {
             }
         };
         assert!(x.same_shape(&s), "residual shapes");
-        let mut y = Tensor::for_overwrite(x.n, x.h, x.w, c);
+        let mut y = Tensor::uninit(x.n, x.h, x.w, c);
         let zero = T::zero();
         let projected = down.is_some();
         let (a2, d2) = match &down {
@@ -423,12 +426,12 @@ impl<T: Float> BatchNorm<T> {
                             if projected {
                                 for j in 0..c {
                                     let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
-                                    yr[j] = if t < zero { zero } else { t };
+                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
                                 }
                             } else {
                                 for j in 0..c {
                                     let t = (xr[j] * a[j] + d[j]) + sr[j];
-                                    yr[j] = if t < zero { zero } else { t };
+                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
                                 }
                             }
                         }
@@ -441,7 +444,8 @@ impl<T: Float> BatchNorm<T> {
                 bn.input = Some(s.into_owned());
             }
         }
-        y
+        // SAFETY: the chunks of rows cover y, and every row's c elements were written.
+        unsafe { y.assume_init() }
     }
 
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
@@ -476,7 +480,7 @@ impl<T: Float> BatchNorm<T> {
             .collect();
         let (mdb, mdg) = (k.mean_g, k.mean_gx);
         let (mean, inv) = (&self.mean, &self.inv_std);
-        let mut dx = Tensor::for_overwrite(dy.n, dy.h, dy.w, c);
+        let mut dx = Tensor::uninit(dy.n, dy.h, dy.w, c);
         dx.data
             .par_chunks_mut(chunk)
             .zip(dy.data.par_chunks(chunk))
@@ -502,13 +506,14 @@ impl<T: Float> BatchNorm<T> {
                                     zero
                                 };
                                 let h = (xr[j] - mean[j]) * inv[j];
-                                dxr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                                dxr[j] = MaybeUninit::new(scale[j] * (g - mdb[j] - h * mdg[j]));
                             }
                         }
                     },
                 )
             });
-        dx
+        // SAFETY: the chunks of rows cover dx, and every row's c elements were written.
+        unsafe { dx.assume_init() }
     }
 }
 

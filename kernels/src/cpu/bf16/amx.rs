@@ -32,7 +32,13 @@ pub fn available() -> bool {
             const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
             const XFEATURE_XTILEDATA: libc::c_long = 18;
             // SAFETY: a request for a permission; it changes nothing else.
-            unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+            unsafe {
+                libc::syscall(
+                    libc::SYS_arch_prctl,
+                    ARCH_REQ_XCOMP_PERM,
+                    XFEATURE_XTILEDATA,
+                ) == 0
+            }
         }
         #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
         false

@@ -39,9 +39,11 @@ pub unsafe fn tile_portable(pairs: usize, a: *const u32, b: *const u32, d: Dest)
             }
         }
     }
+    // Through raw pointers: an overwritten C may not be initialised yet (it is never read).
     for (i, row) in acc.iter().enumerate().take(d.rows) {
-        let dst = std::slice::from_raw_parts_mut(d.c.add(i * d.ldc), d.cols);
-        for (y, &x) in dst.iter_mut().zip(row) {
+        let dst = d.c.add(i * d.ldc);
+        for (j, &x) in row.iter().enumerate().take(d.cols) {
+            let y = dst.add(j);
             *y = if d.overwrite { x } else { *y + x };
         }
     }

@@ -274,7 +274,8 @@ impl Bf16Gemm {
         if k == 0 {
             if !accumulate {
                 for i in 0..m {
-                    std::slice::from_raw_parts_mut(c.add(i * ldc), n).fill(0.0);
+                    // A raw write: C may not be initialised yet.
+                    std::ptr::write_bytes(c.add(i * ldc), 0, n);
                 }
             }
             return;
@@ -362,7 +363,17 @@ impl Bf16Gemm {
                             let bp = bpack[jp * pairs * NR..].as_ptr();
                             for i in (0..mc).step_by(amx::ROWS) {
                                 let (rows, cols) = (amx::ROWS.min(mc - i), NR.min(nc - jp * NR));
-                                amx_tile(&tiles, pairs, &apack[i * pairs..], bp, c_at(i, jp * NR), ldc, rows, cols, overwrite);
+                                amx_tile(
+                                    &tiles,
+                                    pairs,
+                                    &apack[i * pairs..],
+                                    bp,
+                                    c_at(i, jp * NR),
+                                    ldc,
+                                    rows,
+                                    cols,
+                                    overwrite,
+                                );
                             }
                         }
                         return;
@@ -401,7 +412,8 @@ impl Bf16Gemm {
                     }
                 };
                 // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels.
-                let new_a = || vec![0u32; (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs];
+                let new_a =
+                    || vec![0u32; (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs];
                 if threads > 1 && mblocks * groups > 1 {
                     (0..mblocks * groups)
                         .into_par_iter()
@@ -444,10 +456,21 @@ unsafe fn amx_tile(
             amx::tile(tiles, steps, a.as_ptr(), pairs, b, c, ldc, !overwrite);
         } else {
             let mut buf = [0f32; amx::ROWS * NR];
-            amx::tile(tiles, steps, a.as_ptr(), pairs, b, buf.as_mut_ptr(), NR, false);
+            amx::tile(
+                tiles,
+                steps,
+                a.as_ptr(),
+                pairs,
+                b,
+                buf.as_mut_ptr(),
+                NR,
+                false,
+            );
+            // Through raw pointers: an overwritten C may not be initialised yet.
             for (i, row) in buf.chunks(NR).take(rows).enumerate() {
-                let dst = std::slice::from_raw_parts_mut(c.add(i * ldc), cols);
-                for (y, &x) in dst.iter_mut().zip(row) {
+                let dst = c.add(i * ldc);
+                for (j, &x) in row.iter().enumerate().take(cols) {
+                    let y = dst.add(j);
                     *y = if overwrite { x } else { *y + x };
                 }
             }
@@ -463,7 +486,13 @@ unsafe fn amx_tile(
                 cols,
                 overwrite: overwrite && steps == 0,
             };
-            micro::tile_rows(pairs - done, a[i * pairs + done..].as_ptr(), pairs, b.add(done * NR), d);
+            micro::tile_rows(
+                pairs - done,
+                a[i * pairs + done..].as_ptr(),
+                pairs,
+                b.add(done * NR),
+                d,
+            );
         }
     }
 }

@@ -229,7 +229,11 @@ fn the_linkers_file_for_a_name_is_found_through_its_symbol() {
     let file = linker_file("libm.so.6", c"cos").expect("libm.so.6 resolves");
     assert!(file.starts_with('/'), "{file}");
     assert!(
-        Path::new(&file).file_name().unwrap().to_string_lossy().starts_with("libm"),
+        Path::new(&file)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .starts_with("libm"),
         "{file}"
     );
     assert!(same_file(&file, &file));
