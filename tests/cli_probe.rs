@@ -46,7 +46,16 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
         assert!(c.value > 0.0 && c.value.is_finite(), "{id}");
         assert_eq!(c.stats.samples, c.stats.values.len());
         assert!(c.stats.samples >= 3);
-        assert_eq!(c.value, c.stats.max, "{id}: value is the best sample");
+        // The best sample, of the clean ones where some were left out (a clock reading below
+        // the ceiling's: frequent on VMs whose clock estimate wanders); a plateau keeps its own.
+        let best = match (&c.conditions, &c.plateau) {
+            (Some(k), None) => k
+                .clean_values(&c.stats.values)
+                .into_iter()
+                .fold(f64::NEG_INFINITY, f64::max),
+            _ => c.stats.max,
+        };
+        assert_eq!(c.value, best, "{id}: value is the best clean sample");
         assert!(c.unit == "FLOP/s" || c.unit == "B/s", "{id}: {}", c.unit);
         assert!(table.contains(id.as_str()), "the table shows {id}");
     }
