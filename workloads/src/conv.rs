@@ -71,7 +71,8 @@ fn check_lengths<T>(sh: &ConvShape, x: usize, w: usize, y: usize) {
 
 /// `y = conv(x, w)`.
 pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
-    forward_into(x, w, as_uninit(y), sh)
+    // SAFETY: forward_into writes only computed values.
+    forward_into(x, w, unsafe { as_uninit(y) }, sh)
 }
 
 /// `y = conv(x, w)` into storage not yet written: every element of `y` is written (the GEMMs
@@ -145,7 +146,8 @@ fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
 
 /// `dx = ∂L/∂x` from `dy = ∂L/∂y`.
 pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
-    backward_data_into(dy, w, as_uninit(dx), sh)
+    // SAFETY: backward_data_into writes only computed values (and zeros).
+    backward_data_into(dy, w, unsafe { as_uninit(dx) }, sh)
 }
 
 /// `backward_data` into storage not yet written: every element of `dx` is written.
@@ -250,7 +252,9 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     // best or within noise of it on every 3×3 shape (layer4: 150–159 → 168–172 GFLOP/s).
     // A multiple of 32 rows: the reduction of each product, which AMX takes 32 at a time (a
     // layer4 3×3 block of 113 rows left 9 pairs of every product to the vector kernel).
-    let mb = ((2 << 20) / (std::mem::size_of::<T>() * depth)).next_multiple_of(32);
+    let mb = ((2 << 20) / (std::mem::size_of::<T>() * depth))
+        .max(1)
+        .next_multiple_of(32);
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
     let parts = partitions().min(sh.n.max(1));
     let per = sh.n.div_ceil(parts);

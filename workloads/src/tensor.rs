@@ -270,10 +270,14 @@ pub fn fill_uninit<T: Copy>(s: &mut [std::mem::MaybeUninit<T>], v: T) -> &mut [T
 }
 
 /// An initialised slice seen as one to overwrite (for functions that write their output through
-/// `MaybeUninit`): sound, since only valid values are written through it.
-pub fn as_uninit<T>(s: &mut [T]) -> &mut [std::mem::MaybeUninit<T>] {
-    // SAFETY: `MaybeUninit<T>` and `T` share their layout; the callers write only `T` values.
-    unsafe { &mut *(s as *mut [T] as *mut [std::mem::MaybeUninit<T>]) }
+/// `MaybeUninit`).
+///
+/// # Safety
+/// Only initialised values may be written through the result (writing
+/// `MaybeUninit::uninit()` would leave `s` holding uninitialised `T`s).
+pub(crate) unsafe fn as_uninit<T>(s: &mut [T]) -> &mut [std::mem::MaybeUninit<T>] {
+    // SAFETY: `MaybeUninit<T>` and `T` share their layout; the caller writes only `T` values.
+    &mut *(s as *mut [T] as *mut [std::mem::MaybeUninit<T>])
 }
 
 impl<T: Float> Tensor<T> {
