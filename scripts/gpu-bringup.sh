@@ -84,7 +84,9 @@ run() {
     [ -x "$rl" ] || rl=$(command -v roofline || true)
     [ -x "$rl" ] || { echo "no roofline binary beside this script or on the PATH"; exit 2; }
     local py=${ROOFLINE_PYTHON:-python3}
-    if [ -z "${ROOFLINE_CUDA_LIBS:-}" ]; then
+    # PyTorch's wheels only where roofline finds no consistent set by itself (a toolkit on the
+    # linker's path is taken first; naming the wheels then would contradict it).
+    if [ -z "${ROOFLINE_CUDA_LIBS:-}" ] && ! "$rl" doctor >/dev/null 2>&1; then
         ROOFLINE_CUDA_LIBS=$(python_wheels)
         export ROOFLINE_CUDA_LIBS
     fi

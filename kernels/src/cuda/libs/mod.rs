@@ -12,10 +12,11 @@
 //! first name instead ([`crate::cuda::device::Event::seconds_to`]). NCCL (`libnccl.so.2`, a
 //! name cudarc never tries) is called through roofline's own table ([`crate::cuda::nccl_lib`]).
 //!
-//! First, for NVRTC, cuBLAS, cuBLASLt and cuDNN, the file the dynamic linker gives for the
-//! unversioned name (`libcublas.so`), if any: the bindings open that name first, so a copy on
-//! `LD_LIBRARY_PATH` or in ld.so.cache is the one they call whatever else is loaded. Then,
-//! where we look, in order (the list is kept for the error message):
+//! First, for NVRTC, cuBLAS, cuBLASLt and cuDNN and unless `ROOFLINE_CUDA_LIBS` is set, the
+//! file the dynamic linker gives for the unversioned name (`libcublas.so`), if any: the bindings
+//! open that name first, so a copy on `LD_LIBRARY_PATH` or in ld.so.cache is the one they call
+//! whatever else is loaded. Then, where we look, in order (the list is kept for the error
+//! message):
 //! 1. `ROOFLINE_CUDA_LIBS`: folders, each a library folder, a Python `site-packages` (or its
 //!    `nvidia` folder) holding NVIDIA's CUDA wheels, or a virtual environment;
 //! 2. the active virtual environment (`VIRTUAL_ENV`), any virtual environment whose `bin` is on
@@ -451,14 +452,14 @@ pub fn locate(lib: Lib) -> Option<String> {
     // on LD_LIBRARY_PATH or in ld.so.cache), cudarc calls that file whatever we load, so it is
     // the one to use; a wheel's copy found first would make two ([`shadowed`]). Seen on an
     // H200 image with CUDA 13.0 in /usr/local/cuda-13.0 and cuDNN 9.14 in /usr/lib beside
-    // PyTorch's wheels (2026-11-26).
-    let mut found = lib
-        .linker_first()
+    // PyTorch's wheels (2026-11-26). Not when ROOFLINE_CUDA_LIBS names the folders to use: a
+    // copy on the linker's path then contradicts that choice, and `shadowed` says so.
+    let env = SearchEnv::from_process();
+    let mut found = (lib.linker_first() && env.roofline_cuda_libs.is_none())
         .then(|| lib.names().iter().find(|n| n.ends_with(".so")))
         .flatten()
         .and_then(|bare| linker_file(bare, lib.probe_symbol()))
         .filter(|file| fits(lib, file, max_generation));
-    let env = SearchEnv::from_process();
     if found.is_none() {
         found = candidates_in(lib, &env, max_generation)
             .into_iter()
