@@ -1,0 +1,274 @@
+//! Pooling and the classifier head: max pooling (the stem), global average pooling, the fully
+//! connected layer, softmax cross-entropy.
+
+use super::Param;
+use crate::tensor::{gemm, simd, Float, Mat, Tensor};
+use rayon::prelude::*;
+
+/// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
+pub struct MaxPool<T> {
+    argmax: Vec<u32>,
+    input_shape: (usize, usize, usize, usize),
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: Float> Default for MaxPool<T> {
+    fn default() -> Self {
+        MaxPool {
+            argmax: Vec::new(),
+            input_shape: (0, 0, 0, 0),
+            _t: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<T: Float> MaxPool<T> {
+    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        let (oh, ow) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
+        let mut y = Tensor::for_overwrite(x.n, oh, ow, x.c);
+        let mut arg = vec![0u32; y.len()];
+        let c = x.c;
+        y.data
+            .par_chunks_mut(oh * ow * c)
+            .zip(arg.par_chunks_mut(oh * ow * c))
+            .enumerate()
+            .for_each(|(n, (yi, ai))| {
+                let image = x.h * x.w * c;
+                let xi = &x.data[n * image..(n + 1) * image];
+                // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
+                // taken, a later one only where strictly greater (the first maximum wins).
+                simd(
+                    #[inline(always)]
+                    || {
+                        for oy in 0..oh {
+                            for ox in 0..ow {
+                                let o = (oy * ow + ox) * c;
+                                let (yo, ao) = (&mut yi[o..o + c], &mut ai[o..o + c]);
+                                let mut first = true;
+                                for ky in 0..3 {
+                                    let iy = (oy * 2 + ky) as isize - 1;
+                                    if iy < 0 || iy >= x.h as isize {
+                                        continue;
+                                    }
+                                    for kx in 0..3 {
+                                        let ix = (ox * 2 + kx) as isize - 1;
+                                        if ix < 0 || ix >= x.w as isize {
+                                            continue;
+                                        }
+                                        let base = ((iy as usize) * x.w + ix as usize) * c;
+                                        let row = &xi[base..base + c];
+                                        if first {
+                                            yo.copy_from_slice(row);
+                                            for (j, a) in ao.iter_mut().enumerate() {
+                                                *a = (base + j) as u32;
+                                            }
+                                            first = false;
+                                            continue;
+                                        }
+                                        for (j, ((b, a), v)) in
+                                            yo.iter_mut().zip(ao.iter_mut()).zip(row).enumerate()
+                                        {
+                                            if *v > *b {
+                                                *b = *v;
+                                                *a = (base + j) as u32;
+                                            }
+                                        }
+                                    }
+                                }
+                                if first {
+                                    yo.fill(T::zero());
+                                    ao.fill(0);
+                                }
+                            }
+                        }
+                    },
+                )
+            });
+        self.argmax = arg;
+        self.input_shape = (x.n, x.h, x.w, x.c);
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let (n, h, w, c) = self.input_shape;
+        let mut dx = Tensor::zeros(n, h, w, c);
+        let per_out = dy.h * dy.w * c;
+        dx.data
+            .par_chunks_mut(h * w * c)
+            .enumerate()
+            .for_each(|(img, dxi)| {
+                for o in 0..per_out {
+                    dxi[self.argmax[img * per_out + o] as usize] += dy.data[img * per_out + o];
+                }
+            });
+        dx
+    }
+}
+
+/// Global average pooling: n × h × w × c → n × 1 × 1 × c.
+pub fn avgpool_forward<T: Float>(x: &Tensor<T>) -> Tensor<T> {
+    let hw = x.h * x.w;
+    let inv = T::from_f64(1.0 / hw as f64);
+    let mut y = Tensor::zeros(x.n, 1, 1, x.c);
+    for n in 0..x.n {
+        for p in 0..hw {
+            let row = &x.data[(n * hw + p) * x.c..(n * hw + p + 1) * x.c];
+            for (o, v) in y.data[n * x.c..(n + 1) * x.c].iter_mut().zip(row) {
+                *o += *v;
+            }
+        }
+        for o in &mut y.data[n * x.c..(n + 1) * x.c] {
+            *o *= inv;
+        }
+    }
+    y
+}
+
+pub fn avgpool_backward<T: Float>(dy: &Tensor<T>, h: usize, w: usize) -> Tensor<T> {
+    let inv = T::from_f64(1.0 / (h * w) as f64);
+    let mut dx = Tensor::zeros(dy.n, h, w, dy.c);
+    let c = dy.c;
+    dx.data
+        .par_chunks_mut(h * w * c)
+        .enumerate()
+        .for_each(|(n, di)| {
+            for row in di.chunks_exact_mut(c) {
+                for (d, g) in row.iter_mut().zip(&dy.data[n * c..(n + 1) * c]) {
+                    *d = *g * inv;
+                }
+            }
+        });
+    dx
+}
+
+/// A fully connected layer `y = x·W + b` (W is in × out).
+pub struct Linear<T> {
+    pub weight: Param<T>,
+    pub bias: Param<T>,
+    pub inputs: usize,
+    pub outputs: usize,
+    input: Option<Tensor<T>>,
+}
+
+impl<T: Float> Linear<T> {
+    /// Uniform ±1/√in, as torchvision's default for the classifier.
+    pub fn new(name: &str, inputs: usize, outputs: usize, rng: &mut crate::data::Rng) -> Linear<T> {
+        let bound = 1.0 / (inputs as f64).sqrt();
+        Linear {
+            weight: Param::new(
+                format!("{name}.weight"),
+                (0..inputs * outputs)
+                    .map(|_| T::from_f64(rng.uniform(-bound, bound)))
+                    .collect(),
+                true,
+            ),
+            bias: Param::new(
+                format!("{name}.bias"),
+                (0..outputs)
+                    .map(|_| T::from_f64(rng.uniform(-bound, bound)))
+                    .collect(),
+                false,
+            ),
+            inputs,
+            outputs,
+            input: None,
+        }
+    }
+
+    pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        let n = x.rows();
+        assert_eq!(x.c, self.inputs, "{}: input features", self.weight.name);
+        let mut y = Tensor::zeros(x.n, x.h, x.w, self.outputs);
+        for row in y.data.chunks_exact_mut(self.outputs) {
+            row.copy_from_slice(&self.bias.value);
+        }
+        // SAFETY: x n × in, W in × out, y n × out.
+        unsafe {
+            gemm(
+                n,
+                self.outputs,
+                self.inputs,
+                y.data.as_mut_ptr(),
+                self.outputs,
+                true,
+                Mat::rows(x.data.as_ptr(), self.inputs),
+                Mat::rows(self.weight.value.as_ptr(), self.outputs),
+                true,
+            )
+        };
+        self.input = Some(x.clone());
+        y
+    }
+
+    pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        let x = self.input.take().expect("backward before forward");
+        let n = x.rows();
+        // SAFETY: xᵀ in × n, dy n × out → dW in × out; dy n × out, Wᵀ out × in → dx n × in.
+        unsafe {
+            gemm(
+                self.inputs,
+                self.outputs,
+                n,
+                self.weight.grad.as_mut_ptr(),
+                self.outputs,
+                false,
+                Mat::transposed(x.data.as_ptr(), self.inputs),
+                Mat::rows(dy.data.as_ptr(), self.outputs),
+                true,
+            );
+        }
+        for (j, g) in self.bias.grad.iter_mut().enumerate() {
+            *g = (0..n).fold(T::zero(), |s, i| s + dy.data[i * self.outputs + j]);
+        }
+        let mut dx = Tensor::zeros(x.n, x.h, x.w, self.inputs);
+        // SAFETY: as above.
+        unsafe {
+            gemm(
+                n,
+                self.inputs,
+                self.outputs,
+                dx.data.as_mut_ptr(),
+                self.inputs,
+                false,
+                Mat::rows(dy.data.as_ptr(), self.outputs),
+                Mat::transposed(self.weight.value.as_ptr(), self.outputs),
+                true,
+            );
+        }
+        dx
+    }
+}
+
+/// Softmax cross-entropy with label smoothing ε: mean over the batch of −Σ t·log softmax(z),
+/// t = (1−ε)·onehot + ε/K. Returns (loss, ∂loss/∂logits, correct top-1, correct top-5).
+pub fn softmax_cross_entropy<T: Float>(
+    logits: &Tensor<T>,
+    labels: &[usize],
+    smoothing: f64,
+) -> (f64, Tensor<T>, usize, usize) {
+    let k = logits.c;
+    let n = logits.rows();
+    assert_eq!(labels.len(), n, "one label per row");
+    let mut grad = Tensor::zeros(logits.n, logits.h, logits.w, k);
+    let (mut loss, mut top1, mut top5) = (0.0, 0, 0);
+    for (i, (&label, z)) in labels.iter().zip(logits.data.chunks_exact(k)).enumerate() {
+        let max = z.iter().fold(f64::NEG_INFINITY, |m, v| m.max(v.to_f64()));
+        let sum: f64 = z.iter().map(|v| (v.to_f64() - max).exp()).sum();
+        let lse = max + sum.ln();
+        for (j, (zj, g)) in z
+            .iter()
+            .zip(grad.data[i * k..(i + 1) * k].iter_mut())
+            .enumerate()
+        {
+            let p = (zj.to_f64() - lse).exp();
+            let t = if j == label { 1.0 - smoothing } else { 0.0 } + smoothing / k as f64;
+            loss -= t * (zj.to_f64() - lse);
+            *g = T::from_f64((p - t) / n as f64);
+        }
+        let zl = z[label].to_f64();
+        let higher = z.iter().filter(|v| v.to_f64() > zl).count();
+        top1 += (higher == 0) as usize;
+        top5 += (higher < 5) as usize;
+    }
+    (loss / n as f64, grad, top1, top5)
+}
