@@ -7,7 +7,7 @@ use rayon::prelude::*;
 
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
 pub struct MaxPool<T> {
-    argmax: Vec<u32>,
+    pub(super) argmax: Vec<u32>,
     input_shape: (usize, usize, usize, usize),
     _t: std::marker::PhantomData<T>,
 }
