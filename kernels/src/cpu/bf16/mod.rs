@@ -121,13 +121,6 @@ impl Bf16Gemm {
         false
     }
 
-    /// The `vdpbf16ps` path where the CPU has it (for comparisons beside AMX).
-    pub fn avx512() -> Option<Bf16Gemm> {
-        Bf16Gemm::cpu_has().then_some(Bf16Gemm {
-            path: Path::Avx512Bf16,
-        })
-    }
-
     /// Whether the CPU has AVX-512 F/BW/VL and AVX512_BF16 (whatever the cap).
     pub fn cpu_has() -> bool {
         #[cfg(target_arch = "x86_64")]
