@@ -152,6 +152,27 @@ pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) 
 
 /// `backward_data` into storage not yet written: every element of `dx` is written.
 pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>], sh: &ConvShape) {
+    // SAFETY: without accumulation nothing of dx is read before it is written.
+    unsafe { backward_data_impl(dy, w, dx, sh, false) }
+}
+
+/// `dx += ∂L/∂x` from `dy`: the input gradient added to one already there (a residual block's
+/// shortcut gradient) by the products themselves, where a separate sum would read both
+/// tensors and write one more time.
+pub fn backward_data_add<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
+    // SAFETY: dx is initialised, and the products and col2im write only computed values.
+    unsafe { backward_data_impl(dy, w, as_uninit(dx), sh, true) }
+}
+
+/// # Safety
+/// With `accumulate`, every element of `dx` is initialised.
+unsafe fn backward_data_impl<T: Float>(
+    dy: &[T],
+    w: &[T],
+    dx: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+    accumulate: bool,
+) {
     check_lengths::<T>(sh, dx.len(), w.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
     // wᵀ (k × depth): packed in bf16 straight from w's strides; for the native products, a
@@ -172,7 +193,7 @@ pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>]
                 sh.rows(),
                 dx.as_mut_ptr() as *mut T,
                 depth,
-                false,
+                accumulate,
                 Mat::rows(dy.as_ptr(), k),
                 true,
             )
@@ -186,7 +207,12 @@ pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>]
         .for_each_init(
             || vec![T::zero(); mb * depth],
             |patch, (t, dx_t)| {
-                let dx_t = fill_uninit(dx_t, T::zero());
+                let dx_t = if accumulate {
+                    // SAFETY: initialised (this function's contract); col2im adds into it.
+                    unsafe { &mut *(dx_t as *mut [MaybeUninit<T>] as *mut [T]) }
+                } else {
+                    fill_uninit(dx_t, T::zero())
+                };
                 let first = t * g * per_img;
                 let rows_t = dx_t.len() / (sh.h * sh.w * sh.c) * per_img;
                 for r0 in (0..rows_t).step_by(mb) {
@@ -372,6 +398,17 @@ mod tests {
             }
             let mut dx = vec![0.0; sh.input_len()];
             backward_data(&g, &w, &mut dx, &sh);
+            // Added to a gradient already there: the same sums, plus what was there.
+            let prior = data(sh.input_len(), 7.0);
+            let mut sum = prior.clone();
+            backward_data_add(&g, &w, &mut sum, &sh);
+            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
+                assert!(
+                    (s - (p + d)).abs() < 1e-12,
+                    "{}: {s} vs {p} + {d}",
+                    sh.describe()
+                );
+            }
             let mut dw = vec![0.0; sh.weight_len()];
             backward_filter(&x, &g, &mut dw, &sh);
             let yg: f64 = y.iter().zip(&g).map(|(a, b)| a * b).sum();
@@ -401,17 +438,32 @@ mod tests {
             .build()
             .unwrap();
         set_products(&pool, Products::Bf16(g));
-        for sh in [shape(9, 16, 4, 40, 3, 1, 1), shape(3, 8, 12, 33, 3, 2, 1)] {
+        for sh in [
+            shape(9, 16, 4, 40, 3, 1, 1),
+            shape(3, 8, 12, 33, 3, 2, 1),
+            shape(4, 48, 6, 40, 1, 1, 0),
+        ] {
             let x = data(sh.input_len(), 0.3);
             let w = data(sh.weight_len(), 1.0);
             let gy = data(sh.output_len(), 4.0);
             let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
             let (x32, w32, g32) = (f(&x), f(&w), f(&gy));
             let (mut y, mut dx) = (vec![0f32; sh.output_len()], vec![0f32; sh.input_len()]);
+            let prior: Vec<f32> = (0..sh.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
+            let mut sum = prior.clone();
             pool.install(|| {
                 forward(&x32, &w32, &mut y, &sh);
                 backward_data(&g32, &w32, &mut dx, &sh);
+                backward_data_add(&g32, &w32, &mut sum, &sh);
             });
+            // The sum in the products' f32 accumulators: within f32 rounding of prior + dx.
+            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
+                assert!(
+                    (s - (p + d)).abs() <= 1e-5 * (p.abs() + d.abs()).max(1.0),
+                    "{}: {s} vs {p} + {d}",
+                    sh.describe()
+                );
+            }
             let want = direct(&x, &w, &sh);
             for (a, b) in y.iter().zip(&want) {
                 assert!(

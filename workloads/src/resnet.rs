@@ -5,8 +5,8 @@
 use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{
-    add_into, avgpool_backward, avgpool_forward, relu_backward, BatchNorm, Conv2d, Linear, MaxPool,
-    Param, Shortcut,
+    add_into, avgpool_backward, avgpool_forward, BatchNorm, Conv2d, Linear, MaxPool, Param,
+    Shortcut,
 };
 use crate::tensor::{Float, Tensor};
 use roofline_collectors::timeline::timed;
@@ -160,19 +160,21 @@ impl<T: Float> Bottleneck<T> {
         out
     }
 
-    fn backward(&mut self, mut d: Tensor<T>) -> Tensor<T> {
+    fn backward(&mut self, d: Tensor<T>) -> Tensor<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
-        // Spans named as the forward pass's fused one, so that the placement has one row for
-        // those layers. (The backward passes stay apart: the masked gradient feeds both bn3 and
-        // the shortcut, and fusing the mask into each reads the mask twice.)
+        // Spans named as the forward pass's fused ones, so that the placement has one row for
+        // those layers: the block's end (the ReLU, bn3, the projection's batch norm) in two
+        // passes, the shortcut's sum inside conv1's products.
         let end = if self.down.is_some() {
             "bn3+downsample.1+add+relu3"
         } else {
             "bn3+add+relu3"
         };
-        timed(BWD, f(end), || relu_backward(&self.out, &mut d));
-        let g = timed(BWD, f(end), || self.bn3.backward(&d));
+        let (bn3, out, down) = (&mut self.bn3, &self.out, &mut self.down);
+        let (g, ds) = timed(BWD, f(end), || {
+            bn3.backward_add_relu(d, out, down.as_mut().map(|(_, bn)| bn))
+        });
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
             self.bn2.backward_act(&db, Some(&self.b1))
@@ -181,15 +183,11 @@ impl<T: Float> Bottleneck<T> {
         let g = timed(BWD, f("bn1+relu1"), || {
             self.bn1.backward_act(&da, Some(&self.a1))
         });
-        let mut dx = timed(BWD, f("conv1"), || self.conv1.backward(&g));
-        match &mut self.down {
-            Some((conv, bn)) => {
-                let g = timed(BWD, f(end), || bn.backward(&d));
-                let dd = timed(BWD, f("downsample.0"), || conv.backward(&g));
-                timed(BWD, f(end), || add_into(&mut dx, &dd));
-            }
-            None => timed(BWD, f(end), || add_into(&mut dx, &d)),
-        }
+        let mut dx = match &mut self.down {
+            Some((conv, _)) => timed(BWD, f("downsample.0"), || conv.backward(&ds)),
+            None => ds,
+        };
+        timed(BWD, f("conv1"), || self.conv1.backward_add(&g, &mut dx));
         dx
     }
 

@@ -4,7 +4,6 @@
 use crate::conv::{self, ConvShape};
 use crate::tensor::{simd, Float, Tensor};
 use rayon::prelude::*;
-use std::borrow::Cow;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
 
@@ -12,7 +11,9 @@ use std::sync::Arc;
 pub use roofline_kernels::comm::Reducer;
 
 mod head;
+mod residual;
 pub use head::{avgpool_backward, avgpool_forward, softmax_cross_entropy, Linear, MaxPool};
+pub use residual::Shortcut;
 
 /// A trainable parameter with its gradient and momentum buffer.
 #[derive(Clone, Debug)]
@@ -260,6 +261,23 @@ impl<T: Float> Conv2d<T> {
     }
 }
 
+impl<T: Float> Conv2d<T> {
+    /// `backward` with the input gradient added to `dx`, which holds another path's gradient
+    /// of the same input (a residual block's shortcut): the products add it, and no pass over
+    /// both tensors is needed.
+    pub fn backward_add(&mut self, dy: &Tensor<T>, dx: &mut Tensor<T>) {
+        let x = self.take_input();
+        assert!(
+            dx.same_shape(&x),
+            "{}: input gradient shape",
+            self.weight.name
+        );
+        let sh = self.shape_for(&x);
+        conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
+        conv::backward_data_add(&dy.data, &self.weight.value, &mut dx.data, &sh);
+    }
+}
+
 /// A convolution's shape for input `x` (its batch and size; its channels checked against the
 /// filter `name`'s).
 pub(crate) fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> ConvShape {
@@ -273,14 +291,6 @@ pub(crate) fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> Conv
 }
 
 /// Batch normalisation over N·H·W per channel, with running statistics for inference.
-/// What a residual block adds to its normalised branch (`BatchNorm::forward_add_relu`).
-pub enum Shortcut<'a, T: Float> {
-    /// The block's input.
-    Identity(&'a Tensor<T>),
-    /// The projection's convolution output, normalised by its own batch norm in the same pass.
-    Projected(&'a mut BatchNorm<T>, Tensor<T>),
-}
-
 pub struct BatchNorm<T> {
     pub gamma: Param<T>,
     pub beta: Param<T>,
@@ -384,139 +394,106 @@ impl<T: Float> BatchNorm<T> {
         unsafe { y.assume_init() }
     }
 
-    /// A residual block's end, `relu(bn(x) + shortcut)`, in one pass over memory: the normalised
-    /// branch and the sum are never written (with separate passes they were written and read
-    /// back once each, and a projection's normalised output once more). The same bits as
-    /// `forward_act` then `add_relu` (the same operations in the same order).
-    pub fn forward_add_relu(
-        &mut self,
-        x: Tensor<T>,
-        shortcut: Shortcut<'_, T>,
-        train: bool,
-    ) -> Tensor<T> {
-        let c = x.c;
-        let (a, d) = self.affine(&x, train);
-        let (s, down) = match shortcut {
-            Shortcut::Identity(s) => (Cow::Borrowed(s), None),
-            Shortcut::Projected(bn, s) => {
-                let ad = bn.affine(&s, train);
-                (Cow::Owned(s), Some((bn, ad)))
-            }
-        };
-        assert!(x.same_shape(&s), "residual shapes");
-        let mut y = Tensor::uninit(x.n, x.h, x.w, c);
-        let zero = T::zero();
-        let projected = down.is_some();
-        let (a2, d2) = match &down {
-            Some((_, (a2, d2))) => (&a2[..], &d2[..]),
-            None => (&a[..], &d[..]),
-        };
-        y.data
-            .par_chunks_mut(CHUNK_ROWS * c)
-            .zip(x.data.par_chunks(CHUNK_ROWS * c))
-            .zip(s.data.par_chunks(CHUNK_ROWS * c))
-            .for_each(|((yc, xc), sc)| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
-                        for ((yr, xr), sr) in yc
-                            .chunks_exact_mut(c)
-                            .zip(xc.chunks_exact(c))
-                            .zip(sc.chunks_exact(c))
-                        {
-                            let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
-                            if projected {
-                                for j in 0..c {
-                                    let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
-                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
-                                }
-                            } else {
-                                for j in 0..c {
-                                    let t = (xr[j] * a[j] + d[j]) + sr[j];
-                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
-                                }
-                            }
-                        }
-                    },
-                )
-            });
-        if train {
-            self.input = Some(x);
-            if let Some((bn, _)) = down {
-                bn.input = Some(s.into_owned());
-            }
-        }
-        // SAFETY: the chunks of rows cover y, and every row's c elements were written.
-        unsafe { y.assume_init() }
-    }
-
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
         self.backward_act(dy, None)
     }
 
     /// `backward` of `forward_act(.., relu = true)`: `relu_out` is that pass's output, whose
-    /// sign masks `dy` (the ReLU's backward pass, fused into this one's reads).
+    /// sign masks `dy` (the ReLU's backward pass, fused into this one's reads). The input
+    /// gradient is written over the input kept for this pass, a tensor just read (a new one
+    /// is read for ownership before it is written: a third more traffic).
     pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
-        let x = self.input.take().expect("backward before forward");
+        let mut x = self.input.take().expect("backward before forward");
+        assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
         let c = dy.c;
-        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
-        let m = (dy.rows() * ranks) as f64;
-        let chunk = CHUNK_ROWS * c;
-        let zero = T::zero();
-        let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
-        let masked = relu_out.is_some();
         // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
         let sums = channel_sums(&dy.data, Some(&x.data), relu_out.map(|y| &y.data[..]), c);
-        let k = backward_coefficients(
-            global_sums(self.reducer.as_ref(), sums),
-            &self.mean,
-            &self.inv_std,
-            m,
-            ranks,
-        );
-        self.gamma.grad = k.dgamma;
-        self.beta.grad = k.dbeta;
-        // dx = γ/σ · (dy − mean(dy) − x̂ · mean(dy·x̂)), x̂ = (x − μ)/σ recomputed.
-        let scale: Vec<T> = (0..c)
-            .map(|j| self.gamma.value[j] * self.inv_std[j])
-            .collect();
-        let (mdb, mdg) = (k.mean_g, k.mean_gx);
-        let (mean, inv) = (&self.mean, &self.inv_std);
-        let mut dx = Tensor::uninit(dy.n, dy.h, dy.w, c);
-        dx.data
+        let grad = self.input_gradient(sums, dy.rows());
+        let chunk = CHUNK_ROWS * c;
+        let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
+        let masked = relu_out.is_some();
+        x.data
             .par_chunks_mut(chunk)
             .zip(dy.data.par_chunks(chunk))
-            .zip(x.data.par_chunks(chunk))
             .zip(mask.par_chunks(chunk))
-            .for_each(|(((dxc, dyc), xc), mc)| {
+            .for_each(|((xc, gc), mc)| {
                 simd(
                     #[inline(always)]
                     || {
-                        for (((dxr, dyr), xr), mr) in dxc
+                        for ((xr, gr), mr) in xc
                             .chunks_exact_mut(c)
-                            .zip(dyc.chunks_exact(c))
-                            .zip(xc.chunks_exact(c))
+                            .zip(gc.chunks_exact(c))
                             .zip(mc.chunks_exact(c))
                         {
-                            let (dxr, dyr, xr, mr) = (&mut dxr[..c], &dyr[..c], &xr[..c], &mr[..c]);
-                            let (mean, inv, scale, mdb, mdg) =
-                                (&mean[..c], &inv[..c], &scale[..c], &mdb[..c], &mdg[..c]);
-                            for j in 0..c {
-                                let g = if !masked || mr[j] > zero {
-                                    dyr[j]
-                                } else {
-                                    zero
-                                };
-                                let h = (xr[j] - mean[j]) * inv[j];
-                                dxr[j] = MaybeUninit::new(scale[j] * (g - mdb[j] - h * mdg[j]));
-                            }
+                            grad.row(xr, gr, masked.then_some(mr));
                         }
                     },
                 )
             });
-        // SAFETY: the chunks of rows cover dx, and every row's c elements were written.
-        unsafe { dx.assume_init() }
+        x
+    }
+
+    /// From this rank's (Σ g, Σ g·x) over its `rows` rows (g: the output gradient, masked):
+    /// sets the γ and β gradients and returns what the input gradient needs per channel.
+    fn input_gradient(&mut self, sums: (Vec<f64>, Vec<f64>), rows: usize) -> InputGradient<T> {
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let k = backward_coefficients(
+            global_sums(self.reducer.as_ref(), sums),
+            &self.mean,
+            &self.inv_std,
+            (rows * ranks) as f64,
+            ranks,
+        );
+        self.gamma.grad = k.dgamma;
+        self.beta.grad = k.dbeta;
+        let scale = (0..self.mean.len())
+            .map(|j| self.gamma.value[j] * self.inv_std[j])
+            .collect();
+        InputGradient {
+            mean: self.mean.clone(),
+            inv: self.inv_std.clone(),
+            scale,
+            mean_g: k.mean_g,
+            mean_gx: k.mean_gx,
+        }
+    }
+}
+
+/// Batch norm's input gradient per channel, dx = γ/σ · (g − mean(g) − x̂ · mean(g·x̂)), with
+/// x̂ = (x − μ)/σ recomputed from the input x.
+struct InputGradient<T> {
+    mean: Vec<T>,
+    inv: Vec<T>,
+    scale: Vec<T>,
+    mean_g: Vec<T>,
+    mean_gx: Vec<T>,
+}
+
+impl<T: Float> InputGradient<T> {
+    /// One row: `xr` (the input) becomes its gradient, from the output gradient `gr` masked
+    /// where `mask` is not positive (a ReLU's backward pass).
+    #[inline(always)]
+    fn row(&self, xr: &mut [T], gr: &[T], mask: Option<&[T]>) {
+        let c = xr.len();
+        let zero = T::zero();
+        let (gr, mean, inv) = (&gr[..c], &self.mean[..c], &self.inv[..c]);
+        let (scale, mdb, mdg) = (&self.scale[..c], &self.mean_g[..c], &self.mean_gx[..c]);
+        match mask {
+            Some(mr) => {
+                let mr = &mr[..c];
+                for j in 0..c {
+                    let g = if mr[j] > zero { gr[j] } else { zero };
+                    let h = (xr[j] - mean[j]) * inv[j];
+                    xr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                }
+            }
+            None => {
+                for j in 0..c {
+                    let h = (xr[j] - mean[j]) * inv[j];
+                    xr[j] = scale[j] * (gr[j] - mdb[j] - h * mdg[j]);
+                }
+            }
+        }
     }
 }
 

@@ -164,11 +164,78 @@ fn a_blocks_end_in_one_pass_matches_the_separate_layers_bit_for_bit() {
         assert_eq!(want, got, "projected, train {train}");
         assert_eq!(pa.running_var, pb.running_var);
         if train {
-            let g = rand_tensor(2, 3, 4, 5, 34);
-            assert_eq!(a.backward(&g), b.backward(&g));
-            assert_eq!(pa.backward(&g), pb.backward(&g));
+            // Backward: the ReLU's mask, then each batch norm, against the fused passes.
+            let dy = rand_tensor(2, 3, 4, 5, 34);
+            let mut g = dy.clone();
+            relu_backward(&want, &mut g);
+            let (gx, gs) = b.backward_add_relu(dy, &got, Some(&mut pb));
+            assert_eq!(a.backward(&g), gx, "projected: branch gradient");
+            assert_eq!(pa.backward(&g), gs, "projected: shortcut gradient");
+            assert_eq!(a.gamma.grad, b.gamma.grad);
+            assert_eq!(a.beta.grad, b.beta.grad);
             assert_eq!(pa.gamma.grad, pb.gamma.grad);
+            assert_eq!(pa.beta.grad, pb.beta.grad);
         }
+    }
+    // The identity shortcut's backward pass hands back the masked gradient itself.
+    let (mut a, mut b) = (
+        BatchNorm::<f64>::new("a", 5, 0.7),
+        BatchNorm::<f64>::new("b", 5, 0.7),
+    );
+    let mut want = a.forward_act(x.clone(), true, false);
+    add_relu(&mut want, &s);
+    let got = b.forward_add_relu(x.clone(), Shortcut::Identity(&s), true);
+    let dy = rand_tensor(2, 3, 4, 5, 35);
+    let mut g = dy.clone();
+    relu_backward(&want, &mut g);
+    let (gx, gs) = b.backward_add_relu(dy, &got, None);
+    assert_eq!(a.backward(&g), gx, "identity: branch gradient");
+    assert_eq!(g, gs, "identity: shortcut gradient");
+    assert_eq!(a.gamma.grad, b.gamma.grad);
+}
+
+/// The block end's backward pass against finite differences of Σ r·relu(bn(x) + bn_s(s)), for
+/// x, s and both batch norms' γ and β.
+#[test]
+fn a_blocks_end_backward_matches_finite_differences() {
+    let x = rand_tensor(2, 3, 2, 4, 41);
+    let s = rand_tensor(2, 3, 2, 4, 42);
+    let proj = rand_tensor(2, 3, 2, 4, 43);
+    let (g, b) = (vec![0.5, 1.5, -0.7, 1.1], vec![0.1, -0.2, 0.3, 0.0]);
+    let (gs, bs) = (vec![0.9, -1.2, 0.4, 0.8], vec![-0.1, 0.2, 0.05, 0.3]);
+    let bn = |g: &[f64], b: &[f64]| {
+        let mut l = BatchNorm::<f64>::new("bn", 4, 1.0);
+        l.gamma.value = g.to_vec();
+        l.beta.value = b.to_vec();
+        l
+    };
+    let loss = |x: &[f64], s: &[f64], p: [&[f64]; 4]| {
+        let (mut m, mut ms) = (bn(p[0], p[1]), bn(p[2], p[3]));
+        let t = |v: &[f64]| Tensor::from_vec(2, 3, 2, 4, v.to_vec());
+        let y = m.forward_add_relu(t(x), Shortcut::Projected(&mut ms, t(s)), true);
+        dot(&y.data, &proj.data)
+    };
+    let (mut m, mut ms) = (bn(&g, &b), bn(&gs, &bs));
+    let y = m.forward_add_relu(x.clone(), Shortcut::Projected(&mut ms, s.clone()), true);
+    let (dx, ds) = m.backward_add_relu(proj.clone(), &y, Some(&mut ms));
+    let p = [&g[..], &b[..], &gs[..], &bs[..]];
+    let mut xv = x.data.clone();
+    check("end x", &mut xv, &dx.data, |v| loss(v, &s.data, p));
+    let mut sv = s.data.clone();
+    check("end shortcut", &mut sv, &ds.data, |v| loss(&x.data, v, p));
+    let grads = [
+        m.gamma.grad.clone(),
+        m.beta.grad.clone(),
+        ms.gamma.grad.clone(),
+        ms.beta.grad.clone(),
+    ];
+    for (i, grad) in grads.iter().enumerate() {
+        let mut v = p[i].to_vec();
+        check("end γ/β", &mut v, grad, |v| {
+            let mut q = p;
+            q[i] = v;
+            loss(&x.data, &s.data, q)
+        });
     }
 }
 

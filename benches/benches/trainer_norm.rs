@@ -1,0 +1,118 @@
+//! The trainer's memory-bound passes around each convolution (f32, both cores), at ResNet-50
+//! v1.5 sizes, batch 32, 224×224: batch norm + ReLU, and a residual block's end (bn3, the
+//! projection's batch norm, the sum and the ReLU), each forward and backward. Throughput is in
+//! bytes of the passes' own minimum traffic (every tensor they read or write, once per pass;
+//! criterion prints B/s): hold it against `cpu/mem/DRAM/triad/all`, or the L3 roof where the
+//! tensors fit. `ROOFLINE_BENCH_LAYERS=a,b` keeps the benches whose names contain a or b.
+
+use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use roofline_workloads::layers::{BatchNorm, Shortcut};
+use roofline_workloads::tensor::Tensor;
+
+/// As the trainer: freed activations come back from a cache, not from fresh pages.
+#[global_allocator]
+static ALLOC: roofline_workloads::alloc::Caching = roofline_workloads::alloc::Caching;
+
+fn tensor(n: usize, hw: usize, c: usize, seed: f32) -> Tensor<f32> {
+    let len = n * hw * hw * c;
+    let v = (0..len)
+        .map(|i| ((i as f32 * 0.618 + seed).sin()) * 0.5)
+        .collect();
+    Tensor::from_vec(n, hw, hw, c, v)
+}
+
+fn passes(c: &mut Criterion) {
+    let keep: Vec<String> = std::env::var("ROOFLINE_BENCH_LAYERS")
+        .map(|s| s.split(',').map(str::to_string).collect())
+        .unwrap_or_default();
+    assert!(
+        roofline_workloads::alloc::enable(8 << 30),
+        "the caching allocator"
+    );
+    let pool = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+    let mut g = c.benchmark_group("trainer_norm");
+    g.sample_size(10);
+    let n = 32;
+    // (name, image side, channels): a block's middle (bn+relu) and its end.
+    for (name, hw, ch) in [
+        ("layer1.bn1+relu1", 56, 64),
+        ("layer3.bn1+relu1", 14, 256),
+        ("layer1.bn3+add+relu3", 56, 256),
+        ("layer1.bn3+downsample.1+add+relu3", 56, 256),
+        ("layer3.bn3+add+relu3", 14, 1024),
+    ] {
+        if !keep.is_empty() && !keep.iter().any(|k| name.contains(k.as_str())) {
+            continue;
+        }
+        let x = tensor(n, hw, ch, 0.1);
+        let s = tensor(n, hw, ch, 0.2);
+        let dy = tensor(n, hw, ch, 0.3);
+        let e = (x.len() * 4) as u64;
+        let projected = name.contains("downsample");
+        if !name.contains("add") {
+            // Forward: statistics (x), then x → y. Backward: sums (dy, x, mask), then
+            // (dy, x, mask) → dx.
+            g.throughput(Throughput::Bytes(3 * e));
+            g.bench_function(format!("{name}/fwd"), |b| {
+                let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                b.iter_batched(
+                    || x.clone(),
+                    |x| pool.install(|| bn.forward_act(x, true, true)),
+                    BatchSize::PerIteration,
+                )
+            });
+            g.throughput(Throughput::Bytes(7 * e));
+            g.bench_function(format!("{name}/bwd"), |b| {
+                b.iter_batched(
+                    || {
+                        let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                        let y = pool.install(|| bn.forward_act(x.clone(), true, true));
+                        (bn, y)
+                    },
+                    |(mut bn, y)| pool.install(|| bn.backward_act(&dy, Some(&y))),
+                    BatchSize::PerIteration,
+                )
+            });
+            continue;
+        }
+        let inputs = || (x.clone(), projected.then(|| s.clone()));
+        let run_fwd = |bn: &mut BatchNorm<f32>,
+                       down: &mut BatchNorm<f32>,
+                       (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp {
+            Some(sp) => bn.forward_add_relu(x, Shortcut::Projected(down, sp), true),
+            None => bn.forward_add_relu(x, Shortcut::Identity(&s), true),
+        };
+        // Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy, y, x [, s]) → masked
+        // dy and sums, then (dy, x [, s]) → dx [, ds].
+        let (fwd, bwd) = if projected { (5, 10) } else { (4, 7) };
+        g.throughput(Throughput::Bytes(fwd * e));
+        g.bench_function(format!("{name}/fwd"), |b| {
+            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+            let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+            b.iter_batched(
+                inputs,
+                |v| pool.install(|| run_fwd(&mut bn, &mut down, v)),
+                BatchSize::PerIteration,
+            )
+        });
+        g.throughput(Throughput::Bytes(bwd * e));
+        g.bench_function(format!("{name}/bwd"), |b| {
+            b.iter_batched(
+                || {
+                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                    let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+                    let y = pool.install(|| run_fwd(&mut bn, &mut down, inputs()));
+                    (bn, down, y, dy.clone())
+                },
+                |(mut bn, mut down, y, dy)| {
+                    pool.install(|| bn.backward_add_relu(dy, &y, projected.then_some(&mut down)))
+                },
+                BatchSize::PerIteration,
+            )
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, passes);
+criterion_main!(benches);
