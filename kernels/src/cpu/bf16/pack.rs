@@ -199,11 +199,14 @@ pub(super) unsafe fn rows<T: Source>(
     }
 }
 
-/// As [`rows`], for any strides: panels of 32 rows (the vector interleave where X's rows are
-/// contiguous), their words then transposed into rows.
+/// As [`rows`], for any strides: panels of 128 rows, their words then transposed into rows,
+/// 16 × 16 at a time in registers. Where X's rows are contiguous (a transposed operand) each
+/// pair of k is read as two 512-byte runs of memory: in panels of 32 rows, two 128-byte reads
+/// a row's stride apart left the packing waiting on memory for two thirds of a pointwise
+/// backward-filter product (and the word-by-word transpose cost more than the products).
 ///
 /// # Safety
-/// The view covers those rows and k; `kk ≤ KC`; AVX-512 F/BW/VL/BF16 are present.
+/// The view covers those rows and k; AVX-512 F/BW/VL/BF16 are present.
 #[cfg(target_arch = "x86_64")]
 pub(super) unsafe fn rows_any<T: Source>(
     x: View<T>,
@@ -213,25 +216,93 @@ pub(super) unsafe fn rows_any<T: Source>(
     kk: usize,
     out: &mut [u32],
 ) {
-    const W: usize = 32;
+    thread_local! {
+        static PANEL: std::cell::RefCell<Vec<u32>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
     let pairs = kk.div_ceil(2);
-    debug_assert!(pairs <= super::KC / 2 && out.len() >= rows * pairs);
-    let mut tmp = [0u32; super::KC / 2 * W];
-    for g in (0..rows).step_by(W) {
-        let n = W.min(rows - g);
-        panel(x, r0 + g, n, k0, kk, W, &mut tmp[..pairs * W], true);
-        for r in 0..n {
-            let dst = &mut out[(g + r) * pairs..(g + r + 1) * pairs];
-            for (p, d) in dst.iter_mut().enumerate() {
-                *d = tmp[p * W + r];
+    debug_assert!(out.len() >= rows * pairs);
+    // Rows per panel: 128 (512 bytes of an f32 row of memory per read; 32, 64, 128 and all the
+    // rows measured on the trainer_conv bench's pointwise and 3×3 backward-filter shapes).
+    let group = 128;
+    PANEL.with_borrow_mut(|tmp| {
+        for g in (0..rows).step_by(group) {
+            let n = group.min(rows - g);
+            let w = n.next_multiple_of(16);
+            if tmp.len() < pairs * w {
+                tmp.resize(pairs * w, 0);
+            }
+            panel(x, r0 + g, n, k0, kk, w, &mut tmp[..pairs * w], true);
+            let out = &mut out[g * pairs..];
+            let full = pairs / 16 * 16;
+            let whole = n / 16 * 16;
+            for r in (0..whole).step_by(16) {
+                for p in (0..full).step_by(16) {
+                    x86::transpose16(
+                        tmp.as_ptr().add(p * w + r),
+                        w,
+                        out.as_mut_ptr().add(r * pairs + p),
+                        pairs,
+                    );
+                }
+            }
+            // The pairs past a multiple of 16, and the rows of a short last block, word by
+            // word.
+            for r in 0..n {
+                let from = if r < whole { full } else { 0 };
+                let dst = &mut out[r * pairs..(r + 1) * pairs];
+                for (p, d) in dst.iter_mut().enumerate().skip(from) {
+                    *d = tmp[p * w + r];
+                }
             }
         }
-    }
+    })
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
+
+    /// A 16 × 16 block of 32-bit words transposed: row i of `src` (rows `ss` words apart)
+    /// becomes column i of `dst` (rows `ds` words apart). Within 128-bit lanes by unpacking
+    /// (32-bit, then 64-bit), then the 4 × 4 lanes by two rounds of lane shuffles.
+    ///
+    /// # Safety
+    /// 16 rows of 16 words readable at `src`, writable at `dst`; AVX-512 F present.
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn transpose16(src: *const u32, ss: usize, dst: *mut u32, ds: usize) {
+        let r: [__m512i; 16] =
+            std::array::from_fn(|i| _mm512_loadu_si512(src.add(i * ss) as *const __m512i));
+        // a[2i] lane l = (r2i[4l], r2i+1[4l], r2i[4l+1], r2i+1[4l+1]); a[2i+1] the upper two.
+        let mut a = [_mm512_setzero_si512(); 16];
+        for i in 0..8 {
+            a[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+            a[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+        }
+        // b[4i + c] lane l = rows 4i .. 4i + 3 of column 4l + c.
+        let mut b = [_mm512_setzero_si512(); 16];
+        for i in 0..4 {
+            b[4 * i] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+            b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+            b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+        }
+        // Column 4l + c = lane l of b[c], b[4 + c], b[8 + c], b[12 + c].
+        for c in 0..4 {
+            let t0 = _mm512_shuffle_i32x4::<0x44>(b[c], b[4 + c]);
+            let t1 = _mm512_shuffle_i32x4::<0xEE>(b[c], b[4 + c]);
+            let t2 = _mm512_shuffle_i32x4::<0x44>(b[8 + c], b[12 + c]);
+            let t3 = _mm512_shuffle_i32x4::<0xEE>(b[8 + c], b[12 + c]);
+            let out = [
+                _mm512_shuffle_i32x4::<0x88>(t0, t2),
+                _mm512_shuffle_i32x4::<0xDD>(t0, t2),
+                _mm512_shuffle_i32x4::<0x88>(t1, t3),
+                _mm512_shuffle_i32x4::<0xDD>(t1, t3),
+            ];
+            for (l, v) in out.into_iter().enumerate() {
+                _mm512_storeu_si512(dst.add((4 * l + c) * ds) as *mut __m512i, v);
+            }
+        }
+    }
 
     /// Rows contiguous (X's r stride 1): two k's rows of 16 values, rounded together and
     /// interleaved into 16 words.
@@ -313,6 +384,30 @@ mod x86 {
                 for (t, wd) in words.iter().enumerate().take((pairs - p0).min(16)) {
                     *dst.add((p0 + t) * w + r) = *wd;
                 }
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod transpose_tests {
+    /// The register transpose against the definition, on a block inside larger strides.
+    #[test]
+    fn a_16_by_16_block_transposes() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            return;
+        }
+        let (ss, ds) = (21, 19);
+        let src: Vec<u32> = (0..16 * ss as u32).map(|v| v.wrapping_mul(2654435761)).collect();
+        let mut dst = vec![0u32; 16 * ds];
+        // SAFETY: 16 rows of 16 words at both strides; AVX-512 F checked above.
+        unsafe { super::x86::transpose16(src.as_ptr(), ss, dst.as_mut_ptr(), ds) };
+        for i in 0..16 {
+            for j in 0..16 {
+                assert_eq!(dst[j * ds + i], src[i * ss + j], "({i}, {j})");
+            }
+            for j in 16..ds {
+                assert_eq!(dst[i * ds + j], 0, "outside the block");
             }
         }
     }
