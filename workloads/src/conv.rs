@@ -4,7 +4,7 @@
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
 //! once per call (packed once in bf16).
 
-use crate::tensor::{as_uninit, fill_uninit, gemm, ordered_sum, partitions, Float, Mat, Rhs};
+use crate::tensor::{as_uninit, fill_uninit, gemm, ordered_sum_into, partitions, Float, Mat, Rhs};
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
@@ -101,27 +101,28 @@ pub fn forward_into<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &C
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
     let (g, mb) = tiling::<T>(sh, wb.is_packed());
-    y.par_chunks_mut(g * per_img * k).enumerate().for_each_init(
-        || vec![T::zero(); mb * depth],
-        |patch, (t, y_t)| {
-            let (first, rows_t) = (t * g * per_img, y_t.len() / k);
-            for r0 in (0..rows_t).step_by(mb) {
-                let rows = mb.min(rows_t - r0);
-                roofline_kernels::cpu::conv::im2col(x, sh, first + r0, rows, patch);
-                // SAFETY: patch rows × depth, the block of y rows × k.
-                unsafe {
-                    wb.gemm(
-                        rows,
-                        y_t[r0 * k..].as_mut_ptr() as *mut T,
-                        k,
-                        false,
-                        Mat::rows(patch.as_ptr(), depth),
-                        false,
-                    )
-                };
-            }
-        },
-    );
+    y.par_chunks_mut(g * per_img * k)
+        .enumerate()
+        .for_each(|(t, y_t)| {
+            T::with_scratch(mb * depth, |patch| {
+                let (first, rows_t) = (t * g * per_img, y_t.len() / k);
+                for r0 in (0..rows_t).step_by(mb) {
+                    let rows = mb.min(rows_t - r0);
+                    roofline_kernels::cpu::conv::im2col(x, sh, first + r0, rows, patch);
+                    // SAFETY: patch rows × depth, the block of y rows × k.
+                    unsafe {
+                        wb.gemm(
+                            rows,
+                            y_t[r0 * k..].as_mut_ptr() as *mut T,
+                            k,
+                            false,
+                            Mat::rows(patch.as_ptr(), depth),
+                            false,
+                        )
+                    };
+                }
+            })
+        });
 }
 
 /// `w` (depth × k) transposed to k × depth, row-major: the GEMMs of the backward-data pass
@@ -204,9 +205,8 @@ unsafe fn backward_data_impl<T: Float>(
     let (g, mb) = tiling::<T>(sh, wb.is_packed());
     dx.par_chunks_mut(g * sh.h * sh.w * sh.c)
         .enumerate()
-        .for_each_init(
-            || vec![T::zero(); mb * depth],
-            |patch, (t, dx_t)| {
+        .for_each(|(t, dx_t)| {
+            T::with_scratch(mb * depth, |patch| {
                 let dx_t = if accumulate {
                     // SAFETY: initialised (this function's contract); col2im adds into it.
                     unsafe { &mut *(dx_t as *mut [MaybeUninit<T>] as *mut [T]) }
@@ -231,8 +231,8 @@ unsafe fn backward_data_impl<T: Float>(
                     };
                     col2im(patch, sh, r0, rows, dx_t);
                 }
-            },
-        );
+            })
+        });
 }
 
 /// `dw = ∂L/∂w` from the layer's input `x` and `dy`.
@@ -246,28 +246,28 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
         let rows = sh.rows();
         let parts = partitions().min(rows.max(1));
         let per = rows.div_ceil(parts);
-        let total = ordered_sum(depth * k, parts, |p| {
-            let mut acc = vec![T::zero(); depth * k];
+        ordered_sum_into(dw, parts, |p, acc| {
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
-            if r1 > r0 {
-                // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k.
-                unsafe {
-                    gemm(
-                        depth,
-                        k,
-                        r1 - r0,
-                        acc.as_mut_ptr(),
-                        k,
-                        false,
-                        Mat::transposed(x[r0 * depth..].as_ptr(), depth),
-                        Mat::rows(dy[r0 * k..].as_ptr(), k),
-                        false,
-                    )
-                };
+            if r1 == r0 {
+                fill_uninit(acc, T::zero());
+                return;
             }
-            acc
+            // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k
+            // (written over, not read).
+            unsafe {
+                gemm(
+                    depth,
+                    k,
+                    r1 - r0,
+                    acc.as_mut_ptr() as *mut T,
+                    k,
+                    false,
+                    Mat::transposed(x[r0 * depth..].as_ptr(), depth),
+                    Mat::rows(dy[r0 * k..].as_ptr(), k),
+                    false,
+                )
+            };
         });
-        dw.copy_from_slice(&total);
         return;
     }
     let per_img = sh.oh() * sh.ow();
@@ -284,32 +284,35 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
     let parts = partitions().min(sh.n.max(1));
     let per = sh.n.div_ceil(parts);
-    let total = ordered_sum(depth * k, parts, |p| {
-        let mut acc = vec![T::zero(); depth * k];
+    ordered_sum_into(dw, parts, |p, acc| {
         let (first, last) = (p * per * per_img, ((p + 1) * per).min(sh.n) * per_img);
-        let mut patch = vec![T::zero(); mb.min(last.saturating_sub(first)) * depth];
-        for r0 in (first..last).step_by(mb) {
-            let rows = mb.min(last - r0);
-            roofline_kernels::cpu::conv::im2col(x, sh, r0, rows, &mut patch);
-            let dyb = &dy[r0 * k..];
-            // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k.
-            unsafe {
-                gemm(
-                    depth,
-                    k,
-                    rows,
-                    acc.as_mut_ptr(),
-                    k,
-                    true,
-                    Mat::transposed(patch.as_ptr(), depth),
-                    Mat::rows(dyb.as_ptr(), k),
-                    false,
-                )
-            };
+        if last <= first {
+            fill_uninit(acc, T::zero());
+            return;
         }
-        acc
+        T::with_scratch(mb.min(last - first) * depth, |patch| {
+            for r0 in (first..last).step_by(mb) {
+                let rows = mb.min(last - r0);
+                roofline_kernels::cpu::conv::im2col(x, sh, r0, rows, patch);
+                let dyb = &dy[r0 * k..];
+                // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k: written over
+                // by the first block (never read before), added to by the others.
+                unsafe {
+                    gemm(
+                        depth,
+                        k,
+                        rows,
+                        acc.as_mut_ptr() as *mut T,
+                        k,
+                        r0 > first,
+                        Mat::transposed(patch.as_ptr(), depth),
+                        Mat::rows(dyb.as_ptr(), k),
+                        false,
+                    )
+                };
+            }
+        })
     });
-    dw.copy_from_slice(&total);
 }
 
 #[cfg(test)]

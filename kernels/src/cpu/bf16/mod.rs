@@ -22,6 +22,7 @@ pub use pack::{round, Source};
 use micro::Dest;
 use pack::View;
 use rayon::prelude::*;
+use std::cell::Cell;
 
 /// k per block (pairs of k: KC / 2).
 pub const KC: usize = 256;
@@ -295,7 +296,7 @@ impl Bf16Gemm {
         // image by the trainer, does not zero the 512 KiB a full block takes).
         let max_pairs = KC.min(k).div_ceil(2);
         let mut bpack = match rhs {
-            Rhs::Pack(_) => vec![0u32; NC.min(n).next_multiple_of(NR) * max_pairs],
+            Rhs::Pack(_) => scratch(&B_SCRATCH, NC.min(n).next_multiple_of(NR) * max_pairs),
             Rhs::Packed(_) => Vec::new(),
         };
         let kblocks = k.div_ceil(KC);
@@ -404,22 +405,43 @@ impl Bf16Gemm {
                         }
                     }
                 };
-                // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels.
-                let new_a =
-                    || vec![0u32; (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs];
+                // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels
+                // (the rows past the block's are never stored).
+                let a_len = (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs;
+                let run_task = |t: usize| {
+                    let mut buf = scratch(&A_SCRATCH, a_len);
+                    task(t, &mut buf);
+                    A_SCRATCH.set(buf);
+                };
                 if threads > 1 && mblocks * groups > 1 {
-                    (0..mblocks * groups)
-                        .into_par_iter()
-                        .for_each_init(new_a, |buf, t| task(t, buf));
+                    (0..mblocks * groups).into_par_iter().for_each(run_task);
                 } else {
-                    let mut buf = new_a();
-                    for t in 0..mblocks * groups {
-                        task(t, &mut buf);
-                    }
+                    (0..mblocks * groups).for_each(run_task);
                 }
             }
         }
+        if !bpack.is_empty() {
+            B_SCRATCH.set(bpack);
+        }
     }
+}
+
+thread_local! {
+    /// This thread's packed blocks of A and of B, kept between products (allocated and zeroed
+    /// for every product, they cost the trainer a few percent of a step in `memset` and page
+    /// faults). Taken out while in use: a nested product gets buffers of its own.
+    static A_SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+    static B_SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// A thread's buffer from `slot`, at least `len` words long, holding whatever its last user
+/// left: the packing writes every word a product reads.
+fn scratch(slot: &'static std::thread::LocalKey<Cell<Vec<u32>>>, len: usize) -> Vec<u32> {
+    let mut v = slot.take();
+    if v.len() < len {
+        v.resize(len, 0);
+    }
+    v
 }
 
 /// One AMX tile of C at `c` (`rows × cols` ≤ 32 × 32 of it): A's rows from `a` (`pairs`

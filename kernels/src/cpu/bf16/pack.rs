@@ -398,7 +398,9 @@ mod transpose_tests {
             return;
         }
         let (ss, ds) = (21, 19);
-        let src: Vec<u32> = (0..16 * ss as u32).map(|v| v.wrapping_mul(2654435761)).collect();
+        let src: Vec<u32> = (0..16 * ss as u32)
+            .map(|v| v.wrapping_mul(2654435761))
+            .collect();
         let mut dst = vec![0u32; 16 * ds];
         // SAFETY: 16 rows of 16 words at both strides; AVX-512 F checked above.
         unsafe { super::x86::transpose16(src.as_ptr(), ss, dst.as_mut_ptr(), ds) };
