@@ -4,7 +4,7 @@
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
 //! once per call (packed once in bf16).
 
-use crate::tensor::{as_uninit, fill_uninit, gemm, ordered_sum_into, partitions, Float, Mat, Rhs};
+use crate::tensor::{as_uninit, fill_uninit, ordered_sum_into, partitions, Float, Lhs, Mat, Rhs};
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
@@ -76,14 +76,19 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [T], sh: &ConvShape) {
 }
 
 /// `y = conv(x, w)` into storage not yet written: every element of `y` is written (the GEMMs
-/// overwrite their output without reading it).
-pub fn forward_into<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &ConvShape) {
+/// overwrite their output without reading it). The input may be stored in bf16 (`Lhs`).
+pub fn forward_into<T: Float, S: Lhs<T>>(
+    x: &[S],
+    w: &[T],
+    y: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+) {
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // SAFETY: x is rows × c, w is c × k, y is rows × k, dense.
         unsafe {
-            gemm(
+            S::gemm(
                 sh.rows(),
                 k,
                 depth,
@@ -100,18 +105,19 @@ pub fn forward_into<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &C
     let per_img = sh.oh() * sh.ow();
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
-    let (g, mb) = tiling::<T>(sh, wb.is_packed());
+    let (g, mb) = tiling::<S>(sh, wb.is_packed());
     y.par_chunks_mut(g * per_img * k)
         .enumerate()
         .for_each(|(t, y_t)| {
-            T::with_scratch(mb * depth, |patch| {
+            S::with_scratch(mb * depth, |patch| {
                 let (first, rows_t) = (t * g * per_img, y_t.len() / k);
                 for r0 in (0..rows_t).step_by(mb) {
                     let rows = mb.min(rows_t - r0);
                     roofline_kernels::cpu::conv::im2col(x, sh, first + r0, rows, patch);
                     // SAFETY: patch rows × depth, the block of y rows × k.
                     unsafe {
-                        wb.gemm(
+                        S::gemm_rhs(
+                            &wb,
                             rows,
                             y_t[r0 * k..].as_mut_ptr() as *mut T,
                             k,
@@ -235,8 +241,8 @@ unsafe fn backward_data_impl<T: Float>(
         });
 }
 
-/// `dw = ∂L/∂w` from the layer's input `x` and `dy`.
-pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape) {
+/// `dw = ∂L/∂w` from the layer's input `x` (stored in `T` or bf16) and `dy`.
+pub fn backward_filter<T: Float, S: Lhs<T>>(x: &[S], dy: &[T], dw: &mut [T], sh: &ConvShape) {
     check_lengths::<T>(sh, x.len(), dw.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
@@ -255,7 +261,7 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
             // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k
             // (written over, not read).
             unsafe {
-                gemm(
+                S::gemm(
                     depth,
                     k,
                     r1 - r0,
@@ -278,7 +284,7 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
     // best or within noise of it on every 3×3 shape (layer4: 150–159 → 168–172 GFLOP/s).
     // A multiple of 32 rows: the reduction of each product, which AMX takes 32 at a time (a
     // layer4 3×3 block of 113 rows left 9 pairs of every product to the vector kernel).
-    let mb = ((2 << 20) / (std::mem::size_of::<T>() * depth))
+    let mb = ((2 << 20) / (std::mem::size_of::<S>() * depth))
         .max(1)
         .next_multiple_of(32);
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
@@ -290,7 +296,7 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
             fill_uninit(acc, T::zero());
             return;
         }
-        T::with_scratch(mb.min(last - first) * depth, |patch| {
+        S::with_scratch(mb.min(last - first) * depth, |patch| {
             for r0 in (first..last).step_by(mb) {
                 let rows = mb.min(last - r0);
                 roofline_kernels::cpu::conv::im2col(x, sh, r0, rows, patch);
@@ -298,7 +304,7 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
                 // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k: written over
                 // by the first block (never read before), added to by the others.
                 unsafe {
-                    gemm(
+                    S::gemm(
                         depth,
                         k,
                         rows,

@@ -2,10 +2,9 @@
 //! (stride in the first 1×1), He initialisation, optional zero-initialised last batch-norm γ of
 //! each block, width and depth multipliers for small test models; and its analytic FLOP count.
 
-use crate::conv::ConvShape;
 use crate::data::Rng;
 use crate::layers::{
-    add_into, avgpool_backward, avgpool_forward, BatchNorm, Conv2d, Linear, MaxPool, Param,
+    add_into, avgpool_backward, avgpool_forward, Act, BatchNorm, Conv2d, Linear, MaxPool, Param,
     Shortcut,
 };
 use crate::tensor::{Float, Tensor};
@@ -80,8 +79,9 @@ pub struct Bottleneck<T> {
     pub down: Option<(Conv2d<T>, BatchNorm<T>)>,
     /// `layer1.0`, …: the prefix of its layers' names (timeline spans, accounting).
     pub name: String,
-    a1: Arc<Tensor<T>>,
-    b1: Arc<Tensor<T>>,
+    /// The ReLU outputs inside the block (bf16 in bf16 training: `Act`).
+    a1: Act<T>,
+    b1: Act<T>,
     out: Arc<Tensor<T>>,
 }
 
@@ -120,8 +120,8 @@ impl<T: Float> Bottleneck<T> {
             ),
             down,
             name: name.to_string(),
-            a1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
-            b1: Arc::new(Tensor::zeros(0, 0, 0, 0)),
+            a1: Act::Full(Arc::new(Tensor::zeros(0, 0, 0, 0))),
+            b1: Act::Full(Arc::new(Tensor::zeros(0, 0, 0, 0))),
             out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
         }
     }
@@ -130,14 +130,10 @@ impl<T: Float> Bottleneck<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
         let a = timed(FWD, f("conv1"), || self.conv1.forward(x));
-        let a = Arc::new(timed(FWD, f("bn1+relu1"), || {
-            self.bn1.forward_act(a, train, true)
-        }));
-        let b = timed(FWD, f("conv2"), || self.conv2.forward(&a));
-        let b = Arc::new(timed(FWD, f("bn2+relu2"), || {
-            self.bn2.forward_act(b, train, true)
-        }));
-        let c = timed(FWD, f("conv3"), || self.conv3.forward(&b));
+        let a = timed(FWD, f("bn1+relu1"), || self.bn1.forward_relu(a, train));
+        let b = timed(FWD, f("conv2"), || self.conv2.forward_act(&a));
+        let b = timed(FWD, f("bn2+relu2"), || self.bn2.forward_relu(b, train));
+        let c = timed(FWD, f("conv3"), || self.conv3.forward_act(&b));
         // The block's end in one pass: bn3, the projection's batch norm, the sum and the ReLU.
         let bn3 = &mut self.bn3;
         let c = match self.down.as_mut() {
@@ -177,11 +173,11 @@ impl<T: Float> Bottleneck<T> {
         });
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
-            self.bn2.backward_act(&db, Some(&self.b1))
+            self.bn2.backward_relu(&db, &self.b1)
         });
         let da = timed(BWD, f("conv2"), || self.conv2.backward(&g));
         let g = timed(BWD, f("bn1+relu1"), || {
-            self.bn1.backward_act(&da, Some(&self.a1))
+            self.bn1.backward_relu(&da, &self.a1)
         });
         let mut dx = match &mut self.down {
             Some((conv, _)) => timed(BWD, f("downsample.0"), || conv.backward(&ds)),
@@ -494,14 +490,7 @@ impl Flops {
 impl<T: Float> Conv2d<T> {
     /// The filter gradient alone (for a layer whose input needs no gradient).
     pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
-        let x = self.take_input();
-        let sh = ConvShape {
-            n: x.n,
-            h: x.h,
-            w: x.w,
-            ..self.shape
-        };
-        crate::conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
+        self.filter_gradient(dy);
     }
 }
 

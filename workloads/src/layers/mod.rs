@@ -2,7 +2,7 @@
 //! from the last forward pass; parameter gradients are overwritten by each backward pass.
 
 use crate::conv::{self, ConvShape};
-use crate::tensor::{simd, Float, Tensor};
+use crate::tensor::{simd, Float, Positive, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -10,8 +10,10 @@ use std::sync::Arc;
 /// Sums across the ranks of a data-parallel run: the communication layer's (`kernels::comm`).
 pub use roofline_kernels::comm::Reducer;
 
+mod act;
 mod head;
 mod residual;
+pub use act::Act;
 pub use head::{avgpool_backward, avgpool_forward, softmax_cross_entropy, Linear, MaxPool};
 pub use residual::Shortcut;
 
@@ -46,17 +48,28 @@ const CHUNK_ROWS: usize = 256;
 /// `a` with the entries whose `mask` is not positive set to zero (no mask: g = a; no `b`: b = a,
 /// so Σ a²). Each chunk of rows sums in the element type (vectorised); the chunks' partial sums
 /// are added in f64 in chunk order (deterministic).
-fn channel_sums<T: Float>(
+fn channel_sums<T: Float, M: Positive>(
     a: &[T],
     b: Option<&[T]>,
-    mask: Option<&[T]>,
+    mask: Option<&[M]>,
+    c: usize,
+) -> (Vec<f64>, Vec<f64>) {
+    match mask {
+        Some(m) => sums(a, b.unwrap_or(a), m, true, c),
+        None => sums(a, b.unwrap_or(a), a, false, c),
+    }
+}
+
+/// `channel_sums`, with the mask read only when `masked`.
+fn sums<T: Float, M: Positive>(
+    a: &[T],
+    b: &[T],
+    mask: &[M],
+    masked: bool,
     c: usize,
 ) -> (Vec<f64>, Vec<f64>) {
     let chunk = CHUNK_ROWS * c;
     let zero = T::zero();
-    let b = b.unwrap_or(a);
-    let masked = mask.is_some();
-    let mask = mask.unwrap_or(a);
     let partials: Vec<(Vec<T>, Vec<T>)> = a
         .par_chunks(chunk)
         .zip(b.par_chunks(chunk))
@@ -78,7 +91,7 @@ fn channel_sums<T: Float>(
                         let (ar, br, mr) = (&ar[..c], &br[..c], &mr[..c]);
                         if masked {
                             for j in 0..c {
-                                let g = if mr[j] > zero { ar[j] } else { zero };
+                                let g = if mr[j].positive() { ar[j] } else { zero };
                                 q1[j] += g;
                                 q2[j] += g * br[j];
                             }
@@ -195,7 +208,7 @@ pub(crate) fn backward_coefficients<T: Float>(
 pub struct Conv2d<T> {
     pub shape: ConvShape,
     pub weight: Param<T>,
-    input: Option<Arc<Tensor<T>>>,
+    input: Option<Act<T>>,
 }
 
 impl<T: Float> Conv2d<T> {
@@ -230,50 +243,70 @@ impl<T: Float> Conv2d<T> {
         }
     }
 
-    fn shape_for(&self, x: &Tensor<T>) -> ConvShape {
+    fn shape_for<S>(&self, x: &Tensor<S>) -> ConvShape {
         shape_for(&self.shape, &self.weight.name, x)
     }
 
     /// The input is shared, not copied: the backward pass needs it for the filter gradient.
     pub fn forward(&mut self, x: &Arc<Tensor<T>>) -> Tensor<T> {
-        let sh = self.shape_for(x);
-        let mut y = Tensor::uninit(x.n, sh.oh(), sh.ow(), sh.k);
-        conv::forward_into(&x.data, &self.weight.value, &mut y.data, &sh);
-        self.input = Some(Arc::clone(x));
+        self.forward_act(&Act::Full(Arc::clone(x)))
+    }
+
+    /// `forward` from a ReLU output kept in either precision.
+    pub fn forward_act(&mut self, x: &Act<T>) -> Tensor<T> {
+        let sh = match x {
+            Act::Full(t) => self.shape_for(t),
+            Act::Half(t) => self.shape_for(t),
+        };
+        let mut y = Tensor::uninit(sh.n, sh.oh(), sh.ow(), sh.k);
+        match x {
+            Act::Full(t) => conv::forward_into(&t.data, &self.weight.value, &mut y.data, &sh),
+            Act::Half(t) => conv::forward_into(&t.data, &self.weight.value, &mut y.data, &sh),
+        }
+        self.input = Some(x.clone());
         // SAFETY: forward_into writes every output element.
         unsafe { y.assume_init() }
     }
 
-    /// The input kept by the last forward pass (for the backward pass).
-    pub(crate) fn take_input(&mut self) -> Arc<Tensor<T>> {
-        self.input.take().expect("backward before forward")
+    /// The filter gradient, from the input kept by the last forward pass (then let go);
+    /// returns the convolution's shape.
+    pub(crate) fn filter_gradient(&mut self, dy: &Tensor<T>) -> ConvShape {
+        let x = self.input.take().expect("backward before forward");
+        let (name, g) = (&self.weight.name, &mut self.weight.grad);
+        match &x {
+            Act::Full(t) => {
+                let sh = shape_for(&self.shape, name, t);
+                conv::backward_filter(&t.data, &dy.data, g, &sh);
+                sh
+            }
+            Act::Half(t) => {
+                let sh = shape_for(&self.shape, name, t);
+                conv::backward_filter(&t.data, &dy.data, g, &sh);
+                sh
+            }
+        }
     }
 
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
-        let x = self.take_input();
-        let sh = self.shape_for(&x);
-        conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
-        let mut dx = Tensor::uninit(x.n, x.h, x.w, x.c);
+        let sh = self.filter_gradient(dy);
+        let mut dx = Tensor::uninit(sh.n, sh.h, sh.w, sh.c);
         conv::backward_data_into(&dy.data, &self.weight.value, &mut dx.data, &sh);
         // SAFETY: backward_data_into writes every element (a GEMM without accumulation, or
         // zero-filled images for col2im).
         unsafe { dx.assume_init() }
     }
-}
 
-impl<T: Float> Conv2d<T> {
     /// `backward` with the input gradient added to `dx`, which holds another path's gradient
     /// of the same input (a residual block's shortcut): the products add it, and no pass over
     /// both tensors is needed.
     pub fn backward_add(&mut self, dy: &Tensor<T>, dx: &mut Tensor<T>) {
-        let x = self.take_input();
-        assert!(
-            dx.same_shape(&x),
+        let sh = self.filter_gradient(dy);
+        assert_eq!(
+            (sh.n, sh.h, sh.w, sh.c),
+            (dx.n, dx.h, dx.w, dx.c),
             "{}: input gradient shape",
             self.weight.name
         );
-        let sh = self.shape_for(&x);
-        conv::backward_filter(&x.data, &dy.data, &mut self.weight.grad, &sh);
         conv::backward_data_add(&dy.data, &self.weight.value, &mut dx.data, &sh);
     }
 }
@@ -328,13 +361,16 @@ impl<T: Float> BatchNorm<T> {
 
     /// The batch's (training) or the running (inference) statistics as the per-channel affine
     /// map `y = x·a + d`; training keeps the statistics for the backward pass.
-    fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+    pub(super) fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
         let c = x.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
         let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
             batch_statistics(
-                global_sums(self.reducer.as_ref(), channel_sums(&x.data, None, None, c)),
+                global_sums(
+                    self.reducer.as_ref(),
+                    channel_sums::<T, T>(&x.data, None, None, c),
+                ),
                 m,
                 self.eps,
                 self.momentum,
@@ -403,15 +439,26 @@ impl<T: Float> BatchNorm<T> {
     /// gradient is written over the input kept for this pass, a tensor just read (a new one
     /// is read for ownership before it is written: a third more traffic).
     pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
+        match relu_out {
+            Some(y) => self.backward_masked(dy, &y.data, true),
+            None => self.backward_masked(dy, &dy.data, false),
+        }
+    }
+
+    /// `backward_act`, the ReLU's output (any precision) read only when `masked`.
+    pub(super) fn backward_masked<M: Positive>(
+        &mut self,
+        dy: &Tensor<T>,
+        mask: &[M],
+        masked: bool,
+    ) -> Tensor<T> {
         let mut x = self.input.take().expect("backward before forward");
         assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
         let c = dy.c;
         // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
-        let sums = channel_sums(&dy.data, Some(&x.data), relu_out.map(|y| &y.data[..]), c);
+        let sums = sums(&dy.data, &x.data, mask, masked, c);
         let grad = self.input_gradient(sums, dy.rows());
         let chunk = CHUNK_ROWS * c;
-        let mask = relu_out.map(|y| &y.data[..]).unwrap_or(&dy.data[..]);
-        let masked = relu_out.is_some();
         x.data
             .par_chunks_mut(chunk)
             .zip(dy.data.par_chunks(chunk))
@@ -473,7 +520,7 @@ impl<T: Float> InputGradient<T> {
     /// One row: `xr` (the input) becomes its gradient, from the output gradient `gr` masked
     /// where `mask` is not positive (a ReLU's backward pass).
     #[inline(always)]
-    fn row(&self, xr: &mut [T], gr: &[T], mask: Option<&[T]>) {
+    fn row<M: Positive>(&self, xr: &mut [T], gr: &[T], mask: Option<&[M]>) {
         let c = xr.len();
         let zero = T::zero();
         let (gr, mean, inv) = (&gr[..c], &self.mean[..c], &self.inv[..c]);
@@ -482,7 +529,7 @@ impl<T: Float> InputGradient<T> {
             Some(mr) => {
                 let mr = &mr[..c];
                 for j in 0..c {
-                    let g = if mr[j] > zero { gr[j] } else { zero };
+                    let g = if mr[j].positive() { gr[j] } else { zero };
                     let h = (xr[j] - mean[j]) * inv[j];
                     xr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                 }

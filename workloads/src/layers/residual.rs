@@ -178,8 +178,8 @@ impl<T: Float> BatchNorm<T> {
                                     .zip(sc.chunks_exact_mut(c))
                                     .zip(gc.chunks_exact(c))
                                 {
-                                    grad.row(xr, gr, None);
-                                    grad_s.row(sr, gr, None);
+                                    grad.row::<T>(xr, gr, None);
+                                    grad_s.row::<T>(sr, gr, None);
                                 }
                             },
                         )
@@ -194,7 +194,7 @@ impl<T: Float> BatchNorm<T> {
                             #[inline(always)]
                             || {
                                 for (xr, gr) in xc.chunks_exact_mut(c).zip(gc.chunks_exact(c)) {
-                                    grad.row(xr, gr, None);
+                                    grad.row::<T>(xr, gr, None);
                                 }
                             },
                         )
@@ -209,19 +209,20 @@ impl<T: Float> BatchNorm<T> {
 }
 
 /// One row of the block end's first backward pass: `g` masked where `out` is not positive (in
-/// place), Σ g into `q1` and Σ g·x into `q2`. A function of its own: its slices' exclusive
-/// borrows reach the optimiser as no-alias facts (inlined into the pass's closure, the masked
-/// store and the two sums ran scalar).
+/// place), Σ g into `q1` and Σ g·x into `q2`. Two loops: in one, the stores to g, q1 and q2
+/// needed more run-time alias checks than the vectoriser makes (8) wherever the inlining lost
+/// the slices' no-alias facts, and the pass ran scalar (0.15 → 0.41 s of a bf16 step).
 #[inline(always)]
 fn mask_and_sum<T: Float>(g: &mut [T], out: &[T], x: &[T], q1: &mut [T], q2: &mut [T]) {
     let c = g.len();
     let (out, x, q1, q2) = (&out[..c], &x[..c], &mut q1[..c], &mut q2[..c]);
     let zero = T::zero();
     for j in 0..c {
-        let v = if out[j] > zero { g[j] } else { zero };
-        g[j] = v;
-        q1[j] += v;
-        q2[j] += v * x[j];
+        g[j] = if out[j] > zero { g[j] } else { zero };
+    }
+    for j in 0..c {
+        q1[j] += g[j];
+        q2[j] += g[j] * x[j];
     }
 }
 

@@ -366,3 +366,53 @@ fn loss_values() {
     assert!((l - 10f64.ln()).abs() < 1e-12);
     assert_eq!((top1, top5), (2, 2));
 }
+
+/// With bf16 products, a batch norm + ReLU kept in bf16 gives the next convolution, its
+/// filter gradient and the ReLU's backward pass the same bits as the f32 output (which every
+/// product rounds as it packs it), for a 3×3 and a 1×1 convolution.
+#[test]
+fn half_activations_give_the_products_the_same_bits() {
+    use crate::tensor::{set_products, Bf16Gemm, Products};
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
+    set_products(&pool, Products::Bf16(g));
+    let f32s = |t: Tensor<f64>| {
+        Tensor::from_vec(
+            t.n,
+            t.h,
+            t.w,
+            t.c,
+            t.data.iter().map(|&v| v as f32).collect(),
+        )
+    };
+    let x = f32s(rand_tensor(2, 6, 5, 16, 51));
+    for (r, pad) in [(3, 1), (1, 0)] {
+        pool.install(|| {
+            let mut rng = Rng::new(52);
+            let conv = Conv2d::<f32>::new("c", 16, 24, r, 1, pad, &mut rng);
+            let (mut c1, mut c2) = (conv, Conv2d::<f32>::new("c", 16, 24, r, 1, pad, &mut rng));
+            c2.weight.value = c1.weight.value.clone();
+            let (mut b1, mut b2) = (
+                BatchNorm::<f32>::new("b", 16, 0.8),
+                BatchNorm::<f32>::new("b", 16, 0.8),
+            );
+            let y = Arc::new(b1.forward_act(x.clone(), true, true));
+            let h = b2.forward_relu(x.clone(), true);
+            assert!(
+                matches!(h, Act::Half(_)),
+                "bf16 products keep bf16 activations"
+            );
+            let (z1, z2) = (c1.forward(&y), c2.forward_act(&h));
+            assert_eq!(z1, z2, "{r}×{r} forward");
+            let dz = f32s(rand_tensor(z1.n, z1.h, z1.w, z1.c, 53));
+            let (d1, d2) = (c1.backward(&dz), c2.backward(&dz));
+            assert_eq!(d1, d2, "{r}×{r} input gradient");
+            assert_eq!(c1.weight.grad, c2.weight.grad, "{r}×{r} filter gradient");
+            assert_eq!(b1.backward_act(&d1, Some(&y)), b2.backward_relu(&d2, &h));
+            assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        });
+    }
+}

@@ -17,7 +17,7 @@ mod pack;
 
 pub use kernel::{Bf16GemmKernel, TOLERANCE};
 pub use micro::{MR, NR};
-pub use pack::{round, Source};
+pub use pack::{round, round_slice, Source};
 
 use micro::Dest;
 use pack::View;

@@ -68,6 +68,22 @@ pub fn round(x: f32) -> u16 {
     half::bf16::from_f32(x).to_bits()
 }
 
+/// `src` rounded into `dst` as [`round`] does, element by element (16 at a time with
+/// AVX512_BF16): storage for values a product would round anyway.
+/// `dst` may be uninitialised: every element is written.
+pub fn round_slice(src: &[f32], dst: &mut [std::mem::MaybeUninit<half::bf16>]) {
+    assert_eq!(src.len(), dst.len(), "round_slice lengths");
+    #[cfg(target_arch = "x86_64")]
+    if super::Bf16Gemm::cpu_has() {
+        // SAFETY: the features were checked; both slices hold src.len() elements.
+        unsafe { x86::round_slice(src, dst) };
+        return;
+    }
+    for (d, &s) in dst.iter_mut().zip(src) {
+        d.write(half::bf16::from_bits(round(s)));
+    }
+}
+
 fn word<T: Source>(lo: T, hi: T) -> u32 {
     round(lo.to_f32()) as u32 | (round(hi.to_f32()) as u32) << 16
 }
@@ -262,6 +278,22 @@ pub(super) unsafe fn rows_any<T: Source>(
 mod x86 {
     use super::*;
 
+    /// `pack::round_slice` with `vcvtneps2bf16`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512bf16")]
+    pub unsafe fn round_slice(src: &[f32], dst: &mut [std::mem::MaybeUninit<half::bf16>]) {
+        let n = src.len();
+        for i in (0..n).step_by(16) {
+            let left = (n - i).min(16);
+            let v = f32::load16(src.as_ptr().add(i), left);
+            let h: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(v));
+            _mm256_mask_storeu_epi16(
+                dst.as_mut_ptr().add(i) as *mut i16,
+                ((1u32 << left) - 1) as u16,
+                h,
+            );
+        }
+    }
+
     /// A 16 × 16 block of 32-bit words transposed: row i of `src` (rows `ss` words apart)
     /// becomes column i of `dst` (rows `ds` words apart). Within 128-bit lanes by unpacking
     /// (32-bit, then 64-bit), then the 4 × 4 lanes by two rounds of lane shuffles.
@@ -411,6 +443,35 @@ mod transpose_tests {
             for j in 16..ds {
                 assert_eq!(dst[i * ds + j], 0, "outside the block");
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod round_tests {
+    /// The vector rounding gives the scalar one's bits: ties to even, subnormals flushed, a
+    /// ragged tail.
+    #[test]
+    fn round_slice_matches_round() {
+        let mut src: Vec<f32> = (0..1000).map(|i| (i as f32 * 0.7311).sin() * 3e3).collect();
+        src.extend([
+            1.0 + 2f32.powi(-8),
+            1.0 + 3.0 * 2f32.powi(-8),
+            f32::MIN_POSITIVE / 4.0,
+            -f32::MIN_POSITIVE / 3.0,
+            -0.0,
+            f32::MAX,
+            f32::INFINITY,
+        ]);
+        let mut got = vec![std::mem::MaybeUninit::uninit(); src.len()];
+        super::round_slice(&src, &mut got);
+        for (s, g) in src.iter().zip(&got) {
+            // SAFETY: round_slice wrote every element.
+            assert_eq!(
+                unsafe { g.assume_init() }.to_bits(),
+                super::round(*s),
+                "{s:e}"
+            );
         }
     }
 }

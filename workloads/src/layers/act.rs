@@ -1,0 +1,95 @@
+//! ReLU outputs kept between layers: in the layers' own type, or in bf16 where the products
+//! are bf16. The next convolution rounds its input to bf16 anyway (as it packs it), so a
+//! batch norm + ReLU that writes bf16 gives every product the same bits, in half the bytes
+//! written, read by the convolution's forward and filter-gradient passes and by the ReLU's
+//! backward pass (which reads only its sign), and leaves no rounding to the packing.
+
+use super::{BatchNorm, CHUNK_ROWS};
+use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Tensor};
+use rayon::prelude::*;
+use std::sync::Arc;
+
+/// A ReLU output: the next convolution's input and the ReLU's backward mask.
+pub enum Act<T> {
+    Full(Arc<Tensor<T>>),
+    /// Rounded to bf16 (f32 layers with bf16 products: `tensor::half_activations`).
+    Half(Arc<Tensor<bf16>>),
+}
+
+impl<T> Clone for Act<T> {
+    fn clone(&self) -> Self {
+        match self {
+            Act::Full(t) => Act::Full(Arc::clone(t)),
+            Act::Half(t) => Act::Half(Arc::clone(t)),
+        }
+    }
+}
+
+impl<T> Act<T> {
+    /// (n, h, w, c).
+    pub fn dims(&self) -> (usize, usize, usize, usize) {
+        match self {
+            Act::Full(t) => (t.n, t.h, t.w, t.c),
+            Act::Half(t) => (t.n, t.h, t.w, t.c),
+        }
+    }
+}
+
+impl<T: Float> BatchNorm<T> {
+    /// `forward_act(x, train, true)`, kept in bf16 where this thread's `T` layers multiply in
+    /// bf16 (`half_activations`), in the layers' type otherwise.
+    pub fn forward_relu(&mut self, x: Tensor<T>, train: bool) -> Act<T> {
+        if !half_activations::<T>() {
+            return Act::Full(Arc::new(self.forward_act(x, train, true)));
+        }
+        let c = x.c;
+        let (a, d) = self.affine(&x, train);
+        let len = x.len();
+        let mut data: Vec<bf16> = Vec::with_capacity(len);
+        let zero = T::zero();
+        data.spare_capacity_mut()[..len]
+            .par_chunks_mut(CHUNK_ROWS * c)
+            .zip(x.data.par_chunks(CHUNK_ROWS * c))
+            .for_each(|(yc, xc)| {
+                T::with_scratch(c, |row| {
+                    simd(
+                        #[inline(always)]
+                        || {
+                            let (a, d) = (&a[..c], &d[..c]);
+                            for (yr, xr) in yc.chunks_exact_mut(c).zip(xc.chunks_exact(c)) {
+                                relu_affine(&mut row[..c], &xr[..c], a, d, zero);
+                                round_bf16(row, yr);
+                            }
+                        },
+                    )
+                })
+            });
+        // SAFETY: the chunks of rows cover the first len elements, every one written.
+        unsafe { data.set_len(len) };
+        let (n, h, w) = (x.n, x.h, x.w);
+        if train {
+            self.input = Some(x);
+        }
+        Act::Half(Arc::new(Tensor { n, h, w, c, data }))
+    }
+
+    /// `backward_act` for a `forward_relu` output.
+    pub fn backward_relu(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Tensor<T> {
+        match out {
+            Act::Full(y) => self.backward_masked(dy, &y.data, true),
+            Act::Half(y) => self.backward_masked(dy, &y.data, true),
+        }
+    }
+}
+
+/// One row of `max(x·a + d, 0)`. A function of its own, so that its slices' exclusive borrows
+/// reach the optimiser (vectorised).
+#[inline(always)]
+fn relu_affine<T: Float>(y: &mut [T], x: &[T], a: &[T], d: &[T], zero: T) {
+    let c = y.len();
+    let (x, a, d) = (&x[..c], &a[..c], &d[..c]);
+    for j in 0..c {
+        let t = x[j] * a[j] + d[j];
+        y[j] = if t < zero { zero } else { t };
+    }
+}
