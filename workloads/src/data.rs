@@ -129,7 +129,7 @@ pub struct Synthetic {
 fn normal_table() -> &'static [f64] {
     static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
     TABLE.get_or_init(|| {
-        let mut r = Rng::new(0x5EED_0F_D15C);
+        let mut r = Rng::new(0x005E_ED0F_D15C);
         (0..1 << 16).map(|_| r.normal()).collect()
     })
 }
