@@ -232,9 +232,9 @@ mod tests {
             for x in 0..r {
                 let s = ((x as f64 * angle.cos() + y as f64 * angle.sin()) * freq + phase + shift)
                     .sin();
-                for ch in 0..3 {
+                for (ch, col) in colour.iter().enumerate() {
                     let at = (y * r + x) * 3 + ch;
-                    let want = s * colour[ch] + 0.3 * colour[ch];
+                    let want = s * col + 0.3 * col;
                     assert!((a[at] - want).abs() < 1e-12, "({x}, {y}, {ch})");
                     let e = (b[at] - want) / 0.6;
                     sum += e;
