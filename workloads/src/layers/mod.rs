@@ -45,22 +45,9 @@ impl<T: Float> Param<T> {
 const CHUNK_ROWS: usize = 256;
 
 /// Per-channel sums over the rows of an NHWC tensor: (Σ g, Σ g·b) for each channel, where g is
-/// `a` with the entries whose `mask` is not positive set to zero (no mask: g = a; no `b`: b = a,
-/// so Σ a²). Each chunk of rows sums in the element type (vectorised); the chunks' partial sums
-/// are added in f64 in chunk order (deterministic).
-fn channel_sums<T: Float, M: Positive>(
-    a: &[T],
-    b: Option<&[T]>,
-    mask: Option<&[M]>,
-    c: usize,
-) -> (Vec<f64>, Vec<f64>) {
-    match mask {
-        Some(m) => sums(a, b.unwrap_or(a), m, true, c),
-        None => sums(a, b.unwrap_or(a), a, false, c),
-    }
-}
-
-/// `channel_sums`, with the mask read only when `masked`.
+/// `a` with the entries whose `mask` is not positive set to zero when `masked` (else g = a, and
+/// `mask` is not read). Each chunk of rows sums in the element type (vectorised); the chunks'
+/// partial sums are added in f64 in chunk order (deterministic).
 fn sums<T: Float, M: Positive>(
     a: &[T],
     b: &[T],
@@ -361,7 +348,7 @@ impl<T: Float> BatchNorm<T> {
 
     /// The batch's (training) or the running (inference) statistics as the per-channel affine
     /// map `y = x·a + d`; training keeps the statistics for the backward pass.
-    pub(super) fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+    fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
         let c = x.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
@@ -369,7 +356,7 @@ impl<T: Float> BatchNorm<T> {
             batch_statistics(
                 global_sums(
                     self.reducer.as_ref(),
-                    channel_sums::<T, T>(&x.data, None, None, c),
+                    sums(&x.data, &x.data, &x.data, false, c),
                 ),
                 m,
                 self.eps,
@@ -446,7 +433,7 @@ impl<T: Float> BatchNorm<T> {
     }
 
     /// `backward_act`, the ReLU's output (any precision) read only when `masked`.
-    pub(super) fn backward_masked<M: Positive>(
+    fn backward_masked<M: Positive>(
         &mut self,
         dy: &Tensor<T>,
         mask: &[M],

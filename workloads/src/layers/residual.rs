@@ -149,7 +149,7 @@ impl<T: Float> BatchNorm<T> {
                 )
             })
             .collect();
-        // The chunks' sums in f64, in chunk order (deterministic), as `channel_sums`.
+        // The chunks' sums in f64, in chunk order (deterministic), as `sums`.
         let mut s = [vec![0.0f64; c], vec![0.0f64; c], vec![0.0f64; c]];
         for p in &partials {
             for (acc, part) in s.iter_mut().zip(p) {

@@ -435,7 +435,8 @@ thread_local! {
 }
 
 /// A thread's buffer from `slot`, at least `len` words long, holding whatever its last user
-/// left: the packing writes every word a product reads.
+/// left: the packing writes every word that reaches a stored result (an edge tile's rows past
+/// the block are read from stale words, and their results dropped).
 fn scratch(slot: &'static std::thread::LocalKey<Cell<Vec<u32>>>, len: usize) -> Vec<u32> {
     let mut v = slot.take();
     if v.len() < len {
