@@ -125,6 +125,15 @@ pub struct Synthetic {
     pub noise: f64,
 }
 
+/// A class's stripes: sin((x·cos angle + y·sin angle)·freq + phase), scaled per channel by
+/// `colour`, plus 0.3·colour.
+struct Pattern {
+    angle: f64,
+    freq: f64,
+    phase: f64,
+    colour: [f64; 3],
+}
+
 /// 2¹⁶ standard normal samples, drawn once from a fixed seed: the synthetic images' noise.
 fn normal_table() -> &'static [f64] {
     static TABLE: std::sync::OnceLock<Vec<f64>> = std::sync::OnceLock::new();
@@ -148,23 +157,38 @@ impl Synthetic {
         (i % self.classes as u64) as usize
     }
 
+    /// Class `k`'s stripes, from a generator seeded by the class alone.
+    fn pattern(&self, k: usize) -> Pattern {
+        let mut cls = Rng::new(self.seed ^ (0xC1A5_5000 + k as u64));
+        Pattern {
+            angle: cls.uniform(0.0, std::f64::consts::PI),
+            freq: cls.uniform(1.5, 6.0) * 2.0 * std::f64::consts::PI / self.resolution as f64,
+            phase: cls.uniform(0.0, 2.0 * std::f64::consts::PI),
+            colour: [
+                cls.uniform(-1.0, 1.0),
+                cls.uniform(-1.0, 1.0),
+                cls.uniform(-1.0, 1.0),
+            ],
+        }
+    }
+
+    /// Image `i`'s own generator: the shift of its pattern, then its noise.
+    fn own(&self, i: u64) -> Rng {
+        Rng::new(self.seed.wrapping_mul(0x9E37_79B9).wrapping_add(i))
+    }
+
     /// Image `i`, HWC with 3 channels.
     pub fn image<T: Float>(&self, i: u64, out: &mut [T]) {
         let r = self.resolution;
-        let k = self.label(i);
-        // The class's pattern parameters come from a generator seeded by the class alone.
-        let mut cls = Rng::new(self.seed ^ (0xC1A5_5000 + k as u64));
-        let angle = cls.uniform(0.0, std::f64::consts::PI);
-        let freq = cls.uniform(1.5, 6.0) * 2.0 * std::f64::consts::PI / r as f64;
-        let phase = cls.uniform(0.0, 2.0 * std::f64::consts::PI);
-        let colour = [
-            cls.uniform(-1.0, 1.0),
-            cls.uniform(-1.0, 1.0),
-            cls.uniform(-1.0, 1.0),
-        ];
+        let Pattern {
+            angle,
+            freq,
+            phase,
+            colour,
+        } = self.pattern(self.label(i));
         let (ca, sa) = (angle.cos(), angle.sin());
         // The image's own noise and a random shift of the pattern.
-        let mut own = Rng::new(self.seed.wrapping_mul(0x9E37_79B9).wrapping_add(i));
+        let mut own = self.own(i);
         let shift = own.uniform(0.0, 2.0 * std::f64::consts::PI);
         // The images are made beside the training, on the same cores: a sine per pixel and
         // Box–Muller noise (a logarithm, a square root and a sine and cosine per two values)
@@ -215,17 +239,13 @@ mod tests {
         let (mut a, mut b) = (vec![0f64; r * r * 3], vec![0f64; r * r * 3]);
         clean.image(4, &mut a);
         noisy.image(4, &mut b);
-        let k = clean.label(4);
-        let mut cls = Rng::new(9 ^ (0xC1A5_5000 + k as u64));
-        let angle = cls.uniform(0.0, std::f64::consts::PI);
-        let freq = cls.uniform(1.5, 6.0) * 2.0 * std::f64::consts::PI / r as f64;
-        let phase = cls.uniform(0.0, 2.0 * std::f64::consts::PI);
-        let colour = [
-            cls.uniform(-1.0, 1.0),
-            cls.uniform(-1.0, 1.0),
-            cls.uniform(-1.0, 1.0),
-        ];
-        let mut own = Rng::new(9u64.wrapping_mul(0x9E37_79B9).wrapping_add(4));
+        let Pattern {
+            angle,
+            freq,
+            phase,
+            colour,
+        } = clean.pattern(clean.label(4));
+        let mut own = clean.own(4);
         let shift = own.uniform(0.0, 2.0 * std::f64::consts::PI);
         let (mut sum, mut sq) = (0.0, 0.0);
         for y in 0..r {
