@@ -436,6 +436,71 @@ mod tests {
         }
     }
 
+    /// f32 layers with filters of 2 MiB and more (packed once per call for the f32 kernels
+    /// where the CPU has AVX-512, the gemm crate elsewhere): all three passes agree with f64
+    /// sums within f32 rounding, the 3×3 and the strided 1×1 (im2col) paths.
+    #[test]
+    fn f32_products_with_large_filters_agree_with_direct_sums() {
+        for sh in [
+            shape(3, 256, 4, 256, 3, 1, 1),
+            shape(2, 512, 3, 1024, 1, 2, 0),
+        ] {
+            let (depth, k) = (sh.depth(), sh.k);
+            let w = data(sh.weight_len(), 1.0);
+            let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
+            let w32 = f(&w);
+            // SAFETY: w32 outlives the Rhs.
+            let rhs = unsafe { Rhs::new(depth, k, Mat::rows(w32.as_ptr(), k)) };
+            let own = roofline_kernels::cpu::sgemm::F32Gemm::detect().is_some()
+                && std::env::var_os("ROOFLINE_F32_GEMM").is_none();
+            assert_eq!(rhs.is_packed(), own, "{}", sh.describe());
+            // The f32 inputs, exactly, in f64 for the reference.
+            let x32 = f(&data(sh.input_len(), 0.3));
+            let g32 = f(&data(sh.output_len(), 4.0));
+            let (x, gy): (Vec<f64>, Vec<f64>) = (
+                x32.iter().map(|&a| a as f64).collect(),
+                g32.iter().map(|&a| a as f64).collect(),
+            );
+            let w: Vec<f64> = w32.iter().map(|&a| a as f64).collect();
+            let mut y = vec![0f32; sh.output_len()];
+            let mut dx = vec![0f32; sh.input_len()];
+            let mut dw = vec![0f32; sh.weight_len()];
+            forward(&x32, &w32, &mut y, &sh);
+            backward_data(&g32, &w32, &mut dx, &sh);
+            backward_filter(&x32, &g32, &mut dw, &sh);
+            let prior: Vec<f32> = (0..sh.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
+            let mut sum = prior.clone();
+            backward_data_add(&g32, &w32, &mut sum, &sh);
+            let bound = 1e-6 * depth as f64;
+            for (a, b) in y.iter().zip(direct(&x, &w, &sh)) {
+                assert!((*a as f64 - b).abs() < bound, "{}: {a} {b}", sh.describe());
+            }
+            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
+                let err = (s - (p + d)).abs();
+                assert!(
+                    err <= 1e-5 * (p.abs() + d.abs()).max(1.0),
+                    "{}: {s} {p} {d}",
+                    sh.describe()
+                );
+            }
+            // Backward data and filter by the adjoint identities, against the f64 forward.
+            let yg: f64 = direct(&x, &w, &sh)
+                .iter()
+                .zip(&gy)
+                .map(|(a, b)| a * b)
+                .sum();
+            let xdx: f64 = x.iter().zip(&dx).map(|(a, b)| a * *b as f64).sum();
+            let wdw: f64 = w.iter().zip(&dw).map(|(a, b)| a * *b as f64).sum();
+            for (what, v) in [("backward data", xdx), ("backward filter", wdw)] {
+                assert!(
+                    (yg - v).abs() < 1e-4 * yg.abs().max(1.0),
+                    "{} {what}: {yg} {v}",
+                    sh.describe()
+                );
+            }
+        }
+    }
+
     /// With bf16 products (the filter packed once per call), forward and backward-data of f32
     /// tensors agree with f64 sums within bf16 rounding, across image groups and ragged blocks.
     #[test]

@@ -4,6 +4,7 @@
 use gemm::Parallelism;
 pub use roofline_kernels::cpu::bf16::Bf16Gemm;
 use roofline_kernels::cpu::bf16::{Operand, PackedB};
+use roofline_kernels::cpu::sgemm::{F32Gemm, PackedF32};
 use std::fmt::Debug;
 use std::ops::{Add, AddAssign, Div, Mul, MulAssign, Neg, Sub, SubAssign};
 
@@ -493,6 +494,8 @@ pub struct Rhs<T> {
     k: usize,
     n: usize,
     packed: Option<(Bf16Gemm, PackedB)>,
+    /// Packed for the f32 kernels (f32 layers with f32 products on AVX-512).
+    packed_f32: Option<(F32Gemm, PackedF32)>,
 }
 
 // SAFETY: an Rhs only reads its matrix, which its maker keeps alive and unchanged (`Rhs::new`).
@@ -510,12 +513,24 @@ impl<T: Float> Rhs<T> {
             Products::Bf16(g) => T::bf16_pack(&g, k, n, b, true).map(|p| (g, p)),
             Products::Native => None,
         };
-        Rhs { b, k, n, packed }
+        let packed_f32 = match (products(), own_f32::<T>()) {
+            (Products::Native, Some(g)) if k * n >= OWN_F32_MIN => {
+                Some((g, g.pack_b(k, n, f32_operand(b), true)))
+            }
+            _ => None,
+        };
+        Rhs {
+            b,
+            k,
+            n,
+            packed,
+            packed_f32,
+        }
     }
 
-    /// Whether it was packed (the products are bf16).
+    /// Whether it was packed (bf16 products, or the f32 kernels).
     pub fn is_packed(&self) -> bool {
-        self.packed.is_some()
+        self.packed.is_some() || self.packed_f32.is_some()
     }
 
     /// `c[m×n] (+)= a[m×k] · self`, as `gemm` (one thread unless `parallel`).
@@ -535,6 +550,18 @@ impl<T: Float> Rhs<T> {
             if T::bf16_gemm_packed(g, m, c, ldc, accumulate, a, p, parallel) {
                 return;
             }
+        }
+        if let Some((g, p)) = &self.packed_f32 {
+            g.gemm_packed(
+                m,
+                c as *mut f32,
+                ldc,
+                accumulate,
+                f32_operand(a),
+                p,
+                parallel,
+            );
+            return;
         }
         native_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel)
     }
@@ -595,6 +622,34 @@ pub unsafe fn native_gemm<T: Float>(
         false,
         par,
     );
+}
+
+/// The smallest right-hand side (elements) packed once for the f32 kernels: 2 MiB, beyond
+/// which the gemm crate's packing of it for every product streams it from L3.
+const OWN_F32_MIN: usize = 1 << 19;
+
+/// The f32 kernels for `T` = f32 on a CPU with AVX-512 (unless `ROOFLINE_F32_GEMM=crate`,
+/// which keeps the gemm crate's), else none.
+fn own_f32<T: 'static>() -> Option<F32Gemm> {
+    static OWN: std::sync::OnceLock<Option<F32Gemm>> = std::sync::OnceLock::new();
+    if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
+        return None;
+    }
+    *OWN.get_or_init(|| {
+        if std::env::var("ROOFLINE_F32_GEMM").is_ok_and(|v| v == "crate") {
+            return None;
+        }
+        F32Gemm::detect()
+    })
+}
+
+/// An operand of `T` = f32 as the f32 kernels take it.
+fn f32_operand<T>(x: Mat<T>) -> Operand<f32> {
+    Operand {
+        ptr: x.ptr as *const f32,
+        rs: x.rs,
+        cs: x.cs,
+    }
 }
 
 /// Safe row-major `c = a · b` (tests, small layers).

@@ -6,4 +6,5 @@ pub mod conv;
 pub mod fma;
 pub mod gemm;
 pub mod isa;
+pub mod sgemm;
 pub mod stream;

@@ -17,6 +17,8 @@ mod pack;
 
 pub use kernel::{Bf16GemmKernel, TOLERANCE};
 pub use micro::{MR, NR};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use pack::transpose16;
 pub use pack::{round, round_slice, Source};
 
 use micro::Dest;
@@ -60,6 +62,10 @@ impl<T> Operand<T> {
         }
     }
 }
+
+// SAFETY: an operand is read only, and its users guarantee the memory outlives the product.
+unsafe impl<T: Sync> Send for Operand<T> {}
+unsafe impl<T: Sync> Sync for Operand<T> {}
 
 /// Which kernels a product runs on.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

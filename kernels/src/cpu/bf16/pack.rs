@@ -275,6 +275,9 @@ pub(super) unsafe fn rows_any<T: Source>(
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) use x86::transpose16;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::*;
 

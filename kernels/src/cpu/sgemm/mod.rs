@@ -1,0 +1,423 @@
+//! f32 matrix products on AVX-512 (`vfmadd231ps`): `C (+)= A·B`, all three in f32, A and B in
+//! any strides. The gemm crate makes the same kind of sums and is as fast or faster on most
+//! shapes, but it packs both operands for every product: a convolution multiplies one filter
+//! by hundreds of blocks of ~50–200 patch rows, and a filter larger than L2 (layer3 and layer4
+//! of ResNet-50) was streamed from L3 and packed again for each. Here the right-hand side can be
+//! packed once (`pack_b`) for all of them.
+//!
+//! Blocking as GotoBLAS: B in panels of NR columns by KC of k (32 KiB: one stays in L1 while
+//! A's tiles pass it), for NC columns at a time; A in blocks of MC rows by KC (~170 KiB, in L2),
+//! copied as rows where its k is contiguous (the micro-kernel broadcasts from them), else into
+//! panels of MR rows. A task takes a block of rows (or, for short matrices, a group of column
+//! panels) through all of k, so that its part of C stays in L2; every entry of C is summed by
+//! one thread in one order, and results do not depend on the thread count.
+
+mod micro;
+
+pub use micro::{MR, NR};
+
+use super::bf16::Operand;
+use micro::{Dest, Layout};
+use rayon::prelude::*;
+use std::cell::Cell;
+
+/// k per block.
+pub const KC: usize = 256;
+/// Rows of A per block.
+pub const MC: usize = 12 * MR;
+/// Columns of B per block.
+pub const NC: usize = 1024;
+
+/// The right to multiply on this path: `detect` gives the AVX-512 kernel only on a CPU that
+/// has it and under a `ROOFLINE_ISA` cap that allows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct F32Gemm {
+    vector: bool,
+}
+
+impl F32Gemm {
+    /// The AVX-512 kernel, where the CPU has AVX-512 F and `ROOFLINE_ISA` does not cap it.
+    pub fn detect() -> Option<F32Gemm> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f")
+            && super::isa::Isa::current() == super::isa::Isa::Avx512
+        {
+            return Some(F32Gemm { vector: true });
+        }
+        None
+    }
+
+    /// The scalar kernels (any CPU; the same bits as the vector ones): for tests.
+    pub fn portable() -> F32Gemm {
+        F32Gemm { vector: false }
+    }
+
+    /// `c[m×n] (+)= a[m×k] · b[k×n]`, `c` row-major with leading dimension `ldc`, added to
+    /// when `accumulate`. `parallel` spreads the work over the current rayon pool.
+    ///
+    /// # Safety
+    /// The operands must cover the matrices their sizes and strides describe; `c` must not
+    /// overlap them.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<f32>,
+        b: Operand<f32>,
+        parallel: bool,
+    ) {
+        self.run(m, n, k, c, ldc, accumulate, a, Rhs::Pack(b), parallel)
+    }
+
+    /// `b[k×n]` packed once, for many products with the same right-hand side.
+    ///
+    /// # Safety
+    /// `b` must cover the k×n matrix its strides describe.
+    pub unsafe fn pack_b(&self, k: usize, n: usize, b: Operand<f32>, parallel: bool) -> PackedF32 {
+        let mut values = vec![0f32; n.next_multiple_of(NR) * k];
+        let parallel = parallel && rayon::current_num_threads() > 1;
+        for (jc, out) in (0..n).step_by(NC).zip(values.chunks_mut(NC * k)) {
+            pack_block(b, jc, NC.min(n - jc), k, out, self.vector, parallel);
+        }
+        PackedF32 { k, n, values }
+    }
+
+    /// `c[m×n] (+)= a[m×k] · b` with `b` from `pack_b` (k and n are its own); the same bits as
+    /// `gemm` with the unpacked `b`.
+    ///
+    /// # Safety
+    /// As `gemm`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn gemm_packed(
+        &self,
+        m: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<f32>,
+        b: &PackedF32,
+        parallel: bool,
+    ) {
+        self.run(m, b.n, b.k, c, ldc, accumulate, a, Rhs::Packed(b), parallel)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn run(
+        &self,
+        m: usize,
+        n: usize,
+        k: usize,
+        c: *mut f32,
+        ldc: usize,
+        accumulate: bool,
+        a: Operand<f32>,
+        rhs: Rhs,
+        parallel: bool,
+    ) {
+        if m == 0 || n == 0 {
+            return;
+        }
+        if k == 0 {
+            if !accumulate {
+                for i in 0..m {
+                    // A raw write: C may not be initialised yet.
+                    std::ptr::write_bytes(c.add(i * ldc), 0, n);
+                }
+            }
+            return;
+        }
+        let vector = self.vector;
+        // A's blocks are packed: rows copied (`kc` apart) where A's k is contiguous, else
+        // panels of MR rows, k-major.
+        let rows_src = a.cs == 1;
+        let c = SendPtr(c);
+        let threads = if parallel {
+            rayon::current_num_threads().max(1)
+        } else {
+            1
+        };
+        let mut bpack = match rhs {
+            Rhs::Pack(_) => scratch(&B_SCRATCH, NC.min(n).next_multiple_of(NR) * k),
+            Rhs::Packed(_) => Vec::new(),
+        };
+        for jc in (0..n).step_by(NC) {
+            let nc = NC.min(n - jc);
+            let npanels = nc.div_ceil(NR);
+            // B's columns jc .. jc + nc, all of k: block pb of k at pb · KC · npanels · NR.
+            let len = npanels * NR * k;
+            let bpack: &[f32] = match rhs {
+                Rhs::Packed(p) => &p.values[jc * k..jc * k + len],
+                Rhs::Pack(b) => {
+                    pack_block(b, jc, nc, k, &mut bpack[..len], vector, threads > 1);
+                    &bpack[..len]
+                }
+            };
+            // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
+            // multiple of the threads, so that no thread waits on a short last block. A
+            // task runs all of k for its block (its tile of C stays in L2).
+            let mut mblocks = m.div_ceil(MC);
+            if threads > 1 {
+                mblocks = mblocks.div_ceil(threads) * threads;
+            }
+            let mb = m.div_ceil(mblocks).next_multiple_of(MR).min(MC);
+            let mblocks = m.div_ceil(mb);
+            let groups = (threads / mblocks).clamp(1, npanels);
+            let task = |t: usize, apack: &mut [f32]| {
+                let (ib, g) = (t / groups, t % groups);
+                let i0 = ib * mb;
+                let mc = mb.min(m - i0);
+                let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                let mpanels = mc.div_ceil(MR);
+                for (pb, pc) in (0..k).step_by(KC).enumerate() {
+                    let kc = KC.min(k - pc);
+                    let bblock = &bpack[pb * KC * npanels * NR..];
+                    pack_a(a, i0, mc, pc, kc, apack, rows_src);
+                    for jp in j0..j1 {
+                        let bp = bblock[jp * kc * NR..].as_ptr();
+                        for ip in 0..mpanels {
+                            let d = Dest {
+                                c: c.get().add((i0 + ip * MR) * ldc + jc + jp * NR),
+                                ldc,
+                                rows: MR.min(mc - ip * MR),
+                                cols: NR.min(nc - jp * NR),
+                                overwrite: pc == 0 && !accumulate,
+                            };
+                            // Rows past the block's (an edge tile's) hold stale values,
+                            // and their results are not stored.
+                            let ap = apack[ip * MR * kc..].as_ptr();
+                            let (lay, ld) = if rows_src {
+                                (Layout::Rows, kc)
+                            } else {
+                                (Layout::Cols, MR)
+                            };
+                            tile(vector, kc, ap, ld, lay, bp, d);
+                        }
+                    }
+                }
+            };
+            let a_len = mb.next_multiple_of(MR) * KC.min(k);
+            let run_task = |t: usize| {
+                let mut buf = scratch(&A_SCRATCH, a_len);
+                task(t, &mut buf);
+                A_SCRATCH.set(buf);
+            };
+            if threads > 1 && mblocks * groups > 1 {
+                (0..mblocks * groups).into_par_iter().for_each(run_task);
+            } else {
+                (0..mblocks * groups).for_each(run_task);
+            }
+        }
+        if !bpack.is_empty() {
+            B_SCRATCH.set(bpack);
+        }
+    }
+}
+
+/// One tile on the kernel `vector` names.
+///
+/// # Safety
+/// As `micro::tile_portable`; with `vector`, AVX-512 F present.
+unsafe fn tile(
+    vector: bool,
+    kc: usize,
+    a: *const f32,
+    lda: usize,
+    layout: Layout,
+    b: *const f32,
+    d: Dest,
+) {
+    #[cfg(target_arch = "x86_64")]
+    if vector {
+        return micro::tile(kc, a, lda, layout, b, d);
+    }
+    let _ = vector;
+    micro::tile_portable(kc, a, lda, layout, b, d)
+}
+
+/// Rows `i0 .. i0 + mc` and k `p0 .. p0 + kc` of `a` packed into `out`: with `rows_src` (A's
+/// k contiguous) as rows `kc` apart; else in panels of MR rows, element (i, p) of panel q at
+/// `q·kc·MR + p·MR + i`, rows past the block zero.
+///
+/// # Safety
+/// `a` covers those rows and k.
+unsafe fn pack_a(
+    a: Operand<f32>,
+    i0: usize,
+    mc: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [f32],
+    rows_src: bool,
+) {
+    if rows_src {
+        for i in 0..mc {
+            let src = a.ptr.offset((i0 + i) as isize * a.rs + p0 as isize);
+            std::ptr::copy_nonoverlapping(src, out[i * kc..(i + 1) * kc].as_mut_ptr(), kc);
+        }
+        return;
+    }
+    for q in 0..mc.div_ceil(MR) {
+        let (r0, rows) = (i0 + q * MR, MR.min(mc - q * MR));
+        let panel = &mut out[q * kc * MR..(q + 1) * kc * MR];
+        for p in 0..kc {
+            let dst = &mut panel[p * MR..(p + 1) * MR];
+            let at = |i: usize| {
+                a.ptr
+                    .offset((r0 + i) as isize * a.rs + (p0 + p) as isize * a.cs)
+            };
+            if a.rs == 1 {
+                std::ptr::copy_nonoverlapping(at(0), dst.as_mut_ptr(), rows);
+            } else {
+                for (i, d) in dst.iter_mut().enumerate().take(rows) {
+                    *d = *at(i);
+                }
+            }
+            dst[rows..].fill(0.0);
+        }
+    }
+}
+
+/// Columns `jc .. jc + nc` (≤ NC) of `b`, all of its `k`, packed into `out`: block pb of k
+/// (KC of it, fewer in the last) at `pb·KC·P·NR` for P panels, each panel of the block `kc·NR`
+/// values (`pack_panel`).
+///
+/// # Safety
+/// As `pack_panel`.
+unsafe fn pack_block(
+    b: Operand<f32>,
+    jc: usize,
+    nc: usize,
+    k: usize,
+    out: &mut [f32],
+    vector: bool,
+    parallel: bool,
+) {
+    let npanels = nc.div_ceil(NR);
+    let mut panels = Vec::with_capacity(npanels * k.div_ceil(KC));
+    let mut rest = out;
+    for pc in (0..k).step_by(KC) {
+        let kc = KC.min(k - pc);
+        for q in 0..npanels {
+            let (panel, tail) = rest.split_at_mut(kc * NR);
+            panels.push((jc + q * NR, NR.min(nc - q * NR), pc, kc, panel));
+            rest = tail;
+        }
+    }
+    let pack = |(j0, cols, pc, kc, panel): (usize, usize, usize, usize, &mut [f32])| {
+        pack_panel(b, j0, cols, pc, kc, panel, vector)
+    };
+    if parallel {
+        panels.into_par_iter().for_each(pack);
+    } else {
+        panels.into_iter().for_each(pack);
+    }
+}
+
+/// Columns `j0 .. j0 + cols` (≤ NR) and k `p0 .. p0 + kc` of `b` as a panel: `kc · NR` values,
+/// element (p, j) at `p·NR + j`, columns past `cols` zero.
+///
+/// # Safety
+/// `b` covers those columns and k; with `vector`, AVX-512 F present.
+unsafe fn pack_panel(
+    b: Operand<f32>,
+    j0: usize,
+    cols: usize,
+    p0: usize,
+    kc: usize,
+    out: &mut [f32],
+    vector: bool,
+) {
+    let at = |p: usize, j: usize| {
+        b.ptr
+            .offset((p0 + p) as isize * b.rs + (j0 + j) as isize * b.cs)
+    };
+    if b.cs == 1 {
+        for p in 0..kc {
+            let dst = &mut out[p * NR..(p + 1) * NR];
+            std::ptr::copy_nonoverlapping(at(p, 0), dst.as_mut_ptr(), cols);
+            dst[cols..].fill(0.0);
+        }
+        return;
+    }
+    // Where Bᵀ is row-major: 16 × 16 blocks transposed in registers, the rest one by one.
+    let fast = cfg!(target_arch = "x86_64") && vector && b.rs == 1 && b.cs > 0 && cols == NR;
+    let p_done = if fast { kc / 16 * 16 } else { 0 };
+    #[cfg(target_arch = "x86_64")]
+    {
+        for p in (0..p_done).step_by(16) {
+            for j in (0..NR).step_by(16) {
+                super::bf16::transpose16(
+                    at(p, j) as *const u32,
+                    b.cs as usize,
+                    out[p * NR + j..].as_mut_ptr() as *mut u32,
+                    NR,
+                );
+            }
+        }
+    }
+    for p in p_done..kc {
+        for j in 0..NR {
+            out[p * NR + j] = if j < cols { *at(p, j) } else { 0.0 };
+        }
+    }
+}
+
+thread_local! {
+    /// This thread's packed blocks of A and of B, kept between products. Taken out while in
+    /// use: a nested product gets buffers of its own.
+    static A_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    static B_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+}
+
+/// A thread's buffer from `slot`, at least `len` values long, holding whatever its last user
+/// left (the packing writes every value a product reads).
+fn scratch(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Vec<f32> {
+    let mut v = slot.take();
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    v
+}
+
+/// A right-hand side packed once (`F32Gemm::pack_b`).
+pub struct PackedF32 {
+    k: usize,
+    n: usize,
+    /// Column block jc (NC of n) at `jc·k`, as `pack_block` lays it out.
+    values: Vec<f32>,
+}
+
+impl PackedF32 {
+    /// Rows (k) and columns of the packed matrix.
+    pub fn dims(&self) -> (usize, usize) {
+        (self.k, self.n)
+    }
+}
+
+/// Where a product's right-hand side comes from.
+#[derive(Clone, Copy)]
+enum Rhs<'a> {
+    /// Packed block by block as the product runs.
+    Pack(Operand<f32>),
+    /// Packed beforehand.
+    Packed(&'a PackedF32),
+}
+
+#[derive(Clone, Copy)]
+struct SendPtr(*mut f32);
+// SAFETY: the tasks write disjoint tiles of C.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    fn get(self) -> *mut f32 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests;
