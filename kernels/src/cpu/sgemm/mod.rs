@@ -141,22 +141,14 @@ impl F32Gemm {
         } else {
             1
         };
+        let kblocks = k.div_ceil(KC);
         let mut bpack = match rhs {
-            Rhs::Pack(_) => scratch(&B_SCRATCH, NC.min(n).next_multiple_of(NR) * k),
+            Rhs::Pack(_) => B_SCRATCH.take(),
             Rhs::Packed(_) => Vec::new(),
         };
         for jc in (0..n).step_by(NC) {
             let nc = NC.min(n - jc);
             let npanels = nc.div_ceil(NR);
-            // B's columns jc .. jc + nc, all of k: block pb of k at pb · KC · npanels · NR.
-            let len = npanels * NR * k;
-            let bpack: &[f32] = match rhs {
-                Rhs::Packed(p) => &p.values[jc * k..jc * k + len],
-                Rhs::Pack(b) => {
-                    pack_block(b, jc, nc, k, &mut bpack[..len], vector, threads > 1);
-                    &bpack[..len]
-                }
-            };
             // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
             // multiple of the threads, so that no thread waits on a short last block. A
             // task runs all of k for its block (its tile of C stays in L2).
@@ -167,15 +159,19 @@ impl F32Gemm {
             let mb = m.div_ceil(mblocks).next_multiple_of(MR).min(MC);
             let mblocks = m.div_ceil(mb);
             let groups = (threads / mblocks).clamp(1, npanels);
-            let task = |t: usize, apack: &mut [f32]| {
+            let tasks = mblocks * groups;
+            let par = threads > 1 && tasks > 1;
+            // Task t over k blocks `pbs`, B's blocks from `b` (the first of `pbs` at its
+            // start, each `KC · npanels · NR` values after the one before).
+            let task = |t: usize, apack: &mut [f32], pbs: std::ops::Range<usize>, b: &[f32]| {
                 let (ib, g) = (t / groups, t % groups);
                 let i0 = ib * mb;
                 let mc = mb.min(m - i0);
                 let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
                 let mpanels = mc.div_ceil(MR);
-                for (pb, pc) in (0..k).step_by(KC).enumerate() {
-                    let kc = KC.min(k - pc);
-                    let bblock = &bpack[pb * KC * npanels * NR..];
+                for pb in pbs.clone() {
+                    let (pc, kc) = (pb * KC, KC.min(k - pb * KC));
+                    let bblock = &b[(pb - pbs.start) * KC * npanels * NR..];
                     pack_a(a, i0, mc, pc, kc, apack, rows_src);
                     for jp in j0..j1 {
                         let bp = bblock[jp * kc * NR..].as_ptr();
@@ -201,15 +197,54 @@ impl F32Gemm {
                 }
             };
             let a_len = mb.next_multiple_of(MR) * KC.min(k);
-            let run_task = |t: usize| {
-                let mut buf = scratch(&A_SCRATCH, a_len);
-                task(t, &mut buf);
-                A_SCRATCH.set(buf);
-            };
-            if threads > 1 && mblocks * groups > 1 {
-                (0..mblocks * groups).into_par_iter().for_each(run_task);
-            } else {
-                (0..mblocks * groups).for_each(run_task);
+            let block_len = npanels * NR * KC.min(k);
+            match rhs {
+                Rhs::Packed(p) => {
+                    // B's columns jc .. jc + nc, all of k, as `pack_block` lays them out.
+                    let b = &p.values[jc * k..jc * k + npanels * NR * k];
+                    let run_task = |t: usize| {
+                        let mut buf = scratch(&A_SCRATCH, a_len);
+                        task(t, &mut buf, 0..kblocks, b);
+                        A_SCRATCH.set(buf);
+                    };
+                    if par {
+                        (0..tasks).into_par_iter().for_each(run_task);
+                    } else {
+                        (0..tasks).for_each(run_task);
+                    }
+                }
+                Rhs::Pack(b) if !par => {
+                    // On one thread, B's blocks are packed as they are needed, each used by
+                    // every task in turn (a long reduction, all of B packed first, would go
+                    // out of cache and back).
+                    if bpack.len() < block_len {
+                        bpack.resize(block_len, 0.0);
+                    }
+                    let mut buf = scratch(&A_SCRATCH, a_len);
+                    for pb in 0..kblocks {
+                        let (pc, kc) = (pb * KC, KC.min(k - pb * KC));
+                        for (q, out) in bpack[..npanels * kc * NR].chunks_mut(kc * NR).enumerate() {
+                            pack_panel(b, jc + q * NR, NR.min(nc - q * NR), pc, kc, out, vector);
+                        }
+                        for t in 0..tasks {
+                            task(t, &mut buf, pb..pb + 1, &bpack);
+                        }
+                    }
+                    A_SCRATCH.set(buf);
+                }
+                Rhs::Pack(b) => {
+                    let len = npanels * NR * k;
+                    if bpack.len() < len {
+                        bpack.resize(len, 0.0);
+                    }
+                    pack_block(b, jc, nc, k, &mut bpack[..len], vector, true);
+                    let b = &bpack[..len];
+                    (0..tasks).into_par_iter().for_each(|t| {
+                        let mut buf = scratch(&A_SCRATCH, a_len);
+                        task(t, &mut buf, 0..kblocks, b);
+                        A_SCRATCH.set(buf);
+                    });
+                }
             }
         }
         if !bpack.is_empty() {
@@ -261,23 +296,25 @@ unsafe fn pack_a(
         }
         return;
     }
-    for q in 0..mc.div_ceil(MR) {
-        let (r0, rows) = (i0 + q * MR, MR.min(mc - q * MR));
-        let panel = &mut out[q * kc * MR..(q + 1) * kc * MR];
-        for p in 0..kc {
-            let dst = &mut panel[p * MR..(p + 1) * MR];
+    // k outermost: with A's rows contiguous (a transposed row-major matrix), each k reads one
+    // run of memory (panel by panel, it read a new cache line per k and waited on memory).
+    let panels = mc.div_ceil(MR);
+    for p in 0..kc {
+        for q in 0..panels {
+            let (r0, rows) = (i0 + q * MR, MR.min(mc - q * MR));
+            let dst = &mut out[q * kc * MR + p * MR..q * kc * MR + (p + 1) * MR];
             let at = |i: usize| {
                 a.ptr
                     .offset((r0 + i) as isize * a.rs + (p0 + p) as isize * a.cs)
             };
-            if a.rs == 1 {
-                std::ptr::copy_nonoverlapping(at(0), dst.as_mut_ptr(), rows);
-            } else {
-                for (i, d) in dst.iter_mut().enumerate().take(rows) {
-                    *d = *at(i);
-                }
+            if a.rs == 1 && rows == MR {
+                // A fixed-size copy: moves in registers, not a call to memcpy.
+                dst.copy_from_slice(&*(at(0) as *const [f32; MR]));
+                continue;
             }
-            dst[rows..].fill(0.0);
+            for (i, d) in dst.iter_mut().enumerate() {
+                *d = if i < rows { *at(i) } else { 0.0 };
+            }
         }
     }
 }
