@@ -443,7 +443,7 @@ mod tests {
     fn f32_products_with_large_filters_agree_with_direct_sums() {
         for sh in [
             shape(3, 256, 4, 256, 3, 1, 1),
-            shape(2, 512, 3, 1024, 1, 2, 0),
+            shape(2, 1024, 3, 1024, 1, 2, 0),
         ] {
             let (depth, k) = (sh.depth(), sh.k);
             let w = data(sh.weight_len(), 1.0);

@@ -514,7 +514,7 @@ impl<T: Float> Rhs<T> {
             Products::Native => None,
         };
         let packed_f32 = match (products(), own_f32::<T>()) {
-            (Products::Native, Some(g)) if k * n >= OWN_F32_MIN => {
+            (Products::Native, Some(g)) if k * n > OWN_F32_MAX_CRATE => {
                 Some((g, g.pack_b(k, n, f32_operand(b), true)))
             }
             _ => None,
@@ -624,9 +624,13 @@ pub unsafe fn native_gemm<T: Float>(
     );
 }
 
-/// The smallest right-hand side (elements) packed once for the f32 kernels: 2 MiB, beyond
-/// which the gemm crate's packing of it for every product streams it from L3.
-const OWN_F32_MIN: usize = 1 << 19;
+/// The largest right-hand side (elements, 2 MiB) left to the gemm crate in f32 layers; larger
+/// ones (layer3/4 3×3 filters, layer4's projection) are packed once per call for the f32
+/// kernels: the crate packed them again for every block of patch rows, streaming them from L3
+/// (place, f32: layer4 3×3 backward 258–267 → 150–159 ms per step, forward 95–101 → 72–81;
+/// layer3's 3×3 backward 319–337 → 286–297; the 2 MiB projection of layer3 ran slower, 21 → 25
+/// ms forward, and stays with the crate).
+const OWN_F32_MAX_CRATE: usize = 1 << 19;
 
 /// The f32 kernels for `T` = f32 on a CPU with AVX-512 (unless `ROOFLINE_F32_GEMM=crate`,
 /// which keeps the gemm crate's), else none.
