@@ -4,7 +4,9 @@
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
 //! once per call (packed once in bf16).
 
-use crate::tensor::{as_uninit, fill_uninit, ordered_sum_into, partitions, Float, Lhs, Mat, Rhs};
+use crate::tensor::{
+    as_uninit, fill_uninit, gemm_mixed, ordered_sum_into, partitions, Float, Lhs, Mat, Rhs,
+};
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
@@ -151,14 +153,19 @@ fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
     t
 }
 
-/// `dx = ∂L/∂x` from `dy = ∂L/∂y`.
-pub fn backward_data<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
+/// `dx = ∂L/∂x` from `dy = ∂L/∂y` (stored in `T` or bf16).
+pub fn backward_data<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], dx: &mut [T], sh: &ConvShape) {
     // SAFETY: backward_data_into writes only computed values (and zeros).
     backward_data_into(dy, w, unsafe { as_uninit(dx) }, sh)
 }
 
 /// `backward_data` into storage not yet written: every element of `dx` is written.
-pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>], sh: &ConvShape) {
+pub fn backward_data_into<T: Float, D: Lhs<T>>(
+    dy: &[D],
+    w: &[T],
+    dx: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+) {
     // SAFETY: without accumulation nothing of dx is read before it is written.
     unsafe { backward_data_impl(dy, w, dx, sh, false) }
 }
@@ -166,15 +173,15 @@ pub fn backward_data_into<T: Float>(dy: &[T], w: &[T], dx: &mut [MaybeUninit<T>]
 /// `dx += ∂L/∂x` from `dy`: the input gradient added to one already there (a residual block's
 /// shortcut gradient) by the products themselves, where a separate sum would read both
 /// tensors and write one more time.
-pub fn backward_data_add<T: Float>(dy: &[T], w: &[T], dx: &mut [T], sh: &ConvShape) {
+pub fn backward_data_add<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], dx: &mut [T], sh: &ConvShape) {
     // SAFETY: dx is initialised, and the products and col2im write only computed values.
     unsafe { backward_data_impl(dy, w, as_uninit(dx), sh, true) }
 }
 
 /// # Safety
 /// With `accumulate`, every element of `dx` is initialised.
-unsafe fn backward_data_impl<T: Float>(
-    dy: &[T],
+unsafe fn backward_data_impl<T: Float, D: Lhs<T>>(
+    dy: &[D],
     w: &[T],
     dx: &mut [MaybeUninit<T>],
     sh: &ConvShape,
@@ -196,7 +203,8 @@ unsafe fn backward_data_impl<T: Float>(
     if pointwise(sh) {
         // SAFETY: dy rows × k, wᵀ k × c (w is c × k), dx rows × c.
         unsafe {
-            wb.gemm(
+            D::gemm_rhs(
+                &wb,
                 sh.rows(),
                 dx.as_mut_ptr() as *mut T,
                 depth,
@@ -226,7 +234,8 @@ unsafe fn backward_data_impl<T: Float>(
                     let dyb = &dy[(first + r0) * k..];
                     // SAFETY: dy block rows × k, patch rows × depth.
                     unsafe {
-                        wb.gemm(
+                        D::gemm_rhs(
+                            &wb,
                             rows,
                             patch.as_mut_ptr(),
                             depth,
@@ -241,8 +250,13 @@ unsafe fn backward_data_impl<T: Float>(
         });
 }
 
-/// `dw = ∂L/∂w` from the layer's input `x` (stored in `T` or bf16) and `dy`.
-pub fn backward_filter<T: Float, S: Lhs<T>>(x: &[S], dy: &[T], dw: &mut [T], sh: &ConvShape) {
+/// `dw = ∂L/∂w` from the layer's input `x` and `dy` (each stored in `T` or bf16).
+pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
+    x: &[S],
+    dy: &[D],
+    dw: &mut [T],
+    sh: &ConvShape,
+) {
     check_lengths::<T>(sh, x.len(), dw.len(), dy.len());
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
@@ -261,7 +275,7 @@ pub fn backward_filter<T: Float, S: Lhs<T>>(x: &[S], dy: &[T], dw: &mut [T], sh:
             // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k
             // (written over, not read).
             unsafe {
-                S::gemm(
+                gemm_mixed(
                     depth,
                     k,
                     r1 - r0,
@@ -304,7 +318,7 @@ pub fn backward_filter<T: Float, S: Lhs<T>>(x: &[S], dy: &[T], dw: &mut [T], sh:
                 // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k: written over
                 // by the first block (never read before), added to by the others.
                 unsafe {
-                    S::gemm(
+                    gemm_mixed(
                         depth,
                         k,
                         rows,

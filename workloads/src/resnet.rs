@@ -173,11 +173,11 @@ impl<T: Float> Bottleneck<T> {
         });
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
-            self.bn2.backward_relu(&db, &self.b1)
+            self.bn2.backward_relu_act(&db, &self.b1)
         });
-        let da = timed(BWD, f("conv2"), || self.conv2.backward(&g));
+        let da = timed(BWD, f("conv2"), || self.conv2.backward_act(&g));
         let g = timed(BWD, f("bn1+relu1"), || {
-            self.bn1.backward_relu(&da, &self.a1)
+            self.bn1.backward_relu_act(&da, &self.a1)
         });
         let mut dx = match &mut self.down {
             Some((conv, _)) => timed(BWD, f("downsample.0"), || conv.backward(&ds)),
@@ -490,7 +490,7 @@ impl Flops {
 impl<T: Float> Conv2d<T> {
     /// The filter gradient alone (for a layer whose input needs no gradient).
     pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
-        self.filter_gradient(dy);
+        self.filter_gradient(&dy.data);
     }
 }
 

@@ -104,7 +104,7 @@ pub trait Float:
 
 mod half_lhs;
 pub use half::bf16;
-pub use half_lhs::{half_activations, round_bf16, Lhs, Positive};
+pub use half_lhs::{gemm_mixed, half_activations, round_bf16, HalfOperand, Lhs, Positive};
 
 /// `Float::with_scratch` on a thread's slot.
 fn scratch_run<T: Copy + Default, R>(
@@ -415,6 +415,15 @@ pub struct Mat<T> {
 }
 
 impl<T> Mat<T> {
+    /// The same matrix read as `U` (for a `T` that is `U`).
+    pub fn cast<U>(self) -> Mat<U> {
+        Mat {
+            ptr: self.ptr as *const U,
+            rs: self.rs,
+            cs: self.cs,
+        }
+    }
+
     /// A row-major matrix with leading dimension `ld`.
     pub fn rows(ptr: *const T, ld: usize) -> Mat<T> {
         Mat {

@@ -4,8 +4,8 @@
 //! written, read by the convolution's forward and filter-gradient passes and by the ReLU's
 //! backward pass (which reads only its sign), and leaves no rounding to the packing.
 
-use super::{BatchNorm, CHUNK_ROWS};
-use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Tensor};
+use super::{sums, BatchNorm, CHUNK_ROWS};
+use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Positive, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -79,6 +79,64 @@ impl<T: Float> BatchNorm<T> {
             Act::Full(y) => self.backward_masked(dy, &y.data, true),
             Act::Half(y) => self.backward_masked(dy, &y.data, true),
         }
+    }
+
+    /// `backward_relu`, its input gradient kept in bf16 where the ReLU outputs are
+    /// (`half_activations`): it is the output gradient of a convolution, whose products (input
+    /// gradient and filter gradient) round it to bf16 anyway — the same bits, half the bytes
+    /// written and read twice, no rounding left for the packing.
+    pub fn backward_relu_act(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Act<T> {
+        if !half_activations::<T>() {
+            return Act::Full(Arc::new(self.backward_relu(dy, out)));
+        }
+        match out {
+            Act::Full(y) => self.backward_half(dy, &y.data),
+            Act::Half(y) => self.backward_half(dy, &y.data),
+        }
+    }
+
+    fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, mask: &[M]) -> Act<T> {
+        let x = self.input.take().expect("backward before forward");
+        assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
+        let c = dy.c;
+        let sums = sums(&dy.data, &x.data, mask, true, c);
+        let grad = self.input_gradient(sums, dy.rows());
+        let (len, chunk) = (x.len(), CHUNK_ROWS * c);
+        let mut data: Vec<bf16> = Vec::with_capacity(len);
+        data.spare_capacity_mut()[..len]
+            .par_chunks_mut(chunk)
+            .zip(x.data.par_chunks(chunk))
+            .zip(dy.data.par_chunks(chunk))
+            .zip(mask.par_chunks(chunk))
+            .for_each(|(((oc, xc), gc), mc)| {
+                T::with_scratch(c, |row| {
+                    simd(
+                        #[inline(always)]
+                        || {
+                            for (((or, xr), gr), mr) in oc
+                                .chunks_exact_mut(c)
+                                .zip(xc.chunks_exact(c))
+                                .zip(gc.chunks_exact(c))
+                                .zip(mc.chunks_exact(c))
+                            {
+                                let row = &mut row[..c];
+                                row.copy_from_slice(xr);
+                                grad.row(row, gr, Some(mr));
+                                round_bf16(row, or);
+                            }
+                        },
+                    )
+                })
+            });
+        // SAFETY: the chunks of rows cover the first len elements, every one written.
+        unsafe { data.set_len(len) };
+        Act::Half(Arc::new(Tensor {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            c,
+            data,
+        }))
     }
 }
 

@@ -2,7 +2,7 @@
 //! from the last forward pass; parameter gradients are overwritten by each backward pass.
 
 use crate::conv::{self, ConvShape};
-use crate::tensor::{simd, Float, Positive, Tensor};
+use crate::tensor::{simd, Float, Lhs, Positive, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -255,29 +255,41 @@ impl<T: Float> Conv2d<T> {
         unsafe { y.assume_init() }
     }
 
-    /// The filter gradient, from the input kept by the last forward pass (then let go);
-    /// returns the convolution's shape.
-    pub(crate) fn filter_gradient(&mut self, dy: &Tensor<T>) -> ConvShape {
+    /// The filter gradient, from the input kept by the last forward pass (then let go) and
+    /// the output gradient `dy` (in `T` or bf16); returns the convolution's shape.
+    pub(crate) fn filter_gradient<D: Lhs<T>>(&mut self, dy: &[D]) -> ConvShape {
         let x = self.input.take().expect("backward before forward");
         let (name, g) = (&self.weight.name, &mut self.weight.grad);
         match &x {
             Act::Full(t) => {
                 let sh = shape_for(&self.shape, name, t);
-                conv::backward_filter(&t.data, &dy.data, g, &sh);
+                conv::backward_filter(&t.data, dy, g, &sh);
                 sh
             }
             Act::Half(t) => {
                 let sh = shape_for(&self.shape, name, t);
-                conv::backward_filter(&t.data, &dy.data, g, &sh);
+                conv::backward_filter(&t.data, dy, g, &sh);
                 sh
             }
         }
     }
 
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        self.backward_from(&dy.data)
+    }
+
+    /// `backward` from an output gradient kept in either precision.
+    pub fn backward_act(&mut self, dy: &Act<T>) -> Tensor<T> {
+        match dy {
+            Act::Full(t) => self.backward_from(&t.data),
+            Act::Half(t) => self.backward_from(&t.data),
+        }
+    }
+
+    fn backward_from<D: Lhs<T>>(&mut self, dy: &[D]) -> Tensor<T> {
         let sh = self.filter_gradient(dy);
         let mut dx = Tensor::uninit(sh.n, sh.h, sh.w, sh.c);
-        conv::backward_data_into(&dy.data, &self.weight.value, &mut dx.data, &sh);
+        conv::backward_data_into(dy, &self.weight.value, &mut dx.data, &sh);
         // SAFETY: backward_data_into writes every element (a GEMM without accumulation, or
         // zero-filled images for col2im).
         unsafe { dx.assume_init() }
@@ -285,8 +297,15 @@ impl<T: Float> Conv2d<T> {
 
     /// `backward` with the input gradient added to `dx`, which holds another path's gradient
     /// of the same input (a residual block's shortcut): the products add it, and no pass over
-    /// both tensors is needed.
-    pub fn backward_add(&mut self, dy: &Tensor<T>, dx: &mut Tensor<T>) {
+    /// both tensors is needed. The output gradient in either precision.
+    pub fn backward_add(&mut self, dy: &Act<T>, dx: &mut Tensor<T>) {
+        match dy {
+            Act::Full(t) => self.backward_add_from(&t.data, dx),
+            Act::Half(t) => self.backward_add_from(&t.data, dx),
+        }
+    }
+
+    fn backward_add_from<D: Lhs<T>>(&mut self, dy: &[D], dx: &mut Tensor<T>) {
         let sh = self.filter_gradient(dy);
         assert_eq!(
             (sh.n, sh.h, sh.w, sh.c),
@@ -294,7 +313,7 @@ impl<T: Float> Conv2d<T> {
             "{}: input gradient shape",
             self.weight.name
         );
-        conv::backward_data_add(&dy.data, &self.weight.value, &mut dx.data, &sh);
+        conv::backward_data_add(dy, &self.weight.value, &mut dx.data, &sh);
     }
 }
 

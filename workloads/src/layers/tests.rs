@@ -411,8 +411,44 @@ fn half_activations_give_the_products_the_same_bits() {
             let (d1, d2) = (c1.backward(&dz), c2.backward(&dz));
             assert_eq!(d1, d2, "{r}×{r} input gradient");
             assert_eq!(c1.weight.grad, c2.weight.grad, "{r}×{r} filter gradient");
-            assert_eq!(b1.backward_act(&d1, Some(&y)), b2.backward_relu(&d2, &h));
+            // The batch norm's input gradient, in f32 and kept in bf16, into the convolution
+            // before it (as conv2's output gradient in a bottleneck): the same bits.
+            let u = Arc::new(f32s(rand_tensor(2, 6, 5, 8, 54)));
+            let mut rng = Rng::new(55);
+            let (mut p1, mut p2, mut q1, mut q2) = (
+                Conv2d::<f32>::new("p", 8, 16, r, 1, pad, &mut rng),
+                Conv2d::<f32>::new("p", 8, 16, r, 1, pad, &mut rng),
+                Conv2d::<f32>::new("q", 8, 16, r, 1, pad, &mut rng),
+                Conv2d::<f32>::new("q", 8, 16, r, 1, pad, &mut rng),
+            );
+            p2.weight.value = p1.weight.value.clone();
+            (q1.weight.value, q2.weight.value) = (p1.weight.value.clone(), p1.weight.value.clone());
+            for c in [&mut p1, &mut p2, &mut q1, &mut q2] {
+                c.forward(&u);
+            }
+            let g1 = b1.backward_act(&d1, Some(&y));
+            let g2 = b2.backward_relu_act(&d2, &h);
+            assert!(
+                matches!(g2, Act::Half(_)),
+                "bf16 products keep bf16 gradients"
+            );
             assert_eq!(b1.gamma.grad, b2.gamma.grad);
+            assert_eq!(b1.beta.grad, b2.beta.grad);
+            assert_eq!(
+                p1.backward(&g1),
+                p2.backward_act(&g2),
+                "{r}×{r} input gradient from bf16"
+            );
+            assert_eq!(
+                p1.weight.grad, p2.weight.grad,
+                "{r}×{r} filter gradient from bf16"
+            );
+            let prior = f32s(rand_tensor(2, 6, 5, 8, 56));
+            let (mut s1, mut s2) = (prior.clone(), prior);
+            q1.backward_add(&Act::Full(Arc::new(g1)), &mut s1);
+            q2.backward_add(&g2, &mut s2);
+            assert_eq!(s1, s2, "{r}×{r} input gradient added, from bf16");
+            assert_eq!(q1.weight.grad, q2.weight.grad);
         });
     }
 }

@@ -42,6 +42,51 @@ pub trait Lhs<T>: Copy + Default + Send + Sync + 'static {
     );
     /// `Float::with_scratch` for this type.
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
+    /// The operand as the bf16 products take it: f32 or bf16, `None` for other types.
+    fn half_operand(x: Mat<Self>) -> Option<HalfOperand>;
+}
+
+/// An operand of the bf16 products, in either of the storages they read.
+pub enum HalfOperand {
+    F32(Operand<f32>),
+    Bf16(Operand<bf16>),
+}
+
+/// `c[m×n] (+)= a·b` with each operand in the layers' type or in bf16 (a convolution's input
+/// and its output gradient, each kept in bf16 where the products round them anyway). Both in
+/// `T`: `gemm`. Otherwise the thread's products must be bf16 (the only place bf16 operands
+/// are made).
+///
+/// # Safety
+/// As `gemm`.
+#[allow(clippy::too_many_arguments)]
+pub unsafe fn gemm_mixed<T: Float, A: Lhs<T>, B: Lhs<T>>(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    a: Mat<A>,
+    b: Mat<B>,
+    parallel: bool,
+) {
+    let is_t = |id| id == std::any::TypeId::of::<T>();
+    if is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>()) {
+        let (a, b) = (a.cast::<T>(), b.cast::<T>());
+        return super::gemm(m, n, k, c, ldc, accumulate, a, b, parallel);
+    }
+    let (Products::Bf16(g), Some(c)) = (products(), f32_out(c)) else {
+        panic!("{HALF_ONLY}")
+    };
+    use HalfOperand::{Bf16, F32};
+    match (A::half_operand(a), B::half_operand(b)) {
+        (Some(F32(a)), Some(F32(b))) => g.gemm(m, n, k, c, ldc, accumulate, a, b, parallel),
+        (Some(F32(a)), Some(Bf16(b))) => g.gemm(m, n, k, c, ldc, accumulate, a, b, parallel),
+        (Some(Bf16(a)), Some(F32(b))) => g.gemm(m, n, k, c, ldc, accumulate, a, b, parallel),
+        (Some(Bf16(a)), Some(Bf16(b))) => g.gemm(m, n, k, c, ldc, accumulate, a, b, parallel),
+        _ => panic!("{HALF_ONLY}"),
+    }
 }
 
 /// Whether the current thread's `T` layers keep their ReLU outputs in bf16 (f32 layers with
@@ -54,6 +99,15 @@ pub fn half_activations<T: 'static>() -> bool {
 impl<T: Float> Lhs<T> for T {
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         <T as Float>::with_scratch(len, f)
+    }
+    fn half_operand(x: Mat<T>) -> Option<HalfOperand> {
+        f32_out(x.ptr as *mut T).map(|p| {
+            HalfOperand::F32(Operand {
+                ptr: p,
+                rs: x.rs,
+                cs: x.cs,
+            })
+        })
     }
     unsafe fn gemm(
         m: usize,
@@ -90,6 +144,9 @@ fn f32_out<T: 'static>(c: *mut T) -> Option<*mut f32> {
 }
 
 impl<T: Float> Lhs<T> for bf16 {
+    fn half_operand(x: Mat<bf16>) -> Option<HalfOperand> {
+        Some(HalfOperand::Bf16(operand(x)))
+    }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         thread_local! {
             static SCRATCH: std::cell::Cell<Vec<bf16>> = const { std::cell::Cell::new(Vec::new()) };
