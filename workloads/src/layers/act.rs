@@ -2,7 +2,9 @@
 //! are bf16. The next convolution rounds its input to bf16 anyway (as it packs it), so a
 //! batch norm + ReLU that writes bf16 gives every product the same bits, in half the bytes
 //! written, read by the convolution's forward and filter-gradient passes and by the ReLU's
-//! backward pass (which reads only its sign), and leaves no rounding to the packing.
+//! backward pass (which reads only its sign), and leaves no rounding to the packing. The
+//! batch norm's input gradient, the previous convolution's output gradient, likewise
+//! (`backward_relu_act`).
 
 use super::{sums, BatchNorm, CHUNK_ROWS};
 use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Positive, Tensor};
