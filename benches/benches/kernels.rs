@@ -1,4 +1,5 @@
-//! Criterion benches of the hot kernels: peak FMA, the triad, and GEMM. Throughput is reported
+//! Criterion benches of the hot kernels: peak FMA, the triad, and GEMM (the gemm crate's f32,
+//! roofline's bf16 and f32). Throughput is reported
 //! in elements = FLOPs (FMA, GEMM) or bytes (triad), so criterion prints FLOP/s and B/s.
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
@@ -108,5 +109,74 @@ fn gemm_bf16(c: &mut Criterion) {
     g.finish();
 }
 
-criterion_group!(benches, fma, triad, gemm, gemm_bf16);
+/// roofline's own f32 product (`cpu::sgemm`, B packed once) beside the gemm crate's, on the
+/// pool: a square, and layer4's 3×3 as the trainer runs it in f32 (56 blocks of 28 patch rows
+/// against one 4608 × 512 filter: the crate packs the filter for every block). Checked against
+/// each other.
+fn gemm_f32_own(c: &mut Criterion) {
+    use rayon::prelude::*;
+    use roofline_kernels::cpu::bf16::Operand;
+    use roofline_kernels::cpu::sgemm::F32Gemm;
+    use roofline_workloads::tensor::{native_gemm, Mat};
+    let Some(own) = F32Gemm::detect() else {
+        eprintln!("gemm_f32_own: no AVX-512 here, skipped");
+        return;
+    };
+    let mut g = c.benchmark_group("gemm_f32_own");
+    g.sample_size(10);
+    let data = |len: usize, seed: f32| -> Vec<f32> {
+        (0..len)
+            .map(|i| ((i as f32 * 0.618 + seed).sin()) * 0.5)
+            .collect()
+    };
+    for (name, rows, blocks, k, n) in [
+        ("square_1024", 1024, 1, 1024, 1024),
+        ("resnet50_layer4_3x3_28_rows", 28, 56, 4608, 512),
+    ] {
+        let (a, b) = (data(rows * blocks * k, 0.1), data(k * n, 0.2));
+        let (mut c_own, mut c_crate) =
+            (vec![0f32; rows * blocks * n], vec![0f32; rows * blocks * n]);
+        g.throughput(Throughput::Elements((2 * rows * blocks * k * n) as u64));
+        let parallel = blocks == 1;
+        let run_own = |c: &mut [f32]| {
+            // SAFETY: a is (rows · blocks) × k, b k × n, c (rows · blocks) × n, all dense.
+            let p = unsafe { own.pack_b(k, n, Operand::rows(b.as_ptr(), n), true) };
+            c.par_chunks_mut(rows * n)
+                .enumerate()
+                .for_each(|(t, ct)| unsafe {
+                    let at = Operand::rows(a[t * rows * k..].as_ptr(), k);
+                    own.gemm_packed(rows, ct.as_mut_ptr(), n, false, at, &p, parallel)
+                });
+        };
+        let run_crate = |c: &mut [f32]| {
+            c.par_chunks_mut(rows * n)
+                .enumerate()
+                .for_each(|(t, ct)| unsafe {
+                    let at = Mat::rows(a[t * rows * k..].as_ptr(), k);
+                    let bt = Mat::rows(b.as_ptr(), n);
+                    native_gemm(rows, n, k, ct.as_mut_ptr(), n, false, at, bt, parallel)
+                });
+        };
+        g.bench_function(format!("{name}_own"), |bch| {
+            bch.iter(|| run_own(&mut c_own))
+        });
+        g.bench_function(format!("{name}_crate"), |bch| {
+            bch.iter(|| run_crate(&mut c_crate))
+        });
+        run_own(&mut c_own);
+        run_crate(&mut c_crate);
+        let worst = c_own
+            .iter()
+            .zip(&c_crate)
+            .map(|(x, y)| (x - y).abs() / (1.0 + y.abs()))
+            .fold(0f32, f32::max);
+        assert!(
+            worst < 1e-4,
+            "{name}: own and crate products differ by {worst}"
+        );
+    }
+    g.finish();
+}
+
+criterion_group!(benches, fma, triad, gemm, gemm_bf16, gemm_f32_own);
 criterion_main!(benches);
