@@ -8,3 +8,4 @@ pub mod gemm;
 pub mod isa;
 pub mod sgemm;
 pub mod stream;
+mod tiles;

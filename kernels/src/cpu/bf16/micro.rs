@@ -9,16 +9,7 @@ pub const MR: usize = 14;
 /// Columns of a tile (two 16-lane vectors).
 pub const NR: usize = 32;
 
-/// Where a tile goes: `rows × cols` of C (≤ MR × NR) at `c` with leading dimension `ldc`,
-/// overwritten or added to.
-#[derive(Clone, Copy)]
-pub struct Dest {
-    pub c: *mut f32,
-    pub ldc: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub overwrite: bool,
-}
+use super::super::tiles::Dest;
 
 fn widen(h: u32) -> f32 {
     f32::from_bits(h << 16)
@@ -39,14 +30,7 @@ pub unsafe fn tile_portable(pairs: usize, a: *const u32, b: *const u32, d: Dest)
             }
         }
     }
-    // Through raw pointers: an overwritten C may not be initialised yet (it is never read).
-    for (i, row) in acc.iter().enumerate().take(d.rows) {
-        let dst = d.c.add(i * d.ldc);
-        for (j, &x) in row.iter().enumerate().take(d.cols) {
-            let y = dst.add(j);
-            *y = if d.overwrite { x } else { *y + x };
-        }
-    }
+    d.store_portable(&acc);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -97,26 +81,7 @@ mod x86 {
                 row[1] = _mm512_dpbf16_ps(row[1], av, b1);
             }
         }
-        let mask = |lo: usize| -> u16 {
-            let n = d.cols.saturating_sub(lo).min(16);
-            ((1u32 << n) - 1) as u16
-        };
-        let (m0, m1) = (mask(0), mask(16));
-        for (i, row) in acc.iter().enumerate() {
-            if i >= d.rows {
-                break;
-            }
-            let dst = d.c.add(i * d.ldc);
-            for (h, (v, mk)) in [(row[0], m0), (row[1], m1)].into_iter().enumerate() {
-                let p = dst.add(16 * h);
-                let v = if d.overwrite {
-                    v
-                } else {
-                    _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), v)
-                };
-                _mm512_mask_storeu_ps(p, mk, v);
-            }
-        }
+        d.store(&acc);
     }
 }
 

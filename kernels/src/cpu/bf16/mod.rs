@@ -21,7 +21,7 @@ pub use micro::{MR, NR};
 pub(crate) use pack::transpose16;
 pub use pack::{round, round_slice, Source};
 
-use micro::Dest;
+use super::tiles::{scratch, Dest, SendPtr};
 use pack::View;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -440,17 +440,6 @@ thread_local! {
     static B_SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
 }
 
-/// A thread's buffer from `slot`, at least `len` words long, holding whatever its last user
-/// left: the packing writes every word that reaches a stored result (an edge tile's rows past
-/// the block are read from stale words, and their results dropped).
-fn scratch(slot: &'static std::thread::LocalKey<Cell<Vec<u32>>>, len: usize) -> Vec<u32> {
-    let mut v = slot.take();
-    if v.len() < len {
-        v.resize(len, 0);
-    }
-    v
-}
-
 /// One AMX tile of C at `c` (`rows × cols` ≤ 32 × 32 of it): A's rows from `a` (`pairs`
 /// words apart, 32 + MR rows readable), B one packed panel of `pairs` pairs. The pairs past a
 /// multiple of 16 go through the vector kernel, after the tiles; an edge tile is computed
@@ -477,25 +466,25 @@ unsafe fn amx_tile(
         if rows == amx::ROWS && cols == NR {
             amx::tile(tiles, steps, a.as_ptr(), pairs, b, c, ldc, !overwrite);
         } else {
-            let mut buf = [0f32; amx::ROWS * NR];
+            let mut buf = [[0f32; NR]; amx::ROWS];
             amx::tile(
                 tiles,
                 steps,
                 a.as_ptr(),
                 pairs,
                 b,
-                buf.as_mut_ptr(),
+                buf.as_mut_ptr() as *mut f32,
                 NR,
                 false,
             );
-            // Through raw pointers: an overwritten C may not be initialised yet.
-            for (i, row) in buf.chunks(NR).take(rows).enumerate() {
-                let dst = c.add(i * ldc);
-                for (j, &x) in row.iter().enumerate().take(cols) {
-                    let y = dst.add(j);
-                    *y = if overwrite { x } else { *y + x };
-                }
-            }
+            let d = Dest {
+                c,
+                ldc,
+                rows,
+                cols,
+                overwrite,
+            };
+            d.store_portable(&buf);
         }
     }
     let done = steps * amx::STEP;
@@ -543,17 +532,6 @@ enum Rhs<'a, B> {
     Pack(View<B>),
     /// Packed beforehand.
     Packed(&'a PackedB),
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks write disjoint tiles of C.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(test)]

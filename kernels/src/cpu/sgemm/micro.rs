@@ -19,16 +19,7 @@ pub enum Layout {
     Cols,
 }
 
-/// Where a tile goes: `rows × cols` of C (≤ MR × NR) at `c` with leading dimension `ldc`,
-/// overwritten or added to.
-#[derive(Clone, Copy)]
-pub struct Dest {
-    pub c: *mut f32,
-    pub ldc: usize,
-    pub rows: usize,
-    pub cols: usize,
-    pub overwrite: bool,
-}
+use super::super::tiles::Dest;
 
 /// # Safety
 /// A's `MR` rows of `kc` elements readable in `layout` at `a`; `b` holds `kc · NR` values; `d`
@@ -54,14 +45,7 @@ pub unsafe fn tile_portable(
             }
         }
     }
-    // Through raw pointers: an overwritten C may not be initialised yet (it is never read).
-    for (i, row) in acc.iter().enumerate().take(d.rows) {
-        let dst = d.c.add(i * d.ldc);
-        for (j, &x) in row.iter().enumerate().take(d.cols) {
-            let y = dst.add(j);
-            *y = if d.overwrite { x } else { *y + x };
-        }
-    }
+    d.store_portable(&acc);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -109,26 +93,7 @@ mod x86 {
                 }
             }
         }
-        let mask = |lo: usize| -> u16 {
-            let n = d.cols.saturating_sub(lo).min(16);
-            ((1u32 << n) - 1) as u16
-        };
-        let masks: [u16; NV] = std::array::from_fn(|v| mask(16 * v));
-        for (i, row) in acc.iter().enumerate() {
-            if i >= d.rows {
-                break;
-            }
-            let dst = d.c.add(i * d.ldc);
-            for (h, (&v, &mk)) in row.iter().zip(&masks).enumerate() {
-                let p = dst.add(16 * h);
-                let v = if d.overwrite {
-                    v
-                } else {
-                    _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), v)
-                };
-                _mm512_mask_storeu_ps(p, mk, v);
-            }
-        }
+        d.store(&acc);
     }
 }
 

@@ -17,7 +17,8 @@ mod micro;
 pub use micro::{MR, NR};
 
 use super::bf16::Operand;
-use micro::{Dest, Layout};
+use super::tiles::{scratch, Dest, SendPtr};
+use micro::Layout;
 use rayon::prelude::*;
 use std::cell::Cell;
 
@@ -411,16 +412,6 @@ thread_local! {
     static B_SCRATCH: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
 }
 
-/// A thread's buffer from `slot`, at least `len` values long, holding whatever its last user
-/// left (the packing writes every value a product reads).
-fn scratch(slot: &'static std::thread::LocalKey<Cell<Vec<f32>>>, len: usize) -> Vec<f32> {
-    let mut v = slot.take();
-    if v.len() < len {
-        v.resize(len, 0.0);
-    }
-    v
-}
-
 /// A right-hand side packed once (`F32Gemm::pack_b`).
 pub struct PackedF32 {
     k: usize,
@@ -443,17 +434,6 @@ enum Rhs<'a> {
     Pack(Operand<f32>),
     /// Packed beforehand.
     Packed(&'a PackedF32),
-}
-
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: the tasks write disjoint tiles of C.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-impl SendPtr {
-    fn get(self) -> *mut f32 {
-        self.0
-    }
 }
 
 #[cfg(test)]

@@ -1,0 +1,85 @@
+//! What roofline's two GEMMs (`bf16`, `sgemm`) share: where a tile of C goes and how it is
+//! stored, the per-thread buffers their packed blocks live in, and C's pointer across tasks.
+
+use std::cell::Cell;
+
+/// Where a tile goes: `rows × cols` of C at `c` with leading dimension `ldc`, overwritten or
+/// added to.
+#[derive(Clone, Copy)]
+pub(crate) struct Dest {
+    pub c: *mut f32,
+    pub ldc: usize,
+    pub rows: usize,
+    pub cols: usize,
+    pub overwrite: bool,
+}
+
+impl Dest {
+    /// Stores `acc`'s first `rows × cols` values (rows `W` apart), through raw pointers: an
+    /// overwritten C may not be initialised yet (it is never read).
+    ///
+    /// # Safety
+    /// `self` covers its rows and columns.
+    pub unsafe fn store_portable<const W: usize>(&self, acc: &[[f32; W]]) {
+        for (i, row) in acc.iter().enumerate().take(self.rows) {
+            let dst = self.c.add(i * self.ldc);
+            for (j, &x) in row.iter().enumerate().take(self.cols) {
+                let y = dst.add(j);
+                *y = if self.overwrite { x } else { *y + x };
+            }
+        }
+    }
+
+    /// Stores rows of `V` 16-lane vectors, masked to `cols` (inlined into an AVX-512 caller).
+    ///
+    /// # Safety
+    /// As `store_portable`; AVX-512 F present (the caller's target features).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn store<const V: usize>(&self, acc: &[[std::arch::x86_64::__m512; V]]) {
+        use std::arch::x86_64::*;
+        let masks: [u16; V] = std::array::from_fn(|v| {
+            let n = self.cols.saturating_sub(16 * v).min(16);
+            ((1u32 << n) - 1) as u16
+        });
+        for (i, row) in acc.iter().enumerate().take(self.rows) {
+            let dst = self.c.add(i * self.ldc);
+            for (h, (&v, &mk)) in row.iter().zip(&masks).enumerate() {
+                let p = dst.add(16 * h);
+                let v = if self.overwrite {
+                    v
+                } else {
+                    _mm512_add_ps(_mm512_maskz_loadu_ps(mk, p), v)
+                };
+                _mm512_mask_storeu_ps(p, mk, v);
+            }
+        }
+    }
+}
+
+/// A thread's buffer from `slot`, at least `len` elements long, holding whatever its last user
+/// left: the packing writes every element that reaches a stored result (an edge tile's rows
+/// past its block are read from stale elements, and their results dropped). Taken out of the
+/// slot while in use (a nested product gets one of its own); put back with `slot.set`.
+pub(crate) fn scratch<T: Copy + Default>(
+    slot: &'static std::thread::LocalKey<Cell<Vec<T>>>,
+    len: usize,
+) -> Vec<T> {
+    let mut v = slot.take();
+    if v.len() < len {
+        v.resize(len, T::default());
+    }
+    v
+}
+
+/// C's pointer, shared by the tasks of one product.
+#[derive(Clone, Copy)]
+pub(crate) struct SendPtr(pub *mut f32);
+// SAFETY: the tasks write disjoint tiles of C.
+unsafe impl Send for SendPtr {}
+unsafe impl Sync for SendPtr {}
+impl SendPtr {
+    pub fn get(self) -> *mut f32 {
+        self.0
+    }
+}
