@@ -57,6 +57,43 @@ impl Dest {
     }
 }
 
+/// An empty product (no rows, columns or k): C left as it is, or zeroed where the product
+/// overwrites it. Whether it was one.
+///
+/// # Safety
+/// `c` covers `m × n` with leading dimension `ldc`.
+pub(crate) unsafe fn empty_product(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+    accumulate: bool,
+) -> bool {
+    if m == 0 || n == 0 {
+        return true;
+    }
+    if k > 0 {
+        return false;
+    }
+    if !accumulate {
+        for i in 0..m {
+            // A raw write: C may not be initialised yet.
+            std::ptr::write_bytes(c.add(i * ldc), 0, n);
+        }
+    }
+    true
+}
+
+/// The threads a product spreads over: the current rayon pool's where `parallel`.
+pub(crate) fn threads(parallel: bool) -> usize {
+    if parallel {
+        rayon::current_num_threads().max(1)
+    } else {
+        1
+    }
+}
+
 /// A thread's buffer from `slot`, at least `len` elements long, holding whatever its last user
 /// left: the packing writes every element that reaches a stored result (an edge tile's rows
 /// past its block are read from stale elements, and their results dropped). Taken out of the

@@ -21,7 +21,7 @@ pub use micro::{MR, NR};
 pub(crate) use pack::transpose16;
 pub use pack::{round, round_slice, Source};
 
-use super::tiles::{scratch, Dest, SendPtr};
+use super::tiles::{empty_product, scratch, threads, Dest, SendPtr};
 use pack::View;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -268,16 +268,7 @@ impl Bf16Gemm {
         rhs: Rhs<B>,
         parallel: bool,
     ) {
-        if m == 0 || n == 0 {
-            return;
-        }
-        if k == 0 {
-            if !accumulate {
-                for i in 0..m {
-                    // A raw write: C may not be initialised yet.
-                    std::ptr::write_bytes(c.add(i * ldc), 0, n);
-                }
-            }
+        if empty_product(m, n, k, c, ldc, accumulate) {
             return;
         }
         let vector = self.path != Path::Portable;
@@ -293,11 +284,7 @@ impl Bf16Gemm {
         #[cfg(not(target_arch = "x86_64"))]
         let (rm, mc_max) = (MR, MC);
         let c = SendPtr(c);
-        let threads = if parallel {
-            rayon::current_num_threads().max(1)
-        } else {
-            1
-        };
+        let threads = threads(parallel);
         // Buffers as large as this product's blocks need (a small product, called once per
         // image by the trainer, does not zero the 512 KiB a full block takes).
         let max_pairs = KC.min(k).div_ceil(2);

@@ -17,7 +17,7 @@ mod micro;
 pub use micro::{MR, NR};
 
 use super::bf16::Operand;
-use super::tiles::{scratch, Dest, SendPtr};
+use super::tiles::{empty_product, scratch, threads, Dest, SendPtr};
 use micro::Layout;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -120,16 +120,7 @@ impl F32Gemm {
         rhs: Rhs,
         parallel: bool,
     ) {
-        if m == 0 || n == 0 {
-            return;
-        }
-        if k == 0 {
-            if !accumulate {
-                for i in 0..m {
-                    // A raw write: C may not be initialised yet.
-                    std::ptr::write_bytes(c.add(i * ldc), 0, n);
-                }
-            }
+        if empty_product(m, n, k, c, ldc, accumulate) {
             return;
         }
         let vector = self.vector;
@@ -137,11 +128,7 @@ impl F32Gemm {
         // panels of MR rows, k-major.
         let rows_src = a.cs == 1;
         let c = SendPtr(c);
-        let threads = if parallel {
-            rayon::current_num_threads().max(1)
-        } else {
-            1
-        };
+        let threads = threads(parallel);
         let kblocks = k.div_ceil(KC);
         let mut bpack = match rhs {
             Rhs::Pack(_) => B_SCRATCH.take(),
