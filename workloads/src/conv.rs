@@ -90,7 +90,7 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
     if pointwise(sh) {
         // SAFETY: x is rows × c, w is c × k, y is rows × k, dense.
         unsafe {
-            S::gemm(
+            gemm_mixed(
                 sh.rows(),
                 k,
                 depth,

@@ -524,7 +524,7 @@ impl<T: Float> Rhs<T> {
         };
         let packed_f32 = match (products(), own_f32::<T>()) {
             (Products::Native, Some(g)) if k * n > OWN_F32_MAX_CRATE => {
-                Some((g, g.pack_b(k, n, f32_operand(b), true)))
+                Some((g, g.pack_b(k, n, operand(b.cast()), true)))
             }
             _ => None,
         };
@@ -566,7 +566,7 @@ impl<T: Float> Rhs<T> {
                 c as *mut f32,
                 ldc,
                 accumulate,
-                f32_operand(a),
+                operand(a.cast()),
                 p,
                 parallel,
             );
@@ -654,15 +654,6 @@ fn own_f32<T: 'static>() -> Option<F32Gemm> {
         }
         F32Gemm::detect()
     })
-}
-
-/// An operand of `T` = f32 as the f32 kernels take it.
-fn f32_operand<T>(x: Mat<T>) -> Operand<f32> {
-    Operand {
-        ptr: x.ptr as *const f32,
-        rs: x.rs,
-        cs: x.cs,
-    }
 }
 
 /// Safe row-major `c = a · b` (tests, small layers).

@@ -6,27 +6,11 @@ use super::{operand, products, scratch_run, Float, Mat, Products, Rhs};
 use half::bf16;
 use roofline_kernels::cpu::bf16::Operand;
 
-/// What a product's left-hand side (a convolution's input) may be stored in: the layers' own
-/// type, or bf16 (a batch norm's ReLU output in bf16 training, rounded once where every product
+/// What a product's operand (a convolution's input, or its output gradient) may be stored in:
+/// the layers' own type, or bf16 (a batch norm's ReLU output in bf16 training, rounded once where every product
 /// that read it rounded it again: the same bits, in half the bytes, with no rounding left for
 /// the packing).
 pub trait Lhs<T>: Copy + Default + Send + Sync + 'static {
-    /// `gemm` with this left-hand side.
-    ///
-    /// # Safety
-    /// As `gemm`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        c: *mut T,
-        ldc: usize,
-        accumulate: bool,
-        a: Mat<Self>,
-        b: Mat<T>,
-        parallel: bool,
-    );
     /// `Rhs::gemm` with this left-hand side.
     ///
     /// # Safety
@@ -101,26 +85,7 @@ impl<T: Float> Lhs<T> for T {
         <T as Float>::with_scratch(len, f)
     }
     fn half_operand(x: Mat<T>) -> Option<HalfOperand> {
-        f32_out(x.ptr as *mut T).map(|p| {
-            HalfOperand::F32(Operand {
-                ptr: p,
-                rs: x.rs,
-                cs: x.cs,
-            })
-        })
-    }
-    unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        c: *mut T,
-        ldc: usize,
-        accumulate: bool,
-        a: Mat<T>,
-        b: Mat<T>,
-        parallel: bool,
-    ) {
-        super::gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
+        f32_out(x.ptr as *mut T).map(|_| HalfOperand::F32(operand(x.cast())))
     }
     unsafe fn gemm_rhs(
         rhs: &Rhs<T>,
@@ -153,27 +118,6 @@ impl<T: Float> Lhs<T> for bf16 {
         }
         scratch_run(&SCRATCH, len, f)
     }
-    unsafe fn gemm(
-        m: usize,
-        n: usize,
-        k: usize,
-        c: *mut T,
-        ldc: usize,
-        accumulate: bool,
-        a: Mat<bf16>,
-        b: Mat<T>,
-        parallel: bool,
-    ) {
-        let (Products::Bf16(g), Some(c)) = (products(), f32_out(c)) else {
-            panic!("{HALF_ONLY}")
-        };
-        let b = Operand {
-            ptr: b.ptr as *const f32,
-            rs: b.rs,
-            cs: b.cs,
-        };
-        g.gemm(m, n, k, c, ldc, accumulate, operand(a), b, parallel)
-    }
     unsafe fn gemm_rhs(
         rhs: &Rhs<T>,
         m: usize,
@@ -188,7 +132,7 @@ impl<T: Float> Lhs<T> for bf16 {
                 let c = f32_out(c).expect(HALF_ONLY);
                 g.gemm_packed(m, c, ldc, accumulate, operand(a), p, parallel)
             }
-            None => <bf16 as Lhs<T>>::gemm(m, rhs.n, rhs.k, c, ldc, accumulate, a, rhs.b, parallel),
+            None => gemm_mixed(m, rhs.n, rhs.k, c, ldc, accumulate, a, rhs.b, parallel),
         }
     }
 }
