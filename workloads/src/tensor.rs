@@ -497,14 +497,21 @@ pub unsafe fn gemm<T: Float>(
 
 /// A right-hand side for many products (a convolution's filter, multiplied by every block of
 /// patch rows): packed once in bf16 where the products of the thread that makes it are bf16,
-/// used as it is otherwise.
+/// packed once for roofline's f32 kernels where it is large (`OWN_F32_MAX_CRATE`), used as it
+/// is otherwise.
 pub struct Rhs<T> {
     b: Mat<T>,
     k: usize,
     n: usize,
-    packed: Option<(Bf16Gemm, PackedB)>,
-    /// Packed for the f32 kernels (f32 layers with f32 products on AVX-512).
-    packed_f32: Option<(F32Gemm, PackedF32)>,
+    packed: Option<Packed>,
+}
+
+/// How an `Rhs` was packed.
+enum Packed {
+    /// For the bf16 products.
+    Bf16(Bf16Gemm, PackedB),
+    /// For the f32 kernels (f32 layers with f32 products on AVX-512).
+    F32(F32Gemm, PackedF32),
 }
 
 // SAFETY: an Rhs only reads its matrix, which its maker keeps alive and unchanged (`Rhs::new`).
@@ -518,28 +525,27 @@ impl<T: Float> Rhs<T> {
     /// `b` must cover the matrix its strides describe, and stay alive and unchanged as long as
     /// the `Rhs`.
     pub unsafe fn new(k: usize, n: usize, b: Mat<T>) -> Rhs<T> {
-        let packed = match products() {
-            Products::Bf16(g) => T::bf16_pack(&g, k, n, b, true).map(|p| (g, p)),
-            Products::Native => None,
-        };
-        let packed_f32 = match (products(), own_f32::<T>()) {
+        let packed = match (products(), own_f32::<T>()) {
+            (Products::Bf16(g), _) => T::bf16_pack(&g, k, n, b, true).map(|p| Packed::Bf16(g, p)),
             (Products::Native, Some(g)) if k * n > OWN_F32_MAX_CRATE => {
-                Some((g, g.pack_b(k, n, operand(b.cast()), true)))
+                Some(Packed::F32(g, g.pack_b(k, n, operand(b.cast()), true)))
             }
-            _ => None,
+            (Products::Native, _) => None,
         };
-        Rhs {
-            b,
-            k,
-            n,
-            packed,
-            packed_f32,
-        }
+        Rhs { b, k, n, packed }
     }
 
     /// Whether it was packed (bf16 products, or the f32 kernels).
     pub fn is_packed(&self) -> bool {
-        self.packed.is_some() || self.packed_f32.is_some()
+        self.packed.is_some()
+    }
+
+    /// The bf16 products and their packing of this matrix, where it has one.
+    pub(super) fn bf16_packed(&self) -> Option<(&Bf16Gemm, &PackedB)> {
+        match &self.packed {
+            Some(Packed::Bf16(g, p)) => Some((g, p)),
+            _ => None,
+        }
     }
 
     /// `c[m×n] (+)= a[m×k] · self`, as `gemm` (one thread unless `parallel`).
@@ -555,24 +561,16 @@ impl<T: Float> Rhs<T> {
         a: Mat<T>,
         parallel: bool,
     ) {
-        if let Some((g, p)) = &self.packed {
-            if T::bf16_gemm_packed(g, m, c, ldc, accumulate, a, p, parallel) {
-                return;
+        match &self.packed {
+            // The bf16 product runs for f32 layers (and says so); f64 layers are never packed.
+            Some(Packed::Bf16(g, p))
+                if T::bf16_gemm_packed(g, m, c, ldc, accumulate, a, p, parallel) => {}
+            Some(Packed::F32(g, p)) => {
+                let (c, a) = (c as *mut f32, operand(a.cast()));
+                g.gemm_packed(m, c, ldc, accumulate, a, p, parallel)
             }
+            _ => native_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel),
         }
-        if let Some((g, p)) = &self.packed_f32 {
-            g.gemm_packed(
-                m,
-                c as *mut f32,
-                ldc,
-                accumulate,
-                operand(a.cast()),
-                p,
-                parallel,
-            );
-            return;
-        }
-        native_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel)
     }
 }
 

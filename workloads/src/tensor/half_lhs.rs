@@ -127,7 +127,7 @@ impl<T: Float> Lhs<T> for bf16 {
         a: Mat<bf16>,
         parallel: bool,
     ) {
-        match &rhs.packed {
+        match rhs.bf16_packed() {
             Some((g, p)) => {
                 let c = f32_out(c).expect(HALF_ONLY);
                 g.gemm_packed(m, c, ldc, accumulate, operand(a), p, parallel)
