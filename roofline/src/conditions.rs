@@ -215,6 +215,31 @@ impl SampleConditions {
         }
     }
 
+    /// The best of `values` that count (the smallest where `lower_is_better`, as a time; the
+    /// largest otherwise), or `None` where these conditions do not describe `values` (see
+    /// [`Self::inconsistency`]) or no value is finite. A ceiling's value and its sweep's table
+    /// row both come from here, so the ceiling is always one of its table's rows.
+    pub fn best(&self, values: &[f64], lower_is_better: bool) -> Option<f64> {
+        if self.inconsistency(values.len()).is_some() {
+            return None;
+        }
+        let clean = self.clean_values(values);
+        let best = if lower_is_better {
+            clean.iter().copied().fold(f64::INFINITY, f64::min)
+        } else {
+            clean.iter().copied().fold(f64::NEG_INFINITY, f64::max)
+        };
+        best.is_finite().then_some(best)
+    }
+
+    /// The value of a rate (higher is better) sampled as `stats` under `conditions`: the best
+    /// clean sample, or the best sample where there are no conditions or they do not fit.
+    pub fn best_rate(conditions: Option<&SampleConditions>, stats: &crate::stats::Stats) -> f64 {
+        conditions
+            .and_then(|c| c.best(&stats.values, false))
+            .unwrap_or(stats.max)
+    }
+
     /// One line for the table: how many were left out and why (the first reason), and the
     /// flag; `None` when every sample was clean.
     pub fn summary(&self) -> Option<String> {
@@ -297,6 +322,15 @@ mod tests {
         assert!(s.contains("16.0% below"), "{s}");
         assert_eq!(c.inconsistency(4), None);
         assert!(c.inconsistency(5).is_some());
+        // The best clean sample, not the best sample (the left-out one is the fastest here):
+        // for rates and for times, and for a sweep's row as for its ceiling.
+        let rates = crate::stats::Stats::from_samples(&[10.0, 9.0, 20.0, 11.0]).unwrap();
+        assert_eq!(c.best(&rates.values, false), Some(11.0));
+        assert_eq!(c.best(&[1.0, 0.9, 0.5, 1.1], true), Some(0.9));
+        assert_eq!(SampleConditions::best_rate(Some(&c), &rates), 11.0);
+        assert_eq!(SampleConditions::best_rate(None, &rates), 20.0);
+        // Conditions of another number of samples say nothing about these.
+        assert_eq!(c.best(&[1.0, 2.0, 3.0], false), None);
         // A wider measured drift lets the same sample through.
         let c = SampleConditions::cpu(vec![3.0e9, 2.5e9], 3.0e9, 0.2);
         assert!(c.left_out.is_empty() && c.summary().is_none());

@@ -197,13 +197,7 @@ impl Ceiling {
             return self;
         }
         if self.plateau.is_none() {
-            let clean = c.clean_values(&self.stats.values);
-            let best = if self.unit == "s" {
-                clean.iter().copied().fold(f64::INFINITY, f64::min)
-            } else {
-                clean.iter().copied().fold(f64::NEG_INFINITY, f64::max)
-            };
-            if best.is_finite() {
+            if let Some(best) = c.best(&self.stats.values, self.unit == "s") {
                 self.value = best;
             }
         }

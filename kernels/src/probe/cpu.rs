@@ -431,8 +431,12 @@ fn fma(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
 /// The rows of a swept table and its best row so far.
 struct Sweep {
     rows: Vec<TableRow>,
-    best: Option<(usize, Stats, Measurement)>,
+    best: Option<Best>,
 }
+
+/// The best configuration of a sweep: its index, statistics, measurement and sample
+/// conditions.
+type Best = (usize, Stats, Measurement, Option<SampleConditions>);
 
 impl Sweep {
     fn new() -> Sweep {
@@ -443,7 +447,8 @@ impl Sweep {
     }
 
     /// Records configuration `i` (a table row) and keeps it if it is `eligible` for the
-    /// ceiling and the best so far.
+    /// ceiling and the best so far. The row's value is what the ceiling's would be: the best
+    /// of the samples that `conditions` keep.
     #[allow(clippy::too_many_arguments)]
     fn add(
         &mut self,
@@ -453,20 +458,23 @@ impl Sweep {
         precision: &str,
         threads: usize,
         m: Measurement,
+        conditions: Option<SampleConditions>,
         eligible: bool,
     ) {
         let Some(stats) = rate_stats(&m, CeilingKind::Compute) else {
             return;
         };
-        if eligible && self.best.as_ref().is_none_or(|b| stats.max > b.1.max) {
-            self.best = Some((i, stats.clone(), m.clone()));
+        let value = SampleConditions::best_rate(conditions.as_ref(), &stats);
+        let beats = |b: &Best| value > SampleConditions::best_rate(b.3.as_ref(), &b.1);
+        if eligible && self.best.as_ref().is_none_or(beats) {
+            self.best = Some((i, stats.clone(), m.clone(), conditions));
         }
         self.rows.push(TableRow {
             name: name.to_string(),
             shape,
             precision: Some(precision.into()),
             threads,
-            value: stats.max,
+            value,
             stats,
             max_rel_error: Some(m.max_rel_error),
             detail: None,
@@ -583,7 +591,17 @@ fn gemm_ceilings<K: crate::driver::Kernel>(
                 let mut k = make(*shape, threads)?;
                 measure_here(&plan, ctx.cancel, &mut k)
             })?;
-            sweep.add(i, name, shape.describe(), precision, threads, m, true);
+            let conditions = out.sample_conditions(&m, threads, None);
+            sweep.add(
+                i,
+                name,
+                shape.describe(),
+                precision,
+                threads,
+                m,
+                conditions,
+                true,
+            );
         }
         out.tables.push(Table {
             id: TableId {
@@ -593,13 +611,12 @@ fn gemm_ceilings<K: crate::driver::Kernel>(
             unit: "FLOP/s".into(),
             rows: sweep.rows,
         });
-        if let Some((i, stats, m)) = sweep.best {
+        if let Some((i, stats, m, conditions)) = sweep.best {
             let method = format!(
                 "{method}; best of {} shapes: {} ({}), {}; 16 entries checked against f64 (max error {:.1e} of Σ|a·b|)",
                 shapes.len(), shapes[i].0, shapes[i].1.describe(), pinned(threads), m.max_rel_error
             );
             let peak = ctx.peak(out, peak_precision, threads, isa, None);
-            let conditions = out.sample_conditions(&m, threads, None);
             out.ceilings.push(
                 compute_ceiling(
                     compute_id(Family::Gemm, p, suffix),
@@ -631,6 +648,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         })?;
         // A 1×1 stride-1 layer is one GEMM, the GEMM ceiling's kernel: the convolution ceiling
         // is taken from the layers that are not (im2col and a GEMM per block).
+        let conditions = out.sample_conditions(&m, threads, None);
         sweep.add(
             i,
             name,
@@ -638,6 +656,7 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
             "f32",
             threads,
             m,
+            conditions,
             !shape.is_pointwise(),
         );
     }
@@ -662,13 +681,12 @@ fn conv(ctx: &Ctx, out: &mut CpuResult) -> Result<(), ProbeError> {
         unit: "FLOP/s".into(),
         rows: sweep.rows,
     });
-    if let Some((i, stats, m)) = sweep.best {
+    if let Some((i, stats, m, conditions)) = sweep.best {
         let method = format!(
             "forward convolution, NHWC/RSCK, im2col in cache-sized blocks + gemm; best of the {} ResNet-50 layer shapes that are not 1×1 stride 1: {} ({}), {}; 16 outputs checked against f64{pointwise}",
             layers.iter().filter(|(_, s)| !s.is_pointwise()).count(), layers[i].0, layers[i].1.describe(), pinned(threads)
         );
         let peak = ctx.peak(out, "f32", threads, isa, None);
-        let conditions = out.sample_conditions(&m, threads, None);
         out.ceilings.push(
             compute_ceiling(
                 compute_id(Family::Conv, roofline_model::Precision::F32, Threads::All),
