@@ -102,6 +102,16 @@ fn place_puts_workloads_on_the_roofline() {
     let layers = r["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 5, "the top five layers are placed");
     for l in layers {
+        // The 3×3 stride-1 convolutions (v1.5: every block's conv2 but the first of layers
+        // 2–4) ran by Winograd's algorithm in f32 on the CPU, and say so.
+        let name = l["label"].as_str().unwrap();
+        let winograd =
+            name.ends_with(".conv2") && !name.contains(".0.") || name == "layer1.0.conv2";
+        assert_eq!(
+            l["note"].as_str().is_some_and(|n| n.contains("Winograd")),
+            winograd,
+            "{name}"
+        );
         assert!(l["share_of_step"].as_f64().unwrap() > 0.0);
         assert!(l["oi"]["analytic"].as_f64().unwrap() > 0.0);
         assert!(l["bound"]["roofs"].as_array().unwrap().len() >= 2);

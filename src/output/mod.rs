@@ -417,17 +417,32 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
             "  {:<28} {:>8} {:>12} {:>9}  bound",
             "top layers", "share", "FLOP/s", "OI"
         );
+        // Each distinct note once, after the table; its layers carry its number.
+        let mut notes: Vec<&str> = Vec::new();
         for l in &p.layers {
+            let mark = match &l.note {
+                Some(n) => {
+                    let i = notes.iter().position(|x| x == n).unwrap_or_else(|| {
+                        notes.push(n);
+                        notes.len() - 1
+                    });
+                    format!(" [{}]", i + 1)
+                }
+                None => String::new(),
+            };
             println!(
-                "  {:<28} {:>7.1}% {:>12} {:>9.2}  {} ({:.0}% of {})",
+                "  {:<28} {:>7.1}% {:>12} {:>9.2}  {} ({:.0}% of {}){mark}",
                 l.label,
                 100.0 * l.share_of_step.unwrap_or(0.0),
                 si(l.achieved_flops),
                 l.oi.analytic,
                 l.bound.kind.as_str(),
                 100.0 / l.bound.headroom,
-                l.bound.ceiling
+                l.bound.ceiling,
             );
+        }
+        for (i, note) in notes.iter().enumerate() {
+            println!("  [{}] {note}", i + 1);
         }
     }
     println!("  {}", p.energy.note);

@@ -26,9 +26,12 @@ pub struct LayerCount {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Kind {
-    /// `first`: the stem, whose input needs no gradient.
+    /// `first`: the stem, whose input needs no gradient; a `kernel × kernel` window moved by
+    /// `stride` (padding `kernel / 2`).
     Conv {
         first: bool,
+        kernel: usize,
+        stride: usize,
     },
     BatchNorm,
     Relu,
@@ -107,7 +110,11 @@ fn conv(
     let ow = (w + 2 * pad - k) / stride + 1;
     v.push(LayerCount {
         name,
-        kind: Kind::Conv { first },
+        kind: Kind::Conv {
+            first,
+            kernel: k,
+            stride,
+        },
         macs: (k * k * cin * oh * ow * cout) as f64,
         params: (k * k * cin * cout) as f64,
         inputs: (h * w * cin) as f64,
@@ -406,7 +413,7 @@ pub fn aiperf(layers: &[LayerCount]) -> Count {
     let (mut f, mut b) = (0.0, 0.0);
     for l in layers {
         match l.kind {
-            Kind::Conv { first } => {
+            Kind::Conv { first, .. } => {
                 f += 2.0 * l.macs;
                 // BP: MACC = 2·(K²·Ci·Ho·Wo·Co) + K²·Ci·Co; the first layer computes no data
                 // gradient (AIPerf's table III: BP/FP = 1.9755 for ResNet-50's convolutions).
@@ -467,7 +474,7 @@ pub fn trainer(layers: &[LayerCount]) -> Count {
     let (mut f, mut b) = (0.0, 0.0);
     for l in layers {
         match l.kind {
-            Kind::Conv { first } => {
+            Kind::Conv { first, .. } => {
                 f += 2.0 * l.macs;
                 b += if first { 2.0 } else { 4.0 } * l.macs;
             }
@@ -527,7 +534,7 @@ pub fn span_layers<'a>(layers: &'a [LayerCount], span: &str) -> Vec<&'a LayerCou
 /// the input and the weights and writes the input's gradient (not for the first layer) and the
 /// weights' gradient.
 pub fn min_bytes_training(l: &LayerCount) -> f64 {
-    let dx = if matches!(l.kind, Kind::Conv { first: true }) {
+    let dx = if matches!(l.kind, Kind::Conv { first: true, .. }) {
         0.0
     } else {
         l.inputs
@@ -652,8 +659,24 @@ mod tests {
             ..Default::default()
         };
         let c = trainer(&[
-            l(Kind::Conv { first: true }, 10.0, 0.0),
-            l(Kind::Conv { first: false }, 100.0, 0.0),
+            l(
+                Kind::Conv {
+                    first: true,
+                    kernel: 7,
+                    stride: 2,
+                },
+                10.0,
+                0.0,
+            ),
+            l(
+                Kind::Conv {
+                    first: false,
+                    kernel: 3,
+                    stride: 1,
+                },
+                100.0,
+                0.0,
+            ),
             l(Kind::Dense, 1000.0, 3.0),
             l(Kind::RoiAlign { samples: 2 }, 0.0, 5.0),
             l(Kind::Relu, 0.0, 7.0),

@@ -262,10 +262,15 @@ impl Description {
             .map(|(i, n)| {
                 let (input, out) = (s[n.inputs[0]], s[i + 1]);
                 let (kind, macs, params) = match n.op {
-                    Op::Conv { kernel, .. } => {
+                    Op::Conv { kernel, stride, .. } => {
                         let k = (kernel * kernel * input.2) as f64;
                         let first = n.inputs[0] == 0;
-                        (Kind::Conv { first }, k * size(out), k * out.2 as f64)
+                        let kind = Kind::Conv {
+                            first,
+                            kernel,
+                            stride,
+                        };
+                        (kind, k * size(out), k * out.2 as f64)
                     }
                     Op::BatchNorm { .. } => (Kind::BatchNorm, 0.0, 2.0 * out.2 as f64),
                     Op::Relu => (Kind::Relu, 0.0, 0.0),

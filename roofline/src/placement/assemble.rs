@@ -22,6 +22,9 @@ pub struct LayerTime {
     pub flops: f64,
     pub min_bytes: f64,
     pub footprint: f64,
+    /// How it computed its FLOPs, where they are not what ran (e.g. a fast convolution
+    /// algorithm: the FLOPs counted are the direct convolution's).
+    pub note: Option<String>,
 }
 
 /// What running a workload gave, before it is placed.
@@ -114,6 +117,7 @@ pub fn assemble(
         coi: r.coi.clone(),
         share_of_step: None,
         bound: b,
+        note: None,
     };
     let mut layers = Vec::new();
     let mut by_time = r.layers.clone();
@@ -158,6 +162,7 @@ pub fn assemble(
             coi: None,
             share_of_step: Some(l.seconds / seconds.median.max(1e-12)),
             bound: b,
+            note: l.note,
         });
     }
     let mut energy = r.energy;

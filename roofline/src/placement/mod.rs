@@ -181,6 +181,11 @@ pub struct Point {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub share_of_step: Option<f64>,
     pub bound: Bound,
+    /// How the point computed its FLOPs where they are not the operations that ran: a layer
+    /// computed by a fast algorithm (Winograd's) counts the direct convolution's FLOPs, so its
+    /// rate may pass the roofs of the operations it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub note: Option<String>,
 }
 
 /// Seconds per step.

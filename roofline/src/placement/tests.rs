@@ -229,6 +229,7 @@ fn point(kind: BoundKind, ceiling: &str, headroom: f64, achieved: f64) -> Point 
         },
         coi: None,
         share_of_step: Some(0.2),
+        note: None,
         bound: Bound {
             kind,
             ceiling: ceiling.into(),

@@ -9,6 +9,17 @@ use roofline_collectors::timeline::{self, Span};
 use roofline_model::placement::{Coi, Energy, LayerTime, Measured, TimeBreakdown, WorkloadInfo};
 use roofline_model::si;
 
+/// What a layer computed by Winograd's algorithm says of its FLOPs.
+const WINOGRAD_NOTE: &str = "Winograd F(4×4, 3×3): the FLOPs counted are the direct convolution's, computed with up to 4× fewer multiplies (and the transforms), so the rate may pass the FMA and GEMM roofs";
+
+/// Whether the run's 3×3 stride-1 convolutions went through Winograd's algorithm: on the CPU
+/// in f32 (`conv::winograd_enabled`; bf16 products keep their GEMMs).
+fn winograd_ran(prep: &Prepared) -> bool {
+    prep.spec.device == Device::Cpu
+        && prep.spec.precision == roofline_model::Precision::F32
+        && crate::conv::winograd_enabled()
+}
+
 /// A finished training run as a measurement: its steps after `warm`, the layers' times from
 /// `spans` (none: no layer points), this rank's FLOPs and bytes.
 /// Also returns the measured steps' spans (for `--trace`).
@@ -111,6 +122,16 @@ pub fn measured(
             .iter()
             .map(|l| 4.0 * (local * (l.inputs + l.outputs) + 3.0 * l.params))
             .sum();
+        let winograd = ls.iter().any(|l| {
+            matches!(
+                l.kind,
+                accounting::Kind::Conv {
+                    kernel: 3,
+                    stride: 1,
+                    ..
+                }
+            )
+        }) && winograd_ran(prep);
         layers.push(LayerTime {
             name,
             seconds: t / n,
@@ -118,6 +139,7 @@ pub fn measured(
             flops,
             min_bytes: bytes,
             footprint,
+            note: winograd.then(|| WINOGRAD_NOTE.to_string()),
         });
     }
     let flops_per_step = s.flops_step_per_image * local;

@@ -2,10 +2,14 @@
 //! layout of `roofline_kernels::cpu::conv`: a filter is a `r·s·c × k` matrix). 1×1 stride-1
 //! convolutions are single GEMMs; the others go through im2col in cache-sized blocks of output
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
-//! once per call (packed once in bf16).
+//! once per call (packed once in bf16). 3×3 stride-1 layers with f32 (or f64) products go
+//! through Winograd's F(4×4, 3×3) instead (`winograd`).
+
+pub mod winograd;
 
 use crate::tensor::{
-    as_uninit, fill_uninit, gemm_mixed, ordered_sum_into, partitions, Float, Lhs, Mat, Rhs,
+    as_uninit, fill_uninit, gemm_mixed, ordered_sum_into, partitions, products, Float, Lhs, Mat,
+    Products, Rhs,
 };
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
@@ -63,6 +67,23 @@ fn col2im<T: Float>(patch: &[T], sh: &ConvShape, r0: usize, rows: usize, dx_imgs
     }
 }
 
+/// Whether 3×3 stride-1 layers with products in their own type go through Winograd's
+/// algorithm: yes, unless `ROOFLINE_CONV=im2col` (read once).
+pub fn winograd_enabled() -> bool {
+    static IM2COL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    !*IM2COL.get_or_init(|| std::env::var("ROOFLINE_CONV").is_ok_and(|v| v == "im2col"))
+}
+
+/// `x` as a slice of `T` where a convolution of this shape goes through Winograd's algorithm:
+/// a 3×3 stride-1 layer whose operands are stored in `T` and whose products are in `T` (the
+/// bf16 products keep the im2col GEMMs), unless `ROOFLINE_CONV=im2col` (the A/B switch).
+fn winograd_operand<'a, T: Float, S: 'static>(sh: &ConvShape, x: &'a [S]) -> Option<&'a [T]> {
+    let same = std::any::TypeId::of::<S>() == std::any::TypeId::of::<T>();
+    (same && winograd_enabled() && products() == Products::Native && winograd::applies(sh))
+        // SAFETY: S is T.
+        .then(|| unsafe { &*(x as *const [S] as *const [T]) })
+}
+
 fn check_lengths<T>(sh: &ConvShape, x: usize, w: usize, y: usize) {
     assert!(sh.valid(), "invalid convolution shape {}", sh.describe());
     assert_eq!(x, sh.input_len(), "input length");
@@ -86,6 +107,9 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
     sh: &ConvShape,
 ) {
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
+    if let Some(x) = winograd_operand::<T, S>(sh, x) {
+        return winograd::forward(x, w, y, sh);
+    }
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // SAFETY: x is rows × c, w is c × k, y is rows × k, dense.
@@ -188,6 +212,10 @@ unsafe fn backward_data_impl<T: Float, D: Lhs<T>>(
     accumulate: bool,
 ) {
     check_lengths::<T>(sh, dx.len(), w.len(), dy.len());
+    if let Some(dy) = winograd_operand::<T, D>(sh, dy) {
+        // SAFETY: this function's contract.
+        return unsafe { winograd::backward_data(dy, w, dx, sh, accumulate) };
+    }
     let (depth, k) = (sh.depth(), sh.k);
     // wᵀ (k × depth): packed in bf16 straight from w's strides; for the native products, a
     // row-major copy.
@@ -258,6 +286,12 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
     sh: &ConvShape,
 ) {
     check_lengths::<T>(sh, x.len(), dw.len(), dy.len());
+    if let (Some(x), Some(dy)) = (
+        winograd_operand::<T, S>(sh, x),
+        winograd_operand::<T, D>(sh, dy),
+    ) {
+        return winograd::backward_filter(x, dy, dw, sh);
+    }
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
         // dw = xᵀ·dy has a small output and a long reduction (all rows): the GEMM's own
@@ -339,7 +373,7 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
 mod tests {
     use super::*;
 
-    fn shape(
+    pub(super) fn shape(
         n: usize,
         c: usize,
         h: usize,
@@ -361,7 +395,7 @@ mod tests {
         }
     }
 
-    fn direct(x: &[f64], w: &[f64], sh: &ConvShape) -> Vec<f64> {
+    pub(super) fn direct(x: &[f64], w: &[f64], sh: &ConvShape) -> Vec<f64> {
         let mut y = vec![0.0; sh.output_len()];
         for n in 0..sh.n {
             for oy in 0..sh.oh() {
@@ -390,7 +424,7 @@ mod tests {
         y
     }
 
-    fn data(len: usize, seed: f64) -> Vec<f64> {
+    pub(super) fn data(len: usize, seed: f64) -> Vec<f64> {
         (0..len)
             .map(|i| ((i as f64 + seed) * 0.618).sin())
             .collect()

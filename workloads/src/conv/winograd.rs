@@ -1,0 +1,582 @@
+//! 3×3 stride-1 convolutions by Winograd's minimal filtering F(4×4, 3×3) (Lavin & Gray, "Fast
+//! Algorithms for Convolutional Neural Networks", 2016): each 4×4 block of output ("tile") is
+//! `Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A` for the 6×6 input block `d` around it, so that the products
+//! over channels become 36 independent GEMMs (one per point ξ of the 6×6 transform domain) of
+//! tiles × c by c × k: 36 multiplies per 16 outputs and channel pair where the direct sum
+//! takes 144, at the cost of the transforms (memory passes over the data) and of whole tiles
+//! on images whose side is not a multiple of 4 (14 and 7 pad to 16 and 8).
+//!
+//! The three passes share the transforms: the forward pass is a linear map of the input and of
+//! the filter, and both backward passes are its exact adjoints (the transposed transforms in
+//! reverse order), so that in exact arithmetic they are the convolution's gradients, and in
+//! floating point they differ from the direct sums by the transforms' rounding (a few units in
+//! the last place of f32 times the transform's constants: the tests bound it).
+//!
+//! Layouts: the input `x` NHWC, the filter RSCK (`3·3·c × k`), the transformed operands
+//! ξ-major: `V[ξ][tile][c]`, `U[ξ][c][k]`, `M[ξ][tile][k]`. Every tile is transformed by one
+//! thread, every GEMM run by one thread (the 36 spread over the pool), and each sum in a fixed
+//! order: the results do not depend on the thread count.
+
+use super::ConvShape;
+use crate::tensor::{fill_uninit, native_gemm, simd, Float, Mat};
+use rayon::prelude::*;
+use std::mem::MaybeUninit;
+
+/// Points of the transform domain (6 × 6).
+const XI: usize = 36;
+/// Channels transformed together: one AVX-512 vector of f32.
+const LANES: usize = 16;
+
+/// Whether a convolution of this shape is one this module computes: 3×3, stride 1, padding 1
+/// (the shape of ResNet's inner 3×3 layers but the first of layers 2–4, strided).
+pub fn applies(sh: &ConvShape) -> bool {
+    sh.r == 3 && sh.s == 3 && sh.stride == 1 && sh.pad == 1 && sh.valid()
+}
+
+/// `R` vectors of `N` channels: a row or a column of a tile.
+type Vecs<T, const N: usize, const R: usize> = [[T; N]; R];
+/// A tile of `N` channels: `R × R` points.
+type Tile<T, const N: usize, const R: usize> = [Vecs<T, N, R>; R];
+
+// The one-dimensional transforms, written out (a loop over the matrices' entries left their
+// zeros and ones to run time: 3× slower transforms). `tests` holds the matrices of Lavin &
+// Gray (points 0, ±1, ±2, ∞) and checks each formula against its matrix or its transpose.
+
+/// `Bᵀ d` (6 → 6): the input transform.
+#[inline(always)]
+fn bt<T: Float, const N: usize>(d: &Vecs<T, N, 6>) -> Vecs<T, N, 6> {
+    let (two, four, five) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(5.0));
+    let mut t = [[T::zero(); N]; 6];
+    for l in 0..N {
+        let [d0, d1, d2, d3, d4, d5] = [d[0][l], d[1][l], d[2][l], d[3][l], d[4][l], d[5][l]];
+        t[0][l] = four * d0 - five * d2 + d4;
+        t[1][l] = (d3 + d4) - four * (d1 + d2);
+        t[2][l] = (d4 - d3) + four * (d1 - d2);
+        t[3][l] = (d4 - d2) + two * (d3 - d1);
+        t[4][l] = (d4 - d2) + two * (d1 - d3);
+        t[5][l] = four * d1 - five * d3 + d5;
+    }
+    t
+}
+
+/// `B v` (6 → 6): the adjoint of the input transform.
+#[inline(always)]
+fn b<T: Float, const N: usize>(v: &Vecs<T, N, 6>) -> Vecs<T, N, 6> {
+    let (two, four, five) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(5.0));
+    let mut a = [[T::zero(); N]; 6];
+    for l in 0..N {
+        let [v0, v1, v2, v3, v4, v5] = [v[0][l], v[1][l], v[2][l], v[3][l], v[4][l], v[5][l]];
+        a[0][l] = four * v0;
+        a[1][l] = four * ((v2 - v1) + v5) + two * (v4 - v3);
+        a[2][l] = -(five * v0 + four * (v1 + v2) + (v3 + v4));
+        a[3][l] = (v1 - v2) + two * (v3 - v4) - five * v5;
+        a[4][l] = v0 + (v1 + v2) + (v3 + v4);
+        a[5][l] = v5;
+    }
+    a
+}
+
+/// `Aᵀ m` (6 → 4): the output transform.
+#[inline(always)]
+fn at<T: Float, const N: usize>(m: &Vecs<T, N, 6>) -> Vecs<T, N, 4> {
+    let (two, four, eight) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(8.0));
+    let mut o = [[T::zero(); N]; 4];
+    for l in 0..N {
+        let [m0, m1, m2, m3, m4, m5] = [m[0][l], m[1][l], m[2][l], m[3][l], m[4][l], m[5][l]];
+        let (p12, d12, p34, d34) = (m1 + m2, m1 - m2, m3 + m4, m3 - m4);
+        o[0][l] = m0 + p12 + p34;
+        o[1][l] = d12 + two * d34;
+        o[2][l] = p12 + four * p34;
+        o[3][l] = d12 + eight * d34 + m5;
+    }
+    o
+}
+
+/// `A o` (4 → 6): the adjoint of the output transform.
+#[inline(always)]
+fn a<T: Float, const N: usize>(o: &Vecs<T, N, 4>) -> Vecs<T, N, 6> {
+    let (two, four, eight) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(8.0));
+    let mut p = [[T::zero(); N]; 6];
+    for l in 0..N {
+        let [o0, o1, o2, o3] = [o[0][l], o[1][l], o[2][l], o[3][l]];
+        let (even, odd) = (o0 + o2, o1 + o3);
+        let (even2, odd2) = (o0 + four * o2, two * o1 + eight * o3);
+        p[0][l] = o0;
+        p[1][l] = even + odd;
+        p[2][l] = even - odd;
+        p[3][l] = even2 + odd2;
+        p[4][l] = even2 - odd2;
+        p[5][l] = o3;
+    }
+    p
+}
+
+/// `G g` (3 → 6): the filter transform.
+#[inline(always)]
+fn gf<T: Float, const N: usize>(g: &Vecs<T, N, 3>) -> Vecs<T, N, 6> {
+    let (q, s, e, t) = (
+        T::from_f64(0.25),
+        T::from_f64(1.0 / 6.0),
+        T::from_f64(1.0 / 12.0),
+        T::from_f64(1.0 / 24.0),
+    );
+    let mut u = [[T::zero(); N]; 6];
+    for l in 0..N {
+        let [g0, g1, g2] = [g[0][l], g[1][l], g[2][l]];
+        let (outer, outer4) = (g0 + g2, t * g0 + s * g2);
+        u[0][l] = q * g0;
+        u[1][l] = -(s * (outer + g1));
+        u[2][l] = -(s * (outer - g1));
+        u[3][l] = outer4 + e * g1;
+        u[4][l] = outer4 - e * g1;
+        u[5][l] = g2;
+    }
+    u
+}
+
+/// `Gᵀ u` (6 → 3): the adjoint of the filter transform.
+#[inline(always)]
+fn gt<T: Float, const N: usize>(u: &Vecs<T, N, 6>) -> Vecs<T, N, 3> {
+    let (q, s, e, t) = (
+        T::from_f64(0.25),
+        T::from_f64(1.0 / 6.0),
+        T::from_f64(1.0 / 12.0),
+        T::from_f64(1.0 / 24.0),
+    );
+    let mut r = [[T::zero(); N]; 3];
+    for l in 0..N {
+        let [u0, u1, u2, u3, u4, u5] = [u[0][l], u[1][l], u[2][l], u[3][l], u[4][l], u[5][l]];
+        let (p12, p34) = (u1 + u2, u3 + u4);
+        r[0][l] = q * u0 - s * p12 + t * p34;
+        r[1][l] = s * (u2 - u1) + e * (u3 - u4);
+        r[2][l] = s * (p34 - p12) + u5;
+    }
+    r
+}
+
+/// `f` on every column of a `Q × Q` tile, then on every row: `F d Fᵀ` for the matrix `F` of
+/// `f` (`P × Q`).
+#[inline(always)]
+fn two_d<T: Float, const N: usize, const Q: usize, const P: usize>(
+    d: &Tile<T, N, Q>,
+    f: impl Fn(&Vecs<T, N, Q>) -> Vecs<T, N, P>,
+) -> Tile<T, N, P> {
+    let mut cols = [[[T::zero(); N]; Q]; P];
+    for j in 0..Q {
+        let mut col = [[T::zero(); N]; Q];
+        for i in 0..Q {
+            col[i] = d[i][j];
+        }
+        let t = f(&col);
+        for i in 0..P {
+            cols[i][j] = t[i];
+        }
+    }
+    let mut out = [[[T::zero(); N]; P]; P];
+    for i in 0..P {
+        out[i] = f(&cols[i]);
+    }
+    out
+}
+
+/// The tiles of a shape: `th × tw` per image, 4 × 4 outputs each (the last row and column of
+/// tiles cut where the image ends).
+#[derive(Clone, Copy)]
+struct Grid {
+    n: usize,
+    h: usize,
+    w: usize,
+    th: usize,
+    tw: usize,
+}
+
+impl Grid {
+    fn new(sh: &ConvShape) -> Grid {
+        Grid {
+            n: sh.n,
+            h: sh.h,
+            w: sh.w,
+            th: sh.h.div_ceil(4),
+            tw: sh.w.div_ceil(4),
+        }
+    }
+    fn per_image(&self) -> usize {
+        self.th * self.tw
+    }
+    fn tiles(&self) -> usize {
+        self.n * self.per_image()
+    }
+    /// Tile `t`'s image and the top-left output pixel.
+    fn origin(&self, t: usize) -> (usize, usize, usize) {
+        let (img, r) = (t / self.per_image(), t % self.per_image());
+        (img, 4 * (r / self.tw), 4 * (r % self.tw))
+    }
+}
+
+/// Calls `f(c0, N)` over `c` channels in blocks of `LANES`, the rest one at a time, each
+/// block through the lane count it needs.
+macro_rules! by_lanes {
+    ($c:expr, |$c0:ident, $n:ident| $body:block) => {{
+        let full = $c / LANES * LANES;
+        for $c0 in (0..full).step_by(LANES) {
+            const $n: usize = LANES;
+            $body
+        }
+        for $c0 in full..$c {
+            const $n: usize = 1;
+            $body
+        }
+    }};
+}
+
+/// A raw pointer the transform tasks write through, each to places no other task writes.
+#[derive(Clone, Copy)]
+struct Out<T>(*mut T);
+// SAFETY: the tasks write disjoint elements (see each use).
+unsafe impl<T> Send for Out<T> {}
+unsafe impl<T> Sync for Out<T> {}
+
+impl<T> Out<T> {
+    /// The place `i` elements on.
+    ///
+    /// # Safety
+    /// As `pointer::add`.
+    #[inline(always)]
+    unsafe fn at(self, i: usize) -> *mut T {
+        // SAFETY: the caller's contract.
+        unsafe { self.0.add(i) }
+    }
+}
+
+/// Tiles per transform task: enough to amortise the task, small enough to balance.
+const TILES_PER_TASK: usize = 32;
+
+/// Runs `f(t)` for every tile `t`, in tasks of `TILES_PER_TASK` tiles spread over the pool,
+/// compiled for the CPU's widest vectors.
+fn each_tile(tiles: usize, f: impl Fn(usize) + Sync) {
+    (0..tiles.div_ceil(TILES_PER_TASK))
+        .into_par_iter()
+        .for_each(|task| {
+            simd(
+                #[inline(always)]
+                || {
+                    for t in task * TILES_PER_TASK..((task + 1) * TILES_PER_TASK).min(tiles) {
+                        f(t)
+                    }
+                },
+            )
+        });
+}
+
+/// Writes the points of a transformed tile to `out[(ξ · tiles + t) · ld + c0 ..]`.
+///
+/// # Safety
+/// Those places are inside `out`'s allocation and written by no other thread.
+#[inline(always)]
+unsafe fn scatter_points<T: Float, const N: usize>(
+    tile: &Tile<T, N, 6>,
+    out: Out<T>,
+    (tiles, t, ld, c0): (usize, usize, usize, usize),
+) {
+    for (xi, lanes) in tile.iter().flatten().enumerate() {
+        // SAFETY: the caller's contract.
+        let p = unsafe { out.at((xi * tiles + t) * ld + c0) };
+        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), p, N) };
+    }
+}
+
+/// The points of tile `t` read from `src[(ξ · tiles + t) · ld + c0 ..]`.
+#[inline(always)]
+fn gather_points<T: Float, const N: usize>(
+    src: &[T],
+    (tiles, t, ld, c0): (usize, usize, usize, usize),
+) -> Tile<T, N, 6> {
+    let mut tile = [[[T::zero(); N]; 6]; 6];
+    for (xi, lanes) in tile.iter_mut().flatten().enumerate() {
+        let at = (xi * tiles + t) * ld + c0;
+        lanes.copy_from_slice(&src[at..at + N]);
+    }
+    tile
+}
+
+/// `V[ξ][t][c] = (Bᵀ d B)[ξ]` for every tile `t` of `x` (NHWC, `c` channels; zero outside).
+fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
+    let tiles = g.tiles();
+    assert_eq!(v.len(), XI * tiles * c);
+    let out = Out(v.as_mut_ptr());
+    each_tile(tiles, |t| {
+        let (img, oy, ox) = g.origin(t);
+        by_lanes!(c, |c0, N| {
+            let mut d = [[[T::zero(); N]; 6]; 6];
+            for (a, row) in d.iter_mut().enumerate() {
+                let iy = oy + a;
+                if iy == 0 || iy > g.h {
+                    continue;
+                }
+                for (bb, lanes) in row.iter_mut().enumerate() {
+                    let ix = ox + bb;
+                    if ix == 0 || ix > g.w {
+                        continue;
+                    }
+                    let at = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
+                    lanes.copy_from_slice(&x[at..at + N]);
+                }
+            }
+            // SAFETY: tile t's points, inside v (length checked), written by this task alone.
+            unsafe { scatter_points(&two_d(&d, bt), out, (tiles, t, c, c0)) };
+        });
+    });
+}
+
+/// `dM[ξ][t][k] = (A dY Aᵀ)[ξ]` for every tile of the output gradient `dy` (NHWC, `k`
+/// channels; zero past the image): the adjoint of the output transform.
+fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]) {
+    let tiles = g.tiles();
+    assert_eq!(dm.len(), XI * tiles * k);
+    let out = Out(dm.as_mut_ptr());
+    each_tile(tiles, |t| {
+        let (img, oy, ox) = g.origin(t);
+        by_lanes!(k, |k0, N| {
+            let mut d = [[[T::zero(); N]; 4]; 4];
+            for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
+                for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
+                    let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                    lanes.copy_from_slice(&dy[at..at + N]);
+                }
+            }
+            // SAFETY: as in input_transform.
+            unsafe { scatter_points(&two_d(&d, a), out, (tiles, t, k, k0)) };
+        });
+    });
+}
+
+/// `y = Aᵀ M A` for every tile, the parts inside the image written (every output belongs to
+/// exactly one tile).
+fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T>]) {
+    let tiles = g.tiles();
+    assert_eq!(m.len(), XI * tiles * k);
+    assert_eq!(y.len(), g.n * g.h * g.w * k);
+    let out = Out(y.as_mut_ptr() as *mut T);
+    each_tile(tiles, |t| {
+        let (img, oy, ox) = g.origin(t);
+        by_lanes!(k, |k0, N| {
+            let ty = two_d(&gather_points::<T, N>(m, (tiles, t, k, k0)), at);
+            for (i, row) in ty.iter().enumerate().take(g.h - oy) {
+                for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
+                    let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                    // SAFETY: inside y (length checked); this output belongs to tile t alone.
+                    unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+                }
+            }
+        });
+    });
+}
+
+/// `dx += B dV Bᵀ` for every tile, the parts inside the image: the adjoint of the input
+/// transform. Neighbouring tiles' input blocks overlap (by two pixels), so an image's tiles
+/// are added by one task, in order.
+fn input_gradient_transform<T: Float>(dv: &[T], g: Grid, c: usize, dx: &mut [T]) {
+    let tiles = g.tiles();
+    assert_eq!(dv.len(), XI * tiles * c);
+    dx.par_chunks_mut(g.h * g.w * c)
+        .enumerate()
+        .for_each(|(img, dx_img)| {
+            simd(
+                #[inline(always)]
+                || {
+                    for t in img * g.per_image()..(img + 1) * g.per_image() {
+                        let (_, oy, ox) = g.origin(t);
+                        by_lanes!(c, |c0, N| {
+                            let dd = two_d(&gather_points::<T, N>(dv, (tiles, t, c, c0)), b);
+                            for (a, row) in dd.iter().enumerate() {
+                                let iy = oy + a;
+                                if iy == 0 || iy > g.h {
+                                    continue;
+                                }
+                                for (bb, lanes) in row.iter().enumerate() {
+                                    let ix = ox + bb;
+                                    if ix == 0 || ix > g.w {
+                                        continue;
+                                    }
+                                    let at = ((iy - 1) * g.w + ix - 1) * c + c0;
+                                    for (d, &e) in dx_img[at..at + N].iter_mut().zip(lanes) {
+                                        *d += e;
+                                    }
+                                }
+                            }
+                        });
+                    }
+                },
+            )
+        });
+}
+
+/// `U[ξ][c][k] = (G g Gᵀ)[ξ]` for the RSCK filter `w`.
+fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
+    assert_eq!(w.len(), 9 * c * k);
+    assert_eq!(u.len(), XI * c * k);
+    let out = Out(u.as_mut_ptr());
+    each_tile(c, |ci| {
+        by_lanes!(k, |k0, N| {
+            let mut d = [[[T::zero(); N]; 3]; 3];
+            for (r, row) in d.iter_mut().enumerate() {
+                for (s, lanes) in row.iter_mut().enumerate() {
+                    let at = ((r * 3 + s) * c + ci) * k + k0;
+                    lanes.copy_from_slice(&w[at..at + N]);
+                }
+            }
+            // SAFETY: row ci of every U[ξ], inside u (length checked), this task's alone.
+            unsafe { scatter_points(&two_d(&d, gf), out, (c, ci, k, k0)) };
+        });
+    });
+}
+
+/// `dw = Gᵀ dU G` into the RSCK filter gradient: the adjoint of the filter transform.
+fn filter_gradient_transform<T: Float>(du: &[T], c: usize, k: usize, dw: &mut [T]) {
+    assert_eq!(dw.len(), 9 * c * k);
+    assert_eq!(du.len(), XI * c * k);
+    let out = Out(dw.as_mut_ptr());
+    each_tile(c, |ci| {
+        by_lanes!(k, |k0, N| {
+            let tg = two_d(&gather_points::<T, N>(du, (c, ci, k, k0)), gt);
+            for (r, row) in tg.iter().enumerate() {
+                for (s, lanes) in row.iter().enumerate() {
+                    let at = ((r * 3 + s) * c + ci) * k + k0;
+                    // SAFETY: inside dw (length checked); row ci is this task's alone.
+                    unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+                }
+            }
+        });
+    });
+}
+
+/// The 36 products `out[ξ] = a[ξ] · b[ξ]` (`m × n` each, reduction `depth`), one thread each,
+/// spread over the pool. `a(ξ)` and `b(ξ)` give each product's operands.
+///
+/// # Safety
+/// The operands must cover the matrices they describe; `out` holds `36 · m · n` elements.
+unsafe fn products<T: Float>(
+    (m, n, depth): (usize, usize, usize),
+    out: &mut [T],
+    a: impl Fn(usize) -> Mat<T> + Sync,
+    b: impl Fn(usize) -> Mat<T> + Sync,
+) {
+    assert_eq!(out.len(), XI * m * n);
+    out.par_chunks_mut(m * n).enumerate().for_each(|(xi, o)| {
+        // SAFETY: the caller's contract; o is m × n, dense.
+        unsafe { native_gemm(m, n, depth, o.as_mut_ptr(), n, false, a(xi), b(xi), false) }
+    });
+}
+
+/// Splits this thread's scratch into buffers of the given lengths (contents unspecified).
+fn with_buffers<T: Float, R, const K: usize>(
+    lens: [usize; K],
+    f: impl FnOnce([&mut [T]; K]) -> R,
+) -> R {
+    T::with_scratch(lens.iter().sum(), |all| {
+        let mut rest = all;
+        let bufs = lens.map(|len| {
+            let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+            rest = tail;
+            head
+        });
+        f(bufs)
+    })
+}
+
+/// `y = conv(x, w)` (every element of `y` written).
+pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &ConvShape) {
+    assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
+    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let tiles = g.tiles();
+    with_buffers([XI * c * k, XI * tiles * c, XI * tiles * k], |[u, v, m]| {
+        rayon::join(
+            || filter_transform(w, c, k, u),
+            || input_transform(x, g, c, v),
+        );
+        let (u, v) = (&*u, &*v);
+        // SAFETY: V[ξ] is tiles × c, U[ξ] is c × k, both dense.
+        unsafe {
+            products(
+                (tiles, k, c),
+                m,
+                |xi| Mat::rows(v[xi * tiles * c..].as_ptr(), c),
+                |xi| Mat::rows(u[xi * c * k..].as_ptr(), k),
+            )
+        };
+        output_transform(m, g, k, y);
+    })
+}
+
+/// `dx (+)= ∂L/∂x` from `dy`: added to what `dx` holds where `accumulate`, written over it
+/// otherwise.
+///
+/// # Safety
+/// With `accumulate`, every element of `dx` is initialised.
+pub unsafe fn backward_data<T: Float>(
+    dy: &[T],
+    w: &[T],
+    dx: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+    accumulate: bool,
+) {
+    assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
+    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let tiles = g.tiles();
+    let dx = if accumulate {
+        // SAFETY: initialised (the contract).
+        unsafe { &mut *(dx as *mut [MaybeUninit<T>] as *mut [T]) }
+    } else {
+        fill_uninit(dx, T::zero())
+    };
+    with_buffers(
+        [XI * c * k, XI * tiles * k, XI * tiles * c],
+        |[u, dm, dv]| {
+            rayon::join(
+                || filter_transform(w, c, k, u),
+                || output_gradient_transform(dy, g, k, dm),
+            );
+            let (u, dm) = (&*u, &*dm);
+            // SAFETY: dM[ξ] is tiles × k, U[ξ]ᵀ is k × c (U[ξ] c × k, row-major).
+            unsafe {
+                products(
+                    (tiles, c, k),
+                    dv,
+                    |xi| Mat::rows(dm[xi * tiles * k..].as_ptr(), k),
+                    |xi| Mat::transposed(u[xi * c * k..].as_ptr(), k),
+                )
+            };
+            input_gradient_transform(dv, g, c, dx);
+        },
+    )
+}
+
+/// `dw = ∂L/∂w` from the layer's input `x` and `dy` (written over `dw`).
+pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape) {
+    assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
+    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let tiles = g.tiles();
+    with_buffers(
+        [XI * tiles * c, XI * tiles * k, XI * c * k],
+        |[v, dm, du]| {
+            rayon::join(
+                || input_transform(x, g, c, v),
+                || output_gradient_transform(dy, g, k, dm),
+            );
+            let (v, dm) = (&*v, &*dm);
+            // SAFETY: V[ξ]ᵀ is c × tiles (V[ξ] tiles × c, row-major), dM[ξ] is tiles × k.
+            unsafe {
+                products(
+                    (c, k, tiles),
+                    du,
+                    |xi| Mat::transposed(v[xi * tiles * c..].as_ptr(), c),
+                    |xi| Mat::rows(dm[xi * tiles * k..].as_ptr(), k),
+                )
+            };
+            filter_gradient_transform(du, c, k, dw);
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests;
