@@ -304,28 +304,32 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
     let tiles = g.tiles();
     assert_eq!(v.len(), XI * tiles * c);
     let out = Out(v.as_mut_ptr());
-    each_tile(tiles, |t| {
-        let (img, oy, ox) = g.origin(t);
-        by_lanes!(c, |c0, N| {
-            let mut d = [[[T::zero(); N]; 6]; 6];
-            for (a, row) in d.iter_mut().enumerate() {
-                let iy = oy + a;
-                if iy == 0 || iy > g.h {
-                    continue;
-                }
-                for (bb, lanes) in row.iter_mut().enumerate() {
-                    let ix = ox + bb;
-                    if ix == 0 || ix > g.w {
+    each_tile(
+        tiles,
+        #[inline(always)]
+        |t| {
+            let (img, oy, ox) = g.origin(t);
+            by_lanes!(c, |c0, N| {
+                let mut d = [[[T::zero(); N]; 6]; 6];
+                for (a, row) in d.iter_mut().enumerate() {
+                    let iy = oy + a;
+                    if iy == 0 || iy > g.h {
                         continue;
                     }
-                    let at = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
-                    lanes.copy_from_slice(&x[at..at + N]);
+                    for (bb, lanes) in row.iter_mut().enumerate() {
+                        let ix = ox + bb;
+                        if ix == 0 || ix > g.w {
+                            continue;
+                        }
+                        let at = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
+                        lanes.copy_from_slice(&x[at..at + N]);
+                    }
                 }
-            }
-            // SAFETY: tile t's points, inside v (length checked), written by this task alone.
-            unsafe { scatter_points(&two_d(&d, bt), out, (tiles, t, c, c0)) };
-        });
-    });
+                // SAFETY: tile t's points, inside v (length checked), written by this task alone.
+                unsafe { scatter_points(&two_d(&d, bt), out, (tiles, t, c, c0)) };
+            });
+        },
+    );
 }
 
 /// `dM[ξ][t][k] = (A dY Aᵀ)[ξ]` for every tile of the output gradient `dy` (NHWC, `k`
@@ -334,20 +338,24 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
     let tiles = g.tiles();
     assert_eq!(dm.len(), XI * tiles * k);
     let out = Out(dm.as_mut_ptr());
-    each_tile(tiles, |t| {
-        let (img, oy, ox) = g.origin(t);
-        by_lanes!(k, |k0, N| {
-            let mut d = [[[T::zero(); N]; 4]; 4];
-            for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
-                for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
-                    let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                    lanes.copy_from_slice(&dy[at..at + N]);
+    each_tile(
+        tiles,
+        #[inline(always)]
+        |t| {
+            let (img, oy, ox) = g.origin(t);
+            by_lanes!(k, |k0, N| {
+                let mut d = [[[T::zero(); N]; 4]; 4];
+                for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
+                    for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
+                        let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                        lanes.copy_from_slice(&dy[at..at + N]);
+                    }
                 }
-            }
-            // SAFETY: as in input_transform.
-            unsafe { scatter_points(&two_d(&d, a), out, (tiles, t, k, k0)) };
-        });
-    });
+                // SAFETY: as in input_transform.
+                unsafe { scatter_points(&two_d(&d, a), out, (tiles, t, k, k0)) };
+            });
+        },
+    );
 }
 
 /// `y = Aᵀ M A` for every tile, the parts inside the image written (every output belongs to
@@ -357,19 +365,23 @@ fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T
     assert_eq!(m.len(), XI * tiles * k);
     assert_eq!(y.len(), g.n * g.h * g.w * k);
     let out = Out(y.as_mut_ptr() as *mut T);
-    each_tile(tiles, |t| {
-        let (img, oy, ox) = g.origin(t);
-        by_lanes!(k, |k0, N| {
-            let ty = two_d(&gather_points::<T, N>(m, (tiles, t, k, k0)), at);
-            for (i, row) in ty.iter().enumerate().take(g.h - oy) {
-                for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
-                    let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                    // SAFETY: inside y (length checked); this output belongs to tile t alone.
-                    unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+    each_tile(
+        tiles,
+        #[inline(always)]
+        |t| {
+            let (img, oy, ox) = g.origin(t);
+            by_lanes!(k, |k0, N| {
+                let ty = two_d(&gather_points::<T, N>(m, (tiles, t, k, k0)), at);
+                for (i, row) in ty.iter().enumerate().take(g.h - oy) {
+                    for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
+                        let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                        // SAFETY: inside y (length checked); this output belongs to tile t alone.
+                        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+                    }
                 }
-            }
-        });
-    });
+            });
+        },
+    );
 }
 
 /// `dx += B dV Bᵀ` for every tile, the parts inside the image: the adjoint of the input
@@ -416,19 +428,23 @@ fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
     assert_eq!(w.len(), 9 * c * k);
     assert_eq!(u.len(), XI * c * k);
     let out = Out(u.as_mut_ptr());
-    each_tile(c, |ci| {
-        by_lanes!(k, |k0, N| {
-            let mut d = [[[T::zero(); N]; 3]; 3];
-            for (r, row) in d.iter_mut().enumerate() {
-                for (s, lanes) in row.iter_mut().enumerate() {
-                    let at = ((r * 3 + s) * c + ci) * k + k0;
-                    lanes.copy_from_slice(&w[at..at + N]);
+    each_tile(
+        c,
+        #[inline(always)]
+        |ci| {
+            by_lanes!(k, |k0, N| {
+                let mut d = [[[T::zero(); N]; 3]; 3];
+                for (r, row) in d.iter_mut().enumerate() {
+                    for (s, lanes) in row.iter_mut().enumerate() {
+                        let at = ((r * 3 + s) * c + ci) * k + k0;
+                        lanes.copy_from_slice(&w[at..at + N]);
+                    }
                 }
-            }
-            // SAFETY: row ci of every U[ξ], inside u (length checked), this task's alone.
-            unsafe { scatter_points(&two_d(&d, gf), out, (c, ci, k, k0)) };
-        });
-    });
+                // SAFETY: row ci of every U[ξ], inside u (length checked), this task's alone.
+                unsafe { scatter_points(&two_d(&d, gf), out, (c, ci, k, k0)) };
+            });
+        },
+    );
 }
 
 /// `dw = Gᵀ dU G` into the RSCK filter gradient: the adjoint of the filter transform.
@@ -436,18 +452,22 @@ fn filter_gradient_transform<T: Float>(du: &[T], c: usize, k: usize, dw: &mut [T
     assert_eq!(dw.len(), 9 * c * k);
     assert_eq!(du.len(), XI * c * k);
     let out = Out(dw.as_mut_ptr());
-    each_tile(c, |ci| {
-        by_lanes!(k, |k0, N| {
-            let tg = two_d(&gather_points::<T, N>(du, (c, ci, k, k0)), gt);
-            for (r, row) in tg.iter().enumerate() {
-                for (s, lanes) in row.iter().enumerate() {
-                    let at = ((r * 3 + s) * c + ci) * k + k0;
-                    // SAFETY: inside dw (length checked); row ci is this task's alone.
-                    unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+    each_tile(
+        c,
+        #[inline(always)]
+        |ci| {
+            by_lanes!(k, |k0, N| {
+                let tg = two_d(&gather_points::<T, N>(du, (c, ci, k, k0)), gt);
+                for (r, row) in tg.iter().enumerate() {
+                    for (s, lanes) in row.iter().enumerate() {
+                        let at = ((r * 3 + s) * c + ci) * k + k0;
+                        // SAFETY: inside dw (length checked); row ci is this task's alone.
+                        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
+                    }
                 }
-            }
-        });
-    });
+            });
+        },
+    );
 }
 
 /// The 36 products `out[ξ] = a[ξ] · b[ξ]` (`m × n` each, reduction `depth`), one thread each,
