@@ -38,8 +38,8 @@ type Vecs<T, const N: usize, const R: usize> = [[T; N]; R];
 /// A tile of `N` channels: `R × R` points.
 type Tile<T, const N: usize, const R: usize> = [Vecs<T, N, R>; R];
 
-// The one-dimensional transforms, written out (a loop over the matrices' entries left their
-// zeros and ones to run time: 3× slower transforms). `tests` holds the matrices of Lavin &
+// The one-dimensional transforms, written out (a loop over the matrices' entries compared
+// their zeros and ones at run time, and the transforms took most of the layer's time). `tests` holds the matrices of Lavin &
 // Gray (points 0, ±1, ±2, ∞) and checks each formula against its matrix or its transpose.
 
 /// `Bᵀ d` (6 → 6): the input transform.
@@ -248,20 +248,21 @@ impl<T> Out<T> {
     }
 }
 
-/// Tiles per transform task: enough to amortise the task, small enough to balance.
-const TILES_PER_TASK: usize = 32;
+/// Items (tiles, or filter rows) per transform task: enough to amortise the task, small
+/// enough to balance.
+const PER_TASK: usize = 32;
 
-/// Runs `f(t)` for every tile `t`, in tasks of `TILES_PER_TASK` tiles spread over the pool,
-/// compiled for the CPU's widest vectors.
-fn each_tile(tiles: usize, f: impl Fn(usize) + Sync) {
-    (0..tiles.div_ceil(TILES_PER_TASK))
+/// Runs `f(i)` for every `i < count` (a tile, or a filter row), in tasks of `PER_TASK` spread
+/// over the pool, compiled for the CPU's widest vectors.
+fn in_tasks(count: usize, f: impl Fn(usize) + Sync) {
+    (0..count.div_ceil(PER_TASK))
         .into_par_iter()
         .for_each(|task| {
             simd(
                 #[inline(always)]
                 || {
-                    for t in task * TILES_PER_TASK..((task + 1) * TILES_PER_TASK).min(tiles) {
-                        f(t)
+                    for i in task * PER_TASK..((task + 1) * PER_TASK).min(count) {
+                        f(i)
                     }
                 },
             )
@@ -304,7 +305,7 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
     let tiles = g.tiles();
     assert_eq!(v.len(), XI * tiles * c);
     let out = Out(v.as_mut_ptr());
-    each_tile(
+    in_tasks(
         tiles,
         #[inline(always)]
         |t| {
@@ -338,7 +339,7 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
     let tiles = g.tiles();
     assert_eq!(dm.len(), XI * tiles * k);
     let out = Out(dm.as_mut_ptr());
-    each_tile(
+    in_tasks(
         tiles,
         #[inline(always)]
         |t| {
@@ -365,7 +366,7 @@ fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T
     assert_eq!(m.len(), XI * tiles * k);
     assert_eq!(y.len(), g.n * g.h * g.w * k);
     let out = Out(y.as_mut_ptr() as *mut T);
-    each_tile(
+    in_tasks(
         tiles,
         #[inline(always)]
         |t| {
@@ -428,7 +429,7 @@ fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
     assert_eq!(w.len(), 9 * c * k);
     assert_eq!(u.len(), XI * c * k);
     let out = Out(u.as_mut_ptr());
-    each_tile(
+    in_tasks(
         c,
         #[inline(always)]
         |ci| {
@@ -452,7 +453,7 @@ fn filter_gradient_transform<T: Float>(du: &[T], c: usize, k: usize, dw: &mut [T
     assert_eq!(dw.len(), 9 * c * k);
     assert_eq!(du.len(), XI * c * k);
     let out = Out(dw.as_mut_ptr());
-    each_tile(
+    in_tasks(
         c,
         #[inline(always)]
         |ci| {
