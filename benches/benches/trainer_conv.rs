@@ -5,6 +5,8 @@
 //! keeps the layers whose names contain one of a, b; `ROOFLINE_BENCH_BATCH` sets the batch;
 //! `ROOFLINE_BENCH_PRECISION=bf16` runs them as `--precision bf16` does (bf16 products, f32
 //! sums: hold them against `cpu/gemm/bf16/all`), with the names suffixed `_bf16`.
+//! `ROOFLINE_CONV=im2col` runs the f32 3×3 stride-1 layers on im2col instead of Winograd's
+//! F(4×4, 3×3) (whose rate counts the direct convolution's FLOPs, so it can pass the ceiling).
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use roofline_kernels::cpu::conv::resnet50_layers;
