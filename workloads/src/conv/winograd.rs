@@ -30,7 +30,13 @@ const LANES: usize = 16;
 /// Whether a convolution of this shape is one this module computes: 3×3, stride 1, padding 1
 /// (the shape of ResNet's inner 3×3 layers but the first of layers 2–4, strided).
 pub fn applies(sh: &ConvShape) -> bool {
-    sh.r == 3 && sh.s == 3 && sh.stride == 1 && sh.pad == 1 && sh.valid()
+    sh.r == sh.s && applies_to(sh.r, sh.stride, sh.pad) && sh.valid()
+}
+
+/// `applies` for a square `kernel × kernel` window moved by `stride` with `pad` (the rule
+/// `place` also reads, from the model's layer list).
+pub fn applies_to(kernel: usize, stride: usize, pad: usize) -> bool {
+    kernel == 3 && stride == 1 && pad == 1
 }
 
 /// `R` vectors of `N` channels: a row or a column of a tile.

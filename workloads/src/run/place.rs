@@ -122,15 +122,12 @@ pub fn measured(
             .iter()
             .map(|l| 4.0 * (local * (l.inputs + l.outputs) + 3.0 * l.params))
             .sum();
-        let winograd = ls.iter().any(|l| {
-            matches!(
-                l.kind,
-                accounting::Kind::Conv {
-                    kernel: 3,
-                    stride: 1,
-                    ..
-                }
-            )
+        // The model's convolutions are padded by kernel / 2.
+        let winograd = ls.iter().any(|l| match l.kind {
+            accounting::Kind::Conv { kernel, stride, .. } => {
+                crate::conv::winograd::applies_to(kernel, stride, kernel / 2)
+            }
+            _ => false,
         }) && winograd_ran(prep);
         layers.push(LayerTime {
             name,
