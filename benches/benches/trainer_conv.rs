@@ -13,6 +13,10 @@ use roofline_kernels::cpu::conv::resnet50_layers;
 use roofline_workloads::conv::{backward_data, backward_filter, forward};
 use roofline_workloads::tensor::{set_products, Bf16Gemm, Products};
 
+/// As the trainer: large blocks start on a cache line and come back from a cache.
+#[global_allocator]
+static ALLOC: roofline_workloads::alloc::Caching = roofline_workloads::alloc::Caching;
+
 fn data(len: usize, seed: f32) -> Vec<f32> {
     (0..len)
         .map(|i| ((i as f32 * 0.618 + seed).sin()) * 0.5)

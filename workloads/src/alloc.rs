@@ -10,6 +10,10 @@
 //! sweeps allocate many different sizes once, does not), and it holds at most the `cap` given to
 //! [`enable`]; the oldest cached block goes back to the system first.
 //!
+//! Whether or not the cache is on, it starts every block of at least [`MIN_BLOCK`] bytes on a
+//! cache line (`placed`): the bf16 products, whose AMX tiles read and write 64-byte rows of
+//! the activations, ran a ResNet-50 bf16 step 30% slower on glibc's blocks, 16 bytes past one.
+//!
 //! The binary installs it with `#[global_allocator]`; a library user who does not keeps the
 //! system allocator and loses nothing but the speed-up.
 
@@ -178,10 +182,28 @@ impl Caching {
     }
 }
 
+/// The layout a request is served with: blocks of at least [`MIN_BLOCK`] bytes start on a
+/// cache line (glibc's large blocks start 16 bytes past a page, so that every row of a tensor
+/// whose rows are a multiple of 64 bytes long crossed two cache lines: an AVX-512 store or an
+/// AMX tile row then touches two lines, and the bf16 products ran at half speed).
+fn placed(layout: Layout) -> Layout {
+    if layout.size() >= MIN_BLOCK && layout.align() < LINE {
+        // SAFETY: LINE is a power of two and the size was valid with a smaller alignment
+        // (sizes this large are far below isize::MAX rounded to a line).
+        unsafe { Layout::from_size_align_unchecked(layout.size(), LINE) }
+    } else {
+        layout
+    }
+}
+
+/// A cache line.
+const LINE: usize = 64;
+
 // SAFETY: every block handed out is either fresh from System or a System block of exactly the
 // requested size and alignment that nobody else holds (it left the cache under the lock).
 unsafe impl GlobalAlloc for Caching {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let layout = placed(layout);
         match Caching::take(layout) {
             Some(p) => p,
             None => System.alloc(layout),
@@ -189,6 +211,7 @@ unsafe impl GlobalAlloc for Caching {
     }
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let layout = placed(layout);
         match Caching::take(layout) {
             Some(p) => {
                 std::ptr::write_bytes(p, 0, layout.size());
@@ -199,6 +222,7 @@ unsafe impl GlobalAlloc for Caching {
     }
 
     unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        let layout = placed(layout);
         if !Caching::keep(ptr, layout) {
             System.dealloc(ptr, layout)
         }
@@ -259,6 +283,16 @@ mod tests {
             a.dealloc(t, small);
         }
         assert!(stats().0 > h0);
+        // A large block asked with a small alignment starts on a cache line, cached or not.
+        let rows = Layout::from_size_align(MIN_BLOCK + 4, 4).unwrap();
+        for _ in 0..2 {
+            // SAFETY: as above.
+            unsafe {
+                let p = a.alloc(rows);
+                assert_eq!(p as usize % 64, 0);
+                a.dealloc(p, rows);
+            }
+        }
         disable();
         assert_eq!(CACHE.lock().unwrap().bytes, 0);
         assert!(

@@ -112,11 +112,15 @@ fn scratch_run<T: Copy + Default, R>(
     len: usize,
     f: impl FnOnce(&mut [T]) -> R,
 ) -> R {
+    // From a cache line on: a buffer under `alloc::MIN_BLOCK` starts 16 bytes past one, and its
+    // 64-byte rows (im2col patches, Winograd's tiles) would each span two lines.
+    let pad = 64 / std::mem::size_of::<T>().max(1);
     let mut v = slot.take();
-    if v.len() < len {
-        v.resize(len, T::default());
+    if v.len() < len + pad {
+        v.resize(len + pad, T::default());
     }
-    let r = f(&mut v[..len]);
+    let off = v.as_ptr().align_offset(64).min(pad);
+    let r = f(&mut v[off..off + len]);
     slot.set(v);
     r
 }

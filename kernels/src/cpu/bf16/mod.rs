@@ -21,7 +21,7 @@ pub use micro::{MR, NR};
 pub(crate) use pack::transpose16;
 pub use pack::{round, round_slice, Source};
 
-use super::tiles::{empty_product, scratch, threads, Dest, SendPtr};
+use super::tiles::{empty_product, line, pad, scratch, threads, Dest, SendPtr};
 use pack::View;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -206,10 +206,12 @@ impl Bf16Gemm {
                 len += NC.min(n - jc).div_ceil(NR) * KC.min(k - pc).div_ceil(2) * NR;
             }
         }
-        let mut words = vec![0u32; len];
+        // From a cache line on (`line`).
+        let mut words = vec![0u32; len + pad::<u32>()];
+        let base = line(&mut words, len).as_ptr().offset_from(words.as_ptr()) as usize;
         // Every panel on its own: (column, k, panel, its words).
         let mut panels = Vec::new();
-        let mut rest = &mut words[..];
+        let mut rest = &mut words[base..base + len];
         for jc in (0..n).step_by(NC) {
             for pc in (0..k).step_by(KC) {
                 let size = KC.min(k - pc).div_ceil(2) * NR;
@@ -232,6 +234,7 @@ impl Bf16Gemm {
             k,
             n,
             words,
+            base,
             offsets,
         }
     }
@@ -288,8 +291,9 @@ impl Bf16Gemm {
         // Buffers as large as this product's blocks need (a small product, called once per
         // image by the trainer, does not zero the 512 KiB a full block takes).
         let max_pairs = KC.min(k).div_ceil(2);
+        let b_len = NC.min(n).next_multiple_of(NR) * max_pairs;
         let mut bpack = match rhs {
-            Rhs::Pack(_) => scratch(&B_SCRATCH, NC.min(n).next_multiple_of(NR) * max_pairs),
+            Rhs::Pack(_) => scratch(&B_SCRATCH, b_len),
             Rhs::Packed(_) => Vec::new(),
         };
         let kblocks = k.div_ceil(KC);
@@ -301,7 +305,7 @@ impl Bf16Gemm {
                 let pairs = kc.div_ceil(2);
                 let bpack: &[u32] = match rhs {
                     Rhs::Packed(p) => {
-                        let at = p.offsets[jb * kblocks + pb];
+                        let at = p.base + p.offsets[jb * kblocks + pb];
                         &p.words[at..at + npanels * pairs * NR]
                     }
                     Rhs::Pack(vb) => {
@@ -309,6 +313,7 @@ impl Bf16Gemm {
                             let cols = NR.min(nc - q * NR);
                             pack::panel(vb, jc + q * NR, cols, pc, kc, NR, out, vector)
                         };
+                        let bpack = line(&mut bpack, b_len);
                         let panels = bpack[..npanels * pairs * NR].chunks_mut(pairs * NR);
                         if threads > 1 {
                             panels
@@ -332,7 +337,7 @@ impl Bf16Gemm {
                 let mb = m.div_ceil(mblocks).next_multiple_of(rm).min(mc_max);
                 let mblocks = m.div_ceil(mb);
                 let groups = (threads / mblocks).clamp(1, npanels);
-                let task = |t: usize, apack: &mut Vec<u32>| {
+                let task = |t: usize, apack: &mut [u32]| {
                     let (ib, g) = (t / groups, t % groups);
                     let i0 = ib * mb;
                     let mc = mb.min(m - i0);
@@ -403,7 +408,7 @@ impl Bf16Gemm {
                 let a_len = (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs;
                 let run_task = |t: usize| {
                     let mut buf = scratch(&A_SCRATCH, a_len);
-                    task(t, &mut buf);
+                    task(t, line(&mut buf, a_len));
                     A_SCRATCH.set(buf);
                 };
                 if threads > 1 && mblocks * groups > 1 {
@@ -501,6 +506,8 @@ pub struct PackedB {
     k: usize,
     n: usize,
     words: Vec<u32>,
+    /// Where the packed words start in `words` (the first 64-byte boundary).
+    base: usize,
     /// Where block (column block, k block) starts, column-block major.
     offsets: Vec<usize>,
 }

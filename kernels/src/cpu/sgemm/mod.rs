@@ -17,7 +17,7 @@ mod micro;
 pub use micro::{MR, NR};
 
 use super::bf16::Operand;
-use super::tiles::{empty_product, scratch, threads, Dest, SendPtr};
+use super::tiles::{empty_product, line, pad, scratch, threads, Dest, SendPtr};
 use micro::Layout;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -80,12 +80,18 @@ impl F32Gemm {
     /// # Safety
     /// `b` must cover the k×n matrix its strides describe.
     pub unsafe fn pack_b(&self, k: usize, n: usize, b: Operand<f32>, parallel: bool) -> PackedF32 {
-        let mut values = vec![0f32; n.next_multiple_of(NR) * k];
+        let len = n.next_multiple_of(NR) * k;
+        let mut values = vec![0f32; len + pad::<f32>()];
+        // From a cache line on (`line`).
+        let base = line(&mut values, len).as_ptr().offset_from(values.as_ptr()) as usize;
         let parallel = parallel && rayon::current_num_threads() > 1;
-        for (jc, out) in (0..n).step_by(NC).zip(values.chunks_mut(NC * k)) {
+        for (jc, out) in (0..n)
+            .step_by(NC)
+            .zip(values[base..base + len].chunks_mut(NC * k))
+        {
             pack_block(b, jc, NC.min(n - jc), k, out, self.vector, parallel);
         }
-        PackedF32 { k, n, values }
+        PackedF32 { k, n, values, base }
     }
 
     /// `c[m×n] (+)= a[m×k] · b` with `b` from `pack_b` (k and n are its own); the same bits as
@@ -189,10 +195,10 @@ impl F32Gemm {
             match rhs {
                 Rhs::Packed(p) => {
                     // B's columns jc .. jc + nc, all of k, as `pack_block` lays them out.
-                    let b = &p.values[jc * k..jc * k + npanels * NR * k];
+                    let b = &p.values[p.base + jc * k..p.base + jc * k + npanels * NR * k];
                     let run_task = |t: usize| {
                         let mut buf = scratch(&A_SCRATCH, a_len);
-                        task(t, &mut buf, 0..kblocks, b);
+                        task(t, line(&mut buf, a_len), 0..kblocks, b);
                         A_SCRATCH.set(buf);
                     };
                     if par {
@@ -205,31 +211,34 @@ impl F32Gemm {
                     // On one thread, B's blocks are packed as they are needed, each used by
                     // every task in turn (a long reduction, all of B packed first, would go
                     // out of cache and back).
-                    if bpack.len() < block_len {
-                        bpack.resize(block_len, 0.0);
+                    if bpack.len() < block_len + pad::<f32>() {
+                        bpack.resize(block_len + pad::<f32>(), 0.0);
                     }
-                    let mut buf = scratch(&A_SCRATCH, a_len);
+                    let bpack = line(&mut bpack, block_len);
+                    let mut abuf = scratch(&A_SCRATCH, a_len);
+                    let buf = line(&mut abuf, a_len);
                     for pb in 0..kblocks {
                         let (pc, kc) = (pb * KC, KC.min(k - pb * KC));
                         for (q, out) in bpack[..npanels * kc * NR].chunks_mut(kc * NR).enumerate() {
                             pack_panel(b, jc + q * NR, NR.min(nc - q * NR), pc, kc, out, vector);
                         }
                         for t in 0..tasks {
-                            task(t, &mut buf, pb..pb + 1, &bpack);
+                            task(t, buf, pb..pb + 1, bpack);
                         }
                     }
-                    A_SCRATCH.set(buf);
+                    A_SCRATCH.set(abuf);
                 }
                 Rhs::Pack(b) => {
                     let len = npanels * NR * k;
-                    if bpack.len() < len {
-                        bpack.resize(len, 0.0);
+                    if bpack.len() < len + pad::<f32>() {
+                        bpack.resize(len + pad::<f32>(), 0.0);
                     }
-                    pack_block(b, jc, nc, k, &mut bpack[..len], vector, true);
-                    let b = &bpack[..len];
+                    let out = line(&mut bpack, len);
+                    pack_block(b, jc, nc, k, out, vector, true);
+                    let b = &*out;
                     (0..tasks).into_par_iter().for_each(|t| {
                         let mut buf = scratch(&A_SCRATCH, a_len);
-                        task(t, &mut buf, 0..kblocks, b);
+                        task(t, line(&mut buf, a_len), 0..kblocks, b);
                         A_SCRATCH.set(buf);
                     });
                 }
@@ -403,8 +412,10 @@ thread_local! {
 pub struct PackedF32 {
     k: usize,
     n: usize,
-    /// Column block jc (NC of n) at `jc·k`, as `pack_block` lays it out.
+    /// Column block jc (NC of n) at `base + jc·k`, as `pack_block` lays it out.
     values: Vec<f32>,
+    /// Where the packed values start in `values` (the first cache line, `line`).
+    base: usize,
 }
 
 impl PackedF32 {
