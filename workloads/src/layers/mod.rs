@@ -67,28 +67,7 @@ fn sums<T: Float, M: Positive>(
                 || {
                     let mut p1 = vec![zero; c];
                     let mut p2 = vec![zero; c];
-                    let (q1, q2) = (&mut p1[..c], &mut p2[..c]);
-                    for ((ar, br), mr) in ac
-                        .chunks_exact(c)
-                        .zip(bc.chunks_exact(c))
-                        .zip(mc.chunks_exact(c))
-                    {
-                        // Indexed over equal-length slices: no bounds checks, vectorised over
-                        // channels.
-                        let (ar, br, mr) = (&ar[..c], &br[..c], &mr[..c]);
-                        if masked {
-                            for j in 0..c {
-                                let g = if mr[j].positive() { ar[j] } else { zero };
-                                q1[j] += g;
-                                q2[j] += g * br[j];
-                            }
-                        } else {
-                            for j in 0..c {
-                                q1[j] += ar[j];
-                                q2[j] += ar[j] * br[j];
-                            }
-                        }
-                    }
+                    sum_rows(ac, bc, mc, masked, &mut p1[..c], &mut p2[..c]);
                     (p1, p2)
                 },
             )
@@ -102,6 +81,72 @@ fn sums<T: Float, M: Positive>(
         }
     }
     (s1, s2)
+}
+
+/// Channels per group whose partial sums `sum_rows` keeps in registers (4 AVX-512 vectors of
+/// f32 each for Σ g and Σ g·b).
+const SUM_GROUP: usize = 64;
+/// Rows per block of `sum_rows`: a group's partial sums go through memory once a block.
+const SUM_ROWS: usize = 16;
+
+/// `q1 += Σ g`, `q2 += Σ g·b` over the rows of a chunk (g as in `sums`), each channel summed
+/// row after row (the order, and so the bits, of a plain loop over rows). Summed row by row
+/// into `q1` and `q2` in memory, each row's sum waited on the last one's store: the statistics
+/// pass ran at a third of the copy's speed. Here each group of `SUM_GROUP` channels is summed
+/// in registers over a block of `SUM_ROWS` rows.
+#[inline(always)]
+fn sum_rows<T: Float, M: Positive>(
+    a: &[T],
+    b: &[T],
+    mask: &[M],
+    masked: bool,
+    q1: &mut [T],
+    q2: &mut [T],
+) {
+    const G: usize = SUM_GROUP;
+    let c = q1.len();
+    let rows = a.len() / c;
+    let full = c / G * G;
+    let zero = T::zero();
+    for r0 in (0..rows).step_by(SUM_ROWS) {
+        let r1 = (r0 + SUM_ROWS).min(rows);
+        for g0 in (0..full).step_by(G) {
+            let mut s1: [T; G] = q1[g0..g0 + G].try_into().expect("a group");
+            let mut s2: [T; G] = q2[g0..g0 + G].try_into().expect("a group");
+            for r in r0..r1 {
+                let o = r * c + g0;
+                let (ar, br) = (&a[o..o + G], &b[o..o + G]);
+                if masked {
+                    let mr = &mask[o..o + G];
+                    for j in 0..G {
+                        let g = if mr[j].positive() { ar[j] } else { zero };
+                        s1[j] += g;
+                        s2[j] += g * br[j];
+                    }
+                } else {
+                    for j in 0..G {
+                        s1[j] += ar[j];
+                        s2[j] += ar[j] * br[j];
+                    }
+                }
+            }
+            q1[g0..g0 + G].copy_from_slice(&s1);
+            q2[g0..g0 + G].copy_from_slice(&s2);
+        }
+        // The channels past the last whole group, row by row.
+        for r in r0..r1 {
+            let o = r * c;
+            for j in full..c {
+                let g = if !masked || mask[o + j].positive() {
+                    a[o + j]
+                } else {
+                    zero
+                };
+                q1[j] += g;
+                q2[j] += g * b[o + j];
+            }
+        }
+    }
 }
 
 /// Per-channel sums over every rank's rows (unchanged in a single process): batch norm's
