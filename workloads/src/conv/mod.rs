@@ -161,20 +161,28 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
 /// then read a row-major operand (packing a strided transpose for every block costs more than
 /// this one copy per layer).
 fn transpose<T: Float>(w: &[T], depth: usize, k: usize) -> Vec<T> {
+    let mut t = Vec::with_capacity(w.len());
+    transpose_into(w, depth, k, &mut t.spare_capacity_mut()[..w.len()]);
+    // SAFETY: transpose_into wrote every element.
+    unsafe { t.set_len(w.len()) };
+    t
+}
+
+/// `out` (cols × rows) = `a` (rows × cols) transposed, both row-major, every element written.
+fn transpose_into<T: Float>(a: &[T], rows: usize, cols: usize, out: &mut [MaybeUninit<T>]) {
     // In 32 × 32 tiles: a row-by-row transpose writes one element per cache line (and, for a
     // deep layer, per page) and ran at a fifth of the copy's speed.
     const TILE: usize = 32;
-    let mut t = vec![T::zero(); w.len()];
-    for d0 in (0..depth).step_by(TILE) {
-        for j0 in (0..k).step_by(TILE) {
-            for d in d0..(d0 + TILE).min(depth) {
-                for j in j0..(j0 + TILE).min(k) {
-                    t[j * depth + d] = w[d * k + j];
+    assert!(a.len() == rows * cols && out.len() == a.len());
+    for d0 in (0..rows).step_by(TILE) {
+        for j0 in (0..cols).step_by(TILE) {
+            for d in d0..(d0 + TILE).min(rows) {
+                for j in j0..(j0 + TILE).min(cols) {
+                    out[j * rows + d] = MaybeUninit::new(a[d * cols + j]);
                 }
             }
         }
     }
-    t
 }
 
 /// `dx = ∂L/∂x` from `dy = ∂L/∂y` (stored in `T` or bf16).
@@ -300,10 +308,39 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         let rows = sh.rows();
         let parts = partitions().min(rows.max(1));
         let per = rows.div_ceil(parts);
+        // The gemm crate runs this product faster with a narrow k as its rows than as its
+        // columns (one thread, 50176 rows, f32: depth 256 × k 64 at 81 GFLOP/s as dw = xᵀ·dy,
+        // 113 as dwᵀ = dyᵀ·x; but 64 × 256 at 112 as dw, 86 as dwᵀ): where k ≤ 128 < depth and
+        // the products are the crate's, dwᵀ goes into a buffer and is transposed into dw
+        // (trainer_conv bench, both cores: layer1.1 conv1 172 → 220, layer2.1 conv1 222 → 254,
+        // layer2.0 conv1 234 → 243; with k = 256, layer3's, nothing gained).
+        let swap = k <= 128 && depth > k && products() == Products::Native;
         ordered_sum_into(dw, parts, |p, acc| {
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
             if r1 == r0 {
                 fill_uninit(acc, T::zero());
+                return;
+            }
+            let (xp, dyp) = (x[r0 * depth..].as_ptr(), dy[r0 * k..].as_ptr());
+            if swap {
+                T::with_scratch(k * depth, |t| {
+                    // SAFETY: dy rows [r0, r1) transposed k × n, x rows n × depth, t k × depth
+                    // (written over).
+                    unsafe {
+                        gemm_mixed(
+                            k,
+                            depth,
+                            r1 - r0,
+                            t.as_mut_ptr(),
+                            depth,
+                            false,
+                            Mat::transposed(dyp, k),
+                            Mat::rows(xp, depth),
+                            false,
+                        )
+                    };
+                    transpose_into(t, k, depth, acc);
+                });
                 return;
             }
             // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k
@@ -316,8 +353,8 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
                     acc.as_mut_ptr() as *mut T,
                     k,
                     false,
-                    Mat::transposed(x[r0 * depth..].as_ptr(), depth),
-                    Mat::rows(dy[r0 * k..].as_ptr(), k),
+                    Mat::transposed(xp, depth),
+                    Mat::rows(dyp, k),
                     false,
                 )
             };
@@ -438,6 +475,8 @@ mod tests {
             shape(2, 3, 7, 4, 3, 1, 1),
             shape(2, 5, 8, 3, 3, 2, 1),
             shape(3, 4, 5, 6, 1, 1, 0),
+            // Depth above k: the filter gradient computed transposed.
+            shape(3, 6, 5, 4, 1, 1, 0),
             shape(2, 4, 6, 5, 1, 2, 0),
             shape(1, 3, 9, 2, 7, 2, 3),
             // Small images, several to a task and block, the last task short.
