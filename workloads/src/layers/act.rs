@@ -1,12 +1,13 @@
 //! ReLU outputs kept between layers: in the layers' own type, or in bf16 where the products
 //! are bf16. The next convolution rounds its input to bf16 anyway (as it packs it), so a
 //! batch norm + ReLU that writes bf16 gives every product the same bits, in half the bytes
-//! written, read by the convolution's forward and filter-gradient passes and by the ReLU's
-//! backward pass (which reads only its sign), and leaves no rounding to the packing. The
+//! written, read by the convolution's forward and filter-gradient passes, and leaves no
+//! rounding to the packing. (The ReLU's backward pass does not read it: batch norm's backward
+//! pass recomputes the ReLU's test from its kept input, `Gate::Affine`.) The
 //! batch norm's input gradient, the previous convolution's output gradient, likewise
 //! (`backward_relu_act`).
 
-use super::{sums, BatchNorm, CHUNK_ROWS};
+use super::{sums, BatchNorm, Gate, CHUNK_ROWS};
 use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Positive, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -71,6 +72,7 @@ impl<T: Float> BatchNorm<T> {
         let (n, h, w) = (x.n, x.h, x.w);
         if train {
             self.input = Some(x);
+            self.relu_affine = Some((a, d));
         }
         Act::Half(Arc::new(Tensor { n, h, w, c, data }))
     }
@@ -78,8 +80,8 @@ impl<T: Float> BatchNorm<T> {
     /// `backward_act` for a `forward_relu` output.
     pub fn backward_relu(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Tensor<T> {
         match out {
-            Act::Full(y) => self.backward_masked(dy, &y.data, true),
-            Act::Half(y) => self.backward_masked(dy, &y.data, true),
+            Act::Full(y) => self.backward_masked(dy, Gate::Output(&y.data)),
+            Act::Half(y) => self.backward_masked(dy, Gate::Output(&y.data)),
         }
     }
 
@@ -92,16 +94,18 @@ impl<T: Float> BatchNorm<T> {
             return Act::Full(Arc::new(self.backward_relu(dy, out)));
         }
         match out {
-            Act::Full(y) => self.backward_half(dy, &y.data),
-            Act::Half(y) => self.backward_half(dy, &y.data),
+            Act::Full(y) => self.backward_half(dy, Gate::Output(&y.data)),
+            Act::Half(y) => self.backward_half(dy, Gate::Output(&y.data)),
         }
     }
 
-    fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, mask: &[M]) -> Act<T> {
+    fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
         let x = self.input.take().expect("backward before forward");
         assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
+        let relu = self.relu_affine.take();
+        let gate = Self::gate(&relu, gate);
         let c = dy.c;
-        let sums = sums(&dy.data, &x.data, mask, true, c);
+        let sums = sums(&dy.data, &x.data, gate, c);
         let grad = self.input_gradient(sums, dy.rows());
         let (len, chunk) = (x.len(), CHUNK_ROWS * c);
         let mut data: Vec<bf16> = Vec::with_capacity(len);
@@ -109,21 +113,22 @@ impl<T: Float> BatchNorm<T> {
             .par_chunks_mut(chunk)
             .zip(x.data.par_chunks(chunk))
             .zip(dy.data.par_chunks(chunk))
-            .zip(mask.par_chunks(chunk))
-            .for_each(|(((oc, xc), gc), mc)| {
+            .enumerate()
+            .for_each(|(i, ((oc, xc), gc))| {
+                let gate = gate.at(i * chunk, xc.len());
                 T::with_scratch(c, |row| {
                     simd(
                         #[inline(always)]
                         || {
-                            for (((or, xr), gr), mr) in oc
+                            for (r, ((or, xr), gr)) in oc
                                 .chunks_exact_mut(c)
                                 .zip(xc.chunks_exact(c))
                                 .zip(gc.chunks_exact(c))
-                                .zip(mc.chunks_exact(c))
+                                .enumerate()
                             {
                                 let row = &mut row[..c];
                                 row.copy_from_slice(xr);
-                                grad.row(row, gr, Some(mr));
+                                grad.row(row, gr, gate.at(r * c, c));
                                 round_bf16(row, or);
                             }
                         },

@@ -44,15 +44,47 @@ impl<T: Float> Param<T> {
 /// Rows per parallel chunk of the element-wise layers.
 const CHUNK_ROWS: usize = 256;
 
+/// Where a ReLU let batch norm's output gradient through (its backward pass's mask).
+#[derive(Clone, Copy)]
+enum Gate<'a, T, M> {
+    /// No ReLU: everywhere.
+    Open,
+    /// Where the ReLU's output (kept in any precision) is positive.
+    Output(&'a [M]),
+    /// Where `x·a + d > 0` for the kept input `x` and the forward pass's affine map: the test
+    /// the forward ReLU made, recomputed from a tensor the pass reads anyway instead of reading
+    /// the ReLU's output (twice: two of the pass's seven tensor reads and writes).
+    Affine(&'a [T], &'a [T]),
+}
+
+impl<'a, T: Float, M: Positive> Gate<'a, T, M> {
+    /// This gate for the `len` elements from `at` on (an output mask is cut; the others are
+    /// per channel).
+    fn at(self, at: usize, len: usize) -> Self {
+        match self {
+            Gate::Output(m) => Gate::Output(&m[at..at + len]),
+            g => g,
+        }
+    }
+
+    /// Whether element `i` (channel `j`, input value `x`) passes.
+    #[inline(always)]
+    fn passes(&self, i: usize, j: usize, x: T) -> bool {
+        match self {
+            Gate::Open => true,
+            Gate::Output(m) => m[i].positive(),
+            Gate::Affine(a, d) => x * a[j] + d[j] > T::zero(),
+        }
+    }
+}
+
 /// Per-channel sums over the rows of an NHWC tensor: (Σ g, Σ g·b) for each channel, where g is
-/// `a` with the entries whose `mask` is not positive set to zero when `masked` (else g = a, and
-/// `mask` is not read). Each chunk of rows sums in the element type (vectorised); the chunks'
+/// `a` where the `gate` (on `b`, the batch norm's input) lets it through, zero elsewhere. Each chunk of rows sums in the element type (vectorised); the chunks'
 /// partial sums are added in f64 in chunk order (deterministic).
 fn sums<T: Float, M: Positive>(
     a: &[T],
     b: &[T],
-    mask: &[M],
-    masked: bool,
+    gate: Gate<'_, T, M>,
     c: usize,
 ) -> (Vec<f64>, Vec<f64>) {
     let chunk = CHUNK_ROWS * c;
@@ -60,14 +92,15 @@ fn sums<T: Float, M: Positive>(
     let partials: Vec<(Vec<T>, Vec<T>)> = a
         .par_chunks(chunk)
         .zip(b.par_chunks(chunk))
-        .zip(mask.par_chunks(chunk))
-        .map(|((ac, bc), mc)| {
+        .enumerate()
+        .map(|(i, (ac, bc))| {
+            let gate = gate.at(i * chunk, ac.len());
             simd(
                 #[inline(always)]
                 || {
                     let mut p1 = vec![zero; c];
                     let mut p2 = vec![zero; c];
-                    sum_rows(ac, bc, mc, masked, &mut p1[..c], &mut p2[..c]);
+                    sum_rows(ac, bc, gate, &mut p1[..c], &mut p2[..c]);
                     (p1, p2)
                 },
             )
@@ -98,8 +131,7 @@ const SUM_ROWS: usize = 16;
 fn sum_rows<T: Float, M: Positive>(
     a: &[T],
     b: &[T],
-    mask: &[M],
-    masked: bool,
+    gate: Gate<'_, T, M>,
     q1: &mut [T],
     q2: &mut [T],
 ) {
@@ -116,17 +148,32 @@ fn sum_rows<T: Float, M: Positive>(
             for r in r0..r1 {
                 let o = r * c + g0;
                 let (ar, br) = (&a[o..o + G], &b[o..o + G]);
-                if masked {
-                    let mr = &mask[o..o + G];
-                    for j in 0..G {
-                        let g = if mr[j].positive() { ar[j] } else { zero };
-                        s1[j] += g;
-                        s2[j] += g * br[j];
+                match gate {
+                    Gate::Open => {
+                        for j in 0..G {
+                            s1[j] += ar[j];
+                            s2[j] += ar[j] * br[j];
+                        }
                     }
-                } else {
-                    for j in 0..G {
-                        s1[j] += ar[j];
-                        s2[j] += ar[j] * br[j];
+                    Gate::Output(mask) => {
+                        let mr = &mask[o..o + G];
+                        for j in 0..G {
+                            let g = if mr[j].positive() { ar[j] } else { zero };
+                            s1[j] += g;
+                            s2[j] += g * br[j];
+                        }
+                    }
+                    Gate::Affine(fa, fd) => {
+                        let (fa, fd) = (&fa[g0..g0 + G], &fd[g0..g0 + G]);
+                        for j in 0..G {
+                            let g = if br[j] * fa[j] + fd[j] > zero {
+                                ar[j]
+                            } else {
+                                zero
+                            };
+                            s1[j] += g;
+                            s2[j] += g * br[j];
+                        }
                     }
                 }
             }
@@ -137,7 +184,7 @@ fn sum_rows<T: Float, M: Positive>(
         for r in r0..r1 {
             let o = r * c;
             for j in full..c {
-                let g = if !masked || mask[o + j].positive() {
+                let g = if gate.passes(o + j, j, b[o + j]) {
                     a[o + j]
                 } else {
                     zero
@@ -385,6 +432,9 @@ pub struct BatchNorm<T> {
     input: Option<Tensor<T>>,
     mean: Vec<T>,
     inv_std: Vec<T>,
+    /// The forward pass's affine map `(a, d)` where it applied the ReLU itself: the backward
+    /// pass's gate (`Gate::Affine`).
+    relu_affine: Option<(Vec<T>, Vec<T>)>,
     /// Data-parallel runs: statistics over the global batch (synchronised batch norm), so that
     /// N ranks compute what one process computes on the whole batch.
     pub reducer: Option<Arc<dyn Reducer>>,
@@ -402,6 +452,7 @@ impl<T: Float> BatchNorm<T> {
             input: None,
             mean: Vec::new(),
             inv_std: Vec::new(),
+            relu_affine: None,
             reducer: None,
         }
     }
@@ -413,6 +464,7 @@ impl<T: Float> BatchNorm<T> {
     /// The batch's (training) or the running (inference) statistics as the per-channel affine
     /// map `y = x·a + d`; training keeps the statistics for the backward pass.
     fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+        self.relu_affine = None;
         let c = x.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
@@ -420,7 +472,7 @@ impl<T: Float> BatchNorm<T> {
             batch_statistics(
                 global_sums(
                     self.reducer.as_ref(),
-                    sums(&x.data, &x.data, &x.data, false, c),
+                    sums(&x.data, &x.data, Gate::<T, T>::Open, c),
                 ),
                 m,
                 self.eps,
@@ -476,6 +528,9 @@ impl<T: Float> BatchNorm<T> {
             });
         if train {
             self.input = Some(x);
+            if relu {
+                self.relu_affine = Some((a, d));
+            }
         }
         // SAFETY: the chunks of rows cover y, and every row's c elements were written.
         unsafe { y.assume_init() }
@@ -491,39 +546,48 @@ impl<T: Float> BatchNorm<T> {
     /// is read for ownership before it is written: a third more traffic).
     pub fn backward_act(&mut self, dy: &Tensor<T>, relu_out: Option<&Tensor<T>>) -> Tensor<T> {
         match relu_out {
-            Some(y) => self.backward_masked(dy, &y.data, true),
-            None => self.backward_masked(dy, &dy.data, false),
+            Some(y) => self.backward_masked(dy, Gate::Output(&y.data)),
+            None => self.backward_masked(dy, Gate::<T, T>::Open),
         }
     }
 
-    /// `backward_act`, the ReLU's output (any precision) read only when `masked`.
-    fn backward_masked<M: Positive>(
-        &mut self,
-        dy: &Tensor<T>,
-        mask: &[M],
-        masked: bool,
-    ) -> Tensor<T> {
+    /// The gate of a backward pass given the ReLU's output: recomputed from the forward pass's
+    /// affine map where this layer applied the ReLU itself (`Gate::Affine`), so that the
+    /// output is not read.
+    fn gate<'a, M: Positive>(
+        relu: &'a Option<(Vec<T>, Vec<T>)>,
+        given: Gate<'a, T, M>,
+    ) -> Gate<'a, T, M> {
+        match (given, relu) {
+            (Gate::Output(_), Some((a, d))) => Gate::Affine(a, d),
+            (g, _) => g,
+        }
+    }
+
+    /// `backward_act` through `gate`.
+    fn backward_masked<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Tensor<T> {
         let mut x = self.input.take().expect("backward before forward");
         assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
+        let relu = self.relu_affine.take();
+        let gate = Self::gate(&relu, gate);
         let c = dy.c;
         // Σ dy and Σ dy·x per channel (dy masked by the ReLU).
-        let sums = sums(&dy.data, &x.data, mask, masked, c);
+        let sums = sums(&dy.data, &x.data, gate, c);
         let grad = self.input_gradient(sums, dy.rows());
         let chunk = CHUNK_ROWS * c;
         x.data
             .par_chunks_mut(chunk)
             .zip(dy.data.par_chunks(chunk))
-            .zip(mask.par_chunks(chunk))
-            .for_each(|((xc, gc), mc)| {
+            .enumerate()
+            .for_each(|(i, (xc, gc))| {
+                let gate = gate.at(i * chunk, xc.len());
                 simd(
                     #[inline(always)]
                     || {
-                        for ((xr, gr), mr) in xc
-                            .chunks_exact_mut(c)
-                            .zip(gc.chunks_exact(c))
-                            .zip(mc.chunks_exact(c))
+                        for (r, (xr, gr)) in
+                            xc.chunks_exact_mut(c).zip(gc.chunks_exact(c)).enumerate()
                         {
-                            grad.row(xr, gr, masked.then_some(mr));
+                            grad.row(xr, gr, gate.at(r * c, c));
                         }
                     },
                 )
@@ -568,16 +632,16 @@ struct InputGradient<T> {
 }
 
 impl<T: Float> InputGradient<T> {
-    /// One row: `xr` (the input) becomes its gradient, from the output gradient `gr` masked
-    /// where `mask` is not positive (a ReLU's backward pass).
+    /// One row: `xr` (the input) becomes its gradient, from the output gradient `gr` where the
+    /// `gate` (this row's) lets it through, zero elsewhere (a ReLU's backward pass).
     #[inline(always)]
-    fn row<M: Positive>(&self, xr: &mut [T], gr: &[T], mask: Option<&[M]>) {
+    fn row<M: Positive>(&self, xr: &mut [T], gr: &[T], gate: Gate<'_, T, M>) {
         let c = xr.len();
         let zero = T::zero();
         let (gr, mean, inv) = (&gr[..c], &self.mean[..c], &self.inv[..c]);
         let (scale, mdb, mdg) = (&self.scale[..c], &self.mean_g[..c], &self.mean_gx[..c]);
-        match mask {
-            Some(mr) => {
+        match gate {
+            Gate::Output(mr) => {
                 let mr = &mr[..c];
                 for j in 0..c {
                     let g = if mr[j].positive() { gr[j] } else { zero };
@@ -585,7 +649,19 @@ impl<T: Float> InputGradient<T> {
                     xr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                 }
             }
-            None => {
+            Gate::Affine(fa, fd) => {
+                let (fa, fd) = (&fa[..c], &fd[..c]);
+                for j in 0..c {
+                    let g = if xr[j] * fa[j] + fd[j] > zero {
+                        gr[j]
+                    } else {
+                        zero
+                    };
+                    let h = (xr[j] - mean[j]) * inv[j];
+                    xr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                }
+            }
+            Gate::Open => {
                 for j in 0..c {
                     let h = (xr[j] - mean[j]) * inv[j];
                     xr[j] = scale[j] * (gr[j] - mdb[j] - h * mdg[j]);

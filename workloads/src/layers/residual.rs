@@ -1,7 +1,7 @@
 //! A residual block's end, `relu(bn(x) + shortcut)`, forward and backward, each in as few
 //! passes over the activations as their data dependences allow.
 
-use super::{BatchNorm, CHUNK_ROWS};
+use super::{BatchNorm, Gate, CHUNK_ROWS};
 use crate::tensor::{simd, Float, Tensor};
 use rayon::prelude::*;
 use std::borrow::Cow;
@@ -168,8 +168,8 @@ impl<T: Float> BatchNorm<T> {
                                     .zip(sc.chunks_exact_mut(c))
                                     .zip(gc.chunks_exact(c))
                                 {
-                                    grad.row::<T>(xr, gr, None);
-                                    grad_s.row::<T>(sr, gr, None);
+                                    grad.row(xr, gr, Gate::<T, T>::Open);
+                                    grad_s.row(sr, gr, Gate::<T, T>::Open);
                                 }
                             },
                         )
@@ -184,7 +184,7 @@ impl<T: Float> BatchNorm<T> {
                             #[inline(always)]
                             || {
                                 for (xr, gr) in xc.chunks_exact_mut(c).zip(gc.chunks_exact(c)) {
-                                    grad.row::<T>(xr, gr, None);
+                                    grad.row(xr, gr, Gate::<T, T>::Open);
                                 }
                             },
                         )

@@ -131,6 +131,42 @@ fn fused_batch_norm_relu_and_residual_match_the_separate_layers() {
     assert_eq!(r1, r2);
 }
 
+/// The ReLU's mask recomputed from the kept input (`Gate::Affine`) against the ReLU's output
+/// read (`Gate::Output`): the same bits, in f32, over a whole group of channels summed in
+/// registers and the channels past it (69 = 64 + 5), and a chunk of rows and part of one.
+#[test]
+fn the_relu_mask_recomputed_from_the_input_gives_the_bits_of_the_output_read() {
+    let f = |t: Tensor<f64>| {
+        Tensor::from_vec(
+            t.n,
+            t.h,
+            t.w,
+            t.c,
+            t.data.iter().map(|&v| v as f32).collect(),
+        )
+    };
+    let (x, dy) = (
+        f(rand_tensor(3, 11, 9, 69, 31)),
+        f(rand_tensor(3, 11, 9, 69, 32)),
+    );
+    let run = |recompute: bool| {
+        let mut bn = BatchNorm::<f32>::new("bn", 69, 1.0);
+        bn.beta
+            .value
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, b)| *b = (j % 5) as f32 * 0.1 - 0.2);
+        let y = bn.forward_act(x.clone(), true, true);
+        assert!(bn.relu_affine.is_some());
+        if !recompute {
+            bn.relu_affine = None;
+        }
+        let dx = bn.backward_act(&dy, Some(&y));
+        (dx, bn.gamma.grad.clone(), bn.beta.grad.clone())
+    };
+    assert_eq!(run(true), run(false));
+}
+
 #[test]
 fn a_blocks_end_in_one_pass_matches_the_separate_layers_bit_for_bit() {
     let x = rand_tensor(2, 3, 4, 5, 31);
