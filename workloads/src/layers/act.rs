@@ -3,7 +3,8 @@
 //! batch norm + ReLU that writes bf16 gives every product the same bits, in half the bytes
 //! written, read by the convolution's forward and filter-gradient passes, and leaves no
 //! rounding to the packing. (The ReLU's backward pass does not read it: batch norm's backward
-//! pass recomputes the ReLU's test from its kept input, `Gate::Affine`.) The
+//! pass recomputes the ReLU's test from its kept input, `Gate::Affine`, in f32 — the same mask
+//! but where an output below bf16's smallest subnormal, 2⁻¹³³, rounded to zero.) The
 //! batch norm's input gradient, the previous convolution's output gradient, likewise
 //! (`backward_relu_act`).
 
