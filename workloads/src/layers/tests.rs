@@ -8,6 +8,12 @@ fn rand_tensor(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64>
     Tensor::from_vec(n, h, w, c, (0..n * h * w * c).map(|_| r.normal()).collect())
 }
 
+/// `t` rounded to f32.
+fn f32s(t: Tensor<f64>) -> Tensor<f32> {
+    let data = t.data.iter().map(|&v| v as f32).collect();
+    Tensor::from_vec(t.n, t.h, t.w, t.c, data)
+}
+
 fn dot(a: &[f64], b: &[f64]) -> f64 {
     a.iter().zip(b).map(|(x, y)| x * y).sum()
 }
@@ -136,18 +142,9 @@ fn fused_batch_norm_relu_and_residual_match_the_separate_layers() {
 /// registers and the channels past it (69 = 64 + 5), and a chunk of rows and part of one.
 #[test]
 fn the_relu_mask_recomputed_from_the_input_gives_the_bits_of_the_output_read() {
-    let f = |t: Tensor<f64>| {
-        Tensor::from_vec(
-            t.n,
-            t.h,
-            t.w,
-            t.c,
-            t.data.iter().map(|&v| v as f32).collect(),
-        )
-    };
     let (x, dy) = (
-        f(rand_tensor(3, 11, 9, 69, 31)),
-        f(rand_tensor(3, 11, 9, 69, 32)),
+        f32s(rand_tensor(3, 11, 9, 69, 31)),
+        f32s(rand_tensor(3, 11, 9, 69, 32)),
     );
     let run = |recompute: bool| {
         let mut bn = BatchNorm::<f32>::new("bn", 69, 1.0);
@@ -415,15 +412,6 @@ fn half_activations_give_the_products_the_same_bits() {
         .unwrap();
     let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
     set_products(&pool, Products::Bf16(g));
-    let f32s = |t: Tensor<f64>| {
-        Tensor::from_vec(
-            t.n,
-            t.h,
-            t.w,
-            t.c,
-            t.data.iter().map(|&v| v as f32).collect(),
-        )
-    };
     let x = f32s(rand_tensor(2, 6, 5, 16, 51));
     for (r, pad) in [(3, 1), (1, 0)] {
         pool.install(|| {
