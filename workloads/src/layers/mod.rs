@@ -79,8 +79,9 @@ impl<'a, T: Float, M: Positive> Gate<'a, T, M> {
 }
 
 /// Per-channel sums over the rows of an NHWC tensor: (Σ g, Σ g·b) for each channel, where g is
-/// `a` where the `gate` (on `b`, the batch norm's input) lets it through, zero elsewhere. Each chunk of rows sums in the element type (vectorised); the chunks'
-/// partial sums are added in f64 in chunk order (deterministic).
+/// `a` where the `gate` (on `b`, the batch norm's input) lets it through, zero elsewhere. Each
+/// chunk of rows sums in the element type (vectorised); the chunks' partial sums are added in
+/// f64 in chunk order (deterministic).
 fn sums<T: Float, M: Positive>(
     a: &[T],
     b: &[T],
