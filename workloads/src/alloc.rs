@@ -17,6 +17,7 @@
 //! The binary installs it with `#[global_allocator]`; a library user who does not keeps the
 //! system allocator and loses nothing but the speed-up.
 
+use roofline_kernels::cpu::LINE;
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -195,9 +196,6 @@ fn placed(layout: Layout) -> Layout {
         layout
     }
 }
-
-/// A cache line.
-const LINE: usize = 64;
 
 // SAFETY: every block handed out is either fresh from System or a System block of exactly the
 // requested size and alignment that nobody else holds (it left the cache under the lock).

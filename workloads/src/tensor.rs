@@ -114,13 +114,10 @@ fn scratch_run<T: Copy + Default, R>(
 ) -> R {
     // From a cache line on: a buffer under `alloc::MIN_BLOCK` starts 16 bytes past one, and its
     // 64-byte rows (im2col patches, Winograd's tiles) would each span two lines.
-    let pad = 64 / std::mem::size_of::<T>().max(1);
+    use roofline_kernels::cpu::{grow, line};
     let mut v = slot.take();
-    if v.len() < len + pad {
-        v.resize(len + pad, T::default());
-    }
-    let off = v.as_ptr().align_offset(64).min(pad);
-    let r = f(&mut v[off..off + len]);
+    grow(&mut v, len);
+    let r = f(line(&mut v, len));
     slot.set(v);
     r
 }

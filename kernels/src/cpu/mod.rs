@@ -9,3 +9,4 @@ pub mod isa;
 pub mod sgemm;
 pub mod stream;
 mod tiles;
+pub use tiles::{grow, line, line_start, pad, LINE};

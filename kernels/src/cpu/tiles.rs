@@ -104,26 +104,36 @@ pub(crate) fn scratch<T: Copy + Default>(
     len: usize,
 ) -> Vec<T> {
     let mut v = slot.take();
-    if v.len() < len + pad::<T>() {
-        v.resize(len + pad::<T>(), T::default());
-    }
+    grow(&mut v, len);
     v
 }
 
+/// Grows `v` (new elements default) so that [`line`] can cut `len` elements from it.
+pub fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len + pad::<T>() {
+        v.resize(len + pad::<T>(), T::default());
+    }
+}
+
 /// A cache line.
-const LINE: usize = 64;
+pub const LINE: usize = 64;
 
 /// Elements past a buffer's length that let [`line`] start on a cache line.
-pub(crate) fn pad<T>() -> usize {
+pub fn pad<T>() -> usize {
     LINE / std::mem::size_of::<T>().max(1)
+}
+
+/// The index of `v`'s first element on a cache line (below [`pad`]).
+pub fn line_start<T>(v: &[T]) -> usize {
+    v.as_ptr().align_offset(LINE).min(pad::<T>())
 }
 
 /// `len` elements of `v` (at least `len + pad` long) from its first 64-byte boundary: packed
 /// panels that start on a cache line. The allocator puts a small buffer 16 bytes past one, and
 /// then every 64-byte row of a panel spans two lines: the AMX tile loads, which read such rows,
 /// ran at half speed (a bf16 product with m = k = 4096, n = 1024: 0.62 → 1.54 TFLOP/s).
-pub(crate) fn line<T>(v: &mut [T], len: usize) -> &mut [T] {
-    let off = v.as_ptr().align_offset(LINE).min(pad::<T>());
+pub fn line<T>(v: &mut [T], len: usize) -> &mut [T] {
+    let off = line_start(v);
     &mut v[off..off + len]
 }
 

@@ -45,8 +45,9 @@ type Vecs<T, const N: usize, const R: usize> = [[T; N]; R];
 type Tile<T, const N: usize, const R: usize> = [Vecs<T, N, R>; R];
 
 // The one-dimensional transforms, written out (a loop over the matrices' entries compared
-// their zeros and ones at run time, and the transforms took most of the layer's time). `tests` holds the matrices of Lavin &
-// Gray (points 0, ±1, ±2, ∞) and checks each formula against its matrix or its transpose.
+// their zeros and ones at run time, and the transforms took most of the layer's time). `tests`
+// holds the matrices of Lavin & Gray (points 0, ±1, ±2, ∞) and checks each formula against its
+// matrix or its transpose.
 
 /// `Bᵀ d` (6 → 6): the input transform.
 #[inline(always)]

@@ -21,7 +21,7 @@ pub use micro::{MR, NR};
 pub(crate) use pack::transpose16;
 pub use pack::{round, round_slice, Source};
 
-use super::tiles::{empty_product, line, pad, scratch, threads, Dest, SendPtr};
+use super::tiles::{empty_product, line, line_start, pad, scratch, threads, Dest, SendPtr};
 use pack::View;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -208,7 +208,7 @@ impl Bf16Gemm {
         }
         // From a cache line on (`line`).
         let mut words = vec![0u32; len + pad::<u32>()];
-        let base = line(&mut words, len).as_ptr().offset_from(words.as_ptr()) as usize;
+        let base = line_start(&words);
         // Every panel on its own: (column, k, panel, its words).
         let mut panels = Vec::new();
         let mut rest = &mut words[base..base + len];

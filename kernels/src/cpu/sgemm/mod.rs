@@ -17,7 +17,7 @@ mod micro;
 pub use micro::{MR, NR};
 
 use super::bf16::Operand;
-use super::tiles::{empty_product, line, pad, scratch, threads, Dest, SendPtr};
+use super::tiles::{empty_product, grow, line, line_start, pad, scratch, threads, Dest, SendPtr};
 use micro::Layout;
 use rayon::prelude::*;
 use std::cell::Cell;
@@ -83,7 +83,7 @@ impl F32Gemm {
         let len = n.next_multiple_of(NR) * k;
         let mut values = vec![0f32; len + pad::<f32>()];
         // From a cache line on (`line`).
-        let base = line(&mut values, len).as_ptr().offset_from(values.as_ptr()) as usize;
+        let base = line_start(&values);
         let parallel = parallel && rayon::current_num_threads() > 1;
         for (jc, out) in (0..n)
             .step_by(NC)
@@ -211,9 +211,7 @@ impl F32Gemm {
                     // On one thread, B's blocks are packed as they are needed, each used by
                     // every task in turn (a long reduction, all of B packed first, would go
                     // out of cache and back).
-                    if bpack.len() < block_len + pad::<f32>() {
-                        bpack.resize(block_len + pad::<f32>(), 0.0);
-                    }
+                    grow(&mut bpack, block_len);
                     let bpack = line(&mut bpack, block_len);
                     let mut abuf = scratch(&A_SCRATCH, a_len);
                     let buf = line(&mut abuf, a_len);
@@ -230,9 +228,7 @@ impl F32Gemm {
                 }
                 Rhs::Pack(b) => {
                     let len = npanels * NR * k;
-                    if bpack.len() < len + pad::<f32>() {
-                        bpack.resize(len + pad::<f32>(), 0.0);
-                    }
+                    grow(&mut bpack, len);
                     let out = line(&mut bpack, len);
                     pack_block(b, jc, nc, k, out, vector, true);
                     let b = &*out;
