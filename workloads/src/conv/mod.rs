@@ -316,8 +316,9 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         // layer2.0 conv1 234 → 243; with k = 256, layer3's, nothing gained).
         let swap = k <= 128 && depth > k && products() == Products::Native;
         ordered_sum_into(dw, parts, |p, acc| {
+            // With more threads than rows a part (the last ones) can start past the end.
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
-            if r1 == r0 {
+            if r1 <= r0 {
                 fill_uninit(acc, T::zero());
                 return;
             }
@@ -468,15 +469,30 @@ mod tests {
     }
 
     /// Forward against a direct loop; both backward passes through the adjoint identities
-    /// <conv(x,w), g> = <x, bwd_data(g,w)> = <w, bwd_filter(x,g)>.
+    /// <conv(x,w), g> = <x, bwd_data(g,w)> = <w, bwd_filter(x,g)>; on two threads and on 16,
+    /// more than some shapes have rows for (the filter gradient's last parts start past the
+    /// end, as on a 16-core GPU host).
     #[test]
     fn all_three_passes_agree_with_direct_sums() {
+        for threads in [2, 16] {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .unwrap()
+                .install(all_three_passes);
+        }
+    }
+
+    fn all_three_passes() {
         for sh in [
             shape(2, 3, 7, 4, 3, 1, 1),
             shape(2, 5, 8, 3, 3, 2, 1),
             shape(3, 4, 5, 6, 1, 1, 0),
             // Depth above k: the filter gradient computed transposed.
             shape(3, 6, 5, 4, 1, 1, 0),
+            // 18 rows: on 16 threads, parts of 2 rows, the last six past the end.
+            shape(3, 4, 2, 6, 1, 1, 0),
+            shape(3, 6, 2, 4, 1, 1, 0),
             shape(2, 4, 6, 5, 1, 2, 0),
             shape(1, 3, 9, 2, 7, 2, 3),
             // Small images, several to a task and block, the last task short.
