@@ -30,7 +30,8 @@
 # needs ceilings (train, ewa, peers) and has no machine.json from this call takes
 # ROOFLINE_BRINGUP_MACHINE (an earlier call's machine.json) or a quick probe, never a second
 # full one. ROOFLINE_BRINGUP_PROBE_LIMIT (360) and ROOFLINE_BRINGUP_TRAIN_LIMIT (180) cap the
-# full probe and each of the four trainings, so that a short lease reaches the later steps.
+# full probe (0 skips it) and each of the four trainings, so that a short lease reaches the
+# later steps.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -107,7 +108,7 @@ run() {
         for s in "$@"; do record "$s" skipped "part '$part' not in this run"; done
         return 0
     }
-    echo "roofline bring-up on $(hostname), $(date -u +%FT%TZ); ROOFLINE_CUDA_LIBS=$ROOFLINE_CUDA_LIBS" | tee -a "$log"
+    echo "roofline bring-up on $(hostname), $(date -u +%FT%TZ); ROOFLINE_CUDA_LIBS=${ROOFLINE_CUDA_LIBS:-(unset)}" | tee -a "$log"
     nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
 
     # step NAME LIMIT CMD...: runs CMD with LIMIT seconds (less if the budget is nearly spent),
@@ -153,7 +154,11 @@ run() {
         step kernels 120 "$rl" kernels --arch 80,89,90
         step probe-check 180 "$rl" probe --check
         step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
-        step probe-full "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" "$rl" probe --device cuda -o "$machine"
+        if [ "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" = 0 ]; then
+            record probe-full skipped "ROOFLINE_BRINGUP_PROBE_LIMIT=0 (the quick probe's ceilings are used)"
+        else
+            step probe-full "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" "$rl" probe --device cuda -o "$machine"
+        fi
     fi
     # A part with placements and no probe of its own in this call: an earlier call's file, or a
     # quick probe (never a second full one).
@@ -217,7 +222,7 @@ case "${1:-}" in
     pack) pack ;;
     run) shift; run "$@" ;;
     *)
-        sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'
         exit 2
         ;;
 esac
