@@ -340,7 +340,15 @@ impl Ctx<'_> {
         let units = self
             .db
             .fma_units(&self.cfg.vendor, self.cfg.family, self.cfg.model);
+        // A VM may report another model than its host's (this project's Sapphire Rapids VMs say
+        // 167, Rocket Lake, a client core with one 512-bit FMA unit): AMX exists only on Xeon
+        // server cores (Sapphire Rapids and later), each with two.
+        let server = isa == Isa::Avx512
+            && units.avx512 < 2
+            && self.cfg.vendor == "GenuineIntel"
+            && crate::cpu::bf16::amx::in_cpuid();
         let fma_units = match isa {
+            Isa::Avx512 if server => 2,
             Isa::Avx512 => units.avx512,
             Isa::Avx2 => units.avx2,
             Isa::Neon => units.neon,
@@ -361,7 +369,14 @@ impl Ctx<'_> {
         Some(TheoreticalPeak {
             value,
             unit: unit.into(),
-            source: format!("{rule} [{}]", units.name),
+            source: if server {
+                format!(
+                    "{rule} [the CPU has AMX: an Intel server core with two 512-bit FMA units, though it reports model {} ({})]",
+                    self.cfg.model, units.name
+                )
+            } else {
+                format!("{rule} [{}]", units.name)
+            },
             uncertainty,
         })
     }

@@ -17,16 +17,27 @@ pub const ROWS: usize = 32;
 /// Pairs of k per tile step (16 pairs: 64 bytes of an A row, 16 rows of a B tile).
 pub const STEP: usize = 16;
 
+/// Whether the CPU says it has AMX-TILE and AMX-BF16 (CPUID.(7, 0):EDX bits 24 and 22),
+/// whether or not this process may use them.
+pub fn in_cpuid() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: cpuid leaf 7 exists on every x86-64 CPU with AVX2 or AVX-512; on an older one
+        // it reads as the highest basic leaf, whose EDX has no meaning here but is harmless.
+        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+        leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel lets this process use them.
 pub fn available() -> bool {
     static OK: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *OK.get_or_init(|| {
         #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
         {
-            // CPUID.(7, 0):EDX bit 22 AMX-BF16, bit 24 AMX-TILE; leaf 7 exists on every
-            // AVX-512 CPU this is asked on.
-            let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-            if leaf.edx & (1 << 22) == 0 || leaf.edx & (1 << 24) == 0 {
+            if !in_cpuid() {
                 return false;
             }
             const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;

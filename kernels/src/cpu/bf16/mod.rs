@@ -10,7 +10,7 @@
 //! in one order, so results do not depend on the thread count.
 
 #[cfg(target_arch = "x86_64")]
-mod amx;
+pub(crate) mod amx;
 mod kernel;
 mod micro;
 mod pack;
