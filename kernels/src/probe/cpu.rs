@@ -346,7 +346,7 @@ impl Ctx<'_> {
         let server = isa == Isa::Avx512
             && units.avx512 < 2
             && self.cfg.vendor == "GenuineIntel"
-            && crate::cpu::bf16::amx::in_cpuid();
+            && crate::cpu::bf16::Bf16Gemm::amx_in_cpuid();
         let fma_units = match isa {
             Isa::Avx512 if server => 2,
             Isa::Avx512 => units.avx512,

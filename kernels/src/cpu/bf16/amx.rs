@@ -20,15 +20,10 @@ pub const STEP: usize = 16;
 /// Whether the CPU says it has AMX-TILE and AMX-BF16 (CPUID.(7, 0):EDX bits 24 and 22),
 /// whether or not this process may use them.
 pub fn in_cpuid() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: cpuid leaf 7 exists on every x86-64 CPU with AVX2 or AVX-512; on an older one
-        // it reads as the highest basic leaf, whose EDX has no meaning here but is harmless.
-        let leaf = std::arch::x86_64::__cpuid_count(7, 0);
-        leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+    // Leaf 7 exists on every x86-64 CPU with AVX2 or AVX-512; on an older one it reads as the
+    // highest basic leaf, whose EDX has no meaning here but is harmless.
+    let leaf = std::arch::x86_64::__cpuid_count(7, 0);
+    leaf.edx & (1 << 22) != 0 && leaf.edx & (1 << 24) != 0
 }
 
 /// Whether the CPU has AMX-TILE and AMX-BF16 and the kernel lets this process use them.

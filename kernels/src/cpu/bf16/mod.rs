@@ -10,7 +10,7 @@
 //! in one order, so results do not depend on the thread count.
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) mod amx;
+mod amx;
 mod kernel;
 mod micro;
 mod pack;
@@ -123,6 +123,17 @@ impl Bf16Gemm {
         #[cfg(target_arch = "x86_64")]
         {
             Bf16Gemm::cpu_has() && amx::available()
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        false
+    }
+
+    /// Whether the CPU says it has AMX-TILE and AMX-BF16, whether or not the kernel grants
+    /// the tiles (only Intel's server cores have them: the probe's peak rule asks).
+    pub fn amx_in_cpuid() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            amx::in_cpuid()
         }
         #[cfg(not(target_arch = "x86_64"))]
         false
