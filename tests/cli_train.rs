@@ -140,6 +140,38 @@ fn bf16_on_a_cpu_without_it_is_one_line_and_exit_2() {
     );
 }
 
+/// A cap that names no instruction set is refused as `probe` refuses it; one below this CPU's
+/// set is said in a line before the run, with what it does not reach (the gemm crate).
+#[test]
+fn the_isa_cap_is_checked_and_said() {
+    let o = bin()
+        .env("ROOFLINE_ISA", "avx3")
+        .args(["train", "--steps", "1"])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(2), "{err}");
+    assert!(err.contains("ROOFLINE_ISA=\"avx3\": expected"), "{err}");
+    let o = bin()
+        .env("ROOFLINE_ISA", "scalar")
+        .args([
+            "train",
+            "--steps",
+            "1",
+            "--batch",
+            "2",
+            "--resolution",
+            "32",
+        ])
+        .output()
+        .unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "{err}");
+    let capped = err.contains("ROOFLINE_ISA=scalar: the trainer's element-wise passes");
+    let scalar_cpu = roofline_kernels::cpu::isa::Isa::detected().name() == "scalar";
+    assert!(capped != scalar_cpu, "{err}");
+}
+
 #[test]
 fn train_reads_an_image_folder() {
     let dir = tmpdir("folder");

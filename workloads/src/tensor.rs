@@ -225,12 +225,13 @@ impl Float for f64 {
     }
 }
 
-/// Runs `f` compiled for the widest vector unit this CPU has (AVX-512, else AVX2 + FMA): the
-/// element-wise layers are built for baseline x86-64 (SSE2) so that the binary runs anywhere,
-/// and without this their loops use 128-bit vectors only. `f` must be inlined into the
-/// dispatching function for the wider instructions to be used, so callers pass small
-/// `#[inline(always)]` closures. Lanes are the channels, so the results are the same bits on
-/// every path (no reassociation; Rust never contracts `a * b + c` into an FMA by itself).
+/// Runs `f` compiled for the widest vector unit this CPU has (AVX-512, else AVX2 + FMA) under
+/// the `ROOFLINE_ISA` cap (read once per process): the element-wise layers are built for
+/// baseline x86-64 (SSE2) so that the binary runs anywhere, and without this their loops use
+/// 128-bit vectors only. `f` must be inlined into the dispatching function for the wider
+/// instructions to be used, so callers pass small `#[inline(always)]` closures. Lanes are the
+/// channels, so the results are the same bits on every path (no reassociation; Rust never
+/// contracts `a * b + c` into an FMA by itself).
 #[inline(always)]
 pub fn simd<R>(f: impl FnOnce() -> R) -> R {
     #[cfg(target_arch = "x86_64")]
@@ -243,20 +244,50 @@ pub fn simd<R>(f: impl FnOnce() -> R) -> R {
         unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        if std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512dq")
-        {
-            // SAFETY: the CPU has every feature the function is compiled for.
-            return unsafe { avx512(f) };
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+        match simd_path() {
+            // SAFETY: simd_path checked that the CPU has every feature the function is
+            // compiled for.
+            SimdPath::Avx512 => return unsafe { avx512(f) },
             // SAFETY: as above.
-            return unsafe { avx2(f) };
+            SimdPath::Avx2 => return unsafe { avx2(f) },
+            SimdPath::Baseline => {}
         }
     }
     f()
+}
+
+/// Which of `simd`'s builds runs here.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SimdPath {
+    Avx512,
+    Avx2,
+    Baseline,
+}
+
+/// `simd`'s choice: the CPU's widest of AVX-512 (F, VL, BW, DQ) and AVX2 + FMA that
+/// `ROOFLINE_ISA` allows, decided once per process.
+pub fn simd_path() -> SimdPath {
+    static PATH: std::sync::OnceLock<SimdPath> = std::sync::OnceLock::new();
+    *PATH.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use roofline_kernels::cpu::isa::Isa;
+            use std::is_x86_feature_detected as has;
+            let cap = Isa::current();
+            if cap >= Isa::Avx512
+                && has!("avx512f")
+                && has!("avx512vl")
+                && has!("avx512bw")
+                && has!("avx512dq")
+            {
+                return SimdPath::Avx512;
+            }
+            if cap >= Isa::Avx2 && has!("avx2") && has!("fma") {
+                return SimdPath::Avx2;
+            }
+        }
+        SimdPath::Baseline
+    })
 }
 
 /// An NHWC tensor (a matrix is `n × 1 × 1 × c`).

@@ -393,6 +393,28 @@ pub fn cpu_products(spec: &Spec) -> Result<Products, RunError> {
     }
 }
 
+/// `ROOFLINE_ISA` for a CPU run: refused where it names no instruction set (as `probe` refuses
+/// it), and where it caps, said on stderr with what it does not reach.
+fn isa_cap_note() -> Result<(), RunError> {
+    use roofline_kernels::cpu::isa::{Isa, ENV};
+    match Isa::cap() {
+        Err(e) => Err(RunError::Input(e.to_string())),
+        Ok(Some(cap)) if cap < Isa::detected() => {
+            eprintln!(
+                "{ENV}={}: the trainer's element-wise passes and roofline's own kernels run {} \
+                 (this CPU has {}); the gemm crate's products take the widest set it was built \
+                 for (AVX-512 in the default build: build without its \"x86-v4\" feature to \
+                 cap them too)",
+                cap.name(),
+                Isa::current().name(),
+                Isa::detected().name()
+            );
+            Ok(())
+        }
+        Ok(_) => Ok(()),
+    }
+}
+
 /// Checks `spec` and builds its configuration (no checkpoints; the caller adds them) and its
 /// pinned thread pool.
 pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
@@ -402,6 +424,9 @@ pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
     }
     trainer_precision(spec.precision)?;
     let products = cpu_products(spec)?;
+    if spec.device != Device::Cuda {
+        isa_cap_note()?;
+    }
     crate::alloc::enable_for_training();
     if spec.steps == Some(0) || spec.epochs == Some(0) {
         return Err(input("nothing to train: --steps or --epochs is 0".into()));
