@@ -402,9 +402,9 @@ fn isa_cap_note() -> Result<(), RunError> {
         Ok(Some(cap)) if cap < Isa::detected() => {
             eprintln!(
                 "{ENV}={}: the trainer's element-wise passes and roofline's own kernels run {} \
-                 (this CPU has {}); the gemm crate's products take the widest set it was built \
-                 for (AVX-512 in the default build: build without its \"x86-v4\" feature to \
-                 cap them too)",
+                 (this CPU has {}); the gemm crate's products take the CPU's widest set that the \
+                 crate was built for (AVX-512 in the default build: build without its \
+                 \"x86-v4\" feature to cap them too)",
                 cap.name(),
                 Isa::current().name(),
                 Isa::detected().name()
