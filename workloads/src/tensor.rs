@@ -244,49 +244,35 @@ pub fn simd<R>(f: impl FnOnce() -> R) -> R {
         unsafe fn avx2<R>(f: impl FnOnce() -> R) -> R {
             f()
         }
-        match simd_path() {
-            // SAFETY: simd_path checked that the CPU has every feature the function is
-            // compiled for.
-            SimdPath::Avx512 => return unsafe { avx512(f) },
+        use roofline_kernels::cpu::isa::Isa;
+        match simd_isa() {
+            // SAFETY: simd_isa checked that the CPU has every feature the function is compiled
+            // for.
+            Isa::Avx512 => return unsafe { avx512(f) },
             // SAFETY: as above.
-            SimdPath::Avx2 => return unsafe { avx2(f) },
-            SimdPath::Baseline => {}
+            Isa::Avx2 => return unsafe { avx2(f) },
+            _ => {}
         }
     }
     f()
 }
 
-/// Which of `simd`'s builds runs here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SimdPath {
-    Avx512,
-    Avx2,
-    Baseline,
-}
-
-/// `simd`'s choice: the CPU's widest of AVX-512 (F, VL, BW, DQ) and AVX2 + FMA that
-/// `ROOFLINE_ISA` allows, decided once per process.
-pub fn simd_path() -> SimdPath {
-    static PATH: std::sync::OnceLock<SimdPath> = std::sync::OnceLock::new();
-    *PATH.get_or_init(|| {
+/// `simd`'s choice: the instruction set the kernels use under the `ROOFLINE_ISA` cap
+/// (`Isa::current`: AVX-512 F, else AVX2 + FMA), with AVX-512 only where the CPU also has VL,
+/// BW and DQ (which `simd`'s build needs), decided once per process.
+pub fn simd_isa() -> roofline_kernels::cpu::isa::Isa {
+    use roofline_kernels::cpu::isa::Isa;
+    static ISA: std::sync::OnceLock<Isa> = std::sync::OnceLock::new();
+    *ISA.get_or_init(|| {
+        let isa = Isa::current();
         #[cfg(target_arch = "x86_64")]
         {
-            use roofline_kernels::cpu::isa::Isa;
             use std::is_x86_feature_detected as has;
-            let cap = Isa::current();
-            if cap >= Isa::Avx512
-                && has!("avx512f")
-                && has!("avx512vl")
-                && has!("avx512bw")
-                && has!("avx512dq")
-            {
-                return SimdPath::Avx512;
-            }
-            if cap >= Isa::Avx2 && has!("avx2") && has!("fma") {
-                return SimdPath::Avx2;
+            if isa == Isa::Avx512 && !(has!("avx512vl") && has!("avx512bw") && has!("avx512dq")) {
+                return Isa::Avx2;
             }
         }
-        SimdPath::Baseline
+        isa
     })
 }
 
