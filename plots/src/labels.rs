@@ -238,26 +238,35 @@ pub fn place(
             let (ox, oy) = l
                 .owner
                 .unwrap_or_else(|| l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y)));
-            'rings: for ring in 1..14 {
-                let r = 16.0 * ring as f64;
-                for k in 0..24 {
-                    let t = std::f64::consts::TAU * k as f64 / 24.0;
-                    let s = Spot {
-                        x: ox + r * t.cos(),
-                        y: oy - r * t.sin(),
-                        angle: 0.0,
-                        anchor: if t.cos() >= 0.0 {
-                            Anchor::Start
+            // First a leader clear of every placed box by the lines' clearance; where there
+            // is none, one that only does not cross them (the earlier rule: a label on a leader
+            // that may graze another's edge, rather than no label).
+            'rules: for clearance in [true, false] {
+                for ring in 1..14 {
+                    let r = 16.0 * ring as f64;
+                    for k in 0..24 {
+                        let t = std::f64::consts::TAU * k as f64 / 24.0;
+                        let s = Spot {
+                            x: ox + r * t.cos(),
+                            y: oy - r * t.sin(),
+                            angle: 0.0,
+                            anchor: if t.cos() >= 0.0 {
+                                Anchor::Start
+                            } else {
+                                Anchor::End
+                            },
+                        };
+                        let seg = ((ox, oy), (s.x, s.y - 0.3 * l.size));
+                        let leader_ok = if clearance {
+                            leader_clear(&boxes, seg)
                         } else {
-                            Anchor::End
-                        },
-                    };
-                    let end = (s.x, s.y - 0.3 * l.size);
-                    if free(&s, &boxes, &lines) && !boxes.iter().any(|b| crosses(b, (ox, oy), end))
-                    {
-                        chosen = Some(s);
-                        leader = Some(((ox, oy), end));
-                        break 'rings;
+                            !boxes.iter().any(|b| crosses(b, seg.0, seg.1))
+                        };
+                        if free(&s, &boxes, &lines) && leader_ok {
+                            chosen = Some(s);
+                            leader = Some(seg);
+                            break 'rules;
+                        }
                     }
                 }
             }
@@ -280,6 +289,13 @@ pub fn place(
         });
     }
     (out, left_out)
+}
+
+/// Whether a leader line keeps [`CLEARANCE`] from every placed box, as drawn lines keep it
+/// from the labels they do not own (a leader run along a label's estimated edge, within half a
+/// pixel of it, crossed the text the browser drew).
+fn leader_clear(boxes: &[Quad], seg: Segment) -> bool {
+    !boxes.iter().any(|b| grazes(b, seg.0, seg.1))
 }
 
 /// ` data-<key>="<value>"`, or nothing.
@@ -462,6 +478,28 @@ mod tests {
         assert!(!crosses(&q, p, r), "but it does not cross it");
         let (p, r) = vertical(867.0 + CLEARANCE + 0.5);
         assert!(!grazes(&q, p, r), "clear of it");
+    }
+
+    /// The leader of a score report's roof label ran down the end of another roof's label
+    /// (both ending at x = 1043): on the estimated edge, so not "crossing" it, and the browser
+    /// saw the text crossed. A leader keeps the lines' clearance.
+    #[test]
+    fn a_leader_along_a_label_edge_is_refused() {
+        let spot = Spot {
+            x: 1043.0,
+            y: 336.9,
+            anchor: Anchor::End,
+            angle: 0.0,
+        };
+        let placed = [quad("FMA f32 428 of 460 GFLOP/s peak", 13.0, &spot)];
+        let along = ((1043.0, 298.1), (1043.0, 358.5));
+        assert!(!crosses(&placed[0], along.0, along.1));
+        assert!(!leader_clear(&placed, along));
+        let clear = (
+            (1043.0 + CLEARANCE + 0.5, 298.1),
+            (1043.0 + CLEARANCE + 0.5, 358.5),
+        );
+        assert!(leader_clear(&placed, clear));
     }
 
     #[test]
