@@ -2,20 +2,30 @@
 //! connected layer, softmax cross-entropy.
 
 use super::Param;
-use crate::tensor::{gemm, simd, Float, Mat, Tensor};
+use crate::tensor::{fill_uninit, gemm, simd, Float, Mat, Tensor};
 use rayon::prelude::*;
 
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
+///
+/// The forward pass keeps, for each output, which of its nine taps won (one byte, `NO_TAP`
+/// where none lay inside the image), not the input's index: a quarter of the bytes. The
+/// backward pass gathers: each input element sums the output gradients of the (at most four)
+/// windows whose winning tap it was, in the order of the outputs (the bits of a scatter in
+/// output order into zeros), and is written once; no zero-filled gradient is read back.
 pub struct MaxPool<T> {
-    pub(super) argmax: Vec<u32>,
+    taps: Vec<u8>,
     input_shape: (usize, usize, usize, usize),
     _t: std::marker::PhantomData<T>,
 }
 
+/// A window with no tap inside the image (none with these sizes: every window holds its
+/// centre), whose output is zero and passes no gradient.
+const NO_TAP: u8 = 9;
+
 impl<T: Float> Default for MaxPool<T> {
     fn default() -> Self {
         MaxPool {
-            argmax: Vec::new(),
+            taps: Vec::new(),
             input_shape: (0, 0, 0, 0),
             _t: std::marker::PhantomData,
         }
@@ -23,16 +33,22 @@ impl<T: Float> Default for MaxPool<T> {
 }
 
 impl<T: Float> MaxPool<T> {
+    /// The output size for an input of `h × w`.
+    fn output_size(h: usize, w: usize) -> (usize, usize) {
+        ((h + 2 - 3) / 2 + 1, (w + 2 - 3) / 2 + 1)
+    }
+
     pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
-        let (oh, ow) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
-        let mut y = Tensor::for_overwrite(x.n, oh, ow, x.c);
-        let mut arg = vec![0u32; y.len()];
+        let (oh, ow) = Self::output_size(x.h, x.w);
+        let mut y = Tensor::uninit(x.n, oh, ow, x.c);
+        let mut taps = Vec::with_capacity(y.data.len());
+        taps.resize(y.data.len(), std::mem::MaybeUninit::<u8>::uninit());
         let c = x.c;
         y.data
             .par_chunks_mut(oh * ow * c)
-            .zip(arg.par_chunks_mut(oh * ow * c))
+            .zip(taps.par_chunks_mut(oh * ow * c))
             .enumerate()
-            .for_each(|(n, (yi, ai))| {
+            .for_each(|(n, (yi, ti))| {
                 let image = x.h * x.w * c;
                 let xi = &x.data[n * image..(n + 1) * image];
                 // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
@@ -43,7 +59,8 @@ impl<T: Float> MaxPool<T> {
                         for oy in 0..oh {
                             for ox in 0..ow {
                                 let o = (oy * ow + ox) * c;
-                                let (yo, ao) = (&mut yi[o..o + c], &mut ai[o..o + c]);
+                                let yo = fill_uninit(&mut yi[o..o + c], T::zero());
+                                let to = fill_uninit(&mut ti[o..o + c], NO_TAP);
                                 let mut first = true;
                                 for ky in 0..3 {
                                     let iy = (oy * 2 + ky) as isize - 1;
@@ -57,52 +74,118 @@ impl<T: Float> MaxPool<T> {
                                         }
                                         let base = ((iy as usize) * x.w + ix as usize) * c;
                                         let row = &xi[base..base + c];
+                                        let tap = (ky * 3 + kx) as u8;
                                         if first {
                                             yo.copy_from_slice(row);
-                                            for (j, a) in ao.iter_mut().enumerate() {
-                                                *a = (base + j) as u32;
-                                            }
+                                            to.fill(tap);
                                             first = false;
                                             continue;
                                         }
-                                        for (j, ((b, a), v)) in
-                                            yo.iter_mut().zip(ao.iter_mut()).zip(row).enumerate()
+                                        for ((b, t), v) in yo.iter_mut().zip(to.iter_mut()).zip(row)
                                         {
                                             if *v > *b {
                                                 *b = *v;
-                                                *a = (base + j) as u32;
+                                                *t = tap;
                                             }
                                         }
                                     }
-                                }
-                                if first {
-                                    yo.fill(T::zero());
-                                    ao.fill(0);
                                 }
                             }
                         }
                     },
                 )
             });
-        self.argmax = arg;
+        // SAFETY: every output and its tap were written (zero and NO_TAP first).
+        self.taps = unsafe { std::mem::transmute::<Vec<std::mem::MaybeUninit<u8>>, Vec<u8>>(taps) };
         self.input_shape = (x.n, x.h, x.w, x.c);
-        y
+        // SAFETY: as the taps.
+        unsafe { y.assume_init() }
+    }
+
+    /// The index in its image of the input element that output element `o` (counted over the
+    /// batch) took, `None` where its window held no input.
+    pub fn source(&self, o: usize) -> Option<usize> {
+        let (_, h, w, c) = self.input_shape;
+        let (oh, ow) = Self::output_size(h, w);
+        let tap = self.taps[o];
+        if tap == NO_TAP {
+            return None;
+        }
+        let (j, p) = (o % c, (o / c) % (oh * ow));
+        let (iy, ix) = (
+            (p / ow) * 2 + tap as usize / 3 - 1,
+            (p % ow) * 2 + tap as usize % 3 - 1,
+        );
+        Some((iy * w + ix) * c + j)
     }
 
     pub fn backward(&mut self, dy: &Tensor<T>) -> Tensor<T> {
         let (n, h, w, c) = self.input_shape;
-        let mut dx = Tensor::zeros(n, h, w, c);
-        let per_out = dy.h * dy.w * c;
+        let (oh, ow) = (dy.h, dy.w);
+        assert_eq!(
+            (dy.n, oh, ow, dy.c),
+            (n, Self::output_size(h, w).0, Self::output_size(h, w).1, c),
+            "max pool: gradient shape"
+        );
+        let mut dx = Tensor::uninit(n, h, w, c);
+        let per_out = oh * ow * c;
         dx.data
             .par_chunks_mut(h * w * c)
             .enumerate()
             .for_each(|(img, dxi)| {
-                for o in 0..per_out {
-                    dxi[self.argmax[img * per_out + o] as usize] += dy.data[img * per_out + o];
-                }
+                let (dyi, ti) = (
+                    &dy.data[img * per_out..(img + 1) * per_out],
+                    &self.taps[img * per_out..(img + 1) * per_out],
+                );
+                simd(
+                    #[inline(always)]
+                    || {
+                        for iy in 0..h {
+                            // The windows holding row iy, in output order: iy = 2·oy − 1 + ky.
+                            let rows = windows(iy, oh);
+                            for ix in 0..w {
+                                let cols = windows(ix, ow);
+                                let i = (iy * w + ix) * c;
+                                let d = fill_uninit(&mut dxi[i..i + c], T::zero());
+                                for &(oy, ky) in rows.iter().flatten() {
+                                    for &(ox, kx) in cols.iter().flatten() {
+                                        let o = (oy * ow + ox) * c;
+                                        let tap = (ky * 3 + kx) as u8;
+                                        let (g, t) = (&dyi[o..o + c], &ti[o..o + c]);
+                                        for j in 0..c {
+                                            if t[j] == tap {
+                                                d[j] += g[j];
+                                            }
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    },
+                )
             });
-        dx
+        // SAFETY: every input element's gradient was written (zero first).
+        unsafe { dx.assume_init() }
     }
+}
+
+/// The windows (of `outs` along one axis) that hold input position `i`, each with the tap
+/// `i` is in it, in output order: at most two.
+#[inline(always)]
+fn windows(i: usize, outs: usize) -> [Option<(usize, usize)>; 2] {
+    // i = 2·o − 1 + k, k in 0..3.
+    let mut v = [None, None];
+    let mut at = 0;
+    for k in [2usize, 1, 0] {
+        if (i + 1) >= k && (i + 1 - k).is_multiple_of(2) {
+            let o = (i + 1 - k) / 2;
+            if o < outs {
+                v[at] = Some((o, k));
+                at += 1;
+            }
+        }
+    }
+    v
 }
 
 /// Global average pooling: n × h × w × c → n × 1 × 1 × c.

@@ -330,14 +330,25 @@ fn relu_pool_linear_and_loss_gradients() {
                     }
                     let o = ((n * y.h + oy) * y.w + ox) * 5 + j;
                     assert_eq!(
-                        (y.data[o], mp.argmax[o] as usize),
-                        best.unwrap(),
+                        (y.data[o], mp.source(o)),
+                        (best.unwrap().0, Some(best.unwrap().1)),
                         "output {o}"
                     );
                 }
             }
         }
     }
+    // Its gradient gathered per input element: the bits of a scatter of the output gradients
+    // into zeros in output order (on the tied input above, where taps matter).
+    let proj = rand_tensor(y.n, y.h, y.w, y.c, 14);
+    let dx = mp.backward(&proj);
+    let mut scatter = vec![0.0f64; x.data.len()];
+    let per_out = y.h * y.w * 5;
+    for (o, g) in proj.data.iter().enumerate() {
+        let i = mp.source(o).expect("every window holds its centre");
+        scatter[(o / per_out) * 9 * 8 * 5 + i] += g;
+    }
+    assert_eq!(dx.data, scatter, "max pool gradient");
     // Global average pool
     let x = rand_tensor(2, 3, 4, 5, 11);
     let proj = rand_tensor(2, 1, 1, 5, 12);
