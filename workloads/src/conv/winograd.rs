@@ -16,6 +16,11 @@
 //! ξ-major: `V[ξ][tile][c]`, `U[ξ][c][k]`, `M[ξ][tile][k]`. Every tile is transformed by one
 //! thread, every GEMM run by one thread (the 36 spread over the pool), and each sum in a fixed
 //! order: the results do not depend on the thread count.
+//!
+//! Layers whose transformed filter is small (layer1's) go image by image in blocks of tiles
+//! that stay in cache instead (`blocked`): the transformed tensors never reach memory.
+
+mod blocked;
 
 use super::ConvShape;
 use crate::tensor::{fill_uninit, native_gemm, simd, Float, Mat};
@@ -312,32 +317,47 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
     let tiles = g.tiles();
     assert_eq!(v.len(), XI * tiles * c);
     let out = Out(v.as_mut_ptr());
+    // SAFETY: tile t's points, inside v (length checked), written by this task alone.
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| {
-            let (img, oy, ox) = g.origin(t);
-            by_lanes!(c, |c0, N| {
-                let mut d = [[[T::zero(); N]; 6]; 6];
-                for (a, row) in d.iter_mut().enumerate() {
-                    let iy = oy + a;
-                    if iy == 0 || iy > g.h {
-                        continue;
-                    }
-                    for (bb, lanes) in row.iter_mut().enumerate() {
-                        let ix = ox + bb;
-                        if ix == 0 || ix > g.w {
-                            continue;
-                        }
-                        let at = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
-                        lanes.copy_from_slice(&x[at..at + N]);
-                    }
-                }
-                // SAFETY: tile t's points, inside v (length checked), written by this task alone.
-                unsafe { scatter_points(&two_d(&d, bt), out, (tiles, t, c, c0)) };
-            });
-        },
+        |t| unsafe { input_tile(x, g, c, t, out, (tiles, t)) },
     );
+}
+
+/// Tile `t`'s input transform, written as tile `slot` of `count` (`out[(ξ · count + slot) · c ..]`).
+///
+/// # Safety
+/// Those places are inside `out`'s allocation and written by no other thread.
+#[inline(always)]
+unsafe fn input_tile<T: Float>(
+    x: &[T],
+    g: Grid,
+    c: usize,
+    t: usize,
+    out: Out<T>,
+    (count, slot): (usize, usize),
+) {
+    let (img, oy, ox) = g.origin(t);
+    by_lanes!(c, |c0, N| {
+        let mut d = [[[T::zero(); N]; 6]; 6];
+        for (a, row) in d.iter_mut().enumerate() {
+            let iy = oy + a;
+            if iy == 0 || iy > g.h {
+                continue;
+            }
+            for (bb, lanes) in row.iter_mut().enumerate() {
+                let ix = ox + bb;
+                if ix == 0 || ix > g.w {
+                    continue;
+                }
+                let i = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
+                lanes.copy_from_slice(&x[i..i + N]);
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { scatter_points(&two_d(&d, bt), out, (count, slot, c, c0)) };
+    });
 }
 
 /// `dM[ξ][t][k] = (A dY Aᵀ)[ξ]` for every tile of the output gradient `dy` (NHWC, `k`
@@ -346,24 +366,39 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
     let tiles = g.tiles();
     assert_eq!(dm.len(), XI * tiles * k);
     let out = Out(dm.as_mut_ptr());
+    // SAFETY: as in input_transform.
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| {
-            let (img, oy, ox) = g.origin(t);
-            by_lanes!(k, |k0, N| {
-                let mut d = [[[T::zero(); N]; 4]; 4];
-                for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
-                    for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
-                        let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                        lanes.copy_from_slice(&dy[at..at + N]);
-                    }
-                }
-                // SAFETY: as in input_transform.
-                unsafe { scatter_points(&two_d(&d, a), out, (tiles, t, k, k0)) };
-            });
-        },
+        |t| unsafe { output_gradient_tile(dy, g, k, t, out, (tiles, t)) },
     );
+}
+
+/// Tile `t`'s output-gradient transform, written as tile `slot` of `count`.
+///
+/// # Safety
+/// As `input_tile`.
+#[inline(always)]
+unsafe fn output_gradient_tile<T: Float>(
+    dy: &[T],
+    g: Grid,
+    k: usize,
+    t: usize,
+    out: Out<T>,
+    (count, slot): (usize, usize),
+) {
+    let (img, oy, ox) = g.origin(t);
+    by_lanes!(k, |k0, N| {
+        let mut d = [[[T::zero(); N]; 4]; 4];
+        for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
+            for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
+                let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                lanes.copy_from_slice(&dy[p..p + N]);
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { scatter_points(&two_d(&d, a), out, (count, slot, k, k0)) };
+    });
 }
 
 /// `y = Aᵀ M A` for every tile, the parts inside the image written (every output belongs to
@@ -373,23 +408,39 @@ fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T
     assert_eq!(m.len(), XI * tiles * k);
     assert_eq!(y.len(), g.n * g.h * g.w * k);
     let out = Out(y.as_mut_ptr() as *mut T);
+    // SAFETY: inside y (length checked); each output belongs to one tile alone.
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| {
-            let (img, oy, ox) = g.origin(t);
-            by_lanes!(k, |k0, N| {
-                let ty = two_d(&gather_points::<T, N>(m, (tiles, t, k, k0)), at);
-                for (i, row) in ty.iter().enumerate().take(g.h - oy) {
-                    for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
-                        let at = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                        // SAFETY: inside y (length checked); this output belongs to tile t alone.
-                        unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(at), N) };
-                    }
-                }
-            });
-        },
+        |t| unsafe { output_tile(m, (tiles, t), g, k, t, out) },
     );
+}
+
+/// Tile `t` of `y` from tile `slot` of `count` in `m`: its outputs inside the image.
+///
+/// # Safety
+/// `out` is `y`'s allocation (`g`'s outputs, `k` channels), tile `t`'s written by no other
+/// thread.
+#[inline(always)]
+unsafe fn output_tile<T: Float>(
+    m: &[T],
+    (count, slot): (usize, usize),
+    g: Grid,
+    k: usize,
+    t: usize,
+    out: Out<T>,
+) {
+    let (img, oy, ox) = g.origin(t);
+    by_lanes!(k, |k0, N| {
+        let ty = two_d(&gather_points::<T, N>(m, (count, slot, k, k0)), at);
+        for (i, row) in ty.iter().enumerate().take(g.h - oy) {
+            for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
+                let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
+                // SAFETY: the caller's contract.
+                unsafe { std::ptr::copy_nonoverlapping(lanes.as_ptr(), out.at(p), N) };
+            }
+        }
+    });
 }
 
 /// `dx += B dV Bᵀ` for every tile, the parts inside the image: the adjoint of the input
@@ -405,30 +456,44 @@ fn input_gradient_transform<T: Float>(dv: &[T], g: Grid, c: usize, dx: &mut [T])
                 #[inline(always)]
                 || {
                     for t in img * g.per_image()..(img + 1) * g.per_image() {
-                        let (_, oy, ox) = g.origin(t);
-                        by_lanes!(c, |c0, N| {
-                            let dd = two_d(&gather_points::<T, N>(dv, (tiles, t, c, c0)), b);
-                            for (a, row) in dd.iter().enumerate() {
-                                let iy = oy + a;
-                                if iy == 0 || iy > g.h {
-                                    continue;
-                                }
-                                for (bb, lanes) in row.iter().enumerate() {
-                                    let ix = ox + bb;
-                                    if ix == 0 || ix > g.w {
-                                        continue;
-                                    }
-                                    let at = ((iy - 1) * g.w + ix - 1) * c + c0;
-                                    for (d, &e) in dx_img[at..at + N].iter_mut().zip(lanes) {
-                                        *d += e;
-                                    }
-                                }
-                            }
-                        });
+                        input_gradient_tile(dv, (tiles, t), g, c, t, dx_img);
                     }
                 },
             )
         });
+}
+
+/// Adds tile `t`'s input gradient, from tile `slot` of `count` in `dv`, into its image's
+/// gradient `dx_img`.
+#[inline(always)]
+fn input_gradient_tile<T: Float>(
+    dv: &[T],
+    (count, slot): (usize, usize),
+    g: Grid,
+    c: usize,
+    t: usize,
+    dx_img: &mut [T],
+) {
+    let (_, oy, ox) = g.origin(t);
+    by_lanes!(c, |c0, N| {
+        let dd = two_d(&gather_points::<T, N>(dv, (count, slot, c, c0)), b);
+        for (a, row) in dd.iter().enumerate() {
+            let iy = oy + a;
+            if iy == 0 || iy > g.h {
+                continue;
+            }
+            for (bb, lanes) in row.iter().enumerate() {
+                let ix = ox + bb;
+                if ix == 0 || ix > g.w {
+                    continue;
+                }
+                let p = ((iy - 1) * g.w + ix - 1) * c + c0;
+                for (d, &e) in dx_img[p..p + N].iter_mut().zip(lanes) {
+                    *d += e;
+                }
+            }
+        }
+    });
 }
 
 /// `U[ξ][c][k] = (G g Gᵀ)[ξ]` for the RSCK filter `w`.
@@ -514,8 +579,31 @@ fn with_buffers<T: Float, R, const K: usize>(
 
 /// `y = conv(x, w)` (every element of `y` written).
 pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &ConvShape) {
+    forward_by(x, w, y, sh, blocked::applies::<T>(sh.c, sh.k))
+}
+
+/// The filter transformed, `U[ξ][c][k]`, for the blocked passes (small: no scratch held
+/// across their tasks).
+fn transformed_filter<T: Float>(w: &[T], c: usize, k: usize) -> Vec<T> {
+    let mut u = vec![T::zero(); XI * c * k];
+    filter_transform(w, c, k, &mut u);
+    u
+}
+
+/// `forward`, block by block (`blocked`) or over the whole batch.
+fn forward_by<T: Float>(
+    x: &[T],
+    w: &[T],
+    y: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+    by_block: bool,
+) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
     let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    if by_block {
+        assert_eq!(y.len(), sh.output_len());
+        return blocked::forward(x, &transformed_filter(w, c, k), y, g, (c, k));
+    }
     let tiles = g.tiles();
     with_buffers([XI * c * k, XI * tiles * c, XI * tiles * k], |[u, v, m]| {
         rayon::join(
@@ -548,15 +636,49 @@ pub unsafe fn backward_data<T: Float>(
     sh: &ConvShape,
     accumulate: bool,
 ) {
+    let by_block = blocked::applies::<T>(sh.c, sh.k);
+    // SAFETY: the caller's contract.
+    unsafe { backward_data_by(dy, w, dx, sh, accumulate, by_block) }
+}
+
+/// `backward_data`, block by block (`blocked`) or over the whole batch.
+///
+/// # Safety
+/// As `backward_data`.
+unsafe fn backward_data_by<T: Float>(
+    dy: &[T],
+    w: &[T],
+    dx: &mut [MaybeUninit<T>],
+    sh: &ConvShape,
+    accumulate: bool,
+    by_block: bool,
+) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
     let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
-    let tiles = g.tiles();
+    assert_eq!(dy.len(), sh.output_len());
+    assert_eq!(dx.len(), sh.input_len());
+    if by_block {
+        // U[ξ]ᵀ (k × c) row-major: the products read it as it is (a transposed operand, the
+        // crate packed it again for each of the 36 products of every block).
+        let u = transformed_filter(w, c, k);
+        let mut ut = vec![T::zero(); u.len()];
+        for (t, s) in ut.chunks_exact_mut(c * k).zip(u.chunks_exact(c * k)) {
+            for ci in 0..c {
+                for ki in 0..k {
+                    t[ki * c + ci] = s[ci * k + ki];
+                }
+            }
+        }
+        // SAFETY: the caller's contract.
+        return unsafe { blocked::backward_data(dy, &ut, dx, accumulate, g, (c, k)) };
+    }
     let dx = if accumulate {
         // SAFETY: initialised (the contract).
         unsafe { &mut *(dx as *mut [MaybeUninit<T>] as *mut [T]) }
     } else {
         fill_uninit(dx, T::zero())
     };
+    let tiles = g.tiles();
     with_buffers(
         [XI * c * k, XI * tiles * k, XI * tiles * c],
         |[u, dm, dv]| {
@@ -581,8 +703,19 @@ pub unsafe fn backward_data<T: Float>(
 
 /// `dw = ∂L/∂w` from the layer's input `x` and `dy` (written over `dw`).
 pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape) {
+    backward_filter_by(x, dy, dw, sh, blocked::applies::<T>(sh.c, sh.k))
+}
+
+/// `backward_filter`, block by block (`blocked`) or over the whole batch.
+fn backward_filter_by<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape, by_block: bool) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
     let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    if by_block {
+        assert_eq!((x.len(), dy.len()), (sh.input_len(), sh.output_len()));
+        let mut du = vec![T::zero(); XI * c * k];
+        blocked::backward_filter(x, dy, &mut du, g, (c, k));
+        return filter_gradient_transform(&du, c, k, dw);
+    }
     let tiles = g.tiles();
     with_buffers(
         [XI * tiles * c, XI * tiles * k, XI * c * k],

@@ -175,6 +175,76 @@ fn f32_errors_stay_near_f32_rounding_on_resnet_shapes() {
     }
 }
 
+/// Block by block (layers with a small transformed filter) or over the whole batch: the same
+/// sums but for the products' rounding, on whole and cut tiles, channels in vectors and not, images of one block and of
+/// several (the last one short), in f32 and f64.
+#[test]
+fn the_blocked_passes_agree_with_the_whole_batch_passes() {
+    fn both<T: Float>(sh: &ConvShape) {
+        let f = |v: Vec<f64>| v.into_iter().map(T::from_f64).collect::<Vec<T>>();
+        let (x, w, g) = (
+            f(data(sh.input_len(), 0.4)),
+            f(data(sh.weight_len(), 0.9)),
+            f(data(sh.output_len(), 2.3)),
+        );
+        let prior = f(data(sh.input_len(), 3.1));
+        let run = |by_block: bool| {
+            let mut y = vec![T::zero(); sh.output_len()];
+            let mut dx = prior.clone();
+            // SAFETY: y is written whole; dx is initialised.
+            unsafe {
+                forward_by(&x, &w, as_uninit(&mut y), sh, by_block);
+                backward_data_by(&g, &w, as_uninit(&mut dx), sh, true, by_block);
+            }
+            let mut dw = vec![T::zero(); sh.weight_len()];
+            backward_filter_by(&x, &g, &mut dw, sh, by_block);
+            (y, dx, dw)
+        };
+        assert!(blocked::applies::<T>(sh.c, sh.k), "{}", sh.describe());
+        let ((y1, dx1, dw1), (y0, dx0, dw0)) = (run(true), run(false));
+        // Normwise, in units of T's rounding: the products over fewer rows round differently
+        // (the gemm crate's kernels for short matrices: 8 units on the third shape's backward
+        // data pass, amplified by the transforms as in the whole-batch pass's own error) and
+        // the filter gradient sums the batch in another order (53 units on the last shape),
+        // where a tile in a wrong place would be off by its whole value (10¹⁵ units in f64).
+        let rel = |p: &[T], q: &[T]| {
+            let d: f64 = p
+                .iter()
+                .zip(q)
+                .map(|(a, b)| (*a - *b).to_f64().powi(2))
+                .sum();
+            let n: f64 = q.iter().map(|b| b.to_f64().powi(2)).sum();
+            let eps = if std::mem::size_of::<T>() == 4 {
+                f32::EPSILON as f64
+            } else {
+                f64::EPSILON
+            };
+            (d / n).sqrt() / eps
+        };
+        for (what, e, bound) in [
+            ("forward", rel(&y1, &y0), 32.0),
+            ("backward data", rel(&dx1, &dx0), 32.0),
+            ("backward filter", rel(&dw1, &dw0), 256.0),
+        ] {
+            assert!(
+                e < bound,
+                "{} {what}: {e:.2} units of rounding apart",
+                sh.describe()
+            );
+        }
+    }
+    for sh in [
+        shape(1, 48, 40, 64, 3, 1, 1),
+        shape(2, 48, 13, 64, 3, 1, 1),
+        shape(3, 20, 9, 24, 3, 1, 1),
+        shape(2, 17, 16, 5, 3, 1, 1),
+    ] {
+        let sh = ConvShape { w: sh.h + 3, ..sh };
+        both::<f64>(&sh);
+        both::<f32>(&sh);
+    }
+}
+
 /// The same bits whatever the pool: one thread, two, five.
 #[test]
 fn the_thread_count_changes_no_bit() {
