@@ -520,6 +520,21 @@ fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
     );
 }
 
+/// `ut[ξ] = u[ξ]ᵀ` (each `c × k` point to `k × c`, row-major): the blocked backward-data
+/// products read the filter as it is (the gemm crate packed a transposed operand again for
+/// each of the 36 products of every block).
+fn transpose_points<T: Float>(u: &[T], c: usize, k: usize, ut: &mut [T]) {
+    ut.par_chunks_mut(c * k)
+        .zip(u.par_chunks(c * k))
+        .for_each(|(t, s)| {
+            for ci in 0..c {
+                for ki in 0..k {
+                    t[ki * c + ci] = s[ci * k + ki];
+                }
+            }
+        });
+}
+
 /// `dw = Gᵀ dU G` into the RSCK filter gradient: the adjoint of the filter transform.
 fn filter_gradient_transform<T: Float>(du: &[T], c: usize, k: usize, dw: &mut [T]) {
     assert_eq!(dw.len(), 9 * c * k);
@@ -662,13 +677,7 @@ unsafe fn backward_data_by<T: Float>(
         // crate packed it again for each of the 36 products of every block).
         let u = transformed_filter(w, c, k);
         let mut ut = vec![T::zero(); u.len()];
-        for (t, s) in ut.chunks_exact_mut(c * k).zip(u.chunks_exact(c * k)) {
-            for ci in 0..c {
-                for ki in 0..k {
-                    t[ki * c + ci] = s[ci * k + ki];
-                }
-            }
-        }
+        transpose_points(&u, c, k, &mut ut);
         // SAFETY: the caller's contract.
         return unsafe { blocked::backward_data(dy, &ut, dx, accumulate, g, (c, k)) };
     }
@@ -687,7 +696,9 @@ unsafe fn backward_data_by<T: Float>(
                 || output_gradient_transform(dy, g, k, dm),
             );
             let (u, dm) = (&*u, &*dm);
-            // SAFETY: dM[ξ] is tiles × k, U[ξ]ᵀ is k × c (U[ξ] c × k, row-major).
+            // SAFETY: dM[ξ] is tiles × k, U[ξ]ᵀ is k × c (U[ξ] c × k, row-major). Read
+            // transposed as it is: U transposed first ran slower on the large layers
+            // (trainer_conv bwd_data, layer3 640 → 493–542, layer4 540 → 259–297 GFLOP/s).
             unsafe {
                 products(
                     (tiles, c, k),
