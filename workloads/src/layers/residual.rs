@@ -75,8 +75,11 @@ impl<T: Float> BatchNorm<T> {
             });
         if train {
             self.input = Some(x);
-            if let Some((bn, _)) = down {
+            if let Some((bn, (a2, d2))) = down {
                 bn.input = Some(s.into_owned());
+                // The backward pass's mask, recomputed from the inputs it reads anyway.
+                self.relu_affine = Some((a, d));
+                bn.relu_affine = Some((a2, d2));
             }
         }
         // SAFETY: the chunks of rows cover y, and every row's c elements were written.
@@ -84,7 +87,8 @@ impl<T: Float> BatchNorm<T> {
     }
 
     /// The backward pass of `forward_add_relu`, from the gradient `dy` of the block's output
-    /// `out` (whose sign is the ReLU's mask), with `projection` the batch norm that was given
+    /// `out` (whose sign is the ReLU's mask; with a projection the mask is recomputed from the
+    /// two inputs, read anyway, and `out` is not read), with `projection` the batch norm that was given
     /// in `Shortcut::Projected` (None for `Shortcut::Identity`). Returns the gradients of this
     /// batch norm's input and of the shortcut as it was given: the block's input (identity),
     /// or the projection's convolution output.
@@ -93,7 +97,7 @@ impl<T: Float> BatchNorm<T> {
     /// norms see the same g, so one read of it feeds both); the second writes each input
     /// gradient over its kept input. Separately, the ReLU, each batch norm (two passes) and the
     /// shortcut's sum cost 11 tensor passes with an identity shortcut and 16 with a
-    /// projection; these cost 7 and 10, and the sum goes into the products of the block's first
+    /// projection; these cost 7 and 9, and the sum goes into the products of the block's first
     /// convolution (`Conv2d::backward_add`). The same bits as `relu_backward` followed by each
     /// batch norm's `backward` (the same operations in the same order).
     pub fn backward_add_relu(
@@ -119,6 +123,12 @@ impl<T: Float> BatchNorm<T> {
         let zero = T::zero();
         let projected = xs.is_some();
         let second = xs.as_ref().map_or(&x.data[..], |s| &s.data[..]);
+        // With a projection, the ReLU's mask from both inputs and the forward pass's affine
+        // maps (the same operations, so the same signs) instead of a read of `out`.
+        let maps = match (self.relu_affine.take(), projection.as_mut()) {
+            (Some(m), Some(bn)) => bn.relu_affine.take().map(|m2| (m, m2)),
+            _ => None,
+        };
         // Per chunk of rows, in the element type: Σ g, Σ g·x, Σ g·x_s.
         let partials: Vec<[Vec<T>; 3]> = dy
             .data
@@ -133,7 +143,11 @@ impl<T: Float> BatchNorm<T> {
                         let mut p = [vec![zero; c], vec![zero; c], vec![zero; c]];
                         let [q1, q2, q3] = &mut p;
                         let q = [&mut q1[..c], &mut q2[..c], &mut q3[..c]];
-                        mask_and_sum_rows(gc, oc, xc, projected.then_some(sc), q);
+                        let mask = match &maps {
+                            Some(((a, d), (a2, d2))) if projected => EndMask::Affine(a, d, a2, d2),
+                            _ => EndMask::Out(oc),
+                        };
+                        mask_and_sum_rows(gc, mask, xc, projected.then_some(sc), q);
                         p
                     },
                 )
@@ -198,8 +212,16 @@ impl<T: Float> BatchNorm<T> {
     }
 }
 
-/// The block end's first backward pass over the rows of a chunk: `g` masked where `out` is
-/// not positive (in place), Σ g into `q1`, Σ g·x into `q2` and, with a projection, Σ g·s into
+/// Where the block end's ReLU let the gradient through: its output positive, or (with a
+/// projection) `(x·a + d) + (s·a2 + d2)` positive, recomputed from the two inputs.
+#[derive(Clone, Copy)]
+enum EndMask<'a, T> {
+    Out(&'a [T]),
+    Affine(&'a [T], &'a [T], &'a [T], &'a [T]),
+}
+
+/// The block end's first backward pass over the rows of a chunk: `g` masked where the
+/// `mask` says the ReLU's output was not positive (in place), Σ g into `q1`, Σ g·x into `q2` and, with a projection, Σ g·s into
 /// `q3`, each channel summed row after row (the bits of a plain loop over rows). As
 /// `layers::sum_rows`, each group of channels sums in registers over a block of rows (summed
 /// into memory row by row, each row waited on the last one's stores). The mask is written by a
@@ -209,7 +231,7 @@ impl<T: Float> BatchNorm<T> {
 #[inline(always)]
 fn mask_and_sum_rows<T: Float>(
     g: &mut [T],
-    out: &[T],
+    mask: EndMask<'_, T>,
     x: &[T],
     s: Option<&[T]>,
     [q1, q2, q3]: [&mut [T]; 3],
@@ -221,9 +243,25 @@ fn mask_and_sum_rows<T: Float>(
     let zero = T::zero();
     for r0 in (0..rows).step_by(super::SUM_ROWS) {
         let r1 = (r0 + super::SUM_ROWS).min(rows);
-        let block = &mut g[r0 * c..r1 * c];
-        for (gj, oj) in block.iter_mut().zip(&out[r0 * c..r1 * c]) {
-            *gj = if *oj > zero { *gj } else { zero };
+        match mask {
+            EndMask::Out(out) => {
+                let block = &mut g[r0 * c..r1 * c];
+                for (gj, oj) in block.iter_mut().zip(&out[r0 * c..r1 * c]) {
+                    *gj = if *oj > zero { *gj } else { zero };
+                }
+            }
+            EndMask::Affine(a, d, a2, d2) => {
+                let s = s.expect("a projection's input");
+                for r in r0..r1 {
+                    let o = r * c;
+                    let (gr, xr, sr) = (&mut g[o..o + c], &x[o..o + c], &s[o..o + c]);
+                    let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
+                    for j in 0..c {
+                        let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
+                        gr[j] = if t > zero { gr[j] } else { zero };
+                    }
+                }
+            }
         }
         for g0 in (0..full).step_by(G) {
             let mut s1: [T; G] = q1[g0..g0 + G].try_into().expect("a group");
