@@ -216,7 +216,6 @@ pub struct ResNet<T> {
     pool: MaxPool<T>,
     pub blocks: Vec<Bottleneck<T>>,
     pub fc: Linear<T>,
-    stem_out: Arc<Tensor<T>>,
     last_hw: (usize, usize),
 }
 
@@ -252,7 +251,6 @@ impl<T: Float> ResNet<T> {
             pool: MaxPool::default(),
             blocks,
             fc,
-            stem_out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
             last_hw: (0, 0),
         }
     }
@@ -266,17 +264,20 @@ impl<T: Float> ResNet<T> {
         m
     }
 
-    /// Stem convolution, batch norm + ReLU, max pool (the stem's output kept for the backward
-    /// pass when training).
+    /// Stem convolution, batch norm + ReLU, max pool. The max pool applies the batch norm's
+    /// map and the ReLU as it reads the convolution's output (the normalised tensor is never
+    /// written), so `place`'s `bn1+relu` forward is the statistics pass and its `maxpool`
+    /// forward includes the normalisation. The batch norm keeps its input for the backward
+    /// pass when training.
     fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Arc<Tensor<T>> {
         let x = Arc::new(x.clone());
         let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
-        let s = Arc::new(timed(FWD, name("bn1+relu"), || {
-            self.stem_bn.forward_act(s, train, true)
+        let (a, d) = timed(FWD, name("bn1+relu"), || self.stem_bn.relu_maps(&s, train));
+        let h = Arc::new(timed(FWD, name("maxpool"), || {
+            self.pool.forward_relu_affine(&s, &a, &d)
         }));
-        let h = Arc::new(timed(FWD, name("maxpool"), || self.pool.forward(&s)));
         if train {
-            self.stem_out = s;
+            self.stem_bn.keep_relu_input(s, (a, d));
         }
         h
     }
@@ -286,7 +287,7 @@ impl<T: Float> ResNet<T> {
     fn stem_backward(&mut self, d: &Tensor<T>) {
         let ds = timed(BWD, name("maxpool"), || self.pool.backward(d));
         let dstem = timed(BWD, name("bn1+relu"), || {
-            self.stem_bn.backward_act(&ds, Some(&self.stem_out))
+            self.stem_bn.backward_relu_recomputed(&ds)
         });
         timed(BWD, name("conv1"), || {
             self.stem.backward_filter_only(&dstem)

@@ -78,6 +78,31 @@ impl<T: Float> BatchNorm<T> {
         Act::Half(Arc::new(Tensor { n, h, w, c, data }))
     }
 
+    /// The affine map `forward_act(x, train, true)` would apply, for a consumer that applies it
+    /// (and the ReLU) as it reads `x` (`MaxPool::forward_relu_affine`): the normalised tensor
+    /// is never written. Training then hands `x` and the map to `keep_relu_input`.
+    pub(crate) fn relu_maps(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+        self.affine(x, train)
+    }
+
+    /// Keeps the input and the map of `relu_maps` for `backward_relu_recomputed`.
+    pub(crate) fn keep_relu_input(&mut self, x: Tensor<T>, map: (Vec<T>, Vec<T>)) {
+        self.input = Some(x);
+        self.relu_affine = Some(map);
+    }
+
+    /// The backward pass after `relu_maps` and `keep_relu_input`: the ReLU's mask recomputed
+    /// from the kept input and map (there is no output to read).
+    pub(crate) fn backward_relu_recomputed(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        assert!(
+            self.relu_affine.is_some(),
+            "{}: backward without a kept map (keep_relu_input)",
+            self.gamma.name
+        );
+        // The empty output is never read: `gate` puts the kept map in its place.
+        self.backward_masked(dy, Gate::<T, T>::Output(&[]))
+    }
+
     /// `backward_act` for a `forward_relu` output.
     pub fn backward_relu(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Tensor<T> {
         match out {

@@ -39,6 +39,22 @@ impl<T: Float> MaxPool<T> {
     }
 
     pub fn forward(&mut self, x: &Tensor<T>) -> Tensor<T> {
+        self.forward_of(x, None)
+    }
+
+    /// `forward` of `max(x·a + d, 0)` per channel (a batch norm's affine map and its ReLU),
+    /// computed for each tap as it is read: the normalised tensor is never written (the
+    /// stem's, 103 MB at batch 32, was written, then read back by the pool). The same bits as
+    /// `forward` of that tensor (the same operations).
+    pub fn forward_relu_affine(&mut self, x: &Tensor<T>, a: &[T], d: &[T]) -> Tensor<T> {
+        assert!(
+            a.len() == x.c && d.len() == x.c,
+            "max pool: one map per channel"
+        );
+        self.forward_of(x, Some((a, d)))
+    }
+
+    fn forward_of(&mut self, x: &Tensor<T>, map: Option<(&[T], &[T])>) -> Tensor<T> {
         let (oh, ow) = Self::output_size(x.h, x.w);
         let mut y = Tensor::uninit(x.n, oh, ow, x.c);
         let mut taps = Vec::with_capacity(y.data.len());
@@ -51,11 +67,13 @@ impl<T: Float> MaxPool<T> {
             .for_each(|(n, (yi, ti))| {
                 let image = x.h * x.w * c;
                 let xi = &x.data[n * image..(n + 1) * image];
+                let mut mapped = vec![T::zero(); if map.is_some() { c } else { 0 }];
                 // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
                 // taken, a later one only where strictly greater (the first maximum wins).
                 simd(
                     #[inline(always)]
                     || {
+                        let zero = T::zero();
                         for oy in 0..oh {
                             for ox in 0..ow {
                                 let o = (oy * ow + ox) * c;
@@ -73,7 +91,19 @@ impl<T: Float> MaxPool<T> {
                                             continue;
                                         }
                                         let base = ((iy as usize) * x.w + ix as usize) * c;
-                                        let row = &xi[base..base + c];
+                                        let row = match map {
+                                            None => &xi[base..base + c],
+                                            Some((a, d)) => {
+                                                let (m, r) =
+                                                    (&mut mapped[..c], &xi[base..base + c]);
+                                                let (a, d) = (&a[..c], &d[..c]);
+                                                for j in 0..c {
+                                                    let t = r[j] * a[j] + d[j];
+                                                    m[j] = if t < zero { zero } else { t };
+                                                }
+                                                &mapped[..c]
+                                            }
+                                        };
                                         let tap = (ky * 3 + kx) as u8;
                                         if first {
                                             yo.copy_from_slice(row);

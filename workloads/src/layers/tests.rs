@@ -349,6 +349,27 @@ fn relu_pool_linear_and_loss_gradients() {
         scatter[(o / per_out) * 9 * 8 * 5 + i] += g;
     }
     assert_eq!(dx.data, scatter, "max pool gradient");
+    // With a batch norm's map and ReLU applied as the taps are read: the bits and the taps of
+    // the pool of the mapped tensor (ties at zero from the ReLU included).
+    let (a, d) = ([0.5, -1.5, 2.0, 0.0, 1.0], [0.1, 0.0, -0.2, 0.3, -0.05]);
+    let mapped = Tensor::from_vec(
+        x.n,
+        x.h,
+        x.w,
+        x.c,
+        x.data
+            .iter()
+            .enumerate()
+            .map(|(i, v)| (v * a[i % 5] + d[i % 5]).max(0.0))
+            .collect(),
+    );
+    let mut fused = MaxPool::<f64>::default();
+    let want = mp.forward(&mapped);
+    assert_eq!(fused.forward_relu_affine(&x, &a, &d).data, want.data, "mapped pool");
+    assert!(
+        (0..want.len()).all(|o| fused.source(o) == mp.source(o)),
+        "mapped pool's taps"
+    );
     // Global average pool
     let x = rand_tensor(2, 3, 4, 5, 11);
     let proj = rand_tensor(2, 1, 1, 5, 12);
