@@ -365,7 +365,11 @@ fn relu_pool_linear_and_loss_gradients() {
     );
     let mut fused = MaxPool::<f64>::default();
     let want = mp.forward(&mapped);
-    assert_eq!(fused.forward_relu_affine(&x, &a, &d).data, want.data, "mapped pool");
+    assert_eq!(
+        fused.forward_relu_affine(&x, &a, &d).data,
+        want.data,
+        "mapped pool"
+    );
     assert!(
         (0..want.len()).all(|o| fused.source(o) == mp.source(o)),
         "mapped pool's taps"
