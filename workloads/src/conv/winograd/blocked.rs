@@ -37,6 +37,37 @@ fn block_tiles<T>(g: &Grid, c: usize, k: usize) -> usize {
     (BLOCK_BYTES / (XI * (c + k) * std::mem::size_of::<T>())).clamp(1, g.per_image())
 }
 
+/// A block's 36 products `out[ξ] (+)= a(ξ) · b(ξ)` (`m × n` each, dense at `out + ξ·m·n`,
+/// reduction `depth`) on this thread, added to `out` where `accumulate`.
+///
+/// # Safety
+/// The operands must cover the matrices they describe, and `out` the 36 products.
+#[inline(always)]
+unsafe fn products<T: Float>(
+    (m, n, depth): (usize, usize, usize),
+    out: *mut T,
+    accumulate: bool,
+    a: impl Fn(usize) -> Mat<T>,
+    b: impl Fn(usize) -> Mat<T>,
+) {
+    for xi in 0..XI {
+        // SAFETY: the caller's contract.
+        unsafe {
+            native_gemm(
+                m,
+                n,
+                depth,
+                out.add(xi * m * n),
+                n,
+                accumulate,
+                a(xi),
+                b(xi),
+                false,
+            )
+        };
+    }
+}
+
 /// `y = conv(x, ·)` with the transformed filter `u` (`U[ξ][c][k]`).
 pub(super) fn forward<T: Float>(
     x: &[T],
@@ -61,22 +92,16 @@ pub(super) fn forward<T: Float>(
                             // this thread's scratch.
                             unsafe { input_tile(x, g, c, first + slot, vo, (count, slot)) };
                         }
-                        for xi in 0..XI {
-                            // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k, dense.
-                            unsafe {
-                                native_gemm(
-                                    count,
-                                    k,
-                                    c,
-                                    m[xi * count * k..].as_mut_ptr(),
-                                    k,
-                                    false,
-                                    Mat::rows(v[xi * count * c..].as_ptr(), c),
-                                    Mat::rows(u[xi * c * k..].as_ptr(), k),
-                                    false,
-                                )
-                            };
-                        }
+                        // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k, dense.
+                        unsafe {
+                            products(
+                                (count, k, c),
+                                m.as_mut_ptr(),
+                                false,
+                                |xi| Mat::rows(v[xi * count * c..].as_ptr(), c),
+                                |xi| Mat::rows(u[xi * c * k..].as_ptr(), k),
+                            )
+                        };
                         for slot in 0..count {
                             // SAFETY: y's allocation; the tile's outputs are its own, and the
                             // image's tiles are this task's.
@@ -126,22 +151,16 @@ pub(super) unsafe fn backward_data<T: Float>(
                                     output_gradient_tile(dy, g, k, first + slot, mo, (count, slot))
                                 };
                             }
-                            for xi in 0..XI {
-                                // SAFETY: dM[ξ] count × k, U[ξ]ᵀ k × c, dV[ξ] count × c, dense.
-                                unsafe {
-                                    native_gemm(
-                                        count,
-                                        c,
-                                        k,
-                                        dv[xi * count * c..].as_mut_ptr(),
-                                        c,
-                                        false,
-                                        Mat::rows(dm[xi * count * k..].as_ptr(), k),
-                                        Mat::rows(ut[xi * c * k..].as_ptr(), c),
-                                        false,
-                                    )
-                                };
-                            }
+                            // SAFETY: dM[ξ] count × k, U[ξ]ᵀ k × c, dV[ξ] count × c, dense.
+                            unsafe {
+                                products(
+                                    (count, c, k),
+                                    dv.as_mut_ptr(),
+                                    false,
+                                    |xi| Mat::rows(dm[xi * count * k..].as_ptr(), k),
+                                    |xi| Mat::rows(ut[xi * c * k..].as_ptr(), c),
+                                )
+                            };
                             for slot in 0..count {
                                 input_gradient_tile(dv, (count, slot), g, c, first + slot, dx_img);
                             }
@@ -178,35 +197,32 @@ pub(super) fn backward_filter<T: Float>(
             simd(
                 #[inline(always)]
                 || {
-                    for b0 in (i0 * per..i1 * per).step_by(tb) {
-                        // Blocks within an image: none spans two (each ends at the image's end).
-                        let count = tb.min(per - b0 % per);
+                    // Image by image, each in blocks of tiles (the last one short).
+                    for (img, b0) in
+                        (i0..i1).flat_map(|i| (0..per).step_by(tb).map(move |b| (i, b)))
+                    {
+                        let count = tb.min(per - b0);
+                        let first = img * per + b0;
                         let (vo, mo) = (Out(v.as_mut_ptr()), Out(dm.as_mut_ptr()));
                         for slot in 0..count {
                             // SAFETY: as in forward.
                             unsafe {
-                                input_tile(x, g, c, b0 + slot, vo, (count, slot));
-                                output_gradient_tile(dy, g, k, b0 + slot, mo, (count, slot));
+                                input_tile(x, g, c, first + slot, vo, (count, slot));
+                                output_gradient_tile(dy, g, k, first + slot, mo, (count, slot));
                             }
                         }
-                        for xi in 0..XI {
-                            // SAFETY: V[ξ]ᵀ c × count, dM[ξ] count × k, dU[ξ] c × k in acc:
-                            // written over by the part's first block (never read before), added
-                            // to by the others.
-                            unsafe {
-                                native_gemm(
-                                    c,
-                                    k,
-                                    count,
-                                    acc.add(xi * c * k),
-                                    k,
-                                    b0 > i0 * per,
-                                    Mat::transposed(v[xi * count * c..].as_ptr(), c),
-                                    Mat::rows(dm[xi * count * k..].as_ptr(), k),
-                                    false,
-                                )
-                            };
-                        }
+                        // SAFETY: V[ξ]ᵀ c × count, dM[ξ] count × k, dU[ξ] c × k in acc: written
+                        // over by the part's first block (never read before), added to by the
+                        // others.
+                        unsafe {
+                            products(
+                                (c, k, count),
+                                acc,
+                                first > i0 * per,
+                                |xi| Mat::transposed(v[xi * count * c..].as_ptr(), c),
+                                |xi| Mat::rows(dm[xi * count * k..].as_ptr(), k),
+                            )
+                        };
                     }
                 },
             )
