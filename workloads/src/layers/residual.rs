@@ -221,8 +221,9 @@ enum EndMask<'a, T> {
 }
 
 /// The block end's first backward pass over the rows of a chunk: `g` masked where the
-/// `mask` says the ReLU's output was not positive (in place), Σ g into `q1`, Σ g·x into `q2` and, with a projection, Σ g·s into
-/// `q3`, each channel summed row after row (the bits of a plain loop over rows). As
+/// `mask` says the ReLU's output was not positive (in place), Σ g into `q1`, Σ g·x into `q2`
+/// and, with a projection, Σ g·s into `q3`, each channel summed row after row (the bits of a
+/// plain loop over rows). As
 /// `layers::sum_rows`, each group of channels sums in registers over a block of rows (summed
 /// into memory row by row, each row waited on the last one's stores). The mask is written by a
 /// loop of its own: fused with the sums, the stores to g, q1 and q2 needed more run-time alias

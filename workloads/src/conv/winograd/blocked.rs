@@ -114,8 +114,9 @@ pub(super) fn forward<T: Float>(
     });
 }
 
-/// `dx (+)= ∂L/∂x` from `dy` with the transformed filter transposed, `ut` (`U[ξ]ᵀ`, k × c): added to what `dx` holds where
-/// `accumulate`, written over it otherwise (each image zeroed by its own task, in cache).
+/// `dx (+)= ∂L/∂x` from `dy` with the transformed filter transposed, `ut` (`U[ξ]ᵀ`, k × c):
+/// added to what `dx` holds where `accumulate`, written over it otherwise (each image zeroed
+/// by its own task, in cache).
 ///
 /// # Safety
 /// With `accumulate`, every element of `dx` is initialised.
