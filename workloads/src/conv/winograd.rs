@@ -520,19 +520,18 @@ fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
     );
 }
 
-/// `ut[ξ] = u[ξ]ᵀ` (each `c × k` point to `k × c`, row-major): the blocked backward-data
-/// products read the filter as it is (the gemm crate packed a transposed operand again for
-/// each of the 36 products of every block).
-fn transpose_points<T: Float>(u: &[T], c: usize, k: usize, ut: &mut [T]) {
-    ut.par_chunks_mut(c * k)
+/// `u[ξ]ᵀ` for every point (each `c × k` to `k × c`, row-major, by the convolutions'
+/// `transpose_into`): the blocked backward-data products read the filter as it is (the gemm
+/// crate packed a transposed operand again for each of the 36 products of every block).
+fn transpose_points<T: Float>(u: &[T], c: usize, k: usize) -> Vec<T> {
+    let mut ut = Vec::with_capacity(u.len());
+    ut.spare_capacity_mut()[..u.len()]
+        .par_chunks_mut(c * k)
         .zip(u.par_chunks(c * k))
-        .for_each(|(t, s)| {
-            for ci in 0..c {
-                for ki in 0..k {
-                    t[ki * c + ci] = s[ci * k + ki];
-                }
-            }
-        });
+        .for_each(|(t, s)| super::transpose_into(s, c, k, t));
+    // SAFETY: transpose_into wrote every element of every point.
+    unsafe { ut.set_len(u.len()) };
+    ut
 }
 
 /// `dw = Gᵀ dU G` into the RSCK filter gradient: the adjoint of the filter transform.
@@ -675,9 +674,7 @@ unsafe fn backward_data_by<T: Float>(
     if by_block {
         // U[ξ]ᵀ (k × c) row-major: the products read it as it is (a transposed operand, the
         // crate packed it again for each of the 36 products of every block).
-        let u = transformed_filter(w, c, k);
-        let mut ut = vec![T::zero(); u.len()];
-        transpose_points(&u, c, k, &mut ut);
+        let ut = transpose_points(&transformed_filter(w, c, k), c, k);
         // SAFETY: the caller's contract.
         return unsafe { blocked::backward_data(dy, &ut, dx, accumulate, g, (c, k)) };
     }
