@@ -49,8 +49,9 @@ pub struct Label {
     pub spots: Vec<Spot>,
     /// Whether the roofs (obstacles) may not cross it.
     pub avoid_lines: bool,
-    /// The point it belongs to, for a leader line when no candidate is free.
-    pub owner: Option<(f64, f64)>,
+    /// The points a leader line may start from when no candidate is free, best first: a
+    /// marker's centre; points along a roof. Empty: the first candidate's anchor.
+    pub owners: Vec<(f64, f64)>,
     /// A tooltip (SVG `<title>`, and `data-tip` for the interactive page).
     pub title: Option<String>,
     /// What it belongs to, as a `data-` attribute (`roof` → a ceiling id, `group` → a placed
@@ -204,9 +205,9 @@ pub struct Placed {
 /// Places `labels` in order (earlier labels win) inside the `area` (x0, y0, x1, y1), avoiding
 /// `taken` boxes (the axes' own text, the markers) and, for labels that ask, every line of
 /// `lines` that is not their own, and every leader line drawn before them. A label with no
-/// free candidate goes out on a leader line (from its owner point) to the nearest free spot
-/// whose leader crosses no placed label; a label with nowhere free is left out (returned in
-/// the second list: the caller names it elsewhere).
+/// free candidate goes out on a leader line (from one of its owner points) to the nearest free
+/// spot whose leader keeps clear of every placed label ([`leader_spot`]); a label with nowhere
+/// free is left out (returned in the second list: the caller names it elsewhere).
 pub fn place(
     labels: Vec<Label>,
     taken: &[Quad],
@@ -234,39 +235,24 @@ pub fn place(
         let mut chosen = l.spots.iter().find(|s| free(s, &boxes, &lines)).copied();
         let mut leader = None;
         if chosen.is_none() {
-            // A leader line: spots on rings around the owner (or the first candidate).
-            let (ox, oy) = l
-                .owner
-                .unwrap_or_else(|| l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y)));
-            // First a leader clear of every placed box by the lines' clearance; where there
-            // is none, one clear by half of it. Never closer: a leader that only did not cross
-            // a box by half a pixel (the earlier fallback) ran down a label's estimated end and
-            // crossed the text the browser drew (a score report, twice); a label with no clear
-            // leader is left out and named under the plot.
-            'rules: for clearance in [CLEARANCE, CLEARANCE / 2.0] {
-                for ring in 1..14 {
-                    let r = 16.0 * ring as f64;
-                    for k in 0..48 {
-                        let t = std::f64::consts::TAU * k as f64 / 48.0;
-                        let s = Spot {
-                            x: ox + r * t.cos(),
-                            y: oy - r * t.sin(),
-                            angle: 0.0,
-                            anchor: if t.cos() >= 0.0 {
-                                Anchor::Start
-                            } else {
-                                Anchor::End
-                            },
-                        };
-                        let seg = ((ox, oy), (s.x, s.y - 0.3 * l.size));
-                        let leader_ok = leader_clear(&boxes, seg, clearance);
-                        if free(&s, &boxes, &lines) && leader_ok {
-                            chosen = Some(s);
-                            leader = Some(seg);
-                            break 'rules;
-                        }
-                    }
-                }
+            let first = l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y));
+            let owners = if l.owners.is_empty() {
+                vec![first]
+            } else {
+                l.owners.clone()
+            };
+            // Out on a leader, a label keeps off its own lines too (its leader joins them).
+            let off_own = |s: &Spot| {
+                let q = quad_of(&l.text, l.size, l.bold, s);
+                !lines
+                    .iter()
+                    .any(|k| k.own == l.own && grazes(&q, k.seg.0, k.seg.1))
+            };
+            if let Some((s, seg)) = leader_spot(l.size, &owners, area, |s, seg, clearance| {
+                free(s, &boxes, &lines) && off_own(s) && leader_clear(&boxes, seg, clearance)
+            }) {
+                chosen = Some(s);
+                leader = Some(seg);
             }
         }
         let Some(spot) = chosen else {
@@ -289,16 +275,97 @@ pub fn place(
     (out, left_out)
 }
 
+/// Ring spacing and directions per ring of the leader search, pixels.
+const RING: f64 = 16.0;
+const DIRECTIONS: usize = 48;
+/// At most this many owner points are tried (spread over the list): a long roof offers
+/// dozens, and every one multiplies the search.
+const MAX_OWNERS: usize = 12;
+
+/// The nearest spot for a label of font size `size` on a leader line from one of `owners`, as
+/// (spot, leader): on rings of growing radius around each owner, out to the plot area's far
+/// corner, the first spot that `ok` accepts with the leader, horizontal text pointing away
+/// from the owner. First
+/// every ring with a leader clear of every placed box by the lines' clearance, then every
+/// ring with half of it; never closer: a leader that only did not cross a box by half a pixel
+/// ran down a label's estimated end and crossed the text the browser drew (a score report,
+/// twice). Rings of 13 × 16 px around one point at the roof's end (the earlier search) found
+/// nothing for a roof whose stretch was crowded by slanted roofs and ridge labels (a CI run's
+/// quick probe): the whole area, from points along the roof, is searched.
+fn leader_spot(
+    size: f64,
+    owners: &[(f64, f64)],
+    area: (f64, f64, f64, f64),
+    ok: impl Fn(&Spot, Segment, f64) -> bool,
+) -> Option<(Spot, Segment)> {
+    let step = owners.len().div_ceil(MAX_OWNERS).max(1);
+    let owners: Vec<(f64, f64)> = owners.iter().step_by(step).copied().collect();
+    let reach = owners
+        .iter()
+        .map(|&(ox, oy)| {
+            let dx = (ox - area.0).abs().max((area.2 - ox).abs());
+            let dy = (oy - area.1).abs().max((area.3 - oy).abs());
+            (dx * dx + dy * dy).sqrt()
+        })
+        .fold(0.0, f64::max);
+    let rings = (reach / RING).ceil() as usize;
+    for clearance in [CLEARANCE, CLEARANCE / 2.0] {
+        for ring in 1..=rings {
+            let r = RING * ring as f64;
+            for &(ox, oy) in &owners {
+                for k in 0..DIRECTIONS {
+                    let t = std::f64::consts::TAU * k as f64 / DIRECTIONS as f64;
+                    let s = Spot {
+                        x: ox + r * t.cos(),
+                        y: oy - r * t.sin(),
+                        angle: 0.0,
+                        anchor: if t.cos() >= 0.0 {
+                            Anchor::Start
+                        } else {
+                            Anchor::End
+                        },
+                    };
+                    if s.x < area.0 || s.x > area.2 || s.y < area.1 || s.y > area.3 {
+                        continue;
+                    }
+                    let seg = ((ox, oy), (s.x, s.y - 0.3 * size));
+                    if ok(&s, seg, clearance) {
+                        return Some((s, seg));
+                    }
+                }
+            }
+        }
+    }
+    None
+}
+
 /// Whether a leader line keeps `clearance` from every placed box, as drawn lines keep
 /// [`CLEARANCE`] from the labels they do not own (a leader run along a label's estimated edge,
 /// within half a pixel of it, crossed the text the browser drew). Its first 3 pixels, at its
-/// owner point (where a label of the same point may start), are not held to it.
+/// owner point (where a label of the same point may start), are not held to it, nor is a box
+/// around the owner point (its marker: a leader from a marker's centre is inside it, and no
+/// leader from a ridge or a placed point ever passed).
 fn leader_clear(boxes: &[Quad], seg: Segment, clearance: f64) -> bool {
     let ((x0, y0), (x1, y1)) = seg;
     let n = ((x1 - x0).powi(2) + (y1 - y0).powi(2)).sqrt();
     let skip = (2.0 * CLEARANCE).min(n / 2.0) / n.max(1e-9);
     let p = (x0 + (x1 - x0) * skip, y0 + (y1 - y0) * skip);
-    !boxes.iter().any(|b| meets(b, p, seg.1, clearance))
+    !boxes
+        .iter()
+        .any(|b| !contains(b, seg.0) && meets(b, p, seg.1, clearance))
+}
+
+/// Whether point `p` lies in the rectangle.
+fn contains(q: &Quad, p: (f64, f64)) -> bool {
+    (0..2).all(|i| {
+        let (a, b) = (q[i], q[i + 1]);
+        let (ex, ey) = (b.0 - a.0, b.1 - a.1);
+        let m = (ex * ex + ey * ey).sqrt().max(1e-12);
+        let axis = (-ey / m, ex / m);
+        let (lo, hi) = project(q, axis);
+        let d = p.0 * axis.0 + p.1 * axis.1;
+        d >= lo && d <= hi
+    })
 }
 
 /// ` data-<key>="<value>"`, or nothing.
@@ -507,6 +574,62 @@ mod tests {
         assert!(leader_clear(&placed, clear, CLEARANCE));
     }
 
+    /// A point's label with no free candidate goes out on a leader from the point's marker (a
+    /// taken box around its owner point, which every leader from it starts inside: no such
+    /// leader was ever drawn), and, out there, keeps off its own line as well.
+    #[test]
+    fn a_leader_starts_inside_its_marker_and_its_label_keeps_off_its_own_line() {
+        let (x, y) = (200.0, 150.0);
+        let marker = [
+            (x - 5.0, y - 5.0),
+            (x + 5.0, y - 5.0),
+            (x + 5.0, y + 5.0),
+            (x - 5.0, y + 5.0),
+        ];
+        // Its own line runs through the point, level: out on a leader, the text is not on it.
+        let own = Line {
+            seg: ((0.0, y), (400.0, y)),
+            own: "p".into(),
+        };
+        let label = Label {
+            text: "point p".into(),
+            size: 12.0,
+            color: (0, 0, 0),
+            bold: false,
+            // The only candidate is off the area.
+            spots: vec![Spot {
+                x: 500.0,
+                y,
+                angle: 0.0,
+                anchor: Anchor::Start,
+            }],
+            avoid_lines: true,
+            owners: vec![(x, y)],
+            title: None,
+            data: None,
+            own: "p".into(),
+        };
+        let (placed, left_out) = place(
+            vec![label],
+            &[marker],
+            std::slice::from_ref(&own),
+            (0.0, 0.0, 400.0, 300.0),
+        );
+        assert!(left_out.is_empty(), "left out");
+        let p = &placed[0];
+        assert_eq!(
+            p.leader.map(|l| l.0),
+            Some((x, y)),
+            "a leader from the point"
+        );
+        let q = quad_of(&p.label.text, p.label.size, false, &p.spot);
+        assert!(
+            !grazes(&q, own.seg.0, own.seg.1),
+            "on its own line: {:?}",
+            p.spot
+        );
+    }
+
     #[test]
     fn boxes_overlap_by_geometry_and_the_placer_avoids_them() {
         let s = |x: f64, y: f64| Spot {
@@ -537,7 +660,7 @@ mod tests {
             bold: false,
             spots,
             avoid_lines: true,
-            owner: Some((50.0, 50.0)),
+            owners: vec![(50.0, 50.0)],
             title: None,
             data: None,
             own: t.into(),

@@ -149,7 +149,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
                         spot(-8.0, 12.0, End),
                     ],
                     avoid_lines: true,
-                    owner: Some((sx, sy)),
+                    owners: vec![(sx, sy)],
                     title: None,
                     data: None,
                     own: own.clone(),

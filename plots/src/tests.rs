@@ -3,15 +3,29 @@
 use super::*;
 use roofline_model::*;
 
-pub fn machine() -> Machine {
+/// A measured ceiling of the fixtures: one sample of `v`, 2 threads.
+pub fn ceiling(
+    id: &str,
+    kind: CeilingKind,
+    v: f64,
+    unit: &str,
+    level: Option<&str>,
+    peak: Option<f64>,
+) -> Ceiling {
     let stats = |v: f64| Stats::from_samples(&[v]).unwrap();
-    let c = |id: &str, kind, v: f64, unit: &str, level: Option<&str>, peak: Option<f64>| Ceiling {
+    Ceiling {
         id: id.parse().unwrap(),
         kind,
         value: v,
         unit: unit.into(),
         threads: 2,
-        precision: Some(roofline_model::Precision::F32),
+        // The id's precision (memory roofs: f32, as the probe writes them).
+        precision: Some(
+            roofline_model::Precision::ALL
+                .into_iter()
+                .find(|p| id.split('/').nth(2) == Some(p.name()))
+                .unwrap_or(roofline_model::Precision::F32),
+        ),
         level: level.map(|l| l.parse().unwrap()),
         isa: None,
         stats: stats(v),
@@ -29,7 +43,11 @@ pub fn machine() -> Machine {
         },
         plateau: None,
         conditions: None,
-    };
+    }
+}
+
+pub fn machine() -> Machine {
+    let c = ceiling;
     Machine {
         schema: MACHINE_SCHEMA.into(),
         provenance: Provenance {
@@ -372,4 +390,141 @@ fn si_prefixes() {
     assert_eq!(si(1.2e11), "120 G");
     assert_eq!(si(2.5e9), "2.50 G");
     assert_eq!(si(0.25), "250 m");
+}
+
+/// Every roof gets its label, and no two texts overlap, whatever the measured values: a
+/// figure's layout follows them, and a run's values once left a roof unlabelled (a CI run's
+/// quick probe: `FMA f32 450 of 467 GFLOP/s peak` crowded by three slanted roofs and two ridge
+/// labels; the leader search looked only 208 px around the roof's end). Random machines of the
+/// shape a CPU probe writes, values log-uniform over the ranges seen on real machines (quick
+/// and full probes), half of them with a workload placed at each memory level.
+#[test]
+fn every_roof_is_labelled_whatever_the_values() {
+    let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut uniform = move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 11) as f64 / (1u64 << 53) as f64
+    };
+    let (mut unlabelled, mut unlabelled_roofs) = (Vec::new(), Vec::new());
+    let rounds = 400;
+    for round in 0..rounds {
+        let mut between = |lo: f64, hi: f64| lo * (hi / lo).powf(uniform());
+        let compute = [
+            ("cpu/fma/f64/all", between(5e10, 5e11), true),
+            ("cpu/fma/f32/all", between(1e11, 1e12), true),
+            ("cpu/fma/bf16/all", between(1e11, 2e12), true),
+            ("cpu/gemm/f64/all", between(2e10, 3e11), false),
+            ("cpu/gemm/f32/all", between(5e10, 6e11), false),
+            ("cpu/gemm/f16/all", between(3e10, 5e11), false),
+            ("cpu/gemm/bf16/all", between(1e11, 4e12), false),
+            ("cpu/conv/f32/all", between(5e10, 5e11), false),
+        ];
+        let memory = [
+            ("L1", between(3e11, 2e12)),
+            ("L2", between(1e11, 8e11)),
+            ("L3", between(3e10, 2e11)),
+            ("DRAM", between(1e10, 8e10)),
+        ];
+        let mut peaks = Vec::new();
+        for _ in 0..compute.len() {
+            // Near the measured value (one roof, "of … peak"), or well above it (two).
+            let r = between(1.0, 5.0);
+            peaks.push(if r < 1.3 { 1.0 + (r - 1.0) / 3.0 } else { r });
+        }
+        // The first: that CI run's values (GFLOP/s, GB/s; peaks as ratios).
+        let (compute, memory) = if round == 0 {
+            let g = |i: usize, v: f64| (compute[i].0, v * 1e9, compute[i].2);
+            peaks[..3].copy_from_slice(&[233.0 / 219.0, 467.0 / 450.0, 979.0 / 224.0]);
+            let ci = [
+                g(0, 219.0),
+                g(1, 450.0),
+                g(2, 224.0),
+                g(3, 36.7),
+                g(4, 73.2),
+                g(5, 65.9),
+                g(6, 1790.0),
+                g(7, 85.3),
+            ];
+            let bw = [905.0, 244.0, 57.4, 43.6];
+            let mem = std::array::from_fn(|i| (memory[i].0, bw[i] * 1e9));
+            (ci, mem)
+        } else {
+            (compute, memory)
+        };
+        let mut m = machine();
+        m.ceilings = compute
+            .iter()
+            .zip(&peaks)
+            .map(|(&(id, v, has_peak), &p)| {
+                let unit = "FLOP/s";
+                ceiling(
+                    id,
+                    CeilingKind::Compute,
+                    v,
+                    unit,
+                    None,
+                    has_peak.then_some(v * p),
+                )
+            })
+            .chain(memory.iter().map(|&(level, v)| {
+                let id = format!("cpu/mem/{level}/triad/all");
+                ceiling(&id, CeilingKind::Memory, v, "B/s", Some(level), None)
+            }))
+            .collect();
+        // Every other machine with a workload placed at each memory level (a score report's
+        // hierarchical roofline): a point per level, below its roof.
+        let mut opt = ClassicOptions::default();
+        if round % 2 == 1 {
+            let top = compute[1].1;
+            let oi = between(0.5, 40.0);
+            let share = between(0.2, 0.9);
+            opt.points = memory
+                .iter()
+                .enumerate()
+                .map(|(k, &(level, bw))| {
+                    // Traffic shrinks outwards: a larger intensity at each level.
+                    let intensity = oi * 2f64.powi(k as i32);
+                    let attainable = top.min(bw * intensity);
+                    PlotPoint {
+                        label: format!("resnet50 at {level}"),
+                        group: "resnet50".into(),
+                        intensity,
+                        achieved: attainable * share,
+                        attainable,
+                        main: false,
+                        share: None,
+                        binding: Some(format!("cpu/mem/{level}/triad/all")),
+                    }
+                })
+                .collect();
+        }
+        let svg = classic_svg(&m, &opt).unwrap();
+        let head = "not labelled for want of room (hover for each): ";
+        if let Some(i) = svg.find(head) {
+            let end = svg[i..].find('<').map_or(svg.len(), |e| i + e);
+            let names = &svg[i + head.len()..end];
+            if names.split("; ").any(|n| n.ends_with("/s")) {
+                unlabelled_roofs.push(format!("round {round}: {names}"));
+            }
+            unlabelled.push(format!("round {round}: {names}"));
+        }
+        let clash = labels::collisions(&svg);
+        assert!(clash.is_empty(), "round {round}: overlapping {clash:?}");
+    }
+    assert!(
+        unlabelled_roofs.is_empty(),
+        "a roof unlabelled on {} of {rounds} machines: {unlabelled_roofs:#?}",
+        unlabelled_roofs.len()
+    );
+    // A ridge's or a point's label may find no straight leader out of a crowd of labels (then
+    // it is named under the plot): rarely (2 of these 400 machines). The earlier leader search
+    // (208 px around one point of a roof, and never from a marker) left a roof unlabelled on
+    // 150 of them.
+    assert!(
+        unlabelled.len() * 100 <= rounds,
+        "unlabelled on {} of {rounds} machines: {unlabelled:#?}",
+        unlabelled.len()
+    );
 }

@@ -153,7 +153,14 @@ pub(super) fn draw(
             .map(|&t| along(t, true))
             .chain(ts.iter().map(|&t| along(t, false)))
             .collect();
-        let mid = along(0.5, true);
+        // Leaders start on the line: from its middle first, then out towards its ends.
+        let owners = ts
+            .iter()
+            .map(|&t| {
+                let x = (xa.ln() + t * (xb.ln() - xa.ln())).exp();
+                px(x, r.value * x)
+            })
+            .collect();
         labels.push(labels::Label {
             text: format!("{} {}B/s", roof_name(&r.label), si(r.value)),
             size: ROOF_FONT,
@@ -161,7 +168,7 @@ pub(super) fn draw(
             bold: binding.contains(&r.label.as_str()),
             spots,
             avoid_lines: true,
-            owner: Some((mid.x, mid.y)),
+            owners,
             title: Some(tooltip(r)),
             data: Some(("roof", r.label.clone())),
             own: r.label.clone(),
@@ -258,7 +265,13 @@ pub(super) fn draw(
                 bold: binding.contains(&r.label.as_str()),
                 spots,
                 avoid_lines: true,
-                owner: Some((pb.0 - 40.0, pb.1)),
+                // Leaders start on the roof: near its right end first, then every 40 px
+                // towards its start (its middle, where it is shorter than that).
+                owners: (0..)
+                    .map(|k| (pb.0 - 40.0 - 40.0 * k as f64, pb.1))
+                    .take_while(|p| p.0 > pa.0 + 8.0)
+                    .chain([((pa.0 + pb.0) / 2.0, pb.1)])
+                    .collect(),
                 title: Some(tooltip(r)),
                 data: Some(("roof", r.label.clone())),
                 own: r.label.clone(),
@@ -292,7 +305,7 @@ pub(super) fn draw(
                 bold: false,
                 spots: around(lx, ly, 3.0),
                 avoid_lines: true,
-                owner: Some((lx, ly)),
+                owners: vec![(lx, ly)],
                 title: Some(format!("{}: FLOPs per element swept", curve.id)),
                 data: None,
                 own: curve.id.clone(),
@@ -330,7 +343,7 @@ pub(super) fn draw(
             bold: false,
             spots,
             avoid_lines: true,
-            owner: Some((x, y)),
+            owners: vec![(x, y)],
             title: Some(format!(
                 "ridge of {} and {}: {:.4} FLOP/B, {}FLOP/s",
                 rdg.memory,
@@ -464,7 +477,7 @@ fn points(
                 bold: p.main,
                 spots: around(sx, sy, r),
                 avoid_lines: true,
-                owner: Some((sx, sy)),
+                owners: vec![(sx, sy)],
                 title: Some(tip),
                 data: Some(("group", p.group.clone())),
                 own,
