@@ -433,7 +433,8 @@ fn every_roof_is_labelled_whatever_the_values() {
             let r = between(1.0, 5.0);
             peaks.push(if r < 1.3 { 1.0 + (r - 1.0) / 3.0 } else { r });
         }
-        // The first: that CI run's values (GFLOP/s, GB/s; peaks as ratios).
+        // The first: that CI run's values (GFLOP/s, GB/s; peaks as ratios; among this
+        // fixture's other texts, the old search placed every label of it).
         let (compute, memory) = if round == 0 {
             let g = |i: usize, v: f64| (compute[i].0, v * 1e9, compute[i].2);
             peaks[..3].copy_from_slice(&[233.0 / 219.0, 467.0 / 450.0, 979.0 / 224.0]);
