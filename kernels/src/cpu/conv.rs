@@ -385,6 +385,40 @@ impl Kernel for ConvKernel {
 mod tests {
     use super::*;
 
+    /// The run-by-run im2col against the index-by-index one: the stem's shape (runs of 21
+    /// values, stride 2), 3×3 stride 1 and 2, a single channel, and every image edge (tap by
+    /// tap there).
+    #[test]
+    fn im2col_copies_every_run_as_the_direct_one() {
+        for (c, r, stride, pad) in [(3, 7, 2, 3), (8, 3, 1, 1), (5, 3, 2, 1), (1, 7, 1, 3)] {
+            let sh = ConvShape {
+                n: 2,
+                c,
+                h: 11,
+                w: 13,
+                k: 4,
+                r,
+                s: r,
+                stride,
+                pad,
+            };
+            let x: Vec<f32> = (0..sh.input_len()).map(|i| i as f32 + 0.5).collect();
+            let depth = sh.depth();
+            let mut patch = vec![f32::NAN; sh.rows() * depth];
+            im2col(&x, &sh, 0, sh.rows(), &mut patch);
+            let mut want = vec![0.0; depth];
+            for row in 0..sh.rows() {
+                im2col_direct(&x, &sh, row, &mut want);
+                assert_eq!(
+                    &patch[row * depth..(row + 1) * depth],
+                    &want[..],
+                    "{} row {row}",
+                    sh.describe()
+                );
+            }
+        }
+    }
+
     #[test]
     fn resnet50_has_the_known_distinct_shapes_and_flops() {
         let layers = resnet50_layers(1);
