@@ -223,16 +223,23 @@ pub fn place(
             .all(|p| p.0 >= area.0 && p.0 <= area.2 && p.1 >= area.1 && p.1 <= area.3)
     };
     for l in labels {
-        let free = |s: &Spot, boxes: &[Quad], lines: &[Line]| {
+        // Whether the label fits at `s`: inside the area, on no placed box, and off every line
+        // it avoids: those not its own and, out on a leader, its own too (its leader joins
+        // them).
+        let free = |s: &Spot, on_leader: bool| {
             let q = quad_of(&l.text, l.size, l.bold, s);
             inside(&q)
                 && !boxes.iter().any(|b| overlap(&q, b, -1.0))
-                && !(l.avoid_lines
-                    && lines
-                        .iter()
-                        .any(|k| k.own != l.own && grazes(&q, k.seg.0, k.seg.1)))
+                && !lines.iter().any(|k| {
+                    let avoid = if k.own == l.own {
+                        on_leader
+                    } else {
+                        l.avoid_lines
+                    };
+                    avoid && grazes(&q, k.seg.0, k.seg.1)
+                })
         };
-        let mut chosen = l.spots.iter().find(|s| free(s, &boxes, &lines)).copied();
+        let mut chosen = l.spots.iter().find(|s| free(s, false)).copied();
         let mut leader = None;
         if chosen.is_none() {
             let first = l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y));
@@ -241,15 +248,8 @@ pub fn place(
             } else {
                 l.owners.clone()
             };
-            // Out on a leader, a label keeps off its own lines too (its leader joins them).
-            let off_own = |s: &Spot| {
-                let q = quad_of(&l.text, l.size, l.bold, s);
-                !lines
-                    .iter()
-                    .any(|k| k.own == l.own && grazes(&q, k.seg.0, k.seg.1))
-            };
             if let Some((s, seg)) = leader_spot(l.size, &owners, area, |s, seg, clearance| {
-                free(s, &boxes, &lines) && off_own(s) && leader_clear(&boxes, seg, clearance)
+                free(s, true) && leader_clear(&boxes, seg, clearance)
             }) {
                 chosen = Some(s);
                 leader = Some(seg);

@@ -176,7 +176,7 @@ impl<T: Float> BatchNorm<T> {
 /// One row of `max(x·a + d, 0)`. A function of its own, so that its slices' exclusive borrows
 /// reach the optimiser (vectorised).
 #[inline(always)]
-fn relu_affine<T: Float>(y: &mut [T], x: &[T], a: &[T], d: &[T], zero: T) {
+pub(super) fn relu_affine<T: Float>(y: &mut [T], x: &[T], a: &[T], d: &[T], zero: T) {
     let c = y.len();
     let (x, a, d) = (&x[..c], &a[..c], &d[..c]);
     for j in 0..c {

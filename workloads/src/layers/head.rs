@@ -1,6 +1,7 @@
 //! Pooling and the classifier head: max pooling (the stem), global average pooling, the fully
 //! connected layer, softmax cross-entropy.
 
+use super::act::relu_affine;
 use super::Param;
 use crate::tensor::{fill_uninit, gemm, simd, Float, Mat, Tensor};
 use rayon::prelude::*;
@@ -94,13 +95,8 @@ impl<T: Float> MaxPool<T> {
                                         let row = match map {
                                             None => &xi[base..base + c],
                                             Some((a, d)) => {
-                                                let (m, r) =
-                                                    (&mut mapped[..c], &xi[base..base + c]);
-                                                let (a, d) = (&a[..c], &d[..c]);
-                                                for j in 0..c {
-                                                    let t = r[j] * a[j] + d[j];
-                                                    m[j] = if t < zero { zero } else { t };
-                                                }
+                                                let r = &xi[base..base + c];
+                                                relu_affine(&mut mapped[..c], r, a, d, zero);
                                                 &mapped[..c]
                                             }
                                         };
