@@ -110,9 +110,9 @@ fn gemm_bf16(c: &mut Criterion) {
 }
 
 /// roofline's own f32 product (`cpu::sgemm`, B packed once) beside the gemm crate's, on the
-/// pool: a square, and layer4's 3×3 as the trainer runs it in f32 (56 blocks of 28 patch rows
-/// against one 4608 × 512 filter: the crate packs the filter for every block). Checked against
-/// each other.
+/// pool: a square, layer4's 3×3 as the trainer runs it in f32 (56 blocks of 28 patch rows
+/// against one 4608 × 512 filter: the crate packs the filter for every block), and layer1's
+/// 1×1 forward products at batch 8 (A's 25088 rows read in place). Checked against each other.
 fn gemm_f32_own(c: &mut Criterion) {
     use rayon::prelude::*;
     use roofline_kernels::cpu::bf16::Operand;
@@ -132,6 +132,8 @@ fn gemm_f32_own(c: &mut Criterion) {
     for (name, rows, blocks, k, n) in [
         ("square_1024", 1024, 1, 1024, 1024),
         ("resnet50_layer4_3x3_28_rows", 28, 56, 4608, 512),
+        ("resnet50_layer1_1x1_64_to_256", 25088, 1, 64, 256),
+        ("resnet50_layer1_1x1_256_to_64", 25088, 1, 256, 64),
     ] {
         let (a, b) = (data(rows * blocks * k, 0.1), data(k * n, 0.2));
         let (mut c_own, mut c_crate) =

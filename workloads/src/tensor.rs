@@ -510,8 +510,39 @@ pub unsafe fn gemm<T: Float>(
             return;
         }
     }
+    plain_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
+}
+
+/// The product in `T`, on roofline's f32 kernels where they beat the gemm crate: f32 on
+/// AVX-512, over the pool, A's rows read in place (k contiguous) and tall (`OWN_F32_MIN_ROWS`):
+/// a 1×1 convolution's forward and backward-data products. Else the crate's (`native_gemm`).
+///
+/// # Safety
+/// As `gemm`.
+#[allow(clippy::too_many_arguments)]
+unsafe fn plain_gemm<T: Float>(
+    m: usize,
+    n: usize,
+    k: usize,
+    c: *mut T,
+    ldc: usize,
+    accumulate: bool,
+    a: Mat<T>,
+    b: Mat<T>,
+    parallel: bool,
+) {
+    if parallel && a.cs == 1 && a.rs >= 0 && m >= OWN_F32_MIN_ROWS {
+        if let Some(g) = own_f32::<T>() {
+            let (a, b) = (operand(a.cast()), operand(b.cast()));
+            return g.gemm(m, n, k, c as *mut f32, ldc, accumulate, a, b, true);
+        }
+    }
     native_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
 }
+
+/// The fewest rows of A for which a product over the pool goes to the f32 kernels
+/// (`plain_gemm`).
+const OWN_F32_MIN_ROWS: usize = 4096;
 
 /// A right-hand side for many products (a convolution's filter, multiplied by every block of
 /// patch rows): packed once in bf16 where the products of the thread that makes it are bf16,
@@ -587,7 +618,7 @@ impl<T: Float> Rhs<T> {
                 let (c, a) = (c as *mut f32, operand(a.cast()));
                 g.gemm_packed(m, c, ldc, accumulate, a, p, parallel)
             }
-            _ => native_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel),
+            _ => plain_gemm(m, self.n, self.k, c, ldc, accumulate, a, self.b, parallel),
         }
     }
 }

@@ -21,9 +21,19 @@ pub enum Layout {
 
 use super::super::tiles::Dest;
 
+/// What the tile after this one reads first, for the kernel to prefetch while it runs: A's
+/// `MR` rows (k contiguous, `lda` apart as this tile's, read in place from a matrix in memory),
+/// and its tile of C (`MR` rows of `NR`, `ldc` apart as this tile's). Null where there is
+/// nothing to fetch; a prefetch never faults, and past a matrix's end it fetches a line unused.
+#[derive(Clone, Copy)]
+pub struct Next {
+    pub a: *const f32,
+    pub c: *const f32,
+}
+
 /// # Safety
 /// A's `MR` rows of `kc` elements readable in `layout` at `a`; `b` holds `kc · NR` values; `d`
-/// covers its rows and columns.
+/// covers its rows and columns. (`Next` is for the vector kernel.)
 pub unsafe fn tile_portable(
     kc: usize,
     a: *const f32,
@@ -53,6 +63,12 @@ mod x86 {
     use super::*;
     use std::arch::x86_64::*;
 
+    /// As `tile_portable`, fetching `next` into L1 as it goes: one line of the next tile's
+    /// A per k (row `p mod MR` at k `p`: each of its rows a line per 14 k, ahead of its 16
+    /// values a line), and one of its C per k for the first `2·MR` (asked as for writing, but
+    /// without the unstable `prfchw` target feature this is `prefetcht0` too). A read from
+    /// memory in place waits on DRAM without it (a tile's first touch of 14 streams at once).
+    ///
     /// # Safety
     /// As `tile_portable`; AVX-512 F present.
     #[target_feature(enable = "avx512f")]
@@ -63,23 +79,35 @@ mod x86 {
         layout: Layout,
         b: *const f32,
         d: Dest,
+        next: Next,
     ) {
-        match layout {
-            Layout::Rows => tile_at::<true>(kc, a, lda, b, d),
-            Layout::Cols => tile_at::<false>(kc, a, lda, b, d),
+        match (layout, next.a.is_null()) {
+            (Layout::Rows, false) => tile_at::<true, true>(kc, a, lda, b, d, next),
+            (Layout::Rows, true) => tile_at::<true, false>(kc, a, lda, b, d, next),
+            (Layout::Cols, _) => tile_at::<false, false>(kc, a, lda, b, d, next),
         }
     }
 
     #[inline(always)]
-    unsafe fn tile_at<const ROWS: bool>(
+    unsafe fn tile_at<const ROWS: bool, const NEXT_A: bool>(
         kc: usize,
         a: *const f32,
         lda: usize,
         b: *const f32,
         d: Dest,
+        next: Next,
     ) {
         let mut acc = [[_mm512_setzero_ps(); NV]; MR];
+        let mut r = 0;
         for p in 0..kc {
+            if NEXT_A {
+                _mm_prefetch::<_MM_HINT_T0>(next.a.wrapping_add(r * lda + p) as *const i8);
+                r = if r + 1 == MR { 0 } else { r + 1 };
+            }
+            if p < 2 * MR && !next.c.is_null() {
+                let at = next.c.wrapping_add((p >> 1) * d.ldc + (p & 1) * 16);
+                _mm_prefetch::<_MM_HINT_ET0>(at as *const i8);
+            }
             let bv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(p * NR + 16 * v)));
             for (i, row) in acc.iter_mut().enumerate() {
                 let at = if ROWS {

@@ -1,16 +1,19 @@
 //! f32 matrix products on AVX-512 (`vfmadd231ps`): `C (+)= A·B`, all three in f32, A and B in
-//! any strides. The gemm crate makes the same kind of sums and is as fast or faster on most
-//! shapes, but it packs both operands for every product: a convolution multiplies one filter
-//! by hundreds of blocks of ~50–200 patch rows, and a filter larger than L2 (layer3 and layer4
-//! of ResNet-50) was streamed from L3 and packed again for each. Here the right-hand side can be
-//! packed once (`pack_b`) for all of them.
+//! any strides. The gemm crate makes the same kind of sums, but it packs both operands for
+//! every product: a convolution multiplies one filter by hundreds of blocks of ~50–200 patch
+//! rows, and a filter larger than L2 (layer3 and layer4 of ResNet-50) was streamed from L3 and
+//! packed again for each. Here the right-hand side can be packed once (`pack_b`) for all of
+//! them, and a tall A with k contiguous (a 1×1 convolution's activations) is read where it is,
+//! once, from memory.
 //!
-//! Blocking as GotoBLAS: B in panels of NR columns by KC of k (32 KiB: one stays in L1 while
-//! A's tiles pass it), for NC columns at a time; A in blocks of MC rows by KC (~170 KiB, in L2),
-//! copied as rows where its k is contiguous (the micro-kernel broadcasts from them), else into
-//! panels of MR rows. A task takes a block of rows (or, for short matrices, a group of column
-//! panels) through all of k, so that its part of C stays in L2; every entry of C is summed by
-//! one thread in one order, and results do not depend on the thread count.
+//! Blocking as GotoBLAS: B in panels of NR columns by KC of k (32 KiB), for NC columns at a
+//! time; A in blocks of MC rows by KC. A's rows are read in place where its k is contiguous
+//! (the micro-kernel broadcasts from 14 row streams, prefetching the next tile's as it goes),
+//! copied where they would crowd one L1 set (`spread`), else packed into panels of MR rows. A
+//! tile of A meets all of a block's column panels in turn (A in L1, B's panels from L2). A task
+//! takes a block of rows (or, for short matrices, a group of column panels) through all of k,
+//! so that its part of C stays in L2; every entry of C is summed by one thread in one order,
+//! and results do not depend on the thread count.
 
 mod micro;
 
@@ -130,9 +133,11 @@ impl F32Gemm {
             return;
         }
         let vector = self.vector;
-        // A's blocks are packed: rows copied (`kc` apart) where A's k is contiguous, else
-        // panels of MR rows, k-major.
+        // Where A's k is contiguous, the kernel broadcasts from its rows where they are (an
+        // edge panel's copied, `row_ld(kc)` apart; all copied where the rows do not `spread`
+        // over L1); else A's blocks are packed in panels of MR rows, k-major.
         let rows_src = a.cs == 1;
+        let in_place = rows_src && a.rs >= 0 && spread(a.rs as usize);
         let c = SendPtr(c);
         let threads = threads(parallel);
         let kblocks = k.div_ceil(KC);
@@ -166,10 +171,32 @@ impl F32Gemm {
                 for pb in pbs.clone() {
                     let (pc, kc) = (pb * KC, KC.min(k - pb * KC));
                     let bblock = &b[(pb - pbs.start) * KC * npanels * NR..];
-                    pack_a(a, i0, mc, pc, kc, apack, rows_src);
-                    for jp in j0..j1 {
-                        let bp = bblock[jp * kc * NR..].as_ptr();
-                        for ip in 0..mpanels {
+                    // A's full panels in place where its rows are (`in_place`); an edge
+                    // panel's rows copied (the kernel reads all MR); else all packed.
+                    let whole = if in_place { mc / MR * MR } else { 0 };
+                    if whole < mc {
+                        pack_a(a, i0 + whole, mc - whole, pc, kc, apack, rows_src);
+                    }
+                    let apack = &*apack;
+                    let a_tile = |ip: usize| -> (*const f32, Layout, usize) {
+                        if ip * MR < whole {
+                            let at = (i0 + ip * MR) as isize * a.rs + pc as isize;
+                            (a.ptr.offset(at), Layout::Rows, a.rs as usize)
+                        } else if rows_src {
+                            let at = (ip * MR - whole) * row_ld(kc);
+                            (apack[at..].as_ptr(), Layout::Rows, row_ld(kc))
+                        } else {
+                            (apack[ip * MR * kc..].as_ptr(), Layout::Cols, MR)
+                        }
+                    };
+                    let c_at = |ip: usize, jp: usize| {
+                        c.get().add((i0 + ip * MR) * ldc + jc + jp * NR) as *const f32
+                    };
+                    // A row panel at a time across the block's column panels: in place, A is
+                    // read from memory once, its tile in L1 for all of them, B's panels from L2.
+                    for ip in 0..mpanels {
+                        let (ap, lay, ld) = a_tile(ip);
+                        for jp in j0..j1 {
                             let d = Dest {
                                 c: c.get().add((i0 + ip * MR) * ldc + jc + jp * NR),
                                 ldc,
@@ -177,20 +204,30 @@ impl F32Gemm {
                                 cols: NR.min(nc - jp * NR),
                                 overwrite: pc == 0 && !accumulate,
                             };
+                            // The next tile: this row panel's next column panel, or the next
+                            // row panel's first (whose A, in place, is fetched meanwhile).
+                            let last = jp + 1 == j1;
+                            let next = micro::Next {
+                                a: if last && (ip + 1) * MR < whole {
+                                    a_tile(ip + 1).0
+                                } else {
+                                    std::ptr::null()
+                                },
+                                c: match (last, ip + 1 < mpanels) {
+                                    (false, _) => c_at(ip, jp + 1),
+                                    (true, true) => c_at(ip + 1, j0),
+                                    (true, false) => std::ptr::null(),
+                                },
+                            };
                             // Rows past the block's (an edge tile's) hold stale values,
                             // and their results are not stored.
-                            let ap = apack[ip * MR * kc..].as_ptr();
-                            let (lay, ld) = if rows_src {
-                                (Layout::Rows, kc)
-                            } else {
-                                (Layout::Cols, MR)
-                            };
-                            tile(vector, kc, ap, ld, lay, bp, d);
+                            let bp = bblock[jp * kc * NR..].as_ptr();
+                            tile(vector, kc, ap, ld, lay, bp, d, next);
                         }
                     }
                 }
             };
-            let a_len = mb.next_multiple_of(MR) * KC.min(k);
+            let a_len = mb.next_multiple_of(MR) * row_ld(KC.min(k));
             let block_len = npanels * NR * KC.min(k);
             match rhs {
                 Rhs::Packed(p) => {
@@ -246,10 +283,11 @@ impl F32Gemm {
     }
 }
 
-/// One tile on the kernel `vector` names.
+/// One tile on the kernel `vector` names (the vector kernel prefetching `next`).
 ///
 /// # Safety
 /// As `micro::tile_portable`; with `vector`, AVX-512 F present.
+#[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     vector: bool,
     kc: usize,
@@ -258,18 +296,19 @@ unsafe fn tile(
     layout: Layout,
     b: *const f32,
     d: Dest,
+    next: micro::Next,
 ) {
     #[cfg(target_arch = "x86_64")]
     if vector {
-        return micro::tile(kc, a, lda, layout, b, d);
+        return micro::tile(kc, a, lda, layout, b, d, next);
     }
-    let _ = vector;
+    let _ = (vector, next);
     micro::tile_portable(kc, a, lda, layout, b, d)
 }
 
 /// Rows `i0 .. i0 + mc` and k `p0 .. p0 + kc` of `a` packed into `out`: with `rows_src` (A's
-/// k contiguous) as rows `kc` apart; else in panels of MR rows, element (i, p) of panel q at
-/// `q·kc·MR + p·MR + i`, rows past the block zero.
+/// k contiguous) as rows `row_ld(kc)` apart; else in panels of MR rows, element (i, p) of
+/// panel q at `q·kc·MR + p·MR + i`, rows past the block zero.
 ///
 /// # Safety
 /// `a` covers those rows and k.
@@ -283,9 +322,10 @@ unsafe fn pack_a(
     rows_src: bool,
 ) {
     if rows_src {
+        let ld = row_ld(kc);
         for i in 0..mc {
             let src = a.ptr.offset((i0 + i) as isize * a.rs + p0 as isize);
-            std::ptr::copy_nonoverlapping(src, out[i * kc..(i + 1) * kc].as_mut_ptr(), kc);
+            std::ptr::copy_nonoverlapping(src, out[i * ld..i * ld + kc].as_mut_ptr(), kc);
         }
         return;
     }
@@ -310,6 +350,28 @@ unsafe fn pack_a(
             }
         }
     }
+}
+
+/// Whether the micro-kernel may broadcast from rows `ld` floats apart where they are: no more
+/// than half of a tile's `MR` rows fall in one set of a 64-set L1 (x86's L1 data caches: 32 KiB
+/// 8-way, 48 KiB 12-way). A multiple of 1024 floats puts all 14 in one set (4 KiB apart: a
+/// 1024-channel layer's rows), and lines of A are evicted before their 16 k are read (layer3's
+/// 1×1 from 1024 channels, trainer_conv: 428–431 GFLOP/s in place, 450–457 copied; from 512
+/// channels, 7 rows a set, 491 in place, 439–447 copied).
+fn spread(ld: usize) -> bool {
+    const SETS: usize = 64;
+    let mut count = [0u8; SETS];
+    (0..MR).all(|i| {
+        let set = (i * ld * 4 / 64) % SETS;
+        count[set] += 1;
+        count[set] as usize <= MR / 2
+    })
+}
+
+/// The distance between packed rows of `kc` k: a line more than `kc`, so that a tile's rows
+/// fall in different L1 sets (`spread`).
+fn row_ld(kc: usize) -> usize {
+    kc + 16
 }
 
 /// Columns `jc .. jc + nc` (≤ NC) of `b`, all of its `k`, packed into `out`: block pb of k

@@ -81,7 +81,14 @@ fn products_match_f64_sums_in_every_layout() {
             rs: 2 * k as isize,
             cs: 2,
         };
-        for (an, a_op) in a_layouts.into_iter().chain([("gapped", strided_a)]) {
+        // Rows read in place (k contiguous) with a leading dimension past k.
+        let padded_a = Operand {
+            ptr: a2.as_ptr(),
+            rs: k as isize + 7,
+            cs: 1,
+        };
+        let more = [("gapped", strided_a), ("padded", padded_a)];
+        for (an, a_op) in a_layouts.into_iter().chain(more) {
             for (bn, b_op) in b_layouts {
                 let want = reference(m, n, k, a_op, b_op);
                 // |a|, |b| ≤ 1: any order of f32 sums is within k·ε·Σ|a·b| ≤ ε·k² of the exact sum.
