@@ -513,9 +513,10 @@ pub unsafe fn gemm<T: Float>(
     plain_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
 }
 
-/// The product in `T`, on roofline's f32 kernels where they beat the gemm crate: f32 on
-/// AVX-512, over the pool, A's rows read in place (k contiguous) and tall (`OWN_F32_MIN_ROWS`):
-/// a 1×1 convolution's forward and backward-data products. Else the crate's (`native_gemm`).
+/// The product in `T`, on roofline's f32 kernels where they beat the gemm crate (f32 on
+/// AVX-512): over the pool, A's rows read in place (k contiguous) and tall (`OWN_F32_MIN_ROWS`):
+/// a 1×1 convolution's forward and backward-data products; on one thread, a long reduction
+/// into a small C (`long_on_own`): its filter gradient. Else the crate's (`native_gemm`).
 ///
 /// # Safety
 /// As `gemm`.
@@ -531,13 +532,23 @@ unsafe fn plain_gemm<T: Float>(
     b: Mat<T>,
     parallel: bool,
 ) {
-    if parallel && a.cs == 1 && a.rs >= 0 && m >= OWN_F32_MIN_ROWS {
-        if let Some(g) = own_f32::<T>() {
-            let (a, b) = (operand(a.cast()), operand(b.cast()));
-            return g.gemm(m, n, k, c as *mut f32, ldc, accumulate, a, b, true);
+    if let Some(g) = own_f32::<T>() {
+        let (a, b) = (operand(a.cast()), operand(b.cast()));
+        let tall = parallel && a.cs == 1 && a.rs >= 0 && m >= OWN_F32_MIN_ROWS;
+        let long = !parallel && F32Gemm::long_reduction(m, n, k, a, b);
+        if tall || long {
+            return g.gemm(m, n, k, c as *mut f32, ldc, accumulate, a, b, parallel);
         }
     }
     native_gemm(m, n, k, c, ldc, accumulate, a, b, parallel)
+}
+
+/// Whether `gemm` on one thread runs this product on roofline's f32 kernels for long
+/// reductions (`F32Gemm::long_reduction`: `xᵀ·dy` over many pixels into a small C).
+pub fn long_on_own<T: Float>(m: usize, n: usize, k: usize, a: Mat<T>, b: Mat<T>) -> bool {
+    products() == Products::Native
+        && own_f32::<T>().is_some()
+        && F32Gemm::long_reduction(m, n, k, operand(a.cast()), operand(b.cast()))
 }
 
 /// The fewest rows of A for which a product over the pool goes to the f32 kernels

@@ -8,8 +8,8 @@
 pub mod winograd;
 
 use crate::tensor::{
-    as_uninit, fill_uninit, gemm_mixed, ordered_sum_into, partitions, products, Float, Lhs, Mat,
-    Products, Rhs,
+    as_uninit, fill_uninit, gemm_mixed, long_on_own, ordered_sum_into, partitions, products, Float,
+    Lhs, Mat, Products, Rhs,
 };
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
@@ -323,7 +323,16 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         // the products are the crate's, dwᵀ goes into a buffer and is transposed into dw
         // (trainer_conv bench, both cores: layer1.1 conv1 172 → 220, layer2.1 conv1 222 → 254,
         // layer2.0 conv1 234 → 243; with k = 256, layer3's, nothing gained).
-        let swap = k <= 128 && depth > k && products() == Products::Native;
+        // (Not where roofline's f32 kernels take dw = xᵀ·dy as it is: `long_on_own`, faster
+        // than the crate either way round; layer1.0 conv1 305 → 391.)
+        let (x_t, dy_r) = (
+            Mat::transposed(x.as_ptr(), depth).cast::<T>(),
+            Mat::rows(dy.as_ptr(), k).cast::<T>(),
+        );
+        let swap = k <= 128
+            && depth > k
+            && products() == Products::Native
+            && !long_on_own(depth, k, per, x_t, dy_r);
         ordered_sum_into(dw, parts, |p, acc| {
             // With more threads than rows a part (the last ones) can start past the end.
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
@@ -545,6 +554,58 @@ mod tests {
                 "{}: {yg} {wdw}",
                 sh.describe()
             );
+        }
+    }
+
+    /// A 1×1 layer's f32 filter gradient over many pixels (each part of the rows a long
+    /// reduction: roofline's f32 kernels where the CPU has AVX-512, A and B read in place,
+    /// with 64 and with 200 output channels: B in place and packed) against f64 sums; the
+    /// forward and backward-data products over the pool (A's rows in place) too.
+    #[test]
+    fn pointwise_f32_products_over_many_pixels_agree_with_f64_sums() {
+        for k in [64, 200] {
+            // 16512 rows: at least 4096 a part on up to 4 threads.
+            let sh = shape(4, 48, 64, k, 1, 1, 0);
+            let rows = sh.rows();
+            let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
+            let (x, w, dy) = (
+                f(data(sh.input_len(), 0.1)),
+                f(data(sh.weight_len(), 0.2)),
+                f(data(sh.output_len(), 0.3)),
+            );
+            let mut dw = vec![0f32; sh.weight_len()];
+            backward_filter(&x, &dy, &mut dw, &sh);
+            let mut y = vec![0f32; sh.output_len()];
+            forward(&x, &w, &mut y, &sh);
+            let mut dx = vec![0f32; sh.input_len()];
+            backward_data(&dy, &w, &mut dx, &sh);
+            let c = sh.c;
+            // Each value against f64 sums: within a few f32 roundings of the terms' magnitude,
+            // where one wrong or missing term moves it by about magnitude / terms.
+            let check = |got: f32, terms: &mut dyn Iterator<Item = f64>, rel: f64, what: &str| {
+                let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                let err = (got as f64 - want).abs();
+                assert!(
+                    err <= rel * size,
+                    "k {k}: {what} {got}, want {want} (of {size})"
+                );
+            };
+            for i in 0..c {
+                for j in 0..k {
+                    let mut terms = (0..rows).map(|p| x[p * c + i] as f64 * dy[p * k + j] as f64);
+                    check(dw[i * k + j], &mut terms, 1e-5, &format!("dw[{i},{j}]"));
+                }
+            }
+            for p in (0..rows).step_by(97) {
+                for j in 0..k {
+                    let mut terms = (0..c).map(|i| x[p * c + i] as f64 * w[i * k + j] as f64);
+                    check(y[p * k + j], &mut terms, 2e-6, &format!("y[{p},{j}]"));
+                }
+                for i in 0..c {
+                    let mut terms = (0..k).map(|j| dy[p * k + j] as f64 * w[i * k + j] as f64);
+                    check(dx[p * c + i], &mut terms, 2e-6, &format!("dx[{p},{i}]"));
+                }
+            }
         }
     }
 

@@ -25,26 +25,43 @@ use super::super::tiles::Dest;
 /// `MR` rows (k contiguous, `lda` apart as this tile's, read in place from a matrix in memory),
 /// and its tile of C (`MR` rows of `NR`, `ldc` apart as this tile's). Null where there is
 /// nothing to fetch; a prefetch never faults, and past a matrix's end it fetches a line unused.
+/// Also a run of `lines` cache lines from `run` (the next block of k's operands, streamed
+/// from memory while this block is multiplied), one per k, into L2 (`prefetcht1`: into L1
+/// they would evict this block's panels).
 #[derive(Clone, Copy)]
 pub struct Next {
     pub a: *const f32,
     pub c: *const f32,
+    pub run: *const u8,
+    pub lines: usize,
+}
+
+impl Next {
+    pub const NONE: Next = Next {
+        a: std::ptr::null(),
+        c: std::ptr::null(),
+        run: std::ptr::null(),
+        lines: 0,
+    };
 }
 
 /// # Safety
-/// A's `MR` rows of `kc` elements readable in `layout` at `a`; `b` holds `kc · NR` values; `d`
-/// covers its rows and columns. (`Next` is for the vector kernel.)
+/// A's `MR` rows of `kc` elements readable in `layout` at `a`; B's `kc` rows of `NR` values
+/// at `b`, `ldb` apart (`NR` for a packed panel); `d` covers its rows and columns. (`Next` is
+/// for the vector kernel.)
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn tile_portable(
     kc: usize,
     a: *const f32,
     lda: usize,
     layout: Layout,
     b: *const f32,
+    ldb: usize,
     d: Dest,
 ) {
     let mut acc = [[0f32; NR]; MR];
     for p in 0..kc {
-        let bw = std::slice::from_raw_parts(b.add(p * NR), NR);
+        let bw = std::slice::from_raw_parts(b.add(p * ldb), NR);
         for (i, row) in acc.iter_mut().enumerate() {
             let av = *a.add(match layout {
                 Layout::Rows => i * lda + p,
@@ -72,28 +89,32 @@ mod x86 {
     /// # Safety
     /// As `tile_portable`; AVX-512 F present.
     #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile(
         kc: usize,
         a: *const f32,
         lda: usize,
         layout: Layout,
         b: *const f32,
+        ldb: usize,
         d: Dest,
         next: Next,
     ) {
         match (layout, next.a.is_null()) {
-            (Layout::Rows, false) => tile_at::<true, true>(kc, a, lda, b, d, next),
-            (Layout::Rows, true) => tile_at::<true, false>(kc, a, lda, b, d, next),
-            (Layout::Cols, _) => tile_at::<false, false>(kc, a, lda, b, d, next),
+            (Layout::Rows, false) => tile_at::<true, true>(kc, a, lda, b, ldb, d, next),
+            (Layout::Rows, true) => tile_at::<true, false>(kc, a, lda, b, ldb, d, next),
+            (Layout::Cols, _) => tile_at::<false, false>(kc, a, lda, b, ldb, d, next),
         }
     }
 
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     unsafe fn tile_at<const ROWS: bool, const NEXT_A: bool>(
         kc: usize,
         a: *const f32,
         lda: usize,
         b: *const f32,
+        ldb: usize,
         d: Dest,
         next: Next,
     ) {
@@ -104,11 +125,15 @@ mod x86 {
                 _mm_prefetch::<_MM_HINT_T0>(next.a.wrapping_add(r * lda + p) as *const i8);
                 r = if r + 1 == MR { 0 } else { r + 1 };
             }
+            if p < next.lines {
+                _mm_prefetch::<_MM_HINT_T1>(next.run.wrapping_add(p * 64) as *const i8);
+            }
             if p < 2 * MR && !next.c.is_null() {
                 let at = next.c.wrapping_add((p >> 1) * d.ldc + (p & 1) * 16);
                 _mm_prefetch::<_MM_HINT_ET0>(at as *const i8);
             }
-            let bv: [__m512; NV] = std::array::from_fn(|v| _mm512_loadu_ps(b.add(p * NR + 16 * v)));
+            let bv: [__m512; NV] =
+                std::array::from_fn(|v| _mm512_loadu_ps(b.add(p * ldb + 16 * v)));
             for (i, row) in acc.iter_mut().enumerate() {
                 let at = if ROWS {
                     a.add(i * lda + p)

@@ -15,6 +15,7 @@
 //! so that its part of C stays in L2; every entry of C is summed by one thread in one order,
 //! and results do not depend on the thread count.
 
+mod long;
 mod micro;
 
 pub use micro::{MR, NR};
@@ -75,7 +76,17 @@ impl F32Gemm {
         b: Operand<f32>,
         parallel: bool,
     ) {
+        if !parallel && long::takes(m, n, k, a, b) {
+            return long::gemm(self.vector, m, n, k, c, ldc, accumulate, a, b);
+        }
         self.run(m, n, k, c, ldc, accumulate, a, Rhs::Pack(b), parallel)
+    }
+
+    /// Whether a product on one thread (`gemm` with `parallel` false) takes the path for long
+    /// reductions with a small C (`long`: A's rows contiguous, both operands read in place,
+    /// the next block of k prefetched): a 1×1 convolution's filter gradient.
+    pub fn long_reduction(m: usize, n: usize, k: usize, a: Operand<f32>, b: Operand<f32>) -> bool {
+        long::takes(m, n, k, a, b)
     }
 
     /// `b[k×n]` packed once, for many products with the same right-hand side.
@@ -218,11 +229,12 @@ impl F32Gemm {
                                     (true, true) => c_at(ip + 1, j0),
                                     (true, false) => std::ptr::null(),
                                 },
+                                ..micro::Next::NONE
                             };
                             // Rows past the block's (an edge tile's) hold stale values,
                             // and their results are not stored.
                             let bp = bblock[jp * kc * NR..].as_ptr();
-                            tile(vector, kc, ap, ld, lay, bp, d, next);
+                            tile(vector, kc, ap, ld, lay, bp, NR, d, next);
                         }
                     }
                 }
@@ -295,15 +307,16 @@ unsafe fn tile(
     lda: usize,
     layout: Layout,
     b: *const f32,
+    ldb: usize,
     d: Dest,
     next: micro::Next,
 ) {
     #[cfg(target_arch = "x86_64")]
     if vector {
-        return micro::tile(kc, a, lda, layout, b, d, next);
+        return micro::tile(kc, a, lda, layout, b, ldb, d, next);
     }
     let _ = (vector, next);
-    micro::tile_portable(kc, a, lda, layout, b, d)
+    micro::tile_portable(kc, a, lda, layout, b, ldb, d)
 }
 
 /// Rows `i0 .. i0 + mc` and k `p0 .. p0 + kc` of `a` packed into `out`: with `rows_src` (A's
@@ -415,7 +428,7 @@ unsafe fn pack_block(
 ///
 /// # Safety
 /// `b` covers those columns and k; with `vector`, AVX-512 F present.
-unsafe fn pack_panel(
+pub(super) unsafe fn pack_panel(
     b: Operand<f32>,
     j0: usize,
     cols: usize,

@@ -55,6 +55,10 @@ fn products_match_f64_sums_in_every_layout() {
         (171, 40, 300),
         (29, 1030, 40),
         (3, 5, 513),
+        // Long reductions (`long`: A's rows read in place on one thread; B's rows in place, 40
+        // apart, or packed, 70 apart).
+        (30, 40, 4200),
+        (30, 70, 4200),
     ] {
         let a = data(m * k, 1);
         let b = data(k * n, 2);
