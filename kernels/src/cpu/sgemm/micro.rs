@@ -29,6 +29,7 @@ use super::super::tiles::Dest;
 /// from memory while this block is multiplied), one per k, into L2 (`prefetcht1`: into L1
 /// they would evict this block's panels).
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub struct Next {
     pub a: *const f32,
     pub c: *const f32,
