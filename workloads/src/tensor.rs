@@ -533,10 +533,10 @@ unsafe fn plain_gemm<T: Float>(
     parallel: bool,
 ) {
     if let Some(g) = own_f32::<T>() {
-        let (a, b) = (operand(a.cast()), operand(b.cast()));
         let tall = parallel && a.cs == 1 && a.rs >= 0 && m >= OWN_F32_MIN_ROWS;
-        let long = !parallel && F32Gemm::long_reduction(m, n, k, a, b);
+        let long = !parallel && long_on_own(m, n, k, a, b);
         if tall || long {
+            let (a, b) = (operand(a.cast()), operand(b.cast()));
             return g.gemm(m, n, k, c as *mut f32, ldc, accumulate, a, b, parallel);
         }
     }

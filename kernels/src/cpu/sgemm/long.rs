@@ -8,7 +8,7 @@
 //! to C), so the same bits.
 
 use super::micro::{Layout, Next, MR, NR};
-use super::{pack_panel, tile, KC};
+use super::{pack_a, pack_panel, tile, KC};
 use crate::cpu::bf16::Operand;
 use crate::cpu::tiles::{line, scratch, Dest};
 use std::cell::Cell;
@@ -68,15 +68,7 @@ pub(super) unsafe fn gemm(
         let at_a = |i: usize, p: usize| a.ptr.offset(i as isize + (pc + p) as isize * a.cs);
         let at_b = |p: usize, j: usize| b.ptr.offset((pc + p) as isize * b.rs + j as isize);
         if mfull < m {
-            for p in 0..kc {
-                for i in 0..MR {
-                    aedge[p * MR + i] = if mfull + i < m {
-                        *at_a(mfull + i, p)
-                    } else {
-                        0.0
-                    };
-                }
-            }
+            pack_a(a, mfull, m - mfull, pc, kc, aedge, false);
         }
         for (q, out) in bedge.chunks_mut(kc * NR).enumerate() {
             let j0 = nfull + q * NR;

@@ -325,7 +325,7 @@ unsafe fn tile(
 ///
 /// # Safety
 /// `a` covers those rows and k.
-unsafe fn pack_a(
+pub(super) unsafe fn pack_a(
     a: Operand<f32>,
     i0: usize,
     mc: usize,
