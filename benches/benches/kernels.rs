@@ -106,6 +106,30 @@ fn gemm_bf16(c: &mut Criterion) {
             g.bench_function(format!("{name}_t{t}_f32"), |b| b.iter(|| f.run(1)));
         }
     }
+    // A 1×1 layer's filter gradient as each thread's part of the trainer's runs it: dw (256 ×
+    // 64) = xᵀ·dy over 50176 pixels, x and dy in f32 straight from memory (51 MB: both operands
+    // packed as they stream past, the rows ahead prefetched).
+    let (depth, k, px) = (256, 64, 50176);
+    let x: Vec<f32> = (0..px * depth).map(|i| (i as f32 * 0.37).sin()).collect();
+    let dy: Vec<f32> = (0..px * k).map(|i| (i as f32 * 0.11).cos()).collect();
+    let mut dw = vec![0f32; depth * k];
+    g.throughput(Throughput::Elements((2 * depth * k * px) as u64));
+    g.bench_function("resnet50_1x1_filter_gradient_256x64_over_50176_t1", |b| {
+        b.iter(|| unsafe {
+            // SAFETY: x is px × depth, dy px × k, dw depth × k, all dense.
+            gemm.gemm(
+                depth,
+                k,
+                px,
+                dw.as_mut_ptr(),
+                k,
+                false,
+                roofline_kernels::cpu::bf16::Operand::transposed(x.as_ptr(), depth),
+                roofline_kernels::cpu::bf16::Operand::rows(dy.as_ptr(), k),
+                false,
+            )
+        })
+    });
     g.finish();
 }
 

@@ -320,20 +320,27 @@ impl Bf16Gemm {
                         &p.words[at..at + npanels * pairs * NR]
                     }
                     Rhs::Pack(vb) => {
-                        let pack_b = |q: usize, out: &mut [u32]| {
-                            let cols = NR.min(nc - q * NR);
-                            pack::panel(vb, jc + q * NR, cols, pc, kc, NR, out, vector)
-                        };
                         let bpack = line(&mut bpack, b_len);
-                        let panels = bpack[..npanels * pairs * NR].chunks_mut(pairs * NR);
+                        let size = pairs * NR;
                         if threads > 1 {
-                            panels
-                                .collect::<Vec<_>>()
-                                .into_par_iter()
-                                .enumerate()
-                                .for_each(|(q, out)| pack_b(q, out));
+                            // Contiguous groups of panels, one a thread, each packed in one
+                            // pass (`pack::panels`).
+                            let groups = threads.min(npanels);
+                            let mut parts = Vec::with_capacity(groups);
+                            let mut rest = &mut bpack[..npanels * size];
+                            for g in 0..groups {
+                                let (q0, q1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                                let (part, tail) = rest.split_at_mut((q1 - q0) * size);
+                                parts.push((q0, q1, part));
+                                rest = tail;
+                            }
+                            parts.into_par_iter().for_each(|(q0, q1, out)| {
+                                let cols = (q1 * NR).min(nc) - q0 * NR;
+                                pack::panels(vb, jc + q0 * NR, cols, pc, kc, NR, out, vector)
+                            });
                         } else {
-                            panels.enumerate().for_each(|(q, out)| pack_b(q, out));
+                            let out = &mut bpack[..npanels * size];
+                            pack::panels(vb, jc, nc, pc, kc, NR, out, vector);
                         }
                         &bpack[..npanels * pairs * NR]
                     }
@@ -386,11 +393,8 @@ impl Bf16Gemm {
                         #[cfg(target_arch = "x86_64")]
                         pack::rows(va, i0, mc, pc, kc, apack);
                     } else {
-                        for q in 0..mpanels {
-                            let rows = MR.min(mc - q * MR);
-                            let out = &mut apack[q * pairs * MR..(q + 1) * pairs * MR];
-                            pack::panel(va, i0 + q * MR, rows, pc, kc, MR, out, vector);
-                        }
+                        let out = &mut apack[..mpanels * pairs * MR];
+                        pack::panels(va, i0, mc, pc, kc, MR, out, vector);
                     }
                     for jp in j0..j1 {
                         let bp = bpack[jp * pairs * NR..].as_ptr();

@@ -352,6 +352,24 @@ fn packing_paths_give_the_same_words() {
             }
             assert_eq!(s, v, "rs={rs} ks={ks} r0={r0} n={n} w={w}");
         }
+        // Several panels in one pass (`panels`: pair by pair where the rows are contiguous),
+        // from an odd k on, against the scalar packing panel by panel.
+        for w in [MR, 8, NR] {
+            let (k0, kn) = (3, kk - 3);
+            let size = kn.div_ceil(2) * w;
+            let count = rows.div_ceil(w);
+            let (mut s, mut v) = (vec![1u32; count * size], vec![1u32; count * size]);
+            // SAFETY: as above.
+            unsafe {
+                for q in 0..count {
+                    let n = w.min(rows - q * w);
+                    let out = &mut s[q * size..(q + 1) * size];
+                    pack::panel(view, q * w, n, k0, kn, w, out, false);
+                }
+                pack::panels(view, 0, rows, k0, kn, w, &mut v, true);
+            }
+            assert_eq!(s, v, "panels: rs={rs} ks={ks} w={w}");
+        }
     }
 }
 
