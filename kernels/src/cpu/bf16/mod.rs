@@ -32,6 +32,9 @@ pub const KC: usize = 256;
 pub const MC: usize = 24 * MR;
 /// Columns of B per block.
 pub const NC: usize = 1024;
+/// The largest packed B (bytes) whose blocks of k a block of rows takes in turn (C kept in
+/// cache); past it, the blocks of k are the outer loop (B's block kept in cache).
+const ROWS_FIRST_MAX_B: usize = 256 << 10;
 /// Rows of A per block on the AMX path (10 tiles of 32 rows: 160 KiB of A at KC).
 #[cfg(target_arch = "x86_64")]
 const MC_AMX: usize = 10 * amx::ROWS;
@@ -308,26 +311,127 @@ impl Bf16Gemm {
             Rhs::Packed(_) => Vec::new(),
         };
         let kblocks = k.div_ceil(KC);
+        // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a multiple of
+        // the threads, so that no thread waits on a short last block.
+        let mut mblocks = m.div_ceil(mc_max);
+        if threads > 1 {
+            mblocks = mblocks.div_ceil(threads) * threads;
+        }
+        let mb = m.div_ceil(mblocks).next_multiple_of(rm).min(mc_max);
+        let mblocks = m.div_ceil(mb);
+        // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels (the rows
+        // past the block's are never stored).
+        let a_len = (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs;
         for (jb, jc) in (0..n).step_by(NC).enumerate() {
             let nc = NC.min(n - jc);
             let npanels = nc.div_ceil(NR);
-            for (pb, pc) in (0..k).step_by(KC).enumerate() {
+            let groups = (threads / mblocks).clamp(1, npanels);
+            let tasks = mblocks * groups;
+            let spread = threads > 1 && tasks > 1;
+            // Task t (a block of rows, a group of column panels) for the block of k at pc, with
+            // B's packed block `bpack`.
+            let block = |t: usize, pc: usize, bpack: &[u32], apack: &mut [u32]| {
                 let kc = KC.min(k - pc);
                 let pairs = kc.div_ceil(2);
-                let bpack: &[u32] = match rhs {
-                    Rhs::Packed(p) => {
-                        let at = p.base + p.offsets[jb * kblocks + pb];
-                        &p.words[at..at + npanels * pairs * NR]
+                let overwrite = pc == 0 && !accumulate;
+                let (ib, g) = (t / groups, t % groups);
+                let i0 = ib * mb;
+                let mc = mb.min(m - i0);
+                let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                #[cfg(target_arch = "x86_64")]
+                if amx {
+                    if va.ks == 1 {
+                        pack::rows(va, i0, mc, pc, kc, apack);
+                    } else {
+                        pack::rows_any(va, i0, mc, pc, kc, apack);
                     }
-                    Rhs::Pack(vb) => {
-                        let bpack = line(&mut bpack, b_len);
+                    let c_at = |i: usize, j: usize| c.get().add((i0 + i) * ldc + jc + j);
+                    let tiles = amx::Tiles::configure();
+                    for jp in j0..j1 {
+                        let bp = bpack[jp * pairs * NR..].as_ptr();
+                        for i in (0..mc).step_by(amx::ROWS) {
+                            let (rows, cols) = (amx::ROWS.min(mc - i), NR.min(nc - jp * NR));
+                            amx_tile(
+                                &tiles,
+                                pairs,
+                                &apack[i * pairs..],
+                                bp,
+                                c_at(i, jp * NR),
+                                ldc,
+                                rows,
+                                cols,
+                                overwrite,
+                            );
+                        }
+                    }
+                    return;
+                }
+                let mpanels = mc.div_ceil(MR);
+                if a_rows {
+                    #[cfg(target_arch = "x86_64")]
+                    pack::rows(va, i0, mc, pc, kc, apack);
+                } else {
+                    let out = &mut apack[..mpanels * pairs * MR];
+                    pack::panels(va, i0, mc, pc, kc, MR, out, vector);
+                }
+                for jp in j0..j1 {
+                    let bp = bpack[jp * pairs * NR..].as_ptr();
+                    for ip in 0..mpanels {
+                        let d = Dest {
+                            c: c.get().add((i0 + ip * MR) * ldc + jc + jp * NR),
+                            ldc,
+                            rows: MR.min(mc - ip * MR),
+                            cols: NR.min(nc - jp * NR),
+                            overwrite,
+                        };
+                        // Panel ip starts at the same word in both layouts.
+                        let ap = apack[ip * pairs * MR..].as_ptr();
+                        match (a_rows, self.path) {
+                            #[cfg(target_arch = "x86_64")]
+                            (true, _) => micro::tile_rows(pairs, ap, pairs, bp, d),
+                            #[cfg(target_arch = "x86_64")]
+                            (false, Path::Avx512Bf16) => micro::tile(pairs, ap, bp, d),
+                            _ => micro::tile_portable(pairs, ap, bp, d),
+                        }
+                    }
+                }
+            };
+            match rhs {
+                // B packed beforehand and small: each task takes its rows through every block
+                // of k in turn, its block of C staying in cache between them (with the blocks
+                // of k outside, C went out to L3 and back for each block of k past the first:
+                // a 1×1 layer's backward data, 25088 × 128 over k = 512, 590–600 → 694–708
+                // GFLOP/s). Where B is larger than ROWS_FIRST_MAX_B, each block of B stays in
+                // cache for all the rows instead. The same sums in the same order either way.
+                Rhs::Packed(p) if k.div_ceil(2) * npanels * NR * 4 <= ROWS_FIRST_MAX_B => {
+                    each_task(tasks, spread, a_len, |t, apack| {
+                        for (pb, pc) in (0..k).step_by(KC).enumerate() {
+                            let pairs = KC.min(k - pc).div_ceil(2);
+                            let at = p.base + p.offsets[jb * kblocks + pb];
+                            block(t, pc, &p.words[at..at + npanels * pairs * NR], apack);
+                        }
+                    })
+                }
+                Rhs::Packed(p) => {
+                    for (pb, pc) in (0..k).step_by(KC).enumerate() {
+                        let pairs = KC.min(k - pc).div_ceil(2);
+                        let at = p.base + p.offsets[jb * kblocks + pb];
+                        let bp = &p.words[at..at + npanels * pairs * NR];
+                        each_task(tasks, spread, a_len, |t, apack| block(t, pc, bp, apack));
+                    }
+                }
+                Rhs::Pack(vb) => {
+                    for pc in (0..k).step_by(KC) {
+                        let kc = KC.min(k - pc);
+                        let pairs = kc.div_ceil(2);
+                        let bl = line(&mut bpack, b_len);
                         let size = pairs * NR;
                         if threads > 1 {
                             // Contiguous groups of panels, one a thread, each packed in one
                             // pass (`pack::panels`).
                             let groups = threads.min(npanels);
                             let mut parts = Vec::with_capacity(groups);
-                            let mut rest = &mut bpack[..npanels * size];
+                            let mut rest = &mut bl[..npanels * size];
                             for g in 0..groups {
                                 let (q0, q1) = (g * npanels / groups, (g + 1) * npanels / groups);
                                 let (part, tail) = rest.split_at_mut((q1 - q0) * size);
@@ -339,97 +443,12 @@ impl Bf16Gemm {
                                 pack::panels(vb, jc + q0 * NR, cols, pc, kc, NR, out, vector)
                             });
                         } else {
-                            let out = &mut bpack[..npanels * size];
+                            let out = &mut bl[..npanels * size];
                             pack::panels(vb, jc, nc, pc, kc, NR, out, vector);
                         }
-                        &bpack[..npanels * pairs * NR]
+                        let bp: &[u32] = &bl[..npanels * size];
+                        each_task(tasks, spread, a_len, |t, apack| block(t, pc, bp, apack));
                     }
-                };
-                let overwrite = pc == 0 && !accumulate;
-                // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a
-                // multiple of the threads, so that no thread waits on a short last block.
-                let mut mblocks = m.div_ceil(mc_max);
-                if threads > 1 {
-                    mblocks = mblocks.div_ceil(threads) * threads;
-                }
-                let mb = m.div_ceil(mblocks).next_multiple_of(rm).min(mc_max);
-                let mblocks = m.div_ceil(mb);
-                let groups = (threads / mblocks).clamp(1, npanels);
-                let task = |t: usize, apack: &mut [u32]| {
-                    let (ib, g) = (t / groups, t % groups);
-                    let i0 = ib * mb;
-                    let mc = mb.min(m - i0);
-                    let (j0, j1) = (g * npanels / groups, (g + 1) * npanels / groups);
-                    #[cfg(target_arch = "x86_64")]
-                    if amx {
-                        if va.ks == 1 {
-                            pack::rows(va, i0, mc, pc, kc, apack);
-                        } else {
-                            pack::rows_any(va, i0, mc, pc, kc, apack);
-                        }
-                        let c_at = |i: usize, j: usize| c.get().add((i0 + i) * ldc + jc + j);
-                        let tiles = amx::Tiles::configure();
-                        for jp in j0..j1 {
-                            let bp = bpack[jp * pairs * NR..].as_ptr();
-                            for i in (0..mc).step_by(amx::ROWS) {
-                                let (rows, cols) = (amx::ROWS.min(mc - i), NR.min(nc - jp * NR));
-                                amx_tile(
-                                    &tiles,
-                                    pairs,
-                                    &apack[i * pairs..],
-                                    bp,
-                                    c_at(i, jp * NR),
-                                    ldc,
-                                    rows,
-                                    cols,
-                                    overwrite,
-                                );
-                            }
-                        }
-                        return;
-                    }
-                    let mpanels = mc.div_ceil(MR);
-                    if a_rows {
-                        #[cfg(target_arch = "x86_64")]
-                        pack::rows(va, i0, mc, pc, kc, apack);
-                    } else {
-                        let out = &mut apack[..mpanels * pairs * MR];
-                        pack::panels(va, i0, mc, pc, kc, MR, out, vector);
-                    }
-                    for jp in j0..j1 {
-                        let bp = bpack[jp * pairs * NR..].as_ptr();
-                        for ip in 0..mpanels {
-                            let d = Dest {
-                                c: c.get().add((i0 + ip * MR) * ldc + jc + jp * NR),
-                                ldc,
-                                rows: MR.min(mc - ip * MR),
-                                cols: NR.min(nc - jp * NR),
-                                overwrite,
-                            };
-                            // Panel ip starts at the same word in both layouts.
-                            let ap = apack[ip * pairs * MR..].as_ptr();
-                            match (a_rows, self.path) {
-                                #[cfg(target_arch = "x86_64")]
-                                (true, _) => micro::tile_rows(pairs, ap, pairs, bp, d),
-                                #[cfg(target_arch = "x86_64")]
-                                (false, Path::Avx512Bf16) => micro::tile(pairs, ap, bp, d),
-                                _ => micro::tile_portable(pairs, ap, bp, d),
-                            }
-                        }
-                    }
-                };
-                // On the AMX path, MR rows more: the vector kernel reads whole MR-row panels
-                // (the rows past the block's are never stored).
-                let a_len = (mb.next_multiple_of(rm) + if amx { MR } else { 0 }) * max_pairs;
-                let run_task = |t: usize| {
-                    let mut buf = scratch(&A_SCRATCH, a_len);
-                    task(t, line(&mut buf, a_len));
-                    A_SCRATCH.set(buf);
-                };
-                if threads > 1 && mblocks * groups > 1 {
-                    (0..mblocks * groups).into_par_iter().for_each(run_task);
-                } else {
-                    (0..mblocks * groups).for_each(run_task);
                 }
             }
         }
@@ -445,6 +464,21 @@ thread_local! {
     /// faults). Taken out while in use: a nested product gets buffers of its own.
     static A_SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
     static B_SCRATCH: Cell<Vec<u32>> = const { Cell::new(Vec::new()) };
+}
+
+/// Runs `f(t, buffer for A)` for every task `t < tasks`, over the pool when `spread`, each on
+/// its thread's A buffer of `a_len` words (from a cache line on).
+fn each_task(tasks: usize, spread: bool, a_len: usize, f: impl Fn(usize, &mut [u32]) + Sync) {
+    let run = |t: usize| {
+        let mut buf = scratch(&A_SCRATCH, a_len);
+        f(t, line(&mut buf, a_len));
+        A_SCRATCH.set(buf);
+    };
+    if spread {
+        (0..tasks).into_par_iter().for_each(run);
+    } else {
+        (0..tasks).for_each(run);
+    }
 }
 
 /// One AMX tile of C at `c` (`rows × cols` ≤ 32 × 32 of it): A's rows from `a` (`pairs`
