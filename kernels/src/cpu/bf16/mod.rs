@@ -429,11 +429,11 @@ impl Bf16Gemm {
                         if threads > 1 {
                             // Contiguous groups of panels, one a thread, each packed in one
                             // pass (`pack::panels`).
-                            let groups = threads.min(npanels);
-                            let mut parts = Vec::with_capacity(groups);
+                            let shares = threads.min(npanels);
+                            let mut parts = Vec::with_capacity(shares);
                             let mut rest = &mut bl[..npanels * size];
-                            for g in 0..groups {
-                                let (q0, q1) = (g * npanels / groups, (g + 1) * npanels / groups);
+                            for g in 0..shares {
+                                let (q0, q1) = (g * npanels / shares, (g + 1) * npanels / shares);
                                 let (part, tail) = rest.split_at_mut((q1 - q0) * size);
                                 parts.push((q0, q1, part));
                                 rest = tail;
