@@ -61,7 +61,7 @@ fn gemm(c: &mut Criterion) {
 
 /// The bf16 product (bf16 inputs, f32 sums) beside the f32 one, one thread and the pool.
 fn gemm_bf16(c: &mut Criterion) {
-    use roofline_kernels::cpu::bf16::{Bf16Gemm, Bf16GemmKernel};
+    use roofline_kernels::cpu::bf16::{Bf16Gemm, Bf16GemmKernel, Operand};
     let Ok(gemm) = Bf16Gemm::detect() else {
         eprintln!("gemm_bf16: no AVX512_BF16 here, skipped");
         return;
@@ -124,8 +124,8 @@ fn gemm_bf16(c: &mut Criterion) {
                 dw.as_mut_ptr(),
                 k,
                 false,
-                roofline_kernels::cpu::bf16::Operand::transposed(x.as_ptr(), depth),
-                roofline_kernels::cpu::bf16::Operand::rows(dy.as_ptr(), k),
+                Operand::transposed(x.as_ptr(), depth),
+                Operand::rows(dy.as_ptr(), k),
                 false,
             )
         })

@@ -310,7 +310,6 @@ impl Bf16Gemm {
             Rhs::Pack(_) => scratch(&B_SCRATCH, b_len),
             Rhs::Packed(_) => Vec::new(),
         };
-        let kblocks = k.div_ceil(KC);
         // Blocks of rows of equal size (a multiple of MR, at most MC), as many as a multiple of
         // the threads, so that no thread waits on a short last block.
         let mut mblocks = m.div_ceil(mc_max);
@@ -406,17 +405,13 @@ impl Bf16Gemm {
                 Rhs::Packed(p) if k.div_ceil(2) * npanels * NR * 4 <= ROWS_FIRST_MAX_B => {
                     each_task(tasks, spread, a_len, |t, apack| {
                         for (pb, pc) in (0..k).step_by(KC).enumerate() {
-                            let pairs = KC.min(k - pc).div_ceil(2);
-                            let at = p.base + p.offsets[jb * kblocks + pb];
-                            block(t, pc, &p.words[at..at + npanels * pairs * NR], apack);
+                            block(t, pc, p.block(jb, pb, npanels), apack);
                         }
                     })
                 }
                 Rhs::Packed(p) => {
                     for (pb, pc) in (0..k).step_by(KC).enumerate() {
-                        let pairs = KC.min(k - pc).div_ceil(2);
-                        let at = p.base + p.offsets[jb * kblocks + pb];
-                        let bp = &p.words[at..at + npanels * pairs * NR];
+                        let bp = p.block(jb, pb, npanels);
                         each_task(tasks, spread, a_len, |t, apack| block(t, pc, bp, apack));
                     }
                 }
@@ -565,6 +560,13 @@ impl PackedB {
     /// Rows (k) and columns of the packed matrix.
     pub fn dims(&self) -> (usize, usize) {
         (self.k, self.n)
+    }
+
+    /// The packed block of column block `jb` and k block `pb`: its first `panels` panels.
+    fn block(&self, jb: usize, pb: usize, panels: usize) -> &[u32] {
+        let pairs = KC.min(self.k - pb * KC).div_ceil(2);
+        let at = self.base + self.offsets[jb * self.k.div_ceil(KC) + pb];
+        &self.words[at..at + panels * pairs * NR]
     }
 }
 

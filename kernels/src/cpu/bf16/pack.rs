@@ -250,7 +250,7 @@ pub(super) unsafe fn rows<T: Source>(
     // The rows ahead prefetched, as `x86::interleave` does (a 1×1 layer's forward product
     // spent a third of its time here waiting on memory without it).
     let bytes = kk * std::mem::size_of::<T>();
-    let ahead = (x86::AHEAD / bytes.max(1)).clamp(1, 16);
+    let ahead = x86::steps_ahead(bytes);
     for r in 0..rows {
         let row = x.ptr.offset((r0 + r) as isize * x.rs + k0 as isize);
         if r + ahead < rows {
@@ -390,7 +390,12 @@ mod x86 {
     }
 
     /// How far ahead the packers prefetch, in bytes of the rows they read.
-    pub const AHEAD: usize = 8192;
+    const AHEAD: usize = 8192;
+
+    /// How many steps of `bytes` each (a row, a pair of rows) make up the prefetch distance.
+    pub fn steps_ahead(bytes: usize) -> usize {
+        (AHEAD / bytes.max(1)).clamp(1, 16)
+    }
 
     /// `bytes` from `at` into L1, a line at a time.
     #[inline(always)]
@@ -421,6 +426,8 @@ mod x86 {
         let zero = _mm512_setzero_ps();
         let pairs = kk.div_ceil(2);
         let count = rows.div_ceil(w).max(1);
+        let bytes = rows * std::mem::size_of::<T>();
+        let step = steps_ahead(2 * bytes);
         for p in 0..pairs {
             let k = k0 + 2 * p;
             let lo_row = x.ptr.offset(k as isize * x.ks + r0 as isize);
@@ -430,8 +437,7 @@ mod x86 {
                 .offset((k + hi as usize) as isize * x.ks + r0 as isize);
             // The rows PD pairs ahead, a line at a time (sequential rows of memory, yet read
             // at a quarter of DRAM's rate without it: each pair's misses waited on memory).
-            let bytes = rows * std::mem::size_of::<T>();
-            let ahead = p + (AHEAD / (2 * bytes).max(1)).clamp(1, 16);
+            let ahead = p + step;
             if ahead < pairs {
                 for kk2 in [2 * ahead, (2 * ahead + 1).min(kk - 1)] {
                     let row = x.ptr.offset((k0 + kk2) as isize * x.ks + r0 as isize);
