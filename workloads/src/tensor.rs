@@ -701,7 +701,7 @@ const OWN_F32_MAX_CRATE: usize = 1 << 19;
 
 /// The f32 kernels for `T` = f32 on a CPU with AVX-512 (unless `ROOFLINE_F32_GEMM=crate`,
 /// which keeps the gemm crate's), else none.
-fn own_f32<T: 'static>() -> Option<F32Gemm> {
+pub(crate) fn own_f32<T: 'static>() -> Option<F32Gemm> {
     static OWN: std::sync::OnceLock<Option<F32Gemm>> = std::sync::OnceLock::new();
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {
         return None;

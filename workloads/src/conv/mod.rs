@@ -5,6 +5,7 @@
 //! once per call (packed once in bf16). 3×3 stride-1 layers with f32 (or f64) products go
 //! through Winograd's F(4×4, 3×3) instead (`winograd`).
 
+mod taps;
 pub mod winograd;
 
 use crate::tensor::{
@@ -76,11 +77,17 @@ fn col2im_rows<T: Float>(patch: &[T], sh: &ConvShape, r0: usize, rows: usize, dx
     }
 }
 
-/// Whether 3×3 stride-1 layers with products in their own type go through Winograd's
-/// algorithm: yes, unless `ROOFLINE_CONV=im2col` (read once).
-pub fn winograd_enabled() -> bool {
+/// Whether `ROOFLINE_CONV=im2col` keeps every convolution that is not 1×1 stride 1 on im2col
+/// and GEMMs (the A/B switch for Winograd's algorithm and the taps path; read once).
+fn im2col_forced() -> bool {
     static IM2COL: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    !*IM2COL.get_or_init(|| std::env::var("ROOFLINE_CONV").is_ok_and(|v| v == "im2col"))
+    *IM2COL.get_or_init(|| std::env::var("ROOFLINE_CONV").is_ok_and(|v| v == "im2col"))
+}
+
+/// Whether 3×3 stride-1 layers with products in their own type go through Winograd's
+/// algorithm: yes, unless `ROOFLINE_CONV=im2col`.
+pub fn winograd_enabled() -> bool {
+    !im2col_forced()
 }
 
 /// `x` as a slice of `T` where a convolution of this shape goes through Winograd's algorithm:
@@ -118,6 +125,13 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
     if let Some(x) = winograd_operand::<T, S>(sh, x) {
         return winograd::forward(x, w, y, sh);
+    }
+    if let Some(g) = taps::kernels::<T, S, T>(sh) {
+        // SAFETY: T and S are f32 (`kernels`); MaybeUninit<T> is laid out as T.
+        return unsafe {
+            let y = &mut *(y as *mut [MaybeUninit<T>] as *mut [MaybeUninit<f32>]);
+            taps::forward(g, taps::as_f32(x), taps::as_f32(w), y, sh)
+        };
     }
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {
@@ -308,6 +322,18 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         winograd_operand::<T, D>(sh, dy),
     ) {
         return winograd::backward_filter(x, dy, dw, sh);
+    }
+    if let Some(g) = taps::kernels::<T, S, D>(sh) {
+        // SAFETY: T, S and D are f32 (`kernels`).
+        return unsafe {
+            taps::backward_filter(
+                g,
+                taps::as_f32(x),
+                taps::as_f32(dy),
+                taps::as_f32_mut(dw),
+                sh,
+            )
+        };
     }
     let (depth, k) = (sh.depth(), sh.k);
     if pointwise(sh) {

@@ -17,8 +17,10 @@
 
 mod long;
 mod micro;
+mod taps;
 
 pub use micro::{MR, NR};
+pub use taps::{taps_apply, Taps};
 
 use super::bf16::Operand;
 use super::tiles::{empty_product, grow, line, line_start, pad, scratch, threads, Dest, SendPtr};

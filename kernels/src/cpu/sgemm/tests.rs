@@ -189,3 +189,73 @@ fn an_empty_reduction_zeroes_or_keeps_c() {
     }
     assert_eq!(c, [0.0; 6]);
 }
+
+/// The taps kernels against f64 sums over the patch they describe: one output row of a padded
+/// image, forward (`c = patch · w`, a partial tile of pixels) and filter gradient (`dw (+)=
+/// patchᵀ · dy`, a partial tile of taps, runs shorter and longer than a tile); the vector
+/// kernels give the portable ones' bits.
+#[test]
+fn taps_match_f64_sums_over_their_patch() {
+    let kernels: Vec<F32Gemm> = std::iter::once(F32Gemm::portable())
+        .chain(F32Gemm::detect())
+        .collect();
+    // (filter rows, run, pixel stride, pixels, columns)
+    for (rows, run, pixel, m, n) in [(7, 21, 6, 19, 64), (3, 3, 1, 30, 32), (2, 40, 8, 14, 32)] {
+        let row = (m + MR) * pixel + run;
+        let img = data(rows * row + MR * pixel, 5);
+        let t = Taps {
+            a: img.as_ptr(),
+            pixel,
+            row,
+            rows,
+            run,
+        };
+        let depth = t.depth();
+        assert!(taps_apply(depth, n));
+        let patch = |i: usize, d: usize| img[d / run * row + d % run + i * pixel] as f64;
+        let w = data(depth * n, 6);
+        let dy = data(m * n, 7);
+        let bound = f32::EPSILON as f64 * (depth.max(m) * depth.max(m)) as f64;
+        let mut bits: Vec<(Vec<f32>, Vec<f32>)> = Vec::new();
+        for g in &kernels {
+            // SAFETY: the buffers cover what the kernels read and write (slack of MR pixels).
+            let (y, dw) = unsafe {
+                let p = g.pack_b(depth, n, Operand::rows(w.as_ptr(), n), false);
+                let mut y = vec![f32::NAN; m * (n + 1)];
+                g.taps_forward(t, m, y.as_mut_ptr(), n + 1, &p);
+                let mut dw = vec![f32::NAN; depth * n];
+                g.taps_filter(t, m, dy.as_ptr(), n, n, dw.as_mut_ptr(), n, false);
+                // Accumulated: twice the sum.
+                g.taps_filter(t, m, dy.as_ptr(), n, n, dw.as_mut_ptr(), n, true);
+                (y, dw)
+            };
+            for i in 0..m {
+                for j in 0..n {
+                    let want: f64 = (0..depth).map(|d| patch(i, d) * w[d * n + j] as f64).sum();
+                    let got = y[i * (n + 1) + j] as f64;
+                    assert!((got - want).abs() <= bound, "{g:?} y[{i},{j}] {got} {want}");
+                }
+                assert!(y[i * (n + 1) + n].is_nan(), "{g:?}: wrote past row {i}");
+            }
+            for d in 0..depth {
+                for j in 0..n {
+                    let want: f64 = (0..m).map(|i| patch(i, d) * dy[i * n + j] as f64).sum();
+                    let got = dw[d * n + j] as f64;
+                    assert!(
+                        (got - 2.0 * want).abs() <= 2.0 * bound,
+                        "{g:?} dw[{d},{j}] {got} {want}"
+                    );
+                }
+            }
+            bits.push((y, dw));
+        }
+        for (y, dw) in &bits[1..] {
+            let same =
+                |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+            assert!(
+                same(y, &bits[0].0) && same(dw, &bits[0].1),
+                "vector and portable bits differ"
+            );
+        }
+    }
+}
