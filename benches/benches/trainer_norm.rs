@@ -1,12 +1,13 @@
 //! The trainer's memory-bound passes around each convolution (f32, both cores), at ResNet-50
 //! v1.5 sizes, batch 32, 224×224: batch norm + ReLU, and a residual block's end (bn3, the
-//! projection's batch norm, the sum and the ReLU), each forward and backward. Throughput is in
+//! projection's batch norm, the sum and the ReLU), and the stem's max pool (reading the
+//! convolution's output through bn1's map and ReLU), each forward and backward. Throughput is in
 //! bytes of the passes' own minimum traffic (every tensor they read or write, once per pass;
 //! criterion prints B/s): hold it against `cpu/mem/DRAM/triad/all`, or the L3 roof where the
 //! tensors fit. `ROOFLINE_BENCH_LAYERS=a,b` keeps the benches whose names contain a or b.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use roofline_workloads::layers::{BatchNorm, Shortcut};
+use roofline_workloads::layers::{BatchNorm, MaxPool, Shortcut};
 use roofline_workloads::tensor::Tensor;
 
 /// As the trainer: freed activations come back from a cache, not from fresh pages.
@@ -109,6 +110,23 @@ fn passes(c: &mut Criterion) {
                 },
                 BatchSize::PerIteration,
             )
+        });
+    }
+    if keep.is_empty() || keep.iter().any(|k| "stem.maxpool".contains(k.as_str())) {
+        // Forward: x (112² × 64) → y (56² × 64) and a tap byte per output; backward: (dy,
+        // taps) → dx.
+        let (x, dy) = (tensor(n, 112, 64, 0.1), tensor(n, 56, 64, 0.3));
+        let (a, d) = (vec![0.9f32; 64], vec![0.05f32; 64]);
+        let (e, o) = ((x.len() * 4) as u64, (dy.len() * 4) as u64);
+        g.throughput(Throughput::Bytes(e + o + o / 4));
+        g.bench_function("stem.maxpool/fwd", |b| {
+            let mut p = MaxPool::<f32>::default();
+            b.iter(|| pool.install(|| p.forward_relu_affine(&x, &a, &d)))
+        });
+        g.bench_function("stem.maxpool/bwd", |b| {
+            let mut p = MaxPool::<f32>::default();
+            pool.install(|| p.forward_relu_affine(&x, &a, &d));
+            b.iter(|| pool.install(|| p.backward(&dy)))
         });
     }
     g.finish();
