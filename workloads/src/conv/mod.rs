@@ -349,16 +349,24 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         // the products are the crate's, dwᵀ goes into a buffer and is transposed into dw
         // (trainer_conv bench, both cores: layer1.1 conv1 172 → 220, layer2.1 conv1 222 → 254,
         // layer2.0 conv1 234 → 243; with k = 256, layer3's, nothing gained).
-        // (Not where roofline's f32 kernels take dw = xᵀ·dy as it is: `long_on_own`, faster
-        // than the crate either way round; layer1.0 conv1 305 → 391.)
+        // Roofline's f32 kernels for long reductions (`long_on_own`) take dw = xᵀ·dy as it is
+        // (layer1.0 conv1 305 → 391), but dwᵀ where k > depth and they take it: k's rows fill
+        // their 14-row tiles better than depth's, and x's short rows are read in place where dy's
+        // were packed (layer1.0 conv3, 64 → 256, 361–382 → 439–443; layer2.0 conv3, 128 → 512,
+        // which they did not take as dw, 386–389 → 428–438).
         let (x_t, dy_r) = (
             Mat::transposed(x.as_ptr(), depth).cast::<T>(),
             Mat::rows(dy.as_ptr(), k).cast::<T>(),
         );
-        let swap = k <= 128
-            && depth > k
-            && products() == Products::Native
-            && !long_on_own(depth, k, per, x_t, dy_r);
+        let (dy_t, x_r) = (
+            Mat::transposed(dy.as_ptr(), k).cast::<T>(),
+            Mat::rows(x.as_ptr(), depth).cast::<T>(),
+        );
+        let swap = (k > depth && long_on_own(k, depth, per, dy_t, x_r))
+            || (k <= 128
+                && depth > k
+                && products() == Products::Native
+                && !long_on_own(depth, k, per, x_t, dy_r));
         ordered_sum_into(dw, parts, |p, acc| {
             // With more threads than rows a part (the last ones) can start past the end.
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
@@ -584,14 +592,16 @@ mod tests {
     }
 
     /// A 1×1 layer's f32 filter gradient over many pixels (each part of the rows a long
-    /// reduction: roofline's f32 kernels where the CPU has AVX-512, A and B read in place,
-    /// with 64 and with 200 output channels: B in place and packed) against f64 sums; the
-    /// forward and backward-data products over the pool (A's rows in place) too.
+    /// reduction: roofline's f32 kernels where the CPU has AVX-512, A and B read in place or
+    /// B packed: as dwᵀ = dyᵀ·x with more output channels than input ones, 64 and 200 against
+    /// 48, x's rows in place; as dw = xᵀ·dy with fewer, 80 and 32 against 96, dy's rows packed
+    /// and in place) against f64 sums; the forward and backward-data products over the pool
+    /// (A's rows in place) too.
     #[test]
     fn pointwise_f32_products_over_many_pixels_agree_with_f64_sums() {
-        for k in [64, 200] {
-            // 16512 rows: at least 4096 a part on up to 4 threads.
-            let sh = shape(4, 48, 64, k, 1, 1, 0);
+        for (c, k) in [(48, 64), (48, 200), (96, 80), (96, 32)] {
+            // 16640 rows: at least 4096 a part on up to 4 threads.
+            let sh = shape(4, c, 64, k, 1, 1, 0);
             let rows = sh.rows();
             let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
             let (x, w, dy) = (
