@@ -1,6 +1,7 @@
-//! Convolutions of a short depth (`r·s·c` ≤ KC: ResNet's 7×7 stem on 3 channels) in f32 on
-//! roofline's kernels, without an im2col patch (`F32Gemm::taps_forward`, `taps_filter`): each
-//! image is zero-padded once, and the kernels read every output row's taps where they lie.
+//! Convolutions of a short depth (`r·s·c` ≤ KC, few taps a filter row: ResNet's 7×7 stem on
+//! 3 channels) in f32 on roofline's kernels, without an im2col patch (`F32Gemm::taps_forward`,
+//! `taps_filter`): each image is zero-padded once, and the kernels read every output row's
+//! taps where they lie.
 //! im2col wrote the stem's 147 values per output pixel in runs of 21 floats, 30% of its
 //! forward pass and as much of its filter gradient (perf, trainer_conv).
 
@@ -14,16 +15,24 @@ use roofline_kernels::cpu::sgemm::{taps_apply, F32Gemm, Taps, MR};
 use std::any::TypeId;
 use std::mem::MaybeUninit;
 
+/// The longest run of taps (`s·c` values) taken this way. Where a filter row's taps are many,
+/// im2col copies them in long runs at little cost and its blocked GEMMs were faster: layer2.0's
+/// projection (1×1 stride 2 on 256 channels, runs of 256) ran slower here (trainer_conv:
+/// forward 466–471 → 446–450 GFLOP/s, filter gradient 409–415 → 336–344).
+const MAX_RUN: usize = 64;
+
 /// The kernels, where a convolution of this shape takes this path: its products (`T`) and
 /// operands (`S`, `D`) all f32, the products native, roofline's f32 kernels present
-/// (`own_f32`), not a 1×1 stride-1 layer (one GEMM as it lies), a depth within one block of k
-/// and whole column panels (`taps_apply`), and `ROOFLINE_CONV` not `im2col`.
+/// (`own_f32`), not a 1×1 stride-1 layer (one GEMM as it lies), runs of at most `MAX_RUN`
+/// taps, a depth within one block of k and whole column panels (`taps_apply`), and
+/// `ROOFLINE_CONV` not `im2col`.
 pub(super) fn kernels<T: 'static, S: 'static, D: 'static>(sh: &ConvShape) -> Option<F32Gemm> {
     let f32s = [TypeId::of::<T>(), TypeId::of::<S>(), TypeId::of::<D>()]
         .iter()
         .all(|t| *t == TypeId::of::<f32>());
     if !f32s
         || pointwise(sh)
+        || sh.s * sh.c > MAX_RUN
         || im2col_forced()
         || products() != Products::Native
         || !taps_apply(sh.depth(), sh.k)
@@ -188,6 +197,8 @@ mod tests {
     }
 
     fn short_depth_layers() {
+        // Runs of 256 taps (layer2.0's projection): im2col's.
+        assert!(kernels::<f32, f32, f32>(&shape(2, 256, 6, 64, 1, 2, 0)).is_none());
         for sh in [
             // ResNet's stem on a small image: 147 taps, 9 × 10 output pixels.
             shape(3, 3, 17, 64, 7, 2, 3),
