@@ -4,11 +4,13 @@
 //! convolution's output through bn1's map and ReLU), each forward and backward. Throughput is in
 //! bytes of the passes' own minimum traffic (every tensor they read or write, once per pass;
 //! criterion prints B/s): hold it against `cpu/mem/DRAM/triad/all`, or the L3 roof where the
-//! tensors fit. `ROOFLINE_BENCH_LAYERS=a,b` keeps the benches whose names contain a or b.
+//! tensors fit. The bn + ReLU benches also run as `--precision bf16` does (`_bf16`: the output
+//! and the input gradient kept in bf16, bytes counted so). `ROOFLINE_BENCH_LAYERS=a,b` keeps
+//! the benches whose names contain a or b.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use roofline_workloads::layers::{BatchNorm, MaxPool, Shortcut};
-use roofline_workloads::tensor::Tensor;
+use roofline_workloads::tensor::{set_products, Bf16Gemm, Products, Tensor};
 
 /// As the trainer: freed activations come back from a cache, not from fresh pages.
 #[global_allocator]
@@ -74,6 +76,33 @@ fn passes(c: &mut Criterion) {
                     BatchSize::PerIteration,
                 )
             });
+            // As `--precision bf16` runs it: the ReLU output kept in bf16 (`forward_relu`), the
+            // input gradient too (`backward_relu_act`).
+            if let Ok(bf) = Bf16Gemm::detect() {
+                let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+                set_products(&half, Products::Bf16(bf));
+                g.throughput(Throughput::Bytes(2 * e + e / 2));
+                g.bench_function(format!("{name}/fwd_bf16"), |b| {
+                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                    b.iter_batched(
+                        || x.clone(),
+                        |x| half.install(|| bn.forward_relu(x, true)),
+                        BatchSize::PerIteration,
+                    )
+                });
+                g.throughput(Throughput::Bytes(5 * e + e));
+                g.bench_function(format!("{name}/bwd_bf16"), |b| {
+                    b.iter_batched(
+                        || {
+                            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                            let y = half.install(|| bn.forward_relu(x.clone(), true));
+                            (bn, y)
+                        },
+                        |(mut bn, y)| half.install(|| bn.backward_relu_act(&dy, &y)),
+                        BatchSize::PerIteration,
+                    )
+                });
+            }
             continue;
         }
         let inputs = || (x.clone(), projected.then(|| s.clone()));

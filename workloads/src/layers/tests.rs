@@ -512,3 +512,43 @@ fn half_activations_give_the_products_the_same_bits() {
         });
     }
 }
+
+/// A batch norm + ReLU kept in bf16 rounds exactly the f32 pass's values, forward and
+/// backward, where its rows go in several blocks per chunk (32 channels: 128 rows a block, 264
+/// rows, the last block short).
+#[test]
+fn half_batch_norm_rounds_the_f32_values_block_by_block() {
+    use crate::tensor::{round_bf16, set_products, Bf16Gemm, Products};
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
+    set_products(&pool, Products::Bf16(g));
+    let x = f32s(rand_tensor(2, 12, 11, 32, 61));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 62));
+    pool.install(|| {
+        let (mut b1, mut b2) = (
+            BatchNorm::<f32>::new("b", 32, 0.8),
+            BatchNorm::<f32>::new("b", 32, 0.8),
+        );
+        let y = b1.forward_act(x.clone(), true, true);
+        let h = b2.forward_relu(x.clone(), true);
+        let rounded = |v: &[f32]| {
+            let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
+            round_bf16(v, &mut out);
+            out.iter()
+                .map(|b| unsafe { b.assume_init() })
+                .collect::<Vec<_>>()
+        };
+        let Act::Half(hh) = &h else {
+            panic!("bf16 products keep bf16 activations")
+        };
+        assert_eq!(hh.data, rounded(&y.data), "forward");
+        let g1 = b1.backward_act(&dy, Some(&y));
+        let Act::Half(g2) = b2.backward_relu_act(&dy, &h) else {
+            panic!("bf16 products keep bf16 gradients")
+        };
+        assert_eq!(g2.data, rounded(&g1.data), "backward");
+    });
+}
