@@ -130,7 +130,7 @@ impl<T: Float> BatchNorm<T> {
     }
 
     fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
-        let x = self.input.take().expect("backward before forward");
+        let mut x = self.input.take().expect("backward before forward");
         assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
         let relu = self.relu_affine.take();
         let gate = Self::gate(&relu, gate);
@@ -139,36 +139,34 @@ impl<T: Float> BatchNorm<T> {
         let grad = self.input_gradient(sums, dy.rows());
         let (len, chunk) = (x.len(), CHUNK_ROWS * c);
         let mut data: Vec<bf16> = Vec::with_capacity(len);
+        // The kept input (no longer needed) becomes the f32 gradient in place, a block of rows
+        // at a time, each block then rounded.
         data.spare_capacity_mut()[..len]
             .par_chunks_mut(chunk)
-            .zip(x.data.par_chunks(chunk))
+            .zip(x.data.par_chunks_mut(chunk))
             .zip(dy.data.par_chunks(chunk))
             .enumerate()
             .for_each(|(i, ((oc, xc), gc))| {
                 let gate = gate.at(i * chunk, xc.len());
                 let block = rows_per_block(c) * c;
-                T::with_scratch(block, |buf| {
-                    simd(
-                        #[inline(always)]
-                        || {
-                            for (b, ((ob, xb), gb)) in oc
-                                .chunks_mut(block)
-                                .zip(xc.chunks(block))
-                                .zip(gc.chunks(block))
-                                .enumerate()
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (b, ((ob, xb), gb)) in oc
+                            .chunks_mut(block)
+                            .zip(xc.chunks_mut(block))
+                            .zip(gc.chunks(block))
+                            .enumerate()
+                        {
+                            for (r, (xr, gr)) in
+                                xb.chunks_exact_mut(c).zip(gb.chunks_exact(c)).enumerate()
                             {
-                                let buf = &mut buf[..xb.len()];
-                                buf.copy_from_slice(xb);
-                                for (r, (br, gr)) in
-                                    buf.chunks_exact_mut(c).zip(gb.chunks_exact(c)).enumerate()
-                                {
-                                    grad.row(br, gr, gate.at(b * block + r * c, c));
-                                }
-                                round_bf16(buf, ob);
+                                grad.row(xr, gr, gate.at(b * block + r * c, c));
                             }
-                        },
-                    )
-                })
+                            round_bf16(xb, ob);
+                        }
+                    },
+                )
             });
         // SAFETY: the chunks of rows cover the first len elements, every one written.
         unsafe { data.set_len(len) };
