@@ -436,11 +436,9 @@ fn loss_values() {
     assert_eq!((top1, top5), (2, 2));
 }
 
-/// With bf16 products, a batch norm + ReLU kept in bf16 gives the next convolution, its
-/// filter gradient and the ReLU's backward pass the same bits as the f32 output (which every
-/// product rounds as it packs it), for a 3×3 and a 1×1 convolution.
-#[test]
-fn half_activations_give_the_products_the_same_bits() {
+/// Two threads whose products are bf16 (the AVX-512 kernels where the CPU has them, the
+/// portable ones elsewhere), as `--precision bf16` sets them.
+fn bf16_pool() -> rayon::ThreadPool {
     use crate::tensor::{set_products, Bf16Gemm, Products};
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -448,6 +446,15 @@ fn half_activations_give_the_products_the_same_bits() {
         .unwrap();
     let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
     set_products(&pool, Products::Bf16(g));
+    pool
+}
+
+/// With bf16 products, a batch norm + ReLU kept in bf16 gives the next convolution, its
+/// filter gradient and the ReLU's backward pass the same bits as the f32 output (which every
+/// product rounds as it packs it), for a 3×3 and a 1×1 convolution.
+#[test]
+fn half_activations_give_the_products_the_same_bits() {
+    let pool = bf16_pool();
     let x = f32s(rand_tensor(2, 6, 5, 16, 51));
     for (r, pad) in [(3, 1), (1, 0)] {
         pool.install(|| {
@@ -518,13 +525,8 @@ fn half_activations_give_the_products_the_same_bits() {
 /// rows, the last block short).
 #[test]
 fn half_batch_norm_rounds_the_f32_values_block_by_block() {
-    use crate::tensor::{round_bf16, set_products, Bf16Gemm, Products};
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
-    set_products(&pool, Products::Bf16(g));
+    use crate::tensor::round_bf16;
+    let pool = bf16_pool();
     let x = f32s(rand_tensor(2, 12, 11, 32, 61));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 62));
     pool.install(|| {
@@ -537,6 +539,7 @@ fn half_batch_norm_rounds_the_f32_values_block_by_block() {
         let rounded = |v: &[f32]| {
             let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
             round_bf16(v, &mut out);
+            // SAFETY: round_bf16 wrote every element.
             out.iter()
                 .map(|b| unsafe { b.assume_init() })
                 .collect::<Vec<_>>()
