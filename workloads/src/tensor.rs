@@ -104,7 +104,9 @@ pub trait Float:
 
 mod half_lhs;
 pub use half::bf16;
-pub use half_lhs::{gemm_mixed, half_activations, round_bf16, HalfOperand, Lhs, Positive};
+pub use half_lhs::{
+    gemm_mixed, gemm_rhs_first, half_activations, round_bf16, HalfOperand, Lhs, Positive,
+};
 
 /// `Float::with_scratch` on a thread's slot.
 fn scratch_run<T: Copy + Default, R>(

@@ -9,12 +9,16 @@ mod taps;
 pub mod winograd;
 
 use crate::tensor::{
-    as_uninit, fill_uninit, gemm_mixed, long_on_own, ordered_sum_into, partitions, products, Float,
-    Lhs, Mat, Products, Rhs,
+    as_uninit, fill_uninit, gemm_mixed, gemm_rhs_first, long_on_own, ordered_sum_into, partitions,
+    products, Float, Lhs, Mat, Products, Rhs,
 };
 use rayon::prelude::*;
 pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
+
+/// The fewest elements of a filter gradient (`depth × k`) whose products take B packed first
+/// (`backward_filter`): 2 MiB of f32, twice L2 on the machines measured.
+const RHS_FIRST_MIN: usize = 1 << 19;
 
 fn pointwise(sh: &ConvShape) -> bool {
     sh.r == 1 && sh.s == 1 && sh.stride == 1 && sh.pad == 0
@@ -425,6 +429,15 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
     let mb = ((2 << 20) / (std::mem::size_of::<S>() * depth))
         .max(1)
         .next_multiple_of(32);
+    // A gradient larger than L2 (layer3's and layer4's strided 3×3) on the kernels that take B
+    // packed first (`gemm_rhs_first`): each block of its rows through the patch block's rows,
+    // its tiles of dw prefetched while the one before is multiplied. Through `gemm_mixed` the
+    // f32 products were the gemm crate's, which waited on memory for every tile of the 2.4
+    // and 9.4 MB gradients (trainer_conv, bwd_filter, interleaved twice: f32 layer4.0 conv2
+    // 321–337 → 418–428 GFLOP/s, layer3.0 398–409 → 434–437; bf16 layer4.0 480–489 → 499–516,
+    // layer3.0 unchanged). layer2.0's 1152 × 128, which fits L2, ran slower on them (f32
+    // 402–410 → 372–373) and keeps the crate.
+    let rhs_first = depth * k > RHS_FIRST_MIN;
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
     let parts = partitions().min(sh.n.max(1));
     let per = sh.n.div_ceil(parts);
@@ -439,8 +452,19 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
                 let rows = mb.min(last - r0);
                 roofline_kernels::cpu::conv::im2col(x, sh, r0, rows, patch);
                 let dyb = &dy[r0 * k..];
+                let (a, b) = (
+                    Mat::transposed(patch.as_ptr(), depth),
+                    Mat::rows(dyb.as_ptr(), k),
+                );
                 // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k: written over
                 // by the first block (never read before), added to by the others.
+                let acc_p = acc.as_mut_ptr() as *mut T;
+                if rhs_first
+                    && unsafe { gemm_rhs_first(depth, k, rows, acc_p, k, r0 > first, a, b) }
+                {
+                    continue;
+                }
+                // SAFETY: as above.
                 unsafe {
                     gemm_mixed(
                         depth,
@@ -460,310 +484,4 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    pub(super) fn shape(
-        n: usize,
-        c: usize,
-        h: usize,
-        k: usize,
-        r: usize,
-        stride: usize,
-        pad: usize,
-    ) -> ConvShape {
-        ConvShape {
-            n,
-            c,
-            h,
-            w: h + 1,
-            k,
-            r,
-            s: r,
-            stride,
-            pad,
-        }
-    }
-
-    pub(super) fn direct(x: &[f64], w: &[f64], sh: &ConvShape) -> Vec<f64> {
-        let mut y = vec![0.0; sh.output_len()];
-        for n in 0..sh.n {
-            for oy in 0..sh.oh() {
-                for ox in 0..sh.ow() {
-                    for k in 0..sh.k {
-                        let mut s = 0.0;
-                        for ky in 0..sh.r {
-                            for kx in 0..sh.s {
-                                let iy = (oy * sh.stride + ky) as isize - sh.pad as isize;
-                                let ix = (ox * sh.stride + kx) as isize - sh.pad as isize;
-                                if iy < 0 || ix < 0 || iy >= sh.h as isize || ix >= sh.w as isize {
-                                    continue;
-                                }
-                                for c in 0..sh.c {
-                                    s += x[((n * sh.h + iy as usize) * sh.w + ix as usize) * sh.c
-                                        + c]
-                                        * w[((ky * sh.s + kx) * sh.c + c) * sh.k + k];
-                                }
-                            }
-                        }
-                        y[((n * sh.oh() + oy) * sh.ow() + ox) * sh.k + k] = s;
-                    }
-                }
-            }
-        }
-        y
-    }
-
-    pub(super) fn data(len: usize, seed: f64) -> Vec<f64> {
-        (0..len)
-            .map(|i| ((i as f64 + seed) * 0.618).sin())
-            .collect()
-    }
-
-    /// Forward against a direct loop; both backward passes through the adjoint identities
-    /// <conv(x,w), g> = <x, bwd_data(g,w)> = <w, bwd_filter(x,g)>; on two threads and on 16,
-    /// more than some shapes have rows for (the filter gradient's last parts start past the
-    /// end, as on a 16-core GPU host).
-    #[test]
-    fn all_three_passes_agree_with_direct_sums() {
-        for threads in [2, 16] {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(threads)
-                .build()
-                .unwrap()
-                .install(all_three_passes);
-        }
-    }
-
-    fn all_three_passes() {
-        for sh in [
-            shape(2, 3, 7, 4, 3, 1, 1),
-            shape(2, 5, 8, 3, 3, 2, 1),
-            shape(3, 4, 5, 6, 1, 1, 0),
-            // Depth above k: the filter gradient computed transposed.
-            shape(3, 6, 5, 4, 1, 1, 0),
-            // 18 rows: on 16 threads, parts of 2 rows, the last six past the end.
-            shape(3, 4, 2, 6, 1, 1, 0),
-            shape(3, 6, 2, 4, 1, 1, 0),
-            shape(2, 4, 6, 5, 1, 2, 0),
-            shape(1, 3, 9, 2, 7, 2, 3),
-            // Small images, several to a task and block, the last task short.
-            shape(9, 3, 4, 5, 3, 1, 1),
-            shape(11, 2, 5, 3, 3, 2, 1),
-        ] {
-            let x = data(sh.input_len(), 0.1);
-            let w = data(sh.weight_len(), 2.0);
-            let g = data(sh.output_len(), 5.0);
-            let mut y = vec![0.0; sh.output_len()];
-            forward(&x, &w, &mut y, &sh);
-            let want = direct(&x, &w, &sh);
-            for (a, b) in y.iter().zip(&want) {
-                assert!((a - b).abs() < 1e-10, "{}", sh.describe());
-            }
-            let mut dx = vec![0.0; sh.input_len()];
-            backward_data(&g, &w, &mut dx, &sh);
-            // Added to a gradient already there: the same sums, plus what was there.
-            let prior = data(sh.input_len(), 7.0);
-            let mut sum = prior.clone();
-            backward_data_add(&g, &w, &mut sum, &sh);
-            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
-                assert!(
-                    (s - (p + d)).abs() < 1e-12,
-                    "{}: {s} vs {p} + {d}",
-                    sh.describe()
-                );
-            }
-            let mut dw = vec![0.0; sh.weight_len()];
-            backward_filter(&x, &g, &mut dw, &sh);
-            let yg: f64 = y.iter().zip(&g).map(|(a, b)| a * b).sum();
-            let xdx: f64 = x.iter().zip(&dx).map(|(a, b)| a * b).sum();
-            let wdw: f64 = w.iter().zip(&dw).map(|(a, b)| a * b).sum();
-            assert!(
-                (yg - xdx).abs() < 1e-9 * yg.abs().max(1.0),
-                "{}: {yg} {xdx}",
-                sh.describe()
-            );
-            assert!(
-                (yg - wdw).abs() < 1e-9 * yg.abs().max(1.0),
-                "{}: {yg} {wdw}",
-                sh.describe()
-            );
-        }
-    }
-
-    /// A 1×1 layer's f32 filter gradient over many pixels (each part of the rows a long
-    /// reduction: roofline's f32 kernels where the CPU has AVX-512, A and B read in place or
-    /// B packed: as dwᵀ = dyᵀ·x with more output channels than input ones, 64 and 200 against
-    /// 48, x's rows in place; as dw = xᵀ·dy with fewer, 80 and 32 against 96, dy's rows packed
-    /// and in place) against f64 sums; the forward and backward-data products over the pool
-    /// (A's rows in place) too.
-    #[test]
-    fn pointwise_f32_products_over_many_pixels_agree_with_f64_sums() {
-        for (c, k) in [(48, 64), (48, 200), (96, 80), (96, 32)] {
-            // 16640 rows: at least 4096 a part on up to 4 threads.
-            let sh = shape(4, c, 64, k, 1, 1, 0);
-            let rows = sh.rows();
-            let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-            let (x, w, dy) = (
-                f(data(sh.input_len(), 0.1)),
-                f(data(sh.weight_len(), 0.2)),
-                f(data(sh.output_len(), 0.3)),
-            );
-            let mut dw = vec![0f32; sh.weight_len()];
-            backward_filter(&x, &dy, &mut dw, &sh);
-            let mut y = vec![0f32; sh.output_len()];
-            forward(&x, &w, &mut y, &sh);
-            let mut dx = vec![0f32; sh.input_len()];
-            backward_data(&dy, &w, &mut dx, &sh);
-            let c = sh.c;
-            // Each value against f64 sums: within a few f32 roundings of the terms' magnitude,
-            // where one wrong or missing term moves it by about magnitude / terms.
-            let check = |got: f32, terms: &mut dyn Iterator<Item = f64>, rel: f64, what: &str| {
-                let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                let err = (got as f64 - want).abs();
-                assert!(
-                    err <= rel * size,
-                    "k {k}: {what} {got}, want {want} (of {size})"
-                );
-            };
-            for i in 0..c {
-                for j in 0..k {
-                    let mut terms = (0..rows).map(|p| x[p * c + i] as f64 * dy[p * k + j] as f64);
-                    check(dw[i * k + j], &mut terms, 1e-5, &format!("dw[{i},{j}]"));
-                }
-            }
-            for p in (0..rows).step_by(97) {
-                for j in 0..k {
-                    let mut terms = (0..c).map(|i| x[p * c + i] as f64 * w[i * k + j] as f64);
-                    check(y[p * k + j], &mut terms, 2e-6, &format!("y[{p},{j}]"));
-                }
-                for i in 0..c {
-                    let mut terms = (0..k).map(|j| dy[p * k + j] as f64 * w[i * k + j] as f64);
-                    check(dx[p * c + i], &mut terms, 2e-6, &format!("dx[{p},{i}]"));
-                }
-            }
-        }
-    }
-
-    /// f32 layers with filters of 2 MiB and more (packed once per call for the f32 kernels
-    /// where the CPU has AVX-512, the gemm crate elsewhere): all three passes agree with f64
-    /// sums within f32 rounding, the strided 3×3 and 1×1 (im2col) paths (3×3 stride 1 goes
-    /// through Winograd: its own tests).
-    #[test]
-    fn f32_products_with_large_filters_agree_with_direct_sums() {
-        for sh in [
-            shape(3, 256, 6, 256, 3, 2, 1),
-            shape(2, 1024, 3, 1024, 1, 2, 0),
-        ] {
-            let (depth, k) = (sh.depth(), sh.k);
-            let w = data(sh.weight_len(), 1.0);
-            let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-            let w32 = f(&w);
-            // SAFETY: w32 outlives the Rhs.
-            let rhs = unsafe { Rhs::new(depth, k, Mat::rows(w32.as_ptr(), k)) };
-            let own = roofline_kernels::cpu::sgemm::F32Gemm::detect().is_some()
-                && std::env::var_os("ROOFLINE_F32_GEMM").is_none();
-            assert_eq!(rhs.is_packed(), own, "{}", sh.describe());
-            // The f32 inputs, exactly, in f64 for the reference.
-            let x32 = f(&data(sh.input_len(), 0.3));
-            let g32 = f(&data(sh.output_len(), 4.0));
-            let (x, gy): (Vec<f64>, Vec<f64>) = (
-                x32.iter().map(|&a| a as f64).collect(),
-                g32.iter().map(|&a| a as f64).collect(),
-            );
-            let w: Vec<f64> = w32.iter().map(|&a| a as f64).collect();
-            let mut y = vec![0f32; sh.output_len()];
-            let mut dx = vec![0f32; sh.input_len()];
-            let mut dw = vec![0f32; sh.weight_len()];
-            forward(&x32, &w32, &mut y, &sh);
-            backward_data(&g32, &w32, &mut dx, &sh);
-            backward_filter(&x32, &g32, &mut dw, &sh);
-            let prior: Vec<f32> = (0..sh.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
-            let mut sum = prior.clone();
-            backward_data_add(&g32, &w32, &mut sum, &sh);
-            let bound = 1e-6 * depth as f64;
-            for (a, b) in y.iter().zip(direct(&x, &w, &sh)) {
-                assert!((*a as f64 - b).abs() < bound, "{}: {a} {b}", sh.describe());
-            }
-            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
-                let err = (s - (p + d)).abs();
-                assert!(
-                    err <= 1e-5 * (p.abs() + d.abs()).max(1.0),
-                    "{}: {s} {p} {d}",
-                    sh.describe()
-                );
-            }
-            // Backward data and filter by the adjoint identities, against the f64 forward.
-            let yg: f64 = direct(&x, &w, &sh)
-                .iter()
-                .zip(&gy)
-                .map(|(a, b)| a * b)
-                .sum();
-            let xdx: f64 = x.iter().zip(&dx).map(|(a, b)| a * *b as f64).sum();
-            let wdw: f64 = w.iter().zip(&dw).map(|(a, b)| a * *b as f64).sum();
-            for (what, v) in [("backward data", xdx), ("backward filter", wdw)] {
-                assert!(
-                    (yg - v).abs() < 1e-4 * yg.abs().max(1.0),
-                    "{} {what}: {yg} {v}",
-                    sh.describe()
-                );
-            }
-        }
-    }
-
-    /// With bf16 products (the filter packed once per call), forward and backward-data of f32
-    /// tensors agree with f64 sums within bf16 rounding, across image groups and ragged blocks.
-    #[test]
-    fn bf16_products_agree_with_direct_sums() {
-        use crate::tensor::{set_products, Bf16Gemm, Products};
-        let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .unwrap();
-        set_products(&pool, Products::Bf16(g));
-        for sh in [
-            shape(9, 16, 4, 40, 3, 1, 1),
-            shape(3, 8, 12, 33, 3, 2, 1),
-            shape(4, 48, 6, 40, 1, 1, 0),
-        ] {
-            let x = data(sh.input_len(), 0.3);
-            let w = data(sh.weight_len(), 1.0);
-            let gy = data(sh.output_len(), 4.0);
-            let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-            let (x32, w32, g32) = (f(&x), f(&w), f(&gy));
-            let (mut y, mut dx) = (vec![0f32; sh.output_len()], vec![0f32; sh.input_len()]);
-            let prior: Vec<f32> = (0..sh.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
-            let mut sum = prior.clone();
-            pool.install(|| {
-                forward(&x32, &w32, &mut y, &sh);
-                backward_data(&g32, &w32, &mut dx, &sh);
-                backward_data_add(&g32, &w32, &mut sum, &sh);
-            });
-            // The sum in the products' f32 accumulators: within f32 rounding of prior + dx.
-            for ((s, p), d) in sum.iter().zip(&prior).zip(&dx) {
-                assert!(
-                    (s - (p + d)).abs() <= 1e-5 * (p.abs() + d.abs()).max(1.0),
-                    "{}: {s} vs {p} + {d}",
-                    sh.describe()
-                );
-            }
-            let want = direct(&x, &w, &sh);
-            for (a, b) in y.iter().zip(&want) {
-                assert!(
-                    (*a as f64 - b).abs() < 0.02 * (sh.depth() as f64).sqrt(),
-                    "{}",
-                    sh.describe()
-                );
-            }
-            // Backward-data through the adjoint identity <conv(x,w), g> = <x, bwd_data(g,w)>.
-            let yg: f64 = want.iter().zip(&gy).map(|(a, b)| a * b).sum();
-            let xdx: f64 = x.iter().zip(&dx).map(|(a, b)| a * *b as f64).sum();
-            assert!(
-                (yg - xdx).abs() < 1e-2 * yg.abs().max(1.0),
-                "{}: {yg} {xdx}",
-                sh.describe()
-            );
-        }
-    }
-}
+mod tests;
