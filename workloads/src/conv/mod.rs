@@ -17,8 +17,21 @@ pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
 
 /// The fewest elements of a filter gradient (`depth × k`) whose products take B packed first
-/// (`backward_filter`): 2 MiB of f32, twice L2 on the machines measured.
+/// (`rhs_first`): 2 MiB of f32, twice L2 on the machines measured.
 const RHS_FIRST_MIN: usize = 1 << 19;
+
+/// Whether a filter gradient's f32 products take B (the output gradient) packed first
+/// (`gemm_rhs_first`, roofline's f32 kernels): a gradient larger than L2, with more rows
+/// (depth) than columns (k). Those kernels prefetch each next tile of the gradient while they
+/// multiply, where the gemm crate waited on memory for it (trainer_conv, bwd_filter,
+/// interleaved twice: layer4.0's strided 3×3, 4608 × 512, 321–337 → 418–428 GFLOP/s,
+/// layer3.0's, 2304 × 256, 398–409 → 434–437, layer4.1 conv1, 2048 × 512, 382–388 →
+/// 429–432). Wider gradients ran slower on them (layer3.0 conv3, 256 × 1024, 411–413 →
+/// 317–318; layer4.0 conv3, 512 × 2048, 433–450 → 385–387), and so did layer2.0's strided
+/// 3×3, 1152 × 128, which fits L2 (402–410 → 372–373). bf16 products keep their own path.
+fn rhs_first(depth: usize, k: usize) -> bool {
+    depth * k > RHS_FIRST_MIN && depth > k
+}
 
 fn pointwise(sh: &ConvShape) -> bool {
     sh.r == 1 && sh.s == 1 && sh.stride == 1 && sh.pad == 0
@@ -371,6 +384,8 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
                 && depth > k
                 && products() == Products::Native
                 && !long_on_own(depth, k, per, x_t, dy_r));
+        // Not where the long-reduction kernels take it as it is.
+        let first = rhs_first(depth, k) && !long_on_own(depth, k, per, x_t, dy_r);
         ordered_sum_into(dw, parts, |p, acc| {
             // With more threads than rows a part (the last ones) can start past the end.
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));
@@ -400,21 +415,15 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
                 });
                 return;
             }
+            let (a, b) = (Mat::transposed(xp, depth), Mat::rows(dyp, k));
+            let acc_p = acc.as_mut_ptr() as *mut T;
             // SAFETY: x rows [r0, r1) transposed depth × n, dy rows n × k, acc depth × k
             // (written over, not read).
-            unsafe {
-                gemm_mixed(
-                    depth,
-                    k,
-                    r1 - r0,
-                    acc.as_mut_ptr() as *mut T,
-                    k,
-                    false,
-                    Mat::transposed(xp, depth),
-                    Mat::rows(dyp, k),
-                    false,
-                )
-            };
+            if first && unsafe { gemm_rhs_first(depth, k, r1 - r0, acc_p, k, false, a, b) } {
+                return;
+            }
+            // SAFETY: as above.
+            unsafe { gemm_mixed(depth, k, r1 - r0, acc_p, k, false, a, b, false) };
         });
         return;
     }
@@ -429,15 +438,7 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
     let mb = ((2 << 20) / (std::mem::size_of::<S>() * depth))
         .max(1)
         .next_multiple_of(32);
-    // A gradient larger than L2 (layer3's and layer4's strided 3×3) on the kernels that take B
-    // packed first (`gemm_rhs_first`): each block of its rows through the patch block's rows,
-    // its tiles of dw prefetched while the one before is multiplied. Through `gemm_mixed` the
-    // f32 products were the gemm crate's, which waited on memory for every tile of the 2.4
-    // and 9.4 MB gradients (trainer_conv, bwd_filter, interleaved twice: f32 layer4.0 conv2
-    // 321–337 → 418–428 GFLOP/s, layer3.0 398–409 → 434–437; bf16 layer4.0 480–489 → 499–516,
-    // layer3.0 unchanged). layer2.0's 1152 × 128, which fits L2, ran slower on them (f32
-    // 402–410 → 372–373) and keeps the crate.
-    let rhs_first = depth * k > RHS_FIRST_MIN;
+    let rhs_first = rhs_first(depth, k);
     // Images in a fixed number of contiguous groups, each summed in order, the groups in order.
     let parts = partitions().min(sh.n.max(1));
     let per = sh.n.div_ceil(parts);

@@ -230,16 +230,17 @@ fn pointwise_f32_products_over_many_pixels_agree_with_f64_sums() {
 /// f32 layers with filters of 2 MiB and more (packed once per call for the f32 kernels
 /// where the CPU has AVX-512, the gemm crate elsewhere): all three passes agree with f64
 /// sums within f32 rounding, the strided 3×3 and 1×1 (im2col) paths (3×3 stride 1 goes
-/// through Winograd: its own tests); their filter gradients, past `RHS_FIRST_MIN`, element
-/// by element.
+/// through Winograd: its own tests); their filter gradients element by element, the first
+/// and last (a 1×1 of 40 pixels) on kernels that take B packed first (`rhs_first`).
 #[test]
 fn f32_products_with_large_filters_agree_with_direct_sums() {
-    for sh in [
-        shape(3, 256, 6, 256, 3, 2, 1),
-        shape(2, 1024, 3, 1024, 1, 2, 0),
+    for (sh, first) in [
+        (shape(3, 256, 6, 256, 3, 2, 1), true),
+        (shape(2, 1024, 3, 1024, 1, 2, 0), false),
+        (shape(2, 1024, 4, 600, 1, 1, 0), true),
     ] {
         let (depth, k) = (sh.depth(), sh.k);
-        assert!(depth * k > RHS_FIRST_MIN, "{}", sh.describe());
+        assert_eq!(rhs_first(depth, k), first, "{}", sh.describe());
         let w = data(sh.weight_len(), 1.0);
         let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
         let w32 = f(&w);
@@ -353,8 +354,8 @@ fn bf16_products_agree_with_direct_sums() {
 }
 
 /// With bf16 products, filter gradients of f32 tensors agree element by element with f64
-/// sums within bf16 rounding of their terms: a small gradient (through `gemm_mixed`) and
-/// gradients past `RHS_FIRST_MIN` (B packed first, `gemm_rhs_first`), strided 3×3 and 1×1.
+/// sums within bf16 rounding of their terms, on the shapes whose f32 products take B packed
+/// first (`rhs_first`: a strided 3×3, a 1×1) and on others.
 #[test]
 fn bf16_filter_gradients_agree_with_direct_sums() {
     use crate::tensor::{set_products, Bf16Gemm, Products};
@@ -364,17 +365,13 @@ fn bf16_filter_gradients_agree_with_direct_sums() {
         .build()
         .unwrap();
     set_products(&pool, Products::Bf16(g));
-    for (sh, large) in [
+    for (sh, first) in [
         (shape(3, 8, 12, 33, 3, 2, 1), false),
         (shape(3, 256, 6, 256, 3, 2, 1), true),
-        (shape(2, 1024, 3, 1024, 1, 2, 0), true),
+        (shape(2, 1024, 3, 1024, 1, 2, 0), false),
+        (shape(2, 1024, 4, 600, 1, 1, 0), true),
     ] {
-        assert_eq!(
-            sh.depth() * sh.k > RHS_FIRST_MIN,
-            large,
-            "{}",
-            sh.describe()
-        );
+        assert_eq!(rhs_first(sh.depth(), sh.k), first, "{}", sh.describe());
         let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
         let (x32, g32) = (f(data(sh.input_len(), 0.3)), f(data(sh.output_len(), 4.0)));
         let mut dw = vec![0f32; sh.weight_len()];

@@ -73,13 +73,11 @@ pub unsafe fn gemm_mixed<T: Float, A: Lhs<T>, B: Lhs<T>>(
     }
 }
 
-/// `gemm_mixed` on this thread with `b` packed first, where the products have kernels for a
-/// packed right-hand side (bf16, or roofline's f32 kernels): each block of A's rows then runs
-/// through all of k with its part of C in cache. For a C larger than the caches this saves
-/// a trip through memory per block of k: `gemm` on one thread takes the blocks of k outermost
-/// (the gemm crate too), and C goes out and back for each. Returns false, having done
-/// nothing, where the products are the gemm crate's or the operands' types have no such
-/// kernel.
+/// `gemm_mixed` on this thread with `b` packed first, on roofline's f32 kernels (f32 layers
+/// with f32 products on AVX-512): each block of A's rows then runs through all of k with its
+/// part of C in cache, each next tile of C prefetched while one is multiplied. Returns
+/// false, having done nothing, elsewhere (bf16 products, which gained nothing measurable
+/// this way, the gemm crate's, an operand in bf16).
 ///
 /// # Safety
 /// As `gemm`.
@@ -94,32 +92,15 @@ pub unsafe fn gemm_rhs_first<T: Float, A: Lhs<T>, B: Lhs<T>>(
     a: Mat<A>,
     b: Mat<B>,
 ) -> bool {
-    use HalfOperand::{Bf16, F32};
     let is_t = |id| id == std::any::TypeId::of::<T>();
-    match products() {
-        Products::Native => {
-            let same = is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>());
-            let (Some(g), true, Some(c)) = (super::own_f32::<T>(), same, f32_out(c)) else {
-                return false;
-            };
-            let p = g.pack_b(k, n, operand(b.cast()), false);
-            g.gemm_packed(m, c, ldc, accumulate, operand(a.cast()), &p, false);
-        }
-        Products::Bf16(g) => {
-            let (Some(a), Some(b), Some(c)) = (A::half_operand(a), B::half_operand(b), f32_out(c))
-            else {
-                return false;
-            };
-            let p = match b {
-                F32(b) => g.pack_b(k, n, b, false),
-                Bf16(b) => g.pack_b(k, n, b, false),
-            };
-            match a {
-                F32(a) => g.gemm_packed(m, c, ldc, accumulate, a, &p, false),
-                Bf16(a) => g.gemm_packed(m, c, ldc, accumulate, a, &p, false),
-            }
-        }
-    }
+    let same = is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>());
+    let (Products::Native, Some(g), true, Some(c)) =
+        (products(), super::own_f32::<T>(), same, f32_out(c))
+    else {
+        return false;
+    };
+    let p = g.pack_b(k, n, operand(b.cast()), false);
+    g.gemm_packed(m, c, ldc, accumulate, operand(a.cast()), &p, false);
     true
 }
 
