@@ -297,10 +297,8 @@ fn f32_products_with_large_filters_agree_with_direct_sums() {
     }
 }
 
-/// With bf16 products (the filter packed once per call), forward and backward-data of f32
-/// tensors agree with f64 sums within bf16 rounding, across image groups and ragged blocks.
-#[test]
-fn bf16_products_agree_with_direct_sums() {
+/// Two threads whose products are bf16 (the fast kernels where the CPU has them).
+fn bf16_pool() -> rayon::ThreadPool {
     use crate::tensor::{set_products, Bf16Gemm, Products};
     let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
     let pool = rayon::ThreadPoolBuilder::new()
@@ -308,6 +306,14 @@ fn bf16_products_agree_with_direct_sums() {
         .build()
         .unwrap();
     set_products(&pool, Products::Bf16(g));
+    pool
+}
+
+/// With bf16 products (the filter packed once per call), forward and backward-data of f32
+/// tensors agree with f64 sums within bf16 rounding, across image groups and ragged blocks.
+#[test]
+fn bf16_products_agree_with_direct_sums() {
+    let pool = bf16_pool();
     for sh in [
         shape(9, 16, 4, 40, 3, 1, 1),
         shape(3, 8, 12, 33, 3, 2, 1),
@@ -358,13 +364,7 @@ fn bf16_products_agree_with_direct_sums() {
 /// first (`rhs_first`: a strided 3×3, a 1×1) and on others.
 #[test]
 fn bf16_filter_gradients_agree_with_direct_sums() {
-    use crate::tensor::{set_products, Bf16Gemm, Products};
-    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    set_products(&pool, Products::Bf16(g));
+    let pool = bf16_pool();
     for (sh, first) in [
         (shape(3, 8, 12, 33, 3, 2, 1), false),
         (shape(3, 256, 6, 256, 3, 2, 1), true),
