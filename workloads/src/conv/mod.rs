@@ -457,28 +457,16 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
                     Mat::transposed(patch.as_ptr(), depth),
                     Mat::rows(dyb.as_ptr(), k),
                 );
+                let acc_p = acc.as_mut_ptr() as *mut T;
                 // SAFETY: patchᵀ depth × rows, dy block rows × k, acc depth × k: written over
                 // by the first block (never read before), added to by the others.
-                let acc_p = acc.as_mut_ptr() as *mut T;
                 if rhs_first
                     && unsafe { gemm_rhs_first(depth, k, rows, acc_p, k, r0 > first, a, b) }
                 {
                     continue;
                 }
                 // SAFETY: as above.
-                unsafe {
-                    gemm_mixed(
-                        depth,
-                        k,
-                        rows,
-                        acc.as_mut_ptr() as *mut T,
-                        k,
-                        r0 > first,
-                        Mat::transposed(patch.as_ptr(), depth),
-                        Mat::rows(dyb.as_ptr(), k),
-                        false,
-                    )
-                };
+                unsafe { gemm_mixed(depth, k, rows, acc_p, k, r0 > first, a, b, false) };
             }
         })
     });
