@@ -484,6 +484,19 @@ pub fn set_products(pool: &rayon::ThreadPool, p: Products) {
     pool.broadcast(|_| PRODUCTS.with(|c| c.set(p)));
 }
 
+/// Two threads whose products are bf16 (the AVX-512 kernels where the CPU has them, the
+/// portable ones elsewhere), as `--precision bf16` sets them: for tests.
+#[cfg(test)]
+pub(crate) fn bf16_pool() -> rayon::ThreadPool {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
+    set_products(&pool, Products::Bf16(g));
+    pool
+}
+
 /// The products of the current thread.
 pub fn products() -> Products {
     PRODUCTS.with(|c| c.get())

@@ -1,4 +1,5 @@
 use super::*;
+use crate::tensor::bf16_pool;
 
 pub(super) fn shape(
     n: usize,
@@ -96,6 +97,16 @@ fn assert_filter_gradient(got: &[f32], x: &[f64], g: &[f64], sh: &ConvShape, rel
     }
 }
 
+/// Each value rounded to f32.
+fn f32s(v: &[f64]) -> Vec<f32> {
+    v.iter().map(|&a| a as f32).collect()
+}
+
+/// Each f32 value, exactly, in f64 (a reference's inputs).
+fn f64s(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&a| a as f64).collect()
+}
+
 pub(super) fn data(len: usize, seed: f64) -> Vec<f64> {
     (0..len)
         .map(|i| ((i as f64 + seed) * 0.618).sin())
@@ -185,11 +196,10 @@ fn pointwise_f32_products_over_many_pixels_agree_with_f64_sums() {
         // 16640 rows: at least 4096 a part on up to 4 threads.
         let sh = shape(4, c, 64, k, 1, 1, 0);
         let rows = sh.rows();
-        let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
         let (x, w, dy) = (
-            f(data(sh.input_len(), 0.1)),
-            f(data(sh.weight_len(), 0.2)),
-            f(data(sh.output_len(), 0.3)),
+            f32s(&data(sh.input_len(), 0.1)),
+            f32s(&data(sh.weight_len(), 0.2)),
+            f32s(&data(sh.output_len(), 0.3)),
         );
         let mut dw = vec![0f32; sh.weight_len()];
         backward_filter(&x, &dy, &mut dw, &sh);
@@ -242,21 +252,16 @@ fn f32_products_with_large_filters_agree_with_direct_sums() {
         let (depth, k) = (sh.depth(), sh.k);
         assert_eq!(rhs_first(depth, k), first, "{}", sh.describe());
         let w = data(sh.weight_len(), 1.0);
-        let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-        let w32 = f(&w);
+        let w32 = f32s(&w);
         // SAFETY: w32 outlives the Rhs.
         let rhs = unsafe { Rhs::new(depth, k, Mat::rows(w32.as_ptr(), k)) };
         let own = roofline_kernels::cpu::sgemm::F32Gemm::detect().is_some()
             && std::env::var_os("ROOFLINE_F32_GEMM").is_none();
         assert_eq!(rhs.is_packed(), own, "{}", sh.describe());
         // The f32 inputs, exactly, in f64 for the reference.
-        let x32 = f(&data(sh.input_len(), 0.3));
-        let g32 = f(&data(sh.output_len(), 4.0));
-        let (x, gy): (Vec<f64>, Vec<f64>) = (
-            x32.iter().map(|&a| a as f64).collect(),
-            g32.iter().map(|&a| a as f64).collect(),
-        );
-        let w: Vec<f64> = w32.iter().map(|&a| a as f64).collect();
+        let x32 = f32s(&data(sh.input_len(), 0.3));
+        let g32 = f32s(&data(sh.output_len(), 4.0));
+        let (x, gy, w) = (f64s(&x32), f64s(&g32), f64s(&w32));
         let mut y = vec![0f32; sh.output_len()];
         let mut dx = vec![0f32; sh.input_len()];
         let mut dw = vec![0f32; sh.weight_len()];
@@ -297,18 +302,6 @@ fn f32_products_with_large_filters_agree_with_direct_sums() {
     }
 }
 
-/// Two threads whose products are bf16 (the fast kernels where the CPU has them).
-fn bf16_pool() -> rayon::ThreadPool {
-    use crate::tensor::{set_products, Bf16Gemm, Products};
-    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    set_products(&pool, Products::Bf16(g));
-    pool
-}
-
 /// With bf16 products (the filter packed once per call), forward and backward-data of f32
 /// tensors agree with f64 sums within bf16 rounding, across image groups and ragged blocks.
 #[test]
@@ -322,8 +315,7 @@ fn bf16_products_agree_with_direct_sums() {
         let x = data(sh.input_len(), 0.3);
         let w = data(sh.weight_len(), 1.0);
         let gy = data(sh.output_len(), 4.0);
-        let f = |v: &[f64]| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-        let (x32, w32, g32) = (f(&x), f(&w), f(&gy));
+        let (x32, w32, g32) = (f32s(&x), f32s(&w), f32s(&gy));
         let (mut y, mut dx) = (vec![0f32; sh.output_len()], vec![0f32; sh.input_len()]);
         let prior: Vec<f32> = (0..sh.input_len()).map(|i| (i % 7) as f32 - 3.0).collect();
         let mut sum = prior.clone();
@@ -372,14 +364,13 @@ fn bf16_filter_gradients_agree_with_direct_sums() {
         (shape(2, 1024, 4, 600, 1, 1, 0), true),
     ] {
         assert_eq!(rhs_first(sh.depth(), sh.k), first, "{}", sh.describe());
-        let f = |v: Vec<f64>| v.iter().map(|&a| a as f32).collect::<Vec<_>>();
-        let (x32, g32) = (f(data(sh.input_len(), 0.3)), f(data(sh.output_len(), 4.0)));
+        let (x32, g32) = (
+            f32s(&data(sh.input_len(), 0.3)),
+            f32s(&data(sh.output_len(), 4.0)),
+        );
         let mut dw = vec![0f32; sh.weight_len()];
         pool.install(|| backward_filter(&x32, &g32, &mut dw, &sh));
-        let (x, gy): (Vec<f64>, Vec<f64>) = (
-            x32.iter().map(|&a| a as f64).collect(),
-            g32.iter().map(|&a| a as f64).collect(),
-        );
+        let (x, gy) = (f64s(&x32), f64s(&g32));
         // Each term's two roundings to bf16: within 2·2⁻⁹ of it, and the f32 sums.
         assert_filter_gradient(&dw, &x, &gy, &sh, 5e-3);
     }

@@ -436,18 +436,7 @@ fn loss_values() {
     assert_eq!((top1, top5), (2, 2));
 }
 
-/// Two threads whose products are bf16 (the AVX-512 kernels where the CPU has them, the
-/// portable ones elsewhere), as `--precision bf16` sets them.
-fn bf16_pool() -> rayon::ThreadPool {
-    use crate::tensor::{set_products, Bf16Gemm, Products};
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .unwrap();
-    let g = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
-    set_products(&pool, Products::Bf16(g));
-    pool
-}
+use crate::tensor::bf16_pool;
 
 /// With bf16 products, a batch norm + ReLU kept in bf16 gives the next convolution, its
 /// filter gradient and the ReLU's backward pass the same bits as the f32 output (which every

@@ -55,8 +55,7 @@ pub unsafe fn gemm_mixed<T: Float, A: Lhs<T>, B: Lhs<T>>(
     b: Mat<B>,
     parallel: bool,
 ) {
-    let is_t = |id| id == std::any::TypeId::of::<T>();
-    if is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>()) {
+    if native::<T, A, B>() {
         let (a, b) = (a.cast::<T>(), b.cast::<T>());
         return super::gemm(m, n, k, c, ldc, accumulate, a, b, parallel);
     }
@@ -92,16 +91,23 @@ pub unsafe fn gemm_rhs_first<T: Float, A: Lhs<T>, B: Lhs<T>>(
     a: Mat<A>,
     b: Mat<B>,
 ) -> bool {
-    let is_t = |id| id == std::any::TypeId::of::<T>();
-    let same = is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>());
-    let (Products::Native, Some(g), true, Some(c)) =
-        (products(), super::own_f32::<T>(), same, f32_out(c))
-    else {
+    let (Products::Native, Some(g), true, Some(c)) = (
+        products(),
+        super::own_f32::<T>(),
+        native::<T, A, B>(),
+        f32_out(c),
+    ) else {
         return false;
     };
     let p = g.pack_b(k, n, operand(b.cast()), false);
     g.gemm_packed(m, c, ldc, accumulate, operand(a.cast()), &p, false);
     true
+}
+
+/// Whether both operands are stored in the layers' own type `T` (no bf16 operand).
+fn native<T: 'static, A: 'static, B: 'static>() -> bool {
+    let is_t = |id| id == std::any::TypeId::of::<T>();
+    is_t(std::any::TypeId::of::<A>()) && is_t(std::any::TypeId::of::<B>())
 }
 
 /// Whether the current thread's `T` layers keep their ReLU outputs in bf16 (f32 layers with
