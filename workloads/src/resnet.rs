@@ -4,8 +4,8 @@
 
 use crate::data::Rng;
 use crate::layers::{
-    add_into, avgpool_backward, avgpool_forward, Act, BatchNorm, Conv2d, Linear, MaxPool, Param,
-    Shortcut,
+    add_into, avgpool_backward, avgpool_forward_act, Act, BatchNorm, Conv2d, Linear, MaxPool,
+    Param, Shortcut,
 };
 use crate::tensor::{Float, Tensor};
 use roofline_collectors::timeline::timed;
@@ -79,10 +79,10 @@ pub struct Bottleneck<T> {
     pub down: Option<(Conv2d<T>, BatchNorm<T>)>,
     /// `layer1.0`, …: the prefix of its layers' names (timeline spans, accounting).
     pub name: String,
-    /// The ReLU outputs inside the block (bf16 in bf16 training: `Act`).
+    /// The ReLU outputs inside the block and at its end (bf16 in bf16 training: `Act`).
     a1: Act<T>,
     b1: Act<T>,
-    out: Arc<Tensor<T>>,
+    out: Act<T>,
 }
 
 impl<T: Float> Bottleneck<T> {
@@ -122,14 +122,14 @@ impl<T: Float> Bottleneck<T> {
             name: name.to_string(),
             a1: Act::Full(Arc::new(Tensor::zeros(0, 0, 0, 0))),
             b1: Act::Full(Arc::new(Tensor::zeros(0, 0, 0, 0))),
-            out: Arc::new(Tensor::zeros(0, 0, 0, 0)),
+            out: Act::Full(Arc::new(Tensor::zeros(0, 0, 0, 0))),
         }
     }
 
-    fn forward(&mut self, x: &Arc<Tensor<T>>, train: bool) -> Arc<Tensor<T>> {
+    fn forward(&mut self, x: &Act<T>, train: bool) -> Act<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
-        let a = timed(FWD, f("conv1"), || self.conv1.forward(x));
+        let a = timed(FWD, f("conv1"), || self.conv1.forward_act(x));
         let a = timed(FWD, f("bn1+relu1"), || self.bn1.forward_relu(a, train));
         let b = timed(FWD, f("conv2"), || self.conv2.forward_act(&a));
         let b = timed(FWD, f("bn2+relu2"), || self.bn2.forward_relu(b, train));
@@ -138,22 +138,25 @@ impl<T: Float> Bottleneck<T> {
         let bn3 = &mut self.bn3;
         let c = match self.down.as_mut() {
             Some((conv, bn)) => {
-                let d = timed(FWD, f("downsample.0"), || conv.forward(x));
+                let d = timed(FWD, f("downsample.0"), || conv.forward_act(x));
                 timed(FWD, f("bn3+downsample.1+add+relu3"), || {
-                    bn3.forward_add_relu(c, Shortcut::Projected(bn, d), train)
+                    bn3.forward_add_relu_act(c, Shortcut::Projected(bn, d), train)
                 })
             }
             None => timed(FWD, f("bn3+add+relu3"), || {
-                bn3.forward_add_relu(c, Shortcut::Identity(x), train)
+                let s = match x {
+                    Act::Full(t) => Shortcut::Identity(t),
+                    Act::Half(t) => Shortcut::IdentityHalf(t),
+                };
+                bn3.forward_add_relu_act(c, s, train)
             }),
         };
-        let out = Arc::new(c);
         if train {
             self.a1 = a;
             self.b1 = b;
-            self.out = Arc::clone(&out);
+            self.out = c.clone();
         }
-        out
+        c
     }
 
     fn backward(&mut self, d: Tensor<T>) -> Tensor<T> {
@@ -169,7 +172,11 @@ impl<T: Float> Bottleneck<T> {
         };
         let (bn3, out, down) = (&mut self.bn3, &self.out, &mut self.down);
         let (g, ds) = timed(BWD, f(end), || {
-            bn3.backward_add_relu(d, out, down.as_mut().map(|(_, bn)| bn))
+            let down = down.as_mut().map(|(_, bn)| bn);
+            match out {
+                Act::Full(o) => bn3.backward_add_relu(d, o, down),
+                Act::Half(o) => bn3.backward_add_relu(d, o, down),
+            }
         });
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
@@ -269,13 +276,13 @@ impl<T: Float> ResNet<T> {
     /// written), so `place`'s `bn1+relu` forward is the statistics pass and its `maxpool`
     /// forward includes the normalisation. The batch norm keeps its input for the backward
     /// pass when training.
-    fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Arc<Tensor<T>> {
+    fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Act<T> {
         let x = Arc::new(x.clone());
         let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
         let (a, d) = timed(FWD, name("bn1+relu"), || self.stem_bn.relu_maps(&s, train));
-        let h = Arc::new(timed(FWD, name("maxpool"), || {
-            self.pool.forward_relu_affine(&s, &a, &d)
-        }));
+        let h = timed(FWD, name("maxpool"), || {
+            Act::kept(self.pool.forward_relu_affine(&s, &a, &d))
+        });
         if train {
             self.stem_bn.keep_relu_input(s, (a, d));
         }
@@ -309,7 +316,7 @@ impl<T: Float> ResNet<T> {
                 h = b.forward(&h, train);
             }
             next += n;
-            out.push(Arc::clone(&h));
+            out.push(h.full());
         }
         out
     }
@@ -345,8 +352,9 @@ impl<T: Float> ResNet<T> {
         for b in &mut self.blocks {
             h = b.forward(&h, train);
         }
-        self.last_hw = (h.h, h.w);
-        let p = timed(FWD, name("avgpool"), || avgpool_forward(&h));
+        let (_, hh, hw, _) = h.dims();
+        self.last_hw = (hh, hw);
+        let p = timed(FWD, name("avgpool"), || avgpool_forward_act(&h));
         timed(FWD, name("fc"), || self.fc.forward(&p))
     }
 

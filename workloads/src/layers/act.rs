@@ -9,7 +9,7 @@
 //! (`backward_relu_act`).
 
 use super::{sums, BatchNorm, Gate, CHUNK_ROWS};
-use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Positive, Tensor};
+use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Lhs, Positive, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
 
@@ -35,6 +35,40 @@ impl<T> Act<T> {
         match self {
             Act::Full(t) => (t.n, t.h, t.w, t.c),
             Act::Half(t) => (t.n, t.h, t.w, t.c),
+        }
+    }
+}
+
+impl<T: Float> Act<T> {
+    /// `t` kept as the layers keep their activations: rounded to bf16 where this thread's `T`
+    /// layers multiply in bf16 (`half_activations`), as it is otherwise.
+    pub fn kept(t: Tensor<T>) -> Act<T> {
+        if !half_activations::<T>() {
+            return Act::Full(Arc::new(t));
+        }
+        let len = t.len();
+        let mut data: Vec<bf16> = Vec::with_capacity(len);
+        data.spare_capacity_mut()[..len]
+            .par_chunks_mut(1 << 14)
+            .zip(t.data.par_chunks(1 << 14))
+            .for_each(|(d, s)| round_bf16(s, d));
+        // SAFETY: the chunks cover the first len elements, every one written.
+        unsafe { data.set_len(len) };
+        let (n, h, w, c) = (t.n, t.h, t.w, t.c);
+        Act::Half(Arc::new(Tensor { n, h, w, c, data }))
+    }
+
+    /// The activation in the layers' type: itself, or a copy widened from bf16 (exact).
+    pub fn full(&self) -> Arc<Tensor<T>> {
+        match self {
+            Act::Full(t) => Arc::clone(t),
+            Act::Half(t) => Arc::new(Tensor {
+                n: t.n,
+                h: t.h,
+                w: t.w,
+                c: t.c,
+                data: t.data.par_iter().map(|v| Lhs::<T>::widen(*v)).collect(),
+            }),
         }
     }
 }
@@ -185,7 +219,7 @@ impl<T: Float> BatchNorm<T> {
 /// (`memcpy`, `round_slice` and its feature check), and the bf16 passes ran slower than the
 /// f32 ones that write twice the bytes (trainer_norm layer1.bn1+relu1: forward 2.01 ms against
 /// 1.63, backward 3.92 against 2.81).
-fn rows_per_block(c: usize) -> usize {
+pub(super) fn rows_per_block(c: usize) -> usize {
     (4096 / c.max(1)).max(1)
 }
 

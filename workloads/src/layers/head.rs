@@ -2,8 +2,8 @@
 //! connected layer, softmax cross-entropy.
 
 use super::act::relu_affine;
-use super::Param;
-use crate::tensor::{fill_uninit, gemm, simd, Float, Mat, Tensor};
+use super::{Act, Param};
+use crate::tensor::{fill_uninit, gemm, simd, Float, Lhs, Mat, Tensor};
 use rayon::prelude::*;
 
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
@@ -260,6 +260,18 @@ fn windows(i: usize, outs: usize) -> [Option<(usize, usize)>; 2] {
 
 /// Global average pooling: n × h × w × c → n × 1 × 1 × c.
 pub fn avgpool_forward<T: Float>(x: &Tensor<T>) -> Tensor<T> {
+    avgpool_of(x)
+}
+
+/// `avgpool_forward` of an activation kept in either precision (sums in `T`).
+pub fn avgpool_forward_act<T: Float>(x: &Act<T>) -> Tensor<T> {
+    match x {
+        Act::Full(t) => avgpool_of(t),
+        Act::Half(t) => avgpool_of(t),
+    }
+}
+
+fn avgpool_of<T: Float, S: Lhs<T>>(x: &Tensor<S>) -> Tensor<T> {
     let hw = x.h * x.w;
     let inv = T::from_f64(1.0 / hw as f64);
     let mut y = Tensor::zeros(x.n, 1, 1, x.c);
@@ -267,7 +279,7 @@ pub fn avgpool_forward<T: Float>(x: &Tensor<T>) -> Tensor<T> {
         for p in 0..hw {
             let row = &x.data[(n * hw + p) * x.c..(n * hw + p + 1) * x.c];
             for (o, v) in y.data[n * x.c..(n + 1) * x.c].iter_mut().zip(row) {
-                *o += *v;
+                *o += v.widen();
             }
         }
         for o in &mut y.data[n * x.c..(n + 1) * x.c] {

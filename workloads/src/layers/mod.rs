@@ -14,7 +14,9 @@ mod act;
 mod head;
 mod residual;
 pub use act::Act;
-pub use head::{avgpool_backward, avgpool_forward, softmax_cross_entropy, Linear, MaxPool};
+pub use head::{
+    avgpool_backward, avgpool_forward, avgpool_forward_act, softmax_cross_entropy, Linear, MaxPool,
+};
 pub use residual::Shortcut;
 
 /// A trainable parameter with its gradient and momentum buffer.

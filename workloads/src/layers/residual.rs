@@ -1,18 +1,30 @@
 //! A residual block's end, `relu(bn(x) + shortcut)`, forward and backward, each in as few
 //! passes over the activations as their data dependences allow.
 
-use super::{BatchNorm, Gate, CHUNK_ROWS};
-use crate::tensor::{simd, Float, Tensor};
+use super::act::rows_per_block;
+use super::{Act, BatchNorm, Gate, CHUNK_ROWS};
+use crate::tensor::{
+    as_uninit, bf16, half_activations, round_bf16, simd, Float, Lhs, Positive, Tensor,
+};
 use rayon::prelude::*;
-use std::borrow::Cow;
 use std::mem::MaybeUninit;
+use std::sync::Arc;
 
 /// What a residual block adds to its normalised branch (`BatchNorm::forward_add_relu`).
 pub enum Shortcut<'a, T: Float> {
     /// The block's input.
     Identity(&'a Tensor<T>),
+    /// The block's input, kept in bf16 (the last block's output in bf16 training: `Act`).
+    IdentityHalf(&'a Tensor<bf16>),
     /// The projection's convolution output, normalised by its own batch norm in the same pass.
     Projected(&'a mut BatchNorm<T>, Tensor<T>),
+}
+
+/// The shortcut's values as the block's end reads them.
+#[derive(Clone, Copy)]
+enum Side<'a, T> {
+    Full(&'a [T]),
+    Half(&'a [bf16]),
 }
 
 impl<T: Float> BatchNorm<T> {
@@ -26,68 +38,97 @@ impl<T: Float> BatchNorm<T> {
         shortcut: Shortcut<'_, T>,
         train: bool,
     ) -> Tensor<T> {
+        match self.end_forward(x, shortcut, train, false) {
+            Act::Full(y) => Arc::into_inner(y).expect("a new tensor has one owner"),
+            Act::Half(_) => unreachable!("a full-precision output was asked for"),
+        }
+    }
+
+    /// `forward_add_relu`, its output kept as the block's ReLU outputs are (`Act::kept`): in
+    /// bf16 where the products are (`half_activations`). The next block's first convolution
+    /// and projection then read half the bytes and round nothing, its end adds the bf16 value
+    /// (as PyTorch's and TensorFlow's bf16 policies add the block's bf16 input), and the
+    /// backward pass reads the ReLU's mask from the bf16 output (the same signs, but where an
+    /// output below bf16's smallest subnormal rounded to zero).
+    pub fn forward_add_relu_act(
+        &mut self,
+        x: Tensor<T>,
+        shortcut: Shortcut<'_, T>,
+        train: bool,
+    ) -> Act<T> {
+        let half = half_activations::<T>();
+        self.end_forward(x, shortcut, train, half)
+    }
+
+    fn end_forward(
+        &mut self,
+        x: Tensor<T>,
+        shortcut: Shortcut<'_, T>,
+        train: bool,
+        half: bool,
+    ) -> Act<T> {
         let c = x.c;
         let (a, d) = self.affine(&x, train);
-        let (s, down) = match shortcut {
-            Shortcut::Identity(s) => (Cow::Borrowed(s), None),
+        let (side, down, shape) = match shortcut {
+            Shortcut::Identity(s) => (Some(Side::Full(&s.data[..])), None, dims(s)),
+            Shortcut::IdentityHalf(s) => (Some(Side::Half(&s.data[..])), None, dims(s)),
             Shortcut::Projected(bn, s) => {
                 let ad = bn.affine(&s, train);
-                (Cow::Owned(s), Some((bn, ad)))
+                let shape = dims(&s);
+                (None, Some((bn, ad, s)), shape)
             }
         };
-        assert!(x.same_shape(&s), "residual shapes");
-        let mut y = Tensor::uninit(x.n, x.h, x.w, c);
-        let zero = T::zero();
-        let projected = down.is_some();
-        let (a2, d2) = match &down {
-            Some((_, (a2, d2))) => (&a2[..], &d2[..]),
-            None => (&a[..], &d[..]),
+        assert_eq!(dims(&x), shape, "residual shapes");
+        let (side, maps) = match &down {
+            Some((_, (a2, d2), s)) => {
+                let maps = Maps {
+                    a: &a,
+                    d: &d,
+                    a2,
+                    d2,
+                    projected: true,
+                };
+                (Side::Full(&s.data[..]), maps)
+            }
+            None => {
+                let maps = Maps {
+                    a: &a,
+                    d: &d,
+                    a2: &a,
+                    d2: &d,
+                    projected: false,
+                };
+                (side.expect("an identity shortcut"), maps)
+            }
         };
-        y.data
-            .par_chunks_mut(CHUNK_ROWS * c)
-            .zip(x.data.par_chunks(CHUNK_ROWS * c))
-            .zip(s.data.par_chunks(CHUNK_ROWS * c))
-            .for_each(|((yc, xc), sc)| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
-                        for ((yr, xr), sr) in yc
-                            .chunks_exact_mut(c)
-                            .zip(xc.chunks_exact(c))
-                            .zip(sc.chunks_exact(c))
-                        {
-                            let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
-                            if projected {
-                                for j in 0..c {
-                                    let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
-                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
-                                }
-                            } else {
-                                for j in 0..c {
-                                    let t = (xr[j] * a[j] + d[j]) + sr[j];
-                                    yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
-                                }
-                            }
-                        }
-                    },
-                )
-            });
+        let (n, h, w) = (x.n, x.h, x.w);
+        let y = if half {
+            let len = x.len();
+            let mut data: Vec<bf16> = Vec::with_capacity(len);
+            end_pass(&mut data.spare_capacity_mut()[..len], &x.data, side, maps);
+            // SAFETY: the chunks cover the first len elements, every one written.
+            unsafe { data.set_len(len) };
+            Act::Half(Arc::new(Tensor { n, h, w, c, data }))
+        } else {
+            let mut y = Tensor::uninit(n, h, w, c);
+            end_pass(&mut y.data, &x.data, side, maps);
+            // SAFETY: the chunks cover y, every element written.
+            Act::Full(Arc::new(unsafe { y.assume_init() }))
+        };
         if train {
             self.input = Some(x);
-            if let Some((bn, (a2, d2))) = down {
-                bn.input = Some(s.into_owned());
+            if let Some((bn, (a2, d2), s)) = down {
+                bn.input = Some(s);
                 // The backward pass's mask, recomputed from the inputs it reads anyway.
                 self.relu_affine = Some((a, d));
                 bn.relu_affine = Some((a2, d2));
             }
         }
-        // SAFETY: the chunks of rows cover y, and every row's c elements were written.
-        unsafe { y.assume_init() }
+        y
     }
 
     /// The backward pass of `forward_add_relu`, from the gradient `dy` of the block's output
-    /// `out` (whose sign is the ReLU's mask; with a projection the mask is recomputed from the
+    /// `out` (in `T` or bf16: its sign is the ReLU's mask; with a projection the mask is recomputed from the
     /// two inputs, read anyway, and `out` is not read), with `projection` the batch norm that was given
     /// in `Shortcut::Projected` (None for `Shortcut::Identity`). Returns the gradients of this
     /// batch norm's input and of the shortcut as it was given: the block's input (identity),
@@ -100,10 +141,10 @@ impl<T: Float> BatchNorm<T> {
     /// projection; these cost 7 and 9, and the sum goes into the products of the block's first
     /// convolution (`Conv2d::backward_add`). The same bits as `relu_backward` followed by each
     /// batch norm's `backward` (the same operations in the same order).
-    pub fn backward_add_relu(
+    pub fn backward_add_relu<O: Positive>(
         &mut self,
         mut dy: Tensor<T>,
-        out: &Tensor<T>,
+        out: &Tensor<O>,
         mut projection: Option<&mut BatchNorm<T>>,
     ) -> (Tensor<T>, Tensor<T>) {
         let mut x = self.input.take().expect("backward before forward");
@@ -111,7 +152,7 @@ impl<T: Float> BatchNorm<T> {
             .as_mut()
             .map(|bn| bn.input.take().expect("backward before forward"));
         assert!(
-            x.same_shape(&dy) && out.same_shape(&dy),
+            x.same_shape(&dy) && dims(out) == dims(&dy),
             "{}: gradient shape",
             self.gamma.name
         );
@@ -212,11 +253,131 @@ impl<T: Float> BatchNorm<T> {
     }
 }
 
+/// (n, h, w, c).
+fn dims<S>(t: &Tensor<S>) -> (usize, usize, usize, usize) {
+    (t.n, t.h, t.w, t.c)
+}
+
+/// The block end's per-channel maps: the branch's batch norm (`a`, `d`) and, with a
+/// projection, the shortcut's (`a2`, `d2`).
+#[derive(Clone, Copy)]
+struct Maps<'a, T> {
+    a: &'a [T],
+    d: &'a [T],
+    a2: &'a [T],
+    d2: &'a [T],
+    projected: bool,
+}
+
+/// What the block's end writes its output in: the layers' type, or bf16 (computed in `T` a
+/// block of rows at a time, then rounded).
+trait Store<T: Float>: Sized + Send {
+    /// `f` with the scratch `store` needs for `len` elements (none for `T`).
+    fn with_buf(len: usize, f: impl FnOnce(&mut [T]));
+    /// `y` written by `f`: directly, or through `buf` and one rounding.
+    fn store(y: &mut [MaybeUninit<Self>], buf: &mut [T], f: impl FnOnce(&mut [MaybeUninit<T>]));
+}
+
+impl<T: Float> Store<T> for T {
+    fn with_buf(_: usize, f: impl FnOnce(&mut [T])) {
+        f(&mut [])
+    }
+    #[inline(always)]
+    fn store(y: &mut [MaybeUninit<T>], _: &mut [T], f: impl FnOnce(&mut [MaybeUninit<T>])) {
+        f(y)
+    }
+}
+
+impl<T: Float> Store<T> for bf16 {
+    fn with_buf(len: usize, f: impl FnOnce(&mut [T])) {
+        T::with_scratch(len, f)
+    }
+    #[inline(always)]
+    fn store(y: &mut [MaybeUninit<bf16>], buf: &mut [T], f: impl FnOnce(&mut [MaybeUninit<T>])) {
+        let buf = &mut buf[..y.len()];
+        // SAFETY: `f` writes only values.
+        f(unsafe { as_uninit(buf) });
+        round_bf16(buf, y);
+    }
+}
+
+/// `y = relu(x·a + d + shortcut)` (the shortcut normalised by `a2`, `d2` with a projection),
+/// chunks of rows in parallel, each in blocks of rows (`rows_per_block`) stored by `O`.
+fn end_pass<T: Float, O: Store<T>>(
+    y: &mut [MaybeUninit<O>],
+    x: &[T],
+    side: Side<'_, T>,
+    maps: Maps<'_, T>,
+) {
+    let c = maps.a.len();
+    let chunk = CHUNK_ROWS * c;
+    y.par_chunks_mut(chunk)
+        .zip(x.par_chunks(chunk))
+        .enumerate()
+        .for_each(|(i, (yc, xc))| {
+            let at = i * chunk..i * chunk + xc.len();
+            match side {
+                Side::Full(s) => end_chunk(yc, xc, &s[at], maps),
+                Side::Half(s) => end_chunk(yc, xc, &s[at], maps),
+            }
+        });
+}
+
+fn end_chunk<T: Float, S: Lhs<T>, O: Store<T>>(
+    yc: &mut [MaybeUninit<O>],
+    xc: &[T],
+    sc: &[S],
+    m: Maps<'_, T>,
+) {
+    let c = m.a.len();
+    let block = rows_per_block(c) * c;
+    O::with_buf(block, |buf| {
+        simd(
+            #[inline(always)]
+            || {
+                for ((yb, xb), sb) in yc
+                    .chunks_mut(block)
+                    .zip(xc.chunks(block))
+                    .zip(sc.chunks(block))
+                {
+                    O::store(yb, buf, |yb| end_rows(yb, xb, sb, m));
+                }
+            },
+        )
+    })
+}
+
+/// Rows of the block's end into `y`.
+#[inline(always)]
+fn end_rows<T: Float, S: Lhs<T>>(y: &mut [MaybeUninit<T>], x: &[T], s: &[S], m: Maps<'_, T>) {
+    let c = m.a.len();
+    let zero = T::zero();
+    let (a, d, a2, d2) = (&m.a[..c], &m.d[..c], &m.a2[..c], &m.d2[..c]);
+    for ((yr, xr), sr) in y
+        .chunks_exact_mut(c)
+        .zip(x.chunks_exact(c))
+        .zip(s.chunks_exact(c))
+    {
+        let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
+        if m.projected {
+            for j in 0..c {
+                let t = (xr[j] * a[j] + d[j]) + (sr[j].widen() * a2[j] + d2[j]);
+                yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
+            }
+        } else {
+            for j in 0..c {
+                let t = (xr[j] * a[j] + d[j]) + sr[j].widen();
+                yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
+            }
+        }
+    }
+}
+
 /// Where the block end's ReLU let the gradient through: its output positive, or (with a
 /// projection) `(x·a + d) + (s·a2 + d2)` positive, recomputed from the two inputs.
 #[derive(Clone, Copy)]
-enum EndMask<'a, T> {
-    Out(&'a [T]),
+enum EndMask<'a, T, O> {
+    Out(&'a [O]),
     Affine(&'a [T], &'a [T], &'a [T], &'a [T]),
 }
 
@@ -230,9 +391,9 @@ enum EndMask<'a, T> {
 /// checks than the vectoriser makes wherever the inlining lost the slices' no-alias facts, and
 /// the pass ran scalar (0.15 → 0.41 s of a bf16 step).
 #[inline(always)]
-fn mask_and_sum_rows<T: Float>(
+fn mask_and_sum_rows<T: Float, O: Positive>(
     g: &mut [T],
-    mask: EndMask<'_, T>,
+    mask: EndMask<'_, T, O>,
     x: &[T],
     s: Option<&[T]>,
     [q1, q2, q3]: [&mut [T]; 3],
@@ -248,7 +409,7 @@ fn mask_and_sum_rows<T: Float>(
             EndMask::Out(out) => {
                 let block = &mut g[r0 * c..r1 * c];
                 for (gj, oj) in block.iter_mut().zip(&out[r0 * c..r1 * c]) {
-                    *gj = if *oj > zero { *gj } else { zero };
+                    *gj = if oj.positive() { *gj } else { zero };
                 }
             }
             EndMask::Affine(a, d, a2, d2) => {

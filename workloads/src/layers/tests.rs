@@ -544,3 +544,68 @@ fn half_batch_norm_rounds_the_f32_values_block_by_block() {
         assert_eq!(g2.data, rounded(&g1.data), "backward");
     });
 }
+
+/// A block's end kept in bf16 (`forward_add_relu_act` with bf16 products) rounds exactly the
+/// f32 pass's values, with its identity shortcut read from bf16 (the last block's output) or
+/// a projection, in several blocks of rows per chunk; its backward pass reads the ReLU's mask
+/// from the bf16 output and gives the f32 pass's gradients. Without bf16 products it keeps f32.
+#[test]
+fn half_block_end_rounds_the_f32_values() {
+    use crate::tensor::round_bf16;
+    let rounded = |v: &[f32]| {
+        let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
+        round_bf16(v, &mut out);
+        // SAFETY: round_bf16 wrote every element.
+        out.iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect::<Vec<_>>()
+    };
+    let x = f32s(rand_tensor(2, 12, 11, 32, 71));
+    let s = f32s(rand_tensor(2, 12, 11, 32, 72));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 73));
+    let half_s = Tensor {
+        n: s.n,
+        h: s.h,
+        w: s.w,
+        c: s.c,
+        data: rounded(&s.data),
+    };
+    // The shortcut as the f32 pass reads it: bf16's values, widened.
+    let wide_s = Tensor {
+        data: half_s.data.iter().map(|v| v.to_f32()).collect(),
+        ..s.clone()
+    };
+    let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
+    bf16_pool().install(|| {
+        let (mut b1, mut b2) = (bn("b"), bn("b"));
+        let y = b1.forward_add_relu(x.clone(), Shortcut::Identity(&wide_s), true);
+        let Act::Half(h) =
+            b2.forward_add_relu_act(x.clone(), Shortcut::IdentityHalf(&half_s), true)
+        else {
+            panic!("bf16 products keep the block's end in bf16")
+        };
+        assert_eq!(h.data, rounded(&y.data), "identity forward");
+        let (g1, s1) = b1.backward_add_relu(dy.clone(), &y, None);
+        let (g2, s2) = b2.backward_add_relu(dy.clone(), &h, None);
+        assert_eq!((g1, s1), (g2, s2), "identity backward");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
+        let y = b1.forward_add_relu(x.clone(), Shortcut::Projected(&mut p1, s.clone()), true);
+        let Act::Half(h) =
+            b2.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p2, s.clone()), true)
+        else {
+            panic!("bf16 products keep the block's end in bf16")
+        };
+        assert_eq!(h.data, rounded(&y.data), "projected forward");
+        let want = b1.backward_add_relu(dy.clone(), &y, Some(&mut p1));
+        assert_eq!(
+            want,
+            b2.backward_add_relu(dy.clone(), &h, Some(&mut p2)),
+            "projected backward"
+        );
+        assert_eq!(p1.gamma.grad, p2.gamma.grad);
+    });
+    let mut b = bn("b");
+    let kept = b.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
+    assert!(matches!(kept, Act::Full(_)), "f32 products keep f32");
+}

@@ -28,6 +28,8 @@ pub trait Lhs<T>: Copy + Default + Send + Sync + 'static {
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
     /// The operand as the bf16 products take it: f32 or bf16, `None` for other types.
     fn half_operand(x: Mat<Self>) -> Option<HalfOperand>;
+    /// The stored value in the layers' type (exact: bf16 widens without rounding).
+    fn widen(self) -> T;
 }
 
 /// An operand of the bf16 products, in either of the storages they read.
@@ -118,6 +120,10 @@ pub fn half_activations<T: 'static>() -> bool {
 }
 
 impl<T: Float> Lhs<T> for T {
+    #[inline(always)]
+    fn widen(self) -> T {
+        self
+    }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         <T as Float>::with_scratch(len, f)
     }
@@ -146,6 +152,11 @@ fn f32_out<T: 'static>(c: *mut T) -> Option<*mut f32> {
 }
 
 impl<T: Float> Lhs<T> for bf16 {
+    #[inline(always)]
+    fn widen(self) -> T {
+        // bf16 is f32's upper half: the shift is exact (and vectorises, where `to_f32` may not).
+        T::from_f64(f32::from_bits((self.to_bits() as u32) << 16) as f64)
+    }
     fn half_operand(x: Mat<bf16>) -> Option<HalfOperand> {
         Some(HalfOperand::Bf16(operand(x)))
     }
