@@ -5,11 +5,12 @@
 //! bytes of the passes' own minimum traffic (every tensor they read or write, once per pass;
 //! criterion prints B/s): hold it against `cpu/mem/DRAM/triad/all`, or the L3 roof where the
 //! tensors fit. The bn + ReLU benches also run as `--precision bf16` does (`_bf16`: the output
-//! and the input gradient kept in bf16, bytes counted so). `ROOFLINE_BENCH_LAYERS=a,b` keeps
+//! and the input gradient kept in bf16, bytes counted so), and so do the block ends (the
+//! identity shortcut and the output in bf16). `ROOFLINE_BENCH_LAYERS=a,b` keeps
 //! the benches whose names contain a or b.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use roofline_workloads::layers::{BatchNorm, MaxPool, Shortcut};
+use roofline_workloads::layers::{Act, BatchNorm, MaxPool, Shortcut};
 use roofline_workloads::tensor::{set_products, Bf16Gemm, Products, Tensor};
 
 /// As the trainer: freed activations come back from a cache, not from fresh pages.
@@ -136,6 +137,51 @@ fn passes(c: &mut Criterion) {
                 },
                 |(mut bn, mut down, y, dy)| {
                     pool.install(|| bn.backward_add_relu(dy, &y, projected.then_some(&mut down)))
+                },
+                BatchSize::PerIteration,
+            )
+        });
+        // As `--precision bf16` runs it: the identity shortcut and the output in bf16
+        // (`forward_add_relu_act`), the backward pass reading its mask from the bf16 output.
+        let Ok(bf) = Bf16Gemm::detect() else { continue };
+        let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+        set_products(&half, Products::Bf16(bf));
+        let Act::Half(sh) = half.install(|| Act::kept(s.clone())) else {
+            panic!("bf16 products keep bf16 activations")
+        };
+        let run_half = |bn: &mut BatchNorm<f32>,
+                        down: &mut BatchNorm<f32>,
+                        (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp
+        {
+            Some(sp) => bn.forward_add_relu_act(x, Shortcut::Projected(down, sp), true),
+            None => bn.forward_add_relu_act(x, Shortcut::IdentityHalf(&sh), true),
+        };
+        let (fwd, bwd) = if projected { (9, 20) } else { (6, 13) };
+        g.throughput(Throughput::Bytes(fwd * e / 2));
+        g.bench_function(format!("{name}/fwd_bf16"), |b| {
+            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+            let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+            b.iter_batched(
+                inputs,
+                |v| half.install(|| run_half(&mut bn, &mut down, v)),
+                BatchSize::PerIteration,
+            )
+        });
+        g.throughput(Throughput::Bytes(bwd * e / 2));
+        g.bench_function(format!("{name}/bwd_bf16"), |b| {
+            b.iter_batched(
+                || {
+                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                    let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+                    let y = half.install(|| run_half(&mut bn, &mut down, inputs()));
+                    (bn, down, y, dy.clone())
+                },
+                |(mut bn, mut down, y, dy)| {
+                    let Act::Half(y) = y else {
+                        panic!("bf16 products keep bf16 activations")
+                    };
+                    let down = projected.then_some(&mut down);
+                    half.install(|| bn.backward_add_relu(dy, &y, down))
                 },
                 BatchSize::PerIteration,
             )
