@@ -272,6 +272,10 @@ struct Maps<'a, T> {
 /// What the block's end writes its output in: the layers' type, or bf16 (computed in `T` a
 /// block of rows at a time, then rounded).
 trait Store<T: Float>: Sized + Send {
+    /// Elements per `store` for rows of `c` channels in chunks of `chunk` elements: the whole
+    /// chunk in `T` (as the pass was before bf16 outputs: blocks cost the f32 pass 1–3%),
+    /// `rows_per_block` rows in bf16.
+    fn block(c: usize, chunk: usize) -> usize;
     /// `f` with the scratch `store` needs for `len` elements (none for `T`).
     fn with_buf(len: usize, f: impl FnOnce(&mut [T]));
     /// `y` written by `f`: directly, or through `buf` and one rounding.
@@ -279,6 +283,9 @@ trait Store<T: Float>: Sized + Send {
 }
 
 impl<T: Float> Store<T> for T {
+    fn block(_: usize, chunk: usize) -> usize {
+        chunk
+    }
     fn with_buf(_: usize, f: impl FnOnce(&mut [T])) {
         f(&mut [])
     }
@@ -289,6 +296,9 @@ impl<T: Float> Store<T> for T {
 }
 
 impl<T: Float> Store<T> for bf16 {
+    fn block(c: usize, _: usize) -> usize {
+        rows_per_block(c) * c
+    }
     fn with_buf(len: usize, f: impl FnOnce(&mut [T])) {
         T::with_scratch(len, f)
     }
@@ -302,7 +312,7 @@ impl<T: Float> Store<T> for bf16 {
 }
 
 /// `y = relu(x·a + d + shortcut)` (the shortcut normalised by `a2`, `d2` with a projection),
-/// chunks of rows in parallel, each in blocks of rows (`rows_per_block`) stored by `O`.
+/// chunks of rows in parallel, each in blocks of rows (`Store::block`) stored by `O`.
 fn end_pass<T: Float, O: Store<T>>(
     y: &mut [MaybeUninit<O>],
     x: &[T],
@@ -330,7 +340,7 @@ fn end_chunk<T: Float, S: Lhs<T>, O: Store<T>>(
     m: Maps<'_, T>,
 ) {
     let c = m.a.len();
-    let block = rows_per_block(c) * c;
+    let block = O::block(c, CHUNK_ROWS * c);
     O::with_buf(block, |buf| {
         simd(
             #[inline(always)]
