@@ -275,7 +275,8 @@ impl<T: Float> ResNet<T> {
     /// map and the ReLU as it reads the convolution's output (the normalised tensor is never
     /// written), so `place`'s `bn1+relu` forward is the statistics pass and its `maxpool`
     /// forward includes the normalisation. The batch norm keeps its input for the backward
-    /// pass when training.
+    /// pass when training. The max pool's output is kept as the blocks' are (`Act::kept`: in
+    /// bf16 in bf16 training, rounded once for layer1.0's conv1 and projection).
     fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Act<T> {
         let x = Arc::new(x.clone());
         let s = timed(FWD, name("conv1"), || self.stem.forward(&x));

@@ -127,10 +127,11 @@ impl<T: Float> BatchNorm<T> {
         y
     }
 
-    /// The backward pass of `forward_add_relu`, from the gradient `dy` of the block's output
-    /// `out` (in `T` or bf16: its sign is the ReLU's mask; with a projection the mask is recomputed from the
-    /// two inputs, read anyway, and `out` is not read), with `projection` the batch norm that was given
-    /// in `Shortcut::Projected` (None for `Shortcut::Identity`). Returns the gradients of this
+    /// The backward pass of `forward_add_relu` (or `forward_add_relu_act`), from the gradient
+    /// `dy` of the block's output `out` (in `T` or bf16: its sign is the ReLU's mask; with a
+    /// projection the mask is recomputed from the two inputs, read anyway, and `out` is not
+    /// read), with `projection` the batch norm that was given in `Shortcut::Projected` (None
+    /// for an identity shortcut). Returns the gradients of this
     /// batch norm's input and of the shortcut as it was given: the block's input (identity),
     /// or the projection's convolution output.
     ///
@@ -273,8 +274,8 @@ struct Maps<'a, T> {
 /// block of rows at a time, then rounded).
 trait Store<T: Float>: Sized + Send {
     /// Elements per `store` for rows of `c` channels in chunks of `chunk` elements: the whole
-    /// chunk in `T` (as the pass was before bf16 outputs: blocks cost the f32 pass 1–3%),
-    /// `rows_per_block` rows in bf16.
+    /// chunk in `T` (the f32 pass as it was before bf16 outputs), `rows_per_block` rows in
+    /// bf16.
     fn block(c: usize, chunk: usize) -> usize;
     /// `f` with the scratch `store` needs for `len` elements (none for `T`).
     fn with_buf(len: usize, f: impl FnOnce(&mut [T]));

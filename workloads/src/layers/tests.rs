@@ -577,6 +577,13 @@ fn half_block_end_rounds_the_f32_values() {
     };
     let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
     bf16_pool().install(|| {
+        // The block's input as the max pool's output is kept, and back in f32 (a stage's
+        // output for a feature pyramid).
+        let Act::Half(kept) = Act::kept(s.clone()) else {
+            panic!("bf16 products keep bf16 activations")
+        };
+        assert_eq!(kept.data, half_s.data, "kept: rounded");
+        assert_eq!(*Act::Half(kept).full(), wide_s, "full: widened exactly");
         let (mut b1, mut b2) = (bn("b"), bn("b"));
         let y = b1.forward_add_relu(x.clone(), Shortcut::Identity(&wide_s), true);
         let Act::Half(h) =
@@ -608,4 +615,8 @@ fn half_block_end_rounds_the_f32_values() {
     let mut b = bn("b");
     let kept = b.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
     assert!(matches!(kept, Act::Full(_)), "f32 products keep f32");
+    assert!(
+        matches!(Act::kept(s), Act::Full(_)),
+        "f32 products keep f32"
+    );
 }
