@@ -438,6 +438,14 @@ fn loss_values() {
 
 use crate::tensor::bf16_pool;
 
+/// `v` rounded to bf16 as the products round their operands.
+fn rounded(v: &[f32]) -> Vec<crate::tensor::bf16> {
+    let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
+    crate::tensor::round_bf16(v, &mut out);
+    // SAFETY: round_bf16 wrote every element.
+    out.iter().map(|b| unsafe { b.assume_init() }).collect()
+}
+
 /// With bf16 products, a batch norm + ReLU kept in bf16 gives the next convolution, its
 /// filter gradient and the ReLU's backward pass the same bits as the f32 output (which every
 /// product rounds as it packs it), for a 3×3 and a 1×1 convolution.
@@ -514,7 +522,6 @@ fn half_activations_give_the_products_the_same_bits() {
 /// rows, the last block short).
 #[test]
 fn half_batch_norm_rounds_the_f32_values_block_by_block() {
-    use crate::tensor::round_bf16;
     let pool = bf16_pool();
     let x = f32s(rand_tensor(2, 12, 11, 32, 61));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 62));
@@ -525,14 +532,6 @@ fn half_batch_norm_rounds_the_f32_values_block_by_block() {
         );
         let y = b1.forward_act(x.clone(), true, true);
         let h = b2.forward_relu(x.clone(), true);
-        let rounded = |v: &[f32]| {
-            let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
-            round_bf16(v, &mut out);
-            // SAFETY: round_bf16 wrote every element.
-            out.iter()
-                .map(|b| unsafe { b.assume_init() })
-                .collect::<Vec<_>>()
-        };
         let Act::Half(hh) = &h else {
             panic!("bf16 products keep bf16 activations")
         };
@@ -551,15 +550,6 @@ fn half_batch_norm_rounds_the_f32_values_block_by_block() {
 /// from the bf16 output and gives the f32 pass's gradients. Without bf16 products it keeps f32.
 #[test]
 fn half_block_end_rounds_the_f32_values() {
-    use crate::tensor::round_bf16;
-    let rounded = |v: &[f32]| {
-        let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
-        round_bf16(v, &mut out);
-        // SAFETY: round_bf16 wrote every element.
-        out.iter()
-            .map(|b| unsafe { b.assume_init() })
-            .collect::<Vec<_>>()
-    };
     let x = f32s(rand_tensor(2, 12, 11, 32, 71));
     let s = f32s(rand_tensor(2, 12, 11, 32, 72));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 73));
