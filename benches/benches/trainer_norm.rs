@@ -34,6 +34,12 @@ fn passes(c: &mut Criterion) {
         "the caching allocator"
     );
     let pool = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+    // As `--precision bf16` runs the passes, where the CPU has AVX512_BF16.
+    let half = Bf16Gemm::detect().ok().map(|bf| {
+        let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+        set_products(&half, Products::Bf16(bf));
+        half
+    });
     let mut g = c.benchmark_group("trainer_norm");
     g.sample_size(10);
     let n = 32;
@@ -79,9 +85,7 @@ fn passes(c: &mut Criterion) {
             });
             // As `--precision bf16` runs it: the ReLU output kept in bf16 (`forward_relu`), the
             // input gradient too (`backward_relu_act`).
-            if let Ok(bf) = Bf16Gemm::detect() {
-                let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
-                set_products(&half, Products::Bf16(bf));
+            if let Some(half) = &half {
                 g.throughput(Throughput::Bytes(2 * e + e / 2));
                 g.bench_function(format!("{name}/fwd_bf16"), |b| {
                     let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
@@ -107,85 +111,50 @@ fn passes(c: &mut Criterion) {
             continue;
         }
         let inputs = || (x.clone(), projected.then(|| s.clone()));
-        let run_fwd = |bn: &mut BatchNorm<f32>,
-                       down: &mut BatchNorm<f32>,
-                       (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp {
-            Some(sp) => bn.forward_add_relu(x, Shortcut::Projected(down, sp), true),
-            None => bn.forward_add_relu(x, Shortcut::Identity(&s), true),
-        };
-        // Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy, y, x [, s]) → masked
-        // dy and sums, then (dy, x [, s]) → dx [, ds].
-        let (fwd, bwd) = if projected { (5, 10) } else { (4, 7) };
-        g.throughput(Throughput::Bytes(fwd * e));
-        g.bench_function(format!("{name}/fwd"), |b| {
-            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-            let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
-            b.iter_batched(
-                inputs,
-                |v| pool.install(|| run_fwd(&mut bn, &mut down, v)),
-                BatchSize::PerIteration,
-            )
-        });
-        g.throughput(Throughput::Bytes(bwd * e));
-        g.bench_function(format!("{name}/bwd"), |b| {
-            b.iter_batched(
-                || {
-                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-                    let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
-                    let y = pool.install(|| run_fwd(&mut bn, &mut down, inputs()));
-                    (bn, down, y, dy.clone())
-                },
-                |(mut bn, mut down, y, dy)| {
-                    pool.install(|| bn.backward_add_relu(dy, &y, projected.then_some(&mut down)))
-                },
-                BatchSize::PerIteration,
-            )
-        });
-        // As `--precision bf16` runs it: the identity shortcut and the output in bf16
-        // (`forward_add_relu_act`), the backward pass reading its mask from the bf16 output.
-        let Ok(bf) = Bf16Gemm::detect() else { continue };
-        let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
-        set_products(&half, Products::Bf16(bf));
-        let Act::Half(sh) = half.install(|| Act::kept(s.clone())) else {
-            panic!("bf16 products keep bf16 activations")
-        };
-        let run_half = |bn: &mut BatchNorm<f32>,
-                        down: &mut BatchNorm<f32>,
-                        (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp
-        {
-            Some(sp) => bn.forward_add_relu_act(x, Shortcut::Projected(down, sp), true),
-            None => bn.forward_add_relu_act(x, Shortcut::IdentityHalf(&sh), true),
-        };
-        let (fwd, bwd) = if projected { (9, 20) } else { (6, 13) };
-        g.throughput(Throughput::Bytes(fwd * e / 2));
-        g.bench_function(format!("{name}/fwd_bf16"), |b| {
-            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-            let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
-            b.iter_batched(
-                inputs,
-                |v| half.install(|| run_half(&mut bn, &mut down, v)),
-                BatchSize::PerIteration,
-            )
-        });
-        g.throughput(Throughput::Bytes(bwd * e / 2));
-        g.bench_function(format!("{name}/bwd_bf16"), |b| {
-            b.iter_batched(
-                || {
-                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-                    let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
-                    let y = half.install(|| run_half(&mut bn, &mut down, inputs()));
-                    (bn, down, y, dy.clone())
-                },
-                |(mut bn, mut down, y, dy)| {
-                    let Act::Half(y) = y else {
-                        panic!("bf16 products keep bf16 activations")
-                    };
-                    let down = projected.then_some(&mut down);
-                    half.install(|| bn.backward_add_relu(dy, &y, down))
-                },
-                BatchSize::PerIteration,
-            )
-        });
+        // In f32, and as `--precision bf16` runs it where the CPU can (`_bf16`: the identity
+        // shortcut and the output in bf16, the backward pass reading its mask from the bf16
+        // output). Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy, y, x [, s])
+        // → masked dy and sums, then (dy, x [, s]) → dx [, ds]. Bytes in halves of e.
+        let mut precisions = vec![(&pool, "", if projected { (10, 20) } else { (8, 14) })];
+        if let Some(half) = &half {
+            precisions.push((half, "_bf16", if projected { (9, 20) } else { (6, 13) }));
+        }
+        for (pool, suffix, (fwd, bwd)) in precisions {
+            let kept = pool.install(|| Act::kept(s.clone()));
+            let run_fwd =
+                |bn: &mut BatchNorm<f32>,
+                 down: &mut BatchNorm<f32>,
+                 (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp {
+                    Some(sp) => bn.forward_add_relu_act(x, Shortcut::Projected(down, sp), true),
+                    None => bn.forward_add_relu_act(x, Shortcut::identity(&kept), true),
+                };
+            g.throughput(Throughput::Bytes(fwd * e / 2));
+            g.bench_function(format!("{name}/fwd{suffix}"), |b| {
+                let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+                b.iter_batched(
+                    inputs,
+                    |v| pool.install(|| run_fwd(&mut bn, &mut down, v)),
+                    BatchSize::PerIteration,
+                )
+            });
+            g.throughput(Throughput::Bytes(bwd * e / 2));
+            g.bench_function(format!("{name}/bwd{suffix}"), |b| {
+                b.iter_batched(
+                    || {
+                        let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                        let mut down = BatchNorm::<f32>::new("down", ch, 1.0);
+                        let y = pool.install(|| run_fwd(&mut bn, &mut down, inputs()));
+                        (bn, down, y, dy.clone())
+                    },
+                    |(mut bn, mut down, y, dy)| {
+                        let down = projected.then_some(&mut down);
+                        pool.install(|| bn.backward_add_relu_act(dy, &y, down))
+                    },
+                    BatchSize::PerIteration,
+                )
+            });
+        }
     }
     if keep.is_empty() || keep.iter().any(|k| "stem.maxpool".contains(k.as_str())) {
         // Forward: x (112² × 64) → y (56² × 64) and a tap byte per output; backward: (dy,

@@ -144,11 +144,7 @@ impl<T: Float> Bottleneck<T> {
                 })
             }
             None => timed(FWD, f("bn3+add+relu3"), || {
-                let s = match x {
-                    Act::Full(t) => Shortcut::Identity(t),
-                    Act::Half(t) => Shortcut::IdentityHalf(t),
-                };
-                bn3.forward_add_relu_act(c, s, train)
+                bn3.forward_add_relu_act(c, Shortcut::identity(x), train)
             }),
         };
         if train {
@@ -172,11 +168,7 @@ impl<T: Float> Bottleneck<T> {
         };
         let (bn3, out, down) = (&mut self.bn3, &self.out, &mut self.down);
         let (g, ds) = timed(BWD, f(end), || {
-            let down = down.as_mut().map(|(_, bn)| bn);
-            match out {
-                Act::Full(o) => bn3.backward_add_relu(d, o, down),
-                Act::Half(o) => bn3.backward_add_relu(d, o, down),
-            }
+            bn3.backward_add_relu_act(d, out, down.as_mut().map(|(_, bn)| bn))
         });
         let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
         let g = timed(BWD, f("bn2+relu2"), || {

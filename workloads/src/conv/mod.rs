@@ -379,13 +379,12 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
             Mat::transposed(dy.as_ptr(), k).cast::<T>(),
             Mat::rows(x.as_ptr(), depth).cast::<T>(),
         );
+        // Whether the long-reduction kernels take dw = xᵀ·dy as it is.
+        let as_is = long_on_own(depth, k, per, x_t, dy_r);
         let swap = (k > depth && long_on_own(k, depth, per, dy_t, x_r))
-            || (k <= 128
-                && depth > k
-                && products() == Products::Native
-                && !long_on_own(depth, k, per, x_t, dy_r));
+            || (k <= 128 && depth > k && products() == Products::Native && !as_is);
         // Not where the long-reduction kernels take it as it is.
-        let first = rhs_first(depth, k) && !long_on_own(depth, k, per, x_t, dy_r);
+        let first = rhs_first(depth, k) && !as_is;
         ordered_sum_into(dw, parts, |p, acc| {
             // With more threads than rows a part (the last ones) can start past the end.
             let (r0, r1) = (p * per, ((p + 1) * per).min(rows));

@@ -20,6 +20,16 @@ pub enum Shortcut<'a, T: Float> {
     Projected(&'a mut BatchNorm<T>, Tensor<T>),
 }
 
+impl<'a, T: Float> Shortcut<'a, T> {
+    /// The block's input, in whichever precision it is kept (`Act`).
+    pub fn identity(x: &'a Act<T>) -> Shortcut<'a, T> {
+        match x {
+            Act::Full(t) => Shortcut::Identity(t),
+            Act::Half(t) => Shortcut::IdentityHalf(t),
+        }
+    }
+}
+
 /// The shortcut's values as the block's end reads them.
 #[derive(Clone, Copy)]
 enum Side<'a, T> {
@@ -127,13 +137,27 @@ impl<T: Float> BatchNorm<T> {
         y
     }
 
+    /// `backward_add_relu` from the output of `forward_add_relu_act`, in whichever precision
+    /// it is kept.
+    pub fn backward_add_relu_act(
+        &mut self,
+        dy: Tensor<T>,
+        out: &Act<T>,
+        projection: Option<&mut BatchNorm<T>>,
+    ) -> (Tensor<T>, Tensor<T>) {
+        match out {
+            Act::Full(o) => self.backward_add_relu(dy, o, projection),
+            Act::Half(o) => self.backward_add_relu(dy, o, projection),
+        }
+    }
+
     /// The backward pass of `forward_add_relu` (or `forward_add_relu_act`), from the gradient
     /// `dy` of the block's output `out` (in `T` or bf16: its sign is the ReLU's mask; with a
     /// projection the mask is recomputed from the two inputs, read anyway, and `out` is not
     /// read), with `projection` the batch norm that was given in `Shortcut::Projected` (None
-    /// for an identity shortcut). Returns the gradients of this
-    /// batch norm's input and of the shortcut as it was given: the block's input (identity),
-    /// or the projection's convolution output.
+    /// for an identity shortcut). Returns the gradients of this batch norm's input and of the
+    /// shortcut as it was given: the block's input (identity), or the projection's
+    /// convolution output.
     ///
     /// Two passes: the first masks `dy` in place and sums Σ g, Σ g·x and Σ g·x_s (both batch
     /// norms see the same g, so one read of it feeds both); the second writes each input
