@@ -2,8 +2,9 @@
 //! layout of `roofline_kernels::cpu::conv`: a filter is a `r·s·c × k` matrix). 1×1 stride-1
 //! convolutions are single GEMMs; the others go through im2col in cache-sized blocks of output
 //! rows, whole images per task (so that backward-data's col2im never races), the filter prepared
-//! once per call (packed once in bf16). 3×3 stride-1 layers with f32 (or f64) products go
-//! through Winograd's F(4×4, 3×3) instead (`winograd`).
+//! once per call (packed once in bf16). 3×3 stride-1 layers go through Winograd's algorithm
+//! instead (`winograd`): F(4×4, 3×3) with f32 (or f64) products, F(2×2, 3×3) with bf16 ones
+//! where it is faster (`winograd::half::applies_to`).
 
 mod taps;
 pub mod winograd;
@@ -13,6 +14,7 @@ use crate::tensor::{
     products, Float, Lhs, Mat, Products, Rhs,
 };
 use rayon::prelude::*;
+use roofline_kernels::cpu::bf16::Bf16Gemm;
 pub use roofline_kernels::cpu::conv::ConvShape;
 use std::mem::MaybeUninit;
 
@@ -101,20 +103,44 @@ fn im2col_forced() -> bool {
     *IM2COL.get_or_init(|| std::env::var("ROOFLINE_CONV").is_ok_and(|v| v == "im2col"))
 }
 
-/// Whether 3×3 stride-1 layers with products in their own type go through Winograd's
-/// algorithm: yes, unless `ROOFLINE_CONV=im2col`.
+/// Whether 3×3 stride-1 layers go through Winograd's algorithm (F(4×4, 3×3) with products in
+/// their own type, F(2×2, 3×3) with bf16 ones where it pays): yes, unless
+/// `ROOFLINE_CONV=im2col`.
 pub fn winograd_enabled() -> bool {
     !im2col_forced()
 }
 
-/// `x` as a slice of `T` where a convolution of this shape goes through Winograd's algorithm:
-/// a 3×3 stride-1 layer whose operands are stored in `T` and whose products are in `T` (the
-/// bf16 products keep the im2col GEMMs), unless `ROOFLINE_CONV=im2col` (the A/B switch).
+/// `x` as a slice of `T` where a convolution of this shape goes through Winograd's F(4×4, 3×3):
+/// a 3×3 stride-1 layer whose operands are stored in `T` and whose products are in `T` (bf16
+/// products: `half_winograd`), unless `ROOFLINE_CONV=im2col` (the A/B switch).
 fn winograd_operand<'a, T: Float, S: 'static>(sh: &ConvShape, x: &'a [S]) -> Option<&'a [T]> {
     let same = std::any::TypeId::of::<S>() == std::any::TypeId::of::<T>();
     (same && winograd_enabled() && products() == Products::Native && winograd::applies(sh))
         // SAFETY: S is T.
         .then(|| unsafe { &*(x as *const [S] as *const [T]) })
+}
+
+/// The bf16 products where a pass of a convolution of this shape goes through Winograd's
+/// F(2×2, 3×3) (`winograd::half`): a 3×3 stride-1 layer of f32 tensors whose products are bf16,
+/// on images the tiles cover well (`half::applies_to`; for the filter gradient, `filter`, with
+/// enough channels: `half::filter_applies_to`), unless `ROOFLINE_CONV=im2col`.
+fn half_winograd<T: 'static>(sh: &ConvShape, filter: bool) -> Option<Bf16Gemm> {
+    let shape = if filter {
+        winograd::half::filter_applies_to(sh.h, sh.w, sh.c, sh.k)
+    } else {
+        winograd::half::applies_to(sh.h, sh.w)
+    };
+    match products() {
+        Products::Bf16(g)
+            if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                && winograd_enabled()
+                && winograd::applies(sh)
+                && shape =>
+        {
+            Some(g)
+        }
+        _ => None,
+    }
 }
 
 fn check_lengths<T>(sh: &ConvShape, x: usize, w: usize, y: usize) {
@@ -142,6 +168,9 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
     if let Some(x) = winograd_operand::<T, S>(sh, x) {
         return winograd::forward(x, w, y, sh);
+    }
+    if let Some(g) = half_winograd::<T>(sh, false) {
+        return winograd::half::forward(&g, x, w, y, sh);
     }
     if let Some(g) = taps::kernels::<T, S, T>(sh) {
         // SAFETY: T and S are f32 (`kernels`); MaybeUninit<T> is laid out as T.
@@ -264,6 +293,10 @@ unsafe fn backward_data_impl<T: Float, D: Lhs<T>>(
         // SAFETY: this function's contract.
         return unsafe { winograd::backward_data(dy, w, dx, sh, accumulate) };
     }
+    if let Some(g) = half_winograd::<T>(sh, false) {
+        // SAFETY: this function's contract.
+        return unsafe { winograd::half::backward_data(&g, dy, w, dx, sh, accumulate) };
+    }
     let (depth, k) = (sh.depth(), sh.k);
     // wᵀ (k × depth): packed in bf16 straight from w's strides; for the native products, a
     // row-major copy.
@@ -339,6 +372,9 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
         winograd_operand::<T, D>(sh, dy),
     ) {
         return winograd::backward_filter(x, dy, dw, sh);
+    }
+    if let Some(g) = half_winograd::<T>(sh, true) {
+        return winograd::half::backward_filter(&g, x, dy, dw, sh);
     }
     if let Some(g) = taps::kernels::<T, S, D>(sh) {
         // SAFETY: T, S and D are f32 (`kernels`).

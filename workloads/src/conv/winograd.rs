@@ -21,11 +21,14 @@
 //! that stay in cache instead (`blocked`): the transformed tensors never reach memory.
 
 mod blocked;
+pub mod half;
+mod transforms;
 
 use super::ConvShape;
-use crate::tensor::{fill_uninit, native_gemm, simd, Float, Mat};
+use crate::tensor::{fill_uninit, native_gemm, simd, Float, Lhs, Mat};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
+use transforms::{Minimal, F4};
 
 /// Points of the transform domain (6 × 6).
 const XI: usize = 36;
@@ -48,123 +51,6 @@ pub fn applies_to(kernel: usize, stride: usize, pad: usize) -> bool {
 type Vecs<T, const N: usize, const R: usize> = [[T; N]; R];
 /// A tile of `N` channels: `R × R` points.
 type Tile<T, const N: usize, const R: usize> = [Vecs<T, N, R>; R];
-
-// The one-dimensional transforms, written out (a loop over the matrices' entries compared
-// their zeros and ones at run time, and the transforms took most of the layer's time). `tests`
-// holds the matrices of Lavin & Gray (points 0, ±1, ±2, ∞) and checks each formula against its
-// matrix or its transpose.
-
-/// `Bᵀ d` (6 → 6): the input transform.
-#[inline(always)]
-fn bt<T: Float, const N: usize>(d: &Vecs<T, N, 6>) -> Vecs<T, N, 6> {
-    let (two, four, five) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(5.0));
-    let mut t = [[T::zero(); N]; 6];
-    for l in 0..N {
-        let [d0, d1, d2, d3, d4, d5] = [d[0][l], d[1][l], d[2][l], d[3][l], d[4][l], d[5][l]];
-        t[0][l] = four * d0 - five * d2 + d4;
-        t[1][l] = (d3 + d4) - four * (d1 + d2);
-        t[2][l] = (d4 - d3) + four * (d1 - d2);
-        t[3][l] = (d4 - d2) + two * (d3 - d1);
-        t[4][l] = (d4 - d2) + two * (d1 - d3);
-        t[5][l] = four * d1 - five * d3 + d5;
-    }
-    t
-}
-
-/// `B v` (6 → 6): the adjoint of the input transform.
-#[inline(always)]
-fn b<T: Float, const N: usize>(v: &Vecs<T, N, 6>) -> Vecs<T, N, 6> {
-    let (two, four, five) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(5.0));
-    let mut a = [[T::zero(); N]; 6];
-    for l in 0..N {
-        let [v0, v1, v2, v3, v4, v5] = [v[0][l], v[1][l], v[2][l], v[3][l], v[4][l], v[5][l]];
-        a[0][l] = four * v0;
-        a[1][l] = four * ((v2 - v1) + v5) + two * (v4 - v3);
-        a[2][l] = -(five * v0 + four * (v1 + v2) + (v3 + v4));
-        a[3][l] = (v1 - v2) + two * (v3 - v4) - five * v5;
-        a[4][l] = v0 + (v1 + v2) + (v3 + v4);
-        a[5][l] = v5;
-    }
-    a
-}
-
-/// `Aᵀ m` (6 → 4): the output transform.
-#[inline(always)]
-fn at<T: Float, const N: usize>(m: &Vecs<T, N, 6>) -> Vecs<T, N, 4> {
-    let (two, four, eight) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(8.0));
-    let mut o = [[T::zero(); N]; 4];
-    for l in 0..N {
-        let [m0, m1, m2, m3, m4, m5] = [m[0][l], m[1][l], m[2][l], m[3][l], m[4][l], m[5][l]];
-        let (p12, d12, p34, d34) = (m1 + m2, m1 - m2, m3 + m4, m3 - m4);
-        o[0][l] = m0 + p12 + p34;
-        o[1][l] = d12 + two * d34;
-        o[2][l] = p12 + four * p34;
-        o[3][l] = d12 + eight * d34 + m5;
-    }
-    o
-}
-
-/// `A o` (4 → 6): the adjoint of the output transform.
-#[inline(always)]
-fn a<T: Float, const N: usize>(o: &Vecs<T, N, 4>) -> Vecs<T, N, 6> {
-    let (two, four, eight) = (T::from_f64(2.0), T::from_f64(4.0), T::from_f64(8.0));
-    let mut p = [[T::zero(); N]; 6];
-    for l in 0..N {
-        let [o0, o1, o2, o3] = [o[0][l], o[1][l], o[2][l], o[3][l]];
-        let (even, odd) = (o0 + o2, o1 + o3);
-        let (even2, odd2) = (o0 + four * o2, two * o1 + eight * o3);
-        p[0][l] = o0;
-        p[1][l] = even + odd;
-        p[2][l] = even - odd;
-        p[3][l] = even2 + odd2;
-        p[4][l] = even2 - odd2;
-        p[5][l] = o3;
-    }
-    p
-}
-
-/// `G g` (3 → 6): the filter transform.
-#[inline(always)]
-fn gf<T: Float, const N: usize>(g: &Vecs<T, N, 3>) -> Vecs<T, N, 6> {
-    let (q, s, e, t) = (
-        T::from_f64(0.25),
-        T::from_f64(1.0 / 6.0),
-        T::from_f64(1.0 / 12.0),
-        T::from_f64(1.0 / 24.0),
-    );
-    let mut u = [[T::zero(); N]; 6];
-    for l in 0..N {
-        let [g0, g1, g2] = [g[0][l], g[1][l], g[2][l]];
-        let (outer, outer4) = (g0 + g2, t * g0 + s * g2);
-        u[0][l] = q * g0;
-        u[1][l] = -(s * (outer + g1));
-        u[2][l] = -(s * (outer - g1));
-        u[3][l] = outer4 + e * g1;
-        u[4][l] = outer4 - e * g1;
-        u[5][l] = g2;
-    }
-    u
-}
-
-/// `Gᵀ u` (6 → 3): the adjoint of the filter transform.
-#[inline(always)]
-fn gt<T: Float, const N: usize>(u: &Vecs<T, N, 6>) -> Vecs<T, N, 3> {
-    let (q, s, e, t) = (
-        T::from_f64(0.25),
-        T::from_f64(1.0 / 6.0),
-        T::from_f64(1.0 / 12.0),
-        T::from_f64(1.0 / 24.0),
-    );
-    let mut r = [[T::zero(); N]; 3];
-    for l in 0..N {
-        let [u0, u1, u2, u3, u4, u5] = [u[0][l], u[1][l], u[2][l], u[3][l], u[4][l], u[5][l]];
-        let (p12, p34) = (u1 + u2, u3 + u4);
-        r[0][l] = q * u0 - s * p12 + t * p34;
-        r[1][l] = s * (u2 - u1) + e * (u3 - u4);
-        r[2][l] = s * (p34 - p12) + u5;
-    }
-    r
-}
 
 /// `f` on every column of a `Q × Q` tile, then on every row: `F d Fᵀ` for the matrix `F` of
 /// `f` (`P × Q`).
@@ -191,25 +77,28 @@ fn two_d<T: Float, const N: usize, const Q: usize, const P: usize>(
     out
 }
 
-/// The tiles of a shape: `th × tw` per image, 4 × 4 outputs each (the last row and column of
+/// The tiles of a shape: `th × tw` per image, `m × m` outputs each (the last row and column of
 /// tiles cut where the image ends).
 #[derive(Clone, Copy)]
 struct Grid {
     n: usize,
     h: usize,
     w: usize,
+    m: usize,
     th: usize,
     tw: usize,
 }
 
 impl Grid {
-    fn new(sh: &ConvShape) -> Grid {
+    /// The tiles of `m × m` outputs covering `sh`'s images.
+    fn new(sh: &ConvShape, m: usize) -> Grid {
         Grid {
             n: sh.n,
             h: sh.h,
             w: sh.w,
-            th: sh.h.div_ceil(4),
-            tw: sh.w.div_ceil(4),
+            m,
+            th: sh.h.div_ceil(m),
+            tw: sh.w.div_ceil(m),
         }
     }
     fn per_image(&self) -> usize {
@@ -221,7 +110,7 @@ impl Grid {
     /// Tile `t`'s image and the top-left output pixel.
     fn origin(&self, t: usize) -> (usize, usize, usize) {
         let (img, r) = (t / self.per_image(), t % self.per_image());
-        (img, 4 * (r / self.tw), 4 * (r % self.tw))
+        (img, self.m * (r / self.tw), self.m * (r % self.tw))
     }
 }
 
@@ -286,8 +175,8 @@ fn in_tasks(count: usize, f: impl Fn(usize) + Sync) {
 /// # Safety
 /// Those places are inside `out`'s allocation and written by no other thread.
 #[inline(always)]
-unsafe fn scatter_points<T: Float, const N: usize>(
-    tile: &Tile<T, N, 6>,
+unsafe fn scatter_points<T: Float, const N: usize, const R: usize>(
+    tile: &Tile<T, N, R>,
     out: Out<T>,
     (tiles, t, ld, c0): (usize, usize, usize, usize),
 ) {
@@ -300,11 +189,11 @@ unsafe fn scatter_points<T: Float, const N: usize>(
 
 /// The points of tile `t` read from `src[(ξ · tiles + t) · ld + c0 ..]`.
 #[inline(always)]
-fn gather_points<T: Float, const N: usize>(
+fn gather_points<T: Float, const N: usize, const R: usize>(
     src: &[T],
     (tiles, t, ld, c0): (usize, usize, usize, usize),
-) -> Tile<T, N, 6> {
-    let mut tile = [[[T::zero(); N]; 6]; 6];
+) -> Tile<T, N, R> {
+    let mut tile = [[[T::zero(); N]; R]; R];
     for (xi, lanes) in tile.iter_mut().flatten().enumerate() {
         let at = (xi * tiles + t) * ld + c0;
         lanes.copy_from_slice(&src[at..at + N]);
@@ -321,7 +210,7 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| unsafe { input_tile(x, g, c, t, out, (tiles, t)) },
+        |t| unsafe { input_tile::<T, T, F4, 6, 4>(x, g, c, t, out, (tiles, t)) },
     );
 }
 
@@ -330,8 +219,8 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
 /// # Safety
 /// Those places are inside `out`'s allocation and written by no other thread.
 #[inline(always)]
-unsafe fn input_tile<T: Float>(
-    x: &[T],
+unsafe fn input_tile<T: Float, S: Lhs<T>, F: Minimal<A, M>, const A: usize, const M: usize>(
+    x: &[S],
     g: Grid,
     c: usize,
     t: usize,
@@ -340,7 +229,7 @@ unsafe fn input_tile<T: Float>(
 ) {
     let (img, oy, ox) = g.origin(t);
     by_lanes!(c, |c0, N| {
-        let mut d = [[[T::zero(); N]; 6]; 6];
+        let mut d = [[[T::zero(); N]; A]; A];
         for (a, row) in d.iter_mut().enumerate() {
             let iy = oy + a;
             if iy == 0 || iy > g.h {
@@ -352,11 +241,13 @@ unsafe fn input_tile<T: Float>(
                     continue;
                 }
                 let i = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
-                lanes.copy_from_slice(&x[i..i + N]);
+                for (l, v) in lanes.iter_mut().zip(&x[i..i + N]) {
+                    *l = v.widen();
+                }
             }
         }
         // SAFETY: the caller's contract.
-        unsafe { scatter_points(&two_d(&d, bt), out, (count, slot, c, c0)) };
+        unsafe { scatter_points(&two_d(&d, F::bt), out, (count, slot, c, c0)) };
     });
 }
 
@@ -370,7 +261,7 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| unsafe { output_gradient_tile(dy, g, k, t, out, (tiles, t)) },
+        |t| unsafe { output_gradient_tile::<T, T, F4, 6, 4>(dy, g, k, t, out, (tiles, t)) },
     );
 }
 
@@ -379,8 +270,14 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
 /// # Safety
 /// As `input_tile`.
 #[inline(always)]
-unsafe fn output_gradient_tile<T: Float>(
-    dy: &[T],
+unsafe fn output_gradient_tile<
+    T: Float,
+    D: Lhs<T>,
+    F: Minimal<A, M>,
+    const A: usize,
+    const M: usize,
+>(
+    dy: &[D],
     g: Grid,
     k: usize,
     t: usize,
@@ -389,15 +286,17 @@ unsafe fn output_gradient_tile<T: Float>(
 ) {
     let (img, oy, ox) = g.origin(t);
     by_lanes!(k, |k0, N| {
-        let mut d = [[[T::zero(); N]; 4]; 4];
+        let mut d = [[[T::zero(); N]; M]; M];
         for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
             for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
                 let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                lanes.copy_from_slice(&dy[p..p + N]);
+                for (l, v) in lanes.iter_mut().zip(&dy[p..p + N]) {
+                    *l = v.widen();
+                }
             }
         }
         // SAFETY: the caller's contract.
-        unsafe { scatter_points(&two_d(&d, a), out, (count, slot, k, k0)) };
+        unsafe { scatter_points(&two_d(&d, F::a), out, (count, slot, k, k0)) };
     });
 }
 
@@ -412,7 +311,7 @@ fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| unsafe { output_tile(m, (tiles, t), g, k, t, out) },
+        |t| unsafe { output_tile::<T, F4, 6, 4>(m, (tiles, t), g, k, t, out) },
     );
 }
 
@@ -422,7 +321,7 @@ fn output_transform<T: Float>(m: &[T], g: Grid, k: usize, y: &mut [MaybeUninit<T
 /// `out` is `y`'s allocation (`g`'s outputs, `k` channels), tile `t`'s written by no other
 /// thread.
 #[inline(always)]
-unsafe fn output_tile<T: Float>(
+unsafe fn output_tile<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
     m: &[T],
     (count, slot): (usize, usize),
     g: Grid,
@@ -432,7 +331,7 @@ unsafe fn output_tile<T: Float>(
 ) {
     let (img, oy, ox) = g.origin(t);
     by_lanes!(k, |k0, N| {
-        let ty = two_d(&gather_points::<T, N>(m, (count, slot, k, k0)), at);
+        let ty = two_d(&gather_points::<T, N, A>(m, (count, slot, k, k0)), F::at);
         for (i, row) in ty.iter().enumerate().take(g.h - oy) {
             for (j, lanes) in row.iter().enumerate().take(g.w - ox) {
                 let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
@@ -456,7 +355,7 @@ fn input_gradient_transform<T: Float>(dv: &[T], g: Grid, c: usize, dx: &mut [T])
                 #[inline(always)]
                 || {
                     for t in img * g.per_image()..(img + 1) * g.per_image() {
-                        input_gradient_tile(dv, (tiles, t), g, c, t, dx_img);
+                        input_gradient_tile::<T, F4, 6, 4>(dv, (tiles, t), g, c, t, dx_img);
                     }
                 },
             )
@@ -466,7 +365,7 @@ fn input_gradient_transform<T: Float>(dv: &[T], g: Grid, c: usize, dx: &mut [T])
 /// Adds tile `t`'s input gradient, from tile `slot` of `count` in `dv`, into its image's
 /// gradient `dx_img`.
 #[inline(always)]
-fn input_gradient_tile<T: Float>(
+fn input_gradient_tile<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
     dv: &[T],
     (count, slot): (usize, usize),
     g: Grid,
@@ -476,7 +375,7 @@ fn input_gradient_tile<T: Float>(
 ) {
     let (_, oy, ox) = g.origin(t);
     by_lanes!(c, |c0, N| {
-        let dd = two_d(&gather_points::<T, N>(dv, (count, slot, c, c0)), b);
+        let dd = two_d(&gather_points::<T, N, A>(dv, (count, slot, c, c0)), F::b);
         for (a, row) in dd.iter().enumerate() {
             let iy = oy + a;
             if iy == 0 || iy > g.h {
@@ -496,10 +395,36 @@ fn input_gradient_tile<T: Float>(
     });
 }
 
-/// `U[ξ][c][k] = (G g Gᵀ)[ξ]` for the RSCK filter `w`.
-fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
+/// How a transformed tensor (`rows` rows of `len` values at each of `points` points) is laid
+/// out: point by point (`[ξ][row]`: each point's matrix dense, `len` its leading dimension), or
+/// row by row (`[row][ξ]`: a row's points together, a transform's writes contiguous; each
+/// point's matrix at `ξ · len` with leading dimension `points · len`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Points {
+    Major,
+    Interleaved,
+}
+
+impl Points {
+    /// `(count, slot)` for `scatter_points` and `gather_points`: where row `row` of `rows` goes.
+    fn row(self, points: usize, rows: usize, row: usize) -> (usize, usize) {
+        match self {
+            Points::Major => (rows, row),
+            Points::Interleaved => (1, row * points),
+        }
+    }
+}
+
+/// `U[ξ][c][k] = (G g Gᵀ)[ξ]` for the RSCK filter `w` (laid out by `layout`).
+fn filter_transform<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
+    w: &[T],
+    c: usize,
+    k: usize,
+    u: &mut [T],
+    layout: Points,
+) {
     assert_eq!(w.len(), 9 * c * k);
-    assert_eq!(u.len(), XI * c * k);
+    assert_eq!(u.len(), A * A * c * k);
     let out = Out(u.as_mut_ptr());
     in_tasks(
         c,
@@ -513,8 +438,9 @@ fn filter_transform<T: Float>(w: &[T], c: usize, k: usize, u: &mut [T]) {
                         lanes.copy_from_slice(&w[at..at + N]);
                     }
                 }
+                let (rows, row) = layout.row(A * A, c, ci);
                 // SAFETY: row ci of every U[ξ], inside u (length checked), this task's alone.
-                unsafe { scatter_points(&two_d(&d, gf), out, (c, ci, k, k0)) };
+                unsafe { scatter_points(&two_d(&d, F::gf), out, (rows, row, k, k0)) };
             });
         },
     );
@@ -535,16 +461,23 @@ fn transpose_points<T: Float>(u: &[T], c: usize, k: usize) -> Vec<T> {
 }
 
 /// `dw = Gᵀ dU G` into the RSCK filter gradient: the adjoint of the filter transform.
-fn filter_gradient_transform<T: Float>(du: &[T], c: usize, k: usize, dw: &mut [T]) {
+fn filter_gradient_transform<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
+    du: &[T],
+    c: usize,
+    k: usize,
+    dw: &mut [T],
+    layout: Points,
+) {
     assert_eq!(dw.len(), 9 * c * k);
-    assert_eq!(du.len(), XI * c * k);
+    assert_eq!(du.len(), A * A * c * k);
     let out = Out(dw.as_mut_ptr());
     in_tasks(
         c,
         #[inline(always)]
         |ci| {
             by_lanes!(k, |k0, N| {
-                let tg = two_d(&gather_points::<T, N>(du, (c, ci, k, k0)), gt);
+                let (rows, row) = layout.row(A * A, c, ci);
+                let tg = two_d(&gather_points::<T, N, A>(du, (rows, row, k, k0)), F::gt);
                 for (r, row) in tg.iter().enumerate() {
                     for (s, lanes) in row.iter().enumerate() {
                         let at = ((r * 3 + s) * c + ci) * k + k0;
@@ -600,7 +533,7 @@ pub fn forward<T: Float>(x: &[T], w: &[T], y: &mut [MaybeUninit<T>], sh: &ConvSh
 /// across their tasks).
 fn transformed_filter<T: Float>(w: &[T], c: usize, k: usize) -> Vec<T> {
     let mut u = vec![T::zero(); XI * c * k];
-    filter_transform(w, c, k, &mut u);
+    filter_transform::<T, F4, 6, 4>(w, c, k, &mut u, Points::Major);
     u
 }
 
@@ -613,7 +546,7 @@ fn forward_by<T: Float>(
     by_block: bool,
 ) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
-    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let (g, c, k) = (Grid::new(sh, 4), sh.c, sh.k);
     if by_block {
         assert_eq!(y.len(), sh.output_len());
         return blocked::forward(x, &transformed_filter(w, c, k), y, g, (c, k));
@@ -621,7 +554,7 @@ fn forward_by<T: Float>(
     let tiles = g.tiles();
     with_buffers([XI * c * k, XI * tiles * c, XI * tiles * k], |[u, v, m]| {
         rayon::join(
-            || filter_transform(w, c, k, u),
+            || filter_transform::<T, F4, 6, 4>(w, c, k, u, Points::Major),
             || input_transform(x, g, c, v),
         );
         let (u, v) = (&*u, &*v);
@@ -668,7 +601,7 @@ unsafe fn backward_data_by<T: Float>(
     by_block: bool,
 ) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
-    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let (g, c, k) = (Grid::new(sh, 4), sh.c, sh.k);
     assert_eq!(dy.len(), sh.output_len());
     assert_eq!(dx.len(), sh.input_len());
     if by_block {
@@ -689,7 +622,7 @@ unsafe fn backward_data_by<T: Float>(
         [XI * c * k, XI * tiles * k, XI * tiles * c],
         |[u, dm, dv]| {
             rayon::join(
-                || filter_transform(w, c, k, u),
+                || filter_transform::<T, F4, 6, 4>(w, c, k, u, Points::Major),
                 || output_gradient_transform(dy, g, k, dm),
             );
             let (u, dm) = (&*u, &*dm);
@@ -717,12 +650,12 @@ pub fn backward_filter<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape
 /// `backward_filter`, block by block (`blocked`) or over the whole batch.
 fn backward_filter_by<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape, by_block: bool) {
     assert!(applies(sh), "not a Winograd shape: {}", sh.describe());
-    let (g, c, k) = (Grid::new(sh), sh.c, sh.k);
+    let (g, c, k) = (Grid::new(sh, 4), sh.c, sh.k);
     if by_block {
         assert_eq!((x.len(), dy.len()), (sh.input_len(), sh.output_len()));
         let mut du = vec![T::zero(); XI * c * k];
         blocked::backward_filter(x, dy, &mut du, g, (c, k));
-        return filter_gradient_transform(&du, c, k, dw);
+        return filter_gradient_transform::<T, F4, 6, 4>(&du, c, k, dw, Points::Major);
     }
     let tiles = g.tiles();
     with_buffers(
@@ -742,7 +675,7 @@ fn backward_filter_by<T: Float>(x: &[T], dy: &[T], dw: &mut [T], sh: &ConvShape,
                     |xi| Mat::rows(dm[xi * tiles * k..].as_ptr(), k),
                 )
             };
-            filter_gradient_transform(du, c, k, dw);
+            filter_gradient_transform::<T, F4, 6, 4>(du, c, k, dw, Points::Major);
         },
     )
 }

@@ -9,15 +9,28 @@ use roofline_collectors::timeline::{self, Span};
 use roofline_model::placement::{Coi, Energy, LayerTime, Measured, TimeBreakdown, WorkloadInfo};
 use roofline_model::si;
 
-/// What a layer computed by Winograd's algorithm says of its FLOPs.
+/// What a layer computed by Winograd's F(4×4, 3×3) (f32) says of its FLOPs.
 const WINOGRAD_NOTE: &str = "Winograd F(4×4, 3×3): the FLOPs counted are the direct convolution's, computed with up to 4× fewer multiplies (and the transforms), so the rate may pass the FMA and GEMM roofs";
 
-/// Whether the run's 3×3 stride-1 convolutions went through Winograd's algorithm: on the CPU
-/// in f32 (`conv::winograd_enabled`; bf16 products keep their GEMMs).
-fn winograd_ran(prep: &Prepared) -> bool {
-    prep.spec.device == Device::Cpu
-        && prep.spec.precision == roofline_model::Precision::F32
-        && crate::conv::winograd_enabled()
+/// What a layer computed by Winograd's F(2×2, 3×3) (bf16) says of its FLOPs.
+const WINOGRAD_BF16_NOTE: &str = "Winograd F(2×2, 3×3) in bf16 (forward and input gradient; the filter gradient too with 128 channels or more): the FLOPs counted are the direct convolution's, computed with up to 2.25× fewer multiplies (and the transforms), so the rate may pass the FMA and GEMM roofs";
+
+/// Which Winograd algorithm the run's 3×3 stride-1 convolutions went through, if any: on the
+/// CPU (`conv::winograd_enabled`), F(4×4, 3×3) in f32, F(2×2, 3×3) in bf16 on the images it
+/// covers well (`conv::winograd::half::applies_to`).
+fn winograd_ran(prep: &Prepared, size: (usize, usize)) -> Option<&'static str> {
+    if prep.spec.device != Device::Cpu || !crate::conv::winograd_enabled() {
+        return None;
+    }
+    match prep.spec.precision {
+        roofline_model::Precision::F32 => Some(WINOGRAD_NOTE),
+        roofline_model::Precision::Bf16
+            if crate::conv::winograd::half::applies_to(size.0, size.1) =>
+        {
+            Some(WINOGRAD_BF16_NOTE)
+        }
+        _ => None,
+    }
 }
 
 /// A finished training run as a measurement: its steps after `warm`, the layers' times from
@@ -122,13 +135,16 @@ pub fn measured(
             .iter()
             .map(|l| 4.0 * (local * (l.inputs + l.outputs) + 3.0 * l.params))
             .sum();
-        // The model's convolutions are padded by kernel / 2.
-        let winograd = ls.iter().any(|l| match l.kind {
-            accounting::Kind::Conv { kernel, stride, .. } => {
-                crate::conv::winograd::applies_to(kernel, stride, kernel / 2)
+        // The model's convolutions are padded by kernel / 2 (their output size is their
+        // input's where Winograd's algorithm applies: stride 1).
+        let winograd = ls.iter().find_map(|l| match l.kind {
+            accounting::Kind::Conv { kernel, stride, .. }
+                if crate::conv::winograd::applies_to(kernel, stride, kernel / 2) =>
+            {
+                winograd_ran(prep, l.size)
             }
-            _ => false,
-        }) && winograd_ran(prep);
+            _ => None,
+        });
         layers.push(LayerTime {
             name,
             seconds: t / n,
@@ -136,7 +152,7 @@ pub fn measured(
             flops,
             min_bytes: bytes,
             footprint,
-            note: winograd.then(|| WINOGRAD_NOTE.to_string()),
+            note: winograd.map(str::to_string),
         });
     }
     let flops_per_step = s.flops_step_per_image * local;

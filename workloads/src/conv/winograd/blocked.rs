@@ -11,7 +11,8 @@
 //! the filter gradient adds the batch up in another order (the tests bound the difference).
 
 use super::{
-    input_gradient_tile, input_tile, output_gradient_tile, output_tile, with_buffers, Grid, Out, XI,
+    input_gradient_tile, input_tile, output_gradient_tile, output_tile, with_buffers, Grid, Out,
+    F4, XI,
 };
 use crate::tensor::{fill_uninit, native_gemm, ordered_sum_into, simd, Float, Mat};
 use rayon::prelude::*;
@@ -90,7 +91,16 @@ pub(super) fn forward<T: Float>(
                         for slot in 0..count {
                             // SAFETY: slot's points of v (count · c per point, inside v),
                             // this thread's scratch.
-                            unsafe { input_tile(x, g, c, first + slot, vo, (count, slot)) };
+                            unsafe {
+                                input_tile::<T, T, F4, 6, 4>(
+                                    x,
+                                    g,
+                                    c,
+                                    first + slot,
+                                    vo,
+                                    (count, slot),
+                                )
+                            };
                         }
                         // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k, dense.
                         unsafe {
@@ -105,7 +115,16 @@ pub(super) fn forward<T: Float>(
                         for slot in 0..count {
                             // SAFETY: y's allocation; the tile's outputs are its own, and the
                             // image's tiles are this task's.
-                            unsafe { output_tile(m, (count, slot), g, k, first + slot, out) };
+                            unsafe {
+                                output_tile::<T, F4, 6, 4>(
+                                    m,
+                                    (count, slot),
+                                    g,
+                                    k,
+                                    first + slot,
+                                    out,
+                                )
+                            };
                         }
                     }
                 },
@@ -149,7 +168,14 @@ pub(super) unsafe fn backward_data<T: Float>(
                             for slot in 0..count {
                                 // SAFETY: as in forward.
                                 unsafe {
-                                    output_gradient_tile(dy, g, k, first + slot, mo, (count, slot))
+                                    output_gradient_tile::<T, T, F4, 6, 4>(
+                                        dy,
+                                        g,
+                                        k,
+                                        first + slot,
+                                        mo,
+                                        (count, slot),
+                                    )
                                 };
                             }
                             // SAFETY: dM[ξ] count × k, U[ξ]ᵀ k × c, dV[ξ] count × c, dense.
@@ -163,7 +189,14 @@ pub(super) unsafe fn backward_data<T: Float>(
                                 )
                             };
                             for slot in 0..count {
-                                input_gradient_tile(dv, (count, slot), g, c, first + slot, dx_img);
+                                input_gradient_tile::<T, F4, 6, 4>(
+                                    dv,
+                                    (count, slot),
+                                    g,
+                                    c,
+                                    first + slot,
+                                    dx_img,
+                                );
                             }
                         }
                     },
@@ -208,8 +241,22 @@ pub(super) fn backward_filter<T: Float>(
                         for slot in 0..count {
                             // SAFETY: as in forward.
                             unsafe {
-                                input_tile(x, g, c, first + slot, vo, (count, slot));
-                                output_gradient_tile(dy, g, k, first + slot, mo, (count, slot));
+                                input_tile::<T, T, F4, 6, 4>(
+                                    x,
+                                    g,
+                                    c,
+                                    first + slot,
+                                    vo,
+                                    (count, slot),
+                                );
+                                output_gradient_tile::<T, T, F4, 6, 4>(
+                                    dy,
+                                    g,
+                                    k,
+                                    first + slot,
+                                    mo,
+                                    (count, slot),
+                                );
                             }
                         }
                         // SAFETY: V[ξ]ᵀ c × count, dM[ξ] count × k, dU[ξ] c × k in acc: written

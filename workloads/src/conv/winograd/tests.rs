@@ -307,7 +307,7 @@ const ATM: [[f64; 6]; 4] = [
 
 /// Column `i` of the matrix a formula applies (its image of the unit vector `i`), each entry
 /// against the matrix (`transposed`: its transpose).
-fn check<const Q: usize, const P: usize, const R: usize, const C: usize>(
+pub(super) fn check<const Q: usize, const P: usize, const R: usize, const C: usize>(
     name: &str,
     f: impl Fn(&Vecs<f64, 1, Q>) -> Vecs<f64, 1, P>,
     m: &[[f64; C]; R],
@@ -331,10 +331,10 @@ fn check<const Q: usize, const P: usize, const R: usize, const C: usize>(
 /// The written-out transforms are the matrices (and their transposes, for the adjoints).
 #[test]
 fn the_formulas_are_lavin_and_grays_matrices() {
-    check("Bᵀ", bt::<f64, 1>, &BT, false);
-    check("B", b::<f64, 1>, &BT, true);
-    check("Aᵀ", at::<f64, 1>, &ATM, false);
-    check("A", a::<f64, 1>, &ATM, true);
-    check("G", gf::<f64, 1>, &GM, false);
-    check("Gᵀ", gt::<f64, 1>, &GM, true);
+    check("Bᵀ", F4::bt::<f64, 1>, &BT, false);
+    check("B", F4::b::<f64, 1>, &BT, true);
+    check("Aᵀ", F4::at::<f64, 1>, &ATM, false);
+    check("A", F4::a::<f64, 1>, &ATM, true);
+    check("G", F4::gf::<f64, 1>, &GM, false);
+    check("Gᵀ", F4::gt::<f64, 1>, &GM, true);
 }
