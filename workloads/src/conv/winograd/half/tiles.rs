@@ -28,8 +28,8 @@ unsafe fn put<const N: usize>(p: *mut f32, v: [f32; N]) {
     unsafe { (p as *mut [f32; N]).write_unaligned(v) }
 }
 
-// Lane by lane in plain loops: `std::array::from_fn` was not always inlined (perf: `try_map`
-// called for every vector).
+// Lane by lane in plain loops: `std::array::from_fn` and `map` were not always inlined (perf:
+// `try_map` called for every vector).
 
 /// `N` bf16 values widened (exactly) to f32.
 #[inline(always)]
@@ -72,7 +72,11 @@ fn column<const N: usize, const R: usize, const C: usize>(
     rows: &[[[f32; N]; C]; R],
     j: usize,
 ) -> [[f32; N]; R] {
-    rows.map(|row| row[j])
+    let mut col = [[0f32; N]; R];
+    for (c, row) in col.iter_mut().zip(rows) {
+        *c = row[j];
+    }
+    col
 }
 
 /// `Bᵀ d` (4 → 4).
@@ -137,7 +141,10 @@ pub(super) unsafe fn input(x: &[bf16], g: &Grid, c: usize, t: usize, v: *mut f32
                 *lanes = wide(&x[((img * g.h + iy - 1) * g.w + ix - 1) * c + c0..]);
             }
         }
-        let rows = d.map(bt);
+        let mut rows = [[[0f32; N]; 4]; 4];
+        for (r, row) in rows.iter_mut().zip(d) {
+            *r = bt(row);
+        }
         for j in 0..4 {
             for (i, val) in bt(column(&rows, j)).into_iter().enumerate() {
                 // SAFETY: the caller's contract.
@@ -162,7 +169,10 @@ pub(super) unsafe fn output_gradient(dy: &[bf16], g: &Grid, k: usize, t: usize, 
                 *lanes = wide(&dy[((img * g.h + oy + r) * g.w + ox + s) * k + k0..]);
             }
         }
-        let rows = d.map(a);
+        let mut rows = [[[0f32; N]; 4]; 2];
+        for (r, row) in rows.iter_mut().zip(d) {
+            *r = a(row);
+        }
         for j in 0..4 {
             for (i, val) in a(column(&rows, j)).into_iter().enumerate() {
                 // SAFETY: the caller's contract.
