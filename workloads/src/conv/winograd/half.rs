@@ -78,6 +78,16 @@ fn even(tiles: usize, tb: usize) -> usize {
     tiles.div_ceil(tiles.div_ceil(tb.max(1)).max(1)).max(1)
 }
 
+/// The 2×2 tiles of a Winograd shape.
+fn grid(sh: &ConvShape) -> Grid {
+    assert!(
+        super::applies(sh),
+        "not a Winograd shape: {}",
+        sh.describe()
+    );
+    Grid::new(sh, 2)
+}
+
 /// `T` is f32: the layers this module serves are f32 ones.
 fn assert_f32<T: 'static>() {
     assert_eq!(
@@ -223,13 +233,8 @@ fn forward_by(
     sh: &ConvShape,
     tb: usize,
 ) {
-    assert!(
-        super::applies(sh),
-        "not a Winograd shape: {}",
-        sh.describe()
-    );
     assert_eq!((x.len(), y.len()), (sh.input_len(), sh.output_len()));
-    let (g, c, k) = (Grid::new(sh, 2), sh.c, sh.k);
+    let (g, c, k) = (grid(sh), sh.c, sh.k);
     let u = packed_filter(gemm, w, (c, k), false);
     let tiles = g.tiles();
     let out = super::Out(y.as_mut_ptr() as *mut f32);
@@ -300,13 +305,8 @@ unsafe fn backward_data_by(
     accumulate: bool,
     tb: usize,
 ) {
-    assert!(
-        super::applies(sh),
-        "not a Winograd shape: {}",
-        sh.describe()
-    );
     assert_eq!((dy.len(), dx.len()), (sh.output_len(), sh.input_len()));
-    let (g, c, k) = (Grid::new(sh, 2), sh.c, sh.k);
+    let (g, c, k) = (grid(sh), sh.c, sh.k);
     let ut = packed_filter(gemm, w, (c, k), true);
     let per = g.per_image();
     // Whole images per task (neighbouring tiles' input blocks overlap), as many as leave every
@@ -386,13 +386,8 @@ fn backward_filter_by(
     sh: &ConvShape,
     tb: usize,
 ) {
-    assert!(
-        super::applies(sh),
-        "not a Winograd shape: {}",
-        sh.describe()
-    );
     assert_eq!((x.len(), dy.len()), (sh.input_len(), sh.output_len()));
-    let (g, c, k) = (Grid::new(sh, 2), sh.c, sh.k);
+    let (g, c, k) = (grid(sh), sh.c, sh.k);
     let per = g.per_image();
     // Images in a fixed number of contiguous parts, each summed in order, the parts in order.
     let parts = partitions().min(g.n);
@@ -406,8 +401,7 @@ fn backward_filter_by(
         }
         let acc = acc.as_mut_ptr() as *mut f32;
         let tb = even(t1 - t0, tb);
-        let count_max = tb.min(t1 - t0);
-        with_two(count_max * row_len(c), count_max * row_len(k), |v, dm| {
+        with_two(tb * row_len(c), tb * row_len(k), |v, dm| {
             simd(
                 #[inline(always)]
                 || {

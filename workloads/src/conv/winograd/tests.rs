@@ -307,7 +307,7 @@ const ATM: [[f64; 6]; 4] = [
 
 /// Column `i` of the matrix a formula applies (its image of the unit vector `i`), each entry
 /// against the matrix (`transposed`: its transpose).
-pub(super) fn check<const Q: usize, const P: usize, const R: usize, const C: usize>(
+fn check<const Q: usize, const P: usize, const R: usize, const C: usize>(
     name: &str,
     f: impl Fn(&Vecs<f64, 1, Q>) -> Vecs<f64, 1, P>,
     m: &[[f64; C]; R],
@@ -328,13 +328,23 @@ pub(super) fn check<const Q: usize, const P: usize, const R: usize, const C: usi
     }
 }
 
+/// `F`'s written-out transforms are the matrices `bt` (`Bᵀ`), `g` (`G`) and `at` (`Aᵀ`), and
+/// their adjoints the transposes.
+pub(super) fn check_minimal<F: Minimal<A, M>, const A: usize, const M: usize>(
+    bt: &[[f64; A]; A],
+    g: &[[f64; 3]; A],
+    at: &[[f64; A]; M],
+) {
+    check("Bᵀ", F::bt::<f64, 1>, bt, false);
+    check("B", F::b::<f64, 1>, bt, true);
+    check("Aᵀ", F::at::<f64, 1>, at, false);
+    check("A", F::a::<f64, 1>, at, true);
+    check("G", F::gf::<f64, 1>, g, false);
+    check("Gᵀ", F::gt::<f64, 1>, g, true);
+}
+
 /// The written-out transforms are the matrices (and their transposes, for the adjoints).
 #[test]
 fn the_formulas_are_lavin_and_grays_matrices() {
-    check("Bᵀ", F4::bt::<f64, 1>, &BT, false);
-    check("B", F4::b::<f64, 1>, &BT, true);
-    check("Aᵀ", F4::at::<f64, 1>, &ATM, false);
-    check("A", F4::a::<f64, 1>, &ATM, true);
-    check("G", F4::gf::<f64, 1>, &GM, false);
-    check("Gᵀ", F4::gt::<f64, 1>, &GM, true);
+    check_minimal::<F4, 6, 4>(&BT, &GM, &ATM);
 }

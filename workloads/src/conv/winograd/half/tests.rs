@@ -26,14 +26,7 @@ const ATM: [[f64; 4]; 2] = [[1.0, 1.0, 1.0, 0.0], [0.0, 1.0, -1.0, -1.0]];
 /// The written-out transforms are the matrices (and their transposes, for the adjoints).
 #[test]
 fn the_formulas_are_lavin_and_grays_matrices() {
-    use super::super::tests::check;
-    use super::super::transforms::Minimal;
-    check("Bᵀ", F2::bt::<f64, 1>, &BT, false);
-    check("B", F2::b::<f64, 1>, &BT, true);
-    check("Aᵀ", F2::at::<f64, 1>, &ATM, false);
-    check("A", F2::a::<f64, 1>, &ATM, true);
-    check("G", F2::gf::<f64, 1>, &GM, false);
-    check("Gᵀ", F2::gt::<f64, 1>, &GM, true);
+    super::super::tests::check_minimal::<F2, 4, 2>(&BT, &GM, &ATM);
 }
 
 /// The fast products where the CPU has them, else the portable ones (the same sums).
