@@ -4,8 +4,10 @@
 //! 16 multiplies per 4 outputs and channel pair where the direct sum takes 36. The transforms
 //! run in f32; the products round the transformed tiles and filter to bf16 as they pack them
 //! and sum in f32, as every bf16 product does. F(4×4, 3×3), which f32 layers use, rounded so
-//! loses ten times bf16's accuracy; F(2×2, 3×3)'s constants (1 and 1/2) cost 1.2–1.5× the
-//! direct sum's error (`scripts/winograd-bf16-error.py`; the tests bound each pass).
+//! loses ten times bf16's accuracy; F(2×2, 3×3)'s constants (1 and 1/2) cost about twice the
+//! error of direct sums of the same rounded operands (1.8–2.0× on uniform noise, pass by pass:
+//! the tests bound each; `scripts/winograd-bf16-error.py` measured 1.2–1.5× on its data).
+//! Only where it is faster than the im2col products: `applies_to`, `filter_applies_to`.
 //!
 //! The passes go in blocks of tiles whose transformed operands (f32) stay in cache between the
 //! transforms and the products; the transformed filter is packed once per call (`U[ξ]` for the
@@ -71,9 +73,8 @@ fn filter_block_tiles(c: usize, k: usize) -> usize {
     (FILTER_BLOCK_BYTES / (XI * (c + k) * 4)).max(256) / 32 * 32
 }
 
-/// `tiles` in blocks of about `tb` and equal size (the last one no shorter than the others by
-/// more than one: a short last block multiplied the whole transformed filter for a few rows):
-/// the block size.
+/// The block size that splits `tiles` into as many blocks as blocks of `tb` would, as evenly as
+/// one size can (a short last block multiplied the whole transformed filter for a few rows).
 fn even(tiles: usize, tb: usize) -> usize {
     tiles.div_ceil(tiles.div_ceil(tb.max(1)).max(1)).max(1)
 }
