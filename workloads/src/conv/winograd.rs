@@ -25,7 +25,7 @@ pub mod half;
 mod transforms;
 
 use super::ConvShape;
-use crate::tensor::{fill_uninit, native_gemm, simd, Float, Lhs, Mat};
+use crate::tensor::{fill_uninit, native_gemm, simd, Float, Mat};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use transforms::{Minimal, F4};
@@ -210,7 +210,7 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| unsafe { input_tile::<T, T, F4, 6, 4>(x, g, c, t, out, (tiles, t)) },
+        |t| unsafe { input_tile::<T, F4, 6, 4>(x, g, c, t, out, (tiles, t)) },
     );
 }
 
@@ -219,8 +219,8 @@ fn input_transform<T: Float>(x: &[T], g: Grid, c: usize, v: &mut [T]) {
 /// # Safety
 /// Those places are inside `out`'s allocation and written by no other thread.
 #[inline(always)]
-unsafe fn input_tile<T: Float, S: Lhs<T>, F: Minimal<A, M>, const A: usize, const M: usize>(
-    x: &[S],
+unsafe fn input_tile<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
+    x: &[T],
     g: Grid,
     c: usize,
     t: usize,
@@ -241,9 +241,7 @@ unsafe fn input_tile<T: Float, S: Lhs<T>, F: Minimal<A, M>, const A: usize, cons
                     continue;
                 }
                 let i = ((img * g.h + iy - 1) * g.w + ix - 1) * c + c0;
-                for (l, v) in lanes.iter_mut().zip(&x[i..i + N]) {
-                    *l = v.widen();
-                }
+                lanes.copy_from_slice(&x[i..i + N]);
             }
         }
         // SAFETY: the caller's contract.
@@ -261,7 +259,7 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
     in_tasks(
         tiles,
         #[inline(always)]
-        |t| unsafe { output_gradient_tile::<T, T, F4, 6, 4>(dy, g, k, t, out, (tiles, t)) },
+        |t| unsafe { output_gradient_tile::<T, F4, 6, 4>(dy, g, k, t, out, (tiles, t)) },
     );
 }
 
@@ -270,14 +268,8 @@ fn output_gradient_transform<T: Float>(dy: &[T], g: Grid, k: usize, dm: &mut [T]
 /// # Safety
 /// As `input_tile`.
 #[inline(always)]
-unsafe fn output_gradient_tile<
-    T: Float,
-    D: Lhs<T>,
-    F: Minimal<A, M>,
-    const A: usize,
-    const M: usize,
->(
-    dy: &[D],
+unsafe fn output_gradient_tile<T: Float, F: Minimal<A, M>, const A: usize, const M: usize>(
+    dy: &[T],
     g: Grid,
     k: usize,
     t: usize,
@@ -290,9 +282,7 @@ unsafe fn output_gradient_tile<
         for (i, row) in d.iter_mut().enumerate().take(g.h - oy) {
             for (j, lanes) in row.iter_mut().enumerate().take(g.w - ox) {
                 let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
-                for (l, v) in lanes.iter_mut().zip(&dy[p..p + N]) {
-                    *l = v.widen();
-                }
+                lanes.copy_from_slice(&dy[p..p + N]);
             }
         }
         // SAFETY: the caller's contract.

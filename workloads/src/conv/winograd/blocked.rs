@@ -92,14 +92,7 @@ pub(super) fn forward<T: Float>(
                             // SAFETY: slot's points of v (count · c per point, inside v),
                             // this thread's scratch.
                             unsafe {
-                                input_tile::<T, T, F4, 6, 4>(
-                                    x,
-                                    g,
-                                    c,
-                                    first + slot,
-                                    vo,
-                                    (count, slot),
-                                )
+                                input_tile::<T, F4, 6, 4>(x, g, c, first + slot, vo, (count, slot))
                             };
                         }
                         // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k, dense.
@@ -168,7 +161,7 @@ pub(super) unsafe fn backward_data<T: Float>(
                             for slot in 0..count {
                                 // SAFETY: as in forward.
                                 unsafe {
-                                    output_gradient_tile::<T, T, F4, 6, 4>(
+                                    output_gradient_tile::<T, F4, 6, 4>(
                                         dy,
                                         g,
                                         k,
@@ -241,15 +234,8 @@ pub(super) fn backward_filter<T: Float>(
                         for slot in 0..count {
                             // SAFETY: as in forward.
                             unsafe {
-                                input_tile::<T, T, F4, 6, 4>(
-                                    x,
-                                    g,
-                                    c,
-                                    first + slot,
-                                    vo,
-                                    (count, slot),
-                                );
-                                output_gradient_tile::<T, T, F4, 6, 4>(
+                                input_tile::<T, F4, 6, 4>(x, g, c, first + slot, vo, (count, slot));
+                                output_gradient_tile::<T, F4, 6, 4>(
                                     dy,
                                     g,
                                     k,
