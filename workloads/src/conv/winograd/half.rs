@@ -16,7 +16,7 @@
 //! filter gradient sums one part of the batch per thread, in order (as the im2col passes do).
 
 use super::transforms::F2;
-use super::{filter_gradient_transform, filter_transform, ConvShape, Grid, Points};
+use super::{filter_gradient_transform, filter_transform, with_buffers, ConvShape, Grid, Points};
 use crate::tensor::{fill_uninit, ordered_sum_into, partitions, round_bf16, simd, Float, Lhs};
 use half::bf16;
 use rayon::prelude::*;
@@ -89,43 +89,26 @@ fn grid(sh: &ConvShape) -> Grid {
     Grid::new(sh, 2)
 }
 
-/// `T` is f32: the layers this module serves are f32 ones.
-fn assert_f32<T: 'static>() {
+/// `x` as a slice of `B`, which `A` is (the layers this module serves are f32 ones).
+fn same<A: 'static, B: 'static>(x: &[A]) -> &[B] {
     assert_eq!(
-        std::any::TypeId::of::<T>(),
-        std::any::TypeId::of::<f32>(),
+        std::any::TypeId::of::<A>(),
+        std::any::TypeId::of::<B>(),
         "bf16 products serve f32 layers"
     );
+    // SAFETY: A is B.
+    unsafe { &*(x as *const [A] as *const [B]) }
 }
 
-/// `x` as f32.
-fn f32s<T: 'static>(x: &[T]) -> &[f32] {
-    assert_f32::<T>();
-    // SAFETY: T is f32.
-    unsafe { &*(x as *const [T] as *const [f32]) }
-}
-
-/// `x` as f32.
-fn f32s_mut<T: 'static, U>(x: &mut [U]) -> &mut [U::Of]
-where
-    U: Slot<T>,
-{
-    assert_f32::<T>();
-    // SAFETY: T is f32, and U is T or MaybeUninit<T> (`Slot`).
-    unsafe { &mut *(x as *mut [U] as *mut [U::Of]) }
-}
-
-/// A place of a `T`, initialised or not, and the same place of an f32.
-trait Slot<T> {
-    type Of;
-}
-
-impl<T> Slot<T> for T {
-    type Of = f32;
-}
-
-impl<T> Slot<T> for MaybeUninit<T> {
-    type Of = MaybeUninit<f32>;
+/// `same` for a mutable slice.
+fn same_mut<A: 'static, B: 'static>(x: &mut [A]) -> &mut [B] {
+    assert_eq!(
+        std::any::TypeId::of::<A>(),
+        std::any::TypeId::of::<B>(),
+        "bf16 products serve f32 layers"
+    );
+    // SAFETY: A is B.
+    unsafe { &mut *(x as *mut [A] as *mut [B]) }
 }
 
 /// `f(x)` with `x` in bf16: as it is where it is kept so, else rounded first (to the operand
@@ -203,14 +186,6 @@ unsafe fn block_products(gemm: &Bf16Gemm, rows: usize, a: &[f32], b: &[PackedB],
     }
 }
 
-/// Splits this thread's f32 scratch into two buffers of the given lengths.
-fn with_two<R>(a: usize, b: usize, f: impl FnOnce(&mut [f32], &mut [f32]) -> R) -> R {
-    <f32 as Float>::with_scratch(a + b, |all| {
-        let (x, y) = all.split_at_mut(a);
-        f(x, y)
-    })
-}
-
 /// `y = conv(x, w)` (every element of `y` written); `x` stored in `T` or bf16.
 pub fn forward<T: Float, S: Lhs<T>>(
     gemm: &Bf16Gemm,
@@ -219,7 +194,7 @@ pub fn forward<T: Float, S: Lhs<T>>(
     y: &mut [MaybeUninit<T>],
     sh: &ConvShape,
 ) {
-    let (w, y) = (f32s(w), f32s_mut::<T, _>(y));
+    let (w, y) = (same(w), same_mut::<MaybeUninit<T>, MaybeUninit<f32>>(y));
     in_bf16(x, |x| {
         forward_by(gemm, x, w, y, sh, block_tiles(sh.c, sh.k))
     })
@@ -242,33 +217,36 @@ fn forward_by(
     let tb = even(tiles, tb);
     (0..tiles.div_ceil(tb)).into_par_iter().for_each(|blk| {
         let (first, count) = (blk * tb, tb.min(tiles - blk * tb));
-        with_two(count * row_len(c), count * row_len(k), |v, m| {
-            simd(
-                #[inline(always)]
-                || {
-                    for slot in 0..count {
-                        let vo = v[slot * row_len(c)..].as_mut_ptr();
-                        // SAFETY: slot's row of v, inside it.
-                        unsafe { tiles::input(x, &g, c, first + slot, vo) };
-                    }
-                    // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k.
-                    unsafe { block_products(gemm, count, v, &u, m) };
-                    for slot in 0..count {
-                        // SAFETY: slot's row of m; y's allocation, each tile's outputs its
-                        // block's alone.
-                        unsafe {
-                            tiles::output(
-                                m[slot * row_len(k)..].as_ptr(),
-                                &g,
-                                k,
-                                first + slot,
-                                out.at(0),
-                            )
-                        };
-                    }
-                },
-            )
-        })
+        with_buffers(
+            [count * row_len(c), count * row_len(k)],
+            |[v, m]: [&mut [f32]; 2]| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for slot in 0..count {
+                            let vo = v[slot * row_len(c)..].as_mut_ptr();
+                            // SAFETY: slot's row of v, inside it.
+                            unsafe { tiles::input(x, &g, c, first + slot, vo) };
+                        }
+                        // SAFETY: V[ξ] count × c, U[ξ] c × k, M[ξ] count × k.
+                        unsafe { block_products(gemm, count, v, &u, m) };
+                        for slot in 0..count {
+                            // SAFETY: slot's row of m; y's allocation, each tile's outputs its
+                            // block's alone.
+                            unsafe {
+                                tiles::output(
+                                    m[slot * row_len(k)..].as_ptr(),
+                                    &g,
+                                    k,
+                                    first + slot,
+                                    out.at(0),
+                                )
+                            };
+                        }
+                    },
+                )
+            },
+        )
     });
 }
 
@@ -285,7 +263,7 @@ pub unsafe fn backward_data<T: Float, D: Lhs<T>>(
     sh: &ConvShape,
     accumulate: bool,
 ) {
-    let (w, dx) = (f32s(w), f32s_mut::<T, _>(dx));
+    let (w, dx) = (same(w), same_mut::<MaybeUninit<T>, MaybeUninit<f32>>(dx));
     let tb = block_tiles(sh.c, sh.k);
     // SAFETY: the caller's contract.
     in_bf16(dy, |dy| unsafe {
@@ -327,38 +305,41 @@ unsafe fn backward_data_by(
             let t0 = task * images * per;
             let t1 = t0 + dx_t.len() / image_len * per;
             let tb = even(t1 - t0, tb);
-            with_two(tb * row_len(k), tb * row_len(c), |dm, dv| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        for first in (t0..t1).step_by(tb) {
-                            let count = tb.min(t1 - first);
-                            for slot in 0..count {
-                                let mo = dm[slot * row_len(k)..].as_mut_ptr();
-                                // SAFETY: slot's row of dm, inside it.
-                                unsafe { tiles::output_gradient(dy, &g, k, first + slot, mo) };
+            with_buffers(
+                [tb * row_len(k), tb * row_len(c)],
+                |[dm, dv]: [&mut [f32]; 2]| {
+                    simd(
+                        #[inline(always)]
+                        || {
+                            for first in (t0..t1).step_by(tb) {
+                                let count = tb.min(t1 - first);
+                                for slot in 0..count {
+                                    let mo = dm[slot * row_len(k)..].as_mut_ptr();
+                                    // SAFETY: slot's row of dm, inside it.
+                                    unsafe { tiles::output_gradient(dy, &g, k, first + slot, mo) };
+                                }
+                                // SAFETY: dM[ξ] count × k, U[ξ]ᵀ k × c, dV[ξ] count × c.
+                                unsafe { block_products(gemm, count, dm, &ut, dv) };
+                                for slot in 0..count {
+                                    let t = first + slot;
+                                    let img = t / per - task * images;
+                                    let dx_img = &mut dx_t[img * image_len..(img + 1) * image_len];
+                                    // SAFETY: slot's row of dv.
+                                    unsafe {
+                                        tiles::input_gradient(
+                                            dv[slot * row_len(c)..].as_ptr(),
+                                            &g,
+                                            c,
+                                            t,
+                                            dx_img,
+                                        )
+                                    };
+                                }
                             }
-                            // SAFETY: dM[ξ] count × k, U[ξ]ᵀ k × c, dV[ξ] count × c.
-                            unsafe { block_products(gemm, count, dm, &ut, dv) };
-                            for slot in 0..count {
-                                let t = first + slot;
-                                let img = t / per - task * images;
-                                let dx_img = &mut dx_t[img * image_len..(img + 1) * image_len];
-                                // SAFETY: slot's row of dv.
-                                unsafe {
-                                    tiles::input_gradient(
-                                        dv[slot * row_len(c)..].as_ptr(),
-                                        &g,
-                                        c,
-                                        t,
-                                        dx_img,
-                                    )
-                                };
-                            }
-                        }
-                    },
-                )
-            })
+                        },
+                    )
+                },
+            )
         });
 }
 
@@ -372,7 +353,7 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
     sh: &ConvShape,
 ) {
     let tb = filter_block_tiles(sh.c, sh.k);
-    let dw = f32s_mut::<T, _>(dw);
+    let dw = same_mut(dw);
     in_bf16(x, |x| {
         in_bf16(dy, |dy| backward_filter_by(gemm, x, dy, dw, sh, tb))
     })
@@ -402,45 +383,48 @@ fn backward_filter_by(
         }
         let acc = acc.as_mut_ptr() as *mut f32;
         let tb = even(t1 - t0, tb);
-        with_two(tb * row_len(c), tb * row_len(k), |v, dm| {
-            simd(
-                #[inline(always)]
-                || {
-                    for first in (t0..t1).step_by(tb) {
-                        let count = tb.min(t1 - first);
-                        for slot in 0..count {
-                            let vo = v[slot * row_len(c)..].as_mut_ptr();
-                            let mo = dm[slot * row_len(k)..].as_mut_ptr();
-                            // SAFETY: slot's rows of v and dm, inside them.
-                            unsafe {
-                                tiles::input(x, &g, c, first + slot, vo);
-                                tiles::output_gradient(dy, &g, k, first + slot, mo);
+        with_buffers(
+            [tb * row_len(c), tb * row_len(k)],
+            |[v, dm]: [&mut [f32]; 2]| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for first in (t0..t1).step_by(tb) {
+                            let count = tb.min(t1 - first);
+                            for slot in 0..count {
+                                let vo = v[slot * row_len(c)..].as_mut_ptr();
+                                let mo = dm[slot * row_len(k)..].as_mut_ptr();
+                                // SAFETY: slot's rows of v and dm, inside them.
+                                unsafe {
+                                    tiles::input(x, &g, c, first + slot, vo);
+                                    tiles::output_gradient(dy, &g, k, first + slot, mo);
+                                }
+                            }
+                            for xi in 0..XI {
+                                let (vx, mx) = (v[xi * c..].as_ptr(), dm[xi * k..].as_ptr());
+                                // SAFETY: V[ξ]ᵀ c × count, dM[ξ] count × k (tile by tile, `row_len`),
+                                // dU[ξ] c × k in acc (row by row, leading dimension 16·k):
+                                // written over by the part's first block (never read before),
+                                // added to by the others.
+                                unsafe {
+                                    gemm.gemm(
+                                        c,
+                                        k,
+                                        count,
+                                        acc.add(xi * k),
+                                        XI * k,
+                                        first > t0,
+                                        Operand::transposed(vx, row_len(c)),
+                                        Operand::rows(mx, row_len(k)),
+                                        false,
+                                    )
+                                };
                             }
                         }
-                        for xi in 0..XI {
-                            let (vx, mx) = (v[xi * c..].as_ptr(), dm[xi * k..].as_ptr());
-                            // SAFETY: V[ξ]ᵀ c × count, dM[ξ] count × k (tile by tile, `row_len`),
-                            // dU[ξ] c × k in acc (row by row, leading dimension 16·k):
-                            // written over by the part's first block (never read before),
-                            // added to by the others.
-                            unsafe {
-                                gemm.gemm(
-                                    c,
-                                    k,
-                                    count,
-                                    acc.add(xi * k),
-                                    XI * k,
-                                    first > t0,
-                                    Operand::transposed(vx, row_len(c)),
-                                    Operand::rows(mx, row_len(k)),
-                                    false,
-                                )
-                            };
-                        }
-                    }
-                },
-            )
-        })
+                    },
+                )
+            },
+        )
     });
     filter_gradient_transform::<f32, F2, 4, 2>(&du, c, k, dw, Points::Interleaved);
 }
