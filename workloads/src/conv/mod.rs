@@ -121,9 +121,10 @@ fn winograd_operand<'a, T: Float, S: 'static>(sh: &ConvShape, x: &'a [S]) -> Opt
 }
 
 /// The bf16 products where a pass of a convolution of this shape goes through Winograd's
-/// F(2×2, 3×3) (`winograd::half`): a 3×3 stride-1 layer of f32 tensors whose products are bf16,
-/// on images the tiles cover well (`half::applies_to`; for the filter gradient, `filter`, with
-/// enough channels: `half::filter_applies_to`), unless `ROOFLINE_CONV=im2col`.
+/// F(2×2, 3×3) (`winograd::half`): a 3×3 stride-1 layer of f32 tensors whose products are bf16
+/// and not on AMX (`half::pays_with`), on images the tiles cover well (`half::applies_to`; for
+/// the filter gradient, `filter`, with enough channels: `half::filter_applies_to`), unless
+/// `ROOFLINE_CONV=im2col`.
 fn half_winograd<T: 'static>(sh: &ConvShape, filter: bool) -> Option<Bf16Gemm> {
     let shape = if filter {
         winograd::half::filter_applies_to(sh.h, sh.w, sh.c, sh.k)
@@ -133,6 +134,7 @@ fn half_winograd<T: 'static>(sh: &ConvShape, filter: bool) -> Option<Bf16Gemm> {
     match products() {
         Products::Bf16(g)
             if std::any::TypeId::of::<T>() == std::any::TypeId::of::<f32>()
+                && winograd::half::pays_with(g.path())
                 && winograd_enabled()
                 && winograd::applies(sh)
                 && shape =>

@@ -16,8 +16,9 @@ const WINOGRAD_NOTE: &str = "Winograd F(4×4, 3×3): the FLOPs counted are the d
 const WINOGRAD_BF16_NOTE: &str = "Winograd F(2×2, 3×3) in bf16 (forward and input gradient; the filter gradient too with 128 channels or more): the FLOPs counted are the direct convolution's, computed with up to 2.25× fewer multiplies (and the transforms), so the rate may pass the FMA and GEMM roofs";
 
 /// Which Winograd algorithm the run's 3×3 stride-1 convolutions went through, if any: on the
-/// CPU (`conv::winograd_enabled`), F(4×4, 3×3) in f32, F(2×2, 3×3) in bf16 on the images it
-/// covers well (`conv::winograd::half::applies_to`).
+/// CPU (`conv::winograd_enabled`), F(4×4, 3×3) in f32, F(2×2, 3×3) in bf16 without AMX on the
+/// images it covers well (`conv::winograd::half::{pays_with, applies_to}`; the products' path
+/// is the one `train` detects).
 fn winograd_ran(prep: &Prepared, size: (usize, usize)) -> Option<&'static str> {
     if prep.spec.device != Device::Cpu || !crate::conv::winograd_enabled() {
         return None;
@@ -25,7 +26,9 @@ fn winograd_ran(prep: &Prepared, size: (usize, usize)) -> Option<&'static str> {
     match prep.spec.precision {
         roofline_model::Precision::F32 => Some(WINOGRAD_NOTE),
         roofline_model::Precision::Bf16
-            if crate::conv::winograd::half::applies_to(size.0, size.1) =>
+            if crate::conv::winograd::half::applies_to(size.0, size.1)
+                && roofline_kernels::cpu::bf16::Bf16Gemm::detect()
+                    .is_ok_and(|g| crate::conv::winograd::half::pays_with(g.path())) =>
         {
             Some(WINOGRAD_BF16_NOTE)
         }

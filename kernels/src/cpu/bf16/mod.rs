@@ -164,6 +164,17 @@ impl Bf16Gemm {
         self.path
     }
 
+    /// The same products on `vdpbf16ps` where these ran on AMX tiles (other paths unchanged):
+    /// for callers and tests that need the vector kernels on any CPU with AVX512_BF16.
+    pub fn without_amx(self) -> Bf16Gemm {
+        Bf16Gemm {
+            path: match self.path {
+                Path::Amx => Path::Avx512Bf16,
+                p => p,
+            },
+        }
+    }
+
     /// `c[m×n] (+)= a[m×k] · b[k×n]` with a and b rounded to bf16, products and sums in f32;
     /// `c` row-major with leading dimension `ldc`, added to when `accumulate`. `parallel` spreads
     /// the work over the current rayon pool.

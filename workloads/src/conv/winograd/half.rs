@@ -7,7 +7,8 @@
 //! loses ten times bf16's accuracy; F(2×2, 3×3)'s constants (1 and 1/2) cost about twice the
 //! error of direct sums of the same rounded operands (1.8–2.0× on uniform noise, pass by pass:
 //! the tests bound each; `scripts/winograd-bf16-error.py` measured 1.2–1.5× on its data).
-//! Only where it is faster than the im2col products: `applies_to`, `filter_applies_to`.
+//! Only where it is faster than the im2col products: `pays_with` (not on AMX), `applies_to`,
+//! `filter_applies_to`.
 //!
 //! The passes go in blocks of tiles whose transformed operands (f32) stay in cache between the
 //! transforms and the products; the transformed filter is packed once per call (`U[ξ]` for the
@@ -20,7 +21,7 @@ use super::{filter_gradient_transform, filter_transform, with_buffers, ConvShape
 use crate::tensor::{fill_uninit, ordered_sum_into, partitions, round_bf16, simd, Float, Lhs};
 use half::bf16;
 use rayon::prelude::*;
-use roofline_kernels::cpu::bf16::{Bf16Gemm, Operand, PackedB, MR};
+use roofline_kernels::cpu::bf16::{Bf16Gemm, Operand, PackedB, Path, MR};
 use std::mem::MaybeUninit;
 
 /// Points of the transform domain (4 × 4).
@@ -32,6 +33,17 @@ const XI: usize = 16;
 /// would all share a set of L1).
 fn row_len(width: usize) -> usize {
     XI * width + 16
+}
+
+/// Whether F(2×2, 3×3) can pay with products on `path`: on `vdpbf16ps` (and the portable
+/// kernels), yes; on AMX tiles, no: there the products run faster than `vdpbf16ps` can at all
+/// (`cpu/gemm/bf16/t1` 806 GFLOP/s on one Emerald Rapids core, 2.4 times `vdpbf16ps`'s peak at
+/// its 2.6 GHz), so the f32 transforms cost more than the multiplies saved. On 16 such cores
+/// (`place --workload resnet50 --batch 32 --precision bf16`, interleaved, ms a step), with
+/// AMX: F(2×2) 971–1026 against im2col's 920–955 (layer3 conv2 131–147 against 103–113); with
+/// `ROOFLINE_AMX=0`: F(2×2) 1545–1572 against 1746–1783 (layer3 conv2 192–206 against 257–265).
+pub fn pays_with(path: Path) -> bool {
+    path != Path::Amx
 }
 
 /// Whether the forward and input-gradient passes of a 3×3 stride-1 layer with bf16 products

@@ -220,12 +220,14 @@ fn threads_storage_and_dispatch_change_no_bit() {
     let one = run(1);
     assert!(run(3) == one, "three threads");
 
-    let pool = crate::tensor::bf16_pool();
+    // On the vector kernels, which F(2×2) is for (on AMX, conv's passes stay on im2col).
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    let gemm = gemm.without_amx();
+    crate::tensor::set_products(&pool, crate::tensor::Products::Bf16(gemm));
     pool.install(|| {
-        let gemm = match crate::tensor::products() {
-            crate::tensor::Products::Bf16(g) => g,
-            crate::tensor::Products::Native => panic!("not a bf16 pool"),
-        };
         let (mut a, mut b) = (vec![0f32; sh.output_len()], vec![0f32; sh.output_len()]);
         let (mut da, mut db) = (vec![0f32; sh.input_len()], vec![0f32; sh.input_len()]);
         let (mut wa, mut wb) = (vec![0f32; sh.weight_len()], vec![0f32; sh.weight_len()]);
@@ -301,9 +303,11 @@ fn the_written_out_tiles_are_the_generic_transforms() {
 }
 
 /// The shapes the passes take: ResNet-50's 56², 28², 14² images, not its 7² ones; the filter
-/// gradient with 128 channels or more.
+/// gradient with 128 channels or more; products on the vector kernels, not on AMX.
 #[test]
 fn the_rules_take_the_shapes_measured_faster() {
+    assert!(pays_with(Path::Avx512Bf16) && pays_with(Path::Portable));
+    assert!(!pays_with(Path::Amx));
     for side in [56, 28, 14] {
         assert!(applies_to(side, side), "{side}");
         assert!(filter_applies_to(side, side, 128, 128), "{side}");
