@@ -269,9 +269,10 @@ impl<T: Float> ResNet<T> {
     /// forward includes the normalisation. The batch norm keeps its input for the backward
     /// pass when training. The max pool's output is kept as the blocks' are (`Act::kept`: in
     /// bf16 in bf16 training, rounded once for layer1.0's conv1 and projection).
+    /// The image goes in as the activations are kept (`Act::of`: in bf16 in bf16 training, which
+    /// the products would round it to anyway), so that the stem's patches are bf16 too.
     fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Act<T> {
-        let x = Arc::new(x.clone());
-        let s = timed(FWD, name("conv1"), || self.stem.forward(&x));
+        let s = timed(FWD, name("conv1"), || self.stem.forward_act(&Act::of(x)));
         let (a, d) = timed(FWD, name("bn1+relu"), || self.stem_bn.relu_maps(&s, train));
         let h = timed(FWD, name("maxpool"), || {
             Act::kept(self.pool.forward_relu_affine(&s, &a, &d))
@@ -283,14 +284,15 @@ impl<T: Float> ResNet<T> {
     }
 
     /// The stem's gradients from that of the max pool's output. The input image needs no
-    /// gradient: only the filter gradient of the stem convolution.
+    /// gradient: only the filter gradient of the stem convolution, from the output gradient
+    /// kept as the blocks keep theirs (in bf16 in bf16 training).
     fn stem_backward(&mut self, d: &Tensor<T>) {
         let ds = timed(BWD, name("maxpool"), || self.pool.backward(d));
         let dstem = timed(BWD, name("bn1+relu"), || {
-            self.stem_bn.backward_relu_recomputed(&ds)
+            self.stem_bn.backward_relu_recomputed_act(&ds)
         });
         timed(BWD, name("conv1"), || {
-            self.stem.backward_filter_only(&dstem)
+            self.stem.backward_filter_only_act(&dstem)
         });
     }
 
@@ -493,6 +495,14 @@ impl<T: Float> Conv2d<T> {
     /// The filter gradient alone (for a layer whose input needs no gradient).
     pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
         self.filter_gradient(&dy.data);
+    }
+
+    /// `backward_filter_only` from an output gradient kept in either precision.
+    pub fn backward_filter_only_act(&mut self, dy: &Act<T>) {
+        match dy {
+            Act::Full(t) => self.filter_gradient(&t.data),
+            Act::Half(t) => self.filter_gradient(&t.data),
+        };
     }
 }
 

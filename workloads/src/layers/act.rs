@@ -46,6 +46,19 @@ impl<T: Float> Act<T> {
         if !half_activations::<T>() {
             return Act::Full(Arc::new(t));
         }
+        Act::rounded(&t)
+    }
+
+    /// `kept` of a tensor the caller keeps: a copy, or its bf16 rounding (no f32 copy).
+    pub fn of(t: &Tensor<T>) -> Act<T> {
+        if !half_activations::<T>() {
+            return Act::Full(Arc::new(t.clone()));
+        }
+        Act::rounded(t)
+    }
+
+    /// `t` rounded to bf16.
+    fn rounded(t: &Tensor<T>) -> Act<T> {
         let len = t.len();
         let mut data: Vec<bf16> = Vec::with_capacity(len);
         data.spare_capacity_mut()[..len]
@@ -139,6 +152,22 @@ impl<T: Float> BatchNorm<T> {
         );
         // The empty output is never read: `gate` puts the kept map in its place.
         self.backward_masked(dy, Gate::<T, T>::Output(&[]))
+    }
+
+    /// `backward_relu_recomputed`, its input gradient kept in bf16 where the activations are
+    /// (`half_activations`), as `backward_relu_act` keeps it: a convolution's output gradient,
+    /// which its products round to bf16 anyway.
+    pub(crate) fn backward_relu_recomputed_act(&mut self, dy: &Tensor<T>) -> Act<T> {
+        if !half_activations::<T>() {
+            return Act::Full(Arc::new(self.backward_relu_recomputed(dy)));
+        }
+        assert!(
+            self.relu_affine.is_some(),
+            "{}: backward without a kept map (keep_relu_input)",
+            self.gamma.name
+        );
+        // The empty output is never read: `gate` puts the kept map in its place.
+        self.backward_half(dy, Gate::<T, T>::Output(&[]))
     }
 
     /// `backward_act` for a `forward_relu` output.

@@ -544,6 +544,47 @@ fn half_batch_norm_rounds_the_f32_values_block_by_block() {
     });
 }
 
+/// The stem's path in bf16: the image kept in bf16 (`Act::of`) gives the convolution's output
+/// and filter gradient the bits of the f32 image, and the batch norm's input gradient through
+/// the recomputed ReLU mask (`backward_relu_recomputed_act`, no output kept) rounds exactly the
+/// f32 pass's values. Without bf16 products both stay f32.
+#[test]
+fn half_stem_rounds_the_f32_values() {
+    let x = f32s(rand_tensor(2, 9, 8, 3, 71));
+    let dy = f32s(rand_tensor(2, 5, 4, 16, 72));
+    let mut rng = Rng::new(73);
+    let conv = Conv2d::<f32>::new("s", 3, 16, 7, 2, 3, &mut rng);
+    let run = |act: Act<f32>| {
+        let mut c = Conv2d::<f32>::new("s", 3, 16, 7, 2, 3, &mut Rng::new(73));
+        c.weight.value = conv.weight.value.clone();
+        let s = c.forward_act(&act);
+        let mut b = BatchNorm::<f32>::new("b", 16, 0.8);
+        let map = b.relu_maps(&s, true);
+        b.keep_relu_input(s.clone(), map);
+        (c, b, s)
+    };
+    bf16_pool().install(|| {
+        let h = Act::of(&x);
+        assert!(matches!(h, Act::Half(_)), "the image in bf16");
+        let (mut c1, mut b1, s1) = run(Act::Full(Arc::new(x.clone())));
+        let (mut c2, mut b2, s2) = run(h);
+        assert_eq!(s1, s2, "forward");
+        let g1 = b1.backward_relu_recomputed(&dy);
+        let g2 = b2.backward_relu_recomputed_act(&dy);
+        let Act::Half(g2h) = &g2 else {
+            panic!("bf16 products keep bf16 gradients")
+        };
+        assert_eq!(g2h.data, rounded(&g1.data), "batch norm's input gradient");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        c1.backward_filter_only(&g1);
+        c2.backward_filter_only_act(&g2);
+        assert_eq!(c1.weight.grad, c2.weight.grad, "filter gradient");
+    });
+    assert!(matches!(Act::of(&x), Act::Full(_)), "f32 products keep f32");
+    let (_, mut b, _) = run(Act::of(&x));
+    assert!(matches!(b.backward_relu_recomputed_act(&dy), Act::Full(_)));
+}
+
 /// A block's end kept in bf16 (`forward_add_relu_act` with bf16 products) rounds exactly the
 /// f32 pass's values, with its identity shortcut read from bf16 (the last block's output) or
 /// a projection, in several blocks of rows per chunk; its backward pass reads the ReLU's mask
