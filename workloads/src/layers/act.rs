@@ -142,14 +142,19 @@ impl<T: Float> BatchNorm<T> {
         self.relu_affine = Some(map);
     }
 
-    /// The backward pass after `relu_maps` and `keep_relu_input`: the ReLU's mask recomputed
-    /// from the kept input and map (there is no output to read).
-    pub(crate) fn backward_relu_recomputed(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+    /// A backward pass that recomputes the ReLU's mask needs the map `keep_relu_input` kept.
+    fn assert_kept_map(&self) {
         assert!(
             self.relu_affine.is_some(),
             "{}: backward without a kept map (keep_relu_input)",
             self.gamma.name
         );
+    }
+
+    /// The backward pass after `relu_maps` and `keep_relu_input`: the ReLU's mask recomputed
+    /// from the kept input and map (there is no output to read).
+    pub(crate) fn backward_relu_recomputed(&mut self, dy: &Tensor<T>) -> Tensor<T> {
+        self.assert_kept_map();
         // The empty output is never read: `gate` puts the kept map in its place.
         self.backward_masked(dy, Gate::<T, T>::Output(&[]))
     }
@@ -161,11 +166,7 @@ impl<T: Float> BatchNorm<T> {
         if !half_activations::<T>() {
             return Act::Full(Arc::new(self.backward_relu_recomputed(dy)));
         }
-        assert!(
-            self.relu_affine.is_some(),
-            "{}: backward without a kept map (keep_relu_input)",
-            self.gamma.name
-        );
+        self.assert_kept_map();
         // The empty output is never read: `gate` puts the kept map in its place.
         self.backward_half(dy, Gate::<T, T>::Output(&[]))
     }
