@@ -155,7 +155,12 @@ impl<T: Float> Bottleneck<T> {
         c
     }
 
-    fn backward(&mut self, d: Tensor<T>) -> Tensor<T> {
+    /// The block's input gradient from its output's, `d`. In bf16 training the shortcut
+    /// gradient goes from block to block in bf16 (`Act::Half`): an identity block's first
+    /// convolution adds its input gradient into it (`Conv2d::backward_add_half`), and a
+    /// projection block rounds its sum when `half_out` (not for the first block, whose input
+    /// gradient the max pool reads in f32).
+    fn backward(&mut self, d: Act<T>, half_out: bool) -> Act<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
         // Spans named as the forward pass's fused ones, so that the placement has one row for
@@ -178,12 +183,29 @@ impl<T: Float> Bottleneck<T> {
         let g = timed(BWD, f("bn1+relu1"), || {
             self.bn1.backward_relu_act(&da, &self.a1)
         });
-        let mut dx = match &mut self.down {
-            Some((conv, _)) => timed(BWD, f("downsample.0"), || conv.backward(&ds)),
-            None => ds,
-        };
-        timed(BWD, f("conv1"), || self.conv1.backward_add(&g, &mut dx));
-        dx
+        match (&mut self.down, ds) {
+            (Some((conv, _)), ds) => {
+                let mut dx = timed(BWD, f("downsample.0"), || conv.backward_act(&ds));
+                timed(BWD, f("conv1"), || self.conv1.backward_add(&g, &mut dx));
+                if half_out {
+                    Act::kept(dx)
+                } else {
+                    Act::Full(Arc::new(dx))
+                }
+            }
+            (None, Act::Half(ds)) => {
+                let mut dx = Arc::unwrap_or_clone(ds);
+                timed(BWD, f("conv1"), || {
+                    self.conv1.backward_add_half(&g, &mut dx)
+                });
+                Act::Half(Arc::new(dx))
+            }
+            (None, ds) => {
+                let mut dx = ds.into_full();
+                timed(BWD, f("conv1"), || self.conv1.backward_add(&g, &mut dx));
+                Act::Full(Arc::new(dx))
+            }
+        }
     }
 
     fn params(&mut self) -> Vec<&mut Param<T>> {
@@ -320,25 +342,26 @@ impl<T: Float> ResNet<T> {
     /// (after `forward_features` in training mode); the classifier is not used.
     pub fn backward_features(&mut self, mut d: Vec<Tensor<T>>) {
         assert_eq!(d.len(), 4, "one gradient per stage");
-        let mut g: Option<Tensor<T>> = None;
+        let mut g: Option<Act<T>> = None;
         let mut end = self.blocks.len();
         for stage in (0..4).rev() {
             let ds = d.pop().expect("four stages");
             let mut cur = match g.take() {
-                Some(mut x) => {
+                Some(x) => {
+                    let mut x = x.into_full();
                     add_into(&mut x, &ds);
-                    x
+                    Act::Full(Arc::new(x))
                 }
-                None => ds,
+                None => Act::Full(Arc::new(ds)),
             };
             let n = self.config.blocks[stage];
-            for b in self.blocks[end - n..end].iter_mut().rev() {
-                cur = b.backward(cur);
+            for (i, b) in self.blocks[end - n..end].iter_mut().enumerate().rev() {
+                cur = b.backward(cur, end - n + i > 0);
             }
             end -= n;
             g = Some(cur);
         }
-        self.stem_backward(&g.expect("a gradient"));
+        self.stem_backward(&g.expect("a gradient").into_full());
     }
 
     /// Logits for an NHWC batch of 3-channel images.
@@ -369,12 +392,13 @@ impl<T: Float> ResNet<T> {
         let dp = timed(BWD, name("fc"), || self.fc.backward(dlogits));
         ready(vec![&mut self.fc.weight, &mut self.fc.bias]);
         let (h, w) = self.last_hw;
-        let mut d = timed(BWD, name("avgpool"), || avgpool_backward(&dp, h, w));
-        for b in self.blocks.iter_mut().rev() {
-            d = b.backward(d);
+        let d = timed(BWD, name("avgpool"), || avgpool_backward(&dp, h, w));
+        let mut d = Act::Full(Arc::new(d));
+        for (i, b) in self.blocks.iter_mut().enumerate().rev() {
+            d = b.backward(d, i > 0);
             ready(b.params());
         }
-        self.stem_backward(&d);
+        self.stem_backward(&d.into_full());
         ready(Self::stem_params(&mut self.stem, &mut self.stem_bn).into());
     }
 

@@ -10,8 +10,8 @@ mod taps;
 pub mod winograd;
 
 use crate::tensor::{
-    as_uninit, fill_uninit, gemm_mixed, gemm_rhs_first, long_on_own, ordered_sum_into, partitions,
-    products, Float, Lhs, Mat, Products, Rhs,
+    as_uninit, bf16, fill_uninit, gemm_mixed, gemm_rhs_first, long_on_own, ordered_sum_into,
+    partitions, products, round_bf16, Float, Lhs, Mat, Products, Rhs,
 };
 use rayon::prelude::*;
 use roofline_kernels::cpu::bf16::Bf16Gemm;
@@ -279,6 +279,73 @@ pub fn backward_data_into<T: Float, D: Lhs<T>>(
 pub fn backward_data_add<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], dx: &mut [T], sh: &ConvShape) {
     // SAFETY: dx is initialised, and the products and col2im write only computed values.
     unsafe { backward_data_impl(dy, w, as_uninit(dx), sh, true) }
+}
+
+/// `backward_data_add` into an input gradient kept in bf16 (a residual block's shortcut
+/// gradient in bf16 training): each block of rows of the products goes into f32 scratch, the
+/// kept value is added there and the sum rounded once — half the bytes of the f32 gradient's
+/// read and write, the sum as the f32 products' (`old + new` in f32), rounded.
+pub fn backward_data_add_half<T: Float, D: Lhs<T>>(
+    dy: &[D],
+    w: &[T],
+    dx: &mut [bf16],
+    sh: &ConvShape,
+) {
+    check_lengths::<T>(sh, dx.len(), w.len(), dy.len());
+    let (depth, k) = (sh.depth(), sh.k);
+    if !pointwise(sh) {
+        // Not a bottleneck's first convolution: the gradient whole, then added.
+        let mut full = vec![T::zero(); dx.len()];
+        backward_data(dy, w, &mut full, sh);
+        full.par_chunks_mut(1 << 14)
+            .zip(dx.par_chunks_mut(1 << 14))
+            .for_each(|(s, d)| add_round(s, d));
+        return;
+    }
+    // SAFETY: w is depth × k, alive and unchanged while the Rhs are used; so is wt below.
+    let packed = unsafe { Rhs::new(k, depth, Mat::transposed(w.as_ptr(), k)) };
+    let wt;
+    let wb = if packed.is_packed() {
+        packed
+    } else {
+        wt = transpose(w, depth, k);
+        unsafe { Rhs::new(k, depth, Mat::rows(wt.as_ptr(), depth)) }
+    };
+    let mb = block_rows::<T>(depth);
+    dx.par_chunks_mut(mb * depth)
+        .enumerate()
+        .for_each(|(t, dxb)| {
+            let rows = dxb.len() / depth;
+            T::with_scratch(rows * depth, |buf| {
+                // SAFETY: dy rows × k from row t·mb, wᵀ k × depth, buf rows × depth.
+                unsafe {
+                    D::gemm_rhs(
+                        &wb,
+                        rows,
+                        buf.as_mut_ptr(),
+                        depth,
+                        false,
+                        Mat::rows(dy[t * mb * k..].as_ptr(), k),
+                        false,
+                    )
+                };
+                add_round(buf, dxb);
+            })
+        });
+}
+
+/// `dx = round(dx + sum)`, the sum in f32 (`sum` is overwritten).
+fn add_round<T: Float>(sum: &mut [T], dx: &mut [bf16]) {
+    crate::tensor::simd(
+        #[inline(always)]
+        || {
+            for (s, d) in sum.iter_mut().zip(dx.iter()) {
+                *s = Lhs::<T>::widen(*d) + *s;
+            }
+        },
+    );
+    // SAFETY: round_bf16 writes only values.
+    round_bf16(sum, unsafe { as_uninit(dx) });
 }
 
 /// # Safety

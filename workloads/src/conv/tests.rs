@@ -375,3 +375,37 @@ fn bf16_filter_gradients_agree_with_direct_sums() {
         assert_filter_gradient(&dw, &x, &gy, &sh, 5e-3);
     }
 }
+
+/// With bf16 products, an input gradient added into one kept in bf16
+/// (`backward_data_add_half`) is the f32 sum of the kept value and the f32 products' gradient,
+/// rounded once, element by element: on a 1×1 layer (blocks of rows through scratch, the last
+/// one short) and on a strided 3×3 one (the gradient whole, then added).
+#[test]
+fn bf16_input_gradient_added_in_bf16_rounds_the_f32_sum() {
+    let pool = bf16_pool();
+    let round = |v: &[f32]| {
+        let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
+        round_bf16(v, &mut out);
+        // SAFETY: round_bf16 wrote every element.
+        out.iter()
+            .map(|b| unsafe { b.assume_init() })
+            .collect::<Vec<bf16>>()
+    };
+    for sh in [shape(12, 48, 9, 40, 1, 1, 0), shape(3, 8, 12, 33, 3, 2, 1)] {
+        assert!(sh.rows() > block_rows::<f32>(sh.depth()) || !pointwise(&sh));
+        let (w32, g32) = (
+            f32s(&data(sh.weight_len(), 1.0)),
+            f32s(&data(sh.output_len(), 4.0)),
+        );
+        let prior = round(&f32s(&data(sh.input_len(), 2.0)));
+        let mut dx = vec![0f32; sh.input_len()];
+        let mut sum = prior.clone();
+        pool.install(|| {
+            backward_data(&g32, &w32, &mut dx, &sh);
+            backward_data_add_half(&g32, &w32, &mut sum, &sh);
+        });
+        let want: Vec<f32> = prior.iter().zip(&dx).map(|(p, d)| p.to_f32() + d).collect();
+        assert_eq!(sum, round(&want), "{}", sh.describe());
+        assert!(sum.iter().zip(&prior).any(|(s, p)| s != p), "added");
+    }
+}

@@ -71,6 +71,15 @@ impl<T: Float> Act<T> {
         Act::Half(Arc::new(Tensor { n, h, w, c, data }))
     }
 
+    /// The tensor in the layers' type, owned: itself where this is its only holder (a copy
+    /// otherwise), or widened from bf16 (exact).
+    pub fn into_full(self) -> Tensor<T> {
+        match self {
+            Act::Full(t) => Arc::unwrap_or_clone(t),
+            half => Arc::unwrap_or_clone(half.full()),
+        }
+    }
+
     /// The activation in the layers' type: itself, or a copy widened from bf16 (exact).
     pub fn full(&self) -> Arc<Tensor<T>> {
         match self {

@@ -2,7 +2,7 @@
 //! from the last forward pass; parameter gradients are overwritten by each backward pass.
 
 use crate::conv::{self, ConvShape};
-use crate::tensor::{simd, Float, Lhs, Positive, Tensor};
+use crate::tensor::{bf16, simd, Float, Lhs, Positive, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -400,6 +400,29 @@ impl<T: Float> Conv2d<T> {
         }
     }
 
+    /// `backward_add` into an input gradient kept in bf16 (a block's shortcut gradient in
+    /// bf16 training: `conv::backward_data_add_half`).
+    pub fn backward_add_half(&mut self, dy: &Act<T>, dx: &mut Tensor<bf16>) {
+        let sh = match dy {
+            Act::Full(t) => self.filter_gradient(&t.data),
+            Act::Half(t) => self.filter_gradient(&t.data),
+        };
+        assert_eq!(
+            (sh.n, sh.h, sh.w, sh.c),
+            (dx.n, dx.h, dx.w, dx.c),
+            "{}: input gradient shape",
+            self.weight.name
+        );
+        match dy {
+            Act::Full(t) => {
+                conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
+            }
+            Act::Half(t) => {
+                conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
+            }
+        }
+    }
+
     fn backward_add_from<D: Lhs<T>>(&mut self, dy: &[D], dx: &mut Tensor<T>) {
         let sh = self.filter_gradient(dy);
         assert_eq!(
@@ -636,9 +659,10 @@ struct InputGradient<T> {
 
 impl<T: Float> InputGradient<T> {
     /// One row: `xr` (the input) becomes its gradient, from the output gradient `gr` where the
-    /// `gate` (this row's) lets it through, zero elsewhere (a ReLU's backward pass).
+    /// `gate` (this row's) lets it through, zero elsewhere (a ReLU's backward pass); `gr` in `T`
+    /// or bf16 (a block's output gradient in bf16 training).
     #[inline(always)]
-    fn row<M: Positive>(&self, xr: &mut [T], gr: &[T], gate: Gate<'_, T, M>) {
+    fn row<G: Lhs<T>, M: Positive>(&self, xr: &mut [T], gr: &[G], gate: Gate<'_, T, M>) {
         let c = xr.len();
         let zero = T::zero();
         let (gr, mean, inv) = (&gr[..c], &self.mean[..c], &self.inv[..c]);
@@ -647,7 +671,11 @@ impl<T: Float> InputGradient<T> {
             Gate::Output(mr) => {
                 let mr = &mr[..c];
                 for j in 0..c {
-                    let g = if mr[j].positive() { gr[j] } else { zero };
+                    let g = if mr[j].positive() {
+                        gr[j].widen()
+                    } else {
+                        zero
+                    };
                     let h = (xr[j] - mean[j]) * inv[j];
                     xr[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                 }
@@ -656,7 +684,7 @@ impl<T: Float> InputGradient<T> {
                 let (fa, fd) = (&fa[..c], &fd[..c]);
                 for j in 0..c {
                     let g = if xr[j] * fa[j] + fd[j] > zero {
-                        gr[j]
+                        gr[j].widen()
                     } else {
                         zero
                     };
@@ -667,7 +695,7 @@ impl<T: Float> InputGradient<T> {
             Gate::Open => {
                 for j in 0..c {
                     let h = (xr[j] - mean[j]) * inv[j];
-                    xr[j] = scale[j] * (gr[j] - mdb[j] - h * mdg[j]);
+                    xr[j] = scale[j] * (gr[j].widen() - mdb[j] - h * mdg[j]);
                 }
             }
         }

@@ -138,16 +138,35 @@ impl<T: Float> BatchNorm<T> {
     }
 
     /// `backward_add_relu` from the output of `forward_add_relu_act`, in whichever precision
-    /// it is kept.
+    /// it is kept, and from the block output's gradient in `T` or in bf16 (the shortcut
+    /// gradient of the block after it, in bf16 training): with an identity shortcut, the
+    /// masked gradient is the shortcut's, kept in the precision it came in (masking is exact);
+    /// with a projection, the projection's input gradient in `T`.
     pub fn backward_add_relu_act(
         &mut self,
-        dy: Tensor<T>,
+        dy: Act<T>,
         out: &Act<T>,
         projection: Option<&mut BatchNorm<T>>,
-    ) -> (Tensor<T>, Tensor<T>) {
-        match out {
-            Act::Full(o) => self.backward_add_relu(dy, o, projection),
-            Act::Half(o) => self.backward_add_relu(dy, o, projection),
+    ) -> (Tensor<T>, Act<T>) {
+        let full = |(g, s): (Tensor<T>, EndShortcut<T, T>)| (g, Act::Full(Arc::new(s.into())));
+        match (dy, out) {
+            (Act::Full(d), Act::Full(o)) => {
+                full(self.end_backward(Arc::unwrap_or_clone(d), o, projection))
+            }
+            (Act::Full(d), Act::Half(o)) => {
+                full(self.end_backward(Arc::unwrap_or_clone(d), o, projection))
+            }
+            (Act::Half(d), out) => {
+                let (g, s) = match out {
+                    Act::Full(o) => self.end_backward(Arc::unwrap_or_clone(d), o, projection),
+                    Act::Half(o) => self.end_backward(Arc::unwrap_or_clone(d), o, projection),
+                };
+                let s = match s {
+                    EndShortcut::Projected(t) => Act::Full(Arc::new(t)),
+                    EndShortcut::Identity(t) => Act::Half(Arc::new(t)),
+                };
+                (g, s)
+            }
         }
     }
 
@@ -168,21 +187,32 @@ impl<T: Float> BatchNorm<T> {
     /// batch norm's `backward` (the same operations in the same order).
     pub fn backward_add_relu<O: Positive>(
         &mut self,
-        mut dy: Tensor<T>,
+        dy: Tensor<T>,
+        out: &Tensor<O>,
+        projection: Option<&mut BatchNorm<T>>,
+    ) -> (Tensor<T>, Tensor<T>) {
+        let (g, s) = self.end_backward(dy, out, projection);
+        (g, s.into())
+    }
+
+    /// `backward_add_relu` with the output gradient stored in `T` or bf16 (`G`).
+    fn end_backward<O: Positive, G: Lhs<T>>(
+        &mut self,
+        mut dy: Tensor<G>,
         out: &Tensor<O>,
         mut projection: Option<&mut BatchNorm<T>>,
-    ) -> (Tensor<T>, Tensor<T>) {
+    ) -> (Tensor<T>, EndShortcut<T, G>) {
         let mut x = self.input.take().expect("backward before forward");
         let mut xs = projection
             .as_mut()
             .map(|bn| bn.input.take().expect("backward before forward"));
         assert!(
-            x.same_shape(&dy) && dims(out) == dims(&dy),
+            dims(&x) == dims(&dy) && dims(out) == dims(&dy),
             "{}: gradient shape",
             self.gamma.name
         );
         if let Some(s) = &xs {
-            assert!(s.same_shape(&dy), "shortcut shape");
+            assert!(dims(s) == dims(&dy), "shortcut shape");
         }
         let c = dy.c;
         let chunk = CHUNK_ROWS * c;
@@ -229,7 +259,7 @@ impl<T: Float> BatchNorm<T> {
             }
         }
         let [s1, s2, s3] = s;
-        let rows = dy.rows();
+        let rows = x.rows();
         let grad = self.input_gradient((s1.clone(), s2), rows);
         let g = &dy.data;
         match (projection, xs.as_mut()) {
@@ -272,8 +302,23 @@ impl<T: Float> BatchNorm<T> {
             }
         }
         match xs {
-            Some(xs) => (x, xs),
-            None => (x, dy),
+            Some(xs) => (x, EndShortcut::Projected(xs)),
+            None => (x, EndShortcut::Identity(dy)),
+        }
+    }
+}
+
+/// The shortcut's gradient from a block's end: the projection's input gradient (in `T`), or
+/// the masked output gradient itself (identity), stored as it came (`G`).
+enum EndShortcut<T, G> {
+    Projected(Tensor<T>),
+    Identity(Tensor<G>),
+}
+
+impl<T> From<EndShortcut<T, T>> for Tensor<T> {
+    fn from(s: EndShortcut<T, T>) -> Tensor<T> {
+        match s {
+            EndShortcut::Projected(t) | EndShortcut::Identity(t) => t,
         }
     }
 }
@@ -426,8 +471,8 @@ enum EndMask<'a, T, O> {
 /// checks than the vectoriser makes wherever the inlining lost the slices' no-alias facts, and
 /// the pass ran scalar (0.15 → 0.41 s of a bf16 step).
 #[inline(always)]
-fn mask_and_sum_rows<T: Float, O: Positive>(
-    g: &mut [T],
+fn mask_and_sum_rows<T: Float, G: Lhs<T>, O: Positive>(
+    g: &mut [G],
     mask: EndMask<'_, T, O>,
     x: &[T],
     s: Option<&[T]>,
@@ -444,7 +489,7 @@ fn mask_and_sum_rows<T: Float, O: Positive>(
             EndMask::Out(out) => {
                 let block = &mut g[r0 * c..r1 * c];
                 for (gj, oj) in block.iter_mut().zip(&out[r0 * c..r1 * c]) {
-                    *gj = if oj.positive() { *gj } else { zero };
+                    *gj = if oj.positive() { *gj } else { G::default() };
                 }
             }
             EndMask::Affine(a, d, a2, d2) => {
@@ -455,7 +500,7 @@ fn mask_and_sum_rows<T: Float, O: Positive>(
                     let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
                     for j in 0..c {
                         let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
-                        gr[j] = if t > zero { gr[j] } else { zero };
+                        gr[j] = if t > zero { gr[j] } else { G::default() };
                     }
                 }
             }
@@ -468,13 +513,13 @@ fn mask_and_sum_rows<T: Float, O: Positive>(
                 let o = r * c + g0;
                 let (gr, xr) = (&g[o..o + G], &x[o..o + G]);
                 for j in 0..G {
-                    s1[j] += gr[j];
-                    s2[j] += gr[j] * xr[j];
+                    s1[j] += gr[j].widen();
+                    s2[j] += gr[j].widen() * xr[j];
                 }
                 if let Some(s) = s {
                     let sr = &s[o..o + G];
                     for j in 0..G {
-                        s3[j] += gr[j] * sr[j];
+                        s3[j] += gr[j].widen() * sr[j];
                     }
                 }
             }
@@ -485,10 +530,11 @@ fn mask_and_sum_rows<T: Float, O: Positive>(
         for r in r0..r1 {
             let o = r * c;
             for j in full..c {
-                q1[j] += g[o + j];
-                q2[j] += g[o + j] * x[o + j];
+                let gj = g[o + j].widen();
+                q1[j] += gj;
+                q2[j] += gj * x[o + j];
                 if let Some(s) = s {
-                    q3[j] += g[o + j] * s[o + j];
+                    q3[j] += gj * s[o + j];
                 }
             }
         }

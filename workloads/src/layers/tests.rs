@@ -651,3 +651,57 @@ fn half_block_end_rounds_the_f32_values() {
         "f32 products keep f32"
     );
 }
+
+/// A block's end from an output gradient kept in bf16 (the next block's shortcut gradient in
+/// bf16 training) gives the input gradients of the pass fed the same values in f32; an
+/// identity shortcut's gradient stays in bf16 (the masked values: exact), a projection's is
+/// its batch norm's input gradient in f32.
+#[test]
+fn half_block_end_takes_a_bf16_output_gradient() {
+    let x = f32s(rand_tensor(2, 12, 11, 32, 81));
+    let s = f32s(rand_tensor(2, 12, 11, 32, 82));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 83));
+    let half_dy = Tensor {
+        data: rounded(&dy.data),
+        n: dy.n,
+        h: dy.h,
+        w: dy.w,
+        c: dy.c,
+    };
+    let wide_dy = Act::Half(Arc::new(half_dy.clone())).into_full();
+    let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
+    let full = |t: &Tensor<f32>| Act::Full(Arc::new(t.clone()));
+    bf16_pool().install(|| {
+        let (mut b1, mut b2) = (bn("b"), bn("b"));
+        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
+        b2.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
+        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, None);
+        let (g2, s2) = b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, None);
+        assert_eq!(g1, g2, "identity: the branch's input gradient");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        let Act::Half(s2) = s2 else {
+            panic!("a bf16 shortcut gradient stays bf16")
+        };
+        assert_eq!(
+            s2.data,
+            rounded(&s1.full().data),
+            "identity: the masked gradient"
+        );
+        assert!(
+            s2.data.iter().any(|v| v.to_f32() == 0.0),
+            "masked somewhere"
+        );
+        let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
+        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p1, s.clone()), true);
+        b2.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p2, s.clone()), true);
+        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, Some(&mut p1));
+        let (g2, s2) =
+            b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, Some(&mut p2));
+        assert_eq!(g1, g2, "projected: the branch's input gradient");
+        let (Act::Full(s1), Act::Full(s2)) = (s1, s2) else {
+            panic!("a projection's input gradient is f32")
+        };
+        assert_eq!(s1, s2, "projected: the projection's input gradient");
+        assert_eq!(p1.gamma.grad, p2.gamma.grad);
+    });
+}
