@@ -129,10 +129,10 @@ impl<T: Float> Bottleneck<T> {
     fn forward(&mut self, x: &Act<T>, train: bool) -> Act<T> {
         let n = &self.name;
         let f = |layer: &'static str| move || format!("{n}.{layer}");
-        let a = timed(FWD, f("conv1"), || self.conv1.forward_act(x));
-        let a = timed(FWD, f("bn1+relu1"), || self.bn1.forward_relu(a, train));
-        let b = timed(FWD, f("conv2"), || self.conv2.forward_act(&a));
-        let b = timed(FWD, f("bn2+relu2"), || self.bn2.forward_relu(b, train));
+        let a = timed(FWD, f("conv1"), || self.conv1.forward_kept(x));
+        let a = timed(FWD, f("bn1+relu1"), || self.bn1.forward_relu_kept(a, train));
+        let b = timed(FWD, f("conv2"), || self.conv2.forward_kept(&a));
+        let b = timed(FWD, f("bn2+relu2"), || self.bn2.forward_relu_kept(b, train));
         let c = timed(FWD, f("conv3"), || self.conv3.forward_act(&b));
         // The block's end in one pass: bn3, the projection's batch norm, the sum and the ReLU.
         let bn3 = &mut self.bn3;

@@ -228,6 +228,47 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
         });
 }
 
+/// Whether `forward_half` takes a convolution of this shape: 1×1 stride 1, a single GEMM.
+pub fn forward_half_applies(sh: &ConvShape) -> bool {
+    pointwise(sh)
+}
+
+/// `forward_into` with the output rounded to bf16 (a batch norm's input in bf16 training), for
+/// 1×1 stride-1 layers (`forward_half_applies`): each block of rows of the product goes into
+/// f32 scratch and is rounded there, so that memory sees the output in bf16 only; the filter
+/// is packed once.
+pub fn forward_half<T: Float, S: Lhs<T>>(
+    x: &[S],
+    w: &[T],
+    y: &mut [MaybeUninit<bf16>],
+    sh: &ConvShape,
+) {
+    check_lengths::<T>(sh, x.len(), w.len(), y.len());
+    assert!(forward_half_applies(sh), "forward_half: {}", sh.describe());
+    let (depth, k) = (sh.depth(), sh.k);
+    // SAFETY: w is depth × k, alive and unchanged while wb is used.
+    let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
+    let mb = block_rows::<T>(k);
+    y.par_chunks_mut(mb * k).enumerate().for_each(|(t, yb)| {
+        let rows = yb.len() / k;
+        T::with_scratch(rows * k, |buf| {
+            // SAFETY: x rows × depth from row t·mb, w depth × k, buf rows × k.
+            unsafe {
+                S::gemm_rhs(
+                    &wb,
+                    rows,
+                    buf.as_mut_ptr(),
+                    k,
+                    false,
+                    Mat::rows(x[t * mb * depth..].as_ptr(), depth),
+                    false,
+                )
+            };
+            round_bf16(buf, yb);
+        })
+    });
+}
+
 /// `w` (depth × k) transposed to k × depth, row-major: the GEMMs of the backward-data pass
 /// then read a row-major operand (packing a strided transpose for every block costs more than
 /// this one copy per layer).

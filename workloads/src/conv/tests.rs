@@ -409,3 +409,33 @@ fn bf16_input_gradient_added_in_bf16_rounds_the_f32_sum() {
         assert!(sum.iter().zip(&prior).any(|(s, p)| s != p), "added");
     }
 }
+
+/// With bf16 products, a 1×1 layer's output rounded to bf16 (`forward_half`, blocks of rows
+/// through scratch, the last one short) is the f32 output rounded, element by element.
+#[test]
+fn bf16_output_of_a_pointwise_layer_rounds_the_f32_output() {
+    let pool = bf16_pool();
+    let sh = shape(12, 40, 9, 48, 1, 1, 0);
+    assert!(forward_half_applies(&sh) && sh.rows() > block_rows::<f32>(sh.k));
+    assert!(!forward_half_applies(&shape(3, 8, 12, 33, 1, 2, 0)));
+    let (x32, w32) = (
+        f32s(&data(sh.input_len(), 0.3)),
+        f32s(&data(sh.weight_len(), 1.0)),
+    );
+    let mut y = vec![0f32; sh.output_len()];
+    let mut h = vec![std::mem::MaybeUninit::uninit(); sh.output_len()];
+    pool.install(|| {
+        forward(&x32, &w32, &mut y, &sh);
+        forward_half(&x32, &w32, &mut h, &sh);
+    });
+    let mut want = vec![std::mem::MaybeUninit::uninit(); y.len()];
+    round_bf16(&y, &mut want);
+    // SAFETY: both were written whole.
+    let (h, want): (Vec<bf16>, Vec<bf16>) = unsafe {
+        (
+            h.iter().map(|v| v.assume_init()).collect(),
+            want.iter().map(|v| v.assume_init()).collect(),
+        )
+    };
+    assert_eq!(h, want);
+}

@@ -8,7 +8,7 @@
 //! batch norm's input gradient, the previous convolution's output gradient, likewise
 //! (`backward_relu_act`).
 
-use super::{sums, BatchNorm, Gate, CHUNK_ROWS};
+use super::{sums, BatchNorm, Conv2d, Gate, InputGradient, CHUNK_ROWS};
 use crate::tensor::{bf16, half_activations, round_bf16, simd, Float, Lhs, Positive, Tensor};
 use rayon::prelude::*;
 use std::sync::Arc;
@@ -27,6 +27,17 @@ impl<T> Clone for Act<T> {
             Act::Half(t) => Act::Half(Arc::clone(t)),
         }
     }
+}
+
+/// A batch norm's input: a convolution's output in the layers' type, or rounded to bf16
+/// where the activations are kept in bf16 (`Conv2d::forward_kept`): the products' f32 sums
+/// rounded once, as PyTorch's and TensorFlow's bf16 policies store a convolution's output,
+/// written in half the bytes and read in half by the batch norm's four passes over it
+/// (statistics, normalisation, and the backward pass's two). The statistics, the affine map
+/// and every gradient stay f32.
+pub enum Kept<T> {
+    Full(Tensor<T>),
+    Half(Tensor<bf16>),
 }
 
 impl<T> Act<T> {
@@ -95,6 +106,56 @@ impl<T: Float> Act<T> {
     }
 }
 
+impl<T: Float> Conv2d<T> {
+    /// `forward_act` with the output rounded to bf16 where the activations are kept in bf16
+    /// (`half_activations`) and the layer is 1×1 stride 1 (a batch norm's input,
+    /// `crate::conv::forward_half`), in `T` otherwise.
+    pub fn forward_kept(&mut self, x: &Act<T>) -> Kept<T> {
+        let sh = match x {
+            Act::Full(t) => self.shape_for(t),
+            Act::Half(t) => self.shape_for(t),
+        };
+        if !half_activations::<T>() || !crate::conv::forward_half_applies(&sh) {
+            return Kept::Full(self.forward_act(x));
+        }
+        let len = sh.output_len();
+        let mut data: Vec<bf16> = Vec::with_capacity(len);
+        let y = &mut data.spare_capacity_mut()[..len];
+        match x {
+            Act::Full(t) => crate::conv::forward_half(&t.data, &self.weight.value, y, &sh),
+            Act::Half(t) => crate::conv::forward_half(&t.data, &self.weight.value, y, &sh),
+        }
+        // SAFETY: forward_half writes every output element.
+        unsafe { data.set_len(len) };
+        self.input = Some(x.clone());
+        let (n, h, w, c) = (sh.n, sh.oh(), sh.ow(), sh.k);
+        Kept::Half(Tensor { n, h, w, c, data })
+    }
+
+    /// `backward_add` into an input gradient kept in bf16 (a block's shortcut gradient in
+    /// bf16 training: `crate::conv::backward_data_add_half`).
+    pub fn backward_add_half(&mut self, dy: &Act<T>, dx: &mut Tensor<bf16>) {
+        let sh = match dy {
+            Act::Full(t) => self.filter_gradient(&t.data),
+            Act::Half(t) => self.filter_gradient(&t.data),
+        };
+        assert_eq!(
+            (sh.n, sh.h, sh.w, sh.c),
+            (dx.n, dx.h, dx.w, dx.c),
+            "{}: input gradient shape",
+            self.weight.name
+        );
+        match dy {
+            Act::Full(t) => {
+                crate::conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
+            }
+            Act::Half(t) => {
+                crate::conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
+            }
+        }
+    }
+}
+
 impl<T: Float> BatchNorm<T> {
     /// `forward_act(x, train, true)`, kept in bf16 where this thread's `T` layers multiply in
     /// bf16 (`half_activations`), in the layers' type otherwise.
@@ -102,9 +163,33 @@ impl<T: Float> BatchNorm<T> {
         if !half_activations::<T>() {
             return Act::Full(Arc::new(self.forward_act(x, train, true)));
         }
+        let y = self.relu_rounded(&x, train);
+        if train {
+            self.input = Some(x);
+        }
+        y
+    }
+
+    /// `forward_relu` of a convolution's output in either precision (`Kept`).
+    pub fn forward_relu_kept(&mut self, x: Kept<T>, train: bool) -> Act<T> {
+        match x {
+            Kept::Full(x) => self.forward_relu(x, train),
+            Kept::Half(x) => {
+                let y = self.relu_rounded(&x, train);
+                if train {
+                    self.half_input = Some(Box::new(x));
+                }
+                y
+            }
+        }
+    }
+
+    /// `max(x·a + d, 0)` rounded to bf16, a block of rows at a time; training keeps the map
+    /// (the backward pass's gate).
+    fn relu_rounded<S: Lhs<T>>(&mut self, x: &Tensor<S>, train: bool) -> Act<T> {
         let c = x.c;
-        let (a, d) = self.affine(&x, train);
-        let len = x.len();
+        let (a, d) = self.affine(x, train);
+        let len = x.data.len();
         let mut data: Vec<bf16> = Vec::with_capacity(len);
         let zero = T::zero();
         data.spare_capacity_mut()[..len]
@@ -130,11 +215,10 @@ impl<T: Float> BatchNorm<T> {
             });
         // SAFETY: the chunks of rows cover the first len elements, every one written.
         unsafe { data.set_len(len) };
-        let (n, h, w) = (x.n, x.h, x.w);
         if train {
-            self.input = Some(x);
             self.relu_affine = Some((a, d));
         }
+        let (n, h, w) = (x.n, x.h, x.w);
         Act::Half(Arc::new(Tensor { n, h, w, c, data }))
     }
 
@@ -193,6 +277,13 @@ impl<T: Float> BatchNorm<T> {
     /// gradient and filter gradient) round it to bf16 anyway — the same bits, half the bytes
     /// written and read twice, no rounding left for the packing.
     pub fn backward_relu_act(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Act<T> {
+        if let Some(x) = self.half_input.take() {
+            let x = *x;
+            return match out {
+                Act::Full(y) => self.backward_half_input(x, dy, Gate::Output(&y.data)),
+                Act::Half(y) => self.backward_half_input(x, dy, Gate::Output(&y.data)),
+            };
+        }
         if !half_activations::<T>() {
             return Act::Full(Arc::new(self.backward_relu(dy, out)));
         }
@@ -200,6 +291,70 @@ impl<T: Float> BatchNorm<T> {
             Act::Full(y) => self.backward_half(dy, Gate::Output(&y.data)),
             Act::Half(y) => self.backward_half(dy, Gate::Output(&y.data)),
         }
+    }
+
+    /// `backward_half` from an input kept in bf16 (`forward_relu_kept`): each block of rows of
+    /// the gradient computed into scratch from the bf16 input, then rounded.
+    fn backward_half_input<M: Positive>(
+        &mut self,
+        x: Tensor<bf16>,
+        dy: &Tensor<T>,
+        gate: Gate<'_, T, M>,
+    ) -> Act<T> {
+        assert!(
+            (x.n, x.h, x.w, x.c) == (dy.n, dy.h, dy.w, dy.c),
+            "{}: gradient shape",
+            self.gamma.name
+        );
+        let relu = self.relu_affine.take();
+        let gate = Self::gate(&relu, gate);
+        let c = dy.c;
+        let sums = sums(&dy.data, &x.data, gate, c);
+        let grad = self.input_gradient(sums, dy.rows());
+        let (len, chunk) = (x.data.len(), CHUNK_ROWS * c);
+        let mut data: Vec<bf16> = Vec::with_capacity(len);
+        data.spare_capacity_mut()[..len]
+            .par_chunks_mut(chunk)
+            .zip(x.data.par_chunks(chunk))
+            .zip(dy.data.par_chunks(chunk))
+            .enumerate()
+            .for_each(|(i, ((oc, xc), gc))| {
+                let gate = gate.at(i * chunk, xc.len());
+                let block = rows_per_block(c) * c;
+                T::with_scratch(block, |buf| {
+                    simd(
+                        #[inline(always)]
+                        || {
+                            for (b, ((ob, xb), gb)) in oc
+                                .chunks_mut(block)
+                                .zip(xc.chunks(block))
+                                .zip(gc.chunks(block))
+                                .enumerate()
+                            {
+                                let buf = &mut buf[..xb.len()];
+                                for (r, ((br, xr), gr)) in buf
+                                    .chunks_exact_mut(c)
+                                    .zip(xb.chunks_exact(c))
+                                    .zip(gb.chunks_exact(c))
+                                    .enumerate()
+                                {
+                                    grad.row_into(br, xr, gr, gate.at(b * block + r * c, c));
+                                }
+                                round_bf16(buf, ob);
+                            }
+                        },
+                    )
+                })
+            });
+        // SAFETY: the chunks of rows cover the first len elements, every one written.
+        unsafe { data.set_len(len) };
+        Act::Half(Arc::new(Tensor {
+            n: x.n,
+            h: x.h,
+            w: x.w,
+            c,
+            data,
+        }))
     }
 
     fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
@@ -265,11 +420,58 @@ pub(super) fn rows_per_block(c: usize) -> usize {
 /// One row of `max(x·a + d, 0)`. A function of its own, so that its slices' exclusive borrows
 /// reach the optimiser (vectorised).
 #[inline(always)]
-pub(super) fn relu_affine<T: Float>(y: &mut [T], x: &[T], a: &[T], d: &[T], zero: T) {
+pub(super) fn relu_affine<T: Float, S: Lhs<T>>(y: &mut [T], x: &[S], a: &[T], d: &[T], zero: T) {
     let c = y.len();
     let (x, a, d) = (&x[..c], &a[..c], &d[..c]);
     for j in 0..c {
-        let t = x[j] * a[j] + d[j];
+        let t = x[j].widen() * a[j] + d[j];
         y[j] = if t < zero { zero } else { t };
+    }
+}
+
+impl<T: Float> InputGradient<T> {
+    /// `row` into `out` (a block of f32 scratch before its rounding to bf16) from the input
+    /// `xr` kept in `T` or bf16, which is only read.
+    #[inline(always)]
+    pub(super) fn row_into<S: Lhs<T>, M: Positive>(
+        &self,
+        out: &mut [T],
+        xr: &[S],
+        gr: &[T],
+        gate: Gate<'_, T, M>,
+    ) {
+        let c = out.len();
+        let zero = T::zero();
+        let (xr, gr, mean, inv) = (&xr[..c], &gr[..c], &self.mean[..c], &self.inv[..c]);
+        let (scale, mdb, mdg) = (&self.scale[..c], &self.mean_g[..c], &self.mean_gx[..c]);
+        match gate {
+            Gate::Output(mr) => {
+                let mr = &mr[..c];
+                for j in 0..c {
+                    let g = if mr[j].positive() { gr[j] } else { zero };
+                    let h = (xr[j].widen() - mean[j]) * inv[j];
+                    out[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                }
+            }
+            Gate::Affine(fa, fd) => {
+                let (fa, fd) = (&fa[..c], &fd[..c]);
+                for j in 0..c {
+                    let x = xr[j].widen();
+                    let g = if x * fa[j] + fd[j] > zero {
+                        gr[j]
+                    } else {
+                        zero
+                    };
+                    let h = (x - mean[j]) * inv[j];
+                    out[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
+                }
+            }
+            Gate::Open => {
+                for j in 0..c {
+                    let h = (xr[j].widen() - mean[j]) * inv[j];
+                    out[j] = scale[j] * (gr[j] - mdb[j] - h * mdg[j]);
+                }
+            }
+        }
     }
 }

@@ -13,7 +13,7 @@ pub use roofline_kernels::comm::Reducer;
 mod act;
 mod head;
 mod residual;
-pub use act::Act;
+pub use act::{Act, Kept};
 pub use head::{
     avgpool_backward, avgpool_forward, avgpool_forward_act, softmax_cross_entropy, Linear, MaxPool,
 };
@@ -84,9 +84,9 @@ impl<'a, T: Float, M: Positive> Gate<'a, T, M> {
 /// `a` where the `gate` (on `b`, the batch norm's input) lets it through, zero elsewhere. Each
 /// chunk of rows sums in the element type (vectorised); the chunks' partial sums are added in
 /// f64 in chunk order (deterministic).
-fn sums<T: Float, M: Positive>(
-    a: &[T],
-    b: &[T],
+fn sums<T: Float, A: Lhs<T>, B: Lhs<T>, M: Positive>(
+    a: &[A],
+    b: &[B],
     gate: Gate<'_, T, M>,
     c: usize,
 ) -> (Vec<f64>, Vec<f64>) {
@@ -131,9 +131,9 @@ const SUM_ROWS: usize = 16;
 /// pass ran at a third of the copy's speed. Here each group of `SUM_GROUP` channels is summed
 /// in registers over a block of `SUM_ROWS` rows.
 #[inline(always)]
-fn sum_rows<T: Float, M: Positive>(
-    a: &[T],
-    b: &[T],
+fn sum_rows<T: Float, A: Lhs<T>, B: Lhs<T>, M: Positive>(
+    a: &[A],
+    b: &[B],
     gate: Gate<'_, T, M>,
     q1: &mut [T],
     q2: &mut [T],
@@ -154,28 +154,33 @@ fn sum_rows<T: Float, M: Positive>(
                 match gate {
                     Gate::Open => {
                         for j in 0..G {
-                            s1[j] += ar[j];
-                            s2[j] += ar[j] * br[j];
+                            s1[j] += ar[j].widen();
+                            s2[j] += ar[j].widen() * br[j].widen();
                         }
                     }
                     Gate::Output(mask) => {
                         let mr = &mask[o..o + G];
                         for j in 0..G {
-                            let g = if mr[j].positive() { ar[j] } else { zero };
+                            let g = if mr[j].positive() {
+                                ar[j].widen()
+                            } else {
+                                zero
+                            };
                             s1[j] += g;
-                            s2[j] += g * br[j];
+                            s2[j] += g * br[j].widen();
                         }
                     }
                     Gate::Affine(fa, fd) => {
                         let (fa, fd) = (&fa[g0..g0 + G], &fd[g0..g0 + G]);
                         for j in 0..G {
-                            let g = if br[j] * fa[j] + fd[j] > zero {
-                                ar[j]
+                            let x = br[j].widen();
+                            let g = if x * fa[j] + fd[j] > zero {
+                                ar[j].widen()
                             } else {
                                 zero
                             };
                             s1[j] += g;
-                            s2[j] += g * br[j];
+                            s2[j] += g * x;
                         }
                     }
                 }
@@ -187,13 +192,14 @@ fn sum_rows<T: Float, M: Positive>(
         for r in r0..r1 {
             let o = r * c;
             for j in full..c {
-                let g = if gate.passes(o + j, j, b[o + j]) {
-                    a[o + j]
+                let x = b[o + j].widen();
+                let g = if gate.passes(o + j, j, x) {
+                    a[o + j].widen()
                 } else {
                     zero
                 };
                 q1[j] += g;
-                q2[j] += g * b[o + j];
+                q2[j] += g * x;
             }
         }
     }
@@ -400,29 +406,6 @@ impl<T: Float> Conv2d<T> {
         }
     }
 
-    /// `backward_add` into an input gradient kept in bf16 (a block's shortcut gradient in
-    /// bf16 training: `conv::backward_data_add_half`).
-    pub fn backward_add_half(&mut self, dy: &Act<T>, dx: &mut Tensor<bf16>) {
-        let sh = match dy {
-            Act::Full(t) => self.filter_gradient(&t.data),
-            Act::Half(t) => self.filter_gradient(&t.data),
-        };
-        assert_eq!(
-            (sh.n, sh.h, sh.w, sh.c),
-            (dx.n, dx.h, dx.w, dx.c),
-            "{}: input gradient shape",
-            self.weight.name
-        );
-        match dy {
-            Act::Full(t) => {
-                conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
-            }
-            Act::Half(t) => {
-                conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
-            }
-        }
-    }
-
     fn backward_add_from<D: Lhs<T>>(&mut self, dy: &[D], dx: &mut Tensor<T>) {
         let sh = self.filter_gradient(dy);
         assert_eq!(
@@ -456,6 +439,8 @@ pub struct BatchNorm<T> {
     pub momentum: f64,
     pub eps: f64,
     input: Option<Tensor<T>>,
+    /// The input kept in bf16 instead (a convolution's output in bf16 training: `Kept`).
+    half_input: Option<Box<Tensor<bf16>>>,
     mean: Vec<T>,
     inv_std: Vec<T>,
     /// The forward pass's affine map `(a, d)` where it applied the ReLU itself: the backward
@@ -476,6 +461,7 @@ impl<T: Float> BatchNorm<T> {
             momentum: 0.1,
             eps: 1e-5,
             input: None,
+            half_input: None,
             mean: Vec::new(),
             inv_std: Vec::new(),
             relu_affine: None,
@@ -489,11 +475,11 @@ impl<T: Float> BatchNorm<T> {
 
     /// The batch's (training) or the running (inference) statistics as the per-channel affine
     /// map `y = x·a + d`; training keeps the statistics for the backward pass.
-    fn affine(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+    fn affine<S: Lhs<T>>(&mut self, x: &Tensor<S>, train: bool) -> (Vec<T>, Vec<T>) {
         self.relu_affine = None;
         let c = x.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
-        let m = (x.rows() * ranks) as f64;
+        let m = (x.n * x.h * x.w * ranks) as f64;
         let (mean, inv_std): (Vec<T>, Vec<T>) = if train {
             batch_statistics(
                 global_sums(

@@ -705,3 +705,42 @@ fn half_block_end_takes_a_bf16_output_gradient() {
         assert_eq!(p1.gamma.grad, p2.gamma.grad);
     });
 }
+
+/// A batch norm + ReLU whose input is kept in bf16 (`forward_relu_kept`, a 1×1 convolution's
+/// output in bf16 training) gives, forward and backward, the bits of the pass fed the same
+/// values in f32.
+#[test]
+fn half_batch_norm_input_gives_the_f32_pass_of_its_values() {
+    let x = f32s(rand_tensor(2, 12, 11, 32, 91));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 92));
+    let half_x = Tensor {
+        data: rounded(&x.data),
+        n: x.n,
+        h: x.h,
+        w: x.w,
+        c: x.c,
+    };
+    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
+    bf16_pool().install(|| {
+        let (mut b1, mut b2) = (
+            BatchNorm::<f32>::new("b", 32, 0.8),
+            BatchNorm::<f32>::new("b", 32, 0.8),
+        );
+        let y1 = b1.forward_relu(wide_x.clone(), true);
+        let y2 = b2.forward_relu_kept(Kept::Half(half_x.clone()), true);
+        let (Act::Half(h1), Act::Half(h2)) = (&y1, &y2) else {
+            panic!("bf16 products keep bf16 activations")
+        };
+        assert_eq!(h1.data, h2.data, "forward");
+        assert_eq!(b1.running_mean, b2.running_mean);
+        let (Act::Half(g1), Act::Half(g2)) = (
+            b1.backward_relu_act(&dy, &y1),
+            b2.backward_relu_act(&dy, &y2),
+        ) else {
+            panic!("bf16 products keep bf16 gradients")
+        };
+        assert_eq!(g1.data, g2.data, "backward");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        assert_eq!(b1.beta.grad, b2.beta.grad);
+    });
+}
