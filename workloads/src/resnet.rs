@@ -133,18 +133,18 @@ impl<T: Float> Bottleneck<T> {
         let a = timed(FWD, f("bn1+relu1"), || self.bn1.forward_relu_kept(a, train));
         let b = timed(FWD, f("conv2"), || self.conv2.forward_kept(&a));
         let b = timed(FWD, f("bn2+relu2"), || self.bn2.forward_relu_kept(b, train));
-        let c = timed(FWD, f("conv3"), || self.conv3.forward_act(&b));
+        let c = timed(FWD, f("conv3"), || self.conv3.forward_kept(&b));
         // The block's end in one pass: bn3, the projection's batch norm, the sum and the ReLU.
         let bn3 = &mut self.bn3;
         let c = match self.down.as_mut() {
             Some((conv, bn)) => {
                 let d = timed(FWD, f("downsample.0"), || conv.forward_act(x));
                 timed(FWD, f("bn3+downsample.1+add+relu3"), || {
-                    bn3.forward_add_relu_act(c, Shortcut::Projected(bn, d), train)
+                    bn3.forward_add_relu_kept(c, Shortcut::Projected(bn, d), train)
                 })
             }
             None => timed(FWD, f("bn3+add+relu3"), || {
-                bn3.forward_add_relu_act(c, Shortcut::identity(x), train)
+                bn3.forward_add_relu_kept(c, Shortcut::identity(x), train)
             }),
         };
         if train {
@@ -175,7 +175,7 @@ impl<T: Float> Bottleneck<T> {
         let (g, ds) = timed(BWD, f(end), || {
             bn3.backward_add_relu_act(d, out, down.as_mut().map(|(_, bn)| bn))
         });
-        let db = timed(BWD, f("conv3"), || self.conv3.backward(&g));
+        let db = timed(BWD, f("conv3"), || self.conv3.backward_act(&g));
         let g = timed(BWD, f("bn2+relu2"), || {
             self.bn2.backward_relu_act(&db, &self.b1)
         });

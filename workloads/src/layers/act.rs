@@ -40,6 +40,23 @@ pub enum Kept<T> {
     Half(Tensor<bf16>),
 }
 
+/// A tensor's storage, the layers' type or bf16, as the `Act` that holds it.
+pub(crate) trait Stored<T>: Lhs<T> {
+    fn act(t: Tensor<Self>) -> Act<T>;
+}
+
+impl<T: Float> Stored<T> for T {
+    fn act(t: Tensor<T>) -> Act<T> {
+        Act::Full(Arc::new(t))
+    }
+}
+
+impl<T: Float> Stored<T> for bf16 {
+    fn act(t: Tensor<bf16>) -> Act<T> {
+        Act::Half(Arc::new(t))
+    }
+}
+
 impl<T> Act<T> {
     /// (n, h, w, c).
     pub fn dims(&self) -> (usize, usize, usize, usize) {
@@ -433,11 +450,11 @@ impl<T: Float> InputGradient<T> {
     /// `row` into `out` (a block of f32 scratch before its rounding to bf16) from the input
     /// `xr` kept in `T` or bf16, which is only read.
     #[inline(always)]
-    pub(super) fn row_into<S: Lhs<T>, M: Positive>(
+    pub(super) fn row_into<S: Lhs<T>, G: Lhs<T>, M: Positive>(
         &self,
         out: &mut [T],
         xr: &[S],
-        gr: &[T],
+        gr: &[G],
         gate: Gate<'_, T, M>,
     ) {
         let c = out.len();
@@ -448,7 +465,11 @@ impl<T: Float> InputGradient<T> {
             Gate::Output(mr) => {
                 let mr = &mr[..c];
                 for j in 0..c {
-                    let g = if mr[j].positive() { gr[j] } else { zero };
+                    let g = if mr[j].positive() {
+                        gr[j].widen()
+                    } else {
+                        zero
+                    };
                     let h = (xr[j].widen() - mean[j]) * inv[j];
                     out[j] = scale[j] * (g - mdb[j] - h * mdg[j]);
                 }
@@ -458,7 +479,7 @@ impl<T: Float> InputGradient<T> {
                 for j in 0..c {
                     let x = xr[j].widen();
                     let g = if x * fa[j] + fd[j] > zero {
-                        gr[j]
+                        gr[j].widen()
                     } else {
                         zero
                     };
@@ -469,7 +490,7 @@ impl<T: Float> InputGradient<T> {
             Gate::Open => {
                 for j in 0..c {
                     let h = (xr[j].widen() - mean[j]) * inv[j];
-                    out[j] = scale[j] * (gr[j] - mdb[j] - h * mdg[j]);
+                    out[j] = scale[j] * (gr[j].widen() - mdb[j] - h * mdg[j]);
                 }
             }
         }

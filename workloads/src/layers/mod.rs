@@ -761,4 +761,6 @@ pub fn add_into<T: Float>(y: &mut Tensor<T>, s: &Tensor<T>) {
 }
 
 #[cfg(test)]
+mod half_tests;
+#[cfg(test)]
 mod tests;

@@ -1,8 +1,8 @@
 //! A residual block's end, `relu(bn(x) + shortcut)`, forward and backward, each in as few
 //! passes over the activations as their data dependences allow.
 
-use super::act::rows_per_block;
-use super::{Act, BatchNorm, Gate, CHUNK_ROWS};
+use super::act::{rows_per_block, Stored};
+use super::{Act, BatchNorm, Gate, InputGradient, Kept, CHUNK_ROWS};
 use crate::tensor::{
     as_uninit, bf16, half_activations, round_bf16, simd, Float, Lhs, Positive, Tensor,
 };
@@ -48,7 +48,11 @@ impl<T: Float> BatchNorm<T> {
         shortcut: Shortcut<'_, T>,
         train: bool,
     ) -> Tensor<T> {
-        match self.end_forward(x, shortcut, train, false) {
+        let y = self.end_forward(&x, shortcut, train, false);
+        if train {
+            self.input = Some(x);
+        }
+        match y {
             Act::Full(y) => Arc::into_inner(y).expect("a new tensor has one owner"),
             Act::Half(_) => unreachable!("a full-precision output was asked for"),
         }
@@ -67,18 +71,43 @@ impl<T: Float> BatchNorm<T> {
         train: bool,
     ) -> Act<T> {
         let half = half_activations::<T>();
-        self.end_forward(x, shortcut, train, half)
+        let y = self.end_forward(&x, shortcut, train, half);
+        if train {
+            self.input = Some(x);
+        }
+        y
     }
 
-    fn end_forward(
+    /// `forward_add_relu_act` of a convolution's output in either precision (`Kept`: conv3's
+    /// in bf16 training, which the backward pass then reads in bf16 too).
+    pub fn forward_add_relu_kept(
         &mut self,
-        x: Tensor<T>,
+        x: Kept<T>,
+        shortcut: Shortcut<'_, T>,
+        train: bool,
+    ) -> Act<T> {
+        match x {
+            Kept::Full(x) => self.forward_add_relu_act(x, shortcut, train),
+            Kept::Half(x) => {
+                let y = self.end_forward(&x, shortcut, train, half_activations::<T>());
+                if train {
+                    self.half_input = Some(Box::new(x));
+                }
+                y
+            }
+        }
+    }
+
+    /// The block's end from `x` (kept by the caller when training).
+    fn end_forward<S: Lhs<T>>(
+        &mut self,
+        x: &Tensor<S>,
         shortcut: Shortcut<'_, T>,
         train: bool,
         half: bool,
     ) -> Act<T> {
         let c = x.c;
-        let (a, d) = self.affine(&x, train);
+        let (a, d) = self.affine(x, train);
         let (side, down, shape) = match shortcut {
             Shortcut::Identity(s) => (Some(Side::Full(&s.data[..])), None, dims(s)),
             Shortcut::IdentityHalf(s) => (Some(Side::Half(&s.data[..])), None, dims(s)),
@@ -88,7 +117,7 @@ impl<T: Float> BatchNorm<T> {
                 (None, Some((bn, ad, s)), shape)
             }
         };
-        assert_eq!(dims(&x), shape, "residual shapes");
+        assert_eq!(dims(x), shape, "residual shapes");
         let (side, maps) = match &down {
             Some((_, (a2, d2), s)) => {
                 let maps = Maps {
@@ -113,7 +142,7 @@ impl<T: Float> BatchNorm<T> {
         };
         let (n, h, w) = (x.n, x.h, x.w);
         let y = if half {
-            let len = x.len();
+            let len = x.data.len();
             let mut data: Vec<bf16> = Vec::with_capacity(len);
             end_pass(&mut data.spare_capacity_mut()[..len], &x.data, side, maps);
             // SAFETY: the chunks cover the first len elements, every one written.
@@ -126,7 +155,6 @@ impl<T: Float> BatchNorm<T> {
             Act::Full(Arc::new(unsafe { y.assume_init() }))
         };
         if train {
-            self.input = Some(x);
             if let Some((bn, (a2, d2), s)) = down {
                 bn.input = Some(s);
                 // The backward pass's mask, recomputed from the inputs it reads anyway.
@@ -141,32 +169,41 @@ impl<T: Float> BatchNorm<T> {
     /// it is kept, and from the block output's gradient in `T` or in bf16 (the shortcut
     /// gradient of the block after it, in bf16 training): with an identity shortcut, the
     /// masked gradient is the shortcut's, kept in the precision it came in (masking is exact);
-    /// with a projection, the projection's input gradient in `T`.
+    /// with a projection, the projection's input gradient in `T`. The branch's input gradient
+    /// (conv3's output gradient) is written over the kept input where that is in `T`, and in
+    /// bf16 where the input was kept in bf16 (`forward_add_relu_kept`).
     pub fn backward_add_relu_act(
         &mut self,
         dy: Act<T>,
         out: &Act<T>,
         projection: Option<&mut BatchNorm<T>>,
-    ) -> (Tensor<T>, Act<T>) {
-        let full = |(g, s): (Tensor<T>, EndShortcut<T, T>)| (g, Act::Full(Arc::new(s.into())));
-        match (dy, out) {
-            (Act::Full(d), Act::Full(o)) => {
-                full(self.end_backward(Arc::unwrap_or_clone(d), o, projection))
+    ) -> (Act<T>, Act<T>) {
+        let p = projection;
+        match (self.half_input.take(), dy) {
+            (Some(x), Act::Full(d)) => self.end_act(*x, Arc::unwrap_or_clone(d), out, p).rounded(),
+            (Some(x), Act::Half(d)) => self.end_act(*x, Arc::unwrap_or_clone(d), out, p).rounded(),
+            (None, Act::Full(d)) => {
+                let x = self.input.take().expect("backward before forward");
+                self.end_act(x, Arc::unwrap_or_clone(d), out, p).in_place()
             }
-            (Act::Full(d), Act::Half(o)) => {
-                full(self.end_backward(Arc::unwrap_or_clone(d), o, projection))
+            (None, Act::Half(d)) => {
+                let x = self.input.take().expect("backward before forward");
+                self.end_act(x, Arc::unwrap_or_clone(d), out, p).in_place()
             }
-            (Act::Half(d), out) => {
-                let (g, s) = match out {
-                    Act::Full(o) => self.end_backward(Arc::unwrap_or_clone(d), o, projection),
-                    Act::Half(o) => self.end_backward(Arc::unwrap_or_clone(d), o, projection),
-                };
-                let s = match s {
-                    EndShortcut::Projected(t) => Act::Full(Arc::new(t)),
-                    EndShortcut::Identity(t) => Act::Half(Arc::new(t)),
-                };
-                (g, s)
-            }
+        }
+    }
+
+    /// `end_sums` with the output in either precision.
+    fn end_act<G: Lhs<T>, S: Lhs<T>>(
+        &mut self,
+        x: Tensor<S>,
+        dy: Tensor<G>,
+        out: &Act<T>,
+        projection: Option<&mut BatchNorm<T>>,
+    ) -> EndSums<T, G, S> {
+        match out {
+            Act::Full(o) => self.end_sums(x, dy, o, projection),
+            Act::Half(o) => self.end_sums(x, dy, o, projection),
         }
     }
 
@@ -191,19 +228,22 @@ impl<T: Float> BatchNorm<T> {
         out: &Tensor<O>,
         projection: Option<&mut BatchNorm<T>>,
     ) -> (Tensor<T>, Tensor<T>) {
-        let (g, s) = self.end_backward(dy, out, projection);
+        let x = self.input.take().expect("backward before forward");
+        let (g, s) = self.end_sums(x, dy, out, projection).gradients();
         (g, s.into())
     }
 
-    /// `backward_add_relu` with the output gradient stored in `T` or bf16 (`G`).
-    fn end_backward<O: Positive, G: Lhs<T>>(
+    /// The first pass of `backward_add_relu`, from the kept input `x` and the output gradient
+    /// `dy`, each stored in `T` or bf16: the masked gradient, and what each input gradient
+    /// needs per channel.
+    fn end_sums<O: Positive, G: Lhs<T>, S: Lhs<T>>(
         &mut self,
+        x: Tensor<S>,
         mut dy: Tensor<G>,
         out: &Tensor<O>,
         mut projection: Option<&mut BatchNorm<T>>,
-    ) -> (Tensor<T>, EndShortcut<T, G>) {
-        let mut x = self.input.take().expect("backward before forward");
-        let mut xs = projection
+    ) -> EndSums<T, G, S> {
+        let xs = projection
             .as_mut()
             .map(|bn| bn.input.take().expect("backward before forward"));
         assert!(
@@ -218,7 +258,7 @@ impl<T: Float> BatchNorm<T> {
         let chunk = CHUNK_ROWS * c;
         let zero = T::zero();
         let projected = xs.is_some();
-        let second = xs.as_ref().map_or(&x.data[..], |s| &s.data[..]);
+        let second: &[T] = xs.as_ref().map_or(&[], |s| &s.data[..]);
         // With a projection, the ReLU's mask from both inputs and the forward pass's affine
         // maps (the same operations, so the same signs) instead of a read of `out`.
         let maps = match (self.relu_affine.take(), projection.as_mut()) {
@@ -231,8 +271,9 @@ impl<T: Float> BatchNorm<T> {
             .par_chunks_mut(chunk)
             .zip(out.data.par_chunks(chunk))
             .zip(x.data.par_chunks(chunk))
-            .zip(second.par_chunks(chunk))
-            .map(|(((gc, oc), xc), sc)| {
+            .enumerate()
+            .map(|(i, ((gc, oc), xc))| {
+                let sc = projected.then(|| &second[i * chunk..i * chunk + xc.len()]);
                 simd(
                     #[inline(always)]
                     || {
@@ -243,7 +284,7 @@ impl<T: Float> BatchNorm<T> {
                             Some(((a, d), (a2, d2))) if projected => EndMask::Affine(a, d, a2, d2),
                             _ => EndMask::Out(oc),
                         };
-                        mask_and_sum_rows(gc, mask, xc, projected.then_some(sc), q);
+                        mask_and_sum_rows(gc, mask, xc, sc, q);
                         p
                     },
                 )
@@ -259,16 +300,49 @@ impl<T: Float> BatchNorm<T> {
             }
         }
         let [s1, s2, s3] = s;
-        let rows = x.rows();
+        let rows = x.n * x.h * x.w;
         let grad = self.input_gradient((s1.clone(), s2), rows);
-        let g = &dy.data;
-        match (projection, xs.as_mut()) {
-            (Some(bn), Some(xs)) => {
-                let grad_s = bn.input_gradient((s1, s3), rows);
+        let projected = match (projection, xs) {
+            (Some(bn), Some(xs)) => Some((bn.input_gradient((s1, s3), rows), xs)),
+            _ => None,
+        };
+        EndSums {
+            g: dy,
+            x,
+            grad,
+            projected,
+        }
+    }
+}
+
+/// A block end's masked output gradient `g` (stored in `G`), the branch batch norm's kept
+/// input `x` (in `S`) and what its input gradient needs, and the projection's coefficients
+/// and kept input (with a projection).
+struct EndSums<T, G, S> {
+    g: Tensor<G>,
+    x: Tensor<S>,
+    grad: InputGradient<T>,
+    projected: Option<(InputGradient<T>, Tensor<T>)>,
+}
+
+impl<T: Float, G: Lhs<T>> EndSums<T, G, T> {
+    /// The second pass: each input gradient written over its kept input. Returns the
+    /// branch's and the shortcut's (the projection's, or `g` itself for an identity).
+    fn gradients(self) -> (Tensor<T>, EndShortcut<T, G>) {
+        let EndSums {
+            g,
+            mut x,
+            grad,
+            projected,
+        } = self;
+        let c = g.c;
+        let chunk = CHUNK_ROWS * c;
+        match projected {
+            Some((grad_s, mut xs)) => {
                 x.data
                     .par_chunks_mut(chunk)
                     .zip(xs.data.par_chunks_mut(chunk))
-                    .zip(g.par_chunks(chunk))
+                    .zip(g.data.par_chunks(chunk))
                     .for_each(|((xc, sc), gc)| {
                         simd(
                             #[inline(always)]
@@ -284,11 +358,12 @@ impl<T: Float> BatchNorm<T> {
                             },
                         )
                     });
+                (x, EndShortcut::Projected(xs))
             }
-            _ => {
+            None => {
                 x.data
                     .par_chunks_mut(chunk)
-                    .zip(g.par_chunks(chunk))
+                    .zip(g.data.par_chunks(chunk))
                     .for_each(|(xc, gc)| {
                         simd(
                             #[inline(always)]
@@ -299,12 +374,101 @@ impl<T: Float> BatchNorm<T> {
                             },
                         )
                     });
+                (x, EndShortcut::Identity(g))
             }
         }
-        match xs {
-            Some(xs) => (x, EndShortcut::Projected(xs)),
-            None => (x, EndShortcut::Identity(dy)),
-        }
+    }
+
+    /// `gradients` as the layers keep them (`Stored`).
+    fn in_place(self) -> (Act<T>, Act<T>)
+    where
+        G: Stored<T>,
+    {
+        let (x, s) = self.gradients();
+        (Act::Full(Arc::new(x)), s.act())
+    }
+}
+
+impl<T: Float, G: Stored<T>> EndSums<T, G, bf16> {
+    /// The second pass from a bf16 kept input (`Kept::Half`): the branch's input gradient
+    /// computed a block of rows at a time into scratch and rounded to bf16 (conv3's output
+    /// gradient, which its products round anyway); a projection's written over its f32 kept
+    /// input as in `gradients`.
+    fn rounded(self) -> (Act<T>, Act<T>) {
+        let EndSums {
+            g,
+            x,
+            grad,
+            projected,
+        } = self;
+        let (n, h, w, c) = dims(&g);
+        let (len, chunk) = (g.data.len(), CHUNK_ROWS * c);
+        let block = rows_per_block(c) * c;
+        let (grad_s, xs) = match projected {
+            Some((gs, xs)) => (Some(gs), Some(xs)),
+            None => (None, None),
+        };
+        // A chunk of rows: the branch's gradient a block at a time into scratch, rounded; the
+        // projection's in place.
+        let run = |oc: &mut [MaybeUninit<bf16>], xc: &[bf16], gc: &[G], sc: Option<&mut [T]>| {
+            T::with_scratch(block, |buf| {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (b, (ob, gb)) in oc.chunks_mut(block).zip(gc.chunks(block)).enumerate()
+                        {
+                            let at = b * block..b * block + gb.len();
+                            let buf = &mut buf[..gb.len()];
+                            for ((br, xr), gr) in buf
+                                .chunks_exact_mut(c)
+                                .zip(xc[at].chunks_exact(c))
+                                .zip(gb.chunks_exact(c))
+                            {
+                                grad.row_into(br, xr, gr, Gate::<T, T>::Open);
+                            }
+                            round_bf16(buf, ob);
+                        }
+                    },
+                )
+            });
+            if let (Some(sc), Some(grad_s)) = (sc, &grad_s) {
+                simd(
+                    #[inline(always)]
+                    || {
+                        for (sr, gr) in sc.chunks_exact_mut(c).zip(gc.chunks_exact(c)) {
+                            grad_s.row(sr, gr, Gate::<T, T>::Open);
+                        }
+                    },
+                )
+            }
+        };
+        let mut out: Vec<bf16> = Vec::with_capacity(len);
+        let out_c = out.spare_capacity_mut()[..len].par_chunks_mut(chunk);
+        let chunks = out_c
+            .zip(x.data.par_chunks(chunk))
+            .zip(g.data.par_chunks(chunk));
+        let shortcut = match xs {
+            Some(mut xs) => {
+                chunks
+                    .zip(xs.data.par_chunks_mut(chunk))
+                    .for_each(|(((o, x), g), s)| run(o, x, g, Some(s)));
+                EndShortcut::Projected(xs)
+            }
+            None => {
+                chunks.for_each(|((o, x), g)| run(o, x, g, None));
+                EndShortcut::Identity(g)
+            }
+        };
+        // SAFETY: the chunks cover the first len elements, every one written.
+        unsafe { out.set_len(len) };
+        let half = Act::Half(Arc::new(Tensor {
+            n,
+            h,
+            w,
+            c,
+            data: out,
+        }));
+        (half, shortcut.act())
     }
 }
 
@@ -313,6 +477,15 @@ impl<T: Float> BatchNorm<T> {
 enum EndShortcut<T, G> {
     Projected(Tensor<T>),
     Identity(Tensor<G>),
+}
+
+impl<T: Float, G: Stored<T>> EndShortcut<T, G> {
+    fn act(self) -> Act<T> {
+        match self {
+            EndShortcut::Projected(t) => Act::Full(Arc::new(t)),
+            EndShortcut::Identity(t) => G::act(t),
+        }
+    }
 }
 
 impl<T> From<EndShortcut<T, T>> for Tensor<T> {
@@ -383,9 +556,9 @@ impl<T: Float> Store<T> for bf16 {
 
 /// `y = relu(x·a + d + shortcut)` (the shortcut normalised by `a2`, `d2` with a projection),
 /// chunks of rows in parallel, each in blocks of rows (`Store::block`) stored by `O`.
-fn end_pass<T: Float, O: Store<T>>(
+fn end_pass<T: Float, X: Lhs<T>, O: Store<T>>(
     y: &mut [MaybeUninit<O>],
-    x: &[T],
+    x: &[X],
     side: Side<'_, T>,
     maps: Maps<'_, T>,
 ) {
@@ -403,9 +576,9 @@ fn end_pass<T: Float, O: Store<T>>(
         });
 }
 
-fn end_chunk<T: Float, S: Lhs<T>, O: Store<T>>(
+fn end_chunk<T: Float, X: Lhs<T>, S: Lhs<T>, O: Store<T>>(
     yc: &mut [MaybeUninit<O>],
-    xc: &[T],
+    xc: &[X],
     sc: &[S],
     m: Maps<'_, T>,
 ) {
@@ -429,7 +602,12 @@ fn end_chunk<T: Float, S: Lhs<T>, O: Store<T>>(
 
 /// Rows of the block's end into `y`.
 #[inline(always)]
-fn end_rows<T: Float, S: Lhs<T>>(y: &mut [MaybeUninit<T>], x: &[T], s: &[S], m: Maps<'_, T>) {
+fn end_rows<T: Float, X: Lhs<T>, S: Lhs<T>>(
+    y: &mut [MaybeUninit<T>],
+    x: &[X],
+    s: &[S],
+    m: Maps<'_, T>,
+) {
     let c = m.a.len();
     let zero = T::zero();
     let (a, d, a2, d2) = (&m.a[..c], &m.d[..c], &m.a2[..c], &m.d2[..c]);
@@ -441,12 +619,12 @@ fn end_rows<T: Float, S: Lhs<T>>(y: &mut [MaybeUninit<T>], x: &[T], s: &[S], m: 
         let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
         if m.projected {
             for j in 0..c {
-                let t = (xr[j] * a[j] + d[j]) + (sr[j].widen() * a2[j] + d2[j]);
+                let t = (xr[j].widen() * a[j] + d[j]) + (sr[j].widen() * a2[j] + d2[j]);
                 yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
             }
         } else {
             for j in 0..c {
-                let t = (xr[j] * a[j] + d[j]) + sr[j].widen();
+                let t = (xr[j].widen() * a[j] + d[j]) + sr[j].widen();
                 yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
             }
         }
@@ -471,10 +649,10 @@ enum EndMask<'a, T, O> {
 /// checks than the vectoriser makes wherever the inlining lost the slices' no-alias facts, and
 /// the pass ran scalar (0.15 → 0.41 s of a bf16 step).
 #[inline(always)]
-fn mask_and_sum_rows<T: Float, G: Lhs<T>, O: Positive>(
+fn mask_and_sum_rows<T: Float, G: Lhs<T>, X: Lhs<T>, O: Positive>(
     g: &mut [G],
     mask: EndMask<'_, T, O>,
-    x: &[T],
+    x: &[X],
     s: Option<&[T]>,
     [q1, q2, q3]: [&mut [T]; 3],
 ) {
@@ -499,7 +677,7 @@ fn mask_and_sum_rows<T: Float, G: Lhs<T>, O: Positive>(
                     let (gr, xr, sr) = (&mut g[o..o + c], &x[o..o + c], &s[o..o + c]);
                     let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
                     for j in 0..c {
-                        let t = (xr[j] * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
+                        let t = (xr[j].widen() * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
                         gr[j] = if t > zero { gr[j] } else { G::default() };
                     }
                 }
@@ -514,7 +692,7 @@ fn mask_and_sum_rows<T: Float, G: Lhs<T>, O: Positive>(
                 let (gr, xr) = (&g[o..o + G], &x[o..o + G]);
                 for j in 0..G {
                     s1[j] += gr[j].widen();
-                    s2[j] += gr[j].widen() * xr[j];
+                    s2[j] += gr[j].widen() * xr[j].widen();
                 }
                 if let Some(s) = s {
                     let sr = &s[o..o + G];
@@ -532,7 +710,7 @@ fn mask_and_sum_rows<T: Float, G: Lhs<T>, O: Positive>(
             for j in full..c {
                 let gj = g[o + j].widen();
                 q1[j] += gj;
-                q2[j] += gj * x[o + j];
+                q2[j] += gj * x[o + j].widen();
                 if let Some(s) = s {
                     q3[j] += gj * s[o + j];
                 }

@@ -3,13 +3,13 @@
 use super::*;
 use crate::data::Rng;
 
-fn rand_tensor(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
+pub(super) fn rand_tensor(n: usize, h: usize, w: usize, c: usize, seed: u64) -> Tensor<f64> {
     let mut r = Rng::new(seed);
     Tensor::from_vec(n, h, w, c, (0..n * h * w * c).map(|_| r.normal()).collect())
 }
 
 /// `t` rounded to f32.
-fn f32s(t: Tensor<f64>) -> Tensor<f32> {
+pub(super) fn f32s(t: Tensor<f64>) -> Tensor<f32> {
     let data = t.data.iter().map(|&v| v as f32).collect();
     Tensor::from_vec(t.n, t.h, t.w, t.c, data)
 }
@@ -439,7 +439,7 @@ fn loss_values() {
 use crate::tensor::bf16_pool;
 
 /// `v` rounded to bf16 as the products round their operands.
-fn rounded(v: &[f32]) -> Vec<crate::tensor::bf16> {
+pub(super) fn rounded(v: &[f32]) -> Vec<crate::tensor::bf16> {
     let mut out = vec![std::mem::MaybeUninit::uninit(); v.len()];
     crate::tensor::round_bf16(v, &mut out);
     // SAFETY: round_bf16 wrote every element.
@@ -650,97 +650,4 @@ fn half_block_end_rounds_the_f32_values() {
         matches!(Act::kept(s), Act::Full(_)),
         "f32 products keep f32"
     );
-}
-
-/// A block's end from an output gradient kept in bf16 (the next block's shortcut gradient in
-/// bf16 training) gives the input gradients of the pass fed the same values in f32; an
-/// identity shortcut's gradient stays in bf16 (the masked values: exact), a projection's is
-/// its batch norm's input gradient in f32.
-#[test]
-fn half_block_end_takes_a_bf16_output_gradient() {
-    let x = f32s(rand_tensor(2, 12, 11, 32, 81));
-    let s = f32s(rand_tensor(2, 12, 11, 32, 82));
-    let dy = f32s(rand_tensor(2, 12, 11, 32, 83));
-    let half_dy = Tensor {
-        data: rounded(&dy.data),
-        n: dy.n,
-        h: dy.h,
-        w: dy.w,
-        c: dy.c,
-    };
-    let wide_dy = Act::Half(Arc::new(half_dy.clone())).into_full();
-    let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
-    let full = |t: &Tensor<f32>| Act::Full(Arc::new(t.clone()));
-    bf16_pool().install(|| {
-        let (mut b1, mut b2) = (bn("b"), bn("b"));
-        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
-        b2.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
-        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, None);
-        let (g2, s2) = b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, None);
-        assert_eq!(g1, g2, "identity: the branch's input gradient");
-        assert_eq!(b1.gamma.grad, b2.gamma.grad);
-        let Act::Half(s2) = s2 else {
-            panic!("a bf16 shortcut gradient stays bf16")
-        };
-        assert_eq!(
-            s2.data,
-            rounded(&s1.full().data),
-            "identity: the masked gradient"
-        );
-        assert!(
-            s2.data.iter().any(|v| v.to_f32() == 0.0),
-            "masked somewhere"
-        );
-        let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
-        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p1, s.clone()), true);
-        b2.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p2, s.clone()), true);
-        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, Some(&mut p1));
-        let (g2, s2) =
-            b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, Some(&mut p2));
-        assert_eq!(g1, g2, "projected: the branch's input gradient");
-        let (Act::Full(s1), Act::Full(s2)) = (s1, s2) else {
-            panic!("a projection's input gradient is f32")
-        };
-        assert_eq!(s1, s2, "projected: the projection's input gradient");
-        assert_eq!(p1.gamma.grad, p2.gamma.grad);
-    });
-}
-
-/// A batch norm + ReLU whose input is kept in bf16 (`forward_relu_kept`, a 1×1 convolution's
-/// output in bf16 training) gives, forward and backward, the bits of the pass fed the same
-/// values in f32.
-#[test]
-fn half_batch_norm_input_gives_the_f32_pass_of_its_values() {
-    let x = f32s(rand_tensor(2, 12, 11, 32, 91));
-    let dy = f32s(rand_tensor(2, 12, 11, 32, 92));
-    let half_x = Tensor {
-        data: rounded(&x.data),
-        n: x.n,
-        h: x.h,
-        w: x.w,
-        c: x.c,
-    };
-    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
-    bf16_pool().install(|| {
-        let (mut b1, mut b2) = (
-            BatchNorm::<f32>::new("b", 32, 0.8),
-            BatchNorm::<f32>::new("b", 32, 0.8),
-        );
-        let y1 = b1.forward_relu(wide_x.clone(), true);
-        let y2 = b2.forward_relu_kept(Kept::Half(half_x.clone()), true);
-        let (Act::Half(h1), Act::Half(h2)) = (&y1, &y2) else {
-            panic!("bf16 products keep bf16 activations")
-        };
-        assert_eq!(h1.data, h2.data, "forward");
-        assert_eq!(b1.running_mean, b2.running_mean);
-        let (Act::Half(g1), Act::Half(g2)) = (
-            b1.backward_relu_act(&dy, &y1),
-            b2.backward_relu_act(&dy, &y2),
-        ) else {
-            panic!("bf16 products keep bf16 gradients")
-        };
-        assert_eq!(g1.data, g2.data, "backward");
-        assert_eq!(b1.gamma.grad, b2.gamma.grad);
-        assert_eq!(b1.beta.grad, b2.beta.grad);
-    });
 }

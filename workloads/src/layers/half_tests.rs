@@ -1,0 +1,178 @@
+//! The layers' bf16 storage in bf16 training (convolution outputs, block-to-block gradients):
+//! each against the f32 pass of the same values.
+
+use super::tests::{f32s, rand_tensor, rounded};
+use super::*;
+use crate::tensor::bf16_pool;
+
+/// A block's end from an output gradient kept in bf16 (the next block's shortcut gradient in
+/// bf16 training) gives the input gradients of the pass fed the same values in f32; an
+/// identity shortcut's gradient stays in bf16 (the masked values: exact), a projection's is
+/// its batch norm's input gradient in f32.
+#[test]
+fn half_block_end_takes_a_bf16_output_gradient() {
+    let x = f32s(rand_tensor(2, 12, 11, 32, 81));
+    let s = f32s(rand_tensor(2, 12, 11, 32, 82));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 83));
+    let half_dy = Tensor {
+        data: rounded(&dy.data),
+        n: dy.n,
+        h: dy.h,
+        w: dy.w,
+        c: dy.c,
+    };
+    let wide_dy = Act::Half(Arc::new(half_dy.clone())).into_full();
+    let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
+    let full = |t: &Tensor<f32>| Act::Full(Arc::new(t.clone()));
+    bf16_pool().install(|| {
+        let (mut b1, mut b2) = (bn("b"), bn("b"));
+        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
+        b2.forward_add_relu_act(x.clone(), Shortcut::Identity(&s), true);
+        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, None);
+        let (g2, s2) = b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, None);
+        assert_eq!(
+            g1.into_full(),
+            g2.into_full(),
+            "identity: the branch's input gradient"
+        );
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        let Act::Half(s2) = s2 else {
+            panic!("a bf16 shortcut gradient stays bf16")
+        };
+        assert_eq!(
+            s2.data,
+            rounded(&s1.full().data),
+            "identity: the masked gradient"
+        );
+        assert!(
+            s2.data.iter().any(|v| v.to_f32() == 0.0),
+            "masked somewhere"
+        );
+        let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
+        let y = b1.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p1, s.clone()), true);
+        b2.forward_add_relu_act(x.clone(), Shortcut::Projected(&mut p2, s.clone()), true);
+        let (g1, s1) = b1.backward_add_relu_act(full(&wide_dy), &y, Some(&mut p1));
+        let (g2, s2) =
+            b2.backward_add_relu_act(Act::Half(Arc::new(half_dy.clone())), &y, Some(&mut p2));
+        assert_eq!(
+            g1.into_full(),
+            g2.into_full(),
+            "projected: the branch's input gradient"
+        );
+        let (Act::Full(s1), Act::Full(s2)) = (s1, s2) else {
+            panic!("a projection's input gradient is f32")
+        };
+        assert_eq!(s1, s2, "projected: the projection's input gradient");
+        assert_eq!(p1.gamma.grad, p2.gamma.grad);
+    });
+}
+
+/// A batch norm + ReLU whose input is kept in bf16 (`forward_relu_kept`, a 1×1 convolution's
+/// output in bf16 training) gives, forward and backward, the bits of the pass fed the same
+/// values in f32.
+#[test]
+fn half_batch_norm_input_gives_the_f32_pass_of_its_values() {
+    let x = f32s(rand_tensor(2, 12, 11, 32, 91));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 92));
+    let half_x = Tensor {
+        data: rounded(&x.data),
+        n: x.n,
+        h: x.h,
+        w: x.w,
+        c: x.c,
+    };
+    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
+    bf16_pool().install(|| {
+        let (mut b1, mut b2) = (
+            BatchNorm::<f32>::new("b", 32, 0.8),
+            BatchNorm::<f32>::new("b", 32, 0.8),
+        );
+        let y1 = b1.forward_relu(wide_x.clone(), true);
+        let y2 = b2.forward_relu_kept(Kept::Half(half_x.clone()), true);
+        let (Act::Half(h1), Act::Half(h2)) = (&y1, &y2) else {
+            panic!("bf16 products keep bf16 activations")
+        };
+        assert_eq!(h1.data, h2.data, "forward");
+        assert_eq!(b1.running_mean, b2.running_mean);
+        let (Act::Half(g1), Act::Half(g2)) = (
+            b1.backward_relu_act(&dy, &y1),
+            b2.backward_relu_act(&dy, &y2),
+        ) else {
+            panic!("bf16 products keep bf16 gradients")
+        };
+        assert_eq!(g1.data, g2.data, "backward");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        assert_eq!(b1.beta.grad, b2.beta.grad);
+    });
+}
+
+/// A block's end whose branch input is kept in bf16 (`forward_add_relu_kept`, conv3's output
+/// in bf16 training) gives the output of the pass fed the same values in f32, and backward its
+/// gradients: the branch's rounded to bf16 (conv3's output gradient), the shortcut's as they
+/// were — with an identity shortcut and with a projection.
+#[test]
+fn half_block_end_input_gives_the_f32_pass_of_its_values() {
+    let x = f32s(rand_tensor(2, 12, 11, 32, 101));
+    let s = f32s(rand_tensor(2, 12, 11, 32, 102));
+    let dy = f32s(rand_tensor(2, 12, 11, 32, 103));
+    let half_x = Tensor {
+        data: rounded(&x.data),
+        n: x.n,
+        h: x.h,
+        w: x.w,
+        c: x.c,
+    };
+    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
+    let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
+    let full = || Act::Full(Arc::new(dy.clone()));
+    bf16_pool().install(|| {
+        for projected in [false, true] {
+            let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
+            let (y1, y2) = if projected {
+                (
+                    b1.forward_add_relu_act(
+                        wide_x.clone(),
+                        Shortcut::Projected(&mut p1, s.clone()),
+                        true,
+                    ),
+                    b2.forward_add_relu_kept(
+                        Kept::Half(half_x.clone()),
+                        Shortcut::Projected(&mut p2, s.clone()),
+                        true,
+                    ),
+                )
+            } else {
+                (
+                    b1.forward_add_relu_act(wide_x.clone(), Shortcut::Identity(&s), true),
+                    b2.forward_add_relu_kept(
+                        Kept::Half(half_x.clone()),
+                        Shortcut::Identity(&s),
+                        true,
+                    ),
+                )
+            };
+            let (Act::Half(h1), Act::Half(h2)) = (&y1, &y2) else {
+                panic!("bf16 products keep the block's end in bf16")
+            };
+            assert_eq!(h1.data, h2.data, "forward, projected {projected}");
+            let (q1, q2) = (projected.then_some(&mut p1), projected.then_some(&mut p2));
+            let (g1, s1) = b1.backward_add_relu_act(full(), &y1, q1);
+            let (g2, s2) = b2.backward_add_relu_act(full(), &y2, q2);
+            let (Act::Full(g1), Act::Half(g2)) = (g1, g2) else {
+                panic!("the branch's gradient: f32 from an f32 input, bf16 from a bf16 one")
+            };
+            assert_eq!(
+                g2.data,
+                rounded(&g1.data),
+                "backward, projected {projected}"
+            );
+            assert_eq!(
+                s1.into_full(),
+                s2.into_full(),
+                "shortcut, projected {projected}"
+            );
+            assert_eq!(b1.gamma.grad, b2.gamma.grad);
+            assert_eq!(p1.gamma.grad, p2.gamma.grad);
+        }
+    });
+}
