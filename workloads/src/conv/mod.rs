@@ -228,15 +228,16 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
         });
 }
 
-/// Whether `forward_half` takes a convolution of this shape: 1×1 stride 1, a single GEMM.
-pub fn forward_half_applies(sh: &ConvShape) -> bool {
-    pointwise(sh)
+/// Whether `forward_half` takes a convolution of this shape: 1×1 stride 1 (a single GEMM), or
+/// a 3×3 layer on F(2×2, 3×3) with bf16 products (`half_winograd`).
+pub fn forward_half_applies<T: 'static>(sh: &ConvShape) -> bool {
+    pointwise(sh) || half_winograd::<T>(sh, false).is_some()
 }
 
 /// `forward_into` with the output rounded to bf16 (a batch norm's input in bf16 training), for
-/// 1×1 stride-1 layers (`forward_half_applies`): each block of rows of the product goes into
-/// f32 scratch and is rounded there, so that memory sees the output in bf16 only; the filter
-/// is packed once.
+/// the layers of `forward_half_applies`, so that memory sees the output in bf16 only: a 1×1
+/// layer's blocks of rows of the product go into f32 scratch and are rounded there (the filter
+/// packed once); F(2×2, 3×3)'s output transform rounds as it stores.
 pub fn forward_half<T: Float, S: Lhs<T>>(
     x: &[S],
     w: &[T],
@@ -244,7 +245,10 @@ pub fn forward_half<T: Float, S: Lhs<T>>(
     sh: &ConvShape,
 ) {
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
-    assert!(forward_half_applies(sh), "forward_half: {}", sh.describe());
+    if let Some(g) = half_winograd::<T>(sh, false) {
+        return winograd::half::forward_half(&g, x, w, y, sh);
+    }
+    assert!(pointwise(sh), "forward_half: {}", sh.describe());
     let (depth, k) = (sh.depth(), sh.k);
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };

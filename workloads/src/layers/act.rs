@@ -132,7 +132,7 @@ impl<T: Float> Conv2d<T> {
             Act::Full(t) => self.shape_for(t),
             Act::Half(t) => self.shape_for(t),
         };
-        if !half_activations::<T>() || !crate::conv::forward_half_applies(&sh) {
+        if !half_activations::<T>() || !crate::conv::forward_half_applies::<T>(&sh) {
             return Kept::Full(self.forward_act(x));
         }
         let len = sh.output_len();

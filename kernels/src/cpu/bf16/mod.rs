@@ -19,7 +19,7 @@ pub use kernel::{Bf16GemmKernel, TOLERANCE};
 pub use micro::{MR, NR};
 #[cfg(target_arch = "x86_64")]
 pub(crate) use pack::transpose16;
-pub use pack::{round, round_slice, Source};
+pub use pack::{round, round_lanes, round_slice, Source};
 
 use super::tiles::{empty_product, line, line_start, pad, scratch, threads, Dest, SendPtr};
 use pack::View;

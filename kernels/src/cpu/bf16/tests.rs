@@ -391,3 +391,38 @@ fn detect_honours_the_cap() {
         }
     }
 }
+
+/// The branch-free rounding gives `round`'s bits: on the special values (NaNs, infinities,
+/// zeros, subnormals, the largest finite values, ties either way) and on a sweep of bit
+/// patterns across every exponent.
+#[test]
+fn round_lanes_gives_rounds_bits() {
+    let mut xs = vec![
+        0.0f32,
+        -0.0,
+        f32::INFINITY,
+        f32::NEG_INFINITY,
+        f32::NAN,
+        -f32::NAN,
+        f32::from_bits(0x7f80_0001),
+        f32::from_bits(0xffc1_2345),
+        f32::MIN_POSITIVE,
+        -f32::MIN_POSITIVE,
+        f32::from_bits(1),
+        f32::from_bits(0x807f_ffff),
+        f32::MAX,
+        f32::MIN,
+        f32::from_bits(0x7f7f_8000),
+        f32::from_bits(0x3f80_8000),
+        f32::from_bits(0x3f81_8000),
+        f32::from_bits(0x3f80_7fff),
+    ];
+    let mut b = 0x9e37_79b9u32;
+    for _ in 0..200_000 {
+        b = b.wrapping_mul(0x0019_660d).wrapping_add(0x3c6e_f35f);
+        xs.push(f32::from_bits(b));
+    }
+    for x in xs {
+        assert_eq!(round_lanes(x), round(x), "{x:e} ({:#010x})", x.to_bits());
+    }
+}

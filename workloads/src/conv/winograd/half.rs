@@ -212,12 +212,27 @@ pub fn forward<T: Float, S: Lhs<T>>(
     })
 }
 
-/// `forward` in blocks of `tb` tiles.
-fn forward_by(
+/// `forward` with the output rounded to bf16 (a batch norm's input in bf16 training): the
+/// output transform rounds its f32 values as it stores them.
+pub fn forward_half<T: Float, S: Lhs<T>>(
+    gemm: &Bf16Gemm,
+    x: &[S],
+    w: &[T],
+    y: &mut [MaybeUninit<bf16>],
+    sh: &ConvShape,
+) {
+    let w = same(w);
+    in_bf16(x, |x| {
+        forward_by(gemm, x, w, y, sh, block_tiles(sh.c, sh.k))
+    })
+}
+
+/// `forward` in blocks of `tb` tiles, the output stored in `O`.
+fn forward_by<O: tiles::Lanes>(
     gemm: &Bf16Gemm,
     x: &[bf16],
     w: &[f32],
-    y: &mut [MaybeUninit<f32>],
+    y: &mut [MaybeUninit<O>],
     sh: &ConvShape,
     tb: usize,
 ) {
@@ -225,7 +240,7 @@ fn forward_by(
     let (g, c, k) = (grid(sh), sh.c, sh.k);
     let u = packed_filter(gemm, w, (c, k), false);
     let tiles = g.tiles();
-    let out = super::Out(y.as_mut_ptr() as *mut f32);
+    let out = super::Out(y.as_mut_ptr() as *mut O);
     let tb = even(tiles, tb);
     (0..tiles.div_ceil(tb)).into_par_iter().for_each(|blk| {
         let (first, count) = (blk * tb, tb.min(tiles - blk * tb));

@@ -28,6 +28,37 @@ unsafe fn put<const N: usize>(p: *mut f32, v: [f32; N]) {
     unsafe { (p as *mut [f32; N]).write_unaligned(v) }
 }
 
+/// Where an output transform's lanes are stored: f32, or bf16 (a batch norm's input in bf16
+/// training), rounded lane by lane as `round_slice` rounds (`round_lanes`, branch-free so that
+/// the loop vectorises).
+pub(super) trait Lanes: Copy {
+    /// `N` values to `p`.
+    ///
+    /// # Safety
+    /// `p` points at `N` writable elements.
+    unsafe fn put<const N: usize>(p: *mut Self, v: [f32; N]);
+}
+
+impl Lanes for f32 {
+    #[inline(always)]
+    unsafe fn put<const N: usize>(p: *mut f32, v: [f32; N]) {
+        // SAFETY: the caller's contract.
+        unsafe { put(p, v) }
+    }
+}
+
+impl Lanes for bf16 {
+    #[inline(always)]
+    unsafe fn put<const N: usize>(p: *mut bf16, v: [f32; N]) {
+        let mut r = [bf16::ZERO; N];
+        for l in 0..N {
+            r[l] = bf16::from_bits(roofline_kernels::cpu::bf16::round_lanes(v[l]));
+        }
+        // SAFETY: the caller's contract.
+        unsafe { (p as *mut [bf16; N]).write_unaligned(r) }
+    }
+}
+
 // Lane by lane in plain loops: `std::array::from_fn` and `map` were not always inlined (perf:
 // `try_map` called for every vector).
 
@@ -189,7 +220,7 @@ pub(super) unsafe fn output_gradient(dy: &[bf16], g: &Grid, k: usize, t: usize, 
 /// `m` points at `16 · k` readable f32, `y` at `g`'s outputs, tile `t`'s written by no other
 /// thread.
 #[inline(always)]
-pub(super) unsafe fn output(m: *const f32, g: &Grid, k: usize, t: usize, y: *mut f32) {
+pub(super) unsafe fn output<O: Lanes>(m: *const f32, g: &Grid, k: usize, t: usize, y: *mut O) {
     let (img, oy, ox) = g.origin(t);
     by_16!(k, |k0, N| {
         let mut rows = [[[0f32; N]; 2]; 4];
@@ -203,7 +234,7 @@ pub(super) unsafe fn output(m: *const f32, g: &Grid, k: usize, t: usize, y: *mut
             for (i, val) in col.into_iter().enumerate().take(g.h - oy) {
                 let p = ((img * g.h + oy + i) * g.w + ox + j) * k + k0;
                 // SAFETY: the caller's contract.
-                unsafe { put(y.add(p), val) };
+                unsafe { O::put(y.add(p), val) };
             }
         }
     });
