@@ -301,6 +301,31 @@ fn transpose_into<T: Float>(a: &[T], rows: usize, cols: usize, out: &mut [MaybeU
     }
 }
 
+/// wᵀ (k × depth) as the backward-data products' right-hand side: packed in bf16 straight
+/// from w's strides; for the native products, a row-major copy, kept here (the `Rhs` points
+/// into it).
+struct Transposed<T> {
+    rhs: Rhs<T>,
+    _copy: Vec<T>,
+}
+
+/// # Safety
+/// `w` (depth × k) is alive and unchanged while the result is used.
+unsafe fn transposed_rhs<T: Float>(w: &[T], depth: usize, k: usize) -> Transposed<T> {
+    // SAFETY: this function's contract.
+    let packed = unsafe { Rhs::new(k, depth, Mat::transposed(w.as_ptr(), k)) };
+    if packed.is_packed() {
+        return Transposed {
+            rhs: packed,
+            _copy: Vec::new(),
+        };
+    }
+    let copy = transpose(w, depth, k);
+    // SAFETY: the copy's buffer moves with it, unchanged, and lives as long as the Rhs.
+    let rhs = unsafe { Rhs::new(k, depth, Mat::rows(copy.as_ptr(), depth)) };
+    Transposed { rhs, _copy: copy }
+}
+
 /// `dx = ∂L/∂x` from `dy = ∂L/∂y` (stored in `T` or bf16).
 pub fn backward_data<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], dx: &mut [T], sh: &ConvShape) {
     // SAFETY: backward_data_into writes only computed values (and zeros).
@@ -347,15 +372,9 @@ pub fn backward_data_add_half<T: Float, D: Lhs<T>>(
             .for_each(|(s, d)| add_round(s, d));
         return;
     }
-    // SAFETY: w is depth × k, alive and unchanged while the Rhs are used; so is wt below.
-    let packed = unsafe { Rhs::new(k, depth, Mat::transposed(w.as_ptr(), k)) };
-    let wt;
-    let wb = if packed.is_packed() {
-        packed
-    } else {
-        wt = transpose(w, depth, k);
-        unsafe { Rhs::new(k, depth, Mat::rows(wt.as_ptr(), depth)) }
-    };
+    // SAFETY: w is alive and unchanged while wt is used.
+    let wt = unsafe { transposed_rhs(w, depth, k) };
+    let wb = &wt.rhs;
     let mb = block_rows::<T>(depth);
     dx.par_chunks_mut(mb * depth)
         .enumerate()
@@ -365,7 +384,7 @@ pub fn backward_data_add_half<T: Float, D: Lhs<T>>(
                 // SAFETY: dy rows × k from row t·mb, wᵀ k × depth, buf rows × depth.
                 unsafe {
                     D::gemm_rhs(
-                        &wb,
+                        wb,
                         rows,
                         buf.as_mut_ptr(),
                         depth,
@@ -412,22 +431,14 @@ unsafe fn backward_data_impl<T: Float, D: Lhs<T>>(
         return unsafe { winograd::half::backward_data(&g, dy, w, dx, sh, accumulate) };
     }
     let (depth, k) = (sh.depth(), sh.k);
-    // wᵀ (k × depth): packed in bf16 straight from w's strides; for the native products, a
-    // row-major copy.
-    // SAFETY: w is depth × k, alive and unchanged while the Rhs are used; so is wt below.
-    let packed = unsafe { Rhs::new(k, depth, Mat::transposed(w.as_ptr(), k)) };
-    let wt;
-    let wb = if packed.is_packed() {
-        packed
-    } else {
-        wt = transpose(w, depth, k);
-        unsafe { Rhs::new(k, depth, Mat::rows(wt.as_ptr(), depth)) }
-    };
+    // SAFETY: w is alive and unchanged while wt is used.
+    let wt = unsafe { transposed_rhs(w, depth, k) };
+    let wb = &wt.rhs;
     if pointwise(sh) {
         // SAFETY: dy rows × k, wᵀ k × c (w is c × k), dx rows × c.
         unsafe {
             D::gemm_rhs(
-                &wb,
+                wb,
                 sh.rows(),
                 dx.as_mut_ptr() as *mut T,
                 depth,
@@ -458,7 +469,7 @@ unsafe fn backward_data_impl<T: Float, D: Lhs<T>>(
                     // SAFETY: dy block rows × k, patch rows × depth.
                     unsafe {
                         D::gemm_rhs(
-                            &wb,
+                            wb,
                             rows,
                             patch.as_mut_ptr(),
                             depth,

@@ -297,8 +297,8 @@ impl<T: Float> BatchNorm<T> {
         if let Some(x) = self.half_input.take() {
             let x = *x;
             return match out {
-                Act::Full(y) => self.backward_half_input(x, dy, Gate::Output(&y.data)),
-                Act::Half(y) => self.backward_half_input(x, dy, Gate::Output(&y.data)),
+                Act::Full(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
+                Act::Half(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
             };
         }
         if !half_activations::<T>() {
@@ -310,11 +310,17 @@ impl<T: Float> BatchNorm<T> {
         }
     }
 
-    /// `backward_half` from an input kept in bf16 (`forward_relu_kept`): each block of rows of
-    /// the gradient computed into scratch from the bf16 input, then rounded.
-    fn backward_half_input<M: Positive>(
+    /// `backward_half_of` the input kept in `T`.
+    fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
+        let x = self.input.take().expect("backward before forward");
+        self.backward_half_of(x, dy, gate)
+    }
+
+    /// The input gradient in bf16 from the input `x` kept in `T` or bf16 (`forward_relu_kept`):
+    /// each block of rows computed into f32 scratch, then rounded, the input only read.
+    fn backward_half_of<S: Lhs<T>, M: Positive>(
         &mut self,
-        x: Tensor<bf16>,
+        x: Tensor<S>,
         dy: &Tensor<T>,
         gate: Gate<'_, T, M>,
     ) -> Act<T> {
@@ -362,56 +368,6 @@ impl<T: Float> BatchNorm<T> {
                         },
                     )
                 })
-            });
-        // SAFETY: the chunks of rows cover the first len elements, every one written.
-        unsafe { data.set_len(len) };
-        Act::Half(Arc::new(Tensor {
-            n: x.n,
-            h: x.h,
-            w: x.w,
-            c,
-            data,
-        }))
-    }
-
-    fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
-        let mut x = self.input.take().expect("backward before forward");
-        assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
-        let relu = self.relu_affine.take();
-        let gate = Self::gate(&relu, gate);
-        let c = dy.c;
-        let sums = sums(&dy.data, &x.data, gate, c);
-        let grad = self.input_gradient(sums, dy.rows());
-        let (len, chunk) = (x.len(), CHUNK_ROWS * c);
-        let mut data: Vec<bf16> = Vec::with_capacity(len);
-        // The kept input (no longer needed) becomes the f32 gradient in place, a block of rows
-        // at a time, each block then rounded.
-        data.spare_capacity_mut()[..len]
-            .par_chunks_mut(chunk)
-            .zip(x.data.par_chunks_mut(chunk))
-            .zip(dy.data.par_chunks(chunk))
-            .enumerate()
-            .for_each(|(i, ((oc, xc), gc))| {
-                let gate = gate.at(i * chunk, xc.len());
-                let block = rows_per_block(c) * c;
-                simd(
-                    #[inline(always)]
-                    || {
-                        for (b, ((ob, xb), gb)) in oc
-                            .chunks_mut(block)
-                            .zip(xc.chunks_mut(block))
-                            .zip(gc.chunks(block))
-                            .enumerate()
-                        {
-                            for (r, (xr, gr)) in
-                                xb.chunks_exact_mut(c).zip(gb.chunks_exact(c)).enumerate()
-                            {
-                                grad.row(xr, gr, gate.at(b * block + r * c, c));
-                            }
-                            round_bf16(xb, ob);
-                        }
-                    },
-                )
             });
         // SAFETY: the chunks of rows cover the first len elements, every one written.
         unsafe { data.set_len(len) };

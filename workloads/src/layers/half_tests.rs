@@ -5,6 +5,19 @@ use super::tests::{f32s, rand_tensor, rounded};
 use super::*;
 use crate::tensor::bf16_pool;
 
+/// `t` rounded to bf16, and those values back in f32 (exactly).
+fn halves(t: &Tensor<f32>) -> (Tensor<bf16>, Tensor<f32>) {
+    let half = Tensor {
+        data: rounded(&t.data),
+        n: t.n,
+        h: t.h,
+        w: t.w,
+        c: t.c,
+    };
+    let wide = Act::Half(Arc::new(half.clone())).into_full();
+    (half, wide)
+}
+
 /// A block's end from an output gradient kept in bf16 (the next block's shortcut gradient in
 /// bf16 training) gives the input gradients of the pass fed the same values in f32; an
 /// identity shortcut's gradient stays in bf16 (the masked values: exact), a projection's is
@@ -14,14 +27,7 @@ fn half_block_end_takes_a_bf16_output_gradient() {
     let x = f32s(rand_tensor(2, 12, 11, 32, 81));
     let s = f32s(rand_tensor(2, 12, 11, 32, 82));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 83));
-    let half_dy = Tensor {
-        data: rounded(&dy.data),
-        n: dy.n,
-        h: dy.h,
-        w: dy.w,
-        c: dy.c,
-    };
-    let wide_dy = Act::Half(Arc::new(half_dy.clone())).into_full();
+    let (half_dy, wide_dy) = halves(&dy);
     let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
     let full = |t: &Tensor<f32>| Act::Full(Arc::new(t.clone()));
     bf16_pool().install(|| {
@@ -74,14 +80,7 @@ fn half_block_end_takes_a_bf16_output_gradient() {
 fn half_batch_norm_input_gives_the_f32_pass_of_its_values() {
     let x = f32s(rand_tensor(2, 12, 11, 32, 91));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 92));
-    let half_x = Tensor {
-        data: rounded(&x.data),
-        n: x.n,
-        h: x.h,
-        w: x.w,
-        c: x.c,
-    };
-    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
+    let (half_x, wide_x) = halves(&x);
     bf16_pool().install(|| {
         let (mut b1, mut b2) = (
             BatchNorm::<f32>::new("b", 32, 0.8),
@@ -115,14 +114,7 @@ fn half_block_end_input_gives_the_f32_pass_of_its_values() {
     let x = f32s(rand_tensor(2, 12, 11, 32, 101));
     let s = f32s(rand_tensor(2, 12, 11, 32, 102));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 103));
-    let half_x = Tensor {
-        data: rounded(&x.data),
-        n: x.n,
-        h: x.h,
-        w: x.w,
-        c: x.c,
-    };
-    let wide_x = Act::Half(Arc::new(half_x.clone())).into_full();
+    let (half_x, wide_x) = halves(&x);
     let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
     let full = || Act::Full(Arc::new(dy.clone()));
     bf16_pool().install(|| {
