@@ -125,8 +125,8 @@ impl<T: Float> Act<T> {
 
 impl<T: Float> Conv2d<T> {
     /// `forward_act` with the output rounded to bf16 where the activations are kept in bf16
-    /// (`half_activations`) and the layer is 1×1 stride 1 (a batch norm's input,
-    /// `crate::conv::forward_half`), in `T` otherwise.
+    /// (`half_activations`) and the layer's path can round it as it stores it (1×1 stride 1,
+    /// F(2×2, 3×3): `crate::conv::forward_half`), in `T` otherwise: a batch norm's input.
     pub fn forward_kept(&mut self, x: &Act<T>) -> Kept<T> {
         let sh = match x {
             Act::Full(t) => self.shape_for(t),
