@@ -199,7 +199,30 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
         };
         return;
     }
-    let per_img = sh.oh() * sh.ow();
+    // SAFETY (the product): patch rows × depth, the block of y rows × k.
+    im2col_forward(x, w, y, sh, |wb, patch, rows, yb| unsafe {
+        S::gemm_rhs(
+            wb,
+            rows,
+            yb.as_mut_ptr() as *mut T,
+            k,
+            false,
+            Mat::rows(patch.as_ptr(), depth),
+            false,
+        )
+    });
+}
+
+/// The im2col forward pass: for each block of output rows (`tiling`), the patch, then
+/// `product(w, patch, rows, y block)` writes the block (`rows × k`) of `y`.
+fn im2col_forward<T: Float, S: Lhs<T>, O: Send>(
+    x: &[S],
+    w: &[T],
+    y: &mut [MaybeUninit<O>],
+    sh: &ConvShape,
+    product: impl Fn(&Rhs<T>, &[S], usize, &mut [MaybeUninit<O>]) + Sync,
+) {
+    let (depth, k, per_img) = (sh.depth(), sh.k, sh.oh() * sh.ow());
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
     let (g, mb) = tiling::<S>(sh, wb.is_packed());
@@ -211,33 +234,18 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
                 for r0 in (0..rows_t).step_by(mb) {
                     let rows = mb.min(rows_t - r0);
                     roofline_kernels::cpu::conv::im2col(x, sh, first + r0, rows, patch);
-                    // SAFETY: patch rows × depth, the block of y rows × k.
-                    unsafe {
-                        S::gemm_rhs(
-                            &wb,
-                            rows,
-                            y_t[r0 * k..].as_mut_ptr() as *mut T,
-                            k,
-                            false,
-                            Mat::rows(patch.as_ptr(), depth),
-                            false,
-                        )
-                    };
+                    product(&wb, patch, rows, &mut y_t[r0 * k..(r0 + rows) * k]);
                 }
             })
         });
 }
 
-/// Whether `forward_half` takes a convolution of this shape: 1×1 stride 1 (a single GEMM), or
-/// a 3×3 layer on F(2×2, 3×3) with bf16 products (`half_winograd`).
-pub fn forward_half_applies<T: 'static>(sh: &ConvShape) -> bool {
-    pointwise(sh) || half_winograd::<T>(sh, false).is_some()
-}
-
-/// `forward_into` with the output rounded to bf16 (a batch norm's input in bf16 training), for
-/// the layers of `forward_half_applies`, so that memory sees the output in bf16 only: a 1×1
-/// layer's blocks of rows of the product go into f32 scratch and are rounded there (the filter
-/// packed once); F(2×2, 3×3)'s output transform rounds as it stores.
+/// `forward_into` with the output rounded to bf16 (a batch norm's input in bf16 training: f32
+/// layers with bf16 products, `half_activations`), so that memory sees the output in bf16
+/// only: F(2×2, 3×3)'s output transform rounds as it stores; a 1×1 layer's blocks of rows of
+/// the product, and the im2col layers' (strided, projections, 3×3 on small images), go into
+/// f32 scratch and are rounded there (the filter packed once). With bf16 products those are
+/// `forward_into`'s paths, so the bits are its output's rounded.
 pub fn forward_half<T: Float, S: Lhs<T>>(
     x: &[S],
     w: &[T],
@@ -248,8 +256,26 @@ pub fn forward_half<T: Float, S: Lhs<T>>(
     if let Some(g) = half_winograd::<T>(sh, false) {
         return winograd::half::forward_half(&g, x, w, y, sh);
     }
-    assert!(pointwise(sh), "forward_half: {}", sh.describe());
     let (depth, k) = (sh.depth(), sh.k);
+    if !pointwise(sh) {
+        // SAFETY (the product): patch rows × depth, buf and the block of y rows × k.
+        return im2col_forward(x, w, y, sh, |wb, patch, rows, yb| {
+            T::with_scratch(rows * k, |buf| {
+                unsafe {
+                    S::gemm_rhs(
+                        wb,
+                        rows,
+                        buf.as_mut_ptr(),
+                        k,
+                        false,
+                        Mat::rows(patch.as_ptr(), depth),
+                        false,
+                    )
+                };
+                round_bf16(buf, yb);
+            })
+        });
+    }
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
     let mb = block_rows::<T>(k);

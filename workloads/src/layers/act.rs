@@ -124,15 +124,15 @@ impl<T: Float> Act<T> {
 }
 
 impl<T: Float> Conv2d<T> {
-    /// `forward_act` with the output rounded to bf16 where the activations are kept in bf16
-    /// (`half_activations`) and the layer's path can round it as it stores it (1×1 stride 1,
-    /// F(2×2, 3×3): `crate::conv::forward_half`), in `T` otherwise: a batch norm's input.
+    /// `forward_act` with the output rounded to bf16 as it is stored where the activations are
+    /// kept in bf16 (`half_activations`: `crate::conv::forward_half`), in `T` otherwise: a
+    /// batch norm's input.
     pub fn forward_kept(&mut self, x: &Act<T>) -> Kept<T> {
         let sh = match x {
             Act::Full(t) => self.shape_for(t),
             Act::Half(t) => self.shape_for(t),
         };
-        if !half_activations::<T>() || !crate::conv::forward_half_applies::<T>(&sh) {
+        if !half_activations::<T>() {
             return Kept::Full(self.forward_act(x));
         }
         let len = sh.output_len();
