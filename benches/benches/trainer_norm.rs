@@ -5,17 +5,19 @@
 //! bytes of the passes' own minimum traffic (every tensor they read or write, once per pass;
 //! criterion prints B/s): hold it against `cpu/mem/DRAM/triad/all`, or the L3 roof where the
 //! tensors fit. The bn + ReLU benches also run as `--precision bf16` does (`_bf16`: the output
-//! and the input gradient kept in bf16, bytes counted so), and so do the block ends (the
-//! identity shortcut and the output in bf16). `ROOFLINE_BENCH_LAYERS=a,b` keeps
+//! and the input gradient kept in bf16, bytes counted so), and so do the block ends (their
+//! inputs, output and gradients in bf16 as the trainer keeps them). `ROOFLINE_BENCH_LAYERS=a,b` keeps
 //! the benches whose names contain a or b.
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
-use roofline_workloads::layers::{Act, BatchNorm, MaxPool, Shortcut};
+use roofline_workloads::layers::{Act, BatchNorm, Kept, MaxPool, Shortcut};
 use roofline_workloads::tensor::{set_products, Bf16Gemm, Products, Tensor};
 
 /// As the trainer: freed activations come back from a cache, not from fresh pages.
 #[global_allocator]
 static ALLOC: roofline_workloads::alloc::Caching = roofline_workloads::alloc::Caching;
+
+use std::sync::Arc;
 
 fn tensor(n: usize, hw: usize, c: usize, seed: f32) -> Tensor<f32> {
     let len = n * hw * hw * c;
@@ -110,25 +112,31 @@ fn passes(c: &mut Criterion) {
             }
             continue;
         }
-        let inputs = || (x.clone(), projected.then(|| s.clone()));
-        // In f32, and as `--precision bf16` runs it where the CPU can (`_bf16`: the identity
-        // shortcut and the output in bf16, the backward pass reading its mask from the bf16
-        // output). Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy, y, x [, s])
-        // → masked dy and sums, then (dy, x [, s]) → dx [, ds]. Bytes in halves of e.
+        // In f32, and as `--precision bf16` runs it where the CPU can (`_bf16`: the branch's
+        // input (conv3's output), the shortcut, the output and the output gradient in bf16, the
+        // backward pass reading the identity's mask from the bf16 output and writing the input
+        // gradients in bf16). Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy,
+        // y, x [, s]) → masked dy and sums (y not read with a projection), then (dy, x [, s]) →
+        // dx [, ds]. Bytes in halves of e.
         let mut precisions = vec![(&pool, "", if projected { (10, 20) } else { (8, 14) })];
         if let Some(half) = &half {
-            // The output gradient in bf16 too: the shortcut gradient of the block after it.
-            precisions.push((half, "_bf16", if projected { (9, 17) } else { (6, 10) }));
+            precisions.push((half, "_bf16", if projected { (5, 9) } else { (4, 7) }));
         }
         for (pool, suffix, (fwd, bwd)) in precisions {
             let kept = pool.install(|| Act::kept(s.clone()));
             let kept_dy = pool.install(|| Act::kept(dy.clone()));
+            let as_kept = |t: &Tensor<f32>| match Act::kept(t.clone()) {
+                Act::Full(t) => Kept::Full(Arc::unwrap_or_clone(t)),
+                Act::Half(t) => Kept::Half(Arc::unwrap_or_clone(t)),
+            };
+            let (kept_x, kept_s) = pool.install(|| (as_kept(&x), as_kept(&s)));
+            let inputs = || (kept_x.clone(), projected.then(|| kept_s.clone()));
             let run_fwd =
                 |bn: &mut BatchNorm<f32>,
                  down: &mut BatchNorm<f32>,
-                 (x, sp): (Tensor<f32>, Option<Tensor<f32>>)| match sp {
-                    Some(sp) => bn.forward_add_relu_act(x, Shortcut::Projected(down, sp), true),
-                    None => bn.forward_add_relu_act(x, Shortcut::identity(&kept), true),
+                 (x, sp): (Kept<f32>, Option<Kept<f32>>)| match sp {
+                    Some(sp) => bn.forward_add_relu_kept(x, Shortcut::projected(down, sp), true),
+                    None => bn.forward_add_relu_kept(x, Shortcut::identity(&kept), true),
                 };
             g.throughput(Throughput::Bytes(fwd * e / 2));
             g.bench_function(format!("{name}/fwd{suffix}"), |b| {

@@ -138,9 +138,9 @@ impl<T: Float> Bottleneck<T> {
         let bn3 = &mut self.bn3;
         let c = match self.down.as_mut() {
             Some((conv, bn)) => {
-                let d = timed(FWD, f("downsample.0"), || conv.forward_act(x));
+                let d = timed(FWD, f("downsample.0"), || conv.forward_kept(x));
                 timed(FWD, f("bn3+downsample.1+add+relu3"), || {
-                    bn3.forward_add_relu_kept(c, Shortcut::Projected(bn, d), train)
+                    bn3.forward_add_relu_kept(c, Shortcut::projected(bn, d), train)
                 })
             }
             None => timed(FWD, f("bn3+add+relu3"), || {

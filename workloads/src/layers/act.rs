@@ -35,9 +35,20 @@ impl<T> Clone for Act<T> {
 /// written in half the bytes and read in half by the batch norm's four passes over it
 /// (statistics, normalisation, and the backward pass's two). The statistics, the affine map
 /// and every gradient stay f32.
+#[derive(Clone)]
 pub enum Kept<T> {
     Full(Tensor<T>),
     Half(Tensor<bf16>),
+}
+
+impl<T> Kept<T> {
+    /// (n, h, w, c).
+    pub fn dims(&self) -> (usize, usize, usize, usize) {
+        match self {
+            Kept::Full(t) => (t.n, t.h, t.w, t.c),
+            Kept::Half(t) => (t.n, t.h, t.w, t.c),
+        }
+    }
 }
 
 /// A tensor's storage, the layers' type or bf16, as the `Act` that holds it.
@@ -174,6 +185,15 @@ impl<T: Float> Conv2d<T> {
 }
 
 impl<T: Float> BatchNorm<T> {
+    /// The input kept by the forward pass, for a backward pass that reads it in `T` (one whose
+    /// forward pass kept it so).
+    pub(super) fn take_full_input(&mut self) -> Tensor<T> {
+        match self.input.take().expect("backward before forward") {
+            Kept::Full(x) => x,
+            Kept::Half(_) => panic!("{}: input kept in bf16, read in T", self.gamma.name),
+        }
+    }
+
     /// `forward_act(x, train, true)`, kept in bf16 where this thread's `T` layers multiply in
     /// bf16 (`half_activations`), in the layers' type otherwise.
     pub fn forward_relu(&mut self, x: Tensor<T>, train: bool) -> Act<T> {
@@ -182,7 +202,7 @@ impl<T: Float> BatchNorm<T> {
         }
         let y = self.relu_rounded(&x, train);
         if train {
-            self.input = Some(x);
+            self.input = Some(Kept::Full(x));
         }
         y
     }
@@ -194,7 +214,7 @@ impl<T: Float> BatchNorm<T> {
             Kept::Half(x) => {
                 let y = self.relu_rounded(&x, train);
                 if train {
-                    self.half_input = Some(Box::new(x));
+                    self.input = Some(Kept::Half(x));
                 }
                 y
             }
@@ -248,7 +268,7 @@ impl<T: Float> BatchNorm<T> {
 
     /// Keeps the input and the map of `relu_maps` for `backward_relu_recomputed`.
     pub(crate) fn keep_relu_input(&mut self, x: Tensor<T>, map: (Vec<T>, Vec<T>)) {
-        self.input = Some(x);
+        self.input = Some(Kept::Full(x));
         self.relu_affine = Some(map);
     }
 
@@ -294,8 +314,10 @@ impl<T: Float> BatchNorm<T> {
     /// gradient and filter gradient) round it to bf16 anyway — the same bits, half the bytes
     /// written and read twice, no rounding left for the packing.
     pub fn backward_relu_act(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Act<T> {
-        if let Some(x) = self.half_input.take() {
-            let x = *x;
+        if let Some(Kept::Half(_)) = &self.input {
+            let Some(Kept::Half(x)) = self.input.take() else {
+                unreachable!("matched above")
+            };
             return match out {
                 Act::Full(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
                 Act::Half(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
@@ -312,7 +334,7 @@ impl<T: Float> BatchNorm<T> {
 
     /// `backward_half_of` the input kept in `T`.
     fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
-        let x = self.input.take().expect("backward before forward");
+        let x = self.take_full_input();
         self.backward_half_of(x, dy, gate)
     }
 

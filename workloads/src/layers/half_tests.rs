@@ -3,7 +3,7 @@
 
 use super::tests::{f32s, rand_tensor, rounded};
 use super::*;
-use crate::tensor::bf16_pool;
+use crate::tensor::{bf16, bf16_pool};
 
 /// `t` rounded to bf16, and those values back in f32 (exactly).
 fn halves(t: &Tensor<f32>) -> (Tensor<bf16>, Tensor<f32>) {
@@ -106,65 +106,76 @@ fn half_batch_norm_input_gives_the_f32_pass_of_its_values() {
 }
 
 /// A block's end whose branch input is kept in bf16 (`forward_add_relu_kept`, conv3's output
-/// in bf16 training) gives the output of the pass fed the same values in f32, and backward its
-/// gradients: the branch's rounded to bf16 (conv3's output gradient), the shortcut's as they
-/// were — with an identity shortcut and with a projection.
+/// in bf16 training), or whose projection's is (`Shortcut::ProjectedHalf`), or both, gives the
+/// output of the pass fed the same values in f32, and backward its gradients: each one whose
+/// input was kept in bf16 rounded to bf16 (a convolution's output gradient), the others as
+/// they were — with an identity shortcut and with a projection.
 #[test]
 fn half_block_end_input_gives_the_f32_pass_of_its_values() {
     let x = f32s(rand_tensor(2, 12, 11, 32, 101));
     let s = f32s(rand_tensor(2, 12, 11, 32, 102));
     let dy = f32s(rand_tensor(2, 12, 11, 32, 103));
     let (half_x, wide_x) = halves(&x);
+    let (half_s, wide_s) = halves(&s);
     let bn = |name| BatchNorm::<f32>::new(name, 32, 0.8);
     let full = || Act::Full(Arc::new(dy.clone()));
+    let kept = |half: bool, h: &Tensor<bf16>, w: &Tensor<f32>| {
+        if half {
+            Kept::Half(h.clone())
+        } else {
+            Kept::Full(w.clone())
+        }
+    };
+    // (branch in bf16, projection: None for an identity, Some(in bf16)).
+    let cases = [
+        (true, None),
+        (true, Some(false)),
+        (true, Some(true)),
+        (false, Some(true)),
+    ];
     bf16_pool().install(|| {
-        for projected in [false, true] {
+        for (half_branch, projection) in cases {
+            let case = format!("branch in bf16 {half_branch}, projection {projection:?}");
             let (mut b1, mut b2, mut p1, mut p2) = (bn("b"), bn("b"), bn("p"), bn("p"));
-            let (y1, y2) = if projected {
-                (
+            let x2 = kept(half_branch, &half_x, &wide_x);
+            let (y1, y2) = match projection {
+                Some(half_p) => (
                     b1.forward_add_relu_act(
                         wide_x.clone(),
-                        Shortcut::Projected(&mut p1, s.clone()),
+                        Shortcut::Projected(&mut p1, wide_s.clone()),
                         true,
                     ),
                     b2.forward_add_relu_kept(
-                        Kept::Half(half_x.clone()),
-                        Shortcut::Projected(&mut p2, s.clone()),
+                        x2,
+                        Shortcut::projected(&mut p2, kept(half_p, &half_s, &wide_s)),
                         true,
                     ),
-                )
-            } else {
-                (
-                    b1.forward_add_relu_act(wide_x.clone(), Shortcut::Identity(&s), true),
-                    b2.forward_add_relu_kept(
-                        Kept::Half(half_x.clone()),
-                        Shortcut::Identity(&s),
-                        true,
-                    ),
-                )
+                ),
+                None => (
+                    b1.forward_add_relu_act(wide_x.clone(), Shortcut::Identity(&wide_s), true),
+                    b2.forward_add_relu_kept(x2, Shortcut::Identity(&wide_s), true),
+                ),
             };
             let (Act::Half(h1), Act::Half(h2)) = (&y1, &y2) else {
                 panic!("bf16 products keep the block's end in bf16")
             };
-            assert_eq!(h1.data, h2.data, "forward, projected {projected}");
+            assert_eq!(h1.data, h2.data, "forward, {case}");
+            let projected = projection.is_some();
             let (q1, q2) = (projected.then_some(&mut p1), projected.then_some(&mut p2));
             let (g1, s1) = b1.backward_add_relu_act(full(), &y1, q1);
             let (g2, s2) = b2.backward_add_relu_act(full(), &y2, q2);
-            let (Act::Full(g1), Act::Half(g2)) = (g1, g2) else {
-                panic!("the branch's gradient: f32 from an f32 input, bf16 from a bf16 one")
+            let same_or_rounded = |half: bool, a: Act<f32>, b: Act<f32>, what: &str| match (a, b) {
+                (Act::Full(a), Act::Half(b)) if half => {
+                    assert_eq!(b.data, rounded(&a.data), "{what}, {case}")
+                }
+                (a, b) if !half => assert_eq!(a.into_full(), b.into_full(), "{what}, {case}"),
+                _ => panic!("{what}: f32 from an f32 input, bf16 from a bf16 one, {case}"),
             };
-            assert_eq!(
-                g2.data,
-                rounded(&g1.data),
-                "backward, projected {projected}"
-            );
-            assert_eq!(
-                s1.into_full(),
-                s2.into_full(),
-                "shortcut, projected {projected}"
-            );
+            same_or_rounded(half_branch, g1, g2, "the branch's gradient");
+            same_or_rounded(projection == Some(true), s1, s2, "the shortcut's gradient");
             assert_eq!(b1.gamma.grad, b2.gamma.grad);
             assert_eq!(p1.gamma.grad, p2.gamma.grad);
+            assert_eq!(p1.beta.grad, p2.beta.grad);
         }
     });
 }

@@ -2,7 +2,7 @@
 //! from the last forward pass; parameter gradients are overwritten by each backward pass.
 
 use crate::conv::{self, ConvShape};
-use crate::tensor::{bf16, simd, Float, Lhs, Positive, Tensor};
+use crate::tensor::{simd, Float, Lhs, Positive, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -13,6 +13,7 @@ pub use roofline_kernels::comm::Reducer;
 mod act;
 mod head;
 mod residual;
+mod residual_backward;
 pub use act::{Act, Kept};
 pub use head::{
     avgpool_backward, avgpool_forward, avgpool_forward_act, softmax_cross_entropy, Linear, MaxPool,
@@ -438,9 +439,9 @@ pub struct BatchNorm<T> {
     pub running_var: Vec<T>,
     pub momentum: f64,
     pub eps: f64,
-    input: Option<Tensor<T>>,
-    /// The input kept in bf16 instead (a convolution's output in bf16 training: `Kept`).
-    half_input: Option<Box<Tensor<bf16>>>,
+    /// The input kept for the backward pass: in `T`, or in bf16 (a convolution's output in
+    /// bf16 training: `Kept`).
+    input: Option<Kept<T>>,
     mean: Vec<T>,
     inv_std: Vec<T>,
     /// The forward pass's affine map `(a, d)` where it applied the ReLU itself: the backward
@@ -461,7 +462,6 @@ impl<T: Float> BatchNorm<T> {
             momentum: 0.1,
             eps: 1e-5,
             input: None,
-            half_input: None,
             mean: Vec::new(),
             inv_std: Vec::new(),
             relu_affine: None,
@@ -539,7 +539,7 @@ impl<T: Float> BatchNorm<T> {
                 )
             });
         if train {
-            self.input = Some(x);
+            self.input = Some(Kept::Full(x));
             if relu {
                 self.relu_affine = Some((a, d));
             }
@@ -578,7 +578,7 @@ impl<T: Float> BatchNorm<T> {
 
     /// `backward_act` through `gate`.
     fn backward_masked<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Tensor<T> {
-        let mut x = self.input.take().expect("backward before forward");
+        let mut x = self.take_full_input();
         assert!(x.same_shape(dy), "{}: gradient shape", self.gamma.name);
         let relu = self.relu_affine.take();
         let gate = Self::gate(&relu, gate);

@@ -1,11 +1,9 @@
-//! A residual block's end, `relu(bn(x) + shortcut)`, forward and backward, each in as few
-//! passes over the activations as their data dependences allow.
+//! A residual block's end, `relu(bn(x) + shortcut)`, forward in one pass over the activations
+//! (its backward pass, in two: `residual_backward`).
 
-use super::act::{rows_per_block, Stored};
-use super::{Act, BatchNorm, Gate, InputGradient, Kept, CHUNK_ROWS};
-use crate::tensor::{
-    as_uninit, bf16, half_activations, round_bf16, simd, Float, Lhs, Positive, Tensor,
-};
+use super::act::rows_per_block;
+use super::{Act, BatchNorm, Kept, CHUNK_ROWS};
+use crate::tensor::{as_uninit, bf16, half_activations, round_bf16, simd, Float, Lhs, Tensor};
 use rayon::prelude::*;
 use std::mem::MaybeUninit;
 use std::sync::Arc;
@@ -18,6 +16,8 @@ pub enum Shortcut<'a, T: Float> {
     IdentityHalf(&'a Tensor<bf16>),
     /// The projection's convolution output, normalised by its own batch norm in the same pass.
     Projected(&'a mut BatchNorm<T>, Tensor<T>),
+    /// The projection's output, kept in bf16 (`Conv2d::forward_kept` in bf16 training).
+    ProjectedHalf(&'a mut BatchNorm<T>, Tensor<bf16>),
 }
 
 impl<'a, T: Float> Shortcut<'a, T> {
@@ -26,6 +26,15 @@ impl<'a, T: Float> Shortcut<'a, T> {
         match x {
             Act::Full(t) => Shortcut::Identity(t),
             Act::Half(t) => Shortcut::IdentityHalf(t),
+        }
+    }
+
+    /// The projection's output `s`, in whichever precision it is kept (`Kept`), normalised by
+    /// `bn`.
+    pub fn projected(bn: &'a mut BatchNorm<T>, s: Kept<T>) -> Shortcut<'a, T> {
+        match s {
+            Kept::Full(s) => Shortcut::Projected(bn, s),
+            Kept::Half(s) => Shortcut::ProjectedHalf(bn, s),
         }
     }
 }
@@ -50,7 +59,7 @@ impl<T: Float> BatchNorm<T> {
     ) -> Tensor<T> {
         let y = self.end_forward(&x, shortcut, train, false);
         if train {
-            self.input = Some(x);
+            self.input = Some(Kept::Full(x));
         }
         match y {
             Act::Full(y) => Arc::into_inner(y).expect("a new tensor has one owner"),
@@ -73,7 +82,7 @@ impl<T: Float> BatchNorm<T> {
         let half = half_activations::<T>();
         let y = self.end_forward(&x, shortcut, train, half);
         if train {
-            self.input = Some(x);
+            self.input = Some(Kept::Full(x));
         }
         y
     }
@@ -91,7 +100,7 @@ impl<T: Float> BatchNorm<T> {
             Kept::Half(x) => {
                 let y = self.end_forward(&x, shortcut, train, half_activations::<T>());
                 if train {
-                    self.half_input = Some(Box::new(x));
+                    self.input = Some(Kept::Half(x));
                 }
                 y
             }
@@ -114,7 +123,12 @@ impl<T: Float> BatchNorm<T> {
             Shortcut::Projected(bn, s) => {
                 let ad = bn.affine(&s, train);
                 let shape = dims(&s);
-                (None, Some((bn, ad, s)), shape)
+                (None, Some((bn, ad, Kept::Full(s))), shape)
+            }
+            Shortcut::ProjectedHalf(bn, s) => {
+                let ad = bn.affine(&s, train);
+                let shape = dims(&s);
+                (None, Some((bn, ad, Kept::Half(s))), shape)
             }
         };
         assert_eq!(dims(x), shape, "residual shapes");
@@ -127,7 +141,11 @@ impl<T: Float> BatchNorm<T> {
                     d2,
                     projected: true,
                 };
-                (Side::Full(&s.data[..]), maps)
+                let side = match s {
+                    Kept::Full(s) => Side::Full(&s.data[..]),
+                    Kept::Half(s) => Side::Half(&s.data[..]),
+                };
+                (side, maps)
             }
             None => {
                 let maps = Maps {
@@ -164,340 +182,10 @@ impl<T: Float> BatchNorm<T> {
         }
         y
     }
-
-    /// `backward_add_relu` from the output of `forward_add_relu_act`, in whichever precision
-    /// it is kept, and from the block output's gradient in `T` or in bf16 (the shortcut
-    /// gradient of the block after it, in bf16 training): with an identity shortcut, the
-    /// masked gradient is the shortcut's, kept in the precision it came in (masking is exact);
-    /// with a projection, the projection's input gradient in `T`. The branch's input gradient
-    /// (conv3's output gradient) is written over the kept input where that is in `T`, and in
-    /// bf16 where the input was kept in bf16 (`forward_add_relu_kept`).
-    pub fn backward_add_relu_act(
-        &mut self,
-        dy: Act<T>,
-        out: &Act<T>,
-        projection: Option<&mut BatchNorm<T>>,
-    ) -> (Act<T>, Act<T>) {
-        let p = projection;
-        match (self.half_input.take(), dy) {
-            (Some(x), Act::Full(d)) => self.end_act(*x, Arc::unwrap_or_clone(d), out, p).rounded(),
-            (Some(x), Act::Half(d)) => self.end_act(*x, Arc::unwrap_or_clone(d), out, p).rounded(),
-            (None, Act::Full(d)) => {
-                let x = self.input.take().expect("backward before forward");
-                self.end_act(x, Arc::unwrap_or_clone(d), out, p).in_place()
-            }
-            (None, Act::Half(d)) => {
-                let x = self.input.take().expect("backward before forward");
-                self.end_act(x, Arc::unwrap_or_clone(d), out, p).in_place()
-            }
-        }
-    }
-
-    /// `end_sums` with the output in either precision.
-    fn end_act<G: Lhs<T>, S: Lhs<T>>(
-        &mut self,
-        x: Tensor<S>,
-        dy: Tensor<G>,
-        out: &Act<T>,
-        projection: Option<&mut BatchNorm<T>>,
-    ) -> EndSums<T, G, S> {
-        match out {
-            Act::Full(o) => self.end_sums(x, dy, o, projection),
-            Act::Half(o) => self.end_sums(x, dy, o, projection),
-        }
-    }
-
-    /// The backward pass of `forward_add_relu` (or `forward_add_relu_act`), from the gradient
-    /// `dy` of the block's output `out` (in `T` or bf16: its sign is the ReLU's mask; with a
-    /// projection the mask is recomputed from the two inputs, read anyway, and `out` is not
-    /// read), with `projection` the batch norm that was given in `Shortcut::Projected` (None
-    /// for an identity shortcut). Returns the gradients of this batch norm's input and of the
-    /// shortcut as it was given: the block's input (identity), or the projection's
-    /// convolution output.
-    ///
-    /// Two passes: the first masks `dy` in place and sums Σ g, Σ g·x and Σ g·x_s (both batch
-    /// norms see the same g, so one read of it feeds both); the second writes each input
-    /// gradient over its kept input. Separately, the ReLU, each batch norm (two passes) and the
-    /// shortcut's sum cost 11 tensor passes with an identity shortcut and 16 with a
-    /// projection; these cost 7 and 9, and the sum goes into the products of the block's first
-    /// convolution (`Conv2d::backward_add`). The same bits as `relu_backward` followed by each
-    /// batch norm's `backward` (the same operations in the same order).
-    pub fn backward_add_relu<O: Positive>(
-        &mut self,
-        dy: Tensor<T>,
-        out: &Tensor<O>,
-        projection: Option<&mut BatchNorm<T>>,
-    ) -> (Tensor<T>, Tensor<T>) {
-        let x = self.input.take().expect("backward before forward");
-        let (g, s) = self.end_sums(x, dy, out, projection).gradients();
-        (g, s.into())
-    }
-
-    /// The first pass of `backward_add_relu`, from the kept input `x` and the output gradient
-    /// `dy`, each stored in `T` or bf16: the masked gradient, and what each input gradient
-    /// needs per channel.
-    fn end_sums<O: Positive, G: Lhs<T>, S: Lhs<T>>(
-        &mut self,
-        x: Tensor<S>,
-        mut dy: Tensor<G>,
-        out: &Tensor<O>,
-        mut projection: Option<&mut BatchNorm<T>>,
-    ) -> EndSums<T, G, S> {
-        let xs = projection
-            .as_mut()
-            .map(|bn| bn.input.take().expect("backward before forward"));
-        assert!(
-            dims(&x) == dims(&dy) && dims(out) == dims(&dy),
-            "{}: gradient shape",
-            self.gamma.name
-        );
-        if let Some(s) = &xs {
-            assert!(dims(s) == dims(&dy), "shortcut shape");
-        }
-        let c = dy.c;
-        let chunk = CHUNK_ROWS * c;
-        let zero = T::zero();
-        let projected = xs.is_some();
-        let second: &[T] = xs.as_ref().map_or(&[], |s| &s.data[..]);
-        // With a projection, the ReLU's mask from both inputs and the forward pass's affine
-        // maps (the same operations, so the same signs) instead of a read of `out`.
-        let maps = match (self.relu_affine.take(), projection.as_mut()) {
-            (Some(m), Some(bn)) => bn.relu_affine.take().map(|m2| (m, m2)),
-            _ => None,
-        };
-        // Per chunk of rows, in the element type: Σ g, Σ g·x, Σ g·x_s.
-        let partials: Vec<[Vec<T>; 3]> = dy
-            .data
-            .par_chunks_mut(chunk)
-            .zip(out.data.par_chunks(chunk))
-            .zip(x.data.par_chunks(chunk))
-            .enumerate()
-            .map(|(i, ((gc, oc), xc))| {
-                let sc = projected.then(|| &second[i * chunk..i * chunk + xc.len()]);
-                simd(
-                    #[inline(always)]
-                    || {
-                        let mut p = [vec![zero; c], vec![zero; c], vec![zero; c]];
-                        let [q1, q2, q3] = &mut p;
-                        let q = [&mut q1[..c], &mut q2[..c], &mut q3[..c]];
-                        let mask = match &maps {
-                            Some(((a, d), (a2, d2))) if projected => EndMask::Affine(a, d, a2, d2),
-                            _ => EndMask::Out(oc),
-                        };
-                        mask_and_sum_rows(gc, mask, xc, sc, q);
-                        p
-                    },
-                )
-            })
-            .collect();
-        // The chunks' sums in f64, in chunk order (deterministic), as `sums`.
-        let mut s = [vec![0.0f64; c], vec![0.0f64; c], vec![0.0f64; c]];
-        for p in &partials {
-            for (acc, part) in s.iter_mut().zip(p) {
-                for j in 0..c {
-                    acc[j] += part[j].to_f64();
-                }
-            }
-        }
-        let [s1, s2, s3] = s;
-        let rows = x.n * x.h * x.w;
-        let grad = self.input_gradient((s1.clone(), s2), rows);
-        let projected = match (projection, xs) {
-            (Some(bn), Some(xs)) => Some((bn.input_gradient((s1, s3), rows), xs)),
-            _ => None,
-        };
-        EndSums {
-            g: dy,
-            x,
-            grad,
-            projected,
-        }
-    }
-}
-
-/// A block end's masked output gradient `g` (stored in `G`), the branch batch norm's kept
-/// input `x` (in `S`) and what its input gradient needs, and the projection's coefficients
-/// and kept input (with a projection).
-struct EndSums<T, G, S> {
-    g: Tensor<G>,
-    x: Tensor<S>,
-    grad: InputGradient<T>,
-    projected: Option<(InputGradient<T>, Tensor<T>)>,
-}
-
-impl<T: Float, G: Lhs<T>> EndSums<T, G, T> {
-    /// The second pass: each input gradient written over its kept input. Returns the
-    /// branch's and the shortcut's (the projection's, or `g` itself for an identity).
-    fn gradients(self) -> (Tensor<T>, EndShortcut<T, G>) {
-        let EndSums {
-            g,
-            mut x,
-            grad,
-            projected,
-        } = self;
-        let c = g.c;
-        let chunk = CHUNK_ROWS * c;
-        match projected {
-            Some((grad_s, mut xs)) => {
-                x.data
-                    .par_chunks_mut(chunk)
-                    .zip(xs.data.par_chunks_mut(chunk))
-                    .zip(g.data.par_chunks(chunk))
-                    .for_each(|((xc, sc), gc)| {
-                        simd(
-                            #[inline(always)]
-                            || {
-                                for ((xr, sr), gr) in xc
-                                    .chunks_exact_mut(c)
-                                    .zip(sc.chunks_exact_mut(c))
-                                    .zip(gc.chunks_exact(c))
-                                {
-                                    grad.row(xr, gr, Gate::<T, T>::Open);
-                                    grad_s.row(sr, gr, Gate::<T, T>::Open);
-                                }
-                            },
-                        )
-                    });
-                (x, EndShortcut::Projected(xs))
-            }
-            None => {
-                x.data
-                    .par_chunks_mut(chunk)
-                    .zip(g.data.par_chunks(chunk))
-                    .for_each(|(xc, gc)| {
-                        simd(
-                            #[inline(always)]
-                            || {
-                                for (xr, gr) in xc.chunks_exact_mut(c).zip(gc.chunks_exact(c)) {
-                                    grad.row(xr, gr, Gate::<T, T>::Open);
-                                }
-                            },
-                        )
-                    });
-                (x, EndShortcut::Identity(g))
-            }
-        }
-    }
-
-    /// `gradients` as the layers keep them (`Stored`).
-    fn in_place(self) -> (Act<T>, Act<T>)
-    where
-        G: Stored<T>,
-    {
-        let (x, s) = self.gradients();
-        (Act::Full(Arc::new(x)), s.act())
-    }
-}
-
-impl<T: Float, G: Stored<T>> EndSums<T, G, bf16> {
-    /// The second pass from a bf16 kept input (`Kept::Half`): the branch's input gradient
-    /// computed a block of rows at a time into scratch and rounded to bf16 (conv3's output
-    /// gradient, which its products round anyway); a projection's written over its f32 kept
-    /// input as in `gradients`.
-    fn rounded(self) -> (Act<T>, Act<T>) {
-        let EndSums {
-            g,
-            x,
-            grad,
-            projected,
-        } = self;
-        let (n, h, w, c) = dims(&g);
-        let (len, chunk) = (g.data.len(), CHUNK_ROWS * c);
-        let block = rows_per_block(c) * c;
-        let (grad_s, xs) = match projected {
-            Some((gs, xs)) => (Some(gs), Some(xs)),
-            None => (None, None),
-        };
-        // A chunk of rows: the branch's gradient a block at a time into scratch, rounded; the
-        // projection's in place.
-        let run = |oc: &mut [MaybeUninit<bf16>], xc: &[bf16], gc: &[G], sc: Option<&mut [T]>| {
-            T::with_scratch(block, |buf| {
-                simd(
-                    #[inline(always)]
-                    || {
-                        for (b, (ob, gb)) in oc.chunks_mut(block).zip(gc.chunks(block)).enumerate()
-                        {
-                            let at = b * block..b * block + gb.len();
-                            let buf = &mut buf[..gb.len()];
-                            for ((br, xr), gr) in buf
-                                .chunks_exact_mut(c)
-                                .zip(xc[at].chunks_exact(c))
-                                .zip(gb.chunks_exact(c))
-                            {
-                                grad.row_into(br, xr, gr, Gate::<T, T>::Open);
-                            }
-                            round_bf16(buf, ob);
-                        }
-                    },
-                )
-            });
-            if let (Some(sc), Some(grad_s)) = (sc, &grad_s) {
-                simd(
-                    #[inline(always)]
-                    || {
-                        for (sr, gr) in sc.chunks_exact_mut(c).zip(gc.chunks_exact(c)) {
-                            grad_s.row(sr, gr, Gate::<T, T>::Open);
-                        }
-                    },
-                )
-            }
-        };
-        let mut out: Vec<bf16> = Vec::with_capacity(len);
-        let out_c = out.spare_capacity_mut()[..len].par_chunks_mut(chunk);
-        let chunks = out_c
-            .zip(x.data.par_chunks(chunk))
-            .zip(g.data.par_chunks(chunk));
-        let shortcut = match xs {
-            Some(mut xs) => {
-                chunks
-                    .zip(xs.data.par_chunks_mut(chunk))
-                    .for_each(|(((o, x), g), s)| run(o, x, g, Some(s)));
-                EndShortcut::Projected(xs)
-            }
-            None => {
-                chunks.for_each(|((o, x), g)| run(o, x, g, None));
-                EndShortcut::Identity(g)
-            }
-        };
-        // SAFETY: the chunks cover the first len elements, every one written.
-        unsafe { out.set_len(len) };
-        let half = Act::Half(Arc::new(Tensor {
-            n,
-            h,
-            w,
-            c,
-            data: out,
-        }));
-        (half, shortcut.act())
-    }
-}
-
-/// The shortcut's gradient from a block's end: the projection's input gradient (in `T`), or
-/// the masked output gradient itself (identity), stored as it came (`G`).
-enum EndShortcut<T, G> {
-    Projected(Tensor<T>),
-    Identity(Tensor<G>),
-}
-
-impl<T: Float, G: Stored<T>> EndShortcut<T, G> {
-    fn act(self) -> Act<T> {
-        match self {
-            EndShortcut::Projected(t) => Act::Full(Arc::new(t)),
-            EndShortcut::Identity(t) => G::act(t),
-        }
-    }
-}
-
-impl<T> From<EndShortcut<T, T>> for Tensor<T> {
-    fn from(s: EndShortcut<T, T>) -> Tensor<T> {
-        match s {
-            EndShortcut::Projected(t) | EndShortcut::Identity(t) => t,
-        }
-    }
 }
 
 /// (n, h, w, c).
-fn dims<S>(t: &Tensor<S>) -> (usize, usize, usize, usize) {
+pub(super) fn dims<S>(t: &Tensor<S>) -> (usize, usize, usize, usize) {
     (t.n, t.h, t.w, t.c)
 }
 
@@ -569,14 +257,20 @@ fn end_pass<T: Float, X: Lhs<T>, O: Store<T>>(
         .enumerate()
         .for_each(|(i, (yc, xc))| {
             let at = i * chunk..i * chunk + xc.len();
-            match side {
-                Side::Full(s) => end_chunk(yc, xc, &s[at], maps),
-                Side::Half(s) => end_chunk(yc, xc, &s[at], maps),
+            // Each (storage, shortcut) its own loop: with the shortcut's kind a run-time
+            // test in the rows' loop, the identity ends' forward pass ran 10% slower once a
+            // projection read bf16 too (train --trace, layer ends: 30–33 → 34–38 ms a step).
+            match (side, maps.projected) {
+                (Side::Full(s), true) => end_chunk::<_, _, _, _, true>(yc, xc, &s[at], maps),
+                (Side::Full(s), false) => end_chunk::<_, _, _, _, false>(yc, xc, &s[at], maps),
+                (Side::Half(s), true) => end_chunk::<_, _, _, _, true>(yc, xc, &s[at], maps),
+                (Side::Half(s), false) => end_chunk::<_, _, _, _, false>(yc, xc, &s[at], maps),
             }
         });
 }
 
-fn end_chunk<T: Float, X: Lhs<T>, S: Lhs<T>, O: Store<T>>(
+/// A chunk of rows of the block's end, with a projection (`P`) or an identity shortcut.
+fn end_chunk<T: Float, X: Lhs<T>, S: Lhs<T>, O: Store<T>, const P: bool>(
     yc: &mut [MaybeUninit<O>],
     xc: &[X],
     sc: &[S],
@@ -593,7 +287,7 @@ fn end_chunk<T: Float, X: Lhs<T>, S: Lhs<T>, O: Store<T>>(
                     .zip(xc.chunks(block))
                     .zip(sc.chunks(block))
                 {
-                    O::store(yb, buf, |yb| end_rows(yb, xb, sb, m));
+                    O::store(yb, buf, |yb| end_rows::<T, X, S, P>(yb, xb, sb, m));
                 }
             },
         )
@@ -602,7 +296,7 @@ fn end_chunk<T: Float, X: Lhs<T>, S: Lhs<T>, O: Store<T>>(
 
 /// Rows of the block's end into `y`.
 #[inline(always)]
-fn end_rows<T: Float, X: Lhs<T>, S: Lhs<T>>(
+fn end_rows<T: Float, X: Lhs<T>, S: Lhs<T>, const P: bool>(
     y: &mut [MaybeUninit<T>],
     x: &[X],
     s: &[S],
@@ -617,7 +311,7 @@ fn end_rows<T: Float, X: Lhs<T>, S: Lhs<T>>(
         .zip(s.chunks_exact(c))
     {
         let (yr, xr, sr) = (&mut yr[..c], &xr[..c], &sr[..c]);
-        if m.projected {
+        if P {
             for j in 0..c {
                 let t = (xr[j].widen() * a[j] + d[j]) + (sr[j].widen() * a2[j] + d2[j]);
                 yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
@@ -626,94 +320,6 @@ fn end_rows<T: Float, X: Lhs<T>, S: Lhs<T>>(
             for j in 0..c {
                 let t = (xr[j].widen() * a[j] + d[j]) + sr[j].widen();
                 yr[j] = MaybeUninit::new(if t < zero { zero } else { t });
-            }
-        }
-    }
-}
-
-/// Where the block end's ReLU let the gradient through: its output positive, or (with a
-/// projection) `(x·a + d) + (s·a2 + d2)` positive, recomputed from the two inputs.
-#[derive(Clone, Copy)]
-enum EndMask<'a, T, O> {
-    Out(&'a [O]),
-    Affine(&'a [T], &'a [T], &'a [T], &'a [T]),
-}
-
-/// The block end's first backward pass over the rows of a chunk: `g` masked where the
-/// `mask` says the ReLU's output was not positive (in place), Σ g into `q1`, Σ g·x into `q2`
-/// and, with a projection, Σ g·s into `q3`, each channel summed row after row (the bits of a
-/// plain loop over rows). As
-/// `layers::sum_rows`, each group of channels sums in registers over a block of rows (summed
-/// into memory row by row, each row waited on the last one's stores). The mask is written by a
-/// loop of its own: fused with the sums, the stores to g, q1 and q2 needed more run-time alias
-/// checks than the vectoriser makes wherever the inlining lost the slices' no-alias facts, and
-/// the pass ran scalar (0.15 → 0.41 s of a bf16 step).
-#[inline(always)]
-fn mask_and_sum_rows<T: Float, G: Lhs<T>, X: Lhs<T>, O: Positive>(
-    g: &mut [G],
-    mask: EndMask<'_, T, O>,
-    x: &[X],
-    s: Option<&[T]>,
-    [q1, q2, q3]: [&mut [T]; 3],
-) {
-    const G: usize = super::SUM_GROUP;
-    let c = q1.len();
-    let rows = g.len() / c;
-    let full = c / G * G;
-    let zero = T::zero();
-    for r0 in (0..rows).step_by(super::SUM_ROWS) {
-        let r1 = (r0 + super::SUM_ROWS).min(rows);
-        match mask {
-            EndMask::Out(out) => {
-                let block = &mut g[r0 * c..r1 * c];
-                for (gj, oj) in block.iter_mut().zip(&out[r0 * c..r1 * c]) {
-                    *gj = if oj.positive() { *gj } else { G::default() };
-                }
-            }
-            EndMask::Affine(a, d, a2, d2) => {
-                let s = s.expect("a projection's input");
-                for r in r0..r1 {
-                    let o = r * c;
-                    let (gr, xr, sr) = (&mut g[o..o + c], &x[o..o + c], &s[o..o + c]);
-                    let (a, d, a2, d2) = (&a[..c], &d[..c], &a2[..c], &d2[..c]);
-                    for j in 0..c {
-                        let t = (xr[j].widen() * a[j] + d[j]) + (sr[j] * a2[j] + d2[j]);
-                        gr[j] = if t > zero { gr[j] } else { G::default() };
-                    }
-                }
-            }
-        }
-        for g0 in (0..full).step_by(G) {
-            let mut s1: [T; G] = q1[g0..g0 + G].try_into().expect("a group");
-            let mut s2: [T; G] = q2[g0..g0 + G].try_into().expect("a group");
-            let mut s3: [T; G] = q3[g0..g0 + G].try_into().expect("a group");
-            for r in r0..r1 {
-                let o = r * c + g0;
-                let (gr, xr) = (&g[o..o + G], &x[o..o + G]);
-                for j in 0..G {
-                    s1[j] += gr[j].widen();
-                    s2[j] += gr[j].widen() * xr[j].widen();
-                }
-                if let Some(s) = s {
-                    let sr = &s[o..o + G];
-                    for j in 0..G {
-                        s3[j] += gr[j].widen() * sr[j];
-                    }
-                }
-            }
-            q1[g0..g0 + G].copy_from_slice(&s1);
-            q2[g0..g0 + G].copy_from_slice(&s2);
-            q3[g0..g0 + G].copy_from_slice(&s3);
-        }
-        for r in r0..r1 {
-            let o = r * c;
-            for j in full..c {
-                let gj = g[o + j].widen();
-                q1[j] += gj;
-                q2[j] += gj * x[o + j].widen();
-                if let Some(s) = s {
-                    q3[j] += gj * s[o + j];
-                }
             }
         }
     }
