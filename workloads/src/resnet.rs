@@ -4,7 +4,7 @@
 
 use crate::data::Rng;
 use crate::layers::{
-    add_into, avgpool_backward, avgpool_forward_act, Act, BatchNorm, Conv2d, Linear, MaxPool,
+    add_into, avgpool_backward, avgpool_forward_act, Act, BatchNorm, Conv2d, Kept, Linear, MaxPool,
     Param, Shortcut,
 };
 use crate::tensor::{Float, Tensor};
@@ -292,12 +292,21 @@ impl<T: Float> ResNet<T> {
     /// pass when training. The max pool's output is kept as the blocks' are (`Act::kept`: in
     /// bf16 in bf16 training, rounded once for layer1.0's conv1 and projection).
     /// The image goes in as the activations are kept (`Act::of`: in bf16 in bf16 training, which
-    /// the products would round it to anyway), so that the stem's patches are bf16 too.
+    /// the products would round it to anyway), so that the stem's patches are bf16 too; the
+    /// convolution's output is kept as the other convolutions' are (`forward_kept`: in bf16 in
+    /// bf16 training, read so by the statistics, the max pool and the backward pass).
     fn stem_forward(&mut self, x: &Tensor<T>, train: bool) -> Act<T> {
-        let s = timed(FWD, name("conv1"), || self.stem.forward_act(&Act::of(x)));
-        let (a, d) = timed(FWD, name("bn1+relu"), || self.stem_bn.relu_maps(&s, train));
+        let s = timed(FWD, name("conv1"), || self.stem.forward_kept(&Act::of(x)));
+        let (bn, pool) = (&mut self.stem_bn, &mut self.pool);
+        let (a, d) = timed(FWD, name("bn1+relu"), || match &s {
+            Kept::Full(s) => bn.relu_maps(s, train),
+            Kept::Half(s) => bn.relu_maps(s, train),
+        });
         let h = timed(FWD, name("maxpool"), || {
-            Act::kept(self.pool.forward_relu_affine(&s, &a, &d))
+            Act::kept(match &s {
+                Kept::Full(s) => pool.forward_relu_affine(s, &a, &d),
+                Kept::Half(s) => pool.forward_relu_affine(s, &a, &d),
+            })
         });
         if train {
             self.stem_bn.keep_relu_input(s, (a, d));

@@ -262,13 +262,13 @@ impl<T: Float> BatchNorm<T> {
     /// The affine map `forward_act(x, train, true)` would apply, for a consumer that applies it
     /// (and the ReLU) as it reads `x` (`MaxPool::forward_relu_affine`): the normalised tensor
     /// is never written. Training then hands `x` and the map to `keep_relu_input`.
-    pub(crate) fn relu_maps(&mut self, x: &Tensor<T>, train: bool) -> (Vec<T>, Vec<T>) {
+    pub(crate) fn relu_maps<S: Lhs<T>>(&mut self, x: &Tensor<S>, train: bool) -> (Vec<T>, Vec<T>) {
         self.affine(x, train)
     }
 
     /// Keeps the input and the map of `relu_maps` for `backward_relu_recomputed`.
-    pub(crate) fn keep_relu_input(&mut self, x: Tensor<T>, map: (Vec<T>, Vec<T>)) {
-        self.input = Some(Kept::Full(x));
+    pub(crate) fn keep_relu_input(&mut self, x: Kept<T>, map: (Vec<T>, Vec<T>)) {
+        self.input = Some(x);
         self.relu_affine = Some(map);
     }
 
@@ -332,10 +332,12 @@ impl<T: Float> BatchNorm<T> {
         }
     }
 
-    /// `backward_half_of` the input kept in `T`.
+    /// `backward_half_of` the input kept, in `T` or bf16.
     fn backward_half<M: Positive>(&mut self, dy: &Tensor<T>, gate: Gate<'_, T, M>) -> Act<T> {
-        let x = self.take_full_input();
-        self.backward_half_of(x, dy, gate)
+        match self.input.take().expect("backward before forward") {
+            Kept::Full(x) => self.backward_half_of(x, dy, gate),
+            Kept::Half(x) => self.backward_half_of(x, dy, gate),
+        }
     }
 
     /// The input gradient in bf16 from the input `x` kept in `T` or bf16 (`forward_relu_kept`):

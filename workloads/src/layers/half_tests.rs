@@ -179,3 +179,42 @@ fn half_block_end_input_gives_the_f32_pass_of_its_values() {
         }
     });
 }
+
+/// The stem's convolution output kept in bf16 (`Conv2d::forward_kept` on the 7×7 stride-2
+/// path) gives the batch norm's map, the max pool (reading it through that map) and the
+/// batch norm's input gradient of the pass fed the same values in f32, to the bit.
+#[test]
+fn half_stem_output_gives_the_f32_pass_of_its_values() {
+    let x = f32s(rand_tensor(2, 9, 8, 3, 111));
+    let dy = f32s(rand_tensor(2, 5, 4, 16, 112));
+    let mut rng = super::super::data::Rng::new(113);
+    let mut conv = Conv2d::<f32>::new("s", 3, 16, 7, 2, 3, &mut rng);
+    bf16_pool().install(|| {
+        let Kept::Half(half) = conv.forward_kept(&Act::of(&x)) else {
+            panic!("bf16 products keep the stem's output in bf16")
+        };
+        let wide = Act::Half(Arc::new(half.clone())).into_full();
+        let (mut b1, mut b2) = (
+            BatchNorm::<f32>::new("b", 16, 0.8),
+            BatchNorm::<f32>::new("b", 16, 0.8),
+        );
+        let (m1, m2) = (b1.relu_maps(&wide, true), b2.relu_maps(&half, true));
+        assert_eq!(m1, m2, "the batch norm's map");
+        let (mut p1, mut p2) = (MaxPool::<f32>::default(), MaxPool::<f32>::default());
+        let y1 = p1.forward_relu_affine(&wide, &m1.0, &m1.1);
+        let y2 = p2.forward_relu_affine(&half, &m2.0, &m2.1);
+        assert_eq!(y1, y2, "max pool");
+        assert!((0..y1.len()).all(|o| p1.source(o) == p2.source(o)), "taps");
+        b1.keep_relu_input(Kept::Full(wide), m1);
+        b2.keep_relu_input(Kept::Half(half), m2);
+        let (Act::Half(g1), Act::Half(g2)) = (
+            b1.backward_relu_recomputed_act(&dy),
+            b2.backward_relu_recomputed_act(&dy),
+        ) else {
+            panic!("bf16 products keep bf16 gradients")
+        };
+        assert_eq!(g1.data, g2.data, "backward");
+        assert_eq!(b1.gamma.grad, b2.gamma.grad);
+        assert_eq!(b1.beta.grad, b2.beta.grad);
+    });
+}

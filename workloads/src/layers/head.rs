@@ -47,7 +47,8 @@ impl<T: Float> MaxPool<T> {
     /// computed for each tap as it is read: the normalised tensor is never written (the
     /// stem's, 103 MB at batch 32, was written, then read back by the pool). The same bits as
     /// `forward` of that tensor (the same operations).
-    pub fn forward_relu_affine(&mut self, x: &Tensor<T>, a: &[T], d: &[T]) -> Tensor<T> {
+    /// The input may be stored in bf16 (the stem convolution's output in bf16 training).
+    pub fn forward_relu_affine<S: Lhs<T>>(&mut self, x: &Tensor<S>, a: &[T], d: &[T]) -> Tensor<T> {
         assert!(
             a.len() == x.c && d.len() == x.c,
             "max pool: one map per channel"
@@ -55,7 +56,15 @@ impl<T: Float> MaxPool<T> {
         self.forward_of(x, Some((a, d)))
     }
 
-    fn forward_of(&mut self, x: &Tensor<T>, map: Option<(&[T], &[T])>) -> Tensor<T> {
+    /// Without a map the input is read in place, so it is in `T` (`forward`).
+    fn forward_of<S: Lhs<T>>(&mut self, x: &Tensor<S>, map: Option<(&[T], &[T])>) -> Tensor<T> {
+        // SAFETY: S is T where the cast is taken.
+        let direct: Option<&[T]> = (std::any::TypeId::of::<S>() == std::any::TypeId::of::<T>())
+            .then(|| unsafe { &*(&x.data[..] as *const [S] as *const [T]) });
+        assert!(
+            map.is_some() || direct.is_some(),
+            "max pool: a bf16 input without a map"
+        );
         let (oh, ow) = Self::output_size(x.h, x.w);
         let mut y = Tensor::uninit(x.n, oh, ow, x.c);
         let mut taps = Vec::with_capacity(y.data.len());
@@ -68,6 +77,7 @@ impl<T: Float> MaxPool<T> {
             .for_each(|(n, (yi, ti))| {
                 let image = x.h * x.w * c;
                 let xi = &x.data[n * image..(n + 1) * image];
+                let xd = direct.map(|d| &d[n * image..(n + 1) * image]);
                 let mut mapped = vec![T::zero(); if map.is_some() { c } else { 0 }];
                 // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
                 // taken, a later one only where strictly greater (the first maximum wins).
@@ -82,7 +92,7 @@ impl<T: Float> MaxPool<T> {
                                 let ahead = (ox * 2 + AHEAD) * c;
                                 for iy in [oy * 2, oy * 2 + 1] {
                                     let at = xi.as_ptr().wrapping_add(iy * x.w * c + ahead);
-                                    for line in (0..2 * c).step_by(64 / size_of::<T>()) {
+                                    for line in (0..2 * c).step_by(64 / size_of::<S>()) {
                                         prefetch(at.wrapping_add(line));
                                     }
                                 }
@@ -102,7 +112,7 @@ impl<T: Float> MaxPool<T> {
                                         }
                                         let base = ((iy as usize) * x.w + ix as usize) * c;
                                         let row = match map {
-                                            None => &xi[base..base + c],
+                                            None => &xd.expect("checked above")[base..base + c],
                                             Some((a, d)) => {
                                                 let r = &xi[base..base + c];
                                                 relu_affine(&mut mapped[..c], r, a, d, zero);

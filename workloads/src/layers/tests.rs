@@ -560,7 +560,7 @@ fn half_stem_rounds_the_f32_values() {
         let s = c.forward_act(&act);
         let mut b = BatchNorm::<f32>::new("b", 16, 0.8);
         let map = b.relu_maps(&s, true);
-        b.keep_relu_input(s.clone(), map);
+        b.keep_relu_input(Kept::Full(s.clone()), map);
         (c, b, s)
     };
     bf16_pool().install(|| {
