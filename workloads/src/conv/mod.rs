@@ -258,9 +258,9 @@ pub fn forward_half<T: Float, S: Lhs<T>>(
     }
     let (depth, k) = (sh.depth(), sh.k);
     if !pointwise(sh) {
-        // SAFETY (the product): patch rows × depth, buf and the block of y rows × k.
         return im2col_forward(x, w, y, sh, |wb, patch, rows, yb| {
             T::with_scratch(rows * k, |buf| {
+                // SAFETY: patch rows × depth, w depth × k, buf rows × k.
                 unsafe {
                     S::gemm_rhs(
                         wb,

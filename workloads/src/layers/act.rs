@@ -314,10 +314,7 @@ impl<T: Float> BatchNorm<T> {
     /// gradient and filter gradient) round it to bf16 anyway — the same bits, half the bytes
     /// written and read twice, no rounding left for the packing.
     pub fn backward_relu_act(&mut self, dy: &Tensor<T>, out: &Act<T>) -> Act<T> {
-        if let Some(Kept::Half(_)) = &self.input {
-            let Some(Kept::Half(x)) = self.input.take() else {
-                unreachable!("matched above")
-            };
+        if let Some(Kept::Half(x)) = self.input.take_if(|x| matches!(x, Kept::Half(_))) {
             return match out {
                 Act::Full(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
                 Act::Half(y) => self.backward_half_of(x, dy, Gate::Output(&y.data)),
