@@ -259,44 +259,46 @@ pub fn forward_half<T: Float, S: Lhs<T>>(
     let (depth, k) = (sh.depth(), sh.k);
     if !pointwise(sh) {
         return im2col_forward(x, w, y, sh, |wb, patch, rows, yb| {
-            T::with_scratch(rows * k, |buf| {
-                // SAFETY: patch rows × depth, w depth × k, buf rows × k.
-                unsafe {
-                    S::gemm_rhs(
-                        wb,
-                        rows,
-                        buf.as_mut_ptr(),
-                        k,
-                        false,
-                        Mat::rows(patch.as_ptr(), depth),
-                        false,
-                    )
-                };
-                round_bf16(buf, yb);
-            })
+            product_rounded(wb, patch, rows, depth, yb)
         });
     }
     // SAFETY: w is depth × k, alive and unchanged while wb is used.
     let wb = unsafe { Rhs::new(depth, k, Mat::rows(w.as_ptr(), k)) };
     let mb = block_rows::<T>(k);
-    y.par_chunks_mut(mb * k).enumerate().for_each(|(t, yb)| {
-        let rows = yb.len() / k;
-        T::with_scratch(rows * k, |buf| {
-            // SAFETY: x rows × depth from row t·mb, w depth × k, buf rows × k.
-            unsafe {
-                S::gemm_rhs(
-                    &wb,
-                    rows,
-                    buf.as_mut_ptr(),
-                    k,
-                    false,
-                    Mat::rows(x[t * mb * depth..].as_ptr(), depth),
-                    false,
-                )
-            };
-            round_bf16(buf, yb);
-        })
-    });
+    y.par_chunks_mut(mb * k)
+        .enumerate()
+        .for_each(|(t, yb)| product_rounded(&wb, &x[t * mb * depth..], yb.len() / k, depth, yb));
+}
+
+/// `yb` (`rows × k`) = the first `rows` rows of `a` (`depth` wide) times `wb` (`depth × k`),
+/// the product into f32 scratch, then rounded to bf16.
+fn product_rounded<T: Float, S: Lhs<T>>(
+    wb: &Rhs<T>,
+    a: &[S],
+    rows: usize,
+    depth: usize,
+    yb: &mut [MaybeUninit<bf16>],
+) {
+    let k = yb.len() / rows.max(1);
+    assert!(
+        a.len() >= rows * depth && yb.len() == rows * k,
+        "product_rounded: shapes"
+    );
+    T::with_scratch(rows * k, |buf| {
+        // SAFETY: a holds rows × depth (checked), wb is depth × k, buf rows × k.
+        unsafe {
+            S::gemm_rhs(
+                wb,
+                rows,
+                buf.as_mut_ptr(),
+                k,
+                false,
+                Mat::rows(a.as_ptr(), depth),
+                false,
+            )
+        };
+        round_bf16(buf, yb);
+    })
 }
 
 /// `w` (depth × k) transposed to k × depth, row-major: the GEMMs of the backward-data pass

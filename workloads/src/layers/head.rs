@@ -77,7 +77,8 @@ impl<T: Float> MaxPool<T> {
             .for_each(|(n, (yi, ti))| {
                 let image = x.h * x.w * c;
                 let xi = &x.data[n * image..(n + 1) * image];
-                let xd = direct.map(|d| &d[n * image..(n + 1) * image]);
+                // Empty for a bf16 input, which a map reads instead (asserted above).
+                let xd = direct.map_or(&[][..], |d| &d[n * image..(n + 1) * image]);
                 let mut mapped = vec![T::zero(); if map.is_some() { c } else { 0 }];
                 // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
                 // taken, a later one only where strictly greater (the first maximum wins).
@@ -112,7 +113,7 @@ impl<T: Float> MaxPool<T> {
                                         }
                                         let base = ((iy as usize) * x.w + ix as usize) * c;
                                         let row = match map {
-                                            None => &xd.expect("checked above")[base..base + c],
+                                            None => &xd[base..base + c],
                                             Some((a, d)) => {
                                                 let r = &xi[base..base + c];
                                                 relu_affine(&mut mapped[..c], r, a, d, zero);
