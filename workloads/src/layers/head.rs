@@ -5,6 +5,7 @@ use super::act::relu_affine;
 use super::{Act, Param};
 use crate::tensor::{fill_uninit, gemm, simd, Float, Lhs, Mat, Tensor};
 use rayon::prelude::*;
+use std::mem::MaybeUninit;
 
 /// Max pooling, 3×3, stride 2, padding 1 (ResNet's stem).
 ///
@@ -80,6 +81,8 @@ impl<T: Float> MaxPool<T> {
                 // Empty for a bf16 input, which a map reads instead (asserted above).
                 let xd = direct.map_or(&[][..], |d| &d[n * image..(n + 1) * image]);
                 let mut mapped = vec![T::zero(); if map.is_some() { c } else { 0 }];
+                let (mut best_a, mut best_b) = (vec![T::zero(); c], vec![T::zero(); c]);
+                let (mut taken_a, mut taken_b) = (vec![0u32; c], vec![0u32; c]);
                 // Taps in order (ky, kx), channels the vector lanes: the first valid tap is
                 // taken, a later one only where strictly greater (the first maximum wins).
                 simd(
@@ -97,10 +100,10 @@ impl<T: Float> MaxPool<T> {
                                         prefetch(at.wrapping_add(line));
                                     }
                                 }
-                                let o = (oy * ow + ox) * c;
-                                let yo = fill_uninit(&mut yi[o..o + c], T::zero());
-                                let to = fill_uninit(&mut ti[o..o + c], NO_TAP);
-                                let mut first = true;
+                                // The window's taps inside the image: where each row starts,
+                                // and its number.
+                                let mut window = [(0usize, 0u8); 9];
+                                let mut count = 0;
                                 for ky in 0..3 {
                                     let iy = (oy * 2 + ky) as isize - 1;
                                     if iy < 0 || iy >= x.h as isize {
@@ -112,36 +115,61 @@ impl<T: Float> MaxPool<T> {
                                             continue;
                                         }
                                         let base = ((iy as usize) * x.w + ix as usize) * c;
-                                        let row = match map {
-                                            None => &xd[base..base + c],
-                                            Some((a, d)) => {
-                                                let r = &xi[base..base + c];
-                                                relu_affine(&mut mapped[..c], r, a, d, zero);
-                                                &mapped[..c]
-                                            }
-                                        };
-                                        let tap = (ky * 3 + kx) as u8;
-                                        if first {
-                                            yo.copy_from_slice(row);
-                                            to.fill(tap);
-                                            first = false;
-                                            continue;
-                                        }
-                                        for ((b, t), v) in yo.iter_mut().zip(to.iter_mut()).zip(row)
-                                        {
-                                            if *v > *b {
-                                                *b = *v;
-                                                *t = tap;
-                                            }
-                                        }
+                                        window[count] = (base, (ky * 3 + kx) as u8);
+                                        count += 1;
                                     }
+                                }
+                                // Running maxima and their taps, tap by tap from one pair of
+                                // buffers into the other: a select written back where it was
+                                // read became a masked store (`vmaskmovps`), which AMD cores
+                                // run slowly (the stem's pool took 95–128 ms a step on a Zen
+                                // 3; with a branch per channel it did not vectorise on AVX2).
+                                let (mut best, mut next) = (&mut best_a[..], &mut best_b[..]);
+                                let (mut taken, mut tnext) = (&mut taken_a[..], &mut taken_b[..]);
+                                for (t, &(base, tap)) in window[..count].iter().enumerate() {
+                                    let row = match map {
+                                        None => &xd[base..base + c],
+                                        Some((a, d)) => {
+                                            let r = &xi[base..base + c];
+                                            relu_affine(&mut mapped[..c], r, a, d, zero);
+                                            &mapped[..c]
+                                        }
+                                    };
+                                    let tap = tap as u32;
+                                    if t == 0 {
+                                        best.copy_from_slice(row);
+                                        taken.fill(tap);
+                                        continue;
+                                    }
+                                    let lanes = next.iter_mut().zip(tnext.iter_mut());
+                                    let old = best.iter().zip(taken.iter()).zip(row);
+                                    for ((n, tn), ((&b, &k), &v)) in lanes.zip(old) {
+                                        let greater = v > b;
+                                        *n = if greater { v } else { b };
+                                        *tn = if greater { tap } else { k };
+                                    }
+                                    std::mem::swap(&mut best, &mut next);
+                                    std::mem::swap(&mut taken, &mut tnext);
+                                }
+                                let o = (oy * ow + ox) * c;
+                                let (yo, to) = (&mut yi[o..o + c], &mut ti[o..o + c]);
+                                if count == 0 {
+                                    fill_uninit(yo, zero);
+                                    fill_uninit(to, NO_TAP);
+                                    continue;
+                                }
+                                for ((y, t), (&b, &k)) in
+                                    yo.iter_mut().zip(to).zip(best.iter().zip(taken.iter()))
+                                {
+                                    *y = MaybeUninit::new(b);
+                                    *t = MaybeUninit::new(k as u8);
                                 }
                             }
                         }
                     },
                 )
             });
-        // SAFETY: every output and its tap were written (zero and NO_TAP first).
+        // SAFETY: every output and its tap were written (zero and NO_TAP without a tap).
         self.taps = unsafe { std::mem::transmute::<Vec<std::mem::MaybeUninit<u8>>, Vec<u8>>(taps) };
         self.input_shape = (x.n, x.h, x.w, x.c);
         // SAFETY: as the taps.
@@ -211,10 +239,10 @@ impl<T: Float> MaxPool<T> {
                                         let o = (oy * ow + ox) * c;
                                         let tap = (ky * 3 + kx) as u8;
                                         let (g, t) = (&dyi[o..o + c], &ti[o..o + c]);
+                                        // A select, not a branch: adding +0 leaves a
+                                        // sum begun at +0 as it is.
                                         for j in 0..c {
-                                            if t[j] == tap {
-                                                d[j] += g[j];
-                                            }
+                                            d[j] += if t[j] == tap { g[j] } else { T::zero() };
                                         }
                                     }
                                 }
