@@ -30,6 +30,10 @@ pub trait Lhs<T>: Copy + Default + Send + Sync + 'static {
     fn half_operand(x: Mat<Self>) -> Option<HalfOperand>;
     /// The stored value in the layers' type (exact: bf16 widens without rounding).
     fn widen(self) -> T;
+    /// A lane mask: every bit set where `keep`, else none (for `and_mask`).
+    fn lane_mask(keep: bool) -> Self;
+    /// `self` where `mask` (a `lane_mask`) keeps it, else +0: the bits anded.
+    fn and_mask(self, mask: Self) -> Self;
 }
 
 /// An operand of the bf16 products, in either of the storages they read.
@@ -124,6 +128,18 @@ impl<T: Float> Lhs<T> for T {
     fn widen(self) -> T {
         self
     }
+    #[inline(always)]
+    fn lane_mask(keep: bool) -> Self {
+        if keep {
+            T::all_bits()
+        } else {
+            T::zero()
+        }
+    }
+    #[inline(always)]
+    fn and_mask(self, mask: Self) -> Self {
+        self.and_bits(mask)
+    }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         <T as Float>::with_scratch(len, f)
     }
@@ -156,6 +172,14 @@ impl<T: Float> Lhs<T> for bf16 {
     fn widen(self) -> T {
         // bf16 is f32's upper half: the shift is exact (and vectorises, where `to_f32` may not).
         T::from_f64(f32::from_bits((self.to_bits() as u32) << 16) as f64)
+    }
+    #[inline(always)]
+    fn lane_mask(keep: bool) -> Self {
+        bf16::from_bits(if keep { u16::MAX } else { 0 })
+    }
+    #[inline(always)]
+    fn and_mask(self, mask: Self) -> Self {
+        bf16::from_bits(self.to_bits() & mask.to_bits())
     }
     fn half_operand(x: Mat<bf16>) -> Option<HalfOperand> {
         Some(HalfOperand::Bf16(operand(x)))
