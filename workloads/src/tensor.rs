@@ -25,6 +25,7 @@ pub trait Float:
     + AddAssign
     + SubAssign
     + MulAssign
+    + half_lhs::Bits
 {
     fn from_f64(v: f64) -> Self;
     fn to_f64(self) -> f64;
@@ -37,10 +38,6 @@ pub trait Float:
     /// percent of a training step in `memset` and page faults). Taken out of the thread's slot
     /// while `f` runs: a nested call (a rayon job stolen inside `f`) gets a buffer of its own.
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R;
-    /// The bits of `self` and `mask` anded (`Lhs::lane_mask`'s masks: `self` or +0).
-    fn and_bits(self, mask: Self) -> Self;
-    /// Every bit set (a lane mask that keeps its value).
-    fn all_bits() -> Self;
     fn zero() -> Self {
         Self::from_f64(0.0)
     }
@@ -137,14 +134,6 @@ fn operand<T>(x: Mat<T>) -> Operand<T> {
 }
 
 impl Float for f32 {
-    #[inline(always)]
-    fn and_bits(self, mask: Self) -> Self {
-        f32::from_bits(self.to_bits() & mask.to_bits())
-    }
-    #[inline(always)]
-    fn all_bits() -> Self {
-        f32::from_bits(u32::MAX)
-    }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         thread_local! {
             static SCRATCH: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
@@ -216,14 +205,6 @@ impl Float for f32 {
 }
 
 impl Float for f64 {
-    #[inline(always)]
-    fn and_bits(self, mask: Self) -> Self {
-        f64::from_bits(self.to_bits() & mask.to_bits())
-    }
-    #[inline(always)]
-    fn all_bits() -> Self {
-        f64::from_bits(u64::MAX)
-    }
     fn with_scratch<R>(len: usize, f: impl FnOnce(&mut [Self]) -> R) -> R {
         thread_local! {
             static SCRATCH: std::cell::Cell<Vec<f64>> = const { std::cell::Cell::new(Vec::new()) };

@@ -209,6 +209,31 @@ impl<T: Float> Lhs<T> for bf16 {
     }
 }
 
+/// The layers' float types as bits: a lane mask's and (`Lhs::and_mask`).
+pub trait Bits {
+    /// The bits of `self` and `mask` anded.
+    fn and_bits(self, mask: Self) -> Self;
+    /// Every bit set (a lane mask that keeps its value).
+    fn all_bits() -> Self;
+}
+
+macro_rules! bits {
+    ($t:ty, $u:ty) => {
+        impl Bits for $t {
+            #[inline(always)]
+            fn and_bits(self, mask: Self) -> Self {
+                <$t>::from_bits(self.to_bits() & mask.to_bits())
+            }
+            #[inline(always)]
+            fn all_bits() -> Self {
+                <$t>::from_bits(<$u>::MAX)
+            }
+        }
+    };
+}
+bits!(f32, u32);
+bits!(f64, u64);
+
 /// A stored value as a ReLU's backward pass reads it: positive or not.
 pub trait Positive: Copy + Send + Sync {
     fn positive(self) -> bool;
