@@ -38,11 +38,9 @@ fn passes(c: &mut Criterion) {
     let pool = rayon::ThreadPoolBuilder::new().build().expect("a pool");
     // As `--precision bf16` runs the passes: where the CPU has no bf16 products, the portable
     // ones stand in (these passes make no products; they run as they would with AVX512_BF16).
-    let half = Some(Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable())).map(|bf| {
-        let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
-        set_products(&half, Products::Bf16(bf));
-        half
-    });
+    let half = rayon::ThreadPoolBuilder::new().build().expect("a pool");
+    let bf = Bf16Gemm::detect().unwrap_or_else(|_| Bf16Gemm::portable());
+    set_products(&half, Products::Bf16(bf));
     let mut g = c.benchmark_group("trainer_norm");
     g.sample_size(10);
     let n = 32;
@@ -88,41 +86,39 @@ fn passes(c: &mut Criterion) {
             });
             // As `--precision bf16` runs it: the ReLU output kept in bf16 (`forward_relu`), the
             // input gradient too (`backward_relu_act`).
-            if let Some(half) = &half {
-                g.throughput(Throughput::Bytes(2 * e + e / 2));
-                g.bench_function(format!("{name}/fwd_bf16"), |b| {
-                    let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-                    b.iter_batched(
-                        || x.clone(),
-                        |x| half.install(|| bn.forward_relu(x, true)),
-                        BatchSize::PerIteration,
-                    )
-                });
-                g.throughput(Throughput::Bytes(5 * e + e));
-                g.bench_function(format!("{name}/bwd_bf16"), |b| {
-                    b.iter_batched(
-                        || {
-                            let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
-                            let y = half.install(|| bn.forward_relu(x.clone(), true));
-                            (bn, y)
-                        },
-                        |(mut bn, y)| half.install(|| bn.backward_relu_act(&dy, &y)),
-                        BatchSize::PerIteration,
-                    )
-                });
-            }
+            g.throughput(Throughput::Bytes(2 * e + e / 2));
+            g.bench_function(format!("{name}/fwd_bf16"), |b| {
+                let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                b.iter_batched(
+                    || x.clone(),
+                    |x| half.install(|| bn.forward_relu(x, true)),
+                    BatchSize::PerIteration,
+                )
+            });
+            g.throughput(Throughput::Bytes(5 * e + e));
+            g.bench_function(format!("{name}/bwd_bf16"), |b| {
+                b.iter_batched(
+                    || {
+                        let mut bn = BatchNorm::<f32>::new("bn", ch, 1.0);
+                        let y = half.install(|| bn.forward_relu(x.clone(), true));
+                        (bn, y)
+                    },
+                    |(mut bn, y)| half.install(|| bn.backward_relu_act(&dy, &y)),
+                    BatchSize::PerIteration,
+                )
+            });
             continue;
         }
-        // In f32, and as `--precision bf16` runs it where the CPU can (`_bf16`: the branch's
+        // In f32, and as `--precision bf16` runs it (`_bf16`: the branch's
         // input (conv3's output), the shortcut, the output and the output gradient in bf16, the
         // backward pass reading the identity's mask from the bf16 output and writing the input
         // gradients in bf16). Forward: statistics (x [, s]), then (x, s) → y. Backward: (dy,
         // y, x [, s]) → masked dy and sums (y not read with a projection), then (dy, x [, s]) →
         // dx [, ds]. Bytes in halves of e.
-        let mut precisions = vec![(&pool, "", if projected { (10, 20) } else { (8, 14) })];
-        if let Some(half) = &half {
-            precisions.push((half, "_bf16", if projected { (5, 9) } else { (4, 7) }));
-        }
+        let precisions = [
+            (&pool, "", if projected { (10, 20) } else { (8, 14) }),
+            (&half, "_bf16", if projected { (5, 9) } else { (4, 7) }),
+        ];
         for (pool, suffix, (fwd, bwd)) in precisions {
             let kept = pool.install(|| Act::kept(s.clone()));
             let kept_dy = pool.install(|| Act::kept(dy.clone()));
