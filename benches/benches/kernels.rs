@@ -143,7 +143,7 @@ fn gemm_f32_own(c: &mut Criterion) {
     use roofline_kernels::cpu::sgemm::F32Gemm;
     use roofline_workloads::tensor::{native_gemm, Mat};
     let Some(own) = F32Gemm::detect() else {
-        eprintln!("gemm_f32_own: no AVX-512 here, skipped");
+        eprintln!("gemm_f32_own: no AVX-512 or AVX2 here, skipped");
         return;
     };
     let mut g = c.benchmark_group("gemm_f32_own");

@@ -548,7 +548,7 @@ unsafe fn plain_gemm<T: Float>(
     b: Mat<T>,
     parallel: bool,
 ) {
-    if let Some(g) = own_f32::<T>() {
+    if let Some(g) = own_f32::<T>().filter(F32Gemm::is_avx512) {
         let tall = parallel && a.cs == 1 && a.rs >= 0 && m >= OWN_F32_MIN_ROWS;
         let long = !parallel && long_on_own(m, n, k, a, b);
         if tall || long {
@@ -563,7 +563,7 @@ unsafe fn plain_gemm<T: Float>(
 /// reductions (`F32Gemm::long_reduction`: `xᵀ·dy` over many pixels into a small C).
 pub fn long_on_own<T: Float>(m: usize, n: usize, k: usize, a: Mat<T>, b: Mat<T>) -> bool {
     products() == Products::Native
-        && own_f32::<T>().is_some()
+        && own_f32::<T>().is_some_and(|g| g.is_avx512())
         && F32Gemm::long_reduction(m, n, k, operand(a.cast()), operand(b.cast()))
 }
 
@@ -586,7 +586,7 @@ pub struct Rhs<T> {
 enum Packed {
     /// For the bf16 products.
     Bf16(Bf16Gemm, PackedB),
-    /// For the f32 kernels (f32 layers with f32 products on AVX-512).
+    /// For the f32 kernels (f32 layers with f32 products on AVX-512 or AVX2).
     F32(F32Gemm, PackedF32),
 }
 
@@ -715,8 +715,9 @@ pub unsafe fn native_gemm<T: Float>(
 /// ms forward, and stays with the crate).
 const OWN_F32_MAX_CRATE: usize = 1 << 19;
 
-/// The f32 kernels for `T` = f32 on a CPU with AVX-512 (unless `ROOFLINE_F32_GEMM=crate`,
-/// which keeps the gemm crate's), else none.
+/// The f32 kernels for `T` = f32 on a CPU with AVX-512 or AVX2 (unless
+/// `ROOFLINE_F32_GEMM=crate`, which keeps the gemm crate's), else none. Only a large packed
+/// filter (`Rhs`) takes them on AVX2 (`F32Gemm::is_avx512`).
 pub(crate) fn own_f32<T: 'static>() -> Option<F32Gemm> {
     static OWN: std::sync::OnceLock<Option<F32Gemm>> = std::sync::OnceLock::new();
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {

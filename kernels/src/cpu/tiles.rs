@@ -57,6 +57,49 @@ impl Dest {
     }
 }
 
+impl Dest {
+    /// Stores rows of two 8-lane vectors (16 columns), masked to `cols` where they are fewer
+    /// (inlined into an AVX2 caller).
+    ///
+    /// # Safety
+    /// As `store_portable`; AVX2 present (the caller's target features).
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    pub unsafe fn store_avx2(&self, acc: &[[std::arch::x86_64::__m256; 2]]) {
+        use std::arch::x86_64::*;
+        let lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let masks: [__m256i; 2] = [
+            _mm256_cmpgt_epi32(_mm256_set1_epi32(self.cols.min(8) as i32), lanes),
+            _mm256_cmpgt_epi32(
+                _mm256_set1_epi32(self.cols.saturating_sub(8).min(8) as i32),
+                lanes,
+            ),
+        ];
+        let whole = [self.cols >= 8, self.cols >= 16];
+        for (i, row) in acc.iter().enumerate().take(self.rows) {
+            let dst = self.c.add(i * self.ldc);
+            for (h, &v) in row.iter().enumerate() {
+                let p = dst.add(8 * h);
+                if whole[h] {
+                    let v = if self.overwrite {
+                        v
+                    } else {
+                        _mm256_add_ps(_mm256_loadu_ps(p), v)
+                    };
+                    _mm256_storeu_ps(p, v);
+                } else if 8 * h < self.cols {
+                    let v = if self.overwrite {
+                        v
+                    } else {
+                        _mm256_add_ps(_mm256_maskload_ps(p, masks[h]), v)
+                    };
+                    _mm256_maskstore_ps(p, masks[h], v);
+                }
+            }
+        }
+    }
+}
+
 /// An empty product (no rows, columns or k): C left as it is, or zeroed where the product
 /// overwrites it. Whether it was one.
 ///

@@ -99,7 +99,7 @@ pub unsafe fn gemm_rhs_first<T: Float, A: Lhs<T>, B: Lhs<T>>(
 ) -> bool {
     let (Products::Native, Some(g), true, Some(c)) = (
         products(),
-        super::own_f32::<T>(),
+        super::own_f32::<T>().filter(roofline_kernels::cpu::sgemm::F32Gemm::is_avx512),
         native::<T, A, B>(),
         f32_out(c),
     ) else {

@@ -8,7 +8,7 @@
 //! to C), so the same bits.
 
 use super::micro::{Layout, Next, MR, NR};
-use super::{pack_a, pack_panel, tile, KC};
+use super::{pack_a, pack_panel, tile, Kernel, KC};
 use crate::cpu::bf16::Operand;
 use crate::cpu::tiles::{line, scratch, Dest};
 use std::cell::Cell;
@@ -32,10 +32,10 @@ pub fn takes(m: usize, n: usize, k: usize, a: Operand<f32>, b: Operand<f32>) -> 
 /// `c[m×n] (+)= a[m×k] · b[k×n]` on this thread, for operands `takes` accepts.
 ///
 /// # Safety
-/// As `F32Gemm::gemm`; `takes(m, n, k, a, b)`; with `vector`, AVX-512 F present.
+/// As `F32Gemm::gemm`; `takes(m, n, k, a, b)`; the kernel's instructions present.
 #[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn gemm(
-    vector: bool,
+    kernel: Kernel,
     m: usize,
     n: usize,
     k: usize,
@@ -75,7 +75,7 @@ pub(super) unsafe fn gemm(
             if j0 >= n {
                 break;
             }
-            pack_panel(b, j0, NR.min(n - j0), pc, kc, out, vector);
+            pack_panel(b, j0, NR.min(n - j0), pc, kc, out, kernel == Kernel::Avx512);
         }
         // The next block's A and B, a share of their lines to each tile of this block.
         let ahead = if pb + 1 < kblocks {
@@ -112,7 +112,7 @@ pub(super) unsafe fn gemm(
                 };
                 let next = Run::piece(ahead, fetched, per_tile);
                 fetched += next.lines;
-                tile(vector, kc, ap, lda, Layout::Cols, bp, ldb, d, next);
+                tile(kernel, kc, ap, lda, Layout::Cols, bp, ldb, d, next);
             }
         }
     }

@@ -35,28 +35,78 @@ pub const MC: usize = 12 * MR;
 /// Columns of B per block.
 pub const NC: usize = 1024;
 
-/// The right to multiply on this path: `detect` gives the AVX-512 kernel only on a CPU that
-/// has it and under a `ROOFLINE_ISA` cap that allows it.
+/// The right to multiply on this path: `detect` gives the widest kernel the CPU has (AVX-512,
+/// else AVX2 with FMA) that `ROOFLINE_ISA` does not cap.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct F32Gemm {
-    vector: bool,
+    kernel: Kernel,
+}
+
+/// The micro-kernel a product runs on (one sum order, so one set of bits, on all three).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kernel {
+    /// 28 accumulators of 16 lanes; AVX-512 packing.
+    Avx512,
+    /// The tile in six passes of 8 or 10 accumulators of 8 lanes (`micro::tile_avx2`);
+    /// portable packing.
+    Avx2,
+    /// Scalar.
+    Portable,
 }
 
 impl F32Gemm {
-    /// The AVX-512 kernel, where the CPU has AVX-512 F and `ROOFLINE_ISA` does not cap it.
+    /// The widest kernel this CPU has under the `ROOFLINE_ISA` cap: AVX-512 F, else AVX2 with
+    /// FMA.
     pub fn detect() -> Option<F32Gemm> {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f")
-            && super::isa::Isa::current() == super::isa::Isa::Avx512
         {
-            return Some(F32Gemm { vector: true });
+            use super::isa::Isa;
+            let cap = Isa::current();
+            if std::arch::is_x86_feature_detected!("avx512f") && cap == Isa::Avx512 {
+                return Some(F32Gemm {
+                    kernel: Kernel::Avx512,
+                });
+            }
+            if cap >= Isa::Avx2 {
+                return F32Gemm::avx2();
+            }
+        }
+        None
+    }
+
+    /// The AVX2 kernel where the CPU has AVX2 and FMA, whatever the cap and wider sets: for
+    /// tests and benches that hold it against the others.
+    pub fn avx2() -> Option<F32Gemm> {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            return Some(F32Gemm {
+                kernel: Kernel::Avx2,
+            });
         }
         None
     }
 
     /// The scalar kernels (any CPU; the same bits as the vector ones): for tests.
     pub fn portable() -> F32Gemm {
-        F32Gemm { vector: false }
+        F32Gemm {
+            kernel: Kernel::Portable,
+        }
+    }
+
+    /// Whether the AVX-512 packers run (else the portable ones).
+    fn vector(&self) -> bool {
+        self.kernel == Kernel::Avx512
+    }
+
+    /// Whether this is the AVX-512 kernel. The taps kernels (`taps_forward`, `taps_filter`)
+    /// run vectorised only there (elsewhere the portable ones), and the products that read a
+    /// tall A in place or reduce over a long k beat the gemm crate there only: on Zen 3's AVX2
+    /// (`place` f32, interleaved with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a
+    /// step slower on this kernel, while the products with a large packed filter ran faster
+    /// (layer4.0 conv2 276 against 447 ms a step, its projection 228 against 287).
+    pub fn is_avx512(&self) -> bool {
+        self.kernel == Kernel::Avx512
     }
 
     /// `c[m×n] (+)= a[m×k] · b[k×n]`, `c` row-major with leading dimension `ldc`, added to
@@ -79,7 +129,7 @@ impl F32Gemm {
         parallel: bool,
     ) {
         if !parallel && long::takes(m, n, k, a, b) {
-            return long::gemm(self.vector, m, n, k, c, ldc, accumulate, a, b);
+            return long::gemm(self.kernel, m, n, k, c, ldc, accumulate, a, b);
         }
         self.run(m, n, k, c, ldc, accumulate, a, Rhs::Pack(b), parallel)
     }
@@ -105,7 +155,7 @@ impl F32Gemm {
             .step_by(NC)
             .zip(values[base..base + len].chunks_mut(NC * k))
         {
-            pack_block(b, jc, NC.min(n - jc), k, out, self.vector, parallel);
+            pack_block(b, jc, NC.min(n - jc), k, out, self.vector(), parallel);
         }
         PackedF32 { k, n, values, base }
     }
@@ -145,7 +195,7 @@ impl F32Gemm {
         if empty_product(m, n, k, c, ldc, accumulate) {
             return;
         }
-        let vector = self.vector;
+        let (kernel, vector) = (self.kernel, self.vector());
         // Where A's k is contiguous, the kernel broadcasts from its rows where they are (an
         // edge panel's copied, `row_ld(kc)` apart; all copied where the rows do not `spread`
         // over L1); else A's blocks are packed in panels of MR rows, k-major.
@@ -236,7 +286,7 @@ impl F32Gemm {
                             // Rows past the block's (an edge tile's) hold stale values,
                             // and their results are not stored.
                             let bp = bblock[jp * kc * NR..].as_ptr();
-                            tile(vector, kc, ap, ld, lay, bp, NR, d, next);
+                            tile(kernel, kc, ap, ld, lay, bp, NR, d, next);
                         }
                     }
                 }
@@ -297,13 +347,13 @@ impl F32Gemm {
     }
 }
 
-/// One tile on the kernel `vector` names (the vector kernel prefetching `next`).
+/// One tile on `kernel` (the vector kernels prefetching `next`).
 ///
 /// # Safety
-/// As `micro::tile_portable`; with `vector`, AVX-512 F present.
+/// As `micro::tile_portable`; the kernel's instructions present (`F32Gemm::detect`).
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
-    vector: bool,
+    kernel: Kernel,
     kc: usize,
     a: *const f32,
     lda: usize,
@@ -313,12 +363,16 @@ unsafe fn tile(
     d: Dest,
     next: micro::Next,
 ) {
-    #[cfg(target_arch = "x86_64")]
-    if vector {
-        return micro::tile(kc, a, lda, layout, b, ldb, d, next);
+    match kernel {
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx512 => micro::tile(kc, a, lda, layout, b, ldb, d, next),
+        #[cfg(target_arch = "x86_64")]
+        Kernel::Avx2 => micro::tile_avx2(kc, a, lda, layout, b, ldb, d, next),
+        _ => {
+            let _ = next;
+            micro::tile_portable(kc, a, lda, layout, b, ldb, d)
+        }
     }
-    let _ = (vector, next);
-    micro::tile_portable(kc, a, lda, layout, b, ldb, d)
 }
 
 /// Rows `i0 .. i0 + mc` and k `p0 .. p0 + kc` of `a` packed into `out`: with `rows_src` (A's

@@ -82,7 +82,7 @@ impl F32Gemm {
                 let b = w.values[w.base + jp * k * NR..].as_ptr();
                 let t = Taps { a, ..taps };
                 #[cfg(target_arch = "x86_64")]
-                if self.vector {
+                if self.is_avx512() {
                     x86::forward(t, b, d);
                     continue;
                 }
@@ -137,7 +137,7 @@ impl F32Gemm {
                 };
                 let b = dy.add(jp * NR);
                 #[cfg(target_arch = "x86_64")]
-                if self.vector {
+                if self.is_avx512() {
                     x86::filter(m, &a, taps.pixel, b, ldy, d);
                     continue;
                 }

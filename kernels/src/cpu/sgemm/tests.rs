@@ -13,6 +13,15 @@ fn data(len: usize, seed: u64) -> Vec<f32> {
         .collect()
 }
 
+/// The portable kernel first, then every vector kernel this CPU has (AVX-512 and AVX2 both
+/// where it has both).
+fn kernels() -> Vec<F32Gemm> {
+    let mut all = vec![F32Gemm::portable()];
+    all.extend(F32Gemm::detect());
+    all.extend(F32Gemm::avx2().filter(|g| !all.contains(g)));
+    all
+}
+
 /// C (m×n, leading dimension ldc) from A and B as strided reads, summed in f64.
 fn reference(m: usize, n: usize, k: usize, a: Operand<f32>, b: Operand<f32>) -> Vec<f64> {
     let mut c = vec![0f64; m * n];
@@ -40,9 +49,7 @@ fn reference(m: usize, n: usize, k: usize, a: Operand<f32>, b: Operand<f32>) -> 
 /// and the thread count does not change a bit.
 #[test]
 fn products_match_f64_sums_in_every_layout() {
-    let kernels: Vec<F32Gemm> = std::iter::once(F32Gemm::portable())
-        .chain(F32Gemm::detect())
-        .collect();
+    let kernels = kernels();
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(3)
         .build()
@@ -196,9 +203,7 @@ fn an_empty_reduction_zeroes_or_keeps_c() {
 /// kernels give the portable ones' bits.
 #[test]
 fn taps_match_f64_sums_over_their_patch() {
-    let kernels: Vec<F32Gemm> = std::iter::once(F32Gemm::portable())
-        .chain(F32Gemm::detect())
-        .collect();
+    let kernels = kernels();
     // (filter rows, run, pixel stride, pixels, columns)
     for (rows, run, pixel, m, n) in [(7, 21, 6, 19, 64), (3, 3, 1, 30, 32), (2, 40, 8, 14, 32)] {
         let row = (m + MR) * pixel + run;
