@@ -23,7 +23,7 @@ const MAX_RUN: usize = 64;
 
 /// The kernels, where a convolution of this shape takes this path: its products (`T`) and
 /// operands (`S`, `D`) all f32, the products native, roofline's f32 kernels present
-/// (`own_f32`) on AVX-512 (`is_avx512`), not a 1×1 stride-1 layer (one GEMM as it lies), runs of at most `MAX_RUN`
+/// (`own_f32`), not a 1×1 stride-1 layer (one GEMM as it lies), runs of at most `MAX_RUN`
 /// taps, a depth within one block of k and whole column panels (`taps_apply`), and
 /// `ROOFLINE_CONV` not `im2col`.
 pub(super) fn kernels<T: 'static, S: 'static, D: 'static>(sh: &ConvShape) -> Option<F32Gemm> {
@@ -39,7 +39,7 @@ pub(super) fn kernels<T: 'static, S: 'static, D: 'static>(sh: &ConvShape) -> Opt
     {
         return None;
     }
-    own_f32::<f32>().filter(F32Gemm::is_avx512)
+    own_f32::<f32>()
 }
 
 /// `x` read as f32.
@@ -208,8 +208,7 @@ mod tests {
             shape(4, 1, 6, 32, 3, 1, 0),
         ] {
             let taken = kernels::<f32, f32, f32>(&sh).is_some();
-            let own = roofline_kernels::cpu::sgemm::F32Gemm::detect()
-                .is_some_and(|g| g.is_avx512())
+            let own = roofline_kernels::cpu::sgemm::F32Gemm::detect().is_some()
                 && std::env::var_os("ROOFLINE_F32_GEMM").is_none()
                 && std::env::var_os("ROOFLINE_CONV").is_none();
             assert_eq!(taken, own, "{}", sh.describe());

@@ -44,7 +44,7 @@ pub struct F32Gemm {
 
 /// The micro-kernel a product runs on (one sum order, so one set of bits, on all three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kernel {
+pub(super) enum Kernel {
     /// 28 accumulators of 16 lanes; AVX-512 packing.
     Avx512,
     /// The tile in six passes of 8 or 10 accumulators of 8 lanes (`micro::tile_avx2`);
@@ -99,12 +99,11 @@ impl F32Gemm {
         self.kernel == Kernel::Avx512
     }
 
-    /// Whether this is the AVX-512 kernel. The taps kernels (`taps_forward`, `taps_filter`)
-    /// run vectorised only there (elsewhere the portable ones), and the products that read a
-    /// tall A in place or reduce over a long k beat the gemm crate there only: on Zen 3's AVX2
-    /// (`place` f32, interleaved with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a
-    /// step slower on this kernel, while the products with a large packed filter ran faster
-    /// (layer4.0 conv2 276 against 447 ms a step, its projection 228 against 287).
+    /// Whether this is the AVX-512 kernel. The products that read a tall A in place or reduce
+    /// over a long k beat the gemm crate there only: on Zen 3's AVX2 (`place` f32, interleaved
+    /// with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a step slower on this
+    /// kernel, while the products with a large packed filter ran faster (layer4.0 conv2 276
+    /// against 447 ms a step, its projection 228 against 287).
     pub fn is_avx512(&self) -> bool {
         self.kernel == Kernel::Avx512
     }

@@ -11,7 +11,7 @@
 //! reading each tap's inputs from where they lie (a tile's 14 taps may span two filter rows).
 
 use super::micro::{MR, NR};
-use super::{F32Gemm, PackedF32, KC, NC};
+use super::{F32Gemm, Kernel, PackedF32, KC, NC};
 use crate::cpu::tiles::Dest;
 
 /// One output row's patch over a zero-padded image: pixel `i`'s values of filter row `f` are
@@ -81,12 +81,13 @@ impl F32Gemm {
                 };
                 let b = w.values[w.base + jp * k * NR..].as_ptr();
                 let t = Taps { a, ..taps };
-                #[cfg(target_arch = "x86_64")]
-                if self.is_avx512() {
-                    x86::forward(t, b, d);
-                    continue;
+                match self.kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx512 => x86::forward(t, b, d),
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx2 => avx2::forward(t, b, d),
+                    _ => forward_portable(t, b, d),
                 }
-                forward_portable(t, b, d);
             }
         }
     }
@@ -136,12 +137,13 @@ impl F32Gemm {
                     overwrite: !accumulate,
                 };
                 let b = dy.add(jp * NR);
-                #[cfg(target_arch = "x86_64")]
-                if self.is_avx512() {
-                    x86::filter(m, &a, taps.pixel, b, ldy, d);
-                    continue;
+                match self.kernel {
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx512 => x86::filter(m, &a, taps.pixel, b, ldy, d),
+                    #[cfg(target_arch = "x86_64")]
+                    Kernel::Avx2 => avx2::filter(m, &a, taps.pixel, b, ldy, d),
+                    _ => filter_portable(m, &a, taps.pixel, b, ldy, d),
                 }
-                filter_portable(m, &a, taps.pixel, b, ldy, d);
             }
         }
     }
@@ -250,5 +252,127 @@ mod x86 {
             }
         }
         d.store(&acc);
+    }
+}
+
+/// The taps kernels on AVX2: each tile in six passes of 5, 5 and 4 rows by 16 columns, as
+/// `micro::tile_avx2` (the same sums in the same order: the portable kernels' bits).
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::*;
+    use std::arch::x86_64::*;
+
+    /// The passes' first rows and row counts.
+    const GROUPS: [(usize, usize); 3] = [(0, 5), (5, 5), (10, 4)];
+
+    /// `acc[i] + Σ_p rows[i][p·step] · b[p·ldb ..][..16]` over `p < kc` (by value: through a
+    /// reference, the accumulators went to the stack between the forward's filter rows).
+    #[inline(always)]
+    unsafe fn sweep<const R: usize>(
+        mut acc: [[__m256; 2]; R],
+        rows: &[*const f32; R],
+        step: usize,
+        b: *const f32,
+        ldb: usize,
+        kc: usize,
+    ) -> [[__m256; 2]; R] {
+        let mut bp = b;
+        for p in 0..kc {
+            let bv = [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))];
+            bp = bp.add(ldb);
+            for (row, &at) in acc.iter_mut().zip(rows) {
+                let av = _mm256_broadcast_ss(&*at.add(p * step));
+                row[0] = _mm256_fmadd_ps(av, bv[0], row[0]);
+                row[1] = _mm256_fmadd_ps(av, bv[1], row[1]);
+            }
+        }
+        acc
+    }
+
+    /// Row group `(r0, n)`'s part of `d`, columns `16h ..`.
+    fn part(d: Dest, r0: usize, n: usize, h: usize) -> Dest {
+        Dest {
+            // A pointer into C's tile (`d` covers it).
+            c: d.c.wrapping_add(r0 * d.ldc + 16 * h),
+            rows: (d.rows - r0).min(n),
+            cols: (d.cols - 16 * h).min(16),
+            ..d
+        }
+    }
+
+    /// As `forward_portable` (the same bits).
+    ///
+    /// # Safety
+    /// As `forward_portable`; AVX2 and FMA present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn forward(t: Taps, b: *const f32, d: Dest) {
+        for h in 0..d.cols.div_ceil(16) {
+            for (r0, n) in GROUPS {
+                if r0 >= d.rows {
+                    break;
+                }
+                let (b, d) = (b.add(16 * h), part(d, r0, n, h));
+                match n {
+                    5 => forward_pass::<5>(t, r0, b, d),
+                    _ => forward_pass::<4>(t, r0, b, d),
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn forward_pass<const R: usize>(t: Taps, r0: usize, b: *const f32, d: Dest) {
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for f in 0..t.rows {
+            let mut rows = [t.a; R];
+            for (i, row) in rows.iter_mut().enumerate() {
+                *row = t.a.add((r0 + i) * t.pixel + f * t.row);
+            }
+            acc = sweep(acc, &rows, 1, b.add(f * t.run * NR), NR, t.run);
+        }
+        d.store_avx2(&acc);
+    }
+
+    /// As `filter_portable` (the same bits).
+    ///
+    /// # Safety
+    /// As `filter_portable`; AVX2 and FMA present.
+    #[target_feature(enable = "avx2,fma")]
+    pub unsafe fn filter(
+        m: usize,
+        a: &[*const f32; MR],
+        pixel: usize,
+        b: *const f32,
+        ldy: usize,
+        d: Dest,
+    ) {
+        for h in 0..d.cols.div_ceil(16) {
+            for (r0, n) in GROUPS {
+                if r0 >= d.rows {
+                    break;
+                }
+                let (b, d) = (b.add(16 * h), part(d, r0, n, h));
+                match n {
+                    5 => filter_pass::<5>(m, a, r0, pixel, b, ldy, d),
+                    _ => filter_pass::<4>(m, a, r0, pixel, b, ldy, d),
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn filter_pass<const R: usize>(
+        m: usize,
+        a: &[*const f32; MR],
+        r0: usize,
+        pixel: usize,
+        b: *const f32,
+        ldy: usize,
+        d: Dest,
+    ) {
+        let mut rows = [a[0]; R];
+        rows.copy_from_slice(&a[r0..r0 + R]);
+        let acc = sweep([[_mm256_setzero_ps(); 2]; R], &rows, pixel, b, ldy, m);
+        d.store_avx2(&acc);
     }
 }
