@@ -716,8 +716,8 @@ pub unsafe fn native_gemm<T: Float>(
 const OWN_F32_MAX_CRATE: usize = 1 << 19;
 
 /// The f32 kernels for `T` = f32 on a CPU with AVX-512 or AVX2 (unless
-/// `ROOFLINE_F32_GEMM=crate`, which keeps the gemm crate's), else none. Only a large packed
-/// filter (`Rhs`) takes them on AVX2 (`F32Gemm::is_avx512`).
+/// `ROOFLINE_F32_GEMM=crate`, which keeps the gemm crate's), else none. On AVX2 only a large
+/// packed filter (`Rhs`) and the stem's taps take them (`F32Gemm::is_avx512`).
 pub(crate) fn own_f32<T: 'static>() -> Option<F32Gemm> {
     static OWN: std::sync::OnceLock<Option<F32Gemm>> = std::sync::OnceLock::new();
     if std::any::TypeId::of::<T>() != std::any::TypeId::of::<f32>() {

@@ -1,7 +1,8 @@
 //! The micro-kernel: an `MR × NR` tile of C (f32) += A's `MR` rows · one packed panel of B,
 //! one fused multiply-add per accumulator per k, 28 accumulators in registers. A is read in
 //! place, by broadcast, in one of two layouts (`Layout`); the portable version makes the same
-//! fused sums in the same order (`f32::mul_add`), for CPUs without AVX-512 and for the tests.
+//! fused sums in the same order (`f32::mul_add`), for the tests and CPUs without AVX-512 or AVX2
+//! (`tile_avx2` below makes them in six passes).
 
 /// Rows of a tile.
 pub const MR: usize = 14;

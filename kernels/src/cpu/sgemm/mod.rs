@@ -94,12 +94,8 @@ impl F32Gemm {
         }
     }
 
-    /// Whether the AVX-512 packers run (else the portable ones).
-    fn vector(&self) -> bool {
-        self.kernel == Kernel::Avx512
-    }
-
-    /// Whether this is the AVX-512 kernel. The products that read a tall A in place or reduce
+    /// Whether this is the AVX-512 kernel (and its packers; the AVX2 kernel packs with the
+    /// portable ones). The products that read a tall A in place or reduce
     /// over a long k beat the gemm crate there only: on Zen 3's AVX2 (`place` f32, interleaved
     /// with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a step slower on this
     /// kernel, while the products with a large packed filter ran faster (layer4.0 conv2 276
@@ -154,7 +150,7 @@ impl F32Gemm {
             .step_by(NC)
             .zip(values[base..base + len].chunks_mut(NC * k))
         {
-            pack_block(b, jc, NC.min(n - jc), k, out, self.vector(), parallel);
+            pack_block(b, jc, NC.min(n - jc), k, out, self.is_avx512(), parallel);
         }
         PackedF32 { k, n, values, base }
     }
@@ -194,7 +190,7 @@ impl F32Gemm {
         if empty_product(m, n, k, c, ldc, accumulate) {
             return;
         }
-        let (kernel, vector) = (self.kernel, self.vector());
+        let (kernel, vector) = (self.kernel, self.is_avx512());
         // Where A's k is contiguous, the kernel broadcasts from its rows where they are (an
         // edge panel's copied, `row_ld(kc)` apart; all copied where the rows do not `spread`
         // over L1); else A's blocks are packed in panels of MR rows, k-major.
