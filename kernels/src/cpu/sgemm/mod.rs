@@ -44,6 +44,7 @@ pub struct F32Gemm {
 
 /// The micro-kernel a product runs on (one sum order, so one set of bits, on all three).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(super) enum Kernel {
     /// 28 accumulators of 16 lanes; AVX-512 packing.
     Avx512,

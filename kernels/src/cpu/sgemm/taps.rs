@@ -11,7 +11,9 @@
 //! reading each tap's inputs from where they lie (a tile's 14 taps may span two filter rows).
 
 use super::micro::{MR, NR};
-use super::{F32Gemm, Kernel, PackedF32, KC, NC};
+#[cfg(target_arch = "x86_64")]
+use super::Kernel;
+use super::{F32Gemm, PackedF32, KC, NC};
 use crate::cpu::tiles::Dest;
 
 /// One output row's patch over a zero-padded image: pixel `i`'s values of filter row `f` are
