@@ -16,6 +16,10 @@ fn fleet(m: &roofline_model::Machine) -> &roofline_model::fleet::Fleet {
         .expect("a probe over several nodes screens its fleet")
 }
 
+/// How many runs a screening test makes before it holds one: each retry is a run the host's
+/// scheduling spoiled, never a code path.
+const TRIES: usize = 3;
+
 /// Three pretend nodes, node 1 alone on its core (nodes 0 and 2 share the other, and take
 /// turns): with nothing else running nobody is named; with a busy process pinned on node 1's
 /// core, node 1 is named on its ceilings with its lower clock as the cause, the table says so,
@@ -55,15 +59,23 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
         assert!(o.status.success(), "{}", text(&o));
         (roofline_model::Machine::read(&out).unwrap(), o, out)
     };
-    // Quiet: nobody named (a second try where the VM's two vCPUs were placed on one host
-    // core for a moment: a node or a node's links).
+    // Quiet: nobody named, neither a node nor a node's links.
     let named = |m: &roofline_model::Machine| {
         let f = fleet(m);
         !f.outliers.is_empty() || f.links.as_ref().is_some_and(|l| !l.suspects.is_empty())
     };
+    // Up to `TRIES` runs: on a 2-vCPU VM the host places both vCPUs on one core for a while,
+    // once for two runs in a row (node 0's FMA roofs 19–25% short, twice, in one CI run).
     let (mut quiet, mut o, mut quiet_path) = run("quiet.json");
-    if named(&quiet) {
-        eprintln!("first quiet run named {:?}; again", fleet(&quiet).outliers);
+    for attempt in 2..=TRIES {
+        if !named(&quiet) {
+            break;
+        }
+        eprintln!(
+            "quiet run {} named {:?}; again",
+            attempt - 1,
+            fleet(&quiet).outliers
+        );
         (quiet, o, quiet_path) = run("quiet.json");
     }
     let f = fleet(&quiet);
@@ -98,13 +110,17 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
         slow.sort_unstable();
         slow
     };
-    // A second try, as the quiet run's, where the host's scheduling hid the load from one of
+    // More tries, as the quiet run's, where the host's scheduling hid the load from one of
     // the node's links for the run (its samples time-sliced with the busy process's: one run
     // named (0, 1) and not (1, 2)).
     let (mut loaded, mut o, mut loaded_path) = loaded_run();
-    if fleet(&loaded).named_nodes() != [1] || slow_links(&loaded) != [(0, 1), (1, 2)] {
+    for attempt in 2..=TRIES {
+        if fleet(&loaded).named_nodes() == [1] && slow_links(&loaded) == [(0, 1), (1, 2)] {
+            break;
+        }
         eprintln!(
-            "first loaded run named {:?}, slow links {:?}; again",
+            "loaded run {} named {:?}, slow links {:?}; again",
+            attempt - 1,
             fleet(&loaded).named_nodes(),
             slow_links(&loaded)
         );
