@@ -261,46 +261,9 @@ mod x86 {
 /// `micro::tile_avx2` (the same sums in the same order: the portable kernels' bits).
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
+    use super::super::micro::avx2::{part, sweep, GROUPS};
     use super::*;
     use std::arch::x86_64::*;
-
-    /// The passes' first rows and row counts.
-    const GROUPS: [(usize, usize); 3] = [(0, 5), (5, 5), (10, 4)];
-
-    /// `acc[i] + Σ_p rows[i][p·step] · b[p·ldb ..][..16]` over `p < kc` (by value: through a
-    /// reference, the accumulators went to the stack between the forward's filter rows).
-    #[inline(always)]
-    unsafe fn sweep<const R: usize>(
-        mut acc: [[__m256; 2]; R],
-        rows: &[*const f32; R],
-        step: usize,
-        b: *const f32,
-        ldb: usize,
-        kc: usize,
-    ) -> [[__m256; 2]; R] {
-        let mut bp = b;
-        for p in 0..kc {
-            let bv = [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))];
-            bp = bp.add(ldb);
-            for (row, &at) in acc.iter_mut().zip(rows) {
-                let av = _mm256_broadcast_ss(&*at.add(p * step));
-                row[0] = _mm256_fmadd_ps(av, bv[0], row[0]);
-                row[1] = _mm256_fmadd_ps(av, bv[1], row[1]);
-            }
-        }
-        acc
-    }
-
-    /// Row group `(r0, n)`'s part of `d`, columns `16h ..`.
-    fn part(d: Dest, r0: usize, n: usize, h: usize) -> Dest {
-        Dest {
-            // A pointer into C's tile (`d` covers it).
-            c: d.c.wrapping_add(r0 * d.ldc + 16 * h),
-            rows: (d.rows - r0).min(n),
-            cols: (d.cols - 16 * h).min(16),
-            ..d
-        }
-    }
 
     /// As `forward_portable` (the same bits).
     ///
