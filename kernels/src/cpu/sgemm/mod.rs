@@ -100,7 +100,11 @@ impl F32Gemm {
     /// over a long k beat the gemm crate there only: on Zen 3's AVX2 (`place` f32, interleaved
     /// with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a step slower on this
     /// kernel, while the products with a large packed filter ran faster (layer4.0 conv2 276
-    /// against 447 ms a step, its projection 228 against 287).
+    /// against 447 ms a step, its projection 228 against 287). Layer by layer (`trainer_conv`,
+    /// Zen 3): in place, the AVX2 kernel won layer1's 1×1 products (k = 64: forward and
+    /// backward data 5–20% faster) and lost most of layers 2–4's (up to 30% slower: layer2.1
+    /// conv1 forward 36–38 against 30 ms), its long reductions lost layer1's filter gradients
+    /// (up to 15%); a KC of 128 for it changed none of these past the noise.
     pub fn is_avx512(&self) -> bool {
         self.kernel == Kernel::Avx512
     }
