@@ -280,10 +280,22 @@ fn product_rounded<T: Float, S: Lhs<T>>(
     yb: &mut [MaybeUninit<bf16>],
 ) {
     let k = yb.len() / rows.max(1);
-    assert!(
-        a.len() >= rows * depth && yb.len() == rows * k,
-        "product_rounded: shapes"
-    );
+    assert_eq!(yb.len(), rows * k, "product_rounded: shapes");
+    scratch_product(wb, a, rows, depth, k, |buf| round_bf16(buf, yb))
+}
+
+/// `finish` given the first `rows` rows of `a` (`depth` wide) times `wb` (`depth × k`), made
+/// in this thread's scratch in `T` (`rows × k`, row-major): a product kept in bf16, rounded
+/// (or added and rounded) once from its sum in `T`.
+fn scratch_product<T: Float, S: Lhs<T>, R>(
+    wb: &Rhs<T>,
+    a: &[S],
+    rows: usize,
+    depth: usize,
+    k: usize,
+    finish: impl FnOnce(&mut [T]) -> R,
+) -> R {
+    assert!(a.len() >= rows * depth, "scratch_product: shapes");
     T::with_scratch(rows * k, |buf| {
         // SAFETY: a holds rows × depth (checked), wb is depth × k, buf rows × k.
         unsafe {
@@ -297,7 +309,7 @@ fn product_rounded<T: Float, S: Lhs<T>>(
                 false,
             )
         };
-        round_bf16(buf, yb);
+        finish(buf)
     })
 }
 
@@ -408,21 +420,8 @@ pub fn backward_data_add_half<T: Float, D: Lhs<T>>(
         .enumerate()
         .for_each(|(t, dxb)| {
             let rows = dxb.len() / depth;
-            T::with_scratch(rows * depth, |buf| {
-                // SAFETY: dy rows × k from row t·mb, wᵀ k × depth, buf rows × depth.
-                unsafe {
-                    D::gemm_rhs(
-                        wb,
-                        rows,
-                        buf.as_mut_ptr(),
-                        depth,
-                        false,
-                        Mat::rows(dy[t * mb * k..].as_ptr(), k),
-                        false,
-                    )
-                };
-                add_round(buf, dxb);
-            })
+            let dyb = &dy[t * mb * k..];
+            scratch_product(wb, dyb, rows, k, depth, |buf| add_round(buf, dxb))
         });
 }
 

@@ -163,24 +163,15 @@ impl<T: Float> Conv2d<T> {
     /// `backward_add` into an input gradient kept in bf16 (a block's shortcut gradient in
     /// bf16 training: `crate::conv::backward_data_add_half`).
     pub fn backward_add_half(&mut self, dy: &Act<T>, dx: &mut Tensor<bf16>) {
-        let sh = match dy {
-            Act::Full(t) => self.filter_gradient(&t.data),
-            Act::Half(t) => self.filter_gradient(&t.data),
-        };
-        assert_eq!(
-            (sh.n, sh.h, sh.w, sh.c),
-            (dx.n, dx.h, dx.w, dx.c),
-            "{}: input gradient shape",
-            self.weight.name
-        );
         match dy {
-            Act::Full(t) => {
-                crate::conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
-            }
-            Act::Half(t) => {
-                crate::conv::backward_data_add_half(&t.data, &self.weight.value, &mut dx.data, &sh)
-            }
+            Act::Full(t) => self.backward_add_half_from(&t.data, dx),
+            Act::Half(t) => self.backward_add_half_from(&t.data, dx),
         }
+    }
+
+    fn backward_add_half_from<D: Lhs<T>>(&mut self, dy: &[D], dx: &mut Tensor<bf16>) {
+        let sh = self.added_shape(dy, dx);
+        crate::conv::backward_data_add_half(dy, &self.weight.value, &mut dx.data, &sh);
     }
 }
 

@@ -408,6 +408,13 @@ impl<T: Float> Conv2d<T> {
     }
 
     fn backward_add_from<D: Lhs<T>>(&mut self, dy: &[D], dx: &mut Tensor<T>) {
+        let sh = self.added_shape(dy, dx);
+        conv::backward_data_add(dy, &self.weight.value, &mut dx.data, &sh);
+    }
+
+    /// The filter gradient from `dy` (`filter_gradient`), and the shape of the input gradient
+    /// that the backward pass adds into `dx`, checked against `dx`'s (in either precision).
+    fn added_shape<D: Lhs<T>, U>(&mut self, dy: &[D], dx: &Tensor<U>) -> ConvShape {
         let sh = self.filter_gradient(dy);
         assert_eq!(
             (sh.n, sh.h, sh.w, sh.c),
@@ -415,7 +422,7 @@ impl<T: Float> Conv2d<T> {
             "{}: input gradient shape",
             self.weight.name
         );
-        conv::backward_data_add(dy, &self.weight.value, &mut dx.data, &sh);
+        sh
     }
 }
 
