@@ -8,7 +8,7 @@
 //! to C), so the same bits.
 
 use super::micro::{Layout, Next, MR, NR};
-use super::{pack_a, pack_panel, tile, Kernel, KC};
+use super::{pack_a, pack_panel, tile, Kernel, Panel, KC};
 use crate::cpu::bf16::Operand;
 use crate::cpu::tiles::{line, scratch, Dest};
 use std::cell::Cell;
@@ -75,7 +75,7 @@ pub(super) unsafe fn gemm(
             if j0 >= n {
                 break;
             }
-            pack_panel(b, j0, NR.min(n - j0), pc, kc, out, kernel == Kernel::Avx512);
+            pack_panel(b, j0, NR.min(n - j0), pc, kc, out, kernel);
         }
         // The next block's A and B, a share of their lines to each tile of this block.
         let ahead = if pb + 1 < kblocks {
@@ -92,10 +92,10 @@ pub(super) unsafe fn gemm(
         let mut fetched = 0;
         // B's panel in L1 across A's panels (A's from L2).
         for jp in 0..npanels {
-            let (bp, ldb) = if jp * NR < nfull {
-                (at_b(0, jp * NR), b.rs as usize)
+            let bp = if jp * NR < nfull {
+                Panel::Rows(at_b(0, jp * NR), b.rs as usize)
             } else {
-                (bedge[(jp - nfull / NR) * kc * NR..].as_ptr(), NR)
+                Panel::Packed(bedge[(jp - nfull / NR) * kc * NR..].as_ptr())
             };
             for ip in 0..mpanels {
                 let (ap, lda) = if ip * MR < mfull {
@@ -112,7 +112,7 @@ pub(super) unsafe fn gemm(
                 };
                 let next = Run::piece(ahead, fetched, per_tile);
                 fetched += next.lines;
-                tile(kernel, kc, ap, lda, Layout::Cols, bp, ldb, d, next);
+                tile(kernel, kc, ap, lda, Layout::Cols, bp, d, next);
             }
         }
     }

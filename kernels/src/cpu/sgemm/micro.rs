@@ -159,7 +159,8 @@ pub use x86::tile;
 /// same order (so the same bits), made in six passes over k, each rows of a third of the tile
 /// by one half of its columns (5, 5 and 4 rows by 16 columns: 10 or 8 accumulators, two of B's
 /// vectors and a broadcast of A in registers; at least 8 independent sums, FMA's latency
-/// covered). The first pass prefetches `next` as the AVX-512 kernel does. (On all of a 1×1
+/// covered). Its packed panels of B are in halves (`pack_panel`): a pass reads one half, a line
+/// per k. The first pass prefetches `next` as the AVX-512 kernel does. (On all of a 1×1
 /// layer's in-place products, layer2.1 conv1 forward on Zen 3, that pass took 28% of the time
 /// for 18% of the sums (perf, cpu-clock): its prefetch code, not where it sits, is the cost —
 /// spread over the six passes, a share of A's rows in each, it ran 37.7–38.3 ms against
@@ -208,8 +209,11 @@ pub(super) mod avx2 {
         acc
     }
 
+    /// B's columns 16 .. 32 at `b + half` (16 for B's rows of 32 values, `16·kc` for a panel
+    /// packed for this kernel in halves), rows `ldb` apart.
+    ///
     /// # Safety
-    /// As `tile_portable`; AVX2 and FMA present.
+    /// As `tile_portable`, B as said; AVX2 and FMA present.
     #[target_feature(enable = "avx2,fma")]
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn tile(
@@ -219,6 +223,7 @@ pub(super) mod avx2 {
         layout: Layout,
         b: *const f32,
         ldb: usize,
+        half: usize,
         d: Dest,
         next: Next,
     ) {
@@ -240,7 +245,7 @@ pub(super) mod avx2 {
                 } else {
                     a.add(r0)
                 };
-                let b0 = b.add(16 * h);
+                let b0 = b.add(half * h);
                 let sub = Dest {
                     c: d.c.add(r0 * d.ldc + 16 * h),
                     rows: (d.rows - r0).min(n),
@@ -300,12 +305,13 @@ pub(super) mod avx2 {
                 let at = next.c.wrapping_add((p >> 1) * d.ldc + (p & 1) * 16);
                 _mm_prefetch::<_MM_HINT_ET0>(at as *const i8);
             }
-            // B 16 k ahead: a pass meets its half panel's lines (one per k, 128 bytes apart)
-            // from L2 or L3 first, and the hardware did not fetch them ahead (perf: the first
-            // pass's B load took a sixth of layer4.0 conv2's forward). With it, trainer_conv on
-            // Zen 3, four interleaved rounds: layer4.0 conv2 forward 79–97 against 87–107 ms,
-            // backward data 83–91 against 98–106; layer3.0 conv2 73–91 against 86–97 and
-            // 72–78 against 79–89; layer4.0 downsample backward data 74–79 against 84–95.
+            // B 16 k ahead: a pass meets its half panel's lines (one per k) from L2 or L3
+            // first, and the hardware did not fetch them ahead (perf: the first pass's B load
+            // took a sixth of layer4.0 conv2's forward). With it, trainer_conv on Zen 3, four
+            // interleaved rounds (the halves then interleaved, lines 128 bytes apart): layer4.0
+            // conv2 forward 79–97 against 87–107 ms, backward data 83–91 against 98–106;
+            // layer3.0 conv2 73–91 against 86–97 and 72–78 against 79–89; layer4.0
+            // downsample backward data 74–79 against 84–95.
             _mm_prefetch::<_MM_HINT_T0>(bp.wrapping_add(16 * ldb) as *const i8);
             let bv = [_mm256_loadu_ps(bp), _mm256_loadu_ps(bp.add(8))];
             bp = bp.add(ldb);

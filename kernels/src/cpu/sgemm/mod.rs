@@ -48,8 +48,8 @@ pub struct F32Gemm {
 pub(super) enum Kernel {
     /// 28 accumulators of 16 lanes; AVX-512 packing.
     Avx512,
-    /// The tile in six passes of 8 or 10 accumulators of 8 lanes (`micro::tile_avx2`);
-    /// portable packing.
+    /// The tile in six passes of 8 or 10 accumulators of 8 lanes (`micro::tile_avx2`); A
+    /// packed as for the portable kernel, B's panels in halves of 16 columns (`pack_panel`).
     Avx2,
     /// Scalar.
     Portable,
@@ -95,16 +95,20 @@ impl F32Gemm {
         }
     }
 
-    /// Whether this is the AVX-512 kernel (and its packers; the AVX2 kernel packs with the
-    /// portable ones). The products that read a tall A in place or reduce
-    /// over a long k beat the gemm crate there only: on Zen 3's AVX2 (`place` f32, interleaved
-    /// with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a step slower on this
-    /// kernel, while the products with a large packed filter ran faster (layer4.0 conv2 276
-    /// against 447 ms a step, its projection 228 against 287). Layer by layer (`trainer_conv`,
-    /// Zen 3): in place, the AVX2 kernel won layer1's 1×1 products (k = 64: forward and
-    /// backward data 5–20% faster) and lost most of layers 2–4's (up to 30% slower: layer2.1
-    /// conv1 forward 36–38 against 30 ms), its long reductions lost layer1's filter gradients
-    /// (up to 15%); a KC of 128 for it changed none of these past the noise.
+    /// Whether this is the AVX-512 kernel (and its packers). The products that read a tall A
+    /// in place or reduce over a long k beat the gemm crate there only: on Zen 3's AVX2
+    /// (`place` f32, interleaved with `ROOFLINE_F32_GEMM=crate`) the 1×1 layers ran 10–37 ms a
+    /// step slower on this kernel, while the products with a large packed filter ran faster
+    /// (layer4.0 conv2 276 against 447 ms a step, its projection 228 against 287). Layer by
+    /// layer (`trainer_conv`, Zen 3): in place, the AVX2 kernel won layer1's 1×1 products (k =
+    /// 64: forward and backward data 5–20% faster) and lost most of layers 2–4's (up to 30%
+    /// slower: layer2.1 conv1 forward 36–38 against 30 ms), its long reductions lost layer1's
+    /// filter gradients (up to 15%); a KC of 128 for it changed none of these past the noise.
+    /// With B packed in halves (`pack_panel`), on one thread (best of three, interleaved) it
+    /// matched or beat the crate on layers 3–4's (layer3.0 conv1 forward 82.7 against 85.7
+    /// ms, backward data 83.6 against 94.7; layer4.0 conv1 83.9 against 86.2, 87.6 against
+    /// 87.1) and lost layer2.1 conv1's forward (43.6 against 39.1); on both cores the host's
+    /// noise (one binary's best of three 41–66 ms) hid the difference: the routing stays.
     pub fn is_avx512(&self) -> bool {
         self.kernel == Kernel::Avx512
     }
@@ -155,7 +159,7 @@ impl F32Gemm {
             .step_by(NC)
             .zip(values[base..base + len].chunks_mut(NC * k))
         {
-            pack_block(b, jc, NC.min(n - jc), k, out, self.is_avx512(), parallel);
+            pack_block(b, jc, NC.min(n - jc), k, out, self.kernel, parallel);
         }
         PackedF32 { k, n, values, base }
     }
@@ -195,7 +199,7 @@ impl F32Gemm {
         if empty_product(m, n, k, c, ldc, accumulate) {
             return;
         }
-        let (kernel, vector) = (self.kernel, self.is_avx512());
+        let kernel = self.kernel;
         // Where A's k is contiguous, the kernel broadcasts from its rows where they are (an
         // edge panel's copied, `row_ld(kc)` apart; all copied where the rows do not `spread`
         // over L1); else A's blocks are packed in panels of MR rows, k-major.
@@ -286,7 +290,7 @@ impl F32Gemm {
                             // Rows past the block's (an edge tile's) hold stale values,
                             // and their results are not stored.
                             let bp = bblock[jp * kc * NR..].as_ptr();
-                            tile(kernel, kc, ap, ld, lay, bp, NR, d, next);
+                            tile(kernel, kc, ap, ld, lay, Panel::Packed(bp), d, next);
                         }
                     }
                 }
@@ -319,7 +323,7 @@ impl F32Gemm {
                     for pb in 0..kblocks {
                         let (pc, kc) = (pb * KC, KC.min(k - pb * KC));
                         for (q, out) in bpack[..npanels * kc * NR].chunks_mut(kc * NR).enumerate() {
-                            pack_panel(b, jc + q * NR, NR.min(nc - q * NR), pc, kc, out, vector);
+                            pack_panel(b, jc + q * NR, NR.min(nc - q * NR), pc, kc, out, kernel);
                         }
                         for t in 0..tasks {
                             task(t, buf, pb..pb + 1, bpack);
@@ -331,7 +335,7 @@ impl F32Gemm {
                     let len = npanels * NR * k;
                     grow(&mut bpack, len);
                     let out = line(&mut bpack, len);
-                    pack_block(b, jc, nc, k, out, vector, true);
+                    pack_block(b, jc, nc, k, out, kernel, true);
                     let b = &*out;
                     (0..tasks).into_par_iter().for_each(|t| {
                         let mut buf = scratch(&A_SCRATCH, a_len);
@@ -347,10 +351,20 @@ impl F32Gemm {
     }
 }
 
+/// Where a tile's `kc × NR` of B are.
+#[derive(Clone, Copy)]
+pub(super) enum Panel {
+    /// A panel from `pack_panel` for this kernel.
+    Packed(*const f32),
+    /// In place: row p at `p·ldb`, its NR values contiguous.
+    Rows(*const f32, usize),
+}
+
 /// One tile on `kernel` (the vector kernels prefetching `next`).
 ///
 /// # Safety
-/// As `micro::tile_portable`; the kernel's instructions present (`F32Gemm::detect`).
+/// As `micro::tile_portable`; a packed panel packed for `kernel`; the kernel's instructions
+/// present (`F32Gemm::detect`).
 #[allow(clippy::too_many_arguments)]
 unsafe fn tile(
     kernel: Kernel,
@@ -358,19 +372,29 @@ unsafe fn tile(
     a: *const f32,
     lda: usize,
     layout: Layout,
-    b: *const f32,
-    ldb: usize,
+    b: Panel,
     d: Dest,
     next: micro::Next,
 ) {
+    let (bp, ldb) = match b {
+        Panel::Packed(bp) => (bp, NR),
+        Panel::Rows(bp, ldb) => (bp, ldb),
+    };
     match kernel {
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx512 => micro::tile(kc, a, lda, layout, b, ldb, d, next),
+        Kernel::Avx512 => micro::tile(kc, a, lda, layout, bp, ldb, d, next),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => micro::tile_avx2(kc, a, lda, layout, b, ldb, d, next),
+        Kernel::Avx2 => {
+            // A packed panel in its two halves of 16 columns (`pack_panel`).
+            let (ldb, half) = match b {
+                Panel::Packed(_) => (16, 16 * kc),
+                Panel::Rows(..) => (ldb, 16),
+            };
+            micro::tile_avx2(kc, a, lda, layout, bp, ldb, half, d, next)
+        }
         _ => {
             let _ = next;
-            micro::tile_portable(kc, a, lda, layout, b, ldb, d)
+            micro::tile_portable(kc, a, lda, layout, bp, ldb, d)
         }
     }
 }
@@ -455,7 +479,7 @@ unsafe fn pack_block(
     nc: usize,
     k: usize,
     out: &mut [f32],
-    vector: bool,
+    kernel: Kernel,
     parallel: bool,
 ) {
     let npanels = nc.div_ceil(NR);
@@ -470,7 +494,7 @@ unsafe fn pack_block(
         }
     }
     let pack = |(j0, cols, pc, kc, panel): (usize, usize, usize, usize, &mut [f32])| {
-        pack_panel(b, j0, cols, pc, kc, panel, vector)
+        pack_panel(b, j0, cols, pc, kc, panel, kernel)
     };
     if parallel {
         panels.into_par_iter().for_each(pack);
@@ -479,11 +503,19 @@ unsafe fn pack_block(
     }
 }
 
-/// Columns `j0 .. j0 + cols` (≤ NR) and k `p0 .. p0 + kc` of `b` as a panel: `kc · NR` values,
-/// element (p, j) at `p·NR + j`, columns past `cols` zero.
+/// Columns `j0 .. j0 + cols` (≤ NR) and k `p0 .. p0 + kc` of `b` as a panel for `kernel`:
+/// `kc · NR` values, columns past `cols` zero; element (p, j) at `p·NR + j`, or for the AVX2
+/// kernel in two halves of 16 columns, at `(j / 16)·16·kc + p·16 + j % 16`. (Each of its
+/// passes reads one half: as rows of 32, a half's 256 k took one line in two, all in half of
+/// L1's sets, which they filled (Zen 3: 32 KiB, 8 ways), and A's rows beside them evicted
+/// them between passes. In halves, trainer_conv on one thread, best of three interleaved:
+/// layer4.0 conv2 forward 99.8 against 112 ms, backward data 99.9 against 109.6; layer4.0
+/// downsample 89.0 against 93.2 and 93.4 against 102.4; layer3.0 conv1 in place 84.2 against
+/// 87.5 and 80.4 against 82.8. On both cores, noisier: 6 of those layers faster, layer2.0's
+/// downsample forward slower, 52.6 against 48.8.)
 ///
 /// # Safety
-/// `b` covers those columns and k; with `vector`, AVX-512 F present.
+/// `b` covers those columns and k; `kernel`'s instructions present.
 pub(super) unsafe fn pack_panel(
     b: Operand<f32>,
     j0: usize,
@@ -491,12 +523,28 @@ pub(super) unsafe fn pack_panel(
     p0: usize,
     kc: usize,
     out: &mut [f32],
-    vector: bool,
+    kernel: Kernel,
 ) {
     let at = |p: usize, j: usize| {
         b.ptr
             .offset((p0 + p) as isize * b.rs + (j0 + j) as isize * b.cs)
     };
+    if kernel == Kernel::Avx2 {
+        for (h, half) in out[..kc * NR].chunks_exact_mut(16 * kc).enumerate() {
+            let (first, n) = (16 * h, cols.saturating_sub(16 * h).min(16));
+            for (p, dst) in half.chunks_exact_mut(16).enumerate() {
+                if b.cs == 1 {
+                    std::ptr::copy_nonoverlapping(at(p, first), dst.as_mut_ptr(), n);
+                } else {
+                    for (j, d) in dst[..n].iter_mut().enumerate() {
+                        *d = *at(p, first + j);
+                    }
+                }
+                dst[n..].fill(0.0);
+            }
+        }
+        return;
+    }
     if b.cs == 1 {
         for p in 0..kc {
             let dst = &mut out[p * NR..(p + 1) * NR];
@@ -506,6 +554,7 @@ pub(super) unsafe fn pack_panel(
         return;
     }
     // Where Bᵀ is row-major: 16 × 16 blocks transposed in registers, the rest one by one.
+    let vector = kernel == Kernel::Avx512;
     let fast = cfg!(target_arch = "x86_64") && vector && b.rs == 1 && b.cs > 0 && cols == NR;
     let p_done = if fast { kc / 16 * 16 } else { 0 };
     #[cfg(target_arch = "x86_64")]

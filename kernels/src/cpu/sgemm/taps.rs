@@ -276,7 +276,8 @@ mod avx2 {
                 if r0 >= d.rows {
                     break;
                 }
-                let (b, d) = (b.add(16 * h), part(d, r0, n, h));
+                // The panel in halves of 16 columns (`pack_panel` for this kernel).
+                let (b, d) = (b.add(16 * t.depth() * h), part(d, r0, n, h));
                 match n {
                     5 => forward_pass::<5>(t, r0, b, d),
                     _ => forward_pass::<4>(t, r0, b, d),
@@ -293,7 +294,7 @@ mod avx2 {
             for (i, row) in rows.iter_mut().enumerate() {
                 *row = t.a.add((r0 + i) * t.pixel + f * t.row);
             }
-            acc = sweep(acc, &rows, 1, b.add(f * t.run * NR), NR, t.run);
+            acc = sweep(acc, &rows, 1, b.add(f * t.run * 16), 16, t.run);
         }
         d.store_avx2(&acc);
     }
