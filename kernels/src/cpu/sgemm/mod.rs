@@ -376,24 +376,19 @@ unsafe fn tile(
     d: Dest,
     next: micro::Next,
 ) {
-    let (bp, ldb) = match b {
-        Panel::Packed(bp) => (bp, NR),
-        Panel::Rows(bp, ldb) => (bp, ldb),
+    // B's rows `ldb` apart; for the AVX2 kernel, its columns 16 .. 32 at `half` (the next
+    // strip of a packed panel).
+    let (bp, ldb, half) = match b {
+        Panel::Packed(bp) => (bp, strip(kernel), strip(kernel) * kc),
+        Panel::Rows(bp, ldb) => (bp, ldb, 16),
     };
     match kernel {
         #[cfg(target_arch = "x86_64")]
         Kernel::Avx512 => micro::tile(kc, a, lda, layout, bp, ldb, d, next),
         #[cfg(target_arch = "x86_64")]
-        Kernel::Avx2 => {
-            // A packed panel in its two halves of 16 columns (`pack_panel`).
-            let (ldb, half) = match b {
-                Panel::Packed(_) => (16, 16 * kc),
-                Panel::Rows(..) => (ldb, 16),
-            };
-            micro::tile_avx2(kc, a, lda, layout, bp, ldb, half, d, next)
-        }
+        Kernel::Avx2 => micro::tile_avx2(kc, a, lda, layout, bp, ldb, half, d, next),
         _ => {
-            let _ = next;
+            let _ = (next, half);
             micro::tile_portable(kc, a, lda, layout, bp, ldb, d)
         }
     }
@@ -503,12 +498,22 @@ unsafe fn pack_block(
     }
 }
 
+/// The columns a panel packed for `kernel` keeps together, row after row: all NR, or for the
+/// AVX2 kernel 16 (the columns one of its passes reads).
+fn strip(kernel: Kernel) -> usize {
+    if kernel == Kernel::Avx2 {
+        16
+    } else {
+        NR
+    }
+}
+
 /// Columns `j0 .. j0 + cols` (≤ NR) and k `p0 .. p0 + kc` of `b` as a panel for `kernel`:
-/// `kc · NR` values, columns past `cols` zero; element (p, j) at `p·NR + j`, or for the AVX2
-/// kernel in two halves of 16 columns, at `(j / 16)·16·kc + p·16 + j % 16`. (Each of its
-/// passes reads one half: as rows of 32, a half's 256 k took one line in two, all in half of
-/// L1's sets, which they filled (Zen 3: 32 KiB, 8 ways), and A's rows beside them evicted
-/// them between passes. In halves, trainer_conv on one thread, best of three interleaved:
+/// `kc · NR` values, columns past `cols` zero, in strips of `w = strip(kernel)` columns:
+/// element (p, j) at `(j / w)·w·kc + p·w + j % w` (`p·NR + j` where w is NR). (Each of
+/// the AVX2 kernel's passes reads one half: as rows of 32, a half's 256 k took one line in
+/// two, all in half of L1's sets, which they filled (Zen 3: 32 KiB, 8 ways), and A's rows
+/// beside them evicted them between passes. In halves, trainer_conv on one thread, best of three interleaved:
 /// layer4.0 conv2 forward 99.8 against 112 ms, backward data 99.9 against 109.6; layer4.0
 /// downsample 89.0 against 93.2 and 93.4 against 102.4; layer3.0 conv1 in place 84.2 against
 /// 87.5 and 80.4 against 82.8. On both cores, noisier: 6 of those layers faster, layer2.0's
@@ -529,27 +534,17 @@ pub(super) unsafe fn pack_panel(
         b.ptr
             .offset((p0 + p) as isize * b.rs + (j0 + j) as isize * b.cs)
     };
-    if kernel == Kernel::Avx2 {
-        for (h, half) in out[..kc * NR].chunks_exact_mut(16 * kc).enumerate() {
-            let (first, n) = (16 * h, cols.saturating_sub(16 * h).min(16));
-            for (p, dst) in half.chunks_exact_mut(16).enumerate() {
-                if b.cs == 1 {
+    let w = strip(kernel);
+    let to = |p: usize, j: usize| j / w * w * kc + p * w + j % w;
+    if b.cs == 1 {
+        for (s, part) in out[..kc * NR].chunks_exact_mut(w * kc).enumerate() {
+            let (first, n) = (w * s, cols.saturating_sub(w * s).min(w));
+            for (p, dst) in part.chunks_exact_mut(w).enumerate() {
+                if n > 0 {
                     std::ptr::copy_nonoverlapping(at(p, first), dst.as_mut_ptr(), n);
-                } else {
-                    for (j, d) in dst[..n].iter_mut().enumerate() {
-                        *d = *at(p, first + j);
-                    }
                 }
                 dst[n..].fill(0.0);
             }
-        }
-        return;
-    }
-    if b.cs == 1 {
-        for p in 0..kc {
-            let dst = &mut out[p * NR..(p + 1) * NR];
-            std::ptr::copy_nonoverlapping(at(p, 0), dst.as_mut_ptr(), cols);
-            dst[cols..].fill(0.0);
         }
         return;
     }
@@ -572,7 +567,7 @@ pub(super) unsafe fn pack_panel(
     }
     for p in p_done..kc {
         for j in 0..NR {
-            out[p * NR + j] = if j < cols { *at(p, j) } else { 0.0 };
+            out[to(p, j)] = if j < cols { *at(p, j) } else { 0.0 };
         }
     }
 }
