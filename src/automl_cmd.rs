@@ -246,8 +246,8 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
         return Ok(());
     };
     let s = &doc.score;
-    println!("{}", doc.headline());
-    println!(
+    outln!("{}", doc.headline());
+    outln!(
         "  score (highest FLOPS of the series): {}FLOP/s; regulated score {}FLOP/s; error {:.4}{}",
         si(s.flops),
         si(s.regulated),
@@ -255,20 +255,20 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
         s.best_candidate
             .map_or(String::new(), |b| format!(" (best: candidate {b})"))
     );
-    println!(
+    outln!(
         "  {:.2} candidates a minute; the workers spent {:.1} % of the run training; the master's search took {:.1} s",
         s.candidates_per_minute,
         100.0 * s.training_share,
         s.search_seconds
     );
-    println!(
+    outln!(
         "  wrote {}, {} and the candidates' weights in {}",
         a.output.display(),
         html.display(),
         weights_dir(&a.output).display()
     );
     if let Some(b) = s.best_candidate {
-        println!(
+        outln!(
             "  the best on the roofline: roofline place --workload automl:{}#{b} --machine machine.json",
             a.output.display()
         );

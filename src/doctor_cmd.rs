@@ -18,9 +18,9 @@ pub fn run(a: &DoctorArgs) -> Result<std::process::ExitCode, Failure> {
     let r = doctor::diagnose(&enrich);
     if a.json {
         let text = serde_json::to_string_pretty(&r).map_err(|e| Failure::Run(anyhow!(e)))?;
-        println!("{text}");
+        outln!("{text}");
     } else {
-        print!("{}", render(&r));
+        out!("{}", render(&r));
     }
     Ok(if r.ok() {
         std::process::ExitCode::SUCCESS

@@ -89,3 +89,21 @@ pub(crate) fn causes(e: &anyhow::Error) -> String {
     }
     out
 }
+
+/// Writes to standard output, checked: every line of every verb goes through here
+/// ([`out!`](crate::out) and [`outln!`](crate::outln)). A reader that went away (a closed pipe:
+/// `roofline peaks | head -1`) ends the command quietly, as other tools do; any other failure (a
+/// full disk, a closed descriptor) ends it with exit 2 and one line saying so. The result
+/// files are written before their tables are printed, so they are kept either way.
+pub(crate) fn write_stdout(args: std::fmt::Arguments<'_>) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let result = out.write_fmt(args).and_then(|()| out.flush());
+    if let Err(e) = result {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(0);
+        }
+        eprintln!("roofline: error: cannot write to standard output: {e}");
+        std::process::exit(2);
+    }
+}

@@ -3,7 +3,7 @@
 use crate::exit::Failure;
 use crate::output::gate as gate_out;
 use anyhow::anyhow;
-use roofline_model::gate::{gate, not_comparable, pool, read_input, Rules};
+use roofline_model::gate::{gate, not_comparable, other_machine, pool, read_input, Rules};
 use roofline_model::write::write_atomic;
 use std::path::PathBuf;
 
@@ -46,6 +46,11 @@ pub struct GateArgs {
     /// measured on different hardware, clocks, power limits, drivers or libraries.
     #[arg(long)]
     pub strict: bool,
+    /// Compare results from different hardware (another CPU family, model or stepping, other
+    /// cores, caches, SIMD, GPUs or clock class) with a warning, where gate otherwise refuses
+    /// them (exit 2): their difference is the hardware's.
+    #[arg(long)]
+    pub allow_other_machine: bool,
     /// Compare, report, then make the current result the new baseline (written atomically);
     /// exits 0 unless the input is bad.
     #[arg(long)]
@@ -53,6 +58,15 @@ pub struct GateArgs {
 }
 
 pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
+    let r = compare(a);
+    if let (Err(Failure::Input(e)), Format::Junit) = (&r, a.format) {
+        // The report file a CI system reads says why there is no comparison.
+        out!("{}", gate_out::junit_refused(&crate::exit::causes(e)));
+    }
+    r
+}
+
+fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
     let input = |e: String| Failure::Input(anyhow!(e));
     let read = |p: &PathBuf| -> Result<(String, roofline_model::gate::GateInput), Failure> {
         let text = std::fs::read_to_string(p)
@@ -108,21 +122,35 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
             kc
         )));
     }
-    // Every file against the first baseline: the same work, a quiet machine.
-    for (i, g) in bases.iter().chain(&currents).enumerate() {
+    // Every file against the first baseline: the same work, a quiet machine, the same hardware.
+    let files: Vec<&PathBuf> = a.baseline.iter().chain(&a.current).collect();
+    for (g, file) in bases.iter().chain(&currents).zip(&files) {
         let why = not_comparable(&bases[0], g);
         if !why.is_empty() {
-            let file = a
-                .baseline
-                .iter()
-                .chain(&a.current)
-                .nth(i)
-                .map(|p| p.display().to_string());
             return Err(input(format!(
                 "{} and {} are not comparable: {}",
-                names(&a.baseline[..1]),
-                file.unwrap_or_default(),
+                a.baseline[0].display(),
+                file.display(),
                 why.join("; ")
+            )));
+        }
+        let other = other_machine(&bases[0], g);
+        if other.is_empty() {
+            continue;
+        }
+        if a.allow_other_machine {
+            eprintln!(
+                "warning: {} and {} were measured on different machines ({}): compared anyway, as --allow-other-machine asks",
+                a.baseline[0].display(),
+                file.display(),
+                other.join("; ")
+            );
+        } else {
+            return Err(input(format!(
+                "{} and {} were measured on different machines: {}. A change between them is the hardware's, not the code's; gate a baseline from this kind of machine, or pass --allow-other-machine to compare anyway",
+                a.baseline[0].display(),
+                file.display(),
+                other.join("; ")
             )));
         }
     }
@@ -153,7 +181,7 @@ pub fn run(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         Format::Github => gate_out::github(&r, a.strict),
         Format::Text => gate_out::table(&r, a.strict, rules.default.confidence),
     };
-    print!("{text}");
+    out!("{text}");
     if a.update_baseline {
         write_atomic(&a.baseline[0], current_text.as_bytes())
             .map_err(|e| Failure::Input(e.into()))?;

@@ -1,5 +1,16 @@
 //! The `roofline` command line. Only argument handling, output and exit codes live here.
 
+/// `print!` to standard output, checked ([`exit::write_stdout`]).
+macro_rules! out {
+    ($($t:tt)*) => { $crate::exit::write_stdout(format_args!($($t)*)) };
+}
+
+/// `println!` to standard output, checked ([`exit::write_stdout`]).
+macro_rules! outln {
+    () => { $crate::exit::write_stdout(format_args!("\n")) };
+    ($($t:tt)*) => { $crate::exit::write_stdout(format_args!("{}\n", format_args!($($t)*))) };
+}
+
 mod args;
 mod automl_cmd;
 mod doctor_cmd;
@@ -214,13 +225,8 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    // Like other Unix tools, end quietly when the reader of stdout goes away (`roofline peaks |
-    // head`) instead of panicking on a broken pipe.
-    #[cfg(unix)]
-    // SAFETY: restoring the default disposition of SIGPIPE before any thread exists.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
+    // Standard output is written through `out!`/`outln!`: a closed pipe ends the command
+    // quietly (exit 0), a full disk with exit 2 and one line (`exit::write_stdout`).
     let cli = Cli::parse();
     roofline_collectors::provenance::set_build(roofline_collectors::provenance::Build {
         tool: format!("roofline {}", env!("CARGO_PKG_VERSION")),

@@ -41,6 +41,11 @@ pub struct PlaceArgs {
     /// resnet50, ewa: how many of its layers (by time) to place as their own points.
     #[arg(long, default_value_t = 8)]
     pub top: usize,
+    /// Place against a machine file from other hardware (another CPU family, model or
+    /// stepping, caches, SIMD, clock class, fewer cores, another GPU), with a warning, where
+    /// place otherwise refuses it (exit 2): its roofs are not this machine's.
+    #[arg(long)]
+    pub allow_other_machine: bool,
     /// Print the placement as JSON on stdout too.
     #[arg(long)]
     pub json: bool,
@@ -84,16 +89,31 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
     let workload = parse_workload(&a.workload).map_err(input)?;
     let m = Machine::read(&a.machine).map_err(|e| {
-        input(format!(
-            "{e}; place needs the machine's ceilings: run `roofline probe -o {}` first",
-            a.machine.display()
-        ))
+        // A file of another kind (a placement, a score) is the user's: never suggest
+        // overwriting it with a probe.
+        let other_kind = matches!(&e, roofline_model::ModelError::InFile { inner, .. }
+            if matches!(**inner, roofline_model::ModelError::Schema { .. }));
+        if other_kind {
+            input(format!(
+                "{e}; --machine takes the machine.json that `roofline probe` wrote"
+            ))
+        } else {
+            input(format!(
+                "{e}; place needs the machine's ceilings: run `roofline probe -o {}` first",
+                a.machine.display()
+            ))
+        }
     })?;
     if m.ceilings.is_empty() {
         return Err(input(format!(
             "{} has no ceilings: run `roofline probe` without --only",
             a.machine.display()
         )));
+    }
+    if a.run.steps == Some(0) {
+        return Err(input(
+            "--steps 0 measures nothing: give at least one measured step".into(),
+        ));
     }
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     let plot_path = a
@@ -136,6 +156,7 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
                 .into(),
         ));
     }
+    this_machine(&m, a)?;
     let what = match &workload {
         Workload::Training(kind) => {
             let prep = run_args::prepare(&a.run, *kind)?;
@@ -197,10 +218,10 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         .map_err(|e| Failure::Run(anyhow!("{e}")))?;
     write_atomic(&plot_path, svg.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     if a.json {
-        println!("{text}");
+        outln!("{text}");
     } else {
         crate::output::placement_table(&placement);
-        println!(
+        outln!(
             "wrote {} and {}{}",
             a.output.display(),
             plot_path.display(),
@@ -211,6 +232,40 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
         );
     }
     Ok(())
+}
+
+/// Refuses (or with --allow-other-machine, warns about) a machine file that does not describe
+/// this machine: a point placed under another machine's roofs says nothing true.
+fn this_machine(m: &Machine, a: &PlaceArgs) -> Result<(), Failure> {
+    use roofline_model::identity::{Cores, Identity};
+    let gpus: Vec<usize> = if a.run.cuda() {
+        vec![a.run.gpu.unwrap_or(0)]
+    } else {
+        Vec::new()
+    };
+    let here = roofline_kernels::probe::node::identity_here(&gpus)
+        .map_err(|e| Failure::Input(anyhow!("cannot open the GPU to place on: {e}")))?;
+    // The file's GPUs that this run uses (none on the CPU).
+    let mut file_gpus = m.provenance.gpus.clone();
+    file_gpus.retain(|g| gpus.contains(&g.index));
+    let file = Identity::of_parts(&m.provenance.cpu, &file_gpus);
+    let why = file.differences(&here, ("the file", "this machine"), Cores::AtMostHere);
+    if why.is_empty() {
+        return Ok(());
+    }
+    if a.allow_other_machine {
+        eprintln!(
+            "warning: {} was probed on another machine ({}): placing against it anyway, as --allow-other-machine asks",
+            a.machine.display(),
+            why.join("; ")
+        );
+        return Ok(());
+    }
+    Err(Failure::Input(anyhow!(
+        "{} does not describe this machine: {}. Probe this one (`roofline probe -o here.json`, then --machine here.json), or pass --allow-other-machine",
+        a.machine.display(),
+        why.join("; ")
+    )))
 }
 
 /// The placement's progress on stderr.

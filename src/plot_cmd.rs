@@ -45,6 +45,10 @@ pub struct PlotArgs {
     /// bound above each. COI models place them at their COI.
     #[arg(long, value_name = "FILE")]
     pub placement: Vec<PathBuf>,
+    /// Draw placements run on other hardware than the machine file describes, with a warning,
+    /// where plot otherwise refuses them (exit 2): their points belong under other roofs.
+    #[arg(long)]
+    pub allow_other_machine: bool,
 }
 
 /// Which roofline `plot` draws.
@@ -102,6 +106,9 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         .map(|p| roofline_model::placement::Placement::read(p))
         .collect::<Result<_, _>>()
         .map_err(|e| Failure::Input(e.into()))?;
+    for (p, path) in placed.iter().zip(placements) {
+        same_machine(&m, machine, p, path, a.allow_other_machine)?;
+    }
     let mut points = Vec::new();
     let mut trajectories = Vec::new();
     for p in &placed {
@@ -200,7 +207,7 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         svg
     };
     write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-    println!("wrote {}", output.display());
+    outln!("wrote {}", output.display());
     Ok(())
 }
 
@@ -237,7 +244,7 @@ fn write_figure(output: &std::path::Path, svg: &str, title: &str) -> Result<(), 
         svg.to_string()
     };
     write_atomic(output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
-    println!("wrote {}", output.display());
+    outln!("wrote {}", output.display());
     Ok(())
 }
 
@@ -279,4 +286,45 @@ fn links(
         &roofline_plots::links::heat_map_svg(l, &title),
         &title,
     )
+}
+
+/// Refuses (or with `allow`, warns about) a placement that ran on other hardware than the
+/// machine file describes: its point belongs under that machine's roofs.
+fn same_machine(
+    m: &Machine,
+    machine: &std::path::Path,
+    p: &roofline_model::placement::Placement,
+    path: &std::path::Path,
+    allow: bool,
+) -> Result<(), Failure> {
+    use roofline_model::identity::{Cores, Identity};
+    // A placement records its CPU; its GPUs only where it ran on them.
+    let gpus = if p.provenance.gpus.is_empty() {
+        &[][..]
+    } else {
+        &m.provenance.gpus[..]
+    };
+    let file = Identity::of_parts(&m.provenance.cpu, gpus);
+    let why = file.differences(
+        &Identity::of(&p.provenance),
+        ("the machine file", "the placement"),
+        Cores::AtMostHere,
+    );
+    if why.is_empty() {
+        return Ok(());
+    }
+    let line = format!(
+        "{} was placed on another machine than {} describes: {}",
+        path.display(),
+        machine.display(),
+        why.join("; ")
+    );
+    if allow {
+        eprintln!("warning: {line}; drawn anyway, as --allow-other-machine asks");
+        Ok(())
+    } else {
+        Err(Failure::Input(anyhow!(
+            "{line}. Plot it with the machine.json it was placed against, or pass --allow-other-machine"
+        )))
+    }
 }

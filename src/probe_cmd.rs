@@ -201,10 +201,10 @@ fn finish(a: &ProbeArgs, m: &Machine) -> Result<(), Failure> {
     let text = m.to_json().map_err(|e| Failure::Run(e.into()))?;
     write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     if a.json {
-        println!("{text}");
+        outln!("{text}");
     } else {
         output::machine_table(m);
-        println!(
+        outln!(
             "\nwrote {} ({:.0} s); draw it with: roofline plot {}",
             a.output.display(),
             m.provenance.duration_s,

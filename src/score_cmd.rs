@@ -147,7 +147,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     let page = roofline_plots::report::html(&score, svg.as_deref());
     write_atomic(&report_path, page.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     crate::output::score_summary(&score);
-    println!("wrote {} and {}", a.output.display(), report_path.display());
+    outln!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
 }
 

@@ -118,9 +118,9 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let charts = charts(&result, &placements, &machine, &a.output)?;
     crate::output::sweep::scaling(&result, kind);
     for n in &result.notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
-    println!(
+    outln!(
         "wrote {}, {} and {}/",
         a.output.display(),
         charts.join(", "),

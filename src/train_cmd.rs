@@ -63,7 +63,7 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
         a.run.precision,
         a.workload == Kind::Ewa,
         |gpu| {
-            println!(
+            outln!(
                 "GPU {}: {} (sm_{}), trainer layers in {} against the CPU",
                 gpu.ordinal,
                 gpu.name,
@@ -74,7 +74,7 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
     )?;
     let mut failed = 0;
     for c in &checks {
-        println!(
+        outln!(
             "  {:<4} {:<58} error {:.2e} (tolerance {:.0e})",
             if c.passed() { "ok" } else { "FAIL" },
             c.name,
@@ -89,7 +89,7 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
             checks.len()
         )));
     }
-    println!("all {} comparisons passed", checks.len());
+    outln!("all {} comparisons passed", checks.len());
     Ok(())
 }
 
@@ -148,7 +148,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     }
     if a.json {
         let v = report::json(&prep, &s, gpu.as_deref());
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
         );
@@ -163,7 +163,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         Job::Detector(_) => print_detector(&prep, &s, &on),
     }
     if s.ranks > 1 {
-        println!(
+        outln!(
             "{} ranks: {}B per rank per step into the allreduces (gradients {}, buckets of {} elements, {}); {:.3} s per step waiting for the sums",
             s.ranks,
             si(s.comm_bytes_per_step),
@@ -180,17 +180,17 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             s.comm_wait_seconds / (s.steps - s.start_step).max(1) as f64
         );
     }
-    println!("final training loss {:.4}", s.final_loss);
+    outln!("final training loss {:.4}", s.final_loss);
     let held_out = prep.job.workload().eval_images();
     match (&prep.job, s.evals.last()) {
-        (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => println!(
+        (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => outln!(
             "held-out: Top-1 {:.2}%, Top-5 {:.2}% on {held_out} images",
             100.0 * e.top1,
             100.0 * e.top5,
         ),
         (Job::Detector(_), Some(e)) => {
             if let Some(m) = e.map {
-                println!(
+                outln!(
                     "held-out: mAP@0.5 {m:.4} on {held_out} images{}",
                     match s.time_to_quality {
                         Some(t) => format!(", target reached after {t:.1} s"),
@@ -207,7 +207,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
 /// `train --workload resnet50`'s throughput and FLOPs by the accounting's rules.
 fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
     let res = prep.resolution.h;
-    println!(
+    outln!(
         "{}: {} parameters, {res}×{res} {} images, batch {}, {on}",
         prep.model_name(),
         s.parameters,
@@ -218,7 +218,7 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
         },
         prep.batch(),
     );
-    println!(
+    outln!(
         "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
         s.steps,
         s.images,
@@ -232,7 +232,7 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
     let counted = prep.layers();
     let aiperf = roofline_workloads::accounting::aiperf(&counted);
     let v3 = roofline_workloads::accounting::hpc_ai500_v3(&counted);
-    println!(
+    outln!(
         "per image: AIPerf rules {} forward, {} backward, {} total; HPC AI500 V3.0 rules {} forward, {} training",
         si(aiperf.forward),
         si(aiperf.backward),
@@ -249,14 +249,14 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
         return;
     };
     let res = prep.resolution;
-    println!(
+    outln!(
         "{}: {} parameters (the paper: about 41 M), {res} images from {}, batch {}, {on}",
         prep.model_name(),
         s.parameters,
         prep.data_name(),
         prep.batch(),
     );
-    println!(
+    outln!(
         "{} steps, {} images in {:.1} s: {:.3} images/s ({:.3} after the first step), {}FLOP/s achieved",
         s.steps,
         s.images,
@@ -265,13 +265,13 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
         s.steady_images_per_second,
         si(s.achieved_flops)
     );
-    println!(
+    outln!(
         "FLOPs per image per step: {} ({} forward); the full model at 768×1152: {} (the paper: 691 G, measured with nvprof)",
         si(s.flops_step_per_image),
         si(s.flops_forward_per_image),
         si(report::ewa_full_size_flops())
     );
-    println!(
+    outln!(
         "  {}",
         cfg.model
             .flops(res.h, res.w)

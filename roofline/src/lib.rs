@@ -11,6 +11,7 @@ pub mod conditions;
 pub mod fleet;
 pub mod gate;
 pub mod gpu_matrix;
+pub mod identity;
 #[macro_use]
 pub mod ids;
 pub mod ceiling_id;

@@ -14,27 +14,27 @@ fn figure(v: f64, unit: &str) -> String {
 
 /// Prints the screening of a distributed probe.
 pub fn table(f: &Fleet) {
-    println!(
+    outln!(
         "\nfleet: {} nodes, {} ceilings screened against the fleet's median (margin {:.0}% plus each node's own noise)",
         f.nodes,
         f.ceilings.len(),
         100.0 * f.margin
     );
     if f.outliers.is_empty() {
-        println!("outliers: none");
+        outln!("outliers: none");
     } else {
-        println!(
+        outln!(
             "outliers ({} on {} nodes):",
             f.outliers.len(),
             f.named_nodes().len()
         );
-        println!(
+        outln!(
             "  {:<24} {:<28} {:>12} {:>12} {:>8}  causes",
             "node", "ceiling", "value", "median", "short"
         );
         for o in &f.outliers {
             let causes: Vec<String> = o.causes.iter().map(|c| c.to_string()).collect();
-            println!(
+            outln!(
                 "  {:<24} {:<28} {:>12} {:>12} {:>7.0}%  {}",
                 format!("{} ({})", o.node, o.host),
                 o.id.to_string(),
@@ -58,7 +58,7 @@ pub fn table(f: &Fleet) {
 
 /// One link matrix's summary line, its slow links and its suspect nodes.
 fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
-    println!(
+    outln!(
         "{what}: {} pairs in {} rounds ({:.1} s); median link {} and {} one way{}",
         l.links.len(),
         l.rounds,
@@ -72,10 +72,10 @@ fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
         }
     );
     if let Some(why) = &l.incomplete {
-        println!("  INCOMPLETE: {why}");
+        outln!("  INCOMPLETE: {why}");
     }
     for s in &l.slow {
-        println!(
+        outln!(
             "  slow link {} – {}: {} {} against the median {} ({:.0}% {})",
             s.host_a,
             s.host_b,
@@ -91,7 +91,7 @@ fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
         );
     }
     for s in &l.suspects {
-        println!(
+        outln!(
             "  node {} ({}): {} of its {} links slow — its own interface, port or driver rather than one cable",
             s.node, s.host, s.slow_links, s.links
         );

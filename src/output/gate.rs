@@ -187,6 +187,16 @@ pub fn junit(r: &Report, strict: bool) -> String {
     o + "</testsuite>\n</testsuites>\n"
 }
 
+/// The JUnit report of a gate that refused to compare (bad input, other work, other hardware):
+/// one test case in error saying why, so that a CI system reading the report file sees the
+/// refusal rather than an empty file.
+pub fn junit_refused(why: &str) -> String {
+    format!(
+        "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n<testsuites name=\"roofline gate\" tests=\"1\" failures=\"0\" errors=\"1\">\n<testsuite name=\"roofline gate\" tests=\"1\" failures=\"0\" errors=\"1\" skipped=\"0\">\n  <testcase classname=\"roofline.gate\" name=\"comparable\"><error message=\"{}\"/></testcase>\n</testsuite>\n</testsuites>\n",
+        escape(why)
+    )
+}
+
 /// How many annotations of one level GitHub shows per step.
 pub const GITHUB_LIMIT: usize = 10;
 

@@ -42,7 +42,7 @@ fn peak_cell(c: &Ceiling) -> String {
 /// The ceilings of a machine as a table.
 pub fn machine_table(m: &Machine) {
     let cpu = &m.provenance.cpu;
-    println!("{} — {} cores, {}", cpu.model_name, cpu.cores, cpu.simd);
+    outln!("{} — {} cores, {}", cpu.model_name, cpu.cores, cpu.simd);
     for g in &m.provenance.gpus {
         let clocks = g
             .telemetry
@@ -50,7 +50,7 @@ pub fn machine_table(m: &Machine) {
             .and_then(|t| t.sm_clock_mhz.as_ref())
             .map(|c| format!(", SM clock {:.0}-{:.0} MHz during the probe", c.min, c.max))
             .unwrap_or_default();
-        println!(
+        outln!(
             "gpu{}: {} — compute capability {}, {} SMs, {}B, driver {}{clocks}",
             g.index,
             g.name,
@@ -66,7 +66,7 @@ pub fn machine_table(m: &Machine) {
             .as_ref()
             .map(|a| format!(", all cores {:.3} GHz", a.median / 1e9))
             .unwrap_or_default();
-        println!(
+        outln!(
             "measured clock: one core {:.3} GHz{all} (cpuinfo says {} MHz)",
             c.median / 1e9,
             cpu.cpuinfo_mhz
@@ -79,16 +79,16 @@ pub fn machine_table(m: &Machine) {
         .as_ref()
         .map_or(&[], |s| s.ceilings.as_slice());
     if let Some(s) = &cpu.shared_cores {
-        println!(
+        outln!(
             "WARNING: the cores were shared during this probe (all-core clock {:.0}% of one core's): the ceilings marked * understate this machine",
             100.0 * s.ratio
         );
     }
     if let Some(w) = m.provenance.load.as_ref().and_then(|l| l.warning()) {
-        println!("WARNING: {w}");
+        outln!("WARNING: {w}");
     }
-    println!();
-    println!(
+    outln!();
+    outln!(
         "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
         "ceiling", "value", "threads", "samples", "of theoretical peak", "isa"
     );
@@ -98,7 +98,7 @@ pub fn machine_table(m: &Machine) {
         } else {
             ""
         };
-        println!(
+        outln!(
             "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
             format!("{}{mark}", c.id),
             format!("{}{}", si(c.value), c.unit),
@@ -115,7 +115,7 @@ pub fn machine_table(m: &Machine) {
         .map(|c| c.id.to_string())
         .collect();
     if !flagged.is_empty() {
-        println!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));
+        outln!("\nwarning: measured above the theoretical peak (the peak rule or the clock measurement is off): {}", flagged.join(", "));
     }
     let left_out: Vec<String> = m
         .ceilings
@@ -123,7 +123,7 @@ pub fn machine_table(m: &Machine) {
         .filter_map(|c| Some(format!("  {}: {}", c.id, c.conditions.as_ref()?.summary()?)))
         .collect();
     if !left_out.is_empty() {
-        println!(
+        outln!(
             "\nsamples left out of their ceilings (taken at a clock below the ceiling's by more than its drift, or throttled; kept in stats):\n{}",
             left_out.join("\n")
         );
@@ -144,7 +144,7 @@ pub fn machine_table(m: &Machine) {
         })
         .collect();
     if !uneven.is_empty() {
-        println!(
+        outln!(
             "\nwarning: plateaus not flat (their working sets' best rates lie more than {:.0}% apart; each ceiling is its window's median point): {}",
             100.0 * roofline_model::Plateau::FLAT,
             uneven.join(", ")
@@ -152,21 +152,21 @@ pub fn machine_table(m: &Machine) {
     }
     if let Some(g) = roofline_model::gpu_matrix::GpuMatrix::of(&m.ceilings) {
         for l in gpus::lines(&g) {
-            println!("{l}");
+            outln!("{l}");
         }
     }
     if let Some(f) = &m.fleet {
         fleet::table(f);
     }
     for n in &m.provenance.notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
 }
 
 /// `probe --check`: one line per GPU kernel; returns the number of failures.
 pub fn check_table(r: &roofline_kernels::probe::gpu::GpuResult) -> usize {
     for g in &r.gpus {
-        println!(
+        outln!(
             "gpu{}: {} (compute capability {}, {} SMs, {}B, L2 {}B)",
             g.index,
             g.name,
@@ -176,8 +176,8 @@ pub fn check_table(r: &roofline_kernels::probe::gpu::GpuResult) -> usize {
             si(g.l2_bytes as f64)
         );
     }
-    println!();
-    println!("{:<6} {:<28} {:<6}  detail", "gpu", "kernel", "result");
+    outln!();
+    outln!("{:<6} {:<28} {:<6}  detail", "gpu", "kernel", "result");
     let mut failed = 0;
     for c in &r.checks {
         let (word, detail) = match (&c.failure, c.skipped) {
@@ -188,7 +188,7 @@ pub fn check_table(r: &roofline_kernels::probe::gpu::GpuResult) -> usize {
                 ("FAIL", why.clone())
             }
         };
-        println!(
+        outln!(
             "gpu{:<3} {:<28} {:<6}  {}",
             c.gpu,
             c.kernel,
@@ -197,9 +197,9 @@ pub fn check_table(r: &roofline_kernels::probe::gpu::GpuResult) -> usize {
         );
     }
     for n in &r.notes {
-        println!("note: {n}");
+        outln!("note: {n}");
     }
-    println!(
+    outln!(
         "\n{} passed, {} failed, {} skipped",
         r.checks.iter().filter(|c| c.failure.is_none()).count(),
         failed,
@@ -264,7 +264,7 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
         }
     }
     if json {
-        println!(
+        outln!(
             "{}",
             serde_json::to_string_pretty(
                 &serde_json::json!({"nvrtc": format!("{major}.{minor}"), "kernels": report})
@@ -272,7 +272,7 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
         );
         return Ok(());
     }
-    println!(
+    outln!(
         "NVRTC {major}.{minor}; SASS for {}",
         archs
             .iter()
@@ -280,12 +280,12 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
             .collect::<Vec<_>>()
             .join(", ")
     );
-    println!(
+    outln!(
         "{:<12} {:<10} {:<7} {:>5} {:>6} {:>7} {:>7}  purpose",
         "kernel", "source", "arch", "regs", "smem", "spill-st", "spill-ld"
     );
     for r in &report {
-        println!(
+        outln!(
             "{:<12} {:<10} {:<7} {:>5} {:>6} {:>7} {:>7}  {}",
             r["kernel"].as_str().unwrap_or(""),
             r["source"].as_str().unwrap_or(""),
@@ -304,16 +304,16 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
 pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
     let db = PeakDb::builtin()?;
     if json {
-        println!("{}", serde_json::to_string_pretty(&db)?);
+        outln!("{}", serde_json::to_string_pretty(&db)?);
         return Ok(());
     }
-    println!(
+    outln!(
         "{:<24} {:<6} {:<7} {:<6} {:>16} {:>10}  source",
         "device", "prec.", "engine", "sparse", "peak", "clock"
     );
     for d in &db.devices {
         for p in &d.peaks {
-            println!(
+            outln!(
                 "{:<24} {:<6} {:<7} {:<6} {:>16} {:>6} MHz  {}{}",
                 d.name,
                 p.precision,
@@ -325,7 +325,7 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
                 p.note.as_deref().unwrap_or(&d.source),
             );
         }
-        println!(
+        outln!(
             "{:<24} memory {}B/s, {} GiB  ({})",
             d.name,
             si(d.memory_bandwidth),
@@ -333,8 +333,8 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
             d.source
         );
     }
-    println!("\nCPU rule: {}", db.cpu_rule.formula);
-    println!("  {}", db.cpu_rule.note);
+    outln!("\nCPU rule: {}", db.cpu_rule.formula);
+    outln!("  {}", db.cpu_rule.note);
     for f in db
         .cpu_rule
         .fma_units
@@ -342,12 +342,12 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
         .chain(std::iter::once(&db.cpu_rule.default))
     {
         if f.neon > 0 {
-            println!(
+            outln!(
                 "  {}: {} × 128-bit NEON FMA pipes ({})",
                 f.name, f.neon, f.source
             );
         } else {
-            println!(
+            outln!(
                 "  {}: {} × 512-bit, {} × 256-bit FMA units ({})",
                 f.name, f.avx512, f.avx2, f.source
             );
@@ -360,7 +360,7 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
 pub fn placement_table(p: &roofline_model::placement::Placement) {
     use roofline_plots::si;
     let pt = &p.point;
-    println!(
+    outln!(
         "{} on {} ({}{}): {}FLOP/s (best of {} steps; median {}FLOP/s), {}FLOP per step",
         p.workload.name,
         // A GPU run's host threads only feed the device: name the device (this line named the
@@ -385,7 +385,7 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
         si(pt.achieved.median),
         si(pt.flops_per_step)
     );
-    println!(
+    outln!(
         "  OI {:.3} FLOP/B (analytic minimum traffic {}B){}",
         pt.oi.analytic,
         si(pt.oi.analytic_min_bytes),
@@ -398,7 +398,7 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
             ))
             .unwrap_or_default()
     );
-    println!(
+    outln!(
         "  {} under {}: attainable {}FLOP/s, achieved {:.0}% of it",
         pt.bound.kind.as_str(),
         pt.bound.ceiling,
@@ -407,13 +407,13 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
     );
     let t = &p.time;
     if p.workload.kind == "training" {
-        println!(
+        outln!(
             "  per step {:.3} s: compute {:.3}, communication {:.3}, data {:.3}, idle {:.3}",
             t.total_s, t.compute_s, t.communication_s, t.data_s, t.idle_s
         );
     }
     if !p.layers.is_empty() {
-        println!(
+        outln!(
             "  {:<28} {:>8} {:>12} {:>9}  bound",
             "top layers", "share", "FLOP/s", "OI"
         );
@@ -430,7 +430,7 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
                 }
                 None => String::new(),
             };
-            println!(
+            outln!(
                 "  {:<28} {:>7.1}% {:>12} {:>9.2}  {} ({:.0}% of {}){mark}",
                 l.label,
                 100.0 * l.share_of_step.unwrap_or(0.0),
@@ -442,33 +442,33 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
             );
         }
         for (i, note) in notes.iter().enumerate() {
-            println!("  [{}] {note}", i + 1);
+            outln!("  [{}] {note}", i + 1);
         }
     }
-    println!("  {}", p.energy.note);
+    outln!("  {}", p.energy.note);
     for a in &p.advice {
-        println!("  advice ({}): {}", a.topic, a.text);
+        outln!("  advice ({}): {}", a.topic, a.text);
     }
 }
 
 /// A score's summary on stdout: whether it can be compared, then its figures.
 pub fn score_summary(score: &roofline_model::score::Score) {
     // The first line says whether the score can be compared with published ones.
-    println!("{}", score.headline());
+    outln!("{}", score.headline());
     for w in &score.warnings {
-        println!("warning: {w}");
+        outln!("warning: {w}");
     }
     let s = &score.scores;
     let si = roofline_plots::si;
     match &s.time_to_quality_s {
-        Some(t) => println!(
+        Some(t) => outln!(
             "  time to quality {:.2} s (variation {:.1}%), {} {:.4}",
             t.mean,
             100.0 * t.variation,
             score.target.metric,
             s.quality.mean
         ),
-        None => println!(
+        None => outln!(
             "  time to quality: not reached ({} of {} runs reached {} {}), {} {:.4}",
             s.runs_reached,
             score.runs.len(),
@@ -478,18 +478,18 @@ pub fn score_summary(score: &roofline_model::score::Score) {
             s.quality.mean
         ),
     }
-    println!(
+    outln!(
         "  FLOPS {}FLOP/s (variation {:.1}%), VFLOPS {}FLOP/s",
         si(s.flops.mean),
         100.0 * s.flops.variation,
         si(s.vflops.mean)
     );
     match &s.vflops_per_watt {
-        Some(w) => println!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
-        None => println!("  {}", score.energy_note),
+        Some(w) => outln!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
+        None => outln!("  {}", score.energy_note),
     }
     if let Some(b) = &s.bagging {
-        println!(
+        outln!(
             "  bagging: {} models × {} ranks (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
             b.models,
             b.ranks_per_model,
@@ -503,5 +503,5 @@ pub fn score_summary(score: &roofline_model::score::Score) {
             si(b.single_model_vflops.mean)
         );
     }
-    println!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
+    outln!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
 }

@@ -4,7 +4,7 @@ use roofline_model::sweep::{Sweep, SweepPoint};
 
 /// The table's header; `kind` names the processes (threads or ranks).
 pub fn header(kind: &str) {
-    println!(
+    outln!(
         "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>8} {:>8} {:>6}  bound",
         "#",
         "images",
@@ -30,7 +30,7 @@ pub fn row(p: Option<&SweepPoint>, s: &Sweep) {
         .and_then(|x| x.points.iter().find(|q| q.processes == p.problem.processes))
         .map(|q| format!("{:.2}", q.speedup))
         .unwrap_or_else(|| "-".into());
-    println!(
+    outln!(
         "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>7.1}% {:>8} {:>5.1}%  {}",
         p.index,
         p.problem.images,
@@ -50,7 +50,7 @@ pub fn row(p: Option<&SweepPoint>, s: &Sweep) {
 /// Each problem's strong scaling, one line each.
 pub fn scaling(result: &Sweep, kind: &str) {
     for s in &result.scaling {
-        println!(
+        outln!(
             "strong scaling of {}: {}",
             s.problem,
             s.points

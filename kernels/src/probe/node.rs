@@ -155,9 +155,44 @@ pub fn bare(provenance: Provenance) -> Machine {
     }
 }
 
-/// This CPU as `/proc/cpuinfo` and sysfs describe it (`cores` of them).
+/// This CPU as `/proc/cpuinfo` and sysfs describe it (`cores` of them), with the SIMD the
+/// kernels run with and a quick measurement of the one-core clock (about 0.1 s): a result's
+/// provenance holds its machine's whole identity ([`roofline_model::identity`]).
 pub fn cpu_here(cores: usize) -> CpuInfo {
-    roofline_collectors::cpu_info(&roofline_collectors::cpu_ident(), cores)
+    use crate::cpu::{clock, fma};
+    let mut cpu = roofline_collectors::cpu_info(&roofline_collectors::cpu_ident(), cores);
+    cpu.simd = fma::best_isa(fma::Precision::F32)
+        .unwrap_or(fma::Isa::Scalar)
+        .name()
+        .to_string();
+    let (factor, _) = clock::counter_verdict(clock::cycles_per_add());
+    cpu.measured_clock_hz_t1 = roofline_model::Stats::from_samples(&[clock::quick_hz(10) * factor]);
+    cpu
+}
+
+/// This node's physical cores: one CPU a core of every CPU its cgroup may give this process,
+/// not only those it is bound to (an MPI launcher binds a rank to one core); at least one.
+pub fn node_cores() -> usize {
+    let mut cpus = roofline_collectors::node_cpus();
+    if cpus.is_empty() {
+        cpus = crate::affinity::allowed_cpus();
+    }
+    roofline_collectors::one_cpu_per_core(std::path::Path::new(roofline_collectors::SYSFS_CPU), &cpus)
+        .len()
+        .max(1)
+}
+
+/// This machine's identity as a machine file is checked against: its CPU ([`cpu_here`] on
+/// [`node_cores`] cores) and the GPUs of `gpus` (ordinals; their name and memory from the
+/// driver). An error when a GPU asked for cannot be opened.
+pub fn identity_here(gpus: &[usize]) -> Result<roofline_model::identity::Identity, CudaError> {
+    let cpu = cpu_here(node_cores());
+    let mut infos = Vec::new();
+    for &i in gpus {
+        let gpu = crate::cuda::device::Gpu::open(i)?;
+        infos.push(gpu_probe::inventory(&gpu));
+    }
+    Ok(roofline_model::identity::Identity::of_parts(&cpu, &infos))
 }
 
 /// Probes this node: its CPU (unless `Devices::Cuda`), then its GPUs when `gpus` found some

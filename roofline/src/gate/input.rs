@@ -34,27 +34,15 @@ pub struct GateInput {
     pub runs: usize,
 }
 
-/// The hardware part of a result's work: the CPU, its cores and SIMD, the GPUs.
+/// The part of a result's work its provenance holds: the MPI world it ran in (the hardware is
+/// [`crate::identity::Identity`]'s, compared apart).
 pub(super) fn hardware(p: &Provenance) -> Vec<(&'static str, String)> {
-    vec![
-        ("CPU", p.cpu.model_name.clone()),
-        ("CPU cores", p.cpu.cores.to_string()),
-        ("SIMD", p.cpu.simd.clone()),
-        (
-            "GPUs",
-            p.gpus
-                .iter()
-                .map(|g| g.name.clone())
-                .collect::<Vec<_>>()
-                .join(", "),
-        ),
-        (
-            "MPI world",
-            p.cluster.as_ref().map_or("1".to_string(), |c| {
-                format!("{} on {} nodes", c.ranks, c.nodes)
-            }),
-        ),
-    ]
+    vec![(
+        "MPI world",
+        p.cluster.as_ref().map_or("1".to_string(), |c| {
+            format!("{} on {} nodes", c.ranks, c.nodes)
+        }),
+    )]
 }
 
 pub(super) fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Metric {

@@ -9,6 +9,7 @@
 //! of 1). Tolerances come per id pattern (globs: `*` any run of characters, `?` one) from a rules
 //! file, with a default.
 
+use crate::identity::{Cores, Identity};
 use crate::machine::Provenance;
 use serde::Deserialize;
 
@@ -129,8 +130,8 @@ pub const MIN_TOLERANCE: f64 = 0.02;
 pub const MAX_TOLERANCE: f64 = 0.5;
 
 /// Why two results cannot be compared: they describe different work (workload, shapes, batch,
-/// precision, device, threads, ranks, hardware), or one was measured on a busy machine. Empty
-/// when they can.
+/// precision, device, threads, ranks), or one was measured on a busy machine. Empty when they
+/// can. Different hardware is [`other_machine`]'s, refused apart (and allowed on request).
 pub fn not_comparable(base: &GateInput, cur: &GateInput) -> Vec<String> {
     let mut out = Vec::new();
     let (hb, hc) = (
@@ -158,6 +159,16 @@ pub fn not_comparable(base: &GateInput, cur: &GateInput) -> Vec<String> {
         }
     }
     out
+}
+
+/// How the machines of two results differ ([`Identity`]: CPU vendor, family, model, stepping,
+/// sockets, cores, caches, SIMD, GPUs, clock class); empty on the same hardware.
+pub fn other_machine(base: &GateInput, cur: &GateInput) -> Vec<String> {
+    Identity::of(&base.provenance).differences(
+        &Identity::of(&cur.provenance),
+        ("baseline", "current"),
+        Cores::Equal,
+    )
 }
 
 /// Several runs of one kind as one: every id's samples pooled over the runs (so that the
@@ -709,8 +720,15 @@ mod tests {
             r.provenance
         );
         assert!(r.provenance.iter().any(|p| p.starts_with("libraries")));
-        // Another CPU is other work: not compared at all.
-        assert!(not_comparable(&a, &b)[0].starts_with("CPU: baseline"));
+        // A renamed CPU of the same kind is the same machine; another family is another.
+        assert!(other_machine(&a, &b).is_empty());
+        b.provenance.cpu.family += 1;
+        let why = other_machine(&a, &b);
+        assert!(
+            why.len() == 1 && why[0].starts_with("CPU family/model/stepping: baseline"),
+            "{why:?}"
+        );
+        assert!(not_comparable(&a, &b).is_empty(), "the work is the same");
         assert!(gate(&a, &a, &Rules::default()).provenance.is_empty());
         // Missing and added ids.
         let mut c = a.clone();
