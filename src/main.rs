@@ -79,12 +79,15 @@ enum Command {
     /// ResNet-50-FPN backbone on 16-channel fields (4 classes), on climo_<year>.h5 files
     /// (--data) or synthetic storms; learning rate 0.02 per 16 images; prints the parameter
     /// count and the FLOPs per image beside the paper's (41 M, 691 G) and mAP@0.5 on the held-out
-    /// images. CPU only for now.
+    /// images. On the CPU, or with --device cuda on a GPU (one per rank under mpirun), as
+    /// resnet50.
+    ///
     /// Examples:
     ///   roofline train --workload resnet50 --synthetic --batch 32 --steps 20
     ///   roofline train --data /data/imagenet --epochs 1 --eval-images 5000 --checkpoint r50.safetensors
     ///   roofline train --workload ewa --resolution 192x288 --steps 10
     ///   roofline train --workload ewa --data /data/ewa --epochs 50 --eval-images 100 --target-map 0.35
+    #[command(verbatim_doc_comment)]
     Train(Box<train_cmd::TrainArgs>),
     /// Run a workload and put it on the machine's rooflines: where it sits, what bounds it, and
     /// what to do about it.
@@ -101,15 +104,20 @@ enum Command {
     /// machine.json. resnet50 and ewa also place their top layers (ewa: its
     /// parts — pyramid, RPN head, RoIAlign, box head) by time, each as its own point, and
     /// --trace writes the timeline for Perfetto. `roofline plot --placement a.json --placement
-    /// b.json` draws several workloads on one roofline.
+    /// b.json` draws several workloads on one roofline. The machine.json must describe this
+    /// machine (CPU family, model, stepping, cores, caches, SIMD, clock class; the GPU placed
+    /// on): another machine's file is refused unless --allow-other-machine.
+    ///
     /// Examples:
     ///   roofline place --workload gemm:4096x4096x4096
     ///   roofline place --workload stream:1073741824
     ///   roofline place --workload resnet50 --resolution 224 --batch 32 --trace r50.trace.json
     ///   roofline place --workload ewa --resolution 192x288 -o ewa.json
     ///   roofline place --workload resnet50 --device cuda --precision bf16 --batch 128
+    #[command(verbatim_doc_comment)]
     Place(Box<place_cmd::PlaceArgs>),
-    /// Score a workload by the HPC AI500 V2.0 rules from repeated training runs, and write
+    /// Score a workload by the HPC AI500 rules (V2.0's Valid FLOPS and time to quality, V3.0's
+    /// FLOPS per epoch and bagging) from repeated training runs, and write
     /// score.json and a self-contained HTML report.
     ///
     /// Each run trains from a fresh model (seeds --seed, --seed + 1, …) until the held-out
@@ -122,8 +130,10 @@ enum Command {
     /// the variation is standard deviation / mean of all. Beside it: AIPerf's regulated score
     /// and FLOPS maximum, HPC AI500 V3.0's analytic FLOPS per epoch. With --machine, the report
     /// places the workload on the roofline.
+    ///
     /// Example (a scaled-down run, minutes):
     ///   roofline score --runs 3 --width 0.25 --resolution 64 --classes 10 --steps 60 --target-top1 0.9 --machine machine.json
+    #[command(verbatim_doc_comment)]
     Score(Box<score_cmd::ScoreArgs>),
     /// Run a training workload over a grid of problem sizes and process counts, each point
     /// placed on the roofline (SAIH: scale the data and the model, follow the trend).
@@ -138,8 +148,10 @@ enum Command {
     /// sweep.json (roofline/sweep/v1; rewritten after every point), the points' placements, and
     /// three charts: % of peak against problem size, speedup and efficiency against processes,
     /// and the points on the roofline joined in order of size.
+    ///
     /// Example (minutes on 2 cores):
     ///   roofline sweep --machine machine.json --images 64,256 --resolution 32,64 --threads 1,2
+    #[command(verbatim_doc_comment)]
     Sweep(Box<sweep_cmd::SweepArgs>),
     /// Run AIPerf's AutoML benchmark: neural architecture search by network morphism from
     /// ResNet-50, scored by the FLOPS the machine sustains while searching.
@@ -161,11 +173,13 @@ enum Command {
     /// run keeps what it found, --resume goes on), the candidates' weights and an HTML report
     /// with the three time series and the tree of candidates. A stalled or failed trial is
     /// ended and its candidate given to another worker. Ctrl-C stops at the next step.
+    ///
     /// Examples:
     ///   roofline automl                                   # 3 minutes, synthetic, small
     ///   roofline automl --budget 10m --workers 2 -o run.json
     ///   roofline automl --official --data /data/imagenet  # AIPerf's settings, 1 hour
     ///   roofline automl --resume -o run.json --budget 20m
+    #[command(verbatim_doc_comment)]
     Automl(Box<automl_cmd::AutomlArgs>),
     /// Fail a CI job when performance regressed against a baseline, and not on noise.
     ///
@@ -173,13 +187,18 @@ enum Command {
     /// score.json from `score`, automl.json from `automl`) id by id, each in its direction (rates higher, times lower),
     /// from the stored samples: the change of the medians and its bootstrap confidence
     /// interval. A regression is a change worse than the tolerance whose interval excludes "no
-    /// change". Also reports ids that disappeared and differences of hardware, clocks, power
-    /// limits, drivers and libraries between the two (errors with --strict).
-    /// Exit: 0 nothing regressed, 1 something did, 2 bad input.
+    /// change". Also reports ids that disappeared and differences of clocks, power limits,
+    /// drivers and libraries between the two (errors with --strict). Results from different
+    /// hardware (CPU vendor, family, model, stepping, cores, caches, SIMD, GPUs, clock class)
+    /// are refused unless --allow-other-machine.
+    ///
+    /// Exit: 0 nothing regressed, 1 something did, 2 bad input or not comparable.
+    ///
     /// Examples:
     ///   roofline gate --baseline baseline.json --current machine.json
     ///   roofline gate --baseline b.json --current m.json --rules gate.toml --format markdown
     ///   roofline gate --baseline b.json --current m.json --update-baseline
+    #[command(verbatim_doc_comment)]
     Gate(Box<gate_cmd::GateArgs>),
     /// Say what the GPU path would use here, and the exact fix for whatever is missing.
     ///
@@ -190,10 +209,13 @@ enum Command {
     /// NVLink, compute capability) with one of roofline's kernels compiled and loaded on it,
     /// cuBLAS/cuBLASLt/cuDNN handles created, NCCL's version and MPI. Checks that the libraries
     /// are of one CUDA generation and none newer than the driver.
+    ///
     /// Exit: 0 everything the GPU path needs is here (warnings allowed), 2 otherwise.
+    ///
     /// Examples:
     ///   roofline doctor
     ///   ROOFLINE_CUDA_LIBS=$VIRTUAL_ENV roofline doctor --json
+    #[command(verbatim_doc_comment)]
     Doctor(doctor_cmd::DoctorArgs),
     /// List the CUDA kernels roofline compiles at run time, with NVRTC's resource report.
     ///
@@ -214,7 +236,10 @@ enum Command {
     ///
     /// Log-log: operational intensity (FLOP per byte of memory traffic) against FLOP/s. Every
     /// memory level is a slanted roof, every compute ceiling a flat one, theoretical peaks are
-    /// dashed, and the ridge points (where a bandwidth roof meets the top compute roof) are marked.
+    /// dashed, and the ridge points (where a bandwidth roof meets the f32 FMA roof) are marked.
+    /// Placements must come from the machine the file describes (refused otherwise unless
+    /// --allow-other-machine). A name ending in .html writes the interactive page, .svg the
+    /// figure; other extensions are refused.
     Plot(plot_cmd::PlotArgs),
     /// Show the theoretical-peak database (accelerators, and the CPU rule).
     Peaks {

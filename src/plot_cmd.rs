@@ -94,6 +94,15 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         a.model,
         &a.placement,
     );
+    let ext = output
+        .extension()
+        .map(|e| e.to_string_lossy().to_ascii_lowercase());
+    if !matches!(ext.as_deref(), Some("svg" | "html")) {
+        return Err(Failure::Input(anyhow!(
+            "-o {}: plot writes an SVG figure (.svg) or the interactive page (.html); for a bitmap, open the SVG in a browser or convert it (e.g. `rsvg-convert -o roofline.png roofline.svg`)",
+            output.display()
+        )));
+    }
     let m = Machine::read(machine).map_err(|e| Failure::Input(e.into()))?;
     if matches!(model, PlotModel::Links | PlotModel::GpuLinks) {
         return links(&m, machine, output, model == PlotModel::GpuLinks);

@@ -64,7 +64,7 @@ pub struct RunArgs {
     pub classes: usize,
     /// Width multiplier of the backbone (1 = ResNet-50; 0.25 for small test models); for ewa
     /// the pyramid (256) and box head (1024) scale with it.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
     pub width: f64,
     /// Bottlenecks per stage, comma-separated (ResNet-50: 3,4,6,3).
     #[arg(long, default_value = "3,4,6,3")]
@@ -96,9 +96,10 @@ pub struct RunArgs {
     /// summed with NCCL).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: Device,
-    /// With --device cuda: the convolutions' precision. f32; tf32 (tensor cores round the
-    /// inputs); f16 or bf16 (mixed precision: f32 master weights, batch norm and loss in f32,
-    /// dynamic loss scaling for f16).
+    /// The precision of the products. On the CPU: f32, or bf16 (mixed precision) where the
+    /// CPU has AVX512_BF16. With --device cuda: f32; tf32 (tensor cores round the inputs); f16
+    /// or bf16 (mixed precision: f32 master weights, batch norm and loss in f32, dynamic loss
+    /// scaling for f16).
     #[arg(long, default_value = "f32", value_parser = precision_parser())]
     pub precision: Precision,
     /// With --device cuda: the GPU to use (default: the launcher's local rank modulo the GPU

@@ -203,6 +203,11 @@ pub trait Kernel {
     /// Checks the result of everything run so far against a reference. Returns the largest
     /// relative error seen (0 for exact checks) or what was wrong.
     fn check(&mut self) -> Result<f64, CheckError>;
+    /// True for a reference measurement that is not a ceiling (the clock's add chain): the
+    /// test's controlled slowdown ([`test_slowdown`]) leaves it alone.
+    fn is_reference(&self) -> bool {
+        false
+    }
 }
 
 /// How long and how often to measure.
@@ -293,6 +298,7 @@ pub fn measure_here<K: Kernel>(
     }
     ctl.clocks.push(crate::cpu::clock::sample_hz());
     let err = kernel.check()?;
+    ctl.reference = kernel.is_reference();
     Ok(ctl.finish(kernel.ops_per_iter(), kernel.bytes_per_iter(), 1, err))
 }
 
@@ -375,6 +381,7 @@ where
                 let mut ctl = Controller::new(plan);
                 if t == 0 {
                     iters.store(ctl.iters, Ordering::SeqCst);
+                    ctl.reference = kernel.as_ref().is_some_and(|k| k.is_reference());
                 }
                 barrier.wait();
                 let mut aborted = false;
@@ -482,6 +489,24 @@ fn window(starts: &[AtomicU64], ends: &[AtomicU64]) -> f64 {
     }
 }
 
+/// The environment variable of [`test_slowdown`].
+pub const TEST_SLOWDOWN: &str = "ROOFLINE_TEST_SLOWDOWN";
+
+/// A controlled slowdown for testing what reads the ceilings (`roofline gate`):
+/// `ROOFLINE_TEST_SLOWDOWN=0.15` stretches every kept CPU sample so that every CPU ceiling
+/// comes out 15% lower, as a real regression would. 0 (no slowdown) when unset; a value outside
+/// [0, 0.9] is ignored. A probe that runs under it says so in its notes.
+pub fn test_slowdown() -> f64 {
+    static SLOWDOWN: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *SLOWDOWN.get_or_init(|| {
+        std::env::var(TEST_SLOWDOWN)
+            .ok()
+            .and_then(|v| v.trim().parse::<f64>().ok())
+            .filter(|f| (0.0..=0.9).contains(f))
+            .unwrap_or(0.0)
+    })
+}
+
 /// The iteration-count and sample bookkeeping shared by both drivers.
 struct Controller {
     plan: Plan,
@@ -495,6 +520,8 @@ struct Controller {
     kept: Vec<usize>,
     /// Clock readings between runs: `clocks[r]` before run r, `clocks[r + 1]` after it.
     clocks: Vec<f64>,
+    /// The kernel is a reference, not a ceiling ([`Kernel::is_reference`]).
+    reference: bool,
 }
 
 impl Controller {
@@ -508,6 +535,7 @@ impl Controller {
             runs: 0,
             kept: Vec::with_capacity(plan.samples),
             clocks: Vec::new(),
+            reference: false,
         }
     }
 
@@ -544,9 +572,15 @@ impl Controller {
         let clock_hz = clock_hz
             .filter(|c| c.iter().all(|x| x.is_finite() && *x > 0.0))
             .unwrap_or_default();
+        // The test's controlled slowdown: every sample of a ceiling stretched.
+        let stretch = if self.reference {
+            1.0
+        } else {
+            1.0 / (1.0 - test_slowdown())
+        };
         Measurement {
             clock_hz,
-            seconds: self.seconds,
+            seconds: self.seconds.iter().map(|s| s * stretch).collect(),
             iters: self.iters,
             ops_per_iter: ops,
             bytes_per_iter: bytes,

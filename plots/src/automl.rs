@@ -41,13 +41,16 @@ fn charts(id: &str, panels: &[Panel<'_>]) -> String {
                 y(v) + 4.0,
                 escape(&fmt(v))
             ));
-            let at = xmax * t as f64 / 4.0;
+        }
+        let (step, digits) = time_step(xmax);
+        let mut at = 0.0;
+        while at <= xmax * (1.0 + 1e-9) {
             s.push_str(&format!(
-                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{:.0} s</text>",
+                "<text x=\"{:.1}\" y=\"{}\" text-anchor=\"middle\">{at:.digits$} s</text>",
                 x(at),
                 h - b + 18.0,
-                at
             ));
+            at += step;
         }
         let path: Vec<String> = pts
             .iter()
@@ -144,6 +147,24 @@ fn tree(h: &mut String, doc: &Automl, parent: Option<usize>, best: Option<usize>
         h.push_str("</li>");
     }
     h.push_str("</ul>");
+}
+
+/// A round step for time ticks over 0..`max` seconds (1, 2 or 5 × a power of ten, three to
+/// six ticks) and the decimals that show it, so that no two ticks read alike.
+fn time_step(max: f64) -> (f64, usize) {
+    let raw = (max / 4.0).max(1e-6);
+    let p = 10f64.powf(raw.log10().floor());
+    let step = [1.0, 2.0, 5.0, 10.0]
+        .iter()
+        .map(|m| m * p)
+        .find(|s| max / s <= 5.0)
+        .unwrap_or(10.0 * p);
+    let digits = if step >= 1.0 {
+        0
+    } else {
+        (-step.log10()).ceil() as usize
+    };
+    (step, digits)
 }
 
 /// The report for `doc`.
@@ -246,7 +267,7 @@ pub fn html(doc: &Automl) -> String {
         h.push_str(&format!(
             "<tr><th>{}</th><td>{}</td></tr>",
             escape(k),
-            escape(&v.to_string())
+            escape(&crate::html::config_value(v))
         ));
     }
     h.push_str(&format!(
@@ -260,6 +281,26 @@ pub fn html(doc: &Automl) -> String {
 
 #[cfg(test)]
 mod tests {
+
+    /// Time ticks are round and distinct, whatever the run's length (a 2.4 s run read
+    /// "0 s, 0 s, 1 s, 1 s, 2 s").
+    #[test]
+    fn time_ticks_are_round_and_distinct() {
+        for (max, step, digits) in [
+            (2.4, 0.5, 1),
+            (180.0, 50.0, 0),
+            (3600.0, 1000.0, 0),
+            (0.3, 0.1, 1),
+        ] {
+            assert_eq!(time_step(max), (step, digits), "{max}");
+            let labels: Vec<String> = (0..=(max / step) as usize)
+                .map(|k| format!("{:.*}", digits, k as f64 * step))
+                .collect();
+            let mut unique = labels.clone();
+            unique.dedup();
+            assert_eq!(unique, labels);
+        }
+    }
     use super::*;
     use roofline_model::automl::{sample, AutomlScore, Epoch, Ops};
 

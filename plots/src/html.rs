@@ -125,3 +125,42 @@ mod tests {
         assert!(h.contains("<svg>") && h.contains("id=\"tip\""));
     }
 }
+
+/// A configuration value as a reader reads it in a report's table: text as it is, a setting
+/// left unset as "not set" (never `null`), yes/no, numbers, lists joined with commas, a table's
+/// entries as `key: value` (never raw JSON).
+pub fn config_value(v: &serde_json::Value) -> String {
+    use serde_json::Value;
+    match v {
+        Value::Null => "not set".into(),
+        Value::Bool(b) => if *b { "yes" } else { "no" }.into(),
+        Value::Number(n) => n.to_string(),
+        Value::String(s) => s.clone(),
+        Value::Array(a) if a.is_empty() => "none".into(),
+        Value::Array(a) => a.iter().map(config_value).collect::<Vec<_>>().join(", "),
+        Value::Object(o) if o.is_empty() => "none".into(),
+        Value::Object(o) => o
+            .iter()
+            .map(|(k, v)| format!("{}: {}", k.replace('_', " "), config_value(v)))
+            .collect::<Vec<_>>()
+            .join("; "),
+    }
+}
+
+#[cfg(test)]
+mod config_tests {
+    use super::config_value;
+
+    #[test]
+    fn configuration_values_read_as_words() {
+        let v = serde_json::json!({"epochs": null, "resume": false, "seeds": [1, 2],
+            "tpe": {"batch_sizes": [32, 64], "lr": 0.1}, "name": "r50"});
+        let o = v.as_object().unwrap();
+        assert_eq!(config_value(&o["epochs"]), "not set");
+        assert_eq!(config_value(&o["resume"]), "no");
+        assert_eq!(config_value(&o["seeds"]), "1, 2");
+        assert_eq!(config_value(&o["tpe"]), "batch sizes: 32, 64; lr: 0.1");
+        assert_eq!(config_value(&o["name"]), "r50");
+        assert!(!config_value(&v).contains(['{', '"', '[']));
+    }
+}

@@ -344,11 +344,7 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
     h.push_str("</table>\n<h2>Configuration</h2>\n<table id=\"configuration\">");
     h.push_str(&row(&["benchmark level".into(), escape(&score.level)]));
     for (k, v) in &score.configuration {
-        let v = match v {
-            serde_json::Value::String(s) => s.clone(),
-            v => v.to_string(),
-        };
-        h.push_str(&row(&[escape(k), escape(&v)]));
+        h.push_str(&row(&[escape(k), escape(&crate::html::config_value(v))]));
     }
     h.push_str(&format!(
         "</table>\n<p>Energy: {}</p>\n</body></html>\n",

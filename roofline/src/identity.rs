@@ -147,7 +147,10 @@ impl Identity {
             if g.is_empty() {
                 "none".to_string()
             } else {
-                g.iter().map(|x| x.to_string()).collect::<Vec<_>>().join(", ")
+                g.iter()
+                    .map(|x| x.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             }
         };
         // A driver major recorded on one side only is not a difference.
@@ -216,11 +219,20 @@ mod tests {
         let here = id(|_| {});
         assert!(here.differences(&here, NAMES, Cores::Equal).is_empty());
         let cases: [(&dyn Fn(&mut CpuInfo), &str); 6] = [
-            (&|c| c.family = 26, "CPU family/model/stepping: baseline 25/17/1, current 26/17/1"),
+            (
+                &|c| c.family = 26,
+                "CPU family/model/stepping: baseline 25/17/1, current 26/17/1",
+            ),
             (&|c| c.stepping = 2, "CPU family/model/stepping"),
-            (&|c| c.caches[0].size_bytes = 49152, "caches: baseline L1 Data 32 KiB, L3 Unified 32 MiB, current L1 Data 48 KiB"),
+            (
+                &|c| c.caches[0].size_bytes = 49152,
+                "caches: baseline L1 Data 32 KiB, L3 Unified 32 MiB, current L1 Data 48 KiB",
+            ),
             (&|c| c.cores = 4, "cores: baseline 2, current 4"),
-            (&|c| c.simd = "avx512".into(), "SIMD: baseline avx2, current avx512"),
+            (
+                &|c| c.simd = "avx512".into(),
+                "SIMD: baseline avx2, current avx512",
+            ),
             (&|c| c.vendor = "GenuineIntel".into(), "CPU vendor"),
         ];
         for (change, says) in cases {
@@ -254,7 +266,10 @@ mod tests {
         assert!(full.differences(&near, NAMES, Cores::Equal).is_empty());
         let slow = id(|c| c.measured_clock_hz_t1 = Stats::from_samples(&[2.2e9]));
         let d = full.differences(&slow, NAMES, Cores::Equal);
-        assert!(d[0].starts_with("one-core clock (best measured): baseline 3.30 GHz, current 2.20 GHz"), "{d:?}");
+        assert!(
+            d[0].starts_with("one-core clock (best measured): baseline 3.30 GHz, current 2.20 GHz"),
+            "{d:?}"
+        );
     }
 
     /// GPUs: name and memory, not the UUID; the driver's major version where both record it.

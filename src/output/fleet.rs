@@ -30,7 +30,11 @@ pub fn table(f: &Fleet) {
         );
         outln!(
             "  {:<24} {:<28} {:>12} {:>12} {:>8}  causes",
-            "node", "ceiling", "value", "median", "short"
+            "node",
+            "ceiling",
+            "value",
+            "median",
+            "short"
         );
         for o in &f.outliers {
             let causes: Vec<String> = o.causes.iter().map(|c| c.to_string()).collect();

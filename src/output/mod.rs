@@ -90,7 +90,12 @@ pub fn machine_table(m: &Machine) {
     outln!();
     outln!(
         "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
-        "ceiling", "value", "threads", "samples", "of theoretical peak", "isa"
+        "ceiling",
+        "value",
+        "threads",
+        "samples",
+        "of theoretical peak",
+        "isa"
     );
     for c in &m.ceilings {
         let mark = if shared.contains(&c.id.to_string()) {
@@ -282,7 +287,13 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
     );
     outln!(
         "{:<12} {:<10} {:<7} {:>5} {:>6} {:>7} {:>7}  purpose",
-        "kernel", "source", "arch", "regs", "smem", "spill-st", "spill-ld"
+        "kernel",
+        "source",
+        "arch",
+        "regs",
+        "smem",
+        "spill-st",
+        "spill-ld"
     );
     for r in &report {
         outln!(
@@ -309,7 +320,12 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
     }
     outln!(
         "{:<24} {:<6} {:<7} {:<6} {:>16} {:>10}  source",
-        "device", "prec.", "engine", "sparse", "peak", "clock"
+        "device",
+        "prec.",
+        "engine",
+        "sparse",
+        "peak",
+        "clock"
     );
     for d in &db.devices {
         for p in &d.peaks {
@@ -344,12 +360,17 @@ pub fn peaks(json: bool) -> Result<(), anyhow::Error> {
         if f.neon > 0 {
             outln!(
                 "  {}: {} × 128-bit NEON FMA pipes ({})",
-                f.name, f.neon, f.source
+                f.name,
+                f.neon,
+                f.source
             );
         } else {
             outln!(
                 "  {}: {} × 512-bit, {} × 256-bit FMA units ({})",
-                f.name, f.avx512, f.avx2, f.source
+                f.name,
+                f.avx512,
+                f.avx2,
+                f.source
             );
         }
     }
@@ -409,13 +430,20 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
     if p.workload.kind == "training" {
         outln!(
             "  per step {:.3} s: compute {:.3}, communication {:.3}, data {:.3}, idle {:.3}",
-            t.total_s, t.compute_s, t.communication_s, t.data_s, t.idle_s
+            t.total_s,
+            t.compute_s,
+            t.communication_s,
+            t.data_s,
+            t.idle_s
         );
     }
     if !p.layers.is_empty() {
         outln!(
             "  {:<28} {:>8} {:>12} {:>9}  bound",
-            "top layers", "share", "FLOP/s", "OI"
+            "top layers",
+            "share",
+            "FLOP/s",
+            "OI"
         );
         // Each distinct note once, after the table; its layers carry its number.
         let mut notes: Vec<&str> = Vec::new();

@@ -174,6 +174,9 @@ impl Kernel for ClockKernel {
         self.value = chain(self.value, iters);
         self.total_iters += iters;
     }
+    fn is_reference(&self) -> bool {
+        true
+    }
     fn check(&mut self) -> Result<f64, CheckError> {
         let want = self.total_iters.wrapping_mul(ADDS_PER_ITER);
         if self.value == want {

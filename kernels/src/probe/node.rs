@@ -177,9 +177,12 @@ pub fn node_cores() -> usize {
     if cpus.is_empty() {
         cpus = crate::affinity::allowed_cpus();
     }
-    roofline_collectors::one_cpu_per_core(std::path::Path::new(roofline_collectors::SYSFS_CPU), &cpus)
-        .len()
-        .max(1)
+    roofline_collectors::one_cpu_per_core(
+        std::path::Path::new(roofline_collectors::SYSFS_CPU),
+        &cpus,
+    )
+    .len()
+    .max(1)
 }
 
 /// This machine's identity as a machine file is checked against: its CPU ([`cpu_here`] on
@@ -313,6 +316,14 @@ pub fn probe(
             "the cores were shared while the all-core ceilings ran: the all-core clock was {:.0}% of the one-core clock (two vCPUs on one physical core, or another load); {} `all` ceilings are marked as measured in that state (provenance.cpu.shared_cores) and understate this machine: probe again when it is idle",
             100.0 * s.ratio,
             s.ceilings.len()
+        ));
+    }
+    let slow = crate::driver::test_slowdown();
+    if slow > 0.0 {
+        notes.push(format!(
+            "{}={slow}: every CPU sample was stretched so that every CPU ceiling is {:.0}% lower than measured (a controlled slowdown for testing `roofline gate`; not this machine's ceilings)",
+            crate::driver::TEST_SLOWDOWN,
+            100.0 * slow
         ));
     }
     if cfg.cores.len() < cfg.machine_cores.len() {

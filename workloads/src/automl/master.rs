@@ -285,13 +285,18 @@ impl<'a> Run<'a> {
         let budget = self.s.budget.as_secs_f64();
         let mut ended = false;
         loop {
-            let over = self.elapsed() >= budget || cancel.load(Ordering::SeqCst);
-            if over && !ended {
+            let interrupted = cancel.load(Ordering::SeqCst);
+            if (interrupted || self.elapsed() >= budget) && !ended {
                 ended = true;
                 self.buffer.stop();
                 p.line(&format!(
-                    "{:.0} s: the budget is spent; the trials in progress stop at their next step",
-                    self.elapsed()
+                    "{:.0} s: {}; the trials in progress stop at their next step",
+                    self.elapsed(),
+                    if interrupted {
+                        "interrupted"
+                    } else {
+                        "the budget is spent"
+                    }
                 ));
             }
             if !ended {
