@@ -15,5 +15,6 @@ if ! command -v mpirun >/dev/null || ! command -v mpicc >/dev/null; then
     [ -n "${ROOFLINE_SKIPPED:-}" ] && echo "the MPI tests: $msg" >>"$ROOFLINE_SKIPPED"
     exit 0
 fi
+# --workspace: the features scripts/test.sh builds with, so that nothing is built twice.
 cargo clippy --workspace --all-targets --features mpi -- -D warnings
-cargo test --features mpi --test mpi --test mpi_fleet
+cargo test --workspace --features mpi --test mpi --test mpi_fleet

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The tests, as the README's second command runs them: set-up where no root is needed (NVRTC
-# from NVIDIA's pip wheels into .venv-cuda), formatting, lints, every test of the workspace,
-# the MPI tests; then what was skipped for want of a tool, and the one command that installs
-# it. Variables already set (ROOFLINE_CUDA_LIBS, ROOFLINE_NVDISASM, CI) are kept: .ci/run sets
+# from NVIDIA's pip wheels into .venv-cuda), formatting, lints, every test of the workspace
+# and the MPI tests (one build, `--features mpi`, where Open MPI is here); then what was
+# skipped for want of a tool, and the one command that installs it. Variables already set (ROOFLINE_CUDA_LIBS, ROOFLINE_NVDISASM, CI) are kept: .ci/run sets
 # them, and under CI=true a missing tool fails instead of skipping.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -28,10 +28,22 @@ if [ -z "${ROOFLINE_CUDA_LIBS:-}" ]; then
     fi
     if [ -n "$libs" ]; then export ROOFLINE_CUDA_LIBS="$libs"; fi
 fi
+# With Open MPI here, one build serves every test: the workspace is tested with `--features
+# mpi`, which runs the MPI tests (tests/mpi.rs, tests/mpi_fleet.rs under mpirun) in the same
+# pass; the default build (no MPI) is still linted. Without it, scripts/test-mpi.sh says so.
+mpi=()
+if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
+    mpi=(--features mpi)
+fi
 cargo fmt --check
 cargo clippy --workspace --all-targets -- -D warnings
-cargo test --workspace
-scripts/test-mpi.sh
+if [ ${#mpi[@]} -gt 0 ]; then
+    cargo clippy --workspace --all-targets "${mpi[@]}" -- -D warnings
+    cargo test --workspace "${mpi[@]}"
+else
+    cargo test --workspace
+    scripts/test-mpi.sh
+fi
 if [ -s "$ROOFLINE_SKIPPED" ]; then
     echo
     echo "PASSED, but these checks were skipped (a tool is missing here):"

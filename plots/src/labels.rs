@@ -383,6 +383,37 @@ pub fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
+/// Relative luminance (WCAG 2) of an sRGB colour.
+fn luminance((r, g, b): (u8, u8, u8)) -> f64 {
+    let lin = |c: u8| {
+        let c = c as f64 / 255.0;
+        if c <= 0.039_28 {
+            c / 12.92
+        } else {
+            ((c + 0.055) / 1.055).powf(2.4)
+        }
+    };
+    0.2126 * lin(r) + 0.7152 * lin(g) + 0.0722 * lin(b)
+}
+
+/// The contrast ratio (WCAG 2) of a colour against the white background.
+pub fn contrast_on_white(c: (u8, u8, u8)) -> f64 {
+    1.05 / (luminance(c) + 0.05)
+}
+
+/// A label's text colour: its line's colour, darkened (same hue) until it reads on white at
+/// WCAG's 4.5:1 for text (a light line colour, olive or cyan, drew text at 2:1).
+pub fn readable(c: (u8, u8, u8)) -> (u8, u8, u8) {
+    let mut d = c;
+    let mut k = 1.0;
+    while contrast_on_white(d) < 4.5 && k > 0.0 {
+        k -= 0.05;
+        let f = |x: u8| (x as f64 * k).round() as u8;
+        d = (f(c.0), f(c.1), f(c.2));
+    }
+    d
+}
+
 /// The placed labels as an SVG group (`<g id="labels">`), leader lines first.
 pub fn svg(placed: &[Placed]) -> String {
     let mut s = String::from("<g id=\"labels\">\n");
@@ -397,7 +428,7 @@ pub fn svg(placed: &[Placed]) -> String {
         }
     }
     for p in placed {
-        let (r, g, b) = p.label.color;
+        let (r, g, b) = readable(p.label.color);
         let sp = &p.spot;
         let rotate = if sp.angle.abs() > 1e-6 {
             format!(
@@ -527,6 +558,27 @@ pub fn collisions(svg: &str) -> Vec<(String, String)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every roof colour's text reads on white (WCAG 4.5:1); a dark colour is kept as it is.
+    #[test]
+    fn label_text_reads_on_white() {
+        for c in [
+            (188, 189, 34),
+            (23, 190, 207),
+            (255, 127, 14),
+            (227, 119, 194),
+            (127, 127, 127),
+        ] {
+            let d = readable(c);
+            assert!(
+                contrast_on_white(d) >= 4.5,
+                "{c:?} → {d:?}: {:.2}",
+                contrast_on_white(d)
+            );
+            assert!(contrast_on_white(c) < 4.5, "{c:?} was light");
+        }
+        assert_eq!(readable((0, 0, 128)), (0, 0, 128));
+    }
 
     /// A line grazing a label's estimated edge counts as crossing it (a placement once put a
     /// roof label's end 0.1 px past a point's drop line, and the browser saw the crossing); one

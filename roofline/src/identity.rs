@@ -64,7 +64,7 @@ pub enum Cores {
 }
 
 fn cache_line(c: &CacheInfo) -> String {
-    let size = if c.size_bytes % (1 << 20) == 0 {
+    let size = if c.size_bytes.is_multiple_of(1 << 20) {
         format!("{} MiB", c.size_bytes >> 20)
     } else {
         format!("{} KiB", c.size_bytes >> 10)
@@ -218,7 +218,8 @@ mod tests {
     fn every_field_of_the_identity_is_compared() {
         let here = id(|_| {});
         assert!(here.differences(&here, NAMES, Cores::Equal).is_empty());
-        let cases: [(&dyn Fn(&mut CpuInfo), &str); 6] = [
+        type Change<'a> = &'a dyn Fn(&mut CpuInfo);
+        let cases: [(Change, &str); 6] = [
             (
                 &|c| c.family = 26,
                 "CPU family/model/stepping: baseline 25/17/1, current 26/17/1",

@@ -217,19 +217,22 @@ pub(super) fn draw(
     for stack in &stacks {
         let (top, bottom) = (flat[stack[0]].2 .0 .1, flat[*stack.last().unwrap()].2 .0 .1);
         let k = stack.len();
+        let gap = if k > 1 { 2.0 } else { 0.0 };
         let text_of = |f: usize| {
             let r = flat[f].0;
             let size = if r.dashed { SMALL_FONT } else { ROOF_FONT };
-            (flat_text(r), size)
+            (flat_text(r), size, binding.contains(&r.label.as_str()))
         };
         // Row i of the stack above it (the top roof's label highest) or below it, at the
         // right end shifted left by `j` steps.
         let slot = |i: usize, above: bool, j: usize, size: f64| labels::Spot {
             x: flat[stack[i]].2 .1 .0 - 6.0 - 70.0 * j as f64,
+            // In a stack of several, 2 px further out: the row next to the stack is another
+            // roof's label, and must clear the outer roof by the lines' clearance.
             y: if above {
-                top - 4.0 - (k - 1 - i) as f64 * row
+                top - 4.0 - gap - (k - 1 - i) as f64 * row
             } else {
-                bottom + size + 3.0 + i as f64 * row
+                bottom + size + 3.0 + gap + i as f64 * row
             },
             angle: 0.0,
             anchor: labels::Anchor::End,
@@ -238,8 +241,8 @@ pub(super) fn draw(
         // there (so that the labels keep the roofs' order), above first.
         let clear = |above: bool| {
             stack.iter().enumerate().all(|(i, &f)| {
-                let (text, size) = text_of(f);
-                let q = labels::quad_of(&text, size, false, &slot(i, above, 0, size));
+                let (text, size, bold) = text_of(f);
+                let q = labels::quad_of(&text, size, bold, &slot(i, above, 0, size));
                 !lines
                     .iter()
                     .any(|l| l.own != flat[f].0.label && labels::grazes(&q, l.seg.0, l.seg.1))
@@ -248,21 +251,24 @@ pub(super) fn draw(
         let first_above = clear(true) || !clear(false);
         for (i, &f) in stack.iter().enumerate() {
             let (r, c, (pa, pb)) = flat[f];
-            let (text, size) = text_of(f);
-            let w = labels::text_width(&text, size, false);
+            let (text, size, bold) = text_of(f);
+            let w = labels::text_width(&text, size, bold);
             let mut spots = Vec::new();
-            for j in 0..14 {
-                if pb.0 - 6.0 - 70.0 * j as f64 - w < pa.0 + 4.0 {
-                    break;
+            // The stack's side at every shift first, so that the labels keep the roofs' order;
+            // the other side only where that side has no room at all.
+            for above in [first_above, !first_above] {
+                for j in 0..14 {
+                    if pb.0 - 6.0 - 70.0 * j as f64 - w < pa.0 + 4.0 {
+                        break;
+                    }
+                    spots.push(slot(i, above, j, size));
                 }
-                spots.push(slot(i, first_above, j, size));
-                spots.push(slot(i, !first_above, j, size));
             }
             labels.push(labels::Label {
                 text,
                 size,
                 color: rgb(c),
-                bold: binding.contains(&r.label.as_str()),
+                bold,
                 spots,
                 avoid_lines: true,
                 // Leaders start on the roof: near its right end first, then every 40 px
@@ -519,8 +525,9 @@ fn square(x: f64, y: f64, r: f64) -> labels::Quad {
     ]
 }
 
-/// A flat roof's label: "FMA f32 574 of 577 GFLOP/s" for a measured roof with its peak,
-/// "f32 peak (theoretical, all) 577 GFLOP/s" for a dashed one.
+/// A flat roof's label: "FMA f32 574 of 577 GFLOP/s" for a measured roof with its peak ("FMA
+/// f64 at peak, 118 GFLOP/s" at or above it), "f32 peak (theoretical, all) 577 GFLOP/s" for a
+/// dashed one.
 fn flat_text(r: &DrawnRoof) -> String {
     if r.dashed {
         let name = r
@@ -530,6 +537,11 @@ fn flat_text(r: &DrawnRoof) -> String {
         return format!("{name} {}FLOP/s", si(r.value));
     }
     match r.peak {
+        // Measured at or above the theoretical peak (within the peak's own uncertainty, or the
+        // roof would be flagged): "118 of 117 GFLOP/s peak" read as above it.
+        Some(p) if r.value >= p => {
+            format!("{} at peak, {}FLOP/s", roof_name(&r.label), si(r.value))
+        }
         Some(p) => {
             let (v, pk) = (si(r.value), si(p));
             // "574 G" and "577 G": one prefix, said once.

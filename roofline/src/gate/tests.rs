@@ -1,0 +1,229 @@
+//! The gate's tests: verdicts, pooling, rules, tolerances, comparability.
+
+use super::*;
+
+/// Samples of `n` values around `mean` with relative noise `noise` (deterministic).
+fn noisy(mean: f64, noise: f64, n: usize, seed: u64) -> Vec<f64> {
+    let mut r = Mix(seed);
+    (0..n)
+        .map(|_| {
+            // Sum of uniforms ≈ normal, unit variance.
+            let z: f64 = (0..12)
+                .map(|_| (r.next() >> 11) as f64 / (1u64 << 53) as f64)
+                .sum::<f64>()
+                - 6.0;
+            mean * (1.0 + noise * z)
+        })
+        .collect()
+}
+
+fn m(id: &str, unit: &str, s: Vec<f64>) -> Metric {
+    metric(id.into(), unit, s[0], &s)
+}
+
+#[test]
+fn a_20_percent_drop_in_5_percent_noise_is_caught() {
+    for seed in 0..20 {
+        let b = m("cpu/fma/f32/all", "FLOP/s", noisy(100.0, 0.05, 5, seed));
+        let c = m(
+            "cpu/fma/f32/all",
+            "FLOP/s",
+            noisy(80.0, 0.05, 5, seed + 100),
+        );
+        let r = compare(&b, &c, 0.10, 0.95);
+        assert_eq!(r.verdict, Verdict::Regressed, "seed {seed}: {r:?}");
+        assert!(r.change < -0.1 && r.high < 0.0);
+    }
+    // A time that grows 20% is a regression too; one that shrinks is an improvement.
+    let b = m("score/x/time_to_quality", "s", noisy(10.0, 0.05, 5, 1));
+    let c = m("score/x/time_to_quality", "s", noisy(12.0, 0.05, 5, 2));
+    assert_eq!(compare(&b, &c, 0.1, 0.95).verdict, Verdict::Regressed);
+    let c = m("score/x/time_to_quality", "s", noisy(8.0, 0.05, 5, 3));
+    assert_eq!(compare(&b, &c, 0.1, 0.95).verdict, Verdict::Improved);
+}
+
+/// Noise alone: over 100 comparisons with no tolerance at all (the interval decides alone),
+/// no more false alarms than the confidence allows (5 at 95%); with the default tolerance,
+/// none.
+#[test]
+fn noise_alone_gives_no_more_false_alarms_than_the_confidence_allows() {
+    let (mut strict, mut default) = (0, 0);
+    for seed in 0..100u64 {
+        let b = m("x", "B/s", noisy(50.0, 0.05, 10, 2 * seed));
+        let c = m("x", "B/s", noisy(50.0, 0.05, 10, 2 * seed + 1));
+        strict += usize::from(compare(&b, &c, 0.0, 0.95).verdict == Verdict::Regressed);
+        default += usize::from(compare(&b, &c, 0.10, 0.95).verdict == Verdict::Regressed);
+    }
+    assert!(strict <= 5, "{strict} false alarms in 100 at 95%");
+    assert_eq!(default, 0);
+}
+
+/// Two runs at 100 and two at 50 (a bimodal machine) against the same: pooled, the interval
+/// spans both modes and the gate does not fire; one run of each would.
+#[test]
+fn pooled_runs_carry_the_run_to_run_spread() {
+    let run = |v: f64, seed: u64| GateInput {
+        kind: "machine",
+        provenance: serde_json::from_value(serde_json::json!({
+            "tool": "t", "command_line": [], "time_utc": "t", "host": "h", "os": "o",
+            "kernel": "k", "quick": true, "duration_s": 1.0,
+            "cpu": { "vendor": "v", "model_name": "m", "family": 1, "model": 2, "stepping": 3,
+                     "sockets": 1, "cores": 2, "logical_cpus": 2, "features": [], "simd": "x",
+                     "caches": [] }
+        }))
+        .unwrap(),
+        metrics: vec![m("cpu/mem/DRAM/triad/all", "B/s", noisy(v, 0.01, 3, seed))],
+        work: vec![("CPU", "m".into())],
+        runs: 1,
+    };
+    let strict = Rules::parse("[default]\ntolerance = 0.1\n").unwrap();
+    let one = gate(&run(100.0, 1), &run(50.0, 2), &strict);
+    assert_eq!(one.regressions(), 1);
+    let base = pool(vec![run(100.0, 1), run(50.0, 3), run(100.0, 5)]).unwrap();
+    let cur = pool(vec![run(50.0, 2), run(100.0, 4), run(50.0, 6)]).unwrap();
+    assert_eq!(base.metrics[0].samples.len(), 9);
+    assert_eq!(
+        base.metrics[0].value,
+        base.metrics[0].value.clamp(99.0, 101.0)
+    );
+    let r = gate(&base, &cur, &strict);
+    assert_eq!(r.regressions(), 0, "{:?}", r.comparisons);
+    assert!(r.comparisons[0].low < 0.0 && r.comparisons[0].high > 0.0);
+}
+
+#[test]
+fn single_samples_compare_their_values() {
+    let b = m("x", "FLOP/s", vec![100.0]);
+    let c = m("x", "FLOP/s", vec![85.0]);
+    let r = compare(&b, &c, 0.10, 0.95);
+    assert_eq!(r.verdict, Verdict::Regressed);
+    assert_eq!((r.low, r.high), (r.change, r.change));
+    assert_eq!(compare(&b, &c, 0.20, 0.95).verdict, Verdict::Unchanged);
+}
+
+#[test]
+fn rules_and_globs() {
+    let r = Rules::parse(
+        "[default]\ntolerance = 0.05\n\n[[rule]]\npattern = \"cpu/mem/*/all\"\ntolerance = 0.15\n\n[[rule]]\npattern = \"net/*\"\ntolerance = 0.5\nignore = true\n",
+    )
+    .unwrap();
+    assert_eq!(r.tolerance("cpu/mem/DRAM/triad/all"), Some(0.15));
+    assert_eq!(r.tolerance("cpu/mem/DRAM/triad/t1"), Some(0.05));
+    assert_eq!(r.tolerance("net/allreduce/intra"), None);
+    assert!(glob("cpu/fma/f??/*", "cpu/fma/f32/all"));
+    assert!(!glob("cpu/fma/f??/*", "cpu/fma/bf16/all"));
+    assert!(glob("*", ""));
+    assert!(matches!(
+        Rules::parse("[default]\ntolerance = 2\n"),
+        Err(RulesError::Tolerance)
+    ));
+    assert!(
+        matches!(Rules::parse("[defaults]\n"), Err(RulesError::Toml(_))),
+        "unknown tables are errors"
+    );
+    let d = Rules::default();
+    assert!(d.from_spread && d.rules.is_empty());
+    assert!(!r.from_spread, "a rules file gives fixed tolerances");
+}
+
+/// The built-in tolerance is the files' own spread: a DRAM ceiling falling 49% with 5%
+/// noise is a regression; the same noise alone is not; a noisy figure gets a wide one.
+#[test]
+fn built_in_tolerances_come_from_the_files_spread() {
+    let d = Rules::default();
+    let one = |id: &str, s: Vec<f64>| GateInput {
+        kind: "machine",
+        provenance: crate::placement::tests::machine().provenance,
+        metrics: vec![m(id, "B/s", s)],
+        work: vec![],
+        runs: 1,
+    };
+    let base = one("cpu/mem/DRAM/read/all", noisy(40e9, 0.05, 5, 1));
+    let fell = one("cpu/mem/DRAM/read/all", noisy(0.51 * 40e9, 0.05, 5, 2));
+    let same = one("cpu/mem/DRAM/read/all", noisy(40e9, 0.05, 5, 3));
+    let r = gate(&base, &fell, &d);
+    assert_eq!(r.regressions(), 1, "{:?}", r.comparisons);
+    let t = r.comparisons[0].tolerance;
+    assert!((MIN_TOLERANCE..0.3).contains(&t), "{t}");
+    assert_eq!(gate(&base, &same, &d).regressions(), 0);
+    // The table's figures are the medians the change compares.
+    let c = &r.comparisons[0];
+    assert!((c.current / c.baseline - 1.0 - c.change).abs() < 1e-9);
+    let wide = one("x", vec![1.0, 2.0, 3.0]);
+    assert_eq!(
+        spread_tolerance(&wide.metrics[0], &wide.metrics[0]),
+        MAX_TOLERANCE
+    );
+}
+
+/// Files of different work, or from a busy machine, are not compared.
+#[test]
+fn different_work_and_busy_machines_are_not_comparable() {
+    let p = |batch: usize, width: &str| GateInput {
+        kind: "placement",
+        provenance: crate::placement::tests::machine().provenance,
+        metrics: vec![m("placement/resnet50/achieved", "FLOP/s", vec![1.0])],
+        work: vec![
+            ("shapes", format!("ResNet-50 v1.5 (width {width})")),
+            ("batch", format!("{:?}", Some(batch))),
+            ("precision", "f32".into()),
+        ],
+        runs: 1,
+    };
+    let (a, b) = (p(8, "1"), p(16, "0.25"));
+    let why = not_comparable(&a, &b);
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(
+        why[0].starts_with("shapes:") && why[1].starts_with("batch:"),
+        "{why:?}"
+    );
+    assert!(not_comparable(&a, &a).is_empty());
+    let mut busy = a.clone();
+    busy.provenance.load = Some(crate::LoadCheck::judge(
+        [Some(0.4), None, None],
+        None,
+        None,
+        None,
+    ));
+    let why = not_comparable(&a, &busy);
+    assert!(
+        why[0].contains("current was measured on a busy machine"),
+        "{why:?}"
+    );
+}
+
+#[test]
+fn a_changed_cpu_is_reported() {
+    let text = crate::placement::tests::machine().to_json().unwrap();
+    let a = read_input(&text).unwrap();
+    let mut b = a.clone();
+    b.provenance.cpu.model_name = "Intel Xeon Platinum 8480+".into();
+    b.provenance.libraries = vec!["gemm 0.20.0".into()];
+    let r = gate(&a, &b, &Rules::default());
+    assert!(
+        r.provenance.iter().any(|p| p.starts_with("CPU: baseline")),
+        "{:?}",
+        r.provenance
+    );
+    assert!(r.provenance.iter().any(|p| p.starts_with("libraries")));
+    // A renamed CPU of the same kind is the same machine; another family is another.
+    assert!(other_machine(&a, &b).is_empty());
+    b.provenance.cpu.family += 1;
+    let why = other_machine(&a, &b);
+    assert!(
+        why.len() == 1 && why[0].starts_with("CPU family/model/stepping: baseline"),
+        "{why:?}"
+    );
+    assert!(not_comparable(&a, &b).is_empty(), "the work is the same");
+    assert!(gate(&a, &a, &Rules::default()).provenance.is_empty());
+    // Missing and added ids.
+    let mut c = a.clone();
+    let gone = c.metrics.remove(0).id;
+    let r = gate(&a, &c, &Rules::default());
+    assert_eq!(r.missing, vec![gone.clone()]);
+    assert_eq!(gate(&c, &a, &Rules::default()).added, vec![gone]);
+    assert!(read_input("{\"schema\": \"x\"}")
+        .unwrap_err()
+        .to_string()
+        .contains("roofline/machine/v1"));
+}
