@@ -238,8 +238,13 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
 /// this machine: a point placed under another machine's roofs says nothing true.
 fn this_machine(m: &Machine, a: &PlaceArgs) -> Result<(), Failure> {
     use roofline_model::identity::{Cores, Identity};
+    // The GPU this rank trains on: --gpu, else the launcher's local rank modulo the GPUs.
     let gpus: Vec<usize> = if a.run.cuda() {
-        vec![a.run.gpu.unwrap_or(0)]
+        let count = roofline_kernels::probe::gpu::init().unwrap_or(1).max(1);
+        vec![a
+            .run
+            .gpu
+            .unwrap_or(roofline_workloads::run::execute::local_rank() % count)]
     } else {
         Vec::new()
     };

@@ -156,7 +156,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     }
     let on = match &gpu {
         Some(g) => format!("{g}, convolutions in {}", a.run.precision),
-        None => format!("{} threads", prep.threads),
+        None => format!("{} threads, products in {}", prep.threads, a.run.precision),
     };
     match &prep.job {
         Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, &s, &on),

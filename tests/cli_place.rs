@@ -400,3 +400,129 @@ fn sweep_places_a_grid_and_scales_it() {
         assert!(stderr(&o).contains(needle), "{args:?}: {}", stderr(&o));
     }
 }
+
+/// A machine file of other hardware (the same name, another family) is refused by `place`, in
+/// one line saying what differs; `--allow-other-machine` places anyway with a warning; and
+/// `plot` refuses that placement beside the file it was not placed on.
+#[test]
+fn place_and_plot_refuse_another_machine() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("other-machine");
+    let mut m: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
+    let f = m["provenance"]["cpu"]["family"].as_u64().unwrap();
+    m["provenance"]["cpu"]["family"] = serde_json::json!(f + 1);
+    let other = dir.join("other.json");
+    std::fs::write(&other, serde_json::to_string(&m).unwrap()).unwrap();
+    let out = dir.join("p.json");
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "stream:1048576",
+            "--steps",
+            "1",
+            "-o",
+            out.to_str().unwrap(),
+            "--machine",
+        ],
+        Some(&other),
+        "does not describe this machine: CPU family/model/stepping",
+    );
+    assert!(!out.exists());
+    let o = bin()
+        .args([
+            "place",
+            "--workload",
+            "stream:1048576",
+            "--steps",
+            "1",
+            "--warm",
+            "0",
+        ])
+        .arg("--allow-other-machine")
+        .arg("-o")
+        .arg(&out)
+        .arg("--machine")
+        .arg(&other)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains("warning:"), "{}", stderr(&o));
+    // The placement ran here; drawn against the other machine's file it is refused.
+    let svg = dir.join("r.svg");
+    let o = bin()
+        .arg("plot")
+        .arg(&other)
+        .arg("--placement")
+        .arg(&out)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("was placed on another machine"),
+        "{}",
+        stderr(&o)
+    );
+    assert!(!svg.exists());
+    // Beside this machine's own file it is drawn.
+    let o = bin()
+        .arg("plot")
+        .arg(machine)
+        .arg("--placement")
+        .arg(&out)
+        .arg("-o")
+        .arg(&svg)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    // A bitmap name is refused, not written as SVG; --steps 0 is refused.
+    expect_input_error(&["plot", "-o", "/tmp/roofline.png"], Some(machine), ".svg");
+    expect_input_error(
+        &[
+            "place",
+            "--workload",
+            "stream:4096",
+            "--steps",
+            "0",
+            "--machine",
+        ],
+        Some(machine),
+        "--steps 0",
+    );
+    // The machine option given a placement: never a suggestion to overwrite it with a probe.
+    let o = bin()
+        .args(["place", "--workload", "stream:4096", "--machine"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2));
+    assert!(
+        !stderr(&o).contains("probe -o") && stderr(&o).contains("machine.json"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// A full disk on stdout is exit 2 with one line, not a panic.
+#[test]
+fn a_full_stdout_is_one_line_and_exit_2() {
+    if !std::path::Path::new("/dev/full").exists() {
+        return;
+    }
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let o = bin().arg("peaks").stdout(full).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("cannot write to standard output")
+            && err.lines().count() == 1
+            && !err.contains("panicked"),
+        "{err}"
+    );
+}

@@ -517,3 +517,48 @@ fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
         "intra-node",
     );
 }
+
+/// The gate's controlled slowdown (`ROOFLINE_TEST_SLOWDOWN`): a probe under it says so in its
+/// notes and its FMA ceilings come out 15% lower; the gate, with its defaults and one run per
+/// side, fails on it and names the FMA ceilings. (Whether two quiet runs pass, and how often,
+/// is measured by `scripts/gate-study.sh` and tested on its recorded runs in the model crate.)
+#[test]
+fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
+    let dir = tmpdir("slowdown");
+    let probe = |name: &str, slow: Option<&str>| {
+        let p = dir.join(name);
+        let mut cmd = bin();
+        cmd.args(["probe", "--quick", "--only", "fma", "-o"])
+            .arg(&p);
+        if let Some(s) = slow {
+            cmd.env("ROOFLINE_TEST_SLOWDOWN", s);
+        }
+        let o = cmd.output().unwrap();
+        assert!(o.status.success(), "{}", stderr(&o));
+        // Other tests run beside this one: the load check's verdict is not what is tested.
+        let mut m: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+        m["provenance"].as_object_mut().unwrap().remove("load");
+        std::fs::write(&p, serde_json::to_string(&m).unwrap()).unwrap();
+        (p, m)
+    };
+    let (base, _) = probe("base.json", None);
+    let (slow, m) = probe("slow.json", Some("0.15"));
+    let notes = m["provenance"]["notes"].to_string();
+    assert!(notes.contains("ROOFLINE_TEST_SLOWDOWN=0.15"), "{notes}");
+    let o = bin()
+        .arg("gate")
+        .arg("--baseline")
+        .arg(&base)
+        .arg("--current")
+        .arg(&slow)
+        .output()
+        .unwrap();
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
+    let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
+    assert!(
+        !regressed.is_empty() && regressed.iter().all(|l| l.starts_with("cpu/fma/")),
+        "{out}"
+    );
+}

@@ -261,13 +261,46 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
         std::fs::write(&p, serde_json::to_string(&v).unwrap()).unwrap();
         p
     };
+    // Another machine: the same generic name, another family (or L1): refused, saying what
+    // differs; --allow-other-machine compares with a warning. A renamed CPU is the same one.
+    let renamed = variant("renamed.json", &|v| {
+        v["provenance"]["cpu"]["model_name"] = serde_json::json!("Another name")
+    });
+    let o = gate(&["--current", renamed.to_str().unwrap()]);
+    assert_ne!(o.status.code(), Some(2), "{}", stderr(&o));
     let cpu = variant("cpu.json", &|v| {
-        v["provenance"]["cpu"]["model_name"] = serde_json::json!("Another CPU")
+        let f = v["provenance"]["cpu"]["family"].as_u64().unwrap();
+        v["provenance"]["cpu"]["family"] = serde_json::json!(f + 1)
     });
     expect_input_error(
         &["gate", "--baseline", s, "--current"],
         Some(&cpu),
-        "not comparable: CPU: baseline",
+        "were measured on different machines: CPU family/model/stepping: baseline",
+    );
+    let l1 = variant("l1.json", &|v| {
+        v["provenance"]["cpu"]["caches"][0]["size_bytes"] = serde_json::json!(1234 * 1024)
+    });
+    expect_input_error(
+        &["gate", "--baseline", s, "--current"],
+        Some(&l1),
+        "caches: baseline",
+    );
+    let o = gate(&["--current", cpu.to_str().unwrap(), "--allow-other-machine"]);
+    assert_eq!(o.status.code(), Some(0), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("warning:") && stderr(&o).contains("different machines"),
+        "{}",
+        stderr(&o)
+    );
+    // A refusal in JUnit is a report with the refusal as an error, not an empty file.
+    let o = gate(&["--current", cpu.to_str().unwrap(), "--format", "junit"]);
+    assert_eq!(o.status.code(), Some(2));
+    let junit = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        junit.starts_with("<?xml")
+            && junit.contains("<error message=")
+            && junit.contains("different machines"),
+        "{junit}"
     );
     let threads = variant("threads.json", &|v| {
         for c in v["ceilings"].as_array_mut().unwrap() {

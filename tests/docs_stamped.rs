@@ -2,7 +2,7 @@
 //! it came from: each Markdown section that quotes a rate (GB/s, GFLOP/s, images/s, ...) holds
 //! a stamp line `Measured on <machine>, <YYYY-MM-DD>, revision <hex>` (any case) (or is marked
 //! `<!-- figures: datasheet -->`: vendors' figures, not ours), and each saved comparison
-//! (`docs/*.txt`) starts with one (`scripts/compare.sh` writes it). The README's probe table is
+//! (`docs/**/*.txt`) starts with one (`scripts/compare.sh` writes it). The README's probe table is
 //! regenerated and stamped by `scripts/readme-figures.sh`.
 
 const UNITS: [&str; 9] = [
@@ -95,8 +95,17 @@ fn every_figure_in_the_readme_and_docs_is_stamped() {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
     let mut missing = Vec::new();
     let mut files = vec![root.join("README.md")];
-    for e in std::fs::read_dir(root.join("docs")).unwrap().flatten() {
-        files.push(e.path());
+    // docs/ and its folders (performance/, gpu/).
+    let mut dirs = vec![root.join("docs")];
+    while let Some(d) = dirs.pop() {
+        for e in std::fs::read_dir(d).unwrap().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                dirs.push(p);
+            } else {
+                files.push(p);
+            }
+        }
     }
     for f in files {
         let ext = f.extension().and_then(|e| e.to_str()).unwrap_or("");

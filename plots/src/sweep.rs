@@ -336,17 +336,24 @@ pub fn charts(
         procs.dedup();
         let mut trajectories = Vec::new();
         for q in &procs {
+            // In order of problem size (the sweep's order need not be), each at its median
+            // step's rate: the figure the table prints (the placement's own point is its best
+            // step).
+            let mut these: Vec<_> = s
+                .points
+                .iter()
+                .zip(placements)
+                .filter(|(sp, _)| sp.problem.processes == *q)
+                .collect();
+            these.sort_by(|a, b| a.0.problem_flops.total_cmp(&b.0.problem_flops));
             let mut line = Vec::new();
-            for (sp, pl) in s.points.iter().zip(placements) {
-                if sp.problem.processes != *q {
-                    continue;
-                }
-                line.push((pl.point.oi.analytic, pl.point.achieved_flops));
+            for (sp, pl) in these {
+                line.push((pl.point.oi.analytic, sp.achieved_flops));
                 points.push(crate::PlotPoint {
                     label: format!("#{}", sp.index),
                     group: count(*q, &s.processes),
                     intensity: pl.point.oi.analytic,
-                    achieved: pl.point.achieved_flops,
+                    achieved: sp.achieved_flops,
                     attainable: pl.point.bound.attainable,
                     main: true,
                     share: None,

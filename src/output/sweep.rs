@@ -2,7 +2,8 @@
 
 use roofline_model::sweep::{Sweep, SweepPoint};
 
-/// The table's header; `kind` names the processes (threads or ranks).
+/// The table's header; `kind` names the processes (threads or ranks). FLOP/s is the median
+/// step's, as the charts draw it.
 pub fn header(kind: &str) {
     outln!(
         "{:>3} {:>7} {:>9} {:>6} {:>9} {:>5} {:>10} {:>11} {:>8} {:>8} {:>6}  bound",
@@ -13,7 +14,7 @@ pub fn header(kind: &str) {
         "depth",
         kind,
         "FLOP/smpl",
-        "FLOP/s",
+        "FLOP/s med",
         "% peak",
         "speedup",
         "I/O"

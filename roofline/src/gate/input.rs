@@ -18,6 +18,9 @@ pub struct Metric {
     pub value: f64,
     /// The samples behind it (at least the value itself).
     pub samples: Vec<f64>,
+    /// The median of each run's samples, one entry per result file pooled (`gate::pool`): the
+    /// run-to-run spread, where several runs are given.
+    pub runs: Vec<f64>,
 }
 
 /// A result file gate can compare, with its provenance.
@@ -56,6 +59,11 @@ pub(super) fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Met
         } else {
             samples.to_vec()
         },
+        runs: vec![super::median(&mut if samples.is_empty() {
+            vec![value]
+        } else {
+            samples.to_vec()
+        })],
     }
 }
 

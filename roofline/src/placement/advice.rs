@@ -77,15 +77,25 @@ pub fn advise(
                 text += &format!(", {} of the GEMM ceiling", pct(f));
             }
             if w.kind == "training" {
-                text += match &mixed {
-                    Some(_) => ": train in mixed precision (a higher ceiling exists on this machine: ",
-                    None if ["bf16", "f16"].contains(&w.precision.as_str()) => {
-                        ": a larger batch raises both the GEMM efficiency and the COI"
-                    }
-                    None => ": a larger batch raises both the GEMM efficiency and the COI; mixed precision (bf16/f16 with f32 master weights) raises the ceiling where the hardware has faster 16-bit arithmetic",
+                // The COI only where gradients cross between ranks: one process communicates
+                // nothing, and a batch cannot change that.
+                let batch = if w.ranks > 1 {
+                    "a larger batch raises both the GEMM efficiency and the COI"
+                } else {
+                    "a larger batch raises the GEMM efficiency"
                 };
-                if let Some(id) = mixed {
-                    text += &format!("{id}), and a larger batch to raise the COI");
+                match &mixed {
+                    Some(id) => {
+                        text += &format!(
+                            ": train in mixed precision (a higher ceiling exists on this machine: {id}); {batch}"
+                        );
+                    }
+                    None if ["bf16", "f16"].contains(&w.precision.as_str()) => {
+                        text += &format!(": {batch}");
+                    }
+                    None => {
+                        text += &format!(": {batch}; mixed precision (bf16/f16 with f32 master weights) raises the ceiling where the hardware has faster 16-bit arithmetic");
+                    }
                 }
             } else if frac.is_some_and(|f| f < 0.7) {
                 text += ": the shape is far under the GEMM ceiling; larger or better-blocked operands would run closer to it";

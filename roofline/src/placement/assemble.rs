@@ -101,7 +101,7 @@ pub fn assemble(
     let roofs = roofs_at(r.footprint, r.coi.as_ref());
     let b = bound(&roofs, oi, r.coi.as_ref(), achieved.max).ok_or_else(no_roof)?;
     let measured_note = "no hardware memory-traffic counters are read (yet): the OI is the analytic minimum, an upper bound of the true one".to_string();
-    let point = Point {
+    let mut point = Point {
         label: r.info.name.clone(),
         flops_per_step: r.flops_per_step,
         seconds_per_step: seconds.clone(),
@@ -119,6 +119,19 @@ pub fn assemble(
         bound: b,
         note: None,
     };
+    // The layers that count FLOPs they did not do (Winograd's fewer multiplies, counted as the
+    // direct convolution's): the whole's rate may pass its roof by their share.
+    let (noted, noted_s): (usize, f64) = r
+        .layers
+        .iter()
+        .filter(|l| l.note.is_some())
+        .fold((0, 0.0), |(n, s), l| (n + 1, s + l.seconds));
+    if noted > 0 {
+        point.note = Some(format!(
+            "{noted} of its layers ({:.0}% of the step) run a fast algorithm (Winograd's F(2×2, 3×3): fewer multiplies than the direct convolution) and count the direct convolution's FLOPs, as the papers' rules do: the rate can pass a roof of the operations that ran",
+            100.0 * noted_s / seconds.median.max(1e-12)
+        ));
+    }
     let mut layers = Vec::new();
     let mut by_time = r.layers.clone();
     by_time.sort_by(|x, y| y.seconds.total_cmp(&x.seconds));
