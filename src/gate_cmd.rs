@@ -174,7 +174,11 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         )));
     }
     let regressed = r.regressions();
-    let strict_fail = a.strict && (!r.missing.is_empty() || !r.provenance.is_empty());
+    let alone = r
+        .comparisons
+        .iter()
+        .any(|c| c.verdict == roofline_model::gate::Verdict::Alone);
+    let strict_fail = a.strict && (!r.missing.is_empty() || !r.provenance.is_empty() || alone);
     let text = match a.format {
         Format::Markdown => gate_out::markdown(&r, a.strict, rules.default.confidence),
         Format::Junit => gate_out::junit(&r, a.strict),

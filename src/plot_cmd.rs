@@ -306,19 +306,7 @@ fn same_machine(
     path: &std::path::Path,
     allow: bool,
 ) -> Result<(), Failure> {
-    use roofline_model::identity::{Cores, Identity};
-    // A placement records its CPU; its GPUs only where it ran on them.
-    let gpus = if p.provenance.gpus.is_empty() {
-        &[][..]
-    } else {
-        &m.provenance.gpus[..]
-    };
-    let file = Identity::of_parts(&m.provenance.cpu, gpus);
-    let why = file.differences(
-        &Identity::of(&p.provenance),
-        ("the machine file", "the placement"),
-        Cores::AtMostHere,
-    );
+    let why = roofline_model::identity::placed_elsewhere(m, p);
     if why.is_empty() {
         return Ok(());
     }

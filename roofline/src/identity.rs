@@ -186,6 +186,22 @@ impl Identity {
     }
 }
 
+/// How the machine a placement ran on differs from the machine file it is drawn with (empty:
+/// the same machine). A placement records its CPU, and its GPUs only where it ran on them; the
+/// file may have been probed on a subset of the cores.
+pub fn placed_elsewhere(m: &crate::Machine, p: &crate::placement::Placement) -> Vec<String> {
+    let gpus = if p.provenance.gpus.is_empty() {
+        &[][..]
+    } else {
+        &m.provenance.gpus[..]
+    };
+    Identity::of_parts(&m.provenance.cpu, gpus).differences(
+        &Identity::of(&p.provenance),
+        ("the machine file", "the placement"),
+        Cores::AtMostHere,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -33,16 +33,17 @@ pub fn summary(r: &Report, strict: bool) -> String {
         .count();
     let verdict = if regressed > 0 {
         format!("FAIL: {regressed} regression(s)")
-    } else if strict && (!r.missing.is_empty() || !r.provenance.is_empty()) {
-        "FAIL (--strict): missing ids or a different machine/software".to_string()
+    } else if strict
+        && (!r.missing.is_empty()
+            || !r.provenance.is_empty()
+            || r.comparisons.iter().any(|c| c.verdict == Verdict::Alone))
+    {
+        "FAIL (--strict): missing ids, a ceiling that fell alone, or different software".to_string()
     } else {
         "PASS".to_string()
     };
-    let noisy = r
-        .comparisons
-        .iter()
-        .filter(|c| c.verdict == Verdict::Noisy)
-        .count();
+    let count = |v: Verdict| r.comparisons.iter().filter(|c| c.verdict == v).count();
+    let (noisy, alone) = (count(Verdict::Noisy), count(Verdict::Alone));
     format!(
         "{verdict} — {} ids compared, {improved} improved, {} missing, {} new, {} ignored by the rules{}{}",
         r.comparisons.len(),
@@ -51,6 +52,10 @@ pub fn summary(r: &Report, strict: bool) -> String {
         r.ignored,
         if noisy > 0 {
             format!(", {noisy} too noisy to judge (their run-to-run noise is over 50%: pool several runs per side to gate them)")
+        } else {
+            String::new()
+        } + &if alone > 0 {
+            format!(", {alone} fell alone (beyond its tolerance, its one-thread / all-core twin not: another tenant, or that variant alone; a failure with --strict)")
         } else {
             String::new()
         },

@@ -327,6 +327,10 @@ pub enum Verdict {
     /// Its noise between runs is beyond [`MAX_TOLERANCE`]: no change can be told from noise
     /// (pool more runs per side).
     Noisy,
+    /// Worse beyond its tolerance, but its one-thread / all-core twin is not ([`noise::corroborate`]):
+    /// what another tenant does to one measurement, or a change of that variant alone. A
+    /// warning; a failure with `--strict`.
+    Alone,
 }
 
 impl Verdict {
@@ -336,6 +340,7 @@ impl Verdict {
             Verdict::Unchanged => "ok",
             Verdict::Regressed => "REGRESSED",
             Verdict::Noisy => "too noisy",
+            Verdict::Alone => "fell alone",
         }
     }
 }
@@ -459,6 +464,9 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
             }
             None => missing.push(b.id.clone()),
         }
+    }
+    if rules.from_spread {
+        noise::corroborate(&mut comparisons);
     }
     let added = cur
         .metrics

@@ -228,3 +228,81 @@ fn a_changed_cpu_is_reported() {
         .to_string()
         .contains("roofline/machine/v1"));
 }
+
+/// The recorded runs of `scripts/gate-study.sh` on an idle 2-vCPU AMD EPYC VM (the second
+/// study: the noise model's tolerances came from the first), gated with the built-in rules and
+/// one run per side as the quick start does: at most one of the 20 quiet pairs (q(i-1) → qi)
+/// fails, and at least 19 of the 20 pairs slowed by 15% (q(i-1) → si) do.
+#[test]
+fn the_recorded_study_cries_wolf_rarely_and_catches_a_15_percent_slowdown() {
+    let study: serde_json::Value =
+        serde_json::from_str(include_str!("../../data/gate-study.json")).unwrap();
+    let provenance = crate::placement::tests::machine().provenance;
+    let run = |name: &str| -> GateInput {
+        let r = study["runs"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == name)
+            .unwrap_or_else(|| panic!("no run {name}"));
+        let metrics = r["metrics"]
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(id, v)| {
+                // [unit, the ceiling's value, its samples], as the probe wrote them.
+                let unit = v[0].as_str().unwrap();
+                let value = v[1].as_f64().unwrap();
+                let samples: Vec<f64> = v[2]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_f64().unwrap())
+                    .collect();
+                metric(id.clone(), unit, value, &samples)
+            })
+            .collect();
+        GateInput {
+            kind: "machine",
+            provenance: provenance.clone(),
+            metrics,
+            work: vec![],
+            runs: 1,
+        }
+    };
+    let pairs = study["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["name"].as_str().unwrap().starts_with('s'))
+        .count();
+    assert!(pairs >= 20, "{pairs} pairs");
+    let rules = Rules::default();
+    let (mut alarms, mut caught) = (Vec::new(), 0);
+    for i in 1..=pairs {
+        let base = run(&format!("q{}", i - 1));
+        let quiet = gate(&base, &run(&format!("q{i}")), &rules);
+        if quiet.regressions() > 0 {
+            alarms.push(format!(
+                "q{} → q{i}: {:?}",
+                i - 1,
+                quiet
+                    .comparisons
+                    .iter()
+                    .filter(|c| c.verdict == Verdict::Regressed)
+                    .map(|c| (&c.id, c.change))
+                    .collect::<Vec<_>>()
+            ));
+        }
+        caught += usize::from(gate(&base, &run(&format!("s{i}")), &rules).regressions() > 0);
+    }
+    assert!(
+        alarms.len() * 20 <= pairs,
+        "{} false alarms in {pairs} quiet pairs: {alarms:#?}",
+        alarms.len()
+    );
+    assert!(
+        caught * 20 >= 19 * pairs,
+        "{caught} of {pairs} slowed pairs caught"
+    );
+}
