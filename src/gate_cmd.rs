@@ -32,18 +32,21 @@ pub struct GateArgs {
     pub current: Vec<PathBuf>,
     /// Tolerances per id pattern (TOML): `[default] tolerance = 0.10, confidence = 0.95` and
     /// `[[rule]] pattern = "cpu/mem/*" tolerance = 0.15` (first match wins; `ignore = true`
-    /// leaves ids out); it replaces the built-in rules, which take each id's tolerance from the
-    /// files' own spread (the wider of the two runs' (max − min) / median, 2% to 50%) at 95%
-    /// confidence. Files of different work (workload, shapes, batch, precision, threads,
-    /// ranks, hardware) or measured on a busy machine are refused (exit 2) before any rule.
+    /// leaves ids out); it replaces the built-in rules, which take each id's tolerance as the
+    /// widest of the files' own spread, the spread between pooled runs and the run-to-run
+    /// noise measured for its kind of figure (docs/gate.md), at 95% confidence, and count a
+    /// CPU ceiling that fell without its one-thread / all-core twin as a warning. Files of different work (workload, shapes, batch, precision, threads,
+    /// ranks), of different hardware or measured on a busy machine are refused (exit 2)
+    /// before any rule.
     #[arg(long, value_name = "TOML")]
     pub rules: Option<PathBuf>,
     /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
     /// (workflow annotations).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
-    /// Fail (exit 1) also when ids are missing from the current result, or when the two were
-    /// measured on different hardware, clocks, power limits, drivers or libraries.
+    /// Fail (exit 1) also when ids are missing from the current result, when a CPU ceiling
+    /// fell alone (beyond its tolerance, its one-thread / all-core twin not), or when the two
+    /// were measured with different clocks, power limits, drivers or libraries.
     #[arg(long)]
     pub strict: bool,
     /// Compare results from different hardware (another CPU family, model or stepping, other

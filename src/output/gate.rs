@@ -147,9 +147,14 @@ pub fn markdown(r: &Report, strict: bool, confidence: f64) -> String {
 }
 
 pub fn junit(r: &Report, strict: bool) -> String {
+    let alone = r
+        .comparisons
+        .iter()
+        .filter(|c| c.verdict == Verdict::Alone)
+        .count();
     let failures = r.regressions()
         + if strict {
-            r.missing.len() + usize::from(!r.provenance.is_empty())
+            r.missing.len() + usize::from(!r.provenance.is_empty()) + alone
         } else {
             0
         };
@@ -168,6 +173,11 @@ pub fn junit(r: &Report, strict: bool) -> String {
         );
         if c.verdict == Verdict::Regressed {
             o += &format!("<failure message=\"regressed: {}\"/>", escape(&msg));
+        } else if c.verdict == Verdict::Alone && strict {
+            o += &format!(
+                "<failure message=\"fell alone (--strict): {}\"/>",
+                escape(&msg)
+            );
         } else {
             o += &format!(
                 "<system-out>{}: {}</system-out>",
@@ -239,6 +249,13 @@ pub fn github(r: &Report, strict: bool) -> String {
             )
         })
         .collect();
+    for c in r.comparisons.iter().filter(|c| c.verdict == Verdict::Alone) {
+        notes.push((
+            level,
+            format!("roofline gate: {} fell alone", c.id),
+            format!("{} (its one-thread / all-core twin did not)", finding(c)),
+        ));
+    }
     for m in &r.missing {
         notes.push((
             level,

@@ -156,7 +156,7 @@ pub fn bare(provenance: Provenance) -> Machine {
 }
 
 /// This CPU as `/proc/cpuinfo` and sysfs describe it (`cores` of them), with the SIMD the
-/// kernels run with and a quick measurement of the one-core clock (about 0.1 s): a result's
+/// kernels run with and a quick measurement of the one-core clock (about 0.3 s): a result's
 /// provenance holds its machine's whole identity ([`roofline_model::identity`]).
 pub fn cpu_here(cores: usize) -> CpuInfo {
     use crate::cpu::{clock, fma};
@@ -165,8 +165,15 @@ pub fn cpu_here(cores: usize) -> CpuInfo {
         .unwrap_or(fma::Isa::Scalar)
         .name()
         .to_string();
+    // The best of three short measurements a moment apart: on a shared machine one can fall
+    // in another process's time slice (the identity wants the clock, not the contention).
     let (factor, _) = clock::counter_verdict(clock::cycles_per_add());
-    cpu.measured_clock_hz_t1 = roofline_model::Stats::from_samples(&[clock::quick_hz(10) * factor]);
+    let mut best = clock::quick_hz(10);
+    for _ in 0..2 {
+        std::thread::sleep(std::time::Duration::from_millis(30));
+        best = best.max(clock::quick_hz(10));
+    }
+    cpu.measured_clock_hz_t1 = roofline_model::Stats::from_samples(&[best * factor]);
     cpu
 }
 
@@ -189,16 +196,7 @@ pub fn node_cores() -> usize {
 /// [`node_cores`] cores) and the GPUs of `gpus` (ordinals; their name and memory from the
 /// driver). An error when a GPU asked for cannot be opened.
 pub fn identity_here(gpus: &[usize]) -> Result<roofline_model::identity::Identity, CudaError> {
-    let mut cpu = cpu_here(node_cores());
-    // The best of three short measurements a moment apart: on a shared machine one can fall
-    // in another process's time slice (the identity wants the clock, not the contention).
-    let (factor, _) = crate::cpu::clock::counter_verdict(crate::cpu::clock::cycles_per_add());
-    let mut best = cpu.measured_clock_hz_t1.as_ref().map_or(0.0, |s| s.max);
-    for _ in 0..2 {
-        std::thread::sleep(std::time::Duration::from_millis(30));
-        best = best.max(crate::cpu::clock::quick_hz(10) * factor);
-    }
-    cpu.measured_clock_hz_t1 = roofline_model::Stats::from_samples(&[best]);
+    let cpu = cpu_here(node_cores());
     let mut infos = Vec::new();
     for &i in gpus {
         let gpu = crate::cuda::device::Gpu::open(i)?;
