@@ -105,7 +105,7 @@ enum Command {
     /// parts — pyramid, RPN head, RoIAlign, box head) by time, each as its own point, and
     /// --trace writes the timeline for Perfetto. `roofline plot --placement a.json --placement
     /// b.json` draws several workloads on one roofline. The machine.json must describe this
-    /// machine (CPU family, model, stepping, cores, caches, SIMD, clock class; the GPU placed
+    /// machine (CPU vendor, family, model, stepping, cores, caches, SIMD; the GPU placed
     /// on): another machine's file is refused unless --allow-other-machine.
     ///
     /// Examples:

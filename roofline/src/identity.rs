@@ -187,7 +187,7 @@ impl Identity {
 }
 
 /// How the machine a placement ran on differs from the machine file it is drawn with (empty:
-/// the same machine). A placement records its CPU, and its GPUs only where it ran on them; the
+/// the same machine), in everything but the clock class. A placement records its CPU, and its GPUs only where it ran on them; the
 /// file may have been probed on a subset of the cores.
 pub fn placed_elsewhere(m: &crate::Machine, p: &crate::placement::Placement) -> Vec<String> {
     let gpus = if p.provenance.gpus.is_empty() {
@@ -195,7 +195,11 @@ pub fn placed_elsewhere(m: &crate::Machine, p: &crate::placement::Placement) -> 
     } else {
         &m.provenance.gpus[..]
     };
-    Identity::of_parts(&m.provenance.cpu, gpus).differences(
+    // Not the clock class: the placement's is one quick measurement, the file's a probe's,
+    // possibly under mpirun (its ranks share the node): `gate` compares clocks between probes.
+    let mut file = Identity::of_parts(&m.provenance.cpu, gpus);
+    file.clock_hz = None;
+    file.differences(
         &Identity::of(&p.provenance),
         ("the machine file", "the placement"),
         Cores::AtMostHere,
