@@ -54,12 +54,25 @@ pub struct Label {
     pub owners: Vec<(f64, f64)>,
     /// A tooltip (SVG `<title>`, and `data-tip` for the interactive page).
     pub title: Option<String>,
+    /// Labels placed as one (a stack of roofs' labels, so that they keep the roofs' order):
+    /// see [`Unit`].
+    pub unit: Option<Unit>,
     /// What it belongs to, as a `data-` attribute (`roof` → a ceiling id, `group` → a placed
     /// workload): the interactive page switches them on and off together.
     pub data: Option<(&'static str, String)>,
     /// The drawn line(s) it labels ([`Line::own`]): only those may touch it. Written as
     /// `data-own`.
     pub own: String,
+}
+
+/// Consecutive labels with the same unit `id` are set down together, at the first of their
+/// `arrangements` (one entry per label) where every label with a spot in it is free there;
+/// those without go out on a leader ([`Label::spots`] first). Where no arrangement is free,
+/// each is placed on its own.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Unit {
+    pub id: u32,
+    pub arrangements: Vec<Option<Spot>>,
 }
 
 /// A drawn line, as an obstacle for the labels: its pixels and what it belongs to.
@@ -214,54 +227,96 @@ pub fn place(
     lines: &[Line],
     area: (f64, f64, f64, f64),
 ) -> (Vec<Placed>, Vec<Label>) {
-    let mut boxes: Vec<Quad> = taken.to_vec();
-    let mut lines: Vec<Line> = lines.to_vec();
-    let mut out = Vec::with_capacity(labels.len());
-    let mut left_out = Vec::new();
-    let inside = |q: &Quad| {
-        q.iter()
-            .all(|p| p.0 >= area.0 && p.0 <= area.2 && p.1 >= area.1 && p.1 <= area.3)
+    let mut state = Placer {
+        boxes: taken.to_vec(),
+        lines: lines.to_vec(),
+        area,
     };
-    for l in labels {
-        // Whether the label fits at `s`: inside the area, on no placed box, and off every line
-        // it avoids: those not its own and, out on a leader, its own too (its leader joins
-        // them).
-        let free = |s: &Spot, on_leader: bool| {
-            let q = quad_of(&l.text, l.size, l.bold, s);
-            inside(&q)
-                && !boxes.iter().any(|b| overlap(&q, b, -1.0))
-                && !lines.iter().any(|k| {
-                    let avoid = if k.own == l.own {
-                        on_leader
-                    } else {
-                        l.avoid_lines
-                    };
-                    avoid && grazes(&q, k.seg.0, k.seg.1)
-                })
-        };
-        let mut chosen = l.spots.iter().find(|s| free(s, false)).copied();
-        let mut leader = None;
-        if chosen.is_none() {
-            let first = l.spots.first().map_or((area.0, area.1), |s| (s.x, s.y));
-            let owners = if l.owners.is_empty() {
-                vec![first]
-            } else {
-                l.owners.clone()
-            };
-            if let Some((s, seg)) = leader_spot(l.size, &owners, area, |s, seg, clearance| {
-                free(s, true) && leader_clear(&boxes, seg, clearance)
-            }) {
-                chosen = Some(s);
-                leader = Some(seg);
+    let mut out = Vec::with_capacity(labels.len());
+    let (mut left_out, mut deferred) = (Vec::new(), Vec::new());
+    let mut rest = labels.into_iter().peekable();
+    while let Some(first) = rest.next() {
+        let mut unit = vec![first];
+        while let (Some(u), Some(next)) = (unit[0].unit.as_ref(), rest.peek()) {
+            if next.unit.as_ref().map(|n| n.id) != Some(u.id) {
+                break;
+            }
+            unit.extend(rest.next());
+        }
+        // A unit's labels at one arrangement together: the first where every label that has
+        // a spot in it is free there.
+        let arrangement = |l: &Label, t: usize| l.unit.as_ref().and_then(|u| u.arrangements[t]);
+        let arrangements = unit
+            .iter()
+            .map(|l| l.unit.as_ref().map_or(0, |u| u.arrangements.len()))
+            .min()
+            .unwrap_or(0);
+        let together = (0..arrangements).find(|&t| {
+            let mut trial: Vec<Quad> = Vec::new();
+            unit.iter().all(|l| {
+                let Some(s) = arrangement(l, t) else {
+                    return true;
+                };
+                let q = quad_of(&l.text, l.size, l.bold, &s);
+                let ok = state.free(l, &s, false) && !trial.iter().any(|b| overlap(&q, b, -1.0));
+                trial.push(q);
+                ok
+            })
+        });
+        // Those with a spot in it now; the others (all, where none is free) after every
+        // other label, on their own candidates or out on a leader: a leader reaches anywhere,
+        // where a point's label needs the room beside its point.
+        for l in unit {
+            match together.and_then(|t| arrangement(&l, t)) {
+                Some(s) => state.put(l, s, None, &mut out),
+                None if l.unit.is_some() => deferred.push(l),
+                None => match state.find(&l) {
+                    Some((s, leader)) => state.put(l, s, leader, &mut out),
+                    None => left_out.push(l),
+                },
             }
         }
-        let Some(spot) = chosen else {
-            left_out.push(l);
-            continue;
-        };
-        boxes.push(quad_of(&l.text, l.size, l.bold, &spot));
+    }
+    for l in deferred {
+        match state.find(&l) {
+            Some((s, leader)) => state.put(l, s, leader, &mut out),
+            None => left_out.push(l),
+        }
+    }
+    (out, left_out)
+}
+
+/// What [`place`] has placed so far: the boxes taken and the lines drawn (leaders included).
+struct Placer {
+    boxes: Vec<Quad>,
+    lines: Vec<Line>,
+    area: (f64, f64, f64, f64),
+}
+
+impl Placer {
+    /// Whether `l` fits at `s`: inside the area, on no placed box, and off every line it
+    /// avoids: those not its own and, out on a leader, its own too (its leader joins them).
+    fn free(&self, l: &Label, s: &Spot, on_leader: bool) -> bool {
+        let q = quad_of(&l.text, l.size, l.bold, s);
+        let a = self.area;
+        q.iter()
+            .all(|p| p.0 >= a.0 && p.0 <= a.2 && p.1 >= a.1 && p.1 <= a.3)
+            && !self.boxes.iter().any(|b| overlap(&q, b, -1.0))
+            && !self.lines.iter().any(|k| {
+                let avoid = if k.own == l.own {
+                    on_leader
+                } else {
+                    l.avoid_lines
+                };
+                avoid && grazes(&q, k.seg.0, k.seg.1)
+            })
+    }
+
+    /// Sets `l` down at `spot` (out on `leader`): its box and leader become obstacles.
+    fn put(&mut self, l: Label, spot: Spot, leader: Option<Segment>, out: &mut Vec<Placed>) {
+        self.boxes.push(quad_of(&l.text, l.size, l.bold, &spot));
         if let Some(seg) = leader {
-            lines.push(Line {
+            self.lines.push(Line {
                 seg,
                 own: l.own.clone(),
             });
@@ -272,7 +327,26 @@ pub fn place(
             leader,
         });
     }
-    (out, left_out)
+
+    /// `l`'s first free candidate, else a spot out on a leader ([`leader_spot`]).
+    fn find(&self, l: &Label) -> Option<(Spot, Option<Segment>)> {
+        if let Some(s) = l.spots.iter().find(|s| self.free(l, s, false)) {
+            return Some((*s, None));
+        }
+        let first = l
+            .spots
+            .first()
+            .map_or((self.area.0, self.area.1), |s| (s.x, s.y));
+        let owners = if l.owners.is_empty() {
+            vec![first]
+        } else {
+            l.owners.clone()
+        };
+        leader_spot(l.size, &owners, self.area, |s, seg, clearance| {
+            self.free(l, s, true) && leader_clear(&self.boxes, seg, clearance)
+        })
+        .map(|(s, seg)| (s, Some(seg)))
+    }
 }
 
 /// Ring spacing and directions per ring of the leader search, pixels.
@@ -658,6 +732,7 @@ mod tests {
             avoid_lines: true,
             owners: vec![(x, y)],
             title: None,
+            unit: None,
             data: None,
             own: "p".into(),
         };
@@ -714,6 +789,7 @@ mod tests {
             avoid_lines: true,
             owners: vec![(50.0, 50.0)],
             title: None,
+            unit: None,
             data: None,
             own: t.into(),
         };

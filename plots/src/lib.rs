@@ -11,6 +11,7 @@ pub mod gpus;
 pub mod html;
 pub mod labels;
 pub mod links;
+pub mod order;
 pub mod placed;
 pub(crate) mod render;
 pub mod report;

@@ -151,6 +151,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
                     avoid_lines: true,
                     owners: vec![(sx, sy)],
                     title: None,
+                    unit: None,
                     data: None,
                     own: own.clone(),
                 });

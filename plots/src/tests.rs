@@ -408,6 +408,7 @@ fn every_roof_is_labelled_whatever_the_values() {
         (state >> 11) as f64 / (1u64 << 53) as f64
     };
     let (mut unlabelled, mut unlabelled_roofs) = (Vec::new(), Vec::new());
+    let mut misread = Vec::new();
     let rounds = 400;
     for round in 0..rounds {
         let mut between = |lo: f64, hi: f64| lo * (hi / lo).powf(uniform());
@@ -513,19 +514,29 @@ fn every_roof_is_labelled_whatever_the_values() {
         }
         let clash = labels::collisions(&svg);
         assert!(clash.is_empty(), "round {round}: overlapping {clash:?}");
+        for m in crate::order::misread(&svg) {
+            misread.push(format!("round {round}: {m}"));
+        }
     }
     assert!(
         unlabelled_roofs.is_empty(),
         "a roof unlabelled on {} of {rounds} machines: {unlabelled_roofs:#?}",
         unlabelled_roofs.len()
     );
-    // A ridge's or a point's label may find no straight leader out of a crowd of labels (then
-    // it is named under the plot): rarely (2 of these 400 machines; 7 since a stack's labels
-    // keep one side of it, in the roofs' order, and clear its outer roof: rows the points'
-    // labels took before). The earlier leader search (208 px around one point of a roof, and
-    // never from a marker) left a roof unlabelled on 150 of them.
+    // Every flat roof's label is read as its own: beside its roof, or in its stack's rows in
+    // the roofs' order, or out on a leader (1,398 misreadings on these 400 machines when each
+    // label of a stack was placed on its own).
     assert!(
-        unlabelled.len() * 50 <= rounds,
+        misread.is_empty(),
+        "{} labels misread: {misread:#?}",
+        misread.len()
+    );
+    // A ridge's or a point's label may find no straight leader out of a crowd of labels (then
+    // it is named under the plot): none of these 400 machines since the labels of a stack
+    // that go out on leaders are placed after the points' (7 before; the earlier leader
+    // search, 208 px around one point of a roof, left a roof unlabelled on 150 of them).
+    assert!(
+        unlabelled.len() * 100 <= rounds,
         "unlabelled on {} of {rounds} machines: {unlabelled:#?}",
         unlabelled.len()
     );

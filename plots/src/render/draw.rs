@@ -10,6 +10,8 @@ const FOOT: u32 = 26;
 /// Font sizes (pixels of the figure at its own size: readable at 1100 × 760).
 const ROOF_FONT: f64 = 13.0;
 const SMALL_FONT: f64 = 12.0;
+/// A flat roof's label moves left from the right end in this many steps of 70 px.
+const SHIFTS: usize = 14;
 
 pub(super) fn draw(
     root: &Area,
@@ -170,6 +172,7 @@ pub(super) fn draw(
             avoid_lines: true,
             owners,
             title: Some(tooltip(r)),
+            unit: None,
             data: Some(("roof", r.label.clone())),
             own: r.label.clone(),
         });
@@ -214,7 +217,7 @@ pub(super) fn draw(
             _ => stacks.push(vec![i]),
         }
     }
-    for stack in &stacks {
+    for (n, stack) in stacks.iter().enumerate() {
         let (top, bottom) = (flat[stack[0]].2 .0 .1, flat[*stack.last().unwrap()].2 .0 .1);
         let k = stack.len();
         let gap = if k > 1 { 2.0 } else { 0.0 };
@@ -223,53 +226,106 @@ pub(super) fn draw(
             let size = if r.dashed { SMALL_FONT } else { ROOF_FONT };
             (flat_text(r), size, binding.contains(&r.label.as_str()))
         };
-        // Row i of the stack above it (the top roof's label highest) or below it, at the
-        // right end shifted left by `j` steps.
-        let slot = |i: usize, above: bool, j: usize, size: f64| labels::Spot {
+        // Row i of the stack's `above` side (the top roof's label highest), counted out from
+        // the stack, at the right end shifted left by `j` steps.
+        let slot = |i: usize, row_out: usize, above: bool, j: usize, size: f64| labels::Spot {
             x: flat[stack[i]].2 .1 .0 - 6.0 - 70.0 * j as f64,
             // In a stack of several, 2 px further out: the row next to the stack is another
             // roof's label, and must clear the outer roof by the lines' clearance.
             y: if above {
-                top - 4.0 - gap - (k - 1 - i) as f64 * row
+                top - 4.0 - gap - row_out as f64 * row
             } else {
-                bottom + size + 3.0 + gap + i as f64 * row
+                bottom + size + 3.0 + gap + row_out as f64 * row
             },
             angle: 0.0,
             anchor: labels::Anchor::End,
         };
-        // One side for the whole stack where every row of it is clear of the other lines
-        // there (so that the labels keep the roofs' order), above first.
-        let clear = |above: bool| {
-            stack.iter().enumerate().all(|(i, &f)| {
-                let (text, size, bold) = text_of(f);
-                let q = labels::quad_of(&text, size, bold, &slot(i, above, 0, size));
-                !lines
+        // A row fits where it starts after its roof does, crosses no other line, and has no
+        // roof outside the stack between it and the stack (a label beyond another roof reads
+        // as that roof's).
+        let fits = |i: usize, q: &labels::Quad| {
+            let f = stack[i];
+            let (ys, xs) = (q.map(|p| p.1), q.map(|p| p.0));
+            let (lo, hi) = (
+                ys.iter().copied().fold(f64::MAX, f64::min),
+                ys.iter().copied().fold(f64::MIN, f64::max),
+            );
+            let (left, right) = (
+                xs.iter().copied().fold(f64::MAX, f64::min),
+                xs.iter().copied().fold(f64::MIN, f64::max),
+            );
+            let centre = (lo + hi) / 2.0;
+            left >= flat[f].2 .0 .0 + 4.0
+                && !lines
                     .iter()
-                    .any(|l| l.own != flat[f].0.label && labels::grazes(&q, l.seg.0, l.seg.1))
-            })
+                    .any(|l| l.own != flat[f].0.label && labels::grazes(q, l.seg.0, l.seg.1))
+                && !flat.iter().enumerate().any(|(g, o)| {
+                    let y = o.2 .0 .1;
+                    !stack.contains(&g)
+                        && (y - centre) * (y - (top + bottom) / 2.0) < 0.0
+                        && o.2 .0 .0 < right
+                        && o.2 .1 .0 > left
+                })
         };
-        let first_above = clear(true) || !clear(false);
+        // Whether row `out` of side `above` at shift `j` fits label `i`, worked out once.
+        let mut fit = vec![false; k * k * 2 * SHIFTS];
+        for (n, fit) in fit.iter_mut().enumerate() {
+            let (i, out, above, j) = (
+                n / (k * 2 * SHIFTS),
+                n / (2 * SHIFTS) % k,
+                n / SHIFTS % 2 == 0,
+                n % SHIFTS,
+            );
+            let (text, size, bold) = text_of(stack[i]);
+            *fit = fits(
+                i,
+                &labels::quad_of(&text, size, bold, &slot(i, out, above, j, size)),
+            );
+        }
+        let fits_at = |i: usize, out: usize, above: bool, j: usize| {
+            fit[((i * k + out) * 2 + usize::from(!above)) * SHIFTS + j]
+        };
+        // The arrangements that keep the roofs' order: the top `a` labels in rows above the
+        // stack, the bottom `b` in rows below it, the rest out on leaders (which show whose
+        // they are); the most labels beside the stack first, then the shift, then all above,
+        // all below, the splits. The placer takes the first where every row is free.
+        let mut order: Vec<(usize, usize, usize)> = Vec::new();
+        for beside in (1..=k).rev() {
+            for j in 0..SHIFTS {
+                for a in [beside, 0].into_iter().chain((1..beside).rev()) {
+                    order.push((a, beside - a, j));
+                }
+            }
+        }
+        order.push((0, 0, 0));
+        let mut arrangements: Vec<Vec<Option<labels::Spot>>> = vec![Vec::new(); k];
+        for (a, b, j) in order {
+            let row_of = |i: usize| {
+                if i < a {
+                    Some((a - 1 - i, true))
+                } else if i >= k - b {
+                    Some((i - (k - b), false))
+                } else {
+                    None
+                }
+            };
+            if (0..k).all(|i| row_of(i).is_none_or(|(out, up)| fits_at(i, out, up, j))) {
+                for (i, list) in arrangements.iter_mut().enumerate() {
+                    let size = text_of(stack[i]).1;
+                    list.push(row_of(i).map(|(out, up)| slot(i, out, up, j, size)));
+                }
+            }
+        }
         for (i, &f) in stack.iter().enumerate() {
             let (r, c, (pa, pb)) = flat[f];
             let (text, size, bold) = text_of(f);
-            let w = labels::text_width(&text, size, bold);
-            let mut spots = Vec::new();
-            // The stack's side at every shift first, so that the labels keep the roofs' order;
-            // the other side only where that side has no room at all.
-            for above in [first_above, !first_above] {
-                for j in 0..14 {
-                    if pb.0 - 6.0 - 70.0 * j as f64 - w < pa.0 + 4.0 {
-                        break;
-                    }
-                    spots.push(slot(i, above, j, size));
-                }
-            }
+            let arrangements = std::mem::take(&mut arrangements[i]);
             labels.push(labels::Label {
                 text,
                 size,
                 color: rgb(c),
                 bold,
-                spots,
+                spots: Vec::new(),
                 avoid_lines: true,
                 // Leaders start on the roof: near its right end first, then every 40 px
                 // towards its start (its middle, where it is shorter than that).
@@ -279,6 +335,10 @@ pub(super) fn draw(
                     .chain([((pa.0 + pb.0) / 2.0, pb.1)])
                     .collect(),
                 title: Some(tooltip(r)),
+                unit: Some(labels::Unit {
+                    id: n as u32,
+                    arrangements,
+                }),
                 data: Some(("roof", r.label.clone())),
                 own: r.label.clone(),
             });
@@ -313,6 +373,7 @@ pub(super) fn draw(
                 avoid_lines: true,
                 owners: vec![(lx, ly)],
                 title: Some(format!("{}: FLOPs per element swept", curve.id)),
+                unit: None,
                 data: None,
                 own: curve.id.clone(),
             });
@@ -357,6 +418,7 @@ pub(super) fn draw(
                 rdg.intensity,
                 si(rdg.performance)
             )),
+            unit: None,
             data: Some(("roof", rdg.memory.clone())),
             own: format!("ridge {}", rdg.memory),
         });
@@ -485,6 +547,7 @@ fn points(
                 avoid_lines: true,
                 owners: vec![(sx, sy)],
                 title: Some(tip),
+                unit: None,
                 data: Some(("group", p.group.clone())),
                 own,
             },

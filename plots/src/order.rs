@@ -1,0 +1,166 @@
+//! Whether a reader matches every flat roof's label with its roof: a label beside a stack of
+//! roofs is read by its row (the top roof's label highest), and a label with another roof
+//! between it and its own reads as that roof's. [`misread`] lists the labels of an SVG that
+//! break either (the tests run it on every figure they draw).
+
+use crate::labels::{text_boxes, Quad};
+
+/// A flat roof's label as drawn: its roof's height, its box's centre and horizontal extent.
+struct Beside {
+    roof: String,
+    roof_y: f64,
+    centre: f64,
+    span: (f64, f64),
+}
+
+/// The value of ` name="…"` in a tag.
+fn attr<'a>(tag: &'a str, name: &str) -> Option<&'a str> {
+    let k = format!(" {name}=\"");
+    let i = tag.find(&k)? + k.len();
+    tag[i..].split('"').next()
+}
+
+fn num(tag: &str, name: &str) -> Option<f64> {
+    attr(tag, name)?.parse().ok()
+}
+
+/// Every tag of `svg` that starts with `open`, with the rest of the element up to `close`.
+fn elements<'a>(svg: &'a str, open: &'a str, close: &'a str) -> impl Iterator<Item = &'a str> {
+    svg.match_indices(open).filter_map(move |(i, _)| {
+        let end = svg[i..].find(close)? + i + close.len();
+        Some(&svg[i..end])
+    })
+}
+
+fn extent(q: &Quad, axis: usize) -> (f64, f64) {
+    q.iter().fold((f64::MAX, f64::MIN), |(lo, hi), p| {
+        let v = if axis == 0 { p.0 } else { p.1 };
+        (lo.min(v), hi.max(v))
+    })
+}
+
+/// The labels of `svg`'s flat roofs that a reader would match with the wrong roof: a roof
+/// between a label and its own whose label is not on the same side of it, in the same order;
+/// or two labels one above the other in the opposite order of their roofs. Labels out on a
+/// leader line (which shows what they belong to) and slanted roofs are left out.
+pub fn misread(svg: &str) -> Vec<String> {
+    let mut roofs: Vec<(String, f64, (f64, f64))> = Vec::new();
+    for tag in elements(svg, "<line class=\"roof\"", ">") {
+        let (Some(id), Some(x1), Some(y1), Some(x2), Some(y2)) = (
+            attr(tag, "data-roof"),
+            num(tag, "x1"),
+            num(tag, "y1"),
+            num(tag, "x2"),
+            num(tag, "y2"),
+        ) else {
+            continue;
+        };
+        if (y1 - y2).abs() < 0.05 {
+            roofs.push((id.to_string(), y1, (x1.min(x2), x1.max(x2))));
+        }
+    }
+    let leadered: Vec<&str> = elements(svg, "<line class=\"leader\"", ">")
+        .filter_map(|t| attr(t, "data-own"))
+        .collect();
+    let mut beside: Vec<Beside> = Vec::new();
+    for el in elements(svg, "<text class=\"label\"", "</text>") {
+        let Some(own) = attr(el, "data-own") else {
+            continue;
+        };
+        let Some(&(_, roof_y, _)) = roofs.iter().find(|r| r.0 == own) else {
+            continue;
+        };
+        if leadered.contains(&own) || el.contains(" transform=\"rotate(") {
+            continue;
+        }
+        let Some((_, q)) = text_boxes(el).into_iter().next() else {
+            continue;
+        };
+        let (lo, hi) = extent(&q, 1);
+        beside.push(Beside {
+            roof: own.to_string(),
+            roof_y,
+            centre: (lo + hi) / 2.0,
+            span: extent(&q, 0),
+        });
+    }
+    let overlaps = |a: (f64, f64), b: (f64, f64)| a.0 < b.1 && b.0 < a.1;
+    let mut out = Vec::new();
+    for l in &beside {
+        for (id, y, span) in &roofs {
+            let between = (y - l.centre) * (y - l.roof_y) < 0.0;
+            if id == &l.roof || !between || !overlaps(*span, l.span) {
+                continue;
+            }
+            // Another roof between them: a stack's, read by the rows, or a misreading.
+            let kept = beside.iter().any(|o| {
+                &o.roof == id
+                    && (o.centre - y) * (l.centre - l.roof_y) > 0.0
+                    && (o.centre - l.centre) * (y - l.roof_y) > 0.0
+            });
+            if !kept {
+                out.push(format!(
+                    "{}'s label has {id} between it and its roof",
+                    l.roof
+                ));
+            }
+        }
+        for o in &beside {
+            if o.roof != l.roof
+                && overlaps(l.span, o.span)
+                && o.roof_y > l.roof_y
+                && o.centre <= l.centre
+            {
+                out.push(format!(
+                    "{}'s label is above {}'s, whose roof is lower",
+                    o.roof, l.roof
+                ));
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::misread;
+
+    fn roof(id: &str, y: f64) -> String {
+        format!("<line class=\"roof\" data-roof=\"{id}\" data-own=\"{id}\" x1=\"300.0\" y1=\"{y:.1}\" x2=\"1000.0\" y2=\"{y:.1}\"/>\n")
+    }
+
+    fn label(id: &str, y: f64) -> String {
+        format!("<text class=\"label\" data-own=\"{id}\" x=\"990.0\" y=\"{y:.1}\" text-anchor=\"end\" font-family=\"sans-serif\" font-size=\"13.0\">{id} 1 GFLOP/s</text>\n")
+    }
+
+    #[test]
+    fn a_label_beyond_another_roof_or_out_of_order_is_misread() {
+        let roofs = roof("gemm", 200.0) + &roof("conv", 204.0) + &roof("f16", 240.0);
+        // Each beside its roof: f16 under its own line, the stack's two above it in order.
+        let good =
+            roofs.clone() + &label("gemm", 180.0) + &label("conv", 196.0) + &label("f16", 256.0);
+        assert_eq!(misread(&good), Vec::<String>::new());
+        // The stack's labels below the f16 roof (the report's "GEMM f32 227" under the 176
+        // GFLOP/s "GEMM f16" line).
+        let below =
+            roofs.clone() + &label("gemm", 256.0) + &label("conv", 272.0) + &label("f16", 236.0);
+        assert!(
+            misread(&below)
+                .iter()
+                .any(|m| m.contains("has f16 between")),
+            "{:?}",
+            misread(&below)
+        );
+        // The stack's rows swapped: the lower roof's label on top.
+        let swapped =
+            roofs.clone() + &label("conv", 180.0) + &label("gemm", 196.0) + &label("f16", 256.0);
+        assert!(misread(&swapped)
+            .iter()
+            .any(|m| m.contains("conv's label is above gemm's")));
+        // Out on a leader, a label may sit anywhere.
+        let leader = "<line class=\"leader\" data-own=\"f16\" x1=\"500\" y1=\"240\" x2=\"500\" y2=\"150\"/>\n";
+        let far =
+            roofs + &label("gemm", 180.0) + &label("conv", 196.0) + &label("f16", 150.0) + leader;
+        assert_eq!(misread(&far), Vec::<String>::new());
+    }
+}
