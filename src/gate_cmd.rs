@@ -3,7 +3,7 @@
 use crate::exit::Failure;
 use crate::output::gate as gate_out;
 use anyhow::anyhow;
-use roofline_model::gate::{gate, not_comparable, other_machine, pool, read_input, Rules};
+use roofline_model::gate::{gate, read_input, sides, Named, Rules, Sides};
 use roofline_model::write::write_atomic;
 use std::path::PathBuf;
 
@@ -105,61 +105,28 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         );
         return Ok(std::process::ExitCode::SUCCESS);
     }
-    let mut bases = Vec::new();
+    let named = |n: &PathBuf, input| Named {
+        name: n.display().to_string(),
+        input,
+    };
+    let mut baseline = Vec::new();
     for p in &a.baseline {
-        bases.push(read(p)?.1);
+        baseline.push(named(p, read(p)?.1));
     }
-    let kinds = |v: &[roofline_model::gate::GateInput]| {
-        v.iter()
-            .map(|g| g.kind)
-            .collect::<std::collections::BTreeSet<_>>()
-    };
-    let currents: Vec<_> = currents.into_iter().map(|c| c.1).collect();
-    let (kb, kc) = (kinds(&bases), kinds(&currents));
-    if kb.len() != 1 || kb != kc {
-        return Err(input(format!(
-            "{} and {} are results of kinds {:?} and {:?}: gate compares results of one kind",
-            names(&a.baseline),
-            names(&a.current),
-            kb,
-            kc
-        )));
+    let current = a
+        .current
+        .iter()
+        .zip(currents)
+        .map(|(p, c)| named(p, c.1))
+        .collect();
+    let Sides {
+        base,
+        current: cur,
+        warnings,
+    } = sides(baseline, current, a.allow_other_machine).map_err(|e| Failure::Input(e.into()))?;
+    for w in warnings {
+        eprintln!("warning: {w}");
     }
-    // Every file against the first baseline: the same work, a quiet machine, the same hardware.
-    let files: Vec<&PathBuf> = a.baseline.iter().chain(&a.current).collect();
-    for (g, file) in bases.iter().chain(&currents).zip(&files) {
-        let why = not_comparable(&bases[0], g);
-        if !why.is_empty() {
-            return Err(input(format!(
-                "{} and {} are not comparable: {}",
-                a.baseline[0].display(),
-                file.display(),
-                why.join("; ")
-            )));
-        }
-        let other = other_machine(&bases[0], g);
-        if other.is_empty() {
-            continue;
-        }
-        if a.allow_other_machine {
-            eprintln!(
-                "warning: {} and {} were measured on different machines ({}): compared anyway, as --allow-other-machine asks",
-                a.baseline[0].display(),
-                file.display(),
-                other.join("; ")
-            );
-        } else {
-            return Err(input(format!(
-                "{} and {} were measured on different machines: {}. A change between them is the hardware's, not the code's; gate a baseline from this kind of machine, or pass --allow-other-machine to compare anyway",
-                a.baseline[0].display(),
-                file.display(),
-                other.join("; ")
-            )));
-        }
-    }
-    let (Some(base), Some(cur)) = (pool(bases), pool(currents)) else {
-        return Err(input("nothing to compare".into()));
-    };
     let rules = match &a.rules {
         Some(p) => {
             let t = std::fs::read_to_string(p)

@@ -254,8 +254,9 @@ fn this_machine(m: &Machine, a: &PlaceArgs) -> Result<(), Failure> {
     let mut file_gpus = m.provenance.gpus.clone();
     file_gpus.retain(|g| gpus.contains(&g.index));
     let mut file = Identity::of_parts(&m.provenance.cpu, &file_gpus);
-    // Not the clock class: a probe under mpirun (its ranks share the node) or beside another
-    // load measures a lower clock than this idle moment (3.4 against 4.2 GHz in a CI run).
+    // Not the clock class (`here` has none): a probe under mpirun (its ranks share the node)
+    // or beside another load measures a lower clock than this idle moment (3.4 against 4.2
+    // GHz in a CI run).
     file.clock_hz = None;
     let why = file.differences(&here, ("the file", "this machine"), Cores::AtMostHere);
     if why.is_empty() {

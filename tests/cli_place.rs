@@ -451,15 +451,18 @@ fn place_and_plot_refuse_another_machine() {
     assert!(stderr(&o).contains("warning:"), "{}", stderr(&o));
     // The placement ran here; drawn against the other machine's file it is refused.
     let svg = dir.join("r.svg");
-    let o = bin()
-        .arg("plot")
-        .arg(&other)
-        .arg("--placement")
-        .arg(&out)
-        .arg("-o")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let plot = |machine: &std::path::Path| {
+        bin()
+            .arg("plot")
+            .arg(machine)
+            .arg("--placement")
+            .arg(&out)
+            .arg("-o")
+            .arg(&svg)
+            .output()
+            .unwrap()
+    };
+    let o = plot(&other);
     assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
     assert!(
         stderr(&o).contains("was placed on another machine"),
@@ -468,15 +471,7 @@ fn place_and_plot_refuse_another_machine() {
     );
     assert!(!svg.exists());
     // Beside this machine's own file it is drawn.
-    let o = bin()
-        .arg("plot")
-        .arg(machine)
-        .arg("--placement")
-        .arg(&out)
-        .arg("-o")
-        .arg(&svg)
-        .output()
-        .unwrap();
+    let o = plot(machine.as_ref());
     assert!(o.status.success(), "{}", stderr(&o));
     // A bitmap name is refused, not written as SVG; --steps 0 is refused.
     expect_input_error(&["plot", "-o", "/tmp/roofline.png"], Some(machine), ".svg");

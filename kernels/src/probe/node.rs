@@ -156,15 +156,21 @@ pub fn bare(provenance: Provenance) -> Machine {
 }
 
 /// This CPU as `/proc/cpuinfo` and sysfs describe it (`cores` of them), with the SIMD the
-/// kernels run with and a quick measurement of the one-core clock (about 0.3 s): a result's
-/// provenance holds its machine's whole identity ([`roofline_model::identity`]).
-pub fn cpu_here(cores: usize) -> CpuInfo {
-    use crate::cpu::{clock, fma};
+/// kernels run with: everything of its identity but the clock ([`cpu_here`] measures it).
+pub fn cpu_described(cores: usize) -> CpuInfo {
     let mut cpu = roofline_collectors::cpu_info(&roofline_collectors::cpu_ident(), cores);
-    cpu.simd = fma::best_isa(fma::Precision::F32)
-        .unwrap_or(fma::Isa::Scalar)
+    cpu.simd = crate::cpu::fma::best_isa(crate::cpu::fma::Precision::F32)
+        .unwrap_or(crate::cpu::fma::Isa::Scalar)
         .name()
         .to_string();
+    cpu
+}
+
+/// [`cpu_described`] with a quick measurement of the one-core clock (about 0.3 s): a result's
+/// provenance holds its machine's whole identity ([`roofline_model::identity`]).
+pub fn cpu_here(cores: usize) -> CpuInfo {
+    use crate::cpu::clock;
+    let mut cpu = cpu_described(cores);
     // The best of three short measurements a moment apart: on a shared machine one can fall
     // in another process's time slice (the identity wants the clock, not the contention).
     let (factor, _) = clock::counter_verdict(clock::cycles_per_add());
@@ -192,11 +198,12 @@ pub fn node_cores() -> usize {
     .max(1)
 }
 
-/// This machine's identity as a machine file is checked against: its CPU ([`cpu_here`] on
-/// [`node_cores`] cores) and the GPUs of `gpus` (ordinals; their name and memory from the
+/// This machine's identity as a machine file is checked against: its CPU ([`cpu_described`]
+/// on [`node_cores`] cores; no clock class, which `place` leaves out: a probe under mpirun
+/// measures its shared node's lower clock) and the GPUs of `gpus` (ordinals; their name and memory from the
 /// driver). An error when a GPU asked for cannot be opened.
 pub fn identity_here(gpus: &[usize]) -> Result<roofline_model::identity::Identity, CudaError> {
-    let cpu = cpu_here(node_cores());
+    let cpu = cpu_described(node_cores());
     let mut infos = Vec::new();
     for &i in gpus {
         let gpu = crate::cuda::device::Gpu::open(i)?;

@@ -273,7 +273,7 @@ pub(super) fn draw(
             let (i, out, above, j) = (
                 n / (k * 2 * SHIFTS),
                 n / (2 * SHIFTS) % k,
-                n / SHIFTS % 2 == 0,
+                (n / SHIFTS).is_multiple_of(2),
                 n % SHIFTS,
             );
             let (text, size, bold) = text_of(stack[i]);

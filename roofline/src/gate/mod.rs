@@ -34,9 +34,11 @@ impl Direction {
 
 mod input;
 pub mod noise;
+mod sides;
 #[cfg(test)]
 use input::metric;
 pub use input::{read_input, GateInput, Metric};
+pub use sides::{sides, Named, Sides, SidesError};
 
 /// `gate.toml`.
 #[derive(Clone, Debug, PartialEq, Deserialize)]
@@ -484,7 +486,8 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
     }
 }
 
-/// What differs between two results' machines and software, in words.
+/// What differs between two results' software and settings on one machine, in words (the
+/// hardware that makes another machine is [`other_machine`]'s).
 pub fn provenance_differences(a: &Provenance, b: &Provenance) -> Vec<String> {
     let mut out = Vec::new();
     let mut diff = |what: &str, x: String, y: String| {
@@ -492,13 +495,13 @@ pub fn provenance_differences(a: &Provenance, b: &Provenance) -> Vec<String> {
             out.push(format!("{what}: baseline {x}, current {y}"));
         }
     };
-    diff("CPU", a.cpu.model_name.clone(), b.cpu.model_name.clone());
+    // The hardware that makes another machine (family, model, cores, caches, SIMD, GPUs) is
+    // the identity's ([`other_machine`]); here what may differ on the same machine.
     diff(
-        "CPU cores",
-        a.cpu.cores.to_string(),
-        b.cpu.cores.to_string(),
+        "CPU name",
+        a.cpu.model_name.clone(),
+        b.cpu.model_name.clone(),
     );
-    diff("SIMD", a.cpu.simd.clone(), b.cpu.simd.clone());
     diff("host", a.host.clone(), b.host.clone());
     diff("kernel", a.kernel.clone(), b.kernel.clone());
     diff("tool", a.tool.clone(), b.tool.clone());
@@ -512,14 +515,6 @@ pub fn provenance_differences(a: &Provenance, b: &Provenance) -> Vec<String> {
                 y.median / 1e9
             ));
         }
-    }
-    let gpus = |p: &Provenance| -> Vec<String> { p.gpus.iter().map(|g| g.name.clone()).collect() };
-    if gpus(a) != gpus(b) {
-        out.push(format!(
-            "GPUs: baseline [{}], current [{}]",
-            gpus(a).join(", "),
-            gpus(b).join(", ")
-        ));
     }
     for (x, y) in a.gpus.iter().zip(&b.gpus) {
         let g = format!("gpu{}", x.index);

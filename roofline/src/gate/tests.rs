@@ -202,7 +202,9 @@ fn a_changed_cpu_is_reported() {
     b.provenance.libraries = vec!["gemm 0.20.0".into()];
     let r = gate(&a, &b, &Rules::default());
     assert!(
-        r.provenance.iter().any(|p| p.starts_with("CPU: baseline")),
+        r.provenance
+            .iter()
+            .any(|p| p.starts_with("CPU name: baseline")),
         "{:?}",
         r.provenance
     );
@@ -305,4 +307,56 @@ fn the_recorded_study_cries_wolf_rarely_and_catches_a_15_percent_slowdown() {
         caught * 20 >= 19 * pairs,
         "{caught} of {pairs} slowed pairs caught"
     );
+}
+
+#[test]
+fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
+    let text = crate::placement::tests::machine().to_json().unwrap();
+    let a = read_input(&text).unwrap();
+    let named = |name: &str, input: &GateInput| Named {
+        name: name.into(),
+        input: input.clone(),
+    };
+    let s = sides(vec![named("a.json", &a)], vec![named("b.json", &a)], false).unwrap();
+    assert!(s.warnings.is_empty());
+    assert_eq!(s.base.metrics.len(), a.metrics.len());
+    let mut other = a.clone();
+    other.provenance.cpu.family += 1;
+    let refused = sides(
+        vec![named("a.json", &a)],
+        vec![named("o.json", &other)],
+        false,
+    );
+    let e = refused.unwrap_err().to_string();
+    assert!(
+        e.starts_with("a.json and o.json were measured on different machines: CPU family"),
+        "{e}"
+    );
+    let allowed = sides(
+        vec![named("a.json", &a)],
+        vec![named("o.json", &other)],
+        true,
+    )
+    .unwrap();
+    assert_eq!(allowed.warnings.len(), 1, "{:?}", allowed.warnings);
+    // A second baseline run from another machine is refused too, not only the current.
+    let e = sides(
+        vec![named("a.json", &a), named("o.json", &other)],
+        vec![named("b.json", &a)],
+        false,
+    )
+    .unwrap_err();
+    assert!(matches!(e, SidesError::OtherMachine { .. }), "{e}");
+    let mut placement = a.clone();
+    placement.kind = "placement";
+    let e = sides(
+        vec![named("a.json", &a)],
+        vec![named("p.json", &placement)],
+        false,
+    );
+    assert!(matches!(e, Err(SidesError::Kinds { .. })));
+    assert!(matches!(
+        sides(vec![], vec![named("b.json", &a)], false),
+        Err(SidesError::Empty)
+    ));
 }
