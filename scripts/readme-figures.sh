@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Regenerates the README's example `roofline probe` table — the block between the
-# `<!-- figures:probe -->` and `<!-- /figures:probe -->` markers — from a probe of this machine,
+# Regenerates the example `roofline probe` table of the README and docs/methodology.md — the
+# block between the `<!-- figures:probe -->` and `<!-- /figures:probe -->` markers — from a
+# probe of this machine,
 # and stamps it with the machine, the date and the revision it came from (the test
 # tests/docs_stamped.rs fails on a figure without a stamp).
 #
@@ -12,9 +13,9 @@ BIN=target/release/roofline
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 "$BIN" probe -o "$tmp/machine.json" "$@" > "$tmp/table.txt"
-# The revision, `-dirty` when files other than the README (which this script rewrites) differ.
+# The revision, `-dirty` when files other than the two pages (which this script rewrites) differ.
 rev=$(git describe --always --abbrev=7)
-git diff --quiet HEAD -- . ':!README.md' || rev="$rev-dirty"
+git diff --quiet HEAD -- . ':!README.md' ':!docs/methodology.md' || rev="$rev-dirty"
 python3 - "$tmp/table.txt" "$tmp/machine.json" "$rev" <<'PY'
 import json, re, subprocess, sys, datetime
 table, machine, rev = sys.argv[1], json.load(open(sys.argv[2])), sys.argv[3]
@@ -30,11 +31,12 @@ date = machine["provenance"]["time_utc"][:10]
 who = f'{cpu["model_name"]} (family {cpu["family"]} model {cpu["model"]}), {cpu["cores"]} cores, {cpu["simd"]}'
 block = ["```", *head, header, *rows, "...", "```", "",
          f"Measured on {who}, {date}, revision {rev} (`scripts/readme-figures.sh`)."]
-text = open("README.md").read()
-new, n = re.subn(r"(<!-- figures:probe -->\n).*?(\n<!-- /figures:probe -->)",
-                 lambda m: m.group(1) + "\n".join(block) + m.group(2), text, flags=re.S)
-if n != 1:
-    sys.exit("README.md: the figures:probe markers are missing")
-open("README.md", "w").write(new)
+for page in ["README.md", "docs/methodology.md"]:
+    text = open(page).read()
+    new, n = re.subn(r"(<!-- figures:probe -->\n).*?(\n<!-- /figures:probe -->)",
+                     lambda m: m.group(1) + "\n".join(block) + m.group(2), text, flags=re.S)
+    if n != 1:
+        sys.exit(f"{page}: the figures:probe markers are missing")
+    open(page, "w").write(new)
 print("\n".join(block))
 PY

@@ -3,7 +3,7 @@
 //! a stamp line `Measured on <machine>, <YYYY-MM-DD>, revision <hex>` (any case) (or is marked
 //! `<!-- figures: datasheet -->`: vendors' figures, not ours), and each saved comparison
 //! (`docs/**/*.txt`) starts with one (`scripts/compare.sh` writes it). The README's probe table is
-//! regenerated and stamped by `scripts/readme-figures.sh`.
+//! regenerated and stamped by `scripts/readme-figures.sh` (and docs/methodology.md's).
 
 const UNITS: [&str; 9] = [
     "GB/s", "MB/s", "TB/s", "GiB/s", "GFLOP/s", "TFLOP/s", "PFLOP/s", "images/s", "GOP/s",
