@@ -4,7 +4,8 @@
 // f32 <-> f16/bf16 casts of mixed precision. Tensors are NHWC f32 (channel = index % c), sizes
 // are 64-bit, every loop is grid-stride, so any grid size is correct. No headers: the half
 // conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/src/layers.rs`
-// or `train.rs`, and the GPU self-test compares the two.
+// or `train.rs`, and the GPU self-test compares the two. Batch norm's statistics stay on the
+// device: a training step on one GPU makes no host round trip for them.
 
 typedef unsigned long long u64;
 
@@ -46,6 +47,55 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, const float* 
         }
         atomicAdd(&s1[ch], t1);
         atomicAdd(&s2[ch], t2);
+    }
+}
+
+// Batch norm's statistics on the device, from the per-channel f64 sums s = [Σx | Σx²] over
+// the global batch's m rows, as the CPU's batch_statistics: stats = [mean | 1/σ], rounded once
+// to f32; running = [mean | var] (f32) moves by momentum towards the mean and the unbiased
+// variance. One thread per channel. The f64 arithmetic is spelled with _rn intrinsics so that
+// nothing is contracted into a multiply-add: the results equal the CPU's bit for bit.
+extern "C" __global__ void bn_stats(const double* s, double m, double eps, double momentum,
+                                    float* stats, float* running, int c) {
+    GRID_STRIDE(j, (u64)c) {
+        const double mu = __ddiv_rn(s[j], m);
+        double var = __dsub_rn(__ddiv_rn(s[c + j], m), __dmul_rn(mu, mu));
+        var = var > 0.0 ? var : 0.0;
+        const double unbiased = m > 1.0 ? __ddiv_rn(__dmul_rn(var, m), __dsub_rn(m, 1.0)) : var;
+        const double keep = __dsub_rn(1.0, momentum);
+        running[j] = (float)__dadd_rn(__dmul_rn(keep, (double)running[j]), __dmul_rn(momentum, mu));
+        running[c + j] = (float)__dadd_rn(__dmul_rn(keep, (double)running[c + j]),
+                                          __dmul_rn(momentum, unbiased));
+        stats[j] = (float)mu;
+        stats[c + j] = (float)__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn(var, eps)));
+    }
+}
+
+// Inference statistics from the running ones (running_statistics on the CPU): stats = [running
+// mean | 1/σ of the running variance].
+extern "C" __global__ void bn_running_stats(const float* running, double eps, float* stats,
+                                            int c) {
+    GRID_STRIDE(j, (u64)c) {
+        stats[j] = running[j];
+        stats[c + j] = (float)__ddiv_rn(1.0, __dsqrt_rn(__dadd_rn((double)running[c + j], eps)));
+    }
+}
+
+// Batch norm's backward coefficients on the device, from the f64 sums s = [Σg | Σg·x] over the
+// global batch's m rows and stats = [mean | 1/σ], as the CPU's backward_coefficients: the γ and
+// β gradients (Σg·x̂ = (Σg·x − μΣg)/σ, and Σg), each times `share` (this rank's share: the
+// gradient allreduce sums them back), written into the flat gradients; coef = [mean of g |
+// mean of g·x̂] for bn_backward_dx.
+extern "C" __global__ void bn_backward_coefficients(const double* s, const float* stats, double m,
+                                                    double share, float* dgamma, float* dbeta,
+                                                    float* coef, int c) {
+    GRID_STRIDE(j, (u64)c) {
+        const double dg =
+            __dmul_rn(__dsub_rn(s[c + j], __dmul_rn((double)stats[j], s[j])), (double)stats[c + j]);
+        dgamma[j] = (float)__dmul_rn(dg, share);
+        dbeta[j] = (float)__dmul_rn(s[j], share);
+        coef[j] = (float)__ddiv_rn(s[j], m);
+        coef[c + j] = (float)__ddiv_rn(dg, m);
     }
 }
 
@@ -223,9 +273,12 @@ extern "C" __global__ void softmax_xent(const float* z, const int* labels, float
 }
 
 // SGD with momentum and weight decay on f32 master weights, gradients unscaled by inv_scale:
-// v = mu * v + g * inv_scale + wd * w; w -= lr * v (as the CPU's Sgd::step).
+// v = mu * v + g * inv_scale + wd * w; w -= lr * v (as the CPU's Sgd::step). Nothing when
+// skip is not null and *skip != 0 (nonfinite's flag: a loss-scale overflow skips the step on
+// the device, and the host reads the flag once, at the step's end).
 extern "C" __global__ void sgd_step(float* w, const float* g, float* v, u64 n, float lr, float mu,
-                                    float wd, float inv_scale) {
+                                    float wd, float inv_scale, const int* skip) {
+    if (skip != 0 && *skip != 0) return;
     GRID_STRIDE(i, n) {
         const float vi = mu * v[i] + g[i] * inv_scale + wd * w[i];
         v[i] = vi;

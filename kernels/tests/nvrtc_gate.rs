@@ -58,6 +58,8 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "ert_f32_512" => ("fma.rn.f32", 4 * 512),
         // train.cu: the f64 channel sums are reductions (red) in global memory, the casts are PTX cvt.
         "bn_sums" => ("red.global.add.f64|atom.global.add.f64", 2),
+        "bn_stats" | "bn_running_stats" => ("sqrt.rn.f64", 1),
+        "bn_backward_coefficients" => ("div.rn.f64", 2),
         "maxpool_backward" => ("red.global.add.f32|atom.global.add.f32", 1),
         "f32_to_f16" => ("cvt.rn.f16.f32", 1),
         "f32_to_bf16" => ("cvt.rn.bf16.f32", 1),
@@ -112,6 +114,15 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                             assert!(
                                 !body.contains("atom.") && !body.contains("red."),
                                 "{k} (compute_{cc}) uses atomics"
+                            );
+                        }
+                        // Batch norm's statistics equal the CPU's bit for bit: no f64
+                        // multiply-add contracted (the CPU rounds each product).
+                        if k.starts_with("bn_") && k != &"bn_sums" && k != &"bn_apply" {
+                            let body = entry_body(&ptx, k);
+                            assert!(
+                                !body.contains("fma.rn.f64"),
+                                "{k} (compute_{cc}) contracts an f64 multiply-add"
                             );
                         }
                         // The work is really there: the compiler neither folded nor dropped it.

@@ -66,9 +66,9 @@ pub struct Label {
 }
 
 /// Consecutive labels with the same unit `id` are set down together, at the first of their
-/// `arrangements` (one entry per label) where every label with a spot in it is free there;
-/// those without go out on a leader ([`Label::spots`] first). Where no arrangement is free,
-/// each is placed on its own.
+/// `arrangements` (one entry per label) where every label with a spot in it is free there.
+/// Those without a spot in it (all of them, where no arrangement is free) are placed after
+/// every other label: their own [`Label::spots`] first, then out on a leader.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Unit {
     pub id: u32,
@@ -220,7 +220,9 @@ pub struct Placed {
 /// `lines` that is not their own, and every leader line drawn before them. A label with no
 /// free candidate goes out on a leader line (from one of its owner points) to the nearest free
 /// spot whose leader keeps clear of every placed label ([`leader_spot`]); a label with nowhere
-/// free is left out (returned in the second list: the caller names it elsewhere).
+/// free is left out (returned in the second list: the caller names it elsewhere). A [`Unit`]'s
+/// labels are placed together; those of them left without a row wait until every other label
+/// is placed.
 pub fn place(
     labels: Vec<Label>,
     taken: &[Quad],

@@ -258,6 +258,9 @@ pub struct Gpu {
     /// What reads this GPU's conditions at the end of each timed sample, and the readings of
     /// the measurement in progress ([`Gpu::watched`]).
     watch: std::cell::RefCell<Watch>,
+    /// How many times the host has waited for this GPU's stream ([`Gpu::sync`], and every
+    /// copy back, which waits): a training step counts its own.
+    syncs: std::cell::Cell<u64>,
 }
 
 /// Reads a GPU's conditions (NVML's SM clock, power and throttle reasons) at one moment.
@@ -338,6 +341,7 @@ impl Gpu {
             modules: Vec::new(),
             staging: Default::default(),
             watch: Default::default(),
+            syncs: Default::default(),
         };
         use sys::CUdevice_attribute as A;
         gpu.name = check("cuDeviceGetName", cu::device::get_name(dev))?;
@@ -545,7 +549,13 @@ impl Gpu {
         unsafe { self.zero_async(b.ptr, b.bytes) }
     }
 
+    /// The host's waits for this GPU's stream so far ([`Gpu::sync`]).
+    pub fn syncs(&self) -> u64 {
+        self.syncs.get()
+    }
+
     pub fn sync(&self) -> Result<(), CudaError> {
+        self.syncs.set(self.syncs.get() + 1);
         // SAFETY: live stream.
         check("cuStreamSynchronize", unsafe {
             cu::stream::synchronize(self.stream)

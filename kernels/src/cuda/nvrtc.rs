@@ -91,6 +91,9 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("../../cuda/train.cu"),
         kernels: &[
             "bn_sums",
+            "bn_stats",
+            "bn_running_stats",
+            "bn_backward_coefficients",
             "bn_apply",
             "bn_backward_dx",
             "relu",

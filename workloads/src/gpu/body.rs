@@ -254,88 +254,136 @@ pub(super) fn flat_params(
     Flat::new(ctx, &layout, &values, &moms)
 }
 
-/// The end of a step for either model: the loss-scale overflow check (when dynamic), then SGD
-/// on every slot at `lr` with the gradients unscaled by `scale · ranks` (the global batch's
-/// mean), or the step skipped. Returns whether it was applied.
+/// What a step leaves on the device for the host, read in one copy at the step's end (the
+/// step's one wait): `bytes` the model's loss wrote (ResNet: each row's loss and rank), then
+/// the loss-scale overflow flag (an i32).
+pub(super) struct Readout {
+    pub buf: Buf,
+    pub bytes: usize,
+}
+
+impl Readout {
+    /// Room for `bytes` (a multiple of 4) and the flag, the flag zeroed.
+    pub(super) fn new(ctx: &Ctx, bytes: usize) -> Result<Readout, CudaError> {
+        let bytes = bytes.next_multiple_of(4);
+        let buf = ctx.alloc(bytes + 4)?;
+        ctx.zero(buf.ptr + bytes as u64, 4)?;
+        Ok(Readout { buf, bytes })
+    }
+
+    fn flag(&self) -> u64 {
+        self.buf.ptr + self.bytes as u64
+    }
+}
+
+/// The end of a step for either model: the loss-scale overflow check (when dynamic) into the
+/// readout's flag, then SGD on every slot at `lr` with the gradients unscaled by `scale ·
+/// ranks` (the global batch's mean), skipped on the device when the flag is set.
 pub(super) fn update(
     ctx: &mut Ctx,
     flat: &Flat,
-    loss_scale: &mut LossScale,
+    loss_scale: &LossScale,
+    readout: &Readout,
     ranks: usize,
     lr: f64,
     sgd: &crate::train::Sgd,
-) -> Result<bool, CudaError> {
+) -> Result<(), CudaError> {
     let scale = loss_scale.scale;
-    let overflow = if loss_scale.dynamic {
-        let flag = ctx.alloc(4)?;
-        ctx.zero(flag.ptr, 4)?;
-        let (gp, n, fp) = (flat.grads.ptr, flat.total as u64, flag.ptr);
-        // SAFETY: the gradients hold `total` f32, flag one i32.
+    let skip = if loss_scale.dynamic {
+        let (gp, n, fp) = (flat.grads.ptr, flat.total as u64, readout.flag());
+        // SAFETY: the gradients hold `total` f32, the flag one i32.
         unsafe { ctx.launch("nonfinite", flat.total, &mut [arg(&gp), arg(&n), arg(&fp)])? };
-        ctx.get::<i32>(flag.ptr, 1)?[0] != 0
+        fp
     } else {
-        false
+        0
     };
-    let applied = loss_scale.update(overflow);
     let t0 = ctx.mark()?;
-    if applied {
-        let inv = (1.0 / (scale * ranks as f64)) as f32;
-        let (lr32, mu) = (lr as f32, sgd.momentum as f32);
-        for &s in &flat.slots {
-            let wd = if s.decay || sgd.decay_all {
-                sgd.weight_decay as f32
-            } else {
-                0.0
-            };
-            let (w, g, m, n) = (
-                flat.value(s),
-                flat.grad(s),
-                flat.moms.ptr + 4 * s.off as u64,
-                s.len as u64,
-            );
-            // SAFETY: each slot's value, gradient and momentum hold `len` f32.
-            unsafe {
-                ctx.launch(
-                    "sgd_step",
-                    s.len,
-                    &mut [
-                        arg(&w),
-                        arg(&g),
-                        arg(&m),
-                        arg(&n),
-                        arg(&lr32),
-                        arg(&mu),
-                        arg(&wd),
-                        arg(&inv),
-                    ],
-                )?
-            };
-        }
+    let inv = (1.0 / (scale * ranks as f64)) as f32;
+    let (lr32, mu) = (lr as f32, sgd.momentum as f32);
+    for &s in &flat.slots {
+        let wd = if s.decay || sgd.decay_all {
+            sgd.weight_decay as f32
+        } else {
+            0.0
+        };
+        let (w, g, m, n) = (
+            flat.value(s),
+            flat.grad(s),
+            flat.moms.ptr + 4 * s.off as u64,
+            s.len as u64,
+        );
+        // SAFETY: each slot's value, gradient and momentum hold `len` f32; skip is null or
+        // the readout's flag.
+        unsafe {
+            ctx.launch(
+                "sgd_step",
+                s.len,
+                &mut [
+                    arg(&w),
+                    arg(&g),
+                    arg(&m),
+                    arg(&n),
+                    arg(&lr32),
+                    arg(&mu),
+                    arg(&wd),
+                    arg(&inv),
+                    arg(&skip),
+                ],
+            )?
+        };
     }
     ctx.close("optimizer", || "sgd".into(), t0)?;
-    Ok(applied)
+    Ok(())
+}
+
+/// What [`finish_step`] found at a step's end.
+pub(super) struct Finished {
+    /// Bytes this rank put into gradient allreduces.
+    pub comm_bytes: f64,
+    /// False when a loss-scale overflow skipped the update.
+    pub applied: bool,
+    /// The readout's `bytes` (the model's loss).
+    pub loss_bytes: Vec<u8>,
+    /// The host's waits for the GPU during the step (from `syncs_at_start`).
+    pub host_syncs: u64,
 }
 
 /// The end of either model's step once its backward pass has queued everything: the update
-/// (`update`, the global batch's mean over the communicator's ranks), a skipped step counted,
-/// the stream drained, the layers' timings put on the timeline. Returns (bytes this rank put
-/// into gradient allreduces, whether the update was applied).
+/// (`update`, the global batch's mean over the communicator's ranks), then one copy of the
+/// readout, which waits for the whole step (the NCCL sums included: the compute stream waits
+/// for them); the loss scale moves, a skipped step is counted, the layers' timings go on the
+/// timeline.
 pub(super) fn finish_step(
     ctx: &mut Ctx,
     flat: &Flat,
     sync: Option<&GradSync>,
-    loss_scale: &mut LossScale,
-    skipped: &mut usize,
+    (loss_scale, skipped): (&mut LossScale, &mut usize),
     (lr, sgd): (f64, &crate::train::Sgd),
-) -> Result<(f64, bool), CudaError> {
-    let (bytes, ranks) = sync.map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
-    let applied = update(ctx, flat, loss_scale, ranks, lr, sgd)?;
+    readout: Readout,
+    syncs_at_start: u64,
+) -> Result<Finished, CudaError> {
+    let (comm_bytes, ranks) = sync.map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
+    update(ctx, flat, loss_scale, &readout, ranks, lr, sgd)?;
+    let mut raw: Vec<u8> = ctx.get(readout.buf.ptr, readout.bytes + 4)?;
+    let flag = i32::from_ne_bytes([
+        raw[readout.bytes],
+        raw[readout.bytes + 1],
+        raw[readout.bytes + 2],
+        raw[readout.bytes + 3],
+    ]);
+    raw.truncate(readout.bytes);
+    let applied = loss_scale.update(flag != 0);
     if !applied {
         *skipped += 1;
     }
-    ctx.gpu.sync()?;
+    let host_syncs = ctx.gpu.syncs() - syncs_at_start;
     ctx.clock_flush()?;
-    Ok((bytes, applied))
+    Ok(Finished {
+        comm_bytes,
+        applied,
+        loss_bytes: raw,
+        host_syncs,
+    })
 }
 
 /// Reads a flat store's values and momenta back into `params` (the CPU layout).

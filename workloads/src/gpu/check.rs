@@ -366,10 +366,13 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         push(
             &mut out,
             "batch norm running statistics".into(),
-            normwise(
-                &[&g.running_mean[..], &g.running_var[..]].concat(),
-                &[&bn.running_mean[..], &bn.running_var[..]].concat(),
-            ),
+            {
+                let (mean, var) = g.running(&ctx)?;
+                normwise(
+                    &[&mean[..], &var[..]].concat(),
+                    &[&bn.running_mean[..], &bn.running_var[..]].concat(),
+                )
+            },
             1e-5,
         );
         push(

@@ -41,6 +41,9 @@ pub struct DetectorStep {
     pub comm_bytes: f64,
     /// False when a loss-scale overflow skipped the update.
     pub applied: bool,
+    /// The host's waits for the GPU during the step (the host computes the RPN's and the box
+    /// head's losses: their outputs come down mid-step).
+    pub host_syncs: u64,
     /// Each image's proposals (what a comparison with the CPU holds fixed).
     pub proposals: Vec<Vec<BBox>>,
 }
@@ -197,6 +200,7 @@ impl GpuDetector {
         }
         let (ih, iw) = (x.h as f64, x.w as f64);
         self.ctx.gpu.bind()?;
+        let syncs = self.ctx.gpu.syncs();
         self.ctx.clock_start()?;
         let (p, out, anc) = self.first_stage(x, true)?;
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
@@ -305,18 +309,23 @@ impl GpuDetector {
         if let Some(s) = sync {
             s.end(ctx, flat)?;
         }
-        let (comm_bytes, applied) = finish_step(
+        // The losses came down during the step (the host computes them); the readout holds
+        // only the overflow flag.
+        let readout = Readout::new(&self.ctx, 0)?;
+        let done = finish_step(
             &mut self.ctx,
             &self.flat,
             self.sync.as_ref(),
-            &mut self.loss_scale,
-            &mut self.skipped,
+            (&mut self.loss_scale, &mut self.skipped),
             (lr, sgd),
+            readout,
+            syncs,
         )?;
         Ok(DetectorStep {
             losses,
-            comm_bytes,
-            applied,
+            comm_bytes: done.comm_bytes,
+            applied: done.applied,
+            host_syncs: done.host_syncs,
             proposals: regions.proposals,
         })
     }
@@ -349,8 +358,9 @@ impl GpuDetector {
             return Err(CudaError::Check("the backbone's batch norms".into()));
         }
         for ((_, mean, var), bn) in stats.into_iter().zip(bns) {
-            mean.clone_from(&bn.running_mean);
-            var.clone_from(&bn.running_var);
+            let (m, v) = bn.running(&self.ctx)?;
+            *mean = m;
+            *var = v;
         }
         Ok(())
     }

@@ -262,14 +262,16 @@ pub(super) struct GBn {
     pub(super) c: usize,
     pub(super) gamma: Slot,
     pub(super) beta: Slot,
-    pub(super) running_mean: Vec<f32>,
-    pub(super) running_var: Vec<f32>,
+    /// The running statistics the model started with; on the device from the first pass on
+    /// (`running`), read back by [`GBn::running`].
+    running_mean: Vec<f32>,
+    running_var: Vec<f32>,
+    /// [running mean | running variance] on the device, moved by every training pass.
+    running: Option<Buf>,
     pub(super) momentum: f64,
     pub(super) eps: f64,
     pub(super) input: Option<GTensor>,
-    pub(super) mean: Vec<f32>,
-    pub(super) inv: Vec<f32>,
-    /// [mean | inv] on the device, for the backward pass.
+    /// [mean | 1/σ] on the device, from the forward pass for the backward pass.
     pub(super) stats: Option<Buf>,
     pub(super) reducer: Option<Arc<dyn Reducer>>,
 }
@@ -288,29 +290,58 @@ impl GBn {
             beta,
             running_mean: b.running_mean.clone(),
             running_var: b.running_var.clone(),
+            running: None,
             momentum: b.momentum,
             eps: b.eps,
             input: None,
-            mean: Vec::new(),
-            inv: Vec::new(),
             stats: None,
             reducer,
         }
     }
 
-    /// Per-channel (Σ g, Σ g·b) over this rank's rows, g = a masked by `mask` > 0, in f64.
-    pub(super) fn sums(
+    /// The running statistics (mean, variance) as they stand (a copy from the device, after
+    /// everything enqueued: one synchronisation; checkpoints and the summary, not the step).
+    pub(super) fn running(&self, ctx: &Ctx) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+        match &self.running {
+            Some(r) => {
+                let mut mean: Vec<f32> = ctx.get(r.ptr, 2 * self.c)?;
+                let var = mean.split_off(self.c);
+                Ok((mean, var))
+            }
+            None => Ok((self.running_mean.clone(), self.running_var.clone())),
+        }
+    }
+
+    /// The device's running statistics, uploaded at the first pass.
+    fn running_buf(&mut self, ctx: &Ctx) -> Result<u64, CudaError> {
+        if self.running.is_none() {
+            let both = [&self.running_mean[..], &self.running_var[..]].concat();
+            self.running = Some(ctx.upload_buf(&both)?);
+        }
+        self.running
+            .as_ref()
+            .map(|r| r.ptr)
+            .ok_or_else(|| CudaError::Check("batch norm running statistics".into()))
+    }
+
+    /// Per-channel [Σ g | Σ g·b] in f64 on the device, over every rank's rows (g = a masked by
+    /// `mask` > 0). On one GPU nothing leaves the device; across ranks the sums go through the
+    /// host's reducer (a synchronisation per call).
+    fn sums(
         &self,
         ctx: &mut Ctx,
         a: u64,
         b: u64,
         mask: u64,
         rows: usize,
-    ) -> Result<(Vec<f64>, Vec<f64>), CudaError> {
+    ) -> Result<Buf, CudaError> {
         let s = ctx.channel_sums(a, b, mask, rows, self.c)?;
-        let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
-        let s2 = v.split_off(self.c);
-        Ok(global_sums(self.reducer.as_ref(), (v, s2)))
+        if let Some(r) = &self.reducer {
+            let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
+            r.sum_f64(&mut v);
+            ctx.put(s.ptr, &v)?;
+        }
+        Ok(s)
     }
 
     pub(super) fn forward(
@@ -325,20 +356,39 @@ impl GBn {
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (x.rows() * ranks) as f64;
-        let (mean, inv): (Vec<f32>, Vec<f32>) = if train {
-            let sums = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
-            batch_statistics(
-                sums,
-                m,
-                self.eps,
-                self.momentum,
-                &mut self.running_mean,
-                &mut self.running_var,
-            )
+        let (ci, eps) = (c as i32, self.eps);
+        let running = self.running_buf(ctx)?;
+        let stats = ctx.alloc(8 * c)?;
+        let sp = stats.ptr;
+        if train {
+            let s = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            let (sums, momentum) = (s.ptr, self.momentum);
+            // SAFETY: s holds 2c f64; stats and running 2c f32 each.
+            unsafe {
+                ctx.launch(
+                    "bn_stats",
+                    c,
+                    &mut [
+                        arg(&sums),
+                        arg(&m),
+                        arg(&eps),
+                        arg(&momentum),
+                        arg(&sp),
+                        arg(&running),
+                        arg(&ci),
+                    ],
+                )?
+            };
         } else {
-            running_statistics(&self.running_mean, &self.running_var, self.eps)
-        };
-        let stats = ctx.upload_buf(&[&mean[..], &inv[..]].concat())?;
+            // SAFETY: running and stats hold 2c f32 each.
+            unsafe {
+                ctx.launch(
+                    "bn_running_stats",
+                    c,
+                    &mut [arg(&running), arg(&eps), arg(&sp), arg(&ci)],
+                )?
+            };
+        }
         let y = ctx.tensor(x.n, x.h, x.w, c)?;
         let (xp, yp, g, b) = (
             x.ptr(),
@@ -346,8 +396,8 @@ impl GBn {
             flat.value(self.gamma),
             flat.value(self.beta),
         );
-        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
-        let (n, ci, r) = (x.len() as u64, c as i32, relu as i32);
+        let (mp, ip) = (sp, sp + 4 * c as u64);
+        let (n, r) = (x.len() as u64, relu as i32);
         // SAFETY: x, y hold n f32; gamma, beta, mean, inv hold c each.
         unsafe {
             ctx.launch(
@@ -368,8 +418,6 @@ impl GBn {
         };
         if train {
             self.input = Some(x);
-            self.mean = mean;
-            self.inv = inv;
             self.stats = Some(stats);
         }
         ctx.close(FWD, || self.span.clone().unwrap_or_default(), t0)?;
@@ -397,18 +445,35 @@ impl GBn {
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (dy.rows() * ranks) as f64;
+        let share = 1.0 / ranks as f64;
         let mask = relu_out.map_or(0, |t| t.ptr());
-        let sums = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
-        let k = backward_coefficients(sums, &self.mean, &self.inv, m, ranks);
-        ctx.put(flat.grad(self.gamma), &k.dgamma)?;
-        ctx.put(flat.grad(self.beta), &k.dbeta)?;
-        let means = [k.mean_g, k.mean_gx].concat();
-        let mb = ctx.upload_buf(&means)?;
+        let s = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
+        let coef = ctx.alloc(8 * c)?;
+        let (sums, sp, cp) = (s.ptr, stats.ptr, coef.ptr);
+        let (dg, db) = (flat.grad(self.gamma), flat.grad(self.beta));
+        let ci = c as i32;
+        // SAFETY: s holds 2c f64; stats and coef 2c f32; the γ and β gradients c f32 each.
+        unsafe {
+            ctx.launch(
+                "bn_backward_coefficients",
+                c,
+                &mut [
+                    arg(&sums),
+                    arg(&sp),
+                    arg(&m),
+                    arg(&share),
+                    arg(&dg),
+                    arg(&db),
+                    arg(&cp),
+                    arg(&ci),
+                ],
+            )?
+        };
         let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
         let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
-        let (mp, ip) = (stats.ptr, stats.ptr + 4 * c as u64);
-        let (mdb, mdg) = (mb.ptr, mb.ptr + 4 * c as u64);
-        let (n, ci) = (dy.len() as u64, c as i32);
+        let (mp, ip) = (sp, sp + 4 * c as u64);
+        let (mdb, mdg) = (cp, cp + 4 * c as u64);
+        let n = dy.len() as u64;
         // SAFETY: dy, x, mask (or 0), dx hold n f32; the per-channel vectors c each.
         unsafe {
             ctx.launch(

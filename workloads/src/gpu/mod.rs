@@ -11,10 +11,7 @@
 
 use crate::conv::ConvShape;
 use crate::exchange::{CommOptions, Wire};
-use crate::layers::{
-    backward_coefficients, batch_statistics, global_sums, running_statistics, BatchNorm, Conv2d,
-    Reducer,
-};
+use crate::layers::{BatchNorm, Conv2d, Reducer};
 use crate::resnet::{Bottleneck, ResNet, BWD, FWD};
 use crate::tensor::Tensor;
 use roofline_kernels::comm::nccl::{Communicator, Elem};
@@ -367,6 +364,19 @@ mod tests {
         // KRSC: filter j's depth run is contiguous; element (d, j) of RSCK is d·k + j.
         assert_eq!(t[2 * depth + 5], w[5 * k + 2]);
         assert_eq!(krsc_to_rsck(&t, depth, k), w);
+    }
+
+    #[test]
+    fn a_loss_readout_is_read_as_softmax_xent_writes_it() {
+        // Three rows: losses 1, 2, 3 (f64), then the ranks of their labels 1, 3, 7 (i32).
+        let mut bytes: Vec<u8> = [1.0f64, 2.0, 3.0]
+            .iter()
+            .flat_map(|v| v.to_ne_bytes())
+            .collect();
+        bytes.extend([1i32, 3, 7].iter().flat_map(|r| r.to_ne_bytes()));
+        let (loss, top1, top5) = resnet::Loss { rows: 3 }.read(&bytes).unwrap();
+        assert_eq!((loss, top1, top5), (2.0, 1, 2));
+        assert!(resnet::Loss { rows: 3 }.read(&bytes[..30]).is_err());
     }
 
     #[test]

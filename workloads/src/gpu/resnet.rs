@@ -275,6 +275,38 @@ pub struct StepResult {
     pub comm_bytes: f64,
     /// False when a loss-scale overflow skipped the update.
     pub applied: bool,
+    /// The host's waits for the GPU during the step.
+    pub host_syncs: u64,
+}
+
+/// A queued loss over `rows` rows, read from its readout's bytes once the step has ended.
+pub(super) struct Loss {
+    pub(super) rows: usize,
+}
+
+impl Loss {
+    /// (mean loss, top-1, top-5) from the readout: rows f64 losses, then rows i32 ranks.
+    pub(super) fn read(&self, bytes: &[u8]) -> Result<(f64, usize, usize), CudaError> {
+        let rows = self.rows;
+        if bytes.len() < 12 * rows {
+            return Err(CudaError::Check(format!(
+                "the loss readout: {} bytes for {rows} rows",
+                bytes.len()
+            )));
+        }
+        let (losses, ranks) = bytes[..12 * rows].split_at(8 * rows);
+        let loss: f64 = losses
+            .chunks_exact(8)
+            .map(|b| f64::from_ne_bytes(b.try_into().unwrap_or_default()))
+            .sum();
+        let ranks: Vec<i32> = ranks
+            .chunks_exact(4)
+            .map(|b| i32::from_ne_bytes(b.try_into().unwrap_or_default()))
+            .collect();
+        let top1 = ranks.iter().filter(|&&r| r == 1).count();
+        let top5 = ranks.iter().filter(|&&r| r <= 5).count();
+        Ok((loss / rows.max(1) as f64, top1, top5))
+    }
 }
 
 impl GpuResNet {
@@ -321,15 +353,16 @@ impl GpuResNet {
         Ok(())
     }
 
-    /// Softmax cross-entropy of `z` against `labels`: (mean loss, top-1, top-5, ∂loss/∂z × the
-    /// loss scale).
+    /// Softmax cross-entropy of `z` against `labels`, queued: ∂loss/∂z × the loss scale, and a
+    /// readout that will hold each row's loss (f64) and rank of its label (i32), read at the
+    /// step's end ([`Loss::read`]).
     pub(super) fn loss(
         &mut self,
         z: &GTensor,
         labels: &[usize],
         smoothing: f64,
         scale: f64,
-    ) -> Result<(f64, usize, usize, GTensor), CudaError> {
+    ) -> Result<(Loss, Readout, GTensor), CudaError> {
         let rows = z.rows();
         if labels.len() != rows {
             return Err(CudaError::Check(format!(
@@ -343,12 +376,12 @@ impl GpuResNet {
         }
         let lb = self.ctx.upload_buf(&l32)?;
         let grad = self.ctx.tensor(z.n, z.h, z.w, z.c)?;
-        let lossb = self.ctx.alloc(8 * rows)?;
-        let rankb = self.ctx.alloc(4 * rows)?;
-        let (zp, lp, gp, losp, rp) = (z.ptr(), lb.ptr, grad.ptr(), lossb.ptr, rankb.ptr);
+        let readout = Readout::new(&self.ctx, 12 * rows)?;
+        let (lossp, rankp) = (readout.buf.ptr, readout.buf.ptr + 8 * rows as u64);
+        let (zp, lp, gp) = (z.ptr(), lb.ptr, grad.ptr());
         let (ri, ki, sm, sc) = (rows as i32, z.c as i32, smoothing as f32, scale as f32);
-        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k), loss rows f64, rank
-        // rows i32.
+        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k); the readout holds
+        // rows f64 (losses) then rows i32 (ranks), 8-byte aligned.
         unsafe {
             self.ctx.launch(
                 "softmax_xent",
@@ -357,8 +390,8 @@ impl GpuResNet {
                     arg(&zp),
                     arg(&lp),
                     arg(&gp),
-                    arg(&losp),
-                    arg(&rp),
+                    arg(&lossp),
+                    arg(&rankp),
                     arg(&ri),
                     arg(&ki),
                     arg(&sm),
@@ -366,20 +399,12 @@ impl GpuResNet {
                 ],
             )?
         };
-        let losses: Vec<f64> = self.ctx.get(lossb.ptr, rows)?;
-        let ranks: Vec<i32> = self.ctx.get(rankb.ptr, rows)?;
-        let top1 = ranks.iter().filter(|&&r| r == 1).count();
-        let top5 = ranks.iter().filter(|&&r| r <= 5).count();
-        Ok((
-            losses.iter().sum::<f64>() / rows.max(1) as f64,
-            top1,
-            top5,
-            grad,
-        ))
+        Ok((Loss { rows }, readout, grad))
     }
 
     /// One training step on this rank's share of the batch: forward, loss, backward, gradient
-    /// allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`.
+    /// allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`; the host waits for the GPU
+    /// once, at the end.
     pub fn step(
         &mut self,
         x: &Tensor<f32>,
@@ -389,27 +414,31 @@ impl GpuResNet {
         sgd: &crate::train::Sgd,
     ) -> Result<StepResult, CudaError> {
         self.ctx.gpu.bind()?;
+        let syncs = self.ctx.gpu.syncs();
         self.ctx.clock_start()?;
         let xg = self.ctx.upload(x)?;
         let z = self.forward(xg, true)?;
         let scale = self.loss_scale.scale;
-        let (loss, top1, top5, g) = self.loss(&z, labels, smoothing, scale)?;
+        let (pending, readout, g) = self.loss(&z, labels, smoothing, scale)?;
         self.backward(&g)?;
         // The sums were queued during the backward pass, and the compute stream waits for them.
-        let (comm_bytes, applied) = finish_step(
+        let done = finish_step(
             &mut self.ctx,
             &self.flat,
             self.sync.as_ref(),
-            &mut self.loss_scale,
-            &mut self.skipped,
+            (&mut self.loss_scale, &mut self.skipped),
             (lr, sgd),
+            readout,
+            syncs,
         )?;
+        let (loss, top1, top5) = pending.read(&done.loss_bytes)?;
         Ok(StepResult {
             loss,
             top1,
             top5,
-            comm_bytes,
-            applied,
+            comm_bytes: done.comm_bytes,
+            applied: done.applied,
+            host_syncs: done.host_syncs,
         })
     }
 
@@ -427,8 +456,9 @@ impl GpuResNet {
         store_params(&self.ctx, &self.flat, model.params())?;
         let bns = self.body.bns();
         for ((_, mean, var), bn) in model.running_stats().into_iter().zip(bns) {
-            mean.clone_from(&bn.running_mean);
-            var.clone_from(&bn.running_var);
+            let (m, v) = bn.running(&self.ctx)?;
+            *mean = m;
+            *var = v;
         }
         Ok(())
     }

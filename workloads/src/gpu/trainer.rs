@@ -51,8 +51,8 @@ pub trait GpuModel: Sized {
     ) -> Result<Self, CudaError>;
     /// The context and the gradient sync, taken back to build the next copy.
     fn into_parts(self) -> (Ctx, Option<GradSync>);
-    /// One step on this rank's share of the batch; returns its losses and the bytes it put
-    /// into gradient allreduces.
+    /// One step on this rank's share of the batch: its losses, the bytes it put into gradient
+    /// allreduces, and the host's waits for the GPU during it.
     #[allow(clippy::too_many_arguments)]
     fn step(
         &mut self,
@@ -61,7 +61,7 @@ pub trait GpuModel: Sized {
         seed: u64,
         lr: f64,
         sgd: &crate::train::Sgd,
-    ) -> Result<(<Self::Cpu as Model<f32>>::Loss, f64), CudaError>;
+    ) -> Result<Stepped<<Self::Cpu as Model<f32>>::Loss>, CudaError>;
     /// Inference on a batch.
     fn infer(&mut self, x: &Tensor<f32>) -> Result<<Self::Cpu as Model<f32>>::Output, CudaError>;
     /// Writes parameters, momenta and running statistics back into `model`.
@@ -89,9 +89,14 @@ impl GpuModel for GpuResNet {
         _seed: u64,
         lr: f64,
         sgd: &crate::train::Sgd,
-    ) -> Result<(f64, f64), CudaError> {
+    ) -> Result<Stepped<f64>, CudaError> {
         let r = GpuResNet::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?;
-        Ok((r.loss, r.comm_bytes))
+        Ok(Stepped {
+            loss: r.loss,
+            comm_bytes: r.comm_bytes,
+            comm_wait_s: 0.0,
+            host_syncs: r.host_syncs,
+        })
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
         self.logits(x)
@@ -122,9 +127,14 @@ impl GpuModel for GpuDetector {
         seed: u64,
         lr: f64,
         sgd: &crate::train::Sgd,
-    ) -> Result<(Losses, f64), CudaError> {
+    ) -> Result<Stepped<Losses>, CudaError> {
         let r = GpuDetector::step(self, x, truth, seed, lr, sgd, None)?;
-        Ok((r.losses, r.comm_bytes))
+        Ok(Stepped {
+            loss: r.losses,
+            comm_bytes: r.comm_bytes,
+            comm_wait_s: 0.0,
+            host_syncs: r.host_syncs,
+        })
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Vec<Vec<Detection>>, CudaError> {
         self.detect(x)
@@ -189,12 +199,7 @@ impl<N: GpuModel> Device<f32, N::Cpu> for CudaTrainer<N> {
         lr: f64,
         sgd: &crate::train::Sgd,
     ) -> Result<Stepped<<N::Cpu as Model<f32>>::Loss>, CudaError> {
-        let (loss, comm_bytes) = self.net()?.step(x, truth, seed, lr, sgd)?;
-        Ok(Stepped {
-            loss,
-            comm_bytes,
-            comm_wait_s: 0.0,
-        })
+        self.net()?.step(x, truth, seed, lr, sgd)
     }
 
     fn infer(

@@ -68,6 +68,9 @@ pub struct Summary {
     /// Seconds the CPU trainer waited for gradient sums after its backward passes (the
     /// communication that overlap did not hide), over every step of the run.
     pub comm_wait_seconds: f64,
+    /// The most times the host waited for the GPU in one step, over the steps after the first
+    /// (0 on the CPU; every step's count is in `timing`).
+    pub host_syncs_per_step: u64,
     /// The gradient exchange used.
     pub comm: CommOptions,
     /// Every step's wall time and what it waited for.
@@ -139,13 +142,16 @@ impl Tally {
         }
     }
 
-    /// Step `step` (0-based) finished: its wall time, its waits, its loss.
-    pub fn step(&mut self, step: usize, seconds: f64, data_s: f64, comm_s: f64, loss: f64) {
+    /// Step `step` (0-based) finished: its wall time, its waits (`waits`: seconds for its
+    /// batch, seconds for gradient sums, the host's waits for the GPU), its loss.
+    pub fn step(&mut self, step: usize, seconds: f64, waits: (f64, f64, u64), loss: f64) {
+        let (data_s, comm_s, host_syncs) = waits;
         self.timing.push(StepTiming {
             step: step + 1,
             seconds,
             data_s,
             comm_s,
+            host_syncs,
         });
         self.train_seconds += seconds;
         if step > self.start_step {
@@ -201,6 +207,13 @@ impl Tally {
             ranks: self.ranks,
             comm_bytes_per_step: self.comm_bytes + stats_bytes,
             comm_wait_seconds: self.comm_wait,
+            host_syncs_per_step: self
+                .timing
+                .iter()
+                .filter(|t| t.step > self.start_step + 1 || self.timing.len() == 1)
+                .map(|t| t.host_syncs)
+                .max()
+                .unwrap_or(0),
             timing: self.timing,
             elapsed_seconds: elapsed,
             comm: self.comm,
@@ -219,6 +232,8 @@ pub struct StepTiming {
     pub seconds: f64,
     pub data_s: f64,
     pub comm_s: f64,
+    /// Times the host waited for the GPU during the step (0 on the CPU).
+    pub host_syncs: u64,
 }
 
 /// Receives one line per step (for the progress bar).
@@ -331,7 +346,7 @@ pub fn run<T: Float, W: Task<T>>(
         }
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
-        tally.step(step, dt, data_s, done.comm_wait_s, loss);
+        tally.step(step, dt, (data_s, done.comm_wait_s, done.host_syncs), loss);
         monitor.step(step + 1, opts.steps, loss, opts.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&opts.checkpoint, opts.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < opts.steps {

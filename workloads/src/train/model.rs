@@ -79,6 +79,8 @@ pub struct Stepped<L> {
     pub comm_bytes: f64,
     /// Seconds waited for gradient sums after the backward pass.
     pub comm_wait_s: f64,
+    /// Times the host waited for a GPU during the step (0 on the CPU).
+    pub host_syncs: u64,
 }
 
 /// Where the steps run. The CPU model is the reference copy: a device takes its parameters,
@@ -171,6 +173,7 @@ impl<T: Float, M: Model<T>> Device<T, M> for Cpu {
             loss,
             comm_bytes,
             comm_wait_s,
+            host_syncs: 0,
         })
     }
 

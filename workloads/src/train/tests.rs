@@ -208,6 +208,9 @@ pub(crate) struct Mirror<M> {
     pub make: Box<dyn Fn() -> M>,
     pub net: Option<M>,
     pub stored: usize,
+    /// Steps taken: the first reports 5 host waits, the others 2 (a GPU's first step pays
+    /// for its uploads).
+    pub steps: usize,
 }
 
 impl<M> Mirror<M> {
@@ -216,6 +219,7 @@ impl<M> Mirror<M> {
             make: Box::new(make),
             net: None,
             stored: 0,
+            steps: 0,
         }
     }
 }
@@ -257,10 +261,12 @@ impl<M: Model<f32>> Device<f32, M> for Mirror<M> {
         let n = self.net.as_mut().ok_or_else(not_begun)?;
         let loss = n.train_step(x, truth, seed, &mut |_| {});
         sgd.step(n.params(), lr);
+        self.steps += 1;
         Ok(Stepped {
             loss,
             comm_bytes: 0.0,
             comm_wait_s: 0.0,
+            host_syncs: if self.steps == 1 { 5 } else { 2 },
         })
     }
     fn infer(&mut self, _: &mut M, x: &Tensor<f32>) -> Result<M::Output, CudaError> {
@@ -287,6 +293,14 @@ fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
     assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
     assert_eq!(on.evals, cpu.evals);
     assert_eq!(dev.stored, 1, "written back once, for the summary");
+    // The host's waits: every step's in the timing, the most of a steady step in the summary.
+    assert_eq!(cpu.host_syncs_per_step, 0);
+    assert_eq!(on.timing[0].host_syncs, 5);
+    assert!(on.timing[1..].iter().all(|t| t.host_syncs == 2));
+    assert_eq!(
+        on.host_syncs_per_step, 2,
+        "the first step is not a steady one"
+    );
 }
 
 /// Stopping after 2 steps and resuming from the checkpoint ends where an uninterrupted run
