@@ -15,14 +15,19 @@
 # ROOFLINE_BRINGUP_BUDGET seconds (default 540): doctor; kernels (NVRTC's resource report on
 # this machine's NVRTC); probe --check (every GPU kernel against its CPU reference); a quick GPU
 # probe, then the full one; train --check (every GPU layer and a whole step against the CPU,
-# NCCL on one rank); ResNet-50 at 224² for f32, tf32, bf16, f16; place --workload resnet50;
-# and the peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's
-# GEMM shapes, a device-to-device copy, ResNet-50 training images/s at the same batch and
-# precision); then EWA's detector: train --workload ewa --check (f32, bf16), short trainings at
+# NCCL on one rank); ResNet-50 at 224² for f32, tf32, bf16, f16 at batches 128 and 256
+# (ROOFLINE_BRINGUP_BATCHES), each with its host waits per step and joules per image; place
+# --workload resnet50 (bf16, the first batch: the per-layer table and the idle share); and the
+# peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's GEMM
+# shapes, a device-to-device copy, ResNet-50 training images/s at the same batches and
+# precisions); then EWA's detector: train --workload ewa --check (f32, bf16), short trainings at
 # 768x1152 (f32, bf16, batch 2), place --workload ewa (its table in the log), and torchvision's
-# Faster R-CNN training step at the same size as its peer. It writes at most 8 files into OUT (default ./bringup-out: log.txt, machine.json,
-# train.jsonl, placement.json and .svg, peers.json, summary.txt) and prints
-# summary.txt last: roofline's figures beside the peers'. A failed step is recorded and the
+# Faster R-CNN training step at the same size as its peer. It writes at most 8 files into OUT
+# (default ./bringup-out: log.txt, machine.json, train.jsonl, placement.json and .svg,
+# peers.json, summary.txt, summary.json) and prints summary.txt last: roofline's figures beside
+# the peers'. summary.json is the record to commit as docs/gpu/<date>-<gpu>.json: revision,
+# GPU, driver, libraries, and per precision and batch our images/s, PyTorch's, the ratio, host
+# waits per step, joules per image and the idle share where placed. A failed step is recorded and the
 # next one runs; the exit code is the number of failed steps (0: all passed).
 # Every file is written as the run goes (a time-out keeps what finished): summary.txt gets one
 # line per step as it ends — pass, FAIL (exit code, time-out, the error's line) or skipped
@@ -177,12 +182,17 @@ run() {
         fi
     fi
     local batch=${ROOFLINE_BRINGUP_BATCH:-128} steps=${ROOFLINE_BRINGUP_STEPS:-30}
-    if ! not_asked train train-check train-f32 train-tf32 train-bf16 train-f16 place; then
+    # ResNet-50 is trained (and its peer measured) at each of these batches; the placement at
+    # the first.
+    local batches=${ROOFLINE_BRINGUP_BATCHES:-$batch 256}
+    if ! not_asked train train-check train place; then
         step train-check 240 "$rl" train --device cuda --check
-        for p in f32 tf32 bf16 f16; do
-            step "train-$p" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $batch --steps $steps --json >'$out/train-$p.json'"
-            [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
-            rm -f "$out/train-$p.json"
+        for b in $batches; do
+            for p in f32 tf32 bf16 f16; do
+                step "train-$p-b$b" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $b --steps $steps --json >'$out/train-$p.json'"
+                [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
+                rm -f "$out/train-$p.json"
+            done
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
@@ -200,14 +210,15 @@ run() {
         step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
     fi
     if ! not_asked peers peers; then
-        step peers 240 "$py" "$here/peers.py" --batch "$batch" --steps "$steps" -o "$out/peers.json"
+        step peers 300 "$py" "$here/peers.py" --batch "$batch" --batches "$(echo $batches | tr ' ' ,)" --steps "$steps" -o "$out/peers.json"
     fi
     if ! not_asked ewa-peers ewa-peers; then
         step ewa-peers 240 "$py" "$here/peers.py" --parts ewa --ewa-batch 2 --steps 10 -o "$out/peers.json"
     fi
     echo >>"$summary"
     if [ -f "$out/peers.json" ]; then
-        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" >>"$summary" 2>>"$log" \
+        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" \
+            --placement "$out/placement.json" --json "$out/summary.json" >>"$summary" 2>>"$log" \
             || echo "no peer table (see log.txt)" >>"$summary"
     else
         echo "no peer figures in this run (part: $parts)" >>"$summary"

@@ -2,7 +2,9 @@
 """The peer figures for roofline's GPU bring-up, on the same GPU in the same call.
 
   peers.py --batch 128 --steps 30 -o peers.json      # measure with PyTorch
-  peers.py --summary --machine machine.json --train train.jsonl --peers peers.json
+  peers.py --batches 128,256 --steps 30 -o peers.json   # ResNet-50 at each batch
+  peers.py --summary --machine machine.json --train train.jsonl --peers peers.json \
+      [--placement placement.json] [--json summary.json]
 
 Measured: matmul TFLOP/s per precision at roofline's GEMM shapes (the full probe's squares and
 its two ResNet-50 shapes; A stored transposed as roofline's TN layout), a device-to-device copy
@@ -16,6 +18,11 @@ several samples; inputs random (never zeros). An existing output file is updated
 parts can run in separate calls.
 
   peers.py --parts ewa --ewa-batch 2 --steps 10 -o peers.json
+
+--summary prints roofline's figures beside PyTorch's; with --json it also writes them for the
+record (docs/gpu/<date>-<gpu>.json): the revision, GPU, driver and libraries, and for each
+precision and batch roofline's images/s, PyTorch's, the ratio, the host's waits per step, the
+joules per image and (where a placement ran at that precision and batch) the idle share.
 """
 import argparse
 import json
@@ -209,13 +216,18 @@ def measure(args):
         out["gemm"][prec] = rows
         print(prec, max((r.get("best", 0) for r in rows), default=0) / 1e12, "T", flush=True)
     out["d2d"] = dict(zip(("best", "median"), copy_rate(torch)))
-    for prec in ["f32", "tf32", "bf16", "f16"]:
-        try:
-            out["resnet50"][prec] = resnet(torch, prec, args.batch, args.steps)
-        except Exception as e:
-            out["resnet50"][prec] = {"error": str(e).splitlines()[0][:200]}
-        torch.cuda.empty_cache()
-        print("resnet50", prec, out["resnet50"][prec], flush=True)
+    batches = [int(b) for b in (args.batches or str(args.batch)).split(",")]
+    out["resnet50_by_batch"] = {}
+    for batch in batches:
+        row = out["resnet50_by_batch"].setdefault(str(batch), {})
+        for prec in ["f32", "tf32", "bf16", "f16"]:
+            try:
+                row[prec] = resnet(torch, prec, batch, args.steps)
+            except Exception as e:  # out of memory at a large batch, a precision missing
+                row[prec] = {"error": str(e).splitlines()[0][:200]}
+            torch.cuda.empty_cache()
+            print("resnet50", prec, "batch", batch, row[prec], flush=True)
+    out["resnet50"] = out["resnet50_by_batch"][str(batches[0])]
     with open(args.output, "w") as f:
         json.dump(out, f, indent=1)
 
@@ -224,11 +236,25 @@ def summary(args):
     m = json.load(open(args.machine)) if args.machine else {"ceilings": []}
     ceil = {c["id"]: c for c in m.get("ceilings", [])}
     peers = json.load(open(args.peers))
-    train, ewa = {}, {}
+    train, ewa, runs = {}, {}, {}
     for line in open(args.train):
         if line.strip():
             t = json.loads(line)
             (ewa if t.get("workload") == "ewa" else train)[t.get("precision")] = t
+            if t.get("workload") != "ewa":
+                runs[(t.get("precision"), t.get("batch"))] = t
+    # The idle share of a placement (its step's time not computing, communicating or waiting
+    # for data), by the precision and batch it ran at.
+    idle = {}
+    if args.placement:
+        try:
+            pl = json.load(open(args.placement))
+            tb, wl = pl.get("time", {}), pl.get("workload", {})
+            key = (wl.get("precision"), wl.get("batch"))
+            if tb.get("total_s"):
+                idle[key] = tb.get("idle_s", 0.0) / tb["total_s"]
+        except (OSError, ValueError) as e:
+            print(f"no idle share: {args.placement}: {e}", file=sys.stderr)
     print(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
     print(f"{'figure':<34} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
 
@@ -243,10 +269,23 @@ def summary(args):
         theirs = max((r.get("best", 0) for r in peers.get("gemm", {}).get(prec, [])), default=0)
         row(f"GEMM {prec}", ours, theirs, "TFLOP/s" if prec != "int8" else "TOP/s", 1e12)
     row("device-to-device copy", ceil.get("gpu0/d2d", {}).get("value"), peers.get("d2d", {}).get("best"), "GB/s", 1e9)
-    for prec in ["f32", "tf32", "bf16", "f16"]:
-        t = train.get(prec, {})
-        p = peers.get("resnet50", {}).get(prec)
-        row(f"ResNet-50 train {prec}", t.get("steady_images_per_second"), p if isinstance(p, float) else None, "img/s", 1.0)
+    by_batch = peers.get("resnet50_by_batch") or {str(peers.get("batch", 128)): peers.get("resnet50", {})}
+    records = []
+    for (prec, batch), t in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
+        p = by_batch.get(str(batch), {}).get(prec)
+        p = p if isinstance(p, float) else None
+        ours = t.get("steady_images_per_second")
+        row(f"ResNet-50 train {prec} b{batch}", ours, p, "img/s", 1.0)
+        energy = t.get("energy") or {}
+        records.append({
+            "precision": prec, "batch": batch,
+            "images_per_second": ours, "pytorch_images_per_second": p,
+            "ratio": ours / p if ours and p else None,
+            "host_syncs_per_step": t.get("host_syncs_per_step"),
+            "joules_per_image": energy.get("joules_per_image"),
+            "energy_note": energy.get("note"),
+            "idle_share": idle.get((prec, batch)),
+        })
     for prec in ["f32", "bf16"]:
         t = ewa.get(prec, {})
         p = peers.get("ewa", {}).get(prec, {})
@@ -257,11 +296,28 @@ def summary(args):
             pk = (c.get("theoretical_peak") or {}).get("value")
             frac = f" ({100 * c['value'] / pk:.0f}% of peak)" if pk else ""
             print(f"roofline {cid}: {c['value']:.4g} {c['unit']}{frac}")
+    if args.json:
+        prov = m.get("provenance", {})
+        gpus = prov.get("gpus") or [{}]
+        record = {
+            "schema": "roofline/gpu-bringup-summary/v1",
+            "revision": prov.get("git_revision"),
+            "time_utc": prov.get("time_utc"),
+            "gpu": peers.get("gpu"),
+            "driver": gpus[0].get("driver_version"),
+            "cuda_driver": gpus[0].get("cuda_driver_version"),
+            "libraries": prov.get("libraries", []),
+            "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
+            "resnet50": records,
+        }
+        with open(args.json, "w") as f:
+            json.dump(record, f, indent=1)
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--batch", type=int, default=128)
+    ap.add_argument("--batches", help="comma list of ResNet-50 batches (default: --batch)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN)")
     ap.add_argument("--ewa-batch", type=int, default=2)
@@ -270,6 +326,8 @@ def main():
     ap.add_argument("--machine")
     ap.add_argument("--train")
     ap.add_argument("--peers")
+    ap.add_argument("--placement", help="a placement.json: its idle share joins the summary")
+    ap.add_argument("--json", help="--summary: also write the figures as JSON here")
     args = ap.parse_args()
     if args.summary:
         summary(args)

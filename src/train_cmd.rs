@@ -138,8 +138,7 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b
     });
     let monitor = Bar(bar);
-    let Some((s, gpu)) = roofline_workloads::run::train(&prep, &monitor, a.trace.as_deref())?
-    else {
+    let Some(trained) = roofline_workloads::run::train(&prep, &monitor, a.trace.as_deref())? else {
         // Another rank reports.
         return Ok(());
     };
@@ -147,20 +146,21 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         b.finish_and_clear();
     }
     if a.json {
-        let v = report::json(&prep, &s, gpu.as_deref());
+        let v = report::json(&prep, &trained);
         outln!(
             "{}",
             serde_json::to_string_pretty(&v).map_err(|e| Failure::Run(e.into()))?
         );
         return Ok(());
     }
-    let on = match &gpu {
+    let (s, gpu) = (&trained.summary, &trained.gpu);
+    let on = match gpu {
         Some(g) => format!("{g}, convolutions in {}", a.run.precision),
         None => format!("{} threads, products in {}", prep.threads, a.run.precision),
     };
     match &prep.job {
-        Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, &s, &on),
-        Job::Detector(_) => print_detector(&prep, &s, &on),
+        Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, s, &on),
+        Job::Detector(_) => print_detector(&prep, s, &on),
     }
     if s.ranks > 1 {
         outln!(
@@ -181,6 +181,19 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         );
     }
     outln!("final training loss {:.4}", s.final_loss);
+    match (trained.joules_per_image, trained.energy.average_watts) {
+        (Some(j), Some(w)) => outln!(
+            "energy: {j:.3} J per image over the steps after the first, {w:.0} W on average ({})",
+            trained.energy.sources.join(", ")
+        ),
+        _ => outln!("{}", trained.energy.note),
+    }
+    if gpu.is_some() {
+        outln!(
+            "the host waited for the GPU at most {} times in a step after the first",
+            s.host_syncs_per_step
+        );
+    }
     let held_out = prep.job.workload().eval_images();
     match (&prep.job, s.evals.last()) {
         (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => outln!(

@@ -43,6 +43,65 @@ pub fn energy_span(cuda: bool, gpu: Option<usize>) -> roofline_collectors::energ
     roofline_collectors::energy::Span::start(cuda.then(|| gpu_sampler(gpu)))
 }
 
+/// A monitor that starts the energy span ([`energy_span`]) when the run's `warm`-th step ends
+/// (its first when `warm` is 0; a resumed run counts from where it resumed) and passes every
+/// step on to `inner`; [`EnergyAfter::stop`] reads it over the steps after `warm`.
+pub(super) struct EnergyAfter<'a> {
+    warm: usize,
+    seen: std::sync::atomic::AtomicUsize,
+    cuda: bool,
+    gpu: Option<usize>,
+    inner: &'a (dyn Fn(usize, usize, f64, f64) + Sync),
+    span: std::sync::Mutex<Option<roofline_collectors::energy::Span>>,
+}
+
+impl<'a> EnergyAfter<'a> {
+    pub(super) fn new(
+        warm: usize,
+        (cuda, gpu): (bool, Option<usize>),
+        inner: &'a (dyn Fn(usize, usize, f64, f64) + Sync),
+    ) -> EnergyAfter<'a> {
+        EnergyAfter {
+            warm,
+            seen: Default::default(),
+            cuda,
+            gpu,
+            inner,
+            span: std::sync::Mutex::new(None),
+        }
+    }
+
+    /// The energy over the steps after `warm` (their seconds from `timing`), and what the
+    /// GPU's sampler had to say.
+    pub(super) fn stop(
+        self,
+        timing: &[train::StepTiming],
+    ) -> (
+        Result<roofline_collectors::energy::Reading, roofline_collectors::energy::EnergyError>,
+        Option<String>,
+    ) {
+        let seconds = timing.iter().skip(self.warm).map(|t| t.seconds).sum();
+        match self.span.into_inner().unwrap_or_else(|e| e.into_inner()) {
+            Some(span) => span.stop(seconds),
+            None => (
+                Err(roofline_collectors::energy::EnergyError::NotStarted),
+                None,
+            ),
+        }
+    }
+}
+
+impl Monitor for EnergyAfter<'_> {
+    fn step(&self, step: usize, steps: usize, loss: f64, images_per_second: f64) {
+        let seen = self.seen.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        if seen == self.warm.max(1) {
+            *self.span.lock().unwrap_or_else(|e| e.into_inner()) =
+                Some(energy_span(self.cuda, self.gpu));
+        }
+        (self.inner)(step, steps, loss, images_per_second);
+    }
+}
+
 fn gpu_sampler(
     gpu: Option<usize>,
 ) -> Result<roofline_collectors::nvml::Sampler, roofline_collectors::nvml::NvmlError> {

@@ -19,7 +19,7 @@ use crate::exchange::CommOptions;
 use std::path::PathBuf;
 
 pub use execute::{energy_span, execute, open_gpu};
-pub use ranks::{ranks, reducer, traced, train, Ranks};
+pub use ranks::{ranks, reducer, traced, train, Ranks, Trained};
 pub use setup::{prepare, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
 /// What a run of either workload is told beside its model and data: the schedule, when to stop,

@@ -4,8 +4,7 @@
 //! parses, checks its files, calls it, writes and prints.
 
 use super::place::{assemble, measured};
-use super::{energy_span, execute, reducer, Prepared, RunError};
-use crate::train::Monitor;
+use super::{execute, reducer, Prepared, RunError};
 use roofline_collectors::energy;
 use roofline_collectors::timeline::{self, Span};
 use roofline_kernels::micro::Micro;
@@ -119,33 +118,16 @@ fn training(
     let (ranks, nodes) = reducer.as_ref().map_or((1, 1), |r| (r.ranks(), r.nodes()));
     let cuda = prep.spec.device == super::Device::Cuda;
     timeline::start();
-    let monitor = WarmMonitor {
-        warm,
-        cuda,
-        gpu: prep.spec.gpu,
-        report,
-        span: std::sync::Mutex::new(None),
-    };
+    let step = |s: usize, n: usize, l: f64, i: f64| report.step(s, n, l, i);
+    let monitor = super::execute::EnergyAfter::new(warm, (cuda, prep.spec.gpu), &step);
     let result = execute(prep, &monitor, reducer);
     let spans = timeline::stop();
     let (s, _) = result?;
     // On a GPU, its energy over the same steps (NVML) joins the CPU packages'.
-    let seconds = s
-        .timing
-        .iter()
-        .filter(|t| t.step > warm)
-        .map(|t| t.seconds)
-        .sum();
-    let reading = match monitor.span.into_inner().unwrap_or_else(|e| e.into_inner()) {
-        Some(span) => {
-            let (r, note) = span.stop(seconds);
-            if let Some(n) = note {
-                report.note(&n);
-            }
-            r
-        }
-        None => Err(energy::EnergyError::NotStarted),
-    };
+    let (reading, note) = monitor.stop(&s.timing);
+    if let Some(n) = note {
+        report.note(&n);
+    }
     let energy = energy::per_step(&reading, measured_steps, "over the measured steps");
     if !root {
         return Ok(None);
@@ -158,24 +140,4 @@ fn training(
         &spans,
         energy,
     )?))
-}
-
-/// Starts the energy span (the CPU's meter, and on a GPU its NVML sampler) when the warm-up
-/// steps are done.
-struct WarmMonitor<'a> {
-    warm: usize,
-    cuda: bool,
-    gpu: Option<usize>,
-    report: &'a dyn Report,
-    span: std::sync::Mutex<Option<energy::Span>>,
-}
-
-impl Monitor for WarmMonitor<'_> {
-    fn step(&self, step: usize, steps: usize, loss: f64, ips: f64) {
-        if step == self.warm || (self.warm == 0 && step == 1) {
-            *self.span.lock().unwrap_or_else(|e| e.into_inner()) =
-                Some(energy_span(self.cuda, self.gpu));
-        }
-        self.report.step(step, steps, loss, ips);
-    }
 }

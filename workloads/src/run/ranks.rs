@@ -111,19 +111,48 @@ pub fn traced<T>(
     Ok(out)
 }
 
+/// What `roofline train` reports on the reporting rank.
+pub struct Trained {
+    pub summary: crate::train::Summary,
+    /// The GPU's name, when it trained on one.
+    pub gpu: Option<String>,
+    /// The energy of this rank's steps after the first: its CPU packages' counters and, on a
+    /// GPU, NVML's energy counter (`measured: false` and why, where there is no meter).
+    pub energy: roofline_model::placement::Energy,
+    /// Joules per image of this rank's share of the batch, from `energy`.
+    pub joules_per_image: Option<f64>,
+}
+
 /// `roofline train` as one library call: `prep` run on this process or, under a launcher, data
-/// parallel over the MPI world, its timeline written to `trace` when asked. Returns the summary
-/// and the GPU's name on the reporting rank, None on the others.
-#[allow(clippy::type_complexity)]
+/// parallel over the MPI world, its timeline written to `trace` when asked, its energy measured
+/// over the steps after the first. None on the ranks that do not report.
 pub fn train(
     prep: &super::Prepared,
     monitor: &(dyn crate::train::Monitor + Sync),
     trace: Option<&std::path::Path>,
-) -> Result<Option<(crate::train::Summary, Option<String>)>, RunError> {
+) -> Result<Option<Trained>, RunError> {
     let (reducer, root) = reducer(prep.batch())?;
     let rank = reducer.as_ref().map_or(0, |r| r.rank());
-    let out = traced(trace, rank, "train", || {
-        super::execute(prep, monitor, reducer)
+    let ranks = reducer.as_ref().map_or(1, |r| r.ranks());
+    let cuda = prep.spec.device == super::Device::Cuda;
+    let step = |s: usize, n: usize, l: f64, i: f64| monitor.step(s, n, l, i);
+    let metered = super::execute::EnergyAfter::new(1, (cuda, prep.spec.gpu), &step);
+    let (summary, gpu) = traced(trace, rank, "train", || {
+        super::execute(prep, &metered, reducer)
     })??;
-    Ok(root.then_some(out))
+    let (reading, note) = metered.stop(&summary.timing);
+    let steady = summary.timing.len().saturating_sub(1);
+    let mut energy =
+        roofline_collectors::energy::per_step(&reading, steady, "over the steps after the first");
+    if let Some(n) = note {
+        energy.note = format!("{}; {n}", energy.note);
+    }
+    let share = (prep.batch() / ranks).max(1) as f64;
+    let joules_per_image = energy.joules_per_step.map(|j| j / share);
+    Ok(root.then_some(Trained {
+        summary,
+        gpu,
+        energy,
+        joules_per_image,
+    }))
 }

@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 pub const EWA_PAPER_PARAMETERS: u64 = 41_000_000;
 pub const EWA_PAPER_FLOPS: f64 = 691e9;
 
-/// `train --json`'s object for run `p` that ended with `s` (on GPU `gpu`).
-pub fn json(p: &Prepared, s: &Summary, gpu: Option<&str>) -> Value {
+/// `train --json`'s object for run `p` that ended as `t` says.
+pub fn json(p: &Prepared, t: &super::Trained) -> Value {
+    let (s, gpu) = (&t.summary, t.gpu.as_deref());
     let res = p.resolution;
     let spec = &p.spec;
     let mut v = match &p.job {
@@ -63,6 +64,19 @@ pub fn json(p: &Prepared, s: &Summary, gpu: Option<&str>) -> Value {
     };
     if let (Some(o), Value::Object(r)) = (v.as_object_mut(), run(s)) {
         o.extend(r);
+    }
+    if let Some(o) = v.as_object_mut() {
+        let e = &t.energy;
+        o.insert(
+            "energy".into(),
+            json!({
+                "measured": e.measured,
+                "joules_per_image": t.joules_per_image,
+                "average_watts": e.average_watts,
+                "sources": e.sources,
+                "note": e.note,
+            }),
+        );
     }
     v
 }
