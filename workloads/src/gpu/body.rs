@@ -122,7 +122,10 @@ impl GBody {
             let ds = d.pop().flatten();
             let mut cur = match (g.take(), ds) {
                 (Some(x), Some(ds)) => {
+                    // A stage whose output feeds the pyramid too: its two gradients summed.
+                    let t0 = ctx.mark()?;
                     elementwise(ctx, "add_into", x.ptr(), ds.ptr(), x.len())?;
+                    ctx.close(BWD, || format!("layer{}.output", stage + 1), t0)?;
                     x
                 }
                 (Some(x), None) | (None, Some(x)) => x,
@@ -220,6 +223,7 @@ pub(super) fn gblock(
         None => None,
     };
     Ok(GBlock {
+        name: b.name.clone(),
         c1,
         b1,
         c2,
@@ -289,6 +293,7 @@ pub(super) fn update(
     sgd: &crate::train::Sgd,
 ) -> Result<(), CudaError> {
     let scale = loss_scale.scale;
+    let t0 = ctx.mark()?;
     let skip = if loss_scale.dynamic {
         let (gp, n, fp) = (flat.grads.ptr, flat.total as u64, readout.flag());
         // SAFETY: the gradients hold `total` f32, the flag one i32.
@@ -297,7 +302,6 @@ pub(super) fn update(
     } else {
         0
     };
-    let t0 = ctx.mark()?;
     let inv = (1.0 / (scale * ranks as f64)) as f32;
     let (lr32, mu) = (lr as f32, sgd.momentum as f32);
     for &s in &flat.slots {

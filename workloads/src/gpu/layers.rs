@@ -527,6 +527,8 @@ pub(super) fn elementwise(
 }
 
 pub(super) struct GBlock {
+    /// The CPU block's name (`layer1.0`): its residual sum's span is `<name>.add+relu3`.
+    pub(super) name: String,
     pub(super) c1: GConv,
     pub(super) b1: GBn,
     pub(super) c2: GConv,
@@ -561,7 +563,11 @@ impl GBlock {
             None => None,
         };
         let s = shortcut.as_ref().map_or(x.ptr(), |t| t.ptr());
+        // The residual sum and its ReLU: a span of its own, so that `place` counts it as work
+        // (an unspanned kernel's time reads as idle).
+        let t0 = ctx.mark()?;
         elementwise(ctx, "add_relu", c.ptr(), s, c.len())?;
+        ctx.close(FWD, || self.sum_span(), t0)?;
         let out = Rc::new(c);
         if train {
             self.a1 = Some(a);
@@ -583,22 +589,33 @@ impl GBlock {
             self.a1.take().ok_or_else(missing)?,
             self.a2.take().ok_or_else(missing)?,
         );
+        let t0 = ctx.mark()?;
         elementwise(ctx, "relu_mask", out.ptr(), d.ptr(), d.len())?;
+        ctx.close(BWD, || self.sum_span(), t0)?;
         let t = self.b3.backward(ctx, flat, &d, None)?;
         let db = self.c3.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
         let t = self.b2.backward(ctx, flat, &db, Some(&a2))?;
         let da = self.c2.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
         let t = self.b1.backward(ctx, flat, &da, Some(&a1))?;
         let dx = self.c1.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
-        match &mut self.down {
+        let ds = match &mut self.down {
             Some((conv, bn)) => {
                 let t = bn.backward(ctx, flat, &d, None)?;
-                let ds = conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
-                elementwise(ctx, "add_into", dx.ptr(), ds.ptr(), dx.len())?;
+                Some(conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?)
             }
-            None => elementwise(ctx, "add_into", dx.ptr(), d.ptr(), dx.len())?,
-        }
+            None => None,
+        };
+        // The shortcut's gradient joins the main path's: the residual sum's backward.
+        let t0 = ctx.mark()?;
+        let s = ds.as_ref().map_or(d.ptr(), |t| t.ptr());
+        elementwise(ctx, "add_into", dx.ptr(), s, dx.len())?;
+        ctx.close(BWD, || self.sum_span(), t0)?;
         Ok(dx)
+    }
+
+    /// The timeline span of the residual sum and its ReLU, both passes.
+    fn sum_span(&self) -> String {
+        format!("{}.add+relu3", self.name)
     }
 }
 

@@ -24,6 +24,10 @@ use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::Arc;
 
+/// The timeline category of a step's host-to-device copies of its input (`place` counts them
+/// as waiting for data).
+pub const UPLOAD: &str = "upload";
+
 fn half(p: Prec) -> bool {
     matches!(p, Prec::F16 | Prec::Bf16)
 }

@@ -380,6 +380,7 @@ impl GpuResNet {
         let (lossp, rankp) = (readout.buf.ptr, readout.buf.ptr + 8 * rows as u64);
         let (zp, lp, gp) = (z.ptr(), lb.ptr, grad.ptr());
         let (ri, ki, sm, sc) = (rows as i32, z.c as i32, smoothing as f32, scale as f32);
+        let t0 = self.ctx.mark()?;
         // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k); the readout holds
         // rows f64 (losses) then rows i32 (ranks), 8-byte aligned.
         unsafe {
@@ -399,6 +400,7 @@ impl GpuResNet {
                 ],
             )?
         };
+        self.ctx.close(FWD, || "loss".into(), t0)?;
         Ok((Loss { rows }, readout, grad))
     }
 
@@ -416,7 +418,11 @@ impl GpuResNet {
         self.ctx.gpu.bind()?;
         let syncs = self.ctx.gpu.syncs();
         self.ctx.clock_start()?;
+        // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
+        // step's wait for data).
+        let t0 = self.ctx.mark()?;
         let xg = self.ctx.upload(x)?;
+        self.ctx.close(UPLOAD, || "input".into(), t0)?;
         let z = self.forward(xg, true)?;
         let scale = self.loss_scale.scale;
         let (pending, readout, g) = self.loss(&z, labels, smoothing, scale)?;

@@ -85,6 +85,15 @@ pub fn measured(
             .sum::<f64>()
             / n
     };
+    // On a GPU, the batch's copies to the device are data too (the host's wait for its
+    // batch is `data_s`).
+    let uploads = measured_spans
+        .iter()
+        .filter(|sp| sp.cat == crate::gpu::UPLOAD)
+        .map(|sp| sp.dur_ns as f64 * 1e-9)
+        .sum::<f64>()
+        / n;
+    let data = data + uploads;
     let time = TimeBreakdown {
         total_s: total,
         compute_s: busy.min(total),
