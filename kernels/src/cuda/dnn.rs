@@ -1,6 +1,7 @@
 //! cuDNN wrapped for the convolution probe and the trainer: the handle, NHWC/KRSC descriptors
-//! per precision (f32 accumulation), each direction's algorithm by cuDNN's heuristic
-//! (cudnnGet*Algorithm_v7, the first that fits the workspace), one direction run, and
+//! per precision (f32 accumulation), each direction's algorithm measured by cuDNN on the
+//! operands ([`find`]: cudnnFind*AlgorithmEx, the fastest that fits the workspace) or from its
+//! heuristic ([`choose`]: cudnnGet*Algorithm_v7, the first that fits), one direction run, and
 //! [`ConvPlan`] (a training convolution's three directions). The probe section is
 //! `probe::gpu::conv`.
 
@@ -15,6 +16,8 @@ use std::ffi::c_void;
 /// The three directions, in the order of a plan's descriptors and algorithms.
 pub(crate) const DIRECTIONS: [Dir; 3] = [Dir::Fwd, Dir::BwdData, Dir::BwdFilter];
 pub(crate) const WORKSPACE_LIMIT: usize = 512 << 20;
+/// The most workspace an algorithm search offers cuDNN ([`ConvPlan::measured`]).
+pub const SEARCH_WORKSPACE: usize = WORKSPACE_LIMIT;
 
 /// A convolution's direction: the model's, whose roofs name it.
 pub(crate) use roofline_model::ConvDir as Dir;
@@ -278,6 +281,125 @@ pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, 
     Ok((algo, memory))
 }
 
+/// The fastest usable algorithm for `dir` as cuDNN measures it on these operands
+/// (`cudnnFind*AlgorithmEx`: every algorithm whose workspace fits `ws` is run and timed, and
+/// the results come sorted by time), with the math type it wants set on the convolution
+/// descriptor, as [`choose`] does for the heuristic's. `[a0, a1, out]` as [`execute`] takes
+/// them: device buffers the descriptors describe; `out` is overwritten. The trainer's plans and
+/// the probe's convolution ceilings both choose this way (PyTorch's `cudnn.benchmark`).
+pub(crate) fn find(
+    h: &Handle,
+    d: &Descs,
+    p: Prec,
+    dir: Dir,
+    [a0, a1, out]: [u64; 3],
+    (ws_ptr, ws_bytes): (u64, usize),
+) -> Result<(Algo, usize), CudaError> {
+    let mut n = 0i32;
+    let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
+    let (wsp, wsb) = (ws_ptr as *mut c_void, ws_bytes);
+    let fits = |memory: usize| memory <= ws_bytes;
+    // SAFETY: live handle and descriptors; the caller's operands hold the tensors the
+    // descriptors describe, and the workspace `ws_bytes`; out-arrays of the requested length,
+    // of which cuDNN fills `n` ≤ 8 (the rest stay zeroed and are not read).
+    let found = unsafe {
+        match dir {
+            Dir::Fwd => {
+                let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; 8] = std::mem::zeroed();
+                dsys::cudnnFindConvolutionForwardAlgorithmEx(
+                    h.0,
+                    d.x,
+                    p0,
+                    d.w,
+                    p1,
+                    d.conv,
+                    d.y,
+                    po,
+                    8,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                    wsp,
+                    wsb,
+                )
+                .result()
+                .map_err(e("cudnnFindConvolutionForwardAlgorithmEx"))?;
+                perf[..n.clamp(0, 8) as usize]
+                    .iter()
+                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
+                    .map(|q| (Algo::Fwd(q.algo), q.mathType, q.memory))
+            }
+            Dir::BwdData => {
+                let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; 8] = std::mem::zeroed();
+                dsys::cudnnFindConvolutionBackwardDataAlgorithmEx(
+                    h.0,
+                    d.w,
+                    p0,
+                    d.y,
+                    p1,
+                    d.conv,
+                    d.x,
+                    po,
+                    8,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                    wsp,
+                    wsb,
+                )
+                .result()
+                .map_err(e("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
+                perf[..n.clamp(0, 8) as usize]
+                    .iter()
+                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
+                    .map(|q| (Algo::BwdData(q.algo), q.mathType, q.memory))
+            }
+            Dir::BwdFilter => {
+                let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; 8] = std::mem::zeroed();
+                dsys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
+                    h.0,
+                    d.x,
+                    p0,
+                    d.y,
+                    p1,
+                    d.conv,
+                    d.w,
+                    po,
+                    8,
+                    &mut n,
+                    perf.as_mut_ptr(),
+                    wsp,
+                    wsb,
+                )
+                .result()
+                .map_err(e("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
+                perf[..n.clamp(0, 8) as usize]
+                    .iter()
+                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
+                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType, q.memory))
+            }
+        }
+    };
+    let (algo, math_type, memory) = found.ok_or_else(|| {
+        CudaError::Unsupported(format!(
+            "cuDNN measured no usable {} algorithm for this shape",
+            dir.name()
+        ))
+    })?;
+    // SAFETY: live descriptor.
+    unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
+        .map_err(e("cudnnSetConvolutionMathType"))?;
+    Ok((algo, memory))
+}
+
+/// The math type set on `d`'s convolution descriptor.
+fn math_of(d: &Descs) -> Result<dsys::cudnnMathType_t, CudaError> {
+    let mut m = dsys::cudnnMathType_t::CUDNN_DEFAULT_MATH;
+    // SAFETY: live descriptor, one out-parameter.
+    unsafe { dsys::cudnnGetConvolutionMathType(d.conv, &mut m) }
+        .result()
+        .map_err(e("cudnnGetConvolutionMathType"))?;
+    Ok(m)
+}
+
 /// Runs one convolution direction: `[x, w, y]` (forward), `[w, dy, dx]` (backward-data) or
 /// `[x, dy, dw]` (backward-filter), device addresses, the output overwritten.
 pub(crate) fn execute(
@@ -315,6 +437,16 @@ pub(crate) fn execute(
     }
 }
 
+/// What a plan chose for its three directions (algorithm and the math type it wants), and the
+/// workspace they need: kept so that another convolution of the same shape and precision takes
+/// the same choice without measuring again ([`ConvPlan::from_choice`]).
+#[derive(Clone, Debug)]
+pub struct PlanChoice {
+    algos: [Algo; 3],
+    maths: [dsys::cudnnMathType_t; 3],
+    pub workspace: usize,
+}
+
 /// One training convolution on cuDNN: NHWC activations, KRSC filters, f32 accumulation, in
 /// `p`'s storage type (f32, or f16/bf16 for mixed precision; tf32 stores f32 and lets the
 /// tensor cores round the inputs). Each direction has its own descriptors and the algorithm
@@ -324,25 +456,102 @@ pub struct ConvPlan {
     pub prec: Prec,
     descs: [Descs; 3],
     algos: [Algo; 3],
+    maths: [dsys::cudnnMathType_t; 3],
     /// Workspace bytes each direction needs; the caller passes (address, bytes) of a device
     /// buffer at least this large.
     pub workspace: usize,
 }
 
 impl ConvPlan {
+    /// The plan with each direction's algorithm from cuDNN's heuristic ([`choose`]).
     pub fn new(h: &Handle, shape: &ConvShape, p: Prec) -> Result<ConvPlan, CudaError> {
-        if !matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
-            return Err(CudaError::Unsupported(format!(
+        ConvPlan::check_prec(p)?;
+        ConvPlan::chosen(shape, p, |d, _, dir| choose(h, d, p, dir))
+    }
+
+    /// The plan with each direction's algorithm measured by cuDNN ([`find`]) on `scratch`:
+    /// device buffers of at least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), their
+    /// contents any finite values, and the workspace `ws` (at most [`SEARCH_WORKSPACE`] is
+    /// searched). The output buffer is overwritten.
+    pub fn measured(
+        h: &Handle,
+        shape: &ConvShape,
+        p: Prec,
+        [x, w, y, out]: [u64; 4],
+        ws: (u64, usize),
+    ) -> Result<ConvPlan, CudaError> {
+        ConvPlan::check_prec(p)?;
+        let ws = (ws.0, ws.1.min(SEARCH_WORKSPACE));
+        ConvPlan::chosen(shape, p, |d, _, dir| {
+            let operands = match dir {
+                Dir::Fwd => [x, w, out],
+                Dir::BwdData => [w, y, out],
+                Dir::BwdFilter => [x, y, out],
+            };
+            find(h, d, p, dir, operands, ws)
+        })
+    }
+
+    /// Bytes of the scratch buffers [`ConvPlan::measured`] takes: x, w, y, and an output as
+    /// large as the largest of them.
+    pub fn scratch_bytes(shape: &ConvShape, p: Prec) -> [usize; 4] {
+        let e = if matches!(p, Prec::F16 | Prec::Bf16) {
+            2
+        } else {
+            4
+        };
+        let x = e * shape.n * shape.h * shape.w * shape.c;
+        let w = e * shape.k * shape.r * shape.s * shape.c;
+        let y = e * shape.n * shape.oh() * shape.ow() * shape.k;
+        [x, w, y, x.max(w).max(y)]
+    }
+
+    /// A plan with an earlier plan's choice (same shape and precision), nothing measured.
+    pub fn from_choice(shape: &ConvShape, p: Prec, c: &PlanChoice) -> Result<ConvPlan, CudaError> {
+        ConvPlan::check_prec(p)?;
+        ConvPlan::chosen(shape, p, |d, i, _| {
+            // SAFETY: live descriptor.
+            unsafe { dnn::set_convolution_math_type(d.conv, c.maths[i]) }
+                .map_err(e("cudnnSetConvolutionMathType"))?;
+            Ok((c.algos[i], c.workspace))
+        })
+    }
+
+    /// What this plan chose, for [`ConvPlan::from_choice`].
+    pub fn choice(&self) -> PlanChoice {
+        PlanChoice {
+            algos: self.algos,
+            maths: self.maths,
+            workspace: self.workspace,
+        }
+    }
+
+    fn check_prec(p: Prec) -> Result<(), CudaError> {
+        if matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
+            Ok(())
+        } else {
+            Err(CudaError::Unsupported(format!(
                 "training convolutions in {}",
                 p.name()
-            )));
+            )))
         }
+    }
+
+    /// Descriptors for each direction, `pick` choosing its algorithm (and setting the math
+    /// type it wants on the descriptor).
+    fn chosen(
+        shape: &ConvShape,
+        p: Prec,
+        mut pick: impl FnMut(&Descs, usize, Dir) -> Result<(Algo, usize), CudaError>,
+    ) -> Result<ConvPlan, CudaError> {
         let descs = [descs(shape, p)?, descs(shape, p)?, descs(shape, p)?];
         let mut algos = Vec::with_capacity(3);
+        let mut maths = [dsys::cudnnMathType_t::CUDNN_DEFAULT_MATH; 3];
         let mut workspace = 0;
         for (i, dir) in DIRECTIONS.into_iter().enumerate() {
-            let (a, m) = choose(h, &descs[i], p, dir)?;
+            let (a, m) = pick(&descs[i], i, dir)?;
             algos.push(a);
+            maths[i] = math_of(&descs[i])?;
             workspace = workspace.max(m);
         }
         Ok(ConvPlan {
@@ -350,6 +559,7 @@ impl ConvPlan {
             prec: p,
             descs,
             algos: [algos[0], algos[1], algos[2]],
+            maths,
             workspace,
         })
     }

@@ -143,13 +143,12 @@ impl GConv {
         }
     }
 
-    pub(super) fn plan(&mut self, ctx: &Ctx, sh: &ConvShape) -> Result<usize, CudaError> {
+    pub(super) fn plan(&mut self, ctx: &mut Ctx, sh: &ConvShape) -> Result<usize, CudaError> {
         let key = (sh.n, sh.h, sh.w);
         if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
             return Ok(i);
         }
-        self.plans
-            .push((key, ConvPlan::new(&ctx.dnn, sh, ctx.prec)?));
+        self.plans.push((key, ctx.conv_plan(sh)?));
         Ok(self.plans.len() - 1)
     }
 

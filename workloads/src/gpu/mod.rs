@@ -17,7 +17,7 @@ use crate::tensor::Tensor;
 use roofline_kernels::comm::nccl::{Communicator, Elem};
 use roofline_kernels::cuda::blas::{Blas, Prec};
 use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
-use roofline_kernels::cuda::dnn::{ConvPlan, Handle};
+use roofline_kernels::cuda::dnn::{ConvPlan, Handle, PlanChoice};
 use roofline_kernels::cuda::CudaError;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -74,6 +74,8 @@ pub struct Ctx {
     blas: Blas,
     functions: HashMap<&'static str, Function>,
     workspace: Option<Buf>,
+    /// The convolution algorithms measured in this run, by shape and precision.
+    choices: Vec<((ConvShape, Prec), PlanChoice)>,
     pub prec: Prec,
     pub gpu: Gpu,
 }
@@ -99,6 +101,7 @@ impl Ctx {
             blas,
             functions: HashMap::new(),
             workspace: None,
+            choices: Vec::new(),
             prec,
             gpu,
         })
@@ -204,6 +207,36 @@ impl Ctx {
         self.workspace
             .as_ref()
             .ok_or_else(|| CudaError::Check("no workspace".into()))
+    }
+
+    /// A convolution plan for `sh` in this context's precision: each direction's algorithm
+    /// measured by cuDNN on scratch buffers (`ConvPlan::measured`, as PyTorch's
+    /// `cudnn.benchmark`) the first time a shape is met in this run, the same choice for every
+    /// later convolution of that shape.
+    fn conv_plan(&mut self, sh: &ConvShape) -> Result<ConvPlan, CudaError> {
+        let p = self.prec;
+        if let Some((_, c)) = self.choices.iter().find(|(k, _)| *k == (*sh, p)) {
+            return ConvPlan::from_choice(sh, p, c);
+        }
+        let bytes = ConvPlan::scratch_bytes(sh, p);
+        let mut scratch = Vec::with_capacity(4);
+        for b in bytes {
+            let buf = self.alloc(b.max(4))?;
+            self.zero(buf.ptr, buf.bytes)?;
+            scratch.push(buf);
+        }
+        let ptrs = [
+            scratch[0].ptr,
+            scratch[1].ptr,
+            scratch[2].ptr,
+            scratch[3].ptr,
+        ];
+        let ws = self
+            .workspace(roofline_kernels::cuda::dnn::SEARCH_WORKSPACE)
+            .map(|b| (b.ptr, b.bytes))?;
+        let plan = ConvPlan::measured(&self.dnn, sh, p, ptrs, ws)?;
+        self.choices.push(((*sh, p), plan.choice()));
+        Ok(plan)
     }
 
     /// Casts `n` f32 values to the 16-bit storage type `p` (f16 or bf16) in a new buffer.

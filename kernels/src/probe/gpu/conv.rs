@@ -1,7 +1,8 @@
 //! Convolution ceilings through cuDNN (`cuda::dnn`) over ResNet-50 v1.5's layer shapes:
 //! forward, backward-data and backward-filter, f32 / tf32 / f16 / bf16, NHWC tensors and KRSC
-//! filters, f32 accumulation. The algorithm is cuDNN's heuristic choice and is recorded per
-//! row. Every result is checked on a sample of entries against f64 sums on the CPU.
+//! filters, f32 accumulation. The algorithm is the one cuDNN measures fastest on the layer's
+//! operands (`dnn::find`, `cudnnFind*AlgorithmEx`, as the trainer's plans choose) and is
+//! recorded per row. Every result is checked on a sample of entries against f64 sums on the CPU.
 
 use super::gemm::{encode, Rng};
 use super::{Mode, SectionResult};
@@ -9,7 +10,7 @@ use crate::cpu::conv::{resnet50_layers, ConvShape};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{
-    choose, descs, execute, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
+    descs, execute, find, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
 };
 use crate::cuda::CudaError;
 use roofline_model::ceiling_id::{TableId, TableRows};
@@ -32,13 +33,22 @@ struct Tensors {
 }
 
 fn run_once(h: &Handle, d: &Descs, t: &Tensors, algo: Algo, ws: &DevBuf) -> Result<(), CudaError> {
-    // The output buffer `y` holds the largest of y, dx and dw.
-    let operands = match algo {
-        Algo::Fwd(_) => [t.x.ptr, t.w.ptr, t.y.ptr],
-        Algo::BwdData(_) => [t.w.ptr, t.dy.ptr, t.y.ptr],
-        Algo::BwdFilter(_) => [t.x.ptr, t.dy.ptr, t.y.ptr],
+    let dir = match algo {
+        Algo::Fwd(_) => Dir::Fwd,
+        Algo::BwdData(_) => Dir::BwdData,
+        Algo::BwdFilter(_) => Dir::BwdFilter,
     };
-    execute(h, d, algo, operands, (ws.ptr, ws.bytes))
+    execute(h, d, algo, operands(t, dir), (ws.ptr, ws.bytes))
+}
+
+/// A direction's operands as `execute` and `find` take them; the output buffer `y` holds the
+/// largest of y, dx and dw.
+fn operands(t: &Tensors, dir: Dir) -> [u64; 3] {
+    match dir {
+        Dir::Fwd => [t.x.ptr, t.w.ptr, t.y.ptr],
+        Dir::BwdData => [t.w.ptr, t.dy.ptr, t.y.ptr],
+        Dir::BwdFilter => [t.x.ptr, t.dy.ptr, t.y.ptr],
+    }
 }
 
 /// Output element count of a direction: y (fwd), dx (bwd_data), dw (bwd_filter).
@@ -274,9 +284,10 @@ fn conv_precision(
                 return Err(CudaError::Interrupted);
             }
             let d = &ds[di];
-            // cuDNN's refusal of one layer and direction (no usable algorithm, or the call
+            // The algorithm cuDNN measures fastest on these operands (as the trainer's plans
+            // choose). Its refusal of one layer and direction (no usable algorithm, or the call
             // refused) costs that row only, noted; a wrong result still fails the precision.
-            let attempt = choose(h, d, p, dir)
+            let attempt = find(h, d, p, dir, operands(&t, dir), (ws.ptr, ws.bytes))
                 .and_then(|(a, _)| run_once(h, d, &t, a, ws).map(|_| a))
                 .map_err(not_supported);
             let algo = match attempt {
