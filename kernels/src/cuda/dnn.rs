@@ -447,6 +447,94 @@ pub struct PlanChoice {
     pub workspace: usize,
 }
 
+impl PlanChoice {
+    /// The algorithms and math types as cuDNN numbers them (the cache file's form).
+    pub fn codes(&self) -> ([u32; 3], [u32; 3]) {
+        let a = |x: &Algo| match x {
+            Algo::Fwd(a) => *a as u32,
+            Algo::BwdData(a) => *a as u32,
+            Algo::BwdFilter(a) => *a as u32,
+        };
+        (
+            [a(&self.algos[0]), a(&self.algos[1]), a(&self.algos[2])],
+            self.maths.map(|m| m as u32),
+        )
+    }
+
+    /// From cuDNN's numbers (forward, backward-data, backward-filter); None for a number these
+    /// bindings do not define (a cache written by another cuDNN).
+    pub fn from_codes(algos: [u32; 3], maths: [u32; 3]) -> Option<PlanChoice> {
+        use dsys::cudnnConvolutionBwdDataAlgo_t as D;
+        use dsys::cudnnConvolutionBwdFilterAlgo_t as F;
+        use dsys::cudnnConvolutionFwdAlgo_t as W;
+        use dsys::cudnnMathType_t as M;
+        let fwd = match algos[0] {
+            0 => W::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
+            1 => W::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
+            2 => W::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
+            3 => W::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
+            4 => W::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
+            5 => W::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
+            6 => W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
+            7 => W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
+            _ => return None,
+        };
+        let data = match algos[1] {
+            0 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
+            1 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
+            2 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
+            3 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
+            4 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
+            5 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
+            _ => return None,
+        };
+        let filter = match algos[2] {
+            0 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
+            1 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
+            2 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
+            3 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
+            4 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
+            5 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
+            6 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
+            _ => return None,
+        };
+        let math = |m: u32| match m {
+            0 => Some(M::CUDNN_DEFAULT_MATH),
+            1 => Some(M::CUDNN_TENSOR_OP_MATH),
+            2 => Some(M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION),
+            3 => Some(M::CUDNN_FMA_MATH),
+            _ => None,
+        };
+        Some(PlanChoice {
+            algos: [Algo::Fwd(fwd), Algo::BwdData(data), Algo::BwdFilter(filter)],
+            maths: [math(maths[0])?, math(maths[1])?, math(maths[2])?],
+            workspace: 0,
+        })
+    }
+}
+
+/// The workspace `algo` needs on `d` (cuDNN's answer; an error where it does not support the
+/// algorithm for these descriptors).
+fn workspace_of(h: &Handle, d: &Descs, algo: Algo) -> Result<usize, CudaError> {
+    // SAFETY: live handle and descriptors.
+    unsafe {
+        match algo {
+            Algo::Fwd(a) => {
+                dnn::get_convolution_forward_workspace_size(h.0, d.x, d.w, d.conv, d.y, a)
+                    .map_err(e("cudnnGetConvolutionForwardWorkspaceSize"))
+            }
+            Algo::BwdData(a) => {
+                dnn::get_convolution_backward_data_workspace_size(h.0, d.w, d.y, d.conv, d.x, a)
+                    .map_err(e("cudnnGetConvolutionBackwardDataWorkspaceSize"))
+            }
+            Algo::BwdFilter(a) => {
+                dnn::get_convolution_backward_filter_workspace_size(h.0, d.x, d.y, d.conv, d.w, a)
+                    .map_err(e("cudnnGetConvolutionBackwardFilterWorkspaceSize"))
+            }
+        }
+    }
+}
+
 /// One training convolution on cuDNN: NHWC activations, KRSC filters, f32 accumulation, in
 /// `p`'s storage type (f32, or f16/bf16 for mixed precision; tf32 stores f32 and lets the
 /// tensor cores round the inputs). Each direction has its own descriptors and the algorithm
@@ -506,14 +594,29 @@ impl ConvPlan {
         [x, w, y, x.max(w).max(y)]
     }
 
-    /// A plan with an earlier plan's choice (same shape and precision), nothing measured.
-    pub fn from_choice(shape: &ConvShape, p: Prec, c: &PlanChoice) -> Result<ConvPlan, CudaError> {
+    /// A plan with an earlier choice for this shape and precision (this run's, or the cache
+    /// file's), nothing measured; cuDNN is asked each algorithm's workspace, so that a choice it
+    /// does not support here, or one needing more than [`SEARCH_WORKSPACE`], is an error (the
+    /// caller measures instead).
+    pub fn from_choice(
+        h: &Handle,
+        shape: &ConvShape,
+        p: Prec,
+        c: &PlanChoice,
+    ) -> Result<ConvPlan, CudaError> {
         ConvPlan::check_prec(p)?;
         ConvPlan::chosen(shape, p, |d, i, _| {
             // SAFETY: live descriptor.
             unsafe { dnn::set_convolution_math_type(d.conv, c.maths[i]) }
                 .map_err(e("cudnnSetConvolutionMathType"))?;
-            Ok((c.algos[i], c.workspace))
+            let need = workspace_of(h, d, c.algos[i])?;
+            if need > SEARCH_WORKSPACE {
+                return Err(CudaError::Check(format!(
+                    "a cached {} algorithm needs {need} bytes of workspace",
+                    c.algos[i].name()
+                )));
+            }
+            Ok((c.algos[i], need))
         })
     }
 

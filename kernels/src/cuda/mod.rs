@@ -6,6 +6,7 @@
 pub mod blas;
 pub mod device;
 pub mod dnn;
+pub mod dnn_cache;
 pub mod doctor;
 pub mod libs;
 pub mod nccl_lib;

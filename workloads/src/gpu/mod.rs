@@ -18,6 +18,7 @@ use roofline_kernels::comm::nccl::{Communicator, Elem};
 use roofline_kernels::cuda::blas::{Blas, Prec};
 use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle, PlanChoice};
+use roofline_kernels::cuda::dnn_cache::{AlgoCache, CacheKey};
 use roofline_kernels::cuda::CudaError;
 use std::collections::HashMap;
 use std::ffi::c_void;
@@ -62,6 +63,24 @@ impl GTensor {
     }
 }
 
+/// The convolution algorithm cache for `gpu` (its name, compute capability, the driver's CUDA
+/// version and cuDNN's version make the key), its note said; None where there is no cache
+/// folder or a version cannot be read (every shape is then measured).
+fn algo_cache(gpu: &Gpu) -> Option<AlgoCache> {
+    let path = AlgoCache::default_path()?;
+    let key = CacheKey {
+        gpu: gpu.name.clone(),
+        cc: gpu.cc,
+        driver: device::driver_version().ok()?,
+        cudnn: roofline_kernels::cuda::dnn::versions().ok()?.0,
+    };
+    let cache = AlgoCache::open(&path, key);
+    if let Some(n) = &cache.note {
+        eprintln!("note: {n}");
+    }
+    Some(cache)
+}
+
 /// The GPU, its library handles, the compiled kernels and the cuDNN workspace.
 ///
 /// Fields drop in declaration order, after `Drop::drop`: the cuDNN handle and the workspace
@@ -76,6 +95,8 @@ pub struct Ctx {
     workspace: Option<Buf>,
     /// The convolution algorithms measured in this run, by shape and precision.
     choices: Vec<((ConvShape, Prec), PlanChoice)>,
+    /// Those of earlier runs on this GPU, driver and cuDNN (None: no cache folder).
+    cache: Option<AlgoCache>,
     pub prec: Prec,
     pub gpu: Gpu,
 }
@@ -95,6 +116,7 @@ impl Ctx {
         let blas = Blas::new(&gpu)?;
         gpu.keep_freed_memory()?;
         let dnn = Handle::new(&gpu)?;
+        let cache = algo_cache(&gpu);
         Ok(Ctx {
             clock: None,
             dnn,
@@ -102,6 +124,7 @@ impl Ctx {
             functions: HashMap::new(),
             workspace: None,
             choices: Vec::new(),
+            cache,
             prec,
             gpu,
         })
@@ -215,8 +238,26 @@ impl Ctx {
     /// later convolution of that shape.
     fn conv_plan(&mut self, sh: &ConvShape) -> Result<ConvPlan, CudaError> {
         let p = self.prec;
-        if let Some((_, c)) = self.choices.iter().find(|(k, _)| *k == (*sh, p)) {
-            return ConvPlan::from_choice(sh, p, c);
+        // This run's choice for the shape, else the cache file's, each checked by cuDNN.
+        let known = self
+            .choices
+            .iter()
+            .find(|(k, _)| *k == (*sh, p))
+            .map(|(_, c)| c.clone())
+            .or_else(|| self.cache.as_ref()?.get(sh, p));
+        if let Some(c) = known {
+            match ConvPlan::from_choice(&self.dnn, sh, p, &c) {
+                Ok(plan) => {
+                    if !self.choices.iter().any(|(k, _)| *k == (*sh, p)) {
+                        self.choices.push(((*sh, p), plan.choice()));
+                    }
+                    return Ok(plan);
+                }
+                Err(e) => eprintln!(
+                    "note: a cached convolution algorithm for {sh:?} in {} was refused ({e}); measuring again",
+                    p.name()
+                ),
+            }
         }
         let bytes = ConvPlan::scratch_bytes(sh, p);
         let mut scratch = Vec::with_capacity(4);
@@ -236,6 +277,13 @@ impl Ctx {
             .map(|b| (b.ptr, b.bytes))?;
         let plan = ConvPlan::measured(&self.dnn, sh, p, ptrs, ws)?;
         self.choices.push(((*sh, p), plan.choice()));
+        if let Some(cache) = self.cache.as_mut() {
+            if let Err(e) = cache.put(sh, p, &plan.choice()) {
+                // Measured again next run; this one goes on.
+                eprintln!("note: the convolution algorithm cache was not written: {e}");
+                self.cache = None;
+            }
+        }
         Ok(plan)
     }
 
@@ -367,6 +415,7 @@ impl Ctx {
     }
 }
 
+mod bn;
 mod body;
 mod check;
 mod check_detector;
@@ -382,6 +431,7 @@ pub use check::*;
 pub use check_detector::*;
 pub use detect::*;
 pub use detector::*;
+use bn::*;
 use layers::*;
 pub use resnet::*;
 pub use roi_align::*;

@@ -1,0 +1,250 @@
+//! Batch norm on the GPU, the twin of `crate::layers::BatchNorm`: per-channel f64 sums
+//! (`bn_sums`), the statistics, running statistics and backward coefficients computed on the
+//! device from them (`bn_stats`, `bn_running_stats`, `bn_backward_coefficients`), then one pass
+//! to apply it (with the fused ReLU) and one for its input gradient. On one GPU nothing leaves
+//! the device; across ranks the sums are summed on the host by the reducer.
+
+use super::*;
+
+pub(super) struct GBn {
+    /// The timeline span of its passes (the CPU's layer name).
+    pub(super) span: Option<String>,
+    pub(super) c: usize,
+    pub(super) gamma: Slot,
+    pub(super) beta: Slot,
+    /// The running statistics the model started with; on the device from the first pass on
+    /// (`running`), read back by [`GBn::running`].
+    running_mean: Vec<f32>,
+    running_var: Vec<f32>,
+    /// [running mean | running variance] on the device, moved by every training pass.
+    running: Option<Buf>,
+    pub(super) momentum: f64,
+    pub(super) eps: f64,
+    pub(super) input: Option<GTensor>,
+    /// [mean | 1/σ] on the device, from the forward pass for the backward pass.
+    pub(super) stats: Option<Buf>,
+    pub(super) reducer: Option<Arc<dyn Reducer>>,
+}
+
+impl GBn {
+    pub(super) fn new(
+        b: &BatchNorm<f32>,
+        gamma: Slot,
+        beta: Slot,
+        reducer: Option<Arc<dyn Reducer>>,
+    ) -> GBn {
+        GBn {
+            span: Some(layer_name(&b.gamma.name)),
+            c: b.gamma.value.len(),
+            gamma,
+            beta,
+            running_mean: b.running_mean.clone(),
+            running_var: b.running_var.clone(),
+            running: None,
+            momentum: b.momentum,
+            eps: b.eps,
+            input: None,
+            stats: None,
+            reducer,
+        }
+    }
+
+    /// The running statistics (mean, variance) as they stand (a copy from the device, after
+    /// everything enqueued: one synchronisation; checkpoints and the summary, not the step).
+    pub(super) fn running(&self, ctx: &Ctx) -> Result<(Vec<f32>, Vec<f32>), CudaError> {
+        match &self.running {
+            Some(r) => {
+                let mut mean: Vec<f32> = ctx.get(r.ptr, 2 * self.c)?;
+                let var = mean.split_off(self.c);
+                Ok((mean, var))
+            }
+            None => Ok((self.running_mean.clone(), self.running_var.clone())),
+        }
+    }
+
+    /// The device's running statistics, uploaded at the first pass.
+    fn running_buf(&mut self, ctx: &Ctx) -> Result<u64, CudaError> {
+        if self.running.is_none() {
+            let both = [&self.running_mean[..], &self.running_var[..]].concat();
+            self.running = Some(ctx.upload_buf(&both)?);
+        }
+        self.running
+            .as_ref()
+            .map(|r| r.ptr)
+            .ok_or_else(|| CudaError::Check("batch norm running statistics".into()))
+    }
+
+    /// Per-channel [Σ g | Σ g·b] in f64 on the device, over every rank's rows (g = a masked by
+    /// `mask` > 0). On one GPU nothing leaves the device; across ranks the sums go through the
+    /// host's reducer (a synchronisation per call).
+    fn sums(
+        &self,
+        ctx: &mut Ctx,
+        a: u64,
+        b: u64,
+        mask: u64,
+        rows: usize,
+    ) -> Result<Buf, CudaError> {
+        let s = ctx.channel_sums(a, b, mask, rows, self.c)?;
+        if let Some(r) = &self.reducer {
+            let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
+            r.sum_f64(&mut v);
+            ctx.put(s.ptr, &v)?;
+        }
+        Ok(s)
+    }
+
+    pub(super) fn forward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        relu: bool,
+    ) -> Result<GTensor, CudaError> {
+        let t0 = timing(ctx, &self.span)?;
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (x.rows() * ranks) as f64;
+        let (ci, eps) = (c as i32, self.eps);
+        let running = self.running_buf(ctx)?;
+        let stats = ctx.alloc(8 * c)?;
+        let sp = stats.ptr;
+        if train {
+            let s = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            let (sums, momentum) = (s.ptr, self.momentum);
+            // SAFETY: s holds 2c f64; stats and running 2c f32 each.
+            unsafe {
+                ctx.launch(
+                    "bn_stats",
+                    c,
+                    &mut [
+                        arg(&sums),
+                        arg(&m),
+                        arg(&eps),
+                        arg(&momentum),
+                        arg(&sp),
+                        arg(&running),
+                        arg(&ci),
+                    ],
+                )?
+            };
+        } else {
+            // SAFETY: running and stats hold 2c f32 each.
+            unsafe {
+                ctx.launch(
+                    "bn_running_stats",
+                    c,
+                    &mut [arg(&running), arg(&eps), arg(&sp), arg(&ci)],
+                )?
+            };
+        }
+        let y = ctx.tensor(x.n, x.h, x.w, c)?;
+        let (xp, yp, g, b) = (
+            x.ptr(),
+            y.ptr(),
+            flat.value(self.gamma),
+            flat.value(self.beta),
+        );
+        let (mp, ip) = (sp, sp + 4 * c as u64);
+        let (n, r) = (x.len() as u64, relu as i32);
+        // SAFETY: x, y hold n f32; gamma, beta, mean, inv hold c each.
+        unsafe {
+            ctx.launch(
+                "bn_apply",
+                x.len(),
+                &mut [
+                    arg(&xp),
+                    arg(&yp),
+                    arg(&g),
+                    arg(&b),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&n),
+                    arg(&ci),
+                    arg(&r),
+                ],
+            )?
+        };
+        if train {
+            self.input = Some(x);
+            self.stats = Some(stats);
+        }
+        ctx.close(FWD, || self.span.clone().unwrap_or_default(), t0)?;
+        Ok(y)
+    }
+
+    /// dx from dy (masked by `relu_out` > 0 when the forward pass applied ReLU); γ and β
+    /// gradients into the flat gradients (each rank's share of the global sums, as on the CPU).
+    pub(super) fn backward(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        relu_out: Option<&GTensor>,
+    ) -> Result<GTensor, CudaError> {
+        let x = self
+            .input
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let stats = self
+            .stats
+            .take()
+            .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        let t0 = timing(ctx, &self.span)?;
+        let c = self.c;
+        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let m = (dy.rows() * ranks) as f64;
+        let share = 1.0 / ranks as f64;
+        let mask = relu_out.map_or(0, |t| t.ptr());
+        let s = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
+        let coef = ctx.alloc(8 * c)?;
+        let (sums, sp, cp) = (s.ptr, stats.ptr, coef.ptr);
+        let (dg, db) = (flat.grad(self.gamma), flat.grad(self.beta));
+        let ci = c as i32;
+        // SAFETY: s holds 2c f64; stats and coef 2c f32; the γ and β gradients c f32 each.
+        unsafe {
+            ctx.launch(
+                "bn_backward_coefficients",
+                c,
+                &mut [
+                    arg(&sums),
+                    arg(&sp),
+                    arg(&m),
+                    arg(&share),
+                    arg(&dg),
+                    arg(&db),
+                    arg(&cp),
+                    arg(&ci),
+                ],
+            )?
+        };
+        let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
+        let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
+        let (mp, ip) = (sp, sp + 4 * c as u64);
+        let (mdb, mdg) = (cp, cp + 4 * c as u64);
+        let n = dy.len() as u64;
+        // SAFETY: dy, x, mask (or 0), dx hold n f32; the per-channel vectors c each.
+        unsafe {
+            ctx.launch(
+                "bn_backward_dx",
+                dy.len(),
+                &mut [
+                    arg(&dyp),
+                    arg(&xp),
+                    arg(&mask),
+                    arg(&dxp),
+                    arg(&g),
+                    arg(&mp),
+                    arg(&ip),
+                    arg(&mdb),
+                    arg(&mdg),
+                    arg(&n),
+                    arg(&ci),
+                ],
+            )?
+        };
+        ctx.close(BWD, || self.span.clone().unwrap_or_default(), t0)?;
+        Ok(dx)
+    }
+}
