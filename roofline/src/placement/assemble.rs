@@ -25,6 +25,8 @@ pub struct LayerTime {
     /// How it computed its FLOPs, where they are not what ran (e.g. a fast convolution
     /// algorithm: the FLOPs counted are the direct convolution's).
     pub note: Option<String>,
+    /// The library's algorithms it ran (cuDNN's, per direction), where a library chose them.
+    pub algorithm: Option<String>,
 }
 
 /// What running a workload gave, before it is placed.
@@ -175,7 +177,11 @@ pub fn assemble(
             coi: None,
             share_of_step: Some(l.seconds / seconds.median.max(1e-12)),
             bound: b,
-            note: l.note,
+            // The fast-algorithm note and the library's algorithms, one footnote.
+            note: match (l.note, l.algorithm) {
+                (Some(n), Some(a)) => Some(format!("{n}; {a}")),
+                (n, a) => n.or(a),
+            },
         });
     }
     let mut energy = r.energy;

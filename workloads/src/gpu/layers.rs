@@ -148,7 +148,11 @@ impl GConv {
         if let Some(i) = self.plans.iter().position(|(k, _)| *k == key) {
             return Ok(i);
         }
-        self.plans.push((key, ctx.conv_plan(sh)?));
+        let plan = ctx.conv_plan(sh)?;
+        if let Some(span) = &self.span {
+            record_algorithms(span, &plan.describe());
+        }
+        self.plans.push((key, plan));
         Ok(self.plans.len() - 1)
     }
 
@@ -253,6 +257,21 @@ impl GConv {
             Ok(Some(dx))
         }
     }
+}
+
+/// The cuDNN algorithms each timed convolution runs, by its span name (the latest plan's):
+/// `place` names them beside the layer.
+static ALGORITHMS: std::sync::Mutex<Vec<(String, String)>> = std::sync::Mutex::new(Vec::new());
+
+fn record_algorithms(span: &str, described: &str) {
+    let mut a = ALGORITHMS.lock().unwrap_or_else(|e| e.into_inner());
+    a.retain(|(s, _)| s != span);
+    a.push((span.to_string(), described.to_string()));
+}
+
+/// The cuDNN algorithms of the convolutions planned in this process, by layer (span) name.
+pub fn conv_algorithms() -> Vec<(String, String)> {
+    ALGORITHMS.lock().unwrap_or_else(|e| e.into_inner()).clone()
 }
 
 /// A parameter's layer: its name without `.weight` (`layer1.0.conv1`), the CPU's span name.

@@ -105,6 +105,7 @@ pub fn measured(
     // backward) and minimum bytes for this rank's batch.
     let local = (prep.batch() / ranks) as f64;
     let counted = prep.layers();
+    let algorithms = crate::gpu::conv_algorithms();
     let mut layers = Vec::new();
     let mut per_layer: Vec<(String, f64)> = timeline::totals(&measured_spans, "forward");
     for (name, t) in timeline::totals(&measured_spans, "backward") {
@@ -157,6 +158,10 @@ pub fn measured(
             }
             _ => None,
         });
+        let algorithm = algorithms
+            .iter()
+            .find(|(span, _)| *span == name)
+            .map(|(_, a)| format!("cuDNN: {a}"));
         layers.push(LayerTime {
             name,
             seconds: t / n,
@@ -165,6 +170,7 @@ pub fn measured(
             min_bytes: bytes,
             footprint,
             note: winograd.map(str::to_string),
+            algorithm,
         });
     }
     let flops_per_step = s.flops_step_per_image * local;
