@@ -272,17 +272,27 @@ extern "C" __global__ void softmax_xent(const float* z, const int* labels, float
     }
 }
 
-// SGD with momentum and weight decay on f32 master weights, gradients unscaled by inv_scale:
-// v = mu * v + g * inv_scale + wd * w; w -= lr * v (as the CPU's Sgd::step). Nothing when
-// skip is not null and *skip != 0 (nonfinite's flag: a loss-scale overflow skips the step on
-// the device, and the host reads the flag once, at the step's end).
-extern "C" __global__ void sgd_step(float* w, const float* g, float* v, u64 n, float lr, float mu,
-                                    float wd, float inv_scale, const int* skip) {
+// SGD with momentum and weight decay on the f32 master weights, gradients unscaled by
+// inv_scale, over every slot of the flat store in one launch (a step's one optimizer kernel):
+// v = mu * v + g * inv_scale + d * w; w -= lr * v (as the CPU's Sgd::step), d = wd where the
+// slot decays (decay[s] != 0, or decay_all != 0), else 0. Slot blockIdx.y covers [off[s],
+// off[s] + len[s]), the blocks of the x dimension striding over it. Nothing when skip is not
+// null and *skip != 0 (nonfinite's flag: a loss-scale overflow skips the step on the device,
+// and the host reads the flag once, at the step's end).
+extern "C" __global__ void sgd_slots(float* w, const float* g, float* v, const u64* off,
+                                     const u64* len, const unsigned* decay, int decay_all,
+                                     float lr, float mu, float wd, float inv_scale,
+                                     const int* skip) {
     if (skip != 0 && *skip != 0) return;
-    GRID_STRIDE(i, n) {
-        const float vi = mu * v[i] + g[i] * inv_scale + wd * w[i];
-        v[i] = vi;
-        w[i] -= lr * vi;
+    const unsigned s = blockIdx.y;
+    const u64 o = off[s], n = len[s];
+    const float d = (decay_all != 0 || decay[s] != 0) ? wd : 0.0f;
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (u64)gridDim.x * blockDim.x) {
+        const u64 j = o + i;
+        const float vi = mu * v[j] + g[j] * inv_scale + d * w[j];
+        v[j] = vi;
+        w[j] -= lr * vi;
     }
 }
 

@@ -639,6 +639,23 @@ impl Gpu {
         })
     }
 
+    /// [`Gpu::launch`] over a two-dimensional grid (`grid.1` ≤ 65535).
+    ///
+    /// # Safety
+    /// As [`Gpu::launch`].
+    pub unsafe fn launch_2d(
+        &self,
+        f: sys::CUfunction,
+        grid: (u32, u32),
+        block: u32,
+        args: &mut [*mut c_void],
+    ) -> Result<(), CudaError> {
+        // SAFETY: the caller's contract; cuLaunchKernel copies the argument values.
+        check("cuLaunchKernel", unsafe {
+            cu::launch_kernel(f, (grid.0, grid.1, 1), (block, 1, 1), 0, self.stream, args)
+        })
+    }
+
     /// Seconds taken on the GPU by what `work` enqueues on this GPU's stream.
     pub fn time(&self, mut work: impl FnMut() -> Result<(), CudaError>) -> Result<f64, CudaError> {
         let (start, end) = (Event::new()?, Event::new()?);

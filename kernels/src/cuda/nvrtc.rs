@@ -108,7 +108,7 @@ pub const SOURCES: &[Source] = &[
             "column_sums",
             "bias_from_sums",
             "softmax_xent",
-            "sgd_step",
+            "sgd_slots",
             "nonfinite",
             "f32_to_f16",
             "f16_to_f32",

@@ -303,30 +303,41 @@ pub(super) fn update(
         0
     };
     let inv = (1.0 / (scale * ranks as f64)) as f32;
-    let (lr32, mu) = (lr as f32, sgd.momentum as f32);
-    for &s in &flat.slots {
-        let wd = if s.decay || sgd.decay_all {
-            sgd.weight_decay as f32
-        } else {
-            0.0
-        };
-        let (w, g, m, n) = (
-            flat.value(s),
-            flat.grad(s),
-            flat.moms.ptr + 4 * s.off as u64,
-            s.len as u64,
+    let (lr32, mu, wd) = (lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
+    let slots = flat.slots.len();
+    if slots > 65535 {
+        return Err(CudaError::Check(format!(
+            "{slots} parameter slots: one optimizer launch takes at most 65535"
+        )));
+    }
+    if slots > 0 {
+        let s64 = slots as u64;
+        let (w, g, m) = (flat.values.ptr, flat.grads.ptr, flat.moms.ptr);
+        let (off, len, decay) = (
+            flat.table.ptr,
+            flat.table.ptr + 8 * s64,
+            flat.table.ptr + 16 * s64,
         );
-        // SAFETY: each slot's value, gradient and momentum hold `len` f32; skip is null or
-        // the readout's flag.
+        let all = i32::from(sgd.decay_all);
+        // Enough blocks along each slot to fill the GPU with the longest ones.
+        let gx = flat.longest.div_ceil(1024).clamp(1, 256) as u32;
+        let f = ctx.function("sgd_slots")?;
+        // SAFETY: values, gradients and momenta hold `total` f32; the table holds each slot's
+        // offset and length (u64, within `total`) and decay flag (u32); skip is null or the
+        // readout's flag; one block row per slot, 256 threads as the kernel strides.
         unsafe {
-            ctx.launch(
-                "sgd_step",
-                s.len,
+            ctx.gpu.launch_2d(
+                f,
+                (gx, slots as u32),
+                256,
                 &mut [
                     arg(&w),
                     arg(&g),
                     arg(&m),
-                    arg(&n),
+                    arg(&off),
+                    arg(&len),
+                    arg(&decay),
+                    arg(&all),
                     arg(&lr32),
                     arg(&mu),
                     arg(&wd),

@@ -41,6 +41,11 @@ pub(super) struct Flat {
     pub(super) moms: Buf,
     pub(super) slots: Vec<Slot>,
     pub(super) total: usize,
+    /// The slots for `sgd_slots`: [offset (u64) × slots | length (u64) × slots | decays (u32)
+    /// × slots].
+    pub(super) table: Buf,
+    /// The longest slot's length.
+    pub(super) longest: usize,
 }
 
 impl Flat {
@@ -68,10 +73,13 @@ impl Flat {
         let total = hv.len();
         let grads = ctx.alloc(4 * total)?;
         ctx.zero(grads.ptr, 4 * total)?;
+        let table = slot_table(&slots);
         Ok(Flat {
             values: ctx.upload_buf(&hv)?,
             grads,
             moms: ctx.upload_buf(&hm)?,
+            longest: slots.iter().map(|s| s.len).max().unwrap_or(0),
+            table: ctx.upload_buf(&table)?,
             slots,
             total,
         })
@@ -83,6 +91,15 @@ impl Flat {
     pub(super) fn grad(&self, s: Slot) -> u64 {
         self.grads.ptr + 4 * s.off as u64
     }
+}
+
+/// `sgd_slots`' table of `slots`: [offset (u64) × n | length (u64) × n | decays (u32) × n].
+pub(super) fn slot_table(slots: &[Slot]) -> Vec<u8> {
+    let mut table: Vec<u8> = Vec::with_capacity(20 * slots.len());
+    table.extend(slots.iter().flat_map(|s| (s.off as u64).to_ne_bytes()));
+    table.extend(slots.iter().flat_map(|s| (s.len as u64).to_ne_bytes()));
+    table.extend(slots.iter().flat_map(|s| u32::from(s.decay).to_ne_bytes()));
+    table
 }
 
 /// RSCK (the CPU's im2col order: depth × k) → KRSC (cuDNN's NHWC filters).

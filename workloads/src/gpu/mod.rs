@@ -454,6 +454,89 @@ mod tests {
         assert_eq!(krsc_to_rsck(&t, depth, k), w);
     }
 
+    /// `sgd_slots` as the GPU runs it, thread by thread: block row `s` of the 2-D grid takes
+    /// slot `s` from the table, `gx` blocks of 256 threads stride over it.
+    fn sgd_slots_twin(
+        (w, g, v): (&mut [f32], &[f32], &mut [f32]),
+        table: &[u8],
+        slots: usize,
+        gx: usize,
+        (decay_all, lr, mu, wd, inv): (bool, f32, f32, f32, f32),
+    ) {
+        let u64_at = |k: usize| u64::from_ne_bytes(table[8 * k..8 * k + 8].try_into().unwrap());
+        let u32_at = |k: usize| {
+            let b = 16 * slots + 4 * k;
+            u32::from_ne_bytes(table[b..b + 4].try_into().unwrap())
+        };
+        for s in 0..slots {
+            let (o, n) = (u64_at(s) as usize, u64_at(slots + s) as usize);
+            let d = if decay_all || u32_at(s) != 0 { wd } else { 0.0 };
+            for bx in 0..gx {
+                for tx in 0..256 {
+                    let mut i = bx * 256 + tx;
+                    while i < n {
+                        let j = o + i;
+                        let vi = mu * v[j] + g[j] * inv + d * w[j];
+                        v[j] = vi;
+                        w[j] -= lr * vi;
+                        i += gx * 256;
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn one_optimizer_launch_updates_every_slot_once_as_slot_by_slot_sgd_does() {
+        // Lengths that cross the block edges (255, 256, 257), span several strides, and one
+        // slot of a single element; decays as a ResNet's (filters yes, batch norm no).
+        let lens = [255, 256, 257, 1, 3000, 700];
+        let decays = [true, false, true, false, true, false];
+        let mut slots = Vec::new();
+        let mut off = 0;
+        for (&len, &decay) in lens.iter().zip(&decays) {
+            slots.push(Slot {
+                off,
+                len,
+                decay,
+                conv: None,
+            });
+            off += len;
+        }
+        let total = off;
+        let wave = |k: usize, a: f32| {
+            (0..total)
+                .map(|i| ((i * k) % 97) as f32 / 97.0 - a)
+                .collect::<Vec<f32>>()
+        };
+        let (w0, g, v0) = (wave(7, 0.5), wave(13, 0.4), wave(29, 0.1));
+        let (lr, mu, wd, inv) = (0.1f32, 0.9, 1e-4, 1.0 / 1024.0);
+        for decay_all in [false, true] {
+            for gx in [1, 2, 5] {
+                let (mut w, mut v) = (w0.clone(), v0.clone());
+                let table = slot_table(&slots);
+                sgd_slots_twin(
+                    (&mut w, &g, &mut v),
+                    &table,
+                    slots.len(),
+                    gx,
+                    (decay_all, lr, mu, wd, inv),
+                );
+                // Slot by slot, every element once.
+                let (mut w2, mut v2) = (w0.clone(), v0.clone());
+                for s in &slots {
+                    let d = if decay_all || s.decay { wd } else { 0.0 };
+                    for j in s.off..s.off + s.len {
+                        v2[j] = mu * v2[j] + g[j] * inv + d * w2[j];
+                        w2[j] -= lr * v2[j];
+                    }
+                }
+                assert_eq!(w, w2, "gx {gx}, decay_all {decay_all}");
+                assert_eq!(v, v2);
+            }
+        }
+    }
+
     #[test]
     fn a_loss_readout_is_read_as_softmax_xent_writes_it() {
         // Three rows: losses 1, 2, 3 (f64), then the ranks of their labels 1, 3, 7 (i32).
