@@ -100,15 +100,17 @@ extern "C" __global__ void bn_backward_coefficients(const double* s, const float
 }
 
 // Batch norm folded to one scale and shift per channel, a = gamma * inv, d = beta - mean * a
-// (in f32, as on the CPU): y = x * a + d, then ReLU when relu != 0.
+// (in f32, as on the CPU): y = x * a + d, plus the residual s[i] when s is not null (a block's
+// end: bn3, the shortcut's sum and the ReLU in one pass), then ReLU when relu != 0.
 extern "C" __global__ void bn_apply(const float* x, float* y, const float* gamma,
-                                    const float* beta, const float* mean, const float* inv, u64 n,
-                                    int c, int relu) {
+                                    const float* beta, const float* mean, const float* inv,
+                                    const float* s, u64 n, int c, int relu) {
     GRID_STRIDE(i, n) {
         const int ch = (int)(i % (u64)c);
         const float a = gamma[ch] * inv[ch];
         const float d = beta[ch] - mean[ch] * a;
-        const float t = x[i] * a + d;
+        float t = x[i] * a + d;
+        if (s != 0) t += s[i];
         y[i] = (relu != 0 && t < 0.0f) ? 0.0f : t;
     }
 }
@@ -140,14 +142,6 @@ extern "C" __global__ void relu(float* y, u64 n) {
 extern "C" __global__ void relu_mask(const float* y, float* d, u64 n) {
     GRID_STRIDE(i, n) {
         if (!(y[i] > 0.0f)) d[i] = 0.0f;
-    }
-}
-
-// y = relu(y + s): a residual connection and its activation.
-extern "C" __global__ void add_relu(float* y, const float* s, u64 n) {
-    GRID_STRIDE(i, n) {
-        const float t = y[i] + s[i];
-        y[i] = t < 0.0f ? 0.0f : t;
     }
 }
 

@@ -98,7 +98,6 @@ pub const SOURCES: &[Source] = &[
             "bn_backward_dx",
             "relu",
             "relu_mask",
-            "add_relu",
             "add_into",
             "maxpool_forward",
             "maxpool_backward",

@@ -102,6 +102,31 @@ impl GBn {
         train: bool,
         relu: bool,
     ) -> Result<GTensor, CudaError> {
+        self.forward_plus(ctx, flat, x, train, (0, relu))
+    }
+
+    /// relu(batch norm of x + the residual at `s`), in one pass over x: a block's end.
+    pub(super) fn forward_add_relu(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        s: u64,
+    ) -> Result<GTensor, CudaError> {
+        self.forward_plus(ctx, flat, x, train, (s, true))
+    }
+
+    /// The forward pass with `residual` (a device tensor of x's shape, or 0: none) added
+    /// before the ReLU (when `relu`).
+    fn forward_plus(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        x: GTensor,
+        train: bool,
+        (residual, relu): (u64, bool),
+    ) -> Result<GTensor, CudaError> {
         let t0 = timing(ctx, &self.span)?;
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
@@ -148,7 +173,7 @@ impl GBn {
         );
         let (mp, ip) = (sp, sp + 4 * c as u64);
         let (n, r) = (x.len() as u64, relu as i32);
-        // SAFETY: x, y hold n f32; gamma, beta, mean, inv hold c each.
+        // SAFETY: x, y and the residual (or 0) hold n f32; gamma, beta, mean, inv hold c each.
         unsafe {
             ctx.launch(
                 "bn_apply",
@@ -160,6 +185,7 @@ impl GBn {
                     arg(&b),
                     arg(&mp),
                     arg(&ip),
+                    arg(&residual),
                     arg(&n),
                     arg(&ci),
                     arg(&r),

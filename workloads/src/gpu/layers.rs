@@ -304,7 +304,7 @@ pub(super) fn timing(ctx: &mut Ctx, span: &Option<String>) -> Result<Option<Even
     }
 }
 
-/// y op= s over n elements: "add_relu" (y = relu(y + s)), "add_into" (y += s), "relu_mask"
+/// y op= s over n elements: "add_into" (y += s), "relu_mask"
 /// (s = 0 where y ≤ 0: here `y` is the forward output and `s` the gradient).
 pub(super) fn elementwise(
     ctx: &mut Ctx,
@@ -346,7 +346,6 @@ impl GBlock {
         let t = self.c2.forward(ctx, flat, &a, train)?;
         let b = Rc::new(self.b2.forward(ctx, flat, t, train, true)?);
         let t = self.c3.forward(ctx, flat, &b, train)?;
-        let c = self.b3.forward(ctx, flat, t, train, false)?;
         let shortcut = match &mut self.down {
             Some((conv, bn)) => {
                 let t = conv.forward(ctx, flat, x, train)?;
@@ -354,12 +353,9 @@ impl GBlock {
             }
             None => None,
         };
+        // The block's end in one pass: bn3, the shortcut's sum and the ReLU.
         let s = shortcut.as_ref().map_or(x.ptr(), |t| t.ptr());
-        // The residual sum and its ReLU: a span of its own, so that `place` counts it as work
-        // (an unspanned kernel's time reads as idle).
-        let t0 = ctx.mark()?;
-        elementwise(ctx, "add_relu", c.ptr(), s, c.len())?;
-        ctx.close(FWD, || self.sum_span(), t0)?;
+        let c = self.b3.forward_add_relu(ctx, flat, t, train, s)?;
         let out = Rc::new(c);
         if train {
             self.a1 = Some(a);
