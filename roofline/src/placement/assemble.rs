@@ -130,7 +130,7 @@ pub fn assemble(
         .fold((0, 0.0), |(n, s), l| (n + 1, s + l.seconds));
     if noted > 0 {
         point.note = Some(format!(
-            "{noted} of its layers ({:.0}% of the step) run a fast algorithm (Winograd's F(2×2, 3×3): fewer multiplies than the direct convolution) and count the direct convolution's FLOPs, as the papers' rules do: the rate can pass a roof of the operations that ran",
+            "{noted} of its layers ({:.0}% of the step) run a fast algorithm (Winograd's or an FFT: fewer multiplies than the direct convolution; each layer's footnote says which) and count the direct convolution's FLOPs, as the papers' rules do: the rate can pass a roof of the operations that ran",
             100.0 * noted_s / seconds.median.max(1e-12)
         ));
     }

@@ -15,6 +15,10 @@ const WINOGRAD_NOTE: &str = "Winograd F(4×4, 3×3): the FLOPs counted are the d
 /// What a layer computed by Winograd's F(2×2, 3×3) (bf16) says of its FLOPs.
 const WINOGRAD_BF16_NOTE: &str = "Winograd F(2×2, 3×3) in bf16 (forward and input gradient; the filter gradient too with 128 channels or more): the FLOPs counted are the direct convolution's, computed with up to 2.25× fewer multiplies (and the transforms), so the rate may pass the FMA and GEMM roofs";
 
+/// What a GPU layer whose cuDNN algorithm is Winograd's or an FFT (in some direction) says of
+/// its FLOPs.
+const CUDNN_FAST_NOTE: &str = "cuDNN runs a Winograd or FFT algorithm in some direction: the FLOPs counted are the direct convolution's, computed with fewer multiplies, so the rate may pass the GEMM and tensor-core roofs";
+
 /// Which Winograd algorithm the run's 3×3 stride-1 convolutions went through, if any: on the
 /// CPU (`conv::winograd_enabled`), F(4×4, 3×3) in f32, F(2×2, 3×3) in bf16 without AMX on the
 /// images it covers well (`conv::winograd::half::{pays_with, applies_to}`; the products' path
@@ -162,6 +166,11 @@ pub fn measured(
             .iter()
             .find(|(span, _)| *span == name)
             .map(|(_, a)| format!("cuDNN: {a}"));
+        // cuDNN's Winograd and FFT algorithms do fewer multiplies than the FLOPs counted.
+        let fast = algorithm
+            .as_deref()
+            .is_some_and(|a| a.contains("WINOGRAD") || a.contains("_FFT"));
+        let winograd = winograd.or(fast.then_some(CUDNN_FAST_NOTE));
         layers.push(LayerTime {
             name,
             seconds: t / n,
