@@ -45,6 +45,24 @@ fn train_runs_a_small_resnet_and_reports_json() {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {}", v[k]);
     }
     assert!(v["top1"].as_f64().is_some());
+    // The CPU never waits for a GPU; its energy is measured where the packages' counters are
+    // readable, and otherwise says why not (never a number made up).
+    assert_eq!(v["host_syncs_per_step"], 0);
+    let e = &v["energy"];
+    match e["measured"].as_bool() {
+        Some(true) => assert!(e["joules_per_image"].as_f64().unwrap() > 0.0, "{e}"),
+        Some(false) => {
+            assert!(e["joules_per_image"].is_null(), "{e}");
+            assert!(
+                e["note"]
+                    .as_str()
+                    .unwrap()
+                    .starts_with("energy not measured"),
+                "{e}"
+            );
+        }
+        None => panic!("no energy in {v}"),
+    }
     assert!(
         v["aiperf_ops_per_image"]["total"].as_f64().unwrap()
             > v["aiperf_ops_per_image"]["forward"].as_f64().unwrap()
