@@ -60,6 +60,28 @@ pub fn driver_version() -> Result<String, CudaError> {
     Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 
+/// Copies `src` into `dst` (equal lengths), in slices on up to 8 threads when it is large: a
+/// training batch staged for upload (77 MB for ResNet-50 at batch 128) takes about a tenth of a
+/// ResNet step on one thread, and the GPU waits for it.
+pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
+    const PER_THREAD: usize = 8 << 20;
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(8)
+        .min(src.len() / PER_THREAD)
+        .max(1);
+    if threads == 1 {
+        dst.copy_from_slice(src);
+        return;
+    }
+    let chunk = src.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
+            s.spawn(move || d.copy_from_slice(c));
+        }
+    });
+}
+
 /// A device allocation, freed on drop.
 pub struct DevBuf {
     pub ptr: sys::CUdeviceptr,
@@ -470,7 +492,9 @@ impl Gpu {
         };
         let stage = &mut buf.as_mut_slice::<u8>()[off..off + n];
         // SAFETY: `data` is `n` bytes of plain old data.
-        stage.copy_from_slice(unsafe { std::slice::from_raw_parts(data.as_ptr() as *const u8, n) });
+        parallel_copy(stage, unsafe {
+            std::slice::from_raw_parts(data.as_ptr() as *const u8, n)
+        });
         // SAFETY: the caller's contract for `dst`; the source is pinned memory that stays
         // untouched until the stream's next synchronisation.
         check("cuMemcpyHtoDAsync", unsafe {
@@ -748,6 +772,18 @@ impl Drop for Gpu {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A staged batch is copied whole, byte for byte, whatever its length against the slices
+    /// (small: one thread; large: several, the last slice short).
+    #[test]
+    fn a_parallel_copy_is_the_copy() {
+        for n in [0, 1, 4096, (8 << 20) - 1, 8 << 20, (24 << 20) + 3, 77 << 20] {
+            let src: Vec<u8> = (0..n).map(|i| (i * 31 + i / 977) as u8).collect();
+            let mut dst = vec![0u8; n];
+            parallel_copy(&mut dst, &src);
+            assert!(dst == src, "{n} bytes");
+        }
+    }
 
     /// Uploads between two synchronisations never share staging bytes: each goes after the
     /// last (aligned), and one that does not fit gets a new, larger buffer (the old one kept).
