@@ -281,6 +281,10 @@ pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, 
     Ok((algo, memory))
 }
 
+/// Results asked of a search: cuDNN can list an algorithm twice (with and without tensor
+/// cores), so twice the largest direction's algorithm count.
+const FOUND: usize = 16;
+
 /// The fastest usable algorithm for `dir` as cuDNN measures it on these operands
 /// (`cudnnFind*AlgorithmEx`: every algorithm whose workspace fits `ws` is run and timed, and
 /// the results come sorted by time), with the math type it wants set on the convolution
@@ -301,11 +305,11 @@ pub(crate) fn find(
     let fits = |memory: usize| memory <= ws_bytes;
     // SAFETY: live handle and descriptors; the caller's operands hold the tensors the
     // descriptors describe, and the workspace `ws_bytes`; out-arrays of the requested length,
-    // of which cuDNN fills `n` ≤ 8 (the rest stay zeroed and are not read).
+    // of which cuDNN fills `n` ≤ FOUND (the rest stay zeroed and are not read).
     let found = unsafe {
         match dir {
             Dir::Fwd => {
-                let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; 8] = std::mem::zeroed();
+                let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; FOUND] = std::mem::zeroed();
                 dsys::cudnnFindConvolutionForwardAlgorithmEx(
                     h.0,
                     d.x,
@@ -315,7 +319,7 @@ pub(crate) fn find(
                     d.conv,
                     d.y,
                     po,
-                    8,
+                    FOUND as i32,
                     &mut n,
                     perf.as_mut_ptr(),
                     wsp,
@@ -323,13 +327,13 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionForwardAlgorithmEx"))?;
-                perf[..n.clamp(0, 8) as usize]
+                perf[..n.clamp(0, FOUND as i32) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
                     .map(|q| (Algo::Fwd(q.algo), q.mathType, q.memory))
             }
             Dir::BwdData => {
-                let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; 8] = std::mem::zeroed();
+                let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; FOUND] = std::mem::zeroed();
                 dsys::cudnnFindConvolutionBackwardDataAlgorithmEx(
                     h.0,
                     d.w,
@@ -339,7 +343,7 @@ pub(crate) fn find(
                     d.conv,
                     d.x,
                     po,
-                    8,
+                    FOUND as i32,
                     &mut n,
                     perf.as_mut_ptr(),
                     wsp,
@@ -347,13 +351,14 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
-                perf[..n.clamp(0, 8) as usize]
+                perf[..n.clamp(0, FOUND as i32) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
                     .map(|q| (Algo::BwdData(q.algo), q.mathType, q.memory))
             }
             Dir::BwdFilter => {
-                let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; 8] = std::mem::zeroed();
+                let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; FOUND] =
+                    std::mem::zeroed();
                 dsys::cudnnFindConvolutionBackwardFilterAlgorithmEx(
                     h.0,
                     d.x,
@@ -363,7 +368,7 @@ pub(crate) fn find(
                     d.conv,
                     d.w,
                     po,
-                    8,
+                    FOUND as i32,
                     &mut n,
                     perf.as_mut_ptr(),
                     wsp,
@@ -371,7 +376,7 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
-                perf[..n.clamp(0, 8) as usize]
+                perf[..n.clamp(0, FOUND as i32) as usize]
                     .iter()
                     .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
                     .map(|q| (Algo::BwdFilter(q.algo), q.mathType, q.memory))
