@@ -205,13 +205,78 @@ fn usable(p: Prec, status: dsys::cudnnStatus_t, memory: usize, m: dsys::cudnnMat
         && (p != Prec::F32 || m == dsys::cudnnMathType_t::CUDNN_FMA_MATH)
 }
 
+/// One entry of cuDNN's algorithm lists (heuristic or measured), whichever direction.
+trait AlgoPerf {
+    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t);
+}
+
+impl AlgoPerf for dsys::cudnnConvolutionFwdAlgoPerf_t {
+    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
+        (
+            Algo::Fwd(self.algo),
+            self.status,
+            self.memory,
+            self.mathType,
+        )
+    }
+}
+
+impl AlgoPerf for dsys::cudnnConvolutionBwdDataAlgoPerf_t {
+    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
+        (
+            Algo::BwdData(self.algo),
+            self.status,
+            self.memory,
+            self.mathType,
+        )
+    }
+}
+
+impl AlgoPerf for dsys::cudnnConvolutionBwdFilterAlgoPerf_t {
+    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
+        (
+            Algo::BwdFilter(self.algo),
+            self.status,
+            self.memory,
+            self.mathType,
+        )
+    }
+}
+
+/// The first usable entry of the `n` cuDNN filled (within `workspace` bytes), with the math
+/// type it wants set on `d`'s convolution descriptor; `none` is the error's words when there is
+/// no such entry.
+fn adopt<P: AlgoPerf>(
+    d: &Descs,
+    p: Prec,
+    (perf, n): (&[P], i32),
+    workspace: usize,
+    none: impl FnOnce() -> String,
+) -> Result<(Algo, usize), CudaError> {
+    let (algo, _, memory, math_type) = perf[..n.clamp(0, perf.len() as i32) as usize]
+        .iter()
+        .map(AlgoPerf::entry)
+        .find(|&(_, status, memory, m)| usable(p, status, memory, m) && memory <= workspace)
+        .ok_or_else(|| CudaError::Unsupported(none()))?;
+    // SAFETY: live descriptor.
+    unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
+        .map_err(e("cudnnSetConvolutionMathType"))?;
+    Ok((algo, memory))
+}
+
 /// The heuristic's first usable algorithm for `dir`, with the math type it wants set on the
 /// convolution descriptor (cuDNN's rule for the _v7 heuristics).
 pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, usize), CudaError> {
     let mut n = 0i32;
+    let none = || {
+        format!(
+            "cuDNN offers no usable {} algorithm for this shape",
+            dir.name()
+        )
+    };
     // SAFETY: live handle and descriptors; out-arrays of the requested length; cuDNN fills
     // `n` ≤ 8 entries, the rest stay zeroed and are not read.
-    let found = unsafe {
+    unsafe {
         match dir {
             Dir::Fwd => {
                 let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; 8] = std::mem::zeroed();
@@ -226,10 +291,7 @@ pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, 
                     perf.as_mut_ptr(),
                 )
                 .map_err(e("cudnnGetConvolutionForwardAlgorithm_v7"))?;
-                perf[..n.clamp(0, 8) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::Fwd(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), WORKSPACE_LIMIT, none)
             }
             Dir::BwdData => {
                 let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; 8] = std::mem::zeroed();
@@ -244,10 +306,7 @@ pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, 
                     perf.as_mut_ptr(),
                 )
                 .map_err(e("cudnnGetConvolutionBackwardDataAlgorithm_v7"))?;
-                perf[..n.clamp(0, 8) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::BwdData(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), WORKSPACE_LIMIT, none)
             }
             Dir::BwdFilter => {
                 let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; 8] = std::mem::zeroed();
@@ -262,23 +321,10 @@ pub(crate) fn choose(h: &Handle, d: &Descs, p: Prec, dir: Dir) -> Result<(Algo, 
                     perf.as_mut_ptr(),
                 )
                 .map_err(e("cudnnGetConvolutionBackwardFilterAlgorithm_v7"))?;
-                perf[..n.clamp(0, 8) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType))
-                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), WORKSPACE_LIMIT, none)
             }
         }
-    };
-    let (algo, math_type, memory) = found.ok_or_else(|| {
-        CudaError::Unsupported(format!(
-            "cuDNN offers no usable {} algorithm for this shape",
-            dir.name()
-        ))
-    })?;
-    // SAFETY: live descriptor.
-    unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
-        .map_err(e("cudnnSetConvolutionMathType"))?;
-    Ok((algo, memory))
+    }
 }
 
 /// Results asked of a search: cuDNN can list an algorithm twice (with and without tensor
@@ -302,11 +348,16 @@ pub(crate) fn find(
     let mut n = 0i32;
     let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
     let (wsp, wsb) = (ws_ptr as *mut c_void, ws_bytes);
-    let fits = |memory: usize| memory <= ws_bytes;
+    let none = || {
+        format!(
+            "cuDNN measured no usable {} algorithm for this shape",
+            dir.name()
+        )
+    };
     // SAFETY: live handle and descriptors; the caller's operands hold the tensors the
     // descriptors describe, and the workspace `ws_bytes`; out-arrays of the requested length,
     // of which cuDNN fills `n` ≤ FOUND (the rest stay zeroed and are not read).
-    let found = unsafe {
+    unsafe {
         match dir {
             Dir::Fwd => {
                 let mut perf: [dsys::cudnnConvolutionFwdAlgoPerf_t; FOUND] = std::mem::zeroed();
@@ -327,10 +378,7 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionForwardAlgorithmEx"))?;
-                perf[..n.clamp(0, FOUND as i32) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
-                    .map(|q| (Algo::Fwd(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), ws_bytes, none)
             }
             Dir::BwdData => {
                 let mut perf: [dsys::cudnnConvolutionBwdDataAlgoPerf_t; FOUND] = std::mem::zeroed();
@@ -351,10 +399,7 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionBackwardDataAlgorithmEx"))?;
-                perf[..n.clamp(0, FOUND as i32) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
-                    .map(|q| (Algo::BwdData(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), ws_bytes, none)
             }
             Dir::BwdFilter => {
                 let mut perf: [dsys::cudnnConvolutionBwdFilterAlgoPerf_t; FOUND] =
@@ -376,23 +421,10 @@ pub(crate) fn find(
                 )
                 .result()
                 .map_err(e("cudnnFindConvolutionBackwardFilterAlgorithmEx"))?;
-                perf[..n.clamp(0, FOUND as i32) as usize]
-                    .iter()
-                    .find(|q| usable(p, q.status, q.memory, q.mathType) && fits(q.memory))
-                    .map(|q| (Algo::BwdFilter(q.algo), q.mathType, q.memory))
+                adopt(d, p, (&perf, n), ws_bytes, none)
             }
         }
-    };
-    let (algo, math_type, memory) = found.ok_or_else(|| {
-        CudaError::Unsupported(format!(
-            "cuDNN measured no usable {} algorithm for this shape",
-            dir.name()
-        ))
-    })?;
-    // SAFETY: live descriptor.
-    unsafe { dnn::set_convolution_math_type(d.conv, math_type) }
-        .map_err(e("cudnnSetConvolutionMathType"))?;
-    Ok((algo, memory))
+    }
 }
 
 /// The math type set on `d`'s convolution descriptor.

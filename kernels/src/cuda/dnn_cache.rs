@@ -251,16 +251,17 @@ mod tests {
         );
     }
 
+    /// A cache file at `path` for `key()` holding one f32 choice for `shape()`.
+    fn written_f32(path: &Path) {
+        let mut c = AlgoCache::open(path, key());
+        let choice = PlanChoice::from_codes([1, 0, 1], [3, 3, 3]).unwrap();
+        c.put(&shape(), Prec::F32, &choice).unwrap();
+    }
+
     #[test]
     fn another_gpu_driver_or_cudnn_or_a_corrupt_file_is_ignored_with_a_note() {
         let path = dir("stale").join("c.json");
-        let mut c = AlgoCache::open(&path, key());
-        c.put(
-            &shape(),
-            Prec::F32,
-            &PlanChoice::from_codes([1, 0, 1], [3, 3, 3]).unwrap(),
-        )
-        .unwrap();
+        written_f32(&path);
         for other in [
             CacheKey {
                 gpu: "NVIDIA H100 80GB HBM3".into(),
@@ -293,13 +294,7 @@ mod tests {
             assert!(c.note.is_some(), "{bad:?}");
         }
         // An entry whose code this cuDNN does not define is dropped, the others kept.
-        let mut c = AlgoCache::open(&path, key());
-        c.put(
-            &shape(),
-            Prec::F32,
-            &PlanChoice::from_codes([1, 0, 1], [3, 3, 3]).unwrap(),
-        )
-        .unwrap();
+        written_f32(&path);
         let text = std::fs::read_to_string(&path).unwrap();
         let mut f: File = serde_json::from_str(&text).unwrap();
         let mut bad = f.entries[0].clone();

@@ -170,7 +170,7 @@ pub fn measured(
         let fast = algorithm
             .as_deref()
             .is_some_and(|a| a.contains("WINOGRAD") || a.contains("_FFT"));
-        let winograd = winograd.or(fast.then_some(CUDNN_FAST_NOTE));
+        let fast_note = winograd.or(fast.then_some(CUDNN_FAST_NOTE));
         layers.push(LayerTime {
             name,
             seconds: t / n,
@@ -178,7 +178,7 @@ pub fn measured(
             flops,
             min_bytes: bytes,
             footprint,
-            note: winograd.map(str::to_string),
+            note: fast_note.map(str::to_string),
             algorithm,
         });
     }
