@@ -1,11 +1,16 @@
 // The embedded trainer's own kernels (the convolutions are cuDNN's and the classifier cuBLAS's):
 // batch-norm statistics and application, ReLU masks, residual adds, pooling, bias, the softmax
 // cross-entropy, SGD with momentum and weight decay, the finite check for loss scaling, and the
-// f32 <-> f16/bf16 casts of mixed precision. Tensors are NHWC f32 (channel = index % c), sizes
-// are 64-bit, every loop is grid-stride, so any grid size is correct. No headers: the half
-// conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/src/layers.rs`
-// or `train.rs`, and the GPU self-test compares the two. Batch norm's statistics stay on the
+// f32 <-> f16/bf16 casts of mixed precision. Tensors are NHWC (channel = index % c), sizes are
+// 64-bit, every loop is grid-stride, so any grid size is correct. No headers: the half
+// conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/src/layers` or
+// `train`, and the GPU self-test compares the two. Batch norm's statistics stay on the
 // device: a training step on one GPU makes no host round trip for them.
+//
+// Activations are stored in f32, or in 16 bits (f16 or bf16) in mixed precision: the kernels
+// that read or write them are templates over the storage type, read it into f32 registers,
+// compute in f32 (with f32 parameters and statistics) and round to nearest even when they
+// write. STORAGE_TYPES instantiates each as <kernel>_f32, <kernel>_f16 and <kernel>_bf16.
 
 typedef unsigned long long u64;
 
@@ -13,13 +18,60 @@ typedef unsigned long long u64;
     for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
          i += (u64)gridDim.x * blockDim.x)
 
+// The 16-bit storage types: IEEE half (h16) and bfloat16 (b16), as their bits.
+struct h16 {
+    unsigned short v;
+};
+struct b16 {
+    unsigned short v;
+};
+
+__device__ __forceinline__ float ld(const float* p, u64 i) { return p[i]; }
+__device__ __forceinline__ float ld(const h16* p, u64 i) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(p[i].v));
+    return f;
+}
+__device__ __forceinline__ float ld(const b16* p, u64 i) {
+    return __uint_as_float(((unsigned)p[i].v) << 16);
+}
+__device__ __forceinline__ void st(float* p, u64 i, float x) { p[i] = x; }
+__device__ __forceinline__ void st(h16* p, u64 i, float x) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    p[i].v = h;
+}
+__device__ __forceinline__ void st(b16* p, u64 i, float x) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    p[i].v = h;
+}
+
+// K(suffix, type) for each storage type: one entry point per type.
+#define STORAGE_TYPES(K) K(f32, float) K(f16, h16) K(bf16, b16)
+
+// The channel of this thread's first element of a grid-stride loop over c channels, and what
+// the loop's stride adds to it (mod c): the channel follows i with no 64-bit division per
+// element.
+__device__ __forceinline__ int first_channel(int c) {
+    return (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) % (u64)c);
+}
+__device__ __forceinline__ int channel_step(int c) {
+    return (int)(((u64)gridDim.x * blockDim.x) % (u64)c);
+}
+__device__ __forceinline__ int next_channel(int ch, int step, int c) {
+    ch += step;
+    return ch >= c ? ch - c : ch;
+}
+
 // Per-channel sums over the rows of an NHWC tensor, accumulated in f64 and added into s1, s2
 // (zeroed by the caller): s1 += g, s2 += g * b, with g = a masked by mask > 0 (when mask is not
 // null) and b = a when b is null. Blocks of 256 threads: 32 channels by 8 rows. Block i covers
 // channel tile i % tiles (tiles = ceil(c / 32)) and strides over the rows from slice i / tiles
 // (gridDim.x must be a multiple of tiles).
-extern "C" __global__ void bn_sums(const float* a, const float* b, const float* mask, u64 rows,
-                                   int c, int tiles, double* s1, double* s2) {
+template <class T>
+__device__ __forceinline__ void bn_sums_k(const T* a, const T* b, const T* mask, u64 rows, int c,
+                                          int tiles, double* s1, double* s2) {
     __shared__ double p1[8][33];
     __shared__ double p2[8][33];
     const int tx = threadIdx.x % 32, ty = threadIdx.x / 32;
@@ -29,11 +81,11 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, const float* 
     if (ch < c) {
         for (u64 r = slice * 8 + ty; r < rows; r += slices * 8) {
             const u64 i = r * (u64)c + ch;
-            float g = a[i];
-            if (mask != 0 && !(mask[i] > 0.0f)) g = 0.0f;
-            const float v = b != 0 ? b[i] : a[i];
+            const float v = ld(a, i);
+            const float g = (mask != 0 && !(ld(mask, i) > 0.0f)) ? 0.0f : v;
+            const float w = b != 0 ? ld(b, i) : v;
             q1 += (double)g;
-            q2 += (double)g * (double)v;
+            q2 += (double)g * (double)w;
         }
     }
     p1[ty][tx] = q1;
@@ -49,6 +101,12 @@ extern "C" __global__ void bn_sums(const float* a, const float* b, const float* 
         atomicAdd(&s2[ch], t2);
     }
 }
+#define BN_SUMS(S, T)                                                                          \
+    extern "C" __global__ void bn_sums_##S(const T* a, const T* b, const T* mask, u64 rows,     \
+                                           int c, int tiles, double* s1, double* s2) {         \
+        bn_sums_k(a, b, mask, rows, c, tiles, s1, s2);                                         \
+    }
+STORAGE_TYPES(BN_SUMS)
 
 // Batch norm's statistics on the device, from the per-channel f64 sums s = [Σx | Σx²] over
 // the global batch's m rows, as the CPU's batch_statistics: stats = [mean | 1/σ], rounded once
@@ -102,34 +160,55 @@ extern "C" __global__ void bn_backward_coefficients(const double* s, const float
 // Batch norm folded to one scale and shift per channel, a = gamma * inv, d = beta - mean * a
 // (in f32, as on the CPU): y = x * a + d, plus the residual s[i] when s is not null (a block's
 // end: bn3, the shortcut's sum and the ReLU in one pass), then ReLU when relu != 0.
-extern "C" __global__ void bn_apply(const float* x, float* y, const float* gamma,
-                                    const float* beta, const float* mean, const float* inv,
-                                    const float* s, u64 n, int c, int relu) {
+template <class T>
+__device__ __forceinline__ void bn_apply_k(const T* x, T* y, const float* gamma,
+                                           const float* beta, const float* mean, const float* inv,
+                                           const T* s, u64 n, int c, int relu) {
+    const int step = channel_step(c);
+    int ch = first_channel(c);
     GRID_STRIDE(i, n) {
-        const int ch = (int)(i % (u64)c);
         const float a = gamma[ch] * inv[ch];
         const float d = beta[ch] - mean[ch] * a;
-        float t = x[i] * a + d;
-        if (s != 0) t += s[i];
-        y[i] = (relu != 0 && t < 0.0f) ? 0.0f : t;
+        float t = ld(x, i) * a + d;
+        if (s != 0) t += ld(s, i);
+        st(y, i, (relu != 0 && t < 0.0f) ? 0.0f : t);
+        ch = next_channel(ch, step, c);
     }
 }
+#define BN_APPLY(S, T)                                                                         \
+    extern "C" __global__ void bn_apply_##S(const T* x, T* y, const float* gamma,               \
+                                            const float* beta, const float* mean,              \
+                                            const float* inv, const T* s, u64 n, int c,        \
+                                            int relu) {                                        \
+        bn_apply_k(x, y, gamma, beta, mean, inv, s, n, c, relu);                               \
+    }
+STORAGE_TYPES(BN_APPLY)
 
 // Batch norm's input gradient: g = dy masked by mask > 0 (the fused ReLU; none when mask is
 // null), h = (x - mean) * inv, dx = gamma * inv * (g - mdb - h * mdg), all per channel (mdb,
 // mdg: the means of dy and of dy * h over the global batch).
-extern "C" __global__ void bn_backward_dx(const float* dy, const float* x, const float* mask,
-                                          float* dx, const float* gamma, const float* mean,
-                                          const float* inv, const float* mdb, const float* mdg,
-                                          u64 n, int c) {
+template <class T>
+__device__ __forceinline__ void bn_backward_dx_k(const T* dy, const T* x, const T* mask, T* dx,
+                                                 const float* gamma, const float* mean,
+                                                 const float* inv, const float* mdb,
+                                                 const float* mdg, u64 n, int c) {
+    const int step = channel_step(c);
+    int ch = first_channel(c);
     GRID_STRIDE(i, n) {
-        const int ch = (int)(i % (u64)c);
-        float g = dy[i];
-        if (mask != 0 && !(mask[i] > 0.0f)) g = 0.0f;
-        const float h = (x[i] - mean[ch]) * inv[ch];
-        dx[i] = gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]);
+        float g = ld(dy, i);
+        if (mask != 0 && !(ld(mask, i) > 0.0f)) g = 0.0f;
+        const float h = (ld(x, i) - mean[ch]) * inv[ch];
+        st(dx, i, gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]));
+        ch = next_channel(ch, step, c);
     }
 }
+#define BN_BACKWARD_DX(S, T)                                                                   \
+    extern "C" __global__ void bn_backward_dx_##S(                                             \
+        const T* dy, const T* x, const T* mask, T* dx, const float* gamma, const float* mean,  \
+        const float* inv, const float* mdb, const float* mdg, u64 n, int c) {                  \
+        bn_backward_dx_k(dy, x, mask, dx, gamma, mean, inv, mdb, mdg, n, c);                   \
+    }
+STORAGE_TYPES(BN_BACKWARD_DX)
 
 // y = max(y, 0) in place (the detector heads' activations; NaN becomes 0, as on the CPU).
 extern "C" __global__ void relu(float* y, u64 n) {
@@ -139,21 +218,30 @@ extern "C" __global__ void relu(float* y, u64 n) {
 }
 
 // d = 0 where the forward output y was not positive (ReLU backward, in place).
-extern "C" __global__ void relu_mask(const float* y, float* d, u64 n) {
+template <class T>
+__device__ __forceinline__ void relu_mask_k(const T* y, T* d, u64 n) {
     GRID_STRIDE(i, n) {
-        if (!(y[i] > 0.0f)) d[i] = 0.0f;
+        if (!(ld(y, i) > 0.0f)) st(d, i, 0.0f);
     }
 }
+#define RELU_MASK(S, T)                                                                        \
+    extern "C" __global__ void relu_mask_##S(const T* y, T* d, u64 n) { relu_mask_k(y, d, n); }
+STORAGE_TYPES(RELU_MASK)
 
 // y += s.
-extern "C" __global__ void add_into(float* y, const float* s, u64 n) {
-    GRID_STRIDE(i, n) { y[i] += s[i]; }
+template <class T>
+__device__ __forceinline__ void add_into_k(T* y, const T* s, u64 n) {
+    GRID_STRIDE(i, n) { st(y, i, ld(y, i) + ld(s, i)); }
 }
+#define ADD_INTO(S, T)                                                                         \
+    extern "C" __global__ void add_into_##S(T* y, const T* s, u64 n) { add_into_k(y, s, n); }
+STORAGE_TYPES(ADD_INTO)
 
-// Max pooling 3x3, stride 2, padding 1, NHWC; arg holds each output's input index within its
-// image (the first maximum in window order, as on the CPU).
-extern "C" __global__ void maxpool_forward(const float* x, float* y, unsigned* arg, int n, int h,
-                                           int w, int c, int oh, int ow) {
+// Max pooling 3x3, stride 2, padding 1, NHWC; tap holds each output's winning tap, ky * 3 + kx
+// (the first maximum in window order, as on the CPU): a byte, where an input index took four.
+template <class T>
+__device__ __forceinline__ void maxpool_forward_k(const T* x, T* y, unsigned char* tap, int n,
+                                                  int h, int w, int c, int oh, int ow) {
     const u64 total = (u64)n * oh * ow * c;
     GRID_STRIDE(o, total) {
         const int ch = (int)(o % c);
@@ -161,60 +249,104 @@ extern "C" __global__ void maxpool_forward(const float* x, float* y, unsigned* a
         const int ox = (int)(p % ow);
         const int oy = (int)((p / ow) % oh);
         const int img = (int)(p / ((u64)ow * oh));
-        const float* xi = x + (u64)img * h * w * c;
+        const T* xi = x + (u64)img * h * w * c;
         float best = 0.0f;
-        unsigned at = 0;
-        int found = 0;
+        int at = 9, found = 0;
         for (int ky = 0; ky < 3; ++ky) {
             const int iy = oy * 2 + ky - 1;
             if (iy < 0 || iy >= h) continue;
             for (int kx = 0; kx < 3; ++kx) {
                 const int ix = ox * 2 + kx - 1;
                 if (ix < 0 || ix >= w) continue;
-                const unsigned idx = (unsigned)((iy * w + ix) * c + ch);
-                const float v = xi[idx];
+                const float v = ld(xi, (u64)(iy * w + ix) * c + ch);
                 if (!found || v > best) {
                     best = v;
-                    at = idx;
+                    at = ky * 3 + kx;
                     found = 1;
                 }
             }
         }
-        y[o] = best;
-        arg[o] = at;
+        st(y, o, best);
+        tap[o] = (unsigned char)at;
     }
 }
+#define MAXPOOL_FORWARD(S, T)                                                                  \
+    extern "C" __global__ void maxpool_forward_##S(const T* x, T* y, unsigned char* tap, int n, \
+                                                   int h, int w, int c, int oh, int ow) {      \
+        maxpool_forward_k(x, y, tap, n, h, w, c, oh, ow);                                      \
+    }
+STORAGE_TYPES(MAXPOOL_FORWARD)
 
-// dx (zeroed by the caller) += dy at each output's arg; windows overlap, so atomically.
-extern "C" __global__ void maxpool_backward(const float* dy, const unsigned* arg, float* dx,
-                                            int n, int hwc, int per_out) {
-    const u64 total = (u64)n * per_out;
-    GRID_STRIDE(o, total) {
-        const u64 img = o / (u64)per_out;
-        atomicAdd(&dx[img * (u64)hwc + arg[o]], dy[o]);
+// Max pooling's backward pass as a gather: each input element sums the gradients of the (at
+// most four) windows whose winning tap it was, in the outputs' order, and is written once (no
+// zeroed buffer, no atomics; the bits of the CPU's scatter in output order).
+template <class T>
+__device__ __forceinline__ void maxpool_backward_k(const T* dy, const unsigned char* tap, T* dx,
+                                                   int n, int h, int w, int c, int oh, int ow) {
+    const u64 total = (u64)n * h * w * c;
+    GRID_STRIDE(i, total) {
+        const int ch = (int)(i % c);
+        const u64 p = i / c;
+        const int ix = (int)(p % w);
+        const int iy = (int)((p / w) % h);
+        const u64 img = p / ((u64)w * h);
+        // Output row oy's window covers rows 2oy - 1 .. 2oy + 1.
+        const int oy0 = iy / 2, oy1 = min((iy + 1) / 2, oh - 1);
+        const int ox0 = ix / 2, ox1 = min((ix + 1) / 2, ow - 1);
+        float s = 0.0f;
+        for (int oy = oy0; oy <= oy1; ++oy) {
+            for (int ox = ox0; ox <= ox1; ++ox) {
+                const u64 o = ((img * oh + oy) * ow + ox) * c + ch;
+                const int t = (iy - 2 * oy + 1) * 3 + (ix - 2 * ox + 1);
+                if (tap[o] == t) s += ld(dy, o);
+            }
+        }
+        st(dx, i, s);
     }
 }
+#define MAXPOOL_BACKWARD(S, T)                                                                 \
+    extern "C" __global__ void maxpool_backward_##S(const T* dy, const unsigned char* tap,      \
+                                                    T* dx, int n, int h, int w, int c, int oh, \
+                                                    int ow) {                                  \
+        maxpool_backward_k(dy, tap, dx, n, h, w, c, oh, ow);                                   \
+    }
+STORAGE_TYPES(MAXPOOL_BACKWARD)
 
-// Global average pooling: y[img, ch] = mean over the hw positions.
-extern "C" __global__ void avgpool_forward(const float* x, float* y, int n, int hw, int c) {
+// Global average pooling: y[img, ch] = mean over the hw positions, written in f32 whatever
+// the input's storage (the classifier runs in f32: the pool is where 16-bit activations end).
+template <class T>
+__device__ __forceinline__ void avgpool_forward_k(const T* x, float* y, int n, int hw, int c) {
     const u64 total = (u64)n * c;
     GRID_STRIDE(o, total) {
         const u64 img = o / c;
         const int ch = (int)(o % c);
         float s = 0.0f;
-        for (int p = 0; p < hw; ++p) s += x[(img * hw + p) * c + ch];
+        for (int p = 0; p < hw; ++p) s += ld(x, (img * hw + p) * c + ch);
         y[o] = s * (1.0f / (float)hw);
     }
 }
+#define AVGPOOL_FORWARD(S, T)                                                                  \
+    extern "C" __global__ void avgpool_forward_##S(const T* x, float* y, int n, int hw, int c) { \
+        avgpool_forward_k(x, y, n, hw, c);                                                     \
+    }
+STORAGE_TYPES(AVGPOOL_FORWARD)
 
-extern "C" __global__ void avgpool_backward(const float* dy, float* dx, int n, int hw, int c) {
+// The pool's input gradient in the activations' storage, from the classifier's f32 gradient.
+template <class T>
+__device__ __forceinline__ void avgpool_backward_k(const float* dy, T* dx, int n, int hw, int c) {
     const u64 total = (u64)n * hw * c;
     GRID_STRIDE(i, total) {
         const int ch = (int)(i % c);
         const u64 img = i / ((u64)hw * c);
-        dx[i] = dy[img * c + ch] * (1.0f / (float)hw);
+        st(dx, i, dy[img * c + ch] * (1.0f / (float)hw));
     }
 }
+#define AVGPOOL_BACKWARD(S, T)                                                                 \
+    extern "C" __global__ void avgpool_backward_##S(const float* dy, T* dx, int n, int hw,      \
+                                                    int c) {                                   \
+        avgpool_backward_k(dy, dx, n, hw, c);                                                  \
+    }
+STORAGE_TYPES(AVGPOOL_BACKWARD)
 
 // y[row, j] += b[j] (the classifier's bias).
 extern "C" __global__ void add_bias(float* y, const float* b, u64 n, int k) {
@@ -269,13 +401,15 @@ extern "C" __global__ void softmax_xent(const float* z, const int* labels, float
 // SGD with momentum and weight decay on the f32 master weights, gradients unscaled by
 // inv_scale, over every slot of the flat store in one launch (a step's one optimizer kernel):
 // v = mu * v + g * inv_scale + d * w; w -= lr * v (as the CPU's Sgd::step), d = wd where the
-// slot decays (decay[s] != 0, or decay_all != 0), else 0. Slot blockIdx.y covers [off[s],
-// off[s] + len[s]), the blocks of the x dimension striding over it. Nothing when skip is not
-// null and *skip != 0 (nonfinite's flag: a loss-scale overflow skips the step on the device,
-// and the host reads the flag once, at the step's end).
-extern "C" __global__ void sgd_slots(float* w, const float* g, float* v, const u64* off,
-                                     const u64* len, const unsigned* decay, int decay_all,
-                                     float lr, float mu, float wd, float inv_scale,
+// slot decays (decay[s] != 0, or decay_all != 0), else 0; in the same pass the 16-bit copy
+// that mixed precision's convolutions read (w16: f16 when w16_type is 1, bf16 when 2, none
+// when 0). Slot blockIdx.y covers [off[s], off[s] + len[s]), the blocks of the x dimension
+// striding over it. Nothing when skip is not null and *skip != 0 (nonfinite's flag: a
+// loss-scale overflow skips the step on the device, and the host reads the flag once, at the
+// step's end).
+extern "C" __global__ void sgd_slots(float* w, const float* g, float* v, void* w16, int w16_type,
+                                     const u64* off, const u64* len, const unsigned* decay,
+                                     int decay_all, float lr, float mu, float wd, float inv_scale,
                                      const int* skip) {
     if (skip != 0 && *skip != 0) return;
     const unsigned s = blockIdx.y;
@@ -286,7 +420,10 @@ extern "C" __global__ void sgd_slots(float* w, const float* g, float* v, const u
         const u64 j = o + i;
         const float vi = mu * v[j] + g[j] * inv_scale + d * w[j];
         v[j] = vi;
-        w[j] -= lr * vi;
+        const float wj = w[j] - lr * vi;
+        w[j] = wj;
+        if (w16_type == 1) st((h16*)w16, j, wj);
+        if (w16_type == 2) st((b16*)w16, j, wj);
     }
 }
 

@@ -17,6 +17,17 @@ pub struct Source {
     pub purpose: &'static str,
 }
 
+/// A source's kernel names: the `plain` ones, then each `typed` one once per storage type
+/// (`<name>_f32`, `<name>_f16`, `<name>_bf16`, as [`typed!`](crate::typed) names them).
+macro_rules! kernel_list {
+    ([$($plain:literal),*], typed[$($typed:literal),*]) => {
+        &[
+            $($plain,)*
+            $(concat!($typed, "_f32"), concat!($typed, "_f16"), concat!($typed, "_bf16"),)*
+        ]
+    };
+}
+
 /// Every kernel source roofline compiles at run time.
 pub const SOURCES: &[Source] = &[
     Source {
@@ -89,31 +100,35 @@ pub const SOURCES: &[Source] = &[
     Source {
         file: "train.cu",
         text: include_str!("../../cuda/train.cu"),
-        kernels: &[
-            "bn_sums",
-            "bn_stats",
-            "bn_running_stats",
-            "bn_backward_coefficients",
-            "bn_apply",
-            "bn_backward_dx",
-            "relu",
-            "relu_mask",
-            "add_into",
-            "maxpool_forward",
-            "maxpool_backward",
-            "avgpool_forward",
-            "avgpool_backward",
-            "add_bias",
-            "column_sums",
-            "bias_from_sums",
-            "softmax_xent",
-            "sgd_slots",
-            "nonfinite",
-            "f32_to_f16",
-            "f16_to_f32",
-            "f32_to_bf16",
-            "bf16_to_f32",
-        ],
+        kernels: kernel_list!(
+            [
+                "bn_stats",
+                "bn_running_stats",
+                "bn_backward_coefficients",
+                "relu",
+                "add_bias",
+                "column_sums",
+                "bias_from_sums",
+                "softmax_xent",
+                "sgd_slots",
+                "nonfinite",
+                "f32_to_f16",
+                "f16_to_f32",
+                "f32_to_bf16",
+                "bf16_to_f32"
+            ],
+            typed[
+                "bn_sums",
+                "bn_apply",
+                "bn_backward_dx",
+                "relu_mask",
+                "add_into",
+                "maxpool_forward",
+                "maxpool_backward",
+                "avgpool_forward",
+                "avgpool_backward"
+            ]
+        ),
         purpose:
             "the trainer's layers on the GPU: batch norm, ReLU, residual, pooling, loss, SGD, casts",
     },

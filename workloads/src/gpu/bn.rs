@@ -80,12 +80,16 @@ impl GBn {
     fn sums(
         &self,
         ctx: &mut Ctx,
-        a: u64,
-        b: u64,
-        mask: u64,
-        rows: usize,
+        a: &GTensor,
+        b: Option<&GTensor>,
+        mask: Option<&GTensor>,
     ) -> Result<Buf, CudaError> {
-        let s = ctx.channel_sums(a, b, mask, rows, self.c)?;
+        let mut all = vec![a];
+        all.extend(b);
+        all.extend(mask);
+        let dt = same_storage("batch norm sums", &all)?;
+        let (bp, mp) = (b.map_or(0, |t| t.ptr()), mask.map_or(0, |t| t.ptr()));
+        let s = ctx.channel_sums(dt, a.ptr(), bp, mp, a.rows(), self.c)?;
         if let Some(r) = &self.reducer {
             let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
             r.sum_f64(&mut v);
@@ -102,31 +106,42 @@ impl GBn {
         train: bool,
         relu: bool,
     ) -> Result<GTensor, CudaError> {
-        self.forward_plus(ctx, flat, x, train, (0, relu))
+        self.forward_plus(ctx, flat, x, train, (None, relu))
     }
 
-    /// relu(batch norm of x + the residual at `s`), in one pass over x: a block's end.
+    /// relu(batch norm of x + the residual `s`), in one pass over x: a block's end.
     pub(super) fn forward_add_relu(
         &mut self,
         ctx: &mut Ctx,
         flat: &Flat,
         x: GTensor,
         train: bool,
-        s: u64,
+        s: &GTensor,
     ) -> Result<GTensor, CudaError> {
-        self.forward_plus(ctx, flat, x, train, (s, true))
+        self.forward_plus(ctx, flat, x, train, (Some(s), true))
     }
 
-    /// The forward pass with `residual` (a device tensor of x's shape, or 0: none) added
-    /// before the ReLU (when `relu`).
+    /// The forward pass with `residual` (a tensor of x's shape and storage) added before the
+    /// ReLU (when `relu`); the output stored as x is.
     fn forward_plus(
         &mut self,
         ctx: &mut Ctx,
         flat: &Flat,
         x: GTensor,
         train: bool,
-        (residual, relu): (u64, bool),
+        (residual, relu): (Option<&GTensor>, bool),
     ) -> Result<GTensor, CudaError> {
+        if let Some(s) = residual {
+            same_storage("batch norm's residual", &[&x, s])?;
+            if s.len() != x.len() {
+                return Err(CudaError::Check(format!(
+                    "batch norm's residual: {} elements for {}",
+                    s.len(),
+                    x.len()
+                )));
+            }
+        }
+        let residual = residual.map_or(0, |s| s.ptr());
         let t0 = timing(ctx, &self.span)?;
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
@@ -136,7 +151,7 @@ impl GBn {
         let stats = ctx.alloc(8 * c)?;
         let sp = stats.ptr;
         if train {
-            let s = self.sums(ctx, x.ptr(), 0, 0, x.rows())?;
+            let s = self.sums(ctx, &x, None, None)?;
             let (sums, momentum) = (s.ptr, self.momentum);
             // SAFETY: s holds 2c f64; stats and running 2c f32 each.
             unsafe {
@@ -164,7 +179,7 @@ impl GBn {
                 )?
             };
         }
-        let y = ctx.tensor(x.n, x.h, x.w, c)?;
+        let y = ctx.tensor_like(&x, x.n, x.h, x.w, c)?;
         let (xp, yp, g, b) = (
             x.ptr(),
             y.ptr(),
@@ -173,10 +188,11 @@ impl GBn {
         );
         let (mp, ip) = (sp, sp + 4 * c as u64);
         let (n, r) = (x.len() as u64, relu as i32);
-        // SAFETY: x, y and the residual (or 0) hold n f32; gamma, beta, mean, inv hold c each.
+        // SAFETY: x, y and the residual (or 0) hold n values of x's storage; gamma, beta, mean,
+        // inv hold c f32 each.
         unsafe {
             ctx.launch(
-                "bn_apply",
+                x.kernel(BN_APPLY),
                 x.len(),
                 &mut [
                     arg(&xp),
@@ -217,13 +233,20 @@ impl GBn {
             .stats
             .take()
             .ok_or_else(|| CudaError::Check("batch norm backward before forward".into()))?;
+        if dy.len() != x.len() || relu_out.is_some_and(|t| t.len() != x.len()) {
+            return Err(CudaError::Check(format!(
+                "batch norm backward: a gradient of {} elements for {}",
+                dy.len(),
+                x.len()
+            )));
+        }
         let t0 = timing(ctx, &self.span)?;
         let c = self.c;
         let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
         let m = (dy.rows() * ranks) as f64;
         let share = 1.0 / ranks as f64;
+        let s = self.sums(ctx, dy, Some(&x), relu_out)?;
         let mask = relu_out.map_or(0, |t| t.ptr());
-        let s = self.sums(ctx, dy.ptr(), x.ptr(), mask, dy.rows())?;
         let coef = ctx.alloc(8 * c)?;
         let (sums, sp, cp) = (s.ptr, stats.ptr, coef.ptr);
         let (dg, db) = (flat.grad(self.gamma), flat.grad(self.beta));
@@ -245,15 +268,16 @@ impl GBn {
                 ],
             )?
         };
-        let dx = ctx.tensor(dy.n, dy.h, dy.w, c)?;
+        let dx = ctx.tensor_like(dy, dy.n, dy.h, dy.w, c)?;
         let (dyp, xp, dxp, g) = (dy.ptr(), x.ptr(), dx.ptr(), flat.value(self.gamma));
         let (mp, ip) = (sp, sp + 4 * c as u64);
         let (mdb, mdg) = (cp, cp + 4 * c as u64);
         let n = dy.len() as u64;
-        // SAFETY: dy, x, mask (or 0), dx hold n f32; the per-channel vectors c each.
+        // SAFETY: dy, x, mask (or 0), dx hold n values of one storage (`sums` checked it); the
+        // per-channel vectors c f32 each.
         unsafe {
             ctx.launch(
-                "bn_backward_dx",
+                dy.kernel(BN_BACKWARD_DX),
                 dy.len(),
                 &mut [
                     arg(&dyp),

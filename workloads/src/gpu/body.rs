@@ -57,16 +57,17 @@ impl GBody {
         // Max pool 3×3 / 2, padding 1.
         let t0 = ctx.mark()?;
         let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
-        let p = ctx.tensor(s.n, oh, ow, s.c)?;
-        let argb = ctx.alloc(4 * p.len())?;
+        let p = ctx.tensor_like(&s, s.n, oh, ow, s.c)?;
+        // Each output's winning tap (0–8), a byte.
+        let argb = ctx.alloc(p.len())?;
         let (sp, pp, ap) = (s.ptr(), p.ptr(), argb.ptr);
         let dims = [
             s.n as i32, s.h as i32, s.w as i32, s.c as i32, oh as i32, ow as i32,
         ];
-        // SAFETY: s holds n·h·w·c, p and arg n·oh·ow·c elements.
+        // SAFETY: s holds n·h·w·c, p n·oh·ow·c values of s's storage; arg n·oh·ow·c bytes.
         unsafe {
             ctx.launch(
-                "maxpool_forward",
+                s.kernel(MAXPOOL_FORWARD),
                 p.len(),
                 &mut [
                     arg(&sp),
@@ -124,7 +125,7 @@ impl GBody {
                 (Some(x), Some(ds)) => {
                     // A stage whose output feeds the pyramid too: its two gradients summed.
                     let t0 = ctx.mark()?;
-                    elementwise(ctx, "add_into", x.ptr(), ds.ptr(), x.len())?;
+                    elementwise(ctx, ADD_INTO, &x, &ds)?;
                     ctx.close(BWD, || format!("layer{}.output", stage + 1), t0)?;
                     x
                 }
@@ -142,26 +143,35 @@ impl GBody {
             g = Some(cur);
         }
         let d = g.ok_or_else(missing)?;
-        // Max pool backward: scatter-add into a zeroed input gradient.
+        // Max pool backward: each input gathers the gradients of the windows it won.
         let t0 = ctx.mark()?;
         let (n, h, w, c) = self.pool_in;
-        let ds = ctx.tensor(n, h, w, c)?;
-        ctx.zero(ds.ptr(), 4 * ds.len())?;
+        if d.n != n || d.c != c || d.h != (h + 2 - 3) / 2 + 1 || d.w != (w + 2 - 3) / 2 + 1 {
+            return Err(CudaError::Check(
+                "max pool backward: the gradient's shape is not the pool's output".into(),
+            ));
+        }
+        let ds = ctx.tensor_like(&d, n, h, w, c)?;
         let argb = self.pool_arg.take().ok_or_else(missing)?;
         let (dp3, ap, dsp) = (d.ptr(), argb.ptr, ds.ptr());
-        let (ni, hwc, per) = (n as i32, (h * w * c) as i32, (d.h * d.w * d.c) as i32);
-        // SAFETY: d and arg hold n × per_out, ds n × h·w·c elements; arg < h·w·c.
+        let dims = [
+            n as i32, h as i32, w as i32, c as i32, d.h as i32, d.w as i32,
+        ];
+        // SAFETY: d and arg hold n·oh·ow·c values (of d's storage; bytes), ds n·h·w·c.
         unsafe {
             ctx.launch(
-                "maxpool_backward",
-                d.len(),
+                d.kernel(MAXPOOL_BACKWARD),
+                ds.len(),
                 &mut [
                     arg(&dp3),
                     arg(&ap),
                     arg(&dsp),
-                    arg(&ni),
-                    arg(&hwc),
-                    arg(&per),
+                    arg(&dims[0]),
+                    arg(&dims[1]),
+                    arg(&dims[2]),
+                    arg(&dims[3]),
+                    arg(&dims[4]),
+                    arg(&dims[5]),
                 ],
             )?
         };
@@ -319,12 +329,19 @@ pub(super) fn update(
             flat.table.ptr + 16 * s64,
         );
         let all = i32::from(sgd.decay_all);
+        // The 16-bit copy of the weights that mixed precision's convolutions read.
+        let (w16, w16_type) = match &flat.half {
+            None => (0u64, 0i32),
+            Some((Storage::F16, b)) => (b.ptr, 1),
+            Some((_, b)) => (b.ptr, 2),
+        };
         // Enough blocks along each slot to fill the GPU with the longest ones.
         let gx = flat.longest.div_ceil(1024).clamp(1, 256) as u32;
         let f = ctx.function("sgd_slots")?;
-        // SAFETY: values, gradients and momenta hold `total` f32; the table holds each slot's
-        // offset and length (u64, within `total`) and decay flag (u32); skip is null or the
-        // readout's flag; one block row per slot, 256 threads as the kernel strides.
+        // SAFETY: values, gradients and momenta hold `total` f32, the 16-bit copy (or null)
+        // `total` of its type; the table holds each slot's offset and length (u64, within
+        // `total`) and decay flag (u32); skip is null or the readout's flag; one block row per
+        // slot, 256 threads as the kernel strides.
         unsafe {
             ctx.gpu.launch_2d(
                 f,
@@ -334,6 +351,8 @@ pub(super) fn update(
                     arg(&w),
                     arg(&g),
                     arg(&m),
+                    arg(&w16),
+                    arg(&w16_type),
                     arg(&off),
                     arg(&len),
                     arg(&decay),

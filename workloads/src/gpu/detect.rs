@@ -96,11 +96,11 @@ impl GBoxHead {
         if d7.len() != d7b.len() || h7.len() != d7.len() {
             return Err(CudaError::Check("box head: hidden sizes differ".into()));
         }
-        elementwise(ctx, "add_into", d7.ptr(), d7b.ptr(), d7.len())?;
-        elementwise(ctx, "relu_mask", h7.ptr(), d7.ptr(), d7.len())?;
+        elementwise(ctx, ADD_INTO, &d7, &d7b)?;
+        elementwise(ctx, RELU_MASK, &h7, &d7)?;
         self.fc7.backward_params(ctx, flat, &h6, &d7)?;
         let d6 = self.fc7.backward_data(ctx, flat, &d7)?;
-        elementwise(ctx, "relu_mask", h6.ptr(), d6.ptr(), d6.len())?;
+        elementwise(ctx, RELU_MASK, &h6, &d6)?;
         self.fc6.backward_params(ctx, flat, &x, &d6)?;
         self.fc6.backward_data(ctx, flat, &d6)
     }
@@ -185,13 +185,7 @@ impl GShared {
             // cuDNN overwrites the filter gradient: this level's goes to a scratch buffer first.
             let tmp = ctx.alloc(4 * self.conv.w.len)?;
             let dx = self.conv.backward_to(ctx, flat, dy, true, tmp.ptr)?;
-            elementwise(
-                ctx,
-                "add_into",
-                flat.grad(self.conv.w),
-                tmp.ptr,
-                self.conv.w.len,
-            )?;
+            add_f32(ctx, flat.grad(self.conv.w), tmp.ptr, self.conv.w.len)?;
             dx
         };
         ctx.bias_grad(dy, flat.grad(self.b), !first)?;
@@ -270,9 +264,9 @@ impl GRpn {
             let first = l == 0;
             let dh = self.cls.backward(ctx, flat, l, go, first)?;
             let d2 = self.reg.backward(ctx, flat, l, gd, first)?;
-            elementwise(ctx, "add_into", dh.ptr(), d2.ptr(), dh.len())?;
+            elementwise(ctx, ADD_INTO, &dh, &d2)?;
             let h = Rc::clone(&self.cls.inputs[l]);
-            elementwise(ctx, "relu_mask", h.ptr(), dh.ptr(), dh.len())?;
+            elementwise(ctx, RELU_MASK, &h, &dh)?;
             dx.push(self.conv.backward(ctx, flat, l, &dh, first)?);
         }
         for c in [&mut self.conv, &mut self.cls, &mut self.reg] {

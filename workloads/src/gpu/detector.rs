@@ -288,7 +288,7 @@ impl GpuDetector {
             .pop()
             .ok_or_else(|| CudaError::Check("the RPN's gradients: P2–P6".into()))?;
         for (d, r) in dp.iter_mut().zip(&drpn) {
-            elementwise(ctx, "add_into", d.ptr(), r.ptr(), d.len())?;
+            elementwise(ctx, ADD_INTO, d, r)?;
         }
         ctx.close(BWD, || "rpn.head".into(), t0)?;
         drop(drpn);

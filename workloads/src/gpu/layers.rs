@@ -46,6 +46,9 @@ pub(super) struct Flat {
     pub(super) table: Buf,
     /// The longest slot's length.
     pub(super) longest: usize,
+    /// The values in 16 bits for mixed precision's convolutions (f16 or bf16, as the context's
+    /// precision), rewritten by every optimizer step; None in f32 and tf32.
+    pub(super) half: Option<(Storage, Buf)>,
 }
 
 impl Flat {
@@ -74,7 +77,13 @@ impl Flat {
         let grads = ctx.alloc(4 * total)?;
         ctx.zero(grads.ptr, 4 * total)?;
         let table = slot_table(&slots);
+        // Rounded to nearest even on the host, as the optimizer's kernel rounds them later.
+        let half = match Storage::of(ctx.prec) {
+            Storage::F32 => None,
+            dt => Some((dt, ctx.upload_buf(&narrow(dt, &hv))?)),
+        };
         Ok(Flat {
+            half,
             values: ctx.upload_buf(&hv)?,
             grads,
             moms: ctx.upload_buf(&hm)?,
@@ -90,6 +99,18 @@ impl Flat {
     }
     pub(super) fn grad(&self, s: Slot) -> u64 {
         self.grads.ptr + 4 * s.off as u64
+    }
+
+    /// Slot `s`'s values stored as `dt`: the f32 master values, or their 16-bit copy.
+    pub(super) fn value_in(&self, s: Slot, dt: Storage) -> Result<u64, CudaError> {
+        match (&self.half, dt) {
+            (_, Storage::F32) => Ok(self.value(s)),
+            (Some((h, b)), dt) if *h == dt => Ok(b.ptr + 2 * s.off as u64),
+            _ => Err(CudaError::Check(format!(
+                "no {} copy of the weights",
+                dt.name()
+            ))),
+        }
     }
 }
 
@@ -173,6 +194,9 @@ impl GConv {
         Ok(self.plans.len() - 1)
     }
 
+    /// The output, stored as `x` is. cuDNN reads and writes operands already in the
+    /// convolution's type (every activation of a 16-bit ResNet) in place; f32 activations of a
+    /// 16-bit convolution (the detector's, whose activations are still f32) are cast in and out.
     pub(super) fn forward(
         &mut self,
         ctx: &mut Ctx,
@@ -183,18 +207,17 @@ impl GConv {
         let sh = self.shape_for(x);
         let i = self.plan(ctx, &sh)?;
         let t0 = timing(ctx, &self.span)?;
-        let y = ctx.tensor(x.n, sh.oh(), sh.ow(), sh.k)?;
+        let dt = Storage::of(ctx.prec);
+        let y = ctx.tensor_like(x, x.n, sh.oh(), sh.ow(), sh.k)?;
+        let w = flat.value_in(self.w, dt)?;
+        let (xp, _xc) = ctx.operand(x.ptr(), x.dt, dt, x.len())?;
+        let yc = ctx.result_buf(&y, dt)?;
+        let yp = yc.as_ref().map_or(y.ptr(), |b| b.ptr);
         let plan = &self.plans[i].1;
-        if half(ctx.prec) {
-            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
-            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
-            let yh = ctx.alloc(2 * y.len())?;
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.forward(&ctx.dnn, xh.ptr, wh.ptr, yh.ptr, ws)?;
-            ctx.cast_from_half(yh.ptr, y.ptr(), y.len())?;
-        } else {
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.forward(&ctx.dnn, x.ptr(), flat.value(self.w), y.ptr(), ws)?;
+        let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+        plan.forward(&ctx.dnn, xp, w, yp, ws)?;
+        if let Some(b) = yc {
+            ctx.cast_between(dt, y.dt, b.ptr, y.ptr(), y.len())?;
         }
         if train {
             self.input = Some(Rc::clone(x));
@@ -244,35 +267,40 @@ impl GConv {
             .ok_or_else(|| CudaError::Check("convolution backward before forward".into()))?;
         let sh = self.shape_for(&x);
         let i = self.plan(ctx, &sh)?;
+        let dt = Storage::of(ctx.prec);
+        let (xp, _xc) = ctx.operand(x.ptr(), x.dt, dt, x.len())?;
+        let (dyp, _dyc) = ctx.operand(dy.ptr(), dy.dt, dt, dy.len())?;
+        // cuDNN writes the filter gradient in the data's type: in 16 bits it is widened into
+        // the f32 flat gradients (the optimizer's and the allreduce's), a filter's worth.
+        let dwc = match dt {
+            Storage::F32 => None,
+            _ => Some(ctx.alloc(dt.bytes() * self.w.len)?),
+        };
         let plan = &self.plans[i].1;
-        if half(ctx.prec) {
-            let xh = ctx.cast_to_half(x.ptr(), x.len())?;
-            let wh = ctx.cast_to_half(flat.value(self.w), self.w.len)?;
-            let dyh = ctx.cast_to_half(dy.ptr(), dy.len())?;
-            let dwh = ctx.alloc(2 * self.w.len)?;
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.backward_filter(&ctx.dnn, xh.ptr, dyh.ptr, dwh.ptr, ws)?;
-            ctx.cast_from_half(dwh.ptr, dw, self.w.len)?;
-            if !data_grad {
-                return Ok(None);
-            }
-            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
-            let dxh = ctx.alloc(2 * dx.len())?;
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.backward_data(&ctx.dnn, wh.ptr, dyh.ptr, dxh.ptr, ws)?;
-            ctx.cast_from_half(dxh.ptr, dx.ptr(), dx.len())?;
-            Ok(Some(dx))
-        } else {
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.backward_filter(&ctx.dnn, x.ptr(), dy.ptr(), dw, ws)?;
-            if !data_grad {
-                return Ok(None);
-            }
-            let dx = ctx.tensor(x.n, x.h, x.w, x.c)?;
-            let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-            plan.backward_data(&ctx.dnn, flat.value(self.w), dy.ptr(), dx.ptr(), ws)?;
-            Ok(Some(dx))
+        let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+        plan.backward_filter(&ctx.dnn, xp, dyp, dwc.as_ref().map_or(dw, |b| b.ptr), ws)?;
+        if let Some(b) = dwc {
+            ctx.cast_between(dt, Storage::F32, b.ptr, dw, self.w.len)?;
         }
+        if !data_grad {
+            return Ok(None);
+        }
+        let dx = ctx.tensor_like(&x, x.n, x.h, x.w, x.c)?;
+        let dxc = ctx.result_buf(&dx, dt)?;
+        let w = flat.value_in(self.w, dt)?;
+        let plan = &self.plans[i].1;
+        let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+        plan.backward_data(
+            &ctx.dnn,
+            w,
+            dyp,
+            dxc.as_ref().map_or(dx.ptr(), |b| b.ptr),
+            ws,
+        )?;
+        if let Some(b) = dxc {
+            ctx.cast_between(dt, dx.dt, b.ptr, dx.ptr(), dx.len())?;
+        }
+        Ok(Some(dx))
     }
 }
 
@@ -304,18 +332,39 @@ pub(super) fn timing(ctx: &mut Ctx, span: &Option<String>) -> Result<Option<Even
     }
 }
 
-/// y op= s over n elements: "add_into" (y += s), "relu_mask"
-/// (s = 0 where y ≤ 0: here `y` is the forward output and `s` the gradient).
+/// y op= s over y's elements, in their storage: [`ADD_INTO`] (y += s), [`RELU_MASK`] (s = 0
+/// where y ≤ 0: here `y` is the forward output and `s` the gradient).
 pub(super) fn elementwise(
     ctx: &mut Ctx,
-    k: &'static str,
-    y: u64,
-    s: u64,
-    n: usize,
+    k: Typed,
+    y: &GTensor,
+    s: &GTensor,
 ) -> Result<(), CudaError> {
+    let dt = same_storage(k.0[0], &[y, s])?;
+    if y.len() != s.len() {
+        return Err(CudaError::Check(format!(
+            "{}: {} and {} elements",
+            k.0[0],
+            y.len(),
+            s.len()
+        )));
+    }
+    let (yp, sp, n64) = (y.ptr(), s.ptr(), y.len() as u64);
+    // SAFETY: both tensors hold n elements of storage dt.
+    unsafe { ctx.launch(dt.kernel(k), y.len(), &mut [arg(&yp), arg(&sp), arg(&n64)]) }
+}
+
+/// y += s over `n` f32 values (gradient buffers that are no tensor).
+pub(super) fn add_f32(ctx: &mut Ctx, y: u64, s: u64, n: usize) -> Result<(), CudaError> {
     let n64 = n as u64;
-    // SAFETY: both buffers hold n f32.
-    unsafe { ctx.launch(k, n, &mut [arg(&y), arg(&s), arg(&n64)]) }
+    // SAFETY: the caller's y and s hold n f32 each.
+    unsafe {
+        ctx.launch(
+            Storage::F32.kernel(ADD_INTO),
+            n,
+            &mut [arg(&y), arg(&s), arg(&n64)],
+        )
+    }
 }
 
 pub(super) struct GBlock {
@@ -354,7 +403,7 @@ impl GBlock {
             None => None,
         };
         // The block's end in one pass: bn3, the shortcut's sum and the ReLU.
-        let s = shortcut.as_ref().map_or(x.ptr(), |t| t.ptr());
+        let s = shortcut.as_ref().unwrap_or(x);
         let c = self.b3.forward_add_relu(ctx, flat, t, train, s)?;
         let out = Rc::new(c);
         if train {
@@ -378,7 +427,7 @@ impl GBlock {
             self.a2.take().ok_or_else(missing)?,
         );
         let t0 = ctx.mark()?;
-        elementwise(ctx, "relu_mask", out.ptr(), d.ptr(), d.len())?;
+        elementwise(ctx, RELU_MASK, &out, &d)?;
         ctx.close(BWD, || self.sum_span(), t0)?;
         let t = self.b3.backward(ctx, flat, &d, None)?;
         let db = self.c3.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
@@ -395,8 +444,7 @@ impl GBlock {
         };
         // The shortcut's gradient joins the main path's: the residual sum's backward.
         let t0 = ctx.mark()?;
-        let s = ds.as_ref().map_or(d.ptr(), |t| t.ptr());
-        elementwise(ctx, "add_into", dx.ptr(), s, dx.len())?;
+        elementwise(ctx, ADD_INTO, &dx, ds.as_ref().unwrap_or(&d))?;
         ctx.close(BWD, || self.sum_span(), t0)?;
         Ok(dx)
     }
@@ -539,9 +587,11 @@ impl GLinear {
 
 impl Ctx {
     /// Per-channel (Σ g, Σ g·b) over `rows` rows of `c` channels in f64, g = a masked by
-    /// `mask` > 0 (0: no mask), b = a when 0: 2c f64 on the device (`bn_sums`), no host wait.
+    /// `mask` > 0 (0: no mask), b = a when 0, all three stored as `dt`: 2c f64 on the device
+    /// (`bn_sums`), no host wait.
     pub(super) fn channel_sums(
         &mut self,
+        dt: Storage,
         a: u64,
         b: u64,
         mask: u64,
@@ -555,10 +605,10 @@ impl Ctx {
             1,
             ((self.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
         );
-        let f = self.function("bn_sums")?;
+        let f = self.function(dt.kernel(BN_SUMS))?;
         let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
         let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
-        // SAFETY: a, b (or 0), mask (or 0) hold rows × c f32; s holds 2c f64; 256 threads per
+        // SAFETY: a, b (or 0), mask (or 0) hold rows × c of dt; s holds 2c f64; 256 threads per
         // block as the kernel assumes, and a grid that is a multiple of `tiles`.
         unsafe {
             self.gpu.launch(
@@ -588,7 +638,7 @@ impl Ctx {
         db: u64,
         accumulate: bool,
     ) -> Result<(), CudaError> {
-        let s = self.channel_sums(dy.ptr(), 0, 0, dy.rows(), dy.c)?;
+        let s = self.channel_sums(dy.dt, dy.ptr(), 0, 0, dy.rows(), dy.c)?;
         let (sp, k, acc) = (s.ptr, dy.c as i32, accumulate as i32);
         // SAFETY: bias_from_sums(s, db, k, accumulate): s holds k f64 (its first half), db k f32.
         unsafe {

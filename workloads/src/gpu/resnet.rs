@@ -51,6 +51,9 @@ pub struct GpuResNet {
     pub(super) fc: GLinear,
     pub(super) pool_in_hw: (usize, usize),
     pub(super) last: Option<GTensor>,
+    /// How activations and their gradients are stored between layers: in the convolutions'
+    /// 16 bits in f16 and bf16, else f32.
+    pub store: Storage,
     pub loss_scale: LossScale,
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
@@ -145,9 +148,9 @@ impl GradSync {
         };
         let (base, width) = match &self.wire {
             Some(w) => {
-                ctx.cast(
-                    elem == Elem::Bf16,
-                    true,
+                ctx.cast_between(
+                    Storage::F32,
+                    wire_storage(self.opts.wire),
                     flat.grads.ptr + 4 * lo as u64,
                     w.ptr + 2 * lo as u64,
                     n,
@@ -178,15 +181,19 @@ impl GradSync {
         self.done.wait_on(&ctx.gpu)?;
         ctx.gpu.bind()?;
         if let Some(w) = &self.wire {
-            ctx.cast(
-                self.opts.wire == Wire::Bf16,
-                false,
-                w.ptr,
-                flat.grads.ptr,
-                flat.total,
-            )?;
+            let dt = wire_storage(self.opts.wire);
+            ctx.cast_between(dt, Storage::F32, w.ptr, flat.grads.ptr, flat.total)?;
         }
         Ok(())
+    }
+}
+
+/// How gradients in the wire's format are stored.
+fn wire_storage(w: Wire) -> Storage {
+    match w {
+        Wire::F32 => Storage::F32,
+        Wire::F16 => Storage::F16,
+        Wire::Bf16 => Storage::Bf16,
     }
 }
 
@@ -213,6 +220,7 @@ impl GpuResNet {
         let fc_w = next()?;
         let fc_b = next()?;
         let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
+        let store = Storage::of(ctx.prec);
         Ok(GpuResNet {
             ctx,
             flat,
@@ -225,6 +233,7 @@ impl GpuResNet {
             },
             pool_in_hw: (0, 0),
             last: None,
+            store,
             loss_scale,
             skipped: 0,
             sync,
@@ -238,15 +247,16 @@ impl GpuResNet {
             .forward(&mut self.ctx, &self.flat, x, train, false)?
             .pop()
             .ok_or_else(|| CudaError::Check("the body has no stage".into()))?;
-        // Global average pool → n × c.
+        // Global average pool → n × c, in f32 whatever the activations' storage: the
+        // classifier (n × 2048 → n × classes, on cuBLAS) runs in f32.
         let t0 = self.ctx.mark()?;
         let pooled = self.ctx.tensor(h.n, 1, 1, h.c)?;
         let (hp, op) = (h.ptr(), pooled.ptr());
         let (n, hw, c) = (h.n as i32, (h.h * h.w) as i32, h.c as i32);
-        // SAFETY: h holds n·hw·c, pooled n·c.
+        // SAFETY: h holds n·hw·c values of its storage, pooled n·c f32.
         unsafe {
             self.ctx.launch(
-                "avgpool_forward",
+                h.kernel(AVGPOOL_FORWARD),
                 h.n * h.c,
                 &mut [arg(&hp), arg(&op), arg(&n), arg(&hw), arg(&c)],
             )?
@@ -330,12 +340,12 @@ impl GpuResNet {
         ctx.close(BWD, || "fc".into(), t0)?;
         let t0 = ctx.mark()?;
         let (hh, hw) = self.pool_in_hw;
-        let d = ctx.tensor(rows, hh, hw, inp)?;
+        let d = ctx.tensor_in(self.store, rows, hh, hw, inp)?;
         let (dpp, dp2, n, hwi, c) = (dp.ptr(), d.ptr(), rows as i32, (hh * hw) as i32, inp as i32);
-        // SAFETY: dp holds n × c, d n × hw × c.
+        // SAFETY: dp holds n × c f32, d n × hw × c values of its storage.
         unsafe {
             ctx.launch(
-                "avgpool_backward",
+                d.kernel(AVGPOOL_BACKWARD),
                 d.len(),
                 &mut [arg(&dpp), arg(&dp2), arg(&n), arg(&hwi), arg(&c)],
             )?
@@ -421,7 +431,7 @@ impl GpuResNet {
         // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
         // step's wait for data).
         let t0 = self.ctx.mark()?;
-        let xg = self.ctx.upload(x)?;
+        let xg = self.ctx.upload_in(self.store, x)?;
         self.ctx.close(UPLOAD, || "input".into(), t0)?;
         let z = self.forward(xg, true)?;
         let scale = self.loss_scale.scale;
@@ -451,7 +461,7 @@ impl GpuResNet {
     /// Inference logits for a batch.
     pub fn logits(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
         self.ctx.gpu.bind()?;
-        let xg = self.ctx.upload(x)?;
+        let xg = self.ctx.upload_in(self.store, x)?;
         let z = self.forward(xg, false)?;
         self.ctx.download(&z)
     }
