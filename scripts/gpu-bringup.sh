@@ -14,8 +14,9 @@
 # run does, in order, each step under its own time limit and the whole under
 # ROOFLINE_BRINGUP_BUDGET seconds (default 540): doctor; kernels (NVRTC's resource report on
 # this machine's NVRTC); probe --check (every GPU kernel against its CPU reference); a quick GPU
-# probe, then the full one; train --check (every GPU layer and a whole step against the CPU,
-# NCCL on one rank); ResNet-50 at 224² for f32, tf32, bf16, f16 at batches 128 and 256
+# probe, then the full one; train --check in f32, tf32, bf16 and f16 (every GPU layer and a
+# whole step against the CPU, NCCL on one rank; the reduced precisions against the CPU reference
+# with the GPU's rounding points); ResNet-50 at 224² for f32, tf32, bf16, f16 at batches 128 and 256
 # (ROOFLINE_BRINGUP_BATCHES), each with its host waits per step and joules per image; place
 # --workload resnet50 (bf16, the first batch: the per-layer table and the idle share); and the
 # peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's GEMM
@@ -185,8 +186,13 @@ run() {
     # ResNet-50 is trained (and its peer measured) at each of these batches; the placement at
     # the first.
     local batches=${ROOFLINE_BRINGUP_BATCHES:-$batch 256}
-    if ! not_asked train train-check train place; then
+    if ! not_asked train train-check train-check-tf32 train-check-bf16 train-check-f16 train place; then
+        # Every GPU layer and a whole step against the CPU in each precision: f32 against the
+        # CPU model, the others against the CPU reference with the GPU's rounding points.
         step train-check 240 "$rl" train --device cuda --check
+        for p in tf32 bf16 f16; do
+            step "train-check-$p" 120 "$rl" train --device cuda --precision "$p" --check
+        done
         for b in $batches; do
             for p in f32 tf32 bf16 f16; do
                 step "train-$p-b$b" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $b --steps $steps --json >'$out/train-$p.json'"

@@ -61,6 +61,52 @@ pub(super) fn flat_of(
     Flat::new(ctx, &layout, values, &moms)
 }
 
+/// Normwise tolerance of a layer whose operands are stored in 16 bits, against the CPU on the
+/// same values with the GPU's rounding points: a sum in another order rounds the odd result
+/// to the other neighbour (bf16's 2⁻⁸ apart), so the error is a small fraction of one step.
+const STORED_TOLERANCE: f64 = 5e-3;
+
+/// A convolution's output, data gradient and filter gradient.
+type ConvResults = (Vec<f32>, Vec<f32>, Vec<f32>);
+
+/// A convolution's results on the CPU.
+fn cpu_conv(sh: &ConvShape, x: &[f32], w: &[f32], dy: &[f32]) -> ConvResults {
+    let mut y = vec![0.0f32; sh.output_len()];
+    crate::conv::forward(x, w, &mut y, sh);
+    let mut dx = vec![0.0f32; sh.input_len()];
+    crate::conv::backward_data(dy, w, &mut dx, sh);
+    let mut dw = vec![0.0f32; sh.weight_len()];
+    crate::conv::backward_filter(x, dy, &mut dw, sh);
+    (y, dx, dw)
+}
+
+/// The same on the GPU (filters in the CPU's layout, activations stored as `store`).
+fn gpu_conv(
+    ctx: &mut Ctx,
+    sh: &ConvShape,
+    (x, w, dy): (&[f32], &[f32], &[f32]),
+    store: Storage,
+) -> Result<ConvResults, CudaError> {
+    let flat = flat_of(ctx, &[w], Some((sh.depth(), sh.k)))?;
+    let mut conv = GConv {
+        shape: *sh,
+        w: flat.slots[0],
+        plans: Vec::new(),
+        input: None,
+        span: None,
+    };
+    let xt = Tensor::from_vec(sh.n, sh.h, sh.w, sh.c, x.to_vec());
+    let xg = Rc::new(ctx.upload_in(store, &xt)?);
+    let yg = conv.forward(ctx, &flat, &xg, true)?;
+    let dyt = Tensor::from_vec(sh.n, sh.oh(), sh.ow(), sh.k, dy.to_vec());
+    let dyg = ctx.upload_in(store, &dyt)?;
+    let dxg = conv
+        .backward(ctx, &flat, &dyg, true)?
+        .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
+    let dw = flat.slots[0].host_layout(&ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?);
+    Ok((ctx.download(&yg)?.data, ctx.download(&dxg)?.data, dw))
+}
+
 /// `train --device cuda --check`: GPU `gpu` (the launcher's local rank's by default) opened
 /// and shown to `opened`, its layers and a small ResNet's step against the CPU's in `p`, and with
 /// `detector` the detector's parts and step on a fresh context.
@@ -126,46 +172,39 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         let x = random(sh.input_len(), &mut rng);
         let w = random(sh.weight_len(), &mut rng);
         let dy = random(sh.output_len(), &mut rng);
-        let mut y = vec![0.0f32; sh.output_len()];
-        crate::conv::forward(&x, &w, &mut y, &sh);
-        let mut dx = vec![0.0f32; sh.input_len()];
-        crate::conv::backward_data(&dy, &w, &mut dx, &sh);
-        let mut dw = vec![0.0f32; sh.weight_len()];
-        crate::conv::backward_filter(&x, &dy, &mut dw, &sh);
-        let flat = flat_of(&ctx, &[&w], Some((sh.depth(), k)))?;
-        let mut conv = GConv {
-            shape: sh,
-            w: flat.slots[0],
-            plans: Vec::new(),
-            input: None,
-            span: None,
-        };
-        let xg = Rc::new(ctx.upload(&Tensor::from_vec(2, hw, hw, c, x))?);
-        let yg = conv.forward(&mut ctx, &flat, &xg, true)?;
-        let dyg = ctx.upload(&Tensor::from_vec(2, sh.oh(), sh.ow(), k, dy))?;
-        let dxg = conv
-            .backward(&mut ctx, &flat, &dyg, true)?
-            .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
-        let dwg =
-            flat.slots[0].host_layout(&ctx.get::<f32>(flat.grad(flat.slots[0]), sh.weight_len())?);
-        push(
-            &mut out,
-            format!("{name} forward"),
-            normwise(&ctx.download(&yg)?.data, &y),
-            tol,
-        );
-        push(
-            &mut out,
-            format!("{name} backward-data"),
-            normwise(&ctx.download(&dxg)?.data, &dx),
-            tol,
-        );
+        let (y, dx, dw) = cpu_conv(&sh, &x, &w, &dy);
+        // f32 activations (cast around a 16-bit convolution: the detector's).
+        let got = gpu_conv(&mut ctx, &sh, (&x, &w, &dy), Storage::F32)?;
+        for (pass, g, c) in [("forward", &got.0, &y), ("backward-data", &got.1, &dx)] {
+            push(&mut out, format!("{name} {pass}"), normwise(g, c), tol);
+        }
         push(
             &mut out,
             format!("{name} backward-filter"),
-            normwise(&dwg, &dw),
+            normwise(&got.2, &dw),
             tol,
         );
+        // Activations stored in 16 bits (the ResNet's in f16 and bf16), against the CPU on the
+        // same 16-bit values with its results rounded as cuDNN writes them: only the order of
+        // the sums differs, and the odd result it rounds the other way.
+        let dt = Storage::of(p);
+        if dt != Storage::F32 {
+            let round = |v: &[f32]| widen(dt, &narrow(dt, v));
+            let (y, dx, dw) = cpu_conv(&sh, &round(&x), &round(&w), &round(&dy));
+            let got = gpu_conv(&mut ctx, &sh, (&x, &w, &dy), dt)?;
+            for (pass, g, c) in [
+                ("forward", &got.0, &y),
+                ("backward-data", &got.1, &dx),
+                ("backward-filter", &got.2, &dw),
+            ] {
+                push(
+                    &mut out,
+                    format!("{name} {pass}, {} storage", dt.name()),
+                    normwise(g, &round(c)),
+                    STORED_TOLERANCE,
+                );
+            }
+        }
     }
     {
         // The fully connected layer (the classifier, and the detector's box head): 12 rows
@@ -389,124 +428,60 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             1e-4,
         );
     }
-    // A whole step of a small ResNet (every block kind, v1.5) on both devices.
-    let cfg = crate::resnet::Config {
-        version: crate::resnet::Version::V1_5,
-        blocks: [1, 1, 1, 1],
-        width: 0.125,
-        classes: 7,
-        zero_init_residual: false,
-    };
-    let mut cpu = ResNet::<f32>::new(cfg.clone(), 11);
-    let mut mirror = ResNet::<f32>::new(cfg, 11);
-    let x = Tensor::from_vec(4, 40, 40, 3, random(4 * 40 * 40 * 3, &mut rng));
-    let labels = [0usize, 3, 6, 2];
-    let sgd = crate::train::Sgd::default();
-    let lr = 0.05;
-    let z = cpu.forward(&x, true);
-    let (loss, g, _, _) = crate::layers::softmax_cross_entropy(&z, &labels, 0.1);
-    cpu.backward(&g);
-    sgd.step(cpu.params(), lr);
-    let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
-    let mut net = GpuResNet::new(ctx, &mut mirror, None, None, CommOptions::default())?;
-    let r = net.step(&x, &labels, lr, 0.1, &sgd)?;
-    // A whole step compounds every layer's rounding (and batch norm divides by small spreads).
-    let step_tol = match p {
-        Prec::F32 => 1e-3,
-        Prec::Tf32 => 2e-2,
-        _ => 5e-2,
-    };
-    push(
-        &mut out,
-        "network loss".into(),
-        ((r.loss - loss) / loss.abs().max(1e-30)).abs(),
-        step_tol,
-    );
-    push(
-        &mut out,
-        "network step applied".into(),
-        if r.applied { 0.0 } else { 1.0 },
-        0.0,
-    );
-    net.store(&mut mirror)?;
-    let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
-    let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
-    // The updates (after − before), not the parameters: an update is small next to its weights.
-    // Returns the worst parameter's error and its name.
-    let updates = |m: &mut ResNet<f32>| {
-        let (mut worst, mut at) = (0.0f64, String::new());
-        let delta =
-            |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
-        for (((name, w), p), i) in names.iter().zip(&want).zip(m.params()).zip(&init) {
-            let e = normwise(&delta(&p.value, i), &delta(w, i));
-            if e > worst || !e.is_finite() {
-                worst = e;
-                at = name.clone();
-            }
-        }
-        (worst, at)
-    };
-    let (worst, at) = updates(&mut mirror);
-    push(
-        &mut out,
-        format!("network parameter updates of one step (worst: {at})"),
-        worst,
-        step_tol,
-    );
-    let stats = |m: &mut ResNet<f32>| -> Vec<f32> {
-        m.running_stats()
-            .into_iter()
-            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
-            .collect()
-    };
-    push(
-        &mut out,
-        "network running statistics".into(),
-        normwise(&stats(&mut mirror), &stats(&mut cpu)),
-        step_tol,
-    );
-    let zc = cpu.forward(&x, false);
-    let zg = net.logits(&x)?;
-    push(
-        &mut out,
-        "network inference logits".into(),
-        normwise(&zg.data, &zc.data),
-        step_tol * 10.0,
-    );
-    // The same step with its gradients through NCCL (a one-rank communicator: the sum is the
-    // gradient itself) in small buckets queued during the backward pass: the event handoffs
-    // between the streams, the 16-bit casts of the compressed wire, the loss scale they bring.
-    if roofline_kernels::comm::nccl::available().is_ok() {
-        let ordinal = net.ctx.gpu.ordinal;
-        drop(net);
-        for (wire, wire_tol) in [(Wire::F32, 0.0), (Wire::F16, 5e-3), (Wire::Bf16, 2e-2)] {
-            let id = roofline_kernels::comm::nccl::unique_id()?;
-            let nccl = Communicator::new(&id, 1, 0, ordinal)?;
-            let ctx = Ctx::new(Gpu::open(ordinal)?, p)?;
-            let mut m = ResNet::<f32>::new(cpu.config.clone(), 11);
-            let opts = CommOptions {
-                wire,
-                overlap: true,
-                bucket: 20_000,
-            };
-            let mut n = GpuResNet::new(ctx, &mut m, Some(nccl), None, opts)?;
-            let r = n.step(&x, &labels, lr, 0.1, &sgd)?;
-            n.store(&mut m)?;
-            let (worst, at) = updates(&mut m);
-            push(
-                &mut out,
-                format!(
-                    "network step through NCCL, gradients in {} (worst: {at})",
-                    match wire {
-                        Wire::F32 => "f32",
-                        Wire::F16 => "f16",
-                        Wire::Bf16 => "bf16",
-                    }
-                ),
-                if r.applied { worst } else { f64::INFINITY },
-                step_tol.max(wire_tol),
-            );
-        }
+    let dt = Storage::of(p);
+    if dt != Storage::F32 {
+        // A block's end on 16-bit activations (f16 and bf16 training): batch norm, the
+        // residual and ReLU in one pass, then the ReLU mask and batch norm's backward pass,
+        // against the CPU on the same 16-bit values with the results rounded where the GPU
+        // stores them.
+        let (n, hw, c) = (4, 6, 40);
+        let len = n * hw * hw * c;
+        let round = |v: &[f32]| widen(dt, &narrow(dt, v));
+        let mut bn = BatchNorm::<f32>::new("bn", c, 1.0);
+        bn.gamma.value = random(c, &mut rng);
+        bn.beta.value = random(c, &mut rng);
+        let tensor = |v: Vec<f32>| Tensor::from_vec(n, hw, hw, c, v);
+        let x = tensor(round(&random(len, &mut rng)));
+        let s = tensor(round(&random(len, &mut rng)));
+        let dy = tensor(round(&random(len, &mut rng)));
+        let flat = flat_of(&ctx, &[&bn.gamma.value, &bn.beta.value], None)?;
+        let mut g = GBn::new(&bn, flat.slots[0], flat.slots[1], None);
+        let (xg, sg, dyg) = (
+            ctx.upload_in(dt, &x)?,
+            ctx.upload_in(dt, &s)?,
+            ctx.upload_in(dt, &dy)?,
+        );
+        let mut y = bn.forward_act(x, true, false);
+        crate::layers::add_relu(&mut y, &s);
+        y.data = round(&y.data);
+        let mut masked = dy.clone();
+        crate::layers::relu_backward(&y, &mut masked);
+        let dx = round(&bn.backward_act(&masked, None).data);
+        let yg = g.forward_add_relu(&mut ctx, &flat, xg, true, &sg)?;
+        elementwise(&mut ctx, RELU_MASK, &yg, &dyg)?;
+        let dxg = g.backward(&mut ctx, &flat, &dyg, None)?;
+        let name = dt.name();
+        push(
+            &mut out,
+            format!("batch norm + add + ReLU forward, {name} storage"),
+            normwise(&ctx.download(&yg)?.data, &y.data),
+            STORED_TOLERANCE,
+        );
+        push(
+            &mut out,
+            format!("batch norm backward (ReLU-masked), {name} storage"),
+            normwise(&ctx.download(&dxg)?.data, &dx),
+            STORED_TOLERANCE,
+        );
+        let grads: Vec<f32> = ctx.get(flat.grads.ptr, 2 * c)?;
+        push(
+            &mut out,
+            format!("batch norm gamma/beta gradients, {name} storage"),
+            normwise(&grads, &[&bn.gamma.grad[..], &bn.beta.grad[..]].concat()),
+            STORED_TOLERANCE,
+        );
     }
+    // A whole step of a small ResNet on both devices (`check_step.rs`).
+    out.extend(step_checks(ctx, p)?);
     Ok(out)
 }

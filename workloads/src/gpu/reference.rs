@@ -1,0 +1,348 @@
+//! The CPU reference of a reduced-precision GPU training step: the CPU layers, run one by one,
+//! with the GPU's rounding points. In f16 and bf16 every activation and activation gradient
+//! the GPU stores between layers is rounded to 16 bits where the GPU writes it (the input, each
+//! convolution's output and data gradient, each batch norm's output and input gradient, the
+//! residual sums, the pools' gradients), the convolutions read the 16-bit copy of the weights
+//! and write the filter gradient in 16 bits, and everything else (statistics, the classifier,
+//! the loss, the optimizer on the f32 master weights) is f32 or f64 as on the GPU. In tf32 the
+//! activations stay f32 and only the convolutions' operands are rounded to tf32. Against this
+//! reference a GPU step differs by the order of its sums and the odd rounding flipped by them,
+//! not by its precision, so `--check` can hold it to a tolerance a reviewer would accept.
+
+use super::*;
+use crate::layers::{avgpool_backward, avgpool_forward, relu_backward, MaxPool};
+
+/// Where a GPU step in one precision rounds.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(super) struct Rounding {
+    /// How activations and their gradients are stored between layers (and the type the
+    /// convolutions write).
+    pub store: Storage,
+    /// The convolutions' operands rounded to tf32 (tf32's tensor cores), storage f32.
+    pub tf32: bool,
+    /// Another order of sums, simulated (0: none): with seed `jitter`, each convolution result
+    /// moves by a random relative u·√K·2⁻²³ (|u| ≤ 1, K the terms of its sum) and each batch
+    /// norm output by u·2⁻²³ before it is stored: what a GPU's other order of f32 sums (and its
+    /// fused multiply-adds) does to them. The steps of a few seeds measure how far a correct
+    /// implementation with these rounding points can drift from the reference.
+    pub jitter: u64,
+}
+
+impl Rounding {
+    pub(super) fn of(p: Prec) -> Rounding {
+        Rounding {
+            store: Storage::of(p),
+            tf32: p == Prec::Tf32,
+            jitter: 0,
+        }
+    }
+
+    /// `v` (the results of sums of `terms` terms, told apart by `salt`) moved as another order
+    /// of the sums might move them (see `jitter`); nothing without a seed.
+    fn perturb(self, v: &mut [f32], terms: usize, salt: u64) {
+        if self.jitter == 0 {
+            return;
+        }
+        let size = (terms.max(1) as f64).sqrt() * 2f64.powi(-23);
+        for (i, x) in v.iter_mut().enumerate() {
+            let h = mix(self.jitter ^ mix(salt ^ mix(i as u64)));
+            let u = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+            *x = (*x as f64 * (1.0 + u * size)) as f32;
+        }
+    }
+
+    /// `v` as the GPU stores it (16 bits, rounded to nearest even, read back exactly).
+    fn stored(self, v: &mut [f32]) {
+        if self.store != Storage::F32 {
+            let w = widen(self.store, &narrow(self.store, v));
+            v.copy_from_slice(&w);
+        }
+    }
+
+    /// `v` as a convolution reads it.
+    fn operand(self, v: &[f32]) -> Vec<f32> {
+        let mut o = v.to_vec();
+        if self.tf32 {
+            o.iter_mut().for_each(|x| *x = tf32(*x));
+        } else {
+            self.stored(&mut o);
+        }
+        o
+    }
+}
+
+/// `x` rounded to tf32's 10 mantissa bits, to nearest with ties away from zero (PTX
+/// `cvt.rna.tf32.f32`).
+pub(super) fn tf32(x: f32) -> f32 {
+    if !x.is_finite() {
+        return x;
+    }
+    f32::from_bits((x.to_bits() + 0x1000) & !0x1fff)
+}
+
+/// splitmix64's finaliser: a well-mixed hash of `x`.
+fn mix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
+}
+
+/// A salt for `perturb` from a tensor's identity (its length and a pass number).
+fn salt(what: u64, v: &[f32]) -> u64 {
+    mix(what ^ ((v.len() as u64) << 8) ^ v.first().map_or(0, |x| x.to_bits() as u64) << 32)
+}
+
+/// A convolution's shape for input `x`.
+fn shape(c: &Conv2d<f32>, x: &Tensor<f32>) -> ConvShape {
+    ConvShape {
+        n: x.n,
+        h: x.h,
+        w: x.w,
+        ..c.shape
+    }
+}
+
+fn conv_forward(c: &Conv2d<f32>, x: &Tensor<f32>, r: Rounding) -> Tensor<f32> {
+    let sh = shape(c, x);
+    let (xo, wo) = (r.operand(&x.data), r.operand(&c.weight.value));
+    let mut y = vec![0.0f32; sh.output_len()];
+    crate::conv::forward(&xo, &wo, &mut y, &sh);
+    r.perturb(&mut y, sh.r * sh.s * sh.c, salt(1, &xo));
+    r.stored(&mut y);
+    Tensor::from_vec(x.n, sh.oh(), sh.ow(), sh.k, y)
+}
+
+/// The filter gradient from the input `x` and `dy` (written in the convolution's type, then
+/// widened, as cuDNN's) into the weight's `grad`.
+fn filter_grad(c: &mut Conv2d<f32>, x: &Tensor<f32>, dy: &Tensor<f32>, r: Rounding) {
+    let sh = shape(c, x);
+    let (xo, dyo) = (r.operand(&x.data), r.operand(&dy.data));
+    let mut dw = vec![0.0f32; sh.weight_len()];
+    crate::conv::backward_filter(&xo, &dyo, &mut dw, &sh);
+    r.perturb(&mut dw, sh.n * sh.oh() * sh.ow(), salt(2, &dyo));
+    r.stored(&mut dw);
+    c.weight.grad = dw;
+}
+
+/// The filter gradient into the weight's `grad`, and the input gradient, stored.
+fn conv_backward(
+    c: &mut Conv2d<f32>,
+    x: &Tensor<f32>,
+    dy: &Tensor<f32>,
+    r: Rounding,
+) -> Tensor<f32> {
+    filter_grad(c, x, dy, r);
+    let sh = shape(c, x);
+    let (dyo, wo) = (r.operand(&dy.data), r.operand(&c.weight.value));
+    let mut dx = vec![0.0f32; sh.input_len()];
+    crate::conv::backward_data(&dyo, &wo, &mut dx, &sh);
+    let terms = (sh.r * sh.s * sh.k).div_ceil(sh.stride * sh.stride);
+    r.perturb(&mut dx, terms, salt(3, &dyo));
+    r.stored(&mut dx);
+    Tensor::from_vec(x.n, x.h, x.w, x.c, dx)
+}
+
+/// Batch norm (+ the residual `s`) (+ ReLU), stored as the GPU stores it.
+fn bn_forward(
+    bn: &mut BatchNorm<f32>,
+    x: Tensor<f32>,
+    train: bool,
+    (s, relu): (Option<&Tensor<f32>>, bool),
+    r: Rounding,
+) -> Tensor<f32> {
+    let mut y = match s {
+        None => bn.forward_act(x, train, relu),
+        Some(s) => {
+            let mut y = bn.forward_act(x, train, false);
+            for (v, a) in y.data.iter_mut().zip(&s.data) {
+                let t = *v + *a;
+                *v = if t < 0.0 { 0.0 } else { t };
+            }
+            y
+        }
+    };
+    let s = salt(4, &y.data);
+    r.perturb(&mut y.data, 1, s);
+    r.stored(&mut y.data);
+    y
+}
+
+/// Batch norm's input gradient from `dy` masked where `relu_out` is not positive.
+fn bn_backward(
+    bn: &mut BatchNorm<f32>,
+    dy: &Tensor<f32>,
+    relu_out: Option<&Tensor<f32>>,
+    r: Rounding,
+) -> Tensor<f32> {
+    let mut g = dy.clone();
+    if let Some(y) = relu_out {
+        relu_backward(y, &mut g);
+    }
+    let mut dx = bn.backward_act(&g, None);
+    let s = salt(5, &dx.data);
+    r.perturb(&mut dx.data, 1, s);
+    r.stored(&mut dx.data);
+    dx
+}
+
+/// What a block's backward pass needs of its forward pass.
+struct Saved {
+    x: Tensor<f32>,
+    a1: Tensor<f32>,
+    a2: Tensor<f32>,
+    out: Tensor<f32>,
+}
+
+/// What the body's backward pass needs of the forward pass.
+struct Forward {
+    input: Tensor<f32>,
+    stem_out: Tensor<f32>,
+    pool: MaxPool<f32>,
+    blocks: Vec<Saved>,
+    last_hw: (usize, usize),
+    logits: Tensor<f32>,
+}
+
+fn forward(m: &mut ResNet<f32>, x: &Tensor<f32>, train: bool, r: Rounding) -> Forward {
+    let mut input = x.clone();
+    r.stored(&mut input.data);
+    let t = conv_forward(&m.stem, &input, r);
+    let stem_out = bn_forward(&mut m.stem_bn, t, train, (None, true), r);
+    let mut pool = MaxPool::<f32>::default();
+    let mut h = pool.forward(&stem_out);
+    let mut blocks = Vec::with_capacity(m.blocks.len());
+    for b in &mut m.blocks {
+        let t = conv_forward(&b.conv1, &h, r);
+        let a1 = bn_forward(&mut b.bn1, t, train, (None, true), r);
+        let t = conv_forward(&b.conv2, &a1, r);
+        let a2 = bn_forward(&mut b.bn2, t, train, (None, true), r);
+        let t = conv_forward(&b.conv3, &a2, r);
+        let shortcut = match &mut b.down {
+            Some((c, bn)) => {
+                let s = conv_forward(c, &h, r);
+                Some(bn_forward(bn, s, train, (None, false), r))
+            }
+            None => None,
+        };
+        let out = bn_forward(
+            &mut b.bn3,
+            t,
+            train,
+            (Some(shortcut.as_ref().unwrap_or(&h)), true),
+            r,
+        );
+        let x = std::mem::replace(&mut h, out.clone());
+        blocks.push(Saved { x, a1, a2, out });
+    }
+    // The classifier in f32, as on the GPU.
+    let pooled = avgpool_forward(&h);
+    let logits = m.fc.forward(&pooled);
+    Forward {
+        input,
+        stem_out,
+        pool,
+        blocks,
+        last_hw: (h.h, h.w),
+        logits,
+    }
+}
+
+/// The logits of an inference pass with the GPU's rounding points.
+pub(super) fn reference_logits(m: &mut ResNet<f32>, x: &Tensor<f32>, r: Rounding) -> Tensor<f32> {
+    forward(m, x, false, r).logits
+}
+
+/// One training step of `m` with the GPU's rounding points `r`: forward, the loss (label
+/// smoothing `smoothing`) scaled by `scale`, backward, the gradients unscaled and SGD at `lr`.
+/// Returns the mean loss; `m`'s parameters, momenta and running statistics move as the GPU's.
+pub(super) fn reference_step(
+    m: &mut ResNet<f32>,
+    x: &Tensor<f32>,
+    labels: &[usize],
+    (lr, smoothing, scale): (f64, f64, f64),
+    sgd: &crate::train::Sgd,
+    r: Rounding,
+) -> f64 {
+    let mut f = forward(m, x, true, r);
+    let (loss, mut g, _, _) = crate::layers::softmax_cross_entropy(&f.logits, labels, smoothing);
+    g.data.iter_mut().for_each(|v| *v *= scale as f32);
+    let dp = m.fc.backward(&g);
+    let mut d = avgpool_backward(&dp, f.last_hw.0, f.last_hw.1);
+    r.stored(&mut d.data);
+    for (b, s) in m.blocks.iter_mut().zip(f.blocks).rev() {
+        relu_backward(&s.out, &mut d);
+        let t = bn_backward(&mut b.bn3, &d, None, r);
+        let db = conv_backward(&mut b.conv3, &s.a2, &t, r);
+        let t = bn_backward(&mut b.bn2, &db, Some(&s.a2), r);
+        let da = conv_backward(&mut b.conv2, &s.a1, &t, r);
+        let t = bn_backward(&mut b.bn1, &da, Some(&s.a1), r);
+        let mut dx = conv_backward(&mut b.conv1, &s.x, &t, r);
+        let ds = match &mut b.down {
+            Some((c, bn)) => {
+                let t = bn_backward(bn, &d, None, r);
+                conv_backward(c, &s.x, &t, r)
+            }
+            None => d,
+        };
+        crate::layers::add_into(&mut dx, &ds);
+        r.stored(&mut dx.data);
+        d = dx;
+    }
+    let mut ds = f.pool.backward(&d);
+    r.stored(&mut ds.data);
+    let t = bn_backward(&mut m.stem_bn, &ds, Some(&f.stem_out), r);
+    // The image needs no gradient: the stem's filter gradient only.
+    filter_grad(&mut m.stem, &f.input, &t, r);
+    let inv = (1.0 / scale) as f32;
+    for p in m.params() {
+        p.grad.iter_mut().for_each(|g| *g *= inv);
+    }
+    sgd.step(m.params(), lr);
+    loss
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tf32_rounds_to_ten_mantissa_bits_ties_away() {
+        // 1 + 2⁻¹¹ is halfway between 1 and 1 + 2⁻¹⁰: away from zero.
+        assert_eq!(tf32(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
+        assert_eq!(tf32(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
+        assert_eq!(tf32(1.0 + 2f32.powi(-12)), 1.0);
+        assert_eq!(tf32(3.0), 3.0);
+        assert!(tf32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn a_correct_step_passes_the_calibrated_check_and_a_wrong_one_fails_it() {
+        // Five correct steps with these rounding points (the reference, three other orders of
+        // sums as the tolerances' sample, a fourth as the step under test) and a wrong one: a
+        // step that stores nothing in 16 bits (f32 activations where the GPU stores f16/bf16).
+        for p in [Prec::Bf16, Prec::F16, Prec::Tf32] {
+            let r = Rounding::of(p);
+            let want = reference_outcome(p, r);
+            let samples: Vec<Outcome> = (1..=3)
+                .map(|seed| reference_outcome(p, Rounding { jitter: seed, ..r }))
+                .collect();
+            let tol = Tolerances::calibrated(&want, &samples);
+            let other = reference_outcome(p, Rounding { jitter: 99, ..r });
+            let checks = tol.checks("", &other, &want);
+            eprintln!("{}:", p.name());
+            for c in &checks {
+                eprintln!(
+                    "  {} {:.2e} (tolerance {:.2e})",
+                    c.name, c.error, c.tolerance
+                );
+            }
+            assert!(checks.iter().all(Check::passed), "{}: {checks:?}", p.name());
+            let wide = reference_outcome(p, Rounding::of(Prec::F32));
+            let failed = |o: &Outcome| tol.checks("", o, &want).iter().any(|c| !c.passed());
+            if p != Prec::Tf32 {
+                assert!(failed(&wide), "{}: f32 storage passed", p.name());
+            }
+        }
+    }
+}
