@@ -89,6 +89,15 @@ pub struct DevBuf {
     ctx: sys::CUcontext,
 }
 
+impl DevBuf {
+    /// `bytes` in `ctx`, which the calling thread has current.
+    pub(crate) fn new(ctx: sys::CUcontext, bytes: usize) -> Result<DevBuf, CudaError> {
+        // SAFETY: plain allocation in the current context; freed by Drop.
+        let ptr = check("cuMemAlloc", unsafe { cu::malloc_sync(bytes.max(1)) })?;
+        Ok(DevBuf { ptr, bytes, ctx })
+    }
+}
+
 impl Drop for DevBuf {
     fn drop(&mut self) {
         // SAFETY: allocated by cuMemAlloc in `ctx`, freed once.
@@ -126,6 +135,16 @@ pub struct PinnedBuf {
 }
 
 impl PinnedBuf {
+    /// `bytes` of page-locked memory, usable by every context (the calling thread has one
+    /// current).
+    pub(crate) fn new(bytes: usize) -> Result<PinnedBuf, CudaError> {
+        // SAFETY: plain allocation; freed by Drop.
+        let ptr = check("cuMemHostAlloc", unsafe {
+            cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
+        })?;
+        Ok(PinnedBuf { ptr, bytes })
+    }
+
     pub fn as_mut_slice<T: bytemuck_like::Pod>(&mut self) -> &mut [T] {
         // SAFETY: the allocation is `bytes` long, page-aligned, and T is plain old data.
         unsafe {
@@ -179,23 +198,41 @@ impl Event {
         self.record(gpu.stream)
     }
 
-    fn record(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+    /// Records the event on `stream` (a live stream of the current context).
+    pub(crate) fn record_in(&self, stream: sys::CUstream) -> Result<(), CudaError> {
         // SAFETY: live event and stream.
         check("cuEventRecord", unsafe {
             cu::event::record(self.0, stream)
         })
     }
 
+    fn record(&self, stream: sys::CUstream) -> Result<(), CudaError> {
+        self.record_in(stream)
+    }
+
     /// Makes `gpu`'s stream wait (on the device, not the host) for the work before this
     /// event's last record.
     pub fn wait_on(&self, gpu: &Gpu) -> Result<(), CudaError> {
+        self.wait_in(gpu.stream)
+    }
+
+    /// Makes `stream` wait on the device for the work before this event's last record.
+    pub(crate) fn wait_in(&self, stream: sys::CUstream) -> Result<(), CudaError> {
         // SAFETY: live event and stream.
         check("cuStreamWaitEvent", unsafe {
             cu::stream::wait_event(
-                gpu.stream,
+                stream,
                 self.0,
                 sys::CUevent_wait_flags::CU_EVENT_WAIT_DEFAULT,
             )
+        })
+    }
+
+    /// Waits on the host for the work before this event's last record.
+    pub fn synchronize(&self) -> Result<(), CudaError> {
+        // SAFETY: a live event.
+        check("cuEventSynchronize", unsafe {
+            cu::event::synchronize(self.0)
         })
     }
 
@@ -429,22 +466,12 @@ impl Gpu {
 
     pub fn alloc(&self, bytes: usize) -> Result<DevBuf, CudaError> {
         self.bind()?;
-        // SAFETY: plain allocation; freed by DevBuf's Drop.
-        let ptr = check("cuMemAlloc", unsafe { cu::malloc_sync(bytes.max(1)) })?;
-        Ok(DevBuf {
-            ptr,
-            bytes,
-            ctx: self.ctx,
-        })
+        DevBuf::new(self.ctx, bytes)
     }
 
     pub fn alloc_pinned(&self, bytes: usize) -> Result<PinnedBuf, CudaError> {
         self.bind()?;
-        // SAFETY: plain allocation; freed by PinnedBuf's Drop.
-        let ptr = check("cuMemHostAlloc", unsafe {
-            cu::malloc_host(bytes.max(1), sys::CU_MEMHOSTALLOC_PORTABLE)
-        })?;
-        Ok(PinnedBuf { ptr, bytes })
+        PinnedBuf::new(bytes)
     }
 
     /// `bytes` (at least 4) from the stream's memory pool, in stream order; freed in stream

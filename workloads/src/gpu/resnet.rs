@@ -54,6 +54,9 @@ pub struct GpuResNet {
     /// How activations and their gradients are stored between layers: in the convolutions'
     /// 16 bits in f16 and bf16, else f32.
     pub store: Storage,
+    /// Batches staged by the loader's thread and uploaded on a copy stream ahead of their
+    /// step (in `store`'s format).
+    pub(super) stager: Arc<roofline_kernels::cuda::stage::Stager>,
     pub loss_scale: LossScale,
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
@@ -221,7 +224,9 @@ impl GpuResNet {
         let fc_b = next()?;
         let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
         let store = Storage::of(ctx.prec);
+        let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(&ctx.gpu, store)?);
         Ok(GpuResNet {
+            stager,
             ctx,
             flat,
             body,
@@ -431,7 +436,7 @@ impl GpuResNet {
         // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
         // step's wait for data).
         let t0 = self.ctx.mark()?;
-        let xg = self.ctx.upload_in(self.store, x)?;
+        let xg = self.input(x)?;
         self.ctx.close(UPLOAD, || "input".into(), t0)?;
         let z = self.forward(xg, true)?;
         let scale = self.loss_scale.scale;
@@ -456,6 +461,20 @@ impl GpuResNet {
             applied: done.applied,
             host_syncs: done.host_syncs,
         })
+    }
+
+    /// A training batch on the device in the activations' storage: out of the stager when the
+    /// loader's thread staged it (the upload already ran on the copy stream; the step waits for
+    /// it on the device and copies it out), else uploaded now.
+    fn input(&mut self, x: &Tensor<f32>) -> Result<GTensor, CudaError> {
+        let g = self.ctx.tensor_in(self.store, x.n, x.h, x.w, x.c)?;
+        // SAFETY: g holds x's values in the stager's storage (the model's), and lives until
+        // the copy has run (stream-ordered).
+        if unsafe { self.stager.take(&self.ctx.gpu, &x.data, g.ptr())? } {
+            return Ok(g);
+        }
+        drop(g);
+        self.ctx.upload_in(self.store, x)
     }
 
     /// Inference logits for a batch.

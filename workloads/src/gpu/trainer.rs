@@ -4,7 +4,8 @@
 use super::*;
 use crate::detect::map::Detection;
 use crate::detect::model::{Detector, Losses, Target};
-use crate::train::{Device, Model, Stepped};
+use crate::train::{Device, Model, Stage, Stepped};
+use roofline_kernels::cuda::stage::Stager;
 
 /// What a GPU model is built from at the start of a run: the context and the communicator
 /// (taken back from the previous model when a run begins again), the reducer and the exchange's
@@ -66,6 +67,16 @@ pub trait GpuModel: Sized {
     fn infer(&mut self, x: &Tensor<f32>) -> Result<<Self::Cpu as Model<f32>>::Output, CudaError>;
     /// Writes parameters, momenta and running statistics back into `model`.
     fn store(&mut self, model: &mut Self::Cpu) -> Result<(), CudaError>;
+    /// Where batches are staged ahead of their step (None: each step uploads its own).
+    fn stager(&self) -> Option<Arc<Stager>> {
+        None
+    }
+}
+
+impl Stage<f32> for Stager {
+    fn stage(&self, x: &Tensor<f32>) {
+        Stager::stage(self, &x.data)
+    }
 }
 
 impl GpuModel for GpuResNet {
@@ -103,6 +114,9 @@ impl GpuModel for GpuResNet {
     }
     fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         GpuResNet::store(self, model)
+    }
+    fn stager(&self) -> Option<Arc<Stager>> {
+        Some(Arc::clone(&self.stager))
     }
 }
 
@@ -212,6 +226,11 @@ impl<N: GpuModel> Device<f32, N::Cpu> for CudaTrainer<N> {
 
     fn store(&mut self, model: &mut N::Cpu) -> Result<(), CudaError> {
         self.net()?.store(model)
+    }
+
+    fn stager(&self) -> Option<Arc<dyn Stage<f32>>> {
+        let s = self.net.as_ref()?.stager()?;
+        Some(s as Arc<dyn Stage<f32>>)
     }
 }
 

@@ -20,7 +20,7 @@ pub mod model;
 mod optim;
 pub use classify::{evaluate, predict, softmax_loss, Labels, Order, Source, TrainConfig};
 pub use error::{EvalError, TrainError};
-pub use model::{Cpu, Device, Infer, Loader, Loss, Model, Stepped, Task};
+pub use model::{Cpu, Device, Infer, Loader, Loss, Model, Stage, Stepped, Task};
 pub use optim::{Decay, Schedule, Sgd};
 
 /// One evaluation.
@@ -297,10 +297,23 @@ pub fn run<T: Float, W: Task<T>>(
     let first_read = Instant::now();
     let end = opts.stop_at.unwrap_or(opts.steps).min(opts.steps);
     // One batch ahead: the next step's images are read on another thread while this one
-    // computes.
+    // computes, and handed to the device's stager there (a GPU uploads it on a copy stream
+    // while it trains on this one).
+    let stager = device.stager();
     let fetch = |order: &mut W::Order, step: usize| {
         let load = task.next_batch(order, step, rows.clone());
-        std::thread::spawn(move || timed("data", || format!("load batch {}", step + 1), load))
+        let stager = stager.clone();
+        std::thread::spawn(move || {
+            let batch = timed("data", || format!("load batch {}", step + 1), load);
+            if let (Ok((x, _)), Some(s)) = (&batch, &stager) {
+                timed(
+                    "data",
+                    || format!("stage batch {}", step + 1),
+                    || s.stage(x),
+                );
+            }
+            batch
+        })
     };
     // The data order as of the last finished step (before the prefetch's draw).
     let mut saved = order.clone();

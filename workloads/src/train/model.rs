@@ -105,6 +105,18 @@ pub trait Device<T: Float, M: Model<T>> {
     fn infer(&mut self, model: &mut M, x: &Tensor<T>) -> Result<M::Output, CudaError>;
     /// Writes parameters, momenta and running statistics back into `model`.
     fn store(&mut self, model: &mut M) -> Result<(), CudaError>;
+    /// Where the loader's thread puts each batch as soon as it has read it, ahead of the step
+    /// that trains on it (a GPU's pinned memory and copy stream, after `begin`); None: the
+    /// step takes the batch as it is.
+    fn stager(&self) -> Option<Arc<dyn Stage<T>>> {
+        None
+    }
+}
+
+/// A device's place for batches read ahead ([`Device::stager`]). Staging is an optimisation:
+/// a batch that was not staged, or whose staging failed, is still trained on.
+pub trait Stage<T>: Send + Sync {
+    fn stage(&self, x: &Tensor<T>);
 }
 
 /// The CPU layers as the loop's device: data parallel over a reducer's ranks, every reduction

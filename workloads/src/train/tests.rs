@@ -303,6 +303,80 @@ fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
     );
 }
 
+/// A stager that remembers what the loader's threads staged (each batch's address and first
+/// value).
+#[derive(Default)]
+struct Remember(std::sync::Mutex<Vec<(usize, u32)>>);
+
+impl crate::train::Stage<f32> for Remember {
+    fn stage(&self, x: &Tensor<f32>) {
+        let key = (x.data.as_ptr() as usize, x.data[0].to_bits());
+        self.0.lock().unwrap().push(key);
+    }
+}
+
+/// `Mirror` with a stager: every step must find its batch already staged.
+struct Staging {
+    mirror: Mirror<ResNet<f32>>,
+    stager: Arc<Remember>,
+    unstaged: usize,
+}
+
+impl Device<f32, ResNet<f32>> for Staging {
+    fn reducer(&self) -> Option<Arc<dyn Reducer>> {
+        None
+    }
+    fn begin(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+        self.mirror.begin(model)
+    }
+    fn step(
+        &mut self,
+        model: &mut ResNet<f32>,
+        x: &Tensor<f32>,
+        truth: &Labels,
+        seed: u64,
+        lr: f64,
+        sgd: &Sgd,
+    ) -> Result<Stepped<f64>, CudaError> {
+        let key = (x.data.as_ptr() as usize, x.data[0].to_bits());
+        if !self.stager.0.lock().unwrap().contains(&key) {
+            self.unstaged += 1;
+        }
+        self.mirror.step(model, x, truth, seed, lr, sgd)
+    }
+    fn infer(
+        &mut self,
+        model: &mut ResNet<f32>,
+        x: &Tensor<f32>,
+    ) -> Result<Tensor<f32>, CudaError> {
+        self.mirror.infer(model, x)
+    }
+    fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
+        self.mirror.store(model)
+    }
+    fn stager(&self) -> Option<Arc<dyn crate::train::Stage<f32>>> {
+        Some(Arc::clone(&self.stager) as Arc<dyn crate::train::Stage<f32>>)
+    }
+}
+
+#[test]
+fn every_batch_is_staged_on_the_loaders_thread_before_its_step() {
+    let cfg = tiny();
+    let cpu = train::<f32, _>(&cfg, &Quiet, None).unwrap();
+    let model = cfg.model.clone();
+    let mut dev = Staging {
+        mirror: Mirror::new(move || ResNet::new(model.clone(), 999)),
+        stager: Arc::default(),
+        unstaged: 0,
+    };
+    let on = run::<f32, _>(&cfg, &Quiet, &mut dev).unwrap();
+    assert_eq!(dev.unstaged, 0, "a step's batch was not staged before it");
+    assert_eq!(dev.stager.0.lock().unwrap().len(), on.steps);
+    // Staging changes nothing the run computes.
+    assert_eq!(on.param_norm.to_bits(), cpu.param_norm.to_bits());
+    assert_eq!(on.final_loss.to_bits(), cpu.final_loss.to_bits());
+}
+
 /// Stopping after 2 steps and resuming from the checkpoint ends where an uninterrupted run
 /// ends (the data order crosses an epoch boundary: 20 images, batch 8).
 #[test]
