@@ -186,17 +186,24 @@ STORAGE_TYPES(BN_APPLY)
 
 // Batch norm's input gradient: g = dy masked by mask > 0 (the fused ReLU; none when mask is
 // null), h = (x - mean) * inv, dx = gamma * inv * (g - mdb - h * mdg), all per channel (mdb,
-// mdg: the means of dy and of dy * h over the global batch).
+// mdg: the means of dy and of dy * h over the global batch). With a mask and masked_out not
+// null, masked_out (dy's own buffer) is zeroed where the mask is off, which leaves dy masked
+// in place: a block's end, whose shortcut takes the masked gradient, needs no pass of its own
+// to apply the ReLU's mask.
 template <class T>
 __device__ __forceinline__ void bn_backward_dx_k(const T* dy, const T* x, const T* mask, T* dx,
-                                                 const float* gamma, const float* mean,
-                                                 const float* inv, const float* mdb,
-                                                 const float* mdg, u64 n, int c) {
+                                                 T* masked_out, const float* gamma,
+                                                 const float* mean, const float* inv,
+                                                 const float* mdb, const float* mdg, u64 n,
+                                                 int c) {
     const int step = channel_step(c);
     int ch = first_channel(c);
     GRID_STRIDE(i, n) {
         float g = ld(dy, i);
-        if (mask != 0 && !(ld(mask, i) > 0.0f)) g = 0.0f;
+        if (mask != 0 && !(ld(mask, i) > 0.0f)) {
+            g = 0.0f;
+            if (masked_out != 0) st(masked_out, i, 0.0f);
+        }
         const float h = (ld(x, i) - mean[ch]) * inv[ch];
         st(dx, i, gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]));
         ch = next_channel(ch, step, c);
@@ -204,9 +211,10 @@ __device__ __forceinline__ void bn_backward_dx_k(const T* dy, const T* x, const 
 }
 #define BN_BACKWARD_DX(S, T)                                                                   \
     extern "C" __global__ void bn_backward_dx_##S(                                             \
-        const T* dy, const T* x, const T* mask, T* dx, const float* gamma, const float* mean,  \
-        const float* inv, const float* mdb, const float* mdg, u64 n, int c) {                  \
-        bn_backward_dx_k(dy, x, mask, dx, gamma, mean, inv, mdb, mdg, n, c);                   \
+        const T* dy, const T* x, const T* mask, T* dx, T* masked_out, const float* gamma,      \
+        const float* mean, const float* inv, const float* mdb, const float* mdg, u64 n,        \
+        int c) {                                                                               \
+        bn_backward_dx_k(dy, x, mask, dx, masked_out, gamma, mean, inv, mdb, mdg, n, c);       \
     }
 STORAGE_TYPES(BN_BACKWARD_DX)
 

@@ -446,10 +446,23 @@ pub(crate) fn execute(
     [a0, a1, out]: [u64; 3],
     (ws_ptr, ws_bytes): (u64, usize),
 ) -> Result<(), CudaError> {
-    let (one, zero) = (1.0f32, 0.0f32);
+    blend(h, d, algo, [a0, a1, out], (ws_ptr, ws_bytes), 0.0)
+}
+
+/// `execute` with the result blended into the output: out = result + beta · out (cuDNN's
+/// scaling parameters, f32 for f32, f16 and bf16 data).
+fn blend(
+    h: &Handle,
+    d: &Descs,
+    algo: Algo,
+    [a0, a1, out]: [u64; 3],
+    (ws_ptr, ws_bytes): (u64, usize),
+    beta: f32,
+) -> Result<(), CudaError> {
+    let one = 1.0f32;
     let (al, be) = (
         &one as *const f32 as *const c_void,
-        &zero as *const f32 as *const c_void,
+        &beta as *const f32 as *const c_void,
     );
     let (p0, p1, po) = (a0 as *const c_void, a1 as *const c_void, out as *mut c_void);
     let wsp = ws_ptr as *mut c_void;
@@ -738,6 +751,20 @@ impl ConvPlan {
         self.run(h, 1, [w, dy, dx], ws)
     }
 
+    /// dx += ∂L/∂x from dy and w: the gradient added to what dx holds (a residual block's
+    /// shortcut gradient), in one pass.
+    pub fn backward_data_add(
+        &self,
+        h: &Handle,
+        w: u64,
+        dy: u64,
+        dx: u64,
+        ws: (u64, usize),
+    ) -> Result<(), CudaError> {
+        self.check_workspace(ws.1)?;
+        blend(h, &self.descs[1], self.algos[1], [w, dy, dx], ws, 1.0)
+    }
+
     /// dw = ∂L/∂w from x and dy (overwritten, not accumulated).
     pub fn backward_filter(
         &self,
@@ -757,13 +784,17 @@ impl ConvPlan {
         operands: [u64; 3],
         ws: (u64, usize),
     ) -> Result<(), CudaError> {
-        let (_, ws_bytes) = ws;
+        self.check_workspace(ws.1)?;
+        execute(h, &self.descs[i], self.algos[i], operands, ws)
+    }
+
+    fn check_workspace(&self, ws_bytes: usize) -> Result<(), CudaError> {
         if ws_bytes < self.workspace {
             return Err(CudaError::Check(format!(
                 "cuDNN workspace of {ws_bytes} bytes, the plan needs {}",
                 self.workspace
             )));
         }
-        execute(h, &self.descs[i], self.algos[i], operands, ws)
+        Ok(())
     }
 }

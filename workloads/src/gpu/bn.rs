@@ -225,6 +225,29 @@ impl GBn {
         dy: &GTensor,
         relu_out: Option<&GTensor>,
     ) -> Result<GTensor, CudaError> {
+        self.backward_masking(ctx, flat, dy, relu_out, false)
+    }
+
+    /// `backward` of a block's end, masked by the block's output `out` > 0, which also leaves
+    /// `dy` masked in place (its buffer is written: the shortcut takes the masked gradient).
+    pub(super) fn backward_end(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        out: &GTensor,
+    ) -> Result<GTensor, CudaError> {
+        self.backward_masking(ctx, flat, dy, Some(out), true)
+    }
+
+    fn backward_masking(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        relu_out: Option<&GTensor>,
+        mask_dy: bool,
+    ) -> Result<GTensor, CudaError> {
         let x = self
             .input
             .take()
@@ -273,8 +296,10 @@ impl GBn {
         let (mp, ip) = (sp, sp + 4 * c as u64);
         let (mdb, mdg) = (cp, cp + 4 * c as u64);
         let n = dy.len() as u64;
-        // SAFETY: dy, x, mask (or 0), dx hold n values of one storage (`sums` checked it); the
-        // per-channel vectors c f32 each.
+        let masked_out = if mask_dy && mask != 0 { dyp } else { 0 };
+        // SAFETY: dy, x, mask (or 0), dx hold n values of one storage (`sums` checked it), the
+        // masked output (or 0) is dy's own buffer, which each thread rewrites only at the
+        // element it has read; the per-channel vectors c f32 each.
         unsafe {
             ctx.launch(
                 dy.kernel(BN_BACKWARD_DX),
@@ -284,6 +309,7 @@ impl GBn {
                     arg(&xp),
                     arg(&mask),
                     arg(&dxp),
+                    arg(&masked_out),
                     arg(&g),
                     arg(&mp),
                     arg(&ip),

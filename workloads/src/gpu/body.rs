@@ -233,7 +233,6 @@ pub(super) fn gblock(
         None => None,
     };
     Ok(GBlock {
-        name: b.name.clone(),
         c1,
         b1,
         c2,

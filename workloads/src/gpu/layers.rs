@@ -144,6 +144,16 @@ pub(super) fn krsc_to_rsck(w: &[f32], depth: usize, k: usize) -> Vec<f32> {
     t
 }
 
+/// Where a convolution's backward pass puts its data gradient.
+pub(super) enum Target<'a> {
+    /// Nowhere (the image: the stem's filter gradient only).
+    None,
+    /// A new tensor.
+    New,
+    /// Added to this tensor (of the input's shape, in the convolution's type).
+    Add(&'a GTensor),
+}
+
 pub(super) struct GConv {
     pub(super) shape: ConvShape,
     pub(super) w: Slot,
@@ -238,6 +248,30 @@ impl GConv {
         self.backward_to(ctx, flat, dy, data_grad, dw)
     }
 
+    /// `backward` with the data gradient added to `acc` (x's shape and storage: a block's
+    /// shortcut gradient), which is returned: cuDNN adds it as it writes (one pass, no sum of
+    /// its own) where `acc` is stored in the convolution's type, else a separate add.
+    pub(super) fn backward_into(
+        &mut self,
+        ctx: &mut Ctx,
+        flat: &Flat,
+        dy: &GTensor,
+        acc: GTensor,
+    ) -> Result<GTensor, CudaError> {
+        if acc.dt != Storage::of(ctx.prec) {
+            let dx = self
+                .backward(ctx, flat, dy, true)?
+                .ok_or_else(|| CudaError::Check("no data gradient".into()))?;
+            elementwise(ctx, ADD_INTO, &acc, &dx)?;
+            return Ok(acc);
+        }
+        let t0 = timing(ctx, &self.span)?;
+        let dw = flat.grad(self.w);
+        self.passes_back(ctx, flat, dy, Target::Add(&acc), dw)?;
+        ctx.close(BWD, || self.span.clone().unwrap_or_default(), t0)?;
+        Ok(acc)
+    }
+
     /// `backward` with the filter gradient written (overwritten) at `dw` (KRSC f32).
     pub(super) fn backward_to(
         &mut self,
@@ -248,7 +282,8 @@ impl GConv {
         dw: u64,
     ) -> Result<Option<GTensor>, CudaError> {
         let t0 = timing(ctx, &self.span)?;
-        let dx = self.passes_back(ctx, flat, dy, data_grad, dw)?;
+        let target = if data_grad { Target::New } else { Target::None };
+        let dx = self.passes_back(ctx, flat, dy, target, dw)?;
         ctx.close(BWD, || self.span.clone().unwrap_or_default(), t0)?;
         Ok(dx)
     }
@@ -258,7 +293,7 @@ impl GConv {
         ctx: &mut Ctx,
         flat: &Flat,
         dy: &GTensor,
-        data_grad: bool,
+        data: Target<'_>,
         dw: u64,
     ) -> Result<Option<GTensor>, CudaError> {
         let x = self
@@ -282,25 +317,34 @@ impl GConv {
         if let Some(b) = dwc {
             ctx.cast_between(dt, Storage::F32, b.ptr, dw, self.w.len)?;
         }
-        if !data_grad {
-            return Ok(None);
-        }
-        let dx = ctx.tensor_like(&x, x.n, x.h, x.w, x.c)?;
-        let dxc = ctx.result_buf(&dx, dt)?;
         let w = flat.value_in(self.w, dt)?;
-        let plan = &self.plans[i].1;
-        let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
-        plan.backward_data(
-            &ctx.dnn,
-            w,
-            dyp,
-            dxc.as_ref().map_or(dx.ptr(), |b| b.ptr),
-            ws,
-        )?;
-        if let Some(b) = dxc {
-            ctx.cast_between(dt, dx.dt, b.ptr, dx.ptr(), dx.len())?;
+        match data {
+            Target::None => Ok(None),
+            Target::Add(acc) => {
+                if acc.dt != dt || acc.len() != x.len() {
+                    return Err(CudaError::Check(
+                        "a convolution's data gradient added to a tensor of another shape or type"
+                            .into(),
+                    ));
+                }
+                let plan = &self.plans[i].1;
+                let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+                plan.backward_data_add(&ctx.dnn, w, dyp, acc.ptr(), ws)?;
+                Ok(None)
+            }
+            Target::New => {
+                let dx = ctx.tensor_like(&x, x.n, x.h, x.w, x.c)?;
+                let dxc = ctx.result_buf(&dx, dt)?;
+                let out = dxc.as_ref().map_or(dx.ptr(), |b| b.ptr);
+                let plan = &self.plans[i].1;
+                let ws = ctx.workspace(plan.workspace).map(|b| (b.ptr, b.bytes))?;
+                plan.backward_data(&ctx.dnn, w, dyp, out, ws)?;
+                if let Some(b) = dxc {
+                    ctx.cast_between(dt, dx.dt, b.ptr, dx.ptr(), dx.len())?;
+                }
+                Ok(Some(dx))
+            }
         }
-        Ok(Some(dx))
     }
 }
 
@@ -368,8 +412,6 @@ pub(super) fn add_f32(ctx: &mut Ctx, y: u64, s: u64, n: usize) -> Result<(), Cud
 }
 
 pub(super) struct GBlock {
-    /// The CPU block's name (`layer1.0`): its residual sum's span is `<name>.add+relu3`.
-    pub(super) name: String,
     pub(super) c1: GConv,
     pub(super) b1: GBn,
     pub(super) c2: GConv,
@@ -426,32 +468,23 @@ impl GBlock {
             self.a1.take().ok_or_else(missing)?,
             self.a2.take().ok_or_else(missing)?,
         );
-        let t0 = ctx.mark()?;
-        elementwise(ctx, RELU_MASK, &out, &d)?;
-        ctx.close(BWD, || self.sum_span(), t0)?;
-        let t = self.b3.backward(ctx, flat, &d, None)?;
+        // bn3's backward pass applies the ReLU's mask as it reads d, and leaves d masked for
+        // the shortcut.
+        let t = self.b3.backward_end(ctx, flat, &d, &out)?;
         let db = self.c3.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
         let t = self.b2.backward(ctx, flat, &db, Some(&a2))?;
         let da = self.c2.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
         let t = self.b1.backward(ctx, flat, &da, Some(&a1))?;
-        let dx = self.c1.backward(ctx, flat, &t, true)?.ok_or_else(missing)?;
+        // The shortcut's gradient first; conv1's data gradient is then added to it as cuDNN
+        // writes it (the residual sum's backward pass, with no pass of its own).
         let ds = match &mut self.down {
             Some((conv, bn)) => {
                 let t = bn.backward(ctx, flat, &d, None)?;
-                Some(conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?)
+                conv.backward(ctx, flat, &t, true)?.ok_or_else(missing)?
             }
-            None => None,
+            None => d,
         };
-        // The shortcut's gradient joins the main path's: the residual sum's backward.
-        let t0 = ctx.mark()?;
-        elementwise(ctx, ADD_INTO, &dx, ds.as_ref().unwrap_or(&d))?;
-        ctx.close(BWD, || self.sum_span(), t0)?;
-        Ok(dx)
-    }
-
-    /// The timeline span of the residual sum and its ReLU, both passes.
-    fn sum_span(&self) -> String {
-        format!("{}.add+relu3", self.name)
+        self.c1.backward_into(ctx, flat, &t, ds)
     }
 }
 

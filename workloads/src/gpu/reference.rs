@@ -132,11 +132,23 @@ fn conv_backward(
     dy: &Tensor<f32>,
     r: Rounding,
 ) -> Tensor<f32> {
+    conv_backward_add(c, x, dy, None, r)
+}
+
+/// `conv_backward` with the input gradient added to `acc` before it is stored (as cuDNN
+/// blends a block's conv1 data gradient into the shortcut's: one rounding).
+fn conv_backward_add(
+    c: &mut Conv2d<f32>,
+    x: &Tensor<f32>,
+    dy: &Tensor<f32>,
+    acc: Option<&Tensor<f32>>,
+    r: Rounding,
+) -> Tensor<f32> {
     filter_grad(c, x, dy, r);
     let sh = shape(c, x);
     let (dyo, wo) = (r.operand(&dy.data), r.operand(&c.weight.value));
-    let mut dx = vec![0.0f32; sh.input_len()];
-    crate::conv::backward_data(&dyo, &wo, &mut dx, &sh);
+    let mut dx = acc.map_or_else(|| vec![0.0f32; sh.input_len()], |a| a.data.clone());
+    crate::conv::backward_data_add(&dyo, &wo, &mut dx, &sh);
     let terms = (sh.r * sh.s * sh.k).div_ceil(sh.stride * sh.stride);
     r.perturb(&mut dx, terms, salt(3, &dyo));
     r.stored(&mut dx);
@@ -277,7 +289,6 @@ pub(super) fn reference_step(
         let t = bn_backward(&mut b.bn2, &db, Some(&s.a2), r);
         let da = conv_backward(&mut b.conv2, &s.a1, &t, r);
         let t = bn_backward(&mut b.bn1, &da, Some(&s.a1), r);
-        let mut dx = conv_backward(&mut b.conv1, &s.x, &t, r);
         let ds = match &mut b.down {
             Some((c, bn)) => {
                 let t = bn_backward(bn, &d, None, r);
@@ -285,9 +296,8 @@ pub(super) fn reference_step(
             }
             None => d,
         };
-        crate::layers::add_into(&mut dx, &ds);
-        r.stored(&mut dx.data);
-        d = dx;
+        // conv1's data gradient added to the shortcut's as cuDNN writes it.
+        d = conv_backward_add(&mut b.conv1, &s.x, &t, Some(&ds), r);
     }
     let mut ds = f.pool.backward(&d);
     r.stored(&mut ds.data);
