@@ -64,6 +64,67 @@ __device__ __forceinline__ int next_channel(int ch, int step, int c) {
     return ch >= c ? ch - c : ch;
 }
 
+// 16 bytes of a tensor at a time, in f32 registers: 4 f32 or 8 16-bit values (pack_of<T>::n),
+// from element i, a multiple of that (so 16-byte aligned in a 256-byte aligned buffer). A
+// streaming kernel needs the bytes in flight: one 16-byte load per thread carries 8 times what
+// a 2-byte one does.
+template <class T>
+struct pack_of {
+    static const int n = 8;
+};
+template <>
+struct pack_of<float> {
+    static const int n = 4;
+};
+
+__device__ __forceinline__ void halves(unsigned w, const b16*, float& a, float& b) {
+    a = __uint_as_float(w << 16);
+    b = __uint_as_float(w & 0xffff0000u);
+}
+__device__ __forceinline__ void halves(unsigned w, const h16*, float& a, float& b) {
+    const unsigned short lo = (unsigned short)(w & 0xffffu), hi = (unsigned short)(w >> 16);
+    asm("cvt.f32.f16 %0, %1;" : "=f"(a) : "h"(lo));
+    asm("cvt.f32.f16 %0, %1;" : "=f"(b) : "h"(hi));
+}
+__device__ __forceinline__ unsigned bits_of(float x, const b16*) {
+    unsigned short h;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+__device__ __forceinline__ unsigned bits_of(float x, const h16*) {
+    unsigned short h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(x));
+    return h;
+}
+
+__device__ __forceinline__ void ldv(const float* p, u64 i, float* f) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+    f[0] = __uint_as_float(u.x);
+    f[1] = __uint_as_float(u.y);
+    f[2] = __uint_as_float(u.z);
+    f[3] = __uint_as_float(u.w);
+}
+template <class T>
+__device__ __forceinline__ void ldv(const T* p, u64 i, float* f) {
+    const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+    halves(u.x, p, f[0], f[1]);
+    halves(u.y, p, f[2], f[3]);
+    halves(u.z, p, f[4], f[5]);
+    halves(u.w, p, f[6], f[7]);
+}
+__device__ __forceinline__ void stv(float* p, u64 i, const float* f) {
+    *reinterpret_cast<uint4*>(p + i) = make_uint4(__float_as_uint(f[0]), __float_as_uint(f[1]),
+                                                  __float_as_uint(f[2]), __float_as_uint(f[3]));
+}
+template <class T>
+__device__ __forceinline__ void stv(T* p, u64 i, const float* f) {
+    const T* q = p;
+    *reinterpret_cast<uint4*>(p + i) = make_uint4(bits_of(f[0], q) | (bits_of(f[1], q) << 16),
+                                                  bits_of(f[2], q) | (bits_of(f[3], q) << 16),
+                                                  bits_of(f[4], q) | (bits_of(f[5], q) << 16),
+                                                  bits_of(f[6], q) | (bits_of(f[7], q) << 16));
+}
+
 // Per-channel sums over the rows of an NHWC tensor, accumulated in f64 and added into s1, s2
 // (zeroed by the caller): s1 += g, s2 += g * b, with g = a masked by mask > 0 (when mask is not
 // null) and b = a when b is null. Blocks of 256 threads: 32 channels by 8 rows. Block i covers
@@ -217,6 +278,89 @@ __device__ __forceinline__ void bn_backward_dx_k(const T* dy, const T* x, const 
         bn_backward_dx_k(dy, x, mask, dx, masked_out, gamma, mean, inv, mdb, mdg, n, c);       \
     }
 STORAGE_TYPES(BN_BACKWARD_DX)
+
+// bn_apply and bn_backward_dx a pack at a time (c a multiple of 8, so a pack's values are
+// consecutive channels of one row): the same operations on each value as the scalar kernels,
+// so the same bits. The grid strides over the n / pack_of<T>::n packs.
+template <class T>
+__device__ __forceinline__ void bn_apply_vk(const T* x, T* y, const float* gamma,
+                                            const float* beta, const float* mean,
+                                            const float* inv, const T* s, u64 n, int c,
+                                            int relu) {
+    const int V = pack_of<T>::n;
+    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    const int step = (int)(((u64)gridDim.x * blockDim.x * V) % (u64)c);
+    int ch = (int)(first % (u64)c);
+    GRID_STRIDE(p, n / V) {
+        const u64 i = p * V;
+        float v[8], r[8];
+        ldv(x, i, v);
+        if (s != 0) ldv(s, i, r);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float a = gamma[ch + k] * inv[ch + k];
+            const float d = beta[ch + k] - mean[ch + k] * a;
+            float t = v[k] * a + d;
+            if (s != 0) t += r[k];
+            v[k] = (relu != 0 && t < 0.0f) ? 0.0f : t;
+        }
+        stv(y, i, v);
+        ch = next_channel(ch, step, c);
+    }
+}
+#define BN_APPLY_V(S, T)                                                                       \
+    extern "C" __global__ void bn_apply_v_##S(const T* x, T* y, const float* gamma,             \
+                                              const float* beta, const float* mean,            \
+                                              const float* inv, const T* s, u64 n, int c,      \
+                                              int relu) {                                      \
+        bn_apply_vk(x, y, gamma, beta, mean, inv, s, n, c, relu);                              \
+    }
+STORAGE_TYPES(BN_APPLY_V)
+
+template <class T>
+__device__ __forceinline__ void bn_backward_dx_vk(const T* dy, const T* x, const T* mask, T* dx,
+                                                  T* masked_out, const float* gamma,
+                                                  const float* mean, const float* inv,
+                                                  const float* mdb, const float* mdg, u64 n,
+                                                  int c) {
+    const int V = pack_of<T>::n;
+    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
+    const int step = (int)(((u64)gridDim.x * blockDim.x * V) % (u64)c);
+    int ch = (int)(first % (u64)c);
+    GRID_STRIDE(p, n / V) {
+        const u64 i = p * V;
+        float g[8], xv[8], m[8];
+        ldv(dy, i, g);
+        ldv(x, i, xv);
+        bool masked = false;
+        if (mask != 0) {
+            ldv(mask, i, m);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                if (!(m[k] > 0.0f)) {
+                    g[k] = 0.0f;
+                    masked = true;
+                }
+            }
+        }
+        if (masked && masked_out != 0) stv(masked_out, i, g);
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            const float h = (xv[k] - mean[ch + k]) * inv[ch + k];
+            xv[k] = gamma[ch + k] * inv[ch + k] * (g[k] - mdb[ch + k] - h * mdg[ch + k]);
+        }
+        stv(dx, i, xv);
+        ch = next_channel(ch, step, c);
+    }
+}
+#define BN_BACKWARD_DX_V(S, T)                                                                 \
+    extern "C" __global__ void bn_backward_dx_v_##S(                                           \
+        const T* dy, const T* x, const T* mask, T* dx, T* masked_out, const float* gamma,      \
+        const float* mean, const float* inv, const float* mdb, const float* mdg, u64 n,        \
+        int c) {                                                                               \
+        bn_backward_dx_vk(dy, x, mask, dx, masked_out, gamma, mean, inv, mdb, mdg, n, c);      \
+    }
+STORAGE_TYPES(BN_BACKWARD_DX_V)
 
 // y = max(y, 0) in place (the detector heads' activations; NaN becomes 0, as on the CPU).
 extern "C" __global__ void relu(float* y, u64 n) {

@@ -41,10 +41,12 @@ fn entry_body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
 /// NVRTC 12 writes a reduction whose result is unused as `red` and NVRTC 13 as `atom`).
 fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     // train.cu's kernels per storage type: the 16-bit ones convert as they read or write.
-    const TYPED: [&str; 9] = [
+    const TYPED: [&str; 11] = [
         "bn_sums",
         "bn_apply",
         "bn_backward_dx",
+        "bn_apply_v",
+        "bn_backward_dx_v",
         "relu_mask",
         "add_into",
         "maxpool_forward",
@@ -53,6 +55,16 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "avgpool_backward",
     ];
     let typed = |suffix: &str| kernel.strip_suffix(suffix).filter(|b| TYPED.contains(b));
+    // The pack kernels load 16 bytes at a time: bn_apply_v x (and the residual: the compiler
+    // may share one load instruction between the two paths), bn_backward_dx_v dy and x at
+    // least.
+    for s in ["_f32", "_f16", "_bf16"] {
+        match typed(s) {
+            Some("bn_apply_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 1)),
+            Some("bn_backward_dx_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 2)),
+            _ => {}
+        }
+    }
     if let Some(base) = typed("_f16") {
         return Some(match base {
             "bn_sums" => ("red.global.add.f64|atom.global.add.f64", 2),

@@ -165,11 +165,14 @@ pub enum Elem {
     F32,
     F16,
     Bf16,
+    /// Batch norm's channel sums, summed across ranks in f64 as on the host.
+    F64,
 }
 
 impl Elem {
     pub fn bytes(self) -> usize {
         match self {
+            Elem::F64 => 8,
             Elem::F32 => 4,
             Elem::F16 | Elem::Bf16 => 2,
         }
@@ -255,13 +258,46 @@ impl Communicator {
     /// this GPU's stream (the trainer's gradient buckets; 16-bit when compressed for the wire).
     pub fn all_reduce_sum(&self, ptr: u64, count: usize, elem: Elem) -> Result<(), CudaError> {
         self.gpu.bind()?;
+        self.sum_in(ptr, count, elem, self.stream())
+    }
+
+    /// `all_reduce_sum` on `gpu`'s stream (a stream of this communicator's device), ordered
+    /// with the work queued there: batch norm's sums on the training stream, which the next
+    /// kernel needs (no event handoff, no host wait). Every rank queues the same sums in the
+    /// same order.
+    pub fn all_reduce_sum_on(
+        &self,
+        gpu: &Gpu,
+        ptr: u64,
+        count: usize,
+        elem: Elem,
+    ) -> Result<(), CudaError> {
+        if gpu.dev != self.gpu.dev {
+            return Err(CudaError::Check(format!(
+                "an NCCL sum of GPU {} queued on GPU {}",
+                self.gpu.ordinal, gpu.ordinal
+            )));
+        }
+        gpu.bind()?;
+        self.sum_in(ptr, count, elem, gpu.stream as ns::cudaStream_t)
+    }
+
+    fn sum_in(
+        &self,
+        ptr: u64,
+        count: usize,
+        elem: Elem,
+        stream: ns::cudaStream_t,
+    ) -> Result<(), CudaError> {
         let ty = match elem {
+            Elem::F64 => ns::ncclDataType_t::ncclFloat64,
             Elem::F32 => ns::ncclDataType_t::ncclFloat32,
             Elem::F16 => ns::ncclDataType_t::ncclFloat16,
             Elem::Bf16 => ns::ncclDataType_t::ncclBfloat16,
         };
-        // SAFETY: the caller's buffer on this GPU holds `count` elements of `elem`; in-place
-        // allreduce is allowed (send = receive).
+        // SAFETY: the caller's buffer on this communicator's GPU holds `count` elements of
+        // `elem`; in-place allreduce is allowed (send = receive); `stream` is a live stream of
+        // that GPU.
         unsafe {
             self.lib.all_reduce(
                 ptr as *const c_void,
@@ -270,7 +306,7 @@ impl Communicator {
                 ty,
                 ns::ncclRedOp_t::ncclSum,
                 self.comm,
-                self.stream(),
+                stream,
             )
         }
     }

@@ -121,6 +121,8 @@ pub const SOURCES: &[Source] = &[
                 "bn_sums",
                 "bn_apply",
                 "bn_backward_dx",
+                "bn_apply_v",
+                "bn_backward_dx_v",
                 "relu_mask",
                 "add_into",
                 "maxpool_forward",
@@ -474,8 +476,14 @@ mod tests {
         assert_eq!(names.len(), n);
         for s in SOURCES {
             for k in s.kernels {
+                // A kernel per storage type is written once, as `void <base>_##S(`.
+                let typed = ["_f32", "_f16", "_bf16"].iter().any(|t| {
+                    k.strip_suffix(t)
+                        .is_some_and(|base| s.text.contains(&format!("void {base}_##S(")))
+                });
                 assert!(
                     s.text.contains(&format!("void {k}("))
+                        || typed
                         || s.text.contains("ERT(")
                         || s.text.contains("(NAME"),
                     "{k} not in {}",

@@ -2,9 +2,40 @@
 //! (`bn_sums`), the statistics, running statistics and backward coefficients computed on the
 //! device from them (`bn_stats`, `bn_running_stats`, `bn_backward_coefficients`), then one pass
 //! to apply it (with the fused ReLU) and one for its input gradient. On one GPU nothing leaves
-//! the device; across ranks the sums are summed on the host by the reducer.
+//! the device; across ranks the sums are summed by NCCL on the training stream where the
+//! gradients go through NCCL, else on the host by the reducer ([`Across`]).
 
 use super::*;
+
+/// How batch norm's channel sums are summed across ranks.
+pub(super) enum Across {
+    /// One rank: they are the global batch's already.
+    Alone,
+    /// On the host, through the MPI reducer: a wait for the GPU per call.
+    Host(Arc<dyn Reducer>),
+    /// By NCCL, in f64, on the training stream: no wait.
+    Device(Rc<Communicator>),
+}
+
+/// The kernel for `t`'s elements, scalar or by 16-byte packs (where its channels, and so its
+/// rows, come in multiples of 8), and the number of items its grid strides over.
+fn by_packs(t: &GTensor, scalar: Typed, packs: Typed) -> (&'static str, usize) {
+    if t.c.is_multiple_of(8) {
+        (t.kernel(packs), t.len() / (16 / t.dt.bytes()))
+    } else {
+        (t.kernel(scalar), t.len())
+    }
+}
+
+impl Across {
+    fn ranks(&self) -> usize {
+        match self {
+            Across::Alone => 1,
+            Across::Host(r) => r.ranks(),
+            Across::Device(c) => c.ranks,
+        }
+    }
+}
 
 pub(super) struct GBn {
     /// The timeline span of its passes (the CPU's layer name).
@@ -23,7 +54,7 @@ pub(super) struct GBn {
     pub(super) input: Option<GTensor>,
     /// [mean | 1/σ] on the device, from the forward pass for the backward pass.
     pub(super) stats: Option<Buf>,
-    pub(super) reducer: Option<Arc<dyn Reducer>>,
+    pub(super) across: Across,
 }
 
 impl GBn {
@@ -45,8 +76,14 @@ impl GBn {
             eps: b.eps,
             input: None,
             stats: None,
-            reducer,
+            across: reducer.map_or(Across::Alone, Across::Host),
         }
+    }
+
+    /// Sums across ranks by NCCL on the training stream, through `comm` (the ranks of the
+    /// reducer it replaces, in the same order).
+    pub(super) fn sum_on_device(&mut self, comm: Rc<Communicator>) {
+        self.across = Across::Device(comm);
     }
 
     /// The running statistics (mean, variance) as they stand (a copy from the device, after
@@ -75,8 +112,8 @@ impl GBn {
     }
 
     /// Per-channel [Σ g | Σ g·b] in f64 on the device, over every rank's rows (g = a masked by
-    /// `mask` > 0). On one GPU nothing leaves the device; across ranks the sums go through the
-    /// host's reducer (a synchronisation per call).
+    /// `mask` > 0). On one GPU nothing leaves the device; across ranks the sums go through
+    /// NCCL on the training stream, or the host's reducer (a synchronisation per call).
     fn sums(
         &self,
         ctx: &mut Ctx,
@@ -90,10 +127,17 @@ impl GBn {
         let dt = same_storage("batch norm sums", &all)?;
         let (bp, mp) = (b.map_or(0, |t| t.ptr()), mask.map_or(0, |t| t.ptr()));
         let s = ctx.channel_sums(dt, a.ptr(), bp, mp, a.rows(), self.c)?;
-        if let Some(r) = &self.reducer {
-            let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
-            r.sum_f64(&mut v);
-            ctx.put(s.ptr, &v)?;
+        match &self.across {
+            Across::Alone => {}
+            Across::Host(r) => {
+                let mut v: Vec<f64> = ctx.get(s.ptr, 2 * self.c)?;
+                r.sum_f64(&mut v);
+                ctx.put(s.ptr, &v)?;
+            }
+            Across::Device(comm) => {
+                comm.all_reduce_sum_on(&ctx.gpu, s.ptr, 2 * self.c, Elem::F64)?;
+                ctx.gpu.bind()?;
+            }
         }
         Ok(s)
     }
@@ -144,7 +188,7 @@ impl GBn {
         let residual = residual.map_or(0, |s| s.ptr());
         let t0 = timing(ctx, &self.span)?;
         let c = self.c;
-        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let ranks = self.across.ranks();
         let m = (x.rows() * ranks) as f64;
         let (ci, eps) = (c as i32, self.eps);
         let running = self.running_buf(ctx)?;
@@ -188,12 +232,13 @@ impl GBn {
         );
         let (mp, ip) = (sp, sp + 4 * c as u64);
         let (n, r) = (x.len() as u64, relu as i32);
-        // SAFETY: x, y and the residual (or 0) hold n values of x's storage; gamma, beta, mean,
-        // inv hold c f32 each.
+        let (kernel, items) = by_packs(&x, BN_APPLY, BN_APPLY_V);
+        // SAFETY: x, y and the residual (or 0) hold n values of x's storage (a pack kernel
+        // only where c, and so n, is a multiple of 8); gamma, beta, mean, inv hold c f32 each.
         unsafe {
             ctx.launch(
-                x.kernel(BN_APPLY),
-                x.len(),
+                kernel,
+                items,
                 &mut [
                     arg(&xp),
                     arg(&yp),
@@ -265,7 +310,7 @@ impl GBn {
         }
         let t0 = timing(ctx, &self.span)?;
         let c = self.c;
-        let ranks = self.reducer.as_ref().map_or(1, |r| r.ranks());
+        let ranks = self.across.ranks();
         let m = (dy.rows() * ranks) as f64;
         let share = 1.0 / ranks as f64;
         let s = self.sums(ctx, dy, Some(&x), relu_out)?;
@@ -300,10 +345,11 @@ impl GBn {
         // SAFETY: dy, x, mask (or 0), dx hold n values of one storage (`sums` checked it), the
         // masked output (or 0) is dy's own buffer, which each thread rewrites only at the
         // element it has read; the per-channel vectors c f32 each.
+        let (kernel, items) = by_packs(dy, BN_BACKWARD_DX, BN_BACKWARD_DX_V);
         unsafe {
             ctx.launch(
-                dy.kernel(BN_BACKWARD_DX),
-                dy.len(),
+                kernel,
+                items,
                 &mut [
                     arg(&dyp),
                     arg(&xp),

@@ -183,6 +183,19 @@ impl GBody {
         Ok(())
     }
 
+    /// Every batch norm sums across ranks through `comm` (NCCL on the training stream).
+    pub(super) fn sum_on_device(&mut self, comm: &Rc<Communicator>) {
+        self.stem_bn.sum_on_device(Rc::clone(comm));
+        for b in &mut self.blocks {
+            for bn in [&mut b.b1, &mut b.b2, &mut b.b3] {
+                bn.sum_on_device(Rc::clone(comm));
+            }
+            if let Some((_, bn)) = &mut b.down {
+                bn.sum_on_device(Rc::clone(comm));
+            }
+        }
+    }
+
     /// The batch norms in the CPU's `running_stats` order.
     pub(super) fn bns(&self) -> Vec<&GBn> {
         let mut bns: Vec<&GBn> = vec![&self.stem_bn];

@@ -223,6 +223,20 @@ fn gpu_outcome(
     Ok((Outcome::of(&mut m, &init, r.loss, logits), r.applied, ctx))
 }
 
+/// The device allocations of a model's second step on `ctx` (its first took every buffer the
+/// step needs; the pool hands them out again).
+fn second_step_allocations(ctx: Ctx) -> Result<(u64, Ctx), CudaError> {
+    let (cfg, x, labels, lr, smoothing) = setup();
+    let mut m = ResNet::<f32>::new(cfg, 11);
+    let mut net = GpuResNet::new(ctx, &mut m, None, None, CommOptions::default())?;
+    let sgd = crate::train::Sgd::default();
+    net.step(&x, &labels, lr, smoothing, &sgd)?;
+    let before = net.ctx.allocations();
+    net.step(&x, &labels, lr, smoothing, &sgd)?;
+    let allocated = net.ctx.allocations() - before;
+    Ok((allocated, net.into_parts().0))
+}
+
 /// The whole-step comparisons of `--check` in precision `p` on `ctx`'s GPU, and the same step
 /// with its gradients through NCCL (a one-rank communicator: the sum is the gradient itself)
 /// in small buckets queued during the backward pass, in each wire format.
@@ -245,6 +259,12 @@ pub(super) fn step_checks(ctx: Ctx, p: Prec) -> Result<Vec<Check>, CudaError> {
     out.push(Check {
         name: "network step applied".into(),
         error: if applied { 0.0 } else { 1.0 },
+        tolerance: 0.0,
+    });
+    let (allocated, ctx) = second_step_allocations(ctx)?;
+    out.push(Check {
+        name: "device allocations in a second step of the same shapes".into(),
+        error: allocated as f64,
         tolerance: 0.0,
     });
     if roofline_kernels::comm::nccl::available().is_err() {

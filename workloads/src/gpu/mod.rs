@@ -31,6 +31,8 @@ use std::sync::Arc;
 const BN_SUMS: Typed = roofline_kernels::typed!("bn_sums");
 const BN_APPLY: Typed = roofline_kernels::typed!("bn_apply");
 const BN_BACKWARD_DX: Typed = roofline_kernels::typed!("bn_backward_dx");
+const BN_APPLY_V: Typed = roofline_kernels::typed!("bn_apply_v");
+const BN_BACKWARD_DX_V: Typed = roofline_kernels::typed!("bn_backward_dx_v");
 const RELU_MASK: Typed = roofline_kernels::typed!("relu_mask");
 const ADD_INTO: Typed = roofline_kernels::typed!("add_into");
 const MAXPOOL_FORWARD: Typed = roofline_kernels::typed!("maxpool_forward");
@@ -42,8 +44,8 @@ const AVGPOOL_BACKWARD: Typed = roofline_kernels::typed!("avgpool_backward");
 /// as waiting for data).
 pub const UPLOAD: &str = "upload";
 
-/// A stream-ordered device allocation on the trainer's stream, freed in stream order.
-pub use roofline_kernels::cuda::device::StreamBuf as Buf;
+/// A device buffer of the trainer's (recycled through the context's pool).
+pub use pool::Buf;
 
 /// A device NHWC tensor, stored in f32 or in 16 bits (`dt`).
 pub struct GTensor {
@@ -126,6 +128,8 @@ pub struct Ctx {
     choices: Vec<((ConvShape, Prec), PlanChoice)>,
     /// Those of earlier runs on this GPU, driver and cuDNN (None: no cache folder).
     cache: Option<AlgoCache>,
+    /// The buffers the steps have handed back (`pool.rs`).
+    pool: Rc<std::cell::RefCell<pool::Pool>>,
     pub prec: Prec,
     pub gpu: Gpu,
 }
@@ -154,13 +158,10 @@ impl Ctx {
             workspace: None,
             choices: Vec::new(),
             cache,
+            pool: Rc::default(),
             prec,
             gpu,
         })
-    }
-
-    pub fn alloc(&self, bytes: usize) -> Result<Buf, CudaError> {
-        self.gpu.alloc_async(bytes)
     }
 
     /// An f32 tensor.
@@ -547,6 +548,7 @@ mod detect;
 mod detector;
 mod fpn;
 mod layers;
+mod pool;
 mod reference;
 mod resnet;
 mod roi_align;

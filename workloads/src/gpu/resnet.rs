@@ -191,6 +191,27 @@ impl GradSync {
     }
 }
 
+/// Where the gradients go through NCCL, batch norm's sums go through NCCL too: a communicator
+/// of their own (its id broadcast by `reducer`, or made here for one rank without one), whose
+/// sums run on the training stream, apart from the gradient buckets' stream.
+pub(super) fn bn_communicator(
+    ctx: &Ctx,
+    grads: &GradSync,
+    reducer: Option<&dyn Reducer>,
+) -> Result<Communicator, CudaError> {
+    let ordinal = ctx.gpu.ordinal;
+    match reducer {
+        Some(r) => communicator(r, ordinal),
+        None if grads.nccl.ranks == 1 => {
+            Communicator::new(&roofline_kernels::comm::nccl::unique_id()?, 1, 0, ordinal)
+        }
+        None => Err(CudaError::Check(format!(
+            "{} NCCL ranks and no reducer to share batch norm's communicator",
+            grads.nccl.ranks
+        ))),
+    }
+}
+
 /// How gradients in the wire's format are stored.
 fn wire_storage(w: Wire) -> Storage {
     match w {
@@ -219,10 +240,13 @@ impl GpuResNet {
                 .ok_or_else(|| CudaError::Check("parameter list".into()))
         };
         let r = || reducer.clone();
-        let body = GBody::new(model, &mut next, &r)?;
+        let mut body = GBody::new(model, &mut next, &r)?;
         let fc_w = next()?;
         let fc_b = next()?;
         let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
+        if let Some(g) = &sync {
+            body.sum_on_device(&Rc::new(bn_communicator(&ctx, g, reducer.as_deref())?));
+        }
         let store = Storage::of(ctx.prec);
         let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(&ctx.gpu, store)?);
         Ok(GpuResNet {

@@ -210,26 +210,41 @@ fn grid_of(n: usize, sms: usize) -> usize {
 
 #[test]
 fn the_kernels_channel_stepping_is_the_index_mod_c() {
-    // first_channel / channel_step / next_channel of train.cu, thread by thread: the channel
-    // each grid-stride iteration reads is i mod c, for channel counts below, at and above the
-    // block size and grids of one block, a few, and many.
-    for c in [1usize, 3, 64, 255, 256, 257, 1000, 2048] {
-        for (n, sms) in [(1000, 1), (5 * 256 + 3, 132), (200_003, 1), (200_003, 7)] {
-            let n = n * c.min(4);
-            let grid = grid_of(n, sms);
-            let stride = grid * 256;
-            let step = stride % c;
-            for t in 0..stride {
-                let mut ch = t % c;
-                let mut i = t;
-                while i < n {
-                    assert_eq!(ch, i % c, "c {c}, n {n}, grid {grid}, thread {t}");
-                    ch += step;
-                    if ch >= c {
-                        ch -= c;
+    // first_channel / channel_step / next_channel of train.cu (and the pack kernels' own, by
+    // 4 or 8 values a thread where c is a multiple of 8), thread by thread: the channel each
+    // grid-stride iteration reads is i mod c, and every element is visited once, for channel
+    // counts below, at and above the block size and grids of one block, a few, and many.
+    for c in [1usize, 3, 64, 255, 256, 257, 1000, 2048, 8, 24] {
+        for pack in [1usize, 4, 8] {
+            if pack > 1 && c % 8 != 0 {
+                continue;
+            }
+            for (n, sms) in [(1000, 1), (5 * 256 + 3, 132), (200_003, 1), (200_003, 7)] {
+                let n = n * c.min(8);
+                let items = n / pack;
+                let grid = grid_of(items, sms);
+                let stride = grid * 256;
+                let step = (stride * pack) % c;
+                let mut seen = vec![false; items * pack];
+                for t in 0..stride {
+                    let mut ch = (t * pack) % c;
+                    let mut p = t;
+                    while p < items {
+                        let i = p * pack;
+                        assert_eq!(ch, i % c, "c {c}, pack {pack}, n {n}, grid {grid}");
+                        assert!(ch + pack <= c, "a pack crosses a row");
+                        for s in &mut seen[i..i + pack] {
+                            assert!(!*s, "an element twice");
+                            *s = true;
+                        }
+                        ch += step;
+                        if ch >= c {
+                            ch -= c;
+                        }
+                        p += stride;
                     }
-                    i += stride;
                 }
+                assert!(seen.iter().all(|s| *s), "an element missed");
             }
         }
     }
