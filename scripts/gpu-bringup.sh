@@ -79,10 +79,11 @@ python_wheels() {
 run() {
     local out=${1:-${OUT:-./bringup-out}}
     # Which parts: all (default), or a comma list of probe (doctor, kernels, the checks and
-    # probes), train (train --check, the four trainings, place), peers (PyTorch), ewa (the
-    # detector's --check, two trainings at 768x1152, place) and ewa-peers (torchvision's Faster
-    # R-CNN), so that a machine lent in calls of 10 minutes can take it in three:
-    # `run OUT probe`, `run OUT train,peers`, `run OUT ewa,ewa-peers`.
+    # probes), check (train --check in f32, tf32, bf16, f16), train (the trainings, place),
+    # peers (PyTorch), ewa (the detector's --check, two trainings at 768x1152, place) and
+    # ewa-peers (torchvision's Faster R-CNN), so that a machine lent in calls of 10 minutes can
+    # take it in three: `run OUT probe,check`, `run OUT train,peers` (ResNet-50 against PyTorch:
+    # under 6 minutes with ROOFLINE_BRINGUP_BUDGET=330), `run OUT ewa,ewa-peers`.
     local parts=${2:-all}
     want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
     mkdir -p "$out"
@@ -186,13 +187,15 @@ run() {
     # ResNet-50 is trained (and its peer measured) at each of these batches; the placement at
     # the first.
     local batches=${ROOFLINE_BRINGUP_BATCHES:-$batch 256}
-    if ! not_asked train train-check train-check-tf32 train-check-bf16 train-check-f16 train place; then
+    if ! not_asked check train-check train-check-tf32 train-check-bf16 train-check-f16; then
         # Every GPU layer and a whole step against the CPU in each precision: f32 against the
         # CPU model, the others against the CPU reference with the GPU's rounding points.
         step train-check 240 "$rl" train --device cuda --check
         for p in tf32 bf16 f16; do
             step "train-check-$p" 120 "$rl" train --device cuda --precision "$p" --check
         done
+    fi
+    if ! not_asked train train place; then
         for b in $batches; do
             for p in f32 tf32 bf16 f16; do
                 step "train-$p-b$b" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $b --steps $steps --json >'$out/train-$p.json'"
