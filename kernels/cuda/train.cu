@@ -169,6 +169,71 @@ __device__ __forceinline__ void bn_sums_k(const T* a, const T* b, const T* mask,
     }
 STORAGE_TYPES(BN_SUMS)
 
+// bn_sums by 16-byte packs (c a multiple of 8): a block covers a tile of cp = min(c / V, 32)
+// packs (V = pack_of<T>::n channels each) and R = blockDim.x / cp rows at a time, each thread
+// one pack of one row; the rows' partial sums meet in shared memory and one thread per channel
+// adds them to s1, s2. Block i covers tile i % tiles (tiles = ceil(c / (V·cp))) and strides
+// over the rows from slice i / tiles (gridDim.x a multiple of tiles). The same sums as
+// bn_sums, in another order.
+template <class T>
+__device__ __forceinline__ void bn_sums_vk(const T* a, const T* b, const T* mask, u64 rows,
+                                           int c, int tiles, double* s1, double* s2) {
+    const int V = pack_of<T>::n;
+    __shared__ double p1[2048];
+    __shared__ double p2[2048];
+    const int packs = c / V;
+    const int cp = packs < 32 ? packs : 32;
+    const int R = blockDim.x / cp;
+    const int tx = threadIdx.x % cp, ty = threadIdx.x / cp;
+    const int tile = blockIdx.x % tiles;
+    const int pack = tile * cp + tx;
+    const u64 slice = blockIdx.x / tiles, slices = gridDim.x / tiles;
+    double q1[8], q2[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) q1[k] = q2[k] = 0.0;
+    if (ty < R && pack < packs) {
+        for (u64 r = slice * R + ty; r < rows; r += slices * R) {
+            const u64 i = r * (u64)c + (u64)pack * V;
+            float v[8], w[8], m[8];
+            ldv(a, i, v);
+            if (b != 0) ldv(b, i, w);
+            if (mask != 0) ldv(mask, i, m);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                const float g = (mask != 0 && !(m[k] > 0.0f)) ? 0.0f : v[k];
+                q1[k] += (double)g;
+                q2[k] += (double)g * (double)(b != 0 ? w[k] : v[k]);
+            }
+        }
+    }
+    const int width = cp * V;
+    if (ty < R) {
+#pragma unroll
+        for (int k = 0; k < V; ++k) {
+            p1[ty * width + tx * V + k] = q1[k];
+            p2[ty * width + tx * V + k] = q2[k];
+        }
+    }
+    __syncthreads();
+    const int j = threadIdx.x;
+    const int ch = tile * width + j;
+    if (j < width && ch < c) {
+        double t1 = 0.0, t2 = 0.0;
+        for (int r = 0; r < R; ++r) {
+            t1 += p1[r * width + j];
+            t2 += p2[r * width + j];
+        }
+        atomicAdd(&s1[ch], t1);
+        atomicAdd(&s2[ch], t2);
+    }
+}
+#define BN_SUMS_V(S, T)                                                                        \
+    extern "C" __global__ void bn_sums_v_##S(const T* a, const T* b, const T* mask, u64 rows,   \
+                                             int c, int tiles, double* s1, double* s2) {       \
+        bn_sums_vk(a, b, mask, rows, c, tiles, s1, s2);                                        \
+    }
+STORAGE_TYPES(BN_SUMS_V)
+
 // Batch norm's statistics on the device, from the per-channel f64 sums s = [Σx | Σx²] over
 // the global batch's m rows, as the CPU's batch_statistics: stats = [mean | 1/σ], rounded once
 // to f32; running = [mean | var] (f32) moves by momentum towards the mean and the unbiased

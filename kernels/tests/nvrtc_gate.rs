@@ -41,8 +41,9 @@ fn entry_body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
 /// NVRTC 12 writes a reduction whose result is unused as `red` and NVRTC 13 as `atom`).
 fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     // train.cu's kernels per storage type: the 16-bit ones convert as they read or write.
-    const TYPED: [&str; 11] = [
+    const TYPED: [&str; 12] = [
         "bn_sums",
+        "bn_sums_v",
         "bn_apply",
         "bn_backward_dx",
         "bn_apply_v",
@@ -61,6 +62,7 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     for s in ["_f32", "_f16", "_bf16"] {
         match typed(s) {
             Some("bn_apply_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 1)),
+            Some("bn_sums_v") => return Some(("red.global.add.f64|atom.global.add.f64", 2)),
             Some("bn_backward_dx_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 2)),
             _ => {}
         }

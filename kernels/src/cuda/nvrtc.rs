@@ -121,6 +121,7 @@ pub const SOURCES: &[Source] = &[
                 "bn_sums",
                 "bn_apply",
                 "bn_backward_dx",
+                "bn_sums_v",
                 "bn_apply_v",
                 "bn_backward_dx_v",
                 "relu_mask",

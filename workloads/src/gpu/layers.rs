@@ -618,6 +618,20 @@ impl GLinear {
     }
 }
 
+/// `channel_sums`' kernel for `c` channels stored as `dt`, its tiles of channels (the grid is a
+/// multiple of them) and the rows a block takes at a time, as the kernels lay their 256 threads
+/// out: bn_sums 32 channels by 8 rows; bn_sums_v cp = min(c / V, 32) packs of V values (16
+/// bytes) by 256 / cp rows.
+pub(super) fn sums_tiling(dt: Storage, c: usize) -> (&'static str, usize, usize) {
+    if c.is_multiple_of(8) {
+        let packs = c / (16 / dt.bytes());
+        let cp = packs.min(32);
+        (dt.kernel(BN_SUMS_V), packs.div_ceil(cp), 256 / cp)
+    } else {
+        (dt.kernel(BN_SUMS), c.div_ceil(32), 8)
+    }
+}
+
 impl Ctx {
     /// Per-channel (Σ g, Σ g·b) over `rows` rows of `c` channels in f64, g = a masked by
     /// `mask` > 0 (0: no mask), b = a when 0, all three stored as `dt`: 2c f64 on the device
@@ -633,12 +647,14 @@ impl Ctx {
     ) -> Result<Buf, CudaError> {
         let s = self.alloc(16 * c)?;
         self.zero(s.ptr, 16 * c)?;
-        let tiles = c.div_ceil(32);
-        let slices = (rows.div_ceil(8)).clamp(
+        // Blocks of 256 threads: a tile of channels by `rows_per` rows at a time, a channel a
+        // thread (bn_sums), or a 16-byte pack of them where c is a multiple of 8 (bn_sums_v).
+        let (kernel, tiles, rows_per) = sums_tiling(dt, c);
+        let slices = (rows.div_ceil(rows_per)).clamp(
             1,
             ((self.gpu.sms.max(1) as usize) * 8).div_ceil(tiles).max(1),
         );
-        let f = self.function(dt.kernel(BN_SUMS))?;
+        let f = self.function(kernel)?;
         let (rows64, ci, ti) = (rows as u64, c as i32, tiles as i32);
         let (s1, s2) = (s.ptr, s.ptr + 8 * c as u64);
         // SAFETY: a, b (or 0), mask (or 0) hold rows × c of dt; s holds 2c f64; 256 threads per

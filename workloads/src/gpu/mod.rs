@@ -29,6 +29,7 @@ use std::sync::Arc;
 
 /// The kernels of `train.cu` compiled once per storage type.
 const BN_SUMS: Typed = roofline_kernels::typed!("bn_sums");
+const BN_SUMS_V: Typed = roofline_kernels::typed!("bn_sums_v");
 const BN_APPLY: Typed = roofline_kernels::typed!("bn_apply");
 const BN_BACKWARD_DX: Typed = roofline_kernels::typed!("bn_backward_dx");
 const BN_APPLY_V: Typed = roofline_kernels::typed!("bn_apply_v");

@@ -349,3 +349,60 @@ fn max_pool_kernels_give_the_cpus_bits_ties_included() {
         assert!(same, "{n}×{h}×{w}×{c} backward");
     }
 }
+
+/// `bn_sums_v` as the GPU runs it, with the host's launch (`sums_tiling`, `channel_sums`'
+/// slices): how many times each (row, channel) is summed.
+fn bn_sums_v_coverage(dt: Storage, rows: usize, c: usize, sms: usize) -> Vec<u32> {
+    let (kernel, tiles, rows_per) = sums_tiling(dt, c);
+    assert!(kernel.starts_with("bn_sums_v_"), "{kernel}");
+    let slices = rows
+        .div_ceil(rows_per)
+        .clamp(1, (sms * 8).div_ceil(tiles).max(1));
+    let v = 16 / dt.bytes();
+    let packs = c / v;
+    let cp = packs.min(32);
+    let r_block = 256 / cp;
+    assert_eq!(r_block, rows_per);
+    let mut seen = vec![0u32; rows * c];
+    for block in 0..tiles * slices {
+        let (tile, slice) = (block % tiles, block / tiles);
+        for thread in 0..256 {
+            let (tx, ty) = (thread % cp, thread / cp);
+            let pack = tile * cp + tx;
+            if ty >= r_block || pack >= packs {
+                continue;
+            }
+            let mut r = slice * r_block + ty;
+            while r < rows {
+                for k in 0..v {
+                    seen[r * c + pack * v + k] += 1;
+                }
+                r += slices * r_block;
+            }
+        }
+        // The reduction: thread j < cp·V adds column j of its tile, channel tile·cp·V + j.
+        let width = cp * v;
+        assert!(width <= 256 && r_block * width <= 2048, "shared memory");
+    }
+    seen
+}
+
+#[test]
+fn the_pack_sums_cover_every_value_once() {
+    // Channel counts from 8 (a pack per row) to past a 32-pack tile (2048), rows below,
+    // at and past a block's, and grids of one SM and many.
+    for dt in [Storage::F32, Storage::F16, Storage::Bf16] {
+        for c in [8, 16, 24, 64, 72, 256, 264, 1024, 2048] {
+            for rows in [1, 7, 31, 256, 1000] {
+                for sms in [1, 132] {
+                    let seen = bn_sums_v_coverage(dt, rows, c, sms);
+                    assert!(
+                        seen.iter().all(|&n| n == 1),
+                        "{} c {c} rows {rows} sms {sms}",
+                        dt.name()
+                    );
+                }
+            }
+        }
+    }
+}
