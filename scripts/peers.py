@@ -282,6 +282,7 @@ def summary(args):
             "images_per_second": ours, "pytorch_images_per_second": p,
             "ratio": ours / p if ours and p else None,
             "host_syncs_per_step": t.get("host_syncs_per_step"),
+            "device_allocations_per_step": t.get("device_allocations_per_step"),
             "joules_per_image": energy.get("joules_per_image"),
             "energy_note": energy.get("note"),
             "idle_share": idle.get((prec, batch)),

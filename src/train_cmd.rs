@@ -190,8 +190,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     }
     if gpu.is_some() {
         outln!(
-            "the host waited for the GPU at most {} times in a step after the first",
-            s.host_syncs_per_step
+            "the host waited for the GPU at most {} times in a step after the first; a step after \
+             the second allocated device memory at most {} times",
+            s.host_syncs_per_step,
+            s.device_allocations_per_step
         );
     }
     let held_out = prep.job.workload().eval_images();

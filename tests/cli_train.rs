@@ -48,6 +48,7 @@ fn train_runs_a_small_resnet_and_reports_json() {
     // The CPU never waits for a GPU; its energy is measured where the packages' counters are
     // readable, and otherwise says why not (never a number made up).
     assert_eq!(v["host_syncs_per_step"], 0);
+    assert_eq!(v["device_allocations_per_step"], 0);
     let e = &v["energy"];
     match e["measured"].as_bool() {
         Some(true) => assert!(e["joules_per_image"].as_f64().unwrap() > 0.0, "{e}"),

@@ -390,8 +390,26 @@ pub(super) struct Finished {
     pub applied: bool,
     /// The readout's `bytes` (the model's loss).
     pub loss_bytes: Vec<u8>,
-    /// The host's waits for the GPU during the step (from `syncs_at_start`).
+    /// The host's waits for the GPU during the step.
     pub host_syncs: u64,
+    /// The device allocations during the step.
+    pub device_allocations: u64,
+}
+
+/// The context's counters at a step's start: the host's waits and the device allocations.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Counters {
+    syncs: u64,
+    allocations: u64,
+}
+
+impl Counters {
+    pub(super) fn now(ctx: &Ctx) -> Counters {
+        Counters {
+            syncs: ctx.gpu.syncs(),
+            allocations: ctx.allocations(),
+        }
+    }
 }
 
 /// The end of either model's step once its backward pass has queued everything: the update
@@ -406,7 +424,7 @@ pub(super) fn finish_step(
     (loss_scale, skipped): (&mut LossScale, &mut usize),
     (lr, sgd): (f64, &crate::train::Sgd),
     readout: Readout,
-    syncs_at_start: u64,
+    at_start: Counters,
 ) -> Result<Finished, CudaError> {
     let (comm_bytes, ranks) = sync.map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
     update(ctx, flat, loss_scale, &readout, ranks, lr, sgd)?;
@@ -422,13 +440,15 @@ pub(super) fn finish_step(
     if !applied {
         *skipped += 1;
     }
-    let host_syncs = ctx.gpu.syncs() - syncs_at_start;
+    let host_syncs = ctx.gpu.syncs() - at_start.syncs;
+    let device_allocations = ctx.allocations() - at_start.allocations;
     ctx.clock_flush()?;
     Ok(Finished {
         comm_bytes,
         applied,
         loss_bytes: raw,
         host_syncs,
+        device_allocations,
     })
 }
 

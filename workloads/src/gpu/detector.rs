@@ -44,6 +44,8 @@ pub struct DetectorStep {
     /// The host's waits for the GPU during the step (the host computes the RPN's and the box
     /// head's losses: their outputs come down mid-step).
     pub host_syncs: u64,
+    /// The device allocations during the step (none once the pool holds what a step needs).
+    pub device_allocations: u64,
     /// Each image's proposals (what a comparison with the CPU holds fixed).
     pub proposals: Vec<Vec<BBox>>,
 }
@@ -200,7 +202,7 @@ impl GpuDetector {
         }
         let (ih, iw) = (x.h as f64, x.w as f64);
         self.ctx.gpu.bind()?;
-        let syncs = self.ctx.gpu.syncs();
+        let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
         let (p, out, anc) = self.first_stage(x, true)?;
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
@@ -319,13 +321,14 @@ impl GpuDetector {
             (&mut self.loss_scale, &mut self.skipped),
             (lr, sgd),
             readout,
-            syncs,
+            at_start,
         )?;
         Ok(DetectorStep {
             losses,
             comm_bytes: done.comm_bytes,
             applied: done.applied,
             host_syncs: done.host_syncs,
+            device_allocations: done.device_allocations,
             proposals: regions.proposals,
         })
     }

@@ -316,6 +316,8 @@ pub struct StepResult {
     pub applied: bool,
     /// The host's waits for the GPU during the step.
     pub host_syncs: u64,
+    /// The device allocations during the step (none once the pool holds what a step needs).
+    pub device_allocations: u64,
 }
 
 /// A queued loss over `rows` rows, read from its readout's bytes once the step has ended.
@@ -455,7 +457,7 @@ impl GpuResNet {
         sgd: &crate::train::Sgd,
     ) -> Result<StepResult, CudaError> {
         self.ctx.gpu.bind()?;
-        let syncs = self.ctx.gpu.syncs();
+        let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
         // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
         // step's wait for data).
@@ -474,7 +476,7 @@ impl GpuResNet {
             (&mut self.loss_scale, &mut self.skipped),
             (lr, sgd),
             readout,
-            syncs,
+            at_start,
         )?;
         let (loss, top1, top5) = pending.read(&done.loss_bytes)?;
         Ok(StepResult {
@@ -484,6 +486,7 @@ impl GpuResNet {
             comm_bytes: done.comm_bytes,
             applied: done.applied,
             host_syncs: done.host_syncs,
+            device_allocations: done.device_allocations,
         })
     }
 

@@ -107,6 +107,7 @@ impl GpuModel for GpuResNet {
             comm_bytes: r.comm_bytes,
             comm_wait_s: 0.0,
             host_syncs: r.host_syncs,
+            device_allocations: r.device_allocations,
         })
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
@@ -148,6 +149,7 @@ impl GpuModel for GpuDetector {
             comm_bytes: r.comm_bytes,
             comm_wait_s: 0.0,
             host_syncs: r.host_syncs,
+            device_allocations: r.device_allocations,
         })
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Vec<Vec<Detection>>, CudaError> {

@@ -106,6 +106,7 @@ fn run(s: &Summary) -> Value {
         "bucket_elements": s.comm.bucket,
         "comm_wait_seconds": s.comm_wait_seconds,
         "host_syncs_per_step": s.host_syncs_per_step,
+        "device_allocations_per_step": s.device_allocations_per_step,
         "param_norm": s.param_norm,
         "time_to_quality_seconds": s.time_to_quality,
     })

@@ -71,6 +71,9 @@ pub struct Summary {
     /// The most times the host waited for the GPU in one step, over the steps after the first
     /// (0 on the CPU; every step's count is in `timing`).
     pub host_syncs_per_step: u64,
+    /// The most device allocations of one step, over the steps after the second (the GPU's pool
+    /// fills in the first two; 0 on the CPU; every step's count is in `timing`).
+    pub device_allocations_per_step: u64,
     /// The gradient exchange used.
     pub comm: CommOptions,
     /// Every step's wall time and what it waited for.
@@ -143,15 +146,17 @@ impl Tally {
     }
 
     /// Step `step` (0-based) finished: its wall time, its waits (`waits`: seconds for its
-    /// batch, seconds for gradient sums, the host's waits for the GPU), its loss.
-    pub fn step(&mut self, step: usize, seconds: f64, waits: (f64, f64, u64), loss: f64) {
-        let (data_s, comm_s, host_syncs) = waits;
+    /// batch, seconds for gradient sums, the host's waits for the GPU, the device allocations
+    /// it made), its loss.
+    pub fn step(&mut self, step: usize, seconds: f64, waits: (f64, f64, u64, u64), loss: f64) {
+        let (data_s, comm_s, host_syncs, device_allocations) = waits;
         self.timing.push(StepTiming {
             step: step + 1,
             seconds,
             data_s,
             comm_s,
             host_syncs,
+            device_allocations,
         });
         self.train_seconds += seconds;
         if step > self.start_step {
@@ -207,13 +212,10 @@ impl Tally {
             ranks: self.ranks,
             comm_bytes_per_step: self.comm_bytes + stats_bytes,
             comm_wait_seconds: self.comm_wait,
-            host_syncs_per_step: self
-                .timing
-                .iter()
-                .filter(|t| t.step > self.start_step + 1 || self.timing.len() == 1)
-                .map(|t| t.host_syncs)
-                .max()
-                .unwrap_or(0),
+            host_syncs_per_step: steady_most(&self.timing, self.start_step + 1, |t| t.host_syncs),
+            device_allocations_per_step: steady_most(&self.timing, self.start_step + 2, |t| {
+                t.device_allocations
+            }),
             timing: self.timing,
             elapsed_seconds: elapsed,
             comm: self.comm,
@@ -234,6 +236,15 @@ pub struct StepTiming {
     pub comm_s: f64,
     /// Times the host waited for the GPU during the step (0 on the CPU).
     pub host_syncs: u64,
+    /// Device memory allocations during the step (0 on the CPU).
+    pub device_allocations: u64,
+}
+
+/// The most of `f` over the steps after step `after` (1-based), or over the last step where
+/// no step comes after it.
+fn steady_most(timing: &[StepTiming], after: usize, f: impl Fn(&StepTiming) -> u64) -> u64 {
+    let steady = timing.iter().filter(|t| t.step > after).map(&f).max();
+    steady.or_else(|| timing.last().map(f)).unwrap_or(0)
 }
 
 /// Receives one line per step (for the progress bar).
@@ -359,7 +370,13 @@ pub fn run<T: Float, W: Task<T>>(
         }
         drop(step_span);
         let dt = t0.elapsed().as_secs_f64();
-        tally.step(step, dt, (data_s, done.comm_wait_s, done.host_syncs), loss);
+        let waits = (
+            data_s,
+            done.comm_wait_s,
+            done.host_syncs,
+            done.device_allocations,
+        );
+        tally.step(step, dt, waits, loss);
         monitor.step(step + 1, opts.steps, loss, opts.batch as f64 / dt);
         if let (Some(path), Some(every)) = (&opts.checkpoint, opts.checkpoint_every) {
             if every > 0 && (step + 1).is_multiple_of(every) && step + 1 < opts.steps {

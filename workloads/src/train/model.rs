@@ -81,6 +81,8 @@ pub struct Stepped<L> {
     pub comm_wait_s: f64,
     /// Times the host waited for a GPU during the step (0 on the CPU).
     pub host_syncs: u64,
+    /// Device memory allocations the step made (a GPU's pool; 0 on the CPU).
+    pub device_allocations: u64,
 }
 
 /// Where the steps run. The CPU model is the reference copy: a device takes its parameters,
@@ -186,6 +188,7 @@ impl<T: Float, M: Model<T>> Device<T, M> for Cpu {
             comm_bytes,
             comm_wait_s,
             host_syncs: 0,
+            device_allocations: 0,
         })
     }
 

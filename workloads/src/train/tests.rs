@@ -267,6 +267,8 @@ impl<M: Model<f32>> Device<f32, M> for Mirror<M> {
             comm_bytes: 0.0,
             comm_wait_s: 0.0,
             host_syncs: if self.steps == 1 { 5 } else { 2 },
+            // As a GPU's pool fills: the first two steps allocate, the others do not.
+            device_allocations: [9, 2].get(self.steps - 1).copied().unwrap_or(0),
         })
     }
     fn infer(&mut self, _: &mut M, x: &Tensor<f32>) -> Result<M::Output, CudaError> {
@@ -301,6 +303,12 @@ fn a_device_that_computes_what_the_cpu_does_gives_the_cpu_run() {
         on.host_syncs_per_step, 2,
         "the first step is not a steady one"
     );
+    assert_eq!(on.timing[1].device_allocations, 2);
+    assert_eq!(
+        on.device_allocations_per_step, 0,
+        "the pool fills in the first two steps"
+    );
+    assert_eq!(cpu.device_allocations_per_step, 0);
 }
 
 /// A stager that remembers what the loader's threads staged (each batch's address and first
