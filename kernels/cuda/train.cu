@@ -50,14 +50,14 @@ __device__ __forceinline__ void st(b16* p, u64 i, float x) {
 // K(suffix, type) for each storage type: one entry point per type.
 #define STORAGE_TYPES(K) K(f32, float) K(f16, h16) K(bf16, b16)
 
-// The channel of this thread's first element of a grid-stride loop over c channels, and what
-// the loop's stride adds to it (mod c): the channel follows i with no 64-bit division per
-// element.
-__device__ __forceinline__ int first_channel(int c) {
-    return (int)(((u64)blockIdx.x * blockDim.x + threadIdx.x) % (u64)c);
+// The channel of this thread's first element of a grid-stride loop over c channels, `per`
+// values a thread (1, or a pack's), and what the loop's stride adds to it (mod c): the channel
+// follows the index with no 64-bit division per element.
+__device__ __forceinline__ int first_channel(int c, int per) {
+    return (int)((((u64)blockIdx.x * blockDim.x + threadIdx.x) * per) % (u64)c);
 }
-__device__ __forceinline__ int channel_step(int c) {
-    return (int)(((u64)gridDim.x * blockDim.x) % (u64)c);
+__device__ __forceinline__ int channel_step(int c, int per) {
+    return (int)(((u64)gridDim.x * blockDim.x * per) % (u64)c);
 }
 __device__ __forceinline__ int next_channel(int ch, int step, int c) {
     ch += step;
@@ -286,18 +286,25 @@ extern "C" __global__ void bn_backward_coefficients(const double* s, const float
 // Batch norm folded to one scale and shift per channel, a = gamma * inv, d = beta - mean * a
 // (in f32, as on the CPU): y = x * a + d, plus the residual s[i] when s is not null (a block's
 // end: bn3, the shortcut's sum and the ReLU in one pass), then ReLU when relu != 0.
+// bn_value is one value of it, which the scalar and the pack kernels share (the same bits).
+__device__ __forceinline__ float bn_value(float x, bool residual, float r, const float* gamma,
+                                          const float* beta, const float* mean,
+                                          const float* inv, int ch, int relu) {
+    const float a = gamma[ch] * inv[ch];
+    const float d = beta[ch] - mean[ch] * a;
+    float t = x * a + d;
+    if (residual) t += r;
+    return (relu != 0 && t < 0.0f) ? 0.0f : t;
+}
 template <class T>
 __device__ __forceinline__ void bn_apply_k(const T* x, T* y, const float* gamma,
                                            const float* beta, const float* mean, const float* inv,
                                            const T* s, u64 n, int c, int relu) {
-    const int step = channel_step(c);
-    int ch = first_channel(c);
+    const int step = channel_step(c, 1);
+    int ch = first_channel(c, 1);
     GRID_STRIDE(i, n) {
-        const float a = gamma[ch] * inv[ch];
-        const float d = beta[ch] - mean[ch] * a;
-        float t = ld(x, i) * a + d;
-        if (s != 0) t += ld(s, i);
-        st(y, i, (relu != 0 && t < 0.0f) ? 0.0f : t);
+        const float r = s != 0 ? ld(s, i) : 0.0f;
+        st(y, i, bn_value(ld(x, i), s != 0, r, gamma, beta, mean, inv, ch, relu));
         ch = next_channel(ch, step, c);
     }
 }
@@ -315,23 +322,29 @@ STORAGE_TYPES(BN_APPLY)
 // mdg: the means of dy and of dy * h over the global batch). With a mask and masked_out not
 // null, masked_out (dy's own buffer) is zeroed where the mask is off, which leaves dy masked
 // in place: a block's end, whose shortcut takes the masked gradient, needs no pass of its own
-// to apply the ReLU's mask.
+// to apply the ReLU's mask. bn_dx_value is one value of it, shared by the scalar and the pack
+// kernels.
+__device__ __forceinline__ float bn_dx_value(float g, float x, const float* gamma,
+                                             const float* mean, const float* inv,
+                                             const float* mdb, const float* mdg, int ch) {
+    const float h = (x - mean[ch]) * inv[ch];
+    return gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]);
+}
 template <class T>
 __device__ __forceinline__ void bn_backward_dx_k(const T* dy, const T* x, const T* mask, T* dx,
                                                  T* masked_out, const float* gamma,
                                                  const float* mean, const float* inv,
                                                  const float* mdb, const float* mdg, u64 n,
                                                  int c) {
-    const int step = channel_step(c);
-    int ch = first_channel(c);
+    const int step = channel_step(c, 1);
+    int ch = first_channel(c, 1);
     GRID_STRIDE(i, n) {
         float g = ld(dy, i);
         if (mask != 0 && !(ld(mask, i) > 0.0f)) {
             g = 0.0f;
             if (masked_out != 0) st(masked_out, i, 0.0f);
         }
-        const float h = (ld(x, i) - mean[ch]) * inv[ch];
-        st(dx, i, gamma[ch] * inv[ch] * (g - mdb[ch] - h * mdg[ch]));
+        st(dx, i, bn_dx_value(g, ld(x, i), gamma, mean, inv, mdb, mdg, ch));
         ch = next_channel(ch, step, c);
     }
 }
@@ -353,9 +366,8 @@ __device__ __forceinline__ void bn_apply_vk(const T* x, T* y, const float* gamma
                                             const float* inv, const T* s, u64 n, int c,
                                             int relu) {
     const int V = pack_of<T>::n;
-    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    const int step = (int)(((u64)gridDim.x * blockDim.x * V) % (u64)c);
-    int ch = (int)(first % (u64)c);
+    const int step = channel_step(c, V);
+    int ch = first_channel(c, V);
     GRID_STRIDE(p, n / V) {
         const u64 i = p * V;
         float v[8], r[8];
@@ -363,11 +375,8 @@ __device__ __forceinline__ void bn_apply_vk(const T* x, T* y, const float* gamma
         if (s != 0) ldv(s, i, r);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const float a = gamma[ch + k] * inv[ch + k];
-            const float d = beta[ch + k] - mean[ch + k] * a;
-            float t = v[k] * a + d;
-            if (s != 0) t += r[k];
-            v[k] = (relu != 0 && t < 0.0f) ? 0.0f : t;
+            const float rk = s != 0 ? r[k] : 0.0f;
+            v[k] = bn_value(v[k], s != 0, rk, gamma, beta, mean, inv, ch + k, relu);
         }
         stv(y, i, v);
         ch = next_channel(ch, step, c);
@@ -389,9 +398,8 @@ __device__ __forceinline__ void bn_backward_dx_vk(const T* dy, const T* x, const
                                                   const float* mdb, const float* mdg, u64 n,
                                                   int c) {
     const int V = pack_of<T>::n;
-    const u64 first = ((u64)blockIdx.x * blockDim.x + threadIdx.x) * V;
-    const int step = (int)(((u64)gridDim.x * blockDim.x * V) % (u64)c);
-    int ch = (int)(first % (u64)c);
+    const int step = channel_step(c, V);
+    int ch = first_channel(c, V);
     GRID_STRIDE(p, n / V) {
         const u64 i = p * V;
         float g[8], xv[8], m[8];
@@ -411,8 +419,7 @@ __device__ __forceinline__ void bn_backward_dx_vk(const T* dy, const T* x, const
         if (masked && masked_out != 0) stv(masked_out, i, g);
 #pragma unroll
         for (int k = 0; k < V; ++k) {
-            const float h = (xv[k] - mean[ch + k]) * inv[ch + k];
-            xv[k] = gamma[ch + k] * inv[ch + k] * (g[k] - mdb[ch + k] - h * mdg[ch + k]);
+            xv[k] = bn_dx_value(g[k], xv[k], gamma, mean, inv, mdb, mdg, ch + k);
         }
         stv(dx, i, xv);
         ch = next_channel(ch, step, c);

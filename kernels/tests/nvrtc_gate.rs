@@ -41,46 +41,27 @@ fn entry_body<'a>(ptx: &'a str, kernel: &str) -> &'a str {
 /// NVRTC 12 writes a reduction whose result is unused as `red` and NVRTC 13 as `atom`).
 fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     // train.cu's kernels per storage type: the 16-bit ones convert as they read or write.
-    const TYPED: [&str; 12] = [
-        "bn_sums",
-        "bn_sums_v",
-        "bn_apply",
-        "bn_backward_dx",
-        "bn_apply_v",
-        "bn_backward_dx_v",
-        "relu_mask",
-        "add_into",
-        "maxpool_forward",
-        "maxpool_backward",
-        "avgpool_forward",
-        "avgpool_backward",
-    ];
-    let typed = |suffix: &str| kernel.strip_suffix(suffix).filter(|b| TYPED.contains(b));
-    // The pack kernels load 16 bytes at a time: bn_apply_v x (and the residual: the compiler
-    // may share one load instruction between the two paths), bn_backward_dx_v dy and x at
-    // least.
-    for s in ["_f32", "_f16", "_bf16"] {
-        match typed(s) {
-            Some("bn_apply_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 1)),
-            Some("bn_sums_v") => return Some(("red.global.add.f64|atom.global.add.f64", 2)),
-            Some("bn_backward_dx_v") => return Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 2)),
-            _ => {}
-        }
-    }
-    if let Some(base) = typed("_f16") {
-        return Some(match base {
-            "bn_sums" => ("red.global.add.f64|atom.global.add.f64", 2),
-            "avgpool_backward" => ("cvt.rn.f16.f32", 1),
-            _ => ("cvt.f32.f16", 1),
-        });
-    }
-    if let Some(base) = typed("_bf16") {
-        return match base {
-            "bn_sums" => Some(("red.global.add.f64|atom.global.add.f64", 2)),
-            "relu_mask" | "avgpool_forward" => None,
-            _ => Some(("cvt.rn.bf16.f32", 1)),
+    if let Some((base, suffix)) = nvrtc::storage_variant(kernel) {
+        // The pack kernels load 16 bytes at a time: bn_apply_v x (and the residual: the
+        // compiler may share one load instruction between the two paths), bn_backward_dx_v dy
+        // and x at least.
+        return match (base, suffix) {
+            ("bn_apply_v", _) => Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 1)),
+            ("bn_backward_dx_v", _) => Some(("ld.global.v4.u32|ld.global.nc.v4.u32", 2)),
+            // The f64 channel sums are reductions (red) in global memory.
+            ("bn_sums" | "bn_sums_v", _) => Some(("red.global.add.f64|atom.global.add.f64", 2)),
+            ("avgpool_backward", "_f16") => Some(("cvt.rn.f16.f32", 1)),
+            (_, "_f16") => Some(("cvt.f32.f16", 1)),
+            ("relu_mask" | "avgpool_forward", "_bf16") => None,
+            (_, "_bf16") => Some(("cvt.rn.bf16.f32", 1)),
+            _ => expected_plain(kernel, cc),
         };
     }
+    expected_plain(kernel, cc)
+}
+
+/// `expected_work` of the kernels written once.
+fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
     Some(match kernel {
         // fma.cu: 8 chains × 16 unrolled steps per loop iteration.
         "fma_f64" => ("fma.rn.f64", 128),
@@ -97,8 +78,7 @@ fn expected_work(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "stream_triad" => ("ld.global.cg.v4.u32", 2),
         "stream_write" => ("st.global.v4.u32", 1),
         "ert_f32_512" => ("fma.rn.f32", 4 * 512),
-        // train.cu: the f64 channel sums are reductions (red) in global memory, the casts are PTX cvt.
-        "bn_sums_f32" => ("red.global.add.f64|atom.global.add.f64", 2),
+        // train.cu: the casts are PTX cvt.
         "bn_stats" | "bn_running_stats" => ("sqrt.rn.f64", 1),
         "bn_backward_coefficients" => ("div.rn.f64", 2),
         // One optimizer pass writes the 16-bit copy of the weights in either format.

@@ -142,6 +142,23 @@ pub fn source_of(kernel: &str) -> Option<&'static Source> {
     SOURCES.iter().find(|s| s.kernels.contains(&kernel))
 }
 
+/// The suffixes of a kernel compiled once per storage type, in [`crate::cuda::Storage`]'s order.
+const STORAGE_SUFFIXES: [&str; 3] = ["_f32", "_f16", "_bf16"];
+
+/// A kernel compiled once per storage type (`kernel_list!`'s `typed`): its base name and its
+/// storage suffix (`("bn_apply", "_f16")` for `bn_apply_f16`); None for any other kernel, even
+/// one whose name ends like a storage type (`f32_to_f16`, `mma_f16`).
+pub fn storage_variant(kernel: &str) -> Option<(&str, &'static str)> {
+    let src = source_of(kernel)?;
+    STORAGE_SUFFIXES.iter().find_map(|&suffix| {
+        let base = kernel.strip_suffix(suffix)?;
+        STORAGE_SUFFIXES
+            .iter()
+            .all(|s| src.kernels.contains(&format!("{base}{s}").as_str()))
+            .then_some((base, suffix))
+    })
+}
+
 /// What to compile to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Target {
@@ -466,6 +483,16 @@ mod tests {
     }
 
     #[test]
+    fn a_per_storage_kernel_is_known_by_its_three_names() {
+        assert_eq!(storage_variant("bn_apply_f16"), Some(("bn_apply", "_f16")));
+        assert_eq!(storage_variant("bn_sums_v_f32"), Some(("bn_sums_v", "_f32")));
+        // Names that end like a storage type, of kernels written once.
+        for k in ["f32_to_f16", "bf16_to_f32", "mma_f16", "fma_f32", "sgd_slots", "nope_f16"] {
+            assert_eq!(storage_variant(k), None, "{k}");
+        }
+    }
+
+    #[test]
     fn every_kernel_name_is_unique_and_found() {
         let mut names: Vec<&str> = SOURCES
             .iter()
@@ -478,10 +505,8 @@ mod tests {
         for s in SOURCES {
             for k in s.kernels {
                 // A kernel per storage type is written once, as `void <base>_##S(`.
-                let typed = ["_f32", "_f16", "_bf16"].iter().any(|t| {
-                    k.strip_suffix(t)
-                        .is_some_and(|base| s.text.contains(&format!("void {base}_##S(")))
-                });
+                let typed = storage_variant(k)
+                    .is_some_and(|(base, _)| s.text.contains(&format!("void {base}_##S(")));
                 assert!(
                     s.text.contains(&format!("void {k}("))
                         || typed
