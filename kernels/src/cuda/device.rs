@@ -60,27 +60,7 @@ pub fn driver_version() -> Result<String, CudaError> {
     Ok(format!("{}.{}", v / 1000, (v % 1000) / 10))
 }
 
-/// Copies `src` into `dst` (equal lengths), in slices on up to 8 threads when it is large: a
-/// training batch staged for upload (77 MB for ResNet-50 at batch 128) takes about a tenth of a
-/// ResNet step on one thread, and the GPU waits for it.
-pub fn parallel_copy(dst: &mut [u8], src: &[u8]) {
-    const PER_THREAD: usize = 8 << 20;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8)
-        .min(src.len() / PER_THREAD)
-        .max(1);
-    if threads == 1 {
-        dst.copy_from_slice(src);
-        return;
-    }
-    let chunk = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            s.spawn(move || d.copy_from_slice(c));
-        }
-    });
-}
+pub use super::slices::{in_slices, parallel_copy};
 
 /// A device allocation, freed on drop.
 pub struct DevBuf {

@@ -210,38 +210,24 @@ trait AlgoPerf {
     fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t);
 }
 
-impl AlgoPerf for dsys::cudnnConvolutionFwdAlgoPerf_t {
-    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
-        (
-            Algo::Fwd(self.algo),
-            self.status,
-            self.memory,
-            self.mathType,
-        )
-    }
+/// `AlgoPerf` for one direction's perf struct, its algorithm wrapped as `Algo::$dir`.
+macro_rules! algo_perf {
+    ($perf:ty, $dir:ident) => {
+        impl AlgoPerf for $perf {
+            fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
+                (
+                    Algo::$dir(self.algo),
+                    self.status,
+                    self.memory,
+                    self.mathType,
+                )
+            }
+        }
+    };
 }
-
-impl AlgoPerf for dsys::cudnnConvolutionBwdDataAlgoPerf_t {
-    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
-        (
-            Algo::BwdData(self.algo),
-            self.status,
-            self.memory,
-            self.mathType,
-        )
-    }
-}
-
-impl AlgoPerf for dsys::cudnnConvolutionBwdFilterAlgoPerf_t {
-    fn entry(&self) -> (Algo, dsys::cudnnStatus_t, usize, dsys::cudnnMathType_t) {
-        (
-            Algo::BwdFilter(self.algo),
-            self.status,
-            self.memory,
-            self.mathType,
-        )
-    }
-}
+algo_perf!(dsys::cudnnConvolutionFwdAlgoPerf_t, Fwd);
+algo_perf!(dsys::cudnnConvolutionBwdDataAlgoPerf_t, BwdData);
+algo_perf!(dsys::cudnnConvolutionBwdFilterAlgoPerf_t, BwdFilter);
 
 /// The first usable entry of the `n` cuDNN filled (within `workspace` bytes), with the math
 /// type it wants set on `d`'s convolution descriptor; `none` is the error's words when there is

@@ -11,6 +11,7 @@ pub mod doctor;
 pub mod libs;
 pub mod nccl_lib;
 pub mod nvrtc;
+pub mod slices;
 pub mod stage;
 
 use blas::Prec;

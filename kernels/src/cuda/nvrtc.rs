@@ -485,9 +485,19 @@ mod tests {
     #[test]
     fn a_per_storage_kernel_is_known_by_its_three_names() {
         assert_eq!(storage_variant("bn_apply_f16"), Some(("bn_apply", "_f16")));
-        assert_eq!(storage_variant("bn_sums_v_f32"), Some(("bn_sums_v", "_f32")));
+        assert_eq!(
+            storage_variant("bn_sums_v_f32"),
+            Some(("bn_sums_v", "_f32"))
+        );
         // Names that end like a storage type, of kernels written once.
-        for k in ["f32_to_f16", "bf16_to_f32", "mma_f16", "fma_f32", "sgd_slots", "nope_f16"] {
+        for k in [
+            "f32_to_f16",
+            "bf16_to_f32",
+            "mma_f16",
+            "fma_f32",
+            "sgd_slots",
+            "nope_f16",
+        ] {
             assert_eq!(storage_variant(k), None, "{k}");
         }
     }

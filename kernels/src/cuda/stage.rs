@@ -150,10 +150,6 @@ impl Stager {
         })
     }
 
-    pub fn storage(&self) -> Storage {
-        self.store
-    }
-
     /// On any thread: `data` into the next slot, in the storage format, and its upload
     /// enqueued on the copy stream. A failure is reported once, on standard error, and the
     /// step then uploads the batch itself.
@@ -277,21 +273,7 @@ pub fn narrow_into(dt: Storage, dst: &mut [u16], src: &[f32]) {
             .zip(s)
             .for_each(|(d, s)| *d = half::bf16::from_f32(*s).to_bits()),
     };
-    const PER_THREAD: usize = 1 << 20;
-    let threads = std::thread::available_parallelism()
-        .map_or(1, |n| n.get())
-        .min(8)
-        .min(src.len() / PER_THREAD)
-        .max(1);
-    if threads == 1 {
-        return one(dst, src);
-    }
-    let chunk = src.len().div_ceil(threads);
-    std::thread::scope(|s| {
-        for (d, c) in dst.chunks_mut(chunk).zip(src.chunks(chunk)) {
-            s.spawn(move || one(d, c));
-        }
-    });
+    super::device::in_slices(dst, src, 1 << 20, one);
 }
 
 #[cfg(test)]

@@ -56,30 +56,19 @@ impl GBody {
         let s = Rc::new(self.stem_bn.forward(ctx, flat, t, train, true)?);
         // Max pool 3×3 / 2, padding 1.
         let t0 = ctx.mark()?;
-        let (oh, ow) = ((s.h + 2 - 3) / 2 + 1, (s.w + 2 - 3) / 2 + 1);
+        let (oh, ow) = (pool_out(s.h), pool_out(s.w));
         let p = ctx.tensor_like(&s, s.n, oh, ow, s.c)?;
         // Each output's winning tap (0–8), a byte.
         let argb = ctx.alloc(p.len())?;
-        let (sp, pp, ap) = (s.ptr(), p.ptr(), argb.ptr);
-        let dims = [
-            s.n as i32, s.h as i32, s.w as i32, s.c as i32, oh as i32, ow as i32,
-        ];
+        let dims = [s.n, s.h, s.w, s.c, oh, ow];
         // SAFETY: s holds n·h·w·c, p n·oh·ow·c values of s's storage; arg n·oh·ow·c bytes.
         unsafe {
-            ctx.launch(
+            pool_launch(
+                ctx,
                 s.kernel(MAXPOOL_FORWARD),
                 p.len(),
-                &mut [
-                    arg(&sp),
-                    arg(&pp),
-                    arg(&ap),
-                    arg(&dims[0]),
-                    arg(&dims[1]),
-                    arg(&dims[2]),
-                    arg(&dims[3]),
-                    arg(&dims[4]),
-                    arg(&dims[5]),
-                ],
+                [s.ptr(), p.ptr(), argb.ptr],
+                dims,
             )?
         };
         ctx.close(FWD, || "maxpool".into(), t0)?;
@@ -146,33 +135,22 @@ impl GBody {
         // Max pool backward: each input gathers the gradients of the windows it won.
         let t0 = ctx.mark()?;
         let (n, h, w, c) = self.pool_in;
-        if d.n != n || d.c != c || d.h != (h + 2 - 3) / 2 + 1 || d.w != (w + 2 - 3) / 2 + 1 {
+        if d.n != n || d.c != c || d.h != pool_out(h) || d.w != pool_out(w) {
             return Err(CudaError::Check(
                 "max pool backward: the gradient's shape is not the pool's output".into(),
             ));
         }
         let ds = ctx.tensor_like(&d, n, h, w, c)?;
         let argb = self.pool_arg.take().ok_or_else(missing)?;
-        let (dp3, ap, dsp) = (d.ptr(), argb.ptr, ds.ptr());
-        let dims = [
-            n as i32, h as i32, w as i32, c as i32, d.h as i32, d.w as i32,
-        ];
+        let dims = [n, h, w, c, d.h, d.w];
         // SAFETY: d and arg hold n·oh·ow·c values (of d's storage; bytes), ds n·h·w·c.
         unsafe {
-            ctx.launch(
+            pool_launch(
+                ctx,
                 d.kernel(MAXPOOL_BACKWARD),
                 ds.len(),
-                &mut [
-                    arg(&dp3),
-                    arg(&ap),
-                    arg(&dsp),
-                    arg(&dims[0]),
-                    arg(&dims[1]),
-                    arg(&dims[2]),
-                    arg(&dims[3]),
-                    arg(&dims[4]),
-                    arg(&dims[5]),
-                ],
+                [d.ptr(), argb.ptr, ds.ptr()],
+                dims,
             )?
         };
         ctx.close(BWD, || "maxpool".into(), t0)?;
@@ -206,6 +184,44 @@ impl GBody {
             }
         }
         bns
+    }
+}
+
+/// The max pool's (3×3, stride 2, padding 1) output size for an input size.
+pub(super) fn pool_out(h: usize) -> usize {
+    (h + 2 - 3) / 2 + 1
+}
+
+/// Launches a max-pool kernel over `items`: its three buffers, then (n, h, w, c, oh, ow) of
+/// the input and output.
+///
+/// # Safety
+/// The buffers hold what the kernel reads and writes for those dimensions.
+unsafe fn pool_launch(
+    ctx: &mut Ctx,
+    kernel: &'static str,
+    items: usize,
+    bufs: [u64; 3],
+    dims: [usize; 6],
+) -> Result<(), CudaError> {
+    let d = dims.map(|v| v as i32);
+    // SAFETY: the caller's contract; (u64, u64, u64, 6 × i32) as the kernels take them.
+    unsafe {
+        ctx.launch(
+            kernel,
+            items,
+            &mut [
+                arg(&bufs[0]),
+                arg(&bufs[1]),
+                arg(&bufs[2]),
+                arg(&d[0]),
+                arg(&d[1]),
+                arg(&d[2]),
+                arg(&d[3]),
+                arg(&d[4]),
+                arg(&d[5]),
+            ],
+        )
     }
 }
 

@@ -198,7 +198,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         // the sums differs, and the odd result it rounds the other way.
         let dt = Storage::of(p);
         if dt != Storage::F32 {
-            let round = |v: &[f32]| widen(dt, &narrow(dt, v));
+            let round = |v: &[f32]| rounded(dt, v);
             let (y, dx, dw) = cpu_conv(&sh, &round(&x), &round(&w), &round(&dy));
             let got = gpu_conv(&mut ctx, &sh, (&x, &w, &dy), dt, None)?;
             for (pass, g, c) in [
@@ -459,7 +459,7 @@ pub fn self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         // stores them.
         let (n, hw, c) = (4, 6, 40);
         let len = n * hw * hw * c;
-        let round = |v: &[f32]| widen(dt, &narrow(dt, v));
+        let round = |v: &[f32]| rounded(dt, v);
         let mut bn = BatchNorm::<f32>::new("bn", c, 1.0);
         bn.gamma.value = random(c, &mut rng);
         bn.beta.value = random(c, &mut rng);

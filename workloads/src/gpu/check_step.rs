@@ -64,10 +64,14 @@ fn values(m: &mut ResNet<f32>) -> Vec<Vec<f32>> {
 /// The CPU reference's step with rounding points `r` (the GPU's in precision `p`, whose loss
 /// scale it takes).
 pub(super) fn reference_outcome(p: Prec, r: Rounding) -> Outcome {
+    reference_outcome_scaled(r, LossScale::for_step(p, Wire::F32).scale)
+}
+
+/// `reference_outcome` with the loss scaled by `scale`.
+pub(super) fn reference_outcome_scaled(r: Rounding, scale: f64) -> Outcome {
     let (cfg, x, labels, lr, smoothing) = setup();
     let mut m = ResNet::<f32>::new(cfg, 11);
     let init = values(&mut m);
-    let scale = LossScale::for_step(p, Wire::F32).scale;
     let sgd = crate::train::Sgd::default();
     let loss = reference_step(&mut m, &x, &labels, (lr, smoothing, scale), &sgd, r);
     let logits = reference_logits(&mut m, &x, r).data;
@@ -75,7 +79,7 @@ pub(super) fn reference_outcome(p: Prec, r: Rounding) -> Outcome {
 }
 
 /// The CPU model's own f32 step.
-fn cpu_outcome() -> Outcome {
+pub(super) fn cpu_outcome() -> Outcome {
     let (cfg, x, labels, lr, smoothing) = setup();
     let mut m = ResNet::<f32>::new(cfg, 11);
     let init = values(&mut m);
@@ -98,7 +102,7 @@ pub(super) struct Tolerances {
 }
 
 /// The errors of `a` against `b`, in the shape of [`Tolerances`].
-fn errors(a: &Outcome, b: &Outcome) -> Tolerances {
+pub(super) fn errors(a: &Outcome, b: &Outcome) -> Tolerances {
     Tolerances {
         loss: ((a.loss - b.loss) / b.loss.abs().max(1e-30)).abs(),
         params: a

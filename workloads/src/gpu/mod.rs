@@ -288,12 +288,9 @@ impl Ctx {
         args: &mut [*mut c_void],
     ) -> Result<(), CudaError> {
         let f = self.function(name)?;
-        let block = 256u32;
-        let grid = n
-            .div_ceil(256)
-            .clamp(1, (self.gpu.sms.max(1) * 16) as usize) as u32;
+        let grid = grid_for(n, self.gpu.sms as usize) as u32;
         // SAFETY: the caller's contract.
-        unsafe { self.gpu.launch(f, grid, block, args) }
+        unsafe { self.gpu.launch(f, grid, 256, args) }
     }
 
     /// A cuDNN workspace of at least `bytes`.
@@ -440,6 +437,12 @@ impl Ctx {
     }
 }
 
+/// The blocks of 256 threads `Ctx::launch` gives a grid-stride kernel over `n` items on a GPU
+/// of `sms` SMs: enough for the items, at most 16 a SM.
+pub(super) fn grid_for(n: usize, sms: usize) -> usize {
+    n.div_ceil(256).clamp(1, sms.max(1) * 16)
+}
+
 /// 16-bit values (the bits of `dt`, f16 or bf16) widened to f32, exactly.
 pub(super) fn widen(dt: Storage, bits: &[u16]) -> Vec<f32> {
     match dt {
@@ -466,6 +469,11 @@ pub(super) fn narrow(dt: Storage, v: &[f32]) -> Vec<u16> {
             .map(|&x| half::bf16::from_f32(x).to_bits())
             .collect(),
     }
+}
+
+/// `v` as a GPU stores it in `dt` (f16 or bf16): rounded to nearest even, read back exactly.
+pub(super) fn rounded(dt: Storage, v: &[f32]) -> Vec<f32> {
+    widen(dt, &narrow(dt, v))
 }
 
 /// A step's layer timings on the GPU: a reference event recorded when the step starts (and the

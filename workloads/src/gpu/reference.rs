@@ -54,8 +54,7 @@ impl Rounding {
     /// `v` as the GPU stores it (16 bits, rounded to nearest even, read back exactly).
     fn stored(self, v: &mut [f32]) {
         if self.store != Storage::F32 {
-            let w = widen(self.store, &narrow(self.store, v));
-            v.copy_from_slice(&w);
+            v.copy_from_slice(&rounded(self.store, v));
         }
     }
 
@@ -324,6 +323,26 @@ mod tests {
         assert_eq!(tf32(1.0 + 2f32.powi(-12)), 1.0);
         assert_eq!(tf32(3.0), 3.0);
         assert!(tf32(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn with_no_rounding_the_reference_is_the_cpu_models_own_step() {
+        // The reference walks the layers one by one; the CPU model fuses them. In f32 they are
+        // the same step: the reference's wiring (every block, the shortcut, the pools, the
+        // classifier, the unscaled optimizer) is the model's. A loss scale of 2⁵ cancels
+        // exactly.
+        let e = errors(
+            &reference_outcome_scaled(Rounding::of(Prec::F32), 32.0),
+            &cpu_outcome(),
+        );
+        let updates = e.params.iter().fold(0.0f64, |a, &b| a.max(b));
+        assert!(e.loss < 1e-6, "loss {:e}", e.loss);
+        assert!(
+            updates < 1e-4 && e.stats < 1e-6,
+            "updates {updates:e}, statistics {:e}",
+            e.stats
+        );
+        assert!(e.logits < 1e-5, "logits {:e}", e.logits);
     }
 
     #[test]

@@ -203,11 +203,6 @@ fn sixteen_bit_storage_rounds_to_nearest_even_and_widens_exactly() {
     }
 }
 
-/// The launch geometry of `Ctx::launch`: blocks of 256, at most 16 per SM.
-fn grid_of(n: usize, sms: usize) -> usize {
-    n.div_ceil(256).clamp(1, sms * 16)
-}
-
 #[test]
 fn the_kernels_channel_stepping_is_the_index_mod_c() {
     // first_channel / channel_step / next_channel of train.cu (and the pack kernels' own, by
@@ -222,7 +217,7 @@ fn the_kernels_channel_stepping_is_the_index_mod_c() {
             for (n, sms) in [(1000, 1), (5 * 256 + 3, 132), (200_003, 1), (200_003, 7)] {
                 let n = n * c.min(8);
                 let items = n / pack;
-                let grid = grid_of(items, sms);
+                let grid = grid_for(items, sms);
                 let stride = grid * 256;
                 let step = (stride * pack) % c;
                 let mut seen = vec![false; items * pack];
@@ -253,7 +248,7 @@ fn the_kernels_channel_stepping_is_the_index_mod_c() {
 /// `maxpool_forward` as the GPU runs it: each output its window's first maximum and the tap
 /// (ky·3 + kx) it came from.
 fn maxpool_forward_twin(x: &Tensor<f32>) -> (Tensor<f32>, Vec<u8>) {
-    let (oh, ow) = ((x.h + 2 - 3) / 2 + 1, (x.w + 2 - 3) / 2 + 1);
+    let (oh, ow) = (pool_out(x.h), pool_out(x.w));
     let (h, w, c) = (x.h, x.w, x.c);
     let mut y = Tensor::zeros(x.n, oh, ow, c);
     let mut tap = vec![0u8; y.data.len()];
