@@ -180,6 +180,7 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         device: a.device,
         precision: roofline_model::Precision::F32,
         gpu: None,
+        cuda_graph: Default::default(),
         comm: CommOptions::default(),
     };
     Ok(Request {

@@ -5,6 +5,7 @@ use anyhow::anyhow;
 use clap::builder::TypedValueParser;
 use roofline_model::Precision;
 use roofline_workloads::exchange::{CommOptions, Wire};
+use roofline_workloads::gpu::GraphMode;
 use roofline_workloads::resnet::Version;
 use roofline_workloads::run::{self, Depth, Device, Kind, Resolution, Spec};
 
@@ -106,6 +107,14 @@ pub struct RunArgs {
     /// count, else 0).
     #[arg(long, value_name = "N")]
     pub gpu: Option<usize>,
+    /// With --device cuda (resnet50 on one GPU): launch each training step as one CUDA graph,
+    /// captured after warm-up, instead of enqueueing its ~1000 kernels and library calls one by
+    /// one. auto: time 3 steps each way after warm-up and keep the faster (train --json
+    /// reports both figures); on: keep the graph; off: never capture. Steps the timeline
+    /// times layer by layer (place), a batch of another size, and multi-GPU runs are enqueued
+    /// call by call.
+    #[arg(long, value_enum, default_value = "auto", value_name = "MODE")]
+    pub cuda_graph: GraphMode,
     /// Under mpirun: the gradients' number format on the wire. none (f32); fp16 (HPC AI500
     /// V2.0 section 7.5.2: half the bytes; on the CPU each bucket is scaled by a power of two
     /// the ranks agree on, so that sums cannot overflow, and summed over a ring of 16-bit
@@ -163,6 +172,7 @@ impl RunArgs {
             device: self.device,
             precision: self.precision,
             gpu: self.gpu,
+            cuda_graph: self.cuda_graph,
             comm: CommOptions {
                 wire: self.grad_compression,
                 overlap: !self.no_overlap,

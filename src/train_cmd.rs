@@ -196,6 +196,15 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             s.device_allocations_per_step
         );
     }
+    if let Some(g) = &s.cuda_graph {
+        outln!(
+            "CUDA graph (--cuda-graph {}): {} of {} steps launched as one; {}",
+            g.mode.name(),
+            g.graph_steps,
+            s.steps - s.start_step,
+            g.why
+        );
+    }
     let held_out = prep.job.workload().eval_images();
     match (&prep.job, s.evals.last()) {
         (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => outln!(

@@ -595,9 +595,11 @@ extern "C" __global__ void bias_from_sums(const double* s, float* db, int k, int
 // Softmax cross-entropy with label smoothing, one thread per row: grad = (p - t) / rows * scale
 // (scale: the loss scale of mixed precision, 1 otherwise), loss[row] = -sum t * log p, and
 // correct[row] = 1 + the number of logits above the label's (1 = top-1, <= 5 = top-5).
+// The loss scale is step[2] (see sgd_slots: a step's scalars are read from the device).
 extern "C" __global__ void softmax_xent(const float* z, const int* labels, float* grad,
                                         double* loss, int* rank, int rows, int k,
-                                        float smoothing, float scale) {
+                                        float smoothing, const float* step) {
+    const float scale = step[2];
     GRID_STRIDE(r, (u64)rows) {
         const float* zr = z + r * (u64)k;
         float* gr = grad + r * (u64)k;
@@ -630,12 +632,16 @@ extern "C" __global__ void softmax_xent(const float* z, const int* labels, float
 // when 0). Slot blockIdx.y covers [off[s], off[s] + len[s]), the blocks of the x dimension
 // striding over it. Nothing when skip is not null and *skip != 0 (nonfinite's flag: a
 // loss-scale overflow skips the step on the device, and the host reads the flag once, at the
-// step's end).
+// step's end). The step's scalars are read from the device, step = [lr, inv_scale, loss
+// scale]: the host writes them before each step, so that a step captured in a CUDA graph
+// takes the learning rate and loss scale of the step it runs, not those of the step it was
+// captured in.
 extern "C" __global__ void sgd_slots(float* w, const float* g, float* v, void* w16, int w16_type,
                                      const u64* off, const u64* len, const unsigned* decay,
-                                     int decay_all, float lr, float mu, float wd, float inv_scale,
+                                     int decay_all, const float* step, float mu, float wd,
                                      const int* skip) {
     if (skip != 0 && *skip != 0) return;
+    const float lr = step[0], inv_scale = step[1];
     const unsigned s = blockIdx.y;
     const u64 o = off[s], n = len[s];
     const float d = (decay_all != 0 || decay[s] != 0) ? wd : 0.0f;

@@ -547,18 +547,31 @@ pub(crate) fn enqueue(
 }
 
 /// A cuBLAS handle on a GPU's stream, for the trainer's f32 products.
-pub struct Blas(bsys::cublasHandle_t);
+///
+/// Its workspace is a buffer of its own (`cublasSetWorkspace`, after `cublasSetStream`, which
+/// resets it), not cuBLAS's default pool: a product captured into a CUDA graph then reads and
+/// writes the same memory at every launch, and the capture allocates nothing.
+pub struct Blas(bsys::cublasHandle_t, #[allow(dead_code)] device::DevBuf);
+
+/// The trainer's cuBLAS workspace (NVIDIA's recommendation for Hopper; ample before it).
+const HANDLE_WORKSPACE: usize = 32 << 20;
 
 impl Blas {
     /// A handle on `gpu`'s stream (cuBLAS's absence is an error that says what was looked for).
     pub fn new(gpu: &Gpu) -> Result<Blas, CudaError> {
         libs::require(Lib::Cublas)?;
-        gpu.bind()?;
+        let ws = gpu.alloc(HANDLE_WORKSPACE)?;
         let h = blas::create_handle().map_err(|e| CudaError::call("cublasCreate", e))?;
-        let handle = Blas(h);
+        let handle = Blas(h, ws);
         // SAFETY: live handle and stream (the handle is destroyed by Drop if this fails).
         unsafe { blas::set_stream(h, gpu.stream as bsys::cudaStream_t) }
             .map_err(|e| CudaError::call("cublasSetStream", e))?;
+        // SAFETY: live handle; the workspace is a device buffer of this context (256-byte
+        // aligned, as cuMemAlloc's are) that lives as long as the handle (dropped after it).
+        unsafe {
+            bsys::cublasSetWorkspace_v2(h, handle.1.ptr as *mut c_void, handle.1.bytes).result()
+        }
+        .map_err(|e| CudaError::call("cublasSetWorkspace", e))?;
         Ok(handle)
     }
 

@@ -8,6 +8,7 @@ pub mod device;
 pub mod dnn;
 pub mod dnn_cache;
 pub mod doctor;
+pub mod graph;
 pub mod libs;
 pub mod nccl_lib;
 pub mod nvrtc;

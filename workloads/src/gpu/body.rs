@@ -316,23 +316,40 @@ impl Readout {
     fn flag(&self) -> u64 {
         self.buf.ptr + self.bytes as u64
     }
+
+    /// Zeroes the flag in stream order (a step captured in a graph zeroes it at every launch).
+    pub(super) fn clear_flag(&self, ctx: &Ctx) -> Result<(), CudaError> {
+        ctx.zero(self.flag(), 4)
+    }
 }
 
-/// The end of a step for either model: the loss-scale overflow check (when dynamic) into the
-/// readout's flag, then SGD on every slot at `lr` with the gradients unscaled by `scale ·
-/// ranks` (the global batch's mean), skipped on the device when the flag is set.
+/// A step's scalars as its kernels read them from the device: [learning rate, 1 / (loss scale
+/// × ranks) (the gradients' unscaling to the global batch's mean), loss scale, 0].
+pub(super) fn step_scalars(lr: f64, loss_scale: &LossScale, ranks: usize) -> [f32; 4] {
+    let scale = loss_scale.scale;
+    [
+        lr as f32,
+        (1.0 / (scale * ranks as f64)) as f32,
+        scale as f32,
+        0.0,
+    ]
+}
+
+/// The end of a step for either model: the loss-scale overflow check (when `dynamic`) into
+/// the readout's flag, then SGD on every slot at the learning rate and unscaling that `scalars`
+/// holds on the device ([`step_scalars`]), skipped on the device when the flag is set. Every
+/// value that changes from step to step is read from the device, so that this can be captured
+/// in a CUDA graph.
 pub(super) fn update(
     ctx: &mut Ctx,
     flat: &Flat,
-    loss_scale: &LossScale,
+    dynamic: bool,
     readout: &Readout,
-    ranks: usize,
-    lr: f64,
+    scalars: u64,
     sgd: &crate::train::Sgd,
 ) -> Result<(), CudaError> {
-    let scale = loss_scale.scale;
     let t0 = ctx.mark()?;
-    let skip = if loss_scale.dynamic {
+    let skip = if dynamic {
         let (gp, n, fp) = (flat.grads.ptr, flat.total as u64, readout.flag());
         // SAFETY: the gradients hold `total` f32, the flag one i32.
         unsafe { ctx.launch("nonfinite", flat.total, &mut [arg(&gp), arg(&n), arg(&fp)])? };
@@ -340,8 +357,7 @@ pub(super) fn update(
     } else {
         0
     };
-    let inv = (1.0 / (scale * ranks as f64)) as f32;
-    let (lr32, mu, wd) = (lr as f32, sgd.momentum as f32, sgd.weight_decay as f32);
+    let (mu, wd) = (sgd.momentum as f32, sgd.weight_decay as f32);
     let slots = flat.slots.len();
     if slots > 65535 {
         return Err(CudaError::Check(format!(
@@ -368,8 +384,8 @@ pub(super) fn update(
         let f = ctx.function("sgd_slots")?;
         // SAFETY: values, gradients and momenta hold `total` f32, the 16-bit copy (or null)
         // `total` of its type; the table holds each slot's offset and length (u64, within
-        // `total`) and decay flag (u32); skip is null or the readout's flag; one block row per
-        // slot, 256 threads as the kernel strides.
+        // `total`) and decay flag (u32); scalars four f32; skip is null or the readout's flag;
+        // one block row per slot, 256 threads as the kernel strides.
         unsafe {
             ctx.gpu.launch_2d(
                 f,
@@ -385,10 +401,9 @@ pub(super) fn update(
                     arg(&len),
                     arg(&decay),
                     arg(&all),
-                    arg(&lr32),
+                    arg(&scalars),
                     arg(&mu),
                     arg(&wd),
-                    arg(&inv),
                     arg(&skip),
                 ],
             )?
@@ -429,10 +444,7 @@ impl Counters {
 }
 
 /// The end of either model's step once its backward pass has queued everything: the update
-/// (`update`, the global batch's mean over the communicator's ranks), then one copy of the
-/// readout, which waits for the whole step (the NCCL sums included: the compute stream waits
-/// for them); the loss scale moves, a skipped step is counted, the layers' timings go on the
-/// timeline.
+/// (`update`, the global batch's mean over the communicator's ranks), then [`conclude`].
 pub(super) fn finish_step(
     ctx: &mut Ctx,
     flat: &Flat,
@@ -442,8 +454,24 @@ pub(super) fn finish_step(
     readout: Readout,
     at_start: Counters,
 ) -> Result<Finished, CudaError> {
-    let (comm_bytes, ranks) = sync.map_or((0.0, 1), |g| (g.bytes, g.nccl.ranks));
-    update(ctx, flat, loss_scale, &readout, ranks, lr, sgd)?;
+    let ranks = sync.map_or(1, |g| g.nccl.ranks);
+    let scalars = ctx.upload_buf(&step_scalars(lr, loss_scale, ranks))?;
+    update(ctx, flat, loss_scale.dynamic, &readout, scalars.ptr, sgd)?;
+    conclude(ctx, sync, (loss_scale, skipped), &readout, at_start)
+}
+
+/// A step's last host work, after everything of it is queued (or its graph launched): one
+/// copy of the readout, which waits for the whole step (the NCCL sums included: the compute
+/// stream waits for them); the loss scale moves, a skipped step is counted, the layers'
+/// timings go on the timeline.
+pub(super) fn conclude(
+    ctx: &mut Ctx,
+    sync: Option<&GradSync>,
+    (loss_scale, skipped): (&mut LossScale, &mut usize),
+    readout: &Readout,
+    at_start: Counters,
+) -> Result<Finished, CudaError> {
+    let comm_bytes = sync.map_or(0.0, |g| g.bytes);
     let mut raw: Vec<u8> = ctx.get(readout.buf.ptr, readout.bytes + 4)?;
     let flag = i32::from_ne_bytes([
         raw[readout.bytes],

@@ -10,7 +10,7 @@
 use super::*;
 
 /// The small step's network, batch and labels, learning rate and label smoothing.
-fn setup() -> (crate::resnet::Config, Tensor<f32>, [usize; 4], f64, f64) {
+pub(super) fn setup() -> (crate::resnet::Config, Tensor<f32>, [usize; 4], f64, f64) {
     let cfg = crate::resnet::Config {
         version: crate::resnet::Version::V1_5,
         blocks: [1, 1, 1, 1],
@@ -275,6 +275,7 @@ pub(super) fn step_checks(ctx: Ctx, p: Prec) -> Result<Vec<Check>, CudaError> {
         error: allocated as f64,
         tolerance: 0.0,
     });
+    out.extend(super::check_graph::graph_checks(ctx.gpu.ordinal, p)?);
     if roofline_kernels::comm::nccl::available().is_err() {
         return Ok(out);
     }

@@ -132,6 +132,8 @@ pub struct Ctx {
     /// The buffers the steps have handed back (`pool.rs`).
     pool: Rc<std::cell::RefCell<pool::Pool>>,
     pub prec: Prec,
+    /// Whether a model's training step may be launched as a CUDA graph (`graph.rs`).
+    pub graph: GraphMode,
     pub gpu: Gpu,
 }
 
@@ -161,6 +163,7 @@ impl Ctx {
             cache,
             pool: Rc::default(),
             prec,
+            graph: GraphMode::default(),
             gpu,
         })
     }
@@ -552,10 +555,12 @@ mod bn;
 mod body;
 mod check;
 mod check_detector;
+mod check_graph;
 mod check_step;
 mod detect;
 mod detector;
 mod fpn;
+mod graph;
 mod layers;
 mod pool;
 mod reference;
@@ -569,6 +574,7 @@ pub use check_detector::*;
 use check_step::*;
 pub use detect::*;
 pub use detector::*;
+pub use graph::{GraphMode, GraphReport, Plan, Policy, TRIAL_STEPS};
 pub use layers::conv_algorithms;
 use layers::*;
 use reference::*;

@@ -27,6 +27,10 @@ pub(super) fn size_class(bytes: usize) -> usize {
 pub(super) struct Pool<B = StreamBuf> {
     free: HashMap<usize, Vec<B>>,
     allocations: u64,
+    /// While a step is captured into a CUDA graph: only free buffers are handed out (an
+    /// allocation would be captured as the graph's own, and the pool would keep an address
+    /// that no launch had allocated yet).
+    sealed: bool,
 }
 
 impl<B> Default for Pool<B> {
@@ -34,15 +38,25 @@ impl<B> Default for Pool<B> {
         Pool {
             free: HashMap::new(),
             allocations: 0,
+            sealed: false,
         }
     }
 }
 
 impl<B> Pool<B> {
-    /// A buffer of `class`: a free one, or a new one from `alloc` (counted).
-    fn take<E>(&mut self, class: usize, alloc: impl FnOnce() -> Result<B, E>) -> Result<B, E> {
+    /// A buffer of `class`: a free one, or a new one from `alloc` (counted); none, with
+    /// `sealed()`'s error, when sealed and none of its class is free.
+    fn take<E>(
+        &mut self,
+        class: usize,
+        alloc: impl FnOnce() -> Result<B, E>,
+        sealed: impl FnOnce() -> E,
+    ) -> Result<B, E> {
         if let Some(b) = self.free.get_mut(&class).and_then(Vec::pop) {
             return Ok(b);
+        }
+        if self.sealed {
+            return Err(sealed());
         }
         let b = alloc()?;
         self.allocations += 1;
@@ -63,6 +77,21 @@ pub struct Buf {
     pool: Weak<RefCell<Pool>>,
 }
 
+impl Buf {
+    /// The same memory under a second name that hands nothing back when it drops: for a
+    /// buffer that must outlive the step that consumes it (a captured step's input, read at
+    /// every launch), given to that step while its owner keeps the buffer. The alias must not
+    /// outlive the owner.
+    pub(super) fn alias(&self) -> Buf {
+        Buf {
+            ptr: self.ptr,
+            bytes: self.bytes,
+            inner: None,
+            pool: Weak::new(),
+        }
+    }
+}
+
 impl Drop for Buf {
     fn drop(&mut self) {
         if let (Some(b), Some(pool)) = (self.inner.take(), self.pool.upgrade()) {
@@ -78,16 +107,27 @@ impl Ctx {
     /// class, or a new one.
     pub fn alloc(&self, bytes: usize) -> Result<Buf, CudaError> {
         let class = size_class(bytes);
-        let inner = self
-            .pool
-            .borrow_mut()
-            .take(class, || self.gpu.alloc_async(class))?;
+        let inner = self.pool.borrow_mut().take(
+            class,
+            || self.gpu.alloc_async(class),
+            || {
+                CudaError::Check(format!(
+                    "a step being captured into a CUDA graph asked for {bytes} bytes that the pool did not hold"
+                ))
+            },
+        )?;
         Ok(Buf {
             ptr: inner.ptr,
             bytes,
             inner: Some(inner),
             pool: Rc::downgrade(&self.pool),
         })
+    }
+
+    /// Seals the pool (`on`: only the buffers it holds are handed out; an allocation fails),
+    /// or unseals it.
+    pub(super) fn seal_pool(&self, on: bool) {
+        self.pool.borrow_mut().sealed = on;
     }
 
     /// The device allocations made so far (a step that made none took every buffer from the
@@ -137,17 +177,38 @@ mod tests {
                 Ok(next)
             };
             let live: Vec<u32> = (0..3)
-                .map(|_| pool.take(1024, &mut alloc).unwrap())
+                .map(|_| pool.take(1024, &mut alloc, || ()).unwrap())
                 .collect();
             for b in live {
                 pool.give(1024, b);
             }
             if step == 0 {
-                kept.push(pool.take(1024, &mut alloc).unwrap());
+                kept.push(pool.take(1024, &mut alloc, || ()).unwrap());
             }
             per_step.push(pool.allocations - before);
         }
         assert_eq!(per_step, [3, 1, 0, 0]);
         assert_eq!(kept.len(), 1);
+    }
+
+    #[test]
+    fn a_sealed_pool_hands_out_what_it_holds_and_allocates_nothing() {
+        let mut pool = Pool::<u32>::default();
+        let mut next = 0u32;
+        let mut alloc = || -> Result<u32, &str> {
+            next += 1;
+            Ok(next)
+        };
+        let a = pool.take(512, &mut alloc, || "sealed").unwrap();
+        pool.give(512, a);
+        pool.sealed = true;
+        // The free buffer is handed out again; a second of its class, or one of another
+        // class, would need an allocation: refused, and nothing counted.
+        assert_eq!(pool.take(512, &mut alloc, || "sealed"), Ok(a));
+        assert_eq!(pool.take(512, &mut alloc, || "sealed"), Err("sealed"));
+        assert_eq!(pool.take(1024, &mut alloc, || "sealed"), Err("sealed"));
+        assert_eq!(pool.allocations, 1);
+        pool.sealed = false;
+        assert_eq!(pool.take(1024, &mut alloc, || "sealed"), Ok(2));
     }
 }

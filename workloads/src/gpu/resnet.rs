@@ -61,8 +61,38 @@ pub struct GpuResNet {
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
     pub(super) sync: Option<GradSync>,
+    /// Whether this step runs as a CUDA graph ([`Policy`]), the graph once captured, and the
+    /// events that time the trial's steps.
+    pub(super) graphs: Policy,
+    pub(super) captured: Option<Captured>,
+    timer: (Event, Event),
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
+}
+
+/// What a step reads and leaves outside its kernels, in buffers of its own: the batch (in the
+/// activations' storage), the labels (i32), the scalars ([`step_scalars`]) and the readout.
+/// The host fills the first three before the step's work is enqueued, or its graph launched,
+/// and reads the readout after: a captured step keeps its `StepIo` and is handed each batch
+/// through it.
+pub(super) struct StepIo {
+    x: GTensor,
+    labels: Buf,
+    scalars: Buf,
+    readout: Readout,
+}
+
+impl StepIo {
+    /// Whether `x` (NHWC) has this input's shape.
+    fn fits(&self, x: &Tensor<f32>) -> bool {
+        (self.x.n, self.x.h, self.x.w, self.x.c) == (x.n, x.h, x.w, x.c)
+    }
+}
+
+/// A captured step and the buffers its launches read and write.
+pub(super) struct Captured {
+    graph: roofline_kernels::cuda::graph::Graph,
+    io: StepIo,
 }
 
 /// The NCCL side of a step. The flat gradients are laid out in the forward order, so what the
@@ -249,7 +279,19 @@ impl GpuResNet {
         }
         let store = Storage::of(ctx.prec);
         let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(&ctx.gpu, store)?);
+        // A step that waits for the host, or runs NCCL on a stream of its own, is not captured.
+        let barred = if sync.is_some() {
+            Some("not captured: the gradients cross ranks through NCCL on a stream of their own (a one-GPU step is)".into())
+        } else if reducer.is_some() {
+            Some("not captured: batch norm's sums cross ranks on the host (MPI), a wait in every batch norm".into())
+        } else {
+            None
+        };
+        let graphs = Policy::new(ctx.graph, barred, TRIAL_STEPS);
         Ok(GpuResNet {
+            graphs,
+            captured: None,
+            timer: (Event::new()?, Event::new()?),
             stager,
             ctx,
             flat,
@@ -394,36 +436,31 @@ impl GpuResNet {
         Ok(())
     }
 
-    /// Softmax cross-entropy of `z` against `labels`, queued: ∂loss/∂z × the loss scale, and a
-    /// readout that will hold each row's loss (f64) and rank of its label (i32), read at the
-    /// step's end ([`Loss::read`]).
+    /// Softmax cross-entropy of `z` against `io`'s labels, queued: ∂loss/∂z × the loss scale
+    /// (read from `io`'s scalars), and `io`'s readout filled with each row's loss (f64) and
+    /// the rank of its label (i32), read at the step's end ([`Loss::read`]).
     pub(super) fn loss(
         &mut self,
         z: &GTensor,
-        labels: &[usize],
+        io: &StepIo,
         smoothing: f64,
-        scale: f64,
-    ) -> Result<(Loss, Readout, GTensor), CudaError> {
+    ) -> Result<GTensor, CudaError> {
         let rows = z.rows();
-        if labels.len() != rows {
+        if io.labels.bytes < 4 * rows || io.readout.bytes < 12 * rows {
             return Err(CudaError::Check(format!(
-                "{} labels for {rows} rows",
-                labels.len()
+                "{} bytes of labels and {} of readout for {rows} rows",
+                io.labels.bytes, io.readout.bytes
             )));
         }
-        let l32: Vec<i32> = labels.iter().map(|&l| l as i32).collect();
-        if l32.iter().any(|&l| l < 0 || l as usize >= z.c) {
-            return Err(CudaError::Check("label out of range".into()));
-        }
-        let lb = self.ctx.upload_buf(&l32)?;
         let grad = self.ctx.tensor(z.n, z.h, z.w, z.c)?;
-        let readout = Readout::new(&self.ctx, 12 * rows)?;
-        let (lossp, rankp) = (readout.buf.ptr, readout.buf.ptr + 8 * rows as u64);
-        let (zp, lp, gp) = (z.ptr(), lb.ptr, grad.ptr());
-        let (ri, ki, sm, sc) = (rows as i32, z.c as i32, smoothing as f32, scale as f32);
+        let rb = io.readout.buf.ptr;
+        let (lossp, rankp) = (rb, rb + 8 * rows as u64);
+        let (zp, lp, gp, sp) = (z.ptr(), io.labels.ptr, grad.ptr(), io.scalars.ptr);
+        let (ri, ki, sm) = (rows as i32, z.c as i32, smoothing as f32);
         let t0 = self.ctx.mark()?;
-        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k); the readout holds
-        // rows f64 (losses) then rows i32 (ranks), 8-byte aligned.
+        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k) (checked by
+        // `labels`); the readout holds rows f64 (losses) then rows i32 (ranks), 8-byte
+        // aligned; the scalars four f32.
         unsafe {
             self.ctx.launch(
                 "softmax_xent",
@@ -437,16 +474,118 @@ impl GpuResNet {
                     arg(&ri),
                     arg(&ki),
                     arg(&sm),
-                    arg(&sc),
+                    arg(&sp),
                 ],
             )?
         };
         self.ctx.close(FWD, || "loss".into(), t0)?;
-        Ok((Loss { rows }, readout, grad))
+        Ok(grad)
+    }
+
+    /// `labels` as the loss kernel reads them, each checked to name one of the classes.
+    fn labels(&self, labels: &[usize], rows: usize) -> Result<Vec<i32>, CudaError> {
+        if labels.len() != rows {
+            return Err(CudaError::Check(format!(
+                "{} labels for {rows} rows",
+                labels.len()
+            )));
+        }
+        let k = self.fc.outputs;
+        if let Some(l) = labels.iter().find(|&&l| l >= k) {
+            return Err(CudaError::Check(format!(
+                "label {l} out of range: {k} classes"
+            )));
+        }
+        Ok(labels.iter().map(|&l| l as i32).collect())
+    }
+
+    /// Buffers for a step on a batch of `x`'s shape.
+    fn new_io(&self, x: &Tensor<f32>) -> Result<StepIo, CudaError> {
+        Ok(StepIo {
+            x: self.ctx.tensor_in(self.store, x.n, x.h, x.w, x.c)?,
+            labels: self.ctx.alloc(4 * x.n)?,
+            scalars: self.ctx.alloc(16)?,
+            readout: Readout::new(&self.ctx, 12 * x.n)?,
+        })
+    }
+
+    /// Writes a step's batch, labels and scalars into `io`, in stream order: the batch out of
+    /// the stager when the loader's thread staged it (its upload already ran on the copy
+    /// stream; the step's stream waits for it on the device and copies it out), else uploaded
+    /// now (and, for 16-bit storage, cast on the device: the step's one cast).
+    fn fill(
+        &mut self,
+        io: &StepIo,
+        x: &Tensor<f32>,
+        labels: &[i32],
+        scalars: &[f32; 4],
+    ) -> Result<(), CudaError> {
+        // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
+        // step's wait for data).
+        let t0 = self.ctx.mark()?;
+        // SAFETY: io.x holds x's values in the stager's storage (the model's), and lives until
+        // the copy has run (stream-ordered).
+        if !unsafe { self.stager.take(&self.ctx.gpu, &x.data, io.x.ptr())? } {
+            if self.store == Storage::F32 {
+                self.ctx.put(io.x.ptr(), &x.data)?;
+            } else {
+                let g = self.ctx.upload(x)?;
+                self.ctx
+                    .cast_between(Storage::F32, self.store, g.ptr(), io.x.ptr(), g.len())?;
+            }
+        }
+        self.ctx.close(UPLOAD, || "input".into(), t0)?;
+        self.ctx.put(io.labels.ptr, labels)?;
+        self.ctx.put(io.scalars.ptr, scalars)
+    }
+
+    /// A step's whole device work on `io`: forward, loss, backward (and the gradients'
+    /// allreduce where there is one), update. It reads everything that changes between steps
+    /// from `io`, so that it can be captured once and launched again.
+    fn body(
+        &mut self,
+        io: &StepIo,
+        smoothing: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<(), CudaError> {
+        io.readout.clear_flag(&self.ctx)?;
+        let x = GTensor {
+            buf: io.x.buf.alias(),
+            ..io.x
+        };
+        let z = self.forward(x, true)?;
+        let g = self.loss(&z, io, smoothing)?;
+        drop(z);
+        self.backward(&g)?;
+        let dynamic = self.loss_scale.dynamic;
+        update(
+            &mut self.ctx,
+            &self.flat,
+            dynamic,
+            &io.readout,
+            io.scalars.ptr,
+            sgd,
+        )
+    }
+
+    /// Captures [`GpuResNet::body`] on `io` into a graph (the pool sealed: a buffer it does
+    /// not hold fails the capture), without running it.
+    fn capture(
+        &mut self,
+        io: &StepIo,
+        smoothing: f64,
+        sgd: &crate::train::Sgd,
+    ) -> Result<roofline_kernels::cuda::graph::Graph, CudaError> {
+        self.ctx.gpu.begin_capture()?;
+        self.ctx.seal_pool(true);
+        let work = self.body(io, smoothing, sgd);
+        self.ctx.seal_pool(false);
+        self.ctx.gpu.end_capture(work).map(|(g, ())| g)
     }
 
     /// One training step on this rank's share of the batch: forward, loss, backward, gradient
-    /// allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`; the host waits for the GPU
+    /// allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`; enqueued call by call or
+    /// launched as the captured graph, as the [`Policy`] says; the host waits for the GPU
     /// once, at the end.
     pub fn step(
         &mut self,
@@ -459,26 +598,81 @@ impl GpuResNet {
         self.ctx.gpu.bind()?;
         let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
-        // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
-        // step's wait for data).
-        let t0 = self.ctx.mark()?;
-        let xg = self.input(x)?;
-        self.ctx.close(UPLOAD, || "input".into(), t0)?;
-        let z = self.forward(xg, true)?;
-        let scale = self.loss_scale.scale;
-        let (pending, readout, g) = self.loss(&z, labels, smoothing, scale)?;
-        self.backward(&g)?;
+        let l32 = self.labels(labels, x.n)?;
+        let ranks = self.sync.as_ref().map_or(1, |g| g.nccl.ranks);
+        let scalars = step_scalars(lr, &self.loss_scale, ranks);
+        let mut plan = self.graphs.plan(x.n, self.ctx.clock.is_some());
+        if matches!(plan, Plan::Replay { .. })
+            && !self.captured.as_ref().is_some_and(|c| c.io.fits(x))
+        {
+            plan = Plan::Eager { timed: false };
+        }
+        if plan.timed() {
+            self.timer.0.record_on(&self.ctx.gpu)?;
+        }
+        // The step's buffers when they are its own (None: the captured graph's).
+        let (ran, own) = match plan {
+            Plan::Eager { .. } => {
+                let io = self.new_io(x)?;
+                self.fill(&io, x, &l32, &scalars)?;
+                self.body(&io, smoothing, sgd)?;
+                (plan, Some(io))
+            }
+            Plan::Capture => {
+                let io = self.new_io(x)?;
+                self.fill(&io, x, &l32, &scalars)?;
+                match self.capture(&io, smoothing, sgd) {
+                    Ok(graph) => {
+                        graph.launch(&self.ctx.gpu)?;
+                        self.captured = Some(Captured { graph, io });
+                        (plan, None)
+                    }
+                    Err(e) => {
+                        eprintln!("note: the training step was not captured as a CUDA graph ({e}); every step is enqueued call by call");
+                        self.graphs.failed(e.to_string());
+                        self.body(&io, smoothing, sgd)?;
+                        (Plan::Eager { timed: false }, Some(io))
+                    }
+                }
+            }
+            Plan::Replay { .. } => {
+                let c = self
+                    .captured
+                    .take()
+                    .ok_or_else(|| CudaError::Check("no captured step to launch".into()))?;
+                let filled = self.fill(&c.io, x, &l32, &scalars);
+                let launched = filled.and_then(|()| c.graph.launch(&self.ctx.gpu));
+                self.captured = Some(c);
+                launched?;
+                (plan, None)
+            }
+        };
+        if plan.timed() {
+            self.timer.1.record_on(&self.ctx.gpu)?;
+        }
+        let readout = match (&own, &self.captured) {
+            (Some(io), _) => &io.readout,
+            (None, Some(c)) => &c.io.readout,
+            (None, None) => return Err(CudaError::Check("the step's readout is gone".into())),
+        };
         // The sums were queued during the backward pass, and the compute stream waits for them.
-        let done = finish_step(
+        let done = conclude(
             &mut self.ctx,
-            &self.flat,
             self.sync.as_ref(),
             (&mut self.loss_scale, &mut self.skipped),
-            (lr, sgd),
             readout,
             at_start,
         )?;
-        let (loss, top1, top5) = pending.read(&done.loss_bytes)?;
+        let seconds = if ran.timed() {
+            Some(self.timer.0.seconds_to(&self.timer.1)?)
+        } else {
+            None
+        };
+        self.graphs.done(ran, done.device_allocations, seconds);
+        if !self.graphs.keeps_graph() {
+            self.captured = None;
+        }
+        let (loss, top1, top5) = Loss { rows: x.n }.read(&done.loss_bytes)?;
         Ok(StepResult {
             loss,
             top1,
@@ -490,18 +684,9 @@ impl GpuResNet {
         })
     }
 
-    /// A training batch on the device in the activations' storage: out of the stager when the
-    /// loader's thread staged it (the upload already ran on the copy stream; the step waits for
-    /// it on the device and copies it out), else uploaded now.
-    fn input(&mut self, x: &Tensor<f32>) -> Result<GTensor, CudaError> {
-        let g = self.ctx.tensor_in(self.store, x.n, x.h, x.w, x.c)?;
-        // SAFETY: g holds x's values in the stager's storage (the model's), and lives until
-        // the copy has run (stream-ordered).
-        if unsafe { self.stager.take(&self.ctx.gpu, &x.data, g.ptr())? } {
-            return Ok(g);
-        }
-        drop(g);
-        self.ctx.upload_in(self.store, x)
+    /// What the run did with CUDA graphs.
+    pub fn cuda_graph(&self) -> GraphReport {
+        self.graphs.report()
     }
 
     /// Inference logits for a batch.

@@ -71,6 +71,10 @@ pub trait GpuModel: Sized {
     fn stager(&self) -> Option<Arc<Stager>> {
         None
     }
+    /// What the run did with CUDA graphs (None: this model's step is never captured).
+    fn cuda_graph(&self) -> Option<GraphReport> {
+        None
+    }
 }
 
 impl Stage<f32> for Stager {
@@ -118,6 +122,9 @@ impl GpuModel for GpuResNet {
     }
     fn stager(&self) -> Option<Arc<Stager>> {
         Some(Arc::clone(&self.stager))
+    }
+    fn cuda_graph(&self) -> Option<GraphReport> {
+        Some(GpuResNet::cuda_graph(self))
     }
 }
 
@@ -233,6 +240,10 @@ impl<N: GpuModel> Device<f32, N::Cpu> for CudaTrainer<N> {
     fn stager(&self) -> Option<Arc<dyn Stage<f32>>> {
         let s = self.net.as_ref()?.stager()?;
         Some(s as Arc<dyn Stage<f32>>)
+    }
+
+    fn cuda_graph(&self) -> Option<GraphReport> {
+        self.net.as_ref()?.cuda_graph()
     }
 }
 

@@ -151,7 +151,8 @@ pub fn execute(
         ),
         _ => None,
     };
-    let ctx = crate::gpu::Ctx::new(gpu, p.spec.precision).map_err(RunError::Gpu)?;
+    let mut ctx = crate::gpu::Ctx::new(gpu, p.spec.precision).map_err(RunError::Gpu)?;
+    ctx.graph = p.spec.cuda_graph;
     // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
     let s = match &p.job {
         Job::Detector(cfg) => {

@@ -107,6 +107,14 @@ fn run(s: &Summary) -> Value {
         "comm_wait_seconds": s.comm_wait_seconds,
         "host_syncs_per_step": s.host_syncs_per_step,
         "device_allocations_per_step": s.device_allocations_per_step,
+        "cuda_graph": s.cuda_graph.as_ref().map(|g| json!({
+            "mode": g.mode.name(),
+            "used": g.used,
+            "eager_step_seconds": g.eager_step_s,
+            "graph_step_seconds": g.graph_step_s,
+            "graph_steps": g.graph_steps,
+            "why": g.why,
+        })),
         "param_norm": s.param_norm,
         "time_to_quality_seconds": s.time_to_quality,
     })

@@ -143,6 +143,8 @@ pub struct Spec {
     /// The GPU's convolution precision (f32, tf32, f16, bf16).
     pub precision: roofline_model::Precision,
     pub gpu: Option<usize>,
+    /// Whether the GPU trainer launches its step as a CUDA graph.
+    pub cuda_graph: crate::gpu::GraphMode,
     pub comm: CommOptions,
 }
 

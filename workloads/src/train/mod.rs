@@ -76,6 +76,9 @@ pub struct Summary {
     pub device_allocations_per_step: u64,
     /// The gradient exchange used.
     pub comm: CommOptions,
+    /// What the GPU trainer did with CUDA graphs: the choice, the step times it was made on,
+    /// and why (None: a device without them, the CPU).
+    pub cuda_graph: Option<crate::gpu::GraphReport>,
     /// Every step's wall time and what it waited for.
     pub timing: Vec<StepTiming>,
     /// Seconds from the first batch read to the end of the run (evaluations included).
@@ -219,6 +222,7 @@ impl Tally {
             timing: self.timing,
             elapsed_seconds: elapsed,
             comm: self.comm,
+            cuda_graph: None,
             param_norm,
             start_step: self.start_step,
             predictions: None,
@@ -423,6 +427,7 @@ pub fn run<T: Float, W: Task<T>>(
         first_read.elapsed().as_secs_f64(),
     );
     summary.predictions = predictions;
+    summary.cuda_graph = device.cuda_graph();
     Ok(summary)
 }
 

@@ -113,6 +113,10 @@ pub trait Device<T: Float, M: Model<T>> {
     fn stager(&self) -> Option<Arc<dyn Stage<T>>> {
         None
     }
+    /// What the run did with CUDA graphs (None: a device that has none).
+    fn cuda_graph(&self) -> Option<crate::gpu::GraphReport> {
+        None
+    }
 }
 
 /// A device's place for batches read ahead ([`Device::stager`]). Staging is an optimisation:
