@@ -277,6 +277,11 @@ def summary(args):
         ours = t.get("steady_images_per_second")
         row(f"ResNet-50 train {prec} b{batch}", ours, p, "img/s", 1.0)
         energy = t.get("energy") or {}
+        graph = t.get("cuda_graph") or {}
+        if graph:
+            ms = lambda s: f"{1e3 * s:.2f} ms" if s else "-"
+            print(f"  CUDA graph b{batch} {prec}: used {graph.get('used')}, a step {ms(graph.get('graph_step_seconds'))} as a graph, "
+                  f"{ms(graph.get('eager_step_seconds'))} enqueued; {graph.get('why')}")
         records.append({
             "precision": prec, "batch": batch,
             "images_per_second": ours, "pytorch_images_per_second": p,
@@ -286,6 +291,10 @@ def summary(args):
             "joules_per_image": energy.get("joules_per_image"),
             "energy_note": energy.get("note"),
             "idle_share": idle.get((prec, batch)),
+            "cuda_graph_used": graph.get("used"),
+            "graph_step_seconds": graph.get("graph_step_seconds"),
+            "eager_step_seconds": graph.get("eager_step_seconds"),
+            "cuda_graph_why": graph.get("why"),
         })
     for prec in ["f32", "bf16"]:
         t = ewa.get(prec, {})
