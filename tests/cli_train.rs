@@ -50,7 +50,11 @@ fn train_runs_a_small_resnet_and_reports_json() {
     assert_eq!(v["host_syncs_per_step"], 0);
     assert_eq!(v["device_allocations_per_step"], 0);
     // No CUDA graph on the CPU: the field is there, and null.
-    assert!(v.get("cuda_graph").is_some_and(|g| g.is_null()), "{}", v["cuda_graph"]);
+    assert!(
+        v.get("cuda_graph").is_some_and(|g| g.is_null()),
+        "{}",
+        v["cuda_graph"]
+    );
     let e = &v["energy"];
     match e["measured"].as_bool() {
         Some(true) => assert!(e["joules_per_image"].as_f64().unwrap() > 0.0, "{e}"),

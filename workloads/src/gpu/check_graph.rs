@@ -55,11 +55,7 @@ fn run(
         .zip(&init)
         .map(|(a, b)| a - b)
         .collect();
-    let stats = m
-        .running_stats()
-        .into_iter()
-        .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
-        .collect();
+    let stats = super::check_step::running_stats(&mut m);
     let choices = net.ctx.choices.clone();
     Ok(Run {
         losses,

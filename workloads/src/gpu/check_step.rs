@@ -43,11 +43,7 @@ impl Outcome {
                 (p.name.clone(), d)
             })
             .collect();
-        let stats = m
-            .running_stats()
-            .into_iter()
-            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
-            .collect();
+        let stats = running_stats(m);
         Outcome {
             loss,
             updates,
@@ -55,6 +51,14 @@ impl Outcome {
             logits,
         }
     }
+}
+
+/// Every batch norm's running mean then variance, in the model's order.
+pub(super) fn running_stats(m: &mut ResNet<f32>) -> Vec<f32> {
+    m.running_stats()
+        .into_iter()
+        .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
+        .collect()
 }
 
 fn values(m: &mut ResNet<f32>) -> Vec<Vec<f32>> {

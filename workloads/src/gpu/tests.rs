@@ -24,8 +24,10 @@ fn sgd_slots_twin(
     table: &[u8],
     slots: usize,
     gx: usize,
-    (decay_all, lr, mu, wd, inv): (bool, f32, f32, f32, f32),
+    (decay_all, step, mu, wd): (bool, &[f32; 4], f32, f32),
 ) {
+    // The step's scalars as the kernel reads them from the device: [lr, inv_scale, ...].
+    let (lr, inv) = (step[0], step[1]);
     let u64_at = |k: usize| u64::from_ne_bytes(table[8 * k..8 * k + 8].try_into().unwrap());
     let u32_at = |k: usize| {
         let b = 16 * slots + 4 * k;
@@ -77,7 +79,17 @@ fn one_optimizer_launch_updates_every_slot_once_as_slot_by_slot_sgd_does() {
             .collect::<Vec<f32>>()
     };
     let (w0, g, v0) = (wave(7, 0.5), wave(13, 0.4), wave(29, 0.1));
-    let (lr, mu, wd, inv) = (0.1f32, 0.9, 1e-4, 1.0 / 1024.0);
+    let (mu, wd) = (0.9f32, 1e-4);
+    let f16_scale = LossScale {
+        scale: 1024.0,
+        good: 0,
+        dynamic: true,
+    };
+    // What the host writes for the kernel: lr 0.1, unscaled by 1024 on one rank.
+    let step = step_scalars(0.1, &f16_scale, 1);
+    assert_eq!(step, [0.1, 1.0 / 1024.0, 1024.0, 0.0]);
+    assert_eq!(step_scalars(0.1, &f16_scale, 4)[1], 1.0 / 4096.0);
+    let (lr, inv) = (step[0], step[1]);
     for (decay_all, w16) in [
         (false, None),
         (true, None),
@@ -94,7 +106,7 @@ fn one_optimizer_launch_updates_every_slot_once_as_slot_by_slot_sgd_does() {
                 &table,
                 slots.len(),
                 gx,
-                (decay_all, lr, mu, wd, inv),
+                (decay_all, &step, mu, wd),
             );
             // Slot by slot, every element once.
             let (mut w2, mut v2) = (w0.clone(), v0.clone());
