@@ -412,6 +412,96 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
     assert_eq!(s["scaling"][0]["points"].as_array().unwrap().len(), 2);
 }
 
+/// `place --workload resnet50` under four ranks: the COI counts bus bytes, as the allreduce
+/// roofs count busbw. By hand: each rank's payload (every gradient in f32 and the batch-norm
+/// sums) crosses its link 2·(4−1)/4 = 1.5 times in a ring allreduce, so the intensity is the step's FLOPs over 1.5 × the payload, and the roof it
+/// allows is busbw × that.
+#[test]
+fn four_rank_placement_counts_bus_bytes_against_busbw() {
+    let _shared = shared();
+    let dir = tmpdir("place4");
+    let m = dir.join("m.json");
+    let o = mpirun(
+        4,
+        &[],
+        &[
+            "probe",
+            "--only",
+            "comm,gemm,mem",
+            "--quick",
+            "--max-size",
+            "1M",
+        ],
+        Some(&m),
+    );
+    assert!(o.status.success(), "{}", text(&o));
+    let out = dir.join("p.json");
+    let ms = m.to_str().unwrap().to_string();
+    let args = [
+        "place",
+        "--workload",
+        "resnet50",
+        "--width",
+        "0.125",
+        "--depth",
+        "1,1,0,0",
+        "--resolution",
+        "32",
+        "--classes",
+        "4",
+        "--batch",
+        "8",
+        "--steps",
+        "2",
+        "--warm",
+        "1",
+        "--threads",
+        "1",
+        "--machine",
+        &ms,
+    ];
+    let o = mpirun(4, &[], &args, Some(&out));
+    assert!(o.status.success(), "{}", text(&o));
+    let p: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(p["workload"]["ranks"], 4);
+    let params = p["workload"]["parameters"].as_f64().unwrap();
+    let coi = &p["point"]["coi"];
+    let payload = coi["payload_bytes"].as_f64().unwrap();
+    // Every gradient in f32, and four f64 sums (Σx, Σx² forward; Σdy, Σdy·x backward) for each
+    // batch-norm channel: the stem's 8, layer1.0's 8 + 8 + 32 and its shortcut's 32, layer2.0's
+    // 16 + 16 + 64 and its shortcut's 64 (width 0.125 of 64, 256, 128, 512): 248 channels.
+    assert_eq!(payload, 4.0 * params + 32.0 * 248.0, "{params} parameters");
+    assert_eq!(coi["bus_factor"].as_f64(), Some(1.5));
+    let bus = coi["intra_node_bytes"].as_f64().unwrap();
+    assert!(
+        (bus - 1.5 * payload).abs() < 1e-9 * bus,
+        "{bus} vs 1.5 × {payload}"
+    );
+    let flops = p["point"]["flops_per_step"].as_f64().unwrap();
+    let coi_v = coi["intra_node"].as_f64().unwrap();
+    assert!((coi_v - flops / bus).abs() < 1e-9 * coi_v);
+    // The allreduce roof at the point: busbw × the COI (not × FLOPs over the payload).
+    let busbw = serde_json::from_str::<serde_json::Value>(&std::fs::read_to_string(&m).unwrap())
+        .unwrap()["ceilings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "net/allreduce/intra")
+        .and_then(|c| c["value"].as_f64())
+        .expect("net/allreduce/intra in the probe");
+    let roofs = p["point"]["bound"]["roofs"].as_array().unwrap();
+    let roof = roofs
+        .iter()
+        .find(|r| r["ceiling"] == "net/allreduce/intra")
+        .unwrap_or_else(|| panic!("no allreduce roof: {roofs:?}"));
+    let allows = roof["allows"].as_f64().unwrap();
+    assert!(
+        (allows - busbw * coi_v).abs() < 1e-6 * allows,
+        "the roof allows {allows}, busbw {busbw} × COI {coi_v}"
+    );
+}
+
 /// `mpirun -np 4 score --bagging 2`: two teams of two ranks, each training its own model on its
 /// own bootstrap sample (data parallel inside the team), the ensemble scored on rank 0; with 3
 /// ranks the split is refused, naming the numbers.

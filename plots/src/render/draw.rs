@@ -39,7 +39,7 @@ pub(super) fn draw(
         .x_desc(if opt.model == Model::Classic {
             "Operational intensity [FLOP/byte of memory traffic]"
         } else {
-            "Communication intensity, COI [FLOP/byte communicated]"
+            "Communication intensity, COI [FLOP per bus byte: payload × 2(n−1)/n, as busbw]"
         })
         .y_desc("Performance [FLOP/s]")
         .label_style(("sans-serif", 16))

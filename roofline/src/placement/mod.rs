@@ -102,16 +102,54 @@ pub struct Intensity {
     pub measured_note: String,
 }
 
-/// FLOPs per byte communicated (HPC AI500's COI), per step and rank.
+/// FLOPs per byte communicated (HPC AI500's COI), per step and rank, in *bus bytes*: the
+/// gradient payload a rank puts into its allreduce × the allreduce's bus factor 2(n−1)/n over
+/// its n ranks. That is the traffic each link carries, in the units of the roofs it is held
+/// against: `net/allreduce/*` are bus bandwidths (busbw = algbw × 2(n−1)/n, nccl-tests'
+/// convention), and time = payload / algbw = bus bytes / busbw. (FLOPs over the payload against
+/// busbw would put the roof 2(n−1)/n too high: beyond 2 ranks a communication-bound run would
+/// read as compute-bound.)
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Coi {
-    /// Bytes each rank sent inside its node and between nodes per step.
+    /// Bus bytes of each rank inside its node and between nodes per step.
     pub intra_node_bytes: f64,
     pub inter_node_bytes: f64,
+    /// The payload each rank put into its allreduces per step (0 in files before it was kept).
+    #[serde(default)]
+    pub payload_bytes: f64,
+    /// Bus bytes per payload byte, 2(n−1)/n (1 in files before it was kept: two ranks).
+    #[serde(default = "one")]
+    pub bus_factor: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intra_node: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub inter_node: Option<f64>,
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+impl Coi {
+    /// The COI of a data-parallel step of `flops` FLOPs on each of `ranks` ranks over `nodes`
+    /// nodes that puts `payload` bytes into an allreduce per step: between nodes when there are
+    /// several, else inside the node. None for one rank, or nothing communicated.
+    pub fn allreduce(flops: f64, payload: f64, ranks: usize, nodes: usize) -> Option<Coi> {
+        if ranks < 2 || payload <= 0.0 {
+            return None;
+        }
+        let factor = crate::ceiling_id::Collective::AllReduce.bus_factor(ranks);
+        let bus = payload * factor;
+        let (intra, inter) = if nodes > 1 { (0.0, bus) } else { (bus, 0.0) };
+        Some(Coi {
+            intra_node_bytes: intra,
+            inter_node_bytes: inter,
+            payload_bytes: payload,
+            bus_factor: factor,
+            intra_node: (intra > 0.0).then(|| flops / intra),
+            inter_node: (inter > 0.0).then(|| flops / inter),
+        })
+    }
 }
 
 /// What bounds a point.

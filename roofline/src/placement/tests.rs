@@ -150,12 +150,9 @@ fn bounds_pick_the_lowest_roof_at_the_point() {
         (BoundKind::Memory, "cpu/mem/DRAM/triad/all")
     );
     assert!((s.attainable - 20e9 / 12.0).abs() < 1.0);
-    let coi = Coi {
-        intra_node_bytes: 100e6,
-        inter_node_bytes: 0.0,
-        intra_node: Some(20.0),
-        inter_node: None,
-    };
+    // Two ranks: bus bytes are the payload.
+    let coi = Coi::allreduce(2e9, 100e6, 2, 1).unwrap();
+    assert_eq!((coi.intra_node_bytes, coi.intra_node), (100e6, Some(20.0)));
     let r = cpu_roofs(
         &m,
         Precision::F32,
@@ -365,4 +362,40 @@ fn a_gpu_point_is_held_against_its_gpus_library_roofs_and_l2_or_hbm() {
         bound(&big, 10.0, None, 20e12).unwrap().ceiling,
         "gpu0/mem/HBM/triad"
     );
+}
+
+#[test]
+fn coi_counts_bus_bytes_as_the_allreduce_roofs_count_busbw() {
+    // By hand: 4 ranks put 100 MB each into a ring allreduce; each sends and receives
+    // 2·(4−1)/4 = 1.5 times that over its link (nccl-tests' busbw factor): 150 MB, and a step
+    // of 3 GFLOP has a COI of 3e9 / 150e6 = 20 FLOP per bus byte.
+    let c = Coi::allreduce(3e9, 100e6, 4, 1).unwrap();
+    assert_eq!(c.bus_factor, 1.5);
+    assert_eq!(
+        (c.payload_bytes, c.intra_node_bytes, c.inter_node_bytes),
+        (100e6, 150e6, 0.0)
+    );
+    assert_eq!((c.intra_node, c.inter_node), (Some(20.0), None));
+    // Against a 10 GB/s busbw roof: 10e9 × 20 = 200 GFLOP/s; the payload's intensity (30)
+    // would have allowed 300, 1.5 times too much.
+    let m = machine();
+    let r = cpu_roofs(&m, Precision::F32, &[Family::Gemm], 2, 1e9, Some(&c));
+    let b = bound(&r, 1e6, Some(&c), 1e9).unwrap();
+    assert_eq!(b.kind, BoundKind::Communication);
+    assert_eq!(b.attainable, 200e9);
+    // Several nodes: the same bus bytes between them.
+    let c = Coi::allreduce(3e9, 100e6, 8, 2).unwrap();
+    assert_eq!(
+        (c.bus_factor, c.inter_node_bytes, c.intra_node_bytes),
+        (1.75, 175e6, 0.0)
+    );
+    assert_eq!(c.inter_node, Some(3e9 / 175e6));
+    assert!(Coi::allreduce(3e9, 100e6, 1, 1).is_none());
+    assert!(Coi::allreduce(3e9, 0.0, 4, 1).is_none());
+    // A file written before the fields were kept reads as two ranks' payload.
+    let old: Coi = serde_json::from_str(
+        r#"{"intra_node_bytes": 5.0, "inter_node_bytes": 0.0, "intra_node": 2.0}"#,
+    )
+    .unwrap();
+    assert_eq!((old.bus_factor, old.payload_bytes), (1.0, 0.0));
 }

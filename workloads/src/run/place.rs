@@ -192,24 +192,8 @@ pub fn measured(
         .iter()
         .map(|l| 4.0 * (local * l.outputs + 3.0 * l.params))
         .sum();
-    let coi = (ranks > 1 && s.comm_bytes_per_step > 0.0).then(|| {
-        let b = s.comm_bytes_per_step;
-        if nodes > 1 {
-            Coi {
-                intra_node_bytes: 0.0,
-                inter_node_bytes: b,
-                intra_node: None,
-                inter_node: Some(flops_per_step / b),
-            }
-        } else {
-            Coi {
-                intra_node_bytes: b,
-                inter_node_bytes: 0.0,
-                intra_node: Some(flops_per_step / b),
-                inter_node: None,
-            }
-        }
-    });
+    // Bus bytes (payload × 2(n−1)/n), as the allreduce roofs count busbw.
+    let coi = Coi::allreduce(flops_per_step, s.comm_bytes_per_step, ranks, nodes);
     let cuda = prep.spec.device == Device::Cuda;
     let measured = Measured {
         info: WorkloadInfo {
