@@ -55,13 +55,34 @@ fn score_writes_score_json_and_a_report_that_renders() {
     assert_eq!(s["comparable"], false);
     let runs = s["runs"].as_array().unwrap();
     assert_eq!(runs.len(), 3);
-    // The olympic mean of three runs is the middle one.
-    let mut f: Vec<f64> = runs.iter().map(|r| r["flops"].as_f64().unwrap()).collect();
-    f.sort_by(|a, b| a.total_cmp(b));
-    assert_eq!(s["scores"]["flops"]["mean"].as_f64().unwrap(), f[1]);
+    // Whole runs are dropped (V2.0 §5.3.2): of three, the runs with the highest and the lowest
+    // VFLOPS go, and every mean is the remaining run's own figure.
+    let mut by_vflops: Vec<&serde_json::Value> = runs.iter().collect();
+    by_vflops.sort_by(|a, b| {
+        a["vflops"]
+            .as_f64()
+            .unwrap()
+            .total_cmp(&b["vflops"].as_f64().unwrap())
+    });
+    let middle = by_vflops[1];
+    assert_eq!(
+        s["scores"]["averaged_runs"],
+        serde_json::json!([middle["run"]])
+    );
+    for k in ["flops", "vflops", "quality"] {
+        assert_eq!(s["scores"][k]["mean"], middle[k], "{k}");
+    }
     for r in runs {
         let v = r["flops"].as_f64().unwrap() * (r["quality"].as_f64().unwrap() / 0.5).powi(5);
         assert!((r["vflops"].as_f64().unwrap() - v).abs() <= 1e-9 * v.abs());
+        // FLOPS per watt beside VFLOPS per watt (§5.3.3), where the energy was measured.
+        match r["average_watts"].as_f64() {
+            Some(w) => {
+                let f = r["flops"].as_f64().unwrap() / w;
+                assert!((r["flops_per_watt"].as_f64().unwrap() - f).abs() <= 1e-9 * f);
+            }
+            None => assert!(r.get("flops_per_watt").is_none(), "{r}"),
+        }
     }
     assert!(s["energy_note"].as_str().unwrap().contains("energy"));
     assert_eq!(s["placement"]["schema"], "roofline/placement/v1");

@@ -196,15 +196,20 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
     h.push_str(&summary_row(&score.target.metric, "", &s.quality, &frac));
     h.push_str(&summary_row("FLOPS", "FLOP/s", &s.flops, &flops));
     h.push_str(&summary_row("VFLOPS", "FLOP/s", &s.vflops, &flops));
-    match &s.vflops_per_watt {
-        Some(w) => h.push_str(&summary_row("VFLOPS per watt", "FLOP/s/W", w, &flops)),
-        None => h.push_str(&row(&[
-            "VFLOPS per watt".into(),
-            format!("not reported: {}", escape(&score.energy_note)),
-            String::new(),
-            String::new(),
-            String::new(),
-        ])),
+    for (name, per_watt) in [
+        ("FLOPS per watt", &s.flops_per_watt),
+        ("VFLOPS per watt", &s.vflops_per_watt),
+    ] {
+        match per_watt {
+            Some(w) => h.push_str(&summary_row(name, "FLOP/s/W", w, &flops)),
+            None => h.push_str(&row(&[
+                name.into(),
+                format!("not reported: {}", escape(&score.energy_note)),
+                String::new(),
+                String::new(),
+                String::new(),
+            ])),
+        }
     }
     h.push_str("</table>\n<h2>The other papers' figures</h2>\n<table id=\"other\">");
     h.push_str(&head(&["figure", "mean", "variation", "min", "max"]));

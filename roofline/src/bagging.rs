@@ -136,11 +136,12 @@ pub struct BaggingScores {
 }
 
 impl BaggingScores {
-    /// None when no run was bagged.
-    pub fn of(runs: &[&BaggedRun]) -> Option<BaggingScores> {
+    /// None when no run was bagged. The means are over the runs `keep` marks (the score's
+    /// averaged runs, [`crate::score::averaged_runs`]).
+    pub fn of(runs: &[&BaggedRun], keep: &[bool]) -> Option<BaggingScores> {
         let first = runs.first()?;
         let f = |g: &dyn Fn(&BaggedRun) -> f64| -> Option<Summary> {
-            Summary::of(&runs.iter().map(|r| g(r)).collect::<Vec<_>>())
+            Summary::over(&runs.iter().map(|r| g(r)).collect::<Vec<_>>(), keep)
         };
         Some(BaggingScores {
             models: first.models,
@@ -200,9 +201,9 @@ mod tests {
         assert!((r.vflops / r.flops - k).abs() < 1e-12);
         assert!((k - 0.858_096).abs() < 1e-6);
         assert!((r.mean_member_quality() - 0.705).abs() < 1e-12);
-        let s = BaggingScores::of(&[&r, &r]).unwrap();
+        let s = BaggingScores::of(&[&r, &r], &[true, true]).unwrap();
         assert_eq!(s.sys_scale, 8);
         assert_eq!(s.ensemble_quality.mean, 0.74);
-        assert!(BaggingScores::of(&[]).is_none());
+        assert!(BaggingScores::of(&[], &[]).is_none());
     }
 }

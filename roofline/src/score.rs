@@ -3,9 +3,13 @@
 //!
 //! - Valid FLOPS: `VFLOPS = FLOPS × (achieved quality / target quality)^n`, n = 5 and target
 //!   Top-1 0.763 for Image Classification, n = 10 and target mAP 0.35 for EWA.
-//! - Runs: 10 (Image Classification) or 5 (EWA); the highest and the lowest are dropped and the
-//!   rest averaged (the "olympic" mean); the variation is the standard deviation over the mean
-//!   of all runs (sample standard deviation, n − 1).
+//! - Runs: 10 (Image Classification) or 5 (EWA); whole runs are dropped (section 5.3.2: "drops
+//!   the runs with the highest and lowest ..., then calculate the arithmetic mean of the
+//!   remaining results"): the run with the highest VFLOPS and the run with the lowest, and every
+//!   figure is the mean of the same remaining runs ([`averaged_runs`]); the variation is the
+//!   standard deviation over the mean of all runs (sample standard deviation, n − 1).
+//! - FLOPS per watt and VFLOPS per watt (section 5.3.3 asks for both in every run), where the
+//!   run's energy was measured.
 //! - AIPerf: the regulated score `−ln(Error) × FLOPS` (Error = 1 − Top-1, in (0, 1)) and FLOPS as
 //!   a time series whose maximum is reported.
 //! - HPC AI500 V3.0: analytic FLOPS per epoch = analytic work per epoch / epoch time.
@@ -70,6 +74,24 @@ pub fn olympic_mean(v: &[f64]) -> Option<f64> {
     Some(mid.iter().sum::<f64>() / mid.len() as f64)
 }
 
+/// Which runs a score averages, by their scores (VFLOPS): all but the one with the highest and
+/// the one with the lowest (the first of equals), or all of them when there are fewer than
+/// three. Whole runs: every figure is then averaged over the same runs.
+pub fn averaged_runs(score: &[f64]) -> Vec<bool> {
+    let mut keep = vec![true; score.len()];
+    if score.len() >= 3 {
+        let by = |better: fn(f64, f64) -> bool| {
+            (0..score.len()).fold(0, |b, i| if better(score[i], score[b]) { i } else { b })
+        };
+        let hi = by(|a, b| a > b);
+        let lo = by(|a, b| a < b);
+        keep[hi] = false;
+        // All equal: the first is the highest, the second the lowest.
+        keep[if lo == hi { (hi + 1) % score.len() } else { lo }] = false;
+    }
+    keep
+}
+
 /// Standard deviation (n − 1) over the mean, of all values; 0 for one value.
 pub fn variation(v: &[f64]) -> Option<f64> {
     if v.is_empty() {
@@ -115,6 +137,9 @@ pub struct Run {
     pub average_watts: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vflops_per_watt: Option<f64>,
+    /// FLOPS / average watts (HPC AI500 V2.0 section 5.3.3), where energy was measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_watt: Option<f64>,
     /// AIPerf: FLOP/s of each step, and its maximum.
     pub flops_series: Vec<f64>,
     pub flops_series_max: f64,
@@ -130,7 +155,8 @@ pub struct Run {
 /// One figure over the runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
-    /// The olympic mean (highest and lowest dropped).
+    /// The mean over the averaged runs (a score's: [`averaged_runs`]; elsewhere the olympic
+    /// mean, the highest and lowest values dropped).
     pub mean: f64,
     /// Standard deviation / mean over every run.
     pub variation: f64,
@@ -142,6 +168,30 @@ impl Summary {
     pub fn of(v: &[f64]) -> Option<Summary> {
         Some(Summary {
             mean: olympic_mean(v)?,
+            ..Summary::spread(v)?
+        })
+    }
+
+    /// The mean of the values `keep` marks, with the variation, minimum and maximum of all.
+    pub fn over(v: &[f64], keep: &[bool]) -> Option<Summary> {
+        let kept: Vec<f64> = v
+            .iter()
+            .zip(keep)
+            .filter(|(_, k)| **k)
+            .map(|(x, _)| *x)
+            .collect();
+        if kept.is_empty() {
+            return None;
+        }
+        Some(Summary {
+            mean: kept.iter().sum::<f64>() / kept.len() as f64,
+            ..Summary::spread(v)?
+        })
+    }
+
+    fn spread(v: &[f64]) -> Option<Summary> {
+        Some(Summary {
+            mean: f64::NAN,
             variation: variation(v)?,
             min: v.iter().copied().fold(f64::INFINITY, f64::min),
             max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
@@ -163,6 +213,12 @@ pub struct Scores {
     pub vflops: Summary,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub vflops_per_watt: Option<Summary>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub flops_per_watt: Option<Summary>,
+    /// The runs (their `run` numbers) every mean is taken over: all but those with the highest
+    /// and the lowest VFLOPS ([`averaged_runs`]; empty in files before whole runs were dropped).
+    #[serde(default)]
+    pub averaged_runs: Vec<usize>,
     pub aiperf_regulated: Summary,
     /// AIPerf reports the maximum of its FLOPS time series over the whole benchmark.
     pub aiperf_flops_max: f64,
@@ -174,10 +230,14 @@ pub struct Scores {
 
 impl Scores {
     pub fn of(runs: &[Run]) -> Option<Scores> {
+        let keep = averaged_runs(&runs.iter().map(|r| r.vflops).collect::<Vec<_>>());
         let f = |g: fn(&Run) -> f64| -> Option<Summary> {
-            Summary::of(&runs.iter().map(g).collect::<Vec<_>>())
+            Summary::over(&runs.iter().map(g).collect::<Vec<_>>(), &keep)
         };
-        let per_watt: Option<Vec<f64>> = runs.iter().map(|r| r.vflops_per_watt).collect();
+        let per_watt = |g: fn(&Run) -> Option<f64>| -> Option<Summary> {
+            let v: Option<Vec<f64>> = runs.iter().map(g).collect();
+            Summary::over(&v?, &keep)
+        };
         Some(Scores {
             time_to_quality_s: if runs.iter().all(|r| r.reached_target) {
                 f(|r| r.time_to_quality_s)
@@ -188,16 +248,25 @@ impl Scores {
             quality: f(|r| r.quality)?,
             flops: f(|r| r.flops)?,
             vflops: f(|r| r.vflops)?,
-            vflops_per_watt: per_watt.and_then(|v| Summary::of(&v)),
+            vflops_per_watt: per_watt(|r| r.vflops_per_watt),
+            flops_per_watt: per_watt(|r| r.flops_per_watt),
+            averaged_runs: runs
+                .iter()
+                .zip(&keep)
+                .filter(|(_, k)| **k)
+                .map(|(r, _)| r.run)
+                .collect(),
             aiperf_regulated: f(|r| r.aiperf_regulated)?,
             aiperf_flops_max: runs.iter().map(|r| r.flops_series_max).fold(0.0, f64::max),
             v3_flops_per_epoch: f(|r| r.v3_flops_per_epoch)?,
-            bagging: crate::bagging::BaggingScores::of(
-                &runs
+            bagging: {
+                let (bagged, kept): (Vec<&crate::bagging::BaggedRun>, Vec<bool>) = runs
                     .iter()
-                    .filter_map(|r| r.bagging.as_ref())
-                    .collect::<Vec<_>>(),
-            ),
+                    .zip(&keep)
+                    .filter_map(|(r, k)| Some((r.bagging.as_ref()?, *k)))
+                    .unzip();
+                crate::bagging::BaggingScores::of(&bagged, &kept)
+            },
         })
     }
 }
@@ -313,6 +382,26 @@ mod tests {
         assert_eq!(variation(&[3.0]), Some(0.0));
         let s = Summary::of(&[1.0, 2.0, 3.0, 100.0]).unwrap();
         assert_eq!((s.mean, s.min, s.max), (2.5, 1.0, 100.0));
+    }
+
+    #[test]
+    fn whole_runs_are_dropped_by_their_vflops() {
+        // VFLOPS 5, 1, 3, 9, 7: runs 1 (1) and 3 (9) go; every figure is the mean of runs 0,
+        // 2 and 4. FLOPS 10, 100, 30, 20, 40 average (10 + 30 + 40) / 3, where dropping each
+        // figure's own extremes would have averaged 20, 30, 40.
+        let keep = averaged_runs(&[5.0, 1.0, 3.0, 9.0, 7.0]);
+        assert_eq!(keep, [true, false, true, false, true]);
+        let s = Summary::over(&[10.0, 100.0, 30.0, 20.0, 40.0], &keep).unwrap();
+        assert!((s.mean - 80.0 / 3.0).abs() < 1e-12);
+        assert_eq!((s.min, s.max), (10.0, 100.0));
+        assert_eq!(
+            Summary::of(&[10.0, 100.0, 30.0, 20.0, 40.0]).unwrap().mean,
+            30.0
+        );
+        // Fewer than three: all kept; all equal: two of them go, the first and the second.
+        assert_eq!(averaged_runs(&[2.0, 1.0]), [true, true]);
+        assert_eq!(averaged_runs(&[4.0, 4.0, 4.0]), [false, false, true]);
+        assert!(Summary::over(&[1.0], &[false]).is_none());
     }
 
     #[test]

@@ -141,9 +141,20 @@ pub fn score_summary(score: &roofline_model::score::Score) {
         100.0 * s.flops.variation,
         si(s.vflops.mean)
     );
-    match &s.vflops_per_watt {
-        Some(w) => outln!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
-        None => outln!("  {}", score.energy_note),
+    match (&s.flops_per_watt, &s.vflops_per_watt) {
+        (Some(f), Some(w)) => outln!(
+            "  FLOPS per watt {}FLOP/s/W, VFLOPS per watt {}FLOP/s/W",
+            si(f.mean),
+            si(w.mean)
+        ),
+        (None, Some(w)) => outln!("  VFLOPS per watt {}FLOP/s/W", si(w.mean)),
+        _ => outln!("  {}", score.energy_note),
+    }
+    if !s.averaged_runs.is_empty() && s.averaged_runs.len() < score.runs.len() {
+        outln!(
+            "  means over runs {:?}: the runs with the highest and the lowest VFLOPS dropped (V2.0 §5.3.2)",
+            s.averaged_runs
+        );
     }
     if let Some(b) = &s.bagging {
         outln!(

@@ -304,6 +304,7 @@ impl Bagged {
             energy_j: energy.joules_per_step,
             average_watts: watts,
             vflops_per_watt: watts.map(|w| r.vflops / w),
+            flops_per_watt: watts.map(|w| r.flops / w),
             flops_series_max: series.iter().copied().fold(0.0, f64::max),
             flops_series: series,
             aiperf_regulated: aiperf_regulated(r.flops, r.ensemble_quality),

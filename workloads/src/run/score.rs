@@ -57,6 +57,7 @@ pub fn record(
         energy_j,
         average_watts: watts,
         vflops_per_watt: watts.map(|w| v / w),
+        flops_per_watt: watts.map(|w| flops / w),
         flops_series_max: series.iter().copied().fold(0.0, f64::max),
         flops_series: series,
         aiperf_regulated: aiperf_regulated(flops, quality),
