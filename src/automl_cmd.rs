@@ -181,6 +181,7 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         precision: roofline_model::Precision::F32,
         gpu: None,
         cuda_graph: Default::default(),
+        decay_all: false,
         comm: CommOptions::default(),
     };
     Ok(Request {

@@ -83,6 +83,12 @@ pub struct RunArgs {
     /// Label smoothing.
     #[arg(long, default_value_t = 0.0)]
     pub label_smoothing: f64,
+    /// Which parameters weight decay (1e-4) applies to: all (every parameter, batch norm's γ
+    /// and β and the biases included: HPC AI500 V2.0's rule, §5.4, and `score`'s default), or
+    /// weights (the convolution and classifier weights alone: `train`'s and `place`'s default;
+    /// in a score, a deviation the report names).
+    #[arg(long, value_enum, value_name = "WHICH")]
+    pub weight_decay_on: Option<DecayOn>,
     /// Seed (same seed, same thread count: the same run).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -134,6 +140,15 @@ pub struct RunArgs {
     pub bucket_elements: usize,
 }
 
+/// The parameters weight decay applies to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum DecayOn {
+    /// Every parameter (HPC AI500's rule).
+    All,
+    /// The convolution and classifier weights alone.
+    Weights,
+}
+
 /// The trainer's precisions (the model's others are the probe's).
 fn precision_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
     clap::builder::PossibleValuesParser::new(run::setup::TRAINER_PRECISIONS.map(|p| p.name()))
@@ -173,6 +188,7 @@ impl RunArgs {
             precision: self.precision,
             gpu: self.gpu,
             cuda_graph: self.cuda_graph,
+            decay_all: self.weight_decay_on == Some(DecayOn::All),
             comm: CommOptions {
                 wire: self.grad_compression,
                 overlap: !self.no_overlap,

@@ -84,6 +84,36 @@ fn score_writes_score_json_and_a_report_that_renders() {
             None => assert!(r.get("flops_per_watt").is_none(), "{r}"),
         }
     }
+    // A scaled model: its FLOPS over the analytic count, and each rule named; the runs are
+    // timed to the end of their steps (the rules' fixed epochs), with weight decay on every
+    // parameter, so that the only deviations are the data, the model and the run's length.
+    for r in runs {
+        assert_eq!(r["ops_count"], "analytic");
+        assert_eq!(r["fixed_epochs"], true);
+        let f = r["ops_per_image"].as_f64().unwrap() * r["images"].as_f64().unwrap()
+            / r["time_to_quality_s"].as_f64().unwrap();
+        assert!((r["flops"].as_f64().unwrap() - f).abs() <= 1e-9 * f);
+    }
+    let rules: Vec<&str> = s["rules"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    assert!(
+        rules
+            .iter()
+            .any(|r| r.starts_with("weight decay: 1e-4 on every parameter"))
+            && rules
+                .iter()
+                .any(|r| r.starts_with("timing: from the first batch read to the end")),
+        "{rules:?}"
+    );
+    let why = s["not_comparable"].to_string();
+    assert!(
+        !why.contains("weight decay") && !why.contains("stopped at the target"),
+        "{why}"
+    );
     assert!(s["energy_note"].as_str().unwrap().contains("energy"));
     assert_eq!(s["placement"]["schema"], "roofline/placement/v1");
     let html = std::fs::read_to_string(dir.join("score.html")).unwrap();

@@ -171,8 +171,22 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
     for w in &score.warnings {
         h.push_str(&format!("<p class=\"warn\">{}</p>\n", escape(w)));
     }
+    if !score.not_comparable.is_empty() {
+        h.push_str("<h2>Where this score departs from the rules</h2>\n<ul id=\"deviations\">");
+        for d in &score.not_comparable {
+            h.push_str(&format!("<li>{}</li>", escape(d)));
+        }
+        h.push_str("</ul>\n");
+    }
+    if !score.rules.is_empty() {
+        h.push_str("<h2>The rules it was made by</h2>\n<ul id=\"rules\">");
+        for r in &score.rules {
+            h.push_str(&format!("<li>{}</li>", escape(r)));
+        }
+        h.push_str("</ul>\n");
+    }
     let s = &score.scores;
-    h.push_str("<h2>Scores (HPC AI500 V2.0 section 5.3)</h2>\n<p>Mean of the runs without the highest and the lowest; variation = standard deviation / mean over every run.</p>\n<table id=\"scores\">");
+    h.push_str("<h2>Scores (HPC AI500 V2.0 section 5.3)</h2>\n<p>Mean of the runs without the two whose VFLOPS are the highest and the lowest (whole runs: every figure over the same runs); variation = standard deviation / mean over every run.</p>\n<table id=\"scores\">");
     h.push_str(&head(&["figure", "mean", "variation", "min", "max"]));
     let flops = |v: f64| si(v);
     let secs = |v: f64| format!("{v:.2} ");
@@ -243,6 +257,8 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
         "steps",
         "images",
         "FLOPS",
+        "operations an image",
+        "FLOPS, analytic count",
         "VFLOPS",
         "energy [J]",
         "power [W]",
@@ -252,7 +268,7 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
         h.push_str(&row(&[
             r.run.to_string(),
             r.seed.to_string(),
-            if r.reached_target {
+            if r.reached_target || r.fixed_epochs {
                 format!("{:.2}", r.time_to_quality_s)
             } else {
                 "not reached".into()
@@ -263,6 +279,8 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
             r.steps.to_string(),
             r.images.to_string(),
             si(r.flops),
+            format!("{}FLOP ({})", si(r.ops_per_image), escape(&r.ops_count)),
+            r.analytic_flops.map(si).unwrap_or("—".into()),
             si(r.vflops),
             r.energy_j.map(|v| format!("{v:.1}")).unwrap_or("—".into()),
             r.average_watts

@@ -172,4 +172,7 @@ pub fn score_summary(score: &roofline_model::score::Score) {
         );
     }
     outln!("  AIPerf regulated score {}FLOP/s, FLOPS series maximum {}FLOP/s; HPC AI500 V3.0 analytic FLOPS per epoch {}FLOP/s", si(s.aiperf_regulated.mean), si(s.aiperf_flops_max), si(s.v3_flops_per_epoch.mean));
+    for r in &score.rules {
+        outln!("  rule: {r}");
+    }
 }

@@ -390,6 +390,8 @@ mod tests {
                 warmup_steps: 4,
                 seed: 3,
                 target: None,
+                stop_at_target: true,
+                decay_all: false,
                 eval_every: 14,
                 checkpoint: None,
                 resume: None,

@@ -358,6 +358,8 @@ mod tests {
                 warmup_steps: 20,
                 seed: 1,
                 target: None,
+                stop_at_target: true,
+                decay_all: false,
                 eval_every: 200,
                 checkpoint: None,
                 resume: None,
@@ -454,6 +456,8 @@ mod tests {
             &EwaConfig {
                 run: RunOptions {
                     target: Some(0.0),
+                    stop_at_target: true,
+                    decay_all: false,
                     eval_every: 2,
                     ..cfg.run.clone()
                 },

@@ -300,6 +300,12 @@ impl Bagged {
             images: b.images,
             train_seconds: r.epoch_seconds / r.iterations_per_epoch.max(1e-12) * s.steps as f64,
             flops: r.flops,
+            // V3.0's eq. 6 over its analytic APC (table 3).
+            ops_per_image: r.apc_flops / (r.models.max(1) * batch.max(1)) as f64,
+            ops_count: "analytic (V3.0's APC)".into(),
+            analytic_flops: None,
+            fixed_epochs: false,
+            first_reached_s: None,
             vflops: r.vflops,
             energy_j: energy.joules_per_step,
             average_watts: watts,

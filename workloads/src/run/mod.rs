@@ -32,9 +32,17 @@ pub struct RunOptions {
     /// Linear warm-up steps of the learning rate.
     pub warmup_steps: usize,
     pub seed: u64,
-    /// Stop as soon as evaluation reaches this quality (time-to-quality): Top-1 for the
-    /// classifier, mAP@0.5 for the detector.
+    /// The quality the run is timed to (time-to-quality): Top-1 for the classifier, mAP@0.5 for
+    /// the detector; the run stops there when `stop_at_target`.
     pub target: Option<f64>,
+    /// Stop as soon as evaluation reaches `target` (`train`'s way). HPC AI500 V2.0 times a fixed
+    /// number of epochs to their end (§5.3.2): a score trains on and records when the target
+    /// was first reached.
+    pub stop_at_target: bool,
+    /// Weight decay on every parameter, batch norm's γ and β and the biases included (HPC
+    /// AI500 V2.0 §5.4: leaving it off them is a forbidden change), or on the convolution and
+    /// classifier weights alone.
+    pub decay_all: bool,
     /// Evaluate every this many steps (and at the end).
     pub eval_every: usize,
     /// Write a checkpoint (safetensors) here at the end of the run.
@@ -65,6 +73,8 @@ impl RunOptions {
             warmup_steps: steps / 10,
             seed,
             target: None,
+            stop_at_target: true,
+            decay_all: false,
             eval_every: steps,
             checkpoint: None,
             resume: None,

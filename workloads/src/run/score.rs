@@ -19,14 +19,114 @@ pub fn flops_series(s: &Summary, batch: usize) -> Vec<f64> {
         .collect()
 }
 
-/// Run `i` (seed `seed`) that ended with `s`, scored against `target`; `v3_per_image` is V3.0's
-/// analytic training FLOPs per image, `energy` the run's.
+/// How a score's runs are run and counted: HPC AI500 V2.0's rules, or the deviations asked for.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Rules {
+    /// Operations per image FLOPS counts: the paper's published count for its model.
+    pub published_ops: Option<f64>,
+    /// roofline's analytic training FLOPs per image (the placement's).
+    pub analytic_ops: f64,
+    /// Runs timed to the end of their epochs (§5.3.2), not stopped at the target.
+    pub fixed_epochs: bool,
+    /// Weight decay on every parameter (§5.4).
+    pub decay_all: bool,
+}
+
+impl Rules {
+    /// The rules of a score of `a` run as `run` says, whose model counts `analytic_ops` per
+    /// image: the published count where the model, its resolution and classes are the paper's.
+    pub fn of(a: &Spec, run: &crate::run::RunOptions, analytic_ops: f64) -> Rules {
+        Rules {
+            published_ops: papers_model(a)
+                .then(|| roofline_model::score::published_ops_per_image(a.workload.name()))
+                .flatten(),
+            analytic_ops,
+            fixed_epochs: !run.stop_at_target,
+            decay_all: run.decay_all,
+        }
+    }
+
+    /// The operations per image FLOPS counts, and which count they are.
+    pub fn ops(&self) -> (f64, &'static str) {
+        match self.published_ops {
+            Some(p) => (p, "published"),
+            None => (self.analytic_ops, "analytic"),
+        }
+    }
+
+    /// The rules as the report names them, one line each.
+    pub fn describe(&self, workload: Kind) -> Vec<String> {
+        let g = |x: f64| format!("{:.1} GFLOP", x / 1e9);
+        let table = "HPC AI500 V2.0 Table 10";
+        vec![
+            match self.published_ops {
+                Some(p) => format!(
+                    "operations: {} an image, the paper's count ({table}); roofline's analytic count, {}, is the placement's and is shown beside",
+                    g(p),
+                    g(self.analytic_ops)
+                ),
+                None => format!(
+                    "operations: roofline's analytic count, {} an image (the paper's count, {table}, is its own model's)",
+                    g(self.analytic_ops)
+                ),
+            },
+            if self.fixed_epochs {
+                format!(
+                    "timing: from the first batch read to the end of the run's epochs (§5.3.2; the rules' {}), FLOPS over that whole time",
+                    rule_epochs(workload)
+                )
+            } else {
+                "timing: from the first batch read until the target was reached (--stop-at-target), FLOPS over that time".into()
+            },
+            if self.decay_all {
+                "weight decay: 1e-4 on every parameter, batch norm's γ and β and the biases included (§5.4)".into()
+            } else {
+                "weight decay: 1e-4 on the convolution and classifier weights alone (--weight-decay-on weights)".into()
+            },
+            "aggregation: the runs with the highest and the lowest VFLOPS dropped, every figure averaged over the rest (§5.3.2)".into(),
+        ]
+    }
+}
+
+/// The epochs the rules train for: 90 (resnet50), 50 (ewa).
+fn rule_epochs(w: Kind) -> usize {
+    if w == Kind::Ewa {
+        50
+    } else {
+        90
+    }
+}
+
+/// The resolution the rules train at.
+fn rule_resolution(w: Kind) -> Resolution {
+    if w == Kind::Ewa {
+        Resolution { h: 768, w: 1152 }
+    } else {
+        Resolution { h: 224, w: 224 }
+    }
+}
+
+/// Whether `a` trains the paper's model: its depth, width, version, classes and resolution.
+fn papers_model(a: &Spec) -> bool {
+    let ewa = a.workload == Kind::Ewa;
+    a.width == 1.0
+        && a.depth == Depth([3, 4, 6, 3])
+        && a.version == Version::V1_5
+        && (ewa || a.classes == 1000)
+        && a.resolution
+            .is_none_or(|r| r == rule_resolution(a.workload))
+}
+
+/// Run `i` (seed `seed`) that ended with `s`, scored against `target` by `rules`;
+/// `v3_per_image` is V3.0's analytic training FLOPs per image, `energy` the run's.
+#[allow(clippy::too_many_arguments)]
 pub fn record(
     i: usize,
     seed: u64,
     s: &Summary,
     batch: usize,
     target: &Target,
+    rules: &Rules,
     v3_per_image: f64,
     energy: &Energy,
 ) -> Run {
@@ -36,9 +136,19 @@ pub fn record(
         .map(|e| e.map.unwrap_or(e.top1))
         .unwrap_or(0.0);
     let top5 = s.evals.last().filter(|e| e.map.is_none()).map(|e| e.top5);
-    let reached = s.time_to_quality.is_some();
-    let ttq = s.time_to_quality.unwrap_or(s.elapsed_seconds);
-    let flops = s.flops_step_per_image * s.images as f64 / s.train_seconds.max(1e-12);
+    // Timed from the first batch read: to the end of the epochs (the rules'), or to the target.
+    let (reached, ttq) = if rules.fixed_epochs {
+        (quality >= target.value, s.elapsed_seconds)
+    } else {
+        (
+            s.time_to_quality.is_some(),
+            s.time_to_quality.unwrap_or(s.elapsed_seconds),
+        )
+    };
+    let seconds = ttq.max(1e-12);
+    let (ops, count) = rules.ops();
+    let flops = ops * s.images as f64 / seconds;
+    let analytic = rules.analytic_ops * s.images as f64 / seconds;
     let v = vflops(flops, quality, target.value, target.exponent);
     let series = flops_series(s, batch);
     let (energy_j, watts) = (energy.joules_per_step, energy.average_watts);
@@ -53,6 +163,11 @@ pub fn record(
         images: s.images,
         train_seconds: s.train_seconds,
         flops,
+        ops_per_image: ops,
+        ops_count: count.into(),
+        analytic_flops: rules.published_ops.map(|_| analytic),
+        fixed_epochs: rules.fixed_epochs,
+        first_reached_s: s.time_to_quality,
         vflops: v,
         energy_j,
         average_watts: watts,
@@ -67,9 +182,15 @@ pub fn record(
 }
 
 /// Why run `a` cannot be compared with published scores (empty: it can).
-pub fn not_comparable(a: &Spec, custom_target: bool) -> Vec<String> {
+pub fn not_comparable(a: &Spec, custom_target: bool, rules: &Rules) -> Vec<String> {
     let mut v = Vec::new();
     let ewa = a.workload == Kind::Ewa;
+    if !rules.fixed_epochs {
+        v.push("runs stopped at the target (--stop-at-target); the rules time a fixed number of epochs to their end (§5.3.2)".into());
+    }
+    if !rules.decay_all {
+        v.push("weight decay on the weights alone (--weight-decay-on weights); the rules decay every parameter, batch norm's γ and β included (§5.4)".into());
+    }
     if custom_target {
         v.push(if ewa {
             format!(
@@ -90,18 +211,17 @@ pub fn not_comparable(a: &Spec, custom_target: bool) -> Vec<String> {
             "synthetic data, not ImageNet".into()
         });
     }
-    let (rule, epochs) = if ewa {
-        (Resolution { h: 768, w: 1152 }, 50)
-    } else {
-        (Resolution { h: 224, w: 224 }, 90)
-    };
+    let (rule, epochs) = (rule_resolution(a.workload), rule_epochs(a.workload));
     if let Some(r) = a.resolution.filter(|r| *r != rule) {
         v.push(format!("resolution {r} (the rules: {rule})"));
     }
     if a.width != 1.0 || a.depth != Depth([3, 4, 6, 3]) || a.version != Version::V1_5 {
         v.push(format!(
-            "a scaled model (ResNet-50 v{}, width {}, depth {})",
-            a.version, a.width, a.depth
+            "a scaled model (ResNet-50 v{}, width {}, depth {}): its FLOPS counted analytically, {:.2} GFLOP an image (the paper's count is its own model's)",
+            a.version,
+            a.width,
+            a.depth,
+            rules.analytic_ops / 1e9
         ));
     }
     if !ewa && a.classes != 1000 {
@@ -140,7 +260,11 @@ pub fn configuration(
         ("epochs", json!(p.spec.epochs)),
         (
             "optimizer",
-            json!("SGD, momentum 0.9, weight decay 1e-4 (not on batch norm or biases)"),
+            json!(if p.run().decay_all {
+                "SGD, momentum 0.9, weight decay 1e-4 on every parameter"
+            } else {
+                "SGD, momentum 0.9, weight decay 1e-4 (not on batch norm or biases)"
+            }),
         ),
         ("evaluate every (steps)", json!(p.run().eval_every)),
         (
@@ -194,4 +318,107 @@ pub fn configuration(
         .into_iter()
         .map(|(k, v)| (k.to_string(), v))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The paper's ResNet-50 run as a spec: ImageNet, 224², 90 epochs.
+    fn papers() -> Spec {
+        Spec {
+            workload: Kind::Resnet50,
+            data: Some("/data/imagenet".into()),
+            batch: Some(256),
+            resolution: None,
+            steps: None,
+            epochs: Some(90),
+            train_images: None,
+            eval_images: 50_000,
+            target_top1: None,
+            target_map: None,
+            eval_every: None,
+            classes: 1000,
+            width: 1.0,
+            depth: Depth([3, 4, 6, 3]),
+            version: Version::V1_5,
+            warmup_steps: None,
+            lr: None,
+            label_smoothing: 0.0,
+            seed: 1,
+            threads: None,
+            device: super::super::Device::Cpu,
+            precision: roofline_model::Precision::F32,
+            gpu: None,
+            cuda_graph: Default::default(),
+            decay_all: true,
+            comm: Default::default(),
+        }
+    }
+
+    fn options(stop_at_target: bool, decay_all: bool) -> crate::run::RunOptions {
+        crate::run::RunOptions {
+            stop_at_target,
+            decay_all,
+            ..crate::run::RunOptions::new(256, 10, 1)
+        }
+    }
+
+    #[test]
+    fn the_papers_run_by_the_rules_is_comparable_and_counts_the_published_operations() {
+        let a = papers();
+        let rules = Rules::of(&a, &options(false, true), 24.3e9);
+        assert_eq!(rules.ops(), (23e9, "published"));
+        assert!(not_comparable(&a, false, &rules).is_empty());
+        let lines = rules.describe(a.workload);
+        assert!(
+            lines[0].contains("23.0 GFLOP") && lines[0].contains("24.3 GFLOP"),
+            "{lines:?}"
+        );
+        assert!(lines[1].contains("90"), "{lines:?}");
+        // EWA's model at its data's size: 691 GFLOP an image.
+        let e = Spec {
+            workload: Kind::Ewa,
+            epochs: Some(50),
+            ..papers()
+        };
+        assert_eq!(
+            Rules::of(&e, &options(false, true), 1.07e12).ops(),
+            (691e9, "published")
+        );
+    }
+
+    #[test]
+    fn each_deviation_from_the_rules_is_named() {
+        let a = papers();
+        let early = Rules::of(&a, &options(true, true), 24.3e9);
+        let why = not_comparable(&a, false, &early);
+        assert_eq!(why.len(), 1);
+        assert!(why[0].contains("stopped at the target"), "{why:?}");
+        let weights = Rules::of(&a, &options(false, false), 24.3e9);
+        let why = not_comparable(&a, false, &weights);
+        assert!(why.len() == 1 && why[0].contains("weight decay"), "{why:?}");
+        // A scaled model: the analytic count, said in its reason.
+        let small = Spec {
+            width: 0.25,
+            ..papers()
+        };
+        let rules = Rules::of(&small, &options(false, true), 1.5e9);
+        assert_eq!(rules.ops(), (1.5e9, "analytic"));
+        let why = not_comparable(&small, false, &rules);
+        assert!(
+            why.iter()
+                .any(|w| w.contains("counted analytically, 1.50 GFLOP")),
+            "{why:?}"
+        );
+        // Another resolution is another model's count too.
+        let r160 = Spec {
+            resolution: Some(Resolution { h: 160, w: 160 }),
+            ..papers()
+        };
+        assert_eq!(
+            Rules::of(&r160, &options(false, true), 9e9).ops().1,
+            "analytic"
+        );
+    }
 }

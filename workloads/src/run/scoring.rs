@@ -3,7 +3,7 @@
 //! provenance, and the placement of the last run on the machine's roofline. The command line
 //! parses, checks its files, calls it, writes and prints.
 
-use super::score::{configuration, not_comparable, record};
+use super::score::{configuration, not_comparable, record, Rules};
 use super::{bagged, energy_span, execute, ranks, Prepared, RunError};
 use crate::accounting;
 use crate::train::Quiet;
@@ -93,7 +93,17 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         let reading = stop(span, s.elapsed_seconds, report);
         let energy = energy::per_step(&reading, 1, "per run");
         energy_note = energy.note.clone();
-        let run = record(i, seed, &s, prep.batch(), target, v3_per_image, &energy);
+        let rules = Rules::of(&prep.spec, prep.run(), s.flops_step_per_image);
+        let run = record(
+            i,
+            seed,
+            &s,
+            prep.batch(),
+            target,
+            &rules,
+            v3_per_image,
+            &energy,
+        );
         if root {
             report.run(&run, &target.metric);
         }
@@ -104,7 +114,9 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         return Ok(None);
     }
     let scores = Scores::of(&done).ok_or_else(|| RunError::Run("no run finished".into()))?;
-    let reasons = not_comparable(&prep.spec, req.custom_target);
+    let analytic = last.as_ref().map_or(0.0, |s| s.flops_step_per_image);
+    let rules = Rules::of(&prep.spec, prep.run(), analytic);
+    let reasons = not_comparable(&prep.spec, req.custom_target, &rules);
     let cores = roofline_kernels::affinity::cores(None)
         .map_err(|e| RunError::Run(e.to_string()))?
         .all
@@ -170,6 +182,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         schema: SCORE_SCHEMA.into(),
         comparable: reasons.is_empty(),
         not_comparable: reasons,
+        rules: rules.describe(prep.spec.workload),
         valid: req.valid,
         warnings: req.warnings,
         level: req.level.to_string(),

@@ -145,6 +145,8 @@ pub struct Spec {
     pub gpu: Option<usize>,
     /// Whether the GPU trainer launches its step as a CUDA graph.
     pub cuda_graph: crate::gpu::GraphMode,
+    /// Weight decay on every parameter (HPC AI500's rule), or on the weights alone.
+    pub decay_all: bool,
     pub comm: CommOptions,
 }
 
@@ -465,6 +467,7 @@ fn run_options(a: &Spec, batch: usize, steps: usize, target: Option<f64>) -> Run
     RunOptions {
         warmup_steps: a.warmup_steps.unwrap_or(steps / 10),
         target,
+        decay_all: a.decay_all,
         eval_every: a.eval_every.unwrap_or(steps),
         comm: a.comm,
         ..RunOptions::new(batch, steps, a.seed)

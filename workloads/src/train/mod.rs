@@ -300,7 +300,10 @@ pub fn run<T: Float, W: Task<T>>(
     let local = opts.batch / ranks;
     let rows = rank * local..(rank + 1) * local;
     let mut model = task.build();
-    let sgd = Sgd::default();
+    let sgd = Sgd {
+        decay_all: opts.decay_all,
+        ..Sgd::default()
+    };
     let schedule = task.schedule();
     let flops = task.flops(&model);
     let (mut start_step, mut order) = (0, task.first_order());
@@ -399,8 +402,10 @@ pub fn run<T: Float, W: Task<T>>(
             let e = task.evaluate(&mut |x| device.infer(&mut model, x), step + 1, local)?;
             let reached = opts.target.is_some_and(|t| e.quality() >= t);
             tally.evals.push(e);
-            if reached {
+            if reached && tally.time_to_quality.is_none() {
                 tally.time_to_quality = Some(first_read.elapsed().as_secs_f64());
+            }
+            if reached && opts.stop_at_target {
                 break;
             }
         }
