@@ -462,6 +462,14 @@ mod tests {
             512.0 * published_ops_per_image("resnet50").unwrap(),
             11_776e9
         );
+        // V2.0 Table 5's computation per step and its ratio to the parameters communicated:
+        // 128 images of 23 GFLOP over 25 million parameters, 117.76 GFLOP per million; one EWA
+        // image over 41 million, 16.85.
+        let r = published_ops_per_image("resnet50").unwrap();
+        assert_eq!(r * 128.0, 2944e9);
+        assert!((r * 128.0 / 25e6 / 1e3 - 117.76).abs() < 1e-9);
+        let e = published_ops_per_image("ewa").unwrap();
+        assert!((e / 41e6 / 1e3 - 16.85).abs() < 5e-3);
         assert!(published_ops_per_image("bert").is_none());
     }
 

@@ -149,6 +149,13 @@ pub struct ScalingPoint {
     pub efficiency: f64,
 }
 
+/// SAIH's arithmetic intensity (its Table 3): FLOPs over the memory accesses nvprof counts,
+/// reads plus writes (transactions, not bytes: at 32 bytes a DRAM transaction the FLOP per
+/// byte of roofline's OI is this over 32).
+pub fn saih_intensity(flops: f64, reads: f64, writes: f64) -> f64 {
+    flops / (reads + writes)
+}
+
 /// The strong-scaling series of `points`: every problem run at two or more process counts,
 /// against its fewest.
 pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
@@ -222,6 +229,20 @@ impl Sweep {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn saih_table_3_intensities() {
+        // SAIH Table 3 (4 GPUs, 1/32 of the data): the small, medium and large 3D CNNs.
+        for (flops, reads, writes, intensity) in [
+            (6.9e10, 1e7, 7.53e7, 808.0),
+            (4.64e12, 1.15e9, 7.09e8, 2500.0),
+            (1.78e13, 7.13e9, 5.21e9, 1442.0),
+        ] {
+            let got = saih_intensity(flops, reads, writes);
+            // The table rounds to three or four figures.
+            assert!((got / intensity - 1.0).abs() < 2e-3, "{got} vs {intensity}");
+        }
+    }
 
     fn point(images: usize, processes: usize, step: f64) -> SweepPoint {
         SweepPoint {
