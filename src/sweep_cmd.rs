@@ -62,6 +62,12 @@ pub struct SweepArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 1)]
     pub warm: usize,
+    /// Train each point this many epochs over its --images (warm-up and measured steps
+    /// together: ⌈E × images / batch⌉ steps) instead of --warm + --steps whatever its images,
+    /// so that every image is read and the data axis is real (SAIH trains each point 60
+    /// epochs). Without it each point's epoch time is estimated from its measured steps.
+    #[arg(long, value_name = "E", value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    pub epochs: Option<usize>,
     /// Train on an image folder or EWA files instead of synthetic data (I/O then grows with
     /// --images, as SAIH measures).
     #[arg(long)]
@@ -107,6 +113,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
         batch: a.batch,
         steps: a.steps,
         warm: a.warm,
+        epochs: a.epochs,
         data: a.data.clone(),
     };
     let Swept {

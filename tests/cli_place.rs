@@ -272,6 +272,78 @@ fn place_puts_workloads_on_the_roofline() {
     assert!(!dir.join("x.json").exists());
 }
 
+/// `sweep --epochs 1`: each point reads every one of its images (⌈images / batch⌉ steps, the
+/// warm-up among them), its epoch time is its steps × its median step, and the data grown with
+/// the threads (16 images a thread) is a weak-scaling series.
+#[test]
+fn sweep_epochs_read_every_image_and_scale_weakly() {
+    let (machine, _) = quick_machine();
+    let dir = tmpdir("sweep-epochs");
+    let out = dir.join("s.json");
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args([
+            "--images",
+            "16,32",
+            "--resolution",
+            "32",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--threads",
+            "1,2",
+            "--batch",
+            "8",
+            "--epochs",
+            "1",
+            "-o",
+        ])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let pts = s["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    for p in pts {
+        assert_eq!(p["epochs"], 1);
+        let images = p["problem"]["images"].as_u64().unwrap();
+        let steps = images.div_ceil(8);
+        let placed: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(dir.join("s-points").join(p["placement"].as_str().unwrap()))
+                .unwrap(),
+        )
+        .unwrap();
+        // The warm-up step and the measured ones cover the epoch.
+        assert_eq!(
+            placed["workload"]["measured_steps"].as_u64(),
+            Some(steps - 1),
+            "{p}"
+        );
+        let e = p["epoch_seconds"].as_f64().unwrap();
+        assert!((e - steps as f64 * p["step_seconds"].as_f64().unwrap()).abs() < 1e-9 * e);
+    }
+    let weak = s["weak_scaling"].as_array().unwrap();
+    assert_eq!(weak.len(), 1, "{weak:?}");
+    assert!(weak[0]["problem"]
+        .as_str()
+        .unwrap()
+        .starts_with("16 images per process"));
+    let wp = weak[0]["points"].as_array().unwrap();
+    let epoch = |threads: u64, images: u64| {
+        pts.iter()
+            .find(|p| p["problem"]["processes"] == threads && p["problem"]["images"] == images)
+            .and_then(|p| p["epoch_seconds"].as_f64())
+            .unwrap()
+    };
+    let eff = wp[1]["efficiency"].as_f64().unwrap();
+    assert!((eff - epoch(1, 16) / epoch(2, 32)).abs() < 1e-12);
+    assert!(String::from_utf8_lossy(&o.stdout).contains("weak scaling at 16 images per process"));
+}
+
 /// `sweep`: two data sizes × two thread counts of a small model, and SAIH's model filter
 /// choosing among variants; every point placed, the strong-scaling series computed from the
 /// points' own step times, the charts written, bad input refused.

@@ -9,6 +9,9 @@
 //!   the resources the point used.
 //! - Strong scaling: the same problem at several process counts; speedup `t(p₀) / t(p)` over
 //!   the fewest processes p₀, efficiency `speedup × p₀ / p`.
+//! - Weak scaling: the data grown with the processes (the same images per process, SAIH's
+//!   data scaling across nodes); each point's time for one epoch, `⌈images / batch⌉ ×` its
+//!   median step, against the fewest processes: efficiency `t(p₀) / t(p)`.
 //! - I/O share: the part of a step spent waiting for its data.
 
 use crate::machine::{CeilingKind, Machine, Provenance};
@@ -49,8 +52,16 @@ pub struct SweepPoint {
     pub problem: Problem,
     /// Analytic training FLOPs per sample.
     pub flops_per_sample: f64,
-    /// flops_per_sample × images: SAIH's problem size.
+    /// flops_per_sample × images: SAIH's problem size (one epoch).
     pub problem_flops: f64,
+    /// Seconds one epoch over the point's images takes at its measured rate: ⌈images /
+    /// batch⌉ steps × the median step (0 in files before it was kept).
+    #[serde(default)]
+    pub epoch_seconds: f64,
+    /// Epochs the point trained over its images (`sweep --epochs`: every image read, so that
+    /// the data axis is real); None: a fixed number of measured steps.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epochs: Option<usize>,
     pub flops_per_step: f64,
     /// Median seconds per measured step.
     pub step_seconds: f64,
@@ -74,10 +85,12 @@ pub struct SweepPoint {
 
 impl SweepPoint {
     /// Point `index` of `problem` from its placement on `machine`.
+    #[allow(clippy::too_many_arguments)]
     pub fn from_placement(
         index: usize,
         problem: Problem,
         flops_per_sample: f64,
+        epochs: Option<usize>,
         p: &Placement,
         machine: &Machine,
         file: &str,
@@ -105,10 +118,13 @@ impl SweepPoint {
                 |a, b| if b.1 > a.1 { b } else { a },
             );
         let processes = problem.processes.max(1);
+        let batch = p.workload.batch.unwrap_or(1).max(1);
         SweepPoint {
             index,
             flops_per_sample,
             problem_flops: flops_per_sample * problem.images as f64,
+            epoch_seconds: problem.images.div_ceil(batch) as f64 * step,
+            epochs,
             flops_per_step: pt.flops_per_step,
             step_seconds: step,
             achieved_flops: achieved,
@@ -198,6 +214,61 @@ pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
         .collect()
 }
 
+/// The weak-scaling series of `points`: every model variant at one resolution whose images
+/// per process are the same at two or more process counts (the data grown with the
+/// processes), its epoch time against the fewest processes' (`speedup` is t(p₀) / t(p), and
+/// `efficiency` the same: 1 when the time holds as the data and the processes grow together).
+pub fn weak_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
+    let key = |p: &SweepPoint| {
+        let q = &p.problem;
+        (q.images % q.processes.max(1) == 0).then(|| {
+            format!(
+                "{} images per process, {}, width {}, depth {}",
+                q.images / q.processes.max(1),
+                q.resolution,
+                q.width,
+                q.depth
+            )
+        })
+    };
+    let mut labels: Vec<String> = Vec::new();
+    for l in points.iter().filter_map(key) {
+        if !labels.contains(&l) {
+            labels.push(l);
+        }
+    }
+    labels
+        .into_iter()
+        .filter_map(|l| {
+            let mut s: Vec<&SweepPoint> = points
+                .iter()
+                .filter(|p| key(p).as_deref() == Some(l.as_str()) && p.epoch_seconds > 0.0)
+                .collect();
+            s.sort_by_key(|p| p.problem.processes);
+            s.dedup_by_key(|p| p.problem.processes);
+            if s.len() < 2 {
+                return None;
+            }
+            let t0 = s[0].epoch_seconds;
+            Some(Scaling {
+                problem: l,
+                points: s
+                    .iter()
+                    .map(|p| {
+                        let e = t0 / p.epoch_seconds.max(1e-300);
+                        ScalingPoint {
+                            processes: p.problem.processes,
+                            step_seconds: p.step_seconds,
+                            speedup: e,
+                            efficiency: e,
+                        }
+                    })
+                    .collect(),
+            })
+        })
+        .collect()
+}
+
 /// The whole `sweep.json`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sweep {
@@ -211,6 +282,9 @@ pub struct Sweep {
     /// In the order they ran (problem sizes ascending, then processes).
     pub points: Vec<SweepPoint>,
     pub scaling: Vec<Scaling>,
+    /// Weak scaling ([`weak_scaling`]; empty in files before it was kept).
+    #[serde(default)]
+    pub weak_scaling: Vec<Scaling>,
     /// Grid points left out (the model filter's choices, failed runs) and why.
     #[serde(default)]
     pub notes: Vec<String>,
@@ -256,6 +330,8 @@ mod tests {
             },
             flops_per_sample: 1e9,
             problem_flops: 1e9 * images as f64,
+            epoch_seconds: images.div_ceil(8) as f64 * step,
+            epochs: None,
             flops_per_step: 8e9,
             step_seconds: step,
             achieved_flops: 8e9 / step,
@@ -290,5 +366,27 @@ mod tests {
             .collect();
         assert_eq!(got, vec![(1, 1.0, 1.0), (2, 1.6, 0.8), (4, 2.0, 0.5)]);
         assert!(s[0].problem.starts_with("64 images"));
+    }
+
+    /// Weak scaling by hand, a batch of 8: 64 images on 1 process at 8 s a step is 8 steps, 64
+    /// s an epoch; 128 on 2 at 5 s is 16 steps, 80 s (efficiency 0.8); 256 on 4 at 4 s is 128
+    /// s (0.5). 64 on 2 has 32 a process: a series of its own, with no second count.
+    #[test]
+    fn weak_scaling_by_hand() {
+        let pts = vec![
+            point(128, 2, 5.0),
+            point(64, 1, 8.0),
+            point(256, 4, 4.0),
+            point(64, 2, 5.0),
+        ];
+        let w = weak_scaling(&pts);
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(w[0].problem.starts_with("64 images per process"));
+        let got: Vec<(usize, f64)> = w[0]
+            .points
+            .iter()
+            .map(|p| (p.processes, p.efficiency))
+            .collect();
+        assert_eq!(got, vec![(1, 1.0), (2, 0.8), (4, 0.5)]);
     }
 }

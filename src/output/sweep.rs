@@ -66,4 +66,15 @@ pub fn scaling(result: &Sweep, kind: &str) {
                 .join(", ")
         );
     }
+    for s in &result.weak_scaling {
+        outln!(
+            "weak scaling at {}: {}",
+            s.problem,
+            s.points
+                .iter()
+                .map(|p| format!("{} {kind} {:.0}%", p.processes, 100.0 * p.efficiency))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
 }

@@ -8,7 +8,9 @@
 use super::sweep::{GridPoint, Processes, SweepSpec};
 use super::{Kind, RunError};
 use roofline_model::placement::Placement;
-use roofline_model::sweep::{strong_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA};
+use roofline_model::sweep::{
+    strong_scaling, weak_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA,
+};
 use roofline_model::{write::write_atomic, Machine};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -31,6 +33,9 @@ pub struct Request<'a> {
     pub batch: usize,
     pub steps: usize,
     pub warm: usize,
+    /// Each point trains this many epochs over its images (warm-up and measured steps
+    /// together), instead of `warm` + `steps` whatever its images: SAIH's data axis for real.
+    pub epochs: Option<usize>,
     pub data: Option<PathBuf>,
 }
 
@@ -91,6 +96,7 @@ pub fn sweep(
         ),
         points: Vec::new(),
         scaling: Vec::new(),
+        weak_scaling: Vec::new(),
         notes: plan.notes,
     };
     report.header(kind);
@@ -119,6 +125,7 @@ pub fn sweep(
                         idx,
                         problem,
                         g.flops_per_sample,
+                        req.epochs,
                         &pl,
                         req.machine,
                         &file.file_name().unwrap_or_default().to_string_lossy(),
@@ -126,6 +133,7 @@ pub fn sweep(
                     result.points.push(pt);
                     placements.push(pl);
                     result.scaling = strong_scaling(&result.points);
+                    result.weak_scaling = weak_scaling(&result.points);
                     report.point(&result);
                 }
                 Err(RunError::Interrupted) => return Err(interrupted(&result, total, req.output)),
@@ -188,6 +196,14 @@ fn run_point(
         Command::new(&req.exe)
     };
     let r = g.resolution;
+    // With epochs, every image is read: the steps an epoch takes, warm-up included.
+    let steps = match req.epochs {
+        Some(e) => (e * g.images)
+            .div_ceil(req.batch.max(1))
+            .saturating_sub(req.warm)
+            .max(1),
+        None => req.steps,
+    };
     c.args(["place", "--workload", req.workload.name(), "--machine"])
         .arg(req.machine_path)
         .args(["--resolution", &format!("{}x{}", r.h, r.w)])
@@ -197,7 +213,7 @@ fn run_point(
         .args(["--batch", &req.batch.to_string()])
         .args([
             "--steps",
-            &req.steps.to_string(),
+            &steps.to_string(),
             "--warm",
             &req.warm.to_string(),
         ])
