@@ -221,7 +221,7 @@ pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
 pub fn weak_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
     let key = |p: &SweepPoint| {
         let q = &p.problem;
-        (q.images % q.processes.max(1) == 0).then(|| {
+        q.images.is_multiple_of(q.processes.max(1)).then(|| {
             format!(
                 "{} images per process, {}, width {}, depth {}",
                 q.images / q.processes.max(1),
