@@ -406,6 +406,8 @@ mod tests {
             },
             flops_per_sample: 1e9,
             problem_flops: 1e9 * images as f64,
+            epoch_seconds: images as f64,
+            epochs: None,
             flops_per_step: 1e10,
             step_seconds: 1.0,
             achieved_flops: 1e10,
