@@ -11,7 +11,7 @@
 //! - FLOPS per watt and VFLOPS per watt (section 5.3.3 asks for both in every run), where the
 //!   run's energy was measured.
 //! - AIPerf: the regulated score `−ln(Error) × FLOPS` (Error = 1 − Top-1, in (0, 1)) and FLOPS as
-//!   a time series whose maximum is reported.
+//!   a time series, the operations so far over the time so far, whose maximum is reported.
 //! - HPC AI500 V3.0: analytic FLOPS per epoch = analytic work per epoch / epoch time.
 
 use crate::machine::Provenance;
@@ -170,7 +170,8 @@ pub struct Run {
     /// FLOPS / average watts (HPC AI500 V2.0 section 5.3.3), where energy was measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub flops_per_watt: Option<f64>,
-    /// AIPerf: FLOP/s of each step, and its maximum.
+    /// AIPerf: its FLOPS curve (after each step, the operations so far over the time so far),
+    /// and its maximum.
     pub flops_series: Vec<f64>,
     pub flops_series_max: f64,
     pub aiperf_regulated: f64,

@@ -11,11 +11,26 @@ use roofline_model::placement::Energy;
 use roofline_model::score::{aiperf_regulated, vflops, Run, Target};
 use serde_json::json;
 
-/// FLOP/s of every step of `s` (AIPerf's series), `batch` images a step.
+/// AIPerf's FLOPS curve of `s`, `batch` images a step: after each step, the operations of
+/// every step so far over their wall time so far (AIPerf reports the benchmark's FLOPS as it
+/// grows with the run, and "the highest FLOPS is considered as the final score"), not each
+/// step's own rate.
 pub fn flops_series(s: &Summary, batch: usize) -> Vec<f64> {
-    s.timing
-        .iter()
-        .map(|t| s.flops_step_per_image * batch as f64 / t.seconds.max(1e-12))
+    cumulative_rate(
+        s.flops_step_per_image * batch as f64,
+        s.timing.iter().map(|t| t.seconds),
+    )
+}
+
+/// After each step of `seconds`, `ops` a step: the operations so far over the time so far.
+fn cumulative_rate(ops: f64, seconds: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut elapsed = 0.0;
+    seconds
+        .enumerate()
+        .map(|(i, t)| {
+            elapsed += t;
+            ops * (i + 1) as f64 / elapsed.max(1e-12)
+        })
         .collect()
 }
 
@@ -386,6 +401,14 @@ mod tests {
             Rules::of(&e, &options(false, true), 1.07e12).ops(),
             (691e9, "published")
         );
+    }
+
+    #[test]
+    fn aiperfs_curve_is_the_operations_so_far_over_the_time_so_far() {
+        // 10 operations a step, steps of 4, 1 and 1 s: the curve is 2.5, 4, 5 (the steps' own
+        // rates, 2.5, 10, 10, would have made the maximum 10).
+        let c = cumulative_rate(10.0, [4.0, 1.0, 1.0].into_iter());
+        assert_eq!(c, [2.5, 4.0, 5.0]);
     }
 
     #[test]
