@@ -304,6 +304,7 @@ impl Bagged {
             ops_per_image: r.apc_flops / (r.models.max(1) * batch.max(1)) as f64,
             ops_count: "analytic (V3.0's APC)".into(),
             analytic_flops: None,
+            // The score sets it from its rules.
             fixed_epochs: false,
             first_reached_s: None,
             vflops: r.vflops,

@@ -83,7 +83,10 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
             gpu = b.gpu.clone();
             let energy = energy::per_step(&reading, 1, "per run (all the models)");
             energy_note = energy.note.clone();
-            done.push(b.record(i, seed, target, &energy, prep.batch()));
+            let mut run = b.record(i, seed, target, &energy, prep.batch());
+            // Its models trained their epochs to the end unless told to stop at the target.
+            run.fixed_epochs = !prep.run().stop_at_target;
+            done.push(run);
             report.bagged(&b.run, &target.metric);
             last = Some(b.first);
             continue;
