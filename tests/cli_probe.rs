@@ -7,6 +7,7 @@ use std::process::Stdio;
 
 #[test]
 fn quick_probe_writes_every_required_ceiling_with_statistics() {
+    let _machine = shared();
     let (path, table) = quick_machine();
     let m = roofline_model::Machine::read(path).unwrap();
     assert_eq!(m.schema, "roofline/machine/v1");
@@ -154,6 +155,7 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
 /// look up are the ids the probe writes.
 #[test]
 fn every_roof_id_the_probe_writes_is_a_typed_ceiling_id() {
+    let _machine = shared();
     use roofline_model::{CeilingKind, RoofId};
     let (path, _) = quick_machine();
     let m = roofline_model::Machine::read(path).unwrap();
@@ -177,6 +179,7 @@ fn every_roof_id_the_probe_writes_is_a_typed_ceiling_id() {
 
 #[test]
 fn bad_input_is_one_clear_line_and_exit_code_2() {
+    let _machine = shared();
     let dir = tmpdir("bad");
     expect_input_error(&["plot"], Some(&dir.join("missing.json")), "cannot read");
     let malformed = dir.join("malformed.json");
@@ -222,6 +225,7 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
 /// left out under a cap; a name that is no instruction set is refused with exit 2.
 #[test]
 fn isa_caps_the_cpu_kernels_and_each_ceiling_names_its_own() {
+    let _machine = shared();
     let dir = tmpdir("isa");
     let out = dir.join("m.json");
     let o = bin()
@@ -279,6 +283,7 @@ fn isa_caps_the_cpu_kernels_and_each_ceiling_names_its_own() {
 
 #[test]
 fn ctrl_c_leaves_no_file_behind() {
+    let _machine = shared();
     let dir = tmpdir("sigint");
     let out = dir.join("machine.json");
     let child = bin()
@@ -304,6 +309,7 @@ fn ctrl_c_leaves_no_file_behind() {
 
 #[test]
 fn peaks_lists_the_database() {
+    let _machine = shared();
     let o = bin().arg("peaks").output().unwrap();
     assert!(o.status.success());
     let text = String::from_utf8_lossy(&o.stdout);
@@ -328,6 +334,7 @@ fn peaks_lists_the_database() {
 
 #[test]
 fn json_output_and_fewer_threads() {
+    let _machine = shared();
     let dir = tmpdir("json");
     let out = dir.join("m.json");
     let o = bin()
@@ -368,6 +375,7 @@ fn json_output_and_fewer_threads() {
 
 #[test]
 fn a_closed_pipe_ends_quietly() {
+    let _machine = shared();
     let mut child = bin()
         .arg("peaks")
         .stdout(Stdio::piped())
@@ -386,6 +394,7 @@ fn driver_present() -> bool {
 
 #[test]
 fn without_a_gpu_cuda_is_refused_and_auto_probes_the_cpu() {
+    let _machine = shared();
     if driver_present() {
         eprintln!("skipped: this machine has an NVIDIA driver");
         return;
@@ -437,6 +446,7 @@ fn without_a_gpu_cuda_is_refused_and_auto_probes_the_cpu() {
 
 #[test]
 fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
+    let _machine = shared();
     expect_input_error(&["kernels", "--arch", "eighty"], None, "--arch eighty");
     let o = bin().args(["kernels", "--arch", "80,90"]).output().unwrap();
     if roofline_kernels::cuda::nvrtc::ensure_nvrtc().is_err() {
@@ -474,6 +484,7 @@ fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
 
 #[test]
 fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
+    let _machine = shared();
     // A world of one says nothing about communication.
     if roofline_kernels::comm::launched_ranks().is_none() {
         expect_input_error(
@@ -524,6 +535,7 @@ fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
 /// is measured by `scripts/gate-study.sh` and tested on its recorded runs in the model crate.)
 #[test]
 fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
+    let _machine = alone();
     let dir = tmpdir("slowdown");
     let probe = |name: &str, slow: Option<&str>| {
         let p = dir.join(name);

@@ -11,6 +11,7 @@ use std::process::Command;
 /// Chromium with its plot and score table visible.
 #[test]
 fn score_writes_score_json_and_a_report_that_renders() {
+    let _machine = shared();
     let (machine, _) = quick_machine();
     let dir = tmpdir("score");
     let out = dir.join("score.json");
@@ -174,6 +175,7 @@ fn half(v: &serde_json::Value) -> serde_json::Value {
 /// with --strict; --update-baseline replaces the baseline; bad input exits 2.
 #[test]
 fn gate_catches_a_slower_fma_and_not_an_identical_run() {
+    let _machine = alone();
     let (machine, _) = quick_machine();
     let dir = tmpdir("gate");
     let base = dir.join("base.json");
@@ -398,6 +400,7 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
 /// and the gate; `--bagging 0` is refused.
 #[test]
 fn score_bags_two_models_in_one_process() {
+    let _machine = shared();
     let dir = tmpdir("bagging");
     let out = dir.join("bag.json");
     let o = bin()
