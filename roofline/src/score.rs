@@ -186,8 +186,7 @@ pub struct Run {
 /// One figure over the runs.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Summary {
-    /// The mean over the averaged runs (a score's: [`averaged_runs`]; elsewhere the olympic
-    /// mean, the highest and lowest values dropped).
+    /// The mean over the averaged runs ([`averaged_runs`]).
     pub mean: f64,
     /// Standard deviation / mean over every run.
     pub variation: f64,
@@ -196,13 +195,6 @@ pub struct Summary {
 }
 
 impl Summary {
-    pub fn of(v: &[f64]) -> Option<Summary> {
-        Some(Summary {
-            mean: olympic_mean(v)?,
-            ..Summary::spread(v)?
-        })
-    }
-
     /// The mean of the values `keep` marks, with the variation, minimum and maximum of all.
     pub fn over(v: &[f64], keep: &[bool]) -> Option<Summary> {
         let kept: Vec<f64> = v
@@ -216,13 +208,6 @@ impl Summary {
         }
         Some(Summary {
             mean: kept.iter().sum::<f64>() / kept.len() as f64,
-            ..Summary::spread(v)?
-        })
-    }
-
-    fn spread(v: &[f64]) -> Option<Summary> {
-        Some(Summary {
-            mean: f64::NAN,
             variation: variation(v)?,
             min: v.iter().copied().fold(f64::INFINITY, f64::min),
             max: v.iter().copied().fold(f64::NEG_INFINITY, f64::max),
@@ -417,8 +402,9 @@ mod tests {
         assert!((v - (32.0f64 / 7.0).sqrt() / 5.0).abs() < 1e-12);
         assert!((v - 0.427_618).abs() < 1e-6);
         assert_eq!(variation(&[3.0]), Some(0.0));
-        let s = Summary::of(&[1.0, 2.0, 3.0, 100.0]).unwrap();
-        assert_eq!((s.mean, s.min, s.max), (2.5, 1.0, 100.0));
+        assert_eq!(olympic_mean(&[1.0, 2.0, 3.0, 100.0]), Some(2.5));
+        let s = Summary::over(&[1.0, 2.0, 3.0, 100.0], &[true; 4]).unwrap();
+        assert_eq!((s.mean, s.min, s.max), (26.5, 1.0, 100.0));
     }
 
     #[test]
@@ -431,10 +417,7 @@ mod tests {
         let s = Summary::over(&[10.0, 100.0, 30.0, 20.0, 40.0], &keep).unwrap();
         assert!((s.mean - 80.0 / 3.0).abs() < 1e-12);
         assert_eq!((s.min, s.max), (10.0, 100.0));
-        assert_eq!(
-            Summary::of(&[10.0, 100.0, 30.0, 20.0, 40.0]).unwrap().mean,
-            30.0
-        );
+        assert_eq!(olympic_mean(&[10.0, 100.0, 30.0, 20.0, 40.0]), Some(30.0));
         // Fewer than three: all kept; all equal: two of them go, the first and the second.
         assert_eq!(averaged_runs(&[2.0, 1.0]), [true, true]);
         assert_eq!(averaged_runs(&[4.0, 4.0, 4.0]), [false, false, true]);

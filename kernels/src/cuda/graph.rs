@@ -1,7 +1,8 @@
-//! CUDA graphs: the work a closure enqueues on a GPU's stream, captured instead of run
-//! (`cuStreamBeginCapture` … `cuStreamEndCapture`), instantiated once, and launched again as
-//! one unit (`cuGraphLaunch`): one host call where the capture made hundreds, and no gaps
-//! between the kernels where the host would have been launching the next one.
+//! CUDA graphs: the work enqueued on a GPU's stream between `Gpu::begin_capture` and
+//! `Gpu::end_capture`, captured instead of run (`cuStreamBeginCapture` … `cuStreamEndCapture`),
+//! instantiated once, and launched again as one unit (`cuGraphLaunch`): one host call where the
+//! capture made hundreds, and no gaps between the kernels where the host would have been
+//! launching the next one.
 //!
 //! A graph replays the calls as they were made: the same kernels with the same argument
 //! values, the same copies between the same addresses. Whatever changes from one launch to
@@ -89,16 +90,6 @@ impl Gpu {
                 Err(e)
             }
         }
-    }
-
-    /// Captures what `work` enqueues on this GPU's stream, without running it: the graph and
-    /// `work`'s value ([`Gpu::begin_capture`], `work`, [`Gpu::end_capture`]).
-    pub fn capture<T>(
-        &self,
-        work: impl FnOnce() -> Result<T, CudaError>,
-    ) -> Result<(Graph, T), CudaError> {
-        self.begin_capture()?;
-        self.end_capture(work())
     }
 }
 
