@@ -175,43 +175,15 @@ pub fn saih_intensity(flops: f64, reads: f64, writes: f64) -> f64 {
 /// The strong-scaling series of `points`: every problem run at two or more process counts,
 /// against its fewest.
 pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
-    let mut labels: Vec<String> = Vec::new();
-    for p in points {
-        let l = p.problem.size_label();
-        if !labels.contains(&l) {
-            labels.push(l);
-        }
-    }
-    labels
-        .into_iter()
-        .filter_map(|l| {
-            let mut s: Vec<&SweepPoint> = points
-                .iter()
-                .filter(|p| p.problem.size_label() == l)
-                .collect();
-            s.sort_by_key(|p| p.problem.processes);
-            s.dedup_by_key(|p| p.problem.processes);
-            if s.len() < 2 {
-                return None;
-            }
-            let (p0, t0) = (s[0].problem.processes.max(1) as f64, s[0].step_seconds);
-            Some(Scaling {
-                problem: l,
-                points: s
-                    .iter()
-                    .map(|p| {
-                        let speedup = t0 / p.step_seconds.max(1e-300);
-                        ScalingPoint {
-                            processes: p.problem.processes,
-                            step_seconds: p.step_seconds,
-                            speedup,
-                            efficiency: speedup * p0 / p.problem.processes.max(1) as f64,
-                        }
-                    })
-                    .collect(),
-            })
-        })
-        .collect()
+    series(
+        points,
+        |p| Some(p.problem.size_label()),
+        |first, p| {
+            let speedup = first.step_seconds / p.step_seconds.max(1e-300);
+            let p0 = first.problem.processes.max(1) as f64;
+            (speedup, speedup * p0 / p.problem.processes.max(1) as f64)
+        },
+    )
 }
 
 /// The weak-scaling series of `points`: every model variant at one resolution whose images
@@ -219,20 +191,37 @@ pub fn strong_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
 /// processes), its epoch time against the fewest processes' (`speedup` is t(p₀) / t(p), and
 /// `efficiency` the same: 1 when the time holds as the data and the processes grow together).
 pub fn weak_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
-    let key = |p: &SweepPoint| {
-        let q = &p.problem;
-        q.images.is_multiple_of(q.processes.max(1)).then(|| {
-            format!(
-                "{} images per process, {}, width {}, depth {}",
-                q.images / q.processes.max(1),
-                q.resolution,
-                q.width,
-                q.depth
-            )
-        })
-    };
+    series(
+        points,
+        |p| {
+            let q = &p.problem;
+            let n = q.processes.max(1);
+            (q.images.is_multiple_of(n) && p.epoch_seconds > 0.0).then(|| {
+                format!(
+                    "{} images per process, {}, width {}, depth {}",
+                    q.images / n,
+                    q.resolution,
+                    q.width,
+                    q.depth
+                )
+            })
+        },
+        |first, p| {
+            let e = first.epoch_seconds / p.epoch_seconds.max(1e-300);
+            (e, e)
+        },
+    )
+}
+
+/// The points of each `key` (None: in no series) at two or more process counts, by process
+/// count, each scaled against the fewest by `scale` (first, point) → (speedup, efficiency).
+fn series(
+    points: &[SweepPoint],
+    key: impl Fn(&SweepPoint) -> Option<String>,
+    scale: impl Fn(&SweepPoint, &SweepPoint) -> (f64, f64),
+) -> Vec<Scaling> {
     let mut labels: Vec<String> = Vec::new();
-    for l in points.iter().filter_map(key) {
+    for l in points.iter().filter_map(&key) {
         if !labels.contains(&l) {
             labels.push(l);
         }
@@ -242,25 +231,25 @@ pub fn weak_scaling(points: &[SweepPoint]) -> Vec<Scaling> {
         .filter_map(|l| {
             let mut s: Vec<&SweepPoint> = points
                 .iter()
-                .filter(|p| key(p).as_deref() == Some(l.as_str()) && p.epoch_seconds > 0.0)
+                .filter(|p| key(p).as_deref() == Some(l.as_str()))
                 .collect();
             s.sort_by_key(|p| p.problem.processes);
             s.dedup_by_key(|p| p.problem.processes);
             if s.len() < 2 {
                 return None;
             }
-            let t0 = s[0].epoch_seconds;
+            let first = s[0];
             Some(Scaling {
                 problem: l,
                 points: s
                     .iter()
                     .map(|p| {
-                        let e = t0 / p.epoch_seconds.max(1e-300);
+                        let (speedup, efficiency) = scale(first, p);
                         ScalingPoint {
                             processes: p.problem.processes,
                             step_seconds: p.step_seconds,
-                            speedup: e,
-                            efficiency: e,
+                            speedup,
+                            efficiency,
                         }
                     })
                     .collect(),
