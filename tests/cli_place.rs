@@ -272,40 +272,36 @@ fn place_puts_workloads_on_the_roofline() {
     assert!(!dir.join("x.json").exists());
 }
 
+/// `sweep` of a small model (32², width 0.125, depth 1,1,0,0, batch 8) over `images` at 1 and
+/// 2 threads on the quick machine, with `extra` options, into `out`: its output and sweep.json.
+fn small_sweep(
+    images: &str,
+    extra: &[&str],
+    out: &Path,
+) -> (std::process::Output, serde_json::Value) {
+    let (machine, _) = quick_machine();
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args(["--images", images, "--resolution", "32", "--width", "0.125"])
+        .args(["--depth", "1,1,0,0", "--threads", "1,2", "--batch", "8"])
+        .args(extra)
+        .arg("-o")
+        .arg(out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let s = serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap();
+    (o, s)
+}
+
 /// `sweep --epochs 1`: each point reads every one of its images (⌈images / batch⌉ steps, the
 /// warm-up among them), its epoch time is its steps × its median step, and the data grown with
 /// the threads (16 images a thread) is a weak-scaling series.
 #[test]
 fn sweep_epochs_read_every_image_and_scale_weakly() {
-    let (machine, _) = quick_machine();
     let dir = tmpdir("sweep-epochs");
-    let out = dir.join("s.json");
-    let o = bin()
-        .args(["sweep", "--machine"])
-        .arg(machine)
-        .args([
-            "--images",
-            "16,32",
-            "--resolution",
-            "32",
-            "--width",
-            "0.125",
-            "--depth",
-            "1,1,0,0",
-            "--threads",
-            "1,2",
-            "--batch",
-            "8",
-            "--epochs",
-            "1",
-            "-o",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (o, s) = small_sweep("16,32", &["--epochs", "1"], &dir.join("s.json"));
     let pts = s["points"].as_array().unwrap();
     assert_eq!(pts.len(), 4);
     for p in pts {
@@ -351,33 +347,7 @@ fn sweep_epochs_read_every_image_and_scale_weakly() {
 fn sweep_places_a_grid_and_scales_it() {
     let (machine, _) = quick_machine();
     let dir = tmpdir("sweep");
-    let out = dir.join("s.json");
-    let o = bin()
-        .args(["sweep", "--machine"])
-        .arg(machine)
-        .args([
-            "--images",
-            "32,128",
-            "--resolution",
-            "32",
-            "--width",
-            "0.125",
-            "--depth",
-            "1,1,0,0",
-            "--threads",
-            "1,2",
-            "--batch",
-            "8",
-            "--steps",
-            "2",
-            "-o",
-        ])
-        .arg(&out)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
-    let s: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let (_, s) = small_sweep("32,128", &["--steps", "2"], &dir.join("s.json"));
     assert_eq!(s["schema"], "roofline/sweep/v1");
     let pts = s["points"].as_array().unwrap();
     assert_eq!(pts.len(), 4);

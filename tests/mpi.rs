@@ -270,28 +270,33 @@ fn two_rank_training_equals_single_process_training_after_three_steps() {
     }
 }
 
-/// `place --workload resnet50` under two ranks: the point has a COI from the gradient bytes and
-/// is held against the intra-node allreduce roof, and only rank 0 writes.
-#[test]
-fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
-    let _shared = shared();
-    let dir = tmpdir("place");
+/// `probe --only comm,gemm,mem --quick` under `n` ranks, collectives up to `max_size`, into
+/// `dir`/m.json.
+fn probe_comm(n: usize, dir: &std::path::Path, max_size: &str) -> std::path::PathBuf {
     let m = dir.join("m.json");
-    let o = mpirun(
-        2,
-        &[],
-        &[
-            "probe",
-            "--only",
-            "comm,gemm,mem",
-            "--quick",
-            "--max-size",
-            "4M",
-        ],
-        Some(&m),
-    );
+    let args = [
+        "probe",
+        "--only",
+        "comm,gemm,mem",
+        "--quick",
+        "--max-size",
+        max_size,
+    ];
+    let o = mpirun(n, &[], &args, Some(&m));
     assert!(o.status.success(), "{}", text(&o));
-    let out = dir.join("p.json");
+    m
+}
+
+/// `place --workload resnet50` of a small ResNet (width 0.125, depth 1,1,0,0, 32², 4 classes,
+/// batch 8, 1 warm-up and 2 measured steps) under `n` ranks on machine `m`, with `extra`
+/// options, written to `out`: the placement.
+fn place_small_resnet(
+    n: usize,
+    m: &std::path::Path,
+    extra: &[&str],
+    out: &std::path::Path,
+) -> serde_json::Value {
+    let ms = m.to_str().unwrap();
     let mut args = vec![
         "place",
         "--workload",
@@ -310,16 +315,24 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
         "2",
         "--warm",
         "1",
-        "--grad-compression",
-        "fp16",
         "--machine",
+        ms,
     ];
-    let ms = m.to_str().unwrap().to_string();
-    args.push(&ms);
-    let o = mpirun(2, &[], &args, Some(&out));
+    args.extend_from_slice(extra);
+    let o = mpirun(n, &[], &args, Some(out));
     assert!(o.status.success(), "{}", text(&o));
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    serde_json::from_str(&std::fs::read_to_string(out).unwrap()).unwrap()
+}
+
+/// `place --workload resnet50` under two ranks: the point has a COI from the gradient bytes and
+/// is held against the intra-node allreduce roof, and only rank 0 writes.
+#[test]
+fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
+    let _shared = shared();
+    let dir = tmpdir("place");
+    let m = probe_comm(2, &dir, "4M");
+    let ms = m.to_str().unwrap().to_string();
+    let p = place_small_resnet(2, &m, &["--grad-compression", "fp16"], &dir.join("p.json"));
     assert_eq!(p["workload"]["ranks"], 2);
     let coi = &p["point"]["coi"];
     let bytes = coi["intra_node_bytes"].as_f64().unwrap();
@@ -414,56 +427,14 @@ fn two_rank_placement_has_a_coi_and_the_allreduce_roof() {
 
 /// `place --workload resnet50` under four ranks: the COI counts bus bytes, as the allreduce
 /// roofs count busbw. By hand: each rank's payload (every gradient in f32 and the batch-norm
-/// sums) crosses its link 2·(4−1)/4 = 1.5 times in a ring allreduce, so the intensity is the step's FLOPs over 1.5 × the payload, and the roof it
-/// allows is busbw × that.
+/// sums) crosses its link 2·(4−1)/4 = 1.5 times in a ring allreduce, so the intensity is the
+/// step's FLOPs over 1.5 × the payload, and the roof it allows is busbw × that.
 #[test]
 fn four_rank_placement_counts_bus_bytes_against_busbw() {
     let _shared = shared();
     let dir = tmpdir("place4");
-    let m = dir.join("m.json");
-    let o = mpirun(
-        4,
-        &[],
-        &[
-            "probe",
-            "--only",
-            "comm,gemm,mem",
-            "--quick",
-            "--max-size",
-            "1M",
-        ],
-        Some(&m),
-    );
-    assert!(o.status.success(), "{}", text(&o));
-    let out = dir.join("p.json");
-    let ms = m.to_str().unwrap().to_string();
-    let args = [
-        "place",
-        "--workload",
-        "resnet50",
-        "--width",
-        "0.125",
-        "--depth",
-        "1,1,0,0",
-        "--resolution",
-        "32",
-        "--classes",
-        "4",
-        "--batch",
-        "8",
-        "--steps",
-        "2",
-        "--warm",
-        "1",
-        "--threads",
-        "1",
-        "--machine",
-        &ms,
-    ];
-    let o = mpirun(4, &[], &args, Some(&out));
-    assert!(o.status.success(), "{}", text(&o));
-    let p: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    let m = probe_comm(4, &dir, "1M");
+    let p = place_small_resnet(4, &m, &["--threads", "1"], &dir.join("p.json"));
     assert_eq!(p["workload"]["ranks"], 4);
     let params = p["workload"]["parameters"].as_f64().unwrap();
     let coi = &p["point"]["coi"];
