@@ -71,7 +71,7 @@ impl Rules {
 
     /// The rules as the report names them, one line each.
     pub fn describe(&self, workload: Kind) -> Vec<String> {
-        let g = |x: f64| format!("{:.1} GFLOP", x / 1e9);
+        let g = |x: f64| format!("{}FLOP", roofline_model::si(x));
         let table = "HPC AI500 V2.0 Table 10";
         vec![
             match self.published_ops {
@@ -232,11 +232,11 @@ pub fn not_comparable(a: &Spec, custom_target: bool, rules: &Rules) -> Vec<Strin
     }
     if a.width != 1.0 || a.depth != Depth([3, 4, 6, 3]) || a.version != Version::V1_5 {
         v.push(format!(
-            "a scaled model (ResNet-50 v{}, width {}, depth {}): its FLOPS counted analytically, {:.2} GFLOP an image (the paper's count is its own model's)",
+            "a scaled model (ResNet-50 v{}, width {}, depth {}): its FLOPS counted analytically, {}FLOP an image (the paper's count is its own model's)",
             a.version,
             a.width,
             a.depth,
-            rules.analytic_ops / 1e9
+            roofline_model::si(rules.analytic_ops)
         ));
     }
     if !ewa && a.classes != 1000 {
