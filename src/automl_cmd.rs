@@ -27,9 +27,11 @@ pub struct AutomlArgs {
     /// count.
     #[arg(long, value_parser = crate::args::parse_duration)]
     budget: Option<Duration>,
-    /// Epochs of each round, comma-separated; the last repeats. The rounds before the last are
-    /// warm-up: children keep their parent's batch and kernel, and their accuracy is
-    /// predicted from the curve (a·log2(x+b)+c). Default 1,2,3 (official: 15,30,45,60).
+    /// Epochs of each round, comma-separated; the last repeats. A trial's round is its
+    /// sequence number over the workers (AIPerf's); its patience min(6 + 2·round, 20) epochs
+    /// on the validation loss; from round 4 it trains once more with a TPE draw (kernel, batch,
+    /// dropout) and is the better of the two; trials of 10 to 79 epochs get AIPerf's predicted
+    /// accuracy at epoch 90. Default 1,2,3 (official: 15,30,45,60).
     #[arg(long, value_name = "LIST")]
     rounds: Option<String>,
     /// Image size (square). Default 32 (official: 224).
@@ -48,18 +50,21 @@ pub struct AutomlArgs {
     /// Training images per epoch (synthetic; with --data, the first this many). Default 256.
     #[arg(long)]
     train_images: Option<usize>,
-    /// Held-out images evaluated after every epoch. Default 128.
-    #[arg(long, default_value_t = 128)]
-    eval_images: usize,
+    /// Held-out images evaluated after every epoch (with --data, the first this many of
+    /// DIR/val). Default 128 (official: 50000, ImageNet's validation set, which AIPerf's
+    /// reference evaluates and counts).
+    #[arg(long)]
+    eval_images: Option<usize>,
     /// The starting batch (images per step). Default 32.
     #[arg(long)]
     batch: Option<usize>,
-    /// Batch sizes TPE chooses among after warm-up, comma-separated (default: half, the same
-    /// and twice --batch).
+    /// Batch sizes, comma-separated: the per-trial TPE draws its batch uniformly between the
+    /// smallest and the largest (AIPerf's 12 to 14 × the GPU's memory in GiB, rounded down to
+    /// a multiple of 16). Default: half, the same and twice --batch.
     #[arg(long, value_name = "LIST")]
     batches: Option<String>,
-    /// Kernel sizes of the layers `deeper` inserts, TPE's second hyper-parameter (odd; default
-    /// 3,5,7).
+    /// Kernel sizes the per-trial TPE draws among for the layers the search added (odd;
+    /// default 3,5,7, AIPerf's).
     #[arg(long, value_name = "LIST")]
     kernels: Option<String>,
     /// Workers in this process; the cores (--threads) are split evenly among them, each worker
@@ -100,7 +105,8 @@ pub struct AutomlArgs {
     /// given to another worker.
     #[arg(long, value_parser = crate::args::parse_duration, default_value = "10m")]
     stall: Duration,
-    /// Where automl.json goes (rewritten after every epoch); the candidates' weights go to
+    /// Where automl.json goes (rewritten as it goes, at most every second or 20 × its writing
+    /// time); the candidates' weights go to
     /// <stem>.weights/ beside it, the report to <stem>.html.
     #[arg(short, long, default_value = "automl.json")]
     output: PathBuf,
@@ -164,7 +170,11 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         } else {
             256
         })),
-        eval_images: a.eval_images,
+        eval_images: a.eval_images.unwrap_or(if off {
+            roofline_model::automl::EVAL_IMAGES
+        } else {
+            128
+        }),
         target_top1: None,
         target_map: None,
         eval_every: None,
@@ -249,6 +259,9 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
     };
     let s = &doc.score;
     outln!("{}", doc.headline());
+    for d in &doc.deviations {
+        outln!("  departs from AIPerf's reference: {d}");
+    }
     outln!(
         "  score (highest FLOPS of the series): {}FLOP/s; regulated score {}FLOP/s; error {:.4}{}",
         si(s.flops),
@@ -258,10 +271,16 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
             .map_or(String::new(), |b| format!(" (best: candidate {b})"))
     );
     outln!(
-        "  {:.2} candidates a minute; the workers spent {:.1} % of the run training; the master's search took {:.1} s",
+        "  {:.2} candidates a minute; the workers spent {:.1} % of the run training and {:.1} s searching; the master was busy {:.1} s ({:.2} % of the run)",
         s.candidates_per_minute,
         100.0 * s.training_share,
-        s.search_seconds
+        s.search_seconds,
+        s.master_seconds,
+        if s.elapsed_s > 0.0 {
+            100.0 * s.master_seconds / s.elapsed_s
+        } else {
+            0.0
+        }
     );
     outln!(
         "  wrote {}, {} and the candidates' weights in {}",

@@ -207,6 +207,22 @@ pub fn html(doc: &Automl) -> String {
             "workers' share of the run in training",
             format!("{:.1} %", 100.0 * s.training_share),
         ),
+        (
+            "the workers' search (all together)",
+            format!("{:.1} s", s.search_seconds),
+        ),
+        (
+            "the master busy (recording, hand-outs, the history)",
+            format!(
+                "{:.1} s, {:.2} % of the run",
+                s.master_seconds,
+                if s.elapsed_s > 0.0 {
+                    100.0 * s.master_seconds / s.elapsed_s
+                } else {
+                    0.0
+                }
+            ),
+        ),
     ] {
         h.push_str(&format!(
             "<tr><th>{}</th><td>{}</td></tr>",
@@ -259,6 +275,15 @@ pub fn html(doc: &Automl) -> String {
         h.push_str("<h2>Why the run is not valid by AIPerf's rules</h2><ul>");
         for w in &doc.invalid_because {
             h.push_str(&format!("<li>{}</li>", escape(w)));
+        }
+        h.push_str("</ul>\n");
+    }
+    if !doc.deviations.is_empty() {
+        h.push_str(
+            "<h2>Where the run departs from AIPerf's reference code</h2><ul id=\"deviations\">",
+        );
+        for d in &doc.deviations {
+            h.push_str(&format!("<li>{}</li>", escape(d)));
         }
         h.push_str("</ul>\n");
     }
@@ -336,8 +361,10 @@ mod tests {
                 seconds: 1.0,
                 ops: 1e12,
                 at_s: 1.0,
+                pass: 0,
             }],
             predicted_top1: None,
+            retrain: None,
             outcome: Outcome::Trained,
         }
     }
@@ -373,10 +400,12 @@ mod tests {
                 candidates_per_minute: 9.0,
                 training_share: 0.9,
                 search_seconds: 1.0,
+                master_seconds: 0.5,
             },
             epoch_seconds: None,
             valid: false,
             invalid_because: vec!["ran 20 s, the rules ask at least 3600 s".into()],
+            deviations: vec!["dropout drawn, not applied".into()],
         };
         let h = html(&doc);
         assert!(h.contains("class=\"warn\"") && h.contains("NOT VALID: ran 20 s"));
@@ -395,5 +424,10 @@ mod tests {
         assert!(h[b..c].contains("<ul>"), "the child is under its parent");
         assert!(h.contains("<li class=\"best\">#1"));
         assert!(h.contains("&lt;test&gt;"), "escaped");
+        assert!(
+            h.contains("<ul id=\"deviations\"><li>dropout drawn, not applied</li>"),
+            "each deviation from the reference named"
+        );
+        assert!(h.contains("0.5 s, 2.50 % of the run"), "the master's share");
     }
 }

@@ -1,19 +1,22 @@
-//! The AutoML master: generates candidates (the search), hands them out through the shared
-//! buffer, follows the workers (heartbeats, a watchdog that ends a stalled trial and gives its
-//! candidate to another worker), samples the FLOPS time series and rewrites `automl.json`
-//! after every finished epoch.
+//! The AutoML master: records the candidates the workers propose (each worker runs the search
+//! itself, from the shared history, as AIPerf's slaves do) and refuses a network already taken,
+//! follows the workers (heartbeats, a watchdog that ends a stalled trial and gives its
+//! candidate to another worker), samples the FLOPS time series and rewrites `automl.json` (the
+//! history the workers read) after every change.
 
-use super::buffer::{self, Folder, Link};
-use super::morph::{Limits, Morphism};
-use super::search::{self, Gp, Signature, Trained};
+use super::buffer::{self, Ack, Folder, Link};
+use super::morph::{self, Limits, Morphism};
+use super::propose::{Plan, Proposal};
+use super::rules::{self, Space};
+use super::tally;
 use super::worker::{self, Context, Event, Fault, Trial};
-use super::{tally, tpe};
 use crate::accounting;
-use crate::data::Rng;
 use crate::graph::Description;
 use crate::run::RunError;
 use crate::train::TrainConfig;
-use roofline_model::automl::{Automl, AutomlScore, Candidate, Ops, Outcome, Worker, AUTOML_SCHEMA};
+use roofline_model::automl::{
+    Automl, AutomlScore, Candidate, Ops, Outcome, Retrain, Worker, AUTOML_SCHEMA,
+};
 use roofline_model::Provenance;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,11 +54,10 @@ pub struct Settings {
     pub rounds: Vec<usize>,
     pub budget: Duration,
     pub workers: Workers,
-    /// The starting batch and kernel, and the choices TPE picks among after warm-up.
+    /// The starting batch and kernel, and what the per-trial TPE draws from (from round 4).
     pub batch: usize,
     pub kernel: usize,
-    pub batches: Vec<usize>,
-    pub kernels: Vec<usize>,
+    pub space: Space,
     pub limits: Limits,
     /// Children sampled per morphism step (8).
     pub neighbours: usize,
@@ -66,8 +68,10 @@ pub struct Settings {
     /// automl.json; the candidates' weights go beside it in `<stem>.weights/`.
     pub out: PathBuf,
     pub seed: u64,
-    /// ImageNet at 224² (AIPerf's rules).
-    pub imagenet_224: bool,
+    /// What AIPerf's validity rules look at.
+    pub checks: tally::Checks,
+    /// Where the run departs from AIPerf's reference code, and why.
+    pub deviations: Vec<String>,
     /// The caller's settings, recorded with the run's.
     pub configuration: serde_json::Map<String, serde_json::Value>,
     pub provenance: Provenance,
@@ -79,22 +83,6 @@ pub struct Settings {
 /// What the master tells the user as it goes.
 pub trait Progress {
     fn line(&self, line: &str);
-}
-
-/// Half the observations the GP holds at most.
-const GP_HALF: usize = 32;
-
-/// The `half` most accurate and the `half` latest of `(id, accuracy)`, each once.
-fn best_and_latest(mut v: Vec<(usize, f64)>, half: usize) -> Vec<(usize, f64)> {
-    if v.len() <= 2 * half {
-        return v;
-    }
-    v.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let mut keep: Vec<(usize, f64)> = v[..half].to_vec();
-    let mut rest = v[half..].to_vec();
-    rest.sort_by_key(|x| std::cmp::Reverse(x.0));
-    keep.extend(rest.into_iter().take(half));
-    keep
 }
 
 /// The shared buffer's folder (in the weights' folder).
@@ -110,6 +98,9 @@ pub fn weights_dir(out: &Path) -> PathBuf {
     out.with_file_name(format!("{stem}.weights"))
 }
 
+/// The least time between two writes of automl.json.
+const WRITE_GAP: Duration = Duration::from_secs(1);
+
 struct Run<'a> {
     s: &'a Settings,
     doc: Automl,
@@ -120,14 +111,24 @@ struct Run<'a> {
     /// Taken trials: worker and last sign of life.
     running: BTreeMap<usize, (usize, Instant)>,
     next_id: usize,
+    /// Candidates recorded (a resumed run's included): the next one's sequence number.
     handed: usize,
-    /// Seconds spent in the search (`generate`), before this run's resume included.
+    /// Seconds the workers spent in the search, and the master busy, before this run's
+    /// resume included.
     search_s: f64,
-    rng: Rng,
+    master_s: f64,
+    /// The run has ended: no proposal is recorded any more.
+    ended: bool,
     buffer: buffer::Master,
     cx: Context,
     start: Instant,
     last_sample: Instant,
+    /// automl.json: changed since written, when last written, and the least time between two
+    /// writes (20 × the last write's, at least a second: writing keeps the master at most 5 %
+    /// busy, however long the history).
+    dirty: bool,
+    last_write: Instant,
+    write_gap: Duration,
 }
 
 /// Runs the search until the budget is spent (or `cancel` is set); the document as written.
@@ -151,6 +152,12 @@ pub fn automl(
     let start = Instant::now() - Duration::from_secs_f64(resumed);
     let folder = buffer_dir(&s.out);
     let mut run = Run::new(s, buffer::Master::new(folder), start)?;
+    // A resumed run's candidates in the history log, then the plan the workers wait for.
+    for c in &run.doc.candidates {
+        run.buffer.log(c).map_err(RunError::Run)?;
+    }
+    run.write_now()?;
+    run.buffer.plan(&run.plan()).map_err(RunError::Run)?;
     match &s.workers {
         Workers::Threads(cpus) => {
             for c in cpus {
@@ -196,11 +203,14 @@ impl<'a> Run<'a> {
                 candidates_per_minute: 0.0,
                 training_share: 0.0,
                 search_seconds: 0.0,
+                master_seconds: 0.0,
             },
             epoch_seconds: None,
             valid: false,
             invalid_because: Vec::new(),
+            deviations: Vec::new(),
         });
+        doc.deviations = s.deviations.clone();
         // A resumed run trains again what was handed out and not finished.
         doc.candidates.retain(|c| c.outcome != Outcome::Running);
         doc.running = true;
@@ -228,13 +238,14 @@ impl<'a> Run<'a> {
             s,
             handed: doc.candidates.len(),
             search_s: doc.score.search_seconds,
+            master_s: doc.score.master_seconds,
+            ended: false,
             doc,
             nets,
             morphs,
             pending: BTreeMap::new(),
             running: BTreeMap::new(),
             next_id,
-            rng: Rng::new(s.seed ^ 0xA1_9E4F),
             buffer,
             cx: Context {
                 classify: s.classify.clone(),
@@ -242,6 +253,9 @@ impl<'a> Run<'a> {
             },
             start,
             last_sample: Instant::now(),
+            dirty: true,
+            last_write: Instant::now(),
+            write_gap: WRITE_GAP,
         })
     }
 
@@ -283,31 +297,21 @@ impl<'a> Run<'a> {
 
     fn drive(&mut self, p: &dyn Progress, cancel: &AtomicBool) -> Result<Automl, RunError> {
         let budget = self.s.budget.as_secs_f64();
-        let mut ended = false;
+        let began = Instant::now();
+        let busy_before = self.master_s;
         loop {
             let interrupted = cancel.load(Ordering::SeqCst);
-            if (interrupted || self.elapsed() >= budget) && !ended {
-                ended = true;
-                self.buffer.stop();
-                p.line(&format!(
-                    "{:.0} s: {}; the trials in progress stop at their next step",
-                    self.elapsed(),
+            if (interrupted || self.elapsed() >= budget) && !self.ended {
+                self.end(
+                    p,
                     if interrupted {
                         "interrupted"
                     } else {
                         "the budget is spent"
-                    }
-                ));
+                    },
+                );
             }
-            if !ended {
-                self.fill(p)?;
-                if self.running.is_empty() && self.pending.is_empty() {
-                    p.line("the search has no candidate left to train (the limits are reached)");
-                    ended = true;
-                    self.buffer.stop();
-                }
-            }
-            if ended && self.running.is_empty() {
+            if self.ended && self.running.is_empty() {
                 break;
             }
             if let Some(e) = self
@@ -317,11 +321,17 @@ impl<'a> Run<'a> {
             {
                 self.on(e, p)?;
             }
-            self.watchdog(p, ended)?;
+            self.watchdog(p)?;
             if self.last_sample.elapsed() >= self.s.sample_every {
                 self.sample_now();
                 self.write()?;
             }
+            if self.dirty && self.last_write.elapsed() >= self.write_gap {
+                self.write_now()?;
+            }
+            // Busy: all but the waits for an event.
+            self.master_s =
+                busy_before + (began.elapsed().saturating_sub(self.buffer.slept())).as_secs_f64();
         }
         for id in std::mem::take(&mut self.pending).into_keys() {
             self.buffer.withdraw(id);
@@ -337,244 +347,184 @@ impl<'a> Run<'a> {
         }
         self.sample_now();
         self.doc.running = false;
-        self.write()?;
+        self.write_now()?;
         Ok(self.doc.clone())
     }
 
-    /// Keeps a trial waiting in the buffer for every live worker beside the one it trains, so
-    /// that a worker that finishes takes the next at once (the search runs while it trains).
-    fn fill(&mut self, p: &dyn Progress) -> Result<(), RunError> {
-        let alive = self.doc.workers.iter().filter(|w| w.alive).count();
-        while self.pending.len() + self.running.len() < 2 * alive {
-            let t0 = Instant::now();
-            let next = self.generate();
-            self.search_s += t0.elapsed().as_secs_f64();
-            let Some(t) = next else { break };
-            p.line(&format!(
-                "candidate {}: {} (batch {}, kernel {}, {} epochs)",
-                t.id,
-                match (&t.parent, t.morphisms.as_slice()) {
-                    (None, []) => "the starting network".to_string(),
-                    (_, ms) => format!(
-                        "from {} by {}",
-                        self.parent_of(t.id)
-                            .map_or("the start".into(), |p| format!("candidate {p}")),
-                        ms.iter()
-                            .map(|m| m.to_string())
-                            .collect::<Vec<_>>()
-                            .join(", ")
-                    ),
-                },
-                t.batch,
-                t.kernel,
-                t.epochs
-            ));
-            self.buffer.hand(&t).map_err(RunError::Run)?;
-            self.pending.insert(t.id, t);
+    /// No proposal is recorded from now on; the trials in progress stop at their next step.
+    fn end(&mut self, p: &dyn Progress, why: &str) {
+        self.ended = true;
+        self.buffer.stop();
+        p.line(&format!(
+            "{:.0} s: {why}; the trials in progress stop at their next step",
+            self.elapsed()
+        ));
+    }
+
+    /// What the workers' search needs.
+    fn plan(&self) -> Plan {
+        Plan {
+            start: self.s.start.clone(),
+            side: self.s.classify.data.resolution(),
+            batch: self.s.batch,
+            kernel: self.s.kernel,
+            limits: self.s.limits,
+            neighbours: self.s.neighbours,
+            space: self.s.space.clone(),
+            seed: self.s.seed,
+            weights: weights_dir(&self.s.out),
         }
-        Ok(())
     }
 
-    fn parent_of(&self, id: usize) -> Option<usize> {
-        self.doc
-            .candidates
-            .iter()
-            .find(|c| c.id == id)
-            .and_then(|c| c.parent)
-    }
-
-    /// The trained candidates (with their weights on disk) and their accuracy for the search:
-    /// the best observed, or the warm-up's prediction when higher.
-    fn trained(&self) -> Vec<(usize, f64)> {
-        let dir = weights_dir(&self.s.out);
-        self.doc
-            .candidates
-            .iter()
-            .filter(|c| {
-                matches!(
-                    c.outcome,
-                    Outcome::Trained | Outcome::EarlyStopped | Outcome::Cut
-                )
-            })
-            .filter(|c| !c.epochs.is_empty() && dir.join(format!("{}.safetensors", c.id)).is_file())
-            .map(|c| {
-                let acc = c
-                    .best_top1()
-                    .unwrap_or(0.0)
-                    .max(c.predicted_top1.unwrap_or(0.0));
-                (c.id, acc)
-            })
-            .collect()
-    }
-
-    fn index(&self, id: usize) -> Option<usize> {
-        self.doc.candidates.iter().position(|c| c.id == id)
-    }
-
-    /// The next candidate: the starting network first; until one is trained, random children
-    /// of it trained from their seed; then the search's proposal, with TPE's hyper-parameters
-    /// after the warm-up rounds.
-    fn generate(&mut self) -> Option<Trial> {
+    /// A worker's proposal: refused when its network is taken (or over the limits), else
+    /// recorded as the next candidate and given to the worker that proposed it.
+    fn record(&mut self, worker: usize, prop: Proposal, p: &dyn Progress) -> Ack {
         let s = self.s;
+        if let Some(i) = self.nets.iter().position(|n| *n == prop.description) {
+            return Ack::Rejected(format!(
+                "candidate {} has this network",
+                self.doc.candidates[i].id
+            ));
+        }
         let side = s.classify.data.resolution();
-        let workers = s.workers.count().max(1);
-        let round = (self.handed / workers).min(s.rounds.len() - 1);
-        let warm_up = round + 1 < s.rounds.len();
-        let trained = self.trained();
-        let taken: Vec<Description> = self
-            .nets
-            .iter()
-            .cloned()
-            .chain(self.pending.values().map(|t| t.description.clone()))
-            .collect();
-        let (parent, morphisms, description, expected, hp) = if self.doc.candidates.is_empty()
-            && self.pending.is_empty()
-        {
-            (None, Vec::new(), s.start.clone(), None, (s.batch, s.kernel))
-        } else if trained.is_empty() {
-            // Nothing trained yet (or no weights kept): a child of the start, or of a network
-            // already handed out, trained from its seed.
-            let mut found = None;
-            for net in std::iter::once(&s.start).chain(&self.nets) {
-                let ns = super::morph::neighbours(
-                    net,
-                    side,
-                    s.kernel,
-                    s.limits,
-                    s.neighbours,
-                    &mut self.rng,
-                );
-                if let Some((m, d)) = ns.into_iter().find(|(_, d)| !taken.contains(d)) {
-                    found = Some((m, d));
-                    break;
-                }
-            }
-            let (m, d) = found?;
-            (None, vec![m], d, None, (s.batch, s.kernel))
-        } else {
-            // The GP on the best and the latest trained networks (at most 2 × GP_HALF): its
-            // cost grows with the square of what it holds, and the master shares the cores.
-            let obs: Vec<(Signature, f64)> = best_and_latest(trained.clone(), GP_HALF)
-                .iter()
-                .filter_map(|&(id, acc)| Some((Signature::of(&self.nets[self.index(id)?]), acc)))
-                .collect();
-            let gp = Gp::fit(&obs)?;
-            let best_parent = trained.iter().max_by(|a, b| a.1.total_cmp(&b.1))?.0;
-            let c = &self.doc.candidates[self.index(best_parent)?];
-            let mut hp = (c.batch, c.kernel);
-            if !warm_up {
-                let hps: Vec<_> = self
-                    .doc
-                    .candidates
-                    .iter()
-                    .filter_map(|c| Some(((c.batch, c.kernel), c.best_top1()?)))
-                    .collect();
-                let b: Vec<(usize, f64)> = hps.iter().map(|((b, _), a)| (*b, *a)).collect();
-                let k: Vec<(usize, f64)> = hps.iter().map(|((_, k), a)| (*k, *a)).collect();
-                hp = (
-                    tpe::suggest(&s.batches, &b, &mut self.rng).unwrap_or(hp.0),
-                    tpe::suggest(&s.kernels, &k, &mut self.rng).unwrap_or(hp.1),
-                );
-            }
-            let (nets, candidates) = (&self.nets, &self.doc.candidates);
-            let list: Vec<Trained> = trained
-                .iter()
-                .filter_map(|&(id, accuracy)| {
-                    Some(Trained {
-                        id,
-                        description: &nets[candidates.iter().position(|c| c.id == id)?],
-                        accuracy,
-                    })
-                })
-                .collect();
-            let settings = search::Settings {
-                side,
-                kernel: hp.1,
-                limits: s.limits,
-                neighbours: s.neighbours,
-                depth: 3,
-                t0: 1.0,
-                cooling: 0.9,
-                evaluations: 96,
-            };
-            let prop = search::propose(&gp, &list, &taken, settings, &mut self.rng)?;
-            if warm_up {
-                // In warm-up a child trains with its parent's batch (and the kernel the
-                // morphisms used).
-                if let Some(i) = self.index(prop.parent) {
-                    hp.0 = self.doc.candidates[i].batch;
-                }
-            }
-            (
-                Some(prop.parent),
-                prop.morphisms,
-                prop.description,
-                Some((prop.mean, prop.ucb)),
-                hp,
-            )
+        let layers = match prop.description.layers(side, side) {
+            Ok(l) => l,
+            Err(e) => return Ack::Rejected(format!("the network does not build: {e}")),
         };
+        let parameters: f64 = layers.iter().map(|l| l.params).sum();
+        if morph::layer_count(&prop.description) > s.limits.layers
+            || parameters > s.limits.parameters
+        {
+            return Ack::Rejected("over the limits".into());
+        }
+        let dir = weights_dir(&s.out);
+        let parent = match prop.parent {
+            None => None,
+            Some(pid) => match self.index(pid) {
+                Some(i) if dir.join(format!("{pid}.safetensors")).is_file() => {
+                    Some((self.nets[i].clone(), dir.join(format!("{pid}.safetensors"))))
+                }
+                _ => return Ack::Rejected(format!("candidate {pid} has no trained weights")),
+            },
+        };
+        // AIPerf's round: the sequence number over the workers (uncapped for the patience and
+        // the per-trial TPE; the last round's epochs repeat).
+        let workers = s.workers.count().max(1);
+        let round = self.handed / workers;
+        let epochs = s.rounds[round.min(s.rounds.len() - 1)];
         let id = self.next_id;
         self.next_id += 1;
         self.handed += 1;
-        let dir = weights_dir(&s.out);
-        let parent_net = parent.and_then(|p| Some(self.nets[self.index(p)?].clone()));
-        let layers = description.layers(side, side).ok()?;
-        let ops = accounting::aiperf(&layers);
-        let epochs = s.rounds[round];
+        let ops = crate::accounting::aiperf(&layers);
         let t = Trial {
             id,
-            parent: parent
-                .zip(parent_net)
-                .map(|(p, net)| (net, dir.join(format!("{p}.safetensors")))),
-            morphisms: morphisms.clone(),
-            description: description.clone(),
-            batch: hp.0,
-            kernel: hp.1,
+            parent,
+            morphisms: prop.morphisms.clone(),
+            description: prop.description.clone(),
+            batch: prop.batch,
+            kernel: prop.kernel,
             epochs,
-            patience: 2 + round,
-            final_epochs: *s.rounds.last().expect("checked"),
+            patience: rules::patience(round),
+            tune: (round >= rules::TUNED_FROM_ROUND).then(|| s.space.clone()),
             checkpoint: dir.join(format!("{id}.safetensors")),
             seed: s.seed.wrapping_add(id as u64 * 7919),
             train_ops: ops.total(),
             eval_ops: ops.forward,
         };
-        let parameters = layers.iter().map(|l| l.params).sum();
-        // Recorded now, as running; its worker when one takes it.
+        if let Err(e) = self.buffer.assign(&t) {
+            return Ack::Rejected(e);
+        }
+        p.line(&format!(
+            "candidate {id} from worker {worker}: {} (batch {}, kernel {}, {epochs} epochs{})",
+            match (&prop.parent, prop.morphisms.as_slice()) {
+                (None, []) => "the starting network".to_string(),
+                (par, ms) => format!(
+                    "from {} by {}",
+                    par.map_or("the start".into(), |p| format!("candidate {p}")),
+                    ms.iter()
+                        .map(|m| m.to_string())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            },
+            prop.batch,
+            prop.kernel,
+            if t.tune.is_some() {
+                ", then once more with a TPE draw"
+            } else {
+                ""
+            }
+        ));
         self.doc.candidates.push(Candidate {
             id,
-            parent,
-            morphisms: morphisms
+            parent: prop.parent,
+            morphisms: prop
+                .morphisms
                 .iter()
                 .map(|m| serde_json::to_value(m).expect("plain data"))
                 .collect(),
-            description: serde_json::to_value(&description).expect("plain data"),
+            description: serde_json::to_value(&prop.description).expect("plain data"),
             parameters,
             ops_per_image: Ops {
                 forward: ops.forward,
                 backward: ops.backward,
                 total: ops.total(),
             },
-            batch: hp.0,
-            kernel: hp.1,
+            batch: prop.batch,
+            kernel: prop.kernel,
             round,
             epochs_planned: epochs,
             patience: t.patience,
-            expected,
-            worker: usize::MAX,
+            expected: prop.expected,
+            worker,
             started_s: self.elapsed(),
             finished_s: None,
             epochs: Vec::new(),
             predicted_top1: None,
+            retrain: None,
             outcome: Outcome::Running,
         });
-        self.nets.push(description);
-        self.morphs.push(morphisms);
-        Some(t)
+        self.nets.push(prop.description);
+        self.morphs.push(prop.morphisms);
+        self.running.insert(id, (worker, Instant::now()));
+        if let Err(e) = self.log(id) {
+            return Ack::Rejected(e);
+        }
+        Ack::Trial(id)
+    }
+
+    fn index(&self, id: usize) -> Option<usize> {
+        self.doc.candidates.iter().position(|c| c.id == id)
     }
 
     fn on(&mut self, e: Event, p: &dyn Progress) -> Result<(), RunError> {
         let now = self.elapsed();
         match e {
+            Event::Proposed {
+                worker,
+                seq,
+                proposal,
+                search_seconds,
+            } => {
+                self.search_s += search_seconds;
+                let ack = match proposal {
+                    _ if self.ended => Ack::Stop,
+                    Some(prop) => self.record(worker, prop, p),
+                    None if self.running.is_empty() && self.pending.is_empty() => {
+                        self.end(
+                            p,
+                            "the search has no candidate left to train (the limits are reached)",
+                        );
+                        Ack::Stop
+                    }
+                    None => Ack::Wait,
+                };
+                // The log the worker's next proposal reads has the record already.
+                if matches!(ack, Ack::Trial(_)) {
+                    self.write()?;
+                }
+                self.buffer.ack(worker, seq, &ack).map_err(RunError::Run)?;
+            }
             Event::Took { worker, trial } => {
                 self.pending.remove(&trial);
                 self.running.insert(trial, (worker, Instant::now()));
@@ -613,6 +563,7 @@ impl<'a> Run<'a> {
                 outcome,
                 predicted,
                 train_seconds,
+                tuned,
             } => {
                 if self.running.get(&trial).is_none_or(|r| r.0 != worker) {
                     return Ok(());
@@ -629,6 +580,39 @@ impl<'a> Run<'a> {
                 c.finished_s = Some(now);
                 c.predicted_top1 = predicted;
                 c.outcome = outcome.clone();
+                if let Some(t) = tuned {
+                    c.retrain = Some(Retrain {
+                        batch: t.draw.batch,
+                        kernel: t.draw.kernel,
+                        dropout: t.draw.dropout,
+                        top1: t.best,
+                        won: t.won,
+                    });
+                    if t.won {
+                        // The candidate is the better of its two trainings (its weights too).
+                        let side = self.s.classify.data.resolution();
+                        if let Ok(layers) = t.description.layers(side, side) {
+                            let ops = crate::accounting::aiperf(&layers);
+                            c.ops_per_image = Ops {
+                                forward: ops.forward,
+                                backward: ops.backward,
+                                total: ops.total(),
+                            };
+                            c.parameters = layers.iter().map(|l| l.params).sum();
+                        }
+                        c.batch = t.draw.batch;
+                        c.kernel = t.draw.kernel;
+                        c.description = serde_json::to_value(&t.description).expect("plain data");
+                        c.morphisms = t
+                            .morphisms
+                            .iter()
+                            .map(|m| serde_json::to_value(m).expect("plain data"))
+                            .collect();
+                        self.nets[i] = t.description;
+                        self.morphs[i] = t.morphisms;
+                    }
+                }
+                let c = &self.doc.candidates[i];
                 p.line(&format!(
                     "{now:.0} s: candidate {trial} {}: best top-1 {}",
                     match &outcome {
@@ -637,6 +621,7 @@ impl<'a> Run<'a> {
                     },
                     c.best_top1().map_or("none".into(), |a| format!("{a:.3}"))
                 ));
+                self.log(trial).map_err(RunError::Run)?;
                 if matches!(outcome, Outcome::Failed { .. }) {
                     self.again(trial);
                 }
@@ -686,7 +671,7 @@ impl<'a> Run<'a> {
             kernel: c.kernel,
             epochs: c.epochs_planned,
             patience: c.patience,
-            final_epochs: *self.s.rounds.last().expect("checked"),
+            tune: (c.round >= rules::TUNED_FROM_ROUND).then(|| self.s.space.clone()),
             checkpoint: dir.join(format!("{id}.safetensors")),
             seed: self.s.seed.wrapping_add(id as u64 * 7919),
             train_ops: ops.total(),
@@ -699,11 +684,13 @@ impl<'a> Run<'a> {
             finished_s: None,
             epochs: Vec::new(),
             predicted_top1: None,
+            retrain: None,
             outcome: Outcome::Running,
             ..c
         });
         self.nets.push(net);
         self.morphs.push(t.morphisms.clone());
+        let _ = self.log(id);
         if self.buffer.hand(&t).is_ok() {
             self.pending.insert(id, t);
         }
@@ -711,7 +698,8 @@ impl<'a> Run<'a> {
 
     /// Ends trials whose worker sent nothing for longer than the stall limit: the worker is
     /// given up (a fresh one takes its cores) and the candidate handed out again.
-    fn watchdog(&mut self, p: &dyn Progress, ended: bool) -> Result<(), RunError> {
+    fn watchdog(&mut self, p: &dyn Progress) -> Result<(), RunError> {
+        let ended = self.ended;
         let stalled: Vec<(usize, usize)> = self
             .running
             .iter()
@@ -730,6 +718,7 @@ impl<'a> Run<'a> {
                 self.doc.candidates[i].outcome = Outcome::Stalled;
                 self.doc.candidates[i].finished_s = Some(self.elapsed());
             }
+            self.log(trial).map_err(RunError::Run)?;
             if let Some(w) = self.doc.workers.get_mut(worker) {
                 w.alive = false;
             }
@@ -754,22 +743,45 @@ impl<'a> Run<'a> {
         tally::add_sample(&mut self.doc, at, close);
     }
 
-    /// The score from what is known now, and the document written (atomically).
+    /// Candidate `id`'s state now, in the history log the workers read.
+    fn log(&mut self, id: usize) -> Result<(), String> {
+        match self.index(id) {
+            Some(i) => self.buffer.log(&self.doc.candidates[i]),
+            None => Ok(()),
+        }
+    }
+
+    /// The document is written when the least time between writes has passed (else soon, by
+    /// the loop).
     fn write(&mut self) -> Result<(), RunError> {
+        self.dirty = true;
+        if self.last_write.elapsed() >= self.write_gap {
+            self.write_now()?;
+        }
+        Ok(())
+    }
+
+    /// The score from what is known now, and the document written (atomically).
+    fn write_now(&mut self) -> Result<(), RunError> {
+        let t0 = Instant::now();
         let workers = self.s.workers.count();
         let elapsed = self.elapsed();
         tally::rescore(
             &mut self.doc,
             elapsed,
             workers,
-            self.search_s,
-            self.s.imagenet_224,
+            (self.search_s, self.master_s),
+            &self.s.checks,
         );
         let json = self
             .doc
             .to_json()
             .map_err(|e| RunError::Run(e.to_string()))?;
         roofline_model::write::write_atomic(&self.s.out, json.as_bytes())
-            .map_err(|e| RunError::Run(e.to_string()))
+            .map_err(|e| RunError::Run(e.to_string()))?;
+        self.dirty = false;
+        self.last_write = Instant::now();
+        self.write_gap = WRITE_GAP.max(20 * t0.elapsed());
+        Ok(())
     }
 }

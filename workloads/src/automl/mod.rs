@@ -7,15 +7,22 @@
 //!
 //! - [`morph`]: the morphisms (deeper, wider, skip) with function-preserving weights.
 //! - [`search`]: the Gaussian process over architectures, UCB and simulated annealing.
-//! - [`tpe`]: the hyper-parameter search and the warm-up's accuracy prediction.
+//! - [`propose`]: the search as a worker runs it, from the shared history.
+//! - [`rules`]: AIPerf's per-trial rules (patience, early stopping on the validation loss,
+//!   the predicted accuracy, the per-trial TPE draw).
+//! - [`tpe`]: the accuracy curve's fit.
 //! - [`worker`]: a worker's loop.
-//! - [`master`]: the run (hand-out, watchdog, time series, `automl.json`, resume).
+//! - [`master`]: the run (recording proposals, watchdog, time series, `automl.json`, resume).
+//! - [`scale`]: a grown history and the master's share at scale (the bench `automl_scale`).
 
 pub mod buffer;
 pub mod master;
 pub mod morph;
+pub mod propose;
 #[cfg(feature = "mpi")]
 pub mod ranks;
+pub mod rules;
+pub mod scale;
 pub mod search;
 pub mod setup;
 pub mod tally;

@@ -5,6 +5,7 @@
 
 use super::master::{self, Progress, Settings, Workers};
 use super::morph::{layer_count, Limits};
+use super::rules::Space;
 use super::worker::Fault;
 use crate::checkpoint::Checkpoint;
 use crate::graph::{Description, GraphTask};
@@ -142,6 +143,8 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         None
     };
     let imagenet_224 = req.spec.data.is_some() && side == 224 && classify.model.classes == 1000;
+    let m = &classify.model;
+    let start_resnet50 = m.width == 1.0 && m.blocks == [3, 4, 6, 3] && m.classes == 1000;
     let cores = roofline_kernels::affinity::cores(None)
         .map(|c| c.all.len())
         .unwrap_or(prep.cpus.len());
@@ -190,15 +193,28 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         workers,
         batch,
         kernel: 3,
-        batches,
-        kernels,
+        space: Space {
+            kernels: kernels.clone(),
+            batch: (
+                *batches.iter().min().expect("one at least"),
+                *batches.iter().max().expect("one at least"),
+            ),
+            dropout: (0.0, 0.2),
+        },
         limits,
         neighbours: req.neighbours,
         sample_every: req.sample_every,
         stall: req.stall,
         out: req.out.clone(),
         seed: req.spec.seed,
-        imagenet_224,
+        checks: super::tally::Checks {
+            imagenet_224,
+            start_resnet50,
+            eval_images: classify.eval_images,
+            // The graph trainer's precision (`train::<f32, _>` in the worker).
+            precision: roofline_model::Precision::F32,
+        },
+        deviations: deviations(),
         configuration: configuration.as_object().cloned().unwrap_or_default(),
         provenance,
         resume,
@@ -262,6 +278,16 @@ pub fn run(
         s.budget.as_secs_f64()
     ));
     Ok((master::automl(&s, progress, cancel)?, cal))
+}
+
+/// Where `roofline automl` departs from AIPerf's reference code, each with its reason.
+pub fn deviations() -> Vec<String> {
+    vec![
+        "candidates start from their parent's trained weights (Net2Net, function-preserving morphisms); the reference loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer, and never the parent's (automl has no --init yet)".into(),
+        "the per-trial TPE's dropout rate is drawn and recorded, not applied: the trainer's graph has no dropout layer".into(),
+        "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB (automl trains on the CPU)".into(),
+        "the predicted accuracy's curve a·log2(x+b)+c is fitted by least squares for a and c on a grid of b; the reference's by scipy's curve_fit (Levenberg–Marquardt): the same model and points, another optimiser".into(),
+    ]
 }
 
 /// What every worker rank trains with (its own view of the data), and its cores.

@@ -2,7 +2,7 @@
 //! FLOPS, the regulated score, candidates a minute, the workers' share in training) and the
 //! verdict by AIPerf's rules.
 
-use roofline_model::automl::{invalid_because, sample, Automl, AutomlScore};
+use roofline_model::automl::{invalid_because, sample, Automl, AutomlScore, Conditions};
 use roofline_model::Stats;
 
 /// The point at `at_s` (operations of every finished epoch, the best top-1 so far); it replaces
@@ -30,9 +30,20 @@ pub fn add_sample(doc: &mut Automl, at_s: f64, close: f64) {
     }
 }
 
-/// The score and the verdict after `elapsed` seconds with `workers` workers, the master having
-/// searched for `search_s` seconds; `imagenet_224`: the run is on ImageNet at 224².
-pub fn rescore(doc: &mut Automl, elapsed: f64, workers: usize, search_s: f64, imagenet_224: bool) {
+/// What a run is, for AIPerf's validity rules (besides its time and its error).
+#[derive(Clone, Debug, PartialEq)]
+pub struct Checks {
+    /// ImageNet at 224².
+    pub imagenet_224: bool,
+    /// The search starts from ResNet-50 (width 1, 3,4,6,3).
+    pub start_resnet50: bool,
+    pub eval_images: usize,
+    pub precision: roofline_model::Precision,
+}
+
+/// The score and the verdict after `elapsed` seconds with `workers` workers, the workers having
+/// searched for `busy.0` seconds and the master been busy for `busy.1`.
+pub fn rescore(doc: &mut Automl, elapsed: f64, workers: usize, busy: (f64, f64), checks: &Checks) {
     let best = doc
         .candidates
         .iter()
@@ -66,9 +77,17 @@ pub fn rescore(doc: &mut Automl, elapsed: f64, workers: usize, search_s: f64, im
         } else {
             0.0
         },
-        search_seconds: search_s,
+        search_seconds: busy.0,
+        master_seconds: busy.1,
     };
     doc.epoch_seconds = Stats::from_samples(&seconds);
-    doc.invalid_because = invalid_because(elapsed, doc.score.error, imagenet_224, true);
+    doc.invalid_because = invalid_because(&Conditions {
+        elapsed_s: elapsed,
+        error: doc.score.error,
+        imagenet_224: checks.imagenet_224,
+        start_resnet50: checks.start_resnet50,
+        eval_images: checks.eval_images,
+        precision: checks.precision,
+    });
     doc.valid = doc.invalid_because.is_empty();
 }

@@ -364,8 +364,11 @@ fn settings(name: &str, budget: f64, fault: Option<Fault>) -> Settings {
         workers: Workers::Threads(vec![vec![cores[0]], vec![*cores.last().unwrap()]]),
         batch: 8,
         kernel: 3,
-        batches: vec![4, 8],
-        kernels: vec![1, 3],
+        space: super::rules::Space {
+            kernels: vec![1, 3],
+            batch: (4, 8),
+            dropout: (0.0, 0.2),
+        },
         limits: Limits {
             layers: 12,
             parameters: 1e5,
@@ -375,7 +378,13 @@ fn settings(name: &str, budget: f64, fault: Option<Fault>) -> Settings {
         stall: Duration::from_secs(2),
         out,
         seed: 7,
-        imagenet_224: false,
+        checks: super::tally::Checks {
+            imagenet_224: false,
+            start_resnet50: false,
+            eval_images: 16,
+            precision: roofline_model::Precision::F32,
+        },
+        deviations: vec!["a test's".into()],
         configuration: serde_json::Map::new(),
         provenance: roofline_collectors::provenance::here(
             roofline_kernels::probe::node::cpu_here(cores.len()),
@@ -430,7 +439,9 @@ fn a_short_search_finds_trains_and_resumes() {
             assert!(!c.morphisms.is_empty());
         }
         assert!(c.worker < doc.workers.len());
-        for e in &c.epochs {
+        // The epochs of the training the candidate is (the second's when it won).
+        let kept = usize::from(c.retrain.as_ref().is_some_and(|r| r.won));
+        for e in c.epochs.iter().filter(|e| e.pass == kept) {
             let per_epoch = (32 / c.batch) * c.batch;
             let want = per_epoch as f64 * c.ops_per_image.total + 16.0 * c.ops_per_image.forward;
             assert!((e.ops - want).abs() <= 1e-9 * want);
@@ -452,6 +463,49 @@ fn a_short_search_finds_trains_and_resumes() {
         (doc.score.flops - doc.series.iter().map(|s| s.flops).fold(0.0, f64::max)).abs() < 1e-9
     );
     assert!(doc.score.training_share > 0.0 && doc.score.training_share <= 1.0);
+    // The workers searched; the master only recorded (its waits left out of its time).
+    assert!(doc.score.search_seconds > 0.0);
+    assert!(doc.score.master_seconds > 0.0 && doc.score.master_seconds < doc.score.elapsed_s);
+    // AIPerf's rules per trial: the patience of the round; from round 4 a second training
+    // with a draw from the space, the candidate the better of the two.
+    let mut tuned = 0;
+    for c in &doc.candidates {
+        assert_eq!(
+            c.patience,
+            super::rules::patience(c.round),
+            "candidate {}",
+            c.id
+        );
+        assert_eq!(c.round, c.id / 2, "two workers: the sequence number over 2");
+        let second: Vec<_> = c.epochs.iter().filter(|e| e.pass == 1).collect();
+        match &c.retrain {
+            Some(r) => {
+                tuned += 1;
+                assert!(c.round >= 3);
+                assert!(
+                    [1, 3].contains(&r.kernel) && (4..8).contains(&r.batch),
+                    "{r:?}"
+                );
+                assert!(!second.is_empty());
+                if r.won {
+                    assert_eq!((c.batch, c.kernel), (r.batch, r.kernel));
+                }
+            }
+            None => assert!(
+                second.is_empty()
+                    && (c.round < 3 || c.epochs.is_empty() || c.outcome == Outcome::Cut)
+            ),
+        }
+    }
+    assert!(
+        tuned > 0
+            || doc
+                .candidates
+                .iter()
+                .all(|c| c.round < 3 || c.outcome == Outcome::Cut),
+        "{}",
+        lines.0.lock().unwrap().join("\n")
+    );
     assert!(!doc.valid && doc.invalid_because.iter().any(|w| w.contains("3600")));
     assert!(weights_dir(&s.out).join("0.safetensors").is_file());
     // Resumed: the finished candidates kept, the clock and the ids go on.

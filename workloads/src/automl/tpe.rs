@@ -1,52 +1,5 @@
-//! The hyper-parameter search (AIPerf's): a tree-structured Parzen estimator over discrete
-//! choices (batch size, kernel size), and the warm-up rounds' predicted final accuracy, a fit
-//! of `a·log₂(x + b) + c` to the validation curve.
-
-use crate::data::Rng;
-
-/// One hyper-parameter's choices, drawn with the TPE rule: of the observations, the best
-/// quarter (at least one) are "good"; each choice's density in the good and in the rest (with
-/// one prior count per choice); of 24 draws from the good density, the one with the highest
-/// ratio good / rest.
-pub fn suggest<X: Copy + PartialEq>(
-    choices: &[X],
-    observed: &[(X, f64)],
-    rng: &mut Rng,
-) -> Option<X> {
-    if choices.is_empty() {
-        return None;
-    }
-    let mut obs: Vec<&(X, f64)> = observed.iter().collect();
-    obs.sort_by(|a, b| b.1.total_cmp(&a.1));
-    let good = obs.len().div_ceil(4).max(1).min(obs.len());
-    let density = |set: &[&(X, f64)]| -> Vec<f64> {
-        let total = set.len() as f64 + choices.len() as f64;
-        choices
-            .iter()
-            .map(|c| (1.0 + set.iter().filter(|o| o.0 == *c).count() as f64) / total)
-            .collect()
-    };
-    let l = density(&obs[..good]);
-    let g = density(&obs[good..]);
-    let mut best: Option<(usize, f64)> = None;
-    for _ in 0..24 {
-        // A draw from l.
-        let mut u = rng.unit();
-        let mut k = choices.len() - 1;
-        for (i, p) in l.iter().enumerate() {
-            if u < *p {
-                k = i;
-                break;
-            }
-            u -= p;
-        }
-        let ratio = l[k] / g[k];
-        if best.is_none_or(|(_, r)| ratio > r) {
-            best = Some((k, ratio));
-        }
-    }
-    best.map(|(k, _)| choices[k])
-}
+//! The accuracy curve's model (AIPerf's predicted accuracy, `rules::predicted`): a fit of
+//! `a·log₂(x + b) + c` to the validation curve.
 
 /// The fit of `a·log₂(x + b) + c` to `(x, y)` points: for each `b` on a grid, least squares
 /// for `a` and `c`; the `b` with the smallest residual. `None` with fewer than three points or
@@ -117,27 +70,5 @@ mod tests {
             log_fit(&falling).is_none(),
             "a falling curve predicts nothing"
         );
-    }
-
-    /// TPE prefers the choice that did best and still explores without observations.
-    #[test]
-    fn tpe_prefers_what_did_well() {
-        let mut rng = Rng::new(5);
-        let obs: Vec<(usize, f64)> = (0..12)
-            .map(|i| {
-                let k = [3, 5, 7][i % 3];
-                (k, if k == 5 { 0.8 } else { 0.3 } + 0.01 * i as f64)
-            })
-            .collect();
-        let picks: Vec<usize> = (0..20)
-            .map(|_| suggest(&[3, 5, 7], &obs, &mut rng).unwrap())
-            .collect();
-        assert!(picks.iter().filter(|&&k| k == 5).count() >= 18, "{picks:?}");
-        let mut seen = std::collections::BTreeSet::new();
-        for _ in 0..60 {
-            seen.insert(suggest(&[3, 5, 7], &[], &mut rng).unwrap());
-        }
-        assert_eq!(seen.len(), 3, "no observations: every choice");
-        assert_eq!(suggest::<usize>(&[], &obs, &mut rng), None);
     }
 }

@@ -1,14 +1,19 @@
-//! An AutoML worker: takes trials from the shared buffer, makes each child from its parent's
-//! trained weights (the morphisms, function-preserving), and trains it epoch by epoch in the
-//! one training loop (a checkpoint after every epoch, the next epoch resumed from it), with
-//! early stopping, reporting every finished epoch and a heartbeat a second to the master. A
-//! worker is a thread in the master's process or a team of MPI ranks training data parallel
-//! (the team's root speaks for it).
+//! An AutoML worker: proposes its next candidate from the shared history (the search runs on
+//! the worker, as AIPerf's does on its slaves) and trains what the master records; makes each
+//! child from its parent's trained weights (the morphisms, function-preserving), and trains it
+//! epoch by epoch in the one training loop (a checkpoint after every epoch, the next epoch
+//! resumed from it) under AIPerf's per-trial rules (`rules`: early stopping on the validation
+//! loss, the predicted accuracy, from round 4 a second training with a TPE draw), reporting
+//! every finished epoch and a heartbeat a second to the master. A worker is a thread in the
+//! master's process or a team of MPI ranks training data parallel (the team's root speaks for
+//! it).
 
-use super::buffer::Link;
+use super::buffer::{Link, Tail};
 use super::morph::{self, Morphism, Weights};
-use super::tpe;
+use super::propose::{self, History, Proposal};
+use super::rules::{self, Draw, EarlyStopping, Space};
 use crate::checkpoint::Checkpoint;
+use crate::data::Rng;
 use crate::graph::{Description, GraphTask};
 use crate::train::{train, Monitor, TrainConfig};
 use roofline_model::automl::{Epoch, Outcome};
@@ -30,8 +35,9 @@ pub struct Trial {
     pub kernel: usize,
     pub epochs: usize,
     pub patience: usize,
-    /// The epochs the final round trains (the warm-up's prediction is for them).
-    pub final_epochs: usize,
+    /// From round 4: train once more with a draw from this space; the better training is the
+    /// candidate.
+    pub tune: Option<Space>,
     /// Where its weights go after every epoch.
     pub checkpoint: PathBuf,
     pub seed: u64,
@@ -44,6 +50,14 @@ pub struct Trial {
 #[derive(Debug, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "event")]
 pub enum Event {
+    /// Its next candidate (none: the search found nothing the limits allow), its `seq`-th
+    /// proposal; the search's seconds.
+    Proposed {
+        worker: usize,
+        seq: usize,
+        proposal: Option<Proposal>,
+        search_seconds: f64,
+    },
     /// It took trial `trial` from the buffer.
     Took { worker: usize, trial: usize },
     /// It is alive and stepping.
@@ -59,7 +73,19 @@ pub enum Event {
         outcome: Outcome,
         predicted: Option<f64>,
         train_seconds: f64,
+        tuned: Option<Tuned>,
     },
+}
+
+/// The per-trial TPE's second training: what it drew and made, its best accuracy (the
+/// predicted one when higher), and whether it beat the first.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Tuned {
+    pub draw: Draw,
+    pub description: Description,
+    pub morphisms: Vec<Morphism>,
+    pub best: Option<f64>,
+    pub won: bool,
 }
 
 /// A fault made on purpose (tests): worker `worker`'s `trial`-th trial (0-based) stalls until
@@ -99,6 +125,41 @@ impl Monitor for Beats<'_> {
     }
 }
 
+/// A worker's search: the plan (read once), its own generator, and the history as far as it
+/// has read the master's log.
+struct Searcher {
+    worker: usize,
+    plan: Option<propose::Plan>,
+    rng: Rng,
+    log: Tail,
+    history: History,
+}
+
+impl Searcher {
+    /// The next proposal from the history as the master has logged it, and the seconds it
+    /// took.
+    fn next(&mut self, link: &Link) -> Result<(Option<Proposal>, f64), String> {
+        let t0 = Instant::now();
+        if self.plan.is_none() {
+            let Some(p) = link.plan()? else {
+                return Ok((None, 0.0));
+            };
+            self.rng =
+                Rng::new(p.seed ^ 0xA1_9E4F ^ (self.worker as u64).wrapping_mul(0x9E37_79B9));
+            self.plan = Some(p);
+        }
+        let path = link.history_log();
+        for line in self.log.lines(&path)? {
+            let c = serde_json::from_slice(&line)
+                .map_err(|e| format!("the history {}: {e}", path.display()))?;
+            self.history.update(c)?;
+        }
+        let plan = self.plan.as_ref().expect("read above");
+        let found = propose::propose(&self.history, plan, &mut self.rng);
+        Ok((found, t0.elapsed().as_secs_f64()))
+    }
+}
+
 /// The worker's loop (on `pool`'s cores when given) until the run stops or the buffer fails.
 pub fn work(
     worker: usize,
@@ -107,7 +168,19 @@ pub fn work(
     pool: Option<&rayon::ThreadPool>,
 ) -> Result<(), String> {
     let mut taken = 0;
-    while let Some(trial) = link.take()? {
+    // The plan is read once; the history before every proposal.
+    let mut searcher = Searcher {
+        worker,
+        plan: None,
+        rng: Rng::new(0),
+        log: Tail::default(),
+        history: History::default(),
+    };
+    let mut propose = || match pool {
+        Some(p) => p.install(|| searcher.next(link)),
+        None => searcher.next(link),
+    };
+    while let Some(trial) = link.take(&mut propose)? {
         link.send(&Event::Took {
             worker,
             trial: trial.id,
@@ -124,9 +197,9 @@ pub fn work(
             Some(p) => p.install(run),
             None => run(),
         }));
-        let (outcome, predicted) = match result {
+        let (outcome, predicted, tuned) = match result {
             Ok(Ok(done)) => done,
-            Ok(Err(why)) => (Outcome::Failed { why }, None),
+            Ok(Err(why)) => (Outcome::Failed { why }, None, None),
             Err(p) => {
                 let why = p
                     .downcast_ref::<String>()
@@ -138,6 +211,7 @@ pub fn work(
                         why: format!("the worker died: {why}"),
                     },
                     None,
+                    None,
                 )
             }
         };
@@ -147,6 +221,7 @@ pub fn work(
             outcome,
             predicted,
             train_seconds: t0.elapsed().as_secs_f64(),
+            tuned,
         });
     }
     Ok(())
@@ -170,14 +245,122 @@ fn inherit(trial: &Trial, side: usize) -> Result<Option<Arc<Checkpoint>>, String
     Ok(Some(Arc::new(w.to_checkpoint())))
 }
 
-/// Trains `trial` epoch by epoch; the outcome and, in warm-up, the predicted final accuracy.
+/// What one training of a trial came to.
+struct Pass {
+    outcome: Outcome,
+    /// The best top-1 observed, and AIPerf's prediction.
+    best: Option<f64>,
+    predicted: Option<f64>,
+}
+
+impl Pass {
+    /// What the reference compares the trainings by: the prediction when higher.
+    fn value(&self) -> Option<f64> {
+        match (self.best, self.predicted) {
+            (Some(b), Some(p)) => Some(b.max(p)),
+            (b, p) => b.or(p),
+        }
+    }
+}
+
+/// Trains `trial`, and from round 4 once more with a TPE draw; the outcome, the predicted
+/// accuracy and the second training's record.
 fn run_trial(
     worker: usize,
     trial: &Trial,
     link: &Link,
     cx: &Context,
     fault: Option<Fault>,
-) -> Result<(Outcome, Option<f64>), String> {
+) -> Result<(Outcome, Option<f64>, Option<Tuned>), String> {
+    let first = train_pass(worker, trial, 0, link, cx, fault)?;
+    let Some(space) = &trial.tune else {
+        return Ok((first.outcome, first.predicted, None));
+    };
+    if first.outcome == Outcome::Cut {
+        return Ok((first.outcome, first.predicted, None));
+    }
+    let side = cx.classify.data.resolution();
+    let draw = rules::draw(space, 1, &mut Rng::new(trial.seed ^ 0x7E_5EED));
+    let second = retuned(trial, draw, side)?;
+    let pass = train_pass(worker, &second, 1, link, cx, None)?;
+    let won =
+        pass.value().unwrap_or(f64::NEG_INFINITY) > first.value().unwrap_or(f64::NEG_INFINITY);
+    if won {
+        // The candidate's weights are the better training's (children inherit them).
+        std::fs::rename(&second.checkpoint, &trial.checkpoint).map_err(|e| {
+            format!(
+                "cannot keep the second training's weights {}: {e}",
+                second.checkpoint.display()
+            )
+        })?;
+    } else {
+        let _ = std::fs::remove_file(&second.checkpoint);
+    }
+    let tuned = Tuned {
+        draw,
+        description: second.description.clone(),
+        morphisms: second.morphisms.clone(),
+        best: pass.value(),
+        won,
+    };
+    let (outcome, predicted) = if won {
+        (pass.outcome, pass.predicted)
+    } else {
+        (first.outcome, first.predicted)
+    };
+    Ok((outcome, predicted, Some(tuned)))
+}
+
+/// The trial with the draw's batch, and its deeper layers with the draw's kernel (the
+/// reference sets the kernel of the layers the search added); its own checkpoint and ops.
+fn retuned(trial: &Trial, draw: Draw, side: usize) -> Result<Trial, String> {
+    let mut t = trial.clone();
+    t.batch = draw.batch.max(1);
+    t.kernel = draw.kernel;
+    t.tune = None;
+    t.checkpoint = trial.checkpoint.with_extension("tpe.safetensors");
+    if let Some((parent, path)) = &trial.parent {
+        let c = Checkpoint::load(path).map_err(|e| format!("the parent's weights: {e}"))?;
+        let mut net = parent.clone();
+        let mut w = Weights::from_checkpoint(&c, net.nodes.len()).map_err(|e| e.to_string())?;
+        t.morphisms = trial
+            .morphisms
+            .iter()
+            .map(|&m| match m {
+                Morphism::Deeper { after, .. } => Morphism::Deeper {
+                    after,
+                    kernel: draw.kernel,
+                },
+                m => m,
+            })
+            .collect();
+        for (k, &m) in t.morphisms.iter().enumerate() {
+            let seed = t.seed.wrapping_add(k as u64);
+            (net, w) = morph::apply(&net, &w, m, (side, side), seed).map_err(|e| e.to_string())?;
+        }
+        let layers = net.layers(side, side).map_err(|e| e.to_string())?;
+        let ops = crate::accounting::aiperf(&layers);
+        (t.train_ops, t.eval_ops) = (ops.total(), ops.forward);
+        t.description = net;
+    }
+    Ok(t)
+}
+
+/// Trains `trial` epoch by epoch (training `pass` of the candidate) under AIPerf's early
+/// stopping; the outcome, the best accuracy and the prediction.
+fn train_pass(
+    worker: usize,
+    trial: &Trial,
+    pass: usize,
+    link: &Link,
+    cx: &Context,
+    fault: Option<Fault>,
+) -> Result<Pass, String> {
+    let cut = Pass {
+        outcome: Outcome::Cut,
+        best: None,
+        predicted: None,
+    };
     let side = cx.classify.data.resolution();
     let mut classify = cx.classify.clone();
     let images = classify.train_images.max(1);
@@ -201,19 +384,24 @@ fn run_trial(
         last: Mutex::new(Instant::now()),
     };
     let mut curve: Vec<(f64, f64)> = Vec::new();
-    let (mut best, mut since_best) = (f64::NEG_INFINITY, 0);
+    let mut stopping = EarlyStopping::new(trial.patience);
+    let done = |outcome: Outcome, curve: &[(f64, f64)]| Pass {
+        outcome,
+        best: curve.iter().map(|p| p.1).reduce(f64::max),
+        predicted: rules::predicted(trial.epochs, curve),
+    };
     for e in 0..trial.epochs {
         // Alone a worker sees the stop itself; a team learns it inside the loop (all its ranks
         // stop after the same step).
         if link.team().is_none() && link.stop.load(Ordering::SeqCst) {
-            return Ok((Outcome::Cut, None));
+            return Ok(cut);
         }
         match fault {
             Some(Fault::Stall { .. }) if e == 0 => {
                 while !link.stop.load(Ordering::SeqCst) {
                     std::thread::sleep(Duration::from_millis(50));
                 }
-                return Ok((Outcome::Cut, None));
+                return Ok(cut);
             }
             Some(Fault::Die { .. }) => panic!("fault injected into worker {worker}"),
             _ => {}
@@ -226,7 +414,10 @@ fn run_trial(
         link.team_barrier();
         if s.steps < (e + 1) * per_epoch || s.evals.is_empty() {
             // The budget ended the epoch part-way: it does not count.
-            return Ok((Outcome::Cut, None));
+            return Ok(Pass {
+                outcome: Outcome::Cut,
+                ..done(Outcome::Cut, &curve)
+            });
         }
         let ev = s.evals.last().expect("checked");
         let epoch = Epoch {
@@ -238,6 +429,7 @@ fn run_trial(
                 + task.classify.eval_images as f64 * trial.eval_ops,
             // The master stamps its own clock when it hears of the epoch.
             at_s: 0.0,
+            pass,
         };
         curve.push(((e + 1) as f64, ev.top1));
         link.send(&Event::Epoch {
@@ -245,22 +437,9 @@ fn run_trial(
             trial: trial.id,
             epoch,
         });
-        if ev.top1 > best {
-            (best, since_best) = (ev.top1, 0);
-        } else {
-            since_best += 1;
-            if since_best >= trial.patience && e + 1 < trial.epochs {
-                return Ok((Outcome::EarlyStopped, predicted(&curve, trial, best)));
-            }
+        if stopping.stop(ev.loss) && e + 1 < trial.epochs {
+            return Ok(done(Outcome::EarlyStopped, &curve));
         }
     }
-    Ok((Outcome::Trained, predicted(&curve, trial, best)))
-}
-
-/// The warm-up's prediction of the final round's accuracy, when it exceeds the best observed.
-fn predicted(curve: &[(f64, f64)], trial: &Trial, best: f64) -> Option<f64> {
-    if trial.epochs >= trial.final_epochs {
-        return None;
-    }
-    tpe::predict(curve, trial.final_epochs as f64).filter(|&p| p > best)
+    Ok(done(Outcome::Trained, &curve))
 }
