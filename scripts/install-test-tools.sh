@@ -34,7 +34,10 @@ fi
 # shellcheck source=scripts/cuda-wheels.sh
 . scripts/cuda-wheels.sh
 wheels .venv-cuda "$CUDA12_WHEELS"
+# h5py, safetensors and numpy: the script that writes --init's test files (a Keras HDF5 and a
+# torchvision safetensors file of one small ResNet; nothing is downloaded but the wheels).
+wheels .venv-init "h5py==3.16.0 safetensors==0.8.0 numpy==2.4.6"
 if [ "$cuda13" = 1 ]; then
     wheels .venv-cuda13 "$CUDA13_WHEELS"
 fi
-echo "installed: ${need[*]:-no Debian package needed}; NVRTC wheels in .venv-cuda$([ "$cuda13" = 1 ] && echo ", CUDA 13 wheels in .venv-cuda13")"
+echo "installed: ${need[*]:-no Debian package needed}; NVRTC wheels in .venv-cuda, h5py and safetensors in .venv-init$([ "$cuda13" = 1 ] && echo ", CUDA 13 wheels in .venv-cuda13")"

@@ -193,6 +193,9 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         cuda_graph: Default::default(),
         decay_all: false,
         comm: CommOptions::default(),
+        // The reference loads pretrained weights into every candidate; here they inherit
+        // their parent's (a deviation automl.json names).
+        init: None,
     };
     Ok(Request {
         spec,

@@ -89,6 +89,13 @@ pub struct RunArgs {
     /// in a score, a deviation the report names).
     #[arg(long, value_enum, value_name = "WHICH")]
     pub weight_decay_on: Option<DecayOn>,
+    /// Start resnet50 from pretrained weights: torchvision's ResNet-50 state dict saved as
+    /// safetensors, or Keras's ResNet50 weights in HDF5 (model.save_weights, Keras 2; AIPerf's
+    /// file). Layers are mapped by name and shape (torchvision's names; a Keras convolution's
+    /// bias folded into its batch norm); a file that does not fit the model (--classes,
+    /// --width, --depth) is refused, naming the first tensor that differs.
+    #[arg(long, value_name = "FILE")]
+    pub init: Option<std::path::PathBuf>,
     /// Seed (same seed, same thread count: the same run).
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
@@ -189,6 +196,7 @@ impl RunArgs {
             gpu: self.gpu,
             cuda_graph: self.cuda_graph,
             decay_all: self.weight_decay_on == Some(DecayOn::All),
+            init: self.init.clone(),
             comm: CommOptions {
                 wire: self.grad_compression,
                 overlap: !self.no_overlap,

@@ -3,6 +3,7 @@
 mod common;
 
 use common::*;
+use std::path::{Path, PathBuf};
 
 #[test]
 fn train_runs_a_small_resnet_and_reports_json() {
@@ -421,4 +422,139 @@ fn threads_follow_one_rule_in_every_verb() {
             "{verb}: --help does not say the rule"
         );
     }
+}
+
+/// The Python that writes `--init`'s test files (h5py, safetensors, numpy): `.venv-init`
+/// (scripts/install-test-tools.sh makes it), else python3 if it has them; None (skipped, or a
+/// failure under CI=true) without.
+fn init_python() -> Option<PathBuf> {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-init/bin/python");
+    for py in [venv, PathBuf::from("python3")] {
+        let ok = std::process::Command::new(&py)
+            .args(["-c", "import h5py, safetensors, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if ok {
+            return Some(py);
+        }
+    }
+    let why = "no Python with h5py, safetensors and numpy (scripts/install-test-tools.sh makes .venv-init)";
+    if std::env::var("CI").is_ok_and(|v| v == "true") {
+        panic!("{why}");
+    }
+    roofline_model::skipped::skipped("--init's files (train_starts_from_pretrained_weights)", why);
+    None
+}
+
+/// `--init` reads torchvision's safetensors and Keras's HDF5, written by a script in their own
+/// layouts from the same weights (Keras's with a bias on every convolution, its moving mean
+/// raised by it): both read as the same tensors in this trainer's layouts (convolutions
+/// transposed from out×in×h×w, the bias folded back), a run starts from them, and a file
+/// that does not fit the model, or a workload that has none, is one line and exit 2.
+#[test]
+fn train_starts_from_pretrained_weights() {
+    let Some(py) = init_python() else { return };
+    let dir = tmpdir("init");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-init-files.py");
+    let o = std::process::Command::new(&py)
+        .arg(&script)
+        .arg(&dir)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (tv, keras) = (dir.join("tv.safetensors"), dir.join("keras.h5"));
+    use roofline_workloads::init::{Layout, Pretrained};
+    let a = Pretrained::read(&tv).unwrap();
+    let b = Pretrained::read(&keras).unwrap();
+    assert_eq!((a.layout, b.layout), (Layout::Torchvision, Layout::Keras));
+    assert_eq!(
+        a.tensors.keys().collect::<Vec<_>>(),
+        b.tensors.keys().collect::<Vec<_>>()
+    );
+    for (name, (shape, v)) in &a.tensors {
+        let (s, w) = &b.tensors[name];
+        assert_eq!(shape, s, "{name}");
+        let worst = v
+            .iter()
+            .zip(w)
+            .map(|(x, y)| (x - y).abs())
+            .fold(0.0, f64::max);
+        assert!(worst < 1e-6, "{name}: {worst}");
+    }
+    assert_eq!(
+        a.tensors["conv1.weight"].0,
+        vec![7, 7, 3, 8],
+        "h × w × in × out"
+    );
+    assert_eq!(a.tensors["fc.weight"].0, vec![256, 4], "in × out");
+    let args = |init: &Path, classes: &str| -> Vec<String> {
+        [
+            "train",
+            "--workload",
+            "resnet50",
+            "--synthetic",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,1,1",
+            "--resolution",
+            "32",
+            "--classes",
+            classes,
+            "--batch",
+            "4",
+            "--steps",
+            "2",
+            "--eval-images",
+            "8",
+            "--json",
+            "--init",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([init.display().to_string()])
+        .collect()
+    };
+    // The same weights from either file: the same run, to the last bit; without them, another.
+    let loss = |a: &[String]| -> f64 {
+        let o = bin().args(a).output().unwrap();
+        assert!(o.status.success(), "{a:?}: {}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["final_loss"].as_f64().unwrap()
+    };
+    let (from_tv, from_keras) = (loss(&args(&tv, "4")), loss(&args(&keras, "4")));
+    let mut seeded = args(&tv, "4");
+    seeded.truncate(seeded.len() - 2);
+    let from_seed = loss(&seeded);
+    assert!(
+        (from_tv - from_keras).abs() <= 1e-6 * from_tv.abs(),
+        "{from_tv} {from_keras}"
+    );
+    assert_ne!(from_tv, from_seed, "the file's weights were not used");
+    let five = args(&tv, "5");
+    let five: Vec<&str> = five.iter().map(|s| s.as_str()).collect();
+    expect_input_error(&five, None, "fc.bias is [4] in the file, [5] in the model");
+    let deep = args(&keras, "4");
+    let mut deep: Vec<&str> = deep.iter().map(|s| s.as_str()).collect();
+    deep[7] = "1,1,2,1";
+    expect_input_error(&deep, None, "no layer3.1.bn1.bias in the file");
+    expect_input_error(
+        &[
+            "train",
+            "--workload",
+            "ewa",
+            "--synthetic",
+            "--steps",
+            "1",
+            "--init",
+        ],
+        Some(&tv),
+        "--init loads ResNet-50 weights for resnet50",
+    );
+    let junk = dir.join("junk.h5");
+    std::fs::write(&junk, b"\x89HDF\r\n\x1a\nnot really").unwrap();
+    let mut bad = args(&junk, "4");
+    bad.pop();
+    let bad: Vec<&str> = bad.iter().map(|s| s.as_str()).collect();
+    expect_input_error(&bad, Some(&junk), "--init");
 }

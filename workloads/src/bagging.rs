@@ -400,6 +400,7 @@ mod tests {
                 comm: Default::default(),
                 ensemble: None,
                 stop: None,
+                init: None,
             },
         };
         let mut preds = Vec::new();

@@ -368,6 +368,7 @@ mod tests {
                 comm: Default::default(),
                 ensemble: None,
                 stop: None,
+                init: None,
             },
         }
     }

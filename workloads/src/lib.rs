@@ -16,6 +16,7 @@ pub mod exchange;
 pub mod folder;
 pub mod gpu;
 pub mod graph;
+pub mod init;
 pub mod layers;
 pub mod resnet;
 pub mod run;

@@ -448,6 +448,40 @@ impl<T: Float> ResNet<T> {
         }
     }
 
+    /// Every parameter's and running statistic's shape in this trainer's layouts (a
+    /// convolution r × s × in × out, the classifier in × out), by name (`--init`'s check).
+    pub fn shapes(&self) -> std::collections::BTreeMap<String, Vec<usize>> {
+        let mut m = std::collections::BTreeMap::new();
+        let conv = |m: &mut std::collections::BTreeMap<String, Vec<usize>>, c: &Conv2d<T>| {
+            let s = &c.shape;
+            m.insert(c.weight.name.clone(), vec![s.r, s.s, s.c, s.k]);
+        };
+        let bn = |m: &mut std::collections::BTreeMap<String, Vec<usize>>, b: &BatchNorm<T>| {
+            let base = b.gamma.name.trim_end_matches(".weight");
+            for f in ["weight", "bias", "running_mean", "running_var"] {
+                m.insert(format!("{base}.{f}"), vec![b.gamma.value.len()]);
+            }
+        };
+        conv(&mut m, &self.stem);
+        bn(&mut m, &self.stem_bn);
+        for b in &self.blocks {
+            for (c, n) in [(&b.conv1, &b.bn1), (&b.conv2, &b.bn2), (&b.conv3, &b.bn3)] {
+                conv(&mut m, c);
+                bn(&mut m, n);
+            }
+            if let Some((c, n)) = &b.down {
+                conv(&mut m, c);
+                bn(&mut m, n);
+            }
+        }
+        m.insert(
+            self.fc.weight.name.clone(),
+            vec![self.fc.inputs, self.fc.outputs],
+        );
+        m.insert(self.fc.bias.name.clone(), vec![self.fc.outputs]);
+        m
+    }
+
     /// Every batch norm's running statistics, by name (for checkpoints).
     pub fn running_stats(&mut self) -> Vec<(String, &mut Vec<T>, &mut Vec<T>)> {
         let mut v = vec![(

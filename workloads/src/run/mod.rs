@@ -61,6 +61,9 @@ pub struct RunOptions {
     /// Stop before the next step once this is set (AutoML's time budget, Ctrl-C): the run ends
     /// as if `stop_at` had been the step it reached.
     pub stop: Option<std::sync::Arc<std::sync::atomic::AtomicBool>>,
+    /// Pretrained starting weights (`--init FILE`), checked against the model when the run
+    /// was prepared; a resumed checkpoint still wins.
+    pub init: Option<std::sync::Arc<crate::init::Pretrained>>,
 }
 
 impl RunOptions {
@@ -83,6 +86,7 @@ impl RunOptions {
             comm: CommOptions::default(),
             ensemble: None,
             stop: None,
+            init: None,
         }
     }
 }

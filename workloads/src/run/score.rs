@@ -206,6 +206,12 @@ pub fn not_comparable(a: &Spec, custom_target: bool, rules: &Rules) -> Vec<Strin
     if !rules.decay_all {
         v.push("weight decay on the weights alone (--weight-decay-on weights); the rules decay every parameter, batch norm's γ and β included (§5.4)".into());
     }
+    if let Some(f) = &a.init {
+        v.push(format!(
+            "started from pretrained weights (--init {}); the rules train from a random initialisation to the target quality",
+            f.display()
+        ));
+    }
     if custom_target {
         v.push(if ewa {
             format!(
@@ -368,6 +374,7 @@ mod tests {
             cuda_graph: Default::default(),
             decay_all: true,
             comm: Default::default(),
+            init: None,
         }
     }
 
@@ -421,6 +428,16 @@ mod tests {
         let weights = Rules::of(&a, &options(false, false), 24.3e9);
         let why = not_comparable(&a, false, &weights);
         assert!(why.len() == 1 && why[0].contains("weight decay"), "{why:?}");
+        let pretrained = Spec {
+            init: Some("resnet50.safetensors".into()),
+            ..papers()
+        };
+        let rules = Rules::of(&pretrained, &options(false, true), 24.3e9);
+        let why = not_comparable(&pretrained, false, &rules);
+        assert!(
+            why.len() == 1 && why[0].contains("--init resnet50.safetensors"),
+            "{why:?}"
+        );
         // A scaled model: the analytic count, said in its reason.
         let small = Spec {
             width: 0.25,

@@ -148,6 +148,8 @@ pub struct Spec {
     /// Weight decay on every parameter (HPC AI500's rule), or on the weights alone.
     pub decay_all: bool,
     pub comm: CommOptions,
+    /// Pretrained ResNet-50 weights to start from (torchvision safetensors or Keras HDF5).
+    pub init: Option<PathBuf>,
 }
 
 /// What a prepared run trains.
@@ -584,6 +586,14 @@ fn classifier(a: &Spec) -> Result<(Job, Resolution), RunError> {
         decay: Decay::Cosine,
         run: run_options(a, batch, steps, a.target_top1),
     };
+    let mut cfg = cfg;
+    if let Some(path) = &a.init {
+        // Read and checked against the model now: a file that does not fit is bad input.
+        let p = crate::init::Pretrained::read(path).map_err(|e| input(e.to_string()))?;
+        p.check(&crate::resnet::ResNet::<f32>::new(cfg.model.clone(), 0).shapes())
+            .map_err(|e| input(e.to_string()))?;
+        cfg.run.init = Some(std::sync::Arc::new(p));
+    }
     Ok((Job::Classifier(cfg), res))
 }
 
@@ -627,6 +637,12 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
     use crate::detect::model::DetectorConfig;
     use crate::ewa_data::{write_synthetic, EwaSet};
     let input = |m: String| RunError::Input(m);
+    if a.init.is_some() {
+        return Err(input(
+            "--init loads ResNet-50 weights for resnet50; the ewa detector starts from its seed"
+                .into(),
+        ));
+    }
     if a.target_top1.is_some() {
         return Err(input(
             "--target-top1 is resnet50's; ewa stops at --target-map (mAP@0.5)".into(),

@@ -307,6 +307,11 @@ pub fn run<T: Float, W: Task<T>>(
     let schedule = task.schedule();
     let flops = task.flops(&model);
     let (mut start_step, mut order) = (0, task.first_order());
+    if let Some(p) = &opts.init {
+        let setup = |e: crate::init::InitError| TrainError::Setup(e.to_string());
+        p.params(model.params()).map_err(setup)?;
+        p.stats(model.running_stats()).map_err(setup)?;
+    }
     if let Some(path) = &opts.resume {
         (start_step, order) = load(path, task, &mut model)?;
     }

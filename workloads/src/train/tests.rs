@@ -83,6 +83,7 @@ fn two_ranks_equal_one_process_on_the_global_batch() {
             comm: Default::default(),
             ensemble: None,
             stop: None,
+            init: None,
         },
     };
     let single = train::<f64, _>(&cfg, &Quiet, None).unwrap();
@@ -193,6 +194,7 @@ fn tiny() -> TrainConfig {
             comm: Default::default(),
             ensemble: None,
             stop: None,
+            init: None,
         },
     }
 }
@@ -486,6 +488,7 @@ fn small_resnet_seeded(products: crate::tensor::Products, seed: u64) -> (f64, Su
             comm: Default::default(),
             ensemble: None,
             stop: None,
+            init: None,
         },
     };
     let pool = rayon::ThreadPoolBuilder::new().build().unwrap();
