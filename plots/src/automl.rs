@@ -131,8 +131,12 @@ fn tree(h: &mut String, doc: &Automl, parent: Option<usize>, best: Option<usize>
                 .join(" + ")
         };
         h.push_str(&format!(
-            "<li{}>#{} {} — top-1 {}, {} parameters, {}FLOP per image, batch {}, kernel {}, {} epoch(s), {}",
-            if Some(c.id) == best { " class=\"best\"" } else { "" },
+            "<li{}>#{} {} — top-1 {}, {} parameters, {}FLOP per image, batch {}, kernel {}, {}, {}",
+            if Some(c.id) == best {
+                " class=\"best\""
+            } else {
+                ""
+            },
             c.id,
             escape(&how),
             top1(c),
@@ -140,13 +144,30 @@ fn tree(h: &mut String, doc: &Automl, parent: Option<usize>, best: Option<usize>
             si(c.ops_per_image.total),
             c.batch,
             c.kernel,
-            c.epochs.len(),
+            epochs(c),
             escape(&outcome(c))
         ));
         tree(h, doc, Some(c.id), best);
         h.push_str("</li>");
     }
     h.push_str("</ul>");
+}
+
+/// A candidate's epochs, and its second training's (the per-trial TPE's) when it had one.
+fn epochs(c: &roofline_model::automl::Candidate) -> String {
+    let n = |pass| c.epochs.iter().filter(|e| e.pass == pass).count();
+    match &c.retrain {
+        None => format!("{} epoch(s)", c.epochs.len()),
+        Some(r) => format!(
+            "{} epoch(s), then {} with the TPE draw (batch {}, kernel {}, dropout {:.3} not applied), {}",
+            n(0),
+            n(1),
+            r.batch,
+            r.kernel,
+            r.dropout,
+            if r.won { "kept" } else { "not kept" }
+        ),
+    }
 }
 
 /// A round step for time ticks over 0..`max` seconds (1, 2 or 5 × a power of ten, three to
@@ -429,5 +450,21 @@ mod tests {
             "each deviation from the reference named"
         );
         assert!(h.contains("0.5 s, 2.50 % of the run"), "the master's share");
+        let mut c = candidate(3, Some(1), 0.6);
+        c.epochs.push(Epoch {
+            pass: 1,
+            ..c.epochs[0].clone()
+        });
+        c.retrain = Some(roofline_model::automl::Retrain {
+            batch: 16,
+            kernel: 5,
+            dropout: 0.1,
+            top1: Some(0.6),
+            won: false,
+        });
+        assert_eq!(
+            epochs(&c),
+            "1 epoch(s), then 1 with the TPE draw (batch 16, kernel 5, dropout 0.100 not applied), not kept"
+        );
     }
 }

@@ -160,6 +160,23 @@ pub struct AutomlScore {
     pub master_seconds: f64,
 }
 
+impl AutomlScore {
+    /// A run's score before anything is measured (error 1: nothing learnt yet).
+    pub fn fresh() -> AutomlScore {
+        AutomlScore {
+            flops: 0.0,
+            regulated: 0.0,
+            error: 1.0,
+            best_candidate: None,
+            elapsed_s: 0.0,
+            candidates_per_minute: 0.0,
+            training_share: 0.0,
+            search_seconds: 0.0,
+            master_seconds: 0.0,
+        }
+    }
+}
+
 /// A worker: its rank(s), trials and busy time.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Worker {
