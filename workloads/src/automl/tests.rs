@@ -476,7 +476,6 @@ fn a_short_search_finds_trains_and_resumes() {
             "candidate {}",
             c.id
         );
-        assert_eq!(c.round, c.id / 2, "two workers: the sequence number over 2");
         let second: Vec<_> = c.epochs.iter().filter(|e| e.pass == 1).collect();
         match &c.retrain {
             Some(r) => {
@@ -486,14 +485,19 @@ fn a_short_search_finds_trains_and_resumes() {
                     [1, 3].contains(&r.kernel) && (4..8).contains(&r.batch),
                     "{r:?}"
                 );
-                assert!(!second.is_empty());
+                // The budget may end the second training before its first epoch.
+                assert!(!second.is_empty() || (r.top1.is_none() && !r.won), "{r:?}");
                 if r.won {
                     assert_eq!((c.batch, c.kernel), (r.batch, r.kernel));
                 }
             }
+            // A trial of round 4 or later that ran to its end trained twice.
             None => assert!(
                 second.is_empty()
-                    && (c.round < 3 || c.epochs.is_empty() || c.outcome == Outcome::Cut)
+                    && (c.round < 3
+                        || !matches!(c.outcome, Outcome::Trained | Outcome::EarlyStopped)),
+                "candidate {}",
+                c.id
             ),
         }
     }
