@@ -9,6 +9,11 @@
                       moving_mean:0, moving_variance:0; kernels h x w x in x out), with a bias
                       on every convolution and the batch norm's moving mean raised by it, so that
                       folding the bias back gives torchvision's file exactly.
+  OUT/keras1.h5       the same weights in keras_applications' names and Keras 1's layout, as
+                      resnet50_weights_tf_dim_ordering_tf_kernels.h5 of that era has them
+                      (conv1, bn_conv1, res2a_branch2a, bn2a_branch1, fc1000; datasets
+                      directly in the layer's group, named {layer}_W:0, _b:0, _gamma:0,
+                      _beta:0, _running_mean:0, _running_std:0, the last the variance).
 
 The network: ResNet-50 v1's shape at width W (64·W base channels), bottlenecks DEPTH per stage,
 CLASSES outputs. Nothing is downloaded.
@@ -90,6 +95,27 @@ def main():
             inner = g.create_group(layer)
             for v, x in vs.items():
                 inner.create_dataset(v + ":0", data=x)
+    keras1_vars = {"kernel": "W", "bias": "b", "gamma": "gamma", "beta": "beta",
+                   "moving_mean": "running_mean", "moving_variance": "running_std"}
+    with h5py.File(os.path.join(a.out, "keras1.h5"), "w") as f:
+        names = [keras1_name(k) for k, _ in keras]
+        f.attrs["layer_names"] = np.array([k.encode() for k in names])
+        for layer, (_, vs) in zip(names, keras):
+            g = f.create_group(layer)
+            g.attrs["weight_names"] = np.array(
+                [f"{layer}_{keras1_vars[v]}:0".encode() for v in vs])
+            for v, x in vs.items():
+                g.create_dataset(f"{layer}_{keras1_vars[v]}:0", data=x)
+
+
+def keras1_name(layer):
+    """conv3_block2_1_conv -> res3b_branch2a, conv3_block2_0_bn -> bn3b_branch1."""
+    fixed = {"conv1_conv": "conv1", "conv1_bn": "bn_conv1", "predictions": "fc1000"}
+    if layer in fixed:
+        return fixed[layer]
+    stage, block, i, kind = layer[4], int(layer.split("_")[1][5:]), int(layer.split("_")[2]), layer.split("_")[3]
+    branch = "1" if i == 0 else "2" + "abc"[i - 1]
+    return f"{'res' if kind == 'conv' else 'bn'}{stage}{chr(ord('a') + block - 1)}_branch{branch}"
 
 
 if __name__ == "__main__":

@@ -88,6 +88,14 @@ pub struct AutomlArgs {
     /// same threads: the same candidates, apart from what timing decides).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Start every candidate from pretrained ResNet-50 weights, as AIPerf's reference does
+    /// (never from its parent): Keras's ResNet50 .h5 (the reference's file) or torchvision's
+    /// state dict as safetensors. Each layer a candidate still has from ResNet-50, in its
+    /// shape, takes the file's weights; layers the morphisms added or widened start from the
+    /// seed. The file must fit the starting network (--classes, --width, --depth). Without
+    /// it, children start from their parent's trained weights (a deviation automl.json names).
+    #[arg(long, value_name = "FILE")]
+    init: Option<PathBuf>,
     /// Convolution and dense layers a candidate may have (default: the start's + 24).
     #[arg(long)]
     max_layers: Option<usize>,
@@ -193,9 +201,8 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         cuda_graph: Default::default(),
         decay_all: false,
         comm: CommOptions::default(),
-        // The reference loads pretrained weights into every candidate; here they inherit
-        // their parent's (a deviation automl.json names).
-        init: None,
+        // Checked against the starting network when the run is prepared.
+        init: a.init.clone(),
     };
     Ok(Request {
         spec,

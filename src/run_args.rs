@@ -90,8 +90,8 @@ pub struct RunArgs {
     #[arg(long, value_enum, value_name = "WHICH")]
     pub weight_decay_on: Option<DecayOn>,
     /// Start resnet50 from pretrained weights: torchvision's ResNet-50 state dict saved as
-    /// safetensors, or Keras's ResNet50 weights in HDF5 (model.save_weights, Keras 2; AIPerf's
-    /// file). Layers are mapped by name and shape (torchvision's names; a Keras convolution's
+    /// safetensors, or Keras's ResNet50 weights in HDF5 (model.save_weights, Keras 2's names or
+    /// keras_applications' older res2a_branch2a ones; AIPerf's file). Layers are mapped by name and shape (torchvision's names; a Keras convolution's
     /// bias folded into its batch norm); a file that does not fit the model (--classes,
     /// --width, --depth) is refused, naming the first tensor that differs.
     #[arg(long, value_name = "FILE")]

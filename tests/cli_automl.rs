@@ -216,6 +216,94 @@ fn automl_interrupted_keeps_its_candidates_and_resumes() {
     assert!(after.score.elapsed_s > before.score.elapsed_s);
 }
 
+/// `--init FILE` starts every candidate from the pretrained file as AIPerf's reference does
+/// (here the reference's own naming, keras_applications' res2a_branch2a in Keras 1's layout):
+/// the start takes all its layers from the file, a child all those it still has from
+/// ResNet-50 with their shapes and none of its own new ones; the run records the file and the
+/// deviation that remains; going on without the file, or a file that does not fit the starting
+/// network, is one line, exit 2.
+#[test]
+fn automl_starts_every_candidate_from_the_pretrained_file() {
+    let dir = tmpdir("automl-init");
+    if !init_files(
+        &dir,
+        "automl_starts_every_candidate_from_the_pretrained_file",
+    ) {
+        return;
+    }
+    let out = dir.join("run.json");
+    let mut cmd = bin();
+    small(&mut cmd, &out, "12s");
+    let o = cmd
+        .arg("--init")
+        .arg(dir.join("keras1.h5"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let doc = roofline_model::automl::Automl::read(&out).unwrap();
+    assert_eq!(doc.configuration["init"]["layout"], "Keras HDF5");
+    assert!(doc.candidates.len() >= 3, "{}", stderr(&o));
+    assert!(
+        doc.deviations[0].contains("by name and shape"),
+        "{:?}",
+        doc.deviations
+    );
+    for c in &doc.candidates {
+        let f = c
+            .pretrained
+            .unwrap_or_else(|| panic!("candidate {}: no pretrained", c.id));
+        let net: roofline_workloads::graph::Description =
+            serde_json::from_value(c.description.clone()).unwrap();
+        let unnamed = net
+            .nodes
+            .iter()
+            .filter(|n| n.name.is_none() && roofline_workloads::graph::prefix(n.op).is_some())
+            .count();
+        let widened = c.morphisms.iter().filter(|m| m["kind"] == "wider").count();
+        if widened == 0 {
+            assert_eq!(f.layers, f.of - unnamed, "candidate {}: {f:?}", c.id);
+        } else {
+            assert!(f.layers < f.of - unnamed, "candidate {}: {f:?}", c.id);
+        }
+        if c.parent.is_none() && c.morphisms.is_empty() {
+            assert_eq!((f.layers, unnamed), (f.of, 0), "the start is ResNet's");
+        }
+    }
+    assert!(
+        doc.candidates.iter().any(|c| !c.morphisms.is_empty()),
+        "children were made"
+    );
+    // Its candidates came from the file: going on without it is refused.
+    expect_input_error(
+        &[
+            "automl",
+            "--classes",
+            "4",
+            "--resume",
+            "-o",
+            out.to_str().unwrap(),
+        ],
+        None,
+        "started with --init",
+    );
+    let five = dir.join("five.json");
+    let tv = dir.join("tv.safetensors");
+    expect_input_error(
+        &[
+            "automl",
+            "--classes",
+            "5",
+            "-o",
+            five.to_str().unwrap(),
+            "--init",
+            tv.to_str().unwrap(),
+        ],
+        None,
+        "fc.bias is [4] in the file, [5] in the model",
+    );
+    assert!(!five.exists());
+}
+
 /// Bad input: one line, exit 2, nothing run.
 #[test]
 fn automl_bad_input_is_one_line() {

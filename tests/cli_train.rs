@@ -3,7 +3,7 @@
 mod common;
 
 use common::*;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 #[test]
 fn train_runs_a_small_resnet_and_reports_json() {
@@ -424,28 +424,6 @@ fn threads_follow_one_rule_in_every_verb() {
     }
 }
 
-/// The Python that writes `--init`'s test files (h5py, safetensors, numpy): `.venv-init`
-/// (scripts/install-test-tools.sh makes it), else python3 if it has them; None (skipped, or a
-/// failure under CI=true) without.
-fn init_python() -> Option<PathBuf> {
-    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-init/bin/python");
-    for py in [venv, PathBuf::from("python3")] {
-        let ok = std::process::Command::new(&py)
-            .args(["-c", "import h5py, safetensors, numpy"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if ok {
-            return Some(py);
-        }
-    }
-    let why = "no Python with h5py, safetensors and numpy (scripts/install-test-tools.sh makes .venv-init)";
-    if std::env::var("CI").is_ok_and(|v| v == "true") {
-        panic!("{why}");
-    }
-    roofline_model::skipped::skipped("--init's files (train_starts_from_pretrained_weights)", why);
-    None
-}
-
 /// `--init` reads torchvision's safetensors and Keras's HDF5, written by a script in their own
 /// layouts from the same weights (Keras's with a bias on every convolution, its moving mean
 /// raised by it): both read as the same tensors in this trainer's layouts (convolutions
@@ -453,33 +431,34 @@ fn init_python() -> Option<PathBuf> {
 /// that does not fit the model, or a workload that has none, is one line and exit 2.
 #[test]
 fn train_starts_from_pretrained_weights() {
-    let Some(py) = init_python() else { return };
     let dir = tmpdir("init");
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-init-files.py");
-    let o = std::process::Command::new(&py)
-        .arg(&script)
-        .arg(&dir)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", stderr(&o));
+    if !init_files(&dir, "train_starts_from_pretrained_weights") {
+        return;
+    }
     let (tv, keras) = (dir.join("tv.safetensors"), dir.join("keras.h5"));
     use roofline_workloads::init::{Layout, Pretrained};
     let a = Pretrained::read(&tv).unwrap();
-    let b = Pretrained::read(&keras).unwrap();
-    assert_eq!((a.layout, b.layout), (Layout::Torchvision, Layout::Keras));
-    assert_eq!(
-        a.tensors.keys().collect::<Vec<_>>(),
-        b.tensors.keys().collect::<Vec<_>>()
-    );
-    for (name, (shape, v)) in &a.tensors {
-        let (s, w) = &b.tensors[name];
-        assert_eq!(shape, s, "{name}");
-        let worst = v
-            .iter()
-            .zip(w)
-            .map(|(x, y)| (x - y).abs())
-            .fold(0.0, f64::max);
-        assert!(worst < 1e-6, "{name}: {worst}");
+    assert_eq!(a.layout, Layout::Torchvision);
+    // Keras 2's names, and keras_applications' in Keras 1's layout (AIPerf's file).
+    for file in [keras.clone(), dir.join("keras1.h5")] {
+        let b = Pretrained::read(&file).unwrap();
+        assert_eq!(b.layout, Layout::Keras);
+        assert_eq!(
+            a.tensors.keys().collect::<Vec<_>>(),
+            b.tensors.keys().collect::<Vec<_>>(),
+            "{}",
+            file.display()
+        );
+        for (name, (shape, v)) in &a.tensors {
+            let (s, w) = &b.tensors[name];
+            assert_eq!(shape, s, "{name}");
+            let worst = v
+                .iter()
+                .zip(w)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max);
+            assert!(worst < 1e-6, "{}: {name}: {worst}", file.display());
+        }
     }
     assert_eq!(
         a.tensors["conv1.weight"].0,

@@ -130,6 +130,13 @@ fn tree(h: &mut String, doc: &Automl, parent: Option<usize>, best: Option<usize>
                 .collect::<Vec<_>>()
                 .join(" + ")
         };
+        let how = match c.pretrained {
+            Some(f) => format!(
+                "{how}, {} of {} layers from the pretrained file",
+                f.layers, f.of
+            ),
+            None => how,
+        };
         h.push_str(&format!(
             "<li{}>#{} {} — top-1 {}, {} parameters, {}FLOP per image, batch {}, kernel {}, {}, {}",
             if Some(c.id) == best {
@@ -159,7 +166,7 @@ fn epochs(c: &roofline_model::automl::Candidate) -> String {
     match &c.retrain {
         None => format!("{} epoch(s)", c.epochs.len()),
         Some(r) => format!(
-            "{} epoch(s), then {} with the TPE draw (batch {}, kernel {}, dropout {:.3} not applied), {}",
+            "{} epoch(s), then {} with the TPE draw (batch {}, kernel {}, dropout {:.3}), {}",
             n(0),
             n(1),
             r.batch,
@@ -386,6 +393,7 @@ mod tests {
             }],
             predicted_top1: None,
             retrain: None,
+            pretrained: None,
             outcome: Outcome::Trained,
         }
     }
@@ -464,7 +472,11 @@ mod tests {
         });
         assert_eq!(
             epochs(&c),
-            "1 epoch(s), then 1 with the TPE draw (batch 16, kernel 5, dropout 0.100 not applied), not kept"
+            "1 epoch(s), then 1 with the TPE draw (batch 16, kernel 5, dropout 0.100), not kept"
         );
+        // A candidate started from --init's file says how much of it the file filled.
+        let mut d = doc.clone();
+        d.candidates[2].pretrained = Some(roofline_model::automl::Filled { layers: 9, of: 12 });
+        assert!(html(&d).contains("#2 wider, 9 of 12 layers from the pretrained file"));
     }
 }

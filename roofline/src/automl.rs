@@ -71,12 +71,21 @@ fn is_zero(n: &usize) -> bool {
 pub struct Retrain {
     pub batch: usize,
     pub kernel: usize,
-    /// Drawn from [0, 0.2] as the reference draws it; not applied (the graph has no dropout
-    /// layer).
+    /// Drawn from [0, 0.2] as the reference draws it. The reference sets it on a network's
+    /// dropout layers, and no candidate has one there or here (its deeper morphism stops at the
+    /// global pooling, and no other adds one): recorded, with no effect in either.
     pub dropout: f64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top1: Option<f64>,
     pub won: bool,
+}
+
+/// How many of a network's layers with weights a pretrained file (`--init`) filled; the rest
+/// started from their own initialisation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Filled {
+    pub layers: usize,
+    pub of: usize,
 }
 
 /// One candidate network.
@@ -112,6 +121,10 @@ pub struct Candidate {
     pub predicted_top1: Option<f64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retrain: Option<Retrain>,
+    /// Its layers filled from `--init`'s file (AIPerf's start: every candidate from the
+    /// pretrained file, never its parent); none when it started from its parent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pretrained: Option<Filled>,
     #[serde(flatten)]
     pub outcome: Outcome,
 }

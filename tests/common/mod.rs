@@ -142,3 +142,29 @@ pub fn assert_figures_fit(files: &[&Path]) {
         }
     }
 }
+
+/// Writes `--init`'s test files into `dir` (`scripts/make-init-files.py`: tv.safetensors,
+/// keras.h5, keras1.h5, one small ResNet's weights) with a Python that has h5py, safetensors
+/// and numpy: `.venv-init` (scripts/install-test-tools.sh makes it), else python3 if it has
+/// them. Without one, false: `test` is listed as skipped, or fails under CI=true.
+pub fn init_files(dir: &Path, test: &str) -> bool {
+    let venv = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv-init/bin/python");
+    let py = [venv, PathBuf::from("python3")].into_iter().find(|py| {
+        Command::new(py)
+            .args(["-c", "import h5py, safetensors, numpy"])
+            .output()
+            .is_ok_and(|o| o.status.success())
+    });
+    let Some(py) = py else {
+        let why = "no Python with h5py, safetensors and numpy (scripts/install-test-tools.sh makes .venv-init)";
+        if std::env::var("CI").is_ok_and(|v| v == "true") {
+            panic!("{why}");
+        }
+        roofline_model::skipped::skipped(&format!("--init's files ({test})"), why);
+        return false;
+    };
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/make-init-files.py");
+    let o = Command::new(&py).arg(&script).arg(dir).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    true
+}

@@ -69,6 +69,11 @@ impl Op {
 pub struct Node {
     pub op: Op,
     pub inputs: Vec<usize>,
+    /// The ResNet layer it is (`layer1.0.conv1`, `bn1`, `fc`: the trainer's and torchvision's
+    /// names), for a network described from ResNet and kept by the morphisms; none for a layer
+    /// a morphism added. Pretrained weights (`--init`) go by it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 /// A network as data.
@@ -113,6 +118,7 @@ impl Description {
                 .map(|(i, &op)| Node {
                     op,
                     inputs: vec![i],
+                    name: None,
                 })
                 .collect(),
         }
@@ -125,8 +131,12 @@ impl Description {
     pub fn resnet(cfg: &crate::resnet::Config, channels: usize) -> Description {
         let width = |base: usize| ((base as f64 * cfg.width).round() as usize).max(1);
         let mut nodes: Vec<Node> = Vec::new();
-        let mut push = |op: Op, inputs: Vec<usize>| {
-            nodes.push(Node { op, inputs });
+        let mut push = |op: Op, inputs: Vec<usize>, name: String| {
+            nodes.push(Node {
+                op,
+                inputs,
+                name: Some(name),
+            });
             nodes.len()
         };
         let conv = |channels, kernel, stride| Op::Conv {
@@ -136,9 +146,9 @@ impl Description {
         };
         let bn = |relu| Op::BatchNorm { relu };
         let c0 = width(64);
-        let v = push(conv(c0, 7, 2), vec![0]);
-        let v = push(bn(true), vec![v]);
-        let mut x = push(Op::MaxPool, vec![v]);
+        let v = push(conv(c0, 7, 2), vec![0], "conv1".into());
+        let v = push(bn(true), vec![v], "bn1".into());
+        let mut x = push(Op::MaxPool, vec![v], "maxpool".into());
         let mut cin = c0;
         for (stage, &n) in cfg.blocks.iter().enumerate() {
             let mid = width(64 << stage);
@@ -149,32 +159,54 @@ impl Description {
                     crate::resnet::Version::V1_5 => (1, stride),
                 };
                 let out = mid * 4;
+                let block = format!("layer{}.{b}", stage + 1);
+                let at = |layer: &str| format!("{block}.{layer}");
                 // The shortcut's convolution first: ResNet draws its weights first.
                 let short = if stride != 1 || cin != out {
-                    let d = push(conv(out, 1, stride), vec![x]);
-                    push(bn(false), vec![d])
+                    let d = push(conv(out, 1, stride), vec![x], at("downsample.0"));
+                    push(bn(false), vec![d], at("downsample.1"))
                 } else {
                     x
                 };
-                let v = push(conv(mid, 1, s1), vec![x]);
-                let v = push(bn(true), vec![v]);
-                let v = push(conv(mid, 3, s2), vec![v]);
-                let v = push(bn(true), vec![v]);
-                let v = push(conv(out, 1, 1), vec![v]);
-                let v = push(bn(false), vec![v]);
-                let v = push(Op::Add, vec![v, short]);
-                x = push(Op::Relu, vec![v]);
+                let v = push(conv(mid, 1, s1), vec![x], at("conv1"));
+                let v = push(bn(true), vec![v], at("bn1"));
+                let v = push(conv(mid, 3, s2), vec![v], at("conv2"));
+                let v = push(bn(true), vec![v], at("bn2"));
+                let v = push(conv(out, 1, 1), vec![v], at("conv3"));
+                let v = push(bn(false), vec![v], at("bn3"));
+                let v = push(Op::Add, vec![v, short], at("add"));
+                x = push(Op::Relu, vec![v], at("relu"));
                 cin = out;
             }
         }
-        let v = push(Op::GlobalAvgPool, vec![x]);
+        let v = push(Op::GlobalAvgPool, vec![x], "avgpool".into());
         push(
             Op::Dense {
                 outputs: cfg.classes,
             },
             vec![v],
+            "fc".into(),
         );
         Description { channels, nodes }
+    }
+
+    /// Every named layer's parameters and running statistics, by their ResNet names, in the
+    /// trainer's layouts (a convolution r × s × in × out, the dense layer in × out): for
+    /// ResNet's description, [`crate::resnet::ResNet::shapes`]; what `--init` fills.
+    pub fn named_shapes(
+        &self,
+        h: usize,
+        w: usize,
+    ) -> Result<std::collections::BTreeMap<String, Vec<usize>>, GraphError> {
+        let s = self.shapes(h, w)?;
+        let mut m = std::collections::BTreeMap::new();
+        for n in &self.nodes {
+            let Some(name) = &n.name else { continue };
+            for (field, shape) in tensors(n.op, s[n.inputs[0]].2) {
+                m.insert(format!("{name}.{field}"), shape);
+            }
+        }
+        Ok(m)
     }
 
     /// Every value's shape for an `h × w` input (value 0 the input), or what is wrong.
@@ -296,6 +328,33 @@ impl Description {
                 }
             })
             .collect())
+    }
+}
+
+/// A layer's parameters and running statistics (by the field its graph node names them with,
+/// `node{i}.{prefix}.{field}`, and as a named layer's `{name}.{field}`) with their shapes, for
+/// `op` on `c` input channels; none for layers without weights.
+pub fn tensors(op: Op, c: usize) -> Vec<(&'static str, Vec<usize>)> {
+    match op {
+        Op::Conv {
+            channels, kernel, ..
+        } => vec![("weight", vec![kernel, kernel, c, channels])],
+        Op::BatchNorm { .. } => ["weight", "bias", "running_mean", "running_var"]
+            .into_iter()
+            .map(|f| (f, vec![c]))
+            .collect(),
+        Op::Dense { outputs } => vec![("weight", vec![c, outputs]), ("bias", vec![outputs])],
+        Op::Relu | Op::MaxPool | Op::Add | Op::GlobalAvgPool => Vec::new(),
+    }
+}
+
+/// The prefix a graph node's tensors carry after `node{i}.` (`Graph::new`'s).
+pub fn prefix(op: Op) -> Option<&'static str> {
+    match op {
+        Op::Conv { .. } => Some("conv"),
+        Op::BatchNorm { .. } => Some("bn"),
+        Op::Dense { .. } => Some("fc"),
+        Op::Relu | Op::MaxPool | Op::Add | Op::GlobalAvgPool => None,
     }
 }
 

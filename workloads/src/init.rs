@@ -6,18 +6,27 @@
 //!   `layer1.0.conv1`, `layer1.0.downsample.0`, `fc`); convolutions are stored out × in × h × w
 //!   and the classifier out × in, this trainer's h × w × in × out and in × out (transposed on
 //!   reading); `num_batches_tracked` is left out.
-//! - **Keras's ResNet50 weights in HDF5** (`model.save_weights("….h5")`, Keras 2's layout, the
-//!   file AIPerf's reference loads): `conv1_conv`, `conv1_bn`, `conv{s}_block{b}_{i}_conv` and
-//!   `_bn` (i = 0 the shortcut), `predictions`, each with `kernel:0`, `bias:0`, `gamma:0`,
-//!   `beta:0`, `moving_mean:0`, `moving_variance:0`. Kernels are h × w × in × out already.
+//! - **Keras's ResNet50 weights in HDF5** (`model.save_weights("….h5")`, the file AIPerf's
+//!   reference loads, `resnet50_weights_tf_dim_ordering_tf_kernels.h5`), in either of Keras's
+//!   namings: `tf.keras.applications`' (`conv1_conv`, `conv1_bn`, `conv{s}_block{b}_{i}_conv`
+//!   and `_bn` with i = 0 the shortcut, `predictions`) or the older `keras_applications`'
+//!   (`conv1`, `bn_conv1`, `res{s}{a,b,…}_branch{2a,2b,2c,1}`, `bn{s}{a,b,…}_branch…`,
+//!   `fc1000`); each with `kernel:0`, `bias:0`, `gamma:0`, `beta:0`, `moving_mean:0`,
+//!   `moving_variance:0`. Kernels are h × w × in × out already.
 //!   Keras's convolutions have a bias and this trainer's do not: each feeds a batch norm, and
 //!   `BN(x + b)` with running mean `m` is `BN(x)` with running mean `m − b`, so the bias is
 //!   folded into the running mean (exact in inference; in training the batch's mean absorbs it).
 //!
 //! Every tensor of the model must be in the file with its shape, and every tensor of the file
 //! must have its place in the model; the first that does not is refused in one line.
+//!
+//! AutoML's candidates ([`Pretrained::into_graph`]) take the file as AIPerf's reference does:
+//! every candidate starts from it, never from its parent, each layer that is still ResNet-50's
+//! with its shape filled from the file and every other layer (added or reshaped by a morphism)
+//! from its own initialisation.
 
-use crate::checkpoint::{Checkpoint, CheckpointError, RunningStats};
+use crate::checkpoint::{Checkpoint, CheckpointError, RunningStats, Stored};
+use crate::graph::{Description, Graph, GraphError};
 use crate::layers::Param;
 use crate::tensor::Float;
 use std::collections::BTreeMap;
@@ -66,7 +75,11 @@ pub enum InitError {
         layout: Layout,
         what: String,
     },
+    #[error("--init into the network: {0}")]
+    Network(#[from] GraphError),
 }
+
+pub use roofline_model::automl::Filled;
 
 /// A file's tensors in this trainer's names and layouts.
 #[derive(Clone, Debug)]
@@ -160,6 +173,80 @@ impl Pretrained {
         }
         Ok(())
     }
+
+    /// The layers of a described network (`side × side` images) the file fills: every named
+    /// layer ([`crate::graph::Node::name`]) whose tensors the file has, all in the same shapes;
+    /// by node, with its name. Layers a morphism added have no name, and one it reshaped
+    /// (wider's) no longer fits.
+    fn fitting(
+        &self,
+        d: &Description,
+        side: usize,
+    ) -> Result<(Vec<(usize, String)>, usize), InitError> {
+        let shapes = d.shapes(side, side)?;
+        let (mut fit, mut of) = (Vec::new(), 0);
+        for (i, n) in d.nodes.iter().enumerate() {
+            if crate::graph::prefix(n.op).is_none() {
+                continue;
+            }
+            of += 1;
+            let Some(name) = &n.name else { continue };
+            let fits = crate::graph::tensors(n.op, shapes[n.inputs[0]].2)
+                .iter()
+                .all(|(field, shape)| {
+                    matches!(self.tensors.get(&format!("{name}.{field}")), Some((s, _)) if s == shape)
+                });
+            if fits {
+                fit.push((i, name.clone()));
+            }
+        }
+        Ok((fit, of))
+    }
+
+    /// How many of the network's layers with weights the file fills.
+    pub fn filled(&self, d: &Description, side: usize) -> Result<Filled, InitError> {
+        let (fit, of) = self.fitting(d, side)?;
+        Ok(Filled {
+            layers: fit.len(),
+            of,
+        })
+    }
+
+    /// A described network's starting weights for `side × side` images (a checkpoint
+    /// `Graph::load` takes, momenta zero): the graph's own initialisation from `seed` (what
+    /// `Graph::new` with that seed draws), with the layers the file fills (`filled`) taking
+    /// the file's values.
+    pub fn into_graph(
+        &self,
+        d: &Description,
+        side: usize,
+        seed: u64,
+    ) -> Result<(Checkpoint, Filled), InitError> {
+        let shapes = d.shapes(side, side)?;
+        let (fit, of) = self.fitting(d, side)?;
+        let mut c = Graph::<f32>::new(d.clone(), side, side, seed)?.snapshot();
+        for (i, name) in &fit {
+            let n = &d.nodes[*i];
+            let prefix = crate::graph::prefix(n.op).expect("a layer with weights");
+            for (field, _) in crate::graph::tensors(n.op, shapes[n.inputs[0]].2) {
+                let (_, v) = &self.tensors[&format!("{name}.{field}")];
+                let key = format!("node{i}.{prefix}.{field}");
+                if !c.tensors.contains_key(&key) {
+                    return Err(self.mismatch(format!(
+                        "the network has no {key} for the file's {name}.{field}"
+                    )));
+                }
+                c.tensors.insert(key, Stored::f64s(v.iter().copied()));
+            }
+        }
+        Ok((
+            c,
+            Filled {
+                layers: fit.len(),
+                of,
+            },
+        ))
+    }
 }
 
 /// A row-major out × in × h × w kernel as h × w × in × out.
@@ -217,13 +304,16 @@ fn torchvision(path: &Path) -> Result<Pretrained, InitError> {
     })
 }
 
-/// A Keras layer's name as this trainer's (without the variable).
+/// A Keras layer's name as this trainer's (without the variable), in either naming.
 fn keras_name(layer: &str) -> Option<String> {
     match layer {
-        "conv1_conv" => return Some("conv1".into()),
-        "conv1_bn" => return Some("bn1".into()),
+        "conv1_conv" | "conv1" => return Some("conv1".into()),
+        "conv1_bn" | "bn_conv1" => return Some("bn1".into()),
         "predictions" | "fc1000" => return Some("fc".into()),
         _ => {}
+    }
+    if let Some(name) = keras_applications_name(layer) {
+        return Some(name);
     }
     // conv{s}_block{b}_{i}_{conv|bn}
     let rest = layer.strip_prefix("conv")?;
@@ -243,6 +333,58 @@ fn keras_name(layer: &str) -> Option<String> {
         (i, "bn") => format!("{prefix}.bn{i}"),
         _ => return None,
     })
+}
+
+/// `keras_applications`' names: `res2a_branch2a` (stage 2, block a, the main path's first
+/// convolution), `bn2a_branch2a` its batch norm, `res2a_branch1` the shortcut.
+fn keras_applications_name(layer: &str) -> Option<String> {
+    let (bn, rest) = match layer.strip_prefix("bn") {
+        Some(r) => (true, r),
+        None => (false, layer.strip_prefix("res")?),
+    };
+    let (block, branch) = rest.split_once("_branch")?;
+    let mut chars = block.chars();
+    let stage = chars.next()?.to_digit(10)? as usize;
+    let letters: String = chars.collect();
+    // Blocks a, b, c, …; ResNet-101/152's files number them b1, b2, … after a.
+    let index = match letters.as_bytes() {
+        [l @ b'a'..=b'z'] => (l - b'a') as usize,
+        [b'b', digits @ ..] if !digits.is_empty() => {
+            std::str::from_utf8(digits).ok()?.parse::<usize>().ok()?
+        }
+        _ => return None,
+    };
+    if !(2..=5).contains(&stage) {
+        return None;
+    }
+    let layer = match (branch, bn) {
+        ("1", false) => "downsample.0".to_string(),
+        ("1", true) => "downsample.1".to_string(),
+        (b, false) => format!("conv{}", main_branch(b)?),
+        (b, true) => format!("bn{}", main_branch(b)?),
+    };
+    Some(format!("layer{}.{index}.{layer}", stage - 1))
+}
+
+/// `2a`, `2b`, `2c`: the main path's first, second and third layers.
+fn main_branch(b: &str) -> Option<usize> {
+    match b {
+        "2a" => Some(1),
+        "2b" => Some(2),
+        "2c" => Some(3),
+        _ => None,
+    }
+}
+
+/// The batch norm a convolution of this trainer feeds (`conv1` → `bn1`,
+/// `layer1.0.conv2` → `layer1.0.bn2`, `….downsample.0` → `….downsample.1`).
+fn bn_of(conv: &str) -> Option<String> {
+    if let Some(block) = conv.strip_suffix("downsample.0") {
+        return Some(format!("{block}downsample.1"));
+    }
+    let (head, i) = conv.rsplit_once("conv")?;
+    i.parse::<usize>().ok()?;
+    Some(format!("{head}bn{i}"))
 }
 
 fn keras(path: &Path) -> Result<Pretrained, InitError> {
@@ -277,17 +419,24 @@ fn keras(path: &Path) -> Result<Pretrained, InitError> {
     let mut biases: Vec<(String, String, Vec<f64>)> = Vec::new();
     for (layer, var, shape, v) in found {
         let var = var.strip_suffix(":0").unwrap_or(&var);
+        // Keras 1's datasets carry their layer's name: `res2a_branch2a_W:0`.
+        let var = var
+            .strip_prefix(layer.as_str())
+            .and_then(|v| v.strip_prefix('_'))
+            .unwrap_or(var);
         let ours = keras_name(&layer)
             .ok_or_else(|| mismatch(format!("{layer}/{var}: not a layer of Keras's ResNet50")))?;
+        // Keras 1's names: W, b, and running_std for what is the variance (Keras 2 reads it
+        // as moving_variance).
         let field = match var {
-            "kernel" | "gamma" => "weight",
-            "bias" if layer.ends_with("_conv") => {
+            "kernel" | "W" | "gamma" => "weight",
+            "bias" | "b" if bn_of(&ours).is_some() => {
                 biases.push((layer.clone(), ours, v));
                 continue;
             }
-            "bias" | "beta" => "bias",
-            "moving_mean" => "running_mean",
-            "moving_variance" => "running_var",
+            "bias" | "b" | "beta" => "bias",
+            "moving_mean" | "running_mean" => "running_mean",
+            "moving_variance" | "running_std" => "running_var",
             other => {
                 return Err(mismatch(format!(
                     "{layer}/{other}: not a ResNet50 variable"
@@ -297,8 +446,8 @@ fn keras(path: &Path) -> Result<Pretrained, InitError> {
         tensors.insert(format!("{ours}.{field}"), (shape, v));
     }
     // A convolution's bias into its batch norm's running mean.
-    for (layer, _, b) in biases {
-        let bn = keras_name(&format!("{}_bn", layer.trim_end_matches("_conv")))
+    for (layer, ours, b) in biases {
+        let bn = bn_of(&ours)
             .ok_or_else(|| mismatch(format!("{layer}: no batch norm to fold its bias into")))?;
         let key = format!("{bn}.running_mean");
         let (_, mean) = tensors
@@ -337,6 +486,17 @@ mod tests {
             ("conv3_block4_2_conv", "layer2.3.conv2"),
             ("conv5_block3_3_bn", "layer4.2.bn3"),
             ("predictions", "fc"),
+            // keras_applications' names, AIPerf's file.
+            ("conv1", "conv1"),
+            ("bn_conv1", "bn1"),
+            ("res2a_branch2a", "layer1.0.conv1"),
+            ("bn2a_branch2a", "layer1.0.bn1"),
+            ("res2a_branch1", "layer1.0.downsample.0"),
+            ("bn2a_branch1", "layer1.0.downsample.1"),
+            ("res3d_branch2b", "layer2.3.conv2"),
+            ("bn4f_branch2c", "layer3.5.bn3"),
+            ("res4b22_branch2a", "layer3.22.conv1"),
+            ("fc1000", "fc"),
         ] {
             assert_eq!(keras_name(k).as_deref(), Some(ours), "{k}");
         }
@@ -345,9 +505,120 @@ mod tests {
             "conv2_block0_1_conv",
             "dense",
             "conv2_block1_4_conv",
+            "res6a_branch2a",
+            "res2a_branch2d",
+            "res2A_branch1",
+            "bn2a_branch3",
         ] {
             assert_eq!(keras_name(k), None, "{k}");
         }
+    }
+
+    /// A file's weights go into a described ResNet by name: ResNet's own (every parameter and
+    /// statistic moved off its initial value) give the graph ResNet's logits in inference;
+    /// the named tensors are ResNet's, one for one; a morphism's new layers keep the graph's
+    /// own initialisation (not deeper's identity), and a widened convolution, the batch norm
+    /// its channels pass and the layer that reads them are not filled.
+    #[test]
+    fn a_file_fills_a_described_resnet_by_name() {
+        use crate::automl::morph::{self, Morphism};
+        use crate::data::Rng;
+        use crate::graph::Op;
+        use crate::resnet::{Config, ResNet, Version};
+        let cfg = Config {
+            version: Version::V1,
+            blocks: [1, 1, 0, 0],
+            width: 0.125,
+            classes: 4,
+            zero_init_residual: false,
+        };
+        let side = 32;
+        let d = Description::resnet(&cfg, 3);
+        let mut r = ResNet::<f64>::new(cfg.clone(), 5);
+        let shapes = r.shapes();
+        assert_eq!(d.named_shapes(side, side).unwrap(), shapes);
+        let mut rng = Rng::new(9);
+        let mut tensors = BTreeMap::new();
+        for p in r.params() {
+            p.value
+                .iter_mut()
+                .for_each(|v| *v += rng.uniform(-0.05, 0.05));
+            tensors.insert(p.name.clone(), (shapes[&p.name].clone(), p.value.clone()));
+        }
+        for (name, mean, var) in r.running_stats() {
+            mean.iter_mut().for_each(|v| *v = rng.uniform(-0.2, 0.2));
+            var.iter_mut().for_each(|v| *v = rng.uniform(0.5, 1.5));
+            for (f, v) in [("running_mean", &*mean), ("running_var", &*var)] {
+                let key = format!("{name}.{f}");
+                tensors.insert(key.clone(), (shapes[&key].clone(), v.clone()));
+            }
+        }
+        assert_eq!(tensors.len(), shapes.len());
+        let file = Pretrained {
+            path: "test.safetensors".into(),
+            layout: Layout::Torchvision,
+            tensors,
+        };
+        let weighted = d
+            .nodes
+            .iter()
+            .filter(|n| crate::graph::prefix(n.op).is_some())
+            .count();
+        let (c, filled) = file.into_graph(&d, side, 77).unwrap();
+        assert_eq!(
+            filled,
+            Filled {
+                layers: weighted,
+                of: weighted
+            }
+        );
+        let mut g = Graph::<f64>::new(d.clone(), side, side, 0).unwrap();
+        g.load(&c).unwrap();
+        let x = crate::graph::tests::rand(2, side, side, 3, 4);
+        let (a, b) = (g.forward(&x, false), r.forward(&x, false));
+        for (u, v) in a.data.iter().zip(&b.data) {
+            assert!((u - v).abs() <= 1e-9 * v.abs().max(1.0), "{u} vs {v}");
+        }
+        // Deeper: two new layers from the graph's seed, the rest from the file.
+        let after = d
+            .nodes
+            .iter()
+            .position(|n| n.op == Op::Relu)
+            .expect("a block's ReLU")
+            + 1;
+        let m = Morphism::Deeper { after, kernel: 3 };
+        let deeper = morph::child(&d, m, (side, side)).unwrap();
+        let (c, filled) = file.into_graph(&deeper, side, 77).unwrap();
+        assert_eq!(
+            filled,
+            Filled {
+                layers: weighted,
+                of: weighted + 2
+            }
+        );
+        let fresh = Graph::<f32>::new(deeper.clone(), side, side, 77)
+            .unwrap()
+            .snapshot();
+        let new = format!("node{after}.conv.weight");
+        assert_eq!(
+            c.tensors[&new].to_f64s().unwrap(),
+            fresh.tensors[&new].to_f64s().unwrap()
+        );
+        assert_eq!(deeper.nodes[after].name, None);
+        // Wider: the convolution, the batch norm after it and the next convolution differ.
+        let node = d
+            .nodes
+            .iter()
+            .position(|n| n.name.as_deref() == Some("layer1.0.conv1"))
+            .unwrap();
+        let wider = morph::child(&d, Morphism::Wider { node }, (side, side)).unwrap();
+        assert_eq!(
+            file.filled(&wider, side).unwrap(),
+            Filled {
+                layers: weighted - 3,
+                of: weighted
+            }
+        );
     }
 
     /// out×in×h×w to h×w×in×out and a matrix's transpose, element by element.

@@ -237,10 +237,7 @@ impl<'a> Run<'a> {
             running: BTreeMap::new(),
             next_id,
             buffer,
-            cx: Context {
-                classify: s.classify.clone(),
-                fault: s.fault,
-            },
+            cx: Context::new(&s.classify, s.fault),
             start,
             last_sample: Instant::now(),
             dirty: true,
@@ -445,6 +442,14 @@ impl<'a> Run<'a> {
                 ""
             }
         ));
+        // With --init every candidate starts from the file: how much of it fits.
+        let pretrained = match &self.cx.init {
+            Some(f) => match f.filled(&prop.description, side) {
+                Ok(n) => Some(n),
+                Err(e) => return Ack::Rejected(e.to_string()),
+            },
+            None => None,
+        };
         self.doc.candidates.push(Candidate {
             id,
             parent: prop.parent,
@@ -472,6 +477,7 @@ impl<'a> Run<'a> {
             epochs: Vec::new(),
             predicted_top1: None,
             retrain: None,
+            pretrained,
             outcome: Outcome::Running,
         });
         self.nets.push(prop.description);

@@ -231,6 +231,7 @@ fn insert(
                 .iter()
                 .map(|&v| if v == redirect { at + m } else { shift(v) })
                 .collect(),
+            name: n.name.clone(),
         }
     };
     for i in 0..at {
@@ -297,6 +298,7 @@ pub fn apply(
                             stride: 1,
                         },
                         inputs: vec![after],
+                        name: None,
                     },
                     BTreeMap::from([("conv.weight".to_string(), conv)]),
                 ),
@@ -304,6 +306,7 @@ pub fn apply(
                     Node {
                         op: Op::BatchNorm { relu: true },
                         inputs: vec![after + 1],
+                        name: None,
                     },
                     bn,
                 ),
@@ -327,6 +330,7 @@ pub fn apply(
                             stride,
                         },
                         inputs: vec![from],
+                        name: None,
                     },
                     BTreeMap::from([("conv.weight".to_string(), vec![0.0; cin * cout])]),
                 ),
@@ -334,6 +338,7 @@ pub fn apply(
                     Node {
                         op: Op::Add,
                         inputs: vec![to + 1, to + 2],
+                        name: None,
                     },
                     BTreeMap::new(),
                 ),
@@ -347,6 +352,33 @@ pub fn apply(
     };
     child.shapes(side.0, side.1)?;
     Ok((child, weights))
+}
+
+/// The child of `d` by `m`, its description only: what the search sizes, and what a
+/// candidate that starts from a pretrained file rather than its parent trains.
+pub fn child(
+    d: &Description,
+    m: Morphism,
+    side: (usize, usize),
+) -> Result<Description, MorphError> {
+    match m {
+        // Wider's weights are not needed to know its shape.
+        Morphism::Wider { node } => {
+            if wider_path(d, node).is_none() {
+                return Err(MorphError::NotApplicable(
+                    m,
+                    "its channels reach an addition or more than one layer".into(),
+                ));
+            }
+            let mut c = d.clone();
+            if let Op::Conv { channels, .. } = &mut c.nodes[node].op {
+                *channels *= 2;
+            }
+            c.shapes(side.0, side.1)?;
+            Ok(c)
+        }
+        _ => apply(d, &Weights::default(), m, side, 0).map(|(c, _)| c),
+    }
 }
 
 enum Widen {
@@ -438,26 +470,14 @@ pub fn neighbours(
         let j = (rng.next_u64() % (i as u64 + 1)) as usize;
         all.swap(i, j);
     }
-    let empty = Weights::default();
     let mut out = Vec::new();
     for m in all {
         if out.len() == n {
             break;
         }
-        // The description only (weights come when the child is trained): wider's weights are
-        // not needed to know its shape.
-        let child = match m {
-            Morphism::Wider { node } => {
-                let mut c = d.clone();
-                if let Op::Conv { channels, .. } = &mut c.nodes[node].op {
-                    *channels *= 2;
-                }
-                c
-            }
-            _ => match apply(d, &empty, m, (side, side), 0) {
-                Ok((c, _)) => c,
-                Err(_) => continue,
-            },
+        // The description only (weights come when the child is trained).
+        let Ok(child) = child(d, m, (side, side)) else {
+            continue;
         };
         let params = child
             .layers(side, side)

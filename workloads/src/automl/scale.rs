@@ -93,6 +93,7 @@ pub fn history(
                 .collect(),
             predicted_top1: None,
             retrain: None,
+            pretrained: None,
             outcome: Outcome::Trained,
         });
         std::fs::write(weights.join(format!("{id}.safetensors")), b"")?;

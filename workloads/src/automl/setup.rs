@@ -137,7 +137,26 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
                 req.out.display()
             )));
         }
-        Some(Automl::read(&req.out).map_err(|e| input(format!("--resume: {e}")))?)
+        let doc = Automl::read(&req.out).map_err(|e| input(format!("--resume: {e}")))?;
+        // Its candidates started from one file (or from their parents): the rest must too.
+        let was = doc.configuration.get("init").and_then(|i| i.get("path"));
+        let now = classify
+            .run
+            .init
+            .as_ref()
+            .map(|p| serde_json::json!(p.path));
+        if was.filter(|v| !v.is_null()) != now.as_ref() {
+            let say = |v: Option<&serde_json::Value>| match v.and_then(|v| v.as_str()) {
+                Some(p) => format!("--init {p}"),
+                None => "no --init (children from their parents)".to_string(),
+            };
+            return Err(input(format!(
+                "--resume: {} started with {}; go on with the same",
+                req.out.display(),
+                say(was),
+            )));
+        }
+        Some(doc)
     } else {
         roofline_model::write::check_writable(&req.out).map_err(|e| input(e.to_string()))?;
         None
@@ -182,6 +201,10 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         "sample_every_s": req.sample_every.as_secs_f64(),
         "stall_s": req.stall.as_secs_f64(),
         "seed": req.spec.seed,
+        "init": classify.run.init.as_ref().map(|p| serde_json::json!({
+            "path": p.path,
+            "layout": p.layout.to_string(),
+        })),
         "precision": "f32",
         "ops_rule": "AIPerf (tables I-III): training images x (forward + backward + update), evaluation images x forward",
     });
@@ -214,7 +237,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             // The graph trainer's precision (`train::<f32, _>` in the worker).
             precision: roofline_model::Precision::F32,
         },
-        deviations: deviations(),
+        deviations: deviations(classify.run.init.as_deref()),
         configuration: configuration.as_object().cloned().unwrap_or_default(),
         provenance,
         resume,
@@ -280,11 +303,15 @@ pub fn run(
     Ok((master::automl(&s, progress, cancel)?, cal))
 }
 
-/// Where `roofline automl` departs from AIPerf's reference code, each with its reason.
-pub fn deviations() -> Vec<String> {
+/// Where `roofline automl` departs from AIPerf's reference code, each with its reason; `init`:
+/// the pretrained file the candidates start from (`--init`).
+pub fn deviations(init: Option<&crate::init::Pretrained>) -> Vec<String> {
+    let start = match init {
+        None => "candidates start from their parent's trained weights (Net2Net, function-preserving morphisms); the reference loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer, and never the parent's: --init FILE does so (Keras's ResNet50 .h5, the reference's file, or torchvision's safetensors)".to_string(),
+        Some(_) => "the pretrained file's layers go into a candidate's by name and shape (every layer still ResNet-50's, with its shape); the reference pairs them in the order they were created and skips a file layer that does not fit: the same pairing for the start and for children that only add layers (deeper, skip), but past a widened layer it tries each later file layer on that layer, loading the rest only where shapes happen to agree".to_string(),
+    };
     vec![
-        "candidates start from their parent's trained weights (Net2Net, function-preserving morphisms); the reference loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer, and never the parent's (automl has no --init yet)".into(),
-        "the per-trial TPE's dropout rate is drawn and recorded, not applied: the trainer's graph has no dropout layer".into(),
+        start,
         "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB (automl trains on the CPU)".into(),
         "the predicted accuracy's curve a·log2(x+b)+c is fitted by least squares for a and c on a grid of b; the reference's by scipy's curve_fit (Levenberg–Marquardt): the same model and points, another optimiser".into(),
     ]
@@ -297,10 +324,7 @@ pub fn worker_context(req: &Request) -> Result<(super::worker::Context, Vec<usiz
         return Err(RunError::Input("automl searches image classifiers".into()));
     };
     Ok((
-        super::worker::Context {
-            classify: classify.clone(),
-            fault: req.fault,
-        },
+        super::worker::Context::new(classify, req.fault),
         prep.cpus.clone(),
     ))
 }

@@ -1,6 +1,8 @@
 //! An AutoML worker: proposes its next candidate from the shared history (the search runs on
 //! the worker, as AIPerf's does on its slaves) and trains what the master records; makes each
-//! child from its parent's trained weights (the morphisms, function-preserving), and trains it
+//! child from its parent's trained weights (the morphisms, function-preserving), or with
+//! `--init` from the pretrained file as AIPerf's reference does (every layer still
+//! ResNet-50's from the file, the others from their own initialisation), and trains it
 //! epoch by epoch in the one training loop (a checkpoint after every epoch, the next epoch
 //! resumed from it) under AIPerf's per-trial rules (`rules`: early stopping on the validation
 //! loss, the predicted accuracy, from round 4 a second training with a TPE draw), reporting
@@ -15,6 +17,7 @@ use super::rules::{self, Draw, EarlyStopping, Space};
 use crate::checkpoint::Checkpoint;
 use crate::data::Rng;
 use crate::graph::{Description, GraphTask};
+use crate::init::Pretrained;
 use crate::train::{train, Monitor, TrainConfig};
 use roofline_model::automl::{Epoch, Outcome};
 use serde::{Deserialize, Serialize};
@@ -101,7 +104,24 @@ pub enum Fault {
 pub struct Context {
     /// The data, schedule and evaluation every candidate trains with.
     pub classify: TrainConfig,
+    /// `--init`'s pretrained ResNet-50: every candidate starts from it, not from its parent.
+    pub init: Option<Arc<Pretrained>>,
     pub fault: Option<Fault>,
+}
+
+impl Context {
+    /// The candidates' training settings, and the pretrained file `--init` gave the run (taken
+    /// out of the settings: a candidate's layers take it by name, [`Pretrained::into_graph`],
+    /// not as ResNet's training run takes it).
+    pub fn new(classify: &TrainConfig, fault: Option<Fault>) -> Context {
+        let mut classify = classify.clone();
+        let init = classify.run.init.take();
+        Context {
+            classify,
+            init,
+            fault,
+        }
+    }
 }
 
 /// Sends a heartbeat at most every second.
@@ -227,6 +247,20 @@ pub fn work(
     Ok(())
 }
 
+/// The candidate's starting weights: the pretrained file's where `--init` gave one (none of
+/// the parent's), else the parent's trained ones through the morphisms.
+fn start_from(trial: &Trial, cx: &Context, side: usize) -> Result<Option<Arc<Checkpoint>>, String> {
+    match &cx.init {
+        Some(p) => {
+            let (c, _) = p
+                .into_graph(&trial.description, side, trial.seed)
+                .map_err(|e| e.to_string())?;
+            Ok(Some(Arc::new(c)))
+        }
+        None => inherit(trial, side),
+    }
+}
+
 /// The child's starting weights: the parent's trained ones through the morphisms.
 fn inherit(trial: &Trial, side: usize) -> Result<Option<Arc<Checkpoint>>, String> {
     let Some((parent, path)) = &trial.parent else {
@@ -281,7 +315,7 @@ fn run_trial(
     }
     let side = cx.classify.data.resolution();
     let draw = rules::draw(space, 1, &mut Rng::new(trial.seed ^ 0x7E_5EED));
-    let second = retuned(trial, draw, side)?;
+    let second = retuned(trial, draw, side, cx.init.is_none())?;
     let pass = train_pass(worker, &second, 1, link, cx, None)?;
     let won =
         pass.value().unwrap_or(f64::NEG_INFINITY) > first.value().unwrap_or(f64::NEG_INFINITY);
@@ -313,16 +347,16 @@ fn run_trial(
 
 /// The trial with the draw's batch, and its deeper layers with the draw's kernel (the
 /// reference sets the kernel of the layers the search added); its own checkpoint and ops.
-fn retuned(trial: &Trial, draw: Draw, side: usize) -> Result<Trial, String> {
+/// `inherits`: the child is made from its parent's weights (else only its description: it
+/// starts from the pretrained file).
+fn retuned(trial: &Trial, draw: Draw, side: usize, inherits: bool) -> Result<Trial, String> {
     let mut t = trial.clone();
     t.batch = draw.batch.max(1);
     t.kernel = draw.kernel;
     t.tune = None;
     t.checkpoint = trial.checkpoint.with_extension("tpe.safetensors");
     if let Some((parent, path)) = &trial.parent {
-        let c = Checkpoint::load(path).map_err(|e| format!("the parent's weights: {e}"))?;
         let mut net = parent.clone();
-        let mut w = Weights::from_checkpoint(&c, net.nodes.len()).map_err(|e| e.to_string())?;
         t.morphisms = trial
             .morphisms
             .iter()
@@ -334,9 +368,18 @@ fn retuned(trial: &Trial, draw: Draw, side: usize) -> Result<Trial, String> {
                 m => m,
             })
             .collect();
-        for (k, &m) in t.morphisms.iter().enumerate() {
-            let seed = t.seed.wrapping_add(k as u64);
-            (net, w) = morph::apply(&net, &w, m, (side, side), seed).map_err(|e| e.to_string())?;
+        if inherits {
+            let c = Checkpoint::load(path).map_err(|e| format!("the parent's weights: {e}"))?;
+            let mut w = Weights::from_checkpoint(&c, net.nodes.len()).map_err(|e| e.to_string())?;
+            for (k, &m) in t.morphisms.iter().enumerate() {
+                let seed = t.seed.wrapping_add(k as u64);
+                (net, w) =
+                    morph::apply(&net, &w, m, (side, side), seed).map_err(|e| e.to_string())?;
+            }
+        } else {
+            for &m in &t.morphisms {
+                net = morph::child(&net, m, (side, side)).map_err(|e| e.to_string())?;
+            }
         }
         let layers = net.layers(side, side).map_err(|e| e.to_string())?;
         let ops = crate::accounting::aiperf(&layers);
@@ -376,7 +419,7 @@ fn train_pass(
     };
     let mut task =
         GraphTask::new(trial.description.clone(), classify).map_err(|e| e.to_string())?;
-    task.init = inherit(trial, side)?;
+    task.init = start_from(trial, cx, side)?;
     let beats = Beats {
         link,
         worker,

@@ -19,6 +19,7 @@ pub(crate) fn every_layer() -> Description {
     let node = |op, inputs: &[usize]| Node {
         op,
         inputs: inputs.to_vec(),
+        name: None,
     };
     Description {
         channels: 3,

@@ -45,14 +45,15 @@ fn stats_of(s: &Summary) -> [f64; STATS] {
 }
 
 /// Trains the ensemble of `ranks.plan` from `seed` and scores it against `target`, each
-/// sample's training step counting `flops_per_sample` FLOPs (V3.0 table 3's rules). Every rank
-/// calls it; the reporting rank gets the result.
+/// sample's training step counting `ops.0` FLOPs (the published count, or V3.0 table 3's
+/// rules), with roofline's analytic count `ops.1` beside a published one. Every rank calls
+/// it; the reporting rank gets the result.
 pub fn run(
     prep: &Prepared,
     ranks: &Ranks,
     seed: u64,
     target: &Target,
-    flops_per_sample: f64,
+    (flops_per_sample, analytic): (f64, Option<f64>),
 ) -> Result<Option<Bagged>, RunError> {
     let plan = ranks
         .plan
@@ -119,7 +120,7 @@ pub fn run(
         })
         .collect();
     let images = stats.iter().map(|s| s[3] as usize).sum();
-    let run = BaggedRun::new(
+    let mut run = BaggedRun::new(
         scores,
         plan.ranks_per_model,
         prep.batch(),
@@ -129,6 +130,7 @@ pub fn run(
         e.quality,
         (target.value, target.exponent),
     );
+    run.analytic_flops_per_sample = analytic;
     Ok(Some(Bagged {
         run,
         top5: e.top5,
