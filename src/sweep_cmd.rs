@@ -127,6 +127,9 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     for n in &result.notes {
         outln!("note: {n}");
     }
+    for d in &result.deviations {
+        outln!("departs from SAIH: {d}");
+    }
     outln!(
         "wrote {}, {} and {}/",
         a.output.display(),

@@ -302,6 +302,10 @@ fn small_sweep(
 fn sweep_epochs_read_every_image_and_scale_weakly() {
     let dir = tmpdir("sweep-epochs");
     let (o, s) = small_sweep("16,32", &["--epochs", "1"], &dir.join("s.json"));
+    assert!(
+        s.get("deviations").is_none(),
+        "every image read: SAIH's method"
+    );
     let pts = s["points"].as_array().unwrap();
     assert_eq!(pts.len(), 4);
     for p in pts {
@@ -347,8 +351,17 @@ fn sweep_epochs_read_every_image_and_scale_weakly() {
 fn sweep_places_a_grid_and_scales_it() {
     let (machine, _) = quick_machine();
     let dir = tmpdir("sweep");
-    let (_, s) = small_sweep("32,128", &["--steps", "2"], &dir.join("s.json"));
+    let (o, s) = small_sweep("32,128", &["--steps", "2"], &dir.join("s.json"));
     assert_eq!(s["schema"], "roofline/sweep/v1");
+    // Fixed steps whatever the images: the data axis is estimated, and the sweep says so.
+    assert!(
+        s["deviations"][0]
+            .as_str()
+            .unwrap()
+            .contains("--epochs E reads every image"),
+        "{s}"
+    );
+    assert!(String::from_utf8_lossy(&o.stdout).contains("departs from SAIH: each point trains"));
     let pts = s["points"].as_array().unwrap();
     assert_eq!(pts.len(), 4);
     // Smallest problem first; SAIH's problem size = FLOPs per sample × samples.

@@ -277,6 +277,9 @@ pub struct Sweep {
     /// Grid points left out (the model filter's choices, failed runs) and why.
     #[serde(default)]
     pub notes: Vec<String>,
+    /// Where the sweep departs from SAIH's method, each with its reason (empty: none).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub deviations: Vec<String>,
 }
 
 impl Sweep {

@@ -59,6 +59,15 @@ pub struct Swept {
     pub points_dir: PathBuf,
 }
 
+/// Where a sweep of `epochs` per point (None: `--warm` + `--steps` steps) departs from SAIH,
+/// which trains every point over its whole data.
+pub fn deviations(epochs: Option<usize>) -> Vec<String> {
+    match epochs {
+        Some(_) => Vec::new(),
+        None => vec!["each point trains --warm + --steps steps whatever its --images, so not every image is read and the data axis is the epoch time estimated from the measured steps; SAIH trains each point over all its data (--epochs E reads every image, ⌈E × images / batch⌉ steps)".into()],
+    }
+}
+
 /// Runs the sweep `req` (Ctrl-C through `cancel` ends it after the running point, keeping
 /// what was measured).
 pub fn sweep(
@@ -98,6 +107,7 @@ pub fn sweep(
         scaling: Vec::new(),
         weak_scaling: Vec::new(),
         notes: plan.notes,
+        deviations: deviations(req.epochs),
     };
     report.header(kind);
     let mut ran = 0;
