@@ -10,12 +10,13 @@
 //! - [`propose`]: the search as a worker runs it, from the shared history.
 //! - [`rules`]: AIPerf's per-trial rules (patience, early stopping on the validation loss,
 //!   the predicted accuracy, the per-trial TPE draw).
-//! - [`tpe`]: the accuracy curve's fit.
+//! - [`curve`]: the accuracy curve's fit, as scipy's `curve_fit` makes it.
 //! - [`worker`]: a worker's loop.
 //! - [`master`]: the run (recording proposals, watchdog, time series, `automl.json`, resume).
 //! - [`scale`]: a grown history and the master's share at scale (the bench `automl_scale`).
 
 pub mod buffer;
+pub mod curve;
 pub mod master;
 pub mod morph;
 pub mod propose;
@@ -26,7 +27,6 @@ pub mod scale;
 pub mod search;
 pub mod setup;
 pub mod tally;
-pub mod tpe;
 pub mod worker;
 
 #[cfg(test)]

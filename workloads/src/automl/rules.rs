@@ -15,7 +15,7 @@
 //!   seen 20, so the draw is the prior's: a kernel from the choices, a batch uniform in the
 //!   range (rounded down to a multiple of 16 from 16 up) and a dropout rate in [0, 0.2].
 
-use super::tpe;
+use super::curve;
 use crate::data::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -78,8 +78,8 @@ pub fn predicted(planned: usize, curve: &[(f64, f64)]) -> Option<f64> {
     }
     let mut points = curve.to_vec();
     points.push(ANCHOR);
-    let (a, b, c) = tpe::log_fit(&points)?;
-    let f = |x: f64| a * (x + b).log2() + c;
+    let fit = curve::fit(&points)?;
+    let f = |x: f64| curve::at(&fit, x);
     let rmse =
         (points.iter().map(|p| (f(p.0) - p.1).powi(2)).sum::<f64>() / points.len() as f64).sqrt();
     let p = f(PREDICT_AT) - 2.0 * rmse;
@@ -195,8 +195,8 @@ mod tests {
             .collect();
         let mut pts = high.clone();
         pts.push(ANCHOR);
-        let (fa, fb, fc) = tpe::log_fit(&pts).unwrap();
-        let f = |x: f64| fa * (x + fb).log2() + fc;
+        let fit = curve::fit(&pts).unwrap();
+        let f = |x: f64| curve::at(&fit, x);
         let rmse = (pts.iter().map(|p| (f(p.0) - p.1).powi(2)).sum::<f64>() / 16.0).sqrt();
         let by_hand = f(90.0) - 2.0 * rmse;
         let got = predicted(15, &high).unwrap();

@@ -313,7 +313,6 @@ pub fn deviations(init: Option<&crate::init::Pretrained>) -> Vec<String> {
     vec![
         start,
         "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB (automl trains on the CPU)".into(),
-        "the predicted accuracy's curve a·log2(x+b)+c is fitted by least squares for a and c on a grid of b; the reference's by scipy's curve_fit (Levenberg–Marquardt): the same model and points, another optimiser".into(),
     ]
 }
 
