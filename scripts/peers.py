@@ -301,7 +301,7 @@ def summary(args):
         p = peers.get("ewa", {}).get(prec, {})
         row(f"EWA Faster R-CNN train {prec}", t.get("steady_images_per_second"), p.get("images_per_second"), "img/s", 1.0)
     for cid in sorted(ceil):
-        if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
+        if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or "/wgmma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
             c = ceil[cid]
             pk = (c.get("theoretical_peak") or {}).get("value")
             frac = f" ({100 * c['value'] / pk:.0f}% of peak)" if pk else ""
@@ -319,6 +319,22 @@ def summary(args):
             "libraries": prov.get("libraries", []),
             "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
             "resnet50": records,
+            # The compute ceilings: each with its datasheet peak, and the tensor-core ones
+            # (mma.sync, wgmma) beside the best cuBLAS GEMM of their precision.
+            "ceilings": [
+                {
+                    "id": cid,
+                    "value": c["value"],
+                    "unit": c["unit"],
+                    "theoretical_peak": (c.get("theoretical_peak") or {}).get("value"),
+                    "of_peak": c["value"] / c["theoretical_peak"]["value"]
+                    if (c.get("theoretical_peak") or {}).get("value") else None,
+                    "of_cublas": c["value"] / ceil[f"gpu0/gemm/{cid.split('/')[2]}"]["value"]
+                    if ("/mma/" in cid or "/wgmma/" in cid) and f"gpu0/gemm/{cid.split('/')[2]}" in ceil else None,
+                }
+                for cid, c in sorted(ceil.items())
+                if cid.startswith("gpu0/") and any(f"/{f}/" in cid for f in ("fma", "mma", "wgmma", "gemm"))
+            ],
         }
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)

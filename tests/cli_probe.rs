@@ -460,26 +460,51 @@ fn kernels_lists_every_cuda_kernel_or_says_nvrtc_is_missing() {
     }
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
+    let row = |k: &str, arch: &str| {
+        text.lines().find(|l| {
+            l.split_whitespace().next() == Some(k) && l.split_whitespace().nth(2) == Some(arch)
+        })
+    };
     for src in roofline_kernels::cuda::nvrtc::SOURCES {
         for k in src.kernels {
-            for arch in ["sm_80", "sm_90"] {
-                assert!(
-                    text.lines()
-                        .any(|l| l.split_whitespace().next() == Some(k) && l.contains(arch)),
-                    "{k} {arch} missing from:\n{text}"
-                );
+            // Arch-specific code (sm_90a's wgmma) is built for its own architecture alone.
+            let archs = match src.arch_specific {
+                Some(a) => vec![format!("sm_{a}a")],
+                None => vec!["sm_80".to_string(), "sm_90".to_string()],
+            };
+            for arch in archs {
+                assert!(row(k, &arch).is_some(), "{k} {arch} missing from:\n{text}");
             }
         }
     }
+    assert!(row("wgmma_bf16", "sm_80").is_none());
+    // The fp8 mma.sync is emulated on sm_90, native nowhere here but it is built.
+    assert!(row("mma_fp8", "sm_90").unwrap().contains("EMULATED"));
+    assert!(!row("mma_bf16", "sm_90").unwrap().contains("EMULATED"));
     let o = bin()
         .args(["kernels", "--json", "--arch", "90"])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let ks = v["kernels"].as_array().unwrap();
-    assert!(ks
-        .iter()
-        .all(|k| k["registers"].as_u64().unwrap() > 0 && k["arch"] == "sm_90"));
+    for k in ks {
+        let name = k["kernel"].as_str().unwrap();
+        let arch = if name.starts_with("wgmma_") {
+            "sm_90a"
+        } else {
+            "sm_90"
+        };
+        assert!(
+            k["registers"].as_u64().unwrap() > 0 && k["arch"] == arch,
+            "{k}"
+        );
+        assert_eq!(k["emulated"], name == "mma_fp8", "{k}");
+    }
+    let fp8 = ks.iter().find(|k| k["kernel"] == "mma_fp8").unwrap();
+    assert!(
+        fp8["emulation"].as_str().unwrap().contains("no native"),
+        "{fp8}"
+    );
 }
 
 #[test]

@@ -74,6 +74,13 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "mma_tf32" => ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4),
         "mma_int8" => ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 4),
         "mma_fp8" if cc >= 89 => ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 4),
+        // wgmma.cu: UNROLL (4) warpgroup MMAs per iteration, m64n256.
+        "wgmma_f16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 4),
+        "wgmma_bf16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 4),
+        "wgmma_tf32" => ("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32", 4),
+        "wgmma_e4m3" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", 4),
+        "wgmma_e5m2" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e5m2", 4),
+        "wgmma_int8" => ("wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8", 4),
         "stream_read" | "stream_copy" => ("ld.global.cg.v4.u32", 1),
         "stream_triad" => ("ld.global.cg.v4.u32", 2),
         "stream_write" => ("st.global.v4.u32", 1),
@@ -114,14 +121,15 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
         "source", "kernel", "target", "regs", "smem", "spillS", "spillL"
     );
     for source in SOURCES {
-        for target in CI_TARGETS {
+        for target in source.ci_targets() {
             let c = nvrtc::compile(source, target).unwrap_or_else(|e| panic!("{e}"));
             match target {
-                Target::Ptx(cc) => {
+                Target::Ptx(cc) | Target::PtxA(cc) => {
                     let ptx = String::from_utf8(c.image).expect("PTX is text");
+                    let want = target.name().replace("compute_", "sm_");
                     assert!(
-                        ptx.contains(&format!(".target sm_{cc}")),
-                        "{} PTX lacks .target sm_{cc}",
+                        ptx.lines().any(|l| l.trim() == format!(".target {want}")),
+                        "{} PTX lacks .target {want}",
                         source.file
                     );
                     for k in source.kernels {
@@ -162,7 +170,7 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                         }
                     }
                 }
-                Target::Sass(_) => {
+                Target::Sass(_) | Target::SassA(_) => {
                     assert_eq!(&c.image[..4], b"\x7fELF", "cubin is an ELF file");
                     for k in source.kernels {
                         let r = c
@@ -250,12 +258,21 @@ fn ptx_assembles_with_ptxas_for_every_target() {
     let dir = std::env::temp_dir().join(format!("roofline-ptxas-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for source in SOURCES {
-        for (virt, real) in [(80, 80), (80, 90), (90, 90)] {
-            let c = nvrtc::compile(source, Target::Ptx(virt)).unwrap_or_else(|e| panic!("{e}"));
-            let ptx = dir.join(format!("{}.compute_{virt}.ptx", source.file));
+        // Arch-specific PTX (compute_90a) assembles for its own architecture only.
+        let pairs: Vec<(Target, String)> = match source.arch_specific {
+            Some(a) => vec![(Target::PtxA(a), format!("sm_{a}a"))],
+            None => [(80, 80), (80, 90), (90, 90)]
+                .iter()
+                .map(|&(v, r)| (Target::Ptx(v), format!("sm_{r}")))
+                .collect(),
+        };
+        for (target, real) in pairs {
+            let virt = target.name();
+            let c = nvrtc::compile(source, target).unwrap_or_else(|e| panic!("{e}"));
+            let ptx = dir.join(format!("{}.{virt}.ptx", source.file));
             std::fs::write(&ptx, &c.image).unwrap();
             let out = std::process::Command::new(&ptxas)
-                .arg(format!("-arch=sm_{real}"))
+                .arg(format!("-arch={real}"))
                 .arg("-v")
                 .arg(&ptx)
                 .arg("-o")
@@ -266,7 +283,7 @@ fn ptx_assembles_with_ptxas_for_every_target() {
                 + &String::from_utf8_lossy(&out.stdout);
             assert!(
                 out.status.success(),
-                "ptxas sm_{real} on {} compute_{virt}:\n{log}",
+                "ptxas {real} on {} {virt}:\n{log}",
                 source.file
             );
             let report = nvrtc::parse_ptxas_report(&log);
@@ -279,7 +296,7 @@ fn ptx_assembles_with_ptxas_for_every_target() {
                 assert_eq!(
                     r.spill_store_bytes + r.spill_load_bytes,
                     0,
-                    "{k} spills (sm_{real})"
+                    "{k} spills ({real})"
                 );
             }
         }

@@ -11,7 +11,7 @@
 //! Under `CI=true` a missing one fails the gate; elsewhere the gate skips.
 
 use roofline_kernels::cuda::nvrtc::{self, Target, SOURCES};
-use roofline_kernels::probe::gpu::mma_support;
+use roofline_kernels::probe::gpu::{mma_support, wgmma_support};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
@@ -161,6 +161,37 @@ fn expected(k: &str) -> Vec<Expect> {
             exact(&["QMMA.16832.F32.E4M3.E4M3"]),
             4,
         )],
+        // wgmma.cu (sm_90a): UNROLL (4) warpgroup MMAs an iteration, m64n256.
+        "wgmma_f16" => vec![one(
+            "HGMMA.64x256x16.F32",
+            exact(&["HGMMA.64x256x16.F32"]),
+            4,
+        )],
+        "wgmma_bf16" => vec![one(
+            "HGMMA.64x256x16.F32.BF16",
+            exact(&["HGMMA.64x256x16.F32.BF16"]),
+            4,
+        )],
+        "wgmma_tf32" => vec![one(
+            "HGMMA.64x256x8.F32.TF32",
+            exact(&["HGMMA.64x256x8.F32.TF32"]),
+            4,
+        )],
+        "wgmma_e4m3" => vec![one(
+            "QGMMA.64x256x32.F32.E4M3.E4M3",
+            exact(&["QGMMA.64x256x32.F32.E4M3.E4M3"]),
+            4,
+        )],
+        "wgmma_e5m2" => vec![one(
+            "QGMMA.64x256x32.F32.E5M2.E5M2",
+            exact(&["QGMMA.64x256x32.F32.E5M2.E5M2"]),
+            4,
+        )],
+        "wgmma_int8" => vec![one(
+            "IGMMA.64x256x32.S8.S8",
+            exact(&["IGMMA.64x256x32.S8.S8"]),
+            4,
+        )],
         "stream_read" => vec![one("LDG.E.128", Box::new(wide_load), 1)],
         "stream_write" => vec![one("STG.E.128", Box::new(wide_store), 1)],
         "stream_copy" => vec![
@@ -211,6 +242,8 @@ fn local_memory(op: &str) -> bool {
 fn runs_on(k: &str, arch: u32) -> bool {
     if k.starts_with("mma_") {
         mma_support(k, arch).is_ok()
+    } else if k.starts_with("wgmma_") {
+        wgmma_support(arch).is_ok()
     } else {
         true
     }
@@ -320,8 +353,14 @@ fn every_kernel_is_the_instruction_it_measures() {
     let mut failures = Vec::new();
     for source in SOURCES {
         for &arch in &archs {
-            let c = nvrtc::compile(source, Target::Sass(arch)).unwrap_or_else(|e| panic!("{e}"));
-            let cubin = dir.join(format!("{}.sm_{arch}.cubin", source.file));
+            // Arch-specific code (sm_90a) is built for its own architecture only.
+            let target = match source.arch_specific {
+                Some(a) if a == arch => Target::SassA(a),
+                Some(_) => continue,
+                None => Target::Sass(arch),
+            };
+            let c = nvrtc::compile(source, target).unwrap_or_else(|e| panic!("{e}"));
+            let cubin = dir.join(format!("{}.{}.cubin", source.file, target.name()));
             std::fs::write(&cubin, &c.image).unwrap();
             let out = std::process::Command::new(&nvdisasm)
                 .arg("-c")

@@ -308,7 +308,8 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
         // no f16 peak of its own. A GPU's GEMM ceiling carries its datasheet peak.
         let gives_peak = match c.id.roof() {
             Some(RoofId::Compute { on, family, .. }) => {
-                matches!(family, Family::Fma | Family::Mma) || matches!(on, On::Gpu(_))
+                matches!(family, Family::Fma | Family::Mma | Family::Wgmma)
+                    || matches!(on, On::Gpu(_))
             }
             _ => false,
         };

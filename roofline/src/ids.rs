@@ -177,18 +177,28 @@ impl Threads {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Family {
     Fma,
+    /// Warp-level `mma.sync`.
     Mma,
+    /// Hopper's warpgroup `wgmma` (sm_90a).
+    Wgmma,
     Gemm,
     Conv,
 }
 
 impl Family {
-    pub const ALL: [Family; 4] = [Family::Fma, Family::Mma, Family::Gemm, Family::Conv];
+    pub const ALL: [Family; 5] = [
+        Family::Fma,
+        Family::Mma,
+        Family::Wgmma,
+        Family::Gemm,
+        Family::Conv,
+    ];
 
     pub fn name(self) -> &'static str {
         match self {
             Family::Fma => "fma",
             Family::Mma => "mma",
+            Family::Wgmma => "wgmma",
             Family::Gemm => "gemm",
             Family::Conv => "conv",
         }
@@ -395,6 +405,7 @@ mod tests {
             "cpu/mem/DRAM/write/all",
             "gpu0/fma/f64",
             "gpu1/mma/bf16",
+            "gpu0/wgmma/fp8",
             "gpu0/gemm/fp8",
             "gpu0/conv/f16/bwd_filter",
             "gpu3/mem/HBM/triad",

@@ -81,7 +81,13 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
     let mut report = Vec::new();
     for src in SOURCES {
         for &a in &archs {
-            let c = nvrtc::compile(src, Target::Sass(a))?;
+            // Arch-specific code (sm_90a's wgmma) is built for its own architecture only.
+            let target = match src.arch_specific {
+                Some(x) if x == a => Target::SassA(a),
+                Some(_) => continue,
+                None => Target::Sass(a),
+            };
+            let c = nvrtc::compile(src, target)?;
             for k in src.kernels {
                 let r = c
                     .resources
@@ -89,16 +95,24 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
                     .find(|r| r.kernel == *k)
                     .cloned()
                     .unwrap_or_default();
+                // An mma.sync the architecture has no instruction for is emulated by ptxas
+                // (fp8 on sm_90 and sm_100): built, but not run by the probe.
+                let emulated = k
+                    .starts_with("mma_")
+                    .then(|| roofline_kernels::probe::gpu::mma_support(k, a).err())
+                    .flatten();
                 report.push(serde_json::json!({
                     "kernel": k,
                     "source": src.file,
                     "purpose": src.purpose,
-                    "arch": format!("sm_{a}"),
+                    "arch": target.name(),
                     "registers": r.registers,
                     "shared_bytes": r.shared_bytes,
                     "spill_store_bytes": r.spill_store_bytes,
                     "spill_load_bytes": r.spill_load_bytes,
                     "stack_bytes": r.stack_bytes,
+                    "emulated": emulated.is_some(),
+                    "emulation": emulated,
                 }));
             }
         }
@@ -140,7 +154,11 @@ pub fn kernels(arch: &str, json: bool) -> Result<(), anyhow::Error> {
             r["shared_bytes"].as_u64().unwrap_or(0),
             r["spill_store_bytes"].as_u64().unwrap_or(0),
             r["spill_load_bytes"].as_u64().unwrap_or(0),
-            r["purpose"].as_str().unwrap_or("")
+            if r["emulated"].as_bool().unwrap_or(false) {
+                "EMULATED here, not run by the probe: ptxas turns it into other instructions"
+            } else {
+                r["purpose"].as_str().unwrap_or("")
+            }
         );
     }
     Ok(())

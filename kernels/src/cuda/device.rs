@@ -6,7 +6,7 @@
 //! thread when opened; call [`Gpu::bind`] before using it from another thread.
 
 use super::libs::{self, Lib};
-use super::nvrtc::{self, Target};
+use super::nvrtc;
 use super::CudaError;
 use cudarc::driver::result::{self as cu, DriverError};
 use cudarc::driver::sys;
@@ -607,17 +607,17 @@ impl Gpu {
         if !self.modules.iter().any(|m| m.file == source.file) {
             let arch = self.arch();
             let supported = nvrtc::supported_archs()?;
-            let target = nvrtc::target_for(arch, &supported).ok_or_else(|| {
+            let target = source.target_on(arch, &supported).map_err(|why| {
                 CudaError::Unsupported(format!(
-                    "NVRTC {} compiles for sm_{}…sm_{}, and this GPU is sm_{arch}: use the NVRTC of an older CUDA (CUDA 13 dropped GPUs before sm_75)",
-                    nvrtc::version().map(|v| format!("{}.{}", v.0, v.1)).unwrap_or_default(),
-                    supported.iter().min().copied().unwrap_or(0),
-                    supported.iter().max().copied().unwrap_or(0),
+                    "NVRTC {}: {why}",
+                    nvrtc::version()
+                        .map(|v| format!("{}.{}", v.0, v.1))
+                        .unwrap_or_default(),
                 ))
             })?;
             let compiled = nvrtc::compile(source, target)?;
             let mut image = compiled.image;
-            if matches!(compiled.target, Target::Ptx(_)) {
+            if !compiled.target.is_sass() {
                 image.push(0); // PTX is loaded as a C string
             }
             // SAFETY: a complete cubin or NUL-terminated PTX image.

@@ -15,6 +15,9 @@ pub struct Source {
     pub kernels: &'static [&'static str],
     /// What the kernels measure, for `roofline kernels`.
     pub purpose: &'static str,
+    /// Arch-specific code (`sm_90a`'s wgmma): built for this one architecture only, as its
+    /// `a` target, and run on no other; none for portable sources.
+    pub arch_specific: Option<u32>,
 }
 
 /// A source's kernel names: the `plain` ones, then each `typed` one once per storage type
@@ -35,18 +38,21 @@ pub const SOURCES: &[Source] = &[
         text: include_str!("../../cuda/fma.cu"),
         kernels: &["fma_f64", "fma_f32", "fma_f16x2", "fma_bf16x2"],
         purpose: "FMA peak per precision (CUDA cores)",
+        arch_specific: None,
     },
     Source {
         file: "mma.cu",
         text: include_str!("../../cuda/mma.cu"),
         kernels: &["mma_f16", "mma_bf16", "mma_tf32", "mma_int8"],
         purpose: "tensor-core peak through mma.sync",
+        arch_specific: None,
     },
     Source {
         file: "mma_fp8.cu",
         text: include_str!("../../cuda/mma_fp8.cu"),
         kernels: &["mma_fp8"],
         purpose: "fp8 (e4m3) tensor-core peak through mma.sync (sm_89+, NVRTC 12.4+)",
+        arch_specific: None,
     },
     Source {
         file: "stream.cu",
@@ -60,6 +66,7 @@ pub const SOURCES: &[Source] = &[
             "stream_check",
         ],
         purpose: "memory bandwidth sweep (L2, HBM) and the SM copy kernel for peer copies",
+        arch_specific: None,
     },
     Source {
         file: "ert.cu",
@@ -77,6 +84,7 @@ pub const SOURCES: &[Source] = &[
             "ert_f32_512",
         ],
         purpose: "ERT sweep of FLOPs per element: the roofline curve between its two ends",
+        arch_specific: None,
     },
     Source {
         file: "fpn.cu",
@@ -89,6 +97,7 @@ pub const SOURCES: &[Source] = &[
         ],
         purpose:
             "the feature pyramid's top-down upsampling and P6, with atomics-free backward passes",
+        arch_specific: None,
     },
     Source {
         file: "roi_align.cu",
@@ -96,6 +105,7 @@ pub const SOURCES: &[Source] = &[
         kernels: &["roi_align_forward", "roi_align_backward"],
         purpose:
             "the detector's multi-scale RoIAlign: forward, and an atomics-free gather backward",
+        arch_specific: None,
     },
     Source {
         file: "train.cu",
@@ -134,6 +144,21 @@ pub const SOURCES: &[Source] = &[
         ),
         purpose:
             "the trainer's layers on the GPU: batch norm, ReLU, residual, pooling, loss, SGD, casts",
+        arch_specific: None,
+    },
+    Source {
+        file: "wgmma.cu",
+        text: include_str!("../../cuda/wgmma.cu"),
+        kernels: &[
+            "wgmma_f16",
+            "wgmma_bf16",
+            "wgmma_tf32",
+            "wgmma_e4m3",
+            "wgmma_e5m2",
+            "wgmma_int8",
+        ],
+        purpose: "Hopper's tensor-core peak through warpgroup wgmma (sm_90a only)",
+        arch_specific: Some(90),
     },
 ];
 
@@ -166,20 +191,69 @@ pub enum Target {
     Ptx(u32),
     /// SASS (a cubin) for a real architecture (`sm_XY`).
     Sass(u32),
+    /// PTX for an architecture's arch-specific features (`compute_90a`): runs on that
+    /// architecture only.
+    PtxA(u32),
+    /// SASS with an architecture's arch-specific features (`sm_90a`: wgmma).
+    SassA(u32),
 }
 
 impl Target {
     pub fn arch_option(self) -> String {
-        match self {
-            Target::Ptx(cc) => format!("--gpu-architecture=compute_{cc}"),
-            Target::Sass(cc) => format!("--gpu-architecture=sm_{cc}"),
-        }
+        format!("--gpu-architecture={}", self.name())
     }
 
     pub fn name(self) -> String {
         match self {
             Target::Ptx(cc) => format!("compute_{cc}"),
             Target::Sass(cc) => format!("sm_{cc}"),
+            Target::PtxA(cc) => format!("compute_{cc}a"),
+            Target::SassA(cc) => format!("sm_{cc}a"),
+        }
+    }
+
+    /// Machine code (a cubin), not PTX.
+    pub fn is_sass(self) -> bool {
+        matches!(self, Target::Sass(_) | Target::SassA(_))
+    }
+}
+
+impl Source {
+    /// What CI compiles this source for: [`CI_TARGETS`], or an arch-specific source's own
+    /// `compute_XYa` and `sm_XYa`.
+    pub fn ci_targets(&self) -> Vec<Target> {
+        match self.arch_specific {
+            Some(a) => vec![Target::PtxA(a), Target::SassA(a)],
+            None => CI_TARGETS.to_vec(),
+        }
+    }
+
+    /// What to compile this source to for a GPU of architecture `arch` with an NVRTC that
+    /// targets `supported` ([`target_for`]; an arch-specific source its own `sm_XYa`, on
+    /// that architecture only); `Err` says why there is none.
+    pub fn target_on(&self, arch: u32, supported: &[u32]) -> Result<Target, String> {
+        match self.arch_specific {
+            Some(a) if a != arch => Err(format!(
+                "{} is sm_{a}a code, which runs on sm_{a} only; this GPU is sm_{arch}",
+                self.file
+            )),
+            Some(a) if !supported.contains(&a) => Err(format!(
+                "this NVRTC cannot build sm_{a}a ({}): it compiles for {}",
+                self.file,
+                supported
+                    .iter()
+                    .map(|s| format!("sm_{s}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+            Some(a) => Ok(Target::SassA(a)),
+            None => target_for(arch, supported).ok_or_else(|| {
+                format!(
+                    "this NVRTC compiles for sm_{}…sm_{}, and this GPU is sm_{arch}: use the NVRTC of an older CUDA (CUDA 13 dropped GPUs before sm_75)",
+                    supported.iter().min().copied().unwrap_or(0),
+                    supported.iter().max().copied().unwrap_or(0),
+                )
+            }),
         }
     }
 }
@@ -283,7 +357,7 @@ pub fn compile_text(file: &str, text: &str, target: Target) -> Result<Compiled, 
     let prog = nvrtc::create_program(&src, Some(&name))
         .map_err(|e| CudaError::call("nvrtcCreateProgram", e))?;
     let mut options = vec![target.arch_option(), "--std=c++17".to_string()];
-    if matches!(target, Target::Sass(_)) {
+    if target.is_sass() {
         options.push("--ptxas-options=-v".to_string());
     }
     // SAFETY: `prog` is live until destroy_program below; every call's status is checked.
@@ -323,11 +397,11 @@ pub fn compile_text(file: &str, text: &str, target: Target) -> Result<Compiled, 
 
 unsafe fn image(prog: sys::nvrtcProgram, target: Target) -> Result<Vec<u8>, CudaError> {
     match target {
-        Target::Ptx(_) => {
+        Target::Ptx(_) | Target::PtxA(_) => {
             let ptx = nvrtc::get_ptx(prog).map_err(|e| CudaError::call("nvrtcGetPTX", e))?;
             Ok(c_chars_to_string(&ptx).into_bytes())
         }
-        Target::Sass(_) => {
+        Target::Sass(_) | Target::SassA(_) => {
             let mut size = 0usize;
             sys::nvrtcGetCUBINSize(prog, &mut size)
                 .result()
@@ -517,8 +591,13 @@ mod tests {
                 // A kernel per storage type is written once, as `void <base>_##S(`.
                 let typed = storage_variant(k)
                     .is_some_and(|(base, _)| s.text.contains(&format!("void {base}_##S(")));
+                // `void __launch_bounds__(128) wgmma_f16(`: the bound between.
+                let bounded = s
+                    .text
+                    .contains(&format!("void __launch_bounds__(128) {k}("));
                 assert!(
                     s.text.contains(&format!("void {k}("))
+                        || bounded
                         || typed
                         || s.text.contains("ERT(")
                         || s.text.contains("(NAME"),

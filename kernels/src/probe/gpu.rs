@@ -513,6 +513,8 @@ pub fn run(
             ctx.section(o, "fma", r)?;
             let r = mma_section(&mut ctx, gpu);
             ctx.section(o, "mma", r)?;
+            let r = wgmma_section(&mut ctx, gpu);
+            ctx.section(o, "wgmma", r)?;
         }
         if has(Section::Mem) && own_kernels {
             progress.advance(&format!("gpu{o} memory sweep and ERT"));
@@ -614,6 +616,9 @@ pub use copy::{nvlink_link_rate, pcie_peak};
 use mem::*;
 pub use peaks::mma_support;
 use peaks::*;
+mod wgmma;
+pub use wgmma::wgmma_support;
+use wgmma::*;
 
 #[cfg(test)]
 mod tests;

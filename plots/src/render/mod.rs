@@ -145,9 +145,11 @@ pub fn roof_name(id: &str) -> String {
     }
     let words: Vec<String> = match parts.first() {
         Some(&"mem") => parts[1..].iter().map(|s| s.to_string()).collect(),
-        Some(&k) if ["fma", "gemm", "mma", "ert"].contains(&k) => std::iter::once(k.to_uppercase())
-            .chain(parts[1..].iter().map(|s| s.to_string()))
-            .collect(),
+        Some(&k) if ["fma", "gemm", "mma", "wgmma", "ert"].contains(&k) => {
+            std::iter::once(k.to_uppercase())
+                .chain(parts[1..].iter().map(|s| s.to_string()))
+                .collect()
+        }
         _ => parts.iter().map(|s| s.to_string()).collect(),
     };
     words.join(" ")

@@ -234,3 +234,101 @@ fn uuid_format() {
         "GPU-00010203-0405-0607-0809-0a0b0c0d0e0f"
     );
 }
+
+/// A minifloat's value from its bits: `exp` exponent bits of bias `bias`, `man` mantissa
+/// bits (normal numbers only, which is all the probes use).
+fn minifloat(bits: u32, exp: u32, man: u32, bias: i32) -> f64 {
+    let e = ((bits >> man) & ((1 << exp) - 1)) as i32;
+    let m = (bits & ((1 << man) - 1)) as f64 / (1u64 << man) as f64;
+    assert!(e > 0, "a normal number");
+    (1.0 + m) * 2f64.powi(e - bias)
+}
+
+/// Each wgmma kernel's operands are what its closed form assumes: a = 1 and b a power of two
+/// in the precision's own format, repeated over the 32-bit word, each instruction adding
+/// K · a · b; and the most a launch accumulates (1024 iterations of 4) is exact in 12 bits,
+/// below the about 14 bits fp8 keeps.
+#[test]
+fn wgmma_operands_give_their_closed_form() {
+    for s in &WGMMA {
+        let (a, b, repeat) = match s.kernel {
+            "wgmma_f16" => (
+                minifloat(s.a & 0xFFFF, 5, 10, 15),
+                minifloat(s.b & 0xFFFF, 5, 10, 15),
+                16,
+            ),
+            "wgmma_bf16" => (
+                minifloat(s.a & 0xFFFF, 8, 7, 127),
+                minifloat(s.b & 0xFFFF, 8, 7, 127),
+                16,
+            ),
+            "wgmma_tf32" => (f32::from_bits(s.a) as f64, f32::from_bits(s.b) as f64, 32),
+            "wgmma_e4m3" => (
+                minifloat(s.a & 0xFF, 4, 3, 7),
+                minifloat(s.b & 0xFF, 4, 3, 7),
+                8,
+            ),
+            "wgmma_e5m2" => (
+                minifloat(s.a & 0xFF, 5, 2, 15),
+                minifloat(s.b & 0xFF, 5, 2, 15),
+                8,
+            ),
+            "wgmma_int8" => ((s.a & 0xFF) as f64, (s.b & 0xFF) as f64, 8),
+            k => panic!("{k}"),
+        };
+        let mask = (1u64 << repeat) - 1;
+        for w in [s.a, s.b] {
+            let lane = w as u64 & mask;
+            let tiled = (0..32 / repeat).fold(0u64, |t, i| t | lane << (i * repeat));
+            assert_eq!(
+                tiled, w as u64,
+                "{}: the element repeats over the word",
+                s.kernel
+            );
+        }
+        assert_eq!(a, 1.0, "{}", s.kernel);
+        assert_eq!(s.per_wgmma, s.k * a * b, "{}", s.kernel);
+        let most = wgmma_expected(s, 1024.0 * WGMMA_UNROLL);
+        if !s.int {
+            // Exact in 12 significant bits: the largest value over the smallest step.
+            assert!(most / s.per_wgmma <= 4096.0, "{}", s.kernel);
+        }
+        assert!(most < 2f64.powi(31), "{}", s.kernel);
+    }
+    assert_eq!(
+        WGMMA.iter().filter(|s| s.ceiling).count(),
+        5,
+        "e5m2 beside e4m3"
+    );
+}
+
+/// wgmma is sm_90a code: the probe runs it on sm_90 only and says why elsewhere; the source
+/// is built for compute_90a and sm_90a alone, and for a GPU only on its own architecture.
+#[test]
+fn wgmma_only_on_hopper() {
+    use crate::cuda::nvrtc::{source_of, Target};
+    assert_eq!(wgmma_support(90), Ok(()));
+    for arch in [80, 89, 100, 120] {
+        assert!(
+            wgmma_support(arch).unwrap_err().contains("sm_90"),
+            "sm_{arch}"
+        );
+    }
+    let src = source_of("wgmma_bf16").unwrap();
+    assert_eq!(src.ci_targets(), vec![Target::PtxA(90), Target::SassA(90)]);
+    assert_eq!(src.target_on(90, &[80, 89, 90]), Ok(Target::SassA(90)));
+    assert_eq!(Target::SassA(90).name(), "sm_90a");
+    assert!(src
+        .target_on(100, &[90, 100])
+        .unwrap_err()
+        .contains("sm_90 only"));
+    assert!(src
+        .target_on(90, &[75, 80, 86, 89])
+        .unwrap_err()
+        .contains("cannot build sm_90a"));
+    // A portable source goes on as before.
+    let mma = source_of("mma_f16").unwrap();
+    assert_eq!(mma.target_on(90, &[80, 90]), Ok(Target::Sass(90)));
+    assert_eq!(mma.target_on(100, &[80, 90]), Ok(Target::Ptx(90)));
+    assert!(mma.target_on(70, &[75, 80]).is_err());
+}
