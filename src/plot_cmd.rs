@@ -49,6 +49,11 @@ pub struct PlotArgs {
     /// where plot otherwise refuses them (exit 2): their points belong under other roofs.
     #[arg(long)]
     pub allow_other_machine: bool,
+    /// A GPU's GEMM and tensor-core roofs that ran into the power cap (a sustained GEMM on a
+    /// 700 W part does, by design) are drawn at their sustained, power-capped figure; this draws
+    /// the burst figure, the best before the cap, instead. The title says which is drawn.
+    #[arg(long)]
+    pub burst: bool,
 }
 
 /// Which roofline `plot` draws.
@@ -191,6 +196,7 @@ pub fn plot(a: &PlotArgs) -> Result<(), Failure> {
         op,
         points,
         trajectories,
+        burst: a.burst,
         title: (model == PlotModel::Hierarchical).then(|| {
             format!(
                 "Hierarchical roofline: {} (a point per memory level, {op} roofs)",

@@ -82,6 +82,9 @@ pub struct ClassicOptions {
     /// Lines joining points in order (a sweep's trajectory as its problem grows), each a list
     /// of (intensity, FLOP/s).
     pub trajectories: Vec<Vec<(f64, f64)>>,
+    /// Draw a power-capped GPU ceiling's burst figure (before the cap) instead of its
+    /// sustained one ([`Ceiling::drawn`]); the title says which.
+    pub burst: bool,
 }
 
 /// A placed workload or layer: drawn at (intensity, achieved) with a tick at the attainable
@@ -115,6 +118,7 @@ impl Default for ClassicOptions {
             points: Vec::new(),
             title: None,
             trajectories: Vec::new(),
+            burst: false,
         }
     }
 }
@@ -298,7 +302,7 @@ pub fn classic_model(m: &Machine, opt: &ClassicOptions) -> Result<ClassicModel, 
     for c in m.ceilings.iter().filter(|c| flat_roof(c)) {
         flat.push(DrawnRoof {
             label: c.id.to_string(),
-            value: c.value,
+            value: c.drawn(opt.burst),
             slanted: false,
             dashed: false,
             peak: None,

@@ -43,6 +43,8 @@ pub fn ceiling(
         },
         plateau: None,
         conditions: None,
+        burst: None,
+        sustained: None,
     }
 }
 
@@ -279,6 +281,52 @@ fn gpu_plot_takes_only_that_gpus_roofs() {
 
 /// A value 300 decades off (a corrupted file) is refused by name; plotters' tick search
 /// never returned on such an axis (the fuzz test hung in it).
+/// A GEMM roof that ran into the power cap is drawn at its sustained figure, or with `burst`
+/// at its figure before the cap, and the title says which.
+#[test]
+fn a_power_capped_roof_is_drawn_sustained_or_burst_and_says_which() {
+    let mut m = machine_with_gpu();
+    let gemm = m
+        .ceilings
+        .iter_mut()
+        .find(|c| c.id.to_string() == "gpu0/gemm/f16")
+        .unwrap();
+    gemm.burst = Some(8e14);
+    gemm.sustained = Some(roofline_model::conditions::Sustained {
+        value: 7e14,
+        samples: 5,
+        power_w: Some(700.0),
+        sm_clock_mhz: Some(1500.0),
+    });
+    for (burst, value, words) in [
+        (false, 7e14, "power-capped roofs: sustained"),
+        (true, 8e14, "power-capped roofs: burst"),
+    ] {
+        let opt = ClassicOptions {
+            device: "gpu0".into(),
+            burst,
+            ..ClassicOptions::default()
+        };
+        let model = classic_model(&m, &opt).unwrap();
+        let r = model
+            .flat
+            .iter()
+            .find(|r| r.label == "gpu0/gemm/f16")
+            .unwrap();
+        assert_eq!(r.value, value, "burst {burst}");
+        let svg = crate::classic_svg(&m, &opt).unwrap();
+        assert!(svg.contains(words), "burst {burst}");
+    }
+    // A GPU that never reached its cap says nothing of it.
+    let opt = ClassicOptions {
+        device: "gpu0".into(),
+        ..ClassicOptions::default()
+    };
+    assert!(!crate::classic_svg(&machine_with_gpu(), &opt)
+        .unwrap()
+        .contains("power-capped"));
+}
+
 #[test]
 fn absurd_ranges_are_refused_not_drawn() {
     let mut m = machine();

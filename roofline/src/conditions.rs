@@ -6,6 +6,13 @@
 //! drift, or one taken while the GPU was throttled, stays in the ceiling's `stats` (nothing is
 //! hidden) but is marked and left out of its value; a ceiling with too few clean samples is
 //! flagged.
+//!
+//! A GPU running into its power limit is not disturbed: a sustained GEMM on a 700 W SXM part is
+//! power-capped by design, and the cap is its operating point. A sample whose only reason is
+//! the power cap ([`POWER_CAP`]) is kept, marked `capped`; the ceiling's value is then the
+//! best capped sample (the sustained figure), and the best sample before the cap is its burst
+//! figure ([`SampleConditions::burst`], [`SampleConditions::sustained`]). Only other reasons
+//! (another process, heat, a hardware brake) leave a sample out.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -31,6 +38,22 @@ pub fn reading_noise(readings: &[f64]) -> f64 {
 
 /// The throttle reasons that are not a throttle: an idle GPU between samples, or none.
 const NOT_THROTTLED: [&str; 2] = ["GPU_IDLE", "NONE"];
+
+/// The reason a GPU gives when it holds its clock to its power limit: an operating point, not
+/// a disturbance.
+pub const POWER_CAP: &str = "SW_POWER_CAP";
+
+/// A ceiling's power-capped steady state: its best capped sample, how many samples ran under
+/// the cap, and their median power and SM clock.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Sustained {
+    pub value: f64,
+    pub samples: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub power_w: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sm_clock_mhz: Option<f64>,
+}
 
 /// The conditions of every sample of one ceiling, in the order of its `stats.values`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -62,6 +85,9 @@ pub struct SampleConditions {
     pub left_out: Vec<LeftOut>,
     /// Samples the value was taken from.
     pub clean: usize,
+    /// GPU: the clean samples taken under the power cap alone ([`POWER_CAP`]), by index.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub capped: Vec<usize>,
     /// Fewer clean samples than [`SampleConditions::enough`] asks: the value stands on too
     /// little (or, with none clean, on samples that were all marked) and is flagged.
     pub too_few_clean: bool,
@@ -147,11 +173,13 @@ impl SampleConditions {
             drift: Some(drift),
             left_out,
             clean,
+            capped: Vec::new(),
         }
     }
 
     /// GPU samples with NVML's readings at the end of each: a sample with a throttle reason
-    /// (idle and none aside) is left out.
+    /// (idle and none aside) is left out, but for the power cap alone, which is kept and marked
+    /// `capped`.
     pub fn gpu(
         sm_clock_mhz: Vec<Option<f64>>,
         power_w: Vec<Option<f64>>,
@@ -165,18 +193,26 @@ impl SampleConditions {
                     .collect()
             })
             .collect();
+        let only_cap = |r: &[String]| r.iter().all(|x| x.eq_ignore_ascii_case(POWER_CAP));
         let left_out: Vec<LeftOut> = throttle
             .iter()
             .enumerate()
-            .filter(|(_, r)| !r.is_empty())
+            .filter(|(_, r)| !r.is_empty() && !only_cap(r))
             .map(|(i, r)| LeftOut {
                 sample: i,
                 why: Why::Throttled { reasons: r.clone() },
             })
             .collect();
+        let capped: Vec<usize> = throttle
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !r.is_empty() && only_cap(r))
+            .map(|(i, _)| i)
+            .collect();
         let n = throttle.len();
         let clean = n - left_out.len();
         SampleConditions {
+            capped,
             too_few_clean: !Self::enough(clean, n),
             clock_hz: Vec::new(),
             sm_clock_mhz,
@@ -223,7 +259,17 @@ impl SampleConditions {
         if self.inconsistency(values.len()).is_some() {
             return None;
         }
-        let clean = self.clean_values(values);
+        // Under the power cap the ceiling is its sustained figure.
+        let capped: Vec<f64> = self
+            .capped
+            .iter()
+            .filter_map(|&i| values.get(i).copied())
+            .collect();
+        let clean = if capped.is_empty() {
+            self.clean_values(values)
+        } else {
+            capped
+        };
         let best = if lower_is_better {
             clean.iter().copied().fold(f64::INFINITY, f64::min)
         } else {
@@ -238,6 +284,42 @@ impl SampleConditions {
         conditions
             .and_then(|c| c.best(&stats.values, false))
             .unwrap_or(stats.max)
+    }
+
+    /// The best clean sample taken before the power cap (a rate: higher is better), where
+    /// some samples ran under it; `None` when none did, or none ran before it.
+    pub fn burst(&self, values: &[f64]) -> Option<f64> {
+        if self.capped.is_empty() || self.inconsistency(values.len()).is_some() {
+            return None;
+        }
+        values
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| self.is_clean(*i) && !self.capped.contains(i))
+            .map(|(_, v)| *v)
+            .filter(|v| v.is_finite())
+            .reduce(f64::max)
+    }
+
+    /// The power-capped steady state of `values` (rates), where samples ran under the cap.
+    pub fn sustained(&self, values: &[f64]) -> Option<Sustained> {
+        if self.capped.is_empty() || self.inconsistency(values.len()).is_some() {
+            return None;
+        }
+        let median = |v: &[Option<f64>]| {
+            let got: Vec<f64> = self
+                .capped
+                .iter()
+                .filter_map(|&i| v.get(i).copied().flatten())
+                .collect();
+            crate::fleet::median(&got)
+        };
+        Some(Sustained {
+            value: self.best(values, false)?,
+            samples: self.capped.len(),
+            power_w: median(&self.power_w),
+            sm_clock_mhz: median(&self.sm_clock_mhz),
+        })
     }
 
     /// One line for the table: how many were left out and why (the first reason), and the
@@ -277,6 +359,15 @@ impl SampleConditions {
         }
         if let Some(l) = self.left_out.iter().find(|l| l.sample >= samples) {
             return Some(format!("left_out names sample {} of {samples}", l.sample));
+        }
+        if let Some(i) = self
+            .capped
+            .iter()
+            .find(|&&i| i >= samples || !self.is_clean(i))
+        {
+            return Some(format!(
+                "capped names sample {i}, not a clean one of {samples}"
+            ));
         }
         if self.clean + self.left_out.len() != samples {
             return Some(format!(
@@ -387,15 +478,20 @@ mod tests {
         let c = SampleConditions::gpu(
             vec![Some(1980.0), Some(1410.0), Some(1980.0)],
             vec![Some(690.0), Some(700.0), None],
-            vec![vec!["GPU_IDLE".into()], vec!["SW_POWER_CAP".into()], vec![]],
+            vec![
+                vec!["GPU_IDLE".into()],
+                vec!["SW_POWER_CAP".into(), "HW_THERMAL_SLOWDOWN".into()],
+                vec![],
+            ],
         );
         assert_eq!(c.left_out.len(), 1);
         assert_eq!(
             c.left_out[0].why,
             Why::Throttled {
-                reasons: vec!["SW_POWER_CAP".into()]
+                reasons: vec!["SW_POWER_CAP".into(), "HW_THERMAL_SLOWDOWN".into()]
             }
         );
+        assert!(c.capped.is_empty(), "heat with the cap is a disturbance");
         assert!(c.throttle[0].is_empty(), "idle is dropped");
         assert_eq!(c.clean, 2);
         assert!(c.too_few_clean, "two of three");
@@ -403,5 +499,72 @@ mod tests {
         let json = serde_json::to_string(&c).unwrap();
         let back: SampleConditions = serde_json::from_str(&json).unwrap();
         assert_eq!(back, c);
+    }
+
+    /// The power cap is an operating point: a capped sample is kept, the ceiling is the best
+    /// capped sample (sustained, with the capped samples' median power and clock), the best
+    /// before the cap is its burst figure, and "too few to stand on" is left to real
+    /// disturbance.
+    #[test]
+    fn a_power_capped_gpu_is_sustained_and_burst_not_throttled() {
+        let rates = [990.0, 980.0, 770.0, 760.0, 780.0, 500.0];
+        let c = SampleConditions::gpu(
+            vec![
+                Some(1980.0),
+                Some(1980.0),
+                Some(1500.0),
+                Some(1470.0),
+                Some(1530.0),
+                Some(900.0),
+            ],
+            vec![
+                Some(600.0),
+                Some(650.0),
+                Some(700.0),
+                Some(699.0),
+                Some(701.0),
+                Some(300.0),
+            ],
+            vec![
+                vec![],
+                vec![],
+                vec!["SW_POWER_CAP".into()],
+                vec!["SW_POWER_CAP".into()],
+                vec!["SW_POWER_CAP".into()],
+                vec!["SW_THERMAL_SLOWDOWN".into()],
+            ],
+        );
+        assert_eq!(c.capped, vec![2, 3, 4]);
+        assert_eq!(c.left_out.len(), 1, "heat alone is left out");
+        assert_eq!((c.clean, c.too_few_clean), (5, false));
+        assert_eq!(c.inconsistency(6), None);
+        assert_eq!(c.best(&rates, false), Some(780.0), "the sustained figure");
+        assert_eq!(c.burst(&rates), Some(990.0));
+        assert_eq!(
+            c.sustained(&rates),
+            Some(Sustained {
+                value: 780.0,
+                samples: 3,
+                power_w: Some(700.0),
+                sm_clock_mhz: Some(1500.0),
+            })
+        );
+        // Every sample under the cap: a sustained figure, no burst; a ceiling that never
+        // reached it has neither.
+        let all = SampleConditions::gpu(
+            vec![None; 3],
+            vec![None; 3],
+            vec![vec!["SW_POWER_CAP".into()]; 3],
+        );
+        assert_eq!((all.clean, all.too_few_clean), (3, false));
+        assert_eq!(all.burst(&[1.0, 2.0, 3.0]), None);
+        assert_eq!(all.sustained(&[1.0, 2.0, 3.0]).unwrap().value, 3.0);
+        let free = SampleConditions::gpu(vec![None; 2], vec![None; 2], vec![vec![], vec![]]);
+        assert_eq!(
+            (free.burst(&[1.0, 2.0]), free.sustained(&[1.0, 2.0])),
+            (None, None)
+        );
+        let json = serde_json::to_string(&c).unwrap();
+        assert_eq!(serde_json::from_str::<SampleConditions>(&json).unwrap(), c);
     }
 }

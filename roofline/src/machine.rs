@@ -100,6 +100,24 @@ pub struct Ceiling {
     /// samples left out of `value` and why ([`crate::conditions`]).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub conditions: Option<crate::conditions::SampleConditions>,
+    /// GPU, where samples ran under the power cap (a sustained GEMM on a 700 W part does, by
+    /// design): `value` is the sustained figure, this is its best sample before the cap.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub burst: Option<f64>,
+    /// The power-capped steady state behind `value`: its samples, power and SM clock.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sustained: Option<crate::conditions::Sustained>,
+}
+
+impl Ceiling {
+    /// The figure a roofline draws: the sustained (power-capped) `value`, or with `burst` the
+    /// figure before the cap where there is one.
+    pub fn drawn(&self, burst: bool) -> f64 {
+        match (burst, self.burst) {
+            (true, Some(b)) => b,
+            _ => self.value,
+        }
+    }
 }
 
 /// The window of a sweep behind a plateau ceiling: its points' values (each point's best
@@ -184,6 +202,8 @@ impl Ceiling {
             per_iteration,
             plateau: None,
             conditions: None,
+            burst: None,
+            sustained: None,
         }
     }
 
@@ -199,6 +219,10 @@ impl Ceiling {
         if self.plateau.is_none() {
             if let Some(best) = c.best(&self.stats.values, self.unit == "s") {
                 self.value = best;
+            }
+            if self.unit != "s" {
+                self.burst = c.burst(&self.stats.values);
+                self.sustained = c.sustained(&self.stats.values);
             }
         }
         self.conditions = Some(c);

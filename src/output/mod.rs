@@ -138,6 +138,41 @@ pub fn machine_table(m: &Machine) {
             left_out.join("\n")
         );
     }
+    let capped: Vec<String> = m
+        .ceilings
+        .iter()
+        .filter_map(|c| {
+            let s = c.sustained.as_ref()?;
+            let at = [
+                s.power_w.map(|w| format!("{w:.0} W")),
+                s.sm_clock_mhz.map(|f| format!("SM {f:.0} MHz")),
+            ]
+            .into_iter()
+            .flatten()
+            .collect::<Vec<_>>()
+            .join(", ");
+            Some(format!(
+                "  {}: sustained {}{u} ({} samples{}{}){}",
+                c.id,
+                si(s.value),
+                s.samples,
+                if at.is_empty() { "" } else { " at " },
+                at,
+                c.burst.map_or(String::new(), |b| format!(
+                    "; burst {}{} before the cap",
+                    si(b),
+                    c.unit
+                )),
+                u = c.unit
+            ))
+        })
+        .collect();
+    if !capped.is_empty() {
+        outln!(
+            "\nceilings under the GPU's power cap (its operating point: the value is the sustained figure; `plot --burst` draws the burst one):\n{}",
+            capped.join("\n")
+        );
+    }
     let uneven: Vec<String> = m
         .ceilings
         .iter()

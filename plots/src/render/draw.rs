@@ -650,7 +650,16 @@ fn title_of(m: &Machine, opt: &ClassicOptions) -> String {
             .find(|g| format!("gpu{}", g.index) == opt.device)
             .map(|g| g.name.clone())
             .unwrap_or_default();
-        format!("Roofline: {} {name}", opt.device)
+        // A GPU whose GEMM or tensor roofs ran into the power cap: say which figure is drawn.
+        let capped = m.ceilings.iter().any(|c| {
+            c.sustained.is_some() && c.id.to_string().starts_with(&format!("{}/", opt.device))
+        });
+        let which = match (capped, opt.burst) {
+            (false, _) => "",
+            (true, false) => " (power-capped roofs: sustained)",
+            (true, true) => " (power-capped roofs: burst, before the cap)",
+        };
+        format!("Roofline: {} {name}{which}", opt.device)
     }
 }
 

@@ -25,6 +25,8 @@ pub(crate) fn machine() -> Machine {
         },
         plateau: None,
         conditions: None,
+        burst: None,
+        sustained: None,
     };
     let mut m: Machine = serde_json::from_value(serde_json::json!({
         "schema": crate::MACHINE_SCHEMA,
