@@ -2,7 +2,7 @@
 // values (a and b, packed as the instruction's register format), so D = iters * CHAINS * K * a * b
 // whatever the fragment layout: the host checks every lane's sum exactly (a = 1, b = a power of
 // two). Per warp and iteration: CHAINS independent MMAs of 2*M*N*K operations each.
-// Note: on sm_90, mma.sync reaches only part of the dense peak (wgmma is needed for all of it);
+// Note: on sm_90, mma.sync reaches only part of the dense peak (wgmma.cu measures all of it);
 // the probe's method text says so.
 
 #define CHAINS 4

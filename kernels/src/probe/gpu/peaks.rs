@@ -437,7 +437,7 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
         format!(
             "NVRTC kernel {}: warp-level mma.sync, {grid} blocks × {MMA_BLOCK} threads, 4 independent accumulators per warp, {iters} iterations; every lane's sum equals the closed form{}",
             spec.kernel,
-            if gpu.arch() >= 90 { "; on sm_90 mma.sync reaches only part of the tensor-core peak (wgmma is needed for all of it) — see gpu/gemm for the library figure" } else { "" }
+            if gpu.arch() >= 90 { "; on sm_90 mma.sync reaches only part of the tensor-core peak (wgmma is needed for all of it: gpu/wgmma, and gpu/gemm for the library figure)" } else { "" }
         ),
         peak,
         conditions,
