@@ -57,11 +57,11 @@ pack() {
     mkdir -p "$kit"
     cp "$bin" "$kit/roofline"
     strip "$kit/roofline"
-    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$kit/"
+    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$root/scripts/conv_peers.py" "$kit/"
     chmod +x "$kit/roofline" "$kit/gpu-bringup.sh"
     local size
     size=$(du -sb "$kit" | cut -f1)
-    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py"
+    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py, conv_peers.py"
     echo "on the GPU machine: bash gpu-bringup.sh run OUT"
 }
 
@@ -220,6 +220,11 @@ run() {
     fi
     if ! not_asked peers peers; then
         step peers 300 "$py" "$here/peers.py" --batch "$batch" --batches "$(echo $batches | tr ' ' ,)" --steps "$steps" -o "$out/peers.json"
+    fi
+    if ! not_asked peers conv-peers; then
+        # PyTorch's convolutions at every shape of the probe's conv tables (the summary gives
+        # roofline/PyTorch per shape and direction).
+        step conv-peers 240 "$py" "$here/peers.py" --parts conv --machine "$machine" -o "$out/peers.json"
     fi
     if ! not_asked ewa-peers ewa-peers; then
         step ewa-peers 240 "$py" "$here/peers.py" --parts ewa --ewa-batch 2 --steps 10 -o "$out/peers.json"

@@ -18,6 +18,11 @@ several samples; inputs random (never zeros). An existing output file is updated
 parts can run in separate calls.
 
   peers.py --parts ewa --ewa-batch 2 --steps 10 -o peers.json
+  peers.py --parts conv --machine machine.json -o peers.json   # PyTorch at the probe's conv shapes
+
+--parts conv (scripts/conv_peers.py): for every row of the probe's convolution tables, the same
+convolution in PyTorch (cudnn.benchmark, channels-last, the same dtype), forward, backward-data
+and backward-filter; the summary gives roofline/PyTorch per shape.
 
 --summary prints roofline's figures beside PyTorch's; with --json it also writes them for the
 record (docs/gpu/<date>-<gpu>.json): the revision, GPU, driver and libraries, and for each
@@ -190,6 +195,15 @@ def measure(args):
         "cudnn": torch.backends.cudnn.version(),
     })
     parts = set(args.parts.split(","))
+    if "conv" in parts:
+        import conv_peers
+        if not args.machine:
+            raise SystemExit("--parts conv needs --machine (the probe's machine.json: its shapes)")
+        with open(args.machine) as f:
+            out["conv"] = conv_peers.measure(torch, timed, json.load(f))
+        print("conv rows", len(out["conv"]), flush=True)
+        with open(args.output, "w") as f:
+            json.dump(out, f, indent=1)
     if "ewa" in parts:
         out["ewa"] = {}
         for prec in ["f32", "bf16"]:
@@ -300,6 +314,10 @@ def summary(args):
         t = ewa.get(prec, {})
         p = peers.get("ewa", {}).get(prec, {})
         row(f"EWA Faster R-CNN train {prec}", t.get("steady_images_per_second"), p.get("images_per_second"), "img/s", 1.0)
+    import conv_peers
+    conv_lines, conv_records = conv_peers.summary(m, peers)
+    for line in conv_lines:
+        print(line)
     for cid in sorted(ceil):
         if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or "/wgmma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
             c = ceil[cid]
@@ -319,6 +337,7 @@ def summary(args):
             "libraries": prov.get("libraries", []),
             "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
             "resnet50": records,
+            "conv": conv_records,
             # The compute ceilings: each with its datasheet peak, and the tensor-core ones
             # (mma.sync, wgmma) beside the best cuBLAS GEMM of their precision.
             "ceilings": [
@@ -345,7 +364,7 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", help="comma list of ResNet-50 batches (default: --batch)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN)")
+    ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN), conv (the probe's conv shapes, with --machine)")
     ap.add_argument("--ewa-batch", type=int, default=2)
     ap.add_argument("-o", "--output", default="peers.json")
     ap.add_argument("--summary", action="store_true")
