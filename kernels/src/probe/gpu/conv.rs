@@ -1,8 +1,12 @@
-//! Convolution ceilings through cuDNN (`cuda::dnn`) over ResNet-50 v1.5's layer shapes:
-//! forward, backward-data and backward-filter, f32 / tf32 / f16 / bf16, NHWC tensors and KRSC
-//! filters, f32 accumulation. The algorithm is the one cuDNN measures fastest on the layer's
-//! operands (`dnn::find`, `cudnnFind*AlgorithmEx`, as the trainer's plans choose) and is
-//! recorded per row. Every result is checked on a sample of entries against f64 sums on the CPU.
+//! Convolution ceilings through cuDNN (`cuda::dnn`) over ResNet-50 v1.5's layer shapes at the
+//! trainer's batch ([`CONV_BATCH`], the quick probe's as the full one's: fewer samples, not a
+//! smaller batch): forward, backward-data and backward-filter, f32 / tf32 / f16 / bf16, NHWC
+//! tensors and KRSC filters, f32 accumulation. The algorithm is the one cuDNN measures fastest
+//! on the layer's operands (`dnn::find`, `cudnnFind*AlgorithmEx`, as the trainer's plans
+//! choose) and is recorded per row. Every result is checked on a sample of entries against f64
+//! sums on the CPU. The operands are counter-based ([`Operand`]): element `i` is a function of
+//! the seed and `i`, written once per precision (in parallel) for the upload and computed
+//! again for the reference, so that no f64 copy of a batch-128 tensor is kept on the host.
 
 use super::gemm::{encode, Rng};
 use super::{Mode, SectionResult};
@@ -22,13 +26,52 @@ use std::sync::atomic::{AtomicBool, Ordering};
 
 const PRECISIONS: [Prec; 4] = [Prec::F32, Prec::Tf32, Prec::F16, Prec::Bf16];
 
+/// The batch the convolutions run at: the trainer's ResNet-50 batch, in the quick probe as in
+/// the full one.
+pub const CONV_BATCH: usize = 128;
+
+/// One operand's values: element `i` is `Rng`'s value of precision `p` seeded by `seed` and
+/// `i` (exact in `p`, never zero).
+#[derive(Clone, Copy)]
+struct Operand {
+    seed: u64,
+    p: Prec,
+}
+
+impl Operand {
+    fn at(&self, i: usize) -> f64 {
+        // SplitMix64 of (seed, i): a nonzero state for the generator.
+        let mut z = self.seed ^ (i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^= z >> 31;
+        Rng(z | 1).value(self.p)
+    }
+
+    /// The `n` elements encoded in `p`, made in parallel chunks.
+    fn bytes(&self, n: usize) -> Vec<u8> {
+        use rayon::prelude::*;
+        const CHUNK: usize = 1 << 20;
+        let chunks: Vec<Vec<u8>> = (0..n.div_ceil(CHUNK))
+            .into_par_iter()
+            .map(|c| {
+                let v: Vec<f64> = (c * CHUNK..((c + 1) * CHUNK).min(n))
+                    .map(|i| self.at(i))
+                    .collect();
+                encode(self.p, &v)
+            })
+            .collect();
+        chunks.concat()
+    }
+}
+
 struct Tensors {
     x: DevBuf,
     w: DevBuf,
     y: DevBuf,
-    hx: Vec<f64>,
-    hw: Vec<f64>,
-    hdy: Vec<f64>,
+    hx: Operand,
+    hw: Operand,
+    hdy: Operand,
     dy: DevBuf,
 }
 
@@ -80,9 +123,9 @@ fn decode(p: Prec, bytes: &[u8], i: usize) -> f64 {
 /// The reference value of output element `idx` and Σ|terms| (for a normwise error).
 fn reference(
     s: &ConvShape,
-    hx: &[f64],
-    hw: &[f64],
-    hdy: &[f64],
+    hx: &dyn Fn(usize) -> f64,
+    hw: &dyn Fn(usize) -> f64,
+    hdy: &dyn Fn(usize) -> f64,
     dir: Dir,
     idx: usize,
 ) -> (f64, f64) {
@@ -91,11 +134,11 @@ fn reference(
         if y < 0 || x < 0 || y >= s.h as isize || x >= s.w as isize {
             return None;
         }
-        Some(hx[((n * s.h + y as usize) * s.w + x as usize) * s.c + c])
+        Some(hx(((n * s.h + y as usize) * s.w + x as usize) * s.c + c))
     };
-    let wi = |k: usize, r: usize, q: usize, c: usize| hw[((k * s.r + r) * s.s + q) * s.c + c];
+    let wi = |k: usize, r: usize, q: usize, c: usize| hw(((k * s.r + r) * s.s + q) * s.c + c);
     let dyi = |n: usize, p: usize, q: usize, k: usize| {
-        hdy[((n * oh as usize + p) * ow as usize + q) * s.k + k]
+        hdy(((n * oh as usize + p) * ow as usize + q) * s.k + k)
     };
     let (st, pad) = (s.stride as isize, s.pad as isize);
     let (mut sum, mut abs) = (0.0, 0.0);
@@ -170,11 +213,20 @@ fn reference(
 }
 
 fn check(p: Prec, s: &ConvShape, t: &Tensors, dir: Dir, got: &[u8]) -> Result<f64, CudaError> {
+    use rayon::prelude::*;
     let len = out_len(s, dir);
     let mut worst = 0.0f64;
-    for j in 0..24usize {
-        let idx = (j * 2_654_435_761usize) % len;
-        let (want, abs) = reference(s, &t.hx, &t.hw, &t.hdy, dir, idx);
+    // The references in parallel: a backward-filter entry at batch 128 sums millions of terms.
+    let (hx, hw, hdy) = (t.hx, t.hw, t.hdy);
+    let refs: Vec<(usize, (f64, f64))> = (0..24usize)
+        .into_par_iter()
+        .map(|j| {
+            let idx = (j * 2_654_435_761usize) % len;
+            let r = reference(s, &|i| hx.at(i), &|i| hw.at(i), &|i| hdy.at(i), dir, idx);
+            (idx, r)
+        })
+        .collect();
+    for (idx, (want, abs)) in refs {
         let g = decode(p, got, idx);
         let err = (g - want).abs() / abs.max(1e-30);
         worst = worst.max(err);
@@ -210,8 +262,7 @@ pub fn conv_section(
     let h = Handle::new(gpu)?;
     let batch = match mode {
         Mode::Check => 2,
-        Mode::Quick => 16,
-        Mode::Full => 32,
+        Mode::Quick | Mode::Full => CONV_BATCH,
     };
     let mut layers = resnet50_layers(batch);
     if mode == Mode::Check {
@@ -253,12 +304,12 @@ fn conv_precision(
         // chosen algorithm wants on its descriptor, and a shared one would hand the forward
         // choice's math type to the backward heuristics.
         let ds = [descs(s, p)?, descs(s, p)?, descs(s, p)?];
-        let mut rng = Rng(0xC0FFEE + li as u64);
-        let hx: Vec<f64> = (0..s.n * s.h * s.w * s.c).map(|_| rng.value(p)).collect();
-        let hw: Vec<f64> = (0..s.k * s.r * s.s * s.c).map(|_| rng.value(p)).collect();
-        let hdy: Vec<f64> = (0..s.n * s.oh() * s.ow() * s.k)
-            .map(|_| rng.value(p))
-            .collect();
+        let seed = 0xC0FFEE + 3 * li as u64;
+        let (hx, hw, hdy) = (
+            Operand { seed, p },
+            Operand { seed: seed + 1, p },
+            Operand { seed: seed + 2, p },
+        );
         let out_bytes = [Dir::Fwd, Dir::BwdData, Dir::BwdFilter]
             .iter()
             .map(|d| out_len(s, *d))
@@ -270,9 +321,9 @@ fn conv_precision(
                 4
             };
         let t = Tensors {
-            x: gpu.upload(&encode(p, &hx))?,
-            w: gpu.upload(&encode(p, &hw))?,
-            dy: gpu.upload(&encode(p, &hdy))?,
+            x: gpu.upload(&hx.bytes(s.n * s.h * s.w * s.c))?,
+            w: gpu.upload(&hw.bytes(s.k * s.r * s.s * s.c))?,
+            dy: gpu.upload(&hdy.bytes(s.n * s.oh() * s.ow() * s.k))?,
             y: gpu.alloc(out_bytes)?,
             hx,
             hw,
@@ -379,9 +430,10 @@ fn conv_precision(
             continue;
         };
         let method = format!(
-            "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over ResNet-50 v1.5's layer shapes: {how}; 24 entries per layer checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+            "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over ResNet-50 v1.5's layer shapes at batch {}: {how}; 24 entries per layer checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
             dir.name(),
             if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
+            layers.first().map_or(0, |l| l.shape.n),
             p.tolerance()
         );
         let per_iteration = PerIteration {
@@ -450,7 +502,7 @@ mod tests {
             .collect::<Vec<_>>();
         let dot = |dir: Dir, other: &[f64]| -> f64 {
             (0..out_len(&s, dir))
-                .map(|i| reference(&s, &hx, &hw, &hdy, dir, i).0 * other[i])
+                .map(|i| reference(&s, &|j| hx[j], &|j| hw[j], &|j| hdy[j], dir, i).0 * other[i])
                 .sum()
         };
         let a = dot(Dir::Fwd, &hdy);
@@ -458,5 +510,25 @@ mod tests {
         let c = dot(Dir::BwdFilter, &hw);
         assert!((a - b).abs() < 1e-9 * a.abs().max(1.0), "{a} vs {b}");
         assert!((a - c).abs() < 1e-9 * a.abs().max(1.0), "{a} vs {c}");
+    }
+
+    /// An operand's upload is its values, element for element, in every precision: the bytes
+    /// made in parallel chunks decode to what the reference computes again from the index;
+    /// values are exact in the precision and never zero, and two seeds differ.
+    #[test]
+    fn operands_upload_what_the_reference_reads() {
+        for p in PRECISIONS {
+            let op = Operand { seed: 7, p };
+            let n = (1 << 20) + 37; // two chunks, the second short
+            let bytes = op.bytes(n);
+            assert_eq!(bytes.len(), n * p.in_bytes());
+            for i in [0, 1, 5, (1 << 20) - 1, 1 << 20, n - 1] {
+                let v = op.at(i);
+                assert!(v != 0.0 && v.abs() <= 1.0, "{v}");
+                assert_eq!(decode(p, &bytes, i), v, "{} element {i}", p.name());
+            }
+            let other = Operand { seed: 8, p };
+            assert!((0..64).any(|i| other.at(i) != op.at(i)));
+        }
     }
 }
