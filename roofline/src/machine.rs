@@ -334,6 +334,23 @@ pub struct TableRow {
     /// What ran, when the library chose it (e.g. the cuDNN algorithm, the cuBLAS library).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub detail: Option<String>,
+    /// A library's own first choice for the shape (cuDNN's heuristic) and its rate, where the
+    /// row's `detail` is the fastest measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heuristic: Option<Choice>,
+    /// The shape's own roof: min(the precision's datasheet peak, its operational intensity ×
+    /// the datasheet memory bandwidth), and `value` over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub roof: Option<f64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub efficiency: Option<f64>,
+}
+
+/// What a library chose, and the rate it gave.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Choice {
+    pub detail: String,
+    pub value: f64,
 }
 
 /// A kept table of measurements (e.g. `cpu/gemm/f32/table`).

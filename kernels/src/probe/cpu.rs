@@ -493,6 +493,9 @@ impl Sweep {
             stats,
             max_rel_error: Some(m.max_rel_error),
             detail: None,
+            heuristic: None,
+            roof: None,
+            efficiency: None,
         });
     }
 }

@@ -14,11 +14,12 @@ use crate::cpu::conv::{resnet50_layers, ConvShape};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{
-    descs, execute, find, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
+    choose, descs, execute, find, Algo, Descs, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT,
 };
 use crate::cuda::CudaError;
 use roofline_model::ceiling_id::{TableId, TableRows};
 use roofline_model::conditions::SampleConditions;
+use roofline_model::machine::Choice;
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
@@ -241,6 +242,94 @@ fn check(p: Prec, s: &ConvShape, t: &Tensors, dir: Dir, got: &[u8]) -> Result<f6
     Ok(worst)
 }
 
+/// How a convolution is timed: the calibrated repetitions per sample (5 ms quick, 20 ms full),
+/// 3 or 5 samples with NVML's readings at the end of each.
+struct Timing<'a> {
+    gpu: &'a Gpu,
+    h: &'a Handle,
+    d: &'a Descs,
+    t: &'a Tensors,
+    ws: &'a DevBuf,
+    mode: Mode,
+    cancel: &'a AtomicBool,
+    flops: f64,
+}
+
+impl Timing<'_> {
+    /// The rates of `algo` and the samples' conditions; None without a sample.
+    fn measure(&self, algo: Algo) -> Result<Option<(Stats, Option<SampleConditions>)>, CudaError> {
+        let (gpu, h, d, t, ws) = (self.gpu, self.h, self.d, self.t, self.ws);
+        let want = if self.mode == Mode::Quick {
+            0.005
+        } else {
+            0.02
+        };
+        let reps = crate::driver::calibrate(&mut Events(gpu), 1, 200, want, &mut |r| {
+            for _ in 0..r {
+                run_once(h, d, t, algo, ws)?;
+            }
+            Ok(())
+        })?;
+        // NVML's readings at the end of each sample come with the times.
+        let (times, conditions) = gpu.watched(
+            || {
+                crate::driver::sample(
+                    &mut Events(gpu),
+                    0,
+                    if self.mode == Mode::Quick { 3 } else { 5 },
+                    &mut || match self.cancel.load(Ordering::Relaxed) {
+                        true => Err(CudaError::Interrupted),
+                        false => Ok(()),
+                    },
+                    &mut || {
+                        for _ in 0..reps {
+                            run_once(h, d, t, algo, ws)?;
+                        }
+                        Ok(())
+                    },
+                )
+            },
+            |t| t.len(),
+        )?;
+        let rates: Vec<f64> = times
+            .iter()
+            .map(|tm| self.flops * reps as f64 / tm)
+            .collect();
+        Ok(Stats::from_samples(&rates).map(|s| (s, conditions)))
+    }
+}
+
+/// The bytes a direction moves at least: its two operands read and its output written, in
+/// the storage precision.
+fn min_bytes(s: &ConvShape, p: Prec, dir: Dir) -> f64 {
+    let (x, w, y) = (
+        s.n * s.h * s.w * s.c,
+        s.k * s.r * s.s * s.c,
+        s.n * s.oh() * s.ow() * s.k,
+    );
+    let elements = match dir {
+        Dir::Fwd => x + w + y,
+        Dir::BwdData => y + w + x,
+        Dir::BwdFilter => x + y + w,
+    };
+    (elements * p.in_bytes()) as f64
+}
+
+/// A shape's own roof: min(the precision's datasheet peak, its operational intensity × the
+/// datasheet memory bandwidth); None for a GPU the peak database lacks.
+fn shape_roof(
+    peaks: &PeakDb,
+    gpu: &Gpu,
+    p: Prec,
+    s: &ConvShape,
+    dir: Dir,
+    flops: f64,
+) -> Option<f64> {
+    let peak = peak_for(peaks, gpu, p)?.value;
+    let bw = peaks.device(&gpu.name)?.memory_bandwidth;
+    Some(peak.min(flops / min_bytes(s, p, dir) * bw))
+}
+
 fn peak_for(peaks: &PeakDb, gpu: &Gpu, p: Prec) -> Option<TheoreticalPeak> {
     let d = peaks.device(&gpu.name)?;
     let engine = if p == Prec::F32 { "vector" } else { "matrix" };
@@ -363,41 +452,40 @@ fn conv_precision(
             if mode == Mode::Check {
                 continue;
             }
-            let want = if mode == Mode::Quick { 0.005 } else { 0.02 };
-            let reps = crate::driver::calibrate(&mut Events(gpu), 1, 200, want, &mut |r| {
-                for _ in 0..r {
-                    run_once(h, d, &t, algo, ws)?;
-                }
-                Ok(())
-            })?;
-            // NVML's readings at the end of each sample come with the times.
-            let (times, conditions) = gpu.watched(
-                || {
-                    crate::driver::sample(
-                        &mut Events(gpu),
-                        0,
-                        if mode == Mode::Quick { 3 } else { 5 },
-                        &mut || match cancel.load(Ordering::Relaxed) {
-                            true => Err(CudaError::Interrupted),
-                            false => Ok(()),
-                        },
-                        &mut || {
-                            for _ in 0..reps {
-                                run_once(h, d, &t, algo, ws)?;
-                            }
-                            Ok(())
-                        },
-                    )
-                },
-                |t| t.len(),
-            )?;
-            let rates: Vec<f64> = times.iter().map(|tm| flops * reps as f64 / tm).collect();
-            let Some(stats) = Stats::from_samples(&rates) else {
+            let timing = Timing {
+                gpu,
+                h,
+                d,
+                t: &t,
+                ws,
+                mode,
+                cancel,
+                flops,
+            };
+            let Some((stats, conditions)) = timing.measure(algo)? else {
                 continue;
             };
             let algo_name = algo.name();
             // The row holds what the ceiling would: the best clean sample.
             let value = SampleConditions::best_rate(conditions.as_ref(), &stats);
+            // cuDNN's heuristic (its _v7 first choice) beside the fastest measured: timed
+            // too where it is another algorithm. (It sets its math type on the descriptor,
+            // after the fastest's timing.)
+            let heuristic = match choose(h, d, p, dir) {
+                Ok((a, _)) if a.name() == algo.name() => Some(Choice {
+                    detail: a.name(),
+                    value,
+                }),
+                Ok((a, _)) => match run_once(h, d, &t, a, ws).and_then(|_| timing.measure(a)) {
+                    Ok(Some((hs, hc))) => Some(Choice {
+                        detail: a.name(),
+                        value: SampleConditions::best_rate(hc.as_ref(), &hs),
+                    }),
+                    Ok(None) | Err(_) => None,
+                },
+                Err(_) => None,
+            };
+            let roof = shape_roof(peaks, gpu, p, s, dir, flops);
             let shape = format!(
                 "n={} c={} h={} w={} k={} r={} s={} stride={} pad={}",
                 s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
@@ -422,6 +510,9 @@ fn conv_precision(
                 stats,
                 max_rel_error: Some(err),
                 detail: Some(algo_name),
+                heuristic,
+                roof,
+                efficiency: roof.map(|r| value / r),
             });
         }
     }
@@ -529,6 +620,29 @@ mod tests {
             }
             let other = Operand { seed: 8, p };
             assert!((0..64).any(|i| other.at(i) != op.at(i)));
+        }
+    }
+
+    /// The bytes a direction moves at least, by hand: a 1×1 convolution of 64 to 256 channels
+    /// on 2 × 4 × 4 at stride 1 reads x (2·4·4·64) and w (256·64) and writes y (2·4·4·256),
+    /// in the storage precision's bytes; the backward directions move the same three tensors.
+    #[test]
+    fn a_direction_moves_its_three_tensors() {
+        let s = ConvShape {
+            n: 2,
+            c: 64,
+            h: 4,
+            w: 4,
+            k: 256,
+            r: 1,
+            s: 1,
+            stride: 1,
+            pad: 0,
+        };
+        let elements = (2 * 4 * 4 * 64 + 256 * 64 + 2 * 4 * 4 * 256) as f64;
+        for dir in DIRECTIONS {
+            assert_eq!(min_bytes(&s, Prec::Bf16, dir), 2.0 * elements);
+            assert_eq!(min_bytes(&s, Prec::F32, dir), 4.0 * elements);
         }
     }
 }

@@ -412,6 +412,9 @@ fn gemm_precision(
                 stats,
                 max_rel_error: Some(err),
                 detail: Some(lib.name().into()),
+                heuristic: None,
+                roof: None,
+                efficiency: None,
             });
         }
     }
