@@ -384,6 +384,31 @@ pub(super) fn fp8_needs_newer_nvrtc(spec: &MmaSpec, e: CudaError) -> CudaError {
     }
 }
 
+/// The first lane of `out` (one i32 or f32 a thread) that is not `want`, with its value:
+/// integers exactly, floats within `rel` of it (a NaN is never within).
+pub(super) fn wrong_lane(
+    gpu: &Gpu,
+    out: &DevBuf,
+    want: f64,
+    int: bool,
+    rel: f64,
+) -> Result<Option<(usize, f64)>, CudaError> {
+    let v: Vec<f64> = if int {
+        gpu.download::<i32>(out)?
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    } else {
+        gpu.download::<f32>(out)?
+            .into_iter()
+            .map(f64::from)
+            .collect()
+    };
+    Ok(v.iter()
+        .position(|&x| x.is_nan() || (x - want).abs() > rel * want.abs())
+        .map(|i| (i, v[i])))
+}
+
 pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<String, CudaError> {
     let f = gpu.function(spec.kernel)?;
     let grid = gpu.grid_for(MMA_BLOCK, 1024);
@@ -407,17 +432,7 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
     let iters = calibrate(ctx, gpu, base, 1 << 12, &mut launch)?;
     let (times, conditions) = timed(ctx, gpu, || launch(iters))?;
     let want = MMA_CHAINS * 4.0 * iters as f64 * spec.per_mma;
-    let bad = if spec.int {
-        let v: Vec<i32> = gpu.download(&out)?;
-        v.iter()
-            .position(|&x| x as f64 != want)
-            .map(|i| (i, v[i] as f64))
-    } else {
-        let v: Vec<f32> = gpu.download(&out)?;
-        v.iter()
-            .position(|&x| (x as f64 - want).abs() > 1e-6 * want)
-            .map(|i| (i, v[i] as f64))
-    };
+    let bad = wrong_lane(gpu, &out, want, spec.int, 1e-6)?;
     if let Some((i, got)) = bad {
         return Err(CudaError::Check(format!(
             "{} lane {i}: GPU {got}, expected {want}",

@@ -174,17 +174,8 @@ fn wgmma_one(
         let iters = calibrate(ctx, gpu, base, 1 << 10, &mut launch)?;
         let (times, conditions) = timed(ctx, gpu, || launch(iters))?;
         let want = wgmma_expected(spec, iters as f64 * WGMMA_UNROLL);
-        let bad = if spec.int {
-            let v: Vec<i32> = gpu.download(&out)?;
-            v.iter()
-                .position(|&x| x as f64 != want)
-                .map(|i| (i, v[i] as f64))
-        } else {
-            let v: Vec<f32> = gpu.download(&out)?;
-            v.iter()
-                .position(|&x| x as f64 != want)
-                .map(|i| (i, v[i] as f64))
-        };
+        // Exactly: every accumulator holds the closed form.
+        let bad = wrong_lane(gpu, &out, want, spec.int, 0.0)?;
         if let Some((i, got)) = bad {
             return Err(CudaError::Check(format!(
                 "{} ({per_sm} warpgroup(s) an SM) lane {i}: GPU {got}, expected {want} (NaN or -2147483648: the lane's accumulators differ)",
