@@ -8,7 +8,7 @@
 //! kernels. CI runs the gate once per CUDA generation, with `ROOFLINE_EXPECT_NVRTC_MAJOR` set
 //! to the generation it installed, so that a run cannot pass on the other one.
 
-use roofline_kernels::cuda::nvrtc::{self, Target, CI_TARGETS, SOURCES};
+use roofline_kernels::cuda::nvrtc::{self, Target, SOURCES};
 use roofline_kernels::cuda::CudaError;
 
 mod common;

@@ -289,7 +289,7 @@ fn a_power_capped_roof_is_drawn_sustained_or_burst_and_says_which() {
     let gemm = m
         .ceilings
         .iter_mut()
-        .find(|c| c.id.to_string() == "gpu0/gemm/f16")
+        .find(|c| c.id == "gpu0/gemm/f16")
         .unwrap();
     gemm.burst = Some(8e14);
     gemm.sustained = Some(roofline_model::conditions::Sustained {
