@@ -1,5 +1,4 @@
-//! `roofline plot`: a machine.json's roofline (classic, hierarchical, or HPC AI500's COI
-//! models) as SVG or an interactive HTML page, with placed workloads on it.
+//! `roofline plot`: a machine.json's roofline (classic, hierarchical, COI) as SVG or HTML.
 
 use crate::exit::Failure;
 use anyhow::anyhow;
@@ -49,9 +48,7 @@ pub struct PlotArgs {
     /// where plot otherwise refuses them (exit 2): their points belong under other roofs.
     #[arg(long)]
     pub allow_other_machine: bool,
-    /// A GPU's GEMM and tensor-core roofs that ran into the power cap (a sustained GEMM on a
-    /// 700 W part does, by design) are drawn at their sustained, power-capped figure; this draws
-    /// the burst figure, the best before the cap, instead. The title says which is drawn.
+    /// Draw power-capped GPU roofs at their burst figure (before the cap), not the sustained one.
     #[arg(long)]
     pub burst: bool,
 }

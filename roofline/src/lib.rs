@@ -20,6 +20,7 @@ pub mod load;
 pub mod machine;
 pub mod peaks;
 pub mod placement;
+pub mod plateau;
 pub mod score;
 pub mod skipped;
 pub mod stats;
