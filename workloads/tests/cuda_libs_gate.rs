@@ -269,7 +269,7 @@ fn every_symbol_the_code_calls_resolves_in_the_file_found() {
 fn every_convolution() -> Vec<(String, ConvShape)> {
     let mut v: Vec<(String, ConvShape)> = Vec::new();
     // The convolution probe: ResNet-50's distinct layers at each mode's batch.
-    for batch in [2, 16, 32] {
+    for batch in [2, roofline_kernels::probe::gpu::CONV_BATCH] {
         for l in roofline_kernels::cpu::conv::resnet50_layers(batch) {
             v.push((format!("probe {} (batch {batch})", l.name), l.shape));
         }
@@ -406,6 +406,62 @@ fn every_cudnn_descriptor_of_the_probe_and_the_trainers_matches_the_cpu_model() 
             && e.to_string().contains("CUDNN_STATUS_BAD_PARAM"),
         "{e}"
     );
+}
+
+/// The backend API's side of the same convolutions: every direction's operation graph node
+/// (tensors, convolution, operation, with β = 0 and the trainer's β = 1 for backward-data) is
+/// accepted and finalised by cuDNN, which checks the dimensions and strides against each
+/// other; a graph needs a handle, so the engines wait for a GPU.
+#[test]
+fn every_backend_convolution_operation_is_finalised_by_cudnn() {
+    use roofline_kernels::cuda::dnn_graph::ConvOp;
+    if !have(Lib::Cudnn) {
+        return;
+    }
+    let mut built = 0;
+    let mut shapes: Vec<(String, ConvShape)> = every_convolution();
+    shapes.dedup_by(|a, b| a.1 == b.1);
+    for p in [
+        Precision::F32,
+        Precision::Tf32,
+        Precision::F16,
+        Precision::Bf16,
+    ] {
+        for (what, s) in &shapes {
+            for dir in roofline_model::ConvDir::ALL {
+                ConvOp::new(s, p, dir, 0.0)
+                    .unwrap_or_else(|e| panic!("{what} {p} {}: {e}", dir.name()));
+                built += 1;
+            }
+        }
+    }
+    // The trainer's backward-data that adds into dx.
+    let (what, s) = &shapes[0];
+    ConvOp::new(s, Precision::Bf16, roofline_model::ConvDir::BwdData, 1.0)
+        .unwrap_or_else(|e| panic!("{what} β = 1: {e}"));
+    println!("{built} cuDNN backend convolution operations finalised");
+    // A filter larger than the padded input: refused before cuDNN, with the sizes.
+    let too_big = ConvShape {
+        h: 2,
+        w: 2,
+        r: 7,
+        s: 7,
+        ..*s
+    };
+    let e = ConvOp::new(&too_big, Precision::F32, roofline_model::ConvDir::Fwd, 0.0)
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("does not fit a 2×2 input"), "{e}");
+    // A layer with no filters: refused, naming the dimensions.
+    let e = ConvOp::new(
+        &ConvShape { k: 0, ..*s },
+        Precision::F32,
+        roofline_model::ConvDir::Fwd,
+        0.0,
+    )
+    .err()
+    .unwrap();
+    assert!(e.to_string().contains("no dimension may be 0"), "{e}");
 }
 
 #[test]

@@ -168,6 +168,11 @@ impl Handle {
             .map_err(e("cudnnSetStream"))?;
         Ok(h)
     }
+
+    /// The raw handle, for the backend API (`cuda::dnn_graph`).
+    pub(crate) fn raw(&self) -> dsys::cudnnHandle_t {
+        self.0
+    }
 }
 
 impl Drop for Handle {
@@ -551,7 +556,7 @@ impl PlanChoice {
 
 /// The workspace `algo` needs on `d` (cuDNN's answer; an error where it does not support the
 /// algorithm for these descriptors).
-fn workspace_of(h: &Handle, d: &Descs, algo: Algo) -> Result<usize, CudaError> {
+pub(crate) fn workspace_of(h: &Handle, d: &Descs, algo: Algo) -> Result<usize, CudaError> {
     // SAFETY: live handle and descriptors.
     unsafe {
         match algo {

@@ -4,9 +4,11 @@
 //! [`libs::require`] says it is there, and is the file roofline found.
 
 pub mod blas;
+pub mod conv_search;
 pub mod device;
 pub mod dnn;
 pub mod dnn_cache;
+pub mod dnn_graph;
 pub mod doctor;
 pub mod graph;
 pub mod libs;
