@@ -348,6 +348,34 @@ fn every_convolution() -> Vec<(String, ConvShape)> {
     v
 }
 
+/// The shapes the convolution probe measures for the detector are the detector's: its
+/// distinct convolutions, walked through the built model, and the probe's list are one set;
+/// so are ResNet-50's (no library needed).
+#[test]
+fn the_probes_convolution_shapes_are_the_models() {
+    use roofline_kernels::cpu::conv::{ewa_layers, resnet50_layers, EWA_BATCH};
+    let convs = every_convolution();
+    let of = |what: &str, n: usize| {
+        let mut v: Vec<ConvShape> = convs
+            .iter()
+            .filter(|(w, _)| w.starts_with(what))
+            .map(|(_, s)| ConvShape { n, ..*s })
+            .collect();
+        v.sort_by_key(|s| format!("{s:?}"));
+        v.dedup();
+        v
+    };
+    let sorted = |mut v: Vec<ConvShape>| {
+        v.sort_by_key(|s| format!("{s:?}"));
+        v
+    };
+    let probe_ewa = sorted(ewa_layers(EWA_BATCH).iter().map(|l| l.shape).collect());
+    assert_eq!(probe_ewa, of("ewa", EWA_BATCH), "the detector's shapes");
+    assert!(probe_ewa.len() > 30, "{} detector shapes", probe_ewa.len());
+    let probe_resnet = sorted(resnet50_layers(32).iter().map(|l| l.shape).collect());
+    assert_eq!(probe_resnet, of("resnet50", 32), "ResNet-50's shapes");
+}
+
 #[test]
 fn every_cudnn_descriptor_of_the_probe_and_the_trainers_matches_the_cpu_model() {
     if !have(Lib::Cudnn) {

@@ -90,13 +90,77 @@ pub struct Layer {
 /// The distinct convolution shapes of ResNet-50 v1.5 (stride 2 in the 3×3 convolution of each
 /// down-sampling bottleneck) for a batch of `n` images of 224×224.
 pub fn resnet50_layers(n: usize) -> Vec<Layer> {
-    let conv = |name: &str, c, h, k, r, stride| Layer {
-        name: name.to_string(),
+    distinct(resnet50_convs(n, 3, (224, 224), ""))
+}
+
+/// The batch the EWA detector trains at (`train --workload ewa`).
+pub const EWA_BATCH: usize = 2;
+
+/// The distinct convolution shapes of the EWA detector (Faster R-CNN, ResNet-50-FPN) for `n`
+/// images of 16 channels and 768×1152: the backbone, the pyramid's lateral 1×1 and output 3×3
+/// convolutions at C2–C5's sizes, and the RPN's 3×3, objectness and box convolutions at each
+/// level P2–P6 (9 anchors a cell). The workloads' gate checks this list against the model's own
+/// walk.
+pub fn ewa_layers(n: usize) -> Vec<Layer> {
+    let mut v = resnet50_convs(n, 16, (768, 1152), "ewa backbone ");
+    let layer = |name: String, c, (h, w): (usize, usize), k, r| Layer {
+        name,
         shape: ConvShape {
             n,
             c,
             h,
-            w: h,
+            w,
+            k,
+            r,
+            s: r,
+            stride: 1,
+            pad: r / 2,
+        },
+    };
+    // C2–C5: after the stem (7×7/2) and the max pool, then halved by each stage.
+    let half = |x: usize| (x + 2 - 3) / 2 + 1;
+    let stem = |x: usize| (x + 6 - 7) / 2 + 1;
+    let mut sizes = vec![(half(stem(768)), half(stem(1152)))];
+    for l in 1..4 {
+        let (h, w): (usize, usize) = sizes[l - 1];
+        sizes.push((half(h), half(w)));
+    }
+    let (h5, w5) = sizes[3];
+    let p6 = (h5.div_ceil(2), w5.div_ceil(2));
+    for (i, (&size, c)) in sizes.iter().zip([256, 512, 1024, 2048]).enumerate() {
+        v.push(layer(format!("ewa fpn lateral {i} 1x1"), c, size, 256, 1));
+        v.push(layer(format!("ewa fpn output {i} 3x3"), 256, size, 256, 3));
+    }
+    for (l, size) in sizes.iter().copied().chain([p6]).enumerate() {
+        let p = l + 2;
+        v.push(layer(format!("ewa rpn conv P{p} 3x3"), 256, size, 256, 3));
+        v.push(layer(format!("ewa rpn cls P{p} 1x1"), 256, size, 9, 1));
+        v.push(layer(format!("ewa rpn reg P{p} 1x1"), 256, size, 36, 1));
+    }
+    distinct(v)
+}
+
+/// `layers` without the shapes that repeat (the first name kept).
+pub fn distinct(mut v: Vec<Layer>) -> Vec<Layer> {
+    let mut seen = Vec::new();
+    v.retain(|l| {
+        let dup = seen.contains(&l.shape);
+        seen.push(l.shape);
+        !dup
+    });
+    v
+}
+
+/// ResNet-50 v1.5's convolutions, in order, for `n` images of `c_in` channels and `(h, w)`,
+/// each named after `prefix`.
+fn resnet50_convs(n: usize, c_in: usize, (h, w): (usize, usize), prefix: &str) -> Vec<Layer> {
+    let conv = |name: &str, c, (h, w): (usize, usize), k, r, stride| Layer {
+        name: format!("{prefix}{name}"),
+        shape: ConvShape {
+            n,
+            c,
+            h,
+            w,
             k,
             r,
             s: r,
@@ -104,33 +168,32 @@ pub fn resnet50_layers(n: usize) -> Vec<Layer> {
             pad: r / 2,
         },
     };
-    let mut v = vec![conv("conv1 7x7/2", 3, 224, 64, 7, 2)];
-    // (stage, input size of the stage, input channels, bottleneck width)
-    for (stage, hin, cin, width) in [
-        (2, 56, 64, 64),
-        (3, 56, 256, 128),
-        (4, 28, 512, 256),
-        (5, 14, 1024, 512),
-    ] {
+    let stem = conv("conv1 7x7/2", c_in, (h, w), 64, 7, 2);
+    let pool = |x: usize| (x + 2 - 3) / 2 + 1;
+    let mut size = (pool(stem.shape.oh()), pool(stem.shape.ow()));
+    let mut v = vec![stem];
+    // (stage, input channels, bottleneck width)
+    for (stage, cin, width) in [(2, 64, 64), (3, 256, 128), (4, 512, 256), (5, 1024, 512)] {
         let out = 4 * width;
         let first_stride = if stage == 2 { 1 } else { 2 };
-        let hout = hin / first_stride;
         let p = format!("layer{}", stage - 1);
-        v.push(conv(&format!("{p}.0 conv1 1x1"), cin, hin, width, 1, 1));
-        v.push(conv(
+        let c2 = conv(
             &format!("{p}.0 conv2 3x3/{first_stride}"),
             width,
-            hin,
+            size,
             width,
             3,
             first_stride,
-        ));
+        );
+        let hout = (c2.shape.oh(), c2.shape.ow());
+        v.push(conv(&format!("{p}.0 conv1 1x1"), cin, size, width, 1, 1));
+        v.push(c2);
         v.push(conv(&format!("{p}.0 conv3 1x1"), width, hout, out, 1, 1));
         if stage != 2 || cin != out {
             v.push(conv(
                 &format!("{p}.0 downsample 1x1/{first_stride}"),
                 cin,
-                hin,
+                size,
                 out,
                 1,
                 first_stride,
@@ -140,14 +203,8 @@ pub fn resnet50_layers(n: usize) -> Vec<Layer> {
         if stage != 2 {
             v.push(conv(&format!("{p}.1 conv2 3x3"), width, hout, width, 3, 1));
         }
+        size = hout;
     }
-    // Drop shapes that repeat (layer1.0's downsample equals its conv3).
-    let mut seen = Vec::new();
-    v.retain(|l| {
-        let dup = seen.contains(&l.shape);
-        seen.push(l.shape);
-        !dup
-    });
     v
 }
 
