@@ -99,6 +99,19 @@ pub struct ProbeArgs {
     /// and so is a link below the median link by as much.
     #[arg(long, default_value = "10", value_name = "PERCENT", value_parser = parse_percent)]
     pub fleet_margin: f64,
+    /// The batch of ResNet-50's convolutions in the GPU convolution ceilings (the detector's
+    /// run at its own training batch, 2): the trainer's 128 by default, in the quick probe as
+    /// in the full one. Set it to the batch your training runs.
+    #[arg(long, default_value_t = roofline_kernels::probe::gpu::CONV_BATCH, value_name = "N", value_parser = parse_batch)]
+    pub conv_batch: usize,
+}
+
+/// `--conv-batch`: a batch from 1 to 4096.
+fn parse_batch(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=4096).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: expected a batch from 1 to 4096 images")),
+    }
 }
 
 /// `--fleet-margin`: a percentage in [0, 100).
@@ -171,6 +184,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
         comm_timeout: a.comm_timeout,
         fleet_margin: a.fleet_margin,
         output: a.output.clone(),
+        conv_batch: a.conv_batch,
     };
     crate::exit::install_ctrlc()?;
     let shown = roofline_kernels::comm::launched_rank().is_none_or(|r| r == 0);

@@ -183,13 +183,6 @@ pub(crate) enum Chosen {
 }
 
 impl Chosen {
-    pub fn name(&self) -> String {
-        match self {
-            Chosen::Legacy(a) => a.name(),
-            Chosen::Engine(p) => p.config.name(),
-        }
-    }
-
     /// Runs the direction: `operands` in `dnn::execute`'s order, the output overwritten.
     pub(crate) fn run(
         &self,

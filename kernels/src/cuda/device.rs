@@ -726,7 +726,7 @@ impl Gpu {
     }
 
     /// One reading, at the end of a timed sample (nothing without a reader).
-    fn observe(&self) {
+    pub(crate) fn observe(&self) {
         let mut w = self.watch.borrow_mut();
         if let Some(r) = &w.reader {
             let reading = r();

@@ -71,6 +71,9 @@ impl Mode {
 pub struct GpuConfig {
     pub mode: Mode,
     pub sections: Vec<Section>,
+    /// The batch of ResNet-50's convolutions in the convolution section
+    /// ([`CONV_BATCH`] by default; `--check` runs batch 2 whatever this is).
+    pub conv_batch: usize,
 }
 
 /// One kernel's result check in `--check` mode.
@@ -531,7 +534,7 @@ pub fn run(
         }
         if has(Section::Conv) {
             progress.advance(&format!("gpu{} cuDNN convolution", gpu.ordinal));
-            let r = conv::conv_section(gpu, ctx.mode, cancel, peaks);
+            let r = conv::conv_section(gpu, ctx.mode, cancel, peaks, cfg.conv_batch);
             absorb(&mut ctx, gpu.ordinal, "conv", r)?;
         }
         if has(Section::Copy) {

@@ -108,6 +108,8 @@ pub struct NodeConfig {
     /// Check that the machine is quiet (`provenance.load`): not under MPI, where the job's
     /// own ranks share the node.
     pub check_load: bool,
+    /// The batch of ResNet-50's convolutions in the GPU convolution section.
+    pub conv_batch: usize,
 }
 
 /// The cores for the `all` ceilings and all the cores roofline may use, by the one rule
@@ -258,7 +260,7 @@ pub fn probe(
             } else {
                 gpu_probe::Mode::Full
             };
-            let g = run_gpus(mode, &cfg.sections, cancel, progress)?;
+            let g = run_gpus(mode, &cfg.sections, cfg.conv_batch, cancel, progress)?;
             failures = g
                 .checks
                 .iter()
@@ -386,6 +388,7 @@ pub fn open_nvml(
 fn run_gpus(
     mode: gpu_probe::Mode,
     sections: &[Section],
+    conv_batch: usize,
     cancel: &AtomicBool,
     progress: &dyn Progress,
 ) -> Result<gpu_probe::GpuResult, NodeError> {
@@ -403,6 +406,7 @@ fn run_gpus(
     let cfg = gpu_probe::GpuConfig {
         mode,
         sections: sections.to_vec(),
+        conv_batch,
     };
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
     // Every sample's conditions: NVML's SM clock, power and throttle reasons at its end.
@@ -451,6 +455,7 @@ pub fn gpu_check(devices: Devices, cancel: &AtomicBool) -> Result<gpu_probe::Gpu
     let cfg = gpu_probe::GpuConfig {
         mode: gpu_probe::Mode::Check,
         sections: Section::ALL.to_vec(),
+        conv_batch: gpu_probe::CONV_BATCH,
     };
     let nvml = open_nvml();
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
