@@ -259,7 +259,8 @@ pub const SEARCH_RUNS: usize = 3;
 /// (`[a0, a1, out]` as `dnn::execute` takes them; `out` is overwritten) within the workspace:
 /// the legacy API's measured choice first, then every backend engine. `d` is the direction's
 /// own descriptor set (the legacy choice sets its math type there). The notes say what could
-/// not be listed (no graph, no heuristic), for the caller to report.
+/// not be listed (no graph, no heuristic), for the caller to report; the legacy API's choice
+/// comes back too (a plan keeps it for what it runs with the legacy API).
 #[allow(clippy::too_many_arguments)]
 pub(crate) fn best_method(
     gpu: &Gpu,
@@ -272,11 +273,15 @@ pub(crate) fn best_method(
     ws: (u64, usize),
     check: Check<'_>,
     cancel: &AtomicBool,
-) -> Result<(Searched<Chosen>, Vec<String>), CudaError> {
+) -> Result<Found, CudaError> {
     let mut notes = Vec::new();
     let mut methods = Vec::new();
+    let mut legacy = None;
     match find(h, d, p, dir, operands, ws) {
-        Ok((a, _)) => methods.push((a.name(), Method::Legacy(a))),
+        Ok((a, _)) => {
+            legacy = Some(a);
+            methods.push((a.name(), Method::Legacy(a)));
+        }
         Err(CudaError::Interrupted) => return Err(CudaError::Interrupted),
         Err(e) => notes.push(format!("legacy API: {e}")),
     }
@@ -311,7 +316,19 @@ pub(crate) fn best_method(
         check,
     };
     let searched = search(&mut bench, &mut Events(gpu), methods, SEARCH_RUNS, cancel)?;
-    Ok((searched, notes))
+    Ok(Found {
+        searched,
+        legacy,
+        notes,
+    })
+}
+
+/// What [`best_method`] found: the search, the legacy API's choice, and what could not be
+/// listed.
+pub(crate) struct Found {
+    pub searched: Searched<Chosen>,
+    pub legacy: Option<Algo>,
+    pub notes: Vec<String>,
 }
 
 #[cfg(test)]

@@ -419,7 +419,13 @@ pub(crate) fn find(
 }
 
 /// The math type set on `d`'s convolution descriptor.
-fn math_of(d: &Descs) -> Result<dsys::cudnnMathType_t, CudaError> {
+/// Sets the math type on `d`'s convolution descriptor (a cached choice's).
+pub(crate) fn set_math(d: &Descs, m: dsys::cudnnMathType_t) -> Result<(), CudaError> {
+    // SAFETY: live descriptor.
+    unsafe { dnn::set_convolution_math_type(d.conv, m) }.map_err(e("cudnnSetConvolutionMathType"))
+}
+
+pub(crate) fn math_of(d: &Descs) -> Result<dsys::cudnnMathType_t, CudaError> {
     let mut m = dsys::cudnnMathType_t::CUDNN_DEFAULT_MATH;
     // SAFETY: live descriptor, one out-parameter.
     unsafe { dsys::cudnnGetConvolutionMathType(d.conv, &mut m) }
@@ -442,7 +448,7 @@ pub(crate) fn execute(
 
 /// `execute` with the result blended into the output: out = result + beta · out (cuDNN's
 /// scaling parameters, f32 for f32, f16 and bf16 data).
-fn blend(
+pub(crate) fn blend(
     h: &Handle,
     d: &Descs,
     algo: Algo,
@@ -478,82 +484,6 @@ fn blend(
     }
 }
 
-/// What a plan chose for its three directions (algorithm and the math type it wants), and the
-/// workspace they need: kept so that another convolution of the same shape and precision takes
-/// the same choice without measuring again ([`ConvPlan::from_choice`]).
-#[derive(Clone, Debug)]
-pub struct PlanChoice {
-    algos: [Algo; 3],
-    maths: [dsys::cudnnMathType_t; 3],
-    pub workspace: usize,
-}
-
-impl PlanChoice {
-    /// The algorithms and math types as cuDNN numbers them (the cache file's form).
-    pub fn codes(&self) -> ([u32; 3], [u32; 3]) {
-        let a = |x: &Algo| match x {
-            Algo::Fwd(a) => *a as u32,
-            Algo::BwdData(a) => *a as u32,
-            Algo::BwdFilter(a) => *a as u32,
-        };
-        (
-            [a(&self.algos[0]), a(&self.algos[1]), a(&self.algos[2])],
-            self.maths.map(|m| m as u32),
-        )
-    }
-
-    /// From cuDNN's numbers (forward, backward-data, backward-filter); None for a number these
-    /// bindings do not define (a cache written by another cuDNN).
-    pub fn from_codes(algos: [u32; 3], maths: [u32; 3]) -> Option<PlanChoice> {
-        use dsys::cudnnConvolutionBwdDataAlgo_t as D;
-        use dsys::cudnnConvolutionBwdFilterAlgo_t as F;
-        use dsys::cudnnConvolutionFwdAlgo_t as W;
-        use dsys::cudnnMathType_t as M;
-        let fwd = match algos[0] {
-            0 => W::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM,
-            1 => W::CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM,
-            2 => W::CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
-            3 => W::CUDNN_CONVOLUTION_FWD_ALGO_DIRECT,
-            4 => W::CUDNN_CONVOLUTION_FWD_ALGO_FFT,
-            5 => W::CUDNN_CONVOLUTION_FWD_ALGO_FFT_TILING,
-            6 => W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD,
-            7 => W::CUDNN_CONVOLUTION_FWD_ALGO_WINOGRAD_NONFUSED,
-            _ => return None,
-        };
-        let data = match algos[1] {
-            0 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_0,
-            1 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-            2 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT,
-            3 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_FFT_TILING,
-            4 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD,
-            5 => D::CUDNN_CONVOLUTION_BWD_DATA_ALGO_WINOGRAD_NONFUSED,
-            _ => return None,
-        };
-        let filter = match algos[2] {
-            0 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0,
-            1 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-            2 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT,
-            3 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3,
-            4 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD,
-            5 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_WINOGRAD_NONFUSED,
-            6 => F::CUDNN_CONVOLUTION_BWD_FILTER_ALGO_FFT_TILING,
-            _ => return None,
-        };
-        let math = |m: u32| match m {
-            0 => Some(M::CUDNN_DEFAULT_MATH),
-            1 => Some(M::CUDNN_TENSOR_OP_MATH),
-            2 => Some(M::CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION),
-            3 => Some(M::CUDNN_FMA_MATH),
-            _ => None,
-        };
-        Some(PlanChoice {
-            algos: [Algo::Fwd(fwd), Algo::BwdData(data), Algo::BwdFilter(filter)],
-            maths: [math(maths[0])?, math(maths[1])?, math(maths[2])?],
-            workspace: 0,
-        })
-    }
-}
-
 /// The workspace `algo` needs on `d` (cuDNN's answer; an error where it does not support the
 /// algorithm for these descriptors).
 pub(crate) fn workspace_of(h: &Handle, d: &Descs, algo: Algo) -> Result<usize, CudaError> {
@@ -576,216 +506,4 @@ pub(crate) fn workspace_of(h: &Handle, d: &Descs, algo: Algo) -> Result<usize, C
     }
 }
 
-/// One training convolution on cuDNN: NHWC activations, KRSC filters, f32 accumulation, in
-/// `p`'s storage type (f32, or f16/bf16 for mixed precision; tf32 stores f32 and lets the
-/// tensor cores round the inputs). Each direction has its own descriptors and the algorithm
-/// cuDNN's heuristic chose for it, with the math type that algorithm wants.
-pub struct ConvPlan {
-    pub shape: ConvShape,
-    pub prec: Prec,
-    descs: [Descs; 3],
-    algos: [Algo; 3],
-    maths: [dsys::cudnnMathType_t; 3],
-    /// Workspace bytes each direction needs; the caller passes (address, bytes) of a device
-    /// buffer at least this large.
-    pub workspace: usize,
-}
-
-impl ConvPlan {
-    /// The plan with each direction's algorithm from cuDNN's heuristic ([`choose`]).
-    pub fn new(h: &Handle, shape: &ConvShape, p: Prec) -> Result<ConvPlan, CudaError> {
-        ConvPlan::check_prec(p)?;
-        ConvPlan::chosen(shape, p, |d, _, dir| choose(h, d, p, dir))
-    }
-
-    /// The plan with each direction's algorithm measured by cuDNN ([`find`]) on `scratch`:
-    /// device buffers of at least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), their
-    /// contents any finite values, and the workspace `ws` (at most [`SEARCH_WORKSPACE`] is
-    /// searched). The output buffer is overwritten.
-    pub fn measured(
-        h: &Handle,
-        shape: &ConvShape,
-        p: Prec,
-        [x, w, y, out]: [u64; 4],
-        ws: (u64, usize),
-    ) -> Result<ConvPlan, CudaError> {
-        ConvPlan::check_prec(p)?;
-        let ws = (ws.0, ws.1.min(SEARCH_WORKSPACE));
-        ConvPlan::chosen(shape, p, |d, _, dir| {
-            let operands = match dir {
-                Dir::Fwd => [x, w, out],
-                Dir::BwdData => [w, y, out],
-                Dir::BwdFilter => [x, y, out],
-            };
-            find(h, d, p, dir, operands, ws)
-        })
-    }
-
-    /// Bytes of the scratch buffers [`ConvPlan::measured`] takes: x, w, y, and an output as
-    /// large as the largest of them.
-    pub fn scratch_bytes(shape: &ConvShape, p: Prec) -> [usize; 4] {
-        let e = if matches!(p, Prec::F16 | Prec::Bf16) {
-            2
-        } else {
-            4
-        };
-        let x = e * shape.n * shape.h * shape.w * shape.c;
-        let w = e * shape.k * shape.r * shape.s * shape.c;
-        let y = e * shape.n * shape.oh() * shape.ow() * shape.k;
-        [x, w, y, x.max(w).max(y)]
-    }
-
-    /// A plan with an earlier choice for this shape and precision (this run's, or the cache
-    /// file's), nothing measured; cuDNN is asked each algorithm's workspace, so that a choice it
-    /// does not support here, or one needing more than [`SEARCH_WORKSPACE`], is an error (the
-    /// caller measures instead).
-    pub fn from_choice(
-        h: &Handle,
-        shape: &ConvShape,
-        p: Prec,
-        c: &PlanChoice,
-    ) -> Result<ConvPlan, CudaError> {
-        ConvPlan::check_prec(p)?;
-        ConvPlan::chosen(shape, p, |d, i, _| {
-            // SAFETY: live descriptor.
-            unsafe { dnn::set_convolution_math_type(d.conv, c.maths[i]) }
-                .map_err(e("cudnnSetConvolutionMathType"))?;
-            let need = workspace_of(h, d, c.algos[i])?;
-            if need > SEARCH_WORKSPACE {
-                return Err(CudaError::Check(format!(
-                    "a cached {} algorithm needs {need} bytes of workspace",
-                    c.algos[i].name()
-                )));
-            }
-            Ok((c.algos[i], need))
-        })
-    }
-
-    /// What this plan chose, for [`ConvPlan::from_choice`].
-    pub fn choice(&self) -> PlanChoice {
-        PlanChoice {
-            algos: self.algos,
-            maths: self.maths,
-            workspace: self.workspace,
-        }
-    }
-
-    fn check_prec(p: Prec) -> Result<(), CudaError> {
-        if matches!(p, Prec::F32 | Prec::Tf32 | Prec::F16 | Prec::Bf16) {
-            Ok(())
-        } else {
-            Err(CudaError::Unsupported(format!(
-                "training convolutions in {}",
-                p.name()
-            )))
-        }
-    }
-
-    /// Descriptors for each direction, `pick` choosing its algorithm (and setting the math
-    /// type it wants on the descriptor).
-    fn chosen(
-        shape: &ConvShape,
-        p: Prec,
-        mut pick: impl FnMut(&Descs, usize, Dir) -> Result<(Algo, usize), CudaError>,
-    ) -> Result<ConvPlan, CudaError> {
-        let descs = [descs(shape, p)?, descs(shape, p)?, descs(shape, p)?];
-        let mut algos = Vec::with_capacity(3);
-        let mut maths = [dsys::cudnnMathType_t::CUDNN_DEFAULT_MATH; 3];
-        let mut workspace = 0;
-        for (i, dir) in DIRECTIONS.into_iter().enumerate() {
-            let (a, m) = pick(&descs[i], i, dir)?;
-            algos.push(a);
-            maths[i] = math_of(&descs[i])?;
-            workspace = workspace.max(m);
-        }
-        Ok(ConvPlan {
-            shape: *shape,
-            prec: p,
-            descs,
-            algos: [algos[0], algos[1], algos[2]],
-            maths,
-            workspace,
-        })
-    }
-
-    /// The algorithms, e.g. `fwd CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM`.
-    pub fn describe(&self) -> String {
-        DIRECTIONS
-            .iter()
-            .zip(&self.algos)
-            .map(|(d, a)| format!("{} {}", d.name(), a.name()))
-            .collect::<Vec<_>>()
-            .join(", ")
-    }
-
-    /// y = conv(x, w).
-    pub fn forward(
-        &self,
-        h: &Handle,
-        x: u64,
-        w: u64,
-        y: u64,
-        ws: (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.run(h, 0, [x, w, y], ws)
-    }
-
-    /// dx = ∂L/∂x from dy and w.
-    pub fn backward_data(
-        &self,
-        h: &Handle,
-        w: u64,
-        dy: u64,
-        dx: u64,
-        ws: (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.run(h, 1, [w, dy, dx], ws)
-    }
-
-    /// dx += ∂L/∂x from dy and w: the gradient added to what dx holds (a residual block's
-    /// shortcut gradient), in one pass.
-    pub fn backward_data_add(
-        &self,
-        h: &Handle,
-        w: u64,
-        dy: u64,
-        dx: u64,
-        ws: (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.check_workspace(ws.1)?;
-        blend(h, &self.descs[1], self.algos[1], [w, dy, dx], ws, 1.0)
-    }
-
-    /// dw = ∂L/∂w from x and dy (overwritten, not accumulated).
-    pub fn backward_filter(
-        &self,
-        h: &Handle,
-        x: u64,
-        dy: u64,
-        dw: u64,
-        ws: (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.run(h, 2, [x, dy, dw], ws)
-    }
-
-    fn run(
-        &self,
-        h: &Handle,
-        i: usize,
-        operands: [u64; 3],
-        ws: (u64, usize),
-    ) -> Result<(), CudaError> {
-        self.check_workspace(ws.1)?;
-        execute(h, &self.descs[i], self.algos[i], operands, ws)
-    }
-
-    fn check_workspace(&self, ws_bytes: usize) -> Result<(), CudaError> {
-        if ws_bytes < self.workspace {
-            return Err(CudaError::Check(format!(
-                "cuDNN workspace of {ws_bytes} bytes, the plan needs {}",
-                self.workspace
-            )));
-        }
-        Ok(())
-    }
-}
+pub use super::dnn_plan::{ConvPlan, PlanChoice};

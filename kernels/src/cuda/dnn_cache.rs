@@ -8,6 +8,7 @@
 
 use super::blas::Prec;
 use super::dnn::PlanChoice;
+use super::dnn_graph::EngineConfig;
 use crate::cpu::conv::ConvShape;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
@@ -36,6 +37,10 @@ struct Entry {
     algos: [u32; 3],
     /// The math type each wants.
     maths: [u32; 3],
+    /// The backend engine each direction runs instead, where the search chose one (absent in
+    /// a file of a roofline that searched the legacy API only: its choices stand).
+    #[serde(default)]
+    engines: [Option<EngineConfig>; 3],
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -151,7 +156,9 @@ impl AlgoCache {
         self.entries
             .iter()
             .find(|e| e.shape == d && e.precision == p.name())
-            .and_then(|e| PlanChoice::from_codes(e.algos, e.maths))
+            .and_then(|e| {
+                PlanChoice::from_codes(e.algos, e.maths).map(|c| c.with_engines(e.engines.clone()))
+            })
     }
 
     /// Records `choice` for `shape` in `p` (replacing an older one) and writes the file.
@@ -165,6 +172,7 @@ impl AlgoCache {
             precision: p.name().to_string(),
             algos,
             maths,
+            engines: choice.engines.clone(),
         });
         self.save()
     }
@@ -249,6 +257,42 @@ mod tests {
             read.get(&shape(), Prec::Bf16).map(|c| c.codes()),
             Some(newer.codes())
         );
+    }
+
+    /// A direction that runs a backend engine keeps it, knobs and all, through the file; an
+    /// entry without engines (a file of a roofline that searched the legacy API only) reads as
+    /// legacy choices.
+    #[test]
+    fn an_engine_choice_comes_back_and_an_older_entry_is_legacy() {
+        let path = dir("engine").join("c.json");
+        let engine = EngineConfig {
+            index: 41,
+            knobs: vec![(3, 2), (17, 1)],
+        };
+        let choice = PlanChoice::from_codes([1, 1, 3], [1, 1, 1])
+            .unwrap()
+            .with_engines([None, Some(engine.clone()), None]);
+        AlgoCache::open(&path, key())
+            .put(&shape(), Prec::Bf16, &choice)
+            .unwrap();
+        let back = AlgoCache::open(&path, key())
+            .get(&shape(), Prec::Bf16)
+            .unwrap();
+        assert_eq!(back.engines, [None, Some(engine), None]);
+        assert_eq!(back.codes(), choice.codes());
+        let text = std::fs::read_to_string(&path).unwrap();
+        let older = text.replace(
+            &serde_json::to_string(&choice.engines).unwrap(),
+            "[null,null,null]",
+        );
+        let mut v: serde_json::Value = serde_json::from_str(&older).unwrap();
+        v["entries"][0].as_object_mut().unwrap().remove("engines");
+        std::fs::write(&path, v.to_string()).unwrap();
+        let c = AlgoCache::open(&path, key());
+        assert!(c.note.is_none(), "{:?}", c.note);
+        let legacy = c.get(&shape(), Prec::Bf16).unwrap();
+        assert_eq!(legacy.engines, [None, None, None]);
+        assert_eq!(legacy.codes(), choice.codes());
     }
 
     /// A cache file at `path` for `key()` holding one f32 choice for `shape()`.

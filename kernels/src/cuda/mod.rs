@@ -9,6 +9,7 @@ pub mod device;
 pub mod dnn;
 pub mod dnn_cache;
 pub mod dnn_graph;
+pub mod dnn_plan;
 pub mod doctor;
 pub mod graph;
 pub mod libs;

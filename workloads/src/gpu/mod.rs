@@ -306,9 +306,9 @@ impl Ctx {
             .ok_or_else(|| CudaError::Check("no workspace".into()))
     }
 
-    /// A convolution plan for `sh` in this context's precision: each direction's algorithm
-    /// measured by cuDNN on scratch buffers (`ConvPlan::measured`, as PyTorch's
-    /// `cudnn.benchmark`) the first time a shape is met in this run, the same choice for every
+    /// A convolution plan for `sh` in this context's precision: each direction's method
+    /// measured on scratch buffers by the one search (`ConvPlan::measured`: the legacy API's
+    /// choice and every backend engine, as PyTorch's `cudnn.benchmark`) the first time a shape is met in this run, the same choice for every
     /// later convolution of that shape.
     fn conv_plan(&mut self, sh: &ConvShape) -> Result<ConvPlan, CudaError> {
         let p = self.prec;
@@ -349,7 +349,7 @@ impl Ctx {
         let ws = self
             .workspace(roofline_kernels::cuda::dnn::SEARCH_WORKSPACE)
             .map(|b| (b.ptr, b.bytes))?;
-        let plan = ConvPlan::measured(&self.dnn, sh, p, ptrs, ws)?;
+        let plan = ConvPlan::measured(&self.gpu, &self.dnn, sh, p, ptrs, ws)?;
         self.choices.push(((*sh, p), plan.choice()));
         if let Some(cache) = self.cache.as_mut() {
             if let Err(e) = cache.put(sh, p, &plan.choice()) {

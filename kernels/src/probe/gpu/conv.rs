@@ -19,7 +19,7 @@ mod reference;
 use super::{Mode, SectionResult};
 use crate::cpu::conv::{ewa_layers, resnet50_layers, ConvShape, Layer, EWA_BATCH};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
-use crate::cuda::conv_search::{best_method, Outcome};
+use crate::cuda::conv_search::{best_method, Found, Outcome};
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{choose, descs, execute, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT};
 use crate::cuda::CudaError;
@@ -348,7 +348,11 @@ impl Bench<'_> {
                     dir.name(),
                     layer.name
                 );
-                let (searched, listed) = match found {
+                let Found {
+                    searched,
+                    notes: listed,
+                    ..
+                } = match found {
                     Ok(f) => f,
                     Err(CudaError::Interrupted) => return Err(CudaError::Interrupted),
                     Err(e) => {
