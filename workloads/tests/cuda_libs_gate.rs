@@ -474,6 +474,7 @@ fn every_backend_convolution_operation_is_finalised_by_cudnn() {
         w: 2,
         r: 7,
         s: 7,
+        pad: 0,
         ..*s
     };
     let e = ConvOp::new(&too_big, Precision::F32, roofline_model::ConvDir::Fwd, 0.0)
