@@ -22,6 +22,8 @@ pub struct LayerCount {
     /// pooling, each block's last layer); zero otherwise.
     pub size: (usize, usize),
     pub channels: usize,
+    /// A convolution's input rows × columns (zero for other layers).
+    pub input_size: (usize, usize),
 }
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,6 +49,27 @@ pub enum Kind {
     RoiAlign {
         samples: usize,
     },
+}
+
+/// A convolution layer's shape for `n` images (None for another layer): its channels from its
+/// parameters and output, padding `kernel / 2` as every convolution here.
+pub fn conv_shape(l: &LayerCount, n: usize) -> Option<roofline_kernels::cpu::conv::ConvShape> {
+    let Kind::Conv { kernel, stride, .. } = l.kind else {
+        return None;
+    };
+    let k = l.channels;
+    let c = (l.params / (kernel * kernel * k.max(1)) as f64).round() as usize;
+    Some(roofline_kernels::cpu::conv::ConvShape {
+        n,
+        c,
+        h: l.input_size.0,
+        w: l.input_size.1,
+        k,
+        r: kernel,
+        s: kernel,
+        stride,
+        pad: kernel / 2,
+    })
 }
 
 /// Every layer of the network for one image at `resolution`.
@@ -121,6 +144,7 @@ fn conv(
         outputs: (oh * ow * cout) as f64,
         size: (oh, ow),
         channels: cout,
+        input_size: (h, w),
     });
     (oh, ow)
 }
@@ -159,6 +183,7 @@ pub fn backbone(cfg: &Config, channels: usize, h: usize, w: usize) -> Vec<LayerC
         outputs: (px(ph) * c0) as f64,
         size: ph,
         channels: c0,
+        ..Default::default()
     });
     hw = ph;
     let mut cin = c0;
@@ -683,6 +708,31 @@ mod tests {
         ]);
         assert_eq!(c.forward, 20.0 + 200.0 + 2003.0 + 33.0 * 5.0);
         assert_eq!(c.backward, 20.0 + 400.0 + 4006.0 + 33.0 * 5.0);
+    }
+
+    /// The shapes the counted layers name are the probe's: every convolution of ResNet-50 at
+    /// 224×224 is one of the probe's distinct shapes, and every one of those is met.
+    #[test]
+    fn every_counted_convolution_has_the_probes_shape() {
+        let probe: Vec<_> = roofline_kernels::cpu::conv::resnet50_layers(128)
+            .into_iter()
+            .map(|l| l.shape)
+            .collect();
+        let counted: Vec<_> = layers(&Config::resnet50(1000), 224)
+            .iter()
+            .filter_map(|l| conv_shape(l, 128))
+            .collect();
+        assert_eq!(counted.len(), 53, "ResNet-50's convolutions");
+        for s in &counted {
+            assert!(probe.contains(s), "{} is not a probe shape", s.describe());
+        }
+        for s in &probe {
+            assert!(counted.contains(s), "{} is not counted", s.describe());
+        }
+        assert!(layers(&Config::resnet50(1000), 224)
+            .iter()
+            .filter(|l| !matches!(l.kind, Kind::Conv { .. }))
+            .all(|l| conv_shape(l, 1).is_none()));
     }
 
     #[test]

@@ -325,6 +325,7 @@ impl Description {
                     outputs: size(out),
                     size: (out.0, out.1),
                     channels: out.2,
+                    input_size: (input.0, input.1),
                 }
             })
             .collect())

@@ -3,7 +3,7 @@
 
 use super::{
     advise, bound, cpu_roofs, gpu_roofs, Coi, Energy, Intensity, MachineRef, Placement, Point,
-    TimeBreakdown, WorkloadInfo, PLACEMENT_SCHEMA,
+    RoofAt, TimeBreakdown, WorkloadInfo, PLACEMENT_SCHEMA,
 };
 use crate::ids::{Family, Precision};
 use crate::machine::{Machine, Provenance};
@@ -27,6 +27,68 @@ pub struct LayerTime {
     pub note: Option<String>,
     /// The library's algorithms it ran (cuDNN's, per direction), where a library chose them.
     pub algorithm: Option<String>,
+    /// Where the layer is one convolution: its shape as the probe's convolution tables name
+    /// a row (`n=… c=… h=… w=… k=… r=… s=… stride=… pad=…`, this rank's batch), and whether it
+    /// is the stem (no backward-data).
+    pub conv: Option<LayerConv>,
+}
+
+/// A layer's convolution, as the probe's tables know it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LayerConv {
+    pub shape: String,
+    pub first: bool,
+}
+
+/// The roof of a GPU layer that is one convolution of a shape the probe measured in each of
+/// its directions (forward, backward-filter, and backward-data unless it is the stem): the
+/// rate of doing the layer's directions, each at its measured rate, one after the other — the
+/// directions' equal FLOPs over the sum of their times, a harmonic mean. None where a
+/// direction's row is missing (another batch, another precision, an older machine.json).
+pub fn measured_conv_roof(
+    m: &Machine,
+    gpu: usize,
+    precision: Precision,
+    conv: &LayerConv,
+) -> Option<RoofAt> {
+    use crate::ceiling_id::TableRows;
+    use crate::ids::{ConvDir, On, RoofId};
+    let dirs: &[ConvDir] = if conv.first {
+        &[ConvDir::Fwd, ConvDir::BwdFilter]
+    } else {
+        &ConvDir::ALL
+    };
+    let mut inverse = 0.0;
+    for &dir in dirs {
+        let of = RoofId::Compute {
+            on: On::Gpu(gpu),
+            family: Family::Conv,
+            precision,
+            direction: Some(dir),
+        };
+        let row = m
+            .tables
+            .iter()
+            .filter(|t| t.id.of == of && t.id.rows == TableRows::Table)
+            .flat_map(|t| &t.rows)
+            .find(|r| r.shape == conv.shape && r.value > 0.0)?;
+        inverse += 1.0 / row.value;
+    }
+    let value = dirs.len() as f64 / inverse;
+    Some(RoofAt {
+        ceiling: format!(
+            "gpu{gpu}/conv/{precision} at {} ({} measured)",
+            conv.shape,
+            dirs.iter()
+                .map(|d| d.name())
+                .collect::<Vec<_>>()
+                .join(" + ")
+        ),
+        kind: super::BoundKind::Compute,
+        value,
+        unit: "FLOP/s".into(),
+        allows: value,
+    })
 }
 
 /// What running a workload gave, before it is placed.
@@ -143,7 +205,17 @@ pub fn assemble(
         }
         let oi = l.flops / l.min_bytes;
         let rate = l.flops / l.seconds;
-        let roofs = roofs_at(l.footprint, None);
+        let mut roofs = roofs_at(l.footprint, None);
+        // A convolution of a shape the probe measured: its own measured rate is its compute
+        // roof (in place of the families' best-shape ceilings); the memory's stays.
+        let own = match (gpu, &l.conv) {
+            (Some(g), Some(c)) => measured_conv_roof(m, g, precision, c),
+            _ => None,
+        };
+        if let Some(own) = own {
+            roofs.retain(|(r, _)| r.kind != super::BoundKind::Compute);
+            roofs.push((own, super::Axis::Flat));
+        }
         let Some(b) = bound(&roofs, oi, None, rate) else {
             continue;
         };

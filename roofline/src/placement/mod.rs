@@ -19,7 +19,7 @@ mod advice;
 mod assemble;
 
 pub use advice::advise;
-pub use assemble::{assemble, LayerTime, Measured, PlaceError};
+pub use assemble::{assemble, measured_conv_roof, LayerConv, LayerTime, Measured, PlaceError};
 
 /// The schema tag every `placement.json` of this version carries.
 pub const PLACEMENT_SCHEMA: &str = "roofline/placement/v1";

@@ -401,3 +401,82 @@ fn coi_counts_bus_bytes_as_the_allreduce_roofs_count_busbw() {
     .unwrap();
     assert_eq!((old.bus_factor, old.payload_bytes), (1.0, 0.0));
 }
+
+/// A GPU layer that is one convolution of a shape the probe measured takes the rate of its
+/// directions at their measured rates (their equal FLOPs over the sum of their times) as its
+/// compute roof; the stem has no backward-data; a shape missing in a direction (another
+/// batch) has none.
+#[test]
+fn a_measured_convolution_shape_is_its_layers_roof() {
+    use crate::ceiling_id::{TableId, TableRows};
+    use crate::ids::{ConvDir, On, RoofId};
+    let mut m = machine();
+    let shape = "n=128 c=64 h=56 w=56 k=64 r=3 s=3 stride=1 pad=1";
+    let row = |value: f64| crate::machine::TableRow {
+        name: "layer1.0 conv2 3x3/1".into(),
+        shape: shape.into(),
+        precision: Some("bf16".into()),
+        threads: 1,
+        value,
+        stats: Stats::from_samples(&[value]).unwrap(),
+        max_rel_error: None,
+        detail: None,
+        heuristic: None,
+        roof: None,
+        efficiency: None,
+    };
+    for (dir, value) in [
+        (ConvDir::Fwd, 400e12),
+        (ConvDir::BwdData, 200e12),
+        (ConvDir::BwdFilter, 100e12),
+    ] {
+        m.tables.push(crate::machine::Table {
+            id: TableId {
+                of: RoofId::Compute {
+                    on: On::Gpu(0),
+                    family: Family::Conv,
+                    precision: Precision::Bf16,
+                    direction: Some(dir),
+                },
+                rows: TableRows::Table,
+            },
+            unit: "FLOP/s".into(),
+            rows: vec![row(value)],
+        });
+    }
+    let conv = |first| LayerConv {
+        shape: shape.into(),
+        first,
+    };
+    let r = measured_conv_roof(&m, 0, Precision::Bf16, &conv(false)).unwrap();
+    // 3 / (1/400 + 1/200 + 1/100) T = 171.4 TFLOP/s.
+    assert!((r.value - 3.0 / (1.0 / 400e12 + 1.0 / 200e12 + 1.0 / 100e12)).abs() < 1e3);
+    assert_eq!(r.kind, BoundKind::Compute);
+    assert!(
+        r.ceiling.contains(shape) && r.ceiling.contains("bwd_data"),
+        "{}",
+        r.ceiling
+    );
+    let stem = measured_conv_roof(&m, 0, Precision::Bf16, &conv(true)).unwrap();
+    assert!((stem.value - 2.0 / (1.0 / 400e12 + 1.0 / 100e12)).abs() < 1e3);
+    assert!(!stem.ceiling.contains("bwd_data"));
+    // Another batch, another precision, another GPU: no row, no roof.
+    let other = LayerConv {
+        shape: shape.replace("n=128", "n=64"),
+        first: false,
+    };
+    assert!(measured_conv_roof(&m, 0, Precision::Bf16, &other).is_none());
+    assert!(measured_conv_roof(&m, 0, Precision::F16, &conv(false)).is_none());
+    assert!(measured_conv_roof(&m, 1, Precision::Bf16, &conv(false)).is_none());
+    // A direction missing: none.
+    m.tables.retain(|t| {
+        !matches!(
+            t.id.of,
+            RoofId::Compute {
+                direction: Some(ConvDir::BwdFilter),
+                ..
+            }
+        )
+    });
+    assert!(measured_conv_roof(&m, 0, Precision::Bf16, &conv(false)).is_none());
+}

@@ -6,7 +6,9 @@ use super::RunError;
 use crate::accounting;
 use crate::train::{StepTiming, Summary};
 use roofline_collectors::timeline::{self, Span};
-use roofline_model::placement::{Coi, Energy, LayerTime, Measured, TimeBreakdown, WorkloadInfo};
+use roofline_model::placement::{
+    Coi, Energy, LayerConv, LayerTime, Measured, TimeBreakdown, WorkloadInfo,
+};
 use roofline_model::si;
 
 /// What a layer computed by Winograd's F(4×4, 3×3) (f32) says of its FLOPs.
@@ -171,7 +173,21 @@ pub fn measured(
             .as_deref()
             .is_some_and(|a| a.contains("WINOGRAD") || a.contains("_FFT"));
         let fast_note = winograd.or(fast.then_some(CUDNN_FAST_NOTE));
+        // One convolution (with its batch norm and activation, which carry no FLOPs): the
+        // shape the probe's tables name, for the layer's own measured roof.
+        let convs: Vec<_> = ls
+            .iter()
+            .filter_map(|l| Some((accounting::conv_shape(l, local as usize)?, l.kind)))
+            .collect();
+        let conv = match convs.as_slice() {
+            [(shape, accounting::Kind::Conv { first, .. })] => Some(LayerConv {
+                shape: shape.describe(),
+                first: *first,
+            }),
+            _ => None,
+        };
         layers.push(LayerTime {
+            conv,
             name,
             seconds: t / n,
             step_seconds,

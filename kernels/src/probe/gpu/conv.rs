@@ -322,10 +322,8 @@ impl Bench<'_> {
                 hdy,
             };
             let flops = 2.0 * (s.rows() * s.depth() * s.k) as f64;
-            let shape = format!(
-                "n={} c={} h={} w={} k={} r={} s={} stride={} pad={}",
-                s.n, s.c, s.h, s.w, s.k, s.r, s.s, s.stride, s.pad
-            );
+            // The row's shape as a placement names a layer's (`ConvShape::describe`).
+            let shape = s.describe();
             for (di, dir) in DIRECTIONS.into_iter().enumerate() {
                 if self.cancel.load(Ordering::Relaxed) {
                     return Err(CudaError::Interrupted);
