@@ -160,7 +160,7 @@ run() {
     if ! not_asked probe kernels probe-check probe-quick probe-full; then
         step kernels 120 "$rl" kernels --arch 80,89,90
         step probe-check 180 "$rl" probe --check
-        step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
+        step probe-quick 240 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
         if [ "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" = 0 ]; then
             record probe-full skipped "ROOFLINE_BRINGUP_PROBE_LIMIT=0 (the quick probe's ceilings are used)"
         else

@@ -34,6 +34,8 @@ pub enum Outcome {
     Wrong(String),
     /// It ran, was right, and took this many seconds (the best of the timed runs).
     Timed(f64),
+    /// Not tried: the search's time was spent, with a method already timed.
+    NotTried,
 }
 
 /// One method tried, by name.
@@ -50,10 +52,10 @@ pub struct Searched<R> {
 }
 
 impl<R> Searched<R> {
-    /// How many methods ended each way: "41 tried: 12 timed, 25 refused, 3 excluded, 1 over
+    /// How many methods ended each way: "41 methods: 12 timed, 25 refused, 3 excluded, 1 over
     /// the workspace".
     pub fn summary(&self) -> String {
-        let mut n = [0usize; 6];
+        let mut n = [0usize; 7];
         for t in &self.tried {
             n[match t.outcome {
                 Outcome::Timed(_) => 0,
@@ -62,6 +64,7 @@ impl<R> Searched<R> {
                 Outcome::Workspace(_) => 3,
                 Outcome::Failed(_) => 4,
                 Outcome::Wrong(_) => 5,
+                Outcome::NotTried => 6,
             }] += 1;
         }
         let words = [
@@ -71,6 +74,7 @@ impl<R> Searched<R> {
             "over the workspace",
             "failed",
             "wrong",
+            "not tried (search budget)",
         ];
         let parts: Vec<String> = n
             .iter()
@@ -78,7 +82,7 @@ impl<R> Searched<R> {
             .filter(|(c, _)| **c > 0)
             .map(|(c, w)| format!("{c} {w}"))
             .collect();
-        format!("{} tried: {}", self.tried.len(), parts.join(", "))
+        format!("{} methods: {}", self.tried.len(), parts.join(", "))
     }
 
     /// The seconds of method `name`, where it was timed.
@@ -105,13 +109,15 @@ pub trait Bench {
 
 /// Tries every `(name, method)` on `bench`: prepared, run once untimed (a first run may
 /// compile or load), checked, then timed `runs` times by `timer` (the best kept). Stops with
-/// `Interrupted` when `cancel` is set.
+/// `Interrupted` when `cancel` is set. Once a method is timed and `spent()` says the search's
+/// time is up, the methods left are `NotTried` (the heuristic's come first in the list).
 pub fn search<B: Bench, T: Timer<Error = CudaError>>(
     bench: &mut B,
     timer: &mut T,
     methods: Vec<(String, B::Method)>,
     runs: usize,
     cancel: &AtomicBool,
+    spent: &mut dyn FnMut() -> bool,
 ) -> Result<Searched<B::Ready>, CudaError> {
     let mut out = Searched {
         tried: Vec::new(),
@@ -123,6 +129,13 @@ pub fn search<B: Bench, T: Timer<Error = CudaError>>(
         }
         if cancel.load(Ordering::Relaxed) {
             return Err(CudaError::Interrupted);
+        }
+        if out.best.is_some() && spent() {
+            out.tried.push(Tried {
+                name,
+                outcome: Outcome::NotTried,
+            });
+            continue;
         }
         let outcome = match bench.prepare(&m) {
             Err(o) => o,
@@ -230,11 +243,14 @@ impl Bench for DnnBench<'_> {
                     .graph
                     .as_ref()
                     .ok_or_else(|| Outcome::Refused("no operation graph".into()))?;
-                let plan =
-                    EnginePlan::new(self.h, g, c).map_err(|e| Outcome::Refused(e.to_string()))?;
-                if let Some(why) = plan.notes.excludes(self.p) {
+                // The engine's notes first: an excluded one is never made a plan (a plan may
+                // compile).
+                let notes = g.notes(c).map_err(|e| Outcome::Refused(e.to_string()))?;
+                if let Some(why) = notes.excludes(self.p) {
                     return Err(Outcome::Excluded(why.into()));
                 }
+                let plan =
+                    EnginePlan::new(self.h, g, c).map_err(|e| Outcome::Refused(e.to_string()))?;
                 if plan.workspace > self.ws.1 {
                     return Err(Outcome::Workspace(plan.workspace));
                 }
@@ -255,6 +271,11 @@ impl Bench for DnnBench<'_> {
 /// Timed runs of each method in a search (after its untimed first run).
 pub const SEARCH_RUNS: usize = 3;
 
+/// Seconds one direction's search may take before the methods left are not tried (once one
+/// is timed): the trainer's and the full probe's, and the quick probe's.
+pub const SEARCH_BUDGET_S: f64 = 1.0;
+pub const QUICK_SEARCH_BUDGET_S: f64 = 0.25;
+
 /// The fastest correct method cuDNN offers for `dir` of `shape` in `p` on these operands
 /// (`[a0, a1, out]` as `dnn::execute` takes them; `out` is overwritten) within the workspace:
 /// the legacy API's measured choice first, then every backend engine. `d` is the direction's
@@ -273,7 +294,9 @@ pub(crate) fn best_method(
     ws: (u64, usize),
     check: Check<'_>,
     cancel: &AtomicBool,
+    budget_s: f64,
 ) -> Result<Found, CudaError> {
+    let start = std::time::Instant::now();
     let mut notes = Vec::new();
     let mut methods = Vec::new();
     let mut legacy = None;
@@ -315,7 +338,14 @@ pub(crate) fn best_method(
         ws,
         check,
     };
-    let searched = search(&mut bench, &mut Events(gpu), methods, SEARCH_RUNS, cancel)?;
+    let searched = search(
+        &mut bench,
+        &mut Events(gpu),
+        methods,
+        SEARCH_RUNS,
+        cancel,
+        &mut || start.elapsed().as_secs_f64() > budget_s,
+    )?;
     Ok(Found {
         searched,
         legacy,

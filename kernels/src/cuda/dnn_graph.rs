@@ -449,6 +449,11 @@ impl ConvGraph {
         Ok(out)
     }
 
+    /// What cuDNN notes of engine `c` on this graph (an error where it does not support it).
+    pub fn notes(&self, c: &EngineConfig) -> Result<Notes, CudaError> {
+        self.engine(c).map(|(_, n)| n)
+    }
+
     /// The engine `c` on this graph, with what cuDNN notes of it; an error where the engine
     /// does not support the graph (`CUDNN_STATUS_NOT_SUPPORTED` at its finalisation).
     fn engine(&self, c: &EngineConfig) -> Result<(Bd, Notes), CudaError> {

@@ -3,7 +3,7 @@
 //! backend engine), and the choice as data ([`PlanChoice`]) for the cache file.
 
 use super::blas::Prec;
-use super::conv_search::{best_method, Chosen, Found};
+use super::conv_search::{best_method, Chosen, Found, SEARCH_BUDGET_S};
 use super::device::Gpu;
 use super::dnn::{
     blend, choose, descs, execute, math_of, set_math, workspace_of, Algo, Descs, Dir, Handle,
@@ -167,6 +167,7 @@ impl ConvPlan {
                 ws,
                 &mut || Ok(()),
                 &never,
+                SEARCH_BUDGET_S,
             )?;
             let legacy = match legacy {
                 Some(a) => (a, workspace_of(h, d, a)?),

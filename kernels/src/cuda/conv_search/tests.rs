@@ -99,7 +99,9 @@ fn run(
 ) -> Result<Searched<(&'static str, Sim)>, CudaError> {
     let list = methods.iter().map(|m| (m.0.to_string(), *m)).collect();
     let mut clock = Clock(b.clock.clone());
-    search(b, &mut clock, list, 3, &AtomicBool::new(false))
+    search(b, &mut clock, list, 3, &AtomicBool::new(false), &mut || {
+        false
+    })
 }
 
 #[test]
@@ -145,7 +147,7 @@ fn the_fastest_correct_method_wins_and_every_other_says_why() {
     assert_eq!(s.tried.len(), 9);
     assert_eq!(
         s.summary(),
-        "9 tried: 4 timed, 1 refused, 1 excluded, 1 over the workspace, 1 failed, 1 wrong"
+        "9 methods: 4 timed, 1 refused, 1 excluded, 1 over the workspace, 1 failed, 1 wrong"
     );
     // A timed method runs once untimed and three times timed; a wrong one once; a refused,
     // excluded or oversized one never.
@@ -187,7 +189,7 @@ fn nothing_usable_is_no_choice_with_every_reason() {
     )
     .unwrap();
     assert!(s.best.is_none());
-    assert_eq!(s.summary(), "2 tried: 1 refused, 1 wrong");
+    assert_eq!(s.summary(), "2 methods: 1 refused, 1 wrong");
     let s = run(&mut b, &[]).unwrap();
     assert!(s.best.is_none() && s.tried.is_empty());
 }
@@ -214,7 +216,39 @@ fn an_interruption_ends_the_search() {
         vec![("engine 0".into(), ("engine 0", Sim::Good(1e-3)))],
         3,
         &AtomicBool::new(true),
+        &mut || false,
     );
     assert!(matches!(r, Err(CudaError::Interrupted)));
     assert_eq!(b.prepared, 0);
+}
+
+#[test]
+fn a_spent_budget_leaves_the_rest_untried_once_one_is_timed() {
+    // The budget is spent from the start: the refused first method does not count, the
+    // first timed one is kept, the rest are not tried.
+    let mut b = bench();
+    let list = [
+        ("engine 0", Sim::Refused),
+        ("engine 1", Sim::Good(2e-3)),
+        ("engine 2", Sim::Good(1e-3)),
+        ("engine 3", Sim::Good(0.5e-3)),
+    ];
+    let mut clock = Clock(b.clock.clone());
+    let s = search(
+        &mut b,
+        &mut clock,
+        list.iter().map(|m| (m.0.to_string(), *m)).collect(),
+        3,
+        &AtomicBool::new(false),
+        &mut || true,
+    )
+    .unwrap();
+    assert_eq!(s.best.as_ref().unwrap().1, "engine 1");
+    assert_eq!(s.tried[2].outcome, Outcome::NotTried);
+    assert_eq!(s.tried[3].outcome, Outcome::NotTried);
+    assert_eq!(
+        s.summary(),
+        "4 methods: 1 timed, 1 refused, 2 not tried (search budget)"
+    );
+    assert!(!b.runs.contains(&"engine 2"));
 }

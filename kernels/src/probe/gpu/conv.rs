@@ -19,7 +19,9 @@ mod reference;
 use super::{Mode, SectionResult};
 use crate::cpu::conv::{ewa_layers, resnet50_layers, ConvShape, Layer, EWA_BATCH};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
-use crate::cuda::conv_search::{best_method, Found, Outcome};
+use crate::cuda::conv_search::{
+    best_method, Found, Outcome, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
+};
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{choose, descs, execute, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT};
 use crate::cuda::CudaError;
@@ -337,8 +339,24 @@ impl Bench<'_> {
                     let r = refs.get_or_init(|| references(s, &t, dir));
                     check_output(gpu, p, &t, r).map(|e| worst.set(worst.get().max(e)))
                 };
-                let found = best_method(gpu, h, d, s, p, dir, ops, wsp, &mut check, self.cancel)
-                    .map_err(not_supported);
+                let budget = match self.mode {
+                    Mode::Quick => QUICK_SEARCH_BUDGET_S,
+                    Mode::Check | Mode::Full => SEARCH_BUDGET_S,
+                };
+                let found = best_method(
+                    gpu,
+                    h,
+                    d,
+                    s,
+                    p,
+                    dir,
+                    ops,
+                    wsp,
+                    &mut check,
+                    self.cancel,
+                    budget,
+                )
+                .map_err(not_supported);
                 let where_ = format!(
                     "gpu{} conv {} {} {}",
                     gpu.ordinal,
@@ -480,11 +498,15 @@ impl Bench<'_> {
                 continue;
             };
             let method = format!(
-                "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over the distinct convolutions of ResNet-50 v1.5 at batch {} and the EWA detector at batch {EWA_BATCH}: {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice and every backend engine); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+                "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over the distinct convolutions of ResNet-50 v1.5 at batch {} and the EWA detector at batch {EWA_BATCH}: {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice, then the backend heuristic's engines in its order, then every other engine; at most {budget} s a direction); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
                 dir.name(),
                 if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
                 layers.first().map_or(0, |l| l.shape.n),
-                p.tolerance()
+                p.tolerance(),
+                budget = match self.mode {
+                    Mode::Quick => QUICK_SEARCH_BUDGET_S,
+                    Mode::Check | Mode::Full => SEARCH_BUDGET_S,
+                },
             );
             let per_iteration = PerIteration {
                 ops: flops,
