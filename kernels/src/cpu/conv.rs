@@ -93,6 +93,11 @@ pub fn resnet50_layers(n: usize) -> Vec<Layer> {
     distinct(resnet50_convs(n, 3, (224, 224), ""))
 }
 
+/// All 53 convolutions of ResNet-50 v1.5, in order (shapes repeat), for `n` images of 224×224.
+pub fn resnet50_all(n: usize) -> Vec<Layer> {
+    resnet50_convs(n, 3, (224, 224), "")
+}
+
 /// The batch the EWA detector trains at (`train --workload ewa`).
 pub const EWA_BATCH: usize = 2;
 
@@ -151,7 +156,7 @@ pub fn distinct(mut v: Vec<Layer>) -> Vec<Layer> {
     v
 }
 
-/// ResNet-50 v1.5's convolutions, in order, for `n` images of `c_in` channels and `(h, w)`,
+/// All 53 of ResNet-50 v1.5's convolutions, in order, for `n` images of `c_in` channels and `(h, w)`,
 /// each named after `prefix`.
 fn resnet50_convs(n: usize, c_in: usize, (h, w): (usize, usize), prefix: &str) -> Vec<Layer> {
     let conv = |name: &str, c, (h, w): (usize, usize), k, r, stride| Layer {
@@ -172,8 +177,13 @@ fn resnet50_convs(n: usize, c_in: usize, (h, w): (usize, usize), prefix: &str) -
     let pool = |x: usize| (x + 2 - 3) / 2 + 1;
     let mut size = (pool(stem.shape.oh()), pool(stem.shape.ow()));
     let mut v = vec![stem];
-    // (stage, input channels, bottleneck width)
-    for (stage, cin, width) in [(2, 64, 64), (3, 256, 128), (4, 512, 256), (5, 1024, 512)] {
+    // (stage, input channels, bottleneck width, blocks)
+    for (stage, cin, width, blocks) in [
+        (2, 64, 64, 3),
+        (3, 256, 128, 4),
+        (4, 512, 256, 6),
+        (5, 1024, 512, 3),
+    ] {
         let out = 4 * width;
         let first_stride = if stage == 2 { 1 } else { 2 };
         let p = format!("layer{}", stage - 1);
@@ -189,19 +199,25 @@ fn resnet50_convs(n: usize, c_in: usize, (h, w): (usize, usize), prefix: &str) -
         v.push(conv(&format!("{p}.0 conv1 1x1"), cin, size, width, 1, 1));
         v.push(c2);
         v.push(conv(&format!("{p}.0 conv3 1x1"), width, hout, out, 1, 1));
-        if stage != 2 || cin != out {
+        v.push(conv(
+            &format!("{p}.0 downsample 1x1/{first_stride}"),
+            cin,
+            size,
+            out,
+            1,
+            first_stride,
+        ));
+        for b in 1..blocks {
+            v.push(conv(&format!("{p}.{b} conv1 1x1"), out, hout, width, 1, 1));
             v.push(conv(
-                &format!("{p}.0 downsample 1x1/{first_stride}"),
-                cin,
-                size,
-                out,
+                &format!("{p}.{b} conv2 3x3"),
+                width,
+                hout,
+                width,
+                3,
                 1,
-                first_stride,
             ));
-        }
-        v.push(conv(&format!("{p}.1 conv1 1x1"), out, hout, width, 1, 1));
-        if stage != 2 {
-            v.push(conv(&format!("{p}.1 conv2 3x3"), width, hout, width, 3, 1));
+            v.push(conv(&format!("{p}.{b} conv3 1x1"), width, hout, out, 1, 1));
         }
         size = hout;
     }
@@ -441,6 +457,22 @@ impl Kernel for ConvKernel {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// ResNet-50 v1.5 has 53 convolutions (the stem, 16 bottlenecks of three, 4 shortcuts),
+    /// about 4.1 G multiply-adds a 224×224 image forward, and 23 distinct shapes.
+    #[test]
+    fn resnet50_has_its_53_convolutions_and_23_shapes() {
+        let all = resnet50_all(1);
+        assert_eq!(all.len(), 53);
+        let gflop: f64 = all.iter().map(|l| l.shape.flops()).sum::<f64>() / 1e9;
+        assert!((8.0..8.4).contains(&gflop), "{gflop} GFLOP (2 per MAC)");
+        assert_eq!(resnet50_layers(1).len(), 23);
+        for l in resnet50_layers(4) {
+            assert!(resnet50_all(4)
+                .iter()
+                .any(|a| a.shape == l.shape && a.name == l.name));
+        }
+    }
 
     /// The run-by-run im2col against the index-by-index one: the stem's shape (runs of 21
     /// values, stride 2), 3×3 stride 1 and 2, a single channel, and every image edge (tap by

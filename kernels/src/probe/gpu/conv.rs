@@ -17,7 +17,7 @@
 mod reference;
 
 use super::{Mode, SectionResult};
-use crate::cpu::conv::{ewa_layers, resnet50_layers, ConvShape, Layer, EWA_BATCH};
+use crate::cpu::conv::{ewa_layers, resnet50_all, resnet50_layers, ConvShape, Layer, EWA_BATCH};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
 use crate::cuda::conv_search::{
     best_method, Found, Outcome, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
@@ -493,15 +493,41 @@ impl Bench<'_> {
         out: &mut SectionResult,
     ) {
         let gpu = self.gpu;
+        let batch = layers.first().map_or(0, |l| l.shape.n);
+        // ResNet-50's 53 convolutions at the section's batch, each with its shape's row.
+        let network = resnet50_all(batch);
         for (di, dir) in DIRECTIONS.into_iter().enumerate() {
-            let Some((stats, flops, how, conditions)) = best[di].take() else {
+            let Some((_, _, how, _)) = best[di].take() else {
                 continue;
             };
+            // The stem's input needs no gradient: backward-data leaves it out.
+            let convs: Vec<&Layer> = network
+                .iter()
+                .filter(|l| !(dir == Dir::BwdData && l.shape.c == 3))
+                .collect();
+            let found: Vec<(f64, &[f64])> = convs
+                .iter()
+                .filter_map(|l| {
+                    let key = l.shape.describe();
+                    let row = rows[di].iter().find(|r| r.shape == key)?;
+                    Some((l.shape.flops(), row.stats.values.as_slice()))
+                })
+                .collect();
+            let missing = convs.len() - found.len();
+            let Some(stats) = Stats::from_samples(&network_samples(&found)) else {
+                continue;
+            };
+            let flops: f64 = found.iter().map(|(f, _)| f).sum();
             let method = format!(
-                "cuDNN {}, NHWC/KRSC, f32 accumulation{}, best over the distinct convolutions of ResNet-50 v1.5 at batch {} and the EWA detector at batch {EWA_BATCH}: {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice, then the backend heuristic's engines in its order, then every other engine; at most {budget} s a direction); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+                "cuDNN {}, NHWC/KRSC, f32 accumulation{}: ResNet-50 v1.5's {} convolutions at batch {batch} each at its own shape's measured rate, their FLOPs over the sum of their times (the network's rate, not its fastest shape's{}), sample k of the ceiling from each shape's k-th best; the fastest shape of the table (beside the EWA detector's at batch {EWA_BATCH}): {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice, then the backend heuristic's engines in its order, then every other engine; at most {budget} s a direction); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
                 dir.name(),
                 if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
-                layers.first().map_or(0, |l| l.shape.n),
+                found.len(),
+                if missing > 0 {
+                    format!("; {missing} of them not measured and left out")
+                } else {
+                    String::new()
+                },
                 p.tolerance(),
                 budget = match self.mode {
                     Mode::Quick => QUICK_SEARCH_BUDGET_S,
@@ -524,8 +550,7 @@ impl Bench<'_> {
                     method,
                 )
                 .as_roof(roof)
-                .with_peak(peak_for(self.peaks, gpu, p))
-                .with_conditions(conditions),
+                .with_peak(peak_for(self.peaks, gpu, p)),
             );
             out.tables.push(Table {
                 id: TableId {
@@ -536,5 +561,47 @@ impl Bench<'_> {
                 rows: std::mem::take(&mut rows[di]),
             });
         }
+    }
+}
+
+/// The network's rate from its parts' samples: part `(flops, samples)` is one convolution's
+/// FLOPs and its rates; sample k is the total FLOPs over the sum of each part's time at its
+/// k-th best rate (as many samples as the part with fewest has).
+fn network_samples(parts: &[(f64, &[f64])]) -> Vec<f64> {
+    let sorted: Vec<Vec<f64>> = parts
+        .iter()
+        .map(|(_, v)| {
+            let mut v = v.to_vec();
+            v.sort_by(|a, b| b.total_cmp(a));
+            v
+        })
+        .collect();
+    let n = sorted.iter().map(Vec::len).min().unwrap_or(0);
+    let total: f64 = parts.iter().map(|(f, _)| f).sum();
+    (0..n)
+        .map(|k| {
+            let time: f64 = parts.iter().zip(&sorted).map(|((f, _), v)| f / v[k]).sum();
+            total / time
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Two convolutions of 1 and 3 GFLOP at 100 and 300 GFLOP/s take 10 ms each: the network
+    /// runs 4 GFLOP in 20 ms, 200 GFLOP/s, not the best shape's 300; the second best of each
+    /// combine likewise, and a part with fewer samples bounds the count.
+    #[test]
+    fn the_network_rate_is_its_flops_over_its_time() {
+        let a = [100e9, 50e9];
+        let b = [150e9, 300e9, 200e9];
+        let v = network_samples(&[(1e9, &a), (3e9, &b)]);
+        assert_eq!(v.len(), 2);
+        assert!((v[0] - 200e9).abs() < 1.0, "{}", v[0]);
+        // 1/50 + 3/200 = 0.035 s for 4 GFLOP.
+        assert!((v[1] - 4e9 / 0.035).abs() < 1.0, "{}", v[1]);
+        assert!(network_samples(&[]).is_empty());
     }
 }
