@@ -216,6 +216,20 @@ fn bad_input_is_one_clear_line_and_exit_code_2() {
         Some(&dir.join("m.json")),
         "--threads",
     );
+    // A batch the convolution ceilings cannot run: clap's refusal, exit 2, with the range.
+    for batch in ["0", "5000", "many"] {
+        let o = bin()
+            .args(["probe", "--conv-batch", batch, "-o"])
+            .arg(dir.join("m.json"))
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            stderr(&o).contains("expected a batch from 1 to 4096"),
+            "{}",
+            stderr(&o)
+        );
+    }
     // Nothing was written by the failed probes.
     assert!(!dir.join("m.json").exists());
 }
