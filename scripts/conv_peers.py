@@ -14,7 +14,7 @@ SHAPE = re.compile(r"n=(\d+) c=(\d+) h=(\d+) w=(\d+) k=(\d+) r=(\d+) s=(\d+) str
 
 
 def shapes_of(machine):
-    """(precision, direction, layer, shape dict) for every conv table row of gpu0."""
+    """(precision, direction, layer, rate, shape dict, the row) for every conv table row of gpu0."""
     out = []
     for t in machine.get("tables", []):
         parts = str(t.get("id", "")).split("/")
@@ -28,7 +28,7 @@ def shapes_of(machine):
                 continue
             n, c, h, w, k, r, s, stride, pad = (int(v) for v in m.groups())
             out.append((prec, direction, row.get("name"), row.get("value"),
-                        dict(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, pad=pad)))
+                        dict(n=n, c=c, h=h, w=w, k=k, r=r, s=s, stride=stride, pad=pad), row))
     return out
 
 
@@ -67,7 +67,7 @@ def rate(torch, timed, prec, direction, s):
 def measure(torch, timed, machine):
     """Every conv row's PyTorch rate, or its error."""
     rows = []
-    for prec, direction, layer, ours, s in shapes_of(machine):
+    for prec, direction, layer, ours, s, _ in shapes_of(machine):
         row = {"precision": prec, "direction": direction, "layer": layer, "shape": s}
         try:
             row["best"], row["median"] = rate(torch, timed, prec, direction, s)
@@ -82,11 +82,17 @@ def summary(machine, peers):
     """Lines comparing roofline's conv rows with PyTorch's at the same shapes, and the records."""
     theirs = {(r["precision"], r["direction"], r["layer"]): r for r in peers.get("conv", [])}
     groups, records = {}, []
-    for prec, direction, layer, ours, s in shapes_of(machine):
+    for prec, direction, layer, ours, s, ours_row in shapes_of(machine):
         t = theirs.get((prec, direction, layer), {})
         ratio = ours / t["best"] if ours and t.get("best") else None
+        heuristic = ours_row.get("heuristic") or {}
         records.append({"precision": prec, "direction": direction, "layer": layer, "shape": s,
-                        "roofline": ours, "pytorch": t.get("best"), "ratio": ratio})
+                        "roofline": ours, "pytorch": t.get("best"), "ratio": ratio,
+                        # What the search chose and tried, cuDNN's heuristic beside it, the
+                        # shape's own roof.
+                        "method": ours_row.get("detail"), "heuristic": heuristic.get("detail"),
+                        "heuristic_rate": heuristic.get("value"), "roof": ours_row.get("roof"),
+                        "efficiency": ours_row.get("efficiency")})
         if ratio is not None:
             groups.setdefault((prec, direction), []).append((ratio, layer))
     lines = []
