@@ -338,8 +338,9 @@ def summary(args):
             "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
             "resnet50": records,
             "conv": conv_records,
-            # The compute ceilings: each with its datasheet peak, and the tensor-core ones
-            # (mma.sync, wgmma) beside the best cuBLAS GEMM of their precision.
+            # The compute ceilings (conv: ResNet-50's network rate): each with its datasheet
+            # peak, and the tensor-core ones (mma.sync, wgmma) beside the best cuBLAS GEMM of
+            # their precision.
             "ceilings": [
                 {
                     "id": cid,
@@ -350,9 +351,14 @@ def summary(args):
                     if (c.get("theoretical_peak") or {}).get("value") else None,
                     "of_cublas": c["value"] / ceil[f"gpu0/gemm/{cid.split('/')[2]}"]["value"]
                     if ("/mma/" in cid or "/wgmma/" in cid) and f"gpu0/gemm/{cid.split('/')[2]}" in ceil else None,
+                    # Power-capped parts: the best sample before the cap, and the capped steady
+                    # state (its power and SM clock) that `value` is.
+                    "burst": c.get("burst"),
+                    "sustained": c.get("sustained"),
+                    "method": c.get("method"),
                 }
                 for cid, c in sorted(ceil.items())
-                if cid.startswith("gpu0/") and any(f"/{f}/" in cid for f in ("fma", "mma", "wgmma", "gemm"))
+                if cid.startswith("gpu0/") and any(f"/{f}/" in cid for f in ("fma", "mma", "wgmma", "gemm", "conv"))
             ],
         }
         with open(args.json, "w") as f:

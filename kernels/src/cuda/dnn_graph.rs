@@ -170,6 +170,10 @@ fn data_type(p: Prec) -> u32 {
     }) as u32
 }
 
+/// The byte alignment every graph's tensors declare: operands at another alignment run
+/// elsewhere (`dnn_plan`).
+pub const ALIGNMENT: u64 = 16;
+
 /// The unique ids of x, w and y in every graph and variant pack.
 const UID_X: i64 = 1;
 const UID_W: i64 = 2;
@@ -200,7 +204,7 @@ fn tensor(uid: i64, p: Prec, [n, c, h, w]: [usize; 4]) -> Result<Bd, CudaError> 
         &[d[1] * d[2] * d[3], 1, d[3] * d[1], d[1]],
     )?;
     t.set_i64(A::CUDNN_ATTR_TENSOR_UNIQUE_ID, &[uid])?;
-    t.set_i64(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[16])?;
+    t.set_i64(A::CUDNN_ATTR_TENSOR_BYTE_ALIGNMENT, &[ALIGNMENT as i64])?;
     t.finalize("tensor")?;
     Ok(t)
 }

@@ -373,8 +373,8 @@ impl ConvPlan {
     ) -> Result<(), CudaError> {
         self.check_workspace(ws.1)?;
         match &self.add {
-            Some(a) => a.execute(h, [w, dy, dx], ws),
-            None => blend(h, &self.descs[1], self.algos[1], [w, dy, dx], ws, 1.0),
+            Some(a) if aligned([w, dy, dx]) => a.execute(h, [w, dy, dx], ws),
+            _ => blend(h, &self.descs[1], self.algos[1], [w, dy, dx], ws, 1.0),
         }
     }
 
@@ -399,8 +399,8 @@ impl ConvPlan {
     ) -> Result<(), CudaError> {
         self.check_workspace(ws.1)?;
         match &self.engines[i] {
-            Some(e) => e.execute(h, operands, ws),
-            None => execute(h, &self.descs[i], self.algos[i], operands, ws),
+            Some(e) if aligned(operands) => e.execute(h, operands, ws),
+            _ => execute(h, &self.descs[i], self.algos[i], operands, ws),
         }
     }
 
@@ -412,5 +412,24 @@ impl ConvPlan {
             )));
         }
         Ok(())
+    }
+}
+
+/// Whether every operand is at the 16-byte alignment the backend graphs' tensors declare
+/// (`dnn_graph`); an operand that is not (a view into a larger buffer) runs the direction's
+/// legacy algorithm instead.
+fn aligned(operands: [u64; 3]) -> bool {
+    operands
+        .iter()
+        .all(|a| a % super::dnn_graph::ALIGNMENT == 0)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn an_operand_off_the_declared_alignment_is_not_aligned() {
+        assert!(super::aligned([0x1000, 0x2010, 0x30f0]));
+        assert!(!super::aligned([0x1000, 0x2008, 0x3000]));
+        assert!(!super::aligned([0x1002, 0x2000, 0x3000]));
     }
 }
