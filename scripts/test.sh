@@ -44,6 +44,21 @@ else
     cargo test --workspace
     scripts/test-mpi.sh
 fi
+# The real-cluster harness: four hosts as network namespaces on a bridge, Open MPI across
+# them over TCP (scripts/cluster.sh test, about a minute). It needs root and the MPI build.
+if [ ${#mpi[@]} -eq 0 ]; then
+    echo "the cluster harness (scripts/cluster.sh test): needs Open MPI" >>"$ROOFLINE_SKIPPED"
+elif [ "$(id -u)" != 0 ]; then
+    echo "the cluster harness (scripts/cluster.sh test): needs root (network namespaces)" >>"$ROOFLINE_SKIPPED"
+elif ! { ip netns add rl-can-i 2>/dev/null && ip netns del rl-can-i; }; then
+    if [ "${CI:-}" = true ]; then
+        echo "CI=true and network namespaces cannot be made here (ip netns add failed)" >&2
+        exit 1
+    fi
+    echo "the cluster harness (scripts/cluster.sh test): ip netns add is refused here (a container without CAP_SYS_ADMIN?)" >>"$ROOFLINE_SKIPPED"
+else
+    ROOFLINE="$PWD/target/debug/roofline" scripts/cluster.sh test
+fi
 if [ -s "$ROOFLINE_SKIPPED" ]; then
     echo
     echo "PASSED, but these checks were skipped (a tool is missing here):"

@@ -1,0 +1,183 @@
+#!/usr/bin/env bash
+# A small real cluster on this machine: N hosts as network namespaces on one bridge, each with
+# its own address (10.77.0.<i>) and host name (h<i>, through a UTS namespace per process), and
+# Open MPI launching across them with an rsh agent that enters a host's namespaces (as ssh would
+# log in to it). Nothing is pretended: ranks on different hosts talk over TCP through veth links.
+#
+#   scripts/cluster.sh up [N]     make N hosts (default 4)
+#   scripts/cluster.sh down       remove all of it, whatever state it is in
+#   scripts/cluster.sh run HOST CMD...   run CMD on host HOST (h1..hN)
+#   scripts/cluster.sh mpi PER HOSTS CMD...   mpirun from h1: PER ranks on each of the first HOSTS
+#   scripts/cluster.sh test       up, every check (one line each), down; ends "N passed, N failed"
+#
+# Needs root (namespaces, veth, the bridge) and Open MPI's mpirun; says so in one line when not.
+# ROOFLINE: the binary to test (default target/release/roofline).
+set -uo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+prefix=rl-h
+bridge=rl-br0
+net=10.77.0
+state=${ROOFLINE_CLUSTER_DIR:-/tmp/roofline-cluster}
+
+need_root() {
+    if [ "$(id -u)" != 0 ]; then
+        echo "scripts/cluster.sh needs root (network namespaces, veth links and a bridge); run it as root or under sudo" >&2
+        exit 2
+    fi
+    command -v ip >/dev/null || { echo "scripts/cluster.sh needs iproute2's ip" >&2; exit 2; }
+}
+
+hosts() { cat "$state/hosts" 2>/dev/null; }
+
+up() {
+    local n=${1:-4}
+    case $n in '' | *[!0-9]*) echo "up: expected a number of hosts, got '$n'" >&2; exit 2 ;; esac
+    [ "$n" -ge 2 ] && [ "$n" -le 32 ] || { echo "up: 2 to 32 hosts, not $n" >&2; exit 2; }
+    down >/dev/null 2>&1
+    mkdir -p "$state"
+    ip link add "$bridge" type bridge || return 1
+    ip link set "$bridge" up
+    : >"$state/hosts"
+    : >"$state/hostfile"
+    for i in $(seq 1 "$n"); do
+        local ns=$prefix$i
+        ip netns add "$ns" || return 1
+        ip link add "veth-$ns" type veth peer name eth0 netns "$ns" || return 1
+        ip link set "veth-$ns" master "$bridge" up
+        ip netns exec "$ns" ip link set lo up
+        ip netns exec "$ns" ip addr add "$net.$i/24" dev eth0
+        ip netns exec "$ns" ip link set eth0 up
+        echo "h$i $net.$i" >>"$state/hosts"
+    done
+    # The agent Open MPI's launcher calls instead of ssh: `agent HOST CMD...` runs CMD, as a
+    # remote shell would, in HOST's namespaces.
+    cat >"$state/agent" <<EOF
+#!/bin/sh
+host=\$1; shift
+exec "$here/cluster.sh" run "\$host" sh -c "\$*"
+EOF
+    chmod +x "$state/agent"
+    echo "up: $n hosts (h1..h$n, $net.1..$net.$n) on bridge $bridge; state in $state"
+}
+
+down() {
+    for ns in $(ip netns list 2>/dev/null | awk '{print $1}' | grep "^$prefix" || true); do
+        # Every process still in the host's namespace goes first.
+        for pid in $(ip netns pids "$ns" 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+        ip netns del "$ns" 2>/dev/null
+    done
+    ip link del "$bridge" 2>/dev/null
+    rm -rf "$state"
+    echo "down: no host, bridge or state left"
+}
+
+# The namespace of a host given by name (h3) or address (10.77.0.3).
+ns_of() {
+    local h=$1
+    case $h in
+        h[0-9]*) echo "$prefix${h#h}" ;;
+        "$net".*) echo "$prefix${h##*.}" ;;
+        *) echo "no such host: $h (h1..hN or $net.i)" >&2; return 2 ;;
+    esac
+}
+
+run_on() {
+    local host=$1; shift
+    local ns
+    ns=$(ns_of "$host") || exit 2
+    ip netns list | grep -q "^$ns\b" || { echo "host $host is not up" >&2; exit 2; }
+    local name=h${ns#"$prefix"}
+    exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+}
+
+# mpirun across the hosts: `mpi PER_HOST N_HOSTS CMD...` from h1, over TCP on the bridge only.
+mpi() {
+    local per=$1 nh=$2; shift 2
+    local hf=$state/hostfile.$per.$nh
+    head -n "$nh" "$state/hosts" | awk -v s="$per" '{print $2 " slots=" s}' >"$hf"
+    OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+        "$here/cluster.sh" run h1 mpirun --hostfile "$hf" -np $((per * nh)) \
+        --mca plm_rsh_agent "$state/agent" --mca plm_rsh_no_tree_spawn 1 \
+        --mca btl tcp,vader,self --mca btl_tcp_if_include "$net.0/24" --mca mpi_yield_when_idle 1 \
+        --mca oob_tcp_if_include "$net.0/24" \
+        -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
+        "$@"
+}
+
+passed=0
+failed=0
+check() {
+    local name=$1 ok=$2 detail=$3
+    if [ "$ok" = 0 ]; then
+        passed=$((passed + 1))
+        printf 'pass  %-40s %s\n' "$name" "$detail"
+    else
+        failed=$((failed + 1))
+        printf 'FAIL  %-40s %s\n' "$name" "$detail"
+    fi
+}
+
+run_test() {
+    local rl=${ROOFLINE:-$root/target/release/roofline}
+    [ -x "$rl" ] || { echo "test: no roofline binary at $rl (cargo build --release --features mpi, or set ROOFLINE)" >&2; exit 2; }
+    command -v mpirun >/dev/null || { echo "test: needs Open MPI's mpirun" >&2; exit 2; }
+    # Whatever ends the test (a failed check, Ctrl-C, a kill), the hosts go with it.
+    trap 'down >/dev/null 2>&1' EXIT
+    trap 'down >/dev/null 2>&1; echo "interrupted: the hosts are down" >&2; exit 130' INT TERM
+    up 4 >/dev/null || { echo "test: could not make the hosts" >&2; exit 1; }
+    local out=$state/out
+    mkdir -p "$out"
+    # Each host is its own: a name and an address of its own, and a link to every other.
+    local names
+    names=$(timeout 60 "$here/cluster.sh" mpi 1 4 hostname 2>&1 | sort | tr '\n' ' ')
+    [ "$names" = "h1 h2 h3 h4 " ]
+    check "four hosts, four names" $? "$names"
+    # A TCP connection from h2 to h4's address, nothing else between them.
+    "$here/cluster.sh" run h4 python3 -c 'import socket,time; s=socket.socket(); s.bind(("10.77.0.4",7777)); s.listen(1); c,a=s.accept(); c.sendall(a[0].encode())' &
+    sleep 0.5
+    local seen
+    seen=$("$here/cluster.sh" run h2 python3 -c 'import socket; s=socket.create_connection(("10.77.0.4",7777),timeout=3); print(s.recv(64).decode())' 2>&1)
+    wait
+    [ "$seen" = "$net.2" ]
+    check "h2 reaches h4 over the bridge" $? "h4 saw a connection from $seen"
+    for per in 1 2; do
+        local m=$out/machine-$per.json
+        timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi "$per" 4 "$rl" probe --quick --only fma,comm \
+            --threads 1 --max-size 4M -o "$m" >"$out/probe-$per.log" 2>&1
+        local rc=$?
+        check "mpirun $per rank(s) a host: probe --quick" $rc "exit $rc"
+        # The probe's own words when it failed (the folder goes with the hosts).
+        [ "$rc" = 0 ] || tail -n 5 "$out/probe-$per.log" | sed 's/^/      /'
+        [ -f "$m" ] || continue
+        python3 - "$m" >"$out/check-$per.txt" 2>&1 <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+hosts = sorted(n.get("host") for n in m.get("nodes", []))
+inter = [c["id"] for c in m.get("ceilings", []) if "/inter" in c["id"]]
+links = (m.get("fleet") or {}).get("links") or {}
+pairs = len(links.get("links", []))
+print(f"per-node table {hosts}, {len(inter)} inter-node ceilings, link matrix of {pairs} pairs over {links.get('hosts')}")
+sys.exit(0 if hosts == ["h1", "h2", "h3", "h4"] and inter and pairs == 6 else 1)
+EOF
+        check "  hosts, collectives and links over TCP" $? "$(head -1 "$out/check-$per.txt")"
+    done
+    trap - EXIT INT TERM
+    down >/dev/null 2>&1
+    local left
+    left=$(ip netns list 2>/dev/null | grep -c "^$prefix" || true)
+    [ "$left" = 0 ] && ! ip link show "$bridge" >/dev/null 2>&1 && [ ! -e "$state" ]
+    check "nothing left behind" $? "$left namespaces"
+    echo "$passed passed, $failed failed"
+    [ "$failed" = 0 ]
+}
+
+case ${1:-} in
+    up) need_root; shift; up "${1:-4}" ;;
+    down) need_root; down ;;
+    run) need_root; shift; [ $# -ge 2 ] || { echo "run: HOST CMD..." >&2; exit 2; }; run_on "$@" ;;
+    mpi) need_root; shift; [ $# -ge 3 ] || { echo "mpi: PER_HOST HOSTS CMD..." >&2; exit 2; }; mpi "$@" ;;
+    test) need_root; run_test ;;
+    *) echo "usage: scripts/cluster.sh up [N] | down | run HOST CMD... | mpi PER HOSTS CMD... | test" >&2; exit 2 ;;
+esac
