@@ -16,10 +16,15 @@ set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
-prefix=rl-h
-bridge=rl-br0
-net=10.77.0
-state=${ROOFLINE_CLUSTER_DIR:-/tmp/roofline-cluster}
+# ROOFLINE_CLUSTER_ID (0–200) keeps two clusters on one machine apart: their namespaces,
+# bridge, subnet and state folder.
+id=${ROOFLINE_CLUSTER_ID:-0}
+case $id in '' | *[!0-9]*) echo "ROOFLINE_CLUSTER_ID: expected 0 to 200, got '$id'" >&2; exit 2 ;; esac
+[ "$id" -le 200 ] || { echo "ROOFLINE_CLUSTER_ID: expected 0 to 200, got $id" >&2; exit 2; }
+prefix=rl${id}h
+bridge=rl${id}br
+net=10.77.$id
+state=${ROOFLINE_CLUSTER_DIR:-/tmp/roofline-cluster-$id}
 
 need_root() {
     if [ "$(id -u)" != 0 ]; then
@@ -119,6 +124,80 @@ check() {
     fi
 }
 
+# One link slowed: between h2 and h3 only (each side's traffic to the other through an HTB
+# class limited to 500 Mbit/s, a tenth of a link here; all other traffic in an unlimited
+# class), the link matrix measured over it. A rate limit only: this kernel has no netem
+# (CONFIG_NET_SCH_NETEM is not set), so no delay can be added.
+slow_link() {
+    local rl=$1 out=$2
+    local ok=0
+    for pair in "2 3" "3 2"; do
+        set -- $pair
+        local ns=$prefix$1
+        ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: htb default 10 &&
+            ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:10 htb rate 100gbit quantum 60000 &&
+            ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:20 htb rate 500mbit ceil 500mbit quantum 60000 &&
+            ip netns exec "$ns" tc filter add dev eth0 parent 1: protocol ip u32 match ip dst "$net.$2/32" flowid 1:20 ||
+            ok=1
+    done
+    check "tc slows the h2 - h3 link alone" $ok "HTB 500 Mbit/s, both ways"
+    local m=$out/machine-slow.json
+    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi 1 4 "$rl" probe --quick --only comm \
+        --max-size 4M -o "$m" >"$out/probe-slow.log" 2>&1
+    local rc=$?
+    check "mpirun with a slow link: probe --quick" $rc "exit $rc"
+    [ "$rc" = 0 ] || tail -n 5 "$out/probe-slow.log" | sed 's/^/      /'
+    [ -f "$m" ] || return
+    python3 - "$m" >"$out/check-slow.txt" 2>&1 <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+links = (m.get("fleet") or {}).get("links") or {}
+slow = links.get("slow", [])
+pairs = sorted({tuple(sorted((s["host_a"], s["host_b"]))) for s in slow})
+outliers = [o for o in (m.get("fleet") or {}).get("outliers", []) if o["id"].startswith("cpu/")]
+print(f"slow pairs {pairs} ({', '.join(s['metric'] for s in slow)}), suspects {[s['host'] for s in links.get('suspects', [])]}, CPU outliers {len(outliers)}")
+bw = [s for s in slow if s["metric"] == "bandwidth"]
+sys.exit(0 if pairs == [("h2", "h3")] and bw and not links.get("suspects") and not outliers else 1)
+EOF
+    check "  the matrix names h2 - h3, no host, no CPU" $? "$(head -1 "$out/check-slow.txt")"
+}
+
+# A rank killed mid-probe (SIGKILL to h3's roofline, a few seconds in): the run ends, not
+# hangs, with an error that names what died; no rank is left; a result file, if any, is whole.
+killed_rank() {
+    local rl=$1 out=$2
+    local m=$out/machine-killed.json
+    local t0=$SECONDS
+    timeout 120 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi 1 4 "$rl" probe --quick --only comm \
+        --max-size 4M --comm-timeout 20 -o "$m" >"$out/probe-killed.log" 2>&1 &
+    local job=$! victim=""
+    for _ in $(seq 1 100); do
+        sleep 0.1
+        victim=$(for p in $(ip netns pids "${prefix}3" 2>/dev/null); do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && echo "$p"
+        done | head -n 1)
+        [ -n "$victim" ] && break
+    done
+    sleep 3
+    [ -n "$victim" ] && kill -9 "$victim"
+    wait "$job"
+    local rc=$? took=$((SECONDS - t0))
+    [ -n "$victim" ] && [ "$rc" != 0 ] && [ "$rc" != 124 ]
+    check "a rank killed: the run ends" $? "h3's roofline (pid ${victim:-none}) killed; exit $rc after ${took} s"
+    grep -qiE "signal 9|killed|exited on signal|rank 2" "$out/probe-killed.log"
+    check "  with an error naming what died" $? "$(grep -iE -m1 "signal 9|killed|exited on signal" "$out/probe-killed.log" | cut -c1-90)"
+    local left=0
+    for i in 1 2 3 4; do
+        for p in $(ip netns pids "$prefix$i" 2>/dev/null); do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && left=$((left + 1))
+        done
+    done
+    local whole=0
+    [ ! -e "$m" ] || python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$m" 2>/dev/null || whole=1
+    [ "$left" = 0 ] && [ "$whole" = 0 ]
+    check "  no rank left, nothing torn" $? "$left ranks left; result $([ -e "$m" ] && echo whole || echo "not written")"
+}
+
 run_test() {
     local rl=${ROOFLINE:-$root/target/release/roofline}
     [ -x "$rl" ] || { echo "test: no roofline binary at $rl (cargo build --release --features mpi, or set ROOFLINE)" >&2; exit 2; }
@@ -135,10 +214,10 @@ run_test() {
     [ "$names" = "h1 h2 h3 h4 " ]
     check "four hosts, four names" $? "$names"
     # A TCP connection from h2 to h4's address, nothing else between them.
-    "$here/cluster.sh" run h4 python3 -c 'import socket,time; s=socket.socket(); s.bind(("10.77.0.4",7777)); s.listen(1); c,a=s.accept(); c.sendall(a[0].encode())' &
+    "$here/cluster.sh" run h4 python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],7777)); s.listen(1); c,a=s.accept(); c.sendall(a[0].encode())' "$net.4" &
     sleep 0.5
     local seen
-    seen=$("$here/cluster.sh" run h2 python3 -c 'import socket; s=socket.create_connection(("10.77.0.4",7777),timeout=3); print(s.recv(64).decode())' 2>&1)
+    seen=$("$here/cluster.sh" run h2 python3 -c 'import socket,sys; s=socket.create_connection((sys.argv[1],7777),timeout=3); print(s.recv(64).decode())' "$net.4" 2>&1)
     wait
     [ "$seen" = "$net.2" ]
     check "h2 reaches h4 over the bridge" $? "h4 saw a connection from $seen"
@@ -163,6 +242,8 @@ sys.exit(0 if hosts == ["h1", "h2", "h3", "h4"] and inter and pairs == 6 else 1)
 EOF
         check "  hosts, collectives and links over TCP" $? "$(head -1 "$out/check-$per.txt")"
     done
+    slow_link "$rl" "$out"
+    killed_rank "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1
     local left
