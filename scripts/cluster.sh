@@ -124,6 +124,21 @@ check() {
     fi
 }
 
+# `probe_run LABEL PER NAME ARGS...`: `$rl probe --quick ARGS` under mpirun from h1, PER ranks
+# on each of the four hosts, into $out/machine-NAME.json (its log probe-NAME.log), checked as
+# LABEL: its exit, and the probe's own words when it failed (the folder goes with the hosts).
+# Succeeds when the result file was written. (rl and out: the caller's.)
+probe_run() {
+    local label=$1 per=$2 name=$3
+    shift 3
+    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi "$per" 4 "$rl" probe --quick \
+        "$@" -o "$out/machine-$name.json" >"$out/probe-$name.log" 2>&1
+    local rc=$?
+    check "$label" $rc "exit $rc"
+    [ "$rc" = 0 ] || tail -n 5 "$out/probe-$name.log" | sed 's/^/      /'
+    [ -f "$out/machine-$name.json" ]
+}
+
 # One link slowed: between h2 and h3 only (each side's traffic to the other through an HTB
 # class limited to 500 Mbit/s, a tenth of a link here; all other traffic in an unlimited
 # class), the link matrix measured over it. A rate limit only: this kernel has no netem
@@ -142,12 +157,7 @@ slow_link() {
     done
     check "tc slows the h2 - h3 link alone" $ok "HTB 500 Mbit/s, both ways"
     local m=$out/machine-slow.json
-    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi 1 4 "$rl" probe --quick --only comm \
-        --max-size 4M -o "$m" >"$out/probe-slow.log" 2>&1
-    local rc=$?
-    check "mpirun with a slow link: probe --quick" $rc "exit $rc"
-    [ "$rc" = 0 ] || tail -n 5 "$out/probe-slow.log" | sed 's/^/      /'
-    [ -f "$m" ] || return
+    probe_run "mpirun with a slow link: probe --quick" 1 slow --only comm --max-size 4M || return
     python3 - "$m" >"$out/check-slow.txt" 2>&1 <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -156,10 +166,13 @@ slow = links.get("slow", [])
 pairs = sorted({tuple(sorted((s["host_a"], s["host_b"]))) for s in slow})
 outliers = [o for o in (m.get("fleet") or {}).get("outliers", []) if o["id"].startswith("cpu/")]
 print(f"slow pairs {pairs} ({', '.join(s['metric'] for s in slow)}), suspects {[s['host'] for s in links.get('suspects', [])]}, CPU outliers {len(outliers)}")
-bw = [s for s in slow if s["metric"] == "bandwidth"]
-sys.exit(0 if pairs == [("h2", "h3")] and bw and not links.get("suspects") and not outliers else 1)
+# The limit is a rate (no netem here): the bandwidth findings are that pair's alone. Latency
+# findings are printed, not held to: four hosts' ranks share two cores, and a rank scheduled
+# late reads as a slow round trip on any pair.
+bw = sorted({tuple(sorted((s["host_a"], s["host_b"]))) for s in slow if s["metric"] == "bandwidth"})
+sys.exit(0 if bw == [("h2", "h3")] and not links.get("suspects") and not outliers else 1)
 EOF
-    check "  the matrix names h2 - h3, no host, no CPU" $? "$(head -1 "$out/check-slow.txt")"
+    check "  bandwidth: h2 - h3 alone, no host, no CPU" $? "$(head -1 "$out/check-slow.txt")"
 }
 
 # A rank killed mid-probe (SIGKILL to h3's roofline, a few seconds in): the run ends, not
@@ -223,13 +236,8 @@ run_test() {
     check "h2 reaches h4 over the bridge" $? "h4 saw a connection from $seen"
     for per in 1 2; do
         local m=$out/machine-$per.json
-        timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi "$per" 4 "$rl" probe --quick --only fma,comm \
-            --threads 1 --max-size 4M -o "$m" >"$out/probe-$per.log" 2>&1
-        local rc=$?
-        check "mpirun $per rank(s) a host: probe --quick" $rc "exit $rc"
-        # The probe's own words when it failed (the folder goes with the hosts).
-        [ "$rc" = 0 ] || tail -n 5 "$out/probe-$per.log" | sed 's/^/      /'
-        [ -f "$m" ] || continue
+        probe_run "mpirun $per rank(s) a host: probe --quick" "$per" "$per" --only fma,comm \
+            --threads 1 --max-size 4M || continue
         python3 - "$m" >"$out/check-$per.txt" 2>&1 <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))

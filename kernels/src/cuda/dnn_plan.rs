@@ -127,7 +127,6 @@ impl ConvPlan {
         ConvPlan::chosen(shape, p, |d, _, dir| {
             choose(h, d, p, dir).map(|(a, m)| (a, m, None))
         })
-        .and_then(|plan| plan.with_engines(h, [None, None, None]))
     }
 
     /// The plan with each direction's method chosen by the one search

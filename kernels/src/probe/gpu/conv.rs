@@ -288,6 +288,14 @@ struct Bench<'a> {
 type Best = (Stats, f64, String, Option<SampleConditions>);
 
 impl Bench<'_> {
+    /// Seconds one direction's search may take in this mode.
+    fn budget(&self) -> f64 {
+        match self.mode {
+            Mode::Quick => QUICK_SEARCH_BUDGET_S,
+            Mode::Check | Mode::Full => SEARCH_BUDGET_S,
+        }
+    }
+
     fn precision(
         &self,
         p: Prec,
@@ -344,10 +352,6 @@ impl Bench<'_> {
                         worst.set(worst.get().max(e));
                     })
                 };
-                let budget = match self.mode {
-                    Mode::Quick => QUICK_SEARCH_BUDGET_S,
-                    Mode::Check | Mode::Full => SEARCH_BUDGET_S,
-                };
                 let found = best_method(
                     gpu,
                     h,
@@ -359,7 +363,7 @@ impl Bench<'_> {
                     wsp,
                     &mut check,
                     self.cancel,
-                    budget,
+                    self.budget(),
                 )
                 .map_err(not_supported);
                 let where_ = format!(
@@ -534,10 +538,7 @@ impl Bench<'_> {
                     String::new()
                 },
                 p.tolerance(),
-                budget = match self.mode {
-                    Mode::Quick => QUICK_SEARCH_BUDGET_S,
-                    Mode::Check | Mode::Full => SEARCH_BUDGET_S,
-                },
+                budget = self.budget(),
             );
             let per_iteration = PerIteration {
                 ops: flops,
