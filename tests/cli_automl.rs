@@ -259,7 +259,16 @@ fn automl_starts_every_candidate_from_the_pretrained_file() {
             .iter()
             .filter(|n| n.name.is_none() && roofline_workloads::graph::prefix(n.op).is_some())
             .count();
-        let widened = c.morphisms.iter().filter(|m| m["kind"] == "wider").count();
+        // Widened anywhere in its lineage (a child of a widened network keeps the wider
+        // layer's shape).
+        let mut widened = 0;
+        let mut at = Some(c);
+        while let Some(x) = at {
+            widened += x.morphisms.iter().filter(|m| m["kind"] == "wider").count();
+            at = x
+                .parent
+                .and_then(|p| doc.candidates.iter().find(|y| y.id == p));
+        }
         if widened == 0 {
             assert_eq!(f.layers, f.of - unnamed, "candidate {}: {f:?}", c.id);
         } else {
