@@ -184,6 +184,20 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(machine).unwrap()).unwrap();
     let load = m["provenance"].as_object_mut().unwrap().remove("load");
+    // Nor may its FMA samples carry that load: a one-thread twin spread by more than the gate's
+    // widest tolerance is "too noisy" and cannot confirm its all-core twin's fall, so halving
+    // them would test the CI machine's neighbours, not the gate. Every FMA sample is its best.
+    for c in m["ceilings"].as_array_mut().unwrap() {
+        if c["id"].as_str().unwrap().starts_with("cpu/fma/") {
+            let best = c["value"].clone();
+            let n = c["stats"]["values"].as_array().unwrap().len();
+            c["stats"]["values"] = serde_json::Value::Array(vec![best.clone(); n]);
+            for f in ["min", "median", "max", "mean"] {
+                c["stats"][f] = best.clone();
+            }
+            c["stats"]["cv"] = serde_json::json!(0.0);
+        }
+    }
     std::fs::write(&base, serde_json::to_string(&m).unwrap()).unwrap();
     let machine = &base.clone();
     let gate = |args: &[&str]| {
