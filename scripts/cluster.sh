@@ -8,6 +8,7 @@
 #   scripts/cluster.sh down       remove all of it, whatever state it is in
 #   scripts/cluster.sh run HOST CMD...   run CMD on host HOST (h1..hN)
 #   scripts/cluster.sh mpi PER HOSTS CMD...   mpirun from h1: PER ranks on each of the first HOSTS
+#   scripts/cluster.sh slurm HOST CMD...      a Slurm command on HOST (srun, sbatch, sinfo, squeue)
 #   scripts/cluster.sh test       up, every check (one line each), down; ends "N passed, N failed"
 #
 # Needs root (namespaces, veth, the bridge) and Open MPI's mpirun; says so in one line when not.
@@ -24,7 +25,10 @@ case $id in '' | *[!0-9]*) echo "ROOFLINE_CLUSTER_ID: expected 0 to 200, got '$i
 prefix=rl${id}h
 bridge=rl${id}br
 net=10.77.$id
-state=${ROOFLINE_CLUSTER_DIR:-/tmp/roofline-cluster-$id}
+# Outside /tmp: every host has a /tmp of its own (as real hosts do; Slurm's PMIx plugin keys its
+# folders there by job and step alone), which would hide a state folder under the machine's.
+state=${ROOFLINE_CLUSTER_DIR:-/var/tmp/roofline-cluster-$id}
+case $state in /tmp | /tmp/*) echo "ROOFLINE_CLUSTER_DIR: not under /tmp (each host has its own /tmp, which hides it): $state" >&2; exit 2 ;; esac
 
 need_root() {
     if [ "$(id -u)" != 0 ]; then
@@ -55,16 +59,113 @@ up() {
         ip netns exec "$ns" ip addr add "$net.$i/24" dev eth0
         ip netns exec "$ns" ip link set eth0 up
         echo "h$i $net.$i" >>"$state/hosts"
+        mkdir -p "$state/host/h$i/tmp"
+        chmod 1777 "$state/host/h$i/tmp"
     done
+    # Every host resolves every other's name, as on a cluster (its own /etc/hosts, bound over
+    # the machine's in its mount namespace only).
+    { echo "127.0.0.1 localhost"; awk '{print $2 " " $1}' "$state/hosts"; } >"$state/etc-hosts"
     # The agent Open MPI's launcher calls instead of ssh: `agent HOST CMD...` runs CMD, as a
     # remote shell would, in HOST's namespaces.
+    # (This script's copy: a host's /tmp is its own, and this checkout may be under /tmp.)
+    mkdir -p "$state/bin"
+    cp "$here/cluster.sh" "$state/bin/cluster.sh"
     cat >"$state/agent" <<EOF
 #!/bin/sh
 host=\$1; shift
-exec "$here/cluster.sh" run "\$host" sh -c "\$*"
+exec "$state/bin/cluster.sh" run "\$host" sh -c "\$*"
 EOF
     chmod +x "$state/agent"
-    echo "up: $n hosts (h1..h$n, $net.1..$net.$n) on bridge $bridge; state in $state"
+    local slurm="no Slurm (Debian's slurmctld, slurmd, slurm-client and munge are not installed)"
+    if have_slurm; then
+        slurm_up "$n" || return 1
+        slurm="Slurm: slurmctld on h1, a slurmd on each host, partition rl (SLURM_CONF=$state/slurm/slurm.conf)"
+    fi
+    echo "up: $n hosts (h1..h$n, $net.1..$net.$n) on bridge $bridge; $slurm; state in $state"
+}
+
+have_slurm() {
+    command -v slurmctld >/dev/null && command -v slurmd >/dev/null &&
+        command -v munged >/dev/null && command -v srun >/dev/null
+}
+
+# Slurm as a cluster runs it: munge (one daemon, its socket shared by every host, as one key
+# is shared by every node), slurmctld on h1, one slurmd per host under its own node name, every
+# file in $state/slurm. slurmd needs the cgroup file systems, which ip netns exec's fresh /sys
+# lacks: each host mounts the machine's cgroup v1 hierarchies again in its own mount
+# namespace (the same hierarchies; nothing is created in them: proctrack/linuxproc and
+# task/none track and bind nothing through cgroups).
+slurm_up() {
+    local n=$1 sd=$state/slurm md=$state/munge
+    mkdir -p "$sd/ctld" "$md/key"
+    chmod 755 "$md"
+    chmod 700 "$md/key"
+    head -c 1024 /dev/urandom >"$md/key/munge.key"
+    chmod 600 "$md/key/munge.key"
+    munged -f --socket="$md/socket" --key-file="$md/key/munge.key" --log-file="$md/munged.log" \
+        --pid-file="$md/munged.pid" --seed-file="$md/seed" ||
+        { echo "up: munged did not start (see $md/munged.log)" >&2; return 1; }
+    {
+        echo "# The cluster scripts/cluster.sh made: $n hosts as network namespaces."
+        echo "ClusterName=rl$id"
+        echo "SlurmctldHost=h1($net.1)"
+        echo "AuthType=auth/munge"
+        echo "AuthInfo=socket=$md/socket"
+        echo "CredType=cred/munge"
+        echo "SlurmUser=root"
+        echo "SlurmdUser=root"
+        echo "StateSaveLocation=$sd/ctld"
+        echo "SlurmdSpoolDir=$sd/spool-%n"
+        echo "SlurmctldPidFile=$sd/slurmctld.pid"
+        echo "SlurmdPidFile=$sd/slurmd-%n.pid"
+        echo "SlurmctldLogFile=$sd/slurmctld.log"
+        echo "SlurmdLogFile=$sd/slurmd-%n.log"
+        echo "ProctrackType=proctrack/linuxproc"
+        echo "TaskPlugin=task/none"
+        echo "JobAcctGatherType=jobacct_gather/none"
+        echo "AccountingStorageType=accounting_storage/none"
+        echo "SchedulerType=sched/builtin"
+        echo "SelectType=select/linear"
+        echo "MpiDefault=pmix"
+        echo "ReturnToService=2"
+        echo "SlurmdParameters=config_overrides"
+        for i in $(seq 1 "$n"); do
+            echo "NodeName=h$i NodeAddr=$net.$i CPUs=2 State=UNKNOWN"
+        done
+        echo "PartitionName=rl Nodes=h[1-$n] Default=YES MaxTime=INFINITE State=UP"
+    } >"$sd/slurm.conf"
+    for i in $(seq 1 "$n"); do mkdir -p "$sd/spool-h$i"; done
+    slurm h1 slurmctld -f "$sd/slurm.conf" ||
+        { echo "up: slurmctld did not start (see $sd/slurmctld.log)" >&2; return 1; }
+    for i in $(seq 1 "$n"); do
+        slurm "h$i" sh -c '
+            mount -t tmpfs cgroups /sys/fs/cgroup || exit 1
+            for c in cpuset cpu cpuacct memory devices freezer pids; do
+                mkdir /sys/fs/cgroup/$c && mount -t cgroup -o $c cgroup /sys/fs/cgroup/$c || exit 1
+            done
+            mkdir /sys/fs/cgroup/systemd &&
+                mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd || exit 1
+            exec slurmd -f "$SLURM_CONF" -N "$(hostname)"' ||
+            { echo "up: h$i's slurmd did not start (see $sd/slurmd-h$i.log)" >&2; return 1; }
+    done
+    # Every node idle before anything is submitted.
+    for _ in $(seq 1 100); do
+        [ "$(slurm h1 sinfo -h -t idle -o %D 2>/dev/null)" = "$n" ] && return 0
+        sleep 0.2
+    done
+    echo "up: the $n slurmd did not all register with slurmctld within 20 s (see $sd)" >&2
+    return 1
+}
+
+# A command on a host against this cluster's Slurm: `slurm HOST CMD...` (srun, sbatch, sinfo).
+slurm() {
+    local host=$1
+    shift
+    # Open MPI over the bridge only, its waiting ranks yielding the two shared cores (as mpi
+    # passes to mpirun; srun and sbatch pass the environment on to every task).
+    SLURM_CONF=$state/slurm/slurm.conf OMPI_MCA_btl=tcp,vader,self \
+        OMPI_MCA_btl_tcp_if_include="$net.0/24" OMPI_MCA_oob_tcp_if_include="$net.0/24" \
+        OMPI_MCA_mpi_yield_when_idle=1 "$here/cluster.sh" run "$host" "$@"
 }
 
 down() {
@@ -74,6 +175,8 @@ down() {
         ip netns del "$ns" 2>/dev/null
     done
     ip link del "$bridge" 2>/dev/null
+    # munged is the machine's (one socket serves every host).
+    [ -f "$state/munge/munged.pid" ] && kill "$(cat "$state/munge/munged.pid")" 2>/dev/null
     rm -rf "$state"
     echo "down: no host, bridge or state left"
 }
@@ -94,7 +197,11 @@ run_on() {
     ns=$(ns_of "$host") || exit 2
     ip netns list | grep -q "^$ns\b" || { echo "host $host is not up" >&2; exit 2; }
     local name=h${ns#"$prefix"}
-    exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "$name" "$@"
+    # ip netns exec gives the command a mount namespace of its own (slave to the machine's):
+    # the host's /tmp and /etc/hosts are bound there, nowhere else.
+    exec ip netns exec "$ns" unshare --uts sh -c \
+        'hostname "$0" && mount --bind "$1/host/$0/tmp" /tmp && mount --bind "$1/etc-hosts" /etc/hosts && shift && exec "$@"' \
+        "$name" "$state" "$@"
 }
 
 # mpirun across the hosts: `mpi PER_HOST N_HOSTS CMD...` from h1, over TCP on the bridge only.
@@ -211,6 +318,63 @@ killed_rank() {
     check "  no rank left, nothing torn" $? "$left ranks left; result $([ -e "$m" ] && echo whole || echo "not written")"
 }
 
+# Slurm: four idle nodes; srun across them; `srun -N4 roofline probe --quick` (the launch read
+# from Slurm's environment: its node names, the job and step); the README's batch script,
+# scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
+# installed: one line, failed under CI=true, else skipped.
+slurm_checks() {
+    local rl=$1 out=$2
+    if ! have_slurm; then
+        if [ "${CI:-}" = true ]; then
+            check "Slurm" 1 "CI=true and Debian's slurmctld, slurmd, slurm-client or munge is missing"
+        else
+            echo "skip  Slurm: Debian's slurmctld, slurmd, slurm-client and munge are not installed (scripts/install-test-tools.sh)"
+        fi
+        return
+    fi
+    local idle
+    idle=$(slurm h3 sinfo -h -t idle -o "%D %N" 2>&1)
+    [ "$idle" = "4 h[1-4]" ]
+    check "Slurm: four idle nodes" $? "sinfo from h3: $idle"
+    local names
+    names=$(timeout 60 "$here/cluster.sh" slurm h1 srun -N4 hostname 2>&1 | sort | tr '\n' ' ')
+    [ "$names" = "h1 h2 h3 h4 " ]
+    check "  srun -N4 hostname" $? "$names"
+    local m=$out/machine-srun.json
+    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" slurm h1 srun -N4 "$rl" probe --quick \
+        --only fma,comm --threads 1 --max-size 4M -o "$m" >"$out/probe-srun.log" 2>&1
+    local rc=$?
+    check "  srun -N4 roofline probe --quick" $rc "exit $rc"
+    [ "$rc" = 0 ] || tail -n 5 "$out/probe-srun.log" | sed 's/^/      /'
+    launched "$m" srun "$out/check-srun.txt"
+    check "    nodes and job from Slurm" $? "$(head -1 "$out/check-srun.txt")"
+    # The batch script as the README gives it, its probe options from the environment.
+    local job
+    cp "$root/scripts/roofline.sbatch" "$state/bin/"
+    job=$(timeout 300 env ROOFLINE="$rl" ROOFLINE_PROBE_ARGS="--quick --only fma,comm --threads 1 --max-size 4M" \
+        "$here/cluster.sh" slurm h1 sbatch --parsable --wait --chdir="$out" "$state/bin/roofline.sbatch" 2>"$out/sbatch.err")
+    rc=$?
+    check "  sbatch scripts/roofline.sbatch" $rc "job ${job:-none}, exit $rc"
+    [ "$rc" = 0 ] || { cat "$out/sbatch.err" "$out/roofline-$job.out" 2>/dev/null | tail -n 5 | sed 's/^/      /'; }
+    launched "$out/roofline-$job.json" srun "$out/check-sbatch.txt"
+    check "    roofline-$job.json from the job's nodes" $? "$(head -1 "$out/check-sbatch.txt")"
+}
+
+# `launched FILE BY TXT`: FILE's per-node table holds h1..h4 and its launcher is BY, with a
+# Slurm job; a line into TXT.
+launched() {
+    python3 - "$1" "$2" >"$3" 2>&1 <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+c = m["provenance"].get("cluster") or {}
+l = c.get("launcher") or {}
+job = (l.get("slurm") or {})
+hosts = sorted(n.get("host") for n in m.get("nodes", []))
+print(f"per-node table {hosts}; launched by {l.get('by')}, Slurm job {job.get('id')} on {job.get('nodelist')}")
+sys.exit(0 if hosts == ["h1", "h2", "h3", "h4"] and l.get("by") == sys.argv[2] and job.get("id") else 1)
+EOF
+}
+
 run_test() {
     local rl=${ROOFLINE:-$root/target/release/roofline}
     [ -x "$rl" ] || { echo "test: no roofline binary at $rl (cargo build --release --features mpi, or set ROOFLINE)" >&2; exit 2; }
@@ -220,7 +384,11 @@ run_test() {
     trap 'down >/dev/null 2>&1; echo "interrupted: the hosts are down" >&2; exit 130' INT TERM
     up 4 >/dev/null || { echo "test: could not make the hosts" >&2; exit 1; }
     local out=$state/out
-    mkdir -p "$out"
+    mkdir -p "$out" "$state/bin"
+    # The binary where every host sees it (a host's /tmp is its own), as a cluster's shared
+    # file system holds it.
+    cp "$rl" "$state/bin/roofline" || { echo "test: cannot copy $rl into $state/bin" >&2; exit 1; }
+    rl=$state/bin/roofline
     # Each host is its own: a name and an address of its own, and a link to every other.
     local names
     names=$(timeout 60 "$here/cluster.sh" mpi 1 4 hostname 2>&1 | sort | tr '\n' ' ')
@@ -252,12 +420,16 @@ EOF
     done
     slow_link "$rl" "$out"
     killed_rank "$rl" "$out"
+    slurm_checks "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1
     local left
     left=$(ip netns list 2>/dev/null | grep -c "^$prefix" || true)
-    [ "$left" = 0 ] && ! ip link show "$bridge" >/dev/null 2>&1 && [ ! -e "$state" ]
-    check "nothing left behind" $? "$left namespaces"
+    # No process that named the state folder (munged, slurmctld, slurmd, a rank) either.
+    local procs
+    procs=$(pgrep -f "$state" | grep -cv "^$$\$" || true)
+    [ "$left" = 0 ] && [ "$procs" = 0 ] && ! ip link show "$bridge" >/dev/null 2>&1 && [ ! -e "$state" ]
+    check "nothing left behind" $? "$left namespaces, $procs processes, no bridge, no $state"
     echo "$passed passed, $failed failed"
     [ "$failed" = 0 ]
 }
@@ -267,6 +439,7 @@ case ${1:-} in
     down) need_root; down ;;
     run) need_root; shift; [ $# -ge 2 ] || { echo "run: HOST CMD..." >&2; exit 2; }; run_on "$@" ;;
     mpi) need_root; shift; [ $# -ge 3 ] || { echo "mpi: PER_HOST HOSTS CMD..." >&2; exit 2; }; mpi "$@" ;;
+    slurm) need_root; shift; [ $# -ge 2 ] || { echo "slurm: HOST CMD..." >&2; exit 2; }; slurm "$@" ;;
     test) need_root; run_test ;;
-    *) echo "usage: scripts/cluster.sh up [N] | down | run HOST CMD... | mpi PER HOSTS CMD... | test" >&2; exit 2 ;;
+    *) echo "usage: scripts/cluster.sh up [N] | down | run HOST CMD... | mpi PER HOSTS CMD... | slurm HOST CMD... | test" >&2; exit 2 ;;
 esac

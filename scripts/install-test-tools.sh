@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what the tests use beyond Rust, so that none of them is skipped:
-#   - Open MPI and libclang (the MPI tests, scripts/test-mpi.sh) and Chromium (every figure
-#     checked in a browser), from Debian's packages: as root, or through sudo;
+#   - Open MPI and libclang (the MPI tests, scripts/test-mpi.sh), Chromium (every figure
+#     checked in a browser), and Slurm with munge (the cluster harness, scripts/cluster.sh),
+#     from Debian's packages: as root, or through sudo;
 #   - NVRTC 12.4, ptxas and the CUDA runtime headers (the kernel gate) from NVIDIA's pip
 #     wheels into .venv-cuda;
 #   - with --cuda13, also CUDA 13's NVRTC, cuBLAS, cuDNN, NCCL and nvdisasm into .venv-cuda13
@@ -26,6 +27,12 @@ compgen -G '/usr/lib/llvm-*/lib/libclang.so*' >/dev/null \
     || compgen -G '/usr/lib/llvm-*/lib/libclang-[0-9]*.so*' >/dev/null \
     || need+=(libclang-dev)
 command -v chromium >/dev/null || need+=(chromium)
+# Slurm and munge: the cluster harness (scripts/cluster.sh test) runs a controller and one
+# slurmd per host, with its own munge socket and files; the hosts' daemons listen in their
+# own network namespaces, so a machine's own Slurm or munge (where the packages start one) is
+# left alone, and neither disturbs the harness.
+command -v slurmd >/dev/null && command -v slurmctld >/dev/null && command -v srun >/dev/null \
+    && command -v munged >/dev/null || need+=(slurmd slurmctld slurm-client munge)
 if [ ${#need[@]} -gt 0 ]; then
     export DEBIAN_FRONTEND=noninteractive
     $sudo apt-get update -q >/dev/null

@@ -572,6 +572,10 @@ fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
 /// notes and its FMA ceilings come out 15% lower; the gate, with its defaults and one run per
 /// side, fails on it and names the FMA ceilings. (Whether two quiet runs pass, and how often,
 /// is measured by `scripts/gate-study.sh` and tested on its recorded runs in the model crate.)
+/// Two real probes on a shared machine: a neighbour's burst in either (the CI runner's clock
+/// fell from 2.9 to 1.7 GHz in one) makes their twins too noisy to judge, which the gate rightly
+/// will not call a regression. So up to three interleaved pairs, the first the gate fails on
+/// taken; a gate that never catches the slowdown fails all three.
 #[test]
 fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
     let _machine = alone();
@@ -593,23 +597,29 @@ fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
         std::fs::write(&p, serde_json::to_string(&m).unwrap()).unwrap();
         (p, m)
     };
-    let (base, _) = probe("base.json", None);
-    let (slow, m) = probe("slow.json", Some("0.15"));
-    let notes = m["provenance"]["notes"].to_string();
-    assert!(notes.contains("ROOFLINE_TEST_SLOWDOWN=0.15"), "{notes}");
-    let o = bin()
-        .arg("gate")
-        .arg("--baseline")
-        .arg(&base)
-        .arg("--current")
-        .arg(&slow)
-        .output()
-        .unwrap();
-    let out = String::from_utf8_lossy(&o.stdout);
-    assert_eq!(o.status.code(), Some(1), "{out}{}", stderr(&o));
-    let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
-    assert!(
-        !regressed.is_empty() && regressed.iter().all(|l| l.starts_with("cpu/fma/")),
-        "{out}"
-    );
+    let mut outputs = Vec::new();
+    for attempt in 0..3 {
+        let (base, _) = probe(&format!("base{attempt}.json"), None);
+        let (slow, m) = probe(&format!("slow{attempt}.json"), Some("0.15"));
+        let notes = m["provenance"]["notes"].to_string();
+        assert!(notes.contains("ROOFLINE_TEST_SLOWDOWN=0.15"), "{notes}");
+        let o = bin()
+            .arg("gate")
+            .arg("--baseline")
+            .arg(&base)
+            .arg("--current")
+            .arg(&slow)
+            .output()
+            .unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
+        // Whatever the noise, nothing but the slowed FMA ceilings is ever called a regression.
+        assert!(regressed.iter().all(|l| l.starts_with("cpu/fma/")), "{out}");
+        if o.status.code() == Some(1) && !regressed.is_empty() {
+            return;
+        }
+        assert_eq!(o.status.code(), Some(0), "{out}{}", stderr(&o));
+        outputs.push(out);
+    }
+    panic!("three slowed probes, none caught:\n{}", outputs.join("\n"));
 }

@@ -12,6 +12,7 @@ pub mod fleet;
 pub mod gate;
 pub mod gpu_matrix;
 pub mod identity;
+pub mod launcher;
 #[macro_use]
 pub mod ids;
 pub mod ceiling_id;

@@ -548,6 +548,9 @@ pub struct ClusterInfo {
     /// several nodes, for tests), not from shared memory.
     #[serde(default)]
     pub fake_nodes: bool,
+    /// What started the ranks, and the Slurm job they ran in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub launcher: Option<crate::launcher::Launch>,
 }
 
 /// One node's own ceilings in a distributed probe (each node probes itself, concurrently).

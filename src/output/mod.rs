@@ -65,6 +65,21 @@ pub fn machine_table(m: &Machine) {
             g.driver_version.as_deref().unwrap_or("?")
         );
     }
+    if let Some(c) = &m.provenance.cluster {
+        let by = c
+            .launcher
+            .as_ref()
+            .map(|l| format!(", launched by {}", l.describe()))
+            .unwrap_or_default();
+        outln!(
+            "cluster: {} node(s) ({}), {} ranks{by}; {}{}",
+            c.nodes,
+            c.hosts.join(", "),
+            c.ranks,
+            c.mpi_library,
+            if c.fake_nodes { "; pretend nodes" } else { "" }
+        );
+    }
     if let Some(c) = &cpu.measured_clock_hz_t1 {
         let all = cpu
             .measured_clock_hz_all

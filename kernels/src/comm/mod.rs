@@ -42,6 +42,7 @@ pub trait Reducer: Send + Sync {
 /// A collective operation, and which ranks a measurement spans: the model's types (the ids
 /// of the ceilings they make are spelt in one place).
 pub use roofline_model::ceiling_id::{Collective, Scope};
+pub use roofline_model::launcher::{Launch, LaunchedBy};
 
 /// Message sizes: 8 B doubling to `max` (inclusive when a power of two).
 pub fn sizes(max: usize) -> Vec<usize> {
@@ -196,38 +197,19 @@ pub fn fake_nodes_from_env() -> Result<Option<usize>, String> {
 }
 
 /// Whether this process was started by an MPI launcher with more than one rank (whatever MPI
-/// support this binary was built with).
+/// support this binary was built with): the world's size ([`Launch`]).
 pub fn launched_ranks() -> Option<usize> {
-    [
-        "OMPI_COMM_WORLD_SIZE",
-        "PMI_SIZE",
-        "PMIX_SIZE",
-        "MPI_LOCALNRANKS",
-        "SLURM_NTASKS",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
-    .filter(|n| *n > 1)
-    .filter(|_| {
-        // SLURM_NTASKS is also set inside a batch script that did not use srun.
-        std::env::var("OMPI_COMM_WORLD_SIZE").is_ok()
-            || std::env::var("PMI_SIZE").is_ok()
-            || std::env::var("PMIX_RANK").is_ok()
-            || std::env::var("SLURM_PROCID").is_ok()
-    })
+    Launch::here().map(|l| l.size)
 }
 
 /// This process's rank as the launcher set it (before any MPI call), when under a launcher.
 pub fn launched_rank() -> Option<usize> {
-    launched_ranks()?;
-    [
-        "OMPI_COMM_WORLD_RANK",
-        "PMI_RANK",
-        "PMIX_RANK",
-        "SLURM_PROCID",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
+    Launch::here().map(|l| l.rank)
+}
+
+/// The launcher's local rank (the GPU a rank takes by default); 0 outside a launch.
+pub fn local_rank() -> usize {
+    Launch::here().map_or(0, |l| l.local_rank)
 }
 
 /// The first two local ranks whose GPUs have the same identity (a UUID, zero-padded; all

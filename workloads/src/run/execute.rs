@@ -8,18 +8,7 @@ use crate::train::{self, Monitor, Summary};
 use roofline_kernels::cuda::device::{self, Gpu};
 use std::sync::Arc;
 
-/// The launcher's local rank (the GPU a rank takes by default).
-pub fn local_rank() -> usize {
-    [
-        "OMPI_COMM_WORLD_LOCAL_RANK",
-        "MPI_LOCALRANKID",
-        "SLURM_LOCALID",
-        "PMIX_LOCAL_RANK",
-    ]
-    .iter()
-    .find_map(|v| std::env::var(v).ok()?.trim().parse::<usize>().ok())
-    .unwrap_or(0)
-}
+pub use roofline_kernels::comm::local_rank;
 
 /// The GPU this rank trains on (`gpu`, else the launcher's local rank modulo the GPU count),
 /// opened; no driver or no such GPU is an input error that says what was looked for.

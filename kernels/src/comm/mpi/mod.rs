@@ -105,9 +105,12 @@ pub struct World {
     _universe: mpi::environment::Universe,
 }
 
-/// Host name of this process (MPI's processor name).
+/// The name of this process's node: Slurm's where Slurm started it (or the daemon that did),
+/// else MPI's processor name (the host name).
 fn host() -> String {
-    mpi::environment::processor_name().unwrap_or_else(|_| "?".into())
+    super::Launch::here()
+        .and_then(|l| l.node_name)
+        .unwrap_or_else(|| mpi::environment::processor_name().unwrap_or_else(|_| "?".into()))
 }
 
 impl World {
@@ -126,6 +129,19 @@ impl World {
         let world = universe.world();
         let rank = world.rank() as usize;
         let size = world.size() as usize;
+        // Tasks that srun started without a PMI(x) server for MPI are each a world of one.
+        if let Some(l) = super::Launch::here().filter(|l| l.size != size) {
+            return Err(CommError::Setup(format!(
+                "{} started {} ranks but MPI sees a world of {size}: each rank ran alone{}",
+                l.by.as_str(),
+                l.size,
+                if l.by == super::LaunchedBy::Srun {
+                    " (srun --mpi=pmix, or MpiDefault=pmix in slurm.conf; `srun --mpi=list` names the plugins this Slurm has)"
+                } else {
+                    " (was the binary built against another MPI than the launcher's?)"
+                }
+            )));
+        }
         // Every rank's host name, fixed 256-byte records.
         let mut name = [0u8; 256];
         let h = host();
@@ -232,6 +248,7 @@ impl World {
                 .collect(),
             mpi_library: self.library.clone(),
             fake_nodes: self.layout.fake,
+            launcher: super::Launch::here(),
         }
     }
 
