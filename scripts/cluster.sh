@@ -318,6 +318,65 @@ killed_rank() {
     check "  no rank left, nothing torn" $? "$left ranks left; result $([ -e "$m" ] && echo whole || echo "not written")"
 }
 
+# A link down during the link rounds: h3's eth0 taken down once the root has written the file
+# it keeps before round 1. The pair with h3 cannot finish; the watchdog (--comm-timeout 15)
+# names the round's pair and both hosts within the limit, and the file holds what was
+# measured before the round (marked incomplete). Then the link comes back: mpirun cannot reap
+# a daemon on a host it cannot reach (it waits on TCP, and segfaults when killed), so
+# without it the run's end would test Open MPI's launcher, not roofline. The run must then
+# end non-zero at once and leave no rank.
+link_down() {
+    local rl=$1 out=$2 limit=15
+    local m=$out/machine-down.json log=$out/probe-down.log
+    local t0=$SECONDS
+    timeout 150 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi 1 4 "$rl" probe --quick --only comm \
+        --max-size 4M --comm-timeout "$limit" -o "$m" >"$log" 2>&1 &
+    local job=$! down_at="" said_at="" up_at=""
+    for _ in $(seq 1 1200); do
+        if [ -s "$m" ]; then
+            ip netns exec "${prefix}3" ip link set eth0 down && down_at=$((SECONDS - t0))
+            break
+        fi
+        kill -0 "$job" 2>/dev/null || break
+        sleep 0.05
+    done
+    if [ -n "$down_at" ]; then
+        for _ in $(seq 1 $(((limit + 15) * 10))); do
+            grep -q "did not complete within" "$log" && { said_at=$((SECONDS - t0)); break; }
+            sleep 0.1
+        done
+    fi
+    ip netns exec "${prefix}3" ip link set eth0 up 2>/dev/null
+    up_at=$((SECONDS - t0))
+    wait "$job"
+    local rc=$? took=$((SECONDS - t0))
+    [ -n "$said_at" ] && [ $((said_at - down_at)) -le $((limit + 3)) ]
+    check "a link down: the watchdog fires in time" $? "h3's link down at ${down_at:-never} s, the first rank's error at ${said_at:-never} s (--comm-timeout $limit)"
+    [ -n "$down_at" ] && [ "$rc" != 0 ] && [ "$rc" != 124 ] && [ $((took - up_at)) -le 30 ]
+    check "  the run ends, non-zero" $? "link up again at $up_at s; exit $rc at $took s"
+    local said
+    said=$(grep -m1 "did not complete within" "$out/probe-down.log" | sed 's/^roofline: error: //')
+    echo "$said" | grep -qE "link round [0-9]+ of [0-9]+.*h3" && echo "$said" | grep -qE "node [0-9] \(h[124]\)"
+    check "  the watchdog names the pair and both hosts" $? "$(echo "$said" | cut -c1-110)"
+    python3 - "$m" >"$out/check-down.txt" 2>&1 <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+links = (m.get("fleet") or {}).get("links") or {}
+inter = [c["id"] for c in m.get("ceilings", []) if "/inter" in c["id"]]
+print(f"{len(inter)} inter-node ceilings kept; links: {links.get('incomplete')}")
+sys.exit(0 if inter and links.get("incomplete") else 1)
+EOF
+    check "  what was measured is written" $? "$(head -1 "$out/check-down.txt" | cut -c1-110)"
+    local left=0
+    for i in 1 2 3 4; do
+        for p in $(ip netns pids "$prefix$i" 2>/dev/null); do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && left=$((left + 1))
+        done
+    done
+    [ "$left" = 0 ]
+    check "  no rank left" $? "$left ranks left"
+}
+
 # Slurm: four idle nodes; srun across them; `srun -N4 roofline probe --quick` (the launch read
 # from Slurm's environment: its node names, the job and step); the README's batch script,
 # scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
@@ -329,6 +388,8 @@ slurm_checks() {
             check "Slurm" 1 "CI=true and Debian's slurmctld, slurmd, slurm-client or munge is missing"
         else
             echo "skip  Slurm: Debian's slurmctld, slurmd, slurm-client and munge are not installed (scripts/install-test-tools.sh)"
+            [ -z "${ROOFLINE_SKIPPED:-}" ] ||
+                echo "the cluster harness's Slurm checks (scripts/cluster.sh test): need Debian's slurmctld, slurmd, slurm-client and munge" >>"$ROOFLINE_SKIPPED"
         fi
         return
     fi
@@ -420,6 +481,9 @@ EOF
     done
     slow_link "$rl" "$out"
     killed_rank "$rl" "$out"
+    link_down "$rl" "$out"
+    # Not a check here: on this machine the hosts share its cores and its /proc/stat.
+    echo "skip  a loaded host: the hosts share this machine's cores and /proc/stat, so a load on one is a load on all (tests/mpi_fleet.rs names a pretend node loaded on its own core, with its cause)"
     slurm_checks "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1

@@ -45,7 +45,8 @@ else
     scripts/test-mpi.sh
 fi
 # The real-cluster harness: four hosts as network namespaces on a bridge, Open MPI across
-# them over TCP (scripts/cluster.sh test, about a minute). It needs root and the MPI build.
+# them over TCP, Slurm with a slurmd per host (scripts/cluster.sh test, about 3½ minutes). It
+# needs root and the MPI build; Slurm is required under CI=true, else skipped when missing.
 if [ ${#mpi[@]} -eq 0 ]; then
     echo "the cluster harness (scripts/cluster.sh test): needs Open MPI" >>"$ROOFLINE_SKIPPED"
 elif [ "$(id -u)" != 0 ]; then

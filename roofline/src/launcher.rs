@@ -143,7 +143,7 @@ impl Launch {
         Launch::from_env(&|v| std::env::var(v).ok())
     }
 
-    /// One line for the table: `srun, Slurm job 12.0 (partition rl, nodes h[1-4]), 8 ranks`.
+    /// For the table: `srun, Slurm job 12.0 (partition rl, nodes h[1-4])`.
     pub fn describe(&self) -> String {
         let job = self.slurm.as_ref().map_or(String::new(), |j| {
             let mut extra = Vec::new();
@@ -160,7 +160,7 @@ impl Launch {
             };
             format!(", Slurm job {}{extra}", j.id)
         });
-        format!("{}{job}, {} ranks", self.by.as_str(), self.size)
+        format!("{}{job}", self.by.as_str())
     }
 }
 
@@ -205,7 +205,7 @@ mod tests {
         assert_eq!(j.nodelist.as_deref(), Some("nid[0001-0004]"));
         assert_eq!(
             l.describe(),
-            "srun, Slurm job 12.0 (partition gpu, nodes nid[0001-0004]), 8 ranks"
+            "srun, Slurm job 12.0 (partition gpu, nodes nid[0001-0004])"
         );
     }
 
