@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # A small real cluster on this machine: N hosts as network namespaces on one bridge, each with
-# its own address (10.77.0.<i>) and host name (h<i>, through a UTS namespace per process), and
-# Open MPI launching across them with an rsh agent that enters a host's namespaces (as ssh would
-# log in to it). Nothing is pretended: ranks on different hosts talk over TCP through veth links.
+# its own address (10.77.0.<i>), host name (h<i>, through a UTS namespace per process), /tmp,
+# /etc/hosts and CPU share (a cgroup); Open MPI launching across them with an rsh agent that
+# enters a host's namespaces (as ssh would log in to it); Slurm, where Debian's is installed:
+# munge, slurmctld on h1, a slurmd per host. Nothing is pretended: ranks on different hosts talk
+# over TCP through veth links. State: /var/tmp/roofline-cluster-<id> (ROOFLINE_CLUSTER_DIR).
 #
 #   scripts/cluster.sh up [N]     make N hosts (default 4)
 #   scripts/cluster.sh down       remove all of it, whatever state it is in
@@ -11,7 +13,8 @@
 #   scripts/cluster.sh slurm HOST CMD...      a Slurm command on HOST (srun, sbatch, sinfo, squeue)
 #   scripts/cluster.sh test       up, every check (one line each), down; ends "N passed, N failed"
 #
-# Needs root (namespaces, veth, the bridge) and Open MPI's mpirun; says so in one line when not.
+# Needs root (namespaces, veth, the bridge, cgroups) and Open MPI's mpirun; says so in one line
+# when not.
 # ROOFLINE: the binary to test (default target/release/roofline).
 set -uo pipefail
 
@@ -28,6 +31,11 @@ net=10.77.$id
 # Outside /tmp: every host has a /tmp of its own (as real hosts do; Slurm's PMIx plugin keys its
 # folders there by job and step alone), which would hide a state folder under the machine's.
 state=${ROOFLINE_CLUSTER_DIR:-/var/tmp/roofline-cluster-$id}
+# Each host's share of the CPUs: a cgroup (v1 cpu controller) per host, equal weights, so that
+# a load on one host takes that host's share and not the others' (as each real host has cores
+# of its own). Absent where the controller is not mounted: then no host check relies on it.
+cgroot=/sys/fs/cgroup/cpu
+cg=$cgroot/roofline-cluster-$id
 case $state in /tmp | /tmp/*) echo "ROOFLINE_CLUSTER_DIR: not under /tmp (each host has its own /tmp, which hides it): $state" >&2; exit 2 ;; esac
 
 need_root() {
@@ -62,6 +70,11 @@ up() {
         mkdir -p "$state/host/h$i/tmp"
         chmod 1777 "$state/host/h$i/tmp"
     done
+    if [ -w "$cgroot/cgroup.procs" ] && mkdir -p "$cg"; then
+        for i in $(seq 1 "$n"); do mkdir -p "$cg/h$i"; done
+        # Where every host's commands read it (the cgroup file system is not mounted inside).
+        echo "${cg#"$cgroot"/}" >"$state/cgroup"
+    fi
     # Every host resolves every other's name, as on a cluster (its own /etc/hosts, bound over
     # the machine's in its mount namespace only).
     { echo "127.0.0.1 localhost"; awk '{print $2 " " $1}' "$state/hosts"; } >"$state/etc-hosts"
@@ -175,6 +188,15 @@ down() {
         ip netns del "$ns" 2>/dev/null
     done
     ip link del "$bridge" 2>/dev/null
+    # The hosts' cgroups, once their processes are gone (a killed process leaves its cgroup
+    # a moment later).
+    if [ -d "$cg" ]; then
+        for _ in $(seq 1 50); do
+            for d in "$cg"/h*; do [ -d "$d" ] && rmdir "$d" 2>/dev/null; done
+            rmdir "$cg" 2>/dev/null && break
+            sleep 0.1
+        done
+    fi
     # munged is the machine's (one socket serves every host).
     [ -f "$state/munge/munged.pid" ] && kill "$(cat "$state/munge/munged.pid")" 2>/dev/null
     rm -rf "$state"
@@ -198,10 +220,17 @@ run_on() {
     ip netns list | grep -q "^$ns\b" || { echo "host $host is not up" >&2; exit 2; }
     local name=h${ns#"$prefix"}
     # ip netns exec gives the command a mount namespace of its own (slave to the machine's):
-    # the host's /tmp and /etc/hosts are bound there, nowhere else.
-    exec ip netns exec "$ns" unshare --uts sh -c \
-        'hostname "$0" && mount --bind "$1/host/$0/tmp" /tmp && mount --bind "$1/etc-hosts" /etc/hosts && shift && exec "$@"' \
-        "$name" "$state" "$@"
+    # the host's /tmp and /etc/hosts are bound there, nowhere else. The command joins the
+    # host's cgroup through the cpu hierarchy mounted there for a moment (the fresh /sys that
+    # ip netns exec mounts has none, and this may run from inside another host: mpirun's agent).
+    exec ip netns exec "$ns" unshare --uts sh -c '
+        hostname "$0" && mount --bind "$1/host/$0/tmp" /tmp && mount --bind "$1/etc-hosts" /etc/hosts || exit 1
+        if [ -n "$2" ]; then
+            mount -t cgroup -o cpu cgroup /sys/fs/cgroup &&
+                echo $$ >"/sys/fs/cgroup/$2/$0/cgroup.procs" && umount /sys/fs/cgroup || exit 1
+        fi
+        shift 2
+        exec "$@"' "$name" "$state" "$(cat "$state/cgroup" 2>/dev/null)" "$@"
 }
 
 # mpirun across the hosts: `mpi PER_HOST N_HOSTS CMD...` from h1, over TCP on the bridge only.
@@ -377,6 +406,59 @@ EOF
     check "  no rank left" $? "$left ranks left"
 }
 
+# A loaded host: three busy loops on h3 while the four hosts probe their FMA ceilings. Each host
+# has an equal share of the machine's CPUs (its cgroup), so the loops take h3's share alone: h3
+# is named an outlier, each of its FMA outliers with a cause (the lower clock its probe
+# measured, time-sliced with the loops). Without the per-host cgroups (no v1 cpu controller)
+# a load on one host is a load on all, and the check says so instead.
+loaded_host() {
+    local rl=$1 out=$2
+    if [ ! -s "$state/cgroup" ]; then
+        echo "skip  a loaded host: no per-host CPU share here (no cgroup v1 cpu controller at $cgroot): a load on one host would be a load on all"
+        [ -z "${ROOFLINE_SKIPPED:-}" ] ||
+            echo "the cluster harness's loaded-host check: needs the cgroup v1 cpu controller at $cgroot" >>"$ROOFLINE_SKIPPED"
+        return
+    fi
+    # For this check each host gets a fixed quarter of the machine's CPUs (a CFS
+    # quota): otherwise a host whose peers are idle for a moment runs at the machine's full
+    # speed, and each ceiling's best sample hides its load. Within h3's share the loops and
+    # the probe take turns, on every sample.
+    local ncpu quota
+    ncpu=$(nproc)
+    quota=$((ncpu * 100000 / 4))
+    for i in 1 2 3 4; do
+        echo 100000 >"$cg/h$i/cpu.cfs_period_us" && echo "$quota" >"$cg/h$i/cpu.cfs_quota_us"
+    done
+    local loops=()
+    for _ in 1 2 3; do
+        "$here/cluster.sh" run h3 sh -c 'while :; do :; done' &
+        loops+=($!)
+    done
+    sleep 0.5
+    probe_run "a loaded host (h3): probe --quick" 1 loaded --only fma --threads 1
+    local ran=$?
+    kill "${loops[@]}" 2>/dev/null
+    wait "${loops[@]}" 2>/dev/null
+    for i in 1 2 3 4; do echo -1 >"$cg/h$i/cpu.cfs_quota_us"; done
+    [ "$ran" = 0 ] || return
+    python3 - "$out/machine-loaded.json" >"$out/check-loaded.txt" 2>&1 <<'EOF'
+import json, sys
+m = json.load(open(sys.argv[1]))
+out = (m.get("fleet") or {}).get("outliers", [])
+mine = [o for o in out if o["host"] == "h3"]
+rest = [o for o in out if o["host"] != "h3"]
+causes = sorted({c["cause"] for o in mine for c in o["causes"]})
+worst = max((o["short_by"] for o in mine), default=0)
+noise = max((o["short_by"] for o in rest), default=0)
+explained = sorted({o["host"] for o in rest if o["causes"]})
+print(f"h3: {len(mine)} outliers, up to {worst:.0%} short, causes {causes}; others (the shared cores' noise): {len(rest)}, up to {noise:.0%}, with a cause: {explained or 'none'}")
+# The loaded host is the one named with a cause, and the one farthest short; the hosts that
+# share this machine's two cores are named too at times, but with no cause the probe can see.
+sys.exit(0 if mine and all(o["causes"] for o in mine) and not explained and worst > noise else 1)
+EOF
+    check "  h3 named, the one with a cause" $? "$(head -1 "$out/check-loaded.txt")"
+}
+
 # Slurm: four idle nodes; srun across them; `srun -N4 roofline probe --quick` (the launch read
 # from Slurm's environment: its node names, the job and step); the README's batch script,
 # scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
@@ -482,8 +564,7 @@ EOF
     slow_link "$rl" "$out"
     killed_rank "$rl" "$out"
     link_down "$rl" "$out"
-    # Not a check here: on this machine the hosts share its cores and its /proc/stat.
-    echo "skip  a loaded host: the hosts share this machine's cores and /proc/stat, so a load on one is a load on all (tests/mpi_fleet.rs names a pretend node loaded on its own core, with its cause)"
+    loaded_host "$rl" "$out"
     slurm_checks "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1
@@ -492,8 +573,8 @@ EOF
     # No process that named the state folder (munged, slurmctld, slurmd, a rank) either.
     local procs
     procs=$(pgrep -f "$state" | grep -cv "^$$\$" || true)
-    [ "$left" = 0 ] && [ "$procs" = 0 ] && ! ip link show "$bridge" >/dev/null 2>&1 && [ ! -e "$state" ]
-    check "nothing left behind" $? "$left namespaces, $procs processes, no bridge, no $state"
+    [ "$left" = 0 ] && [ "$procs" = 0 ] && ! ip link show "$bridge" >/dev/null 2>&1 && [ ! -e "$state" ] && [ ! -e "$cg" ]
+    check "nothing left behind" $? "$left namespaces, $procs processes, no bridge, no $state, no $cg"
     echo "$passed passed, $failed failed"
     [ "$failed" = 0 ]
 }
