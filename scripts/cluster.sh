@@ -31,9 +31,9 @@ net=10.77.$id
 # Outside /tmp: every host has a /tmp of its own (as real hosts do; Slurm's PMIx plugin keys its
 # folders there by job and step alone), which would hide a state folder under the machine's.
 state=${ROOFLINE_CLUSTER_DIR:-/var/tmp/roofline-cluster-$id}
-# Each host's share of the CPUs: a cgroup (v1 cpu controller) per host, equal weights, so that
-# a load on one host takes that host's share and not the others' (as each real host has cores
-# of its own). Absent where the controller is not mounted: then no host check relies on it.
+# Each host's share of the CPUs, for the loaded-host check: a cgroup (v1 cpu controller) per
+# host, so that a load on one host takes that host's share and not the others' (as each real
+# host has cores of its own). Absent where the controller is not mounted: the check says so.
 cgroot=/sys/fs/cgroup/cpu
 cg=$cgroot/roofline-cluster-$id
 case $state in /tmp | /tmp/*) echo "ROOFLINE_CLUSTER_DIR: not under /tmp (each host has its own /tmp, which hides it): $state" >&2; exit 2 ;; esac
@@ -72,8 +72,9 @@ up() {
     done
     if [ -w "$cgroot/cgroup.procs" ] && mkdir -p "$cg"; then
         for i in $(seq 1 "$n"); do mkdir -p "$cg/h$i"; done
-        # Where every host's commands read it (the cgroup file system is not mounted inside).
-        echo "${cg#"$cgroot"/}" >"$state/cgroup"
+        # Where every host's commands read it (the cgroup file system is not mounted inside);
+        # copied to $state/cgroup, which makes new commands join, only while a check needs it.
+        echo "${cg#"$cgroot"/}" >"$state/cgroup.path"
     fi
     # Every host resolves every other's name, as on a cluster (its own /etc/hosts, bound over
     # the machine's in its mount namespace only).
@@ -225,6 +226,8 @@ run_on() {
     # ip netns exec mounts has none, and this may run from inside another host: mpirun's agent).
     exec ip netns exec "$ns" unshare --uts sh -c '
         hostname "$0" && mount --bind "$1/host/$0/tmp" /tmp && mount --bind "$1/etc-hosts" /etc/hosts || exit 1
+        # A working folder under the machine'"'"'s /tmp is not on the host: start at / instead.
+        cd "$PWD" 2>/dev/null || cd /
         if [ -n "$2" ]; then
             mount -t cgroup -o cpu cgroup /sys/fs/cgroup &&
                 echo $$ >"/sys/fs/cgroup/$2/$0/cgroup.procs" && umount /sys/fs/cgroup || exit 1
@@ -245,6 +248,17 @@ mpi() {
         --mca oob_tcp_if_include "$net.0/24" \
         -x OMPI_ALLOW_RUN_AS_ROOT -x OMPI_ALLOW_RUN_AS_ROOT_CONFIRM \
         "$@"
+}
+
+# How many roofline processes are still running on the hosts.
+ranks_left() {
+    local left=0
+    for i in $(seq 1 "$(wc -l <"$state/hosts")"); do
+        for p in $(ip netns pids "$prefix$i" 2>/dev/null); do
+            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && left=$((left + 1))
+        done
+    done
+    echo "$left"
 }
 
 passed=0
@@ -275,25 +289,33 @@ probe_run() {
     [ -f "$out/machine-$name.json" ]
 }
 
-# One link slowed: between h2 and h3 only (each side's traffic to the other through an HTB
-# class limited to 500 Mbit/s, a tenth of a link here; all other traffic in an unlimited
-# class), the link matrix measured over it. A rate limit only: this kernel has no netem
-# (CONFIG_NET_SCH_NETEM is not set), so no delay can be added.
+# One link slowed: between h2 and h3 only. The pair gets a cable of its own (a veth between
+# the two hosts, with a /32 route to each other through it), limited to 500 Mbit/s each way (a
+# token bucket, a tenth of a link here); all other traffic stays on eth0, untouched. (A
+# classifier on eth0 put every packet of h2 and h3 through the shaper, whose cost made their
+# other links read slow too on a loaded runner; this kernel has no policing action.) A rate
+# limit only: this kernel has no netem (CONFIG_NET_SCH_NETEM is not set), so no delay can be
+# added. The cable goes when the check ends (deleting one end deletes both, and the routes).
 slow_link() {
     local rl=$1 out=$2
-    local ok=0
-    for pair in "2 3" "3 2"; do
+    local ok=0 a=${prefix}s2 b=${prefix}s3
+    ip link add "$a" type veth peer name "$b" &&
+        ip link set "$a" netns "${prefix}2" && ip link set "$b" netns "${prefix}3" || ok=1
+    for pair in "2 3 $a" "3 2 $b"; do
         set -- $pair
         local ns=$prefix$1
-        ip netns exec "$ns" tc qdisc add dev eth0 root handle 1: htb default 10 &&
-            ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:10 htb rate 100gbit quantum 60000 &&
-            ip netns exec "$ns" tc class add dev eth0 parent 1: classid 1:20 htb rate 500mbit ceil 500mbit quantum 60000 &&
-            ip netns exec "$ns" tc filter add dev eth0 parent 1: protocol ip u32 match ip dst "$net.$2/32" flowid 1:20 ||
+        [ "$ok" = 0 ] &&
+            ip netns exec "$ns" ip link set "$3" up &&
+            ip netns exec "$ns" ip route add "$net.$2/32" dev "$3" src "$net.$1" &&
+            ip netns exec "$ns" tc qdisc add dev "$3" root tbf rate 500mbit burst 256kb latency 50ms ||
             ok=1
     done
-    check "tc slows the h2 - h3 link alone" $ok "HTB 500 Mbit/s, both ways"
+    check "tc slows the h2 - h3 link alone" $ok "a cable of their own, TBF 500 Mbit/s each way"
     local m=$out/machine-slow.json
-    probe_run "mpirun with a slow link: probe --quick" 1 slow --only comm --max-size 4M || return
+    probe_run "mpirun with a slow link: probe --quick" 1 slow --only comm --max-size 4M
+    local ran=$?
+    ip netns exec "${prefix}2" ip link del "$a" 2>/dev/null
+    [ "$ran" = 0 ] || return
     python3 - "$m" >"$out/check-slow.txt" 2>&1 <<'EOF'
 import json, sys
 m = json.load(open(sys.argv[1]))
@@ -335,12 +357,8 @@ killed_rank() {
     check "a rank killed: the run ends" $? "h3's roofline (pid ${victim:-none}) killed; exit $rc after ${took} s"
     grep -qiE "signal 9|killed|exited on signal|rank 2" "$out/probe-killed.log"
     check "  with an error naming what died" $? "$(grep -iE -m1 "signal 9|killed|exited on signal" "$out/probe-killed.log" | cut -c1-90)"
-    local left=0
-    for i in 1 2 3 4; do
-        for p in $(ip netns pids "$prefix$i" 2>/dev/null); do
-            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && left=$((left + 1))
-        done
-    done
+    local left
+    left=$(ranks_left)
     local whole=0
     [ ! -e "$m" ] || python3 -c 'import json,sys; json.load(open(sys.argv[1]))' "$m" 2>/dev/null || whole=1
     [ "$left" = 0 ] && [ "$whole" = 0 ]
@@ -396,12 +414,8 @@ print(f"{len(inter)} inter-node ceilings kept; links: {links.get('incomplete')}"
 sys.exit(0 if inter and links.get("incomplete") else 1)
 EOF
     check "  what was measured is written" $? "$(head -1 "$out/check-down.txt" | cut -c1-110)"
-    local left=0
-    for i in 1 2 3 4; do
-        for p in $(ip netns pids "$prefix$i" 2>/dev/null); do
-            [ "$(cat "/proc/$p/comm" 2>/dev/null)" = roofline ] && left=$((left + 1))
-        done
-    done
+    local left
+    left=$(ranks_left)
     [ "$left" = 0 ]
     check "  no rank left" $? "$left ranks left"
 }
@@ -413,7 +427,7 @@ EOF
 # a load on one host is a load on all, and the check says so instead.
 loaded_host() {
     local rl=$1 out=$2
-    if [ ! -s "$state/cgroup" ]; then
+    if [ ! -s "$state/cgroup.path" ]; then
         echo "skip  a loaded host: no per-host CPU share here (no cgroup v1 cpu controller at $cgroot): a load on one host would be a load on all"
         [ -z "${ROOFLINE_SKIPPED:-}" ] ||
             echo "the cluster harness's loaded-host check: needs the cgroup v1 cpu controller at $cgroot" >>"$ROOFLINE_SKIPPED"
@@ -429,6 +443,9 @@ loaded_host() {
     for i in 1 2 3 4; do
         echo 100000 >"$cg/h$i/cpu.cfs_period_us" && echo "$quota" >"$cg/h$i/cpu.cfs_quota_us"
     done
+    # Only for this check: in a cgroup of its own a rank's sched_yield (mpi_yield_when_idle)
+    # yields to nothing of the other hosts, and the link rounds' waiting ranks would spin.
+    cp "$state/cgroup.path" "$state/cgroup"
     local loops=()
     for _ in 1 2 3; do
         "$here/cluster.sh" run h3 sh -c 'while :; do :; done' &
@@ -440,6 +457,7 @@ loaded_host() {
     kill "${loops[@]}" 2>/dev/null
     wait "${loops[@]}" 2>/dev/null
     for i in 1 2 3 4; do echo -1 >"$cg/h$i/cpu.cfs_quota_us"; done
+    rm -f "$state/cgroup"
     [ "$ran" = 0 ] || return
     python3 - "$out/machine-loaded.json" >"$out/check-loaded.txt" 2>&1 <<'EOF'
 import json, sys
