@@ -274,14 +274,17 @@ check() {
     fi
 }
 
-# `probe_run LABEL PER NAME ARGS...`: `$rl probe --quick ARGS` under mpirun from h1, PER ranks
-# on each of the four hosts, into $out/machine-NAME.json (its log probe-NAME.log), checked as
-# LABEL: its exit, and the probe's own words when it failed (the folder goes with the hosts).
-# Succeeds when the result file was written. (rl and out: the caller's.)
+# `probe_run LABEL HOW NAME ARGS...`: `$rl probe --quick ARGS` launched from h1 on the four
+# hosts, HOW ranks on each under mpirun (or `srun`: srun -N4, through Slurm), into
+# $out/machine-NAME.json (its log probe-NAME.log), checked as LABEL: its exit, and the probe's
+# own words when it failed (the folder goes with the hosts). Succeeds when the result file was
+# written. (rl and out: the caller's.)
 probe_run() {
-    local label=$1 per=$2 name=$3
+    local label=$1 how=$2 name=$3
     shift 3
-    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" mpi "$per" 4 "$rl" probe --quick \
+    local launch=(mpi "$how" 4)
+    [ "$how" = srun ] && launch=(slurm h1 srun -N4)
+    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" "${launch[@]}" "$rl" probe --quick \
         "$@" -o "$out/machine-$name.json" >"$out/probe-$name.log" 2>&1
     local rc=$?
     check "$label" $rc "exit $rc"
@@ -323,12 +326,15 @@ links = (m.get("fleet") or {}).get("links") or {}
 slow = links.get("slow", [])
 pairs = sorted({tuple(sorted((s["host_a"], s["host_b"]))) for s in slow})
 outliers = [o for o in (m.get("fleet") or {}).get("outliers", []) if o["id"].startswith("cpu/")]
-print(f"slow pairs {pairs} ({', '.join(s['metric'] for s in slow)}), suspects {[s['host'] for s in links.get('suspects', [])]}, CPU outliers {len(outliers)}")
+again = sorted(tuple(sorted((links["hosts"][l["a"]], links["hosts"][l["b"]]))) for l in links.get("links", []) if l.get("again") is not None)
+print(f"slow pairs {pairs} ({', '.join(s['metric'] for s in slow)}), suspects {[s['host'] for s in links.get('suspects', [])]}, CPU outliers {len(outliers)}; measured again {again}")
 # The limit is a rate (no netem here): the bandwidth findings are that pair's alone. Latency
 # findings are printed, not held to: four hosts' ranks share two cores, and a rank scheduled
 # late reads as a slow round trip on any pair.
 bw = sorted({tuple(sorted((s["host_a"], s["host_b"]))) for s in slow if s["metric"] == "bandwidth"})
-sys.exit(0 if bw == [("h2", "h3")] and not links.get("suspects") and not outliers else 1)
+# The slowed pair read slow in its round and again alone (a link measured again keeps the better
+# of its two figures: noise on another pair has to strike twice to name it).
+sys.exit(0 if bw == [("h2", "h3")] and ("h2", "h3") in again and not links.get("suspects") and not outliers else 1)
 EOF
     check "  bandwidth: h2 - h3 alone, no host, no CPU" $? "$(head -1 "$out/check-slow.txt")"
 }
@@ -469,10 +475,13 @@ causes = sorted({c["cause"] for o in mine for c in o["causes"]})
 worst = max((o["short_by"] for o in mine), default=0)
 noise = max((o["short_by"] for o in rest), default=0)
 explained = sorted({o["host"] for o in rest if o["causes"]})
-print(f"h3: {len(mine)} outliers, up to {worst:.0%} short, causes {causes}; others (the shared cores' noise): {len(rest)}, up to {noise:.0%}, with a cause: {explained or 'none'}")
-# The loaded host is the one named with a cause, and the one farthest short; the hosts that
-# share this machine's two cores are named too at times, but with no cause the probe can see.
-sys.exit(0 if mine and all(o["causes"] for o in mine) and not explained and worst > noise else 1)
+bare = [o["id"] for o in mine if not o["causes"]]
+print(f"h3: {len(mine)} outliers, up to {worst:.0%} short, causes {causes}{f' (none on {bare})' if bare else ''}; others (the shared cores' noise): {len(rest)}, up to {noise:.0%}, with a cause: {explained or 'none'}")
+# The loaded host is named with its cause and is the one farthest short; the hosts that share
+# this machine's two cores are named too at times, but with no cause the probe can see. (Not
+# every one of h3's outliers need carry the cause: the clock is measured once per thread count,
+# and on these shared cores one measurement can fall in a moment h3 had its share.)
+sys.exit(0 if causes and not explained and worst > noise else 1)
 EOF
     check "  h3 named, the one with a cause" $? "$(head -1 "$out/check-loaded.txt")"
 }
@@ -498,19 +507,15 @@ slurm_checks() {
     [ "$idle" = "4 h[1-4]" ]
     check "Slurm: four idle nodes" $? "sinfo from h3: $idle"
     local names
-    names=$(timeout 60 "$here/cluster.sh" slurm h1 srun -N4 hostname 2>&1 | sort | tr '\n' ' ')
+    names=$(timeout 60 "$here/cluster.sh" slurm h1 srun -N4 hostname 2>"$out/srun-hostname.log" | sort | tr '\n' ' ')
     [ "$names" = "h1 h2 h3 h4 " ]
     check "  srun -N4 hostname" $? "$names"
-    local m=$out/machine-srun.json
-    timeout 300 env -u ROOFLINE_FAKE_NODES "$here/cluster.sh" slurm h1 srun -N4 "$rl" probe --quick \
-        --only fma,comm --threads 1 --max-size 4M -o "$m" >"$out/probe-srun.log" 2>&1
-    local rc=$?
-    check "  srun -N4 roofline probe --quick" $rc "exit $rc"
-    [ "$rc" = 0 ] || tail -n 5 "$out/probe-srun.log" | sed 's/^/      /'
-    launched "$m" srun "$out/check-srun.txt"
+    [ "$names" = "h1 h2 h3 h4 " ] || tail -n 5 "$out/srun-hostname.log" | sed 's/^/      /'
+    probe_run "  srun -N4 roofline probe --quick" srun srun --only fma,comm --threads 1 --max-size 4M
+    launched "$out/machine-srun.json" srun "$out/check-srun.txt"
     check "    nodes and job from Slurm" $? "$(head -1 "$out/check-srun.txt")"
     # The batch script as the README gives it, its probe options from the environment.
-    local job
+    local job rc
     cp "$root/scripts/roofline.sbatch" "$state/bin/"
     job=$(timeout 300 env ROOFLINE="$rl" ROOFLINE_PROBE_ARGS="--quick --only fma,comm --threads 1 --max-size 4M" \
         "$here/cluster.sh" slurm h1 sbatch --parsable --wait --chdir="$out" "$state/bin/roofline.sbatch" 2>"$out/sbatch.err")
@@ -552,9 +557,11 @@ run_test() {
     rl=$state/bin/roofline
     # Each host is its own: a name and an address of its own, and a link to every other.
     local names
-    names=$(timeout 60 "$here/cluster.sh" mpi 1 4 hostname 2>&1 | sort | tr '\n' ' ')
+    # (mpirun's warnings go to its log: CI's runner gets a harmless "plm:rsh: setpgid failed".)
+    names=$(timeout 60 "$here/cluster.sh" mpi 1 4 hostname 2>"$out/names.log" | sort | tr '\n' ' ')
     [ "$names" = "h1 h2 h3 h4 " ]
     check "four hosts, four names" $? "$names"
+    [ "$names" = "h1 h2 h3 h4 " ] || tail -n 5 "$out/names.log" | sed 's/^/      /'
     # A TCP connection from h2 to h4's address, nothing else between them.
     "$here/cluster.sh" run h4 python3 -c 'import socket,sys; s=socket.socket(); s.bind((sys.argv[1],7777)); s.listen(1); c,a=s.accept(); c.sendall(a[0].encode())' "$net.4" &
     sleep 0.5
@@ -579,11 +586,14 @@ sys.exit(0 if hosts == ["h1", "h2", "h3", "h4"] and inter and pairs == 6 else 1)
 EOF
         check "  hosts, collectives and links over TCP" $? "$(head -1 "$out/check-$per.txt")"
     done
+    # Slurm before the faults: a host whose link is down answers no ping of slurmctld's, and
+    # a node marked not responding refuses jobs until a later ping finds it (a CI run's
+    # `srun -N4` after the link-down check: "Required node not available", then revoked).
+    slurm_checks "$rl" "$out"
     slow_link "$rl" "$out"
     killed_rank "$rl" "$out"
     link_down "$rl" "$out"
     loaded_host "$rl" "$out"
-    slurm_checks "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1
     local left

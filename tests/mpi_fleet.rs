@@ -83,7 +83,8 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     assert!(f.outliers.is_empty(), "{:?}\n{}", f.outliers, text(&o));
     assert!(String::from_utf8_lossy(&o.stdout).contains("outliers: none"));
     let links = f.links.as_ref().expect("the link matrix");
-    assert_eq!((links.links.len(), links.rounds), (3, 3));
+    let again = links.links.iter().filter(|k| k.again.is_some()).count();
+    assert_eq!((links.links.len(), links.rounds), (3, 3 + again));
     // (Nodes 0 and 2 share a core: their round trip is slower, which may name that one link's
     // latency, never a node.)
     assert!(links.suspects.is_empty(), "{:?}", links.suspects);
@@ -132,6 +133,11 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
     // and node 1 the suspect.
     let links = f.links.as_ref().expect("the link matrix");
     assert_eq!(slow_links(&loaded), [(0, 1), (1, 2)], "{:?}", links.links);
+    // Each measured again, alone, after the schedule's three rounds (and still slow).
+    for (a, b) in slow_links(&loaded) {
+        let again = links.link(a, b).and_then(|l| l.again);
+        assert!(again.is_some_and(|r| r >= 3), "{:?}", links.links);
+    }
     assert_eq!(
         links.suspects.iter().map(|s| s.node).collect::<Vec<_>>(),
         [1],
@@ -156,6 +162,11 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
         );
     }
     let table = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        table.contains("of them a slow link measured again, alone")
+            && table.contains("; slow again when measured alone"),
+        "{table}"
+    );
     assert!(
         table.contains("outliers (") && table.contains("lower measured clock"),
         "{table}"
@@ -207,7 +218,9 @@ fn the_link_rounds_cover_every_pair_and_a_hung_node_is_named() {
     assert!(o.status.success(), "{}", text(&o));
     let m = roofline_model::Machine::read(&out).unwrap();
     let l = fleet(&m).links.as_ref().unwrap();
-    assert_eq!((l.links.len(), l.rounds), (6, 3));
+    // Three rounds, and one more for each link that read slow (measured again, alone).
+    let again = l.links.iter().filter(|k| k.again.is_some()).count();
+    assert_eq!((l.links.len(), l.rounds), (6, 3 + again), "{:?}", l.links);
     let mut pairs: Vec<(usize, usize)> = l.links.iter().map(|k| (k.a, k.b)).collect();
     pairs.sort_unstable();
     assert_eq!(pairs, [(0, 1), (0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]);

@@ -87,6 +87,7 @@ fn links() -> Vec<Link> {
                     latency: s(2e-6),
                     bandwidth_ab: s(bw),
                     bandwidth_ba: s(bw),
+                    again: None,
                 }
             })
         })

@@ -162,6 +162,7 @@ mod tests {
                 latency: st(2e-6),
                 bandwidth_ab: st(if b == 4 { 2e9 } else { 1e10 }),
                 bandwidth_ba: st(1e10),
+                again: None,
             })
             .collect();
         let hosts: Vec<String> = (0..5).map(|i| format!("node-{i}")).collect();

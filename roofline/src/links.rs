@@ -72,9 +72,36 @@ pub struct Link {
     /// From a to b, and from b to a, B/s.
     pub bandwidth_ab: Stats,
     pub bandwidth_ba: Stats,
+    /// The round it was measured again in, alone (it read slow in its first round): each
+    /// figure is then the better of the two measurements ([`Link::better_of`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub again: Option<usize>,
 }
 
 impl Link {
+    /// The link measured twice, `self` in its round and `again` alone in a later one: each
+    /// figure (the latency, each direction's bandwidth) from the measurement whose median is
+    /// better. One unlucky reading (a rank scheduled late, a burst of other traffic) then names
+    /// no link; a slow cable reads slow both times and stays named.
+    pub fn better_of(&self, again: &Link) -> Link {
+        let pick = |x: &Stats, y: &Stats, higher: bool| {
+            if (y.median > x.median) == higher && y.median != x.median {
+                y.clone()
+            } else {
+                x.clone()
+            }
+        };
+        Link {
+            a: self.a,
+            b: self.b,
+            round: self.round,
+            latency: pick(&self.latency, &again.latency, false),
+            bandwidth_ab: pick(&self.bandwidth_ab, &again.bandwidth_ab, true),
+            bandwidth_ba: pick(&self.bandwidth_ba, &again.bandwidth_ba, true),
+            again: Some(again.round),
+        }
+    }
+
     /// The link's figure: the median sample (a link is judged by its typical message, not its
     /// luckiest), of the slower direction for the bandwidth.
     pub fn value(&self, metric: LinkMetric) -> f64 {
@@ -274,6 +301,21 @@ impl LinkMatrix {
         median(&typical).or_else(|| median(&all)).unwrap_or(0.0)
     }
 
+    /// The pairs to measure again, alone: those named slow (in either figure) and not yet
+    /// measured again, the farthest short first, at most `cap` (the rounds' time at most
+    /// doubled by them when `cap` is the number of rounds).
+    pub fn to_confirm(&self, cap: usize) -> Vec<(usize, usize)> {
+        let mut pairs: Vec<(usize, usize)> = Vec::new();
+        for s in &self.slow {
+            let measured_again = self.link(s.a, s.b).is_some_and(|l| l.again.is_some());
+            if !measured_again && !pairs.contains(&(s.a, s.b)) {
+                pairs.push((s.a, s.b));
+            }
+        }
+        pairs.truncate(cap);
+        pairs
+    }
+
     /// The link between nodes `a` and `b` (either order).
     pub fn link(&self, a: usize, b: usize) -> Option<&Link> {
         let (a, b) = (a.min(b), a.max(b));
@@ -297,7 +339,78 @@ mod tests {
             latency: stats(lat),
             bandwidth_ab: stats(bw),
             bandwidth_ba: stats(bw * 1.1),
+            again: None,
         }
+    }
+
+    /// A link that read slow once and typical when measured again is not named; one that
+    /// reads slow both times stays named, with both rounds recorded; the pairs to measure
+    /// again are the slow ones, farthest short first, each once, at most the cap.
+    #[test]
+    fn a_slow_reading_is_measured_again_and_one_unlucky_reading_names_nothing() {
+        let hosts: Vec<String> = (0..4).map(|i| format!("h{i}")).collect();
+        let mut links: Vec<Link> = rounds(4)
+            .into_iter()
+            .enumerate()
+            .flat_map(|(r, pairs)| {
+                pairs.into_iter().map(move |(a, b)| Link {
+                    round: r,
+                    ..link(a, b, 1e10, 2e-6)
+                })
+            })
+            .collect();
+        let at = |links: &[Link], a: usize, b: usize| {
+            links.iter().position(|l| (l.a, l.b) == (a, b)).unwrap()
+        };
+        let (cable, unlucky) = (at(&links, 1, 2), at(&links, 2, 3));
+        links[cable] = Link {
+            round: links[cable].round,
+            ..link(1, 2, 1e9, 2e-6)
+        };
+        links[unlucky].bandwidth_ab = stats(5e9);
+        links[unlucky].latency = stats(2.5e-6);
+        let judge = |links: &[Link]| {
+            LinkMatrix::judge(
+                hosts.clone(),
+                "m".into(),
+                1 << 20,
+                3,
+                1.0,
+                links.to_vec(),
+                0.1,
+            )
+        };
+        let first = judge(&links);
+        assert_eq!(
+            first.to_confirm(8),
+            vec![(1, 2), (2, 3)],
+            "{:?}",
+            first.slow
+        );
+        assert_eq!(first.to_confirm(1), vec![(1, 2)]);
+        // Measured again alone: the cable is as slow, the unlucky link typical.
+        let again = |l: &Link, bw: f64| Link {
+            round: 3,
+            ..link(l.a, l.b, bw, 2e-6)
+        };
+        let cable_round = links[cable].round;
+        links[cable] = links[cable].better_of(&again(&links[cable], 1.1e9));
+        links[unlucky] = links[unlucky].better_of(&again(&links[unlucky], 1e10));
+        assert_eq!(links[unlucky].bandwidth_ab.median, 1e10);
+        assert_eq!(links[unlucky].latency.median, 2e-6);
+        assert_eq!(
+            (links[cable].again, links[cable].round),
+            (Some(3), cable_round)
+        );
+        // Each figure its better reading: both directions from the second, the latency (equal)
+        // from the first.
+        assert_eq!(links[cable].bandwidth_ab.median, 1.1e9);
+        assert_eq!(links[cable].bandwidth_ba.median, 1.1e9 * 1.1);
+        let second = judge(&links);
+        let named: Vec<(usize, usize)> = second.slow.iter().map(|s| (s.a, s.b)).collect();
+        assert_eq!(named, vec![(1, 2)], "{:?}", second.slow);
+        // Measured again already: not again.
+        assert!(second.to_confirm(8).is_empty());
     }
 
     /// Every pair exactly once, disjoint pairs in a round, n − 1 rounds for even n (every

@@ -62,10 +62,16 @@ pub fn table(f: &Fleet) {
 
 /// One link matrix's summary line, its slow links and its suspect nodes.
 fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
+    let again = l.links.iter().filter(|k| k.again.is_some()).count();
     outln!(
-        "{what}: {} pairs in {} rounds ({:.1} s); median link {} and {} one way{}",
+        "{what}: {} pairs in {} rounds{} ({:.1} s); median link {} and {} one way{}",
         l.links.len(),
         l.rounds,
+        if again > 0 {
+            format!(" ({again} of them a slow link measured again, alone)")
+        } else {
+            String::new()
+        },
         l.seconds,
         figure(l.median_bandwidth, "B/s"),
         figure(l.median_latency, "s"),
@@ -80,7 +86,7 @@ fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
     }
     for s in &l.slow {
         outln!(
-            "  slow link {} – {}: {} {} against the median {} ({:.0}% {})",
+            "  slow link {} – {}: {} {} against the median {} ({:.0}% {}){}",
             s.host_a,
             s.host_b,
             s.metric.name(),
@@ -91,6 +97,11 @@ fn links(l: &roofline_model::links::LinkMatrix, what: &str) {
                 "above"
             } else {
                 "short"
+            },
+            if l.link(s.a, s.b).is_some_and(|k| k.again.is_some()) {
+                "; slow again when measured alone"
+            } else {
+                ""
             }
         );
     }

@@ -128,6 +128,7 @@ pub fn probe(
         let cfg = CommConfig {
             max_size: req.max_size,
             quick: req.quick,
+            margin: req.fleet_margin,
         };
         match world.comm_probe(&cfg, progress) {
             Ok(r) => comm = Some(r),
@@ -265,7 +266,7 @@ fn assemble(
 fn gpu_link_matrix(req: &Request, world: &World, run: LinkRun) -> LinkMatrix {
     let version = crate::comm::nccl::version().unwrap_or_default();
     let method = format!(
-        "NCCL {version} ncclSend/ncclRecv between the GPUs of the lowest ranks of every pair of nodes, device memory: half the round trip of 8 B as the host sees it ({} round trips), and windows of up to 16 messages of {} each way (at most 256 MiB), CUDA events on the sender once the receiver has posted, the last window checked on the receiver; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}",
+        "NCCL {version} ncclSend/ncclRecv between the GPUs of the lowest ranks of every pair of nodes, device memory: half the round trip of 8 B as the host sees it ({} round trips), and windows of up to 16 messages of {} each way (at most 256 MiB), CUDA events on the sender once the receiver has posted, the last window checked on the receiver; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}; a link that read slow measured again alone, in a round of its own, keeping the better of its two figures",
         if req.quick { 100 } else { 500 },
         crate::probe::cpu::human_bytes(run.bytes as f64),
         if run.in_turns {
@@ -301,10 +302,11 @@ fn links(
     let cfg = LinkConfig {
         bytes: req.max_size.min(if req.quick { 1 << 20 } else { 4 << 20 }),
         quick: req.quick,
+        margin,
     };
     let names = world.node_names();
     let method = format!(
-        "MPI point to point between the lowest ranks of every pair of nodes, host memory ({}): half the round trip of 8 B ({} round trips), and windows of {} messages each way, each window's last message checked; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}",
+        "MPI point to point between the lowest ranks of every pair of nodes, host memory ({}): half the round trip of 8 B ({} round trips), and windows of {} messages each way, each window's last message checked; a link's figure is its median sample (bandwidth: the slower direction); rounds of disjoint pairs (n − 1 rounds for n nodes){}; a link that read slow measured again alone, in a round of its own, keeping the better of its two figures",
         world.library,
         if req.quick { 100 } else { 500 },
         crate::probe::cpu::human_bytes(cfg.bytes as f64),

@@ -172,6 +172,7 @@ fn gpu_links_are_kept_validated_and_gated_beside_the_host_links() {
                 latency: s(2e-6),
                 bandwidth_ab: s(bw),
                 bandwidth_ba: s(bw),
+                again: None,
             }],
             0.1,
         )

@@ -9,13 +9,16 @@
 
 use super::probe::{pattern, window_exchange};
 use super::*;
-use roofline_model::links::{rounds, Link};
+use roofline_model::links::{rounds, Link, LinkMatrix};
 
 /// How the links are measured.
 pub struct LinkConfig {
     /// Bytes of one bandwidth message.
     pub bytes: usize,
     pub quick: bool,
+    /// The fleet's margin: a link short of the median link by more than it (plus its noise)
+    /// is measured again.
+    pub margin: f64,
 }
 
 /// What the root gets: the links, the rounds and their wall time.
@@ -97,7 +100,11 @@ impl World {
         self.rounds_with(cfg, progress, keep, &mut HostLinks)
     }
 
-    /// The link rounds over `transport` (MPI between host buffers, or NCCL between GPUs).
+    /// The link rounds over `transport` (MPI between host buffers, or NCCL between GPUs):
+    /// the schedule's rounds, then each link that read slow measured again in a round of its
+    /// own (at most as many rounds again as the schedule has, the farthest short first),
+    /// keeping the better of its two figures ([`Link::better_of`]): one unlucky reading names
+    /// no link.
     pub(super) fn rounds_with(
         &self,
         cfg: &LinkConfig,
@@ -110,110 +117,215 @@ impl World {
             self.wait_all("the end of the link rounds");
             return Ok(None);
         };
-        let names = self.node_names();
         let schedule = rounds(nodes);
         let start = Instant::now();
-        let me = inter.rank();
-        let node_of_rank = |r: usize| self.layout.node_of.get(r).copied().unwrap_or(0);
         let mut links = Vec::new();
         progress.begin(schedule.len() as u64);
         for (round, pairs) in schedule.iter().enumerate() {
             if self.is_root() {
                 keep(&links, round, schedule.len());
             }
-            progress.advance(&format!(
-                "{}links: round {} of {}",
-                transport.prefix(),
-                round + 1,
-                schedule.len()
-            ));
             let label = format!(
                 "{}link round {} of {}",
                 transport.prefix(),
                 round + 1,
                 schedule.len()
             );
-            let partner = |n: usize| {
-                pairs
-                    .iter()
-                    .find(|(a, b)| *a == n || *b == n)
-                    .map(|&(a, b)| if a == n { b } else { a })
-            };
-            let name = |r: usize| {
-                let n = node_of_rank(r);
-                let with = partner(n)
-                    .map(|p| format!(", to be paired with node {p} ({})", names[p]))
-                    .unwrap_or_default();
-                format!("rank {r} (node {n}, {}{with})", names[n])
-            };
-            arrival_named(inter, &label, self.timeout, &name)?;
-            // Pretend nodes share one host's cores: their pairs take turns.
-            let turns: Vec<&[(usize, usize)]> = if self.layout.fake {
-                pairs.chunks(1).collect()
-            } else {
-                vec![&pairs[..]]
-            };
-            let mut half = None;
-            for turn in turns {
-                if let Some(&(a, b)) = turn.iter().find(|(a, b)| *a == me || *b == me) {
-                    let pair = format!(
-                        "{label}: node {a} ({}) and node {b} ({})",
-                        names[a], names[b]
-                    );
-                    half = Some(measure_pair(inter, me, a, b, cfg, &pair, transport)?);
-                }
-                if self.layout.fake {
-                    relaxed_barrier(&inter.comm, &label, None);
-                }
+            progress.advance(&format!(
+                "{}links: round {} of {}",
+                transport.prefix(),
+                round + 1,
+                schedule.len()
+            ));
+            links.extend(self.round(inter, pairs, round, &label, cfg, transport)?);
+        }
+        // The slow ones again, each alone, until none is left unconfirmed (a link measured
+        // again moves the median link, which may name another), as many rounds again as the
+        // schedule had, or three judgements (each of a large fleet's takes a moment).
+        let mut total = schedule.len();
+        for _ in 0..3 {
+            if total >= 2 * schedule.len() {
+                break;
             }
-            watchdog::arm(&format!("gathering the results of {label}"));
-            let bytes = half.as_ref().map(Half::to_bytes).unwrap_or_default();
-            let gathered = self.gather_from_leaders(&bytes);
-            watchdog::disarm();
-            if let Some(all) = gathered {
-                let halves: Vec<Half> = all.iter().filter_map(|b| Half::from_bytes(b)).collect();
-                for &(a, b) in pairs {
-                    let from_a = halves
-                        .iter()
-                        .find(|h| h.a == a && h.b == b && !h.latency.is_empty());
-                    let from_b = halves
-                        .iter()
-                        .find(|h| h.a == a && h.b == b && h.latency.is_empty());
-                    let (Some(ha), Some(hb)) = (from_a, from_b) else {
-                        return Err(CommError::WrongResult(format!(
-                            "{label}: the results of node {a} ({}) and node {b} ({}) did not both arrive",
-                            names[a], names[b]
-                        )));
-                    };
-                    let stats = |v: &[f64], what: &str| {
-                        Stats::from_samples(v).ok_or_else(|| {
-                            CommError::WrongResult(format!(
-                                "{label}: node {a} and node {b}: no valid {what} sample"
-                            ))
-                        })
-                    };
-                    links.push(Link {
-                        a,
-                        b,
-                        round,
-                        latency: stats(&ha.latency, "latency")?,
-                        bandwidth_ab: stats(&ha.sent, "bandwidth")?,
-                        bandwidth_ba: stats(&hb.sent, "bandwidth")?,
-                    });
+            let again = self.to_confirm(inter, &links, cfg, 2 * schedule.len() - total, transport);
+            if again.is_empty() {
+                break;
+            }
+            progress.begin(again.len() as u64);
+            let planned = total + again.len();
+            for (k, &pair) in again.iter().enumerate() {
+                let round = total;
+                total += 1;
+                if self.is_root() {
+                    keep(&links, round, planned);
+                }
+                let label = format!(
+                    "{}link round {} of {planned} (a slow link measured again, alone)",
+                    transport.prefix(),
+                    round + 1,
+                );
+                progress.advance(&format!(
+                    "{}links: a slow link again, {} of {}",
+                    transport.prefix(),
+                    k + 1,
+                    again.len()
+                ));
+                for second in self.round(inter, &[pair], round, &label, cfg, transport)? {
+                    if let Some(l) = links
+                        .iter_mut()
+                        .find(|l| (l.a, l.b) == (second.a, second.b))
+                    {
+                        *l = l.better_of(&second);
+                    }
                 }
             }
         }
         if self.is_root() {
-            keep(&links, schedule.len(), schedule.len());
+            keep(&links, total, total);
         }
         self.wait_all("the end of the link rounds");
         Ok(self.is_root().then(|| LinkRun {
             links,
-            rounds: schedule.len(),
+            rounds: total,
             seconds: start.elapsed().as_secs_f64(),
             in_turns: self.layout.fake,
             bytes: cfg.bytes.max(1),
         }))
+    }
+
+    /// The pairs to measure again (at most `cap`), judged on the root from the links so far
+    /// and told to every node of `inter`.
+    fn to_confirm(
+        &self,
+        inter: &Group,
+        links: &[Link],
+        cfg: &LinkConfig,
+        cap: usize,
+        transport: &dyn Transport,
+    ) -> Vec<(usize, usize)> {
+        let mut encoded: Vec<u64> = Vec::new();
+        if self.is_root() {
+            let judged = LinkMatrix::judge(
+                self.node_names(),
+                String::new(),
+                cfg.bytes,
+                0,
+                0.0,
+                links.to_vec(),
+                cfg.margin,
+            );
+            encoded = judged
+                .to_confirm(cap)
+                .into_iter()
+                .flat_map(|(a, b)| [a as u64, b as u64])
+                .collect();
+        }
+        let mut count = encoded.len() as u64;
+        watchdog::arm(&format!(
+            "{}the links to measure again, from the root",
+            transport.prefix()
+        ));
+        inter.comm.process_at_rank(0).broadcast_into(&mut count);
+        encoded.resize(count as usize, 0);
+        inter
+            .comm
+            .process_at_rank(0)
+            .broadcast_into(&mut encoded[..]);
+        watchdog::disarm();
+        encoded
+            .chunks_exact(2)
+            .map(|p| (p[0] as usize, p[1] as usize))
+            .collect()
+    }
+
+    /// One round on every node of `inter`: the arrival check, the `pairs` measured (at once,
+    /// or in turns for pretend nodes), the halves gathered; the root gets the round's links
+    /// (nothing elsewhere). `label` names the round for the watchdog and errors.
+    fn round(
+        &self,
+        inter: &Group,
+        pairs: &[(usize, usize)],
+        round: usize,
+        label: &str,
+        cfg: &LinkConfig,
+        transport: &mut dyn Transport,
+    ) -> Result<Vec<Link>, CommError> {
+        let names = self.node_names();
+        let me = inter.rank();
+        let node_of_rank = |r: usize| self.layout.node_of.get(r).copied().unwrap_or(0);
+        let partner = |n: usize| {
+            pairs
+                .iter()
+                .find(|(a, b)| *a == n || *b == n)
+                .map(|&(a, b)| if a == n { b } else { a })
+        };
+        let name = |r: usize| {
+            let n = node_of_rank(r);
+            let with = partner(n)
+                .map(|p| format!(", to be paired with node {p} ({})", names[p]))
+                .unwrap_or_default();
+            format!("rank {r} (node {n}, {}{with})", names[n])
+        };
+        arrival_named(inter, label, self.timeout, &name)?;
+        // Pretend nodes share one host's cores: their pairs take turns.
+        let turns: Vec<&[(usize, usize)]> = if self.layout.fake {
+            pairs.chunks(1).collect()
+        } else {
+            vec![pairs]
+        };
+        let mut half = None;
+        for turn in turns {
+            if let Some(&(a, b)) = turn.iter().find(|(a, b)| *a == me || *b == me) {
+                let pair = format!(
+                    "{label}: node {a} ({}) and node {b} ({})",
+                    names[a], names[b]
+                );
+                half = Some(measure_pair(inter, me, a, b, cfg, &pair, transport)?);
+            }
+            if self.layout.fake {
+                relaxed_barrier(&inter.comm, label, None);
+            }
+        }
+        watchdog::arm(&format!("gathering the results of {label}"));
+        let bytes = half.as_ref().map(Half::to_bytes).unwrap_or_default();
+        let gathered = self.gather_from_leaders(&bytes);
+        watchdog::disarm();
+        let mut links = Vec::new();
+        let Some(all) = gathered else {
+            return Ok(links);
+        };
+        let halves: Vec<Half> = all.iter().filter_map(|b| Half::from_bytes(b)).collect();
+        for &(a, b) in pairs {
+            let from_a = halves
+                .iter()
+                .find(|h| h.a == a && h.b == b && !h.latency.is_empty());
+            let from_b = halves
+                .iter()
+                .find(|h| h.a == a && h.b == b && h.latency.is_empty());
+            let (Some(ha), Some(hb)) = (from_a, from_b) else {
+                return Err(CommError::WrongResult(format!(
+                    "{label}: the results of node {a} ({}) and node {b} ({}) did not both arrive",
+                    names[a], names[b]
+                )));
+            };
+            let stats = |v: &[f64], what: &str| {
+                Stats::from_samples(v).ok_or_else(|| {
+                    CommError::WrongResult(format!(
+                        "{label}: node {a} and node {b}: no valid {what} sample"
+                    ))
+                })
+            };
+            links.push(Link {
+                a,
+                b,
+                round,
+                latency: stats(&ha.latency, "latency")?,
+                bandwidth_ab: stats(&ha.sent, "bandwidth")?,
+                bandwidth_ba: stats(&hb.sent, "bandwidth")?,
+                again: None,
+            });
+        }
+        Ok(links)
     }
 }
 

@@ -105,11 +105,11 @@ pub struct World {
     _universe: mpi::environment::Universe,
 }
 
-/// The name of this process's node: Slurm's where Slurm started it (or the daemon that did),
-/// else MPI's processor name (the host name).
-fn host() -> String {
-    super::Launch::here()
-        .and_then(|l| l.node_name)
+/// The name of this process's node: Slurm's where Slurm started it (or the daemon that did:
+/// `launch`), else MPI's processor name (the host name).
+fn host(launch: Option<&super::Launch>) -> String {
+    launch
+        .and_then(|l| l.node_name.clone())
         .unwrap_or_else(|| mpi::environment::processor_name().unwrap_or_else(|_| "?".into()))
 }
 
@@ -130,7 +130,8 @@ impl World {
         let rank = world.rank() as usize;
         let size = world.size() as usize;
         // Tasks that srun started without a PMI(x) server for MPI are each a world of one.
-        if let Some(l) = super::Launch::here().filter(|l| l.size != size) {
+        let launch = super::Launch::here();
+        if let Some(l) = launch.as_ref().filter(|l| l.size != size) {
             return Err(CommError::Setup(format!(
                 "{} started {} ranks but MPI sees a world of {size}: each rank ran alone{}",
                 l.by.as_str(),
@@ -144,7 +145,7 @@ impl World {
         }
         // Every rank's host name, fixed 256-byte records.
         let mut name = [0u8; 256];
-        let h = host();
+        let h = host(launch.as_ref());
         let n = h.len().min(255);
         name[..n].copy_from_slice(&h.as_bytes()[..n]);
         let mut all = vec![0u8; 256 * size];

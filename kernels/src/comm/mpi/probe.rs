@@ -264,10 +264,10 @@ impl World {
         }
         if self.layout.nodes() > 1 {
             // The GPU link matrix: long messages (fast links need them to reach their rate).
-            let bytes = cfg.max_size.min(if cfg.quick { 8 << 20 } else { 64 << 20 });
             let links = super::LinkConfig {
-                bytes,
+                bytes: cfg.max_size.min(if cfg.quick { 8 << 20 } else { 64 << 20 }),
                 quick: cfg.quick,
+                margin: cfg.margin,
             };
             out.gpu_links = self.gpu_link_rounds(&comm, &links, progress)?;
         }
@@ -310,6 +310,8 @@ impl World {
 pub struct CommConfig {
     pub max_size: usize,
     pub quick: bool,
+    /// `--fleet-margin`: a GPU link short of the median link by more is measured again.
+    pub margin: f64,
 }
 
 /// What the root reports.
