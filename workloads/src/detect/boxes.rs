@@ -92,6 +92,23 @@ pub fn nms(boxes: &[BBox], scores: &[f64], threshold: f64) -> Vec<usize> {
     keep
 }
 
+/// The indices of the `k` highest `scores`, best first, ties by the lower index: exactly a full
+/// sort's first `k`, in O(n + k log k) (a selection on that total order, then a sort of the k
+/// selected). A level of the pyramid holds ~500,000 anchors an image, of which 2000 are kept.
+pub fn top_k(scores: &[f64], k: usize) -> Vec<usize> {
+    let order = |a: &usize, b: &usize| scores[*b].total_cmp(&scores[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..scores.len()).collect();
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, order);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(order);
+    idx
+}
+
 /// Anchors of one feature level: for every cell (row-major), every size × aspect ratio
 /// (height / width), centred on the cell's centre `((x + ½)·stride, (y + ½)·stride)`, of area
 /// size² (width = size / √ratio, height = size · √ratio).
@@ -162,6 +179,21 @@ mod tests {
         // A looser threshold keeps box 0 (IoU 0.68 with box 1 < 0.7), not box 3 (0.9 with 0).
         assert_eq!(nms(&b, &s, 0.7), vec![1, 0, 2]);
         assert!(nms(&[], &[], 0.5).is_empty());
+    }
+
+    /// The first k of a stable full sort (best first, ties by the lower index), for every k,
+    /// with many ties and with NaN.
+    #[test]
+    fn top_k_is_a_full_sorts_first_k() {
+        let mut rng = crate::data::Rng::new(7);
+        let mut scores: Vec<f64> = (0..500).map(|_| (rng.normal() * 4.0).round()).collect();
+        scores[17] = f64::NAN;
+        let mut full: Vec<usize> = (0..scores.len()).collect();
+        full.sort_by(|&a, &b| scores[b].total_cmp(&scores[a]));
+        for k in [0, 1, 2, 9, 100, 499, 500, 501, 5000] {
+            assert_eq!(top_k(&scores, k), full[..k.min(500)], "k = {k}");
+        }
+        assert!(top_k(&[], 3).is_empty());
     }
 
     #[test]

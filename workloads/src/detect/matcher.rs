@@ -36,43 +36,50 @@ impl Matcher {
         allow_best: false,
     };
 
+    /// Each candidate's label.
     pub fn assign(&self, candidates: &[BBox], truth: &[BBox]) -> Vec<Label> {
-        if truth.is_empty() {
-            return vec![Label::Bg; candidates.len()];
+        self.assign_chunks(&[candidates], truth)
+    }
+
+    /// The labels of the candidates of every chunk in turn (a pyramid's levels of anchors:
+    /// no concatenated copy of ~660,000 anchors). Two passes over the candidates × truth
+    /// overlaps, recomputed rather than kept (a kept matrix of an image's anchors is ~50 MB):
+    /// the first finds each candidate's best truth box and each truth box's best overlap, the
+    /// second gives the candidates at that best to the truth box (the last one, where several).
+    pub fn assign_chunks(&self, chunks: &[&[BBox]], truth: &[BBox]) -> Vec<Label> {
+        let g = truth.len();
+        let all = chunks.iter().flat_map(|c| c.iter());
+        if g == 0 {
+            return all.map(|_| Label::Bg).collect();
         }
-        let overlaps: Vec<Vec<f64>> = candidates
-            .iter()
-            .map(|c| truth.iter().map(|t| iou(c, t)).collect())
-            .collect();
-        let mut labels: Vec<Label> = overlaps
-            .iter()
-            .map(|o| {
-                let (g, best) = o
-                    .iter()
-                    .enumerate()
-                    .fold(
-                        (0, f64::NEG_INFINITY),
-                        |a, (i, &v)| if v > a.1 { (i, v) } else { a },
-                    );
-                if best >= self.high {
-                    Label::Fg(g)
-                } else if best < self.low {
+        let mut best = vec![0.0f64; g];
+        let mut labels: Vec<Label> = all
+            .clone()
+            .map(|c| {
+                let (mut j, mut top) = (0, f64::NEG_INFINITY);
+                for (i, t) in truth.iter().enumerate() {
+                    let v = iou(c, t);
+                    if v > top {
+                        (j, top) = (i, v);
+                    }
+                    best[i] = best[i].max(v);
+                }
+                if top >= self.high {
+                    Label::Fg(j)
+                } else if top < self.low {
                     Label::Bg
                 } else {
                     Label::Ignore
                 }
             })
             .collect();
-        if self.allow_best {
-            for g in 0..truth.len() {
-                let best = overlaps.iter().map(|o| o[g]).fold(0.0, f64::max);
-                if best <= 0.0 {
-                    continue;
-                }
-                for (c, o) in overlaps.iter().enumerate() {
-                    if o[g] == best {
-                        labels[c] = Label::Fg(g);
-                    }
+        if self.allow_best && best.iter().any(|&b| b > 0.0) {
+            for (c, label) in all.zip(labels.iter_mut()) {
+                if let Some(j) = (0..g)
+                    .rev()
+                    .find(|&j| best[j] > 0.0 && iou(c, &truth[j]) == best[j])
+                {
+                    *label = Label::Fg(j);
                 }
             }
         }
@@ -87,9 +94,14 @@ pub fn sample(labels: &mut [Label], total: usize, fraction: f64, rng: &mut Rng) 
         if idx.len() <= keep {
             return idx.len();
         }
-        let order = rng.permutation(idx.len());
-        for &o in &order[keep..] {
-            labels[idx[o]] = Label::Ignore;
+        let mut chosen = vec![false; idx.len()];
+        for o in rng.choose(idx.len(), keep) {
+            chosen[o] = true;
+        }
+        for (&i, kept) in idx.iter().zip(chosen) {
+            if !kept {
+                labels[i] = Label::Ignore;
+            }
         }
         keep
     };

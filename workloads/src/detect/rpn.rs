@@ -1,10 +1,10 @@
 //! The region proposal network: a head shared by every pyramid level (a 3×3 convolution with
 //! ReLU, then 1×1 convolutions to A objectness logits and 4A box deltas per cell, all with
 //! biases) and the proposals it makes (deltas decoded onto the anchors, clipped, tiny boxes
-//! dropped, the best `pre_nms` of each level kept, non-maximum suppression over all levels, the
-//! best `post_nms` kept).
+//! dropped, the best `pre_nms` of each level kept, non-maximum suppression within each level as
+//! torchvision's `batched_nms`, the best `post_nms` of all levels kept).
 
-use super::boxes::{clip, nms, BBox, Coder};
+use super::boxes::{clip, nms, top_k, BBox, Coder};
 use crate::conv::{self, ConvShape};
 use crate::layers::Param;
 use crate::tensor::{Float, Tensor};
@@ -165,7 +165,12 @@ pub struct ProposalRule {
 
 /// The proposals of image `n`: (box, objectness logit), best first. `outputs[l]` and
 /// `anchors[l]` are level l's head outputs and anchors (cell-major, A per cell, as
-/// `boxes::anchors` lays them out); boxes are clipped to `width × height`.
+/// `boxes::anchors` lays them out); boxes are clipped to `width × height`. Per level: the best
+/// `pre_nms` anchors by a selection ([`top_k`], not a sort of the ~500,000), decoded, clipped,
+/// tiny boxes dropped, then NMS within the level (a box suppresses only boxes of its own level,
+/// as torchvision's `batched_nms` with the level as the category); then every level's kept
+/// boxes ranked together by logit (ties: the lower level, then the better rank within it) and
+/// the best `post_nms` kept.
 pub fn proposals<T: Float>(
     outputs: &[(Tensor<T>, Tensor<T>)],
     anchors: &[Vec<BBox>],
@@ -175,18 +180,18 @@ pub fn proposals<T: Float>(
     rule: &ProposalRule,
 ) -> Vec<(BBox, f64)> {
     let coder = Coder::new([1.0, 1.0, 1.0, 1.0]);
-    let mut all: Vec<(BBox, f64)> = Vec::new();
-    for ((logits, deltas), anc) in outputs.iter().zip(anchors) {
+    // (logit, level, rank in the level's NMS order, box)
+    let mut kept: Vec<(f64, usize, usize, BBox)> = Vec::new();
+    for (level, ((logits, deltas), anc)) in outputs.iter().zip(anchors).enumerate() {
         let per = logits.h * logits.w * logits.c;
         assert_eq!(per, anc.len(), "anchors of a level");
         let base = n * per;
-        let mut idx: Vec<usize> = (0..per).collect();
-        idx.sort_by(|&a, &b| {
-            logits.data[base + b]
-                .to_f64()
-                .total_cmp(&logits.data[base + a].to_f64())
-        });
-        for &i in idx.iter().take(rule.pre_nms) {
+        let scores: Vec<f64> = logits.data[base..base + per]
+            .iter()
+            .map(|v| v.to_f64())
+            .collect();
+        let (mut boxes, mut best) = (Vec::new(), Vec::new());
+        for i in top_k(&scores, rule.pre_nms) {
             let d = &deltas.data[(base + i) * 4..(base + i) * 4 + 4];
             let b = clip(
                 &coder.decode(
@@ -197,16 +202,18 @@ pub fn proposals<T: Float>(
                 height,
             );
             if b[2] - b[0] >= rule.min_size && b[3] - b[1] >= rule.min_size {
-                all.push((b, logits.data[base + i].to_f64()));
+                boxes.push(b);
+                best.push(scores[i]);
             }
         }
+        for (rank, i) in nms(&boxes, &best, rule.nms).into_iter().enumerate() {
+            kept.push((best[i], level, rank, boxes[i]));
+        }
     }
-    let boxes: Vec<BBox> = all.iter().map(|p| p.0).collect();
-    let scores: Vec<f64> = all.iter().map(|p| p.1).collect();
-    nms(&boxes, &scores, rule.nms)
-        .into_iter()
+    kept.sort_unstable_by(|x, y| y.0.total_cmp(&x.0).then(x.1.cmp(&y.1)).then(x.2.cmp(&y.2)));
+    kept.into_iter()
         .take(rule.post_nms)
-        .map(|i| all[i])
+        .map(|(score, _, _, b)| (b, score))
         .collect()
 }
 
@@ -302,6 +309,41 @@ mod tests {
             1
         );
     }
+
+    /// Two levels whose anchors coincide: NMS runs within a level (as torchvision's
+    /// `batched_nms`), so a box of one level never suppresses the other level's; `pre_nms`
+    /// caps each level; the levels' kept boxes are ranked together by logit; the second image
+    /// of the batch reads its own logits.
+    #[test]
+    fn nms_runs_per_level_and_the_levels_are_ranked_together() {
+        let anc = anchors(1, 3, 16.0, &[32.0], &[1.0]);
+        let level = |scores: [f64; 6]| {
+            let mut logits = Tensor::<f64>::zeros(2, 1, 3, 1);
+            logits.data = scores.to_vec();
+            (logits, Tensor::<f64>::zeros(2, 1, 3, 4))
+        };
+        let outputs = [
+            level([0.9, 0.8, 0.1, 0.0, 0.0, 0.0]),
+            level([0.85, 0.2, 0.7, 0.0, 0.5, 0.0]),
+        ];
+        let both = [anc.clone(), anc.clone()];
+        let rule = ProposalRule {
+            pre_nms: 2,
+            post_nms: 10,
+            nms: 0.3,
+            min_size: 1.0,
+        };
+        let p = proposals(&outputs, &both, 0, 48.0, 16.0, &rule);
+        let scores: Vec<f64> = p.iter().map(|x| x.1).collect();
+        // Level 0: cells 0 and 1 are its best two; cell 1 overlaps cell 0 (IoU ⅓): gone.
+        // Level 1: cells 0 and 2 (0.85, 0.7), apart. Cell 0 of level 1 is level 0's cell 0's
+        // box, kept all the same.
+        assert_eq!(scores, vec![0.9, 0.85, 0.7], "{p:?}");
+        assert_eq!(p[0].0, p[1].0, "the same box from two levels");
+        // Image 1: level 1's cell 1 alone scores.
+        let p = proposals(&outputs, &both, 1, 48.0, 16.0, &rule);
+        assert_eq!(p[0].1, 0.5);
+    }
 }
 
 /// The region proposal network's losses over a batch (torchvision's normalisation): per image,
@@ -331,27 +373,25 @@ pub fn rpn_loss<T: Float>(
             )
         })
         .collect();
-    // (level, index within the level) of every anchor, in the order they are concatenated.
-    let flat: Vec<(usize, usize)> = anchors
-        .iter()
-        .enumerate()
-        .flat_map(|(l, a)| (0..a.len()).map(move |i| (l, i)))
-        .collect();
-    let all: Vec<BBox> = anchors.iter().flatten().copied().collect();
+    let levels: Vec<&[BBox]> = anchors.iter().map(Vec::as_slice).collect();
     let mut rng = crate::data::Rng::new(seed);
     // Per sampled anchor: (level, flat index in the level's outputs, target, box target).
     let mut picked: Vec<(usize, usize, f64, Option<[f64; 4]>)> = Vec::new();
     for (n, t) in truth.iter().enumerate() {
-        let mut labels = Matcher::RPN.assign(&all, t);
+        let mut labels = Matcher::RPN.assign_chunks(&levels, t);
         sample(&mut labels, per_image, 0.5, &mut rng);
-        for (a, lab) in labels.iter().enumerate() {
-            let (l, i) = flat[a];
-            let at = n * anchors[l].len() + i;
-            match lab {
-                Label::Fg(g) => picked.push((l, at, 1.0, Some(coder.encode(&all[a], &t[*g])))),
-                Label::Bg => picked.push((l, at, 0.0, None)),
-                Label::Ignore => {}
+        // The labels run over the levels in turn.
+        let mut first = 0;
+        for (l, anc) in anchors.iter().enumerate() {
+            for (i, lab) in labels[first..first + anc.len()].iter().enumerate() {
+                let at = n * anc.len() + i;
+                match lab {
+                    Label::Fg(g) => picked.push((l, at, 1.0, Some(coder.encode(&anc[i], &t[*g])))),
+                    Label::Bg => picked.push((l, at, 0.0, None)),
+                    Label::Ignore => {}
+                }
             }
+            first += anc.len();
         }
     }
     let count = picked.len().max(1) as f64;
