@@ -205,16 +205,20 @@ run() {
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
-    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-place; then
+    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-place; then
         # The detector: every GPU layer and a whole step of a small detector against the CPU,
         # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
         # placement on the GPU roofline (table in the log).
         step ewa-check 240 "$rl" train --workload ewa --device cuda --check
         step ewa-check-bf16 240 "$rl" train --workload ewa --device cuda --precision bf16 --check
-        for p in f32 bf16; do
-            step "ewa-$p" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --batch 2 --train-images 8 --eval-images 2 --steps 12 --json >'$out/ewa-$p.json'"
-            [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
-            rm -f "$out/ewa-$p.json"
+        # At our nine anchors a cell, then at torchvision's default three (--anchors 3): the
+        # summary holds each to torchvision's Faster R-CNN at the same configuration.
+        for a in 9 3; do
+            for p in f32 bf16; do
+                step "ewa-$p-a$a" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --anchors $a --batch 2 --train-images 8 --eval-images 2 --steps 12 --json >'$out/ewa-$p.json'"
+                [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
+                rm -f "$out/ewa-$p.json"
+            done
         done
         step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
     fi

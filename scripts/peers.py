@@ -281,7 +281,10 @@ def summary(args):
     for line in open(args.train):
         if line.strip():
             t = json.loads(line)
-            (ewa if t.get("workload") == "ewa" else train)[t.get("precision")] = t
+            if t.get("workload") == "ewa":
+                ewa[(t.get("precision"), t.get("anchors_per_cell", 9))] = t
+            else:
+                train[t.get("precision")] = t
             if t.get("workload") != "ewa":
                 runs[(t.get("precision"), t.get("batch"))] = t
     # The idle share of a placement (its step's time not computing, communicating or waiting
@@ -338,30 +341,29 @@ def summary(args):
             "cuda_graph_why": graph.get("why"),
         })
     ewa_records = []
-    for prec in ["f32", "bf16"]:
-        t = ewa.get(prec, {})
-        ours = t.get("steady_images_per_second")
-        # FLOP/s by our count (our detector's step at 768x1152: 9 anchors a cell; at 3, the
-        # RPN head's two 1x1 convolutions make 3/9 of their outputs, ~3.4 GFLOP less an image).
-        per_image = t.get("flops_step_per_image_at_768x1152")
-        for key, what, short in [("ewa", "our anchors", "ours"),
-                                 ("ewa_torchvision", "torchvision's defaults", "defaults")]:
+    # Each row the same work on both sides: our detector at nine anchors a cell against
+    # torchvision at our configuration, and at three (--anchors 3) against torchvision's
+    # defaults; FLOP/s by our count of that configuration's step at 768x1152.
+    for anchors, key, short in [(9, "ewa", "ours"), (3, "ewa_torchvision", "defaults")]:
+        for prec in ["f32", "bf16"]:
+            t = ewa.get((prec, anchors), {})
+            ours = t.get("steady_images_per_second")
+            per_image = t.get("flops_step_per_image_at_768x1152")
             p = peers.get(key, {}).get(prec, {})
             theirs = p.get("images_per_second")
-            row(f"EWA {prec}, torchvision {short}", ours, theirs, "img/s", 1.0)
-            if per_image and theirs:
-                print(f"  torchvision at {what}: {theirs * per_image / 1e12:.1f} TFLOP/s by our count "
-                      f"({p.get('anchors_per_cell')} anchors a cell)")
-        if per_image and ours:
-            print(f"  roofline {prec}: {ours * per_image / 1e12:.1f} TFLOP/s by our count; "
-                  f"{t.get('host_syncs_per_step')} host syncs a step")
-        ewa_records.append({
-            "precision": prec, "batch": t.get("batch"), "images_per_second": ours,
-            "flops_per_image": per_image,
-            "torchvision_our_anchors_images_per_second": peers.get("ewa", {}).get(prec, {}).get("images_per_second"),
-            "torchvision_defaults_images_per_second": peers.get("ewa_torchvision", {}).get(prec, {}).get("images_per_second"),
-            "host_syncs_per_step": t.get("host_syncs_per_step"),
-        })
+            row(f"EWA {prec}, {anchors} anchors ({short})", ours, theirs, "img/s", 1.0)
+            if per_image:
+                flops = lambda r: f"{r * per_image / 1e12:.1f}" if r else "-"
+                print(f"  TFLOP/s by our count: roofline {flops(ours)}, torchvision {flops(theirs)}; "
+                      f"{t.get('host_syncs_per_step')} host syncs a step")
+            ewa_records.append({
+                "precision": prec, "anchors_per_cell": anchors, "batch": t.get("batch"),
+                "images_per_second": ours, "torchvision_images_per_second": theirs,
+                "torchvision_config": p.get("config"),
+                "ratio": ours / theirs if ours and theirs else None,
+                "flops_per_image": per_image,
+                "host_syncs_per_step": t.get("host_syncs_per_step"),
+            })
     import conv_peers
     conv_lines, conv_records = conv_peers.summary(m, peers)
     for line in conv_lines:

@@ -187,6 +187,7 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         target_map: None,
         eval_every: None,
         classes: a.classes,
+        anchors: 9,
         width: a.width.unwrap_or(if off { 1.0 } else { 0.125 }),
         depth,
         version: Version::V1,

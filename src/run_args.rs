@@ -63,6 +63,10 @@ pub struct RunArgs {
     /// resnet50: classes (ewa has its four weather classes).
     #[arg(long, default_value_t = 1000)]
     pub classes: usize,
+    /// ewa: anchors a cell on every pyramid level: 9 (three sizes × three ratios, the paper's
+    /// model) or 3 (one size × three ratios, torchvision's default).
+    #[arg(long, default_value_t = 9, value_name = "N")]
+    pub anchors: usize,
     /// Width multiplier of the backbone (1 = ResNet-50; 0.25 for small test models); for ewa
     /// the pyramid (256) and box head (1024) scale with it.
     #[arg(long, default_value_t = 1.0, allow_negative_numbers = true)]
@@ -183,6 +187,7 @@ impl RunArgs {
             target_map: self.target_map,
             eval_every: self.eval_every,
             classes: self.classes,
+            anchors: self.anchors,
             width: self.width,
             depth,
             version: self.version,

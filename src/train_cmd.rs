@@ -293,7 +293,7 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
         "FLOPs per image per step: {} ({} forward); the full model at 768×1152: {} (the paper: 691 G, measured with nvprof)",
         si(s.flops_step_per_image),
         si(s.flops_forward_per_image),
-        si(report::ewa_full_size_flops())
+        si(report::ewa_full_size_flops(cfg.model.scales))
     );
     outln!(
         "  {}",

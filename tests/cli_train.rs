@@ -342,6 +342,15 @@ fn ewa_trains_and_scores() {
             "64x64",
         ),
         (vec!["train", "--resolution", "12y"], "HxW"),
+        // Refused before any data is written.
+        (
+            vec!["train", "--workload", "ewa", "--anchors", "5"],
+            "a cell has 9 anchors",
+        ),
+        (
+            vec!["train", "--workload", "resnet50", "--anchors", "3"],
+            "--anchors 3 is ewa's",
+        ),
         (
             vec!["train", "--workload", "ewa", "--data", "/nonexistent"],
             "no such file",

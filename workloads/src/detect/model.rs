@@ -34,9 +34,12 @@ pub struct DetectorConfig {
     pub in_channels: usize,
     /// Channels of every pyramid level (256).
     pub fpn_width: usize,
-    /// Anchor side at P2 in pixels; level l (P2 + l) has the three sizes
+    /// Anchor side at P2 in pixels; level l (P2 + l) has the `scales` first of the sizes
     /// `base·2^l·{1, 2^⅓, 2^⅔}`, each in every ratio of `ratios`.
     pub anchor_base: f64,
+    /// Anchor sizes per level: 3 (the paper's model, nine anchors a cell) or 1 (torchvision's
+    /// default, `base·2^l` alone: three a cell); `--anchors 9|3`.
+    pub scales: usize,
     pub ratios: Vec<f64>,
     /// Units of the box head's two fully connected layers (1024).
     pub hidden: usize,
@@ -67,6 +70,7 @@ impl DetectorConfig {
             in_channels: crate::ewa_data::CHANNELS,
             fpn_width: 256,
             anchor_base: 32.0,
+            scales: 3,
             ratios: vec![0.5, 1.0, 2.0],
             hidden: 1024,
             classes: crate::ewa_data::CLASSES.len(),
@@ -157,13 +161,27 @@ impl DetectorConfig {
 
     /// Anchors per cell.
     pub fn anchors_per_cell(&self) -> usize {
-        3 * self.ratios.len()
+        self.scales * self.ratios.len()
     }
 
-    /// Level l's three anchor sizes.
-    pub fn sizes(&self, level: usize) -> [f64; 3] {
+    /// Level l's anchor sizes (`scales` of them).
+    pub fn sizes(&self, level: usize) -> Vec<f64> {
         let s = self.anchor_base * (1u64 << level) as f64;
-        [s, s * 2f64.powf(1.0 / 3.0), s * 2f64.powf(2.0 / 3.0)]
+        [s, s * 2f64.powf(1.0 / 3.0), s * 2f64.powf(2.0 / 3.0)][..self.scales.clamp(1, 3)].to_vec()
+    }
+
+    /// The configuration with `per_cell` anchors a cell: 9 (three sizes, the paper's model) or
+    /// 3 (one size, torchvision's default), each size in every ratio of `ratios`.
+    pub fn with_anchors(self, per_cell: usize) -> Result<DetectorConfig, String> {
+        let r = self.ratios.len();
+        match per_cell {
+            n if n == 3 * r => Ok(DetectorConfig { scales: 3, ..self }),
+            n if n == r => Ok(DetectorConfig { scales: 1, ..self }),
+            n => Err(format!(
+                "{n}: a cell has {} anchors (three sizes × {r} ratios, the paper's model) or {r} (one size × {r} ratios, torchvision's default)",
+                3 * r
+            )),
+        }
     }
 
     /// C2–C5 channels of the backbone.
@@ -452,6 +470,32 @@ impl<T: Float> Detector<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `--anchors 3`: one size a level (torchvision's default, 32·2^l), three anchors a cell;
+    /// the RPN head's two 1×1 layers make a third of their outputs, and the FLOP count falls
+    /// by exactly those; any other count is refused.
+    #[test]
+    fn three_anchors_a_cell_is_torchvisions_default() {
+        let nine = DetectorConfig::ewa();
+        let three = nine.clone().with_anchors(3).unwrap();
+        assert_eq!((nine.anchors_per_cell(), three.anchors_per_cell()), (9, 3));
+        assert_eq!(three.sizes(2), vec![128.0]);
+        assert_eq!(nine.sizes(2).len(), 3);
+        let grid: Vec<(usize, usize)> = (0..5).map(|l| (768 >> (l + 2), 1152 >> (l + 2))).collect();
+        let cells: usize = grid.iter().map(|(h, w)| h * w).sum();
+        let anchors: usize = three.level_anchors(&grid).iter().map(Vec::len).sum();
+        assert_eq!(anchors, 3 * cells);
+        let fwd = |c: &DetectorConfig| c.flops(768, 1152).rpn.forward;
+        let fewer = 2.0 * cells as f64 * 256.0 * (5.0 * 9.0 - 5.0 * 3.0);
+        assert!(
+            (fwd(&nine) - fwd(&three) - fewer).abs() < 1.0,
+            "{} {}",
+            fwd(&nine) - fwd(&three),
+            fewer
+        );
+        assert!(nine.clone().with_anchors(5).is_err());
+        assert_eq!(nine.with_anchors(9).unwrap().scales, 3);
+    }
     use crate::detect::testing::{check_params_within, rand};
     use crate::resnet::Version;
 
@@ -467,6 +511,7 @@ mod tests {
             in_channels: 3,
             fpn_width: 4,
             anchor_base: 8.0,
+            scales: 3,
             ratios: vec![0.5, 1.0],
             hidden: 6,
             classes: 2,

@@ -54,7 +54,8 @@ pub fn json(p: &Prepared, t: &super::Trained) -> Value {
                 "device": spec.device.name(),
                 "gpu": gpu,
                 "precision": spec.precision.name(),
-                "flops_step_per_image_at_768x1152": ewa_full_size_flops(),
+                "flops_step_per_image_at_768x1152": ewa_full_size_flops(cfg.model.scales),
+                "anchors_per_cell": cfg.model.anchors_per_cell(),
                 "paper_flops_per_image": EWA_PAPER_FLOPS,
                 "flops_per_image_by_part": parts.parts().iter().map(|(n, f)| (n.to_string(), json!({"forward": f.forward, "backward": f.backward}))).collect::<serde_json::Map<_, _>>(),
                 "map50": s.evals.last().and_then(|e| e.map),
@@ -81,9 +82,16 @@ pub fn json(p: &Prepared, t: &super::Trained) -> Value {
     v
 }
 
-/// The paper's detector at the data's full size (768×1152): training FLOPs per image.
-pub fn ewa_full_size_flops() -> f64 {
-    DetectorConfig::ewa().flops(768, 1152).total().training()
+/// The paper's detector at the data's full size (768×1152), with `scales` anchor sizes a
+/// level (3: the paper's nine anchors a cell): training FLOPs per image.
+pub fn ewa_full_size_flops(scales: usize) -> f64 {
+    DetectorConfig {
+        scales,
+        ..DetectorConfig::ewa()
+    }
+    .flops(768, 1152)
+    .total()
+    .training()
 }
 
 /// What every run reports: steps, images, throughput, FLOPs, loss, the gradient exchange,

@@ -371,6 +371,7 @@ mod tests {
             target_map: None,
             eval_every: None,
             classes: 1000,
+            anchors: 9,
             width: 1.0,
             depth: Depth([3, 4, 6, 3]),
             version: Version::V1_5,

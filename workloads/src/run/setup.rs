@@ -131,6 +131,8 @@ pub struct Spec {
     pub target_map: Option<f64>,
     pub eval_every: Option<usize>,
     pub classes: usize,
+    /// ewa: anchors a cell (9 or 3).
+    pub anchors: usize,
     pub width: f64,
     pub depth: Depth,
     pub version: Version,
@@ -483,6 +485,12 @@ fn classifier(a: &Spec) -> Result<(Job, Resolution), RunError> {
             "--target-map is ewa's (mAP@0.5); resnet50 stops at --target-top1".into(),
         ));
     }
+    if a.anchors != 9 {
+        return Err(input(format!(
+            "--anchors {} is ewa's (the detector's anchors a cell); resnet50 has none",
+            a.anchors
+        )));
+    }
     let res = a.resolution.unwrap_or(Resolution { h: 224, w: 224 });
     if res.h != res.w {
         return Err(input(format!(
@@ -680,6 +688,13 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
             "--target-map takes an mAP in (0, 1] and needs --eval-images".into(),
         ));
     }
+    // Checked before any data is read or written.
+    let anchored = |model: DetectorConfig| {
+        model
+            .with_anchors(a.anchors)
+            .map_err(|e| input(format!("--anchors {e}")))
+    };
+    anchored(DetectorConfig::ewa())?;
     let files = match &a.data {
         Some(p) => ewa_files(p).map_err(|e| input(format!("--data {e}")))?,
         None => {
@@ -718,7 +733,7 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
         return Err(input("--train-images 0: nothing to train on".into()));
     }
     let steps = steps_of(a, train_end, batch);
-    let mut model = DetectorConfig::scaled(a.width, a.depth.0, res.h, res.w);
+    let mut model = anchored(DetectorConfig::scaled(a.width, a.depth.0, res.h, res.w))?;
     model.backbone.version = a.version;
     let cfg = EwaConfig {
         model,
