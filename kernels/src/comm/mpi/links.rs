@@ -117,6 +117,7 @@ impl World {
             self.wait_all("the end of the link rounds");
             return Ok(None);
         };
+        let names = self.node_names();
         let schedule = rounds(nodes);
         let start = Instant::now();
         let mut links = Vec::new();
@@ -137,7 +138,7 @@ impl World {
                 round + 1,
                 schedule.len()
             ));
-            links.extend(self.round(inter, pairs, round, &label, cfg, transport)?);
+            links.extend(self.round(inter, &names, pairs, round, &label, cfg, transport)?);
         }
         // The slow ones again, each alone, until none is left unconfirmed (a link measured
         // again moves the median link, which may name another), as many rounds again as the
@@ -147,7 +148,8 @@ impl World {
             if total >= 2 * schedule.len() {
                 break;
             }
-            let again = self.to_confirm(inter, &links, cfg, 2 * schedule.len() - total, transport);
+            let cap = 2 * schedule.len() - total;
+            let again = self.to_confirm(inter, &names, &links, cfg, cap, transport);
             if again.is_empty() {
                 break;
             }
@@ -170,7 +172,7 @@ impl World {
                     k + 1,
                     again.len()
                 ));
-                for second in self.round(inter, &[pair], round, &label, cfg, transport)? {
+                for second in self.round(inter, &names, &[pair], round, &label, cfg, transport)? {
                     if let Some(l) = links
                         .iter_mut()
                         .find(|l| (l.a, l.b) == (second.a, second.b))
@@ -198,6 +200,7 @@ impl World {
     fn to_confirm(
         &self,
         inter: &Group,
+        names: &[String],
         links: &[Link],
         cfg: &LinkConfig,
         cap: usize,
@@ -206,7 +209,7 @@ impl World {
         let mut encoded: Vec<u64> = Vec::new();
         if self.is_root() {
             let judged = LinkMatrix::judge(
-                self.node_names(),
+                names.to_vec(),
                 String::new(),
                 cfg.bytes,
                 0,
@@ -240,17 +243,19 @@ impl World {
 
     /// One round on every node of `inter`: the arrival check, the `pairs` measured (at once,
     /// or in turns for pretend nodes), the halves gathered; the root gets the round's links
-    /// (nothing elsewhere). `label` names the round for the watchdog and errors.
+    /// (nothing elsewhere). `names`: the nodes' names (`node_names`, read once for all the
+    /// rounds); `label` names the round for the watchdog and errors.
+    #[allow(clippy::too_many_arguments)]
     fn round(
         &self,
         inter: &Group,
+        names: &[String],
         pairs: &[(usize, usize)],
         round: usize,
         label: &str,
         cfg: &LinkConfig,
         transport: &mut dyn Transport,
     ) -> Result<Vec<Link>, CommError> {
-        let names = self.node_names();
         let me = inter.rank();
         let node_of_rank = |r: usize| self.layout.node_of.get(r).copied().unwrap_or(0);
         let partner = |n: usize| {
