@@ -94,6 +94,11 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "f32_to_bf16" => ("cvt.rn.bf16.f32", 1),
         // Four bilinear taps per sample (fused or not: fma, or mul then add).
         "roi_align_forward" => ("ld.global.f32|ld.global.nc.f32", 4),
+        // detect.cu: the warp-aggregated histogram, the IoU's division (IEEE, as the host's),
+        // the sweep's warp barrier.
+        "rpn_topk" => ("match.any.sync.b32", 1),
+        "nms_mask" => ("div.rn.f64", 1),
+        "nms_sweep" => ("bar.warp.sync", 1),
         _ => return None,
     })
 }
@@ -149,9 +154,15 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                                 "{k} (compute_{cc}) uses atomics"
                             );
                         }
-                        // Batch norm's statistics equal the CPU's bit for bit: no f64
-                        // multiply-add contracted (the CPU rounds each product).
-                        if ["bn_stats", "bn_running_stats", "bn_backward_coefficients"].contains(k)
+                        // Batch norm's statistics and NMS's overlaps equal the CPU's bit for
+                        // bit: no f64 multiply-add contracted (the CPU rounds each product).
+                        if [
+                            "bn_stats",
+                            "bn_running_stats",
+                            "bn_backward_coefficients",
+                            "nms_mask",
+                        ]
+                        .contains(k)
                         {
                             let body = entry_body(&ptx, k);
                             assert!(

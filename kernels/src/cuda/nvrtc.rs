@@ -108,6 +108,19 @@ pub const SOURCES: &[Source] = &[
         arch_specific: None,
     },
     Source {
+        file: "detect.cu",
+        text: include_str!("../../cuda/detect.cu"),
+        kernels: &[
+            "rpn_topk",
+            "rpn_decode",
+            "nms_mask",
+            "nms_sweep",
+            "rpn_merge",
+        ],
+        purpose: "the RPN's proposals: per-level top-k, decoding, bitmask NMS, the levels' merge",
+        arch_specific: None,
+    },
+    Source {
         file: "train.cu",
         text: include_str!("../../cuda/train.cu"),
         kernels: kernel_list!(

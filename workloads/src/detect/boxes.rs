@@ -113,19 +113,60 @@ pub fn top_k(scores: &[f64], k: usize) -> Vec<usize> {
 /// (height / width), centred on the cell's centre `((x + ½)·stride, (y + ½)·stride)`, of area
 /// size² (width = size / √ratio, height = size · √ratio).
 pub fn anchors(rows: usize, cols: usize, stride: f64, sizes: &[f64], ratios: &[f64]) -> Vec<BBox> {
-    let mut out = Vec::with_capacity(rows * cols * sizes.len() * ratios.len());
-    for y in 0..rows {
-        for x in 0..cols {
-            let (cx, cy) = ((x as f64 + 0.5) * stride, (y as f64 + 0.5) * stride);
-            for &s in sizes {
-                for &r in ratios {
-                    let (w, h) = (s / r.sqrt(), s * r.sqrt());
+    AnchorGrid::new(rows, cols, stride, sizes, ratios).anchors()
+}
+
+/// One pyramid level's anchors as a grid: `rows × cols` cells `stride` apart, each with anchors
+/// of these (width, height) (what [`anchors`] lays out; the GPU makes them from this).
+#[derive(Clone, Debug, PartialEq)]
+pub struct AnchorGrid {
+    pub rows: usize,
+    pub cols: usize,
+    pub stride: f64,
+    pub shapes: Vec<(f64, f64)>,
+}
+
+impl AnchorGrid {
+    pub fn new(rows: usize, cols: usize, stride: f64, sizes: &[f64], ratios: &[f64]) -> Self {
+        AnchorGrid {
+            rows,
+            cols,
+            stride,
+            shapes: anchor_shapes(sizes, ratios),
+        }
+    }
+
+    /// Anchors a cell.
+    pub fn per_cell(&self) -> usize {
+        self.shapes.len()
+    }
+
+    /// Every anchor, cell-major ([`anchors`]' layout).
+    pub fn anchors(&self) -> Vec<BBox> {
+        let mut out = Vec::with_capacity(self.rows * self.cols * self.shapes.len());
+        for y in 0..self.rows {
+            for x in 0..self.cols {
+                let (cx, cy) = (
+                    (x as f64 + 0.5) * self.stride,
+                    (y as f64 + 0.5) * self.stride,
+                );
+                for &(w, h) in &self.shapes {
                     out.push([cx - 0.5 * w, cy - 0.5 * h, cx + 0.5 * w, cy + 0.5 * h]);
                 }
             }
         }
+        out
     }
-    out
+}
+
+/// The (width, height) of a cell's anchors, in [`anchors`]' order (sizes, then ratios): what
+/// the GPU's proposals (`kernels/cuda/detect.cu`) make the anchors from, with the same
+/// arithmetic.
+pub fn anchor_shapes(sizes: &[f64], ratios: &[f64]) -> Vec<(f64, f64)> {
+    sizes
+        .iter()
+        .flat_map(|&s| ratios.iter().map(move |&r| (s / r.sqrt(), s * r.sqrt())))
+        .collect()
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@
 //! The CPU detector (`model`) and the GPU one (`crate::gpu`) both call these, so that the two
 //! differ only in where the layers run.
 
-use super::boxes::{anchors, clip, nms, BBox, Coder};
+use super::boxes::{clip, nms, AnchorGrid, BBox, Coder};
 use super::head::sample_regions;
 use super::map::Detection;
 use super::model::{DetectorConfig, Target};
@@ -29,10 +29,21 @@ pub struct Regions {
 impl DetectorConfig {
     /// Anchors of every level for pyramid maps of these (rows, columns) (nominal strides 4–64).
     pub fn level_anchors(&self, sizes: &[(usize, usize)]) -> Vec<Vec<BBox>> {
+        self.level_grids(sizes)
+            .iter()
+            .map(AnchorGrid::anchors)
+            .collect()
+    }
+
+    /// The anchor grids of every level for pyramid maps of these (rows, columns): what
+    /// [`level_anchors`](Self::level_anchors) lays out, as the GPU makes it.
+    pub fn level_grids(&self, sizes: &[(usize, usize)]) -> Vec<AnchorGrid> {
         sizes
             .iter()
             .enumerate()
-            .map(|(l, &(h, w))| anchors(h, w, (4usize << l) as f64, &self.sizes(l), &self.ratios))
+            .map(|(l, &(h, w))| {
+                AnchorGrid::new(h, w, (4usize << l) as f64, &self.sizes(l), &self.ratios)
+            })
             .collect()
     }
 

@@ -9,7 +9,7 @@ use super::*;
 use crate::detect::boxes::BBox;
 use crate::detect::fpn::Fpn;
 use crate::detect::model::{Detector, DetectorConfig, Target};
-use crate::detect::rpn::RpnHead;
+use crate::detect::rpn::{proposals, ProposalRule, RpnHead};
 use crate::layers::Param;
 
 /// A flat store's gradients in the CPU layout, slot after slot.
@@ -178,8 +178,83 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             tol,
         );
     }
+    proposals_check(&mut ctx, &mut out, &mut rng)?;
     whole_step(ctx, p, &mut out, &mut rng)?;
     Ok(out)
+}
+
+/// The proposals on the device against `rpn::proposals` on the same outputs: two images over
+/// five levels of nine anchors, logits in quarters (ties, within a level and across levels),
+/// deltas that make tiny boxes, huge ones (the clamp) and boxes past the edges; a rule that
+/// selects among many anchors at P2 and takes every anchor at P6, and one at the kernels'
+/// capacity (`MAX_PRE_NMS`).
+fn proposals_check(
+    ctx: &mut Ctx,
+    out: &mut Vec<Check>,
+    rng: &mut crate::data::Rng,
+) -> Result<(), CudaError> {
+    let cfg = DetectorConfig::ewa();
+    let (ih, iw) = (96usize, 144usize);
+    let sizes: Vec<(usize, usize)> = (0..5)
+        .map(|l| (ih.div_ceil(4 << l), iw.div_ceil(4 << l)))
+        .collect();
+    let grids = cfg.level_grids(&sizes);
+    let anc: Vec<Vec<BBox>> = grids.iter().map(|g| g.anchors()).collect();
+    let a = grids[0].per_cell();
+    let mut host = Vec::new();
+    let mut dev = Vec::new();
+    for &(h, w) in &sizes {
+        let logits: Vec<f32> = (0..2 * h * w * a)
+            .map(|_| (rng.normal() * 4.0).round() as f32 / 4.0)
+            .collect();
+        let deltas: Vec<f32> = (0..2 * h * w * a * 4)
+            .map(|i| {
+                let v = rng.normal() as f32;
+                // Every 97th a huge size delta (the clamp), the others spread to ±2.
+                if i % 97 == 2 {
+                    40.0
+                } else {
+                    v
+                }
+            })
+            .collect();
+        let (o, d) = (
+            Tensor::from_vec(2, h, w, a, logits),
+            Tensor::from_vec(2, h, w, 4 * a, deltas),
+        );
+        dev.push((ctx.upload(&o)?, ctx.upload(&d)?));
+        host.push((o, d));
+    }
+    let base = cfg.rpn_train;
+    for (what, rule) in [
+        (
+            "600 a level",
+            ProposalRule {
+                pre_nms: 600,
+                post_nms: 1000,
+                ..base
+            },
+        ),
+        (
+            "at capacity",
+            ProposalRule {
+                pre_nms: MAX_PRE_NMS,
+                post_nms: 3000,
+                ..base
+            },
+        ),
+    ] {
+        let g = ctx.rpn_proposals(&dev, &grids, &rule, (ih as f64, iw as f64))?;
+        let c: Proposals = (0..2)
+            .map(|n| proposals(&host, &anc, n, iw as f64, ih as f64, &rule))
+            .collect();
+        out.push(Check {
+            name: format!("RPN proposals on the device ({what}) vs the host's"),
+            error: proposal_mismatch(&g, &c),
+            tolerance: PROPOSAL_TOLERANCE,
+        });
+    }
+    Ok(())
 }
 
 /// One training step of the small detector on both devices, the GPU's with the CPU's
@@ -313,7 +388,24 @@ fn whole_step(
     );
     // Inference after the step: the RPN's outputs of every level, then detections.
     let (_, oc, _) = cpu.first_stage(&x, false);
-    let (_, og, _) = net.first_stage(&x, false)?;
+    let (_, og_dev, grids) = net.first_stage(&x, false)?;
+    let og = net.download_outputs(&og_dev)?;
+    // The device's proposals from these outputs against the host's.
+    let anc: Vec<Vec<BBox>> = grids.iter().map(|g| g.anchors()).collect();
+    let dims = (x.h as f64, x.w as f64);
+    let g = net
+        .ctx
+        .rpn_proposals(&og_dev, &grids, &cfg.rpn_test, dims)?;
+    drop(og_dev);
+    let c: Proposals = (0..x.n)
+        .map(|n| proposals(&og, &anc, n, dims.1, dims.0, &cfg.rpn_test))
+        .collect();
+    push(
+        out,
+        "detector inference: proposals on the device vs the host's".into(),
+        proposal_mismatch(&g, &c),
+        PROPOSAL_TOLERANCE,
+    );
     let flat_out = |o: &[(Tensor<f32>, Tensor<f32>)]| -> Vec<f32> {
         o.iter()
             .flat_map(|(a, b)| a.data.iter().chain(&b.data).copied().collect::<Vec<_>>())

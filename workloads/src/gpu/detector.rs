@@ -10,12 +10,15 @@
 //! block), batch-norm statistics through the reducer.
 
 use super::*;
-use crate::detect::boxes::BBox;
+use crate::detect::boxes::{AnchorGrid, BBox};
 use crate::detect::head::head_loss;
 use crate::detect::map::Detection;
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
-use crate::detect::rpn::rpn_loss;
+use crate::detect::rpn::{proposals as rpn_proposals, rpn_loss};
 use roofline_collectors::timeline::timed;
+
+/// The RPN head's outputs of every level on the host: (logits, deltas).
+type HostOutputs = Vec<(Tensor<f32>, Tensor<f32>)>;
 
 /// The detector on one GPU.
 pub struct GpuDetector {
@@ -29,6 +32,10 @@ pub struct GpuDetector {
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
     pub(super) sync: Option<GradSync>,
+    /// Make the proposals on the host from the RPN's downloaded outputs (`rpn::proposals`), as
+    /// before `detect.cu`: for A/B measurements and as a fallback; set by the environment
+    /// variable `ROOFLINE_HOST_PROPOSALS` (any value).
+    pub proposals_on_host: bool,
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
 }
@@ -124,25 +131,19 @@ impl GpuDetector {
             loss_scale,
             skipped: 0,
             sync,
+            proposals_on_host: std::env::var_os("ROOFLINE_HOST_PROPOSALS").is_some(),
             ctx,
         })
     }
 
-    /// Body, pyramid and RPN head: (P2–P6, the head's outputs per level on the device and on
-    /// the host, anchors).
+    /// Body, pyramid and RPN head: (P2–P6, the head's outputs per level, the levels' anchor
+    /// grids).
     #[allow(clippy::type_complexity)]
     pub(super) fn first_stage(
         &mut self,
         x: &Tensor<f32>,
         train: bool,
-    ) -> Result<
-        (
-            Vec<Rc<GTensor>>,
-            Vec<(Tensor<f32>, Tensor<f32>)>,
-            Vec<Vec<BBox>>,
-        ),
-        CudaError,
-    > {
+    ) -> Result<(Vec<Rc<GTensor>>, Vec<(GTensor, GTensor)>, Vec<AnchorGrid>), CudaError> {
         if x.c != self.cfg.in_channels {
             return Err(CudaError::Check(format!(
                 "the detector takes {} channels, the batch has {}",
@@ -161,13 +162,64 @@ impl GpuDetector {
         let t0 = self.ctx.mark()?;
         let out = self.rpn.forward(&mut self.ctx, &self.flat, &p, train)?;
         self.ctx.close(FWD, || "rpn.head".into(), t0)?;
-        let mut host = Vec::with_capacity(out.len());
-        for (o, d) in &out {
-            host.push((self.ctx.download(o)?, self.ctx.download(d)?));
-        }
         let sizes: Vec<(usize, usize)> = p.iter().map(|m| (m.h, m.w)).collect();
-        let anc = self.cfg.level_anchors(&sizes);
-        Ok((p, host, anc))
+        let grids = self.cfg.level_grids(&sizes);
+        Ok((p, out, grids))
+    }
+
+    /// The RPN head's outputs on the host (what the host's losses and proposals read).
+    pub(super) fn download_outputs(
+        &self,
+        out: &[(GTensor, GTensor)],
+    ) -> Result<HostOutputs, CudaError> {
+        out.iter()
+            .map(|(o, d)| Ok((self.ctx.download(o)?, self.ctx.download(d)?)))
+            .collect()
+    }
+
+    /// Each image's proposals by `rule`: on the device (`detect.cu`), or on the host from `host`
+    /// (the downloaded outputs) when `proposals_on_host`; one span, "proposals".
+    fn proposals(
+        &mut self,
+        out: &[(GTensor, GTensor)],
+        host: Option<&[(Tensor<f32>, Tensor<f32>)]>,
+        grids: &[AnchorGrid],
+        rule: &crate::detect::rpn::ProposalRule,
+        dims: (f64, f64),
+    ) -> Result<Vec<Vec<BBox>>, CudaError> {
+        let boxes = |p: Vec<Vec<(BBox, f64)>>| -> Vec<Vec<BBox>> {
+            p.into_iter()
+                .map(|v| v.into_iter().map(|b| b.0).collect())
+                .collect()
+        };
+        if self.proposals_on_host {
+            let fetched;
+            let host = match host {
+                Some(h) => h,
+                None => {
+                    fetched = self.download_outputs(out)?;
+                    &fetched
+                }
+            };
+            let anc: Vec<Vec<BBox>> = grids.iter().map(AnchorGrid::anchors).collect();
+            let images = out.first().map_or(0, |o| o.0.n);
+            let (ih, iw) = dims;
+            return Ok(timed(
+                FWD,
+                || "proposals".into(),
+                || {
+                    boxes(
+                        (0..images)
+                            .map(|n| rpn_proposals(host, &anc, n, iw, ih, rule))
+                            .collect(),
+                    )
+                },
+            ));
+        }
+        let t0 = self.ctx.mark()?;
+        let p = self.ctx.rpn_proposals(out, grids, rule, dims)?;
+        self.ctx.close(FWD, || "proposals".into(), t0)?;
+        Ok(boxes(p))
     }
 
     /// The first offset of the box head's parameters, the RPN's and the pyramid's in the flat
@@ -204,7 +256,9 @@ impl GpuDetector {
         self.ctx.gpu.bind()?;
         let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
-        let (p, out, anc) = self.first_stage(x, true)?;
+        let (p, dev_out, grids) = self.first_stage(x, true)?;
+        let out = self.download_outputs(&dev_out)?;
+        let anc: Vec<Vec<BBox>> = grids.iter().map(AnchorGrid::anchors).collect();
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
         // The host's part (the GPU idle: its outputs came down), spans as the CPU's.
         let (rpn_objectness, rpn_box, rpn_grads) = timed(
@@ -212,9 +266,18 @@ impl GpuDetector {
             || "rpn.loss".into(),
             || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
         );
+        let made = match fixed {
+            Some(_) => None,
+            None => {
+                let rule = self.cfg.rpn_train;
+                Some(self.proposals(&dev_out, Some(&out), &grids, &rule, (ih, iw))?)
+            }
+        };
+        drop(dev_out);
+        let fixed = fixed.or(made.as_deref());
         let regions = timed(
             FWD,
-            || "proposals".into(),
+            || "regions".into(),
             || self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw)),
         );
         drop(out);
@@ -337,8 +400,15 @@ impl GpuDetector {
     /// `Detector::detect` makes them.
     pub fn detect(&mut self, x: &Tensor<f32>) -> Result<Vec<Vec<Detection>>, CudaError> {
         let dims = (x.h as f64, x.w as f64);
-        let (p, out, anc) = self.first_stage(x, false)?;
-        let rois = self.cfg.test_regions(&out, &anc, x.n, dims);
+        let (p, out, grids) = self.first_stage(x, false)?;
+        let rule = self.cfg.rpn_test;
+        let rois: Vec<(usize, BBox)> = self
+            .proposals(&out, None, &grids, &rule, dims)?
+            .into_iter()
+            .enumerate()
+            .flat_map(|(n, v)| v.into_iter().map(move |b| (n, b)))
+            .collect();
+        drop(out);
         if rois.is_empty() {
             return Ok(vec![Vec::new(); x.n]);
         }

@@ -1,0 +1,321 @@
+// The region proposal network's proposals on the GPU, the same function as
+// workloads/src/detect/rpn.rs `proposals` (its host twin), driven by workloads/src/gpu/proposals.rs.
+// A segment is one image of one pyramid level; segment s = level · images + image, and each
+// segment has K slots (K = pre_nms, at most MAX_K) in every per-segment buffer.
+//
+// 1. rpn_topk: per segment, the indices of its best min(K, n) logits, best first, ties by the
+//    lower index (boxes::top_k's order), by a radix select on a 64-bit key that is unique within
+//    the segment (the logit's order in the high half, the index reversed in the low half), then
+//    a bitonic sort of the selected keys in shared memory.
+// 2. rpn_decode: each selected anchor (made here from its cell, as boxes::anchors makes it) moved
+//    by its deltas (Coder with weights 1), clipped, and marked valid when both sides reach
+//    min_size.
+// 3. nms_mask: per segment, 64 × 64 tiles of suppression bits (box j after box i overlapping it
+//    by more than the threshold), as boxes::nms decides.
+// 4. nms_sweep: per segment, one warp walks the boxes best first, keeping each box no kept box
+//    suppressed: greedy NMS within a level (torchvision's batched_nms with the level as the
+//    category).
+// 5. rpn_merge: per image, every level's kept boxes ranked together (logit, then the lower level,
+//    then the rank within the level) by counting, for each box, the boxes of the other levels
+//    that come before it (a binary search in each level's kept list); the best `post` written.
+//
+// The boxes' arithmetic is f64 with every multiply and add rounded on its own (__dmul_rn,
+// __dadd_rn: no contraction into fma), so that anchors, clipping, the size test and every IoU
+// are the host's bits; exp() is CUDA's (within 1 ulp of the host's), the one difference.
+// Deterministic: the only atomics are shared-memory counts whose totals, not order, are used
+// (the histogram) or whose slots are sorted afterwards by a key unique in the segment.
+
+typedef unsigned long long u64;
+typedef unsigned int u32;
+
+#define TOPK_THREADS 1024
+// The most anchors a level keeps before NMS (workloads/src/gpu/proposals.rs MAX_PRE_NMS).
+#define MAX_K 4096
+#define MAX_WORDS (MAX_K / 64)
+
+#define GRID_STRIDE(i, n)                                                                      \
+    for (u64 i = (u64)blockIdx.x * blockDim.x + threadIdx.x; i < (n);                          \
+         i += (u64)gridDim.x * blockDim.x)
+
+// f32 logits as unsigned keys in the order of f64::total_cmp on their widened values: a larger
+// logit has a larger key (negative values reversed, the sign bit set on the others).
+__device__ __forceinline__ u32 order_key(float v) {
+    const u32 b = __float_as_uint(v);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// The logit's order, then the lower index first: unique within a segment (n < 2^32 − 1), and
+// never 0 (0 pads the sort).
+__device__ __forceinline__ u64 rank_key(float v, u32 i) {
+    return ((u64)order_key(v) << 32) | (u64)(0xFFFFFFFFu - i);
+}
+
+// sel[s·K + j], j < min(K, n): the indices of segment s's best min(K, n) logits, best first,
+// ties by the lower index. logits[l] points to level l's images × per[l] logits (the RPN head's
+// n·h·w·A output: image b's anchors are b·per[l] … (b + 1)·per[l] − 1). Grid (images, levels),
+// TOPK_THREADS threads; K ≤ MAX_K.
+extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
+    rpn_topk(const u64* logits, const int* per, int images, int K, u32* sel) {
+    const int b = blockIdx.x, l = blockIdx.y;
+    const u32 n = (u32)per[l];
+    const float* z = (const float*)logits[l] + (u64)b * n;
+    const u32 k = min((u32)K, n);
+    u32* out = sel + ((u64)l * images + b) * K;
+    __shared__ u32 hist[256];
+    __shared__ u64 cand[MAX_K];
+    __shared__ u64 s_prefix, s_mask;
+    __shared__ u32 s_need, s_count;
+    __shared__ int s_done;
+    if (threadIdx.x == 0) {
+        s_prefix = 0;
+        s_mask = 0;
+        s_need = k;
+        s_count = 0;
+        s_done = (k == n);
+    }
+    __syncthreads();
+    // The radix select, 8 bits a pass from the top: `prefix` holds the digits of the k-th
+    // largest key found so far (under `mask`), `need` how many of the keys sharing them are
+    // still to be taken. It ends when every key sharing the prefix is taken: the selected keys
+    // are then exactly those ≥ prefix (the undecided low digits zero).
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        if (s_done) break;  // uniform: read after a barrier, written before the next
+        for (int d = threadIdx.x; d < 256; d += blockDim.x) hist[d] = 0;
+        __syncthreads();
+        const u64 prefix = s_prefix, mask = s_mask;
+        // Every thread runs every round (the warp collectives below need the whole warp).
+        for (u32 base = 0; base < n; base += blockDim.x) {
+            const u32 i = base + threadIdx.x;
+            int digit = -1;
+            if (i < n) {
+                const u64 key = rank_key(z[i], i);
+                if ((key & mask) == prefix) digit = (int)((key >> shift) & 255);
+            }
+            // One shared atomic per distinct digit of the warp (logits share their top bits).
+            const u32 peers = __match_any_sync(0xFFFFFFFFu, digit);
+            if (digit >= 0 && (int)(threadIdx.x & 31) == __ffs(peers) - 1)
+                atomicAdd(&hist[digit], (u32)__popc(peers));
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            u32 above = 0;
+            const u32 need = s_need;
+            for (int d = 255; d >= 0; --d) {
+                const u32 h = hist[d];
+                if (above + h >= need) {
+                    s_prefix = prefix | ((u64)d << shift);
+                    s_mask = mask | ((u64)255 << shift);
+                    s_need = need - above;
+                    s_done = (h == need - above);
+                    break;
+                }
+                above += h;
+            }
+        }
+        __syncthreads();
+    }
+    const u64 threshold = s_prefix;
+    for (u32 base = 0; base < n; base += blockDim.x) {
+        const u32 i = base + threadIdx.x;
+        if (i < n) {
+            const u64 key = rank_key(z[i], i);
+            if (key >= threshold) {
+                const u32 slot = atomicAdd(&s_count, 1u);
+                if (slot < MAX_K) cand[slot] = key;
+            }
+        }
+    }
+    u32 p = 1;
+    while (p < k) p <<= 1;
+    __syncthreads();
+    for (u32 j = k + threadIdx.x; j < p; j += blockDim.x) cand[j] = 0;
+    // Bitonic sort, descending, of the p (a power of two) keys.
+    for (u32 size = 2; size <= p; size <<= 1) {
+        for (u32 stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (u32 t = threadIdx.x; t < p / 2; t += blockDim.x) {
+                const u32 lo = 2 * t - (t & (stride - 1)), hi = lo + stride;
+                const bool descending = (lo & size) == 0;
+                const u64 a = cand[lo], c = cand[hi];
+                if ((a < c) == descending) {
+                    cand[lo] = c;
+                    cand[hi] = a;
+                }
+            }
+        }
+    }
+    __syncthreads();
+    for (u32 j = threadIdx.x; j < k; j += blockDim.x)
+        out[j] = 0xFFFFFFFFu - (u32)(cand[j] & 0xFFFFFFFFu);
+}
+
+// Segment s's selected anchors decoded: boxes[(s·K + j)·4 …] = (x1, y1, x2, y2) of the box that
+// anchor sel[s·K + j]'s deltas make, clipped to width × height; scores[s·K + j] its logit;
+// valid[s·K + j] whether both its sides reach min_size (0 for the slots past min(K, n)). Level
+// l's anchors: cell (y, x) of a grid cols[l] wide at stride[l], A a cell, anchor a of a cell
+// wh[(l·A + a)·2 …] wide and high, centred on ((x + ½)·stride, (y + ½)·stride). Grid-stride over
+// levels · images · K slots.
+extern "C" __global__ void rpn_decode(const u64* logits, const u64* deltas, const int* per,
+                                      const int* cols, const double* stride, const double* wh,
+                                      int A, const u32* sel, int images, int levels, int K,
+                                      double clamp, double width, double height,
+                                      double min_size, double* boxes, float* scores,
+                                      int* valid) {
+    const u64 total = (u64)levels * images * K;
+    GRID_STRIDE(t, total) {
+        const u32 j = (u32)(t % K);
+        const u64 s = t / K;
+        const int b = (int)(s % images), l = (int)(s / images);
+        const u32 n = (u32)per[l];
+        double* box = boxes + 4 * t;
+        if (j >= min((u32)K, n)) {
+            box[0] = box[1] = box[2] = box[3] = 0.0;
+            scores[t] = 0.0f;
+            valid[t] = 0;
+            continue;
+        }
+        const u32 i = sel[t];
+        const u32 cell = i / A, a = i % A;
+        const u32 y = cell / cols[l], x = cell % cols[l];
+        const double st = stride[l];
+        const double ax = __dmul_rn(__dadd_rn((double)x, 0.5), st);
+        const double ay = __dmul_rn(__dadd_rn((double)y, 0.5), st);
+        const double aw = wh[2 * (l * A + a)], ah = wh[2 * (l * A + a) + 1];
+        const double r0 = __dsub_rn(ax, __dmul_rn(0.5, aw)), r1 = __dsub_rn(ay, __dmul_rn(0.5, ah));
+        const double r2 = __dadd_rn(ax, __dmul_rn(0.5, aw)), r3 = __dadd_rn(ay, __dmul_rn(0.5, ah));
+        // Coder::decode with weights (1, 1, 1, 1).
+        const double rw = __dsub_rn(r2, r0), rh = __dsub_rn(r3, r1);
+        const double rx = __dadd_rn(r0, __dmul_rn(0.5, rw)), ry = __dadd_rn(r1, __dmul_rn(0.5, rh));
+        const float* d = (const float*)deltas[l] + ((u64)b * n + i) * 4;
+        const double dx = (double)d[0], dy = (double)d[1];
+        const double dw = fmin((double)d[2], clamp), dh = fmin((double)d[3], clamp);
+        const double cx = __dadd_rn(rx, __dmul_rn(dx, rw)), cy = __dadd_rn(ry, __dmul_rn(dy, rh));
+        const double pw = __dmul_rn(rw, exp(dw)), ph = __dmul_rn(rh, exp(dh));
+        const double hw = __dmul_rn(0.5, pw), hh = __dmul_rn(0.5, ph);
+        // clip: f64::clamp(0, side), which keeps a NaN.
+        const double c[4] = {__dsub_rn(cx, hw), __dsub_rn(cy, hh), __dadd_rn(cx, hw),
+                             __dadd_rn(cy, hh)};
+        const double side[4] = {width, height, width, height};
+        for (int q = 0; q < 4; ++q) {
+            const double v = c[q];
+            box[q] = v < 0.0 ? 0.0 : (v > side[q] ? side[q] : v);
+        }
+        scores[t] = ((const float*)logits[l])[(u64)b * n + i];
+        valid[t] = __dsub_rn(box[2], box[0]) >= min_size && __dsub_rn(box[3], box[1]) >= min_size;
+    }
+}
+
+// boxes::iou, operation for operation.
+__device__ __forceinline__ double iou(const double* a, const double* b) {
+    const double w = fmax(__dsub_rn(fmin(a[2], b[2]), fmax(a[0], b[0])), 0.0);
+    const double h = fmax(__dsub_rn(fmin(a[3], b[3]), fmax(a[1], b[1])), 0.0);
+    const double inter = __dmul_rn(w, h);
+    const double area_a =
+        __dmul_rn(fmax(__dsub_rn(a[2], a[0]), 0.0), fmax(__dsub_rn(a[3], a[1]), 0.0));
+    const double area_b =
+        __dmul_rn(fmax(__dsub_rn(b[2], b[0]), 0.0), fmax(__dsub_rn(b[3], b[1]), 0.0));
+    const double uni = __dsub_rn(__dadd_rn(area_a, area_b), inter);
+    return uni > 0.0 ? __ddiv_rn(inter, uni) : 0.0;
+}
+
+// mask[(s·K + i)·W + cb], W = ⌈K/64⌉: bit q set when box j = 64·cb + q of segment s comes after
+// box i and their IoU is not ≤ threshold (boxes::nms's test: a NaN IoU suppresses too). Grid
+// (W, W · images · levels), 64 threads: block (cb, rb + W·s) makes rows 64·rb … of column word cb.
+extern "C" __global__ void nms_mask(const double* boxes, int K, double threshold, u64* mask) {
+    const int W = (K + 63) / 64;
+    const int cb = blockIdx.x, rb = blockIdx.y % W;
+    const u64 s = blockIdx.y / W;
+    __shared__ double col[64 * 4];
+    const int j0 = cb * 64, tid = threadIdx.x;
+    if (j0 + tid < K)
+        for (int q = 0; q < 4; ++q) col[4 * tid + q] = boxes[(s * K + j0 + tid) * 4 + q];
+    __syncthreads();
+    const int i = rb * 64 + tid;
+    if (i >= K) return;
+    u64 bits = 0;
+    if (cb >= rb) {
+        double a[4];
+        for (int q = 0; q < 4; ++q) a[q] = boxes[(s * K + i) * 4 + q];
+        const int jn = min(64, K - j0);
+        for (int q = 0; q < jn; ++q)
+            if (j0 + q > i && !(iou(a, col + 4 * q) <= threshold)) bits |= 1ull << q;
+    }
+    mask[(s * K + i) * W + cb] = bits;
+}
+
+// Greedy NMS of segment s from its mask: keep[s·K + r] the r-th kept slot (best first), kept[s]
+// how many; the slots not valid are never kept. Grid (images · levels), 32 threads (one warp,
+// the removed boxes' bits in shared memory, W ≤ MAX_WORDS).
+extern "C" __global__ void nms_sweep(const u64* mask, const int* valid, int K, int* keep,
+                                     int* kept) {
+    const int W = (K + 63) / 64;
+    const u64 s = blockIdx.x;
+    const int lane = threadIdx.x;
+    __shared__ u64 removed[MAX_WORDS];
+    for (int w = lane; w < W; w += 32) {
+        u64 bits = 0;
+        for (int q = 0; q < 64; ++q) {
+            const int j = 64 * w + q;
+            if (j >= K || !valid[s * K + j]) bits |= 1ull << q;
+        }
+        removed[w] = bits;
+    }
+    __syncwarp();
+    int count = 0;
+    for (int i = 0; i < K; ++i) {
+        // Every lane reads the same word: the branch is uniform.
+        if ((removed[i >> 6] >> (i & 63)) & 1ull) continue;
+        if (lane == 0) keep[s * K + count] = i;
+        ++count;
+        const u64* row = mask + (s * K + i) * W;
+        for (int w = (i >> 6) + lane; w < W; w += 32) removed[w] |= row[w];
+        __syncwarp();
+    }
+    if (lane == 0) kept[s] = count;
+}
+
+// Image b's proposals: out[b·(1 + 5·post)] their number (min(post, Σ kept)), then the best
+// `post` kept boxes of every level as (x1, y1, x2, y2, logit), ranked by logit, then the lower
+// level, then the rank within the level. Grid-stride over levels · images · K slots.
+extern "C" __global__ void rpn_merge(const double* boxes, const float* scores, const int* keep,
+                                     const int* kept, int images, int levels, int K, int post,
+                                     double* out) {
+    const u64 stride_out = 1 + 5 * (u64)post;
+    GRID_STRIDE(b, (u64)images) {
+        int total = 0;
+        for (int l = 0; l < levels; ++l) total += kept[l * images + b];
+        out[b * stride_out] = (double)min(total, post);
+    }
+    const u64 slots = (u64)levels * images * K;
+    GRID_STRIDE(t, slots) {
+        const int r = (int)(t % K);
+        const u64 s = t / K;
+        const int b = (int)(s % images), l = (int)(s / images);
+        if (r >= kept[s]) continue;
+        const int p = keep[s * K + r];
+        const float score = scores[s * K + p];
+        const u32 key = order_key(score);
+        u64 pos = (u64)r;
+        for (int l2 = 0; l2 < levels; ++l2) {
+            if (l2 == l) continue;
+            const u64 s2 = (u64)l2 * images + b;
+            // Level l2's kept boxes that come before this one: a prefix of its list (its logits
+            // do not increase along it).
+            int lo = 0, hi = kept[s2];
+            while (lo < hi) {
+                const int mid = (lo + hi) / 2;
+                const u32 k2 = order_key(scores[s2 * K + keep[s2 * K + mid]]);
+                if (l2 < l ? k2 >= key : k2 > key)
+                    lo = mid + 1;
+                else
+                    hi = mid;
+            }
+            pos += (u64)lo;
+        }
+        if (pos < (u64)post) {
+            double* o = out + b * stride_out + 1 + 5 * pos;
+            for (int q = 0; q < 4; ++q) o[q] = boxes[(s * K + p) * 4 + q];
+            o[4] = (double)score;
+        }
+    }
+}
