@@ -371,8 +371,14 @@ mod tests {
                 }
                 for q in 0..(k - 64 * cb).min(64) {
                     let j = 64 * cb + q;
-                    // The kernel's IoU is boxes::iou operation for operation.
-                    if j > i && !(iou(&boxes[i], &boxes[j]) <= threshold) {
+                    // The kernel's IoU is boxes::iou operation for operation; `!(≤)`, as
+                    // boxes::nms: a NaN overlap suppresses.
+                    let overlap = iou(&boxes[i], &boxes[j]);
+                    let suppressed = matches!(
+                        overlap.partial_cmp(&threshold),
+                        Some(std::cmp::Ordering::Greater) | None
+                    );
+                    if j > i && suppressed {
                         mask[i * w + cb] |= 1 << q;
                     }
                 }
