@@ -53,9 +53,9 @@ __device__ __forceinline__ u64 rank_key(float v, u32 i) {
 // sel[s·K + j], j < min(K, n): the indices of segment s's best min(K, n) logits, best first,
 // ties by the lower index. logits[l] points to level l's images × per[l] logits (the RPN head's
 // n·h·w·A output: image b's anchors are b·per[l] … (b + 1)·per[l] − 1). Grid (images, levels),
-// TOPK_THREADS threads; K ≤ MAX_K.
-extern "C" __global__ void __launch_bounds__(TOPK_THREADS)
-    rpn_topk(const u64* logits, const int* per, int images, int K, u32* sel) {
+// TOPK_THREADS (1024) threads; K ≤ MAX_K.
+extern "C" __global__ void __launch_bounds__(1024) rpn_topk(const u64* logits, const int* per,
+                                                           int images, int K, u32* sel) {
     const int b = blockIdx.x, l = blockIdx.y;
     const u32 n = (u32)per[l];
     const float* z = (const float*)logits[l] + (u64)b * n;

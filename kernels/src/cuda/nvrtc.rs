@@ -605,9 +605,10 @@ mod tests {
                 let typed = storage_variant(k)
                     .is_some_and(|(base, _)| s.text.contains(&format!("void {base}_##S(")));
                 // `void __launch_bounds__(128) wgmma_f16(`: the bound between.
-                let bounded = s
-                    .text
-                    .contains(&format!("void __launch_bounds__(128) {k}("));
+                let bounded = [128, 1024].iter().any(|b| {
+                    s.text
+                        .contains(&format!("void __launch_bounds__({b}) {k}("))
+                });
                 assert!(
                     s.text.contains(&format!("void {k}("))
                         || bounded
