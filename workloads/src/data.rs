@@ -114,15 +114,31 @@ impl Rng {
 
     /// `k` distinct draws from 0..n (all n when k ≥ n), in the order drawn: a Fisher-Yates
     /// shuffle stopped after k steps, so k random numbers, not n (128 of ~660,000 anchors).
+    /// Where k is small beside n only the moved entries are held (a map of at most 2k), not
+    /// the n values: the same draws either way.
     pub fn choose(&mut self, n: usize, k: usize) -> Vec<usize> {
         let k = k.min(n);
-        let mut v: Vec<usize> = (0..n).collect();
+        if k.saturating_mul(16) >= n {
+            let mut v: Vec<usize> = (0..n).collect();
+            for i in 0..k {
+                let j = i + (self.next_u64() % (n - i) as u64) as usize;
+                v.swap(i, j);
+            }
+            v.truncate(k);
+            return v;
+        }
+        // Position i holds moved[i] when moved, else i; position i is final after step i.
+        let mut moved: std::collections::HashMap<usize, usize> =
+            std::collections::HashMap::with_capacity(2 * k);
+        let mut out = Vec::with_capacity(k);
         for i in 0..k {
             let j = i + (self.next_u64() % (n - i) as u64) as usize;
-            v.swap(i, j);
+            let at_j = moved.get(&j).copied().unwrap_or(j);
+            let at_i = moved.get(&i).copied().unwrap_or(i);
+            moved.insert(j, at_i);
+            out.push(at_j);
         }
-        v.truncate(k);
-        v
+        out
     }
 }
 
@@ -259,6 +275,27 @@ mod tests {
         let mut all = Rng::new(1).choose(4, 9);
         all.sort_unstable();
         assert_eq!(all, vec![0, 1, 2, 3]);
+    }
+
+    /// The sparse draw (k small beside n) is the dense shuffle's, draw for draw.
+    #[test]
+    fn the_sparse_draw_is_the_shuffles() {
+        let dense = |rng: &mut Rng, n: usize, k: usize| {
+            let mut v: Vec<usize> = (0..n).collect();
+            for i in 0..k {
+                let j = i + (rng.next_u64() % (n - i) as u64) as usize;
+                v.swap(i, j);
+            }
+            v.truncate(k);
+            v
+        };
+        for (n, k, seed) in [(1000, 3, 1), (660_000, 128, 2), (5000, 300, 3), (17, 1, 4)] {
+            let (mut a, mut b) = (Rng::new(seed), Rng::new(seed));
+            for _ in 0..3 {
+                assert_eq!(a.choose(n, k), dense(&mut b, n, k), "n {n}, k {k}");
+            }
+            assert_eq!(a.next_u64(), b.next_u64(), "the same numbers drawn");
+        }
     }
 
     /// Without noise an image is its class's pattern, sin((x·cos a + y·sin a)·f + φ + shift)

@@ -87,32 +87,63 @@ impl Matcher {
     }
 }
 
-/// Keeps at most `total` labels, at most `fraction` of them foreground (the rest background),
-/// chosen at random; the others become `Ignore`.
-pub fn sample(labels: &mut [Label], total: usize, fraction: f64, rng: &mut Rng) {
-    let pick = |idx: Vec<usize>, keep: usize, labels: &mut [Label], rng: &mut Rng| {
-        if idx.len() <= keep {
-            return idx.len();
+/// Which of one kind's candidates (foreground or background) a draw keeps: all of them, or
+/// these offsets into the kind's candidates in index order (distinct, in the order drawn).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Picks {
+    All,
+    These(Vec<usize>),
+}
+
+impl Picks {
+    /// How many of `of` candidates are kept.
+    pub fn kept(&self, of: usize) -> usize {
+        match self {
+            Picks::All => of,
+            Picks::These(v) => v.len(),
         }
-        let mut chosen = vec![false; idx.len()];
-        for o in rng.choose(idx.len(), keep) {
-            chosen[o] = true;
+    }
+}
+
+/// [`sample`]'s draw from the counts alone: of `fg` foreground and `bg` background candidates,
+/// at most `total · fraction` foreground (all when there are no more) and background for the
+/// rest of `total`, each kind drawn by `Rng::choose` (foreground first). The GPU's RPN loss
+/// draws with it on the host from the device's counts, so both devices keep the same anchors.
+pub fn draw(fg: usize, bg: usize, total: usize, fraction: f64, rng: &mut Rng) -> (Picks, Picks) {
+    let pick = |of: usize, keep: usize, rng: &mut Rng| {
+        if of <= keep {
+            Picks::All
+        } else {
+            Picks::These(rng.choose(of, keep))
         }
-        for (&i, kept) in idx.iter().zip(chosen) {
-            if !kept {
-                labels[i] = Label::Ignore;
-            }
-        }
-        keep
     };
+    let f = pick(fg, (total as f64 * fraction) as usize, rng);
+    let kept_fg = f.kept(fg);
+    let b = pick(bg, total.saturating_sub(kept_fg), rng);
+    (f, b)
+}
+
+/// Keeps at most `total` labels, at most `fraction` of them foreground (the rest background),
+/// chosen at random ([`draw`]); the others become `Ignore`.
+pub fn sample(labels: &mut [Label], total: usize, fraction: f64, rng: &mut Rng) {
     let fg: Vec<usize> = (0..labels.len())
         .filter(|&i| matches!(labels[i], Label::Fg(_)))
         .collect();
-    let kept_fg = pick(fg, (total as f64 * fraction) as usize, labels, rng);
     let bg: Vec<usize> = (0..labels.len())
         .filter(|&i| labels[i] == Label::Bg)
         .collect();
-    pick(bg, total - kept_fg, labels, rng);
+    let (pf, pb) = draw(fg.len(), bg.len(), total, fraction, rng);
+    for (idx, picks) in [(fg, pf), (bg, pb)] {
+        if let Picks::These(offsets) = picks {
+            let mut chosen = vec![false; idx.len()];
+            offsets.into_iter().for_each(|o| chosen[o] = true);
+            for (&i, kept) in idx.iter().zip(chosen) {
+                if !kept {
+                    labels[i] = Label::Ignore;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]
