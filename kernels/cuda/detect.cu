@@ -149,12 +149,27 @@ extern "C" __global__ void __launch_bounds__(1024) rpn_topk(const u64* logits, c
         out[j] = 0xFFFFFFFFu - (u32)(cand[j] & 0xFFFFFFFFu);
 }
 
+// Anchor i of level l, as boxes::AnchorGrid::anchors makes it: cell (y, x) = (i / A) of a grid
+// cols[l] wide at stride[l], anchor a = i % A of the cell wh[(l·A + a)·2 …] wide and high,
+// centred on ((x + ½)·stride, (y + ½)·stride).
+__device__ __forceinline__ void anchor_box(const int* cols, const double* stride,
+                                           const double* wh, int A, int l, u32 i, double* r) {
+    const u32 cell = i / A, a = i % A;
+    const u32 y = cell / cols[l], x = cell % cols[l];
+    const double st = stride[l];
+    const double ax = __dmul_rn(__dadd_rn((double)x, 0.5), st);
+    const double ay = __dmul_rn(__dadd_rn((double)y, 0.5), st);
+    const double aw = wh[2 * (l * A + a)], ah = wh[2 * (l * A + a) + 1];
+    r[0] = __dsub_rn(ax, __dmul_rn(0.5, aw));
+    r[1] = __dsub_rn(ay, __dmul_rn(0.5, ah));
+    r[2] = __dadd_rn(ax, __dmul_rn(0.5, aw));
+    r[3] = __dadd_rn(ay, __dmul_rn(0.5, ah));
+}
+
 // Segment s's selected anchors decoded: boxes[(s·K + j)·4 …] = (x1, y1, x2, y2) of the box that
 // anchor sel[s·K + j]'s deltas make, clipped to width × height; scores[s·K + j] its logit;
-// valid[s·K + j] whether both its sides reach min_size (0 for the slots past min(K, n)). Level
-// l's anchors: cell (y, x) of a grid cols[l] wide at stride[l], A a cell, anchor a of a cell
-// wh[(l·A + a)·2 …] wide and high, centred on ((x + ½)·stride, (y + ½)·stride). Grid-stride over
-// levels · images · K slots.
+// valid[s·K + j] whether both its sides reach min_size (0 for the slots past min(K, n)); the
+// anchors are anchor_box's. Grid-stride over levels · images · K slots.
 extern "C" __global__ void rpn_decode(const u64* logits, const u64* deltas, const int* per,
                                       const int* cols, const double* stride, const double* wh,
                                       int A, const u32* sel, int images, int levels, int K,
@@ -175,17 +190,11 @@ extern "C" __global__ void rpn_decode(const u64* logits, const u64* deltas, cons
             continue;
         }
         const u32 i = sel[t];
-        const u32 cell = i / A, a = i % A;
-        const u32 y = cell / cols[l], x = cell % cols[l];
-        const double st = stride[l];
-        const double ax = __dmul_rn(__dadd_rn((double)x, 0.5), st);
-        const double ay = __dmul_rn(__dadd_rn((double)y, 0.5), st);
-        const double aw = wh[2 * (l * A + a)], ah = wh[2 * (l * A + a) + 1];
-        const double r0 = __dsub_rn(ax, __dmul_rn(0.5, aw)), r1 = __dsub_rn(ay, __dmul_rn(0.5, ah));
-        const double r2 = __dadd_rn(ax, __dmul_rn(0.5, aw)), r3 = __dadd_rn(ay, __dmul_rn(0.5, ah));
+        double r[4];
+        anchor_box(cols, stride, wh, A, l, i, r);
         // Coder::decode with weights (1, 1, 1, 1).
-        const double rw = __dsub_rn(r2, r0), rh = __dsub_rn(r3, r1);
-        const double rx = __dadd_rn(r0, __dmul_rn(0.5, rw)), ry = __dadd_rn(r1, __dmul_rn(0.5, rh));
+        const double rw = __dsub_rn(r[2], r[0]), rh = __dsub_rn(r[3], r[1]);
+        const double rx = __dadd_rn(r[0], __dmul_rn(0.5, rw)), ry = __dadd_rn(r[1], __dmul_rn(0.5, rh));
         const float* d = (const float*)deltas[l] + ((u64)b * n + i) * 4;
         const double dx = (double)d[0], dy = (double)d[1];
         const double dw = fmin((double)d[2], clamp), dh = fmin((double)d[3], clamp);
@@ -318,4 +327,246 @@ extern "C" __global__ void rpn_merge(const double* boxes, const float* scores, c
             o[4] = (double)score;
         }
     }
+}
+
+// ---- The RPN's losses (rpn::rpn_loss), driven by workloads/src/gpu/rpn_loss.rs ----
+// Image b's anchors are its levels' in turn: anchor a = first[l] + i is anchor i of level l
+// (first[levels] = N anchors an image). Its ground truth is truth[4·(tstart[b] + j) …], j < G_b.
+// Labels: j ≥ 0 foreground (matched to box j), −1 background, −2 ignored.
+//
+// 1. anchor_match: Matcher::assign_chunks' first pass (each anchor's best box, the first where
+//    several, against the thresholds) and each box's best IoU over the image's anchors.
+// 2. anchor_best: its second pass (an anchor at a box's best IoU goes to that box, the last such
+//    box), then each block's foreground and background counts.
+// 3. anchor_scan: per image, each block's first foreground and background ordinal, and the
+//    totals. The host draws from the totals (matcher::draw, the CPU's Rng) which ordinals to keep.
+// 4. rpn_loss_terms: each kept anchor's losses and its gradients.
+// Deterministic: the best IoUs are maxima (atomicMax over the bits of non-negative doubles), the
+// counts are sums, and the loss terms, written at slots in any order, are summed by the host in
+// the anchors' order.
+
+#define MATCH_THREADS 1024
+// The most ground-truth boxes an image (workloads/src/gpu/rpn_loss.rs MAX_TRUTH).
+#define MAX_TRUTH 256
+
+// The level of image anchor a (first[l] ≤ a < first[l + 1]).
+__device__ __forceinline__ int level_of(const int* first, int levels, u32 a) {
+    int l = 0;
+    while (l + 1 < levels && a >= (u32)first[l + 1]) ++l;
+    return l;
+}
+
+// The block's exclusive prefix sum of v and (in *total) its sum; every thread of the block
+// calls it (MATCH_THREADS threads, a multiple of 32).
+__device__ u64 block_exclusive_scan(u64 v, u64* total) {
+    __shared__ u64 warp_sums[32];
+    const int lane = threadIdx.x & 31, w = threadIdx.x >> 5, warps = blockDim.x >> 5;
+    u64 x = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const u64 y = __shfl_up_sync(0xFFFFFFFFu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[w] = x;
+    __syncthreads();
+    if (w == 0) {
+        u64 s = lane < warps ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const u64 y = __shfl_up_sync(0xFFFFFFFFu, s, o);
+            if (lane >= o) s += y;
+        }
+        if (lane < warps) warp_sums[lane] = s;
+    }
+    __syncthreads();
+    const u64 before = (w > 0 ? warp_sums[w - 1] : 0) + x - v;
+    *total = warp_sums[warps - 1];
+    __syncthreads();
+    return before;
+}
+
+// The maximum of v over the warp.
+__device__ __forceinline__ u64 warp_max(u64 v) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const u64 y = __shfl_xor_sync(0xFFFFFFFFu, v, o);
+        v = y > v ? y : v;
+    }
+    return v;
+}
+
+// label[b·N + a] by the first pass: the anchor's best box j (the first, where several) when its
+// IoU ≥ high, −1 below low, −2 between (−1 for an image without boxes); best[tstart[b] + j]
+// raised to box j's best IoU over the block's anchors (the bits of a non-negative double; zeroed
+// before). Grid (⌈N / 1024⌉, images), MATCH_THREADS (1024) threads, G_b ≤ MAX_TRUTH.
+extern "C" __global__ void __launch_bounds__(1024) anchor_match(
+    const int* first, int levels, const int* cols, const double* stride, const double* wh, int A,
+    const double* truth, const int* tstart, double high, double low, int* label, u64* best) {
+    const u32 N = (u32)first[levels];
+    const int b = blockIdx.y;
+    const u32 a = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t0 = tstart[b], g = tstart[b + 1] - t0;
+    __shared__ double box_s[4 * MAX_TRUTH];
+    __shared__ u64 top_s[MAX_TRUTH];
+    for (int j = threadIdx.x; j < g; j += blockDim.x) {
+        top_s[j] = 0;
+        for (int q = 0; q < 4; ++q) box_s[4 * j + q] = truth[4 * (t0 + j) + q];
+    }
+    __syncthreads();
+    const bool live = a < N;
+    double r[4] = {0.0, 0.0, 0.0, 0.0};
+    if (live) {
+        const int l = level_of(first, levels, a);
+        anchor_box(cols, stride, wh, A, l, a - (u32)first[l], r);
+    }
+    int jb = 0;
+    double top = -__longlong_as_double(0x7FF0000000000000ll);  // −∞
+    // Every thread runs every box (the warp maximum needs the whole warp); g is the block's.
+    for (int j = 0; j < g; ++j) {
+        const double v = live ? iou(r, box_s + 4 * j) : 0.0;
+        if (v > top) {
+            top = v;
+            jb = j;
+        }
+        // f64::max ignores a NaN; IoUs are ≥ 0, so their bits order as the values.
+        const u64 m = warp_max(v > 0.0 ? (u64)__double_as_longlong(v) : 0ull);
+        if ((threadIdx.x & 31) == 0 && m != 0) atomicMax(&top_s[j], m);
+    }
+    if (live) label[(u64)b * N + a] = g == 0 ? -1 : (top >= high ? jb : (top < low ? -1 : -2));
+    __syncthreads();
+    for (int j = threadIdx.x; j < g; j += blockDim.x)
+        if (top_s[j] != 0) atomicMax(&best[t0 + j], top_s[j]);
+}
+
+// The second pass (when allow_best): an anchor whose IoU with box j equals box j's best, where
+// that is > 0, goes to j (the last such j); then counts[b·nb + blockIdx.x] = the block's
+// foreground count + its background count · 2³², nb = gridDim.x. Grid and block as anchor_match.
+extern "C" __global__ void __launch_bounds__(1024) anchor_best(
+    const int* first, int levels, const int* cols, const double* stride, const double* wh, int A,
+    const double* truth, const int* tstart, int allow_best, const u64* best, int* label,
+    u64* counts) {
+    const u32 N = (u32)first[levels];
+    const int b = blockIdx.y;
+    const u32 a = blockIdx.x * blockDim.x + threadIdx.x;
+    const int t0 = tstart[b], g = tstart[b + 1] - t0;
+    int lab = -2;
+    if (a < N) {
+        lab = label[(u64)b * N + a];
+        if (allow_best && g > 0) {
+            const int l = level_of(first, levels, a);
+            double r[4];
+            anchor_box(cols, stride, wh, A, l, a - (u32)first[l], r);
+            for (int j = g - 1; j >= 0; --j) {
+                const double bj = __longlong_as_double((long long)best[t0 + j]);
+                if (bj > 0.0 && iou(r, truth + 4 * (t0 + j)) == bj) {
+                    lab = j;
+                    break;
+                }
+            }
+            label[(u64)b * N + a] = lab;
+        }
+    }
+    const u32 fg = (u32)__syncthreads_count(lab >= 0);
+    const u32 bg = (u32)__syncthreads_count(lab == -1);
+    if (threadIdx.x == 0) counts[(u64)b * gridDim.x + blockIdx.x] = (u64)fg | ((u64)bg << 32);
+}
+
+// Per image b: offsets[b·nb + k] the foreground (low half) and background (high half) anchors of
+// its blocks before block k; totals[b] their sums over the image (the same halves). Grid images,
+// MATCH_THREADS threads.
+extern "C" __global__ void __launch_bounds__(1024) anchor_scan(const u64* counts, int nb,
+                                                               u64* offsets, u64* totals) {
+    const u64 b = blockIdx.x;
+    u64 carry = 0;
+    for (int base = 0; base < nb; base += blockDim.x) {
+        const int k = base + threadIdx.x;
+        const u64 v = k < nb ? counts[b * nb + k] : 0;
+        u64 sum;
+        const u64 before = block_exclusive_scan(v, &sum);
+        if (k < nb) offsets[b * nb + k] = carry + before;
+        carry += sum;
+    }
+    if (threadIdx.x == 0) totals[b] = carry;
+}
+
+// Whether ordinal o is kept by a draw: (first, count) into `chosen` (sorted offsets), count < 0
+// for all of them.
+__device__ __forceinline__ bool drawn(const u32* chosen, int first, int count, u32 o) {
+    if (count < 0) return true;
+    int lo = 0, hi = count;
+    while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (chosen[first + mid] < o)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return lo < count && chosen[first + lo] == o;
+}
+
+// The kept anchors' losses (rpn::rpn_loss): anchor a of image b is kept when its ordinal among
+// the image's foreground (background) anchors, offsets' half plus the block's prefix, is drawn:
+// pick[4·b …] = (first, count) of the foreground's sorted offsets in `chosen`, then the
+// background's (count −1: all). For each kept anchor, with z its logit and t its target (1
+// foreground, 0 background): dlogits[l][at] = f32((σ(z) − t) / count) · scale (at = b·per_l + i;
+// the others are zeroed before); a foreground one's deltas d against its box's encoding e
+// (Coder, weights 1): ddeltas[l][4·at + q] = f32(g_q / count) · scale with g the smooth-L1 (beta)
+// gradient; terms[3·s …] = (b·N + a, its cross-entropy, its smooth-L1 sum) at slot s =
+// atomicAdd(slots). Grid and block as anchor_match.
+extern "C" __global__ void __launch_bounds__(1024) rpn_loss_terms(
+    const int* first, int levels, const int* cols, const double* stride, const double* wh, int A,
+    const double* truth, const int* tstart, const int* label, const u64* offsets,
+    const int* pick, const u32* chosen, const u64* logits, const u64* deltas, double count,
+    float scale, double beta, const u64* dlogits, const u64* ddeltas, u32* slots,
+    double* terms) {
+    const u32 N = (u32)first[levels];
+    const int b = blockIdx.y;
+    const u32 a = blockIdx.x * blockDim.x + threadIdx.x;
+    const int lab = a < N ? label[(u64)b * N + a] : -2;
+    const u64 mine = lab >= 0 ? 1ull : (lab == -1 ? (1ull << 32) : 0ull);
+    u64 sum;
+    const u64 ord = offsets[(u64)b * gridDim.x + blockIdx.x] + block_exclusive_scan(mine, &sum);
+    if (mine == 0) return;
+    const bool fg = lab >= 0;
+    const u32 o = fg ? (u32)(ord & 0xFFFFFFFFu) : (u32)(ord >> 32);
+    const int* p = pick + 4 * b + (fg ? 0 : 2);
+    if (!drawn(chosen, p[0], p[1], o)) return;
+    const int l = level_of(first, levels, a);
+    const u32 i = a - (u32)first[l];
+    const u64 at = (u64)b * (u64)(first[l + 1] - first[l]) + i;
+    const double z = (double)((const float*)logits[l])[at];
+    const double t = fg ? 1.0 : 0.0;
+    // loss::bce_with_logits: max(z, 0) − t·z + log1p(e^−|z|), gradient σ(z) − t.
+    const double lo = __dadd_rn(__dsub_rn(fmax(z, 0.0), __dmul_rn(t, z)), log1p(exp(-fabs(z))));
+    const double go = __dsub_rn(__ddiv_rn(1.0, __dadd_rn(1.0, exp(-z))), t);
+    ((float*)dlogits[l])[at] = __fmul_rn((float)__ddiv_rn(go, count), scale);
+    double lr = 0.0;
+    if (fg) {
+        double r[4];
+        anchor_box(cols, stride, wh, A, l, i, r);
+        const double* gt = truth + 4 * (tstart[b] + lab);
+        // Coder::encode with weights (1, 1, 1, 1).
+        const double rw = __dsub_rn(r[2], r[0]), rh = __dsub_rn(r[3], r[1]);
+        const double rx = __dadd_rn(r[0], __dmul_rn(0.5, rw)), ry = __dadd_rn(r[1], __dmul_rn(0.5, rh));
+        const double tw = __dsub_rn(gt[2], gt[0]), th = __dsub_rn(gt[3], gt[1]);
+        const double tx = __dadd_rn(gt[0], __dmul_rn(0.5, tw)), ty = __dadd_rn(gt[1], __dmul_rn(0.5, th));
+        const double e[4] = {__ddiv_rn(__dsub_rn(tx, rx), rw), __ddiv_rn(__dsub_rn(ty, ry), rh),
+                             log(__ddiv_rn(tw, rw)), log(__ddiv_rn(th, rh))};
+        const float* d = (const float*)deltas[l] + 4 * at;
+        float* dd = (float*)ddeltas[l] + 4 * at;
+        // loss::smooth_l1: ½·x²/β where |x| < β, |x| − ½β elsewhere; gradient x/β or sign(x).
+        for (int q = 0; q < 4; ++q) {
+            const double x = __dsub_rn((double)d[q], e[q]);
+            double gq;
+            if (fabs(x) < beta) {
+                lr = __dadd_rn(lr, __ddiv_rn(__dmul_rn(__dmul_rn(0.5, x), x), beta));
+                gq = __ddiv_rn(x, beta);
+            } else {
+                lr = __dadd_rn(lr, __dsub_rn(fabs(x), __dmul_rn(0.5, beta)));
+                gq = x != x ? x : copysign(1.0, x);
+            }
+            dd[q] = __fmul_rn((float)__ddiv_rn(gq, count), scale);
+        }
+    }
+    const u32 s = atomicAdd(slots, 1u);
+    terms[3 * (u64)s] = (double)((u64)b * N + a);
+    terms[3 * (u64)s + 1] = lo;
+    terms[3 * (u64)s + 2] = lr;
 }

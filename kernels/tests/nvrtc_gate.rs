@@ -99,6 +99,11 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "rpn_topk" => ("match.any.sync.b32", 1),
         "nms_mask" => ("div.rn.f64", 1),
         "nms_sweep" => ("bar.warp.sync", 1),
+        // The best overlaps as maxima of their bits, the block's counts, the terms' slots.
+        // (".op.type" after the atomic's state space, whatever the qualifiers' spelling.)
+        "anchor_match" => (".max.u64", 2),
+        "anchor_best" => ("red.popc.u32", 2),
+        "rpn_loss_terms" => (".add.u32", 1),
         _ => return None,
     })
 }
@@ -161,6 +166,8 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                             "bn_running_stats",
                             "bn_backward_coefficients",
                             "nms_mask",
+                            "anchor_match",
+                            "anchor_best",
                         ]
                         .contains(k)
                         {

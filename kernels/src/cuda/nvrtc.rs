@@ -116,8 +116,12 @@ pub const SOURCES: &[Source] = &[
             "nms_mask",
             "nms_sweep",
             "rpn_merge",
+            "anchor_match",
+            "anchor_best",
+            "anchor_scan",
+            "rpn_loss_terms",
         ],
-        purpose: "the RPN's proposals: per-level top-k, decoding, bitmask NMS, the levels' merge",
+        purpose: "the RPN's proposals (per-level top-k, decoding, bitmask NMS, the levels' merge) and losses (anchor matching, counts for the draw, the kept anchors' terms)",
         arch_specific: None,
     },
     Source {
