@@ -9,7 +9,7 @@ use super::*;
 use crate::detect::boxes::BBox;
 use crate::detect::fpn::Fpn;
 use crate::detect::model::{Detector, DetectorConfig, Target};
-use crate::detect::rpn::{proposals, ProposalRule, RpnHead};
+use crate::detect::rpn::{proposals, rpn_loss, ProposalRule, RpnHead};
 use crate::layers::Param;
 
 /// A flat store's gradients in the CPU layout, slot after slot.
@@ -179,6 +179,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         );
     }
     proposals_check(&mut ctx, &mut out, &mut rng)?;
+    rpn_loss_check(&mut ctx, &mut out, &mut rng)?;
     whole_step(ctx, p, &mut out, &mut rng)?;
     Ok(out)
 }
@@ -252,6 +253,99 @@ fn proposals_check(
             name: format!("RPN proposals on the device ({what}) vs the host's"),
             error: proposal_mismatch(&g, &c),
             tolerance: PROPOSAL_TOLERANCE,
+        });
+    }
+    Ok(())
+}
+
+/// The RPN's losses on the device against `rpn::rpn_loss` on the same outputs: three images
+/// over five levels of nine anchors (two boxes; twelve crowded boxes, more foreground anchors
+/// than half the draw; none, all background) at a loss scale of 8: the same anchors kept, both
+/// losses, every gradient.
+fn rpn_loss_check(
+    ctx: &mut Ctx,
+    out: &mut Vec<Check>,
+    rng: &mut crate::data::Rng,
+) -> Result<(), CudaError> {
+    let cfg = DetectorConfig::ewa();
+    let (ih, iw, images) = (96usize, 144usize, 3usize);
+    let sizes: Vec<(usize, usize)> = (0..5)
+        .map(|l| (ih.div_ceil(4 << l), iw.div_ceil(4 << l)))
+        .collect();
+    let grids = cfg.level_grids(&sizes);
+    let anc: Vec<Vec<BBox>> = grids.iter().map(|g| g.anchors()).collect();
+    let a = grids[0].per_cell();
+    let (mut host, mut dev) = (Vec::new(), Vec::new());
+    for &(h, w) in &sizes {
+        let o = rand_tensor(images, h, w, a, rng);
+        let mut d = rand_tensor(images, h, w, 4 * a, rng);
+        d.data.iter_mut().for_each(|v| *v *= 0.3);
+        dev.push((ctx.upload(&o)?, ctx.upload(&d)?));
+        host.push((o, d));
+    }
+    let crowd: Vec<BBox> = (0..12)
+        .map(|i| {
+            let (x, y) = (8.0 + 10.0 * i as f64, 4.0 + 6.0 * (i % 4) as f64);
+            [x, y, x + 24.0, y + 20.0]
+        })
+        .collect();
+    let truth = vec![
+        vec![[10.0, 12.0, 50.0, 60.0], [60.0, 20.0, 130.0, 80.0]],
+        crowd,
+        Vec::new(),
+    ];
+    let (per_image, seed, scale) = (cfg.rpn_per_image, 11, 8.0);
+    let terms = ctx.alloc(terms_bytes(images, per_image))?;
+    let l = ctx.rpn_loss(&dev, &grids, &truth, per_image, seed, scale, terms.ptr)?;
+    let raw: Vec<f64> = ctx.get(terms.ptr, 3 * l.kept)?;
+    let (obj, reg) = rpn_loss_sums(&raw, l.kept, l.count());
+    let (want_obj, want_reg, want) = rpn_loss(&host, &anc, &truth, per_image, seed);
+    let rel = |g: f64, c: f64| ((g - c) / c.abs().max(1e-300)).abs();
+    let (mut got_l, mut got_d) = (Vec::new(), Vec::new());
+    for (gl, gd) in &l.grads {
+        got_l.extend(ctx.download(gl)?.data.iter().map(|v| v / scale as f32));
+        got_d.extend(ctx.download(gd)?.data.iter().map(|v| v / scale as f32));
+    }
+    let want_l = cat(&want.iter().map(|w| w.0.clone()).collect::<Vec<_>>());
+    let want_d = cat(&want.iter().map(|w| w.1.clone()).collect::<Vec<_>>());
+    // The kept anchors are those with a logit gradient on either side.
+    let differ = got_l
+        .iter()
+        .zip(&want_l)
+        .filter(|(g, w)| (**g != 0.0) != (**w != 0.0))
+        .count();
+    let kept_host = want_l.iter().filter(|w| **w != 0.0).count();
+    for (name, error, tolerance) in [
+        (
+            format!("RPN loss on the device: the host's {kept_host} anchors kept"),
+            differ as f64 + (l.kept != kept_host) as u8 as f64,
+            0.0,
+        ),
+        (
+            "RPN loss on the device: objectness vs the host's".to_string(),
+            rel(obj, want_obj),
+            1e-12,
+        ),
+        (
+            "RPN loss on the device: box regression vs the host's".to_string(),
+            rel(reg, want_reg),
+            1e-12,
+        ),
+        (
+            "RPN loss on the device: objectness gradients".to_string(),
+            normwise(&got_l, &want_l),
+            1e-6,
+        ),
+        (
+            "RPN loss on the device: box gradients".to_string(),
+            normwise(&got_d, &want_d),
+            1e-6,
+        ),
+    ] {
+        out.push(Check {
+            name,
+            error,
+            tolerance,
         });
     }
     Ok(())

@@ -1,14 +1,14 @@
 //! The EWA detector on the GPU (`crate::detect::model::Detector`'s twin): the shared ResNet body
 //! for C2–C5, the pyramid, the RPN head shared by P2–P6, multi-scale RoIAlign and the box head
 //! on cuDNN, cuBLAS and NVRTC kernels, with f32 master weights in one flat store (the CPU's
-//! parameter order, so a checkpoint moves between devices). What the CPU detector does on the
-//! host it does here too, with the same functions (`crate::detect::host`): the anchors, the
-//! RPN's losses, the proposals, matching and sampling, the box head's losses and the
-//! detections; the RPN's outputs and the box head's come down for them (a few MB per step),
-//! their gradients go back up, times the loss scale. Data parallel: gradients summed by NCCL
-//! in buckets while the backward pass runs (box head, RPN, pyramid, then the body block by
-//! block), batch-norm statistics through the reducer.
-
+//! parameter order, so a checkpoint moves between devices). The RPN's losses and proposals are
+//! made on the device (`rpn_loss.rs`, `proposals.rs`: the twins of `rpn::rpn_loss` and
+//! `rpn::proposals`); what else the CPU detector does on the host it does here too, with the
+//! same functions (`crate::detect::host`): the second stage's matching and sampling, the box
+//! head's losses and the detections, the box head's outputs coming down for them and their
+//! gradients going back up, times the loss scale. Data parallel: gradients summed by NCCL in
+//! buckets while the backward pass runs (box head, RPN, pyramid, then the body block by block),
+//! batch-norm statistics through the reducer.
 use super::*;
 use crate::detect::boxes::{AnchorGrid, BBox};
 use crate::detect::head::head_loss;
@@ -19,6 +19,14 @@ use roofline_collectors::timeline::timed;
 
 /// The RPN head's outputs of every level on the host: (logits, deltas).
 type HostOutputs = Vec<(Tensor<f32>, Tensor<f32>)>;
+
+/// A step's RPN losses: made on the device (the gradients there, the values in the readout),
+/// or on the host (the gradients uploaded, the (objectness, box) losses, the downloaded
+/// outputs the proposals may be made from).
+enum RpnGrads {
+    Device(RpnLoss),
+    Host(Vec<(GTensor, GTensor)>, f64, f64, HostOutputs),
+}
 
 /// The detector on one GPU.
 pub struct GpuDetector {
@@ -32,10 +40,11 @@ pub struct GpuDetector {
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
     pub(super) sync: Option<GradSync>,
-    /// Make the proposals on the host from the RPN's downloaded outputs (`rpn::proposals`), as
-    /// before `detect.cu`: for A/B measurements and as a fallback; set by the environment
-    /// variable `ROOFLINE_HOST_PROPOSALS` (any value).
-    pub proposals_on_host: bool,
+    /// Make the RPN's losses and proposals on the host from its downloaded outputs
+    /// (`rpn::rpn_loss`, `rpn::proposals`), as before `detect.cu`, the gradients uploaded: for
+    /// A/B measurements and as a fallback; set by the environment variable
+    /// `ROOFLINE_HOST_RPN` (any value).
+    pub host_rpn: bool,
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
 }
@@ -48,8 +57,8 @@ pub struct DetectorStep {
     pub comm_bytes: f64,
     /// False when a loss-scale overflow skipped the update.
     pub applied: bool,
-    /// The host's waits for the GPU during the step (the host computes the RPN's and the box
-    /// head's losses: their outputs come down mid-step).
+    /// The host's waits for the GPU during the step (the RPN's counts for the draw, the
+    /// proposals, the box head's outputs for its losses, the step's last copy).
     pub host_syncs: u64,
     /// The device allocations during the step (none once the pool holds what a step needs).
     pub device_allocations: u64,
@@ -131,7 +140,7 @@ impl GpuDetector {
             loss_scale,
             skipped: 0,
             sync,
-            proposals_on_host: std::env::var_os("ROOFLINE_HOST_PROPOSALS").is_some(),
+            host_rpn: std::env::var_os("ROOFLINE_HOST_RPN").is_some(),
             ctx,
         })
     }
@@ -178,7 +187,7 @@ impl GpuDetector {
     }
 
     /// Each image's proposals by `rule`: on the device (`detect.cu`), or on the host from `host`
-    /// (the downloaded outputs) when `proposals_on_host`; one span, "proposals".
+    /// (the downloaded outputs) when `host_rpn`; one span, "proposals".
     fn proposals(
         &mut self,
         out: &[(GTensor, GTensor)],
@@ -192,7 +201,7 @@ impl GpuDetector {
                 .map(|v| v.into_iter().map(|b| b.0).collect())
                 .collect()
         };
-        if self.proposals_on_host {
+        if self.host_rpn {
             let fetched;
             let host = match host {
                 Some(h) => h,
@@ -257,37 +266,78 @@ impl GpuDetector {
         let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
         let (p, dev_out, grids) = self.first_stage(x, true)?;
-        let out = self.download_outputs(&dev_out)?;
-        let anc: Vec<Vec<BBox>> = grids.iter().map(AnchorGrid::anchors).collect();
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
-        // The host's part (the GPU idle: its outputs came down), spans as the CPU's.
-        let (rpn_objectness, rpn_box, rpn_grads) = timed(
-            FWD,
-            || "rpn.loss".into(),
-            || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
-        );
-        let made = match fixed {
-            Some(_) => None,
+        let scale = self.loss_scale.scale;
+        let per_image = self.cfg.rpn_per_image;
+        // The RPN's losses: on the device, their terms read with the step's last copy (the
+        // readout); or, with `host_rpn`, on the host from the downloaded outputs (spans as the
+        // CPU's), their gradients uploaded.
+        let (readout, rpn) = if self.host_rpn {
+            let out = self.download_outputs(&dev_out)?;
+            let anc: Vec<Vec<BBox>> = grids.iter().map(AnchorGrid::anchors).collect();
+            let (obj, reg, grads) = timed(
+                FWD,
+                || "rpn.loss".into(),
+                || rpn_loss(&out, &anc, &boxes, per_image, seed),
+            );
+            let mut g = Vec::with_capacity(grads.len());
+            for (o, d) in grads {
+                g.push((
+                    upload_scaled(&self.ctx, o, scale)?,
+                    upload_scaled(&self.ctx, d, scale)?,
+                ));
+            }
+            (
+                Readout::new(&self.ctx, 0)?,
+                RpnGrads::Host(g, obj, reg, out),
+            )
+        } else {
+            let readout = Readout::new(&self.ctx, terms_bytes(x.n, per_image))?;
+            let t0 = self.ctx.mark()?;
+            let l = self.ctx.rpn_loss(
+                &dev_out,
+                &grids,
+                &boxes,
+                per_image,
+                seed,
+                scale,
+                readout.buf.ptr,
+            )?;
+            self.ctx.close(FWD, || "rpn.loss".into(), t0)?;
+            (readout, RpnGrads::Device(l))
+        };
+        let props = match fixed {
+            Some(f) => f.to_vec(),
             None => {
                 let rule = self.cfg.rpn_train;
-                Some(self.proposals(&dev_out, Some(&out), &grids, &rule, (ih, iw))?)
+                let host = match &rpn {
+                    RpnGrads::Host(_, _, _, out) => Some(out.as_slice()),
+                    RpnGrads::Device(_) => None,
+                };
+                self.proposals(&dev_out, host, &grids, &rule, (ih, iw))?
             }
         };
         drop(dev_out);
-        let fixed = fixed.or(made.as_deref());
+        let none: HostOutputs = Vec::new();
+        // The proposals are given: `regions` reads neither the outputs nor the anchors.
         let regions = timed(
             FWD,
             || "regions".into(),
-            || self.cfg.regions(&out, &anc, truth, seed, fixed, (ih, iw)),
+            || {
+                self.cfg
+                    .regions(&none, &[], truth, seed, Some(&props), (ih, iw))
+            },
         );
-        drop(out);
+        let (rpn_objectness, rpn_box, rpn_grads, kept) = match rpn {
+            RpnGrads::Host(g, obj, reg, _) => (obj, reg, g, None),
+            RpnGrads::Device(l) => (0.0, 0.0, l.grads, Some(l.kept)),
+        };
         let mut losses = Losses {
             rpn_objectness,
             rpn_box,
             regions: regions.rois.len(),
             ..Losses::default()
         };
-        let scale = self.loss_scale.scale;
         let (head_lo, rpn_lo, fpn_lo) = self.offsets();
         let ctx = &mut self.ctx;
         let flat = &self.flat;
@@ -339,13 +389,9 @@ impl GpuDetector {
             dp
         };
         // The RPN head over every level; P6's gradient is the RPN's alone.
-        let mut g = Vec::with_capacity(rpn_grads.len());
-        for (o, d) in rpn_grads {
-            g.push((upload_scaled(ctx, o, scale)?, upload_scaled(ctx, d, scale)?));
-        }
         let t0 = ctx.mark()?;
-        let mut drpn = self.rpn.backward(ctx, flat, &g)?;
-        drop(g);
+        let mut drpn = self.rpn.backward(ctx, flat, &rpn_grads)?;
+        drop(rpn_grads);
         if let Some(s) = sync.as_deref_mut() {
             s.finished(ctx, flat, rpn_lo)?;
         }
@@ -374,9 +420,7 @@ impl GpuDetector {
         if let Some(s) = sync {
             s.end(ctx, flat)?;
         }
-        // The losses came down during the step (the host computes them); the readout holds
-        // only the overflow flag.
-        let readout = Readout::new(&self.ctx, 0)?;
+        // The readout holds the RPN's loss terms (none on the host path) and the overflow flag.
         let done = finish_step(
             &mut self.ctx,
             &self.flat,
@@ -386,6 +430,15 @@ impl GpuDetector {
             readout,
             at_start,
         )?;
+        if let Some(kept) = kept {
+            let terms: Vec<f64> = done
+                .loss_bytes
+                .chunks_exact(8)
+                .map(|b| f64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+                .collect();
+            (losses.rpn_objectness, losses.rpn_box) =
+                rpn_loss_sums(&terms, kept, kept.max(1) as f64);
+        }
         Ok(DetectorStep {
             losses,
             comm_bytes: done.comm_bytes,

@@ -567,6 +567,7 @@ mod proposals;
 mod reference;
 mod resnet;
 mod roi_align;
+mod rpn_loss;
 mod trainer;
 use bn::*;
 use body::*;
@@ -582,6 +583,7 @@ pub use proposals::{proposal_mismatch, Proposals, MAX_PRE_NMS, PROPOSAL_TOLERANC
 use reference::*;
 pub use resnet::*;
 pub use roi_align::*;
+pub use rpn_loss::{rpn_loss_sums, terms_bytes, RpnLoss, MAX_TRUTH};
 pub use trainer::*;
 
 #[cfg(test)]

@@ -19,14 +19,14 @@ pub const MAX_PRE_NMS: usize = 4096;
 /// Each image's proposals: (box, objectness logit), best first.
 pub type Proposals = Vec<Vec<(BBox, f64)>>;
 
-/// Checks that `outputs` (per level: logits n·h·w·A, deltas n·h·w·4A) fit `grids` and `rule`
-/// fits the kernels; returns (images, anchors a cell).
-fn shapes(
+/// Checks that `outputs` (per level: logits n·h·w·A, deltas n·h·w·4A) fit `grids`; returns
+/// (images, anchors a cell). `what` names the caller in the error.
+pub(super) fn fit(
     outputs: &[(GTensor, GTensor)],
     grids: &[AnchorGrid],
-    rule: &ProposalRule,
+    what: &str,
 ) -> Result<(usize, usize), CudaError> {
-    let bad = |m: String| Err(CudaError::Check(format!("RPN proposals on the GPU: {m}")));
+    let bad = |m: String| Err(CudaError::Check(format!("{what} on the GPU: {m}")));
     if outputs.len() != grids.len() {
         return bad(format!(
             "{} levels of outputs, {} of anchors",
@@ -36,6 +36,7 @@ fn shapes(
     }
     let images = outputs.first().map_or(0, |o| o.0.n);
     let a = grids.first().map_or(0, AnchorGrid::per_cell);
+    let mut total = 0usize;
     for (l, ((o, d), g)) in outputs.iter().zip(grids).enumerate() {
         let fits = o.n == images
             && d.n == images
@@ -49,49 +50,66 @@ fn shapes(
                 o.n, o.h, o.w, o.c, d.n, d.h, d.w, d.c, g.rows, g.cols, g.per_cell()
             ));
         }
-        if o.len() / images.max(1) >= i32::MAX as usize {
-            return bad(format!(
-                "level {l} has {} anchors an image",
-                o.len() / images
-            ));
-        }
+        total += o.len() / images.max(1);
     }
+    if total >= i32::MAX as usize || images > 65535 {
+        return bad(format!("{images} images of {total} anchors"));
+    }
+    Ok((images, a))
+}
+
+/// Checks that `rule` fits the proposal kernels for `levels` levels of `images` images.
+fn rule_fits(rule: &ProposalRule, images: usize, levels: usize) -> Result<(), CudaError> {
     if rule.pre_nms > MAX_PRE_NMS {
         return Err(CudaError::Unsupported(format!(
             "the GPU keeps at most {MAX_PRE_NMS} anchors a level before NMS; the rule asks for {}",
             rule.pre_nms
         )));
     }
-    let segments = grids.len() * images;
-    if rule.pre_nms.div_ceil(64) * segments > 65535 || images > 65535 {
-        return bad(format!(
-            "{images} images × {} levels is more than one launch holds at {} anchors a level",
-            grids.len(),
+    let segments = levels * images;
+    if rule.pre_nms.div_ceil(64) * segments > 65535 {
+        return Err(CudaError::Check(format!(
+            "RPN proposals on the GPU: {images} images × {levels} levels is more than one launch holds at {} anchors a level",
             rule.pre_nms
-        ));
+        )));
     }
     if rule.post_nms > i32::MAX as usize / 8 {
-        return bad(format!("{} proposals an image", rule.post_nms));
+        return Err(CudaError::Check(format!(
+            "RPN proposals on the GPU: {} proposals an image",
+            rule.post_nms
+        )));
     }
-    Ok((images, a))
+    Ok(())
+}
+
+/// The RPN head's outputs as f32 on the device: one pointer table of the levels' logits and
+/// one of their deltas, and the widened copies of 16-bit outputs (alive while the tables are
+/// read).
+pub(super) struct F32Outputs {
+    pub logits: Buf,
+    pub deltas: Buf,
+    _widened: Vec<GTensor>,
+}
+
+/// The levels' anchor grids as the kernels read them: first[l] (the image's anchors before
+/// level l, levels + 1 of them), per[l] (level l's anchors an image), cols[l], stride[l], and
+/// wh (levels·A (width, height) pairs).
+pub(super) struct GridTables {
+    pub first: Buf,
+    pub per: Buf,
+    pub cols: Buf,
+    pub stride: Buf,
+    pub wh: Buf,
+    /// Anchors an image, over every level.
+    pub anchors: usize,
 }
 
 impl Ctx {
-    /// Each image's proposals from the RPN head's `outputs` on the device, for anchors on
-    /// `grids` and images of `ih × iw`, by `rule` (`rpn::proposals`' contract, checked against
-    /// it by `train --workload ewa --device cuda --check`).
-    pub fn rpn_proposals(
+    /// `outputs` as f32 pointer tables (16-bit outputs widened first).
+    pub(super) fn f32_outputs(
         &mut self,
         outputs: &[(GTensor, GTensor)],
-        grids: &[AnchorGrid],
-        rule: &ProposalRule,
-        (ih, iw): (f64, f64),
-    ) -> Result<Proposals, CudaError> {
-        let (images, a) = shapes(outputs, grids, rule)?;
-        if images == 0 || grids.is_empty() || rule.pre_nms == 0 || rule.post_nms == 0 {
-            return Ok(vec![Vec::new(); images]);
-        }
-        // The kernels read f32: 16-bit outputs are widened first.
+    ) -> Result<F32Outputs, CudaError> {
         let mut widened = Vec::new();
         let mut ptrs = (Vec::new(), Vec::new());
         for (o, d) in outputs {
@@ -106,19 +124,63 @@ impl Ctx {
                 }
             }
         }
-        let per: Vec<i32> = grids.iter().map(|g| (g.rows * g.cols * a) as i32).collect();
+        Ok(F32Outputs {
+            logits: self.upload_buf(&ptrs.0)?,
+            deltas: self.upload_buf(&ptrs.1)?,
+            _widened: widened,
+        })
+    }
+
+    /// `grids` uploaded as [`GridTables`].
+    pub(super) fn grid_tables(&self, grids: &[AnchorGrid]) -> Result<GridTables, CudaError> {
+        let per: Vec<i32> = grids
+            .iter()
+            .map(|g| (g.rows * g.cols * g.per_cell()) as i32)
+            .collect();
+        let mut first = vec![0i32];
+        for p in &per {
+            first.push(first.last().copied().unwrap_or(0) + p);
+        }
         let cols: Vec<i32> = grids.iter().map(|g| g.cols as i32).collect();
         let strides: Vec<f64> = grids.iter().map(|g| g.stride).collect();
         let wh: Vec<f64> = grids
             .iter()
             .flat_map(|g| g.shapes.iter().flat_map(|&(w, h)| [w, h]))
             .collect();
+        Ok(GridTables {
+            anchors: first.last().copied().unwrap_or(0) as usize,
+            first: self.upload_buf(&first)?,
+            per: self.upload_buf(&per)?,
+            cols: self.upload_buf(&cols)?,
+            stride: self.upload_buf(&strides)?,
+            wh: self.upload_buf(&wh)?,
+        })
+    }
+}
+
+impl Ctx {
+    /// Each image's proposals from the RPN head's `outputs` on the device, for anchors on
+    /// `grids` and images of `ih × iw`, by `rule` (`rpn::proposals`' contract, checked against
+    /// it by `train --workload ewa --device cuda --check`).
+    pub fn rpn_proposals(
+        &mut self,
+        outputs: &[(GTensor, GTensor)],
+        grids: &[AnchorGrid],
+        rule: &ProposalRule,
+        (ih, iw): (f64, f64),
+    ) -> Result<Proposals, CudaError> {
+        let (images, a) = fit(outputs, grids, "RPN proposals")?;
+        rule_fits(rule, images, grids.len())?;
+        if images == 0 || grids.is_empty() || rule.pre_nms == 0 || rule.post_nms == 0 {
+            return Ok(vec![Vec::new(); images]);
+        }
+        let f32_out = self.f32_outputs(outputs)?;
+        let tables = self.grid_tables(grids)?;
         let (levels, k) = (grids.len(), rule.pre_nms);
         let (segs, words) = (levels * images, k.div_ceil(64));
-        let logits = self.upload_buf(&ptrs.0)?;
-        let deltas = self.upload_buf(&ptrs.1)?;
-        let (per_b, cols_b) = (self.upload_buf(&per)?, self.upload_buf(&cols)?);
-        let (stride_b, wh_b) = (self.upload_buf(&strides)?, self.upload_buf(&wh)?);
+        let (logits, deltas) = (&f32_out.logits, &f32_out.deltas);
+        let (per_b, cols_b) = (&tables.per, &tables.cols);
+        let (stride_b, wh_b) = (&tables.stride, &tables.wh);
         let sel = self.alloc(4 * segs * k)?;
         let boxes = self.alloc(32 * segs * k)?;
         let scores = self.alloc(4 * segs * k)?;
@@ -136,7 +198,7 @@ impl Ctx {
             sel.ptr, boxes.ptr, scores.ptr, valid.ptr, mask.ptr, keep.ptr, kept.ptr, out.ptr,
         );
         // SAFETY (every launch below): the pointer tables hold one f32 buffer a level of
-        // images·per[l] logits and 4× as many deltas (checked in `shapes`, widened above and
+        // images·per[l] logits and 4× as many deltas (checked in `fit`, widened above and
         // alive until the copy at the end); per, cols and stride hold `levels` values, wh
         // levels·A pairs; the scratch buffers hold segs·K slots of their types (mask segs·K·W
         // words, kept segs, out images·row doubles); each kernel's parameters in order and
@@ -207,7 +269,7 @@ impl Ctx {
             )?;
         }
         let host: Vec<f64> = self.get(out.ptr, images * row)?;
-        drop(widened);
+        drop(f32_out);
         Ok(host
             .chunks_exact(row)
             .map(|r| {
