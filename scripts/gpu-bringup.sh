@@ -205,7 +205,7 @@ run() {
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
-    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-bf16-a9-host-proposals ewa-place; then
+    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-bf16-a9-host-rpn ewa-place; then
         # The detector: every GPU layer and a whole step of a small detector against the CPU,
         # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
         # placement on the GPU roofline (table in the log).
@@ -222,7 +222,7 @@ run() {
         done
         # A/B: the proposals on the host from the downloaded RPN outputs, as before detect.cu
         # (bf16, nine anchors; its images/s in the log beside ewa-bf16-a9's).
-        step ewa-bf16-a9-host-proposals 240 env ROOFLINE_HOST_PROPOSALS=1 "$rl" train --workload ewa --device cuda --precision bf16 --anchors 9 --batch 2 --train-images 8 --eval-images 2 --steps 12
+        step ewa-bf16-a9-host-rpn 240 env ROOFLINE_HOST_RPN=1 "$rl" train --workload ewa --device cuda --precision bf16 --anchors 9 --batch 2 --train-images 8 --eval-images 2 --steps 12
         step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
     fi
     if ! not_asked peers peers; then
