@@ -6,9 +6,13 @@
 //
 // The backward pass is a gather, atomics-free and deterministic: each feature element of one
 // level sums, in a fixed order (the regions of its level and image in plan order, then sample
-// rows, then sample columns), the weights of every sample that touches it. The bilinear weight
-// is separable, so the rows and the columns of samples that touch a cell are found one
-// dimension at a time, after a bounds test that skips regions far from the cell.
+// rows, then sample columns), the weights of every sample that touches it. The regions come
+// binned by tiles of the map (`tile` × `tile` cells of one image): a tile's segment lists, in
+// plan order, every region whose samples may touch one of its cells (the host widens each
+// footprint by a cell, so a segment holds at least the regions the exact test passes). An
+// element so visits the few regions near it, not all of its image's. The bilinear weight is
+// separable, and only the samples within about a cell of the element are weighed, one
+// dimension at a time; the sums are those of visiting every region and every sample.
 
 typedef unsigned long long u64;
 
@@ -88,14 +92,38 @@ extern "C" __global__ void roi_align_forward(const float* p2, const float* p3, c
     }
 }
 
+// The samples t of an axis (ts = out · samples of them, at start + (t + 0.5) · bin / samples)
+// that may touch cell q: those within a cell of it, widened by two samples for the rounding,
+// clamped to [0, ts - 1]. Every sample outside the range has weight 0 at q. Where the rounding
+// could reach two samples (a step under 1/64 cell, coordinates beyond 2^16 cells, or not
+// finite), the range is every sample.
+__device__ __forceinline__ void sample_range(float start, float bin, int samples, int q, int ts,
+                                             int* lo, int* hi) {
+    const float step = bin / (float)samples;
+    const float a = ((float)q - 1.0f - start) / step - 0.5f;
+    const float b = ((float)q + 1.0f - start) / step - 0.5f;
+    const float far = 65536.0f;
+    if (!(fabsf(step) >= 1.0f / 64.0f && fabsf(start) <= far && fabsf(bin) * ts <= far &&
+          isfinite(a) && isfinite(b))) {
+        *lo = 0;
+        *hi = ts - 1;
+        return;
+    }
+    const float last = (float)(ts - 1);
+    *lo = (int)fminf(fmaxf(floorf(fminf(a, b)) - 2.0f, 0.0f), last);
+    *hi = (int)fminf(fmaxf(ceilf(fmaxf(a, b)) + 2.0f, 0.0f), last);
+}
+
 // dx (one level's n × h × w × c gradient, overwritten) from dy (rois × out × out × c). The
-// regions of this level and image b are list[start[b] .. start[b + 1]).
-extern "C" __global__ void roi_align_backward(float* dx, int n, int h, int w, int c,
+// regions that may touch tile k (tiles of `tile` cells, ceil(h / tile) × ceil(w / tile) of
+// them an image, image-major then row-major) are list[start[k] .. start[k + 1]), in plan order.
+extern "C" __global__ void roi_align_backward(float* dx, int n, int h, int w, int c, int tile,
                                               const int* start, const int* list,
                                               const float* plan, const float* dy, int out,
                                               int samples) {
     const u64 total = (u64)n * h * w * c;
     const int ts = out * samples;
+    const int th = (h + tile - 1) / tile, tw = (w + tile - 1) / tile;
     const float norm = 1.0f / (float)(samples * samples);
     GRID_STRIDE(i, total) {
         const int ch = (int)(i % c);
@@ -103,8 +131,9 @@ extern "C" __global__ void roi_align_backward(float* dx, int n, int h, int w, in
         const int xq = (int)(pix % w);
         const int yq = (int)((pix / w) % h);
         const int b = (int)(pix / ((u64)w * h));
+        const int k0 = ((b * th) + yq / tile) * tw + xq / tile;
         float acc = 0.0f;
-        for (int k = start[b]; k < start[b + 1]; ++k) {
+        for (int k = start[k0]; k < start[k0 + 1]; ++k) {
             const int r = list[k];
             const float* pl = plan + 6 * r;
             // The cells any sample of this region touches: from the first sample's (clamped)
@@ -115,11 +144,14 @@ extern "C" __global__ void roi_align_backward(float* dx, int n, int h, int w, in
             const float x_lo = fmaxf(sample_at(pl[3], pl[5], 0, samples), 0.0f);
             const float x_hi = fmaxf(sample_at(pl[3], pl[5], ts - 1, samples), 0.0f);
             if (xq < (int)floorf(x_lo) || xq > (int)floorf(x_hi) + 1) continue;
+            int t0, t1, u0, u1;
+            sample_range(pl[2], pl[4], samples, yq, ts, &t0, &t1);
+            sample_range(pl[3], pl[5], samples, xq, ts, &u0, &u1);
             const float* g = dy + (u64)r * out * out * c + ch;
-            for (int t = 0; t < ts; ++t) {
+            for (int t = t0; t <= t1; ++t) {
                 const float wy = lin_weight(sample_at(pl[2], pl[4], t, samples), yq, h);
                 if (wy == 0.0f) continue;
-                for (int u = 0; u < ts; ++u) {
+                for (int u = u0; u <= u1; ++u) {
                     const float wx = lin_weight(sample_at(pl[3], pl[5], u, samples), xq, w);
                     if (wx == 0.0f) continue;
                     acc += wy * wx * g[((u64)(t / samples) * out + u / samples) * c];

@@ -1,9 +1,10 @@
 //! The detector's multi-scale RoIAlign on the GPU (`kernels/cuda/roi_align.cu`), the GPU layer
 //! of [`crate::detect::roi_align::MultiScale`]: the host builds a plan of the regions (level,
 //! image, the first sample's corner and the bin sizes in that level's cells) and, per level, the
-//! regions of each image; the forward kernel pools, the backward kernel gathers each feature
-//! element's gradient from the regions that touch it, atomics-free, so the result is the same
-//! bits on every run.
+//! regions of each image and of each tile of [`TILE`] × [`TILE`] cells; the forward kernel
+//! pools, the backward kernel gathers each feature element's gradient from the regions of its
+//! tile that touch it, atomics-free, so the result is the same bits on every run, and its cost
+//! follows the regions' overlap with the maps, not the elements times the regions.
 
 use super::*;
 use crate::detect::boxes::BBox;
@@ -11,6 +12,9 @@ use crate::detect::roi_align::{fpn_level, MultiScale};
 
 /// Floats per region in the plan: level, image, y1, x1, bin height, bin width.
 const PER_ROI: usize = 6;
+
+/// The side, in cells, of the tiles whose regions the backward kernel visits.
+pub const TILE: usize = 8;
 
 /// The regions as the kernels read them.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,12 +74,64 @@ impl RoiPlan {
             list,
         }
     }
+
+    /// The cells of an `n`-cell axis that region `r`'s samples may touch along it (`y` or not
+    /// `x`): the kernel's bounds test widened by a cell each way, clamped to the map; every
+    /// cell when the geometry is not finite.
+    fn footprint(&self, r: usize, y: bool, n: usize) -> (usize, usize) {
+        let g = &self.plan[PER_ROI * r..PER_ROI * (r + 1)];
+        let (start, bin) = if y { (g[2], g[4]) } else { (g[3], g[5]) };
+        let ts = self.out * self.samples;
+        let s = self.samples as f64;
+        let at = |t: usize| {
+            start as f64
+                + (t / self.samples) as f64 * bin as f64
+                + ((t % self.samples) as f64 + 0.5) * bin as f64 / s
+        };
+        let (a, b) = (at(0), at(ts - 1));
+        if !(a.is_finite() && b.is_finite()) {
+            return (0, n - 1);
+        }
+        let lo = a.min(b).max(0.0).floor() - 1.0;
+        let hi = a.max(b).max(0.0).floor() + 2.0;
+        let clamp = |v: f64| v.clamp(0.0, (n - 1) as f64) as usize;
+        (clamp(lo), clamp(hi))
+    }
+
+    /// Level `l`'s (maps of `h × w` cells) regions by tile of [`TILE`] cells: the regions that
+    /// may touch tile k (image-major, then row-major, ceil(h / TILE) × ceil(w / TILE) an
+    /// image) are `list[start[k] .. start[k + 1]]`, in plan order.
+    pub fn tiles(&self, l: usize, h: usize, w: usize) -> (Vec<i32>, Vec<i32>) {
+        let (th, tw) = (h.div_ceil(TILE), w.div_ceil(TILE));
+        let mut per: Vec<Vec<i32>> = vec![Vec::new(); self.images * th * tw];
+        for b in 0..self.images {
+            let (lo, hi) = (self.start[l][b] as usize, self.start[l][b + 1] as usize);
+            for &r in &self.list[l][lo..hi] {
+                let (y0, y1) = self.footprint(r as usize, true, h);
+                let (x0, x1) = self.footprint(r as usize, false, w);
+                for ty in y0 / TILE..=y1 / TILE {
+                    for tx in x0 / TILE..=x1 / TILE {
+                        per[(b * th + ty) * tw + tx].push(r);
+                    }
+                }
+            }
+        }
+        let mut start = Vec::with_capacity(per.len() + 1);
+        start.push(0);
+        let mut list = Vec::new();
+        for t in per {
+            list.extend(t);
+            start.push(list.len() as i32);
+        }
+        (start, list)
+    }
 }
 
 /// The plan on the device, kept for the backward pass.
 pub struct DevPlan {
     plan: Buf,
     hw: Buf,
+    /// Per level, [`RoiPlan::tiles`]'s segments.
     start: Vec<Buf>,
     list: Vec<Buf>,
     pub host: RoiPlan,
@@ -101,14 +157,18 @@ impl Ctx {
             .iter()
             .flat_map(|&(h, w)| [h as i32, w as i32])
             .collect();
-        let bufs = |v: &[Vec<i32>; 4]| -> Result<Vec<Buf>, CudaError> {
-            v.iter().map(|x| self.upload_buf(x)).collect()
-        };
+        let mut start = Vec::with_capacity(4);
+        let mut list = Vec::with_capacity(4);
+        for (l, &(h, w)) in dims.iter().enumerate() {
+            let (s, k) = plan.tiles(l, h, w);
+            start.push(self.upload_buf(&s)?);
+            list.push(self.upload_buf(&k)?);
+        }
         Ok(DevPlan {
             plan: self.upload_buf(&plan.plan)?,
             hw: self.upload_buf(&hw)?,
-            start: bufs(&plan.start)?,
-            list: bufs(&plan.list)?,
+            start,
+            list,
             host: plan,
             dims,
             c,
@@ -170,10 +230,12 @@ impl Ctx {
         for (l, &(h, w)) in p.dims.iter().enumerate() {
             let dx = self.tensor(p.host.images, h, w, p.c)?;
             let (n_i, h_i, w_i, c_i) = (p.host.images as i32, h as i32, w as i32, p.c as i32);
+            let tile = TILE as i32;
             let (dxp, dyp) = (dx.ptr(), dy.ptr());
-            // SAFETY: roi_align_backward(dx, n, h, w, c, start, list, plan, dy, out, samples):
-            // dx holds n·h·w·c floats, start n + 1 and list this level's regions (indices below
-            // rois), dy rois·out²·c; all outlive the kernel.
+            // SAFETY: roi_align_backward(dx, n, h, w, c, tile, start, list, plan, dy, out,
+            // samples): dx holds n·h·w·c floats, start one more than the level's tiles of
+            // `tile` cells (`RoiPlan::tiles` for these h, w) and list their regions (indices
+            // below rois), dy rois·out²·c; all outlive the kernel.
             unsafe {
                 self.launch(
                     "roi_align_backward",
@@ -184,6 +246,7 @@ impl Ctx {
                         arg(&h_i),
                         arg(&w_i),
                         arg(&c_i),
+                        arg(&tile),
                         arg(&p.start[l].ptr),
                         arg(&p.list[l].ptr),
                         arg(&p.plan.ptr),
@@ -205,7 +268,7 @@ impl Ctx {
 mod emulation {
     use super::*;
 
-    fn sample_at(start: f64, bin: f64, t: usize, samples: usize) -> f64 {
+    pub fn sample_at(start: f64, bin: f64, t: usize, samples: usize) -> f64 {
         start + (t / samples) as f64 * bin + ((t % samples) as f64 + 0.5) * bin / samples as f64
     }
 
@@ -223,7 +286,7 @@ mod emulation {
         })
     }
 
-    fn lin_weight(v: f64, i: usize, n: usize) -> f64 {
+    pub fn lin_weight(v: f64, i: usize, n: usize) -> f64 {
         match taps1d(v, n) {
             None => 0.0,
             Some((i0, i1, l)) => {
@@ -232,7 +295,7 @@ mod emulation {
         }
     }
 
-    fn geometry(p: &RoiPlan, r: usize) -> (usize, usize, [f64; 4]) {
+    pub fn geometry(p: &RoiPlan, r: usize) -> (usize, usize, [f64; 4]) {
         let g = &p.plan[PER_ROI * r..PER_ROI * (r + 1)];
         (
             g[0] as usize,
@@ -278,19 +341,52 @@ mod emulation {
         y
     }
 
+    /// `sample_range`: the samples of an axis that may touch cell `q`, widened by two.
+    pub fn sample_range(start: f64, bin: f64, s: usize, q: usize, ts: usize) -> (usize, usize) {
+        let step = bin / s as f64;
+        let a = (q as f64 - 1.0 - start) / step - 0.5;
+        let b = (q as f64 + 1.0 - start) / step - 0.5;
+        let far = 65536.0;
+        if !(step.abs() >= 1.0 / 64.0
+            && start.abs() <= far
+            && bin.abs() * ts as f64 <= far
+            && a.is_finite()
+            && b.is_finite())
+        {
+            return (0, ts - 1);
+        }
+        let last = (ts - 1) as f64;
+        let lo = (a.min(b).floor() - 2.0).clamp(0.0, last);
+        let hi = (a.max(b).ceil() + 2.0).clamp(0.0, last);
+        (lo as usize, hi as usize)
+    }
+
     /// `roi_align_backward` for level `l`: the gather, in the kernel's order and with its
-    /// bounds test.
-    pub fn backward(p: &RoiPlan, dy: &[f64], l: usize, h: usize, w: usize, c: usize) -> Vec<f64> {
+    /// bounds test; `tiled`, over the tile's regions and the samples `sample_range` gives, as
+    /// the kernel, or else over every region of the image and every sample.
+    pub fn backward(
+        p: &RoiPlan,
+        dy: &[f64],
+        (l, h, w, c): (usize, usize, usize, usize),
+        tiled: bool,
+    ) -> Vec<f64> {
         let (out, s) = (p.out, p.samples);
         let ts = out * s;
+        let (tstart, tlist) = p.tiles(l, h, w);
+        let (th, tw) = (h.div_ceil(TILE), w.div_ceil(TILE));
         let mut dx = vec![0.0; p.images * h * w * c];
         for b in 0..p.images {
             for yq in 0..h {
                 for xq in 0..w {
+                    let regions = if tiled {
+                        let k = (b * th + yq / TILE) * tw + xq / TILE;
+                        &tlist[tstart[k] as usize..tstart[k + 1] as usize]
+                    } else {
+                        &p.list[l][p.start[l][b] as usize..p.start[l][b + 1] as usize]
+                    };
                     for ch in 0..c {
                         let mut acc = 0.0;
-                        let (lo, hi) = (p.start[l][b] as usize, p.start[l][b + 1] as usize);
-                        for &r in &p.list[l][lo..hi] {
+                        for &r in regions {
                             let (_, _, [y1, x1, bh, bw]) = geometry(p, r as usize);
                             let y_lo = sample_at(y1, bh, 0, s).max(0.0);
                             let y_hi = sample_at(y1, bh, ts - 1, s).max(0.0);
@@ -302,12 +398,20 @@ mod emulation {
                             if (xq as f64) < x_lo.floor() || xq as f64 > x_hi.floor() + 1.0 {
                                 continue;
                             }
-                            for t in 0..ts {
+                            let ((t0, t1), (u0, u1)) = if tiled {
+                                (
+                                    sample_range(y1, bh, s, yq, ts),
+                                    sample_range(x1, bw, s, xq, ts),
+                                )
+                            } else {
+                                ((0, ts - 1), (0, ts - 1))
+                            };
+                            for t in t0..=t1 {
                                 let wy = lin_weight(sample_at(y1, bh, t, s), yq, h);
                                 if wy == 0.0 {
                                     continue;
                                 }
-                                for u in 0..ts {
+                                for u in u0..=u1 {
                                     let wx = lin_weight(sample_at(x1, bw, u, s), xq, w);
                                     if wx == 0.0 {
                                         continue;
@@ -403,7 +507,11 @@ mod tests {
         let dyt = Tensor::from_vec(cpu.n, cpu.h, cpu.w, cpu.c, dy.clone());
         let grads = ms.backward(&dyt, &maps, &rois);
         for (l, g) in grads.iter().enumerate() {
-            let emu = emulation::backward(&plan, &dy, l, g.h, g.w, c);
+            let emu = emulation::backward(&plan, &dy, (l, g.h, g.w, c), true);
+            // The tiles and the sample ranges leave out only what weighs nothing: the same
+            // sums, bit for bit, as visiting every region of the image and every sample.
+            let all = emulation::backward(&plan, &dy, (l, g.h, g.w, c), false);
+            assert!(emu == all, "P{}: the tiles change the sums", l + 2);
             assert!(
                 g.data.iter().any(|v| *v != 0.0),
                 "P{} has no gradient",
@@ -434,5 +542,84 @@ mod tests {
         // Region 0 on P2 (scale 1/4): y1 = x1 = -0.5, bins of 32/4/7 cells.
         let bin = (8.0f64 / 7.0) as f32;
         assert_eq!(&p.plan[..6], &[0.0, 1.0, -0.5, -0.5, bin, bin]);
+    }
+
+    /// Every region with a sample of nonzero weight at a cell is in that cell's tile, and that
+    /// sample within the cell's `sample_range`: over regions of every size on maps larger than
+    /// a tile, past the edges, of zero height and tiny.
+    #[test]
+    fn every_region_that_touches_a_cell_is_in_its_tile() {
+        use emulation::{geometry, lin_weight, sample_at, sample_range};
+        let mut rng = crate::data::Rng::new(0x711E);
+        let (images, h, w) = (2, 256, 384);
+        let ms = MultiScale { out: 7, samples: 2 };
+        let mut rois = Vec::new();
+        for k in 0..60usize {
+            let side = 4.0 * 1.12f64.powi(k as i32);
+            let (cx, cy) = (
+                rng.uniform(-40.0, w as f64 + 40.0),
+                rng.uniform(-40.0, h as f64 + 40.0),
+            );
+            let aspect = rng.uniform(0.3, 3.0);
+            let (bw, bh) = (side * aspect, side / aspect);
+            rois.push((
+                k % images,
+                [cx - bw / 2.0, cy - bh / 2.0, cx + bw / 2.0, cy + bh / 2.0],
+            ));
+        }
+        rois.push((0, [100.0, 50.0, 140.0, 50.0])); // zero height
+        rois.push((1, [10.0, 10.0, 10.01, 10.02])); // tiny
+        let p = RoiPlan::new(&ms, &rois, images);
+        let (s, ts) = (p.samples, p.out * p.samples);
+        let mut checked = 0;
+        for l in 0..4 {
+            let (mh, mw) = (h >> (l + 2), w >> (l + 2));
+            let (start, list) = p.tiles(l, mh, mw);
+            let (th, tw) = (mh.div_ceil(TILE), mw.div_ceil(TILE));
+            assert_eq!(start.len(), images * th * tw + 1);
+            for (r, (img, _)) in rois.iter().enumerate() {
+                let (lr, _, [y1, x1, bh, bw]) = geometry(&p, r);
+                if lr != l {
+                    continue;
+                }
+                for yq in 0..mh {
+                    for xq in 0..mw {
+                        let ys: Vec<usize> = (0..ts)
+                            .filter(|&t| lin_weight(sample_at(y1, bh, t, s), yq, mh) != 0.0)
+                            .collect();
+                        let xs: Vec<usize> = (0..ts)
+                            .filter(|&u| lin_weight(sample_at(x1, bw, u, s), xq, mw) != 0.0)
+                            .collect();
+                        if ys.is_empty() || xs.is_empty() {
+                            continue;
+                        }
+                        let k = (img * th + yq / TILE) * tw + xq / TILE;
+                        let tile = &list[start[k] as usize..start[k + 1] as usize];
+                        assert!(
+                            tile.contains(&(r as i32)),
+                            "region {r} missing at P{} ({yq}, {xq})",
+                            l + 2
+                        );
+                        let (t0, t1) = sample_range(y1, bh, s, yq, ts);
+                        let (u0, u1) = sample_range(x1, bw, s, xq, ts);
+                        assert!(
+                            ys.iter().all(|t| (t0..=t1).contains(t)),
+                            "rows of {r} at {yq}"
+                        );
+                        assert!(
+                            xs.iter().all(|u| (u0..=u1).contains(u)),
+                            "columns of {r} at {xq}"
+                        );
+                        checked += 1;
+                    }
+                }
+            }
+            // Each tile's regions are in plan order.
+            for k in 0..start.len() - 1 {
+                let t = &list[start[k] as usize..start[k + 1] as usize];
+                assert!(t.windows(2).all(|p| p[0] < p[1]));
+            }
+        }
+        assert!(checked > 1000, "{checked} cells checked");
     }
 }
