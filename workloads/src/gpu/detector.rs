@@ -45,6 +45,8 @@ pub struct GpuDetector {
     /// A/B measurements and as a fallback; set by the environment variable
     /// `ROOFLINE_HOST_RPN` (any value).
     pub host_rpn: bool,
+    /// Where the loader's thread stages the next batch (f32, as the body reads it).
+    pub(super) stager: Arc<roofline_kernels::cuda::stage::Stager>,
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
 }
@@ -130,6 +132,10 @@ impl GpuDetector {
         let rpn = GRpn::new(&model.rpn, &slots[body_slots + 8..body_slots + 14])?;
         let head = GBoxHead::new(&model.head, &slots[body_slots + 14..])?;
         let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
+        let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(
+            &ctx.gpu,
+            Storage::F32,
+        )?);
         Ok(GpuDetector {
             cfg: model.cfg.clone(),
             flat,
@@ -141,6 +147,7 @@ impl GpuDetector {
             skipped: 0,
             sync,
             host_rpn: std::env::var_os("ROOFLINE_HOST_RPN").is_some(),
+            stager,
             ctx,
         })
     }
@@ -160,7 +167,17 @@ impl GpuDetector {
             )));
         }
         self.ctx.gpu.bind()?;
-        let xg = self.ctx.upload(x)?;
+        // The batch's copy to the GPU (data, not idle time, in `place`): out of the stager
+        // when the loader's thread staged it (uploaded on the copy stream while the previous
+        // step ran; this stream waits for it on the device), else uploaded now.
+        let t0 = self.ctx.mark()?;
+        let xg = self.ctx.tensor(x.n, x.h, x.w, x.c)?;
+        // SAFETY: xg holds x's values in f32 (the stager's storage) and lives until the copy
+        // has run (stream-ordered frees).
+        if !unsafe { self.stager.take(&self.ctx.gpu, &x.data, xg.ptr())? } {
+            self.ctx.put(xg.ptr(), &x.data)?;
+        }
+        self.ctx.close(UPLOAD, || "input".into(), t0)?;
         let c = self
             .body
             .forward(&mut self.ctx, &self.flat, xg, train, true)?;

@@ -165,6 +165,9 @@ impl GpuModel for GpuDetector {
     fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
         GpuDetector::store(self, model)
     }
+    fn stager(&self) -> Option<Arc<Stager>> {
+        Some(Arc::clone(&self.stager))
+    }
 }
 
 /// The CUDA path as the loop's [`crate::train::Device`]: the model moves to the GPU at the
