@@ -570,3 +570,56 @@ extern "C" __global__ void __launch_bounds__(1024) rpn_loss_terms(
     terms[3 * (u64)s + 1] = lo;
     terms[3 * (u64)s + 2] = lr;
 }
+
+// Fast R-CNN's losses (detect::head::head_loss) for `rows` regions, one thread each: z holds
+// rows × k class logits, d rows × dc deltas (4 a class), label[r] the region's class (0:
+// background), target[4r …] a foreground region's encoded box. Softmax cross-entropy in f64 as
+// layers::softmax_cross_entropy: dz[r·k + j] = f32((p_j − t_j) / rows) · scale; smooth L1
+// (beta) of a foreground region's 4 deltas of its class against its target: dd there =
+// f32(g / rows) · scale, 0 elsewhere; terms[2r] = the region's cross-entropy, terms[2r + 1] its
+// smooth-L1 sum (the host sums them in region order, each divided by rows). Grid-stride.
+extern "C" __global__ void head_loss_terms(const float* z, const float* d, const int* label,
+                                           const double* target, int rows, int k, int dc,
+                                           float scale, double beta, float* dz, float* dd,
+                                           double* terms) {
+    const double n = (double)rows;
+    GRID_STRIDE(r, (u64)rows) {
+        const float* zr = z + r * k;
+        float* gr = dz + r * k;
+        const int lab = label[r];
+        double m = -__longlong_as_double(0x7FF0000000000000ll);
+        for (int j = 0; j < k; ++j) m = fmax(m, (double)zr[j]);
+        double s = 0.0;
+        for (int j = 0; j < k; ++j) s = __dadd_rn(s, exp(__dsub_rn((double)zr[j], m)));
+        const double lse = __dadd_rn(m, log(s));
+        double lc = 0.0;
+        for (int j = 0; j < k; ++j) {
+            const double zl = __dsub_rn((double)zr[j], lse);
+            const double t = j == lab ? 1.0 : 0.0;
+            lc = __dsub_rn(lc, __dmul_rn(t, zl));
+            gr[j] = __fmul_rn((float)__ddiv_rn(__dsub_rn(exp(zl), t), n), scale);
+        }
+        const float* dr = d + r * dc;
+        float* hr = dd + r * dc;
+        for (int j = 0; j < dc; ++j) hr[j] = 0.0f;
+        double lr = 0.0;
+        if (lab > 0) {
+            const double* t = target + 4 * r;
+            // loss::smooth_l1, as rpn_loss_terms.
+            for (int q = 0; q < 4; ++q) {
+                const double x = __dsub_rn((double)dr[4 * lab + q], t[q]);
+                double g;
+                if (fabs(x) < beta) {
+                    lr = __dadd_rn(lr, __ddiv_rn(__dmul_rn(__dmul_rn(0.5, x), x), beta));
+                    g = __ddiv_rn(x, beta);
+                } else {
+                    lr = __dadd_rn(lr, __dsub_rn(fabs(x), __dmul_rn(0.5, beta)));
+                    g = x != x ? x : copysign(1.0, x);
+                }
+                hr[4 * lab + q] = __fmul_rn((float)__ddiv_rn(g, n), scale);
+            }
+        }
+        terms[2 * r] = lc;
+        terms[2 * r + 1] = lr;
+    }
+}

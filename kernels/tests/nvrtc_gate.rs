@@ -104,6 +104,8 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "anchor_match" => (".max.u64", 2),
         "anchor_best" => ("red.popc.u32", 2),
         "rpn_loss_terms" => (".add.u32", 1),
+        // The box head's gradients divided by the regions in IEEE f64, logits' and deltas'.
+        "head_loss_terms" => ("div.rn.f64", 2),
         _ => return None,
     })
 }

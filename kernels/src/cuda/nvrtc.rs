@@ -120,8 +120,9 @@ pub const SOURCES: &[Source] = &[
             "anchor_best",
             "anchor_scan",
             "rpn_loss_terms",
+            "head_loss_terms",
         ],
-        purpose: "the RPN's proposals (per-level top-k, decoding, bitmask NMS, the levels' merge) and losses (anchor matching, counts for the draw, the kept anchors' terms)",
+        purpose: "the RPN's proposals (per-level top-k, decoding, bitmask NMS, the levels' merge) and losses (anchor matching, counts for the draw, the kept anchors' terms), and the box head's losses",
         arch_specific: None,
     },
     Source {

@@ -180,6 +180,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
     }
     proposals_check(&mut ctx, &mut out, &mut rng)?;
     rpn_loss_check(&mut ctx, &mut out, &mut rng)?;
+    head_loss_check(&mut ctx, &mut out, &mut rng)?;
     whole_step(ctx, p, &mut out, &mut rng)?;
     Ok(out)
 }
@@ -344,6 +345,68 @@ fn rpn_loss_check(
     ] {
         out.push(Check {
             name,
+            error,
+            tolerance,
+        });
+    }
+    Ok(())
+}
+
+/// The box head's losses on the device against `head::head_loss` on the same outputs: 300
+/// regions of the EWA detector's classes, a third background, logits spread wide, deltas on
+/// both sides of the smooth L1's β, under a loss scale of 8.
+fn head_loss_check(
+    ctx: &mut Ctx,
+    out: &mut Vec<Check>,
+    rng: &mut crate::data::Rng,
+) -> Result<(), CudaError> {
+    let (rows, k, scale) = (300, DetectorConfig::ewa().classes + 1, 8.0);
+    let mut z = rand_tensor(rows, 1, 1, k, rng);
+    z.data.iter_mut().for_each(|v| *v *= 6.0);
+    let mut d = rand_tensor(rows, 1, 1, 4 * k, rng);
+    d.data.iter_mut().for_each(|v| *v *= 0.2);
+    let labels: Vec<usize> = (0..rows)
+        .map(|r| if r % 3 == 0 { 0 } else { 1 + r % (k - 1) })
+        .collect();
+    let targets: Vec<[f64; 4]> = labels
+        .iter()
+        .map(|&l| match l {
+            0 => [0.0; 4],
+            _ => std::array::from_fn(|_| rng.normal() * 0.1),
+        })
+        .collect();
+    let terms = ctx.alloc(head_terms_bytes(rows))?;
+    let (zg, dg) = (ctx.upload(&z)?, ctx.upload(&d)?);
+    let l = ctx.head_loss(&zg, &dg, &labels, &targets, scale, terms.ptr)?;
+    let raw: Vec<f64> = ctx.get(terms.ptr, 2 * rows)?;
+    let (cls, reg) = head_loss_sums(&raw, l.rows);
+    let (want_cls, want_reg, want_z, want_d) =
+        crate::detect::head::head_loss(&z, &d, &labels, &targets);
+    let unscale = |t: &GTensor| -> Result<Vec<f32>, CudaError> {
+        Ok(ctx
+            .download(t)?
+            .data
+            .iter()
+            .map(|v| v / scale as f32)
+            .collect())
+    };
+    let rel = |g: f64, c: f64| ((g - c) / c.abs().max(1e-300)).abs();
+    for (name, error, tolerance) in [
+        ("class loss vs the host's", rel(cls, want_cls), 1e-12),
+        ("box loss vs the host's", rel(reg, want_reg), 1e-12),
+        (
+            "class-logit gradients",
+            normwise(&unscale(&l.dlogits)?, &want_z.data),
+            1e-6,
+        ),
+        (
+            "box-delta gradients",
+            normwise(&unscale(&l.ddeltas)?, &want_d.data),
+            1e-6,
+        ),
+    ] {
+        out.push(Check {
+            name: format!("box head loss on the device: {name}"),
             error,
             tolerance,
         });

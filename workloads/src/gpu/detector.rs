@@ -1,14 +1,15 @@
 //! The EWA detector on the GPU (`crate::detect::model::Detector`'s twin): the shared ResNet body
 //! for C2–C5, the pyramid, the RPN head shared by P2–P6, multi-scale RoIAlign and the box head
 //! on cuDNN, cuBLAS and NVRTC kernels, with f32 master weights in one flat store (the CPU's
-//! parameter order, so a checkpoint moves between devices). The RPN's losses and proposals are
-//! made on the device (`rpn_loss.rs`, `proposals.rs`: the twins of `rpn::rpn_loss` and
-//! `rpn::proposals`); what else the CPU detector does on the host it does here too, with the
-//! same functions (`crate::detect::host`): the second stage's matching and sampling, the box
-//! head's losses and the detections, the box head's outputs coming down for them and their
-//! gradients going back up, times the loss scale. Data parallel: gradients summed by NCCL in
-//! buckets while the backward pass runs (box head, RPN, pyramid, then the body block by block),
-//! batch-norm statistics through the reducer.
+//! parameter order, so a checkpoint moves between devices). The RPN's losses and proposals and
+//! the box head's losses are made on the device (`rpn_loss.rs`, `proposals.rs`,
+//! `head_loss.rs`: the twins of `rpn::rpn_loss`, `rpn::proposals` and `head::head_loss`); what
+//! else the CPU detector does on the host it does here too, with the same functions
+//! (`crate::detect::host`): the second stage's matching and sampling from the proposals that
+//! come down (their labels and targets going up), and the detections. The batch comes from the
+//! stager, uploaded on a copy stream during the previous step. Data parallel: gradients summed
+//! by NCCL in buckets while the backward pass runs (box head, RPN, pyramid, then the body block
+//! by block), batch-norm statistics through the reducer.
 use super::*;
 use crate::detect::boxes::{AnchorGrid, BBox};
 use crate::detect::head::head_loss;
@@ -40,10 +41,10 @@ pub struct GpuDetector {
     /// Steps skipped because the scaled gradients overflowed.
     pub skipped: usize,
     pub(super) sync: Option<GradSync>,
-    /// Make the RPN's losses and proposals on the host from its downloaded outputs
-    /// (`rpn::rpn_loss`, `rpn::proposals`), as before `detect.cu`, the gradients uploaded: for
-    /// A/B measurements and as a fallback; set by the environment variable
-    /// `ROOFLINE_HOST_RPN` (any value).
+    /// Make the RPN's losses and proposals and the box head's losses on the host from the
+    /// downloaded outputs (`rpn::rpn_loss`, `rpn::proposals`, `head::head_loss`), as before
+    /// `detect.cu`, the gradients uploaded: for A/B measurements and as a fallback; set by the
+    /// environment variable `ROOFLINE_HOST_RPN` (any value).
     pub host_rpn: bool,
     /// Where the loader's thread stages the next batch (f32, as the body reads it).
     pub(super) stager: Arc<roofline_kernels::cuda::stage::Stager>,
@@ -60,7 +61,8 @@ pub struct DetectorStep {
     /// False when a loss-scale overflow skipped the update.
     pub applied: bool,
     /// The host's waits for the GPU during the step (the RPN's counts for the draw, the
-    /// proposals, the box head's outputs for its losses, the step's last copy).
+    /// proposals, the step's last copy; on the host path the RPN's and the box head's outputs
+    /// instead of the counts).
     pub host_syncs: u64,
     /// The device allocations during the step (none once the pool holds what a step needs).
     pub device_allocations: u64,
@@ -258,7 +260,7 @@ impl GpuDetector {
         )
     }
 
-    /// One training step on this rank's share of the batch: forward, the losses (host),
+    /// One training step on this rank's share of the batch: forward, the losses,
     /// backward, gradient allreduce (NCCL, in buckets), loss-scale check, SGD at `lr`. `seed`
     /// fixes the sampling; `fixed` gives each image's proposals instead of the RPN's (a
     /// comparison with the CPU holds them fixed).
@@ -309,7 +311,11 @@ impl GpuDetector {
                 RpnGrads::Host(g, obj, reg, out),
             )
         } else {
-            let readout = Readout::new(&self.ctx, terms_bytes(x.n, per_image))?;
+            // The RPN's terms, then room for the box head's (`roi_per_image` regions an image
+            // at most: the sampling's cap).
+            let bytes =
+                terms_bytes(x.n, per_image) + head_terms_bytes(x.n * self.cfg.roi_per_image);
+            let readout = Readout::new(&self.ctx, bytes)?;
             let t0 = self.ctx.mark()?;
             let l = self.ctx.rpn_loss(
                 &dev_out,
@@ -362,7 +368,8 @@ impl GpuDetector {
         if let Some(g) = sync.as_deref_mut() {
             g.begin(flat.total);
         }
-        // The second stage: RoIAlign, the box head, its losses on the host.
+        // The second stage: RoIAlign, the box head, its losses.
+        let mut head_rows = None;
         let mut dp: Vec<GTensor> = if regions.rois.is_empty() {
             // No region in the whole batch: no second-stage loss, no gradient for its
             // parameters (the last in the store) or for P2–P5 from it.
@@ -386,14 +393,40 @@ impl GpuDetector {
             let t0 = ctx.mark()?;
             let (logits, deltas) = self.head.forward(ctx, flat, pooled)?;
             ctx.close(FWD, || "box_head".into(), t0)?;
-            let (hl, hd) = (ctx.download(&logits)?, ctx.download(&deltas)?);
-            let (cls, reg, dl, dd) = head_loss(&hl, &hd, &regions.labels, &regions.targets);
-            losses.classifier = cls;
-            losses.box_reg = reg;
-            let (dl, dd) = (
-                upload_scaled(ctx, dl, scale)?,
-                upload_scaled(ctx, dd, scale)?,
-            );
+            // Its losses: on the device, the terms read with the step's last copy; or, on
+            // the host path, from its downloaded outputs, the gradients uploaded.
+            let (dl, dd) = if self.host_rpn {
+                let (hl, hd) = (ctx.download(&logits)?, ctx.download(&deltas)?);
+                let (cls, reg, dl, dd) = head_loss(&hl, &hd, &regions.labels, &regions.targets);
+                losses.classifier = cls;
+                losses.box_reg = reg;
+                (
+                    upload_scaled(ctx, dl, scale)?,
+                    upload_scaled(ctx, dd, scale)?,
+                )
+            } else {
+                let at = terms_bytes(x.n, per_image);
+                if at + head_terms_bytes(regions.rois.len()) > readout.bytes {
+                    return Err(CudaError::Check(format!(
+                        "{} regions for {} images: more than {} an image",
+                        regions.rois.len(),
+                        x.n,
+                        self.cfg.roi_per_image
+                    )));
+                }
+                let t0 = ctx.mark()?;
+                let l = ctx.head_loss(
+                    &logits,
+                    &deltas,
+                    &regions.labels,
+                    &regions.targets,
+                    scale,
+                    readout.buf.ptr + at as u64,
+                )?;
+                ctx.close(FWD, || "box_head.loss".into(), t0)?;
+                head_rows = Some(l.rows);
+                (l.dlogits, l.ddeltas)
+            };
             let t0 = ctx.mark()?;
             let dflat = self.head.backward(ctx, flat, &dl, &dd)?;
             ctx.close(BWD, || "box_head".into(), t0)?;
@@ -437,7 +470,8 @@ impl GpuDetector {
         if let Some(s) = sync {
             s.end(ctx, flat)?;
         }
-        // The readout holds the RPN's loss terms (none on the host path) and the overflow flag.
+        // The readout holds the RPN's and the box head's loss terms (none on the host path) and
+        // the overflow flag.
         let done = finish_step(
             &mut self.ctx,
             &self.flat,
@@ -447,14 +481,18 @@ impl GpuDetector {
             readout,
             at_start,
         )?;
+        let terms: Vec<f64> = done
+            .loss_bytes
+            .chunks_exact(8)
+            .map(|b| f64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
+            .collect();
         if let Some(kept) = kept {
-            let terms: Vec<f64> = done
-                .loss_bytes
-                .chunks_exact(8)
-                .map(|b| f64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]))
-                .collect();
             (losses.rpn_objectness, losses.rpn_box) =
                 rpn_loss_sums(&terms, kept, kept.max(1) as f64);
+        }
+        if let Some(rows) = head_rows {
+            let at = terms_bytes(x.n, per_image) / 8;
+            (losses.classifier, losses.box_reg) = head_loss_sums(&terms[at..], rows);
         }
         Ok(DetectorStep {
             losses,
