@@ -205,7 +205,7 @@ run() {
         done
         step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
     fi
-    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-bf16-a9-host-rpn ewa-place; then
+    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-f32-a9-b8 ewa-bf16-a9-b8 ewa-bf16-a9-host-rpn ewa-place; then
         # The detector: every GPU layer and a whole step of a small detector against the CPU,
         # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
         # placement on the GPU roofline (table in the log).
@@ -220,10 +220,17 @@ run() {
                 rm -f "$out/ewa-$p.json"
             done
         done
-        # A/B: the proposals on the host from the downloaded RPN outputs, as before detect.cu
-        # (bf16, nine anchors; its images/s in the log beside ewa-bf16-a9's).
+        # Batch 8 at our configuration, each precision (fewer steps: four times the images).
+        for p in f32 bf16; do
+            step "ewa-$p-a9-b8" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --anchors 9 --batch 8 --train-images 32 --eval-images 2 --steps 6 --json >'$out/ewa-$p.json'"
+            [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
+            rm -f "$out/ewa-$p.json"
+        done
+        # A/B: the RPN's losses and proposals and the box head's losses on the host from the
+        # downloaded outputs, as before detect.cu (bf16, nine anchors; its images/s in the log
+        # beside ewa-bf16-a9's).
         step ewa-bf16-a9-host-rpn 240 env ROOFLINE_HOST_RPN=1 "$rl" train --workload ewa --device cuda --precision bf16 --anchors 9 --batch 2 --train-images 8 --eval-images 2 --steps 12
-        step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$tmp/placement-ewa.json"
+        step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$out/placement-ewa.json"
     fi
     if ! not_asked peers peers; then
         step peers 300 "$py" "$here/peers.py" --batch "$batch" --batches "$(echo $batches | tr ' ' ,)" --steps "$steps" -o "$out/peers.json"
@@ -234,12 +241,12 @@ run() {
         step conv-peers 240 "$py" "$here/peers.py" --parts conv --machine "$machine" -o "$out/peers.json"
     fi
     if ! not_asked ewa-peers ewa-peers; then
-        step ewa-peers 240 "$py" "$here/peers.py" --parts ewa --ewa-batch 2 --steps 10 -o "$out/peers.json"
+        step ewa-peers 420 "$py" "$here/peers.py" --parts ewa --ewa-batch 2,8 --steps 10 -o "$out/peers.json"
     fi
     echo >>"$summary"
     if [ -f "$out/peers.json" ]; then
         "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" \
-            --placement "$out/placement.json" --json "$out/summary.json" >>"$summary" 2>>"$log" \
+            --placement "$out/placement.json" --placement "$out/placement-ewa.json" --json "$out/summary.json" >>"$summary" 2>>"$log" \
             || echo "no peer table (see log.txt)" >>"$summary"
     else
         echo "no peer figures in this run (part: $parts)" >>"$summary"

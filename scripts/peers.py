@@ -4,7 +4,7 @@
   peers.py --batch 128 --steps 30 -o peers.json      # measure with PyTorch
   peers.py --batches 128,256 --steps 30 -o peers.json   # ResNet-50 at each batch
   peers.py --summary --machine machine.json --train train.jsonl --peers peers.json \
-      [--placement placement.json] [--json summary.json]
+      [--placement placement.json ...] [--json summary.json]
 
 Measured: matmul TFLOP/s per precision at roofline's GEMM shapes (the full probe's squares and
 its two ResNet-50 shapes; A stored transposed as roofline's TN layout), a device-to-device copy
@@ -17,7 +17,7 @@ roofline's is), images/s per precision. Timing: CUDA events, after warm-up, best
 several samples; inputs random (never zeros). An existing output file is updated, so that the
 parts can run in separate calls.
 
-  peers.py --parts ewa --ewa-batch 2 --steps 10 -o peers.json
+  peers.py --parts ewa --ewa-batch 2,8 --steps 10 -o peers.json   # Faster R-CNN at each batch
   peers.py --parts conv --machine machine.json -o peers.json   # PyTorch at the probe's conv shapes
 
 --parts conv (scripts/conv_peers.py): for every row of the probe's convolution tables, the same
@@ -27,7 +27,9 @@ and backward-filter; the summary gives roofline/PyTorch per shape.
 --summary prints roofline's figures beside PyTorch's; with --json it also writes them for the
 record (docs/gpu/<date>-<gpu>.json): the revision, GPU, driver and libraries, and for each
 precision and batch roofline's images/s, PyTorch's, the ratio, the host's waits per step, the
-joules per image and (where a placement ran at that precision and batch) the idle share.
+joules per image and (where a placement ran at that precision and batch) the idle share; for
+the detector, each precision, anchor configuration and batch against torchvision at the same
+batch, and the per-stage table of its placement (each part's share of the step).
 """
 import argparse
 import json
@@ -231,17 +233,24 @@ def measure(args):
     if "ewa" in parts:
         # "ewa": at our configuration (the row our detector is held to); "ewa_torchvision":
         # at torchvision's defaults (three anchors a cell), the figure torchvision users know.
-        for key, config in [("ewa", "ours"), ("ewa_torchvision", "torchvision")]:
-            out[key] = {}
-            for prec in ["f32", "bf16"]:
-                try:
-                    out[key][prec] = detector(torch, prec, args.ewa_batch, args.steps, config)
-                except Exception as e:  # torchvision missing, or out of memory
-                    out[key][prec] = {"error": str(e).splitlines()[0][:200]}
-                torch.cuda.empty_cache()
-                print("faster r-cnn", config, prec, out[key][prec], flush=True)
-            with open(args.output, "w") as f:
-                json.dump(out, f, indent=1)
+        # Each batch under ewa_by_batch; the first also as "ewa" and "ewa_torchvision".
+        batches = [int(b) for b in str(args.ewa_batch).split(",")]
+        out["ewa_by_batch"] = {}
+        for batch in batches:
+            row = out["ewa_by_batch"][str(batch)] = {}
+            for key, config in [("ewa", "ours"), ("ewa_torchvision", "torchvision")]:
+                row[key] = {}
+                for prec in ["f32", "bf16"]:
+                    try:
+                        row[key][prec] = detector(torch, prec, batch, args.steps, config)
+                    except Exception as e:  # torchvision missing, or out of memory
+                        row[key][prec] = {"error": str(e).splitlines()[0][:200]}
+                    torch.cuda.empty_cache()
+                    print("faster r-cnn", config, prec, "batch", batch, row[key][prec], flush=True)
+                if batch == batches[0]:
+                    out[key] = row[key]
+                with open(args.output, "w") as f:
+                    json.dump(out, f, indent=1)
     if "gemm" not in parts:
         return
     out["gemm"], out["resnet50"] = {}, {}
@@ -282,31 +291,36 @@ def summary(args):
         if line.strip():
             t = json.loads(line)
             if t.get("workload") == "ewa":
-                ewa[(t.get("precision"), t.get("anchors_per_cell", 9))] = t
+                ewa[(t.get("precision"), t.get("anchors_per_cell", 9), t.get("batch"))] = t
             else:
                 train[t.get("precision")] = t
             if t.get("workload") != "ewa":
                 runs[(t.get("precision"), t.get("batch"))] = t
-    # The idle share of a placement (its step's time not computing, communicating or waiting
-    # for data), by the precision and batch it ran at.
-    idle = {}
-    if args.placement:
+    # The idle share of each placement (its step's time not computing, communicating or waiting
+    # for data), by the workload ("ewa" or "resnet50"), precision and batch it ran at; and the
+    # detector's per-stage table (each part's share of the step).
+    idle, stages = {}, {}
+    for path in args.placement or []:
         try:
-            pl = json.load(open(args.placement))
-            tb, wl = pl.get("time", {}), pl.get("workload", {})
-            key = (wl.get("precision"), wl.get("batch"))
-            if tb.get("total_s"):
-                idle[key] = tb.get("idle_s", 0.0) / tb["total_s"]
+            pl = json.load(open(path))
         except (OSError, ValueError) as e:
-            print(f"no idle share: {args.placement}: {e}", file=sys.stderr)
+            print(f"no idle share: {path}: {e}", file=sys.stderr)
+            continue
+        tb, wl = pl.get("time", {}), pl.get("workload", {})
+        name = "ewa" if str(wl.get("name", "")).startswith("ewa") else "resnet50"
+        key = (name, wl.get("precision"), wl.get("batch"))
+        if tb.get("total_s"):
+            idle[key] = tb.get("idle_s", 0.0) / tb["total_s"]
+        if name == "ewa":
+            stages[key] = sorted(pl.get("layers", []), key=lambda p: -(p.get("share_of_step") or 0.0))
     print(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
-    print(f"{'figure':<34} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
+    print(f"{'figure':<42} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
 
     def row(name, ours, theirs, unit, scale):
         o = f"{ours / scale:.1f}" if ours else "-"
         t = f"{theirs / scale:.1f}" if theirs else "-"
         r = f"{ours / theirs:.2f}" if ours and theirs else "-"
-        print(f"{name + ' (' + unit + ')':<34} {o:>12} {t:>12} {r:>7}")
+        print(f"{name + ' (' + unit + ')':<42} {o:>12} {t:>12} {r:>7}")
 
     for prec in PRECISIONS:
         ours = ceil.get(f"gpu0/gemm/{prec}", {}).get("value")
@@ -334,7 +348,7 @@ def summary(args):
             "device_allocations_per_step": t.get("device_allocations_per_step"),
             "joules_per_image": energy.get("joules_per_image"),
             "energy_note": energy.get("note"),
-            "idle_share": idle.get((prec, batch)),
+            "idle_share": idle.get(("resnet50", prec, batch)),
             "cuda_graph_used": graph.get("used"),
             "graph_step_seconds": graph.get("graph_step_seconds"),
             "eager_step_seconds": graph.get("eager_step_seconds"),
@@ -344,26 +358,59 @@ def summary(args):
     # Each row the same work on both sides: our detector at nine anchors a cell against
     # torchvision at our configuration, and at three (--anchors 3) against torchvision's
     # defaults; FLOP/s by our count of that configuration's step at 768x1152.
-    for anchors, key, short in [(9, "ewa", "ours"), (3, "ewa_torchvision", "defaults")]:
-        for prec in ["f32", "bf16"]:
-            t = ewa.get((prec, anchors), {})
-            ours = t.get("steady_images_per_second")
-            per_image = t.get("flops_step_per_image_at_768x1152")
+    # Each batch our runs have, torchvision's at the same batch (ewa_by_batch, or the older
+    # single-batch record where its batch matches).
+    def torchvision_at(key, prec, batch):
+        p = peers.get("ewa_by_batch", {}).get(str(batch), {}).get(key, {}).get(prec)
+        if p is None:
             p = peers.get(key, {}).get(prec, {})
-            theirs = p.get("images_per_second")
-            row(f"EWA {prec}, {anchors} anchors ({short})", ours, theirs, "img/s", 1.0)
-            if per_image:
-                flops = lambda r: f"{r * per_image / 1e12:.1f}" if r else "-"
-                print(f"  TFLOP/s by our count: roofline {flops(ours)}, torchvision {flops(theirs)}; "
-                      f"{t.get('host_syncs_per_step')} host syncs a step")
-            ewa_records.append({
-                "precision": prec, "anchors_per_cell": anchors, "batch": t.get("batch"),
-                "images_per_second": ours, "torchvision_images_per_second": theirs,
-                "torchvision_config": p.get("config"),
-                "ratio": ours / theirs if ours and theirs else None,
-                "flops_per_image": per_image,
-                "host_syncs_per_step": t.get("host_syncs_per_step"),
-            })
+            p = p if p.get("batch") == batch else {}
+        return p
+
+    ewa_batches = sorted({b for (_, _, b) in ewa if b is not None}) or [2]
+    for anchors, key, short in [(9, "ewa", "ours"), (3, "ewa_torchvision", "defaults")]:
+        for batch in ewa_batches:
+            for prec in ["f32", "bf16"]:
+                t = ewa.get((prec, anchors, batch))
+                if t is None and (anchors, batch) != (9, ewa_batches[0]):
+                    continue
+                t = t or {}
+                ours = t.get("steady_images_per_second")
+                per_image = t.get("flops_step_per_image_at_768x1152")
+                p = torchvision_at(key, prec, batch)
+                theirs = p.get("images_per_second")
+                row(f"EWA {prec} b{batch}, {anchors} anchors ({short})", ours, theirs, "img/s", 1.0)
+                share = idle.get(("ewa", prec, batch))
+                if per_image:
+                    flops = lambda r: f"{r * per_image / 1e12:.1f}" if r else "-"
+                    idle_text = f", idle {100 * share:.0f}% of the step" if share is not None else ""
+                    print(f"  TFLOP/s by our count: roofline {flops(ours)}, torchvision {flops(theirs)}; "
+                          f"{t.get('host_syncs_per_step')} host syncs a step{idle_text}")
+                ewa_records.append({
+                    "precision": prec, "anchors_per_cell": anchors, "batch": batch,
+                    "images_per_second": ours, "torchvision_images_per_second": theirs,
+                    "torchvision_config": p.get("config"),
+                    "ratio": ours / theirs if ours and theirs else None,
+                    "flops_per_image": per_image,
+                    "host_syncs_per_step": t.get("host_syncs_per_step"),
+                    "idle_share": share,
+                })
+    ewa_stages = []
+    for (_, prec, batch), layers in sorted(stages.items(), key=lambda kv: str(kv[0])):
+        print(f"EWA {prec} b{batch} on the GPU, per stage (place --workload ewa):")
+        print(f"  {'part':<28} {'share':>7} {'ms a step':>10} {'TFLOP/s':>8}")
+        for p in layers[:12]:
+            sec = (p.get("seconds_per_step") or {}).get("median")
+            ms = f"{1e3 * sec:.2f}" if sec else "-"
+            rate = f"{p.get('achieved_flops', 0) / 1e12:.1f}" if p.get("achieved_flops") else "-"
+            print(f"  {p.get('label', '?')[:28]:<28} {100 * (p.get('share_of_step') or 0):>6.1f}% {ms:>10} {rate:>8}")
+        ewa_stages.append({
+            "precision": prec, "batch": batch,
+            "idle_share": idle.get(("ewa", prec, batch)),
+            "stages": [{"label": p.get("label"), "share_of_step": p.get("share_of_step"),
+                        "seconds_per_step": (p.get("seconds_per_step") or {}).get("median"),
+                        "achieved_flops": p.get("achieved_flops")} for p in layers],
+        })
     import conv_peers
     conv_lines, conv_records = conv_peers.summary(m, peers)
     for line in conv_lines:
@@ -388,6 +435,7 @@ def summary(args):
             "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
             "resnet50": records,
             "ewa": ewa_records,
+            "ewa_stages": ewa_stages,
             "conv": conv_records,
             # The compute ceilings (conv: ResNet-50's network rate): each with its datasheet
             # peak, and the tensor-core ones (mma.sync, wgmma) beside the best cuBLAS GEMM of
@@ -422,13 +470,14 @@ def main():
     ap.add_argument("--batches", help="comma list of ResNet-50 batches (default: --batch)")
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN), conv (the probe's conv shapes, with --machine)")
-    ap.add_argument("--ewa-batch", type=int, default=2)
+    ap.add_argument("--ewa-batch", default="2", help="comma list of Faster R-CNN batches (default 2)")
     ap.add_argument("-o", "--output", default="peers.json")
     ap.add_argument("--summary", action="store_true")
     ap.add_argument("--machine")
     ap.add_argument("--train")
     ap.add_argument("--peers")
-    ap.add_argument("--placement", help="a placement.json: its idle share joins the summary")
+    ap.add_argument("--placement", action="append",
+                    help="a placement.json (again for more): its idle share joins the summary, a detector's per-stage table too")
     ap.add_argument("--json", help="--summary: also write the figures as JSON here")
     args = ap.parse_args()
     if args.summary:
