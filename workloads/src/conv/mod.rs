@@ -6,6 +6,7 @@
 //! instead (`winograd`): F(4×4, 3×3) with f32 (or f64) products, F(2×2, 3×3) with bf16 ones
 //! where it is faster (`winograd::half::applies_to`).
 
+pub mod rounding;
 mod taps;
 pub mod winograd;
 
@@ -168,6 +169,17 @@ pub fn forward_into<T: Float, S: Lhs<T>>(
     sh: &ConvShape,
 ) {
     check_lengths::<T>(sh, x.len(), w.len(), y.len());
+    if let Some((r, _plain)) = rounding::take::<T, S, T>() {
+        let (xo, wo) = (
+            r.operand(rounding::as_f32(x)),
+            r.operand(rounding::as_f32(w)),
+        );
+        let mut out = vec![0.0f32; y.len()];
+        forward(&xo, &wo, &mut out, sh);
+        r.perturb(&mut out, sh.r * sh.s * sh.c, rounding::salt(1, &xo));
+        r.stored(&mut out);
+        return write_f32(y, &out);
+    }
     if let Some(x) = winograd_operand::<T, S>(sh, x) {
         return winograd::forward(x, w, y, sh);
     }
@@ -379,14 +391,51 @@ pub fn backward_data_into<T: Float, D: Lhs<T>>(
     dx: &mut [MaybeUninit<T>],
     sh: &ConvShape,
 ) {
+    if let Some(out) = emulated_data(dy, w, sh) {
+        return write_f32(dx, &out);
+    }
     // SAFETY: without accumulation nothing of dx is read before it is written.
     unsafe { backward_data_impl(dy, w, dx, sh, false) }
+}
+
+/// The input gradient of a convolution emulating a GPU's rounding (`rounding::take`), or None
+/// where no rounding is in force.
+fn emulated_data<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], sh: &ConvShape) -> Option<Vec<f32>> {
+    let (r, _plain) = rounding::take::<T, D, T>()?;
+    let (dyo, wo) = (
+        r.operand(rounding::as_f32(dy)),
+        r.operand(rounding::as_f32(w)),
+    );
+    let mut out = vec![0.0f32; sh.input_len()];
+    backward_data(&dyo, &wo, &mut out, sh);
+    let terms = (sh.r * sh.s * sh.k).div_ceil(sh.stride * sh.stride);
+    r.perturb(&mut out, terms, rounding::salt(3, &dyo));
+    r.stored(&mut out);
+    Some(out)
+}
+
+/// `v` (f32 values) into `y`, whose element type `rounding::take` found to be f32.
+fn write_f32<T: 'static>(y: &mut [MaybeUninit<T>], v: &[f32]) {
+    assert_eq!(std::any::TypeId::of::<T>(), std::any::TypeId::of::<f32>());
+    assert_eq!(y.len(), v.len());
+    // SAFETY: T is f32 (asserted), MaybeUninit<f32> is laid out as f32.
+    let y = unsafe { &mut *(y as *mut [MaybeUninit<T>] as *mut [MaybeUninit<f32>]) };
+    for (d, s) in y.iter_mut().zip(v) {
+        d.write(*s);
+    }
 }
 
 /// `dx += ∂L/∂x` from `dy`: the input gradient added to one already there (a residual block's
 /// shortcut gradient) by the products themselves, where a separate sum would read both
 /// tensors and write one more time.
 pub fn backward_data_add<T: Float, D: Lhs<T>>(dy: &[D], w: &[T], dx: &mut [T], sh: &ConvShape) {
+    // Emulating a GPU's f32 activations: the gradient written in the convolution's type, then
+    // added in f32.
+    if let Some(out) = emulated_data(dy, w, sh) {
+        let dx = rounding::as_f32_mut(dx);
+        dx.iter_mut().zip(&out).for_each(|(a, b)| *a += b);
+        return;
+    }
     // SAFETY: dx is initialised, and the products and col2im write only computed values.
     unsafe { backward_data_impl(dy, w, as_uninit(dx), sh, true) }
 }
@@ -519,6 +568,17 @@ pub fn backward_filter<T: Float, S: Lhs<T>, D: Lhs<T>>(
     sh: &ConvShape,
 ) {
     check_lengths::<T>(sh, x.len(), dw.len(), dy.len());
+    if let Some((r, _plain)) = rounding::take::<T, S, D>() {
+        let (xo, dyo) = (
+            r.operand(rounding::as_f32(x)),
+            r.operand(rounding::as_f32(dy)),
+        );
+        let out = rounding::as_f32_mut(dw);
+        backward_filter(&xo, &dyo, out, sh);
+        r.perturb(out, sh.n * sh.oh() * sh.ow(), rounding::salt(2, &dyo));
+        r.stored(out);
+        return;
+    }
     if let (Some(x), Some(dy)) = (
         winograd_operand::<T, S>(sh, x),
         winograd_operand::<T, D>(sh, dy),

@@ -10,87 +10,8 @@
 //! not by its precision, so `--check` can hold it to a tolerance a reviewer would accept.
 
 use super::*;
+pub(super) use crate::conv::rounding::{salt, Rounding};
 use crate::layers::{avgpool_backward, avgpool_forward, relu_backward, MaxPool};
-
-/// Where a GPU step in one precision rounds.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Rounding {
-    /// How activations and their gradients are stored between layers (and the type the
-    /// convolutions write).
-    pub store: Storage,
-    /// The convolutions' operands rounded to tf32 (tf32's tensor cores), storage f32.
-    pub tf32: bool,
-    /// Another order of sums, simulated (0: none): with seed `jitter`, each convolution result
-    /// moves by a random relative u·√K·2⁻²³ (|u| ≤ 1, K the terms of its sum) and each batch
-    /// norm output by u·2⁻²³ before it is stored: what a GPU's other order of f32 sums (and its
-    /// fused multiply-adds) does to them. The steps of a few seeds measure how far a correct
-    /// implementation with these rounding points can drift from the reference.
-    pub jitter: u64,
-}
-
-impl Rounding {
-    pub(super) fn of(p: Prec) -> Rounding {
-        Rounding {
-            store: Storage::of(p),
-            tf32: p == Prec::Tf32,
-            jitter: 0,
-        }
-    }
-
-    /// `v` (the results of sums of `terms` terms, told apart by `salt`) moved as another order
-    /// of the sums might move them (see `jitter`); nothing without a seed.
-    fn perturb(self, v: &mut [f32], terms: usize, salt: u64) {
-        if self.jitter == 0 {
-            return;
-        }
-        let size = (terms.max(1) as f64).sqrt() * 2f64.powi(-23);
-        for (i, x) in v.iter_mut().enumerate() {
-            let h = mix(self.jitter ^ mix(salt ^ mix(i as u64)));
-            let u = (h >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
-            *x = (*x as f64 * (1.0 + u * size)) as f32;
-        }
-    }
-
-    /// `v` as the GPU stores it (16 bits, rounded to nearest even, read back exactly).
-    fn stored(self, v: &mut [f32]) {
-        if self.store != Storage::F32 {
-            v.copy_from_slice(&rounded(self.store, v));
-        }
-    }
-
-    /// `v` as a convolution reads it.
-    fn operand(self, v: &[f32]) -> Vec<f32> {
-        let mut o = v.to_vec();
-        if self.tf32 {
-            o.iter_mut().for_each(|x| *x = tf32(*x));
-        } else {
-            self.stored(&mut o);
-        }
-        o
-    }
-}
-
-/// `x` rounded to tf32's 10 mantissa bits, to nearest with ties away from zero (PTX
-/// `cvt.rna.tf32.f32`).
-pub(super) fn tf32(x: f32) -> f32 {
-    if !x.is_finite() {
-        return x;
-    }
-    f32::from_bits((x.to_bits() + 0x1000) & !0x1fff)
-}
-
-/// splitmix64's finaliser: a well-mixed hash of `x`.
-fn mix(mut x: u64) -> u64 {
-    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
-    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    x ^ (x >> 31)
-}
-
-/// A salt for `perturb` from a tensor's identity (its length and a pass number).
-fn salt(what: u64, v: &[f32]) -> u64 {
-    mix(what ^ ((v.len() as u64) << 8) ^ v.first().map_or(0, |x| x.to_bits() as u64) << 32)
-}
 
 /// A convolution's shape for input `x`.
 fn shape(c: &Conv2d<f32>, x: &Tensor<f32>) -> ConvShape {
@@ -314,16 +235,6 @@ pub(super) fn reference_step(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn tf32_rounds_to_ten_mantissa_bits_ties_away() {
-        // 1 + 2⁻¹¹ is halfway between 1 and 1 + 2⁻¹⁰: away from zero.
-        assert_eq!(tf32(1.0 + 2f32.powi(-11)), 1.0 + 2f32.powi(-10));
-        assert_eq!(tf32(-(1.0 + 2f32.powi(-11))), -(1.0 + 2f32.powi(-10)));
-        assert_eq!(tf32(1.0 + 2f32.powi(-12)), 1.0);
-        assert_eq!(tf32(3.0), 3.0);
-        assert!(tf32(f32::NAN).is_nan());
-    }
 
     #[test]
     fn with_no_rounding_the_reference_is_the_cpu_models_own_step() {
