@@ -1,14 +1,18 @@
 //! `train --workload ewa --device cuda --check`: the detector's assembled GPU layers — the
 //! pyramid (lateral and output convolutions with the top-down path and P6) and the RPN head
-//! shared by several levels (its filter and bias gradients summed over them) — and one whole
-//! training step of a small detector, against the CPU's, with the same normwise errors and
+//! shared by several levels (its filter and bias gradients summed over them), the proposals and
+//! the RPN's and box head's losses on the device — and one whole training step of a small
+//! detector (`check_detector_step.rs`), against the CPU's, with the same normwise errors and
 //! per-precision bounds as the classifier's check (`self_test`, which covers the box head,
-//! RoIAlign and the pyramid's kernels on their own).
+//! RoIAlign and the pyramid's kernels on their own). In a reduced precision the CPU side of
+//! every layer comparison runs with the GPU's rounding points (`as_gpu`): the layers'
+//! activations are f32 on both sides, and their convolutions read and write the precision's
+//! type.
 
 use super::*;
 use crate::detect::boxes::BBox;
 use crate::detect::fpn::Fpn;
-use crate::detect::model::{Detector, DetectorConfig, Target};
+use crate::detect::model::DetectorConfig;
 use crate::detect::rpn::{proposals, rpn_loss, ProposalRule, RpnHead};
 use crate::layers::Param;
 
@@ -42,10 +46,14 @@ fn rand_tensor(n: usize, h: usize, w: usize, c: usize, rng: &mut crate::data::Rn
     Tensor::from_vec(n, h, w, c, random(n * h * w * c, rng))
 }
 
-/// The small detector of the whole-step comparison: the paper's model scaled by 1/16 (every
-/// stage one block), 16 channels of 64 × 96.
-fn small() -> DetectorConfig {
-    DetectorConfig::scaled(0.0625, [1, 1, 1, 1], 64, 96)
+/// `f` (a CPU layer's passes) with the GPU's rounding points in precision `p`: its convolutions
+/// rounded as cuDNN's of that type on f32 activations (none in f32).
+fn as_gpu<R>(p: Prec, f: impl FnOnce() -> R) -> R {
+    if p == Prec::F32 {
+        f()
+    } else {
+        crate::conv::rounding::with_conv_rounding(Rounding::of(p), f)
+    }
 }
 
 /// Compares the detector's GPU layers and one whole training step with the CPU's in
@@ -73,12 +81,12 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             .map(|(&(h, w), ch)| rand_tensor(2, h, w, ch, &mut rng))
             .collect();
         let carc: Vec<Arc<Tensor<f32>>> = c.iter().cloned().map(Arc::new).collect();
-        let pc = cpu.forward(&carc);
+        let pc = as_gpu(p, || cpu.forward(&carc));
         let g: Vec<Tensor<f32>> = pc
             .iter()
             .map(|t| rand_tensor(t.n, t.h, t.w, t.c, &mut rng))
             .collect();
-        let dc = cpu.backward(g.clone());
+        let dc = as_gpu(p, || cpu.backward(g.clone()));
         let convs: HashMap<String, (usize, usize)> = fpn_convs(&cpu).collect();
         let flat = flat_params(&ctx, &cpu.params(), &convs)?;
         let mut fpn = GFpn::new(&cpu, &flat.slots)?;
@@ -128,7 +136,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
             .iter()
             .map(|&(h, w)| rand_tensor(2, h, w, width, &mut rng))
             .collect();
-        let outc = cpu.forward(&levels);
+        let outc = as_gpu(p, || cpu.forward(&levels));
         let g: Vec<(Tensor<f32>, Tensor<f32>)> = outc
             .iter()
             .map(|(o, d)| {
@@ -138,7 +146,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
                 )
             })
             .collect();
-        let dxc = cpu.backward(&g);
+        let dxc = as_gpu(p, || cpu.backward(&g));
         let convs: HashMap<String, (usize, usize)> = rpn_convs(&cpu).collect();
         let flat = flat_params(&ctx, &cpu.params(), &convs)?;
         let mut rpn = GRpn::new(&cpu, &flat.slots)?;
@@ -181,7 +189,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
     proposals_check(&mut ctx, &mut out, &mut rng)?;
     rpn_loss_check(&mut ctx, &mut out, &mut rng)?;
     head_loss_check(&mut ctx, &mut out, &mut rng)?;
-    whole_step(ctx, p, &mut out, &mut rng)?;
+    out.extend(detector_step_checks(ctx, p, 0x5EED)?);
     Ok(out)
 }
 
@@ -411,181 +419,5 @@ fn head_loss_check(
             tolerance,
         });
     }
-    Ok(())
-}
-
-/// One training step of the small detector on both devices, the GPU's with the CPU's
-/// proposals (proposals carry no gradient and hang on near-ties of the scores): the four
-/// losses, every parameter's update, the running statistics; then the inference RPN outputs
-/// and a detection pass.
-fn whole_step(
-    ctx: Ctx,
-    p: Prec,
-    out: &mut Vec<Check>,
-    rng: &mut crate::data::Rng,
-) -> Result<(), CudaError> {
-    let push = |out: &mut Vec<Check>, name: String, error: f64, tolerance: f64| {
-        out.push(Check {
-            name,
-            error,
-            tolerance,
-        })
-    };
-    let cfg = small();
-    let mut cpu = Detector::<f32>::new(cfg.clone(), 17);
-    let mut mirror = Detector::<f32>::new(cfg.clone(), 17);
-    let (h, w) = (64, 96);
-    let x = rand_tensor(2, h, w, cfg.in_channels, rng);
-    let box_ = |b: [f64; 4]| -> BBox { b };
-    let truth = vec![
-        Target {
-            boxes: vec![box_([8.0, 10.0, 40.0, 36.0]), box_([50.0, 4.0, 90.0, 30.0])],
-            classes: vec![0, 2],
-        },
-        Target {
-            boxes: vec![box_([20.0, 30.0, 70.0, 60.0])],
-            classes: vec![1],
-        },
-    ];
-    let (seed, lr) = (23, 0.02);
-    let sgd = crate::train::Sgd::default();
-    let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
-    let mut net = GpuDetector::new(ctx, &mut mirror, None, None, CommOptions::default())?;
-    let (losses, props) = cpu.step_with(&x, &truth, seed, None, &mut |_| {});
-    sgd.step(cpu.params(), lr);
-    let r = net.step(&x, &truth, seed, lr, &sgd, Some(&props))?;
-    let step_tol = match p {
-        Prec::F32 => 1e-3,
-        Prec::Tf32 => 2e-2,
-        _ => 5e-2,
-    };
-    for (name, g, c) in [
-        (
-            "RPN objectness",
-            r.losses.rpn_objectness,
-            losses.rpn_objectness,
-        ),
-        ("RPN box", r.losses.rpn_box, losses.rpn_box),
-        ("classifier", r.losses.classifier, losses.classifier),
-        ("box regression", r.losses.box_reg, losses.box_reg),
-    ] {
-        push(
-            out,
-            format!("detector step: {name} loss"),
-            ((g - c) / c.abs().max(1e-12)).abs(),
-            step_tol,
-        );
-    }
-    push(
-        out,
-        format!("detector step: {} regions sampled on both", losses.regions),
-        if r.losses.regions == losses.regions && losses.regions > 0 {
-            0.0
-        } else {
-            f64::INFINITY
-        },
-        0.0,
-    );
-    push(
-        out,
-        "detector step applied".into(),
-        if r.applied { 0.0 } else { 1.0 },
-        0.0,
-    );
-    net.store(&mut mirror)?;
-    // The updates (after − before) of each part, the worst parameter named.
-    let names: Vec<String> = cpu.params().iter().map(|p| p.name.clone()).collect();
-    let want: Vec<Vec<f32>> = cpu.params().iter().map(|p| p.value.clone()).collect();
-    let delta = |a: &[f32], b: &[f32]| a.iter().zip(b).map(|(x, y)| x - y).collect::<Vec<f32>>();
-    let part = |n: &str| {
-        if n.starts_with("fpn.") {
-            "pyramid"
-        } else if n.starts_with("rpn.") {
-            "RPN head"
-        } else if n.starts_with("roi_heads") || n.contains("box_") || n.starts_with("fc6") {
-            "box head"
-        } else {
-            "backbone"
-        }
-    };
-    let mut worst: Vec<(&str, f64, String)> = Vec::new();
-    for (((name, w), prm), i) in names.iter().zip(&want).zip(mirror.params()).zip(&init) {
-        let e = normwise(&delta(&prm.value, i), &delta(w, i));
-        let k = part(name);
-        match worst.iter_mut().find(|(p, _, _)| *p == k) {
-            Some(slot) => {
-                if e > slot.1 || !e.is_finite() {
-                    slot.1 = e;
-                    slot.2 = name.clone();
-                }
-            }
-            None => worst.push((k, e, name.clone())),
-        }
-    }
-    for (k, e, at) in worst {
-        push(
-            out,
-            format!("detector step: {k} parameter updates (worst: {at})"),
-            e,
-            step_tol,
-        );
-    }
-    let stats = |m: &mut Detector<f32>| -> Vec<f32> {
-        m.backbone
-            .running_stats()
-            .into_iter()
-            .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
-            .collect()
-    };
-    push(
-        out,
-        "detector step: running statistics".into(),
-        normwise(&stats(&mut mirror), &stats(&mut cpu)),
-        step_tol,
-    );
-    // Inference after the step: the RPN's outputs of every level, then detections.
-    let (_, oc, _) = cpu.first_stage(&x, false);
-    let (_, og_dev, grids) = net.first_stage(&x, false)?;
-    let og = net.download_outputs(&og_dev)?;
-    // The device's proposals from these outputs against the host's.
-    let anc: Vec<Vec<BBox>> = grids.iter().map(|g| g.anchors()).collect();
-    let dims = (x.h as f64, x.w as f64);
-    let g = net
-        .ctx
-        .rpn_proposals(&og_dev, &grids, &cfg.rpn_test, dims)?;
-    drop(og_dev);
-    let c: Proposals = (0..x.n)
-        .map(|n| proposals(&og, &anc, n, dims.1, dims.0, &cfg.rpn_test))
-        .collect();
-    push(
-        out,
-        "detector inference: proposals on the device vs the host's".into(),
-        proposal_mismatch(&g, &c),
-        PROPOSAL_TOLERANCE,
-    );
-    let flat_out = |o: &[(Tensor<f32>, Tensor<f32>)]| -> Vec<f32> {
-        o.iter()
-            .flat_map(|(a, b)| a.data.iter().chain(&b.data).copied().collect::<Vec<_>>())
-            .collect()
-    };
-    push(
-        out,
-        "detector inference: RPN outputs of P2–P6".into(),
-        normwise(&flat_out(&og), &flat_out(&oc)),
-        step_tol * 10.0,
-    );
-    let dets = net.detect(&x)?;
-    let ordered = dets.len() == 2
-        && dets.iter().enumerate().all(|(n, d)| {
-            d.len() <= cfg.detections
-                && d.windows(2).all(|w| w[0].score >= w[1].score)
-                && d.iter().all(|t| t.image == n && t.class < cfg.classes)
-        });
-    push(
-        out,
-        "detector inference: detections per image, ranked, capped".into(),
-        if ordered { 0.0 } else { f64::INFINITY },
-        0.0,
-    );
     Ok(())
 }
