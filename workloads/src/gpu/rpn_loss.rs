@@ -154,6 +154,21 @@ impl Ctx {
         let allow_best = i32::from(m.allow_best);
         let grid = (nb as u32, images as u32);
         let t = &tables;
+        // The parameters the matching kernels and rpn_loss_terms begin with: the anchors'
+        // geometry and the boxes.
+        let geometry = [
+            arg(&t.first.ptr),
+            arg(&levels_i),
+            arg(&t.cols.ptr),
+            arg(&t.stride.ptr),
+            arg(&t.wh.ptr),
+            arg(&a_i),
+            arg(&truth_b.ptr),
+            arg(&tstart_b.ptr),
+        ];
+        let with_geometry = |rest: &[*mut c_void]| -> Vec<*mut c_void> {
+            geometry.iter().chain(rest).copied().collect()
+        };
         // SAFETY (every launch below): first holds levels + 1 counts (its last, n, the anchors
         // an image), cols and stride `levels` values, wh levels·A pairs; truth tstart[images]
         // boxes (at least one) and tstart images + 1 starts, each image's at most MAX_TRUTH
@@ -166,39 +181,18 @@ impl Ctx {
                 "anchor_match",
                 grid,
                 THREADS as u32,
-                &mut [
-                    arg(&t.first.ptr),
-                    arg(&levels_i),
-                    arg(&t.cols.ptr),
-                    arg(&t.stride.ptr),
-                    arg(&t.wh.ptr),
-                    arg(&a_i),
-                    arg(&truth_b.ptr),
-                    arg(&tstart_b.ptr),
-                    arg(&m.high),
-                    arg(&m.low),
-                    arg(&label.ptr),
-                    arg(&best.ptr),
-                ],
+                &mut with_geometry(&[arg(&m.high), arg(&m.low), arg(&label.ptr), arg(&best.ptr)]),
             )?;
             self.launch_grid(
                 "anchor_best",
                 grid,
                 THREADS as u32,
-                &mut [
-                    arg(&t.first.ptr),
-                    arg(&levels_i),
-                    arg(&t.cols.ptr),
-                    arg(&t.stride.ptr),
-                    arg(&t.wh.ptr),
-                    arg(&a_i),
-                    arg(&truth_b.ptr),
-                    arg(&tstart_b.ptr),
+                &mut with_geometry(&[
                     arg(&allow_best),
                     arg(&best.ptr),
                     arg(&label.ptr),
                     arg(&counts.ptr),
-                ],
+                ]),
             )?;
             self.launch_grid(
                 "anchor_scan",
@@ -233,15 +227,7 @@ impl Ctx {
                 "rpn_loss_terms",
                 grid,
                 THREADS as u32,
-                &mut [
-                    arg(&t.first.ptr),
-                    arg(&levels_i),
-                    arg(&t.cols.ptr),
-                    arg(&t.stride.ptr),
-                    arg(&t.wh.ptr),
-                    arg(&a_i),
-                    arg(&truth_b.ptr),
-                    arg(&tstart_b.ptr),
+                &mut with_geometry(&[
                     arg(&label.ptr),
                     arg(&offsets.ptr),
                     arg(&pick_b.ptr),
@@ -255,7 +241,7 @@ impl Ctx {
                     arg(&dd_b.ptr),
                     arg(&slots.ptr),
                     arg(&terms),
-                ],
+                ]),
             )?;
         }
         Ok(RpnLoss { grads, kept })
