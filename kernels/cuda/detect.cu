@@ -501,6 +501,17 @@ __device__ __forceinline__ bool drawn(const u32* chosen, int first, int count, u
     return lo < count && chosen[first + lo] == o;
 }
 
+// loss::smooth_l1 of one coordinate x (its error): ½·x²/β added to *loss where |x| < β,
+// |x| − ½β elsewhere; returns the gradient, x/β or sign(x) (NaN stays NaN).
+__device__ __forceinline__ double smooth_l1(double x, double beta, double* loss) {
+    if (fabs(x) < beta) {
+        *loss = __dadd_rn(*loss, __ddiv_rn(__dmul_rn(__dmul_rn(0.5, x), x), beta));
+        return __ddiv_rn(x, beta);
+    }
+    *loss = __dadd_rn(*loss, __dsub_rn(fabs(x), __dmul_rn(0.5, beta)));
+    return x != x ? x : copysign(1.0, x);
+}
+
 // The kept anchors' losses (rpn::rpn_loss): anchor a of image b is kept when its ordinal among
 // the image's foreground (background) anchors, offsets' half plus the block's prefix, is drawn:
 // pick[4·b …] = (first, count) of the foreground's sorted offsets in `chosen`, then the
@@ -551,17 +562,8 @@ extern "C" __global__ void __launch_bounds__(1024) rpn_loss_terms(
                              log(__ddiv_rn(tw, rw)), log(__ddiv_rn(th, rh))};
         const float* d = (const float*)deltas[l] + 4 * at;
         float* dd = (float*)ddeltas[l] + 4 * at;
-        // loss::smooth_l1: ½·x²/β where |x| < β, |x| − ½β elsewhere; gradient x/β or sign(x).
         for (int q = 0; q < 4; ++q) {
-            const double x = __dsub_rn((double)d[q], e[q]);
-            double gq;
-            if (fabs(x) < beta) {
-                lr = __dadd_rn(lr, __ddiv_rn(__dmul_rn(__dmul_rn(0.5, x), x), beta));
-                gq = __ddiv_rn(x, beta);
-            } else {
-                lr = __dadd_rn(lr, __dsub_rn(fabs(x), __dmul_rn(0.5, beta)));
-                gq = x != x ? x : copysign(1.0, x);
-            }
+            const double gq = smooth_l1(__dsub_rn((double)d[q], e[q]), beta, &lr);
             dd[q] = __fmul_rn((float)__ddiv_rn(gq, count), scale);
         }
     }
@@ -605,17 +607,8 @@ extern "C" __global__ void head_loss_terms(const float* z, const float* d, const
         double lr = 0.0;
         if (lab > 0) {
             const double* t = target + 4 * r;
-            // loss::smooth_l1, as rpn_loss_terms.
             for (int q = 0; q < 4; ++q) {
-                const double x = __dsub_rn((double)dr[4 * lab + q], t[q]);
-                double g;
-                if (fabs(x) < beta) {
-                    lr = __dadd_rn(lr, __ddiv_rn(__dmul_rn(__dmul_rn(0.5, x), x), beta));
-                    g = __ddiv_rn(x, beta);
-                } else {
-                    lr = __dadd_rn(lr, __dsub_rn(fabs(x), __dmul_rn(0.5, beta)));
-                    g = x != x ? x : copysign(1.0, x);
-                }
+                const double g = smooth_l1(__dsub_rn((double)dr[4 * lab + q], t[q]), beta, &lr);
                 hr[4 * lab + q] = __fmul_rn((float)__ddiv_rn(g, n), scale);
             }
         }
