@@ -123,6 +123,13 @@ pub fn with_conv_rounding<R>(r: Rounding, f: impl FnOnce() -> R) -> R {
     f()
 }
 
+/// `f` with no rounding emulated by this thread's convolutions (a reference that rounds them
+/// itself); what was in force before is restored after.
+pub fn without_conv_rounding<R>(f: impl FnOnce() -> R) -> R {
+    let _restore = Restore(CONV.with(|c| c.replace(None)));
+    f()
+}
+
 /// How many convolutions this thread has emulated so far (a reference checks that its step
 /// did round).
 pub fn emulated_convolutions() -> u64 {

@@ -266,6 +266,29 @@ fn backbone_params<T: Float>(b: &mut ResNet<T>) -> Vec<&mut Param<T>> {
         .collect()
 }
 
+/// How a step runs the backbone's body: the model's own layers ([`OwnBody`]), or a twin of
+/// them (`--check`'s CPU reference with a GPU's rounding points, `gpu/reference.rs`).
+pub(crate) trait Body<T> {
+    /// The four stage outputs C2–C5 for an NHWC batch.
+    fn forward(&mut self, m: &mut ResNet<T>, x: &Tensor<T>, train: bool) -> Vec<Arc<Tensor<T>>>;
+    /// Every backbone parameter's gradient from the stage outputs' gradients (after a training
+    /// `forward`).
+    fn backward(&mut self, m: &mut ResNet<T>, dc: Vec<Tensor<T>>);
+}
+
+/// The backbone's own layers.
+pub(crate) struct OwnBody;
+
+impl<T: Float> Body<T> for OwnBody {
+    fn forward(&mut self, m: &mut ResNet<T>, x: &Tensor<T>, train: bool) -> Vec<Arc<Tensor<T>>> {
+        m.forward_features(x, train)
+    }
+
+    fn backward(&mut self, m: &mut ResNet<T>, dc: Vec<Tensor<T>>) {
+        m.backward_features(dc)
+    }
+}
+
 pub struct Detector<T> {
     pub cfg: DetectorConfig,
     pub backbone: ResNet<T>,
@@ -326,8 +349,19 @@ impl<T: Float> Detector<T> {
         x: &Tensor<T>,
         train: bool,
     ) -> (Vec<Tensor<T>>, Vec<(Tensor<T>, Tensor<T>)>, Vec<Vec<BBox>>) {
+        self.first_stage_in(x, train, &mut OwnBody)
+    }
+
+    /// `first_stage` with the body run by `body`.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn first_stage_in(
+        &mut self,
+        x: &Tensor<T>,
+        train: bool,
+        body: &mut dyn Body<T>,
+    ) -> (Vec<Tensor<T>>, Vec<(Tensor<T>, Tensor<T>)>, Vec<Vec<BBox>>) {
         assert_eq!(x.c, self.cfg.in_channels, "input channels");
-        let c = self.backbone.forward_features(x, train);
+        let c = body.forward(&mut self.backbone, x, train);
         let p = timed(FWD, || "fpn".into(), || self.fpn.forward(&c));
         drop(c);
         let out = timed(FWD, || "rpn.head".into(), || self.rpn.forward(&p));
@@ -376,9 +410,22 @@ impl<T: Float> Detector<T> {
         fixed: Option<&[Vec<BBox>]>,
         ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) -> (Losses, Vec<Vec<BBox>>) {
+        self.step_in(x, truth, seed, (fixed, ready), &mut OwnBody)
+    }
+
+    /// `step_with` with the body run by `body`.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn step_in(
+        &mut self,
+        x: &Tensor<T>,
+        truth: &[Target],
+        seed: u64,
+        (fixed, ready): (Option<&[Vec<BBox>]>, &mut dyn FnMut(Vec<&mut Param<T>>)),
+        body: &mut dyn Body<T>,
+    ) -> (Losses, Vec<Vec<BBox>>) {
         assert_eq!(truth.len(), x.n, "one target per image");
         let (ih, iw) = (x.h as f64, x.w as f64);
-        let (p, out, anc) = self.first_stage(x, true);
+        let (p, out, anc) = self.first_stage_in(x, true, body);
         let boxes: Vec<Vec<BBox>> = truth.iter().map(|t| t.boxes.clone()).collect();
         let (rpn_objectness, rpn_box, rpn_grads) = timed(
             FWD,
@@ -443,7 +490,7 @@ impl<T: Float> Detector<T> {
         drop(p);
         let dc = timed(BWD, || "fpn".into(), || self.fpn.backward(dp));
         ready(self.fpn.params());
-        self.backbone.backward_features(dc);
+        body.backward(&mut self.backbone, dc);
         ready(backbone_params(&mut self.backbone));
         (losses, used)
     }

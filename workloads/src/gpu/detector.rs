@@ -1,8 +1,11 @@
 //! The EWA detector on the GPU (`crate::detect::model::Detector`'s twin): the shared ResNet body
 //! for C2–C5, the pyramid, the RPN head shared by P2–P6, multi-scale RoIAlign and the box head
 //! on cuDNN, cuBLAS and NVRTC kernels, with f32 master weights in one flat store (the CPU's
-//! parameter order, so a checkpoint moves between devices). The RPN's losses and proposals and
-//! the box head's losses are made on the device (`rpn_loss.rs`, `proposals.rs`,
+//! parameter order, so a checkpoint moves between devices). The body keeps its activations in
+//! the step's storage (16 bits in f16 and bf16, as the classifier's): the batch is staged in
+//! it, C2–C5 are widened to f32 for the pyramid and their gradients narrowed back ("fpn.input"
+//! spans); the pyramid, the RPN and the box head run on f32 activations. The RPN's losses and
+//! proposals and the box head's losses are made on the device (`rpn_loss.rs`, `proposals.rs`,
 //! `head_loss.rs`: the twins of `rpn::rpn_loss`, `rpn::proposals` and `head::head_loss`); what
 //! else the CPU detector does on the host it does here too, with the same functions
 //! (`crate::detect::host`): the second stage's matching and sampling from the proposals that
@@ -46,7 +49,11 @@ pub struct GpuDetector {
     /// `detect.cu`, the gradients uploaded: for A/B measurements and as a fallback; set by the
     /// environment variable `ROOFLINE_HOST_RPN` (any value).
     pub host_rpn: bool,
-    /// Where the loader's thread stages the next batch (f32, as the body reads it).
+    /// How the body stores its activations and their gradients: 16 bits in f16 and bf16 (the
+    /// classifier's storage), else f32. The pyramid, the RPN and the box head keep theirs in
+    /// f32, the stage outputs C2–C5 widened for them and their gradients narrowed back.
+    pub store: Storage,
+    /// Where the loader's thread stages the next batch (in `store`, as the body reads it).
     pub(super) stager: Arc<roofline_kernels::cuda::stage::Stager>,
     /// Declared last: dropped after every buffer above has been freed on its stream.
     pub ctx: Ctx,
@@ -134,10 +141,8 @@ impl GpuDetector {
         let rpn = GRpn::new(&model.rpn, &slots[body_slots + 8..body_slots + 14])?;
         let head = GBoxHead::new(&model.head, &slots[body_slots + 14..])?;
         let (sync, loss_scale) = GradSync::with_scale(&ctx, nccl, comm, flat.total)?;
-        let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(
-            &ctx.gpu,
-            Storage::F32,
-        )?);
+        let store = Storage::of(ctx.prec);
+        let stager = Arc::new(roofline_kernels::cuda::stage::Stager::new(&ctx.gpu, store)?);
         Ok(GpuDetector {
             cfg: model.cfg.clone(),
             flat,
@@ -149,6 +154,7 @@ impl GpuDetector {
             skipped: 0,
             sync,
             host_rpn: std::env::var_os("ROOFLINE_HOST_RPN").is_some(),
+            store,
             stager,
             ctx,
         })
@@ -173,16 +179,23 @@ impl GpuDetector {
         // when the loader's thread staged it (uploaded on the copy stream while the previous
         // step ran; this stream waits for it on the device), else uploaded now.
         let t0 = self.ctx.mark()?;
-        let xg = self.ctx.tensor(x.n, x.h, x.w, x.c)?;
-        // SAFETY: xg holds x's values in f32 (the stager's storage) and lives until the copy
-        // has run (stream-ordered frees).
-        if !unsafe { self.stager.take(&self.ctx.gpu, &x.data, xg.ptr())? } {
-            self.ctx.put(xg.ptr(), &x.data)?;
-        }
+        let xg = self.ctx.tensor_in(self.store, x.n, x.h, x.w, x.c)?;
+        // SAFETY: xg holds x's values in the stager's storage (the body's) and lives until the
+        // copy has run (stream-ordered frees).
+        let staged = unsafe { self.stager.take(&self.ctx.gpu, &x.data, xg.ptr())? };
+        let xg = if staged {
+            xg
+        } else {
+            self.ctx.upload_in(self.store, x)?
+        };
         self.ctx.close(UPLOAD, || "input".into(), t0)?;
         let c = self
             .body
             .forward(&mut self.ctx, &self.flat, xg, train, true)?;
+        // The pyramid reads C2–C5 in f32 (exact widening; nothing to do in f32).
+        let t0 = self.ctx.mark()?;
+        let c = self.widened(c)?;
+        self.ctx.close(FWD, || "fpn.input".into(), t0)?;
         let t0 = self.ctx.mark()?;
         let p = self.fpn.forward(&mut self.ctx, &self.flat, &c, train)?;
         self.ctx.close(FWD, || "fpn".into(), t0)?;
@@ -193,6 +206,22 @@ impl GpuDetector {
         let sizes: Vec<(usize, usize)> = p.iter().map(|m| (m.h, m.w)).collect();
         let grids = self.cfg.level_grids(&sizes);
         Ok((p, out, grids))
+    }
+
+    /// The body's stage outputs in f32, for the pyramid: the same tensors when the body stores
+    /// f32, else widened copies (exact).
+    fn widened(&mut self, c: Vec<Rc<GTensor>>) -> Result<Vec<Rc<GTensor>>, CudaError> {
+        c.into_iter()
+            .map(|t| {
+                if t.dt == Storage::F32 {
+                    return Ok(t);
+                }
+                let w = self.ctx.tensor(t.n, t.h, t.w, t.c)?;
+                self.ctx
+                    .cast_between(t.dt, Storage::F32, t.ptr(), w.ptr(), t.len())?;
+                Ok(Rc::new(w))
+            })
+            .collect()
     }
 
     /// The RPN head's outputs on the host (what the host's losses and proposals read).
@@ -461,12 +490,14 @@ impl GpuDetector {
         if let Some(s) = sync.as_deref_mut() {
             s.finished(ctx, flat, fpn_lo)?;
         }
-        self.body.backward(
-            ctx,
-            flat,
-            dc.into_iter().map(Some).collect(),
-            sync.as_deref_mut(),
-        )?;
+        // The stage outputs' gradients in the body's storage (rounded once, as it adds them).
+        let t0 = ctx.mark()?;
+        let mut d = Vec::with_capacity(dc.len());
+        for g in dc {
+            d.push(Some(ctx.convert(g, self.store)?));
+        }
+        ctx.close(BWD, || "fpn.input".into(), t0)?;
+        self.body.backward(ctx, flat, d, sync.as_deref_mut())?;
         if let Some(s) = sync {
             s.end(ctx, flat)?;
         }

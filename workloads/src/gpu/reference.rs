@@ -8,9 +8,11 @@
 //! activations stay f32 and only the convolutions' operands are rounded to tf32. Against this
 //! reference a GPU step differs by the order of its sums and the odd rounding flipped by them,
 //! not by its precision, so `--check` can hold it to a tolerance a reviewer would accept.
+//! The classifier's step is `reference_step`; the detector's body is `RoundedBody`, the same
+//! passes behind `detect::model::Body` (its stage outputs and their gradients).
 
 use super::*;
-pub(super) use crate::conv::rounding::{salt, Rounding};
+pub(super) use crate::conv::rounding::{salt, without_conv_rounding, Rounding};
 use crate::layers::{avgpool_backward, avgpool_forward, relu_backward, MaxPool};
 
 /// A convolution's shape for input `x`.
@@ -126,17 +128,31 @@ struct Saved {
     out: Tensor<f32>,
 }
 
-/// What the body's backward pass needs of the forward pass.
-struct Forward {
+/// What the body's backward pass needs of its forward pass.
+struct BodyPass {
     input: Tensor<f32>,
     stem_out: Tensor<f32>,
     pool: MaxPool<f32>,
     blocks: Vec<Saved>,
-    last_hw: (usize, usize),
-    logits: Tensor<f32>,
 }
 
-fn forward(m: &mut ResNet<f32>, x: &Tensor<f32>, train: bool, r: Rounding) -> Forward {
+impl BodyPass {
+    /// The output of every stage (C2–C5): its last block's.
+    fn stage_outputs(&self, m: &ResNet<f32>) -> Vec<&Tensor<f32>> {
+        let mut end = 0;
+        m.config
+            .blocks
+            .iter()
+            .map(|&n| {
+                end += n;
+                &self.blocks[end - 1].out
+            })
+            .collect()
+    }
+}
+
+/// The body (stem, pool, every block) on `x` with the rounding points `r`.
+fn body_forward(m: &mut ResNet<f32>, x: &Tensor<f32>, train: bool, r: Rounding) -> BodyPass {
     let mut input = x.clone();
     r.stored(&mut input.data);
     let t = conv_forward(&m.stem, &input, r);
@@ -167,22 +183,94 @@ fn forward(m: &mut ResNet<f32>, x: &Tensor<f32>, train: bool, r: Rounding) -> Fo
         let x = std::mem::replace(&mut h, out.clone());
         blocks.push(Saved { x, a1, a2, out });
     }
-    // The classifier in f32, as on the GPU.
-    let pooled = avgpool_forward(&h);
-    let logits = m.fc.forward(&pooled);
-    Forward {
+    BodyPass {
         input,
         stem_out,
         pool,
         blocks,
-        last_hw: (h.h, h.w),
-        logits,
     }
+}
+
+/// Every body parameter's gradient from the stage outputs' gradients `d` (None where a
+/// stage's output feeds only the next stage), with the rounding points `r`: each given one is
+/// stored (cast to 16 bits on the GPU) and, below the last stage, added to the next stage's
+/// data gradient, the sum stored (the GPU's add in place).
+fn body_backward(
+    m: &mut ResNet<f32>,
+    mut f: BodyPass,
+    mut d: Vec<Option<Tensor<f32>>>,
+    r: Rounding,
+) {
+    assert_eq!(d.len(), 4, "one gradient per stage");
+    let mut saved = f.blocks;
+    let mut g: Option<Tensor<f32>> = None;
+    for stage in (0..4).rev() {
+        let mut cur = match (g.take(), d.pop().flatten()) {
+            (Some(mut x), Some(mut ds)) => {
+                r.stored(&mut ds.data);
+                crate::layers::add_into(&mut x, &ds);
+                r.stored(&mut x.data);
+                x
+            }
+            (Some(x), None) => x,
+            (None, Some(mut ds)) => {
+                r.stored(&mut ds.data);
+                ds
+            }
+            (None, None) => panic!("no gradient for the body's last stage"),
+        };
+        let end = saved.len();
+        let start = end - m.config.blocks[stage];
+        for (b, s) in m.blocks[start..end]
+            .iter_mut()
+            .zip(saved.drain(start..))
+            .rev()
+        {
+            cur = block_backward(b, s, cur, r);
+        }
+        g = Some(cur);
+    }
+    let mut ds = f.pool.backward(&g.expect("a gradient"));
+    r.stored(&mut ds.data);
+    let t = bn_backward(&mut m.stem_bn, &ds, Some(&f.stem_out), r);
+    // The image needs no gradient: the stem's filter gradient only.
+    filter_grad(&mut m.stem, &f.input, &t, r);
+}
+
+/// A bottleneck's parameter gradients and its input's gradient from its output's, `d`.
+fn block_backward(
+    b: &mut Bottleneck<f32>,
+    s: Saved,
+    mut d: Tensor<f32>,
+    r: Rounding,
+) -> Tensor<f32> {
+    relu_backward(&s.out, &mut d);
+    let t = bn_backward(&mut b.bn3, &d, None, r);
+    let db = conv_backward(&mut b.conv3, &s.a2, &t, r);
+    let t = bn_backward(&mut b.bn2, &db, Some(&s.a2), r);
+    let da = conv_backward(&mut b.conv2, &s.a1, &t, r);
+    let t = bn_backward(&mut b.bn1, &da, Some(&s.a1), r);
+    let ds = match &mut b.down {
+        Some((c, bn)) => {
+            let t = bn_backward(bn, &d, None, r);
+            conv_backward(c, &s.x, &t, r)
+        }
+        None => d,
+    };
+    // conv1's data gradient added to the shortcut's as cuDNN writes it.
+    conv_backward_add(&mut b.conv1, &s.x, &t, Some(&ds), r)
+}
+
+/// The classifier on the body's last output, in f32 as on the GPU.
+fn logits(m: &mut ResNet<f32>, f: &BodyPass) -> Tensor<f32> {
+    let last = f.blocks.last().expect("a block");
+    m.fc.forward(&avgpool_forward(&last.out))
 }
 
 /// The logits of an inference pass with the GPU's rounding points.
 pub(super) fn reference_logits(m: &mut ResNet<f32>, x: &Tensor<f32>, r: Rounding) -> Tensor<f32> {
-    forward(m, x, false, r).logits
+    let f = body_forward(m, x, false, r);
+    logits(m, &f)
 }
 
 /// One training step of `m` with the GPU's rounding points `r`: forward, the loss (label
@@ -196,40 +284,66 @@ pub(super) fn reference_step(
     sgd: &crate::train::Sgd,
     r: Rounding,
 ) -> f64 {
-    let mut f = forward(m, x, true, r);
-    let (loss, mut g, _, _) = crate::layers::softmax_cross_entropy(&f.logits, labels, smoothing);
+    let f = body_forward(m, x, true, r);
+    let z = logits(m, &f);
+    let (loss, mut g, _, _) = crate::layers::softmax_cross_entropy(&z, labels, smoothing);
     g.data.iter_mut().for_each(|v| *v *= scale as f32);
     let dp = m.fc.backward(&g);
-    let mut d = avgpool_backward(&dp, f.last_hw.0, f.last_hw.1);
-    r.stored(&mut d.data);
-    for (b, s) in m.blocks.iter_mut().zip(f.blocks).rev() {
-        relu_backward(&s.out, &mut d);
-        let t = bn_backward(&mut b.bn3, &d, None, r);
-        let db = conv_backward(&mut b.conv3, &s.a2, &t, r);
-        let t = bn_backward(&mut b.bn2, &db, Some(&s.a2), r);
-        let da = conv_backward(&mut b.conv2, &s.a1, &t, r);
-        let t = bn_backward(&mut b.bn1, &da, Some(&s.a1), r);
-        let ds = match &mut b.down {
-            Some((c, bn)) => {
-                let t = bn_backward(bn, &d, None, r);
-                conv_backward(c, &s.x, &t, r)
-            }
-            None => d,
-        };
-        // conv1's data gradient added to the shortcut's as cuDNN writes it.
-        d = conv_backward_add(&mut b.conv1, &s.x, &t, Some(&ds), r);
-    }
-    let mut ds = f.pool.backward(&d);
-    r.stored(&mut ds.data);
-    let t = bn_backward(&mut m.stem_bn, &ds, Some(&f.stem_out), r);
-    // The image needs no gradient: the stem's filter gradient only.
-    filter_grad(&mut m.stem, &f.input, &t, r);
+    let last = &f.blocks.last().expect("a block").out;
+    let d = avgpool_backward(&dp, last.h, last.w);
+    body_backward(m, f, vec![None, None, None, Some(d)], r);
     let inv = (1.0 / scale) as f32;
     for p in m.params() {
         p.grad.iter_mut().for_each(|g| *g *= inv);
     }
     sgd.step(m.params(), lr);
     loss
+}
+
+/// The detector's body as a GPU detector with 16-bit storage runs it (`GpuDetector`): the
+/// classifier's rounding points for every body layer, the stage outputs C2–C5 read by the
+/// pyramid exactly (widened to f32), and their gradients from the pyramid stored before the
+/// body's backward pass adds them in. The body's convolutions round here, not through
+/// `conv::rounding::with_conv_rounding` (suspended inside), which the rest of the step's
+/// convolutions use.
+pub(super) struct RoundedBody {
+    pub r: Rounding,
+    saved: Option<BodyPass>,
+}
+
+impl RoundedBody {
+    pub(super) fn new(r: Rounding) -> RoundedBody {
+        RoundedBody { r, saved: None }
+    }
+}
+
+impl crate::detect::model::Body<f32> for RoundedBody {
+    fn forward(
+        &mut self,
+        m: &mut ResNet<f32>,
+        x: &Tensor<f32>,
+        train: bool,
+    ) -> Vec<Arc<Tensor<f32>>> {
+        let f = without_conv_rounding(|| body_forward(m, x, train, self.r));
+        let out = f
+            .stage_outputs(m)
+            .into_iter()
+            .map(|t| Arc::new(t.clone()))
+            .collect();
+        if train {
+            self.saved = Some(f);
+        }
+        out
+    }
+
+    fn backward(&mut self, m: &mut ResNet<f32>, dc: Vec<Tensor<f32>>) {
+        let f = self
+            .saved
+            .take()
+            .expect("backward after a training forward pass");
+        let r = self.r;
+        without_conv_rounding(|| body_backward(m, f, dc.into_iter().map(Some).collect(), r));
+    }
 }
 
 #[cfg(test)]
