@@ -71,19 +71,19 @@ impl Errors {
     /// Three times the farthest any of `samples` lies from `want`, each at least the f32
     /// step's bound.
     fn calibrated(want: &Outcome, samples: &[Outcome]) -> Errors {
-        let floor = Errors::fixed(want.updates.len());
-        let spread: Vec<Errors> = samples.iter().map(|s| errors(s, want)).collect();
-        let worst = |f: &dyn Fn(&Errors) -> f64, least: f64| {
-            (3.0 * spread.iter().map(f).fold(0.0f64, f64::max)).max(least)
-        };
-        Errors {
-            losses: std::array::from_fn(|i| worst(&|e| e.losses[i], floor.losses[i])),
-            params: (0..floor.params.len())
-                .map(|i| worst(&|e| e.params[i], floor.params[i]))
-                .collect(),
-            stats: worst(&|e| e.stats, floor.stats),
-            rpn: worst(&|e| e.rpn, floor.rpn),
-        }
+        super::check_step::calibrated(
+            Errors::fixed(want.updates.len()),
+            samples.iter().map(|s| errors(s, want)),
+        )
+    }
+}
+
+impl super::check_step::Bounds for Errors {
+    fn each(&mut self) -> Vec<&mut f64> {
+        let mut v: Vec<&mut f64> = self.losses.iter_mut().collect();
+        v.extend([&mut self.stats, &mut self.rpn]);
+        v.extend(self.params.iter_mut());
+        v
     }
 }
 
@@ -347,11 +347,9 @@ mod tests {
 
     /// Whether `got` passes every bound of `tol` against `want`.
     fn passes(got: &Outcome, want: &Outcome, tol: &Errors) -> bool {
-        let e = errors(got, want);
-        e.losses.iter().zip(&tol.losses).all(|(a, b)| a <= b)
-            && e.params.iter().zip(&tol.params).all(|(a, b)| a <= b)
-            && e.stats <= tol.stats
-            && e.rpn <= tol.rpn
+        use super::super::check_step::Bounds;
+        let (mut e, mut t) = (errors(got, want), tol.clone());
+        e.each().into_iter().zip(t.each()).all(|(a, b)| *a <= *b)
     }
 
     /// With no rounding and no jitter the reference is the CPU model's own step (within the f32

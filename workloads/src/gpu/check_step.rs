@@ -120,6 +120,31 @@ pub(super) fn errors(a: &Outcome, b: &Outcome) -> Tolerances {
     }
 }
 
+/// A whole step's bounds (or errors) as one list, in a fixed order: what the two whole-step
+/// checks (the classifier's and the detector's) calibrate alike.
+pub(super) trait Bounds: Sized {
+    fn each(&mut self) -> Vec<&mut f64>;
+}
+
+/// `floor` raised to three times the farthest error of `spread` (correct steps with other
+/// orders of sums against the reference), bound by bound.
+pub(super) fn calibrated<B: Bounds>(mut floor: B, spread: impl Iterator<Item = B>) -> B {
+    for mut e in spread {
+        for (b, e) in floor.each().into_iter().zip(e.each()) {
+            *b = b.max(3.0 * *e);
+        }
+    }
+    floor
+}
+
+impl Bounds for Tolerances {
+    fn each(&mut self) -> Vec<&mut f64> {
+        let mut v = vec![&mut self.loss, &mut self.stats, &mut self.logits];
+        v.extend(self.params.iter_mut());
+        v
+    }
+}
+
 impl Tolerances {
     /// The f32 step's: a step compounds every layer's rounding, and batch norm divides by small
     /// spreads.
@@ -135,29 +160,17 @@ impl Tolerances {
     /// Three times the farthest any of `samples` (correct steps with other orders of sums)
     /// lies from `want`, each at least the f32 step's bound.
     pub(super) fn calibrated(want: &Outcome, samples: &[Outcome]) -> Tolerances {
-        let floor = Tolerances::fixed(want.updates.len());
-        let spread: Vec<Tolerances> = samples.iter().map(|s| errors(s, want)).collect();
-        let worst = |f: &dyn Fn(&Tolerances) -> f64, least: f64| {
-            (3.0 * spread.iter().map(f).fold(0.0f64, f64::max)).max(least)
-        };
-        Tolerances {
-            loss: worst(&|t| t.loss, floor.loss),
-            params: (0..want.updates.len())
-                .map(|i| worst(&|t| t.params[i], floor.params[i]))
-                .collect(),
-            stats: worst(&|t| t.stats, floor.stats),
-            logits: worst(&|t| t.logits, floor.logits),
-        }
+        calibrated(
+            Tolerances::fixed(want.updates.len()),
+            samples.iter().map(|s| errors(s, want)),
+        )
     }
 
     /// Each bound at least `least` (a compressed wire's rounding).
     fn at_least(&self, least: f64) -> Tolerances {
-        Tolerances {
-            loss: self.loss.max(least),
-            params: self.params.iter().map(|p| p.max(least)).collect(),
-            stats: self.stats.max(least),
-            logits: self.logits.max(least),
-        }
+        let mut t = self.clone();
+        t.each().into_iter().for_each(|b| *b = b.max(least));
+        t
     }
 
     /// `got` against `want`: the loss, the parameter update furthest over its bound (named),
