@@ -616,3 +616,32 @@ extern "C" __global__ void head_loss_terms(const float* z, const float* d, const
         terms[2 * r + 1] = lr;
     }
 }
+
+// ---- The second stage's matching (head::sample_regions' Matcher::HEAD), on the proposals ----
+// Image b's candidates are its proposals (rpn_merge's row b of `row` doubles: a count, then 5
+// doubles a box, at most `post`), then its boxes truth[4·(tstart[b] + j) …], j < G_b =
+// tstart[b + 1] − tstart[b]. label[b·stride + i] for candidate i (a double, so that it comes
+// down in the proposals' copy): its best box j (the first, where several; IoUs in the host's f64
+// rounding) when that IoU ≥ high, −1 below low, −2 between; −1 for every candidate of an image
+// without boxes (Matcher::assign without its best-match pass). Grid (images), any block.
+extern "C" __global__ void region_match(const double* rows, int row, int post,
+                                        const double* truth, const int* tstart, double high,
+                                        double low, int stride, double* label) {
+    const int b = blockIdx.x;
+    const double* r = rows + (u64)b * row;
+    const int count = (int)fmin(fmax(r[0], 0.0), (double)post);
+    const int t0 = tstart[b], g = tstart[b + 1] - t0;
+    for (int i = threadIdx.x; i < count + g; i += blockDim.x) {
+        const double* c = i < count ? r + 1 + 5 * i : truth + 4 * (t0 + i - count);
+        int jb = 0;
+        double top = -__longlong_as_double(0x7FF0000000000000ll);  // −∞
+        for (int j = 0; j < g; ++j) {
+            const double v = iou(c, truth + 4 * (t0 + j));
+            if (v > top) {
+                top = v;
+                jb = j;
+            }
+        }
+        label[(u64)b * stride + i] = g == 0 ? -1.0 : top >= high ? (double)jb : top < low ? -1.0 : -2.0;
+    }
+}

@@ -106,6 +106,8 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "rpn_loss_terms" => (".add.u32", 1),
         // The box head's gradients divided by the regions in IEEE f64, logits' and deltas'.
         "head_loss_terms" => ("div.rn.f64", 2),
+        // The proposals' IoUs with the boxes, in IEEE f64 as the host's.
+        "region_match" => ("div.rn.f64", 1),
         _ => return None,
     })
 }

@@ -121,8 +121,9 @@ pub const SOURCES: &[Source] = &[
             "anchor_scan",
             "rpn_loss_terms",
             "head_loss_terms",
+            "region_match",
         ],
-        purpose: "the RPN's proposals (per-level top-k, decoding, bitmask NMS, the levels' merge) and losses (anchor matching, counts for the draw, the kept anchors' terms), and the box head's losses",
+        purpose: "the RPN's proposals (per-level top-k, decoding, bitmask NMS, the levels' merge) and losses (anchor matching, counts for the draw, the kept anchors' terms), the box head's losses, and the second stage's matching of the proposals",
         arch_specific: None,
     },
     Source {

@@ -146,12 +146,33 @@ pub fn sample_regions(
     per_image: usize,
     rng: &mut crate::data::Rng,
 ) -> (Vec<super::boxes::BBox>, Vec<usize>, Vec<[f64; 4]>) {
-    use super::matcher::{sample, Label, Matcher};
+    let labels = super::matcher::Matcher::HEAD.assign(&candidates(proposals, truth), truth);
+    sample_labelled(proposals, labels, truth, classes, per_image, rng)
+}
+
+/// The second stage's candidates of one image: its proposals, then its ground-truth boxes.
+pub fn candidates(
+    proposals: &[super::boxes::BBox],
+    truth: &[super::boxes::BBox],
+) -> Vec<super::boxes::BBox> {
+    proposals.iter().chain(truth.iter()).copied().collect()
+}
+
+/// [`sample_regions`] from its candidates' labels, made elsewhere (on a GPU, by
+/// `Matcher::HEAD`'s contract): `labels[i]` is candidate i's ([`candidates`]' order).
+pub fn sample_labelled(
+    proposals: &[super::boxes::BBox],
+    mut labels: Vec<super::matcher::Label>,
+    truth: &[super::boxes::BBox],
+    classes: &[usize],
+    per_image: usize,
+    rng: &mut crate::data::Rng,
+) -> (Vec<super::boxes::BBox>, Vec<usize>, Vec<[f64; 4]>) {
+    use super::matcher::{sample, Label};
     assert_eq!(truth.len(), classes.len(), "one class per box");
+    let candidates = candidates(proposals, truth);
+    assert_eq!(labels.len(), candidates.len(), "one label per candidate");
     let coder = super::boxes::Coder::new([10.0, 10.0, 5.0, 5.0]);
-    let candidates: Vec<super::boxes::BBox> =
-        proposals.iter().chain(truth.iter()).copied().collect();
-    let mut labels = Matcher::HEAD.assign(&candidates, truth);
     sample(&mut labels, per_image, 0.25, rng);
     let (mut regions, mut cls, mut targets) = (Vec::new(), Vec::new(), Vec::new());
     for (b, l) in candidates.iter().zip(&labels) {

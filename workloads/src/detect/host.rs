@@ -6,12 +6,16 @@
 //! differ only in where the layers run.
 
 use super::boxes::{clip, nms, AnchorGrid, BBox, Coder};
-use super::head::sample_regions;
+use super::head::{sample_labelled, sample_regions};
 use super::map::Detection;
+use super::matcher::Label;
 use super::model::{DetectorConfig, Target};
 use super::rpn::proposals;
 use crate::data::Rng;
 use crate::tensor::{Float, Tensor};
+
+/// One image's sampled regions, their labels and their box targets (`head::sample_regions`).
+type Sampled = (Vec<BBox>, Vec<usize>, Vec<[f64; 4]>);
 
 /// The second stage's training regions of a batch.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -59,18 +63,49 @@ impl DetectorConfig {
         fixed: Option<&[Vec<BBox>]>,
         (ih, iw): (f64, f64),
     ) -> Regions {
+        let props = (0..truth.len()).map(|n| match fixed {
+            Some(f) => f[n].clone(),
+            None => proposals(outputs, anchors, n, iw, ih, &self.rpn_train)
+                .into_iter()
+                .map(|p| p.0)
+                .collect(),
+        });
+        self.sampled(truth, seed, props, |props, t, rng| {
+            sample_regions(props, &t.boxes, &t.classes, self.roi_per_image, rng)
+        })
+    }
+
+    /// [`regions`](Self::regions) from each image's proposals and the labels of its
+    /// candidates (its proposals, then its boxes), matched elsewhere (on a GPU, by
+    /// `Matcher::HEAD`'s contract): the same draw from the same labels.
+    pub fn regions_labelled(
+        &self,
+        truth: &[Target],
+        seed: u64,
+        props: Vec<Vec<BBox>>,
+        labels: Vec<Vec<Label>>,
+    ) -> Regions {
+        assert_eq!(labels.len(), truth.len(), "one list of labels per image");
+        let mut labels = labels.into_iter();
+        self.sampled(truth, seed, props.into_iter(), |props, t, rng| {
+            let l = labels.next().unwrap_or_default();
+            sample_labelled(props, l, &t.boxes, &t.classes, self.roi_per_image, rng)
+        })
+    }
+
+    /// Each image's regions sampled by `sample` from its proposals, in image order with one
+    /// draw (`seed`'s).
+    fn sampled(
+        &self,
+        truth: &[Target],
+        seed: u64,
+        props: impl Iterator<Item = Vec<BBox>>,
+        mut sample: impl FnMut(&[BBox], &Target, &mut Rng) -> Sampled,
+    ) -> Regions {
         let mut rng = Rng::new(seed ^ 0x005E_C04D);
         let mut r = Regions::default();
-        for (n, t) in truth.iter().enumerate() {
-            let props: Vec<BBox> = match fixed {
-                Some(f) => f[n].clone(),
-                None => proposals(outputs, anchors, n, iw, ih, &self.rpn_train)
-                    .into_iter()
-                    .map(|p| p.0)
-                    .collect(),
-            };
-            let (b, l, tg) =
-                sample_regions(&props, &t.boxes, &t.classes, self.roi_per_image, &mut rng);
+        for ((n, t), props) in truth.iter().enumerate().zip(props) {
+            let (b, l, tg) = sample(&props, t, &mut rng);
             r.rois.extend(b.into_iter().map(|b| (n, b)));
             r.labels.extend(l);
             r.targets.extend(tg);
@@ -163,5 +198,52 @@ impl DetectorConfig {
                 dets
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::detect::head::candidates;
+    use crate::detect::matcher::Matcher;
+
+    /// Labels matched elsewhere by `Matcher::HEAD`'s contract (a GPU's) give the regions the
+    /// host's own matching gives: the same draw from the same labels; other labels give others.
+    #[test]
+    fn regions_from_given_labels_are_the_hosts() {
+        let mut rng = Rng::new(11);
+        let mut random_box = || -> BBox {
+            let (x, y) = (rng.uniform(0.0, 200.0), rng.uniform(0.0, 200.0));
+            [x, y, x + rng.uniform(4.0, 60.0), y + rng.uniform(4.0, 60.0)]
+        };
+        let truth: Vec<Target> = [4, 0, 9]
+            .iter()
+            .map(|&g| Target {
+                boxes: (0..g).map(|_| random_box()).collect(),
+                classes: (0..g).map(|i| i % 3).collect(),
+            })
+            .collect();
+        let props: Vec<Vec<BBox>> = [900, 40, 0]
+            .iter()
+            .map(|&p| (0..p).map(|_| random_box()).collect())
+            .collect();
+        let cfg = DetectorConfig::scaled(0.0625, [1, 1, 1, 1], 64, 96);
+        let none: Vec<(Tensor<f32>, Tensor<f32>)> = Vec::new();
+        let want = cfg.regions(&none, &[], &truth, 7, Some(&props), (256.0, 256.0));
+        let labels: Vec<Vec<Label>> = props
+            .iter()
+            .zip(&truth)
+            .map(|(p, t)| Matcher::HEAD.assign(&candidates(p, &t.boxes), &t.boxes))
+            .collect();
+        let got = cfg.regions_labelled(&truth, 7, props.clone(), labels.clone());
+        assert_eq!(got, want);
+        assert!(want.labels.iter().any(|&l| l > 0) && want.labels.contains(&0));
+        // Every foreground label turned background: other regions.
+        let bg: Vec<Vec<Label>> = labels
+            .iter()
+            .map(|l| l.iter().map(|_| Label::Bg).collect())
+            .collect();
+        let other = cfg.regions_labelled(&truth, 7, props, bg);
+        assert!(other.labels.iter().all(|&l| l == 0) && other != want);
     }
 }

@@ -187,6 +187,7 @@ pub fn detector_self_test(gpu: Gpu, p: Prec) -> Result<Vec<Check>, CudaError> {
         );
     }
     proposals_check(&mut ctx, &mut out, &mut rng)?;
+    region_match_check(&mut ctx, &mut out, &mut rng)?;
     rpn_loss_check(&mut ctx, &mut out, &mut rng)?;
     head_loss_check(&mut ctx, &mut out, &mut rng)?;
     out.extend(detector_step_checks(ctx, p, 0x5EED)?);
@@ -264,6 +265,55 @@ fn proposals_check(
             tolerance: PROPOSAL_TOLERANCE,
         });
     }
+    Ok(())
+}
+
+/// The second stage's matching on the device (`region_match`) against `Matcher::HEAD` on the
+/// same candidates: an image with a proposal at IoU exactly 0.5, one just under, a proposal
+/// equal to a box and two equal boxes (the first wins), beside random ones; an image of random
+/// proposals and boxes; one without boxes (all background); one without proposals (its boxes
+/// alone). Every label must be the host's.
+fn region_match_check(
+    ctx: &mut Ctx,
+    out: &mut Vec<Check>,
+    rng: &mut crate::data::Rng,
+) -> Result<(), CudaError> {
+    use crate::detect::head::candidates;
+    use crate::detect::matcher::Matcher;
+    let random_box = |rng: &mut crate::data::Rng| -> BBox {
+        let (x, y) = (rng.uniform(0.0, 90.0), rng.uniform(0.0, 90.0));
+        [x, y, x + rng.uniform(1.0, 40.0), y + rng.uniform(1.0, 40.0)]
+    };
+    let a = [0.0, 0.0, 10.0, 10.0];
+    let mut truth: Vec<Vec<BBox>> = vec![vec![a, a, [20.0, 20.0, 40.0, 40.0]]];
+    let mut props: Vec<Vec<BBox>> = vec![vec![a, [0.0, 0.0, 10.0, 5.0], [0.0, 0.0, 10.0, 4.9]]];
+    truth.push((0..7).map(|_| random_box(rng)).collect());
+    props.push((0..300).map(|_| random_box(rng)).collect());
+    props[0].extend((0..40).map(|_| random_box(rng)));
+    truth.push(Vec::new());
+    props.push((0..50).map(|_| random_box(rng)).collect());
+    truth.push((0..3).map(|_| random_box(rng)).collect());
+    props.push(Vec::new());
+    let got = ctx.region_labels(&props, &truth, Matcher::HEAD)?;
+    let differing: usize = props
+        .iter()
+        .zip(&truth)
+        .zip(&got)
+        .map(|((p, t), g)| {
+            let want = Matcher::HEAD.assign(&candidates(p, t), t);
+            if want.len() != g.len() {
+                return want.len().max(g.len());
+            }
+            want.iter().zip(g).filter(|(w, g)| w != g).count()
+        })
+        .sum();
+    out.push(Check {
+        name: "second stage's matching on the device (proposals then boxes, ties): labels \
+               not the host's"
+            .into(),
+        error: differing as f64,
+        tolerance: 0.0,
+    });
     Ok(())
 }
 

@@ -6,10 +6,13 @@
 //! it, C2–C5 are widened to f32 for the pyramid and their gradients narrowed back ("fpn.input"
 //! spans); the pyramid, the RPN and the box head run on f32 activations. The RPN's losses and
 //! proposals and the box head's losses are made on the device (`rpn_loss.rs`, `proposals.rs`,
-//! `head_loss.rs`: the twins of `rpn::rpn_loss`, `rpn::proposals` and `head::head_loss`); what
-//! else the CPU detector does on the host it does here too, with the same functions
-//! (`crate::detect::host`): the second stage's matching and sampling from the proposals that
-//! come down (their labels and targets going up), and the detections. The batch comes from the
+//! `head_loss.rs`: the twins of `rpn::rpn_loss`, `rpn::proposals` and `head::head_loss`), and
+//! so is the second stage's matching (`region_match`: `Matcher::HEAD` over each image's
+//! proposals and boxes, the labels coming down with the proposals in one copy). What else the
+//! CPU detector does on the host it does here too, with the same functions
+//! (`crate::detect::host`): the second stage's draw and box targets from those labels
+//! (`regions_labelled`: the regions' labels and targets going up, RoIAlign's plan binned from
+//! them), and the detections. The batch comes from the
 //! stager, uploaded on a copy stream during the previous step. Data parallel: gradients summed
 //! by NCCL in buckets while the backward pass runs (box head, RPN, pyramid, then the body block
 //! by block), batch-norm statistics through the reducer.
@@ -17,6 +20,7 @@ use super::*;
 use crate::detect::boxes::{AnchorGrid, BBox};
 use crate::detect::head::head_loss;
 use crate::detect::map::Detection;
+use crate::detect::matcher::Matcher;
 use crate::detect::model::{Detector, DetectorConfig, Losses, Target};
 use crate::detect::rpn::{proposals as rpn_proposals, rpn_loss};
 use roofline_collectors::timeline::timed;
@@ -235,15 +239,17 @@ impl GpuDetector {
     }
 
     /// Each image's proposals by `rule`: on the device (`detect.cu`), or on the host from `host`
-    /// (the downloaded outputs) when `host_rpn`; one span, "proposals".
+    /// (the downloaded outputs) when `host_rpn`; one span, "proposals". On the device and
+    /// with `truth`, also the labels of each image's second-stage candidates (its proposals,
+    /// then its boxes) by `Matcher::HEAD`, made there (else the host matches them).
     fn proposals(
         &mut self,
         out: &[(GTensor, GTensor)],
         host: Option<&[(Tensor<f32>, Tensor<f32>)]>,
         grids: &[AnchorGrid],
         rule: &crate::detect::rpn::ProposalRule,
-        dims: (f64, f64),
-    ) -> Result<Vec<Vec<BBox>>, CudaError> {
+        (dims, truth): ((f64, f64), Option<&[Vec<BBox>]>),
+    ) -> Result<(Vec<Vec<BBox>>, Option<CandidateLabels>), CudaError> {
         let boxes = |p: Vec<Vec<(BBox, f64)>>| -> Vec<Vec<BBox>> {
             p.into_iter()
                 .map(|v| v.into_iter().map(|b| b.0).collect())
@@ -261,7 +267,7 @@ impl GpuDetector {
             let anc: Vec<Vec<BBox>> = grids.iter().map(AnchorGrid::anchors).collect();
             let images = out.first().map_or(0, |o| o.0.n);
             let (ih, iw) = dims;
-            return Ok(timed(
+            let p = timed(
                 FWD,
                 || "proposals".into(),
                 || {
@@ -271,12 +277,21 @@ impl GpuDetector {
                             .collect(),
                     )
                 },
-            ));
+            );
+            return Ok((p, None));
         }
         let t0 = self.ctx.mark()?;
-        let p = self.ctx.rpn_proposals(out, grids, rule, dims)?;
+        let (p, labels) = match truth {
+            Some(t) => {
+                let (p, l) =
+                    self.ctx
+                        .rpn_proposals_matched(out, grids, rule, dims, (t, Matcher::HEAD))?;
+                (p, Some(l))
+            }
+            None => (self.ctx.rpn_proposals(out, grids, rule, dims)?, None),
+        };
         self.ctx.close(FWD, || "proposals".into(), t0)?;
-        Ok(boxes(p))
+        Ok((boxes(p), labels))
     }
 
     /// The first offset of the box head's parameters, the RPN's and the pyramid's in the flat
@@ -358,26 +373,35 @@ impl GpuDetector {
             self.ctx.close(FWD, || "rpn.loss".into(), t0)?;
             (readout, RpnGrads::Device(l))
         };
-        let props = match fixed {
-            Some(f) => f.to_vec(),
+        let (props, labels) = match fixed {
+            Some(f) => (f.to_vec(), None),
             None => {
                 let rule = self.cfg.rpn_train;
                 let host = match &rpn {
                     RpnGrads::Host(_, _, _, out) => Some(out.as_slice()),
                     RpnGrads::Device(_) => None,
                 };
-                self.proposals(&dev_out, host, &grids, &rule, (ih, iw))?
+                self.proposals(
+                    &dev_out,
+                    host,
+                    &grids,
+                    &rule,
+                    ((ih, iw), Some(boxes.as_slice())),
+                )?
             }
         };
         drop(dev_out);
         let none: HostOutputs = Vec::new();
-        // The proposals are given: `regions` reads neither the outputs nor the anchors.
+        // The proposals are given: `regions` reads neither the outputs nor the anchors. Their
+        // candidates' labels come from the device where it matched them.
         let regions = timed(
             FWD,
             || "regions".into(),
-            || {
-                self.cfg
-                    .regions(&none, &[], truth, seed, Some(&props), (ih, iw))
+            || match labels {
+                Some(l) => self.cfg.regions_labelled(truth, seed, props, l),
+                None => self
+                    .cfg
+                    .regions(&none, &[], truth, seed, Some(&props), (ih, iw)),
             },
         );
         let (rpn_objectness, rpn_box, rpn_grads, kept) = match rpn {
@@ -542,7 +566,8 @@ impl GpuDetector {
         let (p, out, grids) = self.first_stage(x, false)?;
         let rule = self.cfg.rpn_test;
         let rois: Vec<(usize, BBox)> = self
-            .proposals(&out, None, &grids, &rule, dims)?
+            .proposals(&out, None, &grids, &rule, (dims, None))?
+            .0
             .into_iter()
             .enumerate()
             .flat_map(|(n, v)| v.into_iter().map(move |b| (n, b)))

@@ -6,10 +6,14 @@
 //! every level's kept boxes ranked together (logit, the lower level, the rank within it) and the
 //! best `post_nms` kept. Boxes are f64 with the host's rounding at every step; only `exp` is
 //! CUDA's (within 1 ulp). Only the proposals come down, `images × (1 + 5·post_nms)` doubles in
-//! one copy (one synchronisation), where the host path needs the RPN's whole outputs.
+//! one copy (one synchronisation), where the host path needs the RPN's whole outputs. In
+//! training the second stage's candidates (each image's proposals, then its boxes) are matched
+//! there too (`region_match`, `Matcher::HEAD`), their labels in the same copy.
 
+use super::region_match::{label_stride, match_fits, parse_labels};
 use super::*;
 use crate::detect::boxes::{AnchorGrid, BBox, Coder};
+use crate::detect::matcher::Matcher;
 use crate::detect::rpn::ProposalRule;
 
 /// The most anchors a level keeps before NMS on the GPU (`detect.cu`'s MAX_K: the top-k's keys
@@ -167,12 +171,49 @@ impl Ctx {
         outputs: &[(GTensor, GTensor)],
         grids: &[AnchorGrid],
         rule: &ProposalRule,
-        (ih, iw): (f64, f64),
+        dims: (f64, f64),
     ) -> Result<Proposals, CudaError> {
+        Ok(self
+            .proposals_and_labels(outputs, grids, rule, dims, None)?
+            .0)
+    }
+
+    /// [`rpn_proposals`](Self::rpn_proposals), and each image's second-stage candidates (its
+    /// proposals, then its boxes `truth`) labelled on the device by `matcher`
+    /// (`Matcher::assign`'s contract without best matches: `head::sample_regions`'
+    /// assignment), the labels in the proposals' one copy.
+    pub fn rpn_proposals_matched(
+        &mut self,
+        outputs: &[(GTensor, GTensor)],
+        grids: &[AnchorGrid],
+        rule: &ProposalRule,
+        dims: (f64, f64),
+        (truth, matcher): (&[Vec<BBox>], Matcher),
+    ) -> Result<(Proposals, CandidateLabels), CudaError> {
+        let (p, l) =
+            self.proposals_and_labels(outputs, grids, rule, dims, Some((truth, matcher)))?;
+        Ok((p, l.unwrap_or_default()))
+    }
+
+    /// The proposals and, with `matching`, their labels (see the two callers).
+    fn proposals_and_labels(
+        &mut self,
+        outputs: &[(GTensor, GTensor)],
+        grids: &[AnchorGrid],
+        rule: &ProposalRule,
+        (ih, iw): (f64, f64),
+        matching: Option<(&[Vec<BBox>], Matcher)>,
+    ) -> Result<(Proposals, Option<CandidateLabels>), CudaError> {
         let (images, a) = fit(outputs, grids, "RPN proposals")?;
         rule_fits(rule, images, grids.len())?;
+        if let Some((truth, m)) = matching {
+            match_fits(truth, m, images)?;
+        }
         if images == 0 || grids.is_empty() || rule.pre_nms == 0 || rule.post_nms == 0 {
-            return Ok(vec![Vec::new(); images]);
+            // No proposal: each image's candidates are its boxes alone (labelled here: no
+            // kernel runs for them).
+            let labels = matching.map(|(t, m)| t.iter().map(|t| m.assign(t, t)).collect());
+            return Ok((vec![Vec::new(); images], labels));
         }
         let f32_out = self.f32_outputs(outputs)?;
         let tables = self.grid_tables(grids)?;
@@ -189,7 +230,9 @@ impl Ctx {
         let keep = self.alloc(4 * segs * k)?;
         let kept = self.alloc(4 * segs)?;
         let row = 1 + 5 * rule.post_nms;
-        let out = self.alloc(8 * images * row)?;
+        // The rows of proposals, then (when matching) each image's labels.
+        let stride = label_stride(rule.post_nms, matching);
+        let out = self.alloc(8 * images * (row + stride))?;
         let (images_i, levels_i, k_i, a_i) = (images as i32, levels as i32, k as i32, a as i32);
         let post_i = rule.post_nms as i32;
         let clamp = Coder::new([1.0; 4]).clamp;
@@ -268,9 +311,19 @@ impl Ctx {
                 ],
             )?;
         }
-        let host: Vec<f64> = self.get(out.ptr, images * row)?;
+        let labels_at = out.ptr + 8 * (images * row) as u64;
+        if let Some(m) = matching {
+            self.match_regions(
+                out.ptr,
+                (images, row, rule.post_nms),
+                m,
+                (labels_at, stride),
+            )?;
+        }
+        let host: Vec<f64> = self.get(out.ptr, images * (row + stride))?;
         drop(f32_out);
-        Ok(host
+        let (rows, labels) = host.split_at(images * row);
+        let props: Proposals = rows
             .chunks_exact(row)
             .map(|r| {
                 let count = (r[0] as usize).min(rule.post_nms);
@@ -279,7 +332,12 @@ impl Ctx {
                     .map(|p| ([p[0], p[1], p[2], p[3]], p[4]))
                     .collect()
             })
-            .collect())
+            .collect();
+        let labels = matching.map(|(truth, _)| {
+            let counts: Vec<usize> = props.iter().map(Vec::len).collect();
+            parse_labels(labels, stride, &counts, truth)
+        });
+        Ok((props, labels))
     }
 
     /// Launches kernel `name` over `grid` blocks of `block` threads.
