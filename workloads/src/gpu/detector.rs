@@ -12,10 +12,10 @@
 //! CPU detector does on the host it does here too, with the same functions
 //! (`crate::detect::host`): the second stage's draw and box targets from those labels
 //! (`regions_labelled`: the regions' labels and targets going up, RoIAlign's plan binned from
-//! them), and the detections. The batch comes from the
-//! stager, uploaded on a copy stream during the previous step. Data parallel: gradients summed
-//! by NCCL in buckets while the backward pass runs (box head, RPN, pyramid, then the body block
-//! by block), batch-norm statistics through the reducer.
+//! them), and the detections. The batch comes from the stager, uploaded on a copy stream during
+//! the previous step. Data parallel: gradients summed by NCCL in buckets while the backward
+//! pass runs (box head, RPN, pyramid, then the body block by block), batch-norm statistics
+//! through the reducer.
 use super::*;
 use crate::detect::boxes::{AnchorGrid, BBox};
 use crate::detect::head::head_loss;
