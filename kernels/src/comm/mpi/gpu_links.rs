@@ -7,7 +7,7 @@
 //! (an MPI handshake), and the receiver checks the last window's bytes against the pattern.
 
 use super::links::{LinkConfig, LinkRun, Transport};
-use super::probe::pattern;
+use super::p2p::pattern;
 use super::*;
 use crate::comm::nccl::Communicator;
 use crate::cuda::device::DevBuf;

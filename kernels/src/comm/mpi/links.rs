@@ -7,7 +7,7 @@
 //! bytes are checked. The root is handed the links measured so far before each round, to keep
 //! them (a hang or a dead node loses nothing measured).
 
-use super::probe::{pattern, window_exchange};
+use super::p2p::{pattern, window_exchange};
 use super::*;
 use roofline_model::links::{rounds, Link, LinkMatrix};
 

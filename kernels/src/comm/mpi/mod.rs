@@ -21,10 +21,12 @@ use std::time::{Duration, Instant};
 
 mod gpu_links;
 mod links;
+mod p2p;
 mod probe;
 mod reducer;
 pub use links::{LinkConfig, LinkRun};
-pub use probe::{CommConfig, CommResult, P2p, Point};
+pub use p2p::P2p;
+pub use probe::{CommConfig, CommResult, Point};
 pub use reducer::reducers;
 
 /// Why the MPI world or one of its communications failed.
