@@ -410,10 +410,12 @@ impl<T: Float> Detector<T> {
         fixed: Option<&[Vec<BBox>]>,
         ready: &mut dyn FnMut(Vec<&mut Param<T>>),
     ) -> (Losses, Vec<Vec<BBox>>) {
-        self.step_in(x, truth, seed, (fixed, ready), &mut OwnBody)
+        self.step_in(x, truth, seed, (fixed, ready), (&mut OwnBody, 1.0))
     }
 
-    /// `step_with` with the body run by `body`.
+    /// `step_with` with the body run by `body`, the losses' gradients times `scale` before the
+    /// backward pass (a loss-scaled GPU step's; 1: none), so that every parameter's gradient
+    /// comes out times `scale` for the caller to divide.
     #[allow(clippy::type_complexity)]
     pub(crate) fn step_in(
         &mut self,
@@ -421,8 +423,15 @@ impl<T: Float> Detector<T> {
         truth: &[Target],
         seed: u64,
         (fixed, ready): (Option<&[Vec<BBox>]>, &mut dyn FnMut(Vec<&mut Param<T>>)),
-        body: &mut dyn Body<T>,
+        (body, scale): (&mut dyn Body<T>, f64),
     ) -> (Losses, Vec<Vec<BBox>>) {
+        let s = T::from_f64(scale);
+        let scaled = |mut t: Tensor<T>| {
+            if scale != 1.0 {
+                t.data.iter_mut().for_each(|v| *v *= s);
+            }
+            t
+        };
         assert_eq!(truth.len(), x.n, "one target per image");
         let (ih, iw) = (x.h as f64, x.w as f64);
         let (p, out, anc) = self.first_stage_in(x, true, body);
@@ -432,6 +441,10 @@ impl<T: Float> Detector<T> {
             || "rpn.loss".into(),
             || rpn_loss(&out, &anc, &boxes, self.cfg.rpn_per_image, seed),
         );
+        let rpn_grads: Vec<(Tensor<T>, Tensor<T>)> = rpn_grads
+            .into_iter()
+            .map(|(o, d)| (scaled(o), scaled(d)))
+            .collect();
         let Regions {
             rois,
             labels,
@@ -469,6 +482,7 @@ impl<T: Float> Detector<T> {
             let flat = Tensor::from_vec(r, 1, 1, s * s * c, pooled.data);
             let (logits, deltas) = timed(FWD, || "box_head".into(), || self.head.forward(&flat));
             let (cls, reg, dl, dd) = head_loss(&logits, &deltas, &labels, &targets);
+            let (dl, dd) = (scaled(dl), scaled(dd));
             losses.classifier = cls;
             losses.box_reg = reg;
             let dflat = timed(BWD, || "box_head".into(), || self.head.backward(&dl, &dd));

@@ -8,9 +8,10 @@
 //! on f32 activations, each reading and writing its own type
 //! (`conv::rounding::with_conv_rounding`). The tolerances are calibrated as the
 //! classifier's (`check_step.rs`): three times the farthest that reference moves under three
-//! other orders of its convolutions' sums, never below the f32 ones. (In f16 the reference
-//! rounds the unscaled gradients, the GPU the loss-scaled ones: the same roundings but where
-//! a gradient is subnormal in f16 on one side only.)
+//! other orders of its convolutions' sums, never below the f32 ones. The reference's losses'
+//! gradients are scaled by the GPU's loss scale (f16's, 1024 at the first step) and its
+//! parameters' unscaled before the update, so that both store the same scaled gradients in
+//! 16 bits.
 
 use super::*;
 use crate::conv::rounding::{emulated_convolutions, with_conv_rounding};
@@ -167,17 +168,24 @@ fn flat_outputs(o: &[(Tensor<f32>, Tensor<f32>)]) -> Vec<f32> {
 }
 
 /// The CPU's step from the setup (with `fixed` proposals, or its own), with `rounding`'s
-/// rounding points where there is one: its outcome and the proposals it used.
+/// rounding points where there is one and the losses' gradients times `scale` (the GPU's loss
+/// scale: f16's gradients are stored scaled), unscaled before the update: its outcome and the
+/// proposals it used.
 fn cpu_outcome(
     rng_seed: u64,
-    rounding: Option<Rounding>,
+    (rounding, scale): (Option<Rounding>, f64),
     fixed: Option<&[Vec<BBox>]>,
 ) -> (Outcome, Vec<Vec<BBox>>) {
     let (cfg, x, truth, seed, lr) = setup(&mut crate::data::Rng::new(rng_seed));
     let run = |body: &mut dyn Body<f32>| {
         let mut m = Detector::<f32>::new(cfg.clone(), 17);
         let init: Vec<Vec<f32>> = m.params().iter().map(|p| p.value.clone()).collect();
-        let (losses, props) = m.step_in(&x, &truth, seed, (fixed, &mut |_| {}), body);
+        let (losses, props) = m.step_in(&x, &truth, seed, (fixed, &mut |_| {}), (body, scale));
+        // Unscaled as the GPU unscales its f32 gradients (exactly: a power of two).
+        let inv = (1.0 / scale) as f32;
+        for p in m.params() {
+            p.grad.iter_mut().for_each(|g| *g *= inv);
+        }
         crate::train::Sgd::default().step(m.params(), lr);
         let (_, o, _) = m.first_stage_in(&x, false, body);
         (outcome(&mut m, &init, &losses, flat_outputs(&o)), props)
@@ -207,8 +215,11 @@ pub(super) fn detector_step_checks(
     };
     // The reference, then (reduced precision) the calibration's samples with its proposals.
     let r = (p != Prec::F32).then(|| Rounding::of(p));
+    // The GPU's first loss scale (checked below against the built detector's).
+    let comm = CommOptions::default();
+    let scale = LossScale::for_step(p, comm.wire).scale;
     let before = emulated_convolutions();
-    let (want, props) = cpu_outcome(rng_seed, r, None);
+    let (want, props) = cpu_outcome(rng_seed, (r, scale), None);
     let tol = match r {
         None => Errors::fixed(want.updates.len()),
         Some(r) => {
@@ -223,7 +234,14 @@ pub(super) fn detector_step_checks(
                 0.0,
             );
             let samples: Vec<Outcome> = (1..=3)
-                .map(|jitter| cpu_outcome(rng_seed, Some(Rounding { jitter, ..r }), Some(&props)).0)
+                .map(|jitter| {
+                    cpu_outcome(
+                        rng_seed,
+                        (Some(Rounding { jitter, ..r }), scale),
+                        Some(&props),
+                    )
+                    .0
+                })
                 .collect();
             Errors::calibrated(&want, &samples)
         }
@@ -233,7 +251,13 @@ pub(super) fn detector_step_checks(
     let mut mirror = Detector::<f32>::new(cfg.clone(), 17);
     let init: Vec<Vec<f32>> = mirror.params().iter().map(|p| p.value.clone()).collect();
     let sgd = crate::train::Sgd::default();
-    let mut net = GpuDetector::new(ctx, &mut mirror, None, None, CommOptions::default())?;
+    let mut net = GpuDetector::new(ctx, &mut mirror, None, None, comm)?;
+    if net.loss_scale.scale != scale {
+        return Err(CudaError::Check(format!(
+            "the detector step's reference scales the losses by {scale}, the GPU by {}",
+            net.loss_scale.scale
+        )));
+    }
     let step = net.step(&x, &truth, seed, lr, &sgd, Some(&props))?;
     net.store(&mut mirror)?;
     // Inference after the step: the RPN's outputs of every level, and the device's proposals
@@ -361,24 +385,27 @@ mod tests {
     #[test]
     fn a_correct_bf16_step_passes_the_calibrated_check_and_a_wrong_one_fails_it() {
         let seed = 0x5EED;
-        let (plain, props) = cpu_outcome(seed, None, None);
+        let (plain, props) = cpu_outcome(seed, (None, 1.0), None);
         // The rounded body walks the layers one by one, the model fuses them: with no
         // rounding they are the same step up to the order of f32 sums.
-        let (none, _) = cpu_outcome(seed, Some(Rounding::of(Prec::F32)), Some(&props));
+        let (none, _) = cpu_outcome(seed, (Some(Rounding::of(Prec::F32)), 1.0), Some(&props));
         let tight = Errors::fixed(plain.updates.len());
         assert!(
             passes(&none, &plain, &tight),
             "the unrounded reference is not the model's step: {:?}",
             errors(&none, &plain)
         );
+        // A loss scale of 2¹⁰ is exact where nothing is rounded to 16 bits.
+        let (scaled, _) = cpu_outcome(seed, (Some(Rounding::of(Prec::F32)), 1024.0), Some(&props));
+        assert!(scaled.updates == none.updates && scaled.losses == none.losses);
         // In bf16, every step with the reference's proposals (as the GPU's).
         let r = Rounding::of(Prec::Bf16);
-        let (want, props) = cpu_outcome(seed, Some(r), None);
+        let (want, props) = cpu_outcome(seed, (Some(r), 1.0), None);
         let samples: Vec<Outcome> = (1..=3)
-            .map(|jitter| cpu_outcome(seed, Some(Rounding { jitter, ..r }), Some(&props)).0)
+            .map(|jitter| cpu_outcome(seed, (Some(Rounding { jitter, ..r }), 1.0), Some(&props)).0)
             .collect();
         let tol = Errors::calibrated(&want, &samples);
-        let other = cpu_outcome(seed, Some(Rounding { jitter: 9, ..r }), Some(&props)).0;
+        let other = cpu_outcome(seed, (Some(Rounding { jitter: 9, ..r }), 1.0), Some(&props)).0;
         assert!(
             passes(&other, &want, &tol),
             "{:?}\nagainst {:?}",
@@ -386,11 +413,12 @@ mod tests {
             tol
         );
         // The rounding points change the step (the reference is not the f32 one).
-        let f32_step = cpu_outcome(seed, None, Some(&props)).0;
+        let f32_step = cpu_outcome(seed, (None, 1.0), Some(&props)).0;
         assert!(f32_step.updates != want.updates);
         // Wrong steps fail: the box head's updates 10% off, or the backbone's reversed.
         for (group, by) in [("box head", 1.1f32), ("backbone", -1.0)] {
-            let mut off = cpu_outcome(seed, Some(Rounding { jitter: 9, ..r }), Some(&props)).0;
+            let mut off =
+                cpu_outcome(seed, (Some(Rounding { jitter: 9, ..r }), 1.0), Some(&props)).0;
             for (n, u) in off.updates.iter_mut() {
                 if part(n) == group {
                     u.iter_mut().for_each(|v| *v *= by);
