@@ -359,8 +359,8 @@ pub fn prefix(op: Op) -> Option<&'static str> {
     }
 }
 
-/// A layer of a built graph.
-enum Layer<T> {
+/// A layer of a built graph (the GPU's twin walks them: `crate::gpu::GpuGraph`).
+pub(crate) enum Layer<T> {
     Conv(Conv2d<T>),
     BatchNorm { bn: BatchNorm<T>, relu: bool },
     Relu,
@@ -435,6 +435,11 @@ impl<T: Float> Graph<T> {
             layers,
             values: Vec::new(),
         })
+    }
+
+    /// The layers, one a node, in the description's order.
+    pub(crate) fn layers(&self) -> &[Layer<T>] {
+        &self.layers
     }
 
     /// Parameters (with their momenta) and running statistics from a checkpoint of this

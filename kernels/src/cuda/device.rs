@@ -539,6 +539,21 @@ impl Gpu {
         })
     }
 
+    /// Enqueues the copy of `bytes` from device address `src` to `dst` on this GPU's stream.
+    ///
+    /// # Safety
+    /// `src` and `dst` are allocations of this GPU's context with at least `bytes` from them
+    /// on, not overlapping, alive until the copy has run (stream-ordered frees keep that).
+    pub unsafe fn copy_on_device(&self, dst: u64, src: u64, bytes: usize) -> Result<(), CudaError> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        // SAFETY: the caller's contract.
+        check("cuMemcpyDtoDAsync", unsafe {
+            cu::memcpy_dtod_async(dst, src, bytes, self.stream)
+        })
+    }
+
     /// Copies host data into a new device buffer, in order on this GPU's stream, and waits
     /// for it: a synchronous `cuMemcpyHtoD` is ordered only against the legacy default stream,
     /// never against our non-blocking one, so work already queued there could still read the

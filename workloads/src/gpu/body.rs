@@ -197,7 +197,7 @@ pub(super) fn pool_out(h: usize) -> usize {
 ///
 /// # Safety
 /// The buffers hold what the kernel reads and writes for those dimensions.
-unsafe fn pool_launch(
+pub(super) unsafe fn pool_launch(
     ctx: &mut Ctx,
     kernel: &'static str,
     items: usize,

@@ -130,6 +130,11 @@ pub fn check_all(
     let (gpu, ordinal) = crate::run::open_gpu(gpu)?;
     opened(&gpu);
     let mut checks = self_test(gpu, p).map_err(|e| RunError::Run(format!("GPU self-test: {e}")))?;
+    // Described networks (AutoML's candidates), each on a fresh context.
+    checks.extend(
+        crate::gpu::described_checks(ordinal, p)
+            .map_err(|e| RunError::Run(format!("GPU described-network self-test: {e}")))?,
+    );
     if detector {
         // The layers' test released its context: the detector's runs on a fresh one.
         let gpu = Gpu::open(ordinal)

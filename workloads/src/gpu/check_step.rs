@@ -33,7 +33,12 @@ pub(super) struct Outcome {
 }
 
 impl Outcome {
-    fn of(m: &mut ResNet<f32>, init: &[Vec<f32>], loss: f64, logits: Vec<f32>) -> Outcome {
+    pub(super) fn of(
+        m: &mut impl crate::train::Model<f32>,
+        init: &[Vec<f32>],
+        loss: f64,
+        logits: Vec<f32>,
+    ) -> Outcome {
         let updates = m
             .params()
             .iter()
@@ -54,14 +59,14 @@ impl Outcome {
 }
 
 /// Every batch norm's running mean then variance, in the model's order.
-pub(super) fn running_stats(m: &mut ResNet<f32>) -> Vec<f32> {
+pub(super) fn running_stats(m: &mut impl crate::train::Model<f32>) -> Vec<f32> {
     m.running_stats()
         .into_iter()
         .flat_map(|(_, a, b)| a.iter().chain(b.iter()).copied().collect::<Vec<_>>())
         .collect()
 }
 
-fn values(m: &mut ResNet<f32>) -> Vec<Vec<f32>> {
+pub(super) fn values(m: &mut impl crate::train::Model<f32>) -> Vec<Vec<f32>> {
     m.params().iter().map(|p| p.value.clone()).collect()
 }
 
@@ -148,7 +153,7 @@ impl Bounds for Tolerances {
 impl Tolerances {
     /// The f32 step's: a step compounds every layer's rounding, and batch norm divides by small
     /// spreads.
-    fn fixed(params: usize) -> Tolerances {
+    pub(super) fn fixed(params: usize) -> Tolerances {
         Tolerances {
             loss: 1e-3,
             params: vec![1e-3; params],

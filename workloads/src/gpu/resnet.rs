@@ -70,25 +70,6 @@ pub struct GpuResNet {
     pub ctx: Ctx,
 }
 
-/// What a step reads and leaves outside its kernels, in buffers of its own: the batch (in the
-/// activations' storage), the labels (i32), the scalars ([`step_scalars`]) and the readout.
-/// The host fills the first three before the step's work is enqueued, or its graph launched,
-/// and reads the readout after: a captured step keeps its `StepIo` and is handed each batch
-/// through it.
-pub(super) struct StepIo {
-    x: GTensor,
-    labels: Buf,
-    scalars: Buf,
-    readout: Readout,
-}
-
-impl StepIo {
-    /// Whether `x` (NHWC) has this input's shape.
-    fn fits(&self, x: &Tensor<f32>) -> bool {
-        (self.x.n, self.x.h, self.x.w, self.x.c) == (x.n, x.h, x.w, x.c)
-    }
-}
-
 /// A captured step and the buffers its launches read and write.
 pub(super) struct Captured {
     graph: roofline_kernels::cuda::graph::Graph,
@@ -362,36 +343,6 @@ pub struct StepResult {
     pub device_allocations: u64,
 }
 
-/// A queued loss over `rows` rows, read from its readout's bytes once the step has ended.
-pub(super) struct Loss {
-    pub(super) rows: usize,
-}
-
-impl Loss {
-    /// (mean loss, top-1, top-5) from the readout: rows f64 losses, then rows i32 ranks.
-    pub(super) fn read(&self, bytes: &[u8]) -> Result<(f64, usize, usize), CudaError> {
-        let rows = self.rows;
-        if bytes.len() < 12 * rows {
-            return Err(CudaError::Check(format!(
-                "the loss readout: {} bytes for {rows} rows",
-                bytes.len()
-            )));
-        }
-        let (losses, ranks) = bytes[..12 * rows].split_at(8 * rows);
-        let loss: f64 = losses
-            .chunks_exact(8)
-            .map(|b| f64::from_ne_bytes(b.try_into().unwrap_or_default()))
-            .sum();
-        let ranks: Vec<i32> = ranks
-            .chunks_exact(4)
-            .map(|b| i32::from_ne_bytes(b.try_into().unwrap_or_default()))
-            .collect();
-        let top1 = ranks.iter().filter(|&&r| r == 1).count();
-        let top5 = ranks.iter().filter(|&&r| r <= 5).count();
-        Ok((loss / rows.max(1) as f64, top1, top5))
-    }
-}
-
 impl GpuResNet {
     pub(super) fn backward(&mut self, dlogits: &GTensor) -> Result<(), CudaError> {
         let missing = || CudaError::Check("backward before a training forward pass".into());
@@ -436,109 +387,6 @@ impl GpuResNet {
         Ok(())
     }
 
-    /// Softmax cross-entropy of `z` against `io`'s labels, queued: ∂loss/∂z × the loss scale
-    /// (read from `io`'s scalars), and `io`'s readout filled with each row's loss (f64) and
-    /// the rank of its label (i32), read at the step's end ([`Loss::read`]).
-    pub(super) fn loss(
-        &mut self,
-        z: &GTensor,
-        io: &StepIo,
-        smoothing: f64,
-    ) -> Result<GTensor, CudaError> {
-        let rows = z.rows();
-        if io.labels.bytes < 4 * rows || io.readout.bytes < 12 * rows {
-            return Err(CudaError::Check(format!(
-                "{} bytes of labels and {} of readout for {rows} rows",
-                io.labels.bytes, io.readout.bytes
-            )));
-        }
-        let grad = self.ctx.tensor(z.n, z.h, z.w, z.c)?;
-        let rb = io.readout.buf.ptr;
-        let (lossp, rankp) = (rb, rb + 8 * rows as u64);
-        let (zp, lp, gp, sp) = (z.ptr(), io.labels.ptr, grad.ptr(), io.scalars.ptr);
-        let (ri, ki, sm) = (rows as i32, z.c as i32, smoothing as f32);
-        let t0 = self.ctx.mark()?;
-        // SAFETY: z and grad hold rows × k f32, labels rows i32 in [0, k) (checked by
-        // `labels`); the readout holds rows f64 (losses) then rows i32 (ranks), 8-byte
-        // aligned; the scalars four f32.
-        unsafe {
-            self.ctx.launch(
-                "softmax_xent",
-                rows,
-                &mut [
-                    arg(&zp),
-                    arg(&lp),
-                    arg(&gp),
-                    arg(&lossp),
-                    arg(&rankp),
-                    arg(&ri),
-                    arg(&ki),
-                    arg(&sm),
-                    arg(&sp),
-                ],
-            )?
-        };
-        self.ctx.close(FWD, || "loss".into(), t0)?;
-        Ok(grad)
-    }
-
-    /// `labels` as the loss kernel reads them, each checked to name one of the classes.
-    fn labels(&self, labels: &[usize], rows: usize) -> Result<Vec<i32>, CudaError> {
-        if labels.len() != rows {
-            return Err(CudaError::Check(format!(
-                "{} labels for {rows} rows",
-                labels.len()
-            )));
-        }
-        let k = self.fc.outputs;
-        if let Some(l) = labels.iter().find(|&&l| l >= k) {
-            return Err(CudaError::Check(format!(
-                "label {l} out of range: {k} classes"
-            )));
-        }
-        Ok(labels.iter().map(|&l| l as i32).collect())
-    }
-
-    /// Buffers for a step on a batch of `x`'s shape.
-    fn new_io(&self, x: &Tensor<f32>) -> Result<StepIo, CudaError> {
-        Ok(StepIo {
-            x: self.ctx.tensor_in(self.store, x.n, x.h, x.w, x.c)?,
-            labels: self.ctx.alloc(4 * x.n)?,
-            scalars: self.ctx.alloc(16)?,
-            readout: Readout::new(&self.ctx, 12 * x.n)?,
-        })
-    }
-
-    /// Writes a step's batch, labels and scalars into `io`, in stream order: the batch out of
-    /// the stager when the loader's thread staged it (its upload already ran on the copy
-    /// stream; the step's stream waits for it on the device and copies it out), else uploaded
-    /// now (and, for 16-bit storage, cast on the device: the step's one cast).
-    fn fill(
-        &mut self,
-        io: &StepIo,
-        x: &Tensor<f32>,
-        labels: &[i32],
-        scalars: &[f32; 4],
-    ) -> Result<(), CudaError> {
-        // The batch's copy to the GPU: data, not idle time (`place` adds these spans to the
-        // step's wait for data).
-        let t0 = self.ctx.mark()?;
-        // SAFETY: io.x holds x's values in the stager's storage (the model's), and lives until
-        // the copy has run (stream-ordered).
-        if !unsafe { self.stager.take(&self.ctx.gpu, &x.data, io.x.ptr())? } {
-            if self.store == Storage::F32 {
-                self.ctx.put(io.x.ptr(), &x.data)?;
-            } else {
-                let g = self.ctx.upload(x)?;
-                self.ctx
-                    .cast_between(Storage::F32, self.store, g.ptr(), io.x.ptr(), g.len())?;
-            }
-        }
-        self.ctx.close(UPLOAD, || "input".into(), t0)?;
-        self.ctx.put(io.labels.ptr, labels)?;
-        self.ctx.put(io.scalars.ptr, scalars)
-    }
-
     /// A step's whole device work on `io`: forward, loss, backward (and the gradients'
     /// allreduce where there is one), update. It reads everything that changes between steps
     /// from `io`, so that it can be captured once and launched again.
@@ -549,12 +397,8 @@ impl GpuResNet {
         sgd: &crate::train::Sgd,
     ) -> Result<(), CudaError> {
         io.readout.clear_flag(&self.ctx)?;
-        let x = GTensor {
-            buf: io.x.buf.alias(),
-            ..io.x
-        };
-        let z = self.forward(x, true)?;
-        let g = self.loss(&z, io, smoothing)?;
+        let z = self.forward(io.input(), true)?;
+        let g = softmax_xent(&mut self.ctx, &z, io, smoothing)?;
         drop(z);
         self.backward(&g)?;
         let dynamic = self.loss_scale.dynamic;
@@ -598,7 +442,7 @@ impl GpuResNet {
         self.ctx.gpu.bind()?;
         let at_start = Counters::now(&self.ctx);
         self.ctx.clock_start()?;
-        let l32 = self.labels(labels, x.n)?;
+        let l32 = class_labels(labels, x.n, self.fc.outputs)?;
         let ranks = self.sync.as_ref().map_or(1, |g| g.nccl.ranks);
         let scalars = step_scalars(lr, &self.loss_scale, ranks);
         let mut plan = self.graphs.plan(x.n, self.ctx.clock.is_some());
@@ -613,14 +457,14 @@ impl GpuResNet {
         // The step's buffers when they are its own (None: the captured graph's).
         let (ran, own) = match plan {
             Plan::Eager { .. } => {
-                let io = self.new_io(x)?;
-                self.fill(&io, x, &l32, &scalars)?;
+                let io = StepIo::new(&self.ctx, self.store, x)?;
+                io.fill(&mut self.ctx, &self.stager, x, &l32, &scalars)?;
                 self.body(&io, smoothing, sgd)?;
                 (plan, Some(io))
             }
             Plan::Capture => {
-                let io = self.new_io(x)?;
-                self.fill(&io, x, &l32, &scalars)?;
+                let io = StepIo::new(&self.ctx, self.store, x)?;
+                io.fill(&mut self.ctx, &self.stager, x, &l32, &scalars)?;
                 match self.capture(&io, smoothing, sgd) {
                     Ok(graph) => {
                         graph.launch(&self.ctx.gpu)?;
@@ -640,7 +484,7 @@ impl GpuResNet {
                     .captured
                     .take()
                     .ok_or_else(|| CudaError::Check("no captured step to launch".into()))?;
-                let filled = self.fill(&c.io, x, &l32, &scalars);
+                let filled = c.io.fill(&mut self.ctx, &self.stager, x, &l32, &scalars);
                 let launched = filled.and_then(|()| c.graph.launch(&self.ctx.gpu));
                 self.captured = Some(c);
                 launched?;

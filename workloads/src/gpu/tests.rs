@@ -135,9 +135,9 @@ fn a_loss_readout_is_read_as_softmax_xent_writes_it() {
         .flat_map(|v| v.to_ne_bytes())
         .collect();
     bytes.extend([1i32, 3, 7].iter().flat_map(|r| r.to_ne_bytes()));
-    let (loss, top1, top5) = resnet::Loss { rows: 3 }.read(&bytes).unwrap();
+    let (loss, top1, top5) = classify::Loss { rows: 3 }.read(&bytes).unwrap();
     assert_eq!((loss, top1, top5), (2.0, 1, 2));
-    assert!(resnet::Loss { rows: 3 }.read(&bytes[..30]).is_err());
+    assert!(classify::Loss { rows: 3 }.read(&bytes[..30]).is_err());
 }
 
 #[test]
@@ -410,6 +410,56 @@ fn the_pack_sums_cover_every_value_once() {
                     );
                 }
             }
+        }
+    }
+}
+
+/// The described-network check's networks: the small ResNet, its child by each morphism and
+/// by all three, every op a description has in the last, each child starting from weights
+/// that compute what its parent computes (the morphisms preserve the function), and the CPU
+/// step that `--check` holds the GPU to moving every parameter.
+#[test]
+fn the_described_network_check_covers_every_morphism_and_op() {
+    use crate::graph::{Graph, Op};
+    let nets = check_described::networks().unwrap();
+    let names: Vec<&str> = nets.iter().map(|n| n.0.as_str()).collect();
+    assert_eq!(nets.len(), 5, "{names:?}");
+    for (i, kind) in ["deeper", "wider", "skip"].iter().enumerate() {
+        assert!(names[i + 1].starts_with(kind), "{names:?}");
+    }
+    let (_, x, ..) = check_step::setup();
+    let all = &nets[4].1;
+    let has = |f: &dyn Fn(&Op) -> bool| all.nodes.iter().any(|n| f(&n.op));
+    assert!(has(&|o| matches!(o, Op::Conv { kernel: 1, .. })));
+    assert!(has(&|o| matches!(o, Op::Conv { kernel: 3, .. })));
+    assert!(has(&|o| matches!(o, Op::Conv { kernel: 7, .. })));
+    assert!(has(&|o| matches!(o, Op::BatchNorm { relu: true })));
+    assert!(has(&|o| matches!(o, Op::BatchNorm { relu: false })));
+    for op in [Op::Relu, Op::MaxPool, Op::Add, Op::GlobalAvgPool] {
+        assert!(has(&|o| *o == op), "{op:?}");
+    }
+    assert!(has(&|o| matches!(o, Op::Dense { .. })));
+    assert!(nets[1..].iter().all(|n| n.1 != nets[0].1 && n.2.is_some()));
+    let logits = |d: &crate::graph::Description, c: Option<&crate::checkpoint::Checkpoint>| {
+        let mut g = Graph::<f32>::new(d.clone(), x.h, x.w, 11).unwrap();
+        if let Some(c) = c {
+            g.load(c).unwrap();
+        }
+        g.forward(&x, false).data
+    };
+    let parent = logits(&nets[0].1, None);
+    for (name, d, init) in &nets[1..] {
+        let e = normwise(&logits(d, init.as_ref()), &parent);
+        assert!(
+            e < 1e-4,
+            "{name}: the child computes another function ({e})"
+        );
+    }
+    for (name, d, init) in &nets {
+        let o = check_described::cpu_outcome(d, init.as_ref()).unwrap();
+        assert!(o.loss.is_finite(), "{name}");
+        for (p, u) in &o.updates {
+            assert!(u.iter().any(|v| *v != 0.0), "{name}: {p} did not move");
         }
     }
 }

@@ -197,6 +197,14 @@ impl<N: GpuModel> CudaTrainer<N> {
         }
     }
 
+    /// The context back once the run is over (the model's, or the one it was never built on).
+    pub fn into_ctx(self) -> Option<Ctx> {
+        match (self.net, self.parts.ctx) {
+            (Some(n), _) => Some(n.into_parts().0),
+            (None, ctx) => ctx,
+        }
+    }
+
     pub(super) fn net(&mut self) -> Result<&mut N, CudaError> {
         self.net
             .as_mut()
