@@ -23,7 +23,10 @@
 # shapes, a device-to-device copy, ResNet-50 training images/s at the same batches and
 # precisions); then EWA's detector: train --workload ewa --check (f32, bf16), short trainings at
 # 768x1152 (f32, bf16, batch 2), place --workload ewa (its table in the log), and torchvision's
-# Faster R-CNN training step at the same size as its peer. It writes at most 8 files into OUT
+# Faster R-CNN training step at the same size as its peer; then AIPerf's AutoML (automl): the
+# described networks' check, a short search on the CPU and on the GPUs (f16, a worker a GPU),
+# one from ResNet-50 at 224² (its FLOPS a GPU against AIPerf's published 1.75 TOPS a T4), and
+# its best candidate placed. It writes at most 8 files into OUT
 # (default ./bringup-out: log.txt, machine.json, train.jsonl, placement.json and .svg,
 # peers.json, summary.txt, summary.json) and prints summary.txt last: roofline's figures beside
 # the peers'. summary.json is the record to commit as docs/gpu/<date>-<gpu>.json: revision,
@@ -57,11 +60,11 @@ pack() {
     mkdir -p "$kit"
     cp "$bin" "$kit/roofline"
     strip "$kit/roofline"
-    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$root/scripts/conv_peers.py" "$kit/"
+    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$root/scripts/conv_peers.py" "$root/scripts/automl_summary.py" "$kit/"
     chmod +x "$kit/roofline" "$kit/gpu-bringup.sh"
     local size
     size=$(du -sb "$kit" | cut -f1)
-    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py, conv_peers.py"
+    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py, conv_peers.py, automl_summary.py"
     echo "on the GPU machine: bash gpu-bringup.sh run OUT"
 }
 
@@ -81,9 +84,10 @@ run() {
     # Which parts: all (default), or a comma list of probe (doctor, kernels, the checks and
     # probes), check (train --check in f32, tf32, bf16, f16), train (the trainings, place),
     # peers (PyTorch), ewa (the detector's --check, two trainings at 768x1152, place) and
-    # ewa-peers (torchvision's Faster R-CNN), so that a machine lent in calls of 10 minutes can
-    # take it in three: `run OUT probe,check`, `run OUT train,peers` (ResNet-50 against PyTorch:
-    # under 6 minutes with ROOFLINE_BRINGUP_BUDGET=330), `run OUT ewa,ewa-peers`.
+    # ewa-peers (torchvision's Faster R-CNN) and automl (AIPerf's search on the CPU and the
+    # GPUs), so that a machine lent in calls of 10 minutes can take it in four: `run OUT
+    # probe,check`, `run OUT train,peers` (ResNet-50 against PyTorch: under 6 minutes with
+    # ROOFLINE_BRINGUP_BUDGET=330), `run OUT ewa,ewa-peers`, `run OUT automl`.
     local parts=${2:-all}
     want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
     mkdir -p "$out"
@@ -240,13 +244,30 @@ run() {
         # roofline/PyTorch per shape and direction).
         step conv-peers 240 "$py" "$here/peers.py" --parts conv --machine "$machine" -o "$out/peers.json"
     fi
+    local automl=()
+    if ! not_asked automl automl-check automl-cpu automl-gpu automl-gpu-224 automl-place; then
+        # AIPerf's AutoML: the described networks' GPU step against the CPU (f32 and f16, every
+        # morphism; part of train-check when the check part runs too), then the same short
+        # search on the CPU's cores and on the GPUs (one worker a GPU, f16), and one from
+        # ResNet-50 at 224² (AIPerf's network and size, synthetic images) for its FLOPS a GPU
+        # against AIPerf's published figure; its best candidate placed on the GPU roofline.
+        # The searches write beside their json (weights, report): only the json comes back.
+        want check || step automl-check 240 "$rl" train --device cuda --precision f16 --check
+        step automl-cpu 120 "$rl" automl --budget "${ROOFLINE_BRINGUP_AUTOML_S:-60}s" -o "$tmp/automl-cpu.json"
+        step automl-gpu 120 "$rl" automl --device cuda --budget "${ROOFLINE_BRINGUP_AUTOML_S:-60}s" -o "$tmp/automl-gpu.json"
+        step automl-gpu-224 240 "$rl" automl --device cuda --resolution 224 --width 1 --depth 3,4,6,3 --classes 100 --train-images 2048 --eval-images 256 --batch 128 --budget "${ROOFLINE_BRINGUP_AUTOML_224_S:-150}s" -o "$tmp/automl-224.json"
+        [ -f "$tmp/automl-gpu.json" ] && step automl-place 180 "$rl" place --workload "automl:$tmp/automl-gpu.json" --device cuda --precision f16 --machine "$machine" -o "$tmp/placement-automl.json"
+        for f in automl-cpu automl-gpu automl-224; do
+            [ -f "$tmp/$f.json" ] && cp "$tmp/$f.json" "$out/" && automl+=(--automl "$out/$f.json")
+        done
+    fi
     if ! not_asked ewa-peers ewa-peers; then
         step ewa-peers 420 "$py" "$here/peers.py" --parts ewa --ewa-batch 2,8 --steps 10 -o "$out/peers.json"
     fi
     echo >>"$summary"
-    if [ -f "$out/peers.json" ]; then
+    if [ -f "$out/peers.json" ] || [ "${#automl[@]}" -gt 0 ]; then
         "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" \
-            --placement "$out/placement.json" --placement "$out/placement-ewa.json" --json "$out/summary.json" >>"$summary" 2>>"$log" \
+            --placement "$out/placement.json" --placement "$out/placement-ewa.json" "${automl[@]}" --json "$out/summary.json" >>"$summary" 2>>"$log" \
             || echo "no peer table (see log.txt)" >>"$summary"
     else
         echo "no peer figures in this run (part: $parts)" >>"$summary"

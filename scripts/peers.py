@@ -285,9 +285,10 @@ def measure(args):
 def summary(args):
     m = json.load(open(args.machine)) if args.machine else {"ceilings": []}
     ceil = {c["id"]: c for c in m.get("ceilings", [])}
-    peers = json.load(open(args.peers))
+    # The AutoML part runs without PyTorch's figures.
+    peers = json.load(open(args.peers)) if args.peers and os.path.exists(args.peers) else {}
     train, ewa, runs = {}, {}, {}
-    for line in open(args.train):
+    for line in (open(args.train) if args.train and os.path.exists(args.train) else []):
         if line.strip():
             t = json.loads(line)
             if t.get("workload") == "ewa":
@@ -415,6 +416,10 @@ def summary(args):
     conv_lines, conv_records = conv_peers.summary(m, peers)
     for line in conv_lines:
         print(line)
+    import automl_summary
+    automl_lines, automl_records = automl_summary.summary(args.automl or [])
+    for line in automl_lines:
+        print(line)
     for cid in sorted(ceil):
         if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or "/wgmma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
             c = ceil[cid]
@@ -437,6 +442,7 @@ def summary(args):
             "ewa": ewa_records,
             "ewa_stages": ewa_stages,
             "conv": conv_records,
+            "automl": automl_records,
             # The compute ceilings (conv: ResNet-50's network rate): each with its datasheet
             # peak, and the tensor-core ones (mma.sync, wgmma) beside the best cuBLAS GEMM of
             # their precision.
@@ -478,6 +484,7 @@ def main():
     ap.add_argument("--peers")
     ap.add_argument("--placement", action="append",
                     help="a placement.json (again for more): its idle share joins the summary, a detector's per-stage table too")
+    ap.add_argument("--automl", action="append", help="--summary: an automl.json of this run (repeatable)")
     ap.add_argument("--json", help="--summary: also write the figures as JSON here")
     args = ap.parse_args()
     if args.summary:

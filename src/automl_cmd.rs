@@ -68,9 +68,10 @@ pub struct AutomlArgs {
     #[arg(long, value_name = "LIST")]
     kernels: Option<String>,
     /// Workers in this process; the cores (--threads) are split evenly among them, each worker
-    /// trains its candidates data parallel on its share.
-    #[arg(long, default_value_t = 1)]
-    workers: usize,
+    /// trains its candidates data parallel on its share, or (--device cuda) on a GPU of its
+    /// own. Default 1 on the CPU; with --device cuda one a GPU of this machine.
+    #[arg(long)]
+    workers: Option<usize>,
     /// Under mpirun/srun: MPI ranks per worker. Rank 0 is the master; the other ranks form
     /// teams of this many, each team a worker training its candidates data parallel
     /// (synchronous all-reduce inside the team). The ranks must share a file system (the
@@ -122,9 +123,16 @@ pub struct AutomlArgs {
     /// clock goes on from where it stopped, the budget counts from the first start.
     #[arg(long)]
     resume: bool,
-    /// cpu only for now (a GPU model for described networks is not built yet).
+    /// Where the workers train: cpu (their share of the cores, in f32), or cuda (each worker
+    /// on a GPU of its own, its candidates on cuDNN and cuBLAS; under mpirun/srun each rank on
+    /// its own GPU, a team's gradients summed with NCCL).
     #[arg(long, value_enum, default_value = "cpu")]
     device: Device,
+    /// With --device cuda: the convolutions' precision, f16 by default (mixed precision, f32
+    /// master weights, dynamic loss scaling: AIPerf's rule asks for FP16 or more), or bf16,
+    /// tf32, f32. The CPU trains in f32.
+    #[arg(long, value_parser = crate::run_args::precision_parser())]
+    precision: Option<roofline_model::Precision>,
 }
 
 fn list(s: &Option<String>, what: &str) -> Result<Vec<usize>, Failure> {
@@ -197,7 +205,10 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         seed: a.seed,
         threads: a.threads,
         device: a.device,
-        precision: roofline_model::Precision::F32,
+        precision: a.precision.unwrap_or(match a.device {
+            Device::Cuda => roofline_model::Precision::F16,
+            Device::Cpu => roofline_model::Precision::F32,
+        }),
         gpu: None,
         cuda_graph: Default::default(),
         decay_all: false,
@@ -205,11 +216,15 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
         // Checked against the starting network when the run is prepared.
         init: a.init.clone(),
     };
+    let workers = match a.workers {
+        Some(w) => w,
+        None => setup::default_workers(&spec)?,
+    };
     Ok(Request {
         spec,
         budget,
         rounds,
-        workers: a.workers,
+        workers,
         team: a.team,
         batches: list(&a.batches, "--batches")?,
         kernels: list(&a.kernels, "--kernels")?,
@@ -240,7 +255,7 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
             a.team
         )));
     }
-    if launched.is_some() && a.workers != 1 {
+    if launched.is_some() && a.workers.is_some_and(|w| w != 1) {
         return Err(Failure::Input(anyhow!(
             "--workers splits one process's cores; under mpirun/srun every rank but the master is a worker: use --team for ranks per worker"
         )));

@@ -367,10 +367,21 @@ fn automl_bad_input_is_one_line() {
         None,
         "--workers 64",
     );
+    // No GPU here: the GPU workers say so (exit 2) and never panic; the CPU trains in f32.
     expect_input_error(
         &["automl", "--device", "cuda", "-o", o],
         None,
-        "CPU for now",
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["automl", "--device", "cuda", "--workers", "1", "-o", o],
+        None,
+        "no NVIDIA driver",
+    );
+    expect_input_error(
+        &["automl", "--precision", "f16", "-o", o],
+        None,
+        "automl trains on the CPU in f32",
     );
     expect_input_error(&["automl", "--team", "2", "-o", o], None, "--team 2");
     assert!(!out.exists());

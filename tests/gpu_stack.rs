@@ -111,7 +111,13 @@ fn the_bringup_kit_packs_under_the_carry_limit_and_its_binary_starts() {
         total += e.metadata().unwrap().len();
     }
     assert!(total < 48 << 20, "the kit is {total} bytes");
-    for f in ["roofline", "gpu-bringup.sh", "peers.py", "conv_peers.py"] {
+    for f in [
+        "roofline",
+        "gpu-bringup.sh",
+        "peers.py",
+        "conv_peers.py",
+        "automl_summary.py",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing from the kit");
     }
     let v = Command::new(out.join("roofline"))

@@ -268,7 +268,9 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
 
 /// An AutoML run: its score (the series' highest FLOPS, with the series as samples), the
 /// regulated score, the best accuracy (the candidates' as samples), the candidates a minute
-/// and the seconds an epoch took. The work: the run's configuration.
+/// and the seconds an epoch took. The work: where the workers trained (`device`: cpu, or
+/// cuda and its GPUs), the trainer's precision, and the rest of the run's configuration (a
+/// run from before the GPU's without the first two: cpu, f32).
 fn automl(text: &str) -> Result<GateInput, ModelError> {
     let a = crate::automl::Automl::from_json(text)?;
     let series =
@@ -302,11 +304,27 @@ fn automl(text: &str) -> Result<GateInput, ModelError> {
     Ok(GateInput {
         kind: "automl",
         runs: 1,
-        work: vec![(
-            "configuration",
-            serde_json::Value::Object(a.configuration.clone()).to_string(),
-        )],
+        work: automl_work(&a.configuration),
         provenance: a.provenance,
         metrics,
     })
+}
+
+/// An AutoML run's work: its device, its precision, the rest of its configuration.
+pub(super) fn automl_work(
+    conf: &serde_json::Map<String, serde_json::Value>,
+) -> Vec<(&'static str, String)> {
+    let mut rest = conf.clone();
+    let mut take = |key: &str, old: &str| match rest.remove(key) {
+        Some(serde_json::Value::String(s)) => s,
+        Some(v) => v.to_string(),
+        None => old.to_string(),
+    };
+    let device = take("device", "cpu");
+    let precision = take("precision", "f32");
+    vec![
+        ("device", device),
+        ("precision", precision),
+        ("configuration", serde_json::Value::Object(rest).to_string()),
+    ]
 }

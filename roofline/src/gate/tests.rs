@@ -193,6 +193,47 @@ fn different_work_and_busy_machines_are_not_comparable() {
     );
 }
 
+/// An AutoML run on GPUs and one on the CPU are different work, told apart by their device and
+/// precision (not by one long configuration string); a run from before the GPU's reads as the
+/// CPU's in f32.
+#[test]
+fn gpu_and_cpu_automl_runs_are_told_apart() {
+    let conf = |v: serde_json::Value| v.as_object().cloned().unwrap();
+    let old = input::automl_work(&conf(serde_json::json!({"batch": 32})));
+    let cpu = input::automl_work(&conf(
+        serde_json::json!({"batch": 32, "precision": "f32", "device": "cpu"}),
+    ));
+    let gpu = input::automl_work(&conf(serde_json::json!({
+        "batch": 32,
+        "precision": "f16",
+        "device": "cuda (1 GPU(s), one a worker)"
+    })));
+    assert_eq!(old, cpu);
+    assert_eq!(
+        gpu,
+        vec![
+            ("device", "cuda (1 GPU(s), one a worker)".to_string()),
+            ("precision", "f16".to_string()),
+            ("configuration", r#"{"batch":32}"#.to_string()),
+        ]
+    );
+    let run = |work| GateInput {
+        kind: "automl",
+        provenance: crate::placement::tests::machine().provenance,
+        metrics: vec![m("automl/flops", "FLOP/s", vec![1.0])],
+        work,
+        runs: 1,
+    };
+    let why = not_comparable(&run(cpu), &run(gpu.clone()));
+    assert_eq!(why.len(), 2, "{why:?}");
+    assert!(
+        why[0].starts_with("device: baseline cpu, current cuda")
+            && why[1] == "precision: baseline f32, current f16",
+        "{why:?}"
+    );
+    assert!(not_comparable(&run(gpu.clone()), &run(gpu)).is_empty());
+}
+
 #[test]
 fn a_changed_cpu_is_reported() {
     let text = crate::placement::tests::machine().to_json().unwrap();

@@ -54,6 +54,8 @@ pub struct Settings {
     pub rounds: Vec<usize>,
     pub budget: Duration,
     pub workers: Workers,
+    /// The GPUs the worker threads train on, one each (None: the CPU).
+    pub gpus: Option<super::worker::Gpus>,
     /// The starting batch and kernel, and what the per-trial TPE draws from (from round 4).
     pub batch: usize,
     pub kernel: usize,
@@ -237,7 +239,7 @@ impl<'a> Run<'a> {
             running: BTreeMap::new(),
             next_id,
             buffer,
-            cx: Context::new(&s.classify, s.fault),
+            cx: Context::new(&s.classify, s.fault, s.gpus.map(|g| g.run)),
             start,
             last_sample: Instant::now(),
             dirty: true,
@@ -259,7 +261,8 @@ impl<'a> Run<'a> {
                 source,
             })?;
         let link = Link::new(buffer_dir(&self.s.out), id, None);
-        let cx = self.cx.clone();
+        let mut cx = self.cx.clone();
+        cx.gpu = self.s.gpus.map(|g| g.for_worker(id));
         std::thread::Builder::new()
             .name(format!("automl-worker-{id}"))
             .spawn(move || {

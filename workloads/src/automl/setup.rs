@@ -6,7 +6,7 @@
 use super::master::{self, Progress, Settings, Workers};
 use super::morph::{layer_count, Limits};
 use super::rules::Space;
-use super::worker::Fault;
+use super::worker::{Fault, Gpus};
 use crate::checkpoint::Checkpoint;
 use crate::graph::{Description, GraphTask};
 use crate::run::{self, Job, Prepared, RunError, Spec};
@@ -56,11 +56,7 @@ pub struct Calibration {
 /// process) and measures one step of the starting network.
 pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibration), RunError> {
     let input = |m: String| RunError::Input(m);
-    if req.spec.device == run::Device::Cuda {
-        return Err(input(
-            "automl trains on the CPU for now: the CUDA trainer has no model for a described network yet (a GpuModel for graph::Graph); run it without --device cuda".into(),
-        ));
-    }
+    let gpus = gpus(&req.spec)?;
     if req.spec.steps.is_some() || req.spec.epochs.is_some() || req.spec.target_top1.is_some() {
         return Err(input(
             "automl trains each candidate for its round's epochs (--rounds) until --budget ends; --steps, --epochs and --target-top1 do not apply".into(),
@@ -86,6 +82,14 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
     let Job::Classifier(classify) = &prep.job else {
         return Err(input("automl searches image classifiers".into()));
     };
+    if let (None, Some(g)) = (teams, &gpus) {
+        if req.workers > g.count {
+            return Err(input(format!(
+                "--workers {}: more workers than the {} GPU(s) of this machine (one worker a GPU; leave --workers out for one on each)",
+                req.workers, g.count
+            )));
+        }
+    }
     if teams.is_none() && req.workers > prep.cpus.len() {
         return Err(input(format!(
             "--workers {}: more workers than the {} cores this run has (--threads)",
@@ -167,11 +171,19 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
     let cores = roofline_kernels::affinity::cores(None)
         .map(|c| c.all.len())
         .unwrap_or(prep.cpus.len());
-    let provenance = roofline_collectors::provenance::here(
+    let mut provenance = roofline_collectors::provenance::here(
         roofline_kernels::probe::node::cpu_here(cores),
         false,
         Instant::now(),
     );
+    if let Some(g) = &gpus {
+        provenance.devices = (0..g.count)
+            .map(|i| match roofline_kernels::cuda::device::Gpu::open(i) {
+                Ok(gpu) => format!("gpu{i}: {} (sm_{})", gpu.name, gpu.arch()),
+                Err(e) => format!("gpu{i}: not opened ({e})"),
+            })
+            .collect();
+    }
     let limits = Limits {
         layers: req.max_layers.unwrap_or(layer_count(&start) + 24),
         parameters: req.max_parameters.unwrap_or(4.0 * params),
@@ -205,7 +217,11 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             "path": p.path,
             "layout": p.layout.to_string(),
         })),
-        "precision": "f32",
+        "precision": req.spec.precision.to_string(),
+        "device": match &gpus {
+            Some(g) => format!("cuda ({} GPU(s), one a worker)", g.count),
+            None => "cpu".to_string(),
+        },
         "ops_rule": "AIPerf (tables I-III): training images x (forward + backward + update), evaluation images x forward",
     });
     let s = Settings {
@@ -214,6 +230,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         rounds: req.rounds.clone(),
         budget: req.budget,
         workers,
+        gpus,
         batch,
         kernel: 3,
         space: Space {
@@ -234,8 +251,8 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             imagenet_224,
             start_resnet50,
             eval_images: classify.eval_images,
-            // The graph trainer's precision (`train::<f32, _>` in the worker).
-            precision: roofline_model::Precision::F32,
+            // The graph trainer's precision: f32 on the CPU, `--precision` on the GPU.
+            precision: req.spec.precision,
         },
         deviations: deviations(classify.run.init.as_deref()),
         configuration: configuration.as_object().cloned().unwrap_or_default(),
@@ -254,9 +271,14 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             source,
         }
     })?;
-    let t0 = Instant::now();
-    pool.install(|| train::<f32, _>(&task, &Quiet, None))?;
-    let step = t0.elapsed().as_secs_f64();
+    let step = match &gpus {
+        None => {
+            let t0 = Instant::now();
+            pool.install(|| train::<f32, _>(&task, &Quiet, None))?;
+            t0.elapsed().as_secs_f64()
+        }
+        Some(g) => gpu_step_seconds(&task, g.for_worker(0))?,
+    };
     let per_epoch = (classify.train_images / batch).max(1) as f64;
     // Evaluation costs about a third of a training step per image.
     let epoch = step * (per_epoch + classify.eval_images as f64 / batch as f64 / 3.0);
@@ -277,6 +299,51 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             trial_seconds: trial,
         },
     ))
+}
+
+/// Workers in one process when `--workers` is not given: one on the CPU, one a GPU with
+/// `--device cuda`.
+pub fn default_workers(spec: &Spec) -> Result<usize, RunError> {
+    Ok(gpus(spec)?.map_or(1, |g| g.count))
+}
+
+/// Where the workers train: the GPUs of this node with `--device cuda` (in `--precision`,
+/// checked against the trainer's and AIPerf's rule: FP16 or more), else the CPU (in f32).
+fn gpus(spec: &Spec) -> Result<Option<Gpus>, RunError> {
+    if spec.device != run::Device::Cuda {
+        if spec.precision != roofline_model::Precision::F32 {
+            return Err(RunError::Input(format!(
+                "--precision {}: automl trains on the CPU in f32; mixed precision is the GPU's (--device cuda)",
+                spec.precision
+            )));
+        }
+        return Ok(None);
+    }
+    let precision = run::setup::trainer_precision(spec.precision)?;
+    let count = roofline_kernels::cuda::device::init().map_err(RunError::NoGpu)?;
+    Ok(Some(Gpus {
+        run: run::GpuRun {
+            gpu: None,
+            precision,
+            graph: spec.cuda_graph,
+            keep: true,
+        },
+        count,
+    }))
+}
+
+/// Seconds of one training step of `task`'s network on `on`'s GPU: the fastest of the steps
+/// after the first (the first compiles the kernels and measures the convolutions' algorithms).
+fn gpu_step_seconds(task: &GraphTask, on: run::GpuRun) -> Result<f64, RunError> {
+    let mut task = task.clone();
+    task.classify.run.steps = 3;
+    let (s, _) = on.train::<crate::gpu::GpuGraph, _>(&task, &Quiet, None)?;
+    s.timing
+        .iter()
+        .skip(1)
+        .map(|t| t.seconds)
+        .reduce(f64::min)
+        .ok_or_else(|| RunError::Run("the calibration ran no step".into()))
 }
 
 /// The run in one process: settings, a fresh shared buffer, then the search.
@@ -312,7 +379,7 @@ pub fn deviations(init: Option<&crate::init::Pretrained>) -> Vec<String> {
     };
     vec![
         start,
-        "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB (automl trains on the CPU)".into(),
+        "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB".into(),
     ]
 }
 
@@ -323,7 +390,7 @@ pub fn worker_context(req: &Request) -> Result<(super::worker::Context, Vec<usiz
         return Err(RunError::Input("automl searches image classifiers".into()));
     };
     Ok((
-        super::worker::Context::new(classify, req.fault),
+        super::worker::Context::new(classify, req.fault, gpus(&req.spec)?.map(|g| g.run)),
         prep.cpus.clone(),
     ))
 }

@@ -362,6 +362,7 @@ fn settings(name: &str, budget: f64, fault: Option<Fault>) -> Settings {
         rounds: vec![1, 2],
         budget: Duration::from_secs_f64(budget),
         workers: Workers::Threads(vec![vec![cores[0]], vec![*cores.last().unwrap()]]),
+        gpus: None,
         batch: 8,
         kernel: 3,
         space: super::rules::Space {

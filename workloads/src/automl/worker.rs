@@ -16,8 +16,10 @@ use super::propose::{self, History, Proposal};
 use super::rules::{self, Draw, EarlyStopping, Space};
 use crate::checkpoint::Checkpoint;
 use crate::data::Rng;
+use crate::gpu::GpuGraph;
 use crate::graph::{Description, GraphTask};
 use crate::init::Pretrained;
+use crate::run::GpuRun;
 use crate::train::{train, Monitor, TrainConfig};
 use roofline_model::automl::{Epoch, Outcome};
 use serde::{Deserialize, Serialize};
@@ -107,19 +109,41 @@ pub struct Context {
     /// `--init`'s pretrained ResNet-50: every candidate starts from it, not from its parent.
     pub init: Option<Arc<Pretrained>>,
     pub fault: Option<Fault>,
+    /// The GPU the worker trains on (None: the CPU, on its pool's cores).
+    pub gpu: Option<GpuRun>,
+}
+
+/// The GPUs a run's worker threads train on: one a worker, in turn.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Gpus {
+    /// Precision and CUDA-graph mode (its GPU left to [`Gpus::for_worker`]).
+    pub run: GpuRun,
+    /// GPUs on this node.
+    pub count: usize,
+}
+
+impl Gpus {
+    /// Worker `id`'s GPU (a worker started again after one died takes the next in turn).
+    pub fn for_worker(&self, id: usize) -> GpuRun {
+        GpuRun {
+            gpu: Some(id % self.count.max(1)),
+            ..self.run
+        }
+    }
 }
 
 impl Context {
     /// The candidates' training settings, and the pretrained file `--init` gave the run (taken
     /// out of the settings: a candidate's layers take it by name, [`Pretrained::into_graph`],
     /// not as ResNet's training run takes it).
-    pub fn new(classify: &TrainConfig, fault: Option<Fault>) -> Context {
+    pub fn new(classify: &TrainConfig, fault: Option<Fault>, gpu: Option<GpuRun>) -> Context {
         let mut classify = classify.clone();
         let init = classify.run.init.take();
         Context {
             classify,
             init,
             fault,
+            gpu,
         }
     }
 }
@@ -452,7 +476,14 @@ fn train_pass(
         let t0 = Instant::now();
         task.classify.run.stop_at = Some((e + 1) * per_epoch);
         task.classify.run.resume = (e > 0).then(|| trial.checkpoint.clone());
-        let s = train::<f32, _>(&task, &beats, link.team()).map_err(|e| e.to_string())?;
+        let s = match &cx.gpu {
+            None => train::<f32, _>(&task, &beats, link.team()).map_err(|e| e.to_string())?,
+            Some(g) => {
+                g.train::<GpuGraph, _>(&task, &beats, link.team())
+                    .map_err(|e| e.to_string())?
+                    .0
+            }
+        };
         // The root wrote the checkpoint the next epoch resumes from: the team waits for it.
         link.team_barrier();
         if s.steps < (e + 1) * per_epoch || s.evals.is_empty() {

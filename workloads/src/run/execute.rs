@@ -2,9 +2,10 @@
 
 use super::setup::{Device, Job, Prepared};
 use super::RunError;
-use crate::gpu::{CudaTrainer, GpuDetector, GpuResNet};
+use crate::gpu::{Ctx, CudaTrainer, GpuDetector, GpuGraph, GpuModel, GpuResNet, GraphMode};
 use crate::layers::Reducer;
 use crate::train::{self, Monitor, Summary};
+use roofline_kernels::cuda::blas::Prec;
 use roofline_kernels::cuda::device::{self, Gpu};
 use std::sync::Arc;
 
@@ -126,33 +127,89 @@ pub fn execute(
         }?;
         return Ok((s, None));
     }
-    if let Job::Graph { .. } = &p.job {
-        return Err(RunError::Input(
-            "--device cuda: the CUDA trainer has no model for a described network (an AutoML candidate) yet; run it on the CPU".into(),
-        ));
-    }
-    let (gpu, ordinal) = open_gpu(p.spec.gpu)?;
-    let gpu_name = Some(gpu.name.clone());
-    let nccl = match &reducer {
-        Some(r) if r.ranks() > 1 => Some(
-            crate::gpu::communicator(r.as_ref(), ordinal)
-                .map_err(|e| RunError::Run(format!("--device cuda: NCCL: {e}")))?,
-        ),
-        _ => None,
+    let on = GpuRun {
+        gpu: p.spec.gpu,
+        precision: p.spec.precision,
+        graph: p.spec.cuda_graph,
+        keep: false,
     };
-    let mut ctx = crate::gpu::Ctx::new(gpu, p.spec.precision).map_err(RunError::Gpu)?;
-    ctx.graph = p.spec.cuda_graph;
-    // The GPU's handles are not Send: this thread drives it (data loads on their own threads).
-    let s = match &p.job {
-        Job::Detector(cfg) => {
-            let mut dev = CudaTrainer::<GpuDetector>::new(ctx, nccl, reducer, cfg.run.comm);
-            train::run(cfg, monitor, &mut dev)
+    let (s, name) = match &p.job {
+        Job::Detector(cfg) => on.train::<GpuDetector, _>(cfg, monitor, reducer)?,
+        Job::Classifier(cfg) => on.train::<GpuResNet, _>(cfg, monitor, reducer)?,
+        Job::Graph { task, .. } => on.train::<GpuGraph, _>(task, monitor, reducer)?,
+    };
+    Ok((s, Some(name)))
+}
+
+/// Where and how a training runs on a GPU: the GPU (`open_gpu`'s choice when None), the
+/// convolutions' precision, the CUDA-graph mode, and whether the thread keeps its context for
+/// its next training on the same GPU and precision (AutoML's workers, which train an epoch at
+/// a time: NVRTC's compilation, the library handles and the measured convolution algorithms
+/// are then made once a worker, not once an epoch).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct GpuRun {
+    pub gpu: Option<usize>,
+    pub precision: Prec,
+    pub graph: GraphMode,
+    pub keep: bool,
+}
+
+thread_local! {
+    /// The context this thread's last training with `keep` left: its GPU, precision, context.
+    static KEPT: std::cell::RefCell<Option<(usize, Prec, Ctx)>> = const { std::cell::RefCell::new(None) };
+}
+
+impl GpuRun {
+    /// Trains `task` with `N`, its model's GPU copy, on this rank's GPU (this thread drives
+    /// it: the GPU's handles are not Send; data loads on their own threads), the gradients
+    /// summed over `reducer`'s ranks by NCCL; the summary and the GPU's name.
+    pub fn train<N, W>(
+        &self,
+        task: &W,
+        monitor: &(dyn Monitor + Sync),
+        reducer: Option<Arc<dyn Reducer>>,
+    ) -> Result<(Summary, String), RunError>
+    where
+        N: GpuModel,
+        W: train::Task<f32, Model = N::Cpu>,
+    {
+        let ctx = self.context()?;
+        let ordinal = ctx.gpu.ordinal;
+        let name = ctx.gpu.name.clone();
+        let nccl = match &reducer {
+            Some(r) if r.ranks() > 1 => Some(
+                crate::gpu::communicator(r.as_ref(), ordinal)
+                    .map_err(|e| RunError::Run(format!("--device cuda: NCCL: {e}")))?,
+            ),
+            _ => None,
+        };
+        let mut dev = CudaTrainer::<N>::new(ctx, nccl, reducer, task.options().comm);
+        let s = train::run(task, monitor, &mut dev);
+        if self.keep {
+            if let Some(ctx) = dev.into_ctx() {
+                KEPT.with(|k| *k.borrow_mut() = Some((ordinal, self.precision, ctx)));
+            }
         }
-        Job::Classifier(cfg) => {
-            let mut dev = CudaTrainer::<GpuResNet>::new(ctx, nccl, reducer, cfg.run.comm);
-            train::run(cfg, monitor, &mut dev)
+        Ok((s?, name))
+    }
+
+    /// The context to train on: the one this thread kept for this GPU and precision, or a new
+    /// one.
+    fn context(&self) -> Result<Ctx, RunError> {
+        if self.keep {
+            let kept = KEPT.with(|k| k.borrow_mut().take());
+            if let Some((ordinal, prec, ctx)) = kept {
+                let same_gpu = self.gpu.is_none_or(|g| g == ordinal);
+                if same_gpu && prec == self.precision {
+                    let mut ctx = ctx;
+                    ctx.graph = self.graph;
+                    return Ok(ctx);
+                }
+            }
         }
-        Job::Graph { .. } => unreachable!("refused above"),
-    }?;
-    Ok((s, gpu_name))
+        let (gpu, _) = open_gpu(self.gpu)?;
+        let mut ctx = Ctx::new(gpu, self.precision).map_err(RunError::Gpu)?;
+        ctx.graph = self.graph;
+        Ok(ctx)
+    }
 }

@@ -18,7 +18,7 @@ pub mod sweeping;
 use crate::exchange::CommOptions;
 use std::path::PathBuf;
 
-pub use execute::{energy_span, execute, open_gpu};
+pub use execute::{energy_span, execute, open_gpu, GpuRun};
 pub use ranks::{ranks, reducer, traced, train, Ranks, Trained};
 pub use setup::{prepare, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
