@@ -277,7 +277,14 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             pool.install(|| train::<f32, _>(&task, &Quiet, None))?;
             t0.elapsed().as_secs_f64()
         }
-        Some(g) => gpu_step_seconds(&task, g.for_worker(0))?,
+        // The master's thread keeps no context (worker 0 trains on the same GPU).
+        Some(g) => gpu_step_seconds(
+            &task,
+            run::GpuRun {
+                keep: false,
+                ..g.for_worker(0)
+            },
+        )?,
     };
     let per_epoch = (classify.train_images / batch).max(1) as f64;
     // Evaluation costs about a third of a training step per image.

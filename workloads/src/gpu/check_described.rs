@@ -10,7 +10,9 @@
 //! within [`COARSE`]: a 16-bit step is chaotic at this size (the ResNet's check calibrates its
 //! bounds on a reference with the GPU's rounding points; the graph runs the same layers), so
 //! this row catches what is wrong by far (a gradient lost, cast twice or left scaled), not
-//! rounding.
+//! rounding. Last, the all-three child's f32 step with its gradients through NCCL (one rank,
+//! small buckets, f16 on the wire): its updates within the f32 bounds or f16's rounding, so
+//! that a bucket sent before its gradients were final shows.
 
 use super::check_step::{values, Outcome, Tolerances};
 use super::*;
@@ -93,16 +95,18 @@ pub(super) fn cpu_outcome(d: &Description, init: Option<&Checkpoint>) -> Result<
     Ok(Outcome::of(&mut g, &start, loss, logits))
 }
 
-/// The GPU graph's step of the same on `ctx`.
+/// The GPU graph's step of the same on `ctx`, its gradients through `nccl` as `comm` says
+/// when given.
 fn gpu_outcome(
     ctx: Ctx,
     d: &Description,
     init: Option<&Checkpoint>,
+    (nccl, comm): (Option<Communicator>, CommOptions),
 ) -> Result<(Outcome, bool), CudaError> {
     let (_, x, labels, lr, smoothing) = super::check_step::setup();
     let mut g = built(d, init, (x.h, x.w)).map_err(CudaError::Check)?;
     let start = values(&mut g);
-    let mut net = GpuGraph::new(ctx, &mut g, None, None, CommOptions::default())?;
+    let mut net = GpuGraph::new(ctx, &mut g, nccl, None, comm)?;
     let r = net.step(&x, &labels, lr, smoothing, &crate::train::Sgd::default())?;
     let logits = net.logits(&x)?.data;
     net.store(&mut g)?;
@@ -131,7 +135,8 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
         let want = cpu_outcome(d, init.as_ref()).map_err(CudaError::Check)?;
         for &q in &precisions {
             let ctx = Ctx::new(Gpu::open(ordinal)?, q)?;
-            let (got, applied) = gpu_outcome(ctx, d, init.as_ref())?;
+            let (got, applied) =
+                gpu_outcome(ctx, d, init.as_ref(), (None, CommOptions::default()))?;
             let prefix = format!("described network, {name}, {}: ", Storage::of(q).name());
             if q == Prec::F32 {
                 out.extend(Tolerances::fixed(want.updates.len()).checks(&prefix, &got, &want));
@@ -144,6 +149,34 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
                 tolerance: 0.0,
             });
         }
+    }
+    // The exchange told, node by node, which gradients are final: through NCCL (one rank) in
+    // small buckets with f16 on the wire, a bucket sent before its gradients were final would
+    // carry stale values into the update.
+    if let (Some((name, d, init)), Ok(())) =
+        (nets.last(), roofline_kernels::comm::nccl::available())
+    {
+        let id = roofline_kernels::comm::nccl::unique_id()?;
+        let nccl = Communicator::new(&id, 1, 0, ordinal)?;
+        let ctx = Ctx::new(Gpu::open(ordinal)?, Prec::F32)?;
+        let comm = CommOptions {
+            wire: Wire::F16,
+            overlap: true,
+            bucket: 5_000,
+        };
+        let want = cpu_outcome(d, init.as_ref()).map_err(CudaError::Check)?;
+        let (got, applied) = gpu_outcome(ctx, d, init.as_ref(), (Some(nccl), comm))?;
+        let prefix = format!("described network, {name}, through NCCL, gradients in f16: ");
+        let mut rows: Vec<Check> = Tolerances::fixed(want.updates.len())
+            .at_least(5e-3)
+            .checks(&prefix, &got, &want)
+            .into_iter()
+            .filter(|c| c.name.contains("parameter updates"))
+            .collect();
+        if !applied {
+            rows.iter_mut().for_each(|c| c.error = f64::INFINITY);
+        }
+        out.extend(rows);
     }
     Ok(out)
 }

@@ -172,7 +172,7 @@ impl Tolerances {
     }
 
     /// Each bound at least `least` (a compressed wire's rounding).
-    fn at_least(&self, least: f64) -> Tolerances {
+    pub(super) fn at_least(&self, least: f64) -> Tolerances {
         let mut t = self.clone();
         t.each().into_iter().for_each(|b| *b = b.max(least));
         t

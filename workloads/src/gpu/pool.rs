@@ -66,6 +66,11 @@ impl<B> Pool<B> {
     fn give(&mut self, class: usize, b: B) {
         self.free.entry(class).or_default().push(b);
     }
+
+    /// Drops every free buffer (how many there were); buffers in use still come back.
+    fn clear(&mut self) -> usize {
+        self.free.drain().map(|(_, v)| v.len()).sum()
+    }
 }
 
 /// A device buffer of the trainer's, handed back to its pool when it drops.
@@ -130,6 +135,13 @@ impl Ctx {
         self.pool.borrow_mut().sealed = on;
     }
 
+    /// Hands the free buffers back to the driver, in stream order (its memory pool keeps them
+    /// for any size): for a context that trains another network next (AutoML's worker), whose
+    /// size classes are not this one's, so that the pool does not grow with every candidate.
+    pub fn release_free_buffers(&self) -> usize {
+        self.pool.borrow_mut().clear()
+    }
+
     /// The device allocations made so far (a step that made none took every buffer from the
     /// pool).
     pub fn allocations(&self) -> u64 {
@@ -189,6 +201,27 @@ mod tests {
         }
         assert_eq!(per_step, [3, 1, 0, 0]);
         assert_eq!(kept.len(), 1);
+    }
+
+    #[test]
+    fn a_cleared_pool_holds_nothing_and_allocates_again() {
+        let mut pool = Pool::<u32>::default();
+        let mut next = 0u32;
+        let mut alloc = || -> Result<u32, ()> {
+            next += 1;
+            Ok(next)
+        };
+        let (a, b) = (
+            pool.take(1024, &mut alloc, || ()).unwrap(),
+            pool.take(2048, &mut alloc, || ()).unwrap(),
+        );
+        pool.give(1024, a);
+        pool.give(2048, b);
+        assert_eq!(pool.clear(), 2);
+        assert_eq!(pool.clear(), 0);
+        let before = pool.allocations;
+        pool.take(1024, &mut alloc, || ()).unwrap();
+        assert_eq!(pool.allocations, before + 1);
     }
 
     #[test]

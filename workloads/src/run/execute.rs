@@ -202,6 +202,7 @@ impl GpuRun {
                 let same_gpu = self.gpu.is_none_or(|g| g == ordinal);
                 if same_gpu && prec == self.precision {
                     let mut ctx = ctx;
+                    ctx.release_free_buffers();
                     ctx.graph = self.graph;
                     return Ok(ctx);
                 }
