@@ -110,8 +110,9 @@ pub struct RunArgs {
     pub threads: Option<usize>,
     /// Where to run: cpu, or cuda (resnet50: cuDNN convolutions, cuBLAS classifier, NVRTC
     /// kernels for the rest; ewa: the detector on the same layers, NVRTC RoIAlign and pyramid
-    /// kernels, proposals and losses on the host; under mpirun one GPU per rank, gradients
-    /// summed with NCCL).
+    /// kernels, proposals and losses on the device; automl:FILE (place): the candidate's
+    /// network walked node by node over the same layers; under mpirun one GPU per rank,
+    /// gradients summed with NCCL).
     #[arg(long, value_enum, default_value = "cpu")]
     pub device: Device,
     /// The precision of the products. On the CPU: f32, or bf16 (mixed precision) where the

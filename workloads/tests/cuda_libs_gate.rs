@@ -345,6 +345,58 @@ fn every_convolution() -> Vec<(String, ConvShape)> {
             v.push((format!("ewa rpn {name} P{}", l + 2), at(&c.shape, 2, *size)));
         }
     }
+    // AutoML's candidates on the GPU (described networks): ResNet-50 v1 at 224² and its
+    // children by a deeper block early and late at each of AIPerf's kernels (3, 5, 7) and by a
+    // wider layer, each convolution as the description gives it (its input's size and
+    // channels, padding kernel / 2).
+    use roofline_workloads::automl::morph::{applicable, child, Morphism};
+    use roofline_workloads::graph::{Description, Op};
+    let start = Description::resnet(&roofline_workloads::resnet::Config::resnet50(1000), 3);
+    let mut nets = vec![("automl start".to_string(), start.clone())];
+    for kernel in [3, 5, 7] {
+        let all = applicable(&start, 224, 224, kernel);
+        let deeper: Vec<&Morphism> = all
+            .iter()
+            .filter(|m| matches!(m, Morphism::Deeper { .. }))
+            .collect();
+        let wider = all.iter().find(|m| matches!(m, Morphism::Wider { .. }));
+        let picks = [deeper.first(), deeper.last(), wider.as_ref()];
+        for m in picks.into_iter().flatten() {
+            let d = child(&start, **m, (224, 224)).expect("an applicable morphism");
+            nets.push((format!("automl child ({m})"), d));
+        }
+    }
+    assert!(nets.len() >= 7, "{} AutoML networks", nets.len());
+    for (what, d) in &nets {
+        let shapes = d.shapes(224, 224).expect("a valid description");
+        for (i, node) in d.nodes.iter().enumerate() {
+            if let Op::Conv {
+                channels,
+                kernel,
+                stride,
+            } = node.op
+            {
+                let (h, w, c) = shapes[node.inputs[0]];
+                let s = ConvShape {
+                    n: 32,
+                    c,
+                    h,
+                    w,
+                    k: channels,
+                    r: kernel,
+                    s: kernel,
+                    stride,
+                    pad: kernel / 2,
+                };
+                assert_eq!(
+                    (s.oh(), s.ow(), s.k),
+                    shapes[i + 1],
+                    "{what} node {i}: the description's output size"
+                );
+                v.push((format!("{what} node{i}"), s));
+            }
+        }
+    }
     v
 }
 
