@@ -102,7 +102,7 @@ fn gpu_outcome(
     d: &Description,
     init: Option<&Checkpoint>,
     (nccl, comm): (Option<Communicator>, CommOptions),
-) -> Result<(Outcome, bool), CudaError> {
+) -> Result<(Outcome, bool, Ctx), CudaError> {
     let (_, x, labels, lr, smoothing) = super::check_step::setup();
     let mut g = built(d, init, (x.h, x.w)).map_err(CudaError::Check)?;
     let start = values(&mut g);
@@ -110,7 +110,8 @@ fn gpu_outcome(
     let r = net.step(&x, &labels, lr, smoothing, &crate::train::Sgd::default())?;
     let logits = net.logits(&x)?.data;
     net.store(&mut g)?;
-    Ok((Outcome::of(&mut g, &start, r.loss, logits), r.applied))
+    let ctx = net.into_parts().0;
+    Ok((Outcome::of(&mut g, &start, r.loss, logits), r.applied, ctx))
 }
 
 /// Every described network's step on GPU `ordinal` in f32 and, when `p` is a 16-bit format,
@@ -131,17 +132,23 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
     if Storage::of(p) != Storage::F32 {
         precisions.push(p);
     }
-    for (name, d, init) in &nets {
-        let want = cpu_outcome(d, init.as_ref()).map_err(CudaError::Check)?;
-        for &q in &precisions {
-            let ctx = Ctx::new(Gpu::open(ordinal)?, q)?;
-            let (got, applied) =
+    let wants = nets
+        .iter()
+        .map(|(_, d, init)| cpu_outcome(d, init.as_ref()))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(CudaError::Check)?;
+    // One context a precision, handed from network to network (kernels compiled once).
+    for &q in &precisions {
+        let mut ctx = Ctx::new(Gpu::open(ordinal)?, q)?;
+        for ((name, d, init), want) in nets.iter().zip(&wants) {
+            let (got, applied, back) =
                 gpu_outcome(ctx, d, init.as_ref(), (None, CommOptions::default()))?;
+            ctx = back;
             let prefix = format!("described network, {name}, {}: ", Storage::of(q).name());
             if q == Prec::F32 {
-                out.extend(Tolerances::fixed(want.updates.len()).checks(&prefix, &got, &want));
+                out.extend(Tolerances::fixed(want.updates.len()).checks(&prefix, &got, want));
             } else {
-                out.extend(coarse_checks(&prefix, q, &got, &want));
+                out.extend(coarse_checks(&prefix, q, &got, want));
             }
             out.push(Check {
                 name: format!("{prefix}step applied"),
@@ -164,12 +171,14 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
             overlap: true,
             bucket: 5_000,
         };
-        let want = cpu_outcome(d, init.as_ref()).map_err(CudaError::Check)?;
-        let (got, applied) = gpu_outcome(ctx, d, init.as_ref(), (Some(nccl), comm))?;
+        let want = wants
+            .last()
+            .ok_or_else(|| CudaError::Check("no network".into()))?;
+        let (got, applied, _) = gpu_outcome(ctx, d, init.as_ref(), (Some(nccl), comm))?;
         let prefix = format!("described network, {name}, through NCCL, gradients in f16: ");
         let mut rows: Vec<Check> = Tolerances::fixed(want.updates.len())
             .at_least(5e-3)
-            .checks(&prefix, &got, &want)
+            .checks(&prefix, &got, want)
             .into_iter()
             .filter(|c| c.name.contains("parameter updates"))
             .collect();
