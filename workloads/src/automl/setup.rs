@@ -363,8 +363,15 @@ pub fn run(
     master::buffer_dir(&s.out).create().map_err(|e| {
         RunError::Input(format!("the shared buffer beside {}: {e}", s.out.display()))
     })?;
+    let gpus = match &s.gpus {
+        Some(g) => format!(
+            ", each on a GPU of its own (of {}) in {}",
+            g.count, g.run.precision
+        ),
+        None => String::new(),
+    };
     progress.line(&format!(
-        "{} worker(s) on cores {:?}; one step of the starting network {:.2} s, its first trial about {:.0} s; budget {:.0} s",
+        "{} worker(s) on cores {:?}{gpus}; one step of the starting network {:.2} s, its first trial about {:.0} s; budget {:.0} s",
         s.workers.count(),
         match &s.workers {
             Workers::Threads(t) => t.clone(),
