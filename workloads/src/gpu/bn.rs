@@ -370,3 +370,26 @@ impl GBn {
         Ok(dx)
     }
 }
+
+/// Writes the running statistics of `bns` (read from the device) into `stats`, the CPU model's
+/// in the same order: checkpoints, evaluation on the CPU, the summary.
+pub(super) fn store_running<'a>(
+    ctx: &Ctx,
+    stats: crate::checkpoint::RunningStats<'_, f32>,
+    bns: impl IntoIterator<Item = &'a GBn>,
+) -> Result<(), CudaError> {
+    let bns: Vec<&GBn> = bns.into_iter().collect();
+    if stats.len() != bns.len() {
+        return Err(CudaError::Check(format!(
+            "{} running statistics for {} batch norms",
+            stats.len(),
+            bns.len()
+        )));
+    }
+    for ((_, mean, var), bn) in stats.into_iter().zip(bns) {
+        let (m, v) = bn.running(ctx)?;
+        *mean = m;
+        *var = v;
+    }
+    Ok(())
+}

@@ -74,6 +74,25 @@ impl StepIo {
     }
 }
 
+/// A classifier step's start on `ctx`: the GPU bound, the counters as they stand, the
+/// timeline's clock started; `labels` (of `rows` rows, each one of `classes`) as the loss reads
+/// them; the step's scalars at `lr` and the loss scale (the gradients' mean over `sync`'s
+/// ranks).
+pub(super) fn step_start(
+    ctx: &mut Ctx,
+    (labels, rows, classes): (&[usize], usize, usize),
+    lr: f64,
+    loss_scale: &LossScale,
+    sync: Option<&GradSync>,
+) -> Result<(Counters, Vec<i32>, [f32; 4]), CudaError> {
+    ctx.gpu.bind()?;
+    let at_start = Counters::now(ctx);
+    ctx.clock_start()?;
+    let l32 = class_labels(labels, rows, classes)?;
+    let ranks = sync.map_or(1, |g| g.nccl.ranks);
+    Ok((at_start, l32, step_scalars(lr, loss_scale, ranks)))
+}
+
 /// `labels` as the loss kernel reads them, each checked to name one of `classes`.
 pub(super) fn class_labels(
     labels: &[usize],
@@ -174,5 +193,33 @@ impl Loss {
         let top1 = ranks.iter().filter(|&&r| r == 1).count();
         let top5 = ranks.iter().filter(|&&r| r <= 5).count();
         Ok((loss / rows.max(1) as f64, top1, top5))
+    }
+}
+
+impl StepResult {
+    /// A classifier step's result from what [`conclude`] read at its end: the mean loss and
+    /// the top-1 and top-5 counts of its `rows` rows out of the readout.
+    pub(super) fn of(done: &Finished, rows: usize) -> Result<StepResult, CudaError> {
+        let (loss, top1, top5) = Loss { rows }.read(&done.loss_bytes)?;
+        Ok(StepResult {
+            loss,
+            top1,
+            top5,
+            comm_bytes: done.comm_bytes,
+            applied: done.applied,
+            host_syncs: done.host_syncs,
+            device_allocations: done.device_allocations,
+        })
+    }
+
+    /// The step as the training loop takes it.
+    pub(super) fn stepped(&self) -> crate::train::Stepped<f64> {
+        crate::train::Stepped {
+            loss: self.loss,
+            comm_bytes: self.comm_bytes,
+            comm_wait_s: 0.0,
+            host_syncs: self.host_syncs,
+            device_allocations: self.device_allocations,
+        }
     }
 }

@@ -504,12 +504,13 @@ impl GpuGraph {
         smoothing: f64,
         sgd: &crate::train::Sgd,
     ) -> Result<StepResult, CudaError> {
-        self.ctx.gpu.bind()?;
-        let at_start = Counters::now(&self.ctx);
-        self.ctx.clock_start()?;
-        let l32 = class_labels(labels, x.n, self.classes)?;
-        let ranks = self.sync.as_ref().map_or(1, |g| g.nccl.ranks);
-        let scalars = step_scalars(lr, &self.loss_scale, ranks);
+        let (at_start, l32, scalars) = step_start(
+            &mut self.ctx,
+            (labels, x.n, self.classes),
+            lr,
+            &self.loss_scale,
+            self.sync.as_ref(),
+        )?;
         let io = StepIo::new(&self.ctx, self.store, x)?;
         io.fill(&mut self.ctx, &self.stager, x, &l32, &scalars)?;
         io.readout.clear_flag(&self.ctx)?;
@@ -533,16 +534,7 @@ impl GpuGraph {
             &io.readout,
             at_start,
         )?;
-        let (loss, top1, top5) = Loss { rows: x.n }.read(&done.loss_bytes)?;
-        Ok(StepResult {
-            loss,
-            top1,
-            top5,
-            comm_bytes: done.comm_bytes,
-            applied: done.applied,
-            host_syncs: done.host_syncs,
-            device_allocations: done.device_allocations,
-        })
+        StepResult::of(&done, x.n)
     }
 
     /// Inference logits for a batch.
@@ -557,15 +549,10 @@ impl GpuGraph {
     pub fn store(&mut self, model: &mut Graph<f32>) -> Result<(), CudaError> {
         store_params(&self.ctx, &self.flat, Model::params(model))?;
         let bns = self.nodes.iter().filter_map(|n| match &n.layer {
-            GNode::BatchNorm { bn, .. } => Some(bn),
+            GNode::BatchNorm { bn, .. } => Some(&**bn),
             _ => None,
         });
-        for ((_, mean, var), bn) in model.running_stats().into_iter().zip(bns) {
-            let (m, v) = bn.running(&self.ctx)?;
-            *mean = m;
-            *var = v;
-        }
-        Ok(())
+        store_running(&self.ctx, model.running_stats(), bns)
     }
 }
 
@@ -591,14 +578,7 @@ impl GpuModel for GpuGraph {
         lr: f64,
         sgd: &crate::train::Sgd,
     ) -> Result<crate::train::Stepped<f64>, CudaError> {
-        let r = GpuGraph::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?;
-        Ok(crate::train::Stepped {
-            loss: r.loss,
-            comm_bytes: r.comm_bytes,
-            comm_wait_s: 0.0,
-            host_syncs: r.host_syncs,
-            device_allocations: r.device_allocations,
-        })
+        Ok(GpuGraph::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?.stepped())
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
         self.logits(x)

@@ -589,17 +589,7 @@ impl GpuDetector {
     /// Writes the parameters, momenta and running statistics back into `model`.
     pub fn store(&mut self, model: &mut Detector<f32>) -> Result<(), CudaError> {
         store_params(&self.ctx, &self.flat, model.params())?;
-        let bns = self.body.bns();
-        let stats = model.backbone.running_stats();
-        if stats.len() != bns.len() {
-            return Err(CudaError::Check("the backbone's batch norms".into()));
-        }
-        for ((_, mean, var), bn) in stats.into_iter().zip(bns) {
-            let (m, v) = bn.running(&self.ctx)?;
-            *mean = m;
-            *var = v;
-        }
-        Ok(())
+        store_running(&self.ctx, model.backbone.running_stats(), self.body.bns())
     }
 }
 

@@ -582,7 +582,7 @@ pub use check_described::{described_checks, COARSE};
 pub use check_detector::*;
 use check_detector_step::*;
 use check_step::*;
-use classify::{class_labels, softmax_xent, Loss, StepIo};
+use classify::{softmax_xent, step_start, StepIo};
 pub use described::GpuGraph;
 pub use detect::*;
 pub use detector::*;

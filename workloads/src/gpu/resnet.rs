@@ -439,12 +439,13 @@ impl GpuResNet {
         smoothing: f64,
         sgd: &crate::train::Sgd,
     ) -> Result<StepResult, CudaError> {
-        self.ctx.gpu.bind()?;
-        let at_start = Counters::now(&self.ctx);
-        self.ctx.clock_start()?;
-        let l32 = class_labels(labels, x.n, self.fc.outputs)?;
-        let ranks = self.sync.as_ref().map_or(1, |g| g.nccl.ranks);
-        let scalars = step_scalars(lr, &self.loss_scale, ranks);
+        let (at_start, l32, scalars) = step_start(
+            &mut self.ctx,
+            (labels, x.n, self.fc.outputs),
+            lr,
+            &self.loss_scale,
+            self.sync.as_ref(),
+        )?;
         let mut plan = self.graphs.plan(x.n, self.ctx.clock.is_some());
         if matches!(plan, Plan::Replay { .. })
             && !self.captured.as_ref().is_some_and(|c| c.io.fits(x))
@@ -516,16 +517,7 @@ impl GpuResNet {
         if !self.graphs.keeps_graph() {
             self.captured = None;
         }
-        let (loss, top1, top5) = Loss { rows: x.n }.read(&done.loss_bytes)?;
-        Ok(StepResult {
-            loss,
-            top1,
-            top5,
-            comm_bytes: done.comm_bytes,
-            applied: done.applied,
-            host_syncs: done.host_syncs,
-            device_allocations: done.device_allocations,
-        })
+        StepResult::of(&done, x.n)
     }
 
     /// What the run did with CUDA graphs.
@@ -545,12 +537,6 @@ impl GpuResNet {
     /// evaluation on the CPU, the summary).
     pub fn store(&mut self, model: &mut ResNet<f32>) -> Result<(), CudaError> {
         store_params(&self.ctx, &self.flat, model.params())?;
-        let bns = self.body.bns();
-        for ((_, mean, var), bn) in model.running_stats().into_iter().zip(bns) {
-            let (m, v) = bn.running(&self.ctx)?;
-            *mean = m;
-            *var = v;
-        }
-        Ok(())
+        store_running(&self.ctx, model.running_stats(), self.body.bns())
     }
 }

@@ -105,14 +105,7 @@ impl GpuModel for GpuResNet {
         lr: f64,
         sgd: &crate::train::Sgd,
     ) -> Result<Stepped<f64>, CudaError> {
-        let r = GpuResNet::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?;
-        Ok(Stepped {
-            loss: r.loss,
-            comm_bytes: r.comm_bytes,
-            comm_wait_s: 0.0,
-            host_syncs: r.host_syncs,
-            device_allocations: r.device_allocations,
-        })
+        Ok(GpuResNet::step(self, x, &truth.classes, lr, truth.smoothing, sgd)?.stepped())
     }
     fn infer(&mut self, x: &Tensor<f32>) -> Result<Tensor<f32>, CudaError> {
         self.logits(x)
