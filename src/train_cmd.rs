@@ -19,8 +19,9 @@ pub struct TrainArgs {
 
     #[command(flatten)]
     pub run: RunArgs,
-    /// With --device cuda: compare every GPU layer, and one whole training step of a small
-    /// ResNet, with the CPU layers on small shapes in --precision (with --workload ewa also the
+    /// With --device cuda: compare every GPU layer, one whole training step of a small
+    /// ResNet, and that ResNet described as data with its children by every AutoML morphism,
+    /// with the CPU layers on small shapes in --precision (with --workload ewa also the
     /// detector's pyramid, shared RPN head and a whole step of a small detector); print the
     /// table and exit (1 when a comparison fails). Run it first on a new GPU machine.
     #[arg(long, requires = "device")]

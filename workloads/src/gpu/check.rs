@@ -117,8 +117,9 @@ fn gpu_conv(
 }
 
 /// `train --device cuda --check`: GPU `gpu` (the launcher's local rank's by default) opened
-/// and shown to `opened`, its layers and a small ResNet's step against the CPU's in `p`, and with
-/// `detector` the detector's parts and step on a fresh context.
+/// and shown to `opened`, its layers and a small ResNet's step against the CPU's in `p`, the
+/// described networks (AutoML's candidates: `check_described.rs`) against the CPU graph, and
+/// with `detector` the detector's parts and step on a fresh context.
 pub fn check_all(
     gpu: Option<usize>,
     p: Prec,
@@ -130,7 +131,7 @@ pub fn check_all(
     let (gpu, ordinal) = crate::run::open_gpu(gpu)?;
     opened(&gpu);
     let mut checks = self_test(gpu, p).map_err(|e| RunError::Run(format!("GPU self-test: {e}")))?;
-    // Described networks (AutoML's candidates), each on a fresh context.
+    // Described networks (AutoML's candidates), on contexts of their own (one a precision).
     checks.extend(
         crate::gpu::described_checks(ordinal, p)
             .map_err(|e| RunError::Run(format!("GPU described-network self-test: {e}")))?,

@@ -185,7 +185,8 @@ impl GpuRun {
         };
         let mut dev = CudaTrainer::<N>::new(ctx, nccl, reducer, task.options().comm);
         let s = train::run(task, monitor, &mut dev);
-        if self.keep {
+        // Kept after a run that went well only: a CUDA error may have left the context unusable.
+        if self.keep && s.is_ok() {
             if let Some(ctx) = dev.into_ctx() {
                 KEPT.with(|k| *k.borrow_mut() = Some((ordinal, self.precision, ctx)));
             }
