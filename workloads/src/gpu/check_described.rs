@@ -114,8 +114,8 @@ fn gpu_outcome(
     Ok((Outcome::of(&mut g, &start, r.loss, logits), r.applied, ctx))
 }
 
-/// Every described network's step on GPU `ordinal` in f32 and, when `p` is a 16-bit format,
-/// in `p` too, against the CPU graph's.
+/// Every described network's step on GPU `ordinal` in f32 and, when `p` is another precision
+/// (tf32 or a 16-bit format), in `p` too, against the CPU graph's.
 pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError> {
     let nets = match networks() {
         Ok(n) => n,
@@ -129,7 +129,7 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
     };
     let mut out = Vec::new();
     let mut precisions = vec![Prec::F32];
-    if Storage::of(p) != Storage::F32 {
+    if p != Prec::F32 {
         precisions.push(p);
     }
     let wants = nets
@@ -144,7 +144,7 @@ pub fn described_checks(ordinal: usize, p: Prec) -> Result<Vec<Check>, CudaError
             let (got, applied, back) =
                 gpu_outcome(ctx, d, init.as_ref(), (None, CommOptions::default()))?;
             ctx = back;
-            let prefix = format!("described network, {name}, {}: ", Storage::of(q).name());
+            let prefix = format!("described network, {name}, {}: ", q.name());
             if q == Prec::F32 {
                 out.extend(Tolerances::fixed(want.updates.len()).checks(&prefix, &got, want));
             } else {
