@@ -4,10 +4,10 @@
 //! child of all three in turn (every op a description has: convolutions of 1, 3 and 7 taps,
 //! batch norm with and without ReLU, ReLU, max pool, additions, average pool, dense).
 //!
-//! In f32 the GPU step is held to the f32 whole step's fixed bounds. In f16 and bf16 it runs
-//! too, against the same f32 CPU step: the loss, the running statistics and the inference
+//! In f32 the GPU step is held to the f32 whole step's fixed bounds. In tf32, f16 and bf16 it
+//! runs too, against the same f32 CPU step: the loss, the running statistics and the inference
 //! logits within the precision's layer tolerance, and the updates of all parameters together
-//! within [`COARSE`]: a 16-bit step is chaotic at this size (the ResNet's check calibrates its
+//! within [`COARSE`]: such a step is chaotic at this size (the ResNet's check calibrates its
 //! bounds on a reference with the GPU's rounding points; the graph runs the same layers), so
 //! this row catches what is wrong by far (a gradient lost, cast twice or left scaled), not
 //! rounding. Last, the all-three child's f32 step with its gradients through NCCL (one rank,
@@ -21,7 +21,8 @@ use crate::checkpoint::Checkpoint;
 use crate::graph::{Description, Graph};
 use crate::train::{Labels, Model};
 
-/// The normwise bound on all of a 16-bit step's parameter updates together, against f32's.
+/// The normwise bound on all of a tf32 or 16-bit step's parameter updates together, against
+/// f32's.
 pub const COARSE: f64 = 0.25;
 
 /// The networks of the check: a name, a description and the weights it starts from (None: its
