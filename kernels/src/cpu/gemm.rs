@@ -118,8 +118,29 @@ pub unsafe fn matmul<T: Elem>(
     ldb: usize,
     par: Parallelism,
 ) {
+    // SAFETY: blocked asks what matmul's caller guarantees.
+    blocked(OUTER_BLOCK, shape, dst, ldd, lhs, lda, rhs, ldb, par)
+}
+
+/// [`matmul`] in outer blocks of `b` in each dimension ([`OUTER_BLOCK`], but in the tests,
+/// which cross small blocks: the same code at under a thousandth of the work, which counts
+/// under the Arm build's emulation).
+///
+/// # Safety
+/// As [`matmul`]'s.
+#[allow(clippy::too_many_arguments)]
+unsafe fn blocked<T: Elem>(
+    b: usize,
+    shape: Shape,
+    dst: *mut T,
+    ldd: usize,
+    lhs: *const T,
+    lda: usize,
+    rhs: *const T,
+    ldb: usize,
+    par: Parallelism,
+) {
     let one = T::from_f64(1.0);
-    let b = OUTER_BLOCK;
     let kb = if T::SPLIT_K { b } else { shape.k.max(1) };
     for i0 in (0..shape.m).step_by(b) {
         let mm = b.min(shape.m - i0);
@@ -164,6 +185,8 @@ pub struct GemmKernel<T: Elem> {
     b: Buffer<T>,
     c: Buffer<T>,
     threads: usize,
+    /// The outer blocks' size ([`OUTER_BLOCK`]; smaller in the tests).
+    block: usize,
 }
 
 impl<T: Elem> GemmKernel<T> {
@@ -188,6 +211,7 @@ impl<T: Elem> GemmKernel<T> {
             b: alloc(shape.k * ldb, 2)?,
             c: Buffer::zeroed(shape.m * ldc).ok_or(ProbeError::Alloc(shape.m * ldc * size))?,
             threads,
+            block: OUTER_BLOCK,
         })
     }
 
@@ -271,7 +295,8 @@ impl<T: Elem> Kernel for GemmKernel<T> {
         for _ in 0..iters {
             // SAFETY: buffers sized m×lda, k×ldb, m×ldc in `new`; c does not alias a or b.
             unsafe {
-                matmul(
+                blocked(
+                    self.block,
                     self.shape,
                     self.c.as_mut_ptr(),
                     self.ldc,
@@ -295,27 +320,45 @@ impl<T: Elem> Kernel for GemmKernel<T> {
 mod tests {
     use super::*;
 
+    /// Outer blocks of 64 for the last shape, which crosses them in every dimension (k twice,
+    /// where partial sums are stored: f64 and f32). Crossing `OUTER_BLOCK` itself (1027 × 1094
+    /// × 2053) took 109 s of the Arm build's 117 s of kernel tests under qemu, and no entry the
+    /// check samples fell in its last block of rows; here two do, and every block of columns
+    /// holds one (a product that skips a last block, or overwrites a block of k's partial
+    /// sums, fails).
+    const SMALL_BLOCK: usize = 64;
+
     fn product_checks<T: Elem>() {
-        for shape in [
-            Shape { m: 1, n: 1, k: 1 },
-            Shape {
-                m: 37,
-                n: 50,
-                k: 129,
-            },
-            Shape {
-                m: 256,
-                n: 64,
-                k: 576,
-            },
-            // Crosses the outer blocks in every dimension.
-            Shape {
-                m: OUTER_BLOCK + 3,
-                n: OUTER_BLOCK + 70,
-                k: 2 * OUTER_BLOCK + 5,
-            },
+        let b = SMALL_BLOCK;
+        for (shape, block) in [
+            (Shape { m: 1, n: 1, k: 1 }, OUTER_BLOCK),
+            (
+                Shape {
+                    m: 37,
+                    n: 50,
+                    k: 129,
+                },
+                OUTER_BLOCK,
+            ),
+            (
+                Shape {
+                    m: 256,
+                    n: 64,
+                    k: 576,
+                },
+                OUTER_BLOCK,
+            ),
+            (
+                Shape {
+                    m: b + 3,
+                    n: b + 70,
+                    k: 2 * b + 5,
+                },
+                b,
+            ),
         ] {
             let mut k = GemmKernel::<T>::new(shape, 1).unwrap();
+            k.block = block;
             assert!(
                 k.check().is_err() || shape.m == 1,
                 "an unrun product must fail its check"
