@@ -194,6 +194,14 @@ fn every_kernel_compiles_to_ptx_and_sass_for_sm80_and_sm90() {
                 }
                 Target::Sass(_) | Target::SassA(_) => {
                     assert_eq!(&c.image[..4], b"\x7fELF", "cubin is an ELF file");
+                    // A serialized wgmma would halve the tensor-core ceiling, silently.
+                    let serialized = nvrtc::serialized_wgmma(&c.log);
+                    assert!(
+                        serialized.is_empty(),
+                        "ptxas serialized wgmma on {} in {}: {serialized:?}",
+                        target.name(),
+                        source.file
+                    );
                     for k in source.kernels {
                         let r = c
                             .resources
@@ -306,6 +314,12 @@ fn ptx_assembles_with_ptxas_for_every_target() {
             assert!(
                 out.status.success(),
                 "ptxas {real} on {} {virt}:\n{log}",
+                source.file
+            );
+            let serialized = nvrtc::serialized_wgmma(&log);
+            assert!(
+                serialized.is_empty(),
+                "ptxas {real} serialized wgmma in {}: {serialized:?}",
                 source.file
             );
             let report = nvrtc::parse_ptxas_report(&log);

@@ -496,6 +496,33 @@ pub fn parse_ptxas_report(log: &str) -> Vec<Resources> {
     out
 }
 
+/// ptxas's warnings that a kernel's `wgmma.mma_async` instructions were serialized, as
+/// `(kernel, why)`: each means the warpgroup MMAs wait for one another, and a ceiling measured
+/// with them about half what the tensor cores give. ptxas writes, with `-v`:
+/// ```text
+/// ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function 'wgmma_f16'
+/// ```
+pub fn serialized_wgmma(log: &str) -> Vec<(String, String)> {
+    log.lines()
+        .filter(|l| l.contains("wgmma") && l.contains("serialized"))
+        .map(|l| {
+            let kernel = l
+                .rsplit_once("in the function '")
+                .map_or("?", |(_, k)| k.trim_end().trim_end_matches('\''))
+                .to_string();
+            let why = l
+                .split_once("serialized")
+                .map_or("", |(_, w)| w)
+                .split(" in the function '")
+                .next()
+                .unwrap_or("")
+                .trim()
+                .to_string();
+            (kernel, why)
+        })
+        .collect()
+}
+
 /// The number just before the word "bytes" in `s` (0 when there is none).
 fn number_before_bytes(s: &str) -> u32 {
     let words: Vec<&str> = s.split_whitespace().collect();
@@ -528,6 +555,31 @@ mod tests {
         assert_eq!(target_for(100, &nvrtc_13_0), Some(Target::Sass(100)));
         // A Volta GPU with NVRTC 13: nothing NVRTC 13 can build runs there.
         assert_eq!(target_for(70, &nvrtc_13_0), None);
+    }
+
+    #[test]
+    fn a_serialized_wgmma_is_found_with_its_kernel_and_cause() {
+        let log = "ptxas info    : Compiling entry function 'wgmma_f16' for 'sm_90a'\n\
+            ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are serialized due to non wgmma instructions defining accumulator registers of a wgmma between start and end of the pipeline stage in the function 'wgmma_f16'\n\
+            ptxas info    : Used 168 registers, 65536 bytes smem, 376 bytes cmem[0]\n\
+            ptxas info    : (C7511) Potential Performance Loss: wgmma.mma_async instructions are serialized due to insufficient register resources for the wgmma pipeline in the function 'wgmma_bf16'\n";
+        let found = serialized_wgmma(log);
+        assert_eq!(found.len(), 2);
+        assert_eq!(found[0].0, "wgmma_f16");
+        assert!(
+            found[0].1.starts_with("due to non wgmma instructions"),
+            "{}",
+            found[0].1
+        );
+        assert_eq!(found[1].0, "wgmma_bf16");
+        assert!(
+            found[1].1.contains("insufficient register"),
+            "{}",
+            found[1].1
+        );
+        // The report itself is still read, and a clean log has no warning.
+        assert_eq!(parse_ptxas_report(log)[0].registers, 168);
+        assert!(serialized_wgmma("ptxas info    : Used 30 registers").is_empty());
     }
 
     #[test]
