@@ -15,6 +15,16 @@ impl Check {
     pub fn passed(&self) -> bool {
         self.error <= self.tolerance
     }
+
+    /// A stage that ended in a hard error (a CUDA call failed, a layer could not be built):
+    /// one failed row that names the stage and keeps the error's words.
+    pub fn hard(stage: &str, error: &dyn std::fmt::Display) -> Check {
+        Check {
+            name: format!("{stage}: stopped by an error: {error}"),
+            error: f64::INFINITY,
+            tolerance: 0.0,
+        }
+    }
 }
 
 /// ‖a − b‖ / max(‖b‖, tiny): the normwise relative error of GPU `a` against CPU `b`.
@@ -119,7 +129,11 @@ fn gpu_conv(
 /// `train --device cuda --check`: GPU `gpu` (the launcher's local rank's by default) opened
 /// and shown to `opened`, its layers and a small ResNet's step against the CPU's in `p`, the
 /// described networks (AutoML's candidates: `check_described.rs`) against the CPU graph, and
-/// with `detector` the detector's parts and step on a fresh context.
+/// with `detector` the detector's parts and step. Every stage runs, each on a context of its
+/// own: a stage that ends in a hard error gives one failed row with the error
+/// ([`Check::hard`]) and the next stage runs on a fresh context, so that one error hides no
+/// other stage's rows. Only an interruption, a precision the trainer lacks or a GPU that
+/// cannot be opened at all ends the check.
 pub fn check_all(
     gpu: Option<usize>,
     p: Prec,
@@ -130,20 +144,29 @@ pub fn check_all(
     let p = crate::run::setup::trainer_precision(p)?;
     let (gpu, ordinal) = crate::run::open_gpu(gpu)?;
     opened(&gpu);
-    let mut checks = self_test(gpu, p).map_err(|e| RunError::Run(format!("GPU self-test: {e}")))?;
+    let mut checks = Vec::new();
+    let mut stage = |name: &str, r: Result<Vec<Check>, CudaError>| match r {
+        Ok(rows) => {
+            checks.extend(rows);
+            Ok(())
+        }
+        Err(CudaError::Interrupted) => Err(RunError::Interrupted),
+        Err(e) => {
+            checks.push(Check::hard(name, &e));
+            Ok(())
+        }
+    };
+    stage("GPU self-test (layers and a whole step)", self_test(gpu, p))?;
     // Described networks (AutoML's candidates), on contexts of their own (one a precision).
-    checks.extend(
-        crate::gpu::described_checks(ordinal, p)
-            .map_err(|e| RunError::Run(format!("GPU described-network self-test: {e}")))?,
-    );
+    stage(
+        "GPU described-network self-test",
+        crate::gpu::described_checks(ordinal, p),
+    )?;
     if detector {
-        // The layers' test released its context: the detector's runs on a fresh one.
-        let gpu = Gpu::open(ordinal)
-            .map_err(|e| RunError::Run(format!("--device cuda: GPU {ordinal}: {e}")))?;
-        checks.extend(
-            crate::gpu::detector_self_test(gpu, p)
-                .map_err(|e| RunError::Run(format!("GPU detector self-test: {e}")))?,
-        );
+        stage(
+            "GPU detector self-test",
+            Gpu::open(ordinal).and_then(|gpu| crate::gpu::detector_self_test(gpu, p)),
+        )?;
     }
     Ok(checks)
 }

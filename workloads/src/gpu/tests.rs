@@ -174,6 +174,19 @@ fn normwise_error_and_precision_names() {
         "{e}"
     );
     assert!(tolerance(Prec::F32) < tolerance(Prec::Tf32));
+    // A stage stopped by an error is a failed row that keeps the stage's name and the error.
+    let hard = Check::hard(
+        "GPU detector self-test",
+        &CudaError::Check("no kernel".into()),
+    );
+    assert!(!hard.passed());
+    assert!(
+        hard.name
+            .starts_with("GPU detector self-test: stopped by an error")
+            && hard.name.contains("no kernel"),
+        "{}",
+        hard.name
+    );
 }
 
 #[test]
