@@ -104,6 +104,13 @@ pub struct ProbeArgs {
     /// in the full one. Set it to the batch your training runs.
     #[arg(long, default_value_t = roofline_kernels::probe::gpu::CONV_BATCH, value_name = "N", value_parser = parse_batch)]
     pub conv_batch: usize,
+    /// Seconds all the GPU convolution searches may take together (each shape, direction and
+    /// precision searches cuDNN's methods for the fastest correct one): by default 30 s in the
+    /// quick probe, 240 s in the full one. Each search gets an even share of what is left, at
+    /// most 0.25 s (quick) or 1 s (full); once spent, a search keeps cuDNN's measured legacy
+    /// choice and the row says how many methods it did not try.
+    #[arg(long, value_name = "SECONDS", value_parser = crate::args::parse_seconds)]
+    pub conv_search_budget: Option<Duration>,
 }
 
 /// `--conv-batch`: a batch from 1 to 4096.
@@ -184,7 +191,10 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
         comm_timeout: a.comm_timeout,
         fleet_margin: a.fleet_margin,
         output: a.output.clone(),
-        conv_batch: a.conv_batch,
+        conv: roofline_kernels::probe::gpu::ConvOptions {
+            batch: a.conv_batch,
+            search_budget_s: a.conv_search_budget.map(|d| d.as_secs_f64()),
+        },
     };
     crate::exit::install_ctrlc()?;
     let shown = roofline_kernels::comm::launched_rank().is_none_or(|r| r == 0);

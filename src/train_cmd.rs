@@ -84,10 +84,16 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
         );
         failed += usize::from(!c.passed());
     }
+    // A stage stopped by an error is one failed row (its error infinite): counted apart.
+    let stopped = checks
+        .iter()
+        .filter(|c| c.error.is_infinite() && c.tolerance == 0.0)
+        .count();
     if failed > 0 {
         return Err(Failure::Run(anyhow!(
-            "GPU self-test: {failed} of {} comparisons failed",
-            checks.len()
+            "GPU self-test: {} of {} comparisons failed, {stopped} stage(s) stopped by an error (the other stages ran)",
+            failed - stopped,
+            checks.len() - stopped
         )));
     }
     outln!("all {} comparisons passed", checks.len());
@@ -206,6 +212,9 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
             g.why
         );
     }
+    if let Some(c) = &s.conv_search {
+        outln!("convolution algorithms: {}", c.describe());
+    }
     let held_out = prep.job.workload().eval_images();
     match (&prep.job, s.evals.last()) {
         (Job::Classifier(_) | Job::Graph { .. }, Some(e)) => outln!(
@@ -244,12 +253,13 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
         prep.batch(),
     );
     outln!(
-        "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} after the first step), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
+        "{} steps, {} images in {:.1} s: {:.2} images/s ({:.2} over {}), {} FLOP/s achieved ({} FLOP per image per step, {} forward)",
         s.steps,
         s.images,
         s.train_seconds,
         s.images_per_second,
         s.steady_images_per_second,
+        steady_words(s),
         si(s.achieved_flops),
         si(s.flops_step_per_image),
         si(s.flops_forward_per_image)
@@ -267,6 +277,27 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
     );
 }
 
+/// Which steps the steady rate counts: "the 8 steps after step 2, eager", "the 18 graph steps
+/// after the CUDA-graph trial (step 12)".
+fn steady_words(s: &Summary) -> String {
+    use roofline_workloads::train::StepKind;
+    let st = &s.steady;
+    match st.kind {
+        StepKind::Eager => format!("the {} steps after step {}", st.steps, st.after_step),
+        StepKind::Graph | StepKind::EagerChosen => format!(
+            "the {} steps after the CUDA-graph trial (step {}), {}",
+            st.steps,
+            st.after_step,
+            st.kind.name()
+        ),
+        StepKind::Mixed => format!(
+            "the steps after step {}, {}: run more steps for a steady rate",
+            st.after_step,
+            st.kind.name()
+        ),
+    }
+}
+
 /// `train --workload ewa`'s throughput, FLOPs per image by part beside the paper's, parameters
 /// beside the paper's.
 fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
@@ -282,12 +313,13 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
         prep.batch(),
     );
     outln!(
-        "{} steps, {} images in {:.1} s: {:.3} images/s ({:.3} after the first step), {}FLOP/s achieved",
+        "{} steps, {} images in {:.1} s: {:.3} images/s ({:.3} over {}), {}FLOP/s achieved",
         s.steps,
         s.images,
         s.train_seconds,
         s.images_per_second,
         s.steady_images_per_second,
+        steady_words(s),
         si(s.achieved_flops)
     );
     outln!(

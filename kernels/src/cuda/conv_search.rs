@@ -16,6 +16,7 @@ use super::dnn_graph::{ConvGraph, ConvOp, EngineConfig, EnginePlan};
 use super::CudaError;
 use crate::cpu::conv::ConvShape;
 use crate::driver::Timer;
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -275,6 +276,68 @@ pub const SEARCH_RUNS: usize = 3;
 /// is timed): the trainer's and the full probe's, and the quick probe's.
 pub const SEARCH_BUDGET_S: f64 = 1.0;
 pub const QUICK_SEARCH_BUDGET_S: f64 = 0.25;
+
+/// Seconds all of one training run's searches may take together (its plans are made before
+/// the first step), shared among ResNet-50's [`TRAINER_SEARCHES`] directions; the rest of a
+/// larger network's searches keep the legacy API's measured choice. Shapes already in the
+/// algorithm cache (the probe's, or an earlier run's) are not searched again.
+pub const TRAINER_SEARCH_S: f64 = 20.0;
+pub const TRAINER_SEARCHES: usize = 69;
+
+/// Shares a budget of seconds among searches: each gets at most `cap` seconds and at most an
+/// even share of what is left for the searches still expected (the probe's convolution
+/// section, whose searches it counts; the trainer's run, which expects ResNet-50's). A search
+/// given 0 s still runs until its first method is timed (the legacy API's measured choice).
+#[derive(Debug)]
+pub struct SearchBudget {
+    cap: f64,
+    total_s: f64,
+    left_s: Cell<f64>,
+    searches_left: Cell<usize>,
+    done: Cell<usize>,
+}
+
+impl SearchBudget {
+    pub fn new(total_s: f64, cap: f64, searches: usize) -> SearchBudget {
+        SearchBudget {
+            cap,
+            total_s,
+            left_s: Cell::new(total_s.max(0.0)),
+            searches_left: Cell::new(searches.max(1)),
+            done: Cell::new(0),
+        }
+    }
+
+    /// Seconds the next search may take (0: only its first timed method).
+    pub fn next(&self) -> f64 {
+        let share = self.left_s.get() / self.searches_left.get().max(1) as f64;
+        share.min(self.cap).max(0.0)
+    }
+
+    /// A search took `seconds`.
+    pub fn spent(&self, seconds: f64) {
+        self.done.set(self.done.get() + 1);
+        self.left_s.set((self.left_s.get() - seconds).max(0.0));
+        self.searches_left
+            .set(self.searches_left.get().saturating_sub(1).max(1));
+    }
+
+    /// Seconds left for the searches to come.
+    pub fn left(&self) -> f64 {
+        self.left_s.get()
+    }
+
+    /// The budget's seconds in all, the most one search may take, and the searches so far.
+    pub fn total(&self) -> f64 {
+        self.total_s
+    }
+    pub fn cap(&self) -> f64 {
+        self.cap
+    }
+    pub fn searches(&self) -> usize {
+        self.done.get()
+    }
+}
 
 /// The fastest correct method cuDNN offers for `dir` of `shape` in `p` on these operands
 /// (`[a0, a1, out]` as `dnn::execute` takes them; `out` is overwritten) within the workspace:

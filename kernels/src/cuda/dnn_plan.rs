@@ -3,7 +3,7 @@
 //! backend engine), and the choice as data ([`PlanChoice`]) for the cache file.
 
 use super::blas::Prec;
-use super::conv_search::{best_method, Chosen, Found, SEARCH_BUDGET_S};
+use super::conv_search::{best_method, Chosen, Found, SearchBudget};
 use super::device::Gpu;
 use super::dnn::{
     blend, choose, descs, execute, math_of, set_math, workspace_of, Algo, Descs, Dir, Handle,
@@ -135,7 +135,8 @@ impl ConvPlan {
     /// least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), their contents any finite
     /// values, and the workspace `ws` (at most [`SEARCH_WORKSPACE`] is searched). The output
     /// buffer is overwritten. Where the search lists no legacy algorithm, the heuristic's
-    /// stands as the direction's legacy one.
+    /// stands as the direction's legacy one. Each direction's search takes its share of
+    /// `budget` and reports what it spent.
     pub fn measured(
         gpu: &Gpu,
         h: &Handle,
@@ -143,6 +144,7 @@ impl ConvPlan {
         p: Prec,
         [x, w, y, out]: [u64; 4],
         ws: (u64, usize),
+        budget: &SearchBudget,
     ) -> Result<ConvPlan, CudaError> {
         ConvPlan::check_prec(p)?;
         let ws = (ws.0, ws.1.min(SEARCH_WORKSPACE));
@@ -153,9 +155,9 @@ impl ConvPlan {
                 Dir::BwdData => [w, y, out],
                 Dir::BwdFilter => [x, y, out],
             };
-            let Found {
-                searched, legacy, ..
-            } = best_method(
+            let started = std::time::Instant::now();
+            let share = budget.next();
+            let found = best_method(
                 gpu,
                 h,
                 d,
@@ -166,8 +168,12 @@ impl ConvPlan {
                 ws,
                 &mut || Ok(()),
                 &never,
-                SEARCH_BUDGET_S,
-            )?;
+                share,
+            );
+            budget.spent(started.elapsed().as_secs_f64());
+            let Found {
+                searched, legacy, ..
+            } = found?;
             let legacy = match legacy {
                 Some(a) => (a, workspace_of(h, d, a)?),
                 None => choose(h, d, p, dir)?,

@@ -26,7 +26,7 @@ use std::time::Instant;
 
 mod conv;
 mod gemm;
-pub use conv::CONV_BATCH;
+pub use conv::{ConvOptions, CONV_BATCH};
 pub use gemm::all_shapes as gemm_shapes;
 
 /// What a library section hands back to the probe.
@@ -71,9 +71,8 @@ impl Mode {
 pub struct GpuConfig {
     pub mode: Mode,
     pub sections: Vec<Section>,
-    /// The batch of ResNet-50's convolutions in the convolution section
-    /// ([`CONV_BATCH`] by default; `--check` runs batch 2 whatever this is).
-    pub conv_batch: usize,
+    /// The convolution section's batch and search budget.
+    pub conv: ConvOptions,
 }
 
 /// One kernel's result check in `--check` mode.
@@ -534,7 +533,7 @@ pub fn run(
         }
         if has(Section::Conv) {
             progress.advance(&format!("gpu{} cuDNN convolution", gpu.ordinal));
-            let r = conv::conv_section(gpu, ctx.mode, cancel, peaks, cfg.conv_batch);
+            let r = conv::conv_section(gpu, ctx.mode, cancel, peaks, cfg.conv);
             absorb(&mut ctx, gpu.ordinal, "conv", r)?;
         }
         if has(Section::Copy) {

@@ -108,8 +108,8 @@ pub struct NodeConfig {
     /// Check that the machine is quiet (`provenance.load`): not under MPI, where the job's
     /// own ranks share the node.
     pub check_load: bool,
-    /// The batch of ResNet-50's convolutions in the GPU convolution section.
-    pub conv_batch: usize,
+    /// The GPU convolution section's batch and search budget.
+    pub conv: gpu_probe::ConvOptions,
 }
 
 /// The cores for the `all` ceilings and all the cores roofline may use, by the one rule
@@ -260,7 +260,7 @@ pub fn probe(
             } else {
                 gpu_probe::Mode::Full
             };
-            let g = run_gpus(mode, &cfg.sections, cfg.conv_batch, cancel, progress)?;
+            let g = run_gpus(mode, &cfg.sections, cfg.conv, cancel, progress)?;
             failures = g
                 .checks
                 .iter()
@@ -388,7 +388,7 @@ pub fn open_nvml(
 fn run_gpus(
     mode: gpu_probe::Mode,
     sections: &[Section],
-    conv_batch: usize,
+    conv: gpu_probe::ConvOptions,
     cancel: &AtomicBool,
     progress: &dyn Progress,
 ) -> Result<gpu_probe::GpuResult, NodeError> {
@@ -406,7 +406,7 @@ fn run_gpus(
     let cfg = gpu_probe::GpuConfig {
         mode,
         sections: sections.to_vec(),
-        conv_batch,
+        conv,
     };
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);
     // Every sample's conditions: NVML's SM clock, power and throttle reasons at its end.
@@ -455,7 +455,7 @@ pub fn gpu_check(devices: Devices, cancel: &AtomicBool) -> Result<gpu_probe::Gpu
     let cfg = gpu_probe::GpuConfig {
         mode: gpu_probe::Mode::Check,
         sections: Section::ALL.to_vec(),
-        conv_batch: gpu_probe::CONV_BATCH,
+        conv: gpu_probe::ConvOptions::default(),
     };
     let nvml = open_nvml();
     let enrich = |g: &mut GpuInfo| roofline_collectors::nvml::inventory(&nvml, g);

@@ -32,8 +32,8 @@ pub struct Request {
     /// The file the result goes to: checked writable before anything runs (by the root rank
     /// under MPI, its answer agreed by all).
     pub output: PathBuf,
-    /// The batch of ResNet-50's convolutions in the GPU convolution section.
-    pub conv_batch: usize,
+    /// The GPU convolution section's batch and search budget.
+    pub conv: crate::probe::gpu::ConvOptions,
 }
 
 /// Why a probe run did not give a machine.
@@ -175,7 +175,7 @@ pub(super) fn node_probe(
         machine_cores: machine_cores.to_vec(),
         quick: req.quick,
         check_load,
-        conv_batch: req.conv_batch,
+        conv: req.conv,
     };
     let r = node::probe(
         &cfg,

@@ -589,4 +589,7 @@ impl GpuModel for GpuGraph {
     fn stager(&self) -> Option<Arc<Stager>> {
         Some(Arc::clone(&self.stager))
     }
+    fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
 }

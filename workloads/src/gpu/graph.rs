@@ -90,6 +90,11 @@ pub struct GraphReport {
     pub graph_steps: usize,
     /// The choice and its figures, or why there was no graph.
     pub why: String,
+    /// The steps of the run up to and including the trial (warm-up, the timed eager steps,
+    /// the capture, the timed launches), once the choice was made: the steps after them all
+    /// run one way, and a rate counted over them is the chosen way's. None: no choice was made
+    /// (the run ended inside the trial, or its steps were never to be captured).
+    pub settled_after: Option<usize>,
 }
 
 /// The choice between a graph and the eager step, step by step (no GPU in it: the trainer
@@ -114,6 +119,8 @@ pub struct Policy {
     timeline_steps: usize,
     /// Why the graph was not kept (a failed capture, or the timings).
     why: Option<String>,
+    /// The steps planned when the choice was made.
+    settled_after: Option<usize>,
 }
 
 fn median(v: &[f64]) -> Option<f64> {
@@ -147,6 +154,7 @@ impl Policy {
             graph_steps: 0,
             timeline_steps: 0,
             why: None,
+            settled_after: None,
         }
     }
 
@@ -210,6 +218,8 @@ impl Policy {
         self.phase = Phase::Eager;
         self.rows = None;
         self.why = Some(format!("the capture failed: {why}"));
+        // The failed capture's step is the trial's last.
+        self.settled_after = Some(self.steps + 1);
     }
 
     /// Whether the trainer should keep its captured graph (false once eager was chosen).
@@ -218,6 +228,7 @@ impl Policy {
     }
 
     fn decide(&mut self) {
+        self.settled_after = Some(self.steps);
         let (e, g) = (median(&self.eager_s), median(&self.graph_s));
         let faster = match (e, g) {
             (Some(e), Some(g)) => g < e,
@@ -270,6 +281,7 @@ impl Policy {
             graph_step_s: g,
             graph_steps: self.graph_steps,
             why,
+            settled_after: self.settled_after,
         }
     }
 }
@@ -317,6 +329,8 @@ mod tests {
         assert_eq!((r.eager_step_s, r.graph_step_s), (Some(0.010), Some(0.008)));
         assert_eq!(r.graph_steps, 5);
         assert!(r.why.starts_with("kept, the faster"), "{}", r.why);
+        // The choice was made at the end of step 8: steps 9 and 10 were all launches.
+        assert_eq!(r.settled_after, Some(8));
     }
 
     #[test]
@@ -392,6 +406,7 @@ mod tests {
         run(&mut p, 3, |_| 8, (1.0, 0.5));
         let r = p.report();
         assert!(!r.used && r.why.contains("ended before"), "{r:?}");
+        assert_eq!(r.settled_after, None);
         assert_eq!(median(&[3.0, 1.0, 2.0, 10.0]), Some(2.5));
         assert_eq!(median(&[]), None);
     }

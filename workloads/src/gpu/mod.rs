@@ -18,6 +18,9 @@ use crate::resnet::{Bottleneck, ResNet, BWD, FWD};
 use crate::tensor::Tensor;
 use roofline_kernels::comm::nccl::{Communicator, Elem};
 use roofline_kernels::cuda::blas::{Blas, Prec};
+use roofline_kernels::cuda::conv_search::{
+    SearchBudget, SEARCH_BUDGET_S, TRAINER_SEARCHES, TRAINER_SEARCH_S,
+};
 use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle, PlanChoice};
 use roofline_kernels::cuda::dnn_cache::{AlgoCache, CacheKey};
@@ -113,6 +116,26 @@ fn algo_cache(gpu: &Gpu) -> Option<AlgoCache> {
     Some(cache)
 }
 
+/// A run's convolution searches: its budget, the searches made (one a direction of a new
+/// shape) and the seconds they took, and the plans that needed none (this run's choice for a
+/// shape met again, or the algorithm cache's: the probe's or an earlier run's).
+#[derive(Clone, Debug, PartialEq)]
+pub struct SearchReport {
+    pub budget_s: f64,
+    pub searches: usize,
+    pub seconds: f64,
+    pub known_plans: usize,
+}
+
+impl SearchReport {
+    pub fn describe(&self) -> String {
+        format!(
+            "{} cuDNN searches in {:.1} s of their {:.0} s budget; {} plans from this run's earlier choices or the algorithm cache",
+            self.searches, self.seconds, self.budget_s, self.known_plans
+        )
+    }
+}
+
 /// The GPU, its library handles, the compiled kernels and the cuDNN workspace.
 ///
 /// Fields drop in declaration order, after `Drop::drop`: the cuDNN handle and the workspace
@@ -129,6 +152,10 @@ pub struct Ctx {
     choices: Vec<((ConvShape, Prec), PlanChoice)>,
     /// Those of earlier runs on this GPU, driver and cuDNN (None: no cache folder).
     cache: Option<AlgoCache>,
+    /// The run's searches' budget ([`TRAINER_SEARCH_S`]), and the plans taken from this run's
+    /// choices or the cache instead of a search.
+    search: SearchBudget,
+    known_plans: usize,
     /// The buffers the steps have handed back (`pool.rs`).
     pool: Rc<std::cell::RefCell<pool::Pool>>,
     pub prec: Prec,
@@ -161,6 +188,8 @@ impl Ctx {
             workspace: None,
             choices: Vec::new(),
             cache,
+            search: SearchBudget::new(TRAINER_SEARCH_S, SEARCH_BUDGET_S, TRAINER_SEARCHES),
+            known_plans: 0,
             pool: Rc::default(),
             prec,
             graph: GraphMode::default(),
@@ -322,6 +351,7 @@ impl Ctx {
         if let Some(c) = known {
             match ConvPlan::from_choice(&self.dnn, sh, p, &c) {
                 Ok(plan) => {
+                    self.known_plans += 1;
                     if !self.choices.iter().any(|(k, _)| *k == (*sh, p)) {
                         self.choices.push(((*sh, p), plan.choice()));
                     }
@@ -349,7 +379,7 @@ impl Ctx {
         let ws = self
             .workspace(roofline_kernels::cuda::dnn::SEARCH_WORKSPACE)
             .map(|b| (b.ptr, b.bytes))?;
-        let plan = ConvPlan::measured(&self.gpu, &self.dnn, sh, p, ptrs, ws)?;
+        let plan = ConvPlan::measured(&self.gpu, &self.dnn, sh, p, ptrs, ws, &self.search)?;
         self.choices.push(((*sh, p), plan.choice()));
         if let Some(cache) = self.cache.as_mut() {
             if let Err(e) = cache.put(sh, p, &plan.choice()) {
@@ -359,6 +389,16 @@ impl Ctx {
             }
         }
         Ok(plan)
+    }
+
+    /// What this context's convolution searches did: for `train --json` and its text.
+    pub fn search_report(&self) -> SearchReport {
+        SearchReport {
+            budget_s: self.search.total(),
+            searches: self.search.searches(),
+            seconds: self.search.total() - self.search.left(),
+            known_plans: self.known_plans,
+        }
     }
 
     /// `n` values at `src` stored as `from`, as an operand of type `to`: in place when the

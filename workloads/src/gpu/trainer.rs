@@ -75,6 +75,8 @@ pub trait GpuModel: Sized {
     fn cuda_graph(&self) -> Option<GraphReport> {
         None
     }
+    /// The context the model trains on.
+    fn ctx(&self) -> &Ctx;
 }
 
 impl Stage<f32> for Stager {
@@ -119,6 +121,9 @@ impl GpuModel for GpuResNet {
     fn cuda_graph(&self) -> Option<GraphReport> {
         Some(GpuResNet::cuda_graph(self))
     }
+    fn ctx(&self) -> &Ctx {
+        &self.ctx
+    }
 }
 
 impl GpuModel for GpuDetector {
@@ -160,6 +165,9 @@ impl GpuModel for GpuDetector {
     }
     fn stager(&self) -> Option<Arc<Stager>> {
         Some(Arc::clone(&self.stager))
+    }
+    fn ctx(&self) -> &Ctx {
+        &self.ctx
     }
 }
 
@@ -248,6 +256,10 @@ impl<N: GpuModel> Device<f32, N::Cpu> for CudaTrainer<N> {
 
     fn cuda_graph(&self) -> Option<GraphReport> {
         self.net.as_ref()?.cuda_graph()
+    }
+
+    fn conv_search(&self) -> Option<crate::gpu::SearchReport> {
+        Some(self.net.as_ref()?.ctx().search_report())
     }
 }
 

@@ -51,8 +51,12 @@ pub struct Summary {
     /// Seconds spent in training steps (forward, backward, update; data included).
     pub train_seconds: f64,
     pub images_per_second: f64,
-    /// Images/s over the steps after the first (which pays for first-touch allocations).
+    /// Images/s over the steady steps: the steps after the CUDA-graph trial where the GPU
+    /// trainer made one (all of them then run one way), else after the first (which pays for
+    /// first-touch allocations). `steady` says which.
     pub steady_images_per_second: f64,
+    /// Which steps `steady_images_per_second` counts.
+    pub steady: Steady,
     pub flops_forward_per_image: f64,
     pub flops_step_per_image: f64,
     /// Training FLOP/s over the steady steps (after the first).
@@ -79,6 +83,8 @@ pub struct Summary {
     /// What the GPU trainer did with CUDA graphs: the choice, the step times it was made on,
     /// and why (None: a device without them, the CPU).
     pub cuda_graph: Option<crate::gpu::GraphReport>,
+    /// What the GPU trainer's convolution searches did (None: the CPU).
+    pub conv_search: Option<crate::gpu::SearchReport>,
     /// Every step's wall time and what it waited for.
     pub timing: Vec<StepTiming>,
     /// Seconds from the first batch read to the end of the run (evaluations included).
@@ -91,6 +97,85 @@ pub struct Summary {
     pub time_to_quality: Option<f64>,
     /// A bagged model's predictions on the held-out images at the end, for the ensemble.
     pub predictions: Option<crate::bagging::Predictions>,
+}
+
+/// The steps a run's steady rate counts, and what kind they were.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Steady {
+    /// The rate counts the steps after this one (1-based; the run's own, a resumed run's
+    /// start included).
+    pub after_step: usize,
+    /// How many steps it counts.
+    pub steps: usize,
+    pub kind: StepKind,
+}
+
+/// What kind of steps a steady rate counts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StepKind {
+    /// Steps run call by call with no CUDA-graph trial (the CPU, `--cuda-graph off`, a run
+    /// whose steps cannot be captured).
+    Eager,
+    /// Launches of the captured graph, after the trial chose it.
+    Graph,
+    /// Steps run call by call after the trial chose them over the graph.
+    EagerChosen,
+    /// The run ended inside the graph trial: warm-up, eager and graph steps together.
+    Mixed,
+}
+
+impl StepKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            StepKind::Eager => "eager",
+            StepKind::Graph => "graph",
+            StepKind::EagerChosen => "eager (the graph trial chose it)",
+            StepKind::Mixed => "mixed (the run ended inside the CUDA-graph trial)",
+        }
+    }
+}
+
+impl Summary {
+    /// Counts the steady rate over the steps after the CUDA-graph trial, where the GPU trainer
+    /// made one (`cuda_graph` set first): those steps all ran the chosen way. A run that ended
+    /// inside the trial keeps the rate after its first step, and says it is mixed.
+    pub fn settle_on_graph_choice(&mut self) {
+        let Some(g) = &self.cuda_graph else {
+            return;
+        };
+        let run_steps = self.steps.saturating_sub(self.start_step);
+        let batch = self.images / run_steps.max(1);
+        match g.settled_after {
+            Some(k) => {
+                let after = self.start_step + k;
+                let (n, seconds) = self
+                    .timing
+                    .iter()
+                    .filter(|t| t.step > after)
+                    .fold((0usize, 0.0f64), |(n, s), t| (n + 1, s + t.seconds));
+                if n == 0 {
+                    self.steady.kind = StepKind::Mixed;
+                    return;
+                }
+                self.steady_images_per_second = (n * batch) as f64 / seconds.max(1e-12);
+                self.achieved_flops = self.flops_step_per_image * self.steady_images_per_second;
+                self.steady = Steady {
+                    after_step: after,
+                    steps: n,
+                    kind: if g.used {
+                        StepKind::Graph
+                    } else {
+                        StepKind::EagerChosen
+                    },
+                };
+            }
+            // No choice: either never to be captured (every step eager) or cut short.
+            None if g.why.starts_with("not captured: the run ended") => {
+                self.steady.kind = StepKind::Mixed
+            }
+            None => {}
+        }
+    }
 }
 
 /// The batch read ahead by a loader thread (a `data` span on the timeline while waiting).
@@ -206,6 +291,11 @@ impl Tally {
             train_seconds: self.train_seconds,
             images_per_second: images as f64 / self.train_seconds.max(1e-12),
             steady_images_per_second: steady,
+            steady: Steady {
+                after_step: self.start_step + 1,
+                steps: self.steps_done.saturating_sub(self.start_step + 1),
+                kind: StepKind::Eager,
+            },
             flops_forward_per_image: flops.forward,
             flops_step_per_image: flops.training(),
             achieved_flops: flops.training() * steady,
@@ -223,6 +313,7 @@ impl Tally {
             elapsed_seconds: elapsed,
             comm: self.comm,
             cuda_graph: None,
+            conv_search: None,
             param_norm,
             start_step: self.start_step,
             predictions: None,
@@ -438,6 +529,8 @@ pub fn run<T: Float, W: Task<T>>(
     );
     summary.predictions = predictions;
     summary.cuda_graph = device.cuda_graph();
+    summary.conv_search = device.conv_search();
+    summary.settle_on_graph_choice();
     Ok(summary)
 }
 

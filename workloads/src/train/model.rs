@@ -117,6 +117,10 @@ pub trait Device<T: Float, M: Model<T>> {
     fn cuda_graph(&self) -> Option<crate::gpu::GraphReport> {
         None
     }
+    /// What the run's convolution searches did (None: a device that makes none).
+    fn conv_search(&self) -> Option<crate::gpu::SearchReport> {
+        None
+    }
 }
 
 /// A device's place for batches read ahead ([`Device::stager`]). Staging is an optimisation:

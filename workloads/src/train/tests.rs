@@ -551,3 +551,62 @@ fn small_resnet_in_bf16_converges_as_in_f32() {
         "bf16 took {median} steps more than f32 at the median start (seed {seed}): {bf16:?} against {f32:?}"
     );
 }
+
+/// The steady rate counts the steps after the CUDA-graph trial, all of one kind: a run whose
+/// graph was kept at the end of step 8 counts steps 9–20 (graph launches) alone, not the slow
+/// eager steps of the trial; a run that ended inside the trial keeps the rate after its first
+/// step and says it is mixed; the CPU's (no graph report) counts every step after the first.
+#[test]
+fn the_steady_rate_counts_the_steps_after_the_graph_trial() {
+    use crate::gpu::{GraphMode, GraphReport};
+    let run = |steps: usize, settled: Option<usize>, used: bool, why: &str| {
+        let mut t = Tally::new(4, 1, CommOptions::default(), 0);
+        for s in 0..steps {
+            // Eager steps take 1 s, graph launches (after step 8) 0.5 s.
+            let seconds = if s < 8 { 1.0 } else { 0.5 };
+            t.step(s, seconds, (0.0, 0.0, 0, 0), 1.0);
+        }
+        let flops = crate::resnet::Flops {
+            forward: 1.0,
+            backward: 2.0,
+        };
+        let mut s = t.summary::<f32>(flops, Vec::new(), 0, 1.0);
+        s.cuda_graph = Some(GraphReport {
+            mode: GraphMode::Auto,
+            used,
+            eager_step_s: Some(1.0),
+            graph_step_s: Some(0.5),
+            graph_steps: 0,
+            why: why.into(),
+            settled_after: settled,
+        });
+        s.settle_on_graph_choice();
+        s
+    };
+    let kept = run(20, Some(8), true, "kept, the faster");
+    assert_eq!(kept.steady.kind, StepKind::Graph);
+    assert_eq!((kept.steady.after_step, kept.steady.steps), (8, 12));
+    // 12 steps of 4 images in 6 s.
+    assert!(
+        (kept.steady_images_per_second - 8.0).abs() < 1e-9,
+        "{}",
+        kept.steady_images_per_second
+    );
+    assert!((kept.achieved_flops - 8.0 * kept.flops_step_per_image).abs() < 1e-6);
+    let dropped = run(20, Some(8), false, "not kept");
+    assert_eq!(dropped.steady.kind, StepKind::EagerChosen);
+    let short = run(8, Some(8), true, "kept");
+    assert_eq!(short.steady.kind, StepKind::Mixed);
+    let cut = run(
+        5,
+        None,
+        false,
+        "not captured: the run ended before warm-up and 3 timed steps",
+    );
+    assert_eq!(cut.steady.kind, StepKind::Mixed);
+    // Steps 2–5: 4 steps of 4 images in 4 s.
+    assert!((cut.steady_images_per_second - 4.0).abs() < 1e-9);
+    let barred = run(20, None, false, "batch norm's sums go through the host");
+    assert_eq!(barred.steady.kind, StepKind::Eager);
+    assert_eq!((barred.steady.after_step, barred.steady.steps), (1, 19));
+}

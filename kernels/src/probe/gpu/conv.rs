@@ -20,7 +20,7 @@ use super::{Mode, SectionResult};
 use crate::cpu::conv::{ewa_layers, resnet50_all, resnet50_layers, ConvShape, Layer, EWA_BATCH};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
 use crate::cuda::conv_search::{
-    best_method, Found, Outcome, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
+    best_method, Found, Outcome, SearchBudget, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
 };
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{choose, descs, execute, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT};
@@ -42,9 +42,51 @@ const PRECISIONS: [Prec; 4] = [Prec::F32, Prec::Tf32, Prec::F16, Prec::Bf16];
 /// trainer's, in the quick probe as in the full one.
 pub const CONV_BATCH: usize = 128;
 
-/// The shapes the section measures: ResNet-50's at `batch` and the detector's at its own
-/// batch; in `--check` mode three of ResNet-50's at batch 2 and the detector's smallest (a
-/// non-square one) at batch 1.
+/// Seconds the whole section's searches may take unless told another (`probe
+/// --conv-search-budget`), by mode: every search gets at most its own cap
+/// ([`QUICK_SEARCH_BUDGET_S`], [`SEARCH_BUDGET_S`]) and at most an even share of what is left
+/// of this, so that the section ends in time whatever cuDNN offers. A search whose share is
+/// spent still runs the legacy API's measured choice (cuDNN's find), then stops: every row
+/// keeps a checked method and its rate, and the rows record the methods not tried.
+pub const QUICK_SECTION_SEARCH_S: f64 = 30.0;
+pub const FULL_SECTION_SEARCH_S: f64 = 240.0;
+
+/// How the convolution section runs: ResNet-50's batch and the searches' budget.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct ConvOptions {
+    /// The batch of ResNet-50's convolutions ([`CONV_BATCH`] by default; `--check` runs batch
+    /// 2 whatever this is).
+    pub batch: usize,
+    /// Seconds for all the section's searches together; None: the mode's default
+    /// ([`QUICK_SECTION_SEARCH_S`], [`FULL_SECTION_SEARCH_S`]; `--check` has no cap).
+    pub search_budget_s: Option<f64>,
+}
+
+impl Default for ConvOptions {
+    fn default() -> Self {
+        ConvOptions {
+            batch: CONV_BATCH,
+            search_budget_s: None,
+        }
+    }
+}
+
+impl ConvOptions {
+    /// The section's search budget in `mode`.
+    pub fn section_budget(&self, mode: Mode) -> f64 {
+        match (mode, self.search_budget_s) {
+            (Mode::Check, _) => f64::INFINITY,
+            (_, Some(s)) => s,
+            (Mode::Quick, None) => QUICK_SECTION_SEARCH_S,
+            (Mode::Full, None) => FULL_SECTION_SEARCH_S,
+        }
+    }
+}
+
+/// The shapes the section measures: in the full probe ResNet-50's at `batch` and the
+/// detector's at its own batch; in the quick probe a representative subset of those
+/// ([`quick_subset`]); in `--check` mode three of ResNet-50's at batch 2 and the detector's
+/// smallest (a non-square one) at batch 1.
 pub fn conv_layers(mode: Mode, batch: usize) -> Vec<Layer> {
     match mode {
         Mode::Check => {
@@ -53,12 +95,37 @@ pub fn conv_layers(mode: Mode, batch: usize) -> Vec<Layer> {
             v.extend(ewa_layers(1).into_iter().last());
             v
         }
-        Mode::Quick | Mode::Full => {
+        Mode::Quick => quick_subset(&resnet50_layers(batch), &ewa_layers(EWA_BATCH)),
+        Mode::Full => {
             let mut v = resnet50_layers(batch);
             v.extend(ewa_layers(EWA_BATCH));
             v
         }
     }
+}
+
+/// The quick probe's shapes: of ResNet-50's, the one of most FLOPs for each kernel size and
+/// stride (the stem, the 3×3s at stride 1 and 2, the 1×1s at stride 1 and the strided
+/// projection), and of the detector's its 3×3 and 1×1 at stride 1 of most FLOPs (the
+/// pyramid's and the RPN's): every kind of convolution the trainers run, at its costliest,
+/// in a tenth of the full probe's searches. The probe's notes name them.
+pub fn quick_subset(resnet: &[Layer], ewa: &[Layer]) -> Vec<Layer> {
+    let mut keys: Vec<(usize, usize)> = Vec::new();
+    for l in resnet {
+        let k = (l.shape.r, l.shape.stride);
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    let most = |from: &[Layer], k: (usize, usize)| {
+        from.iter()
+            .filter(|l| (l.shape.r, l.shape.stride) == k)
+            .max_by(|a, b| a.shape.flops().total_cmp(&b.shape.flops()))
+            .cloned()
+    };
+    let mut v: Vec<Layer> = keys.iter().filter_map(|&k| most(resnet, k)).collect();
+    v.extend([(3, 1), (1, 1)].into_iter().filter_map(|k| most(ewa, k)));
+    v
 }
 
 struct Tensors {
@@ -237,10 +304,17 @@ pub fn conv_section(
     mode: Mode,
     cancel: &AtomicBool,
     peaks: &PeakDb,
-    batch: usize,
+    opts: ConvOptions,
 ) -> Result<SectionResult, CudaError> {
     let h = Handle::new(gpu)?;
-    let layers = conv_layers(mode, batch);
+    let layers = conv_layers(mode, opts.batch);
+    let cap = match mode {
+        Mode::Quick => QUICK_SEARCH_BUDGET_S,
+        Mode::Check | Mode::Full => SEARCH_BUDGET_S,
+    };
+    let total = opts.section_budget(mode);
+    let searches = layers.len() * DIRECTIONS.len() * PRECISIONS.len();
+    let budget = SearchBudget::new(total, cap, searches);
     let ws = gpu.alloc(WORKSPACE_LIMIT)?;
     // Twice the L2, written before each cold-L2 sample.
     let flush = match gpu.l2_bytes {
@@ -248,6 +322,24 @@ pub fn conv_section(
         l2 => Some(gpu.alloc(2 * l2 as usize)?),
     };
     let mut out = SectionResult::default();
+    if mode == Mode::Quick {
+        let names: Vec<String> = layers
+            .iter()
+            .map(|l| format!("{} ({})", l.name, l.shape.describe()))
+            .collect();
+        out.notes.push(format!(
+            "gpu{} conv (quick): a representative subset of {} shapes (each kind of convolution at its costliest; the full probe measures every one): {}",
+            gpu.ordinal,
+            layers.len(),
+            names.join("; ")
+        ));
+    }
+    if total.is_finite() {
+        out.notes.push(format!(
+            "gpu{} conv: {searches} searches within {total:.0} s together (at most {cap} s each; one whose share is spent keeps cuDNN's measured legacy choice: see each row's methods not tried)",
+            gpu.ordinal
+        ));
+    }
     if flush.is_none() {
         out.notes.push(format!(
             "gpu{} conv: the driver reports no L2 size; memory-bound shapes are timed warm",
@@ -262,6 +354,7 @@ pub fn conv_section(
         mode,
         cancel,
         peaks,
+        budget: &budget,
     };
     for p in PRECISIONS {
         let r = bench.precision(p, &layers, &mut out);
@@ -269,6 +362,13 @@ pub fn conv_section(
             return Err(CudaError::Interrupted);
         }
         out.checks.push((format!("cudnn_conv_{}", p.name()), r));
+    }
+    if total.is_finite() {
+        out.notes.push(format!(
+            "gpu{} conv: the searches took {:.1} s of their {total:.0} s",
+            gpu.ordinal,
+            total - budget.left()
+        ));
     }
     Ok(out)
 }
@@ -282,20 +382,13 @@ struct Bench<'a> {
     mode: Mode,
     cancel: &'a AtomicBool,
     peaks: &'a PeakDb,
+    budget: &'a SearchBudget,
 }
 
 /// Per direction: the best layer's statistics, FLOPs, description and sample conditions.
 type Best = (Stats, f64, String, Option<SampleConditions>);
 
 impl Bench<'_> {
-    /// Seconds one direction's search may take in this mode.
-    fn budget(&self) -> f64 {
-        match self.mode {
-            Mode::Quick => QUICK_SEARCH_BUDGET_S,
-            Mode::Check | Mode::Full => SEARCH_BUDGET_S,
-        }
-    }
-
     fn precision(
         &self,
         p: Prec,
@@ -352,6 +445,8 @@ impl Bench<'_> {
                         worst.set(worst.get().max(e));
                     })
                 };
+                let searched_at = std::time::Instant::now();
+                let share = self.budget.next();
                 let found = best_method(
                     gpu,
                     h,
@@ -363,9 +458,10 @@ impl Bench<'_> {
                     wsp,
                     &mut check,
                     self.cancel,
-                    self.budget(),
+                    share,
                 )
                 .map_err(not_supported);
+                self.budget.spent(searched_at.elapsed().as_secs_f64());
                 let where_ = format!(
                     "gpu{} conv {} {} {}",
                     gpu.ordinal,
@@ -528,7 +624,7 @@ impl Bench<'_> {
             };
             let flops: f64 = found.iter().map(|(f, _)| f).sum();
             let method = format!(
-                "cuDNN {}, NHWC/KRSC, f32 accumulation{}: ResNet-50 v1.5's {} convolutions at batch {batch} each at its own shape's measured rate, their FLOPs over the sum of their times (the network's rate, not its fastest shape's{}), sample k of the ceiling from each shape's k-th best; the fastest shape of the table (beside the EWA detector's at batch {EWA_BATCH}): {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice, then the backend heuristic's engines in its order, then every other engine; at most {budget} s a direction); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
+                "cuDNN {}, NHWC/KRSC, f32 accumulation{}: ResNet-50 v1.5's {} convolutions at batch {batch} each at its own shape's measured rate, their FLOPs over the sum of their times (the network's rate, not its fastest shape's{}), sample k of the ceiling from each shape's k-th best; the fastest shape of the table (beside the EWA detector's at batch {EWA_BATCH}): {how}; each shape's fastest correct method of every one cuDNN offers (the legacy API's measured choice, then the backend heuristic's engines in its order, then every other engine; at most {budget} s a direction, within the section's search budget); memory-bound shapes timed on a cold L2; 24 entries per result checked against f64 (normwise ≤ {:.0e}); CUDA-event timed",
                 dir.name(),
                 if p == Prec::F32 { ", FMA math (no TF32)" } else { ", tensor-op math" },
                 found.len(),
@@ -538,7 +634,7 @@ impl Bench<'_> {
                     String::new()
                 },
                 p.tolerance(),
-                budget = self.budget(),
+                budget = self.budget.cap(),
             );
             let per_iteration = PerIteration {
                 ops: flops,
@@ -609,5 +705,64 @@ mod tests {
         // 1/50 + 3/200 = 0.035 s for 4 GFLOP.
         assert!((v[1] - 4e9 / 0.035).abs() < 1.0, "{}", v[1]);
         assert!(network_samples(&[]).is_empty());
+    }
+
+    /// The budget is shared evenly among the searches left, never above the cap, and a search
+    /// that overran leaves less to the rest; once spent, every search gets 0 (its first timed
+    /// method only).
+    #[test]
+    fn the_search_budget_is_shared_and_ends() {
+        let b = SearchBudget::new(10.0, 1.0, 40);
+        assert_eq!(b.next(), 0.25);
+        b.spent(5.0);
+        // 5 s for 39 searches.
+        assert!((b.next() - 5.0 / 39.0).abs() < 1e-12);
+        let wide = SearchBudget::new(100.0, 0.25, 4);
+        assert_eq!(wide.next(), 0.25);
+        b.spent(7.0);
+        assert_eq!(b.left(), 0.0);
+        assert_eq!(b.next(), 0.0);
+        let endless = SearchBudget::new(f64::INFINITY, 1.0, 3);
+        assert_eq!(endless.next(), 1.0);
+        // The mode's defaults, and --check unbounded.
+        let o = ConvOptions::default();
+        assert_eq!(o.section_budget(Mode::Quick), QUICK_SECTION_SEARCH_S);
+        assert_eq!(o.section_budget(Mode::Full), FULL_SECTION_SEARCH_S);
+        assert!(o.section_budget(Mode::Check).is_infinite());
+        let told = ConvOptions {
+            search_budget_s: Some(12.0),
+            ..o
+        };
+        assert_eq!(told.section_budget(Mode::Quick), 12.0);
+    }
+
+    /// The quick probe's shapes: each kind of ResNet-50 convolution (kernel size and stride) at
+    /// its costliest, and the detector's 3×3 and 1×1; far fewer than the full probe's, and
+    /// every one of them among the full probe's.
+    #[test]
+    fn the_quick_subset_has_every_kind_at_its_costliest() {
+        let full = conv_layers(Mode::Full, CONV_BATCH);
+        let quick = conv_layers(Mode::Quick, CONV_BATCH);
+        assert!(
+            quick.len() * 5 < full.len(),
+            "{} of {}",
+            quick.len(),
+            full.len()
+        );
+        for l in &quick {
+            assert!(full.iter().any(|f| f.shape == l.shape), "{}", l.name);
+        }
+        let resnet = resnet50_layers(CONV_BATCH);
+        for r in &resnet {
+            let k = (r.shape.r, r.shape.stride);
+            let pick = quick
+                .iter()
+                .find(|q| (q.shape.r, q.shape.stride) == k && q.shape.n == CONV_BATCH)
+                .unwrap_or_else(|| panic!("no {k:?} in the quick subset"));
+            assert!(pick.shape.flops() >= r.shape.flops(), "{}", r.name);
+        }
+        let ewa: Vec<&Layer> = quick.iter().filter(|l| l.shape.n == EWA_BATCH).collect();
+        assert_eq!(ewa.len(), 2);
+        assert_eq!((ewa[0].shape.r, ewa[1].shape.r), (3, 1));
     }
 }
