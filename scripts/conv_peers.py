@@ -13,13 +13,14 @@ DTYPES = {"f32": "float32", "tf32": "float32", "f16": "float16", "bf16": "bfloat
 SHAPE = re.compile(r"n=(\d+) c=(\d+) h=(\d+) w=(\d+) k=(\d+) r=(\d+) s=(\d+) stride=(\d+) pad=(\d+)")
 
 
-def shapes_of(machine):
-    """(precision, direction, layer, rate, shape dict, the row) for every conv table row of gpu0."""
+def shapes_of(machine, device="gpu0"):
+    """(precision, direction, layer, rate, shape dict, the row) for every conv table row of
+    `device` (gpu0; the kit's dry run: cpu)."""
     out = []
     for t in machine.get("tables", []):
         parts = str(t.get("id", "")).split("/")
         # gpu0/conv/<precision>/<direction> (the table of that ceiling)
-        if len(parts) < 4 or parts[0] != "gpu0" or parts[1] != "conv":
+        if len(parts) < 4 or parts[0] != device or parts[1] != "conv":
             continue
         prec, direction = parts[2], parts[3]
         for row in t.get("rows", []):
@@ -78,11 +79,11 @@ def measure(torch, timed, machine):
     return rows
 
 
-def summary(machine, peers):
+def summary(machine, peers, device="gpu0"):
     """Lines comparing roofline's conv rows with PyTorch's at the same shapes, and the records."""
     theirs = {(r["precision"], r["direction"], r["layer"]): r for r in peers.get("conv", [])}
     groups, records = {}, []
-    for prec, direction, layer, ours, s, ours_row in shapes_of(machine):
+    for prec, direction, layer, ours, s, ours_row in shapes_of(machine, device):
         t = theirs.get((prec, direction, layer), {})
         ratio = ours / t["best"] if ours and t.get("best") else None
         heuristic = ours_row.get("heuristic") or {}

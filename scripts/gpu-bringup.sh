@@ -1,49 +1,126 @@
 #!/usr/bin/env bash
-# Bring roofline's GPU path up on a GPU machine in one sitting.
+# Bring roofline's GPU path up on a GPU machine lent for one short lease: two calls of at most
+# 8 minutes each, the most trustworthy figures first, nothing lost when a call ends early.
 #
-#   scripts/gpu-bringup.sh pack            # here (any x86-64 Linux with Rust): build the kit
-#   scripts/gpu-bringup.sh run [OUT] [PARTS]   # on the GPU machine, from the kit's folder
+#   scripts/gpu-bringup.sh pack                 # here (any x86-64 Linux with Rust): build the kit
+#   scripts/gpu-bringup.sh plan [1|2]           # each call's steps, limits, estimates, sources
+#   scripts/gpu-bringup.sh run OUT [1|2|all] [--dry-run]   # on the GPU machine, from the kit
 #
 # pack builds a release binary (no MPI: it must start on a machine without an MPI library),
-# strips it, and puts it with this script and peers.py into target/bringup/ (about 8 MB;
-# ROOFLINE_KIT_DIR sets another folder, ROOFLINE_KIT_BINARY packs a binary already built).
-# Copy that folder to the GPU machine and run `bash gpu-bringup.sh run OUT` there. It needs no
-# Rust and no network: the NVIDIA driver, the CUDA libraries (a toolkit, or the pip wheels of
-# CUDA 12 or 13, e.g. those PyTorch installs), and for the peer figures PyTorch.
+# strips it, and puts it with this script, the Python helpers, the summary's schema and the
+# measured step times into target/bringup/ (about 8 MB; ROOFLINE_KIT_DIR sets another folder,
+# ROOFLINE_KIT_BINARY packs a binary already built). On the GPU machine it needs no Rust and
+# no network: the NVIDIA driver, the CUDA libraries (a toolkit, or the pip wheels of CUDA 12 or
+# 13, e.g. those PyTorch installs), and PyTorch for the peers.
 #
-# run does, in order, each step under its own time limit and the whole under
-# ROOFLINE_BRINGUP_BUDGET seconds (default 540): doctor; kernels (NVRTC's resource report on
-# this machine's NVRTC); probe --check (every GPU kernel against its CPU reference); a quick GPU
-# probe, then the full one; train --check in f32, tf32, bf16 and f16 (every GPU layer and a
-# whole step against the CPU, NCCL on one rank; the reduced precisions against the CPU reference
-# with the GPU's rounding points); ResNet-50 at 224² for f32, tf32, bf16, f16 at batches 128 and 256
-# (ROOFLINE_BRINGUP_BATCHES), each with its host waits per step and joules per image; place
-# --workload resnet50 (bf16, the first batch: the per-layer table and the idle share); and the
-# peers PyTorch gives on the same GPU in the same call (matmul TFLOP/s at the probe's GEMM
-# shapes, a device-to-device copy, ResNet-50 training images/s at the same batches and
-# precisions); then EWA's detector: train --workload ewa --check (f32, bf16), short trainings at
-# 768x1152 (f32, bf16, batch 2), place --workload ewa (its table in the log), and torchvision's
-# Faster R-CNN training step at the same size as its peer; then AIPerf's AutoML (automl): the
-# described networks' check, a short search on the CPU and on the GPUs (f16, a worker a GPU),
-# one from ResNet-50 at 224² (its FLOPS a GPU against AIPerf's published 1.75 TOPS a T4), and
-# its best candidate placed. It writes at most 8 files into OUT
-# (default ./bringup-out: log.txt, machine.json, train.jsonl, placement.json and .svg,
-# peers.json, summary.txt, summary.json) and prints summary.txt last: roofline's figures beside
-# the peers'. summary.json is the record to commit as docs/gpu/<date>-<gpu>.json: revision,
-# GPU, driver, libraries, and per precision and batch our images/s, PyTorch's, the ratio, host
-# waits per step, joules per image and the idle share where placed. A failed step is recorded and the
-# next one runs; the exit code is the number of failed steps (0: all passed).
-# Every file is written as the run goes (a time-out keeps what finished): summary.txt gets one
-# line per step as it ends — pass, FAIL (exit code, time-out, the error's line) or skipped
-# (why: the budget spent, the part not asked) — and the peers' table at the end. A part that
-# needs ceilings (train, ewa, peers) and has no machine.json from this call takes
-# ROOFLINE_BRINGUP_MACHINE (an earlier call's machine.json) or a quick probe, never a second
-# full one. ROOFLINE_BRINGUP_PROBE_LIMIT (360) and ROOFLINE_BRINGUP_TRAIN_LIMIT (180) cap the
-# full probe (0 skips it) and each of the four trainings, so that a short lease reaches the
-# later steps.
+# Call 1 carries every correctness check and the headline figures (doctor, kernels, probe
+# --check, a quick probe of the tensor peaks, GEMM and HBM, train --check in f32 and bf16,
+# ResNet-50 at batch 128 in bf16, f16, tf32 and f32 against PyTorch at the same batch and
+# precisions); call 2 the rest (the convolutions' quick probe and PyTorch at those shapes, burst
+# against sustained, batch 256, the detector's check and trainings against torchvision, a short
+# AutoML search on the GPU). `plan` prints them. Each step runs under the smaller of its own
+# limit and what is left of the call's budget (ROOFLINE_BRINGUP_BUDGET, 480 s) less a reserve
+# for the summary (ROOFLINE_BRINGUP_RESERVE, 45 s); a step that cannot start in time is
+# recorded as skipped, a failed one as failed, and the next one runs. The exit code is the
+# number of steps that failed or were skipped for want of time (0: all ran and passed).
+#
+# At most four files are written into OUT, each rewritten as every step starts and ends (a
+# call killed at any point returns what finished): summary.json (the record to commit as
+# docs/gpu/<date>-<gpu>.json; its schema is summary.schema.json), summary.txt (the same for
+# people), log-tail.txt (the last 64 KiB of the log) and bundle.tar.gz (everything else: the
+# whole log, machine files, train reports, peers.json, placements, automl files, the cuDNN
+# algorithm cache; under 16 MiB). Call 2 takes call 1's machine file and algorithm cache from
+# ROOFLINE_BRINGUP_FROM (call 1's bundle.tar.gz, or a folder holding it).
+#
+# Estimates: each step's own measured time from step-times.tsv (name, seconds, where measured;
+# ROOFLINE_BRINGUP_TIMES sets another file) replaces the estimate this script gives, whose
+# source `plan` names. summary.json records every step's seconds: add them to step-times.tsv.
+#
+# --dry-run runs the same steps on this CPU (CI does): --device cpu and small sizes where a step
+# has a CPU form, PyTorch's side from fixture files (ROOFLINE_BRINGUP_FIXTURES, default
+# tests/fixtures/bringup beside the kit or the repository), the GPU-only steps recorded as
+# skipped. Its clock (ROOFLINE_BRINGUP_CLOCK: estimate by default in a dry run, else real)
+# charges each step its estimate, so the budget is kept as the GPU would keep it.
+# ROOFLINE_BRINGUP_FAIL (a comma list of step names) makes those steps fail, and
+# ROOFLINE_BRINGUP_HANG makes them hang (until the call is killed), to test the kit.
 set -uo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
+BUDGET=${ROOFLINE_BRINGUP_BUDGET:-480}
+RESERVE=${ROOFLINE_BRINGUP_RESERVE:-45}
+
+# The steps of call $1, as `S NAME LIMIT ESTIMATE SOURCE FUNCTION ARGS...` lines: the step's
+# name, its own limit (s), the estimate of its time on an H100/H200 (s) and where that estimate
+# comes from, then what runs it. `plan` prints them; `run` runs them.
+H200_5="the 2026-11-28 H200 run (docs/gpu/gpu-bringup-2026-11-28-h200-5.md)"
+steps_of() {
+    case $1 in
+        1)
+            S doctor 30 5 "$H200_5: about 2 s" do_doctor
+            S kernels 60 20 "estimate: NVRTC for every kernel at sm_80, 89, 90 on 16 cores (CI: about 40 s on 2)" do_kernels
+            S probe-check 120 45 "estimate: every GPU kernel once, 4 conv shapes x 3 directions x 4 precisions searched at batch 2 (at most 1 s each)" do_probe_check
+            S probe-quick 120 60 "estimate: $H200_5's quick probe without its convolutions (fma, mma, wgmma, mem, gemm, copy)" do_probe_quick
+            S train-check-f32 120 50 "estimate: $H200_5's train --check (46 comparisons) plus the described networks" do_train_check f32
+            S train-check-bf16 90 40 "estimate: as train-check-f32, the 16-bit references" do_train_check bf16
+            local p
+            for p in bf16 f16 tf32 f32; do
+                S "resnet50-$p-b128" 75 30 "estimate: model set-up, cuDNN searches within the trainer's 20 s budget (fewer from the cache), 30 steps at $H200_5's rates" do_train "$p" 128
+            done
+            S peers-resnet50-b128 150 80 "estimate: torchvision ResNet-50 (cudnn.benchmark) at batch 128 in 4 precisions, 5 + 30 steps each" do_peers resnet 128 bf16,f16,tf32,f32
+            ;;
+        2)
+            S probe-conv 120 50 "estimate: the quick probe's 7 conv shapes x 3 directions x 4 precisions, searches within 20 s" do_probe_conv
+            S peers-conv 90 40 "estimate: PyTorch at the quick probe's 84 conv rows" do_peers_conv
+            S probe-fma-full 90 45 "estimate: the full probe's FMA section (samples long enough to reach the power cap: burst against sustained)" do_probe_fma
+            S ewa-check-bf16 120 45 "estimate: train --workload ewa --check in bf16 (layers, step, described networks, detector)" do_ewa_check bf16
+            S ewa-bf16-a9-b2 75 35 "estimate: detector set-up at 768x1152 and 20 steps at batch 2" do_ewa bf16 9 2
+            S ewa-bf16-a3-b2 75 35 "estimate: as ewa-bf16-a9-b2, three anchors a cell" do_ewa bf16 3 2
+            S peers-ewa-b2 120 70 "estimate: torchvision Faster R-CNN at 768x1152, batch 2, bf16, at our configuration and its defaults" do_peers ewa 2 bf16
+            S resnet50-bf16-b256 75 35 "estimate: as resnet50-bf16-b128, new shapes searched" do_train bf16 256
+            S peers-resnet50-b256 90 35 "estimate: torchvision ResNet-50 at batch 256 in bf16" do_peers resnet 256 bf16
+            S automl-gpu 60 40 "estimate: a 25 s AutoML search on the GPU with its set-up and calibration" do_automl
+            ;;
+    esac
+}
+
+# A step's measured time from step-times.tsv (name<TAB>seconds<TAB>where), if any.
+measured() {
+    local f=${ROOFLINE_BRINGUP_TIMES:-$here/step-times.tsv}
+    [ -f "$f" ] || [ -n "${ROOFLINE_BRINGUP_TIMES:-}" ] || f=$here/../docs/gpu/step-times.tsv
+    [ -f "$f" ] || return 1
+    awk -F'\t' -v n="$1" '$1 == n && $2 ~ /^[0-9.]+$/ { print $2 "\t" $3; found = 1 } END { exit !found }' "$f" | tail -1
+}
+
+# The estimate of step NAME and its source: its measured time where there is one.
+estimate_of() {
+    local name=$1 est=$2 src=$3 m
+    if m=$(measured "$name"); then
+        printf '%s\t%s\n' "$(printf '%.0f' "${m%%$'\t'*}")" "measured: ${m#*$'\t'}"
+    else
+        printf '%s\t%s\n' "$est" "$src"
+    fi
+}
+
+plan() {
+    local calls=${1:-1 2} call
+    for call in $calls; do
+        local total=0 n=0
+        echo "call $call: budget ${BUDGET} s, ${RESERVE} s kept for the summary"
+        printf '  %-22s %6s %9s  %s\n' step limit estimate "where the estimate comes from"
+        S() {
+            local name=$1 limit=$2 e src
+            IFS=$'\t' read -r e src < <(estimate_of "$1" "$3" "$4")
+            printf '  %-22s %5ss %8ss  %s\n' "$name" "$limit" "$e" "$src"
+            total=$((total + e))
+            n=$((n + 1))
+        }
+        steps_of "$call"
+        local room=$((BUDGET - RESERVE))
+        echo "  $n steps, estimated ${total} s of the ${room} s the steps may take$([ "$total" -gt "$room" ] && echo ": OVER, the last steps would be skipped")"
+        [ "$total" -le "$room" ] || [ "$call" != 1 ] || PLAN_OVER=1
+    done
+    return "${PLAN_OVER:-0}"
+}
 
 pack() {
     set -e
@@ -60,12 +137,13 @@ pack() {
     mkdir -p "$kit"
     cp "$bin" "$kit/roofline"
     strip "$kit/roofline"
-    cp "$root/scripts/gpu-bringup.sh" "$root/scripts/peers.py" "$root/scripts/conv_peers.py" "$root/scripts/automl_summary.py" "$kit/"
+    cp "$root"/scripts/{gpu-bringup.sh,peers.py,conv_peers.py,automl_summary.py,kit_summary.py} "$kit/"
+    cp "$root/docs/gpu/summary.schema.json" "$root/docs/gpu/step-times.tsv" "$kit/"
     chmod +x "$kit/roofline" "$kit/gpu-bringup.sh"
     local size
     size=$(du -sb "$kit" | cut -f1)
-    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2), gpu-bringup.sh, peers.py, conv_peers.py, automl_summary.py"
-    echo "on the GPU machine: bash gpu-bringup.sh run OUT"
+    echo "kit: $kit ($((size / 1024 / 1024)) MiB): roofline $("$kit/roofline" --version | cut -d' ' -f2) and the scripts"
+    echo "on the GPU machine: bash gpu-bringup.sh run OUT 1   (then, with call 1's bundle.tar.gz: ROOFLINE_BRINGUP_FROM=... bash gpu-bringup.sh run OUT 2)"
 }
 
 # The CUDA wheels of the Python that holds PyTorch, for roofline's library search, unless the
@@ -79,207 +157,236 @@ python_wheels() {
     done
 }
 
+# ---- what each step runs (GPU form, and the dry run's CPU form) -------------------------------
+# Each writes what it makes into $work; none writes into $out.
+
+gpu_only() {
+    if [ "$dry" = 1 ]; then
+        echo "dry run: $1 needs a GPU"
+        return 200
+    fi
+}
+
+do_doctor() { gpu_only "doctor's verdict" && "$rl" doctor; }
+do_kernels() { gpu_only "NVRTC on this machine (CI's nvrtc_gate compiles every kernel)" && "$rl" kernels --arch 80,89,90; }
+do_probe_check() { gpu_only "probe --check" && "$rl" probe --check; }
+do_probe_quick() {
+    if [ "$dry" = 1 ]; then
+        "$rl" probe --device cpu --quick --only fma,gemm -o "$work/machine.json"
+    else
+        "$rl" probe --device cuda --quick --only fma,mem,gemm,copy -o "$work/machine.json"
+    fi
+}
+do_probe_conv() {
+    if [ "$dry" = 1 ]; then
+        "$rl" probe --device cpu --quick --only conv -o "$work/machine-conv.json"
+    else
+        "$rl" probe --device cuda --quick --only conv --conv-search-budget 20 -o "$work/machine-conv.json"
+    fi
+}
+do_probe_fma() {
+    if [ "$dry" = 1 ]; then
+        "$rl" probe --device cpu --quick --only fma --threads 1 -o "$work/machine-fma.json"
+    else
+        "$rl" probe --device cuda --only fma -o "$work/machine-fma.json"
+    fi
+}
+do_train_check() { gpu_only "train --check" && "$rl" train --device cuda --precision "$1" --check; }
+do_ewa_check() { gpu_only "train --workload ewa --check" && "$rl" train --workload ewa --device cuda --precision "$1" --check; }
+# A training's report goes to $work/train/<step>.json; kit_summary.py reads it with the step's
+# precision and batch.
+do_train() {
+    local p=$1 b=$2
+    mkdir -p "$work/train"
+    if [ "$dry" = 1 ]; then
+        # The CPU trainer's f32 at a toy size stands for every precision.
+        "$rl" train --device cpu --precision f32 --resolution 32 --width 0.25 --batch 4 --steps 20 --json >"$work/train/$step.json"
+    else
+        "$rl" train --device cuda --precision "$p" --resolution 224 --batch "$b" --steps 30 --json >"$work/train/$step.json"
+    fi
+}
+do_ewa() {
+    local p=$1 a=$2 b=$3
+    mkdir -p "$work/train"
+    if [ "$dry" = 1 ]; then
+        # The CPU detector at a toy size, in f32, stands for the GPU's at 768x1152.
+        "$rl" train --workload ewa --device cpu --precision f32 --resolution 64x96 --anchors "$a" --batch 1 --train-images 2 --eval-images 1 --steps 6 --json >"$work/train/$step.json"
+    else
+        "$rl" train --workload ewa --device cuda --precision "$p" --anchors "$a" --batch "$b" --train-images $((4 * b)) --eval-images 2 --steps 20 --json >"$work/train/$step.json"
+    fi
+}
+# do_peers PART BATCH PRECISIONS: PyTorch's (or torchvision's) figures into $work/peers.json.
+do_peers() {
+    local part=$1 b=$2 precs=$3 fixture=()
+    [ "$dry" = 1 ] && fixture=(--fixture "$fixtures/peers.json")
+    if [ "$part" = ewa ]; then
+        "$py" "$here/peers.py" --parts ewa --ewa-batch "$b" --precisions "$precs" --steps 10 "${fixture[@]}" -o "$work/peers.json"
+    else
+        "$py" "$here/peers.py" --parts resnet --batches "$b" --precisions "$precs" --steps 30 "${fixture[@]}" -o "$work/peers.json"
+    fi
+}
+do_peers_conv() {
+    local fixture=()
+    [ "$dry" = 1 ] && fixture=(--fixture "$fixtures/peers.json")
+    "$py" "$here/peers.py" --parts conv --machine "$work/machine-conv.json" "${fixture[@]}" -o "$work/peers.json"
+}
+do_automl() {
+    mkdir -p "$work/automl"
+    if [ "$dry" = 1 ]; then
+        "$rl" automl --budget 5s --resolution 32 --width 0.25 --train-images 64 --eval-images 32 -o "$work/automl/automl-cpu.json"
+    else
+        "$rl" automl --device cuda --budget 25s -o "$work/automl/automl-gpu.json"
+    fi
+}
+
+# ---- the run ----------------------------------------------------------------------------------
+
 run() {
-    local out=${1:-${OUT:-./bringup-out}}
-    # Which parts: all (default), or a comma list of probe (doctor, kernels, the checks and
-    # probes), check (train --check in f32, tf32, bf16, f16), train (the trainings, place),
-    # peers (PyTorch), ewa (the detector's --check, two trainings at 768x1152, place) and
-    # ewa-peers (torchvision's Faster R-CNN) and automl (AIPerf's search on the CPU and the
-    # GPUs), so that a machine lent in calls of 10 minutes can take it in four: `run OUT
-    # probe,check`, `run OUT train,peers` (ResNet-50 against PyTorch: under 6 minutes with
-    # ROOFLINE_BRINGUP_BUDGET=330), `run OUT ewa,ewa-peers`, `run OUT automl`.
-    local parts=${2:-all}
-    want() { [ "$parts" = all ] || [[ ",$parts," == *",$1,"* ]]; }
+    local out="" call=all
+    dry=0
+    while [ $# -gt 0 ]; do
+        case $1 in
+            --dry-run) dry=1 ;;
+            1 | 2 | all) call=$1 ;;
+            *) [ -z "$out" ] && out=$1 || { echo "run: unexpected argument '$1'"; exit 2; } ;;
+        esac
+        shift
+    done
+    out=${out:-${OUT:-./bringup-out}}
     mkdir -p "$out"
     out=$(cd "$out" && pwd)
-    local rl=$here/roofline
-    [ -x "$rl" ] || rl=$(command -v roofline || true)
-    [ -x "$rl" ] || { echo "no roofline binary beside this script or on the PATH"; exit 2; }
-    local py=${ROOFLINE_PYTHON:-python3}
-    # PyTorch's wheels only where roofline finds no consistent set by itself (a toolkit on the
-    # linker's path is taken first; naming the wheels then would contradict it).
-    if [ -z "${ROOFLINE_CUDA_LIBS:-}" ] && ! "$rl" doctor >/dev/null 2>&1; then
+    rl=$here/roofline
+    [ -x "$rl" ] || rl=${ROOFLINE:-$(command -v roofline || true)}
+    [ -x "$rl" ] || { echo "no roofline binary beside this script, in ROOFLINE or on the PATH"; exit 2; }
+    py=${ROOFLINE_PYTHON:-python3}
+    fixtures=${ROOFLINE_BRINGUP_FIXTURES:-$here/fixtures}
+    [ -d "$fixtures" ] || fixtures=$here/../tests/fixtures/bringup
+    local clock=${ROOFLINE_BRINGUP_CLOCK:-$([ "$dry" = 1 ] && echo estimate || echo real)}
+    # Everything but the four files lives here, and travels in the bundle.
+    work=${ROOFLINE_BRINGUP_WORK:-$(mktemp -d)}
+    mkdir -p "$work"
+    export ROOFLINE_CACHE_DIR=$work/cache
+    local from=${ROOFLINE_BRINGUP_FROM:-}
+    [ -d "$from" ] && from=$from/bundle.tar.gz
+    if [ -n "$from" ]; then
+        if [ -f "$from" ]; then
+            # Call 1's machine file and cuDNN algorithm cache.
+            tar xzf "$from" -C "$work" ./machine.json ./cache 2>/dev/null
+            [ -f "$work/machine.json" ] && mv "$work/machine.json" "$work/machine-call1.json"
+        else
+            echo "ROOFLINE_BRINGUP_FROM=$from: no such bundle; call 2 goes on without call 1's files"
+        fi
+    fi
+    if [ "$dry" = 0 ] && [ -z "${ROOFLINE_CUDA_LIBS:-}" ] && ! "$rl" doctor >/dev/null 2>&1; then
         ROOFLINE_CUDA_LIBS=$(python_wheels)
         export ROOFLINE_CUDA_LIBS
     fi
-    local budget=${ROOFLINE_BRINGUP_BUDGET:-540}
-    local start=$SECONDS failed=0
-    local log=$out/log.txt summary=$out/summary.txt
+    local log=$work/log.txt steps=$work/steps.jsonl
     : >"$log"
-    : >"$out/train.jsonl"
-    echo "roofline bring-up, parts: $parts; one line per step as it ends" >"$summary"
-    # record NAME STATUS WHY: one line of the summary, written at once.
-    record() { printf '%-16s %-8s %s\n' "$1" "$2" "$3" >>"$summary"; }
-    # not_asked PART STEP...: the steps of a part this run does not take.
-    not_asked() {
-        local part=$1
-        shift
-        want "$part" && return 1
-        local s
-        for s in "$@"; do record "$s" skipped "part '$part' not in this run"; done
-        return 0
-    }
-    echo "roofline bring-up on $(hostname), $(date -u +%FT%TZ); ROOFLINE_CUDA_LIBS=${ROOFLINE_CUDA_LIBS:-(unset)}" | tee -a "$log"
-    nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1 | tee -a "$log"
+    : >"$steps"
+    local start=$SECONDS charged=0 failed=0 writes=0
+    {
+        echo "roofline bring-up, call $call$([ "$dry" = 1 ] && echo ', dry run on the CPU'), on $(hostname), $(date -u +%FT%TZ)"
+        echo "roofline: $("$rl" --version 2>&1); ROOFLINE_CUDA_LIBS=${ROOFLINE_CUDA_LIBS:-(unset)}; budget ${BUDGET} s, reserve ${RESERVE} s, clock $clock"
+        nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1
+    } >>"$log"
 
-    # step NAME LIMIT CMD...: runs CMD with LIMIT seconds (less if the budget is nearly spent),
-    # output into the log, and records the outcome.
-    step() {
-        local name=$1 limit=$2
-        shift 2
-        local left=$((budget - (SECONDS - start)))
-        if [ "$left" -le 5 ]; then
-            echo "== $name: skipped, the budget of ${budget}s is spent" | tee -a "$log"
-            record "$name" skipped "the budget of ${budget}s was spent (ROOFLINE_BRINGUP_BUDGET)"
+    # The call's four files, rewritten now (the summary, the log's tail, the bundle).
+    publish() {
+        writes=$((writes + 1))
+        "$py" "$here/kit_summary.py" --work "$work" --out "$out" --call "$call" --budget "$BUDGET" \
+            --reserve "$RESERVE" --clock "$clock" --spent "$(spent)" --writes "$writes" \
+            $([ "$dry" = 1 ] && echo --dry-run) >>"$log" 2>&1 ||
+            echo "kit_summary.py failed (see the log)" >>"$log"
+        tail -c 65536 "$log" >"$out/.log-tail.txt" && mv "$out/.log-tail.txt" "$out/log-tail.txt"
+        # The candidates' weights never travel (tens of MB, and nothing reads them here).
+        tar czf "$out/.bundle.tar.gz" -C "$work" --exclude '*.weights' . 2>/dev/null
+        if [ "$(stat -c %s "$out/.bundle.tar.gz" 2>/dev/null || echo 0)" -gt $((16 * 1024 * 1024)) ]; then
+            # Over 16 MiB: the algorithm cache out, then the log (its tail is beside it).
+            tar czf "$out/.bundle.tar.gz" -C "$work" --exclude '*.weights' --exclude ./cache --exclude ./log.txt . 2>/dev/null
+        fi
+        mv "$out/.bundle.tar.gz" "$out/bundle.tar.gz"
+    }
+    # Seconds the budget has spent: real, or (the estimate clock) the steps' estimates.
+    spent() {
+        if [ "$clock" = estimate ]; then echo "$charged"; else echo $((SECONDS - start)); fi
+    }
+    # One line of steps.jsonl (kit_summary.py turns them into the summary's steps[]).
+    note() {
+        "$py" -c 'import json, sys; print(json.dumps(dict(zip(sys.argv[1::2], sys.argv[2::2]))))' "$@" >>"$steps"
+    }
+    S() {
+        step=$1
+        local limit=$2 fn=$5 e src
+        IFS=$'\t' read -r e src < <(estimate_of "$1" "$3" "$4")
+        shift 5
+        # A step starts only where it can finish: on the estimate clock where its estimate
+        # fits, on the real one where half of it does (the time goes to the cheaper steps after).
+        local left=$((BUDGET - RESERVE - $(spent))) need
+        need=$([ "$clock" = estimate ] && echo "$e" || echo $((e / 2)))
+        if [ "$left" -lt 5 ] || [ "$need" -gt "$left" ]; then
+            echo "== $step: skipped, ${left} s left of the budget" >>"$log"
+            note name "$step" status skipped limit_s "$limit" estimate_s "$e" source "$src" \
+                why "the call's budget was spent (${left} s left before the summary's ${RESERVE} s)" args "$*"
             failed=$((failed + 1))
-            return 1
+            return
         fi
         [ "$limit" -gt "$left" ] && limit=$left
-        echo "== $name (limit ${limit}s)" | tee -a "$log"
-        local t0=$SECONDS part
+        note name "$step" status running limit_s "$limit" estimate_s "$e" source "$src" args "$*"
+        echo "== $step (limit ${limit} s): $fn $*" >>"$log"
+        publish
+        local t0=$SECONDS part rc
         part=$(mktemp)
-        timeout --signal=INT --kill-after=10 "$limit" "$@" >"$part" 2>&1
-        local rc=$?
+        if [[ ",${ROOFLINE_BRINGUP_FAIL:-}," == *",$step,"* ]]; then
+            echo "error: failed on purpose (ROOFLINE_BRINGUP_FAIL)" >"$part"
+            rc=99
+        elif [[ ",${ROOFLINE_BRINGUP_HANG:-}," == *",$step,"* ]]; then
+            # The kit's test kills a call here, mid-step.
+            sleep 600
+            rc=$?
+        else
+            # A function in a shell of its own, under the limit: SIGINT first, then SIGKILL.
+            export -f "$fn" gpu_only
+            export rl py work dry step here fixtures
+            timeout --signal=INT --kill-after=10 "$limit" bash -c "$fn \"\$@\"" "$fn" "$@" >"$part" 2>&1
+            rc=$?
+        fi
         cat "$part" >>"$log"
-        echo "== $name: exit $rc after $((SECONDS - t0))s" | tee -a "$log"
-        if [ "$rc" = 0 ]; then
-            record "$name" pass "$((SECONDS - t0))s"
-        else
-            local why
-            why=$(grep -m1 -E 'roofline: error|error:|Error|FAILED|failed' "$part" | cut -c1-300)
-            case $rc in
-                124 | 130 | 137) why="timed out after ${limit}s${why:+; $why}" ;;
-                *) why="exit $rc after $((SECONDS - t0))s${why:+: $why}" ;;
-            esac
-            record "$name" FAIL "$why"
-            failed=$((failed + 1))
-        fi
+        local took=$((SECONDS - t0)) status why=""
+        if [ "$clock" = estimate ]; then charged=$((charged + e)); else charged=$((SECONDS - start)); fi
+        case $rc in
+            0) status=pass ;;
+            200) status=skipped why=$(tail -1 "$part") ;;
+            124 | 130 | 137) status=fail why="timed out after ${limit} s" ;;
+            *)
+                status=fail
+                why=$(grep -m1 -E 'roofline: error|error:|Error|FAILED|failed' "$part" || tail -1 "$part")
+                why="exit $rc: $(echo "$why" | cut -c1-300)"
+                ;;
+        esac
+        [ "$status" = fail ] && failed=$((failed + 1))
+        echo "== $step: $status after ${took} s${why:+ ($why)}" >>"$log"
         rm -f "$part"
-        return "$rc"
+        note name "$step" status "$status" seconds "$took" limit_s "$limit" estimate_s "$e" source "$src" why "$why" args "$*"
+        publish
     }
-
-    step doctor 60 "$rl" doctor
-    local tmp machine=$out/machine.json
-    tmp=$(mktemp -d)
-    if ! not_asked probe kernels probe-check probe-quick probe-full; then
-        step kernels 120 "$rl" kernels --arch 80,89,90
-        step probe-check 180 "$rl" probe --check
-        step probe-quick 240 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
-        if [ "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" = 0 ]; then
-            record probe-full skipped "ROOFLINE_BRINGUP_PROBE_LIMIT=0 (the quick probe's ceilings are used)"
-        else
-            step probe-full "${ROOFLINE_BRINGUP_PROBE_LIMIT:-360}" "$rl" probe --device cuda -o "$machine"
-        fi
-    fi
-    # A part with placements and no probe of its own in this call: an earlier call's file, or a
-    # quick probe (never a second full one).
-    if [ ! -f "$machine" ] && [ -n "${ROOFLINE_BRINGUP_MACHINE:-}" ] && [ -f "$ROOFLINE_BRINGUP_MACHINE" ]; then
-        cp "$ROOFLINE_BRINGUP_MACHINE" "$machine"
-        record machine pass "taken from ROOFLINE_BRINGUP_MACHINE=$ROOFLINE_BRINGUP_MACHINE"
-    fi
-    # At most 8 files come back from a lent machine: the quick probe's only if there is no full one.
-    if [ ! -f "$machine" ]; then
-        if [ ! -f "$tmp/machine-quick.json" ] && { want train || want peers || want ewa; }; then
-            step probe-quick 180 "$rl" probe --device cuda --quick -o "$tmp/machine-quick.json"
-        fi
-        if [ -f "$tmp/machine-quick.json" ]; then
-            cp "$tmp/machine-quick.json" "$out/"
-            machine=$out/machine-quick.json
-        fi
-    fi
-    local batch=${ROOFLINE_BRINGUP_BATCH:-128} steps=${ROOFLINE_BRINGUP_STEPS:-30}
-    # ResNet-50 is trained (and its peer measured) at each of these batches; the placement at
-    # the first.
-    local batches=${ROOFLINE_BRINGUP_BATCHES:-$batch 256}
-    if ! not_asked check train-check train-check-tf32 train-check-bf16 train-check-f16; then
-        # Every GPU layer and a whole step against the CPU in each precision: f32 against the
-        # CPU model, the others against the CPU reference with the GPU's rounding points.
-        step train-check 240 "$rl" train --device cuda --check
-        for p in tf32 bf16 f16; do
-            step "train-check-$p" 120 "$rl" train --device cuda --precision "$p" --check
-        done
-    fi
-    if ! not_asked train train place; then
-        for b in $batches; do
-            for p in f32 tf32 bf16 f16; do
-                step "train-$p-b$b" "${ROOFLINE_BRINGUP_TRAIN_LIMIT:-180}" sh -c "'$rl' train --device cuda --precision $p --resolution 224 --batch $b --steps $steps --json >'$out/train-$p.json'"
-                [ -s "$out/train-$p.json" ] && { tr -d '\n' <"$out/train-$p.json"; echo; } >>"$out/train.jsonl"
-                rm -f "$out/train-$p.json"
-            done
-        done
-        step place 240 "$rl" place --workload resnet50 --device cuda --precision bf16 --resolution 224 --batch "$batch" --machine "$machine" -o "$out/placement.json"
-    fi
-    if ! not_asked ewa ewa-check ewa-check-bf16 ewa-f32 ewa-bf16 ewa-f32-a9 ewa-bf16-a9 ewa-f32-a3 ewa-bf16-a3 ewa-f32-a9-b8 ewa-bf16-a9-b8 ewa-bf16-a9-host-rpn ewa-place; then
-        # The detector: every GPU layer and a whole step of a small detector against the CPU,
-        # then short trainings at the paper's 768x1152 (synthetic fields), batch 2, and its
-        # placement on the GPU roofline (table in the log).
-        step ewa-check 240 "$rl" train --workload ewa --device cuda --check
-        step ewa-check-bf16 240 "$rl" train --workload ewa --device cuda --precision bf16 --check
-        # At our nine anchors a cell, then at torchvision's default three (--anchors 3): the
-        # summary holds each to torchvision's Faster R-CNN at the same configuration.
-        for a in 9 3; do
-            for p in f32 bf16; do
-                step "ewa-$p-a$a" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --anchors $a --batch 2 --train-images 8 --eval-images 2 --steps 12 --json >'$out/ewa-$p.json'"
-                [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
-                rm -f "$out/ewa-$p.json"
-            done
-        done
-        # Batch 8 at our configuration, each precision (fewer steps: four times the images).
-        for p in f32 bf16; do
-            step "ewa-$p-a9-b8" 240 sh -c "'$rl' train --workload ewa --device cuda --precision $p --anchors 9 --batch 8 --train-images 32 --eval-images 2 --steps 6 --json >'$out/ewa-$p.json'"
-            [ -s "$out/ewa-$p.json" ] && { tr -d '\n' <"$out/ewa-$p.json"; echo; } >>"$out/train.jsonl"
-            rm -f "$out/ewa-$p.json"
-        done
-        # A/B: the RPN's losses and proposals and the box head's losses on the host from the
-        # downloaded outputs, as before detect.cu (bf16, nine anchors; its images/s in the log
-        # beside ewa-bf16-a9's).
-        step ewa-bf16-a9-host-rpn 240 env ROOFLINE_HOST_RPN=1 "$rl" train --workload ewa --device cuda --precision bf16 --anchors 9 --batch 2 --train-images 8 --eval-images 2 --steps 12
-        step ewa-place 240 "$rl" place --workload ewa --device cuda --precision bf16 --batch 2 --train-images 8 --machine "$machine" -o "$out/placement-ewa.json"
-    fi
-    if ! not_asked peers peers; then
-        step peers 300 "$py" "$here/peers.py" --batch "$batch" --batches "$(echo $batches | tr ' ' ,)" --steps "$steps" -o "$out/peers.json"
-    fi
-    if ! not_asked peers conv-peers; then
-        # PyTorch's convolutions at every shape of the probe's conv tables (the summary gives
-        # roofline/PyTorch per shape and direction).
-        step conv-peers 240 "$py" "$here/peers.py" --parts conv --machine "$machine" -o "$out/peers.json"
-    fi
-    local automl=()
-    if ! not_asked automl automl-check automl-cpu automl-gpu automl-gpu-224 automl-place; then
-        # AIPerf's AutoML: the described networks' GPU step against the CPU (f32 and f16, every
-        # morphism; part of train-check when the check part runs too), then the same short
-        # search on the CPU's cores and on the GPUs (one worker a GPU, f16), and one from
-        # ResNet-50 at 224² (AIPerf's network and size, synthetic images) for its FLOPS a GPU
-        # against AIPerf's published figure; its best candidate placed on the GPU roofline.
-        # The searches write beside their json (weights, report): only the json comes back.
-        want check || step automl-check 240 "$rl" train --device cuda --precision f16 --check
-        step automl-cpu 120 "$rl" automl --budget "${ROOFLINE_BRINGUP_AUTOML_S:-60}s" -o "$tmp/automl-cpu.json"
-        step automl-gpu 120 "$rl" automl --device cuda --budget "${ROOFLINE_BRINGUP_AUTOML_S:-60}s" -o "$tmp/automl-gpu.json"
-        step automl-gpu-224 240 "$rl" automl --device cuda --resolution 224 --width 1 --depth 3,4,6,3 --classes 100 --train-images 2048 --eval-images 256 --batch 128 --budget "${ROOFLINE_BRINGUP_AUTOML_224_S:-150}s" -o "$tmp/automl-224.json"
-        [ -f "$tmp/automl-gpu.json" ] && step automl-place 180 "$rl" place --workload "automl:$tmp/automl-gpu.json" --device cuda --precision f16 --machine "$machine" -o "$tmp/placement-automl.json"
-        for f in automl-cpu automl-gpu automl-224; do
-            [ -f "$tmp/$f.json" ] && cp "$tmp/$f.json" "$out/" && automl+=(--automl "$out/$f.json")
-        done
-    fi
-    if ! not_asked ewa-peers ewa-peers; then
-        step ewa-peers 420 "$py" "$here/peers.py" --parts ewa --ewa-batch 2,8 --steps 10 -o "$out/peers.json"
-    fi
-    echo >>"$summary"
-    if [ -f "$out/peers.json" ] || [ "${#automl[@]}" -gt 0 ]; then
-        "$py" "$here/peers.py" --summary --machine "$machine" --train "$out/train.jsonl" --peers "$out/peers.json" \
-            --placement "$out/placement.json" --placement "$out/placement-ewa.json" "${automl[@]}" --json "$out/summary.json" >>"$summary" 2>>"$log" \
-            || echo "no peer table (see log.txt)" >>"$summary"
-    else
-        echo "no peer figures in this run (part: $parts)" >>"$summary"
-    fi
-    rm -rf "$tmp"
-    echo "failed steps: $failed; total $((SECONDS - start))s" >>"$summary"
-    cat "$summary"
+    local c
+    for c in $([ "$call" = all ] && echo 1 2 || echo "$call"); do
+        # Each call has a budget of its own.
+        start=$SECONDS charged=0
+        echo "== call $c" >>"$log"
+        steps_of "$c"
+    done
+    publish
+    echo "failed or skipped for want of time: $failed; $(spent) s of the ${BUDGET} s budget ($((SECONDS - start)) s on the clock)" >>"$out/summary.txt"
+    cat "$out/summary.txt"
+    [ -n "${ROOFLINE_BRINGUP_WORK:-}" ] || rm -rf "$work"
     return "$failed"
 }
 
 case "${1:-}" in
     pack) pack ;;
+    plan) shift; plan "$@" ;;
     run) shift; run "$@" ;;
     *)
         sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'

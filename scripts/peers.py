@@ -33,6 +33,7 @@ batch, and the per-stage table of its placement (each part's share of the step).
 """
 import argparse
 import json
+import os
 import statistics
 import sys
 import time
@@ -206,8 +207,38 @@ def detector(torch, prec, batch, steps, config="ours"):
             "torchvision": torchvision.__version__}
 
 
+def from_fixture(args):
+    """The kit's dry run: PyTorch's side from a fixture file, as `measure` would have written
+    it, for the parts asked; merged into the output as `measure` merges."""
+    out = {}
+    if os.path.exists(args.output):
+        with open(args.output) as f:
+            out = json.load(f)
+    with open(args.fixture) as f:
+        fx = json.load(f)
+    parts = set(args.parts.split(","))
+    keys = {"gemm": ["gemm", "d2d"], "resnet": ["resnet50_by_batch", "resnet50"], "conv": ["conv"],
+            "ewa": ["ewa_by_batch", "ewa", "ewa_torchvision"]}
+    for k in ("gpu", "torch", "cuda", "cudnn"):
+        out[k] = fx.get(k)
+    for part in parts:
+        for k in keys.get(part, []):
+            if k in fx:
+                out[k] = fx[k]
+    out["fixture"] = args.fixture
+    write_json(args.output, out)
+    print("peers from the fixture", args.fixture, "parts", ",".join(sorted(parts)), flush=True)
+
+
+def write_json(path, doc):
+    """Atomically: a call killed mid-write leaves the last whole file."""
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, path)
+
+
 def measure(args):
-    import os
     import torch
 
     out = {}
@@ -228,8 +259,7 @@ def measure(args):
         with open(args.machine) as f:
             out["conv"] = conv_peers.measure(torch, timed, json.load(f))
         print("conv rows", len(out["conv"]), flush=True)
-        with open(args.output, "w") as f:
-            json.dump(out, f, indent=1)
+        write_json(args.output, out)
     if "ewa" in parts:
         # "ewa": at our configuration (the row our detector is held to); "ewa_torchvision":
         # at torchvision's defaults (three anchors a cell), the figure torchvision users know.
@@ -240,7 +270,7 @@ def measure(args):
             row = out["ewa_by_batch"][str(batch)] = {}
             for key, config in [("ewa", "ours"), ("ewa_torchvision", "torchvision")]:
                 row[key] = {}
-                for prec in ["f32", "bf16"]:
+                for prec in args.precisions.split(",") if args.precisions else ["f32", "bf16"]:
                     try:
                         row[key][prec] = detector(torch, prec, batch, args.steps, config)
                     except Exception as e:  # torchvision missing, or out of memory
@@ -249,11 +279,18 @@ def measure(args):
                     print("faster r-cnn", config, prec, "batch", batch, row[key][prec], flush=True)
                 if batch == batches[0]:
                     out[key] = row[key]
-                with open(args.output, "w") as f:
-                    json.dump(out, f, indent=1)
-    if "gemm" not in parts:
-        return
-    out["gemm"], out["resnet50"] = {}, {}
+                write_json(args.output, out)
+    if "gemm" in parts:
+        gemms(torch, out)
+        write_json(args.output, out)
+    if "resnet" in parts:
+        resnets(torch, args, out)
+        write_json(args.output, out)
+
+
+def gemms(torch, out):
+    """matmul at roofline's GEMM shapes in every precision, and a device-to-device copy."""
+    out["gemm"] = {}
     for prec in PRECISIONS:
         rows = []
         for m, n, k, name in GEMM_SHAPES:
@@ -266,24 +303,31 @@ def measure(args):
         out["gemm"][prec] = rows
         print(prec, max((r.get("best", 0) for r in rows), default=0) / 1e12, "T", flush=True)
     out["d2d"] = dict(zip(("best", "median"), copy_rate(torch)))
+
+
+def resnets(torch, args, out):
+    """torchvision ResNet-50 training images/s at each batch and precision asked (kept beside
+    those of other batches and precisions already in the file)."""
     batches = [int(b) for b in (args.batches or str(args.batch)).split(",")]
-    out["resnet50_by_batch"] = {}
+    out.setdefault("resnet50_by_batch", {})
     for batch in batches:
         row = out["resnet50_by_batch"].setdefault(str(batch), {})
-        for prec in ["f32", "tf32", "bf16", "f16"]:
+        for prec in args.precisions.split(",") if args.precisions else ["f32", "tf32", "bf16", "f16"]:
             try:
                 row[prec] = resnet(torch, prec, batch, args.steps)
             except Exception as e:  # out of memory at a large batch, a precision missing
                 row[prec] = {"error": str(e).splitlines()[0][:200]}
             torch.cuda.empty_cache()
             print("resnet50", prec, "batch", batch, row[prec], flush=True)
+            write_json(args.output, out)
     out["resnet50"] = out["resnet50_by_batch"][str(batches[0])]
-    with open(args.output, "w") as f:
-        json.dump(out, f, indent=1)
 
 
-def summary(args):
-    m = json.load(open(args.machine)) if args.machine else {"ceilings": []}
+def summary(args, say=print, prefix="gpu0/"):
+    """Prints (by `say`) roofline's figures beside the peers' and returns them as the record
+    for summary.json (also written to args.json when set). `prefix`: whose ceilings (gpu0/; the
+    kit's dry run: cpu/)."""
+    m = json.load(open(args.machine)) if args.machine and os.path.exists(args.machine) else {"ceilings": []}
     ceil = {c["id"]: c for c in m.get("ceilings", [])}
     # The AutoML part runs without PyTorch's figures.
     peers = json.load(open(args.peers)) if args.peers and os.path.exists(args.peers) else {}
@@ -305,7 +349,7 @@ def summary(args):
         try:
             pl = json.load(open(path))
         except (OSError, ValueError) as e:
-            print(f"no idle share: {path}: {e}", file=sys.stderr)
+            say(f"no idle share: {path}: {e}")
             continue
         tb, wl = pl.get("time", {}), pl.get("workload", {})
         name = "ewa" if str(wl.get("name", "")).startswith("ewa") else "resnet50"
@@ -314,20 +358,20 @@ def summary(args):
             idle[key] = tb.get("idle_s", 0.0) / tb["total_s"]
         if name == "ewa":
             stages[key] = sorted(pl.get("layers", []), key=lambda p: -(p.get("share_of_step") or 0.0))
-    print(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
-    print(f"{'figure':<42} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
+    say(f"GPU: {peers.get('gpu')}; PyTorch {peers.get('torch')} (CUDA {peers.get('cuda')}, cuDNN {peers.get('cudnn')})")
+    say(f"{'figure':<42} {'roofline':>12} {'PyTorch':>12} {'ratio':>7}")
 
     def row(name, ours, theirs, unit, scale):
         o = f"{ours / scale:.1f}" if ours else "-"
         t = f"{theirs / scale:.1f}" if theirs else "-"
         r = f"{ours / theirs:.2f}" if ours and theirs else "-"
-        print(f"{name + ' (' + unit + ')':<42} {o:>12} {t:>12} {r:>7}")
+        say(f"{name + ' (' + unit + ')':<42} {o:>12} {t:>12} {r:>7}")
 
     for prec in PRECISIONS:
-        ours = ceil.get(f"gpu0/gemm/{prec}", {}).get("value")
+        ours = ceil.get(f"{prefix}gemm/{prec}", {}).get("value")
         theirs = max((r.get("best", 0) for r in peers.get("gemm", {}).get(prec, [])), default=0)
         row(f"GEMM {prec}", ours, theirs, "TFLOP/s" if prec != "int8" else "TOP/s", 1e12)
-    row("device-to-device copy", ceil.get("gpu0/d2d", {}).get("value"), peers.get("d2d", {}).get("best"), "GB/s", 1e9)
+    row("device-to-device copy", ceil.get(f"{prefix}d2d", {}).get("value"), peers.get("d2d", {}).get("best"), "GB/s", 1e9)
     by_batch = peers.get("resnet50_by_batch") or {str(peers.get("batch", 128)): peers.get("resnet50", {})}
     records = []
     for (prec, batch), t in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][0])):
@@ -339,7 +383,7 @@ def summary(args):
         graph = t.get("cuda_graph") or {}
         if graph:
             ms = lambda s: f"{1e3 * s:.2f} ms" if s else "-"
-            print(f"  CUDA graph b{batch} {prec}: used {graph.get('used')}, a step {ms(graph.get('graph_step_seconds'))} as a graph, "
+            say(f"  CUDA graph b{batch} {prec}: used {graph.get('used')}, a step {ms(graph.get('graph_step_seconds'))} as a graph, "
                   f"{ms(graph.get('eager_step_seconds'))} enqueued; {graph.get('why')}")
         records.append({
             "precision": prec, "batch": batch,
@@ -354,6 +398,10 @@ def summary(args):
             "graph_step_seconds": graph.get("graph_step_seconds"),
             "eager_step_seconds": graph.get("eager_step_seconds"),
             "cuda_graph_why": graph.get("why"),
+            # Which steps the rate counts: graph launches after the CUDA-graph trial, eager
+            # steps, or mixed (a run that ended inside the trial).
+            "steady_kind": (t.get("steady_steps") or {}).get("kind"),
+            "steady_steps": (t.get("steady_steps") or {}).get("steps"),
         })
     ewa_records = []
     # Each row the same work on both sides: our detector at nine anchors a cell against
@@ -385,7 +433,7 @@ def summary(args):
                 if per_image:
                     flops = lambda r: f"{r * per_image / 1e12:.1f}" if r else "-"
                     idle_text = f", idle {100 * share:.0f}% of the step" if share is not None else ""
-                    print(f"  TFLOP/s by our count: roofline {flops(ours)}, torchvision {flops(theirs)}; "
+                    say(f"  TFLOP/s by our count: roofline {flops(ours)}, torchvision {flops(theirs)}; "
                           f"{t.get('host_syncs_per_step')} host syncs a step{idle_text}")
                 ewa_records.append({
                     "precision": prec, "anchors_per_cell": anchors, "batch": batch,
@@ -398,13 +446,13 @@ def summary(args):
                 })
     ewa_stages = []
     for (_, prec, batch), layers in sorted(stages.items(), key=lambda kv: str(kv[0])):
-        print(f"EWA {prec} b{batch} on the GPU, per stage (place --workload ewa):")
-        print(f"  {'part':<28} {'share':>7} {'ms a step':>10} {'TFLOP/s':>8}")
+        say(f"EWA {prec} b{batch} on the GPU, per stage (place --workload ewa):")
+        say(f"  {'part':<28} {'share':>7} {'ms a step':>10} {'TFLOP/s':>8}")
         for p in layers[:12]:
             sec = (p.get("seconds_per_step") or {}).get("median")
             ms = f"{1e3 * sec:.2f}" if sec else "-"
             rate = f"{p.get('achieved_flops', 0) / 1e12:.1f}" if p.get("achieved_flops") else "-"
-            print(f"  {p.get('label', '?')[:28]:<28} {100 * (p.get('share_of_step') or 0):>6.1f}% {ms:>10} {rate:>8}")
+            say(f"  {p.get('label', '?')[:28]:<28} {100 * (p.get('share_of_step') or 0):>6.1f}% {ms:>10} {rate:>8}")
         ewa_stages.append({
             "precision": prec, "batch": batch,
             "idle_share": idle.get(("ewa", prec, batch)),
@@ -413,61 +461,62 @@ def summary(args):
                         "achieved_flops": p.get("achieved_flops")} for p in layers],
         })
     import conv_peers
-    conv_lines, conv_records = conv_peers.summary(m, peers)
+    conv_lines, conv_records = conv_peers.summary(m, peers, prefix.rstrip("/"))
     for line in conv_lines:
-        print(line)
+        say(line)
     import automl_summary
     automl_lines, automl_records = automl_summary.summary(args.automl or [])
     for line in automl_lines:
-        print(line)
+        say(line)
     for cid in sorted(ceil):
-        if cid.startswith("gpu0/") and ("/fma/" in cid or "/mma/" in cid or "/wgmma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
+        if cid.startswith(prefix) and ("/fma/" in cid or "/mma/" in cid or "/wgmma/" in cid or cid.endswith("/hbm") or "/mem/" in cid):
             c = ceil[cid]
             pk = (c.get("theoretical_peak") or {}).get("value")
             frac = f" ({100 * c['value'] / pk:.0f}% of peak)" if pk else ""
-            print(f"roofline {cid}: {c['value']:.4g} {c['unit']}{frac}")
+            say(f"roofline {cid}: {c['value']:.4g} {c['unit']}{frac}")
+    prov = m.get("provenance", {})
+    gpus = prov.get("gpus") or [{}]
+    record = {
+        "schema": "roofline/gpu-bringup-summary/v1",
+        "revision": prov.get("git_revision"),
+        "time_utc": prov.get("time_utc"),
+        "gpu": peers.get("gpu"),
+        "driver": gpus[0].get("driver_version"),
+        "cuda_driver": gpus[0].get("cuda_driver_version"),
+        "libraries": prov.get("libraries", []),
+        "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
+        "resnet50": records,
+        "ewa": ewa_records,
+        "ewa_stages": ewa_stages,
+        "conv": conv_records,
+        "automl": automl_records,
+        # The compute ceilings (conv: ResNet-50's network rate): each with its datasheet
+        # peak, and the tensor-core ones (mma.sync, wgmma) beside the best cuBLAS GEMM of
+        # their precision.
+        "ceilings": [
+            {
+                "id": cid,
+                "value": c["value"],
+                "unit": c["unit"],
+                "theoretical_peak": (c.get("theoretical_peak") or {}).get("value"),
+                "of_peak": c["value"] / c["theoretical_peak"]["value"]
+                if (c.get("theoretical_peak") or {}).get("value") else None,
+                "of_cublas": c["value"] / ceil[f"{prefix}gemm/{cid.split('/')[2]}"]["value"]
+                if ("/mma/" in cid or "/wgmma/" in cid) and f"{prefix}gemm/{cid.split('/')[2]}" in ceil else None,
+                # Power-capped parts: the best sample before the cap, and the capped steady
+                # state (its power and SM clock) that `value` is.
+                "burst": c.get("burst"),
+                "sustained": c.get("sustained"),
+                "method": c.get("method"),
+            }
+            for cid, c in sorted(ceil.items())
+            if cid.startswith(prefix) and any(f"/{f}/" in cid for f in ("fma", "mma", "wgmma", "gemm", "conv"))
+        ],
+    }
     if args.json:
-        prov = m.get("provenance", {})
-        gpus = prov.get("gpus") or [{}]
-        record = {
-            "schema": "roofline/gpu-bringup-summary/v1",
-            "revision": prov.get("git_revision"),
-            "time_utc": prov.get("time_utc"),
-            "gpu": peers.get("gpu"),
-            "driver": gpus[0].get("driver_version"),
-            "cuda_driver": gpus[0].get("cuda_driver_version"),
-            "libraries": prov.get("libraries", []),
-            "pytorch": {k: peers.get(k) for k in ("torch", "cuda", "cudnn")},
-            "resnet50": records,
-            "ewa": ewa_records,
-            "ewa_stages": ewa_stages,
-            "conv": conv_records,
-            "automl": automl_records,
-            # The compute ceilings (conv: ResNet-50's network rate): each with its datasheet
-            # peak, and the tensor-core ones (mma.sync, wgmma) beside the best cuBLAS GEMM of
-            # their precision.
-            "ceilings": [
-                {
-                    "id": cid,
-                    "value": c["value"],
-                    "unit": c["unit"],
-                    "theoretical_peak": (c.get("theoretical_peak") or {}).get("value"),
-                    "of_peak": c["value"] / c["theoretical_peak"]["value"]
-                    if (c.get("theoretical_peak") or {}).get("value") else None,
-                    "of_cublas": c["value"] / ceil[f"gpu0/gemm/{cid.split('/')[2]}"]["value"]
-                    if ("/mma/" in cid or "/wgmma/" in cid) and f"gpu0/gemm/{cid.split('/')[2]}" in ceil else None,
-                    # Power-capped parts: the best sample before the cap, and the capped steady
-                    # state (its power and SM clock) that `value` is.
-                    "burst": c.get("burst"),
-                    "sustained": c.get("sustained"),
-                    "method": c.get("method"),
-                }
-                for cid, c in sorted(ceil.items())
-                if cid.startswith("gpu0/") and any(f"/{f}/" in cid for f in ("fma", "mma", "wgmma", "gemm", "conv"))
-            ],
-        }
         with open(args.json, "w") as f:
             json.dump(record, f, indent=1)
+    return record
 
 
 def main():
@@ -475,7 +524,9 @@ def main():
     ap.add_argument("--batch", type=int, default=128)
     ap.add_argument("--batches", help="comma list of ResNet-50 batches (default: --batch)")
     ap.add_argument("--steps", type=int, default=30)
-    ap.add_argument("--parts", default="gemm", help="comma list: gemm (GEMMs, copy, ResNet-50), ewa (Faster R-CNN), conv (the probe's conv shapes, with --machine)")
+    ap.add_argument("--parts", default="gemm,resnet", help="comma list: gemm (GEMMs, copy), resnet (ResNet-50 training), ewa (Faster R-CNN), conv (the probe's conv shapes, with --machine)")
+    ap.add_argument("--precisions", help="comma list of the training precisions (resnet: f32,tf32,bf16,f16; ewa: f32,bf16)")
+    ap.add_argument("--fixture", help="take PyTorch's side from this file (the kit's dry run) instead of measuring")
     ap.add_argument("--ewa-batch", default="2", help="comma list of Faster R-CNN batches (default 2)")
     ap.add_argument("-o", "--output", default="peers.json")
     ap.add_argument("--summary", action="store_true")
@@ -489,6 +540,8 @@ def main():
     args = ap.parse_args()
     if args.summary:
         summary(args)
+    elif args.fixture:
+        from_fixture(args)
     else:
         measure(args)
 
