@@ -84,11 +84,7 @@ fn check(a: &TrainArgs) -> Result<(), Failure> {
         );
         failed += usize::from(!c.passed());
     }
-    // A stage stopped by an error is one failed row (its error infinite): counted apart.
-    let stopped = checks
-        .iter()
-        .filter(|c| c.error.is_infinite() && c.tolerance == 0.0)
-        .count();
+    let stopped = checks.iter().filter(|c| c.stopped()).count();
     if failed > 0 {
         return Err(Failure::Run(anyhow!(
             "GPU self-test: {} of {} comparisons failed, {stopped} stage(s) stopped by an error (the other stages ran)",
@@ -259,7 +255,7 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
         s.train_seconds,
         s.images_per_second,
         s.steady_images_per_second,
-        steady_words(s),
+        s.steady.describe(),
         si(s.achieved_flops),
         si(s.flops_step_per_image),
         si(s.flops_forward_per_image)
@@ -275,27 +271,6 @@ fn print_classifier(prep: &Prepared, s: &Summary, on: &str) {
         si(v3.forward),
         si(v3.total())
     );
-}
-
-/// Which steps the steady rate counts: "the 8 steps after step 2, eager", "the 18 graph steps
-/// after the CUDA-graph trial (step 12)".
-fn steady_words(s: &Summary) -> String {
-    use roofline_workloads::train::StepKind;
-    let st = &s.steady;
-    match st.kind {
-        StepKind::Eager => format!("the {} steps after step {}", st.steps, st.after_step),
-        StepKind::Graph | StepKind::EagerChosen => format!(
-            "the {} steps after the CUDA-graph trial (step {}), {}",
-            st.steps,
-            st.after_step,
-            st.kind.name()
-        ),
-        StepKind::Mixed => format!(
-            "the steps after step {}, {}: run more steps for a steady rate",
-            st.after_step,
-            st.kind.name()
-        ),
-    }
 }
 
 /// `train --workload ewa`'s throughput, FLOPs per image by part beside the paper's, parameters
@@ -319,7 +294,7 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
         s.train_seconds,
         s.images_per_second,
         s.steady_images_per_second,
-        steady_words(s),
+        s.steady.describe(),
         si(s.achieved_flops)
     );
     outln!(

@@ -16,6 +16,11 @@ impl Check {
         self.error <= self.tolerance
     }
 
+    /// Whether this row is a stage stopped by an error ([`Check::hard`]).
+    pub fn stopped(&self) -> bool {
+        self.error.is_infinite() && self.tolerance == 0.0
+    }
+
     /// A stage that ended in a hard error (a CUDA call failed, a layer could not be built):
     /// one failed row that names the stage and keeps the error's words.
     pub fn hard(stage: &str, error: &dyn std::fmt::Display) -> Check {

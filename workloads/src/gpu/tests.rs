@@ -179,7 +179,13 @@ fn normwise_error_and_precision_names() {
         "GPU detector self-test",
         &CudaError::Check("no kernel".into()),
     );
-    assert!(!hard.passed());
+    assert!(!hard.passed() && hard.stopped());
+    assert!(!Check {
+        name: "conv".into(),
+        error: f64::INFINITY,
+        tolerance: 1e-4
+    }
+    .stopped());
     assert!(
         hard.name
             .starts_with("GPU detector self-test: stopped by an error")

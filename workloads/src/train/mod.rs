@@ -124,6 +124,27 @@ pub enum StepKind {
     Mixed,
 }
 
+impl Steady {
+    /// Which steps the steady rate counts: "the 19 steps after step 1", "the 12 steps after
+    /// the CUDA-graph trial (step 8), graph".
+    pub fn describe(&self) -> String {
+        match self.kind {
+            StepKind::Eager => format!("the {} steps after step {}", self.steps, self.after_step),
+            StepKind::Graph | StepKind::EagerChosen => format!(
+                "the {} steps after the CUDA-graph trial (step {}), {}",
+                self.steps,
+                self.after_step,
+                self.kind.name()
+            ),
+            StepKind::Mixed => format!(
+                "the steps after step {}, {}: run more steps for a steady rate",
+                self.after_step,
+                self.kind.name()
+            ),
+        }
+    }
+}
+
 impl StepKind {
     pub fn name(self) -> &'static str {
         match self {
