@@ -13,7 +13,10 @@ use crate::cpu::conv::ConvShape;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-const SCHEMA: &str = "roofline/cudnn-algorithms/v1";
+/// v2: every entry's methods were checked at its shape against f64 sums before they were
+/// chosen (the trainer's search, as the probe's); a v1 file's were not, and it is measured
+/// again.
+const SCHEMA: &str = "roofline/cudnn-algorithms/v2";
 
 /// What a cached choice is valid for: the GPU, its driver and the cuDNN that measured it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]

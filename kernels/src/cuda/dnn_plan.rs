@@ -132,11 +132,14 @@ impl ConvPlan {
     /// The plan with each direction's method chosen by the one search
     /// ([`best_method`](super::conv_search::best_method): the legacy API's measured algorithm
     /// and every backend engine, each timed on this GPU) on `scratch`: device buffers of at
-    /// least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), their contents any finite
-    /// values, and the workspace `ws` (at most [`SEARCH_WORKSPACE`] is searched). The output
-    /// buffer is overwritten. Where the search lists no legacy algorithm, the heuristic's
+    /// least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), and the workspace `ws` (at
+    /// most [`SEARCH_WORKSPACE`] is searched). The output buffer is overwritten. After each
+    /// method's first run `check(dir)` says whether its output is right (the trainer's: f64
+    /// sums of sampled entries, `probe::gpu::ConvOperands`): a method whose output is wrong at
+    /// this shape is never chosen. Where the search lists no legacy algorithm, the heuristic's
     /// stands as the direction's legacy one. Each direction's search takes its share of
     /// `budget` and reports what it spent.
+    #[allow(clippy::too_many_arguments)]
     pub fn measured(
         gpu: &Gpu,
         h: &Handle,
@@ -145,6 +148,7 @@ impl ConvPlan {
         [x, w, y, out]: [u64; 4],
         ws: (u64, usize),
         budget: &SearchBudget,
+        check: &mut dyn FnMut(Dir) -> Result<(), String>,
     ) -> Result<ConvPlan, CudaError> {
         ConvPlan::check_prec(p)?;
         let ws = (ws.0, ws.1.min(SEARCH_WORKSPACE));
@@ -166,7 +170,7 @@ impl ConvPlan {
                 dir,
                 operands,
                 ws,
-                &mut || Ok(()),
+                &mut || check(dir),
                 &never,
                 share,
             );

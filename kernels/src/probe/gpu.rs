@@ -26,7 +26,7 @@ use std::time::Instant;
 
 mod conv;
 mod gemm;
-pub use conv::{ConvOptions, CONV_BATCH};
+pub use conv::{ConvOperands, ConvOptions, CONV_BATCH};
 pub use gemm::all_shapes as gemm_shapes;
 
 /// What a library section hands back to the probe.

@@ -25,6 +25,7 @@ use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle, PlanChoice};
 use roofline_kernels::cuda::dnn_cache::{AlgoCache, CacheKey};
 use roofline_kernels::cuda::{CudaError, Storage, Typed};
+use roofline_kernels::probe::gpu::ConvOperands;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -336,9 +337,10 @@ impl Ctx {
     }
 
     /// A convolution plan for `sh` in this context's precision: each direction's method
-    /// measured on scratch buffers by the one search (`ConvPlan::measured`: the legacy API's
-    /// choice and every backend engine, as PyTorch's `cudnn.benchmark`) the first time a shape is met in this run, the same choice for every
-    /// later convolution of that shape.
+    /// measured by the one search (`ConvPlan::measured`: the legacy API's choice and every
+    /// backend engine, as PyTorch's `cudnn.benchmark`, each checked at this shape against f64
+    /// sums) within the run's search budget, the first time a shape is met in this run and
+    /// not in the algorithm cache; the same choice for every later convolution of that shape.
     fn conv_plan(&mut self, sh: &ConvShape) -> Result<ConvPlan, CudaError> {
         let p = self.prec;
         // This run's choice for the shape, else the cache file's, each checked by cuDNN.
@@ -363,23 +365,29 @@ impl Ctx {
                 ),
             }
         }
-        let bytes = ConvPlan::scratch_bytes(sh, p);
-        let mut scratch = Vec::with_capacity(4);
-        for b in bytes {
-            let buf = self.alloc(b.max(4))?;
-            self.zero(buf.ptr, buf.bytes)?;
-            scratch.push(buf);
-        }
-        let ptrs = [
-            scratch[0].ptr,
-            scratch[1].ptr,
-            scratch[2].ptr,
-            scratch[3].ptr,
-        ];
+        // Counter-based operands, so that every method the search adopts is first checked at
+        // this shape against f64 sums of sampled entries (an engine wrong only here would
+        // train wrongly, and nothing else would say so).
+        let operands = ConvOperands::new(
+            &self.gpu,
+            sh,
+            p,
+            0x7EA1_u64 ^ (self.choices.len() as u64) << 8,
+        )?;
         let ws = self
             .workspace(roofline_kernels::cuda::dnn::SEARCH_WORKSPACE)
             .map(|b| (b.ptr, b.bytes))?;
-        let plan = ConvPlan::measured(&self.gpu, &self.dnn, sh, p, ptrs, ws, &self.search)?;
+        let gpu = &self.gpu;
+        let plan = ConvPlan::measured(
+            gpu,
+            &self.dnn,
+            sh,
+            p,
+            operands.ptrs(),
+            ws,
+            &self.search,
+            &mut |dir| operands.check(gpu, dir).map(|_| ()),
+        )?;
         self.choices.push(((*sh, p), plan.choice()));
         if let Some(cache) = self.cache.as_mut() {
             if let Err(e) = cache.put(sh, p, &plan.choice()) {
