@@ -33,6 +33,13 @@ HEADER = f"""\
 // accumulators differs from the first, NaN / INT_MIN) for the host to check exactly. Per
 // iteration: UNROLL wgmmas into the one accumulator, committed as a group; one group stays
 // in flight while the next is issued (wait_group 1), as CUTLASS's mainloop keeps it.
+//
+// Because that check cannot see a wrong layout, each peak kernel has a layout check beside
+// it (wgmma_layout_*): the same instruction, the same descriptors, one wgmma on shared-memory
+// images the host built with distinct small values at the places its layout model gives
+// (probe/gpu/wgmma_layout.rs), every accumulator written out for the host to compare with
+// A x B^T in f64 through wgmma's accumulator fragment layout. A wrong descriptor offset,
+// swizzle or transposition changes that product.
 
 #define UNROLL 4
 #define A_WORDS 1024 // 4 KB: the m64 x K tile is 2 KB
@@ -87,10 +94,46 @@ extern "C" __global__ void __launch_bounds__(128) {name}({ctype}* out, unsigned 
 """
 
 
+def layout_kernel(name, types, k, ctype, con):
+    regs = ", ".join(f"%{i}" for i in range(REGS))
+    ops = ", ".join(f'"+{con}"(d[{i}])' for i in range(REGS))
+    integer = ctype == "int"
+    tail = "%{0}, %{1}, 1;".format(REGS, REGS + 1) if integer else "%{0}, %{1}, 1, 1, 1{2};".format(
+        REGS, REGS + 1, ", 0, 0" if types.endswith(("f16.f16", "bf16.bf16")) else "")
+    zero = "0" if integer else "0.f"
+    layout = name.replace("wgmma_", "wgmma_layout_")
+    return f"""
+// {name}'s layout check: one block; a and b are the shared-memory images of A and B.
+extern "C" __global__ void __launch_bounds__(128) {layout}({ctype}* out, const unsigned* a, const unsigned* b) {{
+    __shared__ __align__(1024) unsigned smem[A_WORDS + B_WORDS];
+    for (int i = threadIdx.x; i < A_WORDS; i += blockDim.x) smem[i] = a[i];
+    for (int i = threadIdx.x; i < B_WORDS; i += blockDim.x) smem[A_WORDS + i] = b[i];
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    __syncthreads();
+    const unsigned long long da = smem_desc(smem), db = smem_desc(smem + A_WORDS);
+    {ctype} d[{REGS}];
+#pragma unroll
+    for (int i = 0; i < {REGS}; ++i) d[i] = {zero};
+    asm volatile("wgmma.fence.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.mma_async.sync.aligned.m64n{N}k{k}.{types} "
+                 "{{{regs}}}, "
+                 "{tail}"
+                 : {ops}
+                 : "l"(da), "l"(db));
+    asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 0;" ::: "memory");
+#pragma unroll
+    for (int i = 0; i < {REGS}; ++i) out[threadIdx.x * {REGS} + i] = d[i];
+}}
+"""
+
+
 def main():
     print(HEADER, end="")
     for k in KERNELS:
         print(kernel(*k), end="")
+    for k in KERNELS:
+        print(layout_kernel(*k), end="")
 
 
 if __name__ == "__main__":

@@ -81,6 +81,13 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "wgmma_e4m3" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", 4),
         "wgmma_e5m2" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e5m2", 4),
         "wgmma_int8" => ("wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8", 4),
+        // Their layout checks: one wgmma each.
+        "wgmma_layout_f16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 1),
+        "wgmma_layout_bf16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 1),
+        "wgmma_layout_tf32" => ("wgmma.mma_async.sync.aligned.m64n256k8.f32.tf32.tf32", 1),
+        "wgmma_layout_e4m3" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e4m3.e4m3", 1),
+        "wgmma_layout_e5m2" => ("wgmma.mma_async.sync.aligned.m64n256k32.f32.e5m2.e5m2", 1),
+        "wgmma_layout_int8" => ("wgmma.mma_async.sync.aligned.m64n256k32.s32.s8.s8", 1),
         "stream_read" | "stream_copy" => ("ld.global.cg.v4.u32", 1),
         "stream_triad" => ("ld.global.cg.v4.u32", 2),
         "stream_write" => ("st.global.v4.u32", 1),

@@ -620,6 +620,7 @@ use mem::*;
 pub use peaks::mma_support;
 use peaks::*;
 mod wgmma;
+mod wgmma_layout;
 pub use wgmma::wgmma_support;
 use wgmma::*;
 

@@ -1,7 +1,8 @@
 //! Hopper's tensor-core peak through warpgroup-level `wgmma` (`kernels/cuda/wgmma.cu`, sm_90a):
 //! what the dense datasheet rate needs on sm_90, where `mma.sync` reaches about two thirds of
 //! it. One warpgroup a block, both operands in shared memory, an m64n256 accumulator in
-//! registers; every accumulator element is checked against the closed form on the host. The
+//! registers; every accumulator element is checked against the closed form on the host, and
+//! the layout first on distinct values (`wgmma_layout.rs`). The
 //! blocks per SM (one to three warpgroups) are tried in turn and the fastest kept.
 
 use super::*;
@@ -153,6 +154,9 @@ fn wgmma_one(
     spec: &WgmmaSpec,
     e4m3: Option<f64>,
 ) -> Result<(String, f64), CudaError> {
+    // First the layout: one wgmma of the same instruction and descriptors on distinct values
+    // (the peak kernel's uniform values cannot show a wrong layout).
+    let layout = super::wgmma_layout::check_layout(gpu, spec)?;
     let f = gpu.function(spec.kernel)?;
     let mut best: Option<Launch> = None;
     for per_sm in 1..=3u32 {
@@ -205,7 +209,7 @@ fn wgmma_one(
         conditions,
     } = best.ok_or_else(|| CudaError::Check("no launch".into()))?;
     let detail = format!(
-        "{per_sm} warpgroup(s) an SM, every accumulator exact, {}FLOP/s",
+        "{per_sm} warpgroup(s) an SM, every accumulator exact, {}FLOP/s; {layout}",
         roofline_model::si(top)
     );
     if !spec.ceiling {
@@ -228,7 +232,7 @@ fn wgmma_one(
         &rates,
         PerIteration { ops, bytes: 0.0 },
         format!(
-            "NVRTC kernel {} (sm_90a): warpgroup wgmma.mma_async m64n256k{}, both operands from shared memory through descriptors, the accumulator in registers; {} block(s) of one warpgroup an SM (the fastest of one to three), {iters} iterations of {} wgmmas, one commit group in flight; every accumulator of every lane equals the closed form",
+            "NVRTC kernel {} (sm_90a): warpgroup wgmma.mma_async m64n256k{}, both operands from shared memory through descriptors, the accumulator in registers; {} block(s) of one warpgroup an SM (the fastest of one to three), {iters} iterations of {} wgmmas, one commit group in flight; every accumulator of every lane equals the closed form, and the layout kernel's one wgmma on distinct values equals A x B^T in every accumulator",
             spec.kernel, spec.k, per_sm, WGMMA_UNROLL
         ),
         peak,
