@@ -32,3 +32,19 @@ extern "C" __global__ void mma_fp8(float* out, unsigned a, unsigned b, int iters
     out[blockIdx.x * blockDim.x + threadIdx.x] = -1.0f;
 #endif
 }
+
+// Its layout check (as mma.cu's mma_layout_*): one warp, one mma on the host's registers.
+extern "C" __global__ void mma_layout_fp8(float* out, const unsigned* a, const unsigned* b) {
+    const int l = threadIdx.x;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890
+    float d0 = 0.f, d1 = 0.f, d2 = 0.f, d3 = 0.f;
+    asm volatile("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"
+                 " {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+                 : "+f"(d0), "+f"(d1), "+f"(d2), "+f"(d3)
+                 : "r"(a[4 * l]), "r"(a[4 * l + 1]), "r"(a[4 * l + 2]), "r"(a[4 * l + 3]),
+                   "r"(b[2 * l]), "r"(b[2 * l + 1]));
+    out[4 * l] = d0; out[4 * l + 1] = d1; out[4 * l + 2] = d2; out[4 * l + 3] = d3;
+#else
+    out[4 * l] = -1.0f; out[4 * l + 1] = -1.0f; out[4 * l + 2] = -1.0f; out[4 * l + 3] = -1.0f;
+#endif
+}

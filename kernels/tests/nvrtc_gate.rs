@@ -74,6 +74,12 @@ fn expected_plain(kernel: &str, cc: u32) -> Option<(&'static str, usize)> {
         "mma_tf32" => ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 4),
         "mma_int8" => ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 4),
         "mma_fp8" if cc >= 89 => ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 4),
+        // Their layout checks: one mma each.
+        "mma_layout_f16" => ("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", 1),
+        "mma_layout_bf16" => ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", 1),
+        "mma_layout_tf32" => ("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32", 1),
+        "mma_layout_int8" => ("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32", 1),
+        "mma_layout_fp8" if cc >= 89 => ("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32", 1),
         // wgmma.cu: UNROLL (4) warpgroup MMAs per iteration, m64n256.
         "wgmma_f16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16", 4),
         "wgmma_bf16" => ("wgmma.mma_async.sync.aligned.m64n256k16.f32.bf16.bf16", 4),

@@ -619,6 +619,7 @@ pub use copy::{nvlink_link_rate, pcie_peak};
 use mem::*;
 pub use peaks::mma_support;
 use peaks::*;
+mod mma_layout;
 mod wgmma;
 mod wgmma_layout;
 pub use wgmma::wgmma_support;

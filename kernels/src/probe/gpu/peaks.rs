@@ -340,7 +340,9 @@ pub(super) const MMA: [MmaSpec; 5] = [
 /// architecture where this is `Ok`, that the kernel's machine code is the precision's own
 /// tensor-core instruction.
 pub fn mma_support(kernel: &str, arch: u32) -> Result<(), String> {
-    let Some(spec) = MMA.iter().find(|s| s.kernel == kernel) else {
+    // A layout kernel (mma_layout_*) runs where its peak kernel does.
+    let peak = kernel.replace("mma_layout_", "mma_");
+    let Some(spec) = MMA.iter().find(|s| s.kernel == peak) else {
         return Err(format!("{kernel} is not an mma kernel"));
     };
     if arch < spec.min_arch {
@@ -410,6 +412,9 @@ pub(super) fn wrong_lane(
 }
 
 pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<String, CudaError> {
+    // First the fragments: one mma of the same instruction on distinct values (the peak
+    // kernel's uniform values cannot show a wrong layout).
+    let layout = super::mma_layout::check_mma_layout(gpu, spec.kernel, spec.int)?;
     let f = gpu.function(spec.kernel)?;
     let grid = gpu.grid_for(MMA_BLOCK, 1024);
     let threads = (grid * MMA_BLOCK) as usize;
@@ -450,12 +455,12 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
         &rates,
         PerIteration { ops, bytes: 0.0 },
         format!(
-            "NVRTC kernel {}: warp-level mma.sync, {grid} blocks × {MMA_BLOCK} threads, 4 independent accumulators per warp, {iters} iterations; every lane's sum equals the closed form{}",
+            "NVRTC kernel {}: warp-level mma.sync, {grid} blocks × {MMA_BLOCK} threads, 4 independent accumulators per warp, {iters} iterations; every lane's sum equals the closed form, and the layout kernel's one mma on distinct values equals A x B in every lane{}",
             spec.kernel,
             if gpu.arch() >= 90 { "; on sm_90 mma.sync reaches only part of the tensor-core peak (wgmma is needed for all of it: gpu/wgmma, and gpu/gemm for the library figure)" } else { "" }
         ),
         peak,
         conditions,
     );
-    Ok(format!("{threads} lanes exact"))
+    Ok(format!("{threads} lanes exact; {layout}"))
 }

@@ -51,6 +51,11 @@ fn fp8_mma_only_where_the_tensor_cores_run_it() {
             assert_eq!(mma_support(k, arch), Ok(()), "{k} sm_{arch}");
         }
     }
+    // A layout kernel runs where its peak kernel does.
+    assert_eq!(mma_support("mma_layout_fp8", 89), Ok(()));
+    assert!(mma_support("mma_layout_fp8", 90).is_err());
+    assert_eq!(mma_support("mma_layout_bf16", 90), Ok(()));
+    assert!(mma_support("fma_f32", 90).is_err());
 }
 
 #[test]
