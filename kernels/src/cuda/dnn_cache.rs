@@ -83,6 +83,22 @@ impl AlgoCache {
         Some(dir.join("cudnn-algorithms.json"))
     }
 
+    /// The cache of `gpu` in the default folder (its name, compute capability, the driver's
+    /// CUDA version and cuDNN's version make the key; `note` says why an existing file's
+    /// entries were not taken); None where there is no cache folder or a version cannot be
+    /// read (every shape is then measured). The probe writes its checked choices into it, and
+    /// the trainer reads them.
+    pub fn for_gpu(gpu: &super::device::Gpu) -> Option<AlgoCache> {
+        let path = AlgoCache::default_path()?;
+        let key = CacheKey {
+            gpu: gpu.name.clone(),
+            cc: gpu.cc,
+            driver: super::device::driver_version().ok()?,
+            cudnn: super::dnn::versions().ok()?.0,
+        };
+        Some(AlgoCache::open(&path, key))
+    }
+
     /// The cache at `path` for `key`: its entries when the file was written for this key;
     /// none (and a note saying why) when it was written for another, or cannot be read as this
     /// schema; none without a note when there is no file yet.

@@ -29,6 +29,23 @@ pub struct PlanChoice {
 }
 
 impl PlanChoice {
+    /// A choice from its parts: each direction's legacy algorithm, the math type its
+    /// descriptor wants, the backend engine it runs instead where there is one (the probe's
+    /// search, for the cache).
+    pub(crate) fn new(
+        algos: [Algo; 3],
+        maths: [dsys::cudnnMathType_t; 3],
+        engines: [Option<EngineConfig>; 3],
+        workspace: usize,
+    ) -> PlanChoice {
+        PlanChoice {
+            algos,
+            maths,
+            engines,
+            workspace,
+        }
+    }
+
     /// The algorithms and math types as cuDNN numbers them (the cache file's form).
     pub fn codes(&self) -> ([u32; 3], [u32; 3]) {
         let a = |x: &Algo| match x {

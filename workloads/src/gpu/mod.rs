@@ -23,7 +23,7 @@ use roofline_kernels::cuda::conv_search::{
 };
 use roofline_kernels::cuda::device::{self, arg, Event, Function, Gpu};
 use roofline_kernels::cuda::dnn::{ConvPlan, Handle, PlanChoice};
-use roofline_kernels::cuda::dnn_cache::{AlgoCache, CacheKey};
+use roofline_kernels::cuda::dnn_cache::AlgoCache;
 use roofline_kernels::cuda::{CudaError, Storage, Typed};
 use roofline_kernels::probe::gpu::ConvOperands;
 use std::collections::HashMap;
@@ -99,18 +99,9 @@ fn same_storage(what: &str, t: &[&GTensor]) -> Result<Storage, CudaError> {
     Ok(dt)
 }
 
-/// The convolution algorithm cache for `gpu` (its name, compute capability, the driver's CUDA
-/// version and cuDNN's version make the key), its note said; None where there is no cache
-/// folder or a version cannot be read (every shape is then measured).
+/// The convolution algorithm cache for `gpu` (`AlgoCache::for_gpu`), its note said.
 fn algo_cache(gpu: &Gpu) -> Option<AlgoCache> {
-    let path = AlgoCache::default_path()?;
-    let key = CacheKey {
-        gpu: gpu.name.clone(),
-        cc: gpu.cc,
-        driver: device::driver_version().ok()?,
-        cudnn: roofline_kernels::cuda::dnn::versions().ok()?.0,
-    };
-    let cache = AlgoCache::open(&path, key);
+    let cache = AlgoCache::for_gpu(gpu)?;
     if let Some(n) = &cache.note {
         eprintln!("note: {n}");
     }

@@ -14,26 +14,33 @@
 //! seed and `i`, written once per precision (in parallel) for the upload and computed again for
 //! the reference, so that no f64 copy of a batch-128 tensor is kept on the host.
 
+mod operands;
 mod reference;
+
+pub use operands::ConvOperands;
 
 use super::{Mode, SectionResult};
 use crate::cpu::conv::{ewa_layers, resnet50_all, resnet50_layers, ConvShape, Layer, EWA_BATCH};
 use crate::cuda::blas::{not_supported, GemmPrec, Prec};
 use crate::cuda::conv_search::{
-    best_method, Found, Outcome, SearchBudget, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
+    best_method, Chosen, Found, Outcome, SearchBudget, QUICK_SEARCH_BUDGET_S, SEARCH_BUDGET_S,
 };
 use crate::cuda::device::{DevBuf, Events, Gpu};
 use crate::cuda::dnn::{choose, descs, execute, Dir, Handle, DIRECTIONS, WORKSPACE_LIMIT};
+use crate::cuda::dnn::{math_of, Algo, Descs, PlanChoice};
+use crate::cuda::dnn_cache::AlgoCache;
+use crate::cuda::dnn_graph::EngineConfig;
 use crate::cuda::CudaError;
 use crate::driver::Timer;
-use reference::{decode, min_bytes, out_len, reference, Operand};
+use cudarc::cudnn::sys::cudnnMathType_t;
+use reference::min_bytes;
 use roofline_model::ceiling_id::{TableId, TableRows};
 use roofline_model::conditions::SampleConditions;
 use roofline_model::machine::Choice;
 use roofline_model::{
     Ceiling, CeilingKind, Family, PeakDb, PerIteration, Stats, Table, TableRow, TheoreticalPeak,
 };
-use std::cell::{Cell, OnceCell};
+use std::cell::{Cell, RefCell};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 const PRECISIONS: [Prec; 4] = [Prec::F32, Prec::Tf32, Prec::F16, Prec::Bf16];
@@ -126,105 +133,6 @@ pub fn quick_subset(resnet: &[Layer], ewa: &[Layer]) -> Vec<Layer> {
     let mut v: Vec<Layer> = keys.iter().filter_map(|&k| most(resnet, k)).collect();
     v.extend([(3, 1), (1, 1)].into_iter().filter_map(|k| most(ewa, k)));
     v
-}
-
-/// A convolution's operands on the device — counter-based values ([`Operand`]: element `i`
-/// a function of the seed and `i`, never zero, exact in the precision) — and the check of any
-/// direction's output against f64 sums of 24 of its entries on the CPU: the probe's check of
-/// every method it times, and the trainer's of every method its search adopts
-/// (`ConvPlan::measured`), each at its own shape.
-pub struct ConvOperands {
-    x: DevBuf,
-    w: DevBuf,
-    dy: DevBuf,
-    /// The output: the largest of y, dx and dw.
-    y: DevBuf,
-    hx: Operand,
-    hw: Operand,
-    hdy: Operand,
-    shape: ConvShape,
-    p: Prec,
-    /// Each direction's reference entries, made the first time its output is checked.
-    refs: [OnceCell<Vec<(usize, f64, f64)>>; 3],
-}
-
-impl ConvOperands {
-    /// `s`'s operands in `p` on `gpu`, x, w and dy from seeds `seed`, `seed + 1`, `seed + 2`.
-    pub fn new(gpu: &Gpu, s: &ConvShape, p: Prec, seed: u64) -> Result<ConvOperands, CudaError> {
-        let (hx, hw, hdy) = (
-            Operand { seed, p },
-            Operand { seed: seed + 1, p },
-            Operand { seed: seed + 2, p },
-        );
-        let out_bytes = DIRECTIONS.iter().map(|d| out_len(s, *d)).max().unwrap_or(0) * p.in_bytes();
-        Ok(ConvOperands {
-            x: gpu.upload(&hx.bytes(s.n * s.h * s.w * s.c))?,
-            w: gpu.upload(&hw.bytes(s.k * s.r * s.s * s.c))?,
-            dy: gpu.upload(&hdy.bytes(s.n * s.oh() * s.ow() * s.k))?,
-            y: gpu.alloc(out_bytes)?,
-            hx,
-            hw,
-            hdy,
-            shape: *s,
-            p,
-            refs: Default::default(),
-        })
-    }
-
-    /// x, w, dy and the output, as `ConvPlan::measured` takes them.
-    pub fn ptrs(&self) -> [u64; 4] {
-        [self.x.ptr, self.w.ptr, self.dy.ptr, self.y.ptr]
-    }
-
-    /// A direction's operands as `execute` and the search take them (the output last).
-    pub fn operands(&self, dir: Dir) -> [u64; 3] {
-        match dir {
-            Dir::Fwd => [self.x.ptr, self.w.ptr, self.y.ptr],
-            Dir::BwdData => [self.w.ptr, self.dy.ptr, self.y.ptr],
-            Dir::BwdFilter => [self.x.ptr, self.dy.ptr, self.y.ptr],
-        }
-    }
-
-    /// The worst normwise error of `dir`'s output over its reference entries (each read back
-    /// alone), or why it is wrong: an entry beyond the precision's tolerance, or not a number.
-    pub fn check(&self, gpu: &Gpu, dir: Dir) -> Result<f64, String> {
-        let di = DIRECTIONS.iter().position(|d| *d == dir).unwrap_or(0);
-        let refs = self.refs[di].get_or_init(|| self.references(dir));
-        let e = self.p.in_bytes();
-        let mut worst = 0.0f64;
-        for &(idx, want, abs) in refs {
-            // SAFETY: `y` holds the direction's whole output, and idx < its length.
-            let bytes: Vec<u8> = unsafe { gpu.copy_out(self.y.ptr + (idx * e) as u64, e) }
-                .map_err(|err| err.to_string())?;
-            let g = decode(self.p, &bytes, 0);
-            let err = (g - want).abs() / abs.max(1e-30);
-            worst = worst.max(err);
-            if err.is_nan() || err > self.p.tolerance() {
-                return Err(format!(
-                    "element {idx}: GPU {g}, reference {want} (normwise error {err:.2e})"
-                ));
-            }
-        }
-        Ok(worst)
-    }
-
-    /// 24 entries of a direction's output: (index, the f64 reference, Σ|terms|), computed in
-    /// parallel (a backward-filter entry at batch 128 sums millions of terms).
-    fn references(&self, dir: Dir) -> Vec<(usize, f64, f64)> {
-        use rayon::prelude::*;
-        let s = &self.shape;
-        let len = out_len(s, dir);
-        let (hx, hw, hdy) = (self.hx, self.hw, self.hdy);
-        (0..24usize)
-            .into_par_iter()
-            .map(|j| {
-                let idx = (j * 2_654_435_761usize) % len;
-                let (want, abs) =
-                    reference(s, &|i| hx.at(i), &|i| hw.at(i), &|i| hdy.at(i), dir, idx);
-                (idx, want, abs)
-            })
-            .collect()
-    }
 }
 
 /// CUDA events around each sample, after the L2 has been filled with another buffer (written
@@ -392,6 +300,11 @@ pub fn conv_section(
         cancel,
         peaks,
         budget: &budget,
+        cache: RefCell::new(if mode == Mode::Check {
+            None
+        } else {
+            AlgoCache::for_gpu(gpu)
+        }),
     };
     for p in PRECISIONS {
         let r = bench.precision(p, &layers, &mut out);
@@ -420,12 +333,59 @@ struct Bench<'a> {
     cancel: &'a AtomicBool,
     peaks: &'a PeakDb,
     budget: &'a SearchBudget,
+    /// Where the checked choices go for the trainer (None: no cache folder, or not written
+    /// in --check mode).
+    cache: RefCell<Option<AlgoCache>>,
+}
+
+/// One direction's checked choice: the legacy algorithm, its descriptor's math type, the
+/// engine run instead where the search chose one.
+type Pick = (Algo, cudnnMathType_t, Option<EngineConfig>);
+
+/// What a plan keeps of a direction's chosen method: a legacy algorithm as it is; an engine
+/// beside the legacy API's measured choice (or, where the search listed none, its heuristic's).
+fn pick_of(
+    h: &Handle,
+    d: &Descs,
+    p: Prec,
+    dir: Dir,
+    chosen: &Chosen,
+    legacy: Option<Algo>,
+) -> Option<Pick> {
+    let (algo, engine) = match chosen {
+        Chosen::Legacy(a) => (*a, None),
+        Chosen::Engine(e) => (
+            legacy.or_else(|| choose(h, d, p, dir).ok().map(|c| c.0))?,
+            Some(e.config.clone()),
+        ),
+    };
+    Some((algo, math_of(d).ok()?, engine))
 }
 
 /// Per direction: the best layer's statistics, FLOPs, description and sample conditions.
 type Best = (Stats, f64, String, Option<SampleConditions>);
 
 impl Bench<'_> {
+    /// A shape's three checked choices into the algorithm cache, where the trainer takes them
+    /// instead of searching (a cache it cannot write is dropped with a note).
+    fn cache_choice(&self, s: &ConvShape, p: Prec, picks: Vec<Option<Pick>>) {
+        let mut cache = self.cache.borrow_mut();
+        let Some(c) = cache.as_mut() else { return };
+        let Some(picks) = picks.into_iter().collect::<Option<Vec<Pick>>>() else {
+            return;
+        };
+        let choice = PlanChoice::new(
+            [picks[0].0, picks[1].0, picks[2].0],
+            [picks[0].1, picks[1].1, picks[2].1],
+            [picks[0].2.clone(), picks[1].2.clone(), picks[2].2.clone()],
+            0,
+        );
+        if let Err(e) = c.put(s, p, &choice) {
+            eprintln!("note: the convolution algorithm cache was not written: {e}");
+            *cache = None;
+        }
+    }
+
     fn precision(
         &self,
         p: Prec,
@@ -446,6 +406,8 @@ impl Bench<'_> {
             let ds = [descs(s, p)?, descs(s, p)?, descs(s, p)?];
             let t = ConvOperands::new(gpu, s, p, 0xC0FFEE + 3 * li as u64)?;
             let flops = 2.0 * (s.rows() * s.depth() * s.k) as f64;
+            // Each direction's checked choice, for the algorithm cache the trainer reads.
+            let mut picks: Vec<Option<Pick>> = vec![None, None, None];
             // The row's shape as a placement names a layer's (`ConvShape::describe`).
             let shape = s.describe();
             for (di, dir) in DIRECTIONS.into_iter().enumerate() {
@@ -491,7 +453,7 @@ impl Bench<'_> {
                 let Found {
                     searched,
                     notes: listed,
-                    ..
+                    legacy,
                 } = match found {
                     Ok(f) => f,
                     Err(CudaError::Interrupted) => return Err(CudaError::Interrupted),
@@ -519,6 +481,9 @@ impl Bench<'_> {
                     continue;
                 };
                 measured += 1;
+                // The choice as a plan keeps it, with the math type the search left on the
+                // descriptor (before the heuristic below sets its own).
+                picks[di] = pick_of(h, d, p, dir, &chosen, legacy);
                 if self.mode == Mode::Check {
                     continue;
                 }
@@ -587,6 +552,7 @@ impl Bench<'_> {
                     efficiency: roof.map(|r| value / r),
                 });
             }
+            self.cache_choice(s, p, picks);
         }
         out.notes.extend(
             notes
