@@ -117,6 +117,9 @@ fn the_bringup_kit_packs_under_the_carry_limit_and_its_binary_starts() {
         "peers.py",
         "conv_peers.py",
         "automl_summary.py",
+        "kit_summary.py",
+        "summary.schema.json",
+        "step-times.tsv",
     ] {
         assert!(out.join(f).is_file(), "{f} missing from the kit");
     }
