@@ -145,6 +145,13 @@ def build(a):
         est = f"{s['estimate_s']:.0f}s" if s["estimate_s"] is not None else "-"
         head.append(f"  {s['name']:<22} {s['status']:<8} {took:>5} (limit {s['limit_s'] or 0:.0f}s, "
                     f"estimate {est}){'  ' + s['why'] if s['why'] else ''}")
+    # The steps' own times, for docs/gpu/step-times.tsv (a GPU's replace the estimates).
+    if not a.dry_run:
+        where = f"{record.get('gpu') or 'GPU'}, {str(record.get('time_utc') or '')[:10]}, revision {record.get('revision') or '?'}"
+        timed = [f"{s['name']}\t{s['seconds']:.0f}\t{where}" for s in steps
+                 if s["status"] == "pass" and s["seconds"] is not None]
+        if timed:
+            lines += ["", "for docs/gpu/step-times.tsv (name, seconds, where measured):"] + timed
     return record, "\n".join(head + [""] + lines) + "\n"
 
 
