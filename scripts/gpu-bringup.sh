@@ -291,13 +291,10 @@ run() {
         nvidia-smi --query-gpu=name,driver_version,memory.total,power.limit,clocks.max.sm --format=csv 2>&1
     } >>"$log"
 
-    # The call's four files, rewritten now (the summary, the log's tail, the bundle).
+    # The call's four files, rewritten now: the log's tail and the bundle first, the summary
+    # last, so that a summary that shows a step holds no more than the files beside it.
     publish() {
         writes=$((writes + 1))
-        "$py" "$here/kit_summary.py" --work "$work" --out "$out" --call "$call" --budget "$BUDGET" \
-            --reserve "$RESERVE" --clock "$clock" --spent "$(spent)" --writes "$writes" \
-            $([ "$dry" = 1 ] && echo --dry-run) >>"$log" 2>&1 ||
-            echo "kit_summary.py failed (see the log)" >>"$log"
         tail -c 65536 "$log" >"$out/.log-tail.txt" && mv "$out/.log-tail.txt" "$out/log-tail.txt"
         # The candidates' weights never travel (tens of MB, and nothing reads them here).
         tar czf "$out/.bundle.tar.gz" -C "$work" --exclude '*.weights' . 2>/dev/null
@@ -306,6 +303,10 @@ run() {
             tar czf "$out/.bundle.tar.gz" -C "$work" --exclude '*.weights' --exclude ./cache --exclude ./log.txt . 2>/dev/null
         fi
         mv "$out/.bundle.tar.gz" "$out/bundle.tar.gz"
+        "$py" "$here/kit_summary.py" --work "$work" --out "$out" --call "$call" --budget "$BUDGET" \
+            --reserve "$RESERVE" --clock "$clock" --spent "$(spent)" --writes "$writes" \
+            $([ "$dry" = 1 ] && echo --dry-run) >>"$log" 2>&1 ||
+            echo "kit_summary.py failed (see the log)" >>"$log"
     }
     # Seconds the budget has spent: real, or (the estimate clock) the steps' estimates.
     spent() {
