@@ -413,8 +413,12 @@ pub(super) fn wrong_lane(
 
 pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<String, CudaError> {
     // First the fragments: one mma of the same instruction on distinct values (the peak
-    // kernel's uniform values cannot show a wrong layout).
-    let layout = super::mma_layout::check_mma_layout(gpu, spec.kernel, spec.int)?;
+    // kernel's uniform values cannot show a wrong layout). A wrong one fails the kernel's
+    // check after the timings: the rate stays, beside the failure that flags it.
+    let layout = super::mma_layout::check_mma_layout(gpu, spec.kernel, spec.int);
+    if let Err(CudaError::Interrupted) = layout {
+        return Err(CudaError::Interrupted);
+    }
     let f = gpu.function(spec.kernel)?;
     let grid = gpu.grid_for(MMA_BLOCK, 1024);
     let threads = (grid * MMA_BLOCK) as usize;
@@ -462,5 +466,5 @@ pub(super) fn mma_one(ctx: &mut Ctx, gpu: &mut Gpu, spec: &MmaSpec) -> Result<St
         peak,
         conditions,
     );
-    Ok(format!("{threads} lanes exact; {layout}"))
+    Ok(format!("{threads} lanes exact; {}", layout?))
 }

@@ -155,8 +155,12 @@ fn wgmma_one(
     e4m3: Option<f64>,
 ) -> Result<(String, f64), CudaError> {
     // First the layout: one wgmma of the same instruction and descriptors on distinct values
-    // (the peak kernel's uniform values cannot show a wrong layout).
-    let layout = super::wgmma_layout::check_layout(gpu, spec)?;
+    // (the peak kernel's uniform values cannot show a wrong layout). A wrong one fails the
+    // kernel's check after the timings: the rate stays, beside the failure that flags it.
+    let layout = super::wgmma_layout::check_layout(gpu, spec);
+    if let Err(CudaError::Interrupted) = layout {
+        return Err(CudaError::Interrupted);
+    }
     let f = gpu.function(spec.kernel)?;
     let mut best: Option<Launch> = None;
     for per_sm in 1..=3u32 {
@@ -208,10 +212,6 @@ fn wgmma_one(
         rates,
         conditions,
     } = best.ok_or_else(|| CudaError::Check("no launch".into()))?;
-    let detail = format!(
-        "{per_sm} warpgroup(s) an SM, every accumulator exact, {}FLOP/s; {layout}",
-        roofline_model::si(top)
-    );
     if !spec.ceiling {
         let beside = e4m3.map_or(String::new(), |e| {
             format!(" ({:.2} × e4m3's)", top / e.max(1e-300))
@@ -221,7 +221,7 @@ fn wgmma_one(
             gpu.ordinal,
             roofline_model::si(top)
         ));
-        return Ok((detail, top));
+        return Ok((detail(per_sm, top, layout?), top));
     }
     let peak = ctx.peak(gpu, spec.precision.name(), "matrix");
     let unit = if spec.int { "OP/s" } else { "FLOP/s" };
@@ -238,5 +238,13 @@ fn wgmma_one(
         peak,
         conditions,
     );
-    Ok((detail, top))
+    Ok((detail(per_sm, top, layout?), top))
+}
+
+/// A kernel's check line: its launch, its exactness, its layout check.
+fn detail(per_sm: u32, top: f64, layout: String) -> String {
+    format!(
+        "{per_sm} warpgroup(s) an SM, every accumulator exact, {}FLOP/s; {layout}",
+        roofline_model::si(top)
+    )
 }
