@@ -52,14 +52,21 @@ __device__ __forceinline__ unsigned long long smem_desc(const void* p) {{
 """
 
 
-def kernel(name, types, k, ctype, con):
+def operands(types, ctype, con):
+    """The inline PTX's pieces both kinds of kernel share: the accumulator registers' names,
+    their constraints, the instruction's tail (descriptors, scales, transposes), the zero."""
     regs = ", ".join(f"%{i}" for i in range(REGS))
     ops = ", ".join(f'"+{con}"(d[{i}])' for i in range(REGS))
     integer = ctype == "int"
     tail = "%{0}, %{1}, 1;".format(REGS, REGS + 1) if integer else "%{0}, %{1}, 1, 1, 1{2};".format(
         REGS, REGS + 1, ", 0, 0" if types.endswith(("f16.f16", "bf16.bf16")) else "")
-    bad = "(int)0x80000000" if integer else "__int_as_float(0x7fc00000)"
     zero = "0" if integer else "0.f"
+    return regs, ops, tail, zero
+
+
+def kernel(name, types, k, ctype, con):
+    regs, ops, tail, zero = operands(types, ctype, con)
+    bad = "(int)0x80000000" if ctype == "int" else "__int_as_float(0x7fc00000)"
     return f"""
 extern "C" __global__ void __launch_bounds__(128) {name}({ctype}* out, unsigned a, unsigned b, int iters) {{
     __shared__ __align__(1024) unsigned smem[A_WORDS + B_WORDS];
@@ -95,12 +102,7 @@ extern "C" __global__ void __launch_bounds__(128) {name}({ctype}* out, unsigned 
 
 
 def layout_kernel(name, types, k, ctype, con):
-    regs = ", ".join(f"%{i}" for i in range(REGS))
-    ops = ", ".join(f'"+{con}"(d[{i}])' for i in range(REGS))
-    integer = ctype == "int"
-    tail = "%{0}, %{1}, 1;".format(REGS, REGS + 1) if integer else "%{0}, %{1}, 1, 1, 1{2};".format(
-        REGS, REGS + 1, ", 0, 0" if types.endswith(("f16.f16", "bf16.bf16")) else "")
-    zero = "0" if integer else "0.f"
+    regs, ops, tail, zero = operands(types, ctype, con)
     layout = name.replace("wgmma_", "wgmma_layout_")
     return f"""
 // {name}'s layout check: one block; a and b are the shared-memory images of A and B.

@@ -210,10 +210,7 @@ def detector(torch, prec, batch, steps, config="ours"):
 def from_fixture(args):
     """The kit's dry run: PyTorch's side from a fixture file, as `measure` would have written
     it, for the parts asked; merged into the output as `measure` merges."""
-    out = {}
-    if os.path.exists(args.output):
-        with open(args.output) as f:
-            out = json.load(f)
+    out = read_output(args.output)
     with open(args.fixture) as f:
         fx = json.load(f)
     parts = set(args.parts.split(","))
@@ -230,6 +227,14 @@ def from_fixture(args):
     print("peers from the fixture", args.fixture, "parts", ",".join(sorted(parts)), flush=True)
 
 
+def read_output(path):
+    """The output file as an earlier part wrote it (each part adds its keys), or nothing."""
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return json.load(f)
+
+
 def write_json(path, doc):
     """Atomically: a call killed mid-write leaves the last whole file."""
     tmp = path + ".tmp"
@@ -241,10 +246,7 @@ def write_json(path, doc):
 def measure(args):
     import torch
 
-    out = {}
-    if os.path.exists(args.output):
-        with open(args.output) as f:
-            out = json.load(f)
+    out = read_output(args.output)
     out.update({
         "gpu": torch.cuda.get_device_name(0),
         "torch": torch.__version__,

@@ -118,6 +118,22 @@ impl PlanChoice {
     }
 }
 
+/// The legacy algorithm a plan keeps for a direction, with its workspace: the search's measured
+/// legacy choice, or where the search listed none, cuDNN's heuristic (which sets its math type
+/// on `d`). The trainer's plans and the probe's cached choices take it alike.
+pub(crate) fn legacy_of(
+    h: &Handle,
+    d: &Descs,
+    p: Prec,
+    dir: Dir,
+    legacy: Option<Algo>,
+) -> Result<(Algo, usize), CudaError> {
+    match legacy {
+        Some(a) => Ok((a, workspace_of(h, d, a)?)),
+        None => choose(h, d, p, dir),
+    }
+}
+
 /// One training convolution on cuDNN: NHWC activations, KRSC filters, f32 accumulation, in
 /// `p`'s storage type (f32, or f16/bf16 for mixed precision; tf32 stores f32 and lets the
 /// tensor cores round the inputs). Each direction has its own descriptors and a legacy
@@ -148,8 +164,8 @@ impl ConvPlan {
 
     /// The plan with each direction's method chosen by the one search
     /// ([`best_method`](super::conv_search::best_method): the legacy API's measured algorithm
-    /// and every backend engine, each timed on this GPU) on `scratch`: device buffers of at
-    /// least [`ConvPlan::scratch_bytes`] (x, w, y, and an output), and the workspace `ws` (at
+    /// and every backend engine, each timed on this GPU) on `scratch`: device buffers x, w, dy
+    /// and an output as large as the largest of them, and the workspace `ws` (at
     /// most [`SEARCH_WORKSPACE`] is searched). The output buffer is overwritten. After each
     /// method's first run `check(dir)` says whether its output is right (the trainer's: f64
     /// sums of sampled entries, `probe::gpu::ConvOperands`): a method whose output is wrong at
@@ -195,10 +211,7 @@ impl ConvPlan {
             let Found {
                 searched, legacy, ..
             } = found?;
-            let legacy = match legacy {
-                Some(a) => (a, workspace_of(h, d, a)?),
-                None => choose(h, d, p, dir)?,
-            };
+            let legacy = legacy_of(h, d, p, dir, legacy)?;
             match searched.best {
                 Some((Chosen::Engine(e), _, _)) => {
                     Ok((legacy.0, legacy.1.max(e.workspace), Some(e)))
@@ -212,20 +225,6 @@ impl ConvPlan {
             }
         })?;
         plan.with_add(h)
-    }
-
-    /// Bytes of the scratch buffers [`ConvPlan::measured`] takes: x, w, y, and an output as
-    /// large as the largest of them.
-    pub fn scratch_bytes(shape: &ConvShape, p: Prec) -> [usize; 4] {
-        let e = if matches!(p, Prec::F16 | Prec::Bf16) {
-            2
-        } else {
-            4
-        };
-        let x = e * shape.n * shape.h * shape.w * shape.c;
-        let w = e * shape.k * shape.r * shape.s * shape.c;
-        let y = e * shape.n * shape.oh() * shape.ow() * shape.k;
-        [x, w, y, x.max(w).max(y)]
     }
 
     /// A plan with an earlier choice for this shape and precision (this run's, or the cache

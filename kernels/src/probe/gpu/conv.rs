@@ -30,6 +30,7 @@ use crate::cuda::dnn::{choose, descs, execute, Dir, Handle, DIRECTIONS, WORKSPAC
 use crate::cuda::dnn::{math_of, Algo, Descs, PlanChoice};
 use crate::cuda::dnn_cache::AlgoCache;
 use crate::cuda::dnn_graph::EngineConfig;
+use crate::cuda::dnn_plan::legacy_of;
 use crate::cuda::CudaError;
 use crate::driver::Timer;
 use cudarc::cudnn::sys::cudnnMathType_t;
@@ -355,7 +356,7 @@ fn pick_of(
     let (algo, engine) = match chosen {
         Chosen::Legacy(a) => (*a, None),
         Chosen::Engine(e) => (
-            legacy.or_else(|| choose(h, d, p, dir).ok().map(|c| c.0))?,
+            legacy_of(h, d, p, dir, legacy).ok()?.0,
             Some(e.config.clone()),
         ),
     };

@@ -189,17 +189,7 @@ pub(super) fn check_mma_layout(
     // SAFETY: out holds 32 lanes × 4 elements, a 32 × 4 and b 32 × 2 registers; one warp.
     unsafe { gpu.launch(f, 1, 32, &mut [arg(&out.ptr), arg(&da.ptr), arg(&db.ptr)]) }?;
     gpu.sync()?;
-    let got: Vec<f64> = if int {
-        gpu.download::<i32>(&out)?
-            .into_iter()
-            .map(f64::from)
-            .collect()
-    } else {
-        gpu.download::<f32>(&out)?
-            .into_iter()
-            .map(f64::from)
-            .collect()
-    };
+    let got = super::peaks::download_f64(gpu, &out, int)?;
     compare(&got, &want).map_err(|why| {
         CudaError::Check(format!(
             "{layout_kernel}: the fragments are not the model's: {why}"

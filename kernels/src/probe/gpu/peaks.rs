@@ -388,14 +388,9 @@ pub(super) fn fp8_needs_newer_nvrtc(spec: &MmaSpec, e: CudaError) -> CudaError {
 
 /// The first lane of `out` (one i32 or f32 a thread) that is not `want`, with its value:
 /// integers exactly, floats within `rel` of it (a NaN is never within).
-pub(super) fn wrong_lane(
-    gpu: &Gpu,
-    out: &DevBuf,
-    want: f64,
-    int: bool,
-    rel: f64,
-) -> Result<Option<(usize, f64)>, CudaError> {
-    let v: Vec<f64> = if int {
+/// A kernel's output of i32 (`int`) or f32 values, as f64.
+pub(super) fn download_f64(gpu: &Gpu, out: &DevBuf, int: bool) -> Result<Vec<f64>, CudaError> {
+    Ok(if int {
         gpu.download::<i32>(out)?
             .into_iter()
             .map(f64::from)
@@ -405,7 +400,17 @@ pub(super) fn wrong_lane(
             .into_iter()
             .map(f64::from)
             .collect()
-    };
+    })
+}
+
+pub(super) fn wrong_lane(
+    gpu: &Gpu,
+    out: &DevBuf,
+    want: f64,
+    int: bool,
+    rel: f64,
+) -> Result<Option<(usize, f64)>, CudaError> {
+    let v = download_f64(gpu, out, int)?;
     Ok(v.iter()
         .position(|&x| x.is_nan() || (x - want).abs() > rel * want.abs())
         .map(|i| (i, v[i])))

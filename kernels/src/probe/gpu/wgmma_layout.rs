@@ -260,17 +260,7 @@ pub(super) fn check_layout(gpu: &mut Gpu, spec: &WgmmaSpec) -> Result<String, Cu
         )
     }?;
     gpu.sync()?;
-    let got: Vec<f64> = if spec.int {
-        gpu.download::<i32>(&out)?
-            .into_iter()
-            .map(f64::from)
-            .collect()
-    } else {
-        gpu.download::<f32>(&out)?
-            .into_iter()
-            .map(f64::from)
-            .collect()
-    };
+    let got = super::peaks::download_f64(gpu, &out, spec.int)?;
     // What the instruction computes from these images read through the kernels' descriptors,
     // by the model: A x B^T (the tests show the model gives it, and no other layout does).
     let want = model(&a, &b, k, e, &KERNEL_LAYOUT);
