@@ -3,7 +3,7 @@
 use crate::exit::Failure;
 use crate::output::gate as gate_out;
 use anyhow::anyhow;
-use roofline_model::gate::{gate, read_input, sides, Named, Rules, Sides};
+use roofline_model::gate::{gate_with, read_input, sides, Named, Options, Policy, Rules, Sides};
 use roofline_model::write::write_atomic;
 use std::path::PathBuf;
 
@@ -18,13 +18,18 @@ pub enum Format {
     Junit,
     /// GitHub Actions annotations.
     Github,
+    /// JSON (`roofline/gate/v1`): the verdict, and every id's change, tolerance and smallest
+    /// detectable regression.
+    Json,
 }
 
 #[derive(clap::Args)]
 pub struct GateArgs {
-    /// The baseline result: a machine.json, placement.json or score.json. Several files (runs
-    /// of the same kind) are pooled: every id's samples over all of them, so that the interval
-    /// includes the run-to-run spread (use this on noisy machines).
+    /// The baseline result: a machine.json, placement.json, score.json or automl.json. Best a
+    /// calibrated one, `roofline probe --quick --runs 5` on the runner that will gate: each
+    /// id is then held to the spread measured between those runs, here, rather than to the
+    /// built-in table measured on other runners. Several files (runs of the same kind) are
+    /// pooled the same way: with 3 or more, their spread sets the tolerances.
     #[arg(long, value_name = "FILE", num_args = 1.., required = true)]
     pub baseline: Vec<PathBuf>,
     /// The current result(s), of the same kind.
@@ -32,23 +37,35 @@ pub struct GateArgs {
     pub current: Vec<PathBuf>,
     /// Tolerances per id pattern (TOML): `[default] tolerance = 0.10, confidence = 0.95` and
     /// `[[rule]] pattern = "cpu/mem/*" tolerance = 0.15` (first match wins; `ignore = true`
-    /// leaves ids out); it replaces the built-in rules, which take each id's tolerance as the
-    /// widest of the files' own spread, the spread between pooled runs and the run-to-run
-    /// noise measured for its kind of figure (docs/gate.md), at 95% confidence, and count a
-    /// CPU ceiling that fell without its one-thread / all-core twin as a warning. Files of different work (workload, shapes, batch, precision, threads,
-    /// ranks), of different hardware or measured on a busy machine are refused (exit 2)
-    /// before any rule.
+    /// leaves ids out). It replaces the built-in rules: with a calibrated baseline (3 runs or
+    /// more) each id's tolerance comes from the spread between its runs (a 1% chance per id of
+    /// failing an unchanged runner); with one run, it is the widest of the files' own spread
+    /// and the run-to-run noise measured for its kind of figure on other runners
+    /// (docs/gate.md). Either way a CPU ceiling that fell without its one-thread / all-core
+    /// twin is a warning, and an id that cannot see a 30% regression is reported, not
+    /// gated. Files of different work (workload, shapes, batch, precision, threads, ranks), of
+    /// different hardware or measured on a busy machine are refused (exit 2) before any rule.
     #[arg(long, value_name = "TOML")]
     pub rules: Option<PathBuf>,
     /// text (a table), markdown (for a pull-request comment), junit (XML for CI systems), github
     /// (workflow annotations).
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
-    /// Fail (exit 1) also when ids are missing from the current result, when a CPU ceiling
+    /// Fail (exit 1) also when any id is missing from the current result, when a CPU ceiling
     /// fell alone (beyond its tolerance, its one-thread / all-core twin not), or when the two
     /// were measured with different clocks, power limits, drivers or libraries.
     #[arg(long)]
     pub strict: bool,
+    /// Pass with any number of baseline ids missing from the current result (a current run of
+    /// fewer sections, `probe --only fma`); without it more than 3 missing fail the gate.
+    #[arg(long, conflicts_with = "strict")]
+    pub allow_missing: bool,
+    /// Compare the clock-bound CPU ceilings (FMA, GEMM, convolutions, L1–L3) per cycle of each
+    /// run's measured one-core clock, for runners whose clock wanders: the code's question ("did
+    /// this change slow the kernel?"). Leave it off for a fleet or health check, where a slower
+    /// clock is the finding.
+    #[arg(long)]
+    pub per_clock: bool,
     /// Compare results from different hardware (another CPU family, model or stepping, other
     /// cores, caches, SIMD, GPUs or clock class) with a warning, where gate otherwise refuses
     /// them (exit 2): their difference is the hardware's.
@@ -123,7 +140,8 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         base,
         current: cur,
         warnings,
-    } = sides(baseline, current, a.allow_other_machine).map_err(|e| Failure::Input(e.into()))?;
+    } = sides(baseline, current, a.allow_other_machine, a.per_clock)
+        .map_err(|e| Failure::Input(e.into()))?;
     for w in warnings {
         eprintln!("warning: {w}");
     }
@@ -135,7 +153,10 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         }
         None => Rules::default(),
     };
-    let r = gate(&base, &cur, &rules);
+    let options = Options {
+        per_clock: a.per_clock,
+    };
+    let r = gate_with(&base, &cur, &rules, options);
     if r.comparisons.is_empty() {
         return Err(input(format!(
             "{} and {} have no id in common: nothing to compare",
@@ -143,17 +164,18 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
             names(&a.current)
         )));
     }
-    let regressed = r.regressions();
-    let alone = r
-        .comparisons
-        .iter()
-        .any(|c| c.verdict == roofline_model::gate::Verdict::Alone);
-    let strict_fail = a.strict && (!r.missing.is_empty() || !r.provenance.is_empty() || alone);
+    let policy = Policy {
+        strict: a.strict,
+        allow_missing: a.allow_missing,
+    };
+    let failed = !r.failures(policy).is_empty();
+    let confidence = rules.default.confidence;
     let text = match a.format {
-        Format::Markdown => gate_out::markdown(&r, a.strict, rules.default.confidence),
-        Format::Junit => gate_out::junit(&r, a.strict),
-        Format::Github => gate_out::github(&r, a.strict),
-        Format::Text => gate_out::table(&r, a.strict, rules.default.confidence),
+        Format::Markdown => gate_out::markdown(&r, policy, confidence),
+        Format::Junit => gate_out::junit(&r, policy),
+        Format::Github => gate_out::github(&r, policy),
+        Format::Json => gate_out::json(&r, policy, confidence),
+        Format::Text => gate_out::table(&r, policy, confidence),
     };
     out!("{text}");
     if a.update_baseline {
@@ -166,7 +188,7 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         );
         return Ok(std::process::ExitCode::SUCCESS);
     }
-    Ok(if regressed > 0 || strict_fail {
+    Ok(if failed {
         std::process::ExitCode::from(1)
     } else {
         std::process::ExitCode::SUCCESS

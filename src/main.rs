@@ -20,6 +20,7 @@ mod output;
 mod place_cmd;
 mod plot_cmd;
 mod probe_cmd;
+mod probe_runs;
 mod run_args;
 mod score_cmd;
 mod sweep_cmd;
@@ -189,13 +190,18 @@ enum Command {
     /// Fail a CI job when performance regressed against a baseline, and not on noise.
     ///
     /// Compares two results of one kind (machine.json from `probe`, placement.json from `place`,
-    /// score.json from `score`, automl.json from `automl`) id by id, each in its direction (rates higher, times lower),
-    /// from the stored samples: the change of the medians and its bootstrap confidence
-    /// interval. A regression is a change worse than the tolerance whose interval excludes "no
-    /// change". Also reports ids that disappeared and differences of clocks, power limits,
-    /// drivers and libraries between the two (errors with --strict). Results from different
-    /// hardware (CPU vendor, family, model, stepping, cores, caches, SIMD, GPUs, clock class)
-    /// are refused unless --allow-other-machine.
+    /// score.json from `score`, automl.json from `automl`) id by id, each in its direction (rates higher, times lower):
+    /// the change of the headline figures (a ceiling's best sample; a calibrated baseline's
+    /// median run) and a bootstrap confidence interval of the change of the samples' medians.
+    /// A regression is a change worse than the tolerance whose interval excludes "no change".
+    /// Each row says the smallest regression it would catch 19 times in 20, and the summary
+    /// what the gate cannot see on this runner. Make the baseline once with
+    /// `roofline probe --quick --runs 5` on the runner kind that gates: the tolerances are
+    /// then this runner's noise. Also reports ids that disappeared (more than 3 fail, unless
+    /// --allow-missing), the clock where figures moved with it, and differences of clocks,
+    /// power limits, drivers and libraries between the two (errors with --strict). Results
+    /// from different hardware (CPU vendor, family, model, stepping, cores, caches, SIMD, GPUs,
+    /// clock class) are refused unless --allow-other-machine.
     ///
     /// Exit: 0 nothing regressed, 1 something did, 2 bad input or not comparable.
     ///

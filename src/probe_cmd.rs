@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-struct Bar(Option<indicatif::ProgressBar>);
+pub(crate) struct Bar(Option<indicatif::ProgressBar>);
 
 impl Progress for Bar {
     fn note(&self, line: &str) {
@@ -68,6 +68,14 @@ pub struct ProbeArgs {
     /// that says how many there are.
     #[arg(long, value_name = "N")]
     pub threads: Option<usize>,
+    /// Probe N times (1 to 50) and write one calibrated baseline for `roofline gate`: each
+    /// ceiling is the median run's, and every run's value and clock are kept, so that gate
+    /// holds a later run to the spread measured between these runs on this runner (a CI
+    /// baseline: `--quick --runs 5`, about 2 minutes on 2 cores). A run measured on a busy
+    /// machine is left out; the file is rewritten after every run, so Ctrl-C keeps the runs
+    /// finished.
+    #[arg(long, default_value_t = 1, value_name = "N", value_parser = parse_runs, conflicts_with = "check")]
+    pub runs: usize,
     /// Print machine.json on stdout instead of the table (the file is written too).
     #[arg(long)]
     pub json: bool,
@@ -121,6 +129,14 @@ fn parse_batch(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--runs`: 1 to 50 probes.
+fn parse_runs(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(n) if (1..=50).contains(&n) => Ok(n),
+        _ => Err(format!("{s:?}: expected a number of runs from 1 to 50")),
+    }
+}
+
 /// `--fleet-margin`: a percentage in [0, 100).
 fn parse_percent(s: &str) -> Result<f64, String> {
     let v: f64 = s
@@ -144,7 +160,7 @@ fn sections_of(a: &ProbeArgs) -> Result<Vec<Section>, Failure> {
     Ok(s)
 }
 
-fn progress_bar(show: bool) -> Bar {
+pub(crate) fn progress_bar(show: bool) -> Bar {
     let bar = (show && std::io::stderr().is_terminal()).then(|| {
         let b = indicatif::ProgressBar::new(0);
         b.set_style(
@@ -196,24 +212,36 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
             search_budget_s: a.conv_search_budget.map(|d| d.as_secs_f64()),
         },
     };
+    if a.runs > 1 && roofline_kernels::comm::launched_rank().is_some() {
+        return Err(Failure::Input(anyhow!(
+            "--runs calibrates one machine's baseline; under mpirun the fleet's nodes are measured against one another (leave --runs out)"
+        )));
+    }
     crate::exit::install_ctrlc()?;
     let shown = roofline_kernels::comm::launched_rank().is_none_or(|r| r == 0);
+    if a.runs > 1 {
+        return crate::probe_runs::calibrate(&a, &req);
+    }
     let progress = progress_bar(shown);
     match run::probe(&req, &CANCEL, &progress) {
         Ok(Some(m)) => finish(&a, &m),
         Ok(None) => Ok(()),
         Err(e) => {
             progress.finish();
-            Err(match e {
-                RunError::Interrupted => Failure::Interrupted,
-                RunError::OtherRank(code) => Failure::Quiet(code),
-                RunError::Output { path, source } => {
-                    Failure::Input(crate::args::unwritable(&path, "-o", source))
-                }
-                e if e.is_input() => Failure::Input(anyhow!("{e}")),
-                e => Failure::Run(anyhow!("{e}")),
-            })
+            Err(failure(e))
         }
+    }
+}
+
+pub(crate) fn failure(e: RunError) -> Failure {
+    match e {
+        RunError::Interrupted => Failure::Interrupted,
+        RunError::OtherRank(code) => Failure::Quiet(code),
+        RunError::Output { path, source } => {
+            Failure::Input(crate::args::unwritable(&path, "-o", source))
+        }
+        e if e.is_input() => Failure::Input(anyhow!("{e}")),
+        e => Failure::Run(anyhow!("{e}")),
     }
 }
 
@@ -239,7 +267,7 @@ fn finish(a: &ProbeArgs, m: &Machine) -> Result<(), Failure> {
 }
 
 /// Exit 1 when a result check failed (its ceiling left out, the rest written), naming each.
-fn failed_checks(m: &Machine) -> Result<(), Failure> {
+pub(crate) fn failed_checks(m: &Machine) -> Result<(), Failure> {
     if m.failures.is_empty() {
         return Ok(());
     }

@@ -578,7 +578,7 @@ fn communication_needs_mpirun_and_storage_is_measured_then_removed() {
 /// is measured by `scripts/gate-study.sh` and tested on its recorded runs in the model crate.)
 /// Two real probes on a shared machine: a neighbour's burst in either (the CI runner's clock
 /// fell from 2.9 to 1.7 GHz in one) makes their twins too noisy to judge, which the gate rightly
-/// will not call a regression. So up to three interleaved pairs, the first the gate fails on
+/// will not call a regression, or the clock fell between them, which the gate refuses. So up to three interleaved pairs, the first the gate fails on
 /// taken; a gate that never catches the slowdown fails all three.
 #[test]
 fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
@@ -616,6 +616,11 @@ fn a_controlled_slowdown_of_15_percent_fails_the_gate() {
             .output()
             .unwrap();
         let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        // A neighbour that slowed the clock 10% between the two runs: refused, not judged.
+        if o.status.code() == Some(2) && stderr(&o).contains("the runner was slowed") {
+            outputs.push(stderr(&o));
+            continue;
+        }
         let regressed: Vec<&str> = out.lines().filter(|l| l.contains("REGRESSED")).collect();
         // Whatever the noise, nothing but the slowed FMA ceilings is ever called a regression.
         assert!(regressed.iter().all(|l| l.starts_with("cpu/fma/")), "{out}");

@@ -150,6 +150,7 @@ pub fn machine() -> Machine {
         nodes: vec![],
         failures: vec![],
         fleet: None,
+        calibration: None,
     }
 }
 

@@ -15,6 +15,9 @@ use crate::machine::{CacheInfo, CpuInfo, GpuInfo, Provenance};
 /// a quiet machine's run-to-run spread of its best clock sample (a few per cent).
 pub const CLOCK_CLASS: f64 = 0.15;
 
+/// How [`Identity::differences`] names a clock of another class.
+pub const CLOCK_PHRASE: &str = "one-core clock (best measured)";
+
 /// One GPU as the identity sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct GpuModel {
@@ -172,7 +175,7 @@ impl Identity {
         if let (Some(x), Some(y)) = (self.clock_hz, other.clock_hz) {
             if (y / x - 1.0).abs() > CLOCK_CLASS {
                 diff(
-                    "one-core clock (best measured)",
+                    CLOCK_PHRASE,
                     format!("{:.2} GHz", x / 1e9),
                     format!(
                         "{:.2} GHz (more than {:.0}% apart)",

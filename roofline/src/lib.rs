@@ -7,6 +7,7 @@
 pub mod automl;
 pub mod bagging;
 pub mod bound;
+pub mod calibration;
 pub mod conditions;
 pub mod fleet;
 pub mod gate;

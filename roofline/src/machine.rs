@@ -584,6 +584,10 @@ pub struct Machine {
     /// median of every ceiling, the nodes short of it, the link matrix.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fleet: Option<crate::fleet::Fleet>,
+    /// A baseline merged from several runs (`probe --runs N`): every run's ceilings and clock
+    /// ([`crate::calibration`]), for `gate` to learn this runner's noise from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub calibration: Option<crate::calibration::Calibration>,
 }
 
 /// One failed result check of a probe: what ran where, and what it got wrong.

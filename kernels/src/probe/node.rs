@@ -154,6 +154,7 @@ pub fn bare(provenance: Provenance) -> Machine {
         nodes: Vec::new(),
         failures: Vec::new(),
         fleet: None,
+        calibration: None,
     }
 }
 

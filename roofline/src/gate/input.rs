@@ -18,8 +18,9 @@ pub struct Metric {
     pub value: f64,
     /// The samples behind it (at least the value itself).
     pub samples: Vec<f64>,
-    /// The median of each run's samples, one entry per result file pooled (`gate::pool`): the
-    /// run-to-run spread, where several runs are given.
+    /// Each run's headline value: one for a single run, every run's for a calibrated baseline
+    /// (`probe --runs N`) or several files pooled (`gate::pool`): the run-to-run spread the
+    /// noise model learns from.
     pub runs: Vec<f64>,
 }
 
@@ -33,8 +34,12 @@ pub struct GateInput {
     /// threads, ranks. Two files that differ here (or in their hardware,
     /// `provenance`) are not compared.
     pub work: Vec<(&'static str, String)>,
-    /// How many result files it pools (`gate::pool`).
+    /// How many runs it holds: a calibrated baseline's, or the result files pooled
+    /// (`gate::pool`).
     pub runs: usize,
+    /// Each run's measured one-core clock, Hz, in run order (for `--per-clock` and the clock
+    /// as a cause).
+    pub clocks: Vec<Option<f64>>,
 }
 
 /// The part of a result's work its provenance holds: the MPI world it ran in (the hardware is
@@ -59,11 +64,26 @@ pub(super) fn metric(id: String, unit: &str, value: f64, samples: &[f64]) -> Met
         } else {
             samples.to_vec()
         },
-        runs: vec![super::median(&mut if samples.is_empty() {
-            vec![value]
-        } else {
-            samples.to_vec()
-        })],
+        runs: vec![value],
+    }
+}
+
+/// The result's one-core clock, as its probe measured it.
+fn clock(p: &Provenance) -> Option<f64> {
+    p.cpu.measured_clock_hz_t1.as_ref().map(|s| s.median)
+}
+
+/// What the two figures of a gate's row are, for a result of this kind.
+pub(super) fn figures(g: &GateInput) -> String {
+    match g.kind {
+        "machine" if g.runs >= super::noise::MIN_RUNS => format!(
+            "each figure is a ceiling (its best sample); the baseline's, the median of its {} runs' ceilings",
+            g.runs
+        ),
+        "machine" => "each figure is a ceiling: its best sample".into(),
+        "placement" => "each figure is the best step's rate, or the median step's time".into(),
+        "score" => "each figure is the mean over the score's runs".into(),
+        _ => "each figure is the run's score, its best accuracy, its rates".into(),
     }
 }
 
@@ -74,10 +94,19 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
     match schema {
         crate::MACHINE_SCHEMA => {
             let m = Machine::from_json(text)?;
+            let cal = m.calibration.as_ref().filter(|c| !c.runs.is_empty());
             let mut metrics: Vec<Metric> = m
                 .ceilings
                 .iter()
-                .map(|c| metric(c.id.to_string(), &c.unit, c.value, &c.stats.values))
+                .map(|c| {
+                    let mut x = metric(c.id.to_string(), &c.unit, c.value, &c.stats.values);
+                    if let Some(v) = cal.map(|k| k.values(&c.id.to_string())) {
+                        if !v.is_empty() {
+                            x.runs = v;
+                        }
+                    }
+                    x
+                })
                 .collect();
             for n in &m.nodes {
                 for c in &n.ceilings {
@@ -127,10 +156,15 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
                 .max()
                 .unwrap_or(0);
             let work = vec![("threads of the `all` ceilings", all_threads.to_string())];
+            let clocks = match cal.and_then(|k| k.clocks()) {
+                Some(c) => c.into_iter().map(Some).collect(),
+                None => vec![clock(&m.provenance); cal.map_or(1, |k| k.runs.len())],
+            };
             Ok(GateInput {
                 kind: "machine",
-                runs: 1,
+                runs: cal.map_or(1, |k| k.runs.len()),
                 work,
+                clocks,
                 provenance: m.provenance,
                 metrics,
             })
@@ -174,6 +208,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             Ok(GateInput {
                 kind: "placement",
                 runs: 1,
+                clocks: vec![clock(&p.provenance)],
                 work,
                 provenance: p.provenance,
                 metrics,
@@ -243,6 +278,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             Ok(GateInput {
                 kind: "score",
                 runs: 1,
+                clocks: vec![clock(&s.provenance)],
                 work,
                 provenance: s.provenance,
                 metrics,
@@ -304,6 +340,7 @@ fn automl(text: &str) -> Result<GateInput, ModelError> {
     Ok(GateInput {
         kind: "automl",
         runs: 1,
+        clocks: vec![clock(&a.provenance)],
         work: automl_work(&a.configuration),
         provenance: a.provenance,
         metrics,

@@ -32,8 +32,10 @@ impl Direction {
     }
 }
 
+pub mod clock;
 mod input;
 pub mod noise;
+pub mod reach;
 mod sides;
 #[cfg(test)]
 use input::metric;
@@ -175,24 +177,25 @@ pub fn other_machine(base: &GateInput, cur: &GateInput) -> Vec<String> {
     )
 }
 
-/// Several runs of one kind as one: every id's samples pooled over the runs (so that the
-/// interval sees the run-to-run spread), its value the median of the runs' values; the first
-/// run's provenance.
+/// Several runs of one kind as one: every id's samples and run values pooled over the runs
+/// (so that the interval and the noise model see the run-to-run spread), its value the median
+/// of the runs' values; the first run's provenance, every run's clock.
 pub fn pool(runs: Vec<GateInput>) -> Option<GateInput> {
     let mut it = runs.into_iter();
     let mut first = it.next()?;
-    let mut values: Vec<Vec<f64>> = first.metrics.iter().map(|m| vec![m.value]).collect();
+    let mut values: Vec<Vec<f64>> = first.metrics.iter().map(|m| m.runs.clone()).collect();
     for r in it {
         first.runs += r.runs;
+        first.clocks.extend(r.clocks);
         for m in r.metrics {
             match first.metrics.iter().position(|f| f.id == m.id) {
                 Some(i) => {
                     first.metrics[i].samples.extend(m.samples);
-                    first.metrics[i].runs.extend(m.runs);
-                    values[i].push(m.value);
+                    first.metrics[i].runs.extend(m.runs.iter().copied());
+                    values[i].extend(m.runs);
                 }
                 None => {
-                    values.push(vec![m.value]);
+                    values.push(m.runs.clone());
                     first.metrics.push(m);
                 }
             }
@@ -363,8 +366,18 @@ pub struct Comparison {
     pub low: f64,
     pub high: f64,
     pub tolerance: f64,
+    /// The smallest slowdown this comparison catches 19 times in 20 ([`noise::Noise::detectable`]);
+    /// beyond [`noise::BLIND`] the id is reported as too noisy, never failed.
+    pub detectable: f64,
+    /// Where the tolerance came from: the runs of a calibrated baseline, or the prior.
+    pub source: noise::Source,
+    /// The measured one-core clock's change between the two results, where it moved (over
+    /// [`clock::MOVED`]) and this clock-bound figure moved with it ([`clock::annotate`]).
+    pub clock: Option<f64>,
     pub verdict: Verdict,
     pub samples: (usize, usize),
+    /// Runs behind each side's figure (a calibrated baseline's, or pooled files).
+    pub runs: (usize, usize),
 }
 
 /// Compares one metric.
@@ -407,8 +420,12 @@ pub fn compare(b: &Metric, c: &Metric, tolerance: f64, confidence: f64) -> Compa
         low,
         high,
         tolerance,
+        detectable: tolerance,
+        source: noise::Source::Prior,
+        clock: None,
         verdict,
         samples: (b.samples.len(), c.samples.len()),
+        runs: (b.runs.len(), c.runs.len()),
     }
 }
 
@@ -422,10 +439,21 @@ pub struct Report {
     /// Differences of hardware, clocks, power limits, drivers, libraries.
     pub provenance: Vec<String>,
     pub ignored: usize,
-    /// Set when the tolerances came from one run per side: a run's own spread does not hold
-    /// the spread between runs of a shared machine (what pooling several runs adds).
+    /// Set when the baseline has fewer than [`noise::MIN_RUNS`] runs: the tolerances come from
+    /// the priors measured on other runners, not from this runner's (`probe --runs 5`).
     pub single_runs: bool,
+    /// Runs behind each side (a calibrated baseline counts its runs).
+    pub runs: (usize, usize),
+    /// The measured one-core clock's change from the baseline to the current result.
+    pub clock_change: Option<f64>,
+    /// The clock-bound figures were compared per cycle (`--per-clock`).
+    pub per_clock: bool,
+    /// What the two figures of each row are, in words (the headline of each kind of result).
+    pub figures: String,
 }
+
+/// More missing ids than this fail the gate unless they are allowed (`--allow-missing`).
+pub const MISSING_ALLOWED: usize = 3;
 
 impl Report {
     pub fn regressions(&self) -> usize {
@@ -434,11 +462,77 @@ impl Report {
             .filter(|c| c.verdict == Verdict::Regressed)
             .count()
     }
+
+    /// Whether the gate fails, and why, in words (empty when it passes): regressions; more
+    /// than [`MISSING_ALLOWED`] ids missing unless allowed; with `strict` any missing id, a
+    /// ceiling that fell alone, or different software.
+    pub fn failures(&self, policy: Policy) -> Vec<String> {
+        let Policy {
+            strict,
+            allow_missing,
+        } = policy;
+        let mut out = Vec::new();
+        let regressed = self.regressions();
+        if regressed > 0 {
+            out.push(format!("{regressed} regression(s)"));
+        }
+        let missing = self.missing.len();
+        if missing > 0 && (strict || (missing > MISSING_ALLOWED && !allow_missing)) {
+            out.push(format!(
+                "{missing} of {} baseline ids missing from the current result{}",
+                missing + self.comparisons.len() + self.ignored,
+                if strict {
+                    " (--strict)"
+                } else {
+                    " (--allow-missing gates the rest alone)"
+                }
+            ));
+        }
+        if strict && self.comparisons.iter().any(|c| c.verdict == Verdict::Alone) {
+            out.push("a ceiling fell alone (--strict)".into());
+        }
+        if strict && !self.provenance.is_empty() {
+            out.push("different software or settings (--strict)".into());
+        }
+        out
+    }
+}
+
+/// What fails a gate beyond a regression.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Policy {
+    /// Missing ids, a ceiling that fell alone, different software: failures, not warnings.
+    pub strict: bool,
+    /// Any number of missing ids is a warning (a current result of fewer sections).
+    pub allow_missing: bool,
+}
+
+/// How the gate compares, beyond its rules.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Compare the clock-bound CPU ceilings per cycle of the measured one-core clock
+    /// ([`clock::per_clock`]): for runners whose clock wanders, when the question is the
+    /// code's and not the machine's.
+    pub per_clock: bool,
+}
+
+/// Compares every id of `base` found in `cur`, with the default [`Options`].
+pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
+    gate_with(base, cur, rules, Options::default())
 }
 
 /// Compares every id of `base` found in `cur`.
-pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
+pub fn gate_with(base: &GateInput, cur: &GateInput, rules: &Rules, options: Options) -> Report {
+    let (per_clock_base, per_clock_cur);
+    let (base, cur) = if options.per_clock {
+        per_clock_base = clock::per_clock(base);
+        per_clock_cur = clock::per_clock(cur);
+        (&per_clock_base, &per_clock_cur)
+    } else {
+        (base, cur)
+    };
     let mut comparisons = Vec::new();
+    let mut noises = Vec::new();
     let mut missing = Vec::new();
     let mut ignored = 0;
     for b in &base.metrics {
@@ -446,29 +540,78 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
             ignored += 1;
             continue;
         };
-        match cur.metrics.iter().find(|c| c.id == b.id) {
-            Some(c) => {
-                if !rules.from_spread {
-                    comparisons.push(compare(b, c, tol, rules.default.confidence));
-                    continue;
+        let Some(c) = cur.metrics.iter().find(|c| c.id == b.id) else {
+            missing.push(b.id.clone());
+            continue;
+        };
+        let n = noise::noise(b, c);
+        let tolerance = if rules.from_spread {
+            n.tolerance.clamp(MIN_TOLERANCE, MAX_TOLERANCE)
+        } else {
+            tol
+        };
+        let mut r = compare(b, c, tolerance, rules.default.confidence);
+        r.source = n.source;
+        comparisons.push(r);
+        noises.push(n);
+    }
+    // The detectable regression, first as if each id stood alone; then a CPU ceiling whose
+    // twin can be judged must fall with it: the slowdown at which both are caught (each at
+    // √POWER), the larger of the two.
+    let blind = |n: &noise::Noise, c: &Comparison| {
+        rules.from_spread && (n.tolerance > MAX_TOLERANCE || c.detectable > noise::BLIND)
+    };
+    for (c, n) in comparisons.iter_mut().zip(&noises) {
+        c.detectable = n.detectable(c.tolerance, false);
+        if blind(n, c) {
+            c.verdict = Verdict::Noisy;
+        }
+    }
+    if rules.from_spread {
+        let judged: Vec<String> = comparisons
+            .iter()
+            .filter(|c| c.verdict != Verdict::Noisy)
+            .map(|c| c.id.clone())
+            .collect();
+        let both: Vec<f64> = comparisons
+            .iter()
+            .zip(&noises)
+            .map(|(c, n)| n.detectable(c.tolerance, true))
+            .collect();
+        let at = |id: &str| comparisons.iter().position(|c| c.id == id);
+        let twins: Vec<Option<usize>> = comparisons
+            .iter()
+            .map(|c| {
+                noise::twin(&c.id)
+                    .filter(|t| judged.contains(t))
+                    .and_then(|t| at(&t))
+            })
+            .collect();
+        let present: Vec<Option<usize>> = comparisons
+            .iter()
+            .map(|c| noise::twin(&c.id).and_then(|t| at(&t)))
+            .collect();
+        for (i, (c, n)) in comparisons.iter_mut().zip(&noises).enumerate() {
+            // Caught only when both fall: the slowdown at which each does, at √POWER.
+            if let Some(t) = twins[i] {
+                c.detectable = both[i].max(both[t]);
+                if blind(n, c) {
+                    c.verdict = Verdict::Noisy;
                 }
-                let noise = noise::tolerance(b, c);
-                let mut r = compare(
-                    b,
-                    c,
-                    noise.clamp(MIN_TOLERANCE, MAX_TOLERANCE),
-                    rules.default.confidence,
-                );
-                if noise > MAX_TOLERANCE {
-                    r.verdict = Verdict::Noisy;
-                }
-                comparisons.push(r)
+            } else if let Some(t) = present[i] {
+                // Its twin is too noisy to confirm a fall, and one measurement's word is not
+                // enough on a shared runner: it sees what the two see together.
+                c.detectable = both[i].max(both[t]);
+                c.verdict = Verdict::Noisy;
             }
-            None => missing.push(b.id.clone()),
         }
     }
     if rules.from_spread {
         noise::corroborate(&mut comparisons);
+    }
+    let clock_change = clock::change(base, cur);
+    if let (Some(k), false) = (clock_change, options.per_clock) {
+        clock::annotate(&mut comparisons, k);
     }
     let added = cur
         .metrics
@@ -482,7 +625,11 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
         added,
         provenance: provenance_differences(&base.provenance, &cur.provenance),
         ignored,
-        single_runs: rules.from_spread && (base.runs == 1 || cur.runs == 1),
+        single_runs: rules.from_spread && base.runs < noise::MIN_RUNS,
+        runs: (base.runs, cur.runs),
+        clock_change,
+        per_clock: options.per_clock,
+        figures: input::figures(base),
     }
 }
 

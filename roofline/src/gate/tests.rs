@@ -76,6 +76,7 @@ fn pooled_runs_carry_the_run_to_run_spread() {
         metrics: vec![m("cpu/mem/DRAM/triad/all", "B/s", noisy(v, 0.01, 3, seed))],
         work: vec![("CPU", "m".into())],
         runs: 1,
+        clocks: vec![None],
     };
     let strict = Rules::parse("[default]\ntolerance = 0.1\n").unwrap();
     let one = gate(&run(100.0, 1), &run(50.0, 2), &strict);
@@ -138,6 +139,7 @@ fn built_in_tolerances_come_from_the_files_spread() {
         metrics: vec![m(id, "B/s", s)],
         work: vec![],
         runs: 1,
+        clocks: vec![None],
     };
     let base = one("cpu/mem/DRAM/read/t1", noisy(40e9, 0.05, 5, 1));
     let fell = one("cpu/mem/DRAM/read/t1", noisy(0.51 * 40e9, 0.05, 5, 2));
@@ -170,6 +172,7 @@ fn different_work_and_busy_machines_are_not_comparable() {
             ("precision", "f32".into()),
         ],
         runs: 1,
+        clocks: vec![None],
     };
     let (a, b) = (p(8, "1"), p(16, "0.25"));
     let why = not_comparable(&a, &b);
@@ -223,6 +226,7 @@ fn gpu_and_cpu_automl_runs_are_told_apart() {
         metrics: vec![m("automl/flops", "FLOP/s", vec![1.0])],
         work,
         runs: 1,
+        clocks: vec![None],
     };
     let why = not_comparable(&run(cpu), &run(gpu.clone()));
     assert_eq!(why.len(), 2, "{why:?}");
@@ -272,82 +276,180 @@ fn a_changed_cpu_is_reported() {
         .contains("roofline/machine/v1"));
 }
 
-/// The recorded runs of `scripts/gate-study.sh` on an idle 2-vCPU AMD EPYC VM (the second
-/// study: the noise model's tolerances came from the first), gated with the built-in rules and
-/// one run per side as the quick start does: at most one of the 20 quiet pairs (q(i-1) → qi)
-/// fails, and at least 19 of the 20 pairs slowed by 15% (q(i-1) → si) do.
-#[test]
-fn the_recorded_study_cries_wolf_rarely_and_catches_a_15_percent_slowdown() {
-    let study: serde_json::Value =
-        serde_json::from_str(include_str!("../../data/gate-study.json")).unwrap();
+/// A recorded study of `scripts/gate-study.sh`: its runs by name (`q…` quiet, `s…` slowed
+/// by 15%), as the probe wrote their ids, units, values, samples and one-core clock.
+fn recorded(text: &str) -> Vec<(String, GateInput)> {
+    let study: serde_json::Value = serde_json::from_str(text).unwrap();
     let provenance = crate::placement::tests::machine().provenance;
-    let run = |name: &str| -> GateInput {
-        let r = study["runs"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|r| r["name"] == name)
-            .unwrap_or_else(|| panic!("no run {name}"));
-        let metrics = r["metrics"]
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(id, v)| {
-                // [unit, the ceiling's value, its samples], as the probe wrote them.
-                let unit = v[0].as_str().unwrap();
-                let value = v[1].as_f64().unwrap();
-                let samples: Vec<f64> = v[2]
-                    .as_array()
-                    .unwrap()
-                    .iter()
-                    .map(|x| x.as_f64().unwrap())
-                    .collect();
-                metric(id.clone(), unit, value, &samples)
-            })
-            .collect();
-        GateInput {
-            kind: "machine",
-            provenance: provenance.clone(),
-            metrics,
-            work: vec![],
-            runs: 1,
-        }
-    };
-    let pairs = study["runs"]
+    study["runs"]
         .as_array()
         .unwrap()
         .iter()
-        .filter(|r| r["name"].as_str().unwrap().starts_with('s'))
-        .count();
-    assert!(pairs >= 20, "{pairs} pairs");
+        .map(|r| {
+            let metrics = r["metrics"]
+                .as_object()
+                .unwrap()
+                .iter()
+                .map(|(id, v)| {
+                    // [unit, the ceiling's value, its samples], as the probe wrote them.
+                    let unit = v[0].as_str().unwrap();
+                    let value = v[1].as_f64().unwrap();
+                    let samples: Vec<f64> = v[2]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|x| x.as_f64().unwrap())
+                        .collect();
+                    metric(id.clone(), unit, value, &samples)
+                })
+                .collect();
+            let input = GateInput {
+                kind: "machine",
+                provenance: provenance.clone(),
+                metrics,
+                work: vec![],
+                runs: 1,
+                clocks: vec![r["clock_hz_t1"].as_f64()],
+            };
+            (r["name"].as_str().unwrap().to_string(), input)
+        })
+        .collect()
+}
+
+/// What a study's gates showed: false alarms among the quiet pairs, slowed pairs caught,
+/// pairs refused (a runner whose clock fell 10% between the runs), and, over every slowed
+/// comparison whose smallest detectable regression was under 15%, how many regressed.
+#[derive(Debug, Default)]
+struct Tally {
+    pairs: usize,
+    alarms: Vec<String>,
+    caught: usize,
+    slowed: usize,
+    refused: Vec<String>,
+    eligible: usize,
+    eligible_caught: usize,
+    eligible_missed: Vec<String>,
+}
+
+/// Gates every pair of a recorded study as `roofline gate` does (the sides checked, then
+/// compared): the baseline is the `k` quiet runs before run `i` (pooled, as a `probe --runs k`
+/// baseline), the currents its quiet run `q<i>` and slowed run `s<i>`.
+fn tally(runs: &[(String, GateInput)], k: usize) -> Tally {
+    let get = |n: String| runs.iter().find(|r| r.0 == n).map(|r| r.1.clone());
+    let named = |name: String, input: GateInput| Named { name, input };
     let rules = Rules::default();
-    let (mut alarms, mut caught) = (Vec::new(), 0);
-    for i in 1..=pairs {
-        let base = run(&format!("q{}", i - 1));
-        let quiet = gate(&base, &run(&format!("q{i}")), &rules);
-        if quiet.regressions() > 0 {
-            alarms.push(format!(
-                "q{} → q{i}: {:?}",
-                i - 1,
-                quiet
-                    .comparisons
-                    .iter()
-                    .filter(|c| c.verdict == Verdict::Regressed)
-                    .map(|c| (&c.id, c.change))
-                    .collect::<Vec<_>>()
-            ));
+    let mut t = Tally::default();
+    for i in 1..=runs.len() {
+        let (Some(quiet), Some(slowed)) = (get(format!("q{i}")), get(format!("s{i}"))) else {
+            continue;
+        };
+        let base: Option<Vec<Named>> = (i.saturating_sub(k)..i)
+            .map(|j| get(format!("q{j}")).map(|g| named(format!("q{j}"), g)))
+            .collect();
+        let Some(base) = base.filter(|b| b.len() == k && i >= k) else {
+            continue;
+        };
+        t.pairs += 1;
+        for (name, cur) in [(format!("q{i}"), quiet), (format!("s{i}"), slowed)] {
+            let s = match sides(base.clone(), vec![named(name.clone(), cur)], false, false) {
+                Ok(s) => s,
+                Err(e) => {
+                    t.refused.push(format!("→ {name}: {e}"));
+                    continue;
+                }
+            };
+            let r = gate(&s.base, &s.current, &rules);
+            if name.starts_with('q') {
+                if r.regressions() > 0 {
+                    t.alarms.push(format!(
+                        "→ {name}: {:?}",
+                        r.comparisons
+                            .iter()
+                            .filter(|c| c.verdict == Verdict::Regressed)
+                            .map(|c| (&c.id, c.change, c.tolerance))
+                            .collect::<Vec<_>>()
+                    ));
+                }
+                continue;
+            }
+            t.slowed += 1;
+            t.caught += usize::from(r.regressions() > 0);
+            for c in r.comparisons.iter().filter(|c| c.detectable < 0.15) {
+                t.eligible += 1;
+                t.eligible_caught += usize::from(c.verdict == Verdict::Regressed);
+                if c.verdict != Verdict::Regressed {
+                    t.eligible_missed.push(format!(
+                        "{name} {}: {:+.3} (tolerance {:.3}, detects {:.3}, interval {:+.3} … {:+.3}): {}",
+                        c.id,
+                        c.change,
+                        c.tolerance,
+                        c.detectable,
+                        c.low,
+                        c.high,
+                        c.verdict.as_str()
+                    ));
+                }
+            }
         }
-        caught += usize::from(gate(&base, &run(&format!("s{i}")), &rules).regressions() > 0);
     }
-    assert!(
-        alarms.len() * 20 <= pairs,
-        "{} false alarms in {pairs} quiet pairs: {alarms:#?}",
-        alarms.len()
+    t
+}
+
+const ZEN5: &str = include_str!("../../data/gate-study-zen5.json");
+const ZEN3: &str = include_str!("../../data/gate-study-zen3.json");
+
+/// The recorded runs of an idle 2-vCPU AMD EPYC VM of family 26 model 2 (Zen 5: the third
+/// study; the priors came from the first two), gated with one run per side as the priors are
+/// for: at most one of the 20 quiet pairs fails, at least 19 of the 20 pairs slowed by 15% do.
+#[test]
+fn the_priors_cry_wolf_rarely_and_catch_a_15_percent_slowdown_on_zen5() {
+    let t = tally(&recorded(ZEN5), 1);
+    eprintln!(
+        "zen5, one run: {} false alarms, {} of {} slowed caught, {} of {} comparisons that could see 15% caught",
+        t.alarms.len(),
+        t.caught,
+        t.slowed,
+        t.eligible_caught,
+        t.eligible
     );
-    assert!(
-        caught * 20 >= 19 * pairs,
-        "{caught} of {pairs} slowed pairs caught"
-    );
+    assert_eq!(t.pairs, 20);
+    assert!(t.refused.is_empty(), "{t:#?}");
+    assert!(t.alarms.len() <= 1, "{t:#?}");
+    assert!(t.caught >= 19, "{t:#?}");
+}
+
+/// The README's CI recipe on two kinds of VM: a baseline of the 5 quiet runs before each pair
+/// (its own for every pair, so the rates are not one baseline's luck), one current run. At
+/// most one false alarm in the quiet pairs compared; of every slowed comparison whose smallest
+/// detectable regression is under 15%, at least 19 in 20 caught (what the `detects` column
+/// promises). On Zen 5 every slowed pair is caught; the Zen 3 VM slowed now and then by 15–45%
+/// with its clock (2.60 to 3.22 GHz): those pairs are refused, not failed, and what it cannot
+/// see is said rather than gated.
+#[test]
+fn a_calibrated_baseline_holds_on_zen5_and_on_zen3() {
+    for (name, text, pairs, refused) in [("zen5", ZEN5, 16, 0), ("zen3", ZEN3, 20, 12)] {
+        let t = tally(&recorded(text), 5);
+        // The figures docs/gate.md quotes (`cargo test … -- --nocapture`).
+        eprintln!(
+            "{name}: {} pairs, {} false alarms in {} quiet compared, {} of {} slowed caught, {} refused, {} of {} comparisons that could see 15% caught",
+            t.pairs,
+            t.alarms.len(),
+            t.pairs * 2 - t.refused.len() - t.slowed,
+            t.caught,
+            t.slowed,
+            t.refused.len(),
+            t.eligible_caught,
+            t.eligible
+        );
+        assert_eq!(t.pairs, pairs, "{name}: {t:#?}");
+        assert!(t.refused.len() <= refused, "{name}: {t:#?}");
+        assert!(t.alarms.len() <= 1, "{name}: {t:#?}");
+        assert!(t.eligible > 0, "{name}: {t:#?}");
+        assert!(t.eligible_caught * 20 >= 19 * t.eligible, "{name}: {t:#?}");
+        if name == "zen5" {
+            assert_eq!(t.caught, t.slowed, "{name}: {t:#?}");
+        }
+    }
 }
 
 #[test]
@@ -358,7 +460,13 @@ fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
         name: name.into(),
         input: input.clone(),
     };
-    let s = sides(vec![named("a.json", &a)], vec![named("b.json", &a)], false).unwrap();
+    let s = sides(
+        vec![named("a.json", &a)],
+        vec![named("b.json", &a)],
+        false,
+        false,
+    )
+    .unwrap();
     assert!(s.warnings.is_empty());
     assert_eq!(s.base.metrics.len(), a.metrics.len());
     let mut other = a.clone();
@@ -366,6 +474,7 @@ fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
     let refused = sides(
         vec![named("a.json", &a)],
         vec![named("o.json", &other)],
+        false,
         false,
     );
     let e = refused.unwrap_err().to_string();
@@ -377,6 +486,7 @@ fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
         vec![named("a.json", &a)],
         vec![named("o.json", &other)],
         true,
+        false,
     )
     .unwrap();
     assert_eq!(allowed.warnings.len(), 1, "{:?}", allowed.warnings);
@@ -384,6 +494,7 @@ fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
     let e = sides(
         vec![named("a.json", &a), named("o.json", &other)],
         vec![named("b.json", &a)],
+        false,
         false,
     )
     .unwrap_err();
@@ -394,10 +505,39 @@ fn sides_are_refused_unless_one_kind_of_work_on_one_kind_of_machine() {
         vec![named("a.json", &a)],
         vec![named("p.json", &placement)],
         false,
+        false,
     );
     assert!(matches!(e, Err(SidesError::Kinds { .. })));
     assert!(matches!(
-        sides(vec![], vec![named("b.json", &a)], false),
+        sides(vec![], vec![named("b.json", &a)], false, false),
         Err(SidesError::Empty)
     ));
+    // A busy file is blamed by its own name, on either side.
+    let mut busy = a.clone();
+    busy.provenance.load = Some(crate::LoadCheck::judge(
+        [Some(0.0), Some(0.5), Some(0.0)],
+        None,
+        None,
+        None,
+    ));
+    for (b, c) in [(&busy, &a), (&a, &busy)] {
+        let e = sides(
+            vec![named("baseline.json", b)],
+            vec![named("current.json", c)],
+            false,
+            false,
+        )
+        .unwrap_err()
+        .to_string();
+        let file = if std::ptr::eq(b, &busy) {
+            "baseline.json"
+        } else {
+            "current.json"
+        };
+        assert!(
+            e.starts_with(&format!("{file} was measured on a busy machine")),
+            "{e}"
+        );
+        assert_eq!(e.matches(".json").count(), 1, "{e}");
+    }
 }
