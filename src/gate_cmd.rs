@@ -157,6 +157,9 @@ fn compare(a: &GateArgs) -> Result<std::process::ExitCode, Failure> {
         per_clock: a.per_clock,
     };
     let r = gate_with(&base, &cur, &rules, options);
+    if a.per_clock && !r.per_clock {
+        eprintln!("warning: --per-clock: a result without a measured one-core clock (not a probe's, or an older file); every figure compared per second");
+    }
     if r.comparisons.is_empty() {
         return Err(input(format!(
             "{} and {} have no id in common: nothing to compare",

@@ -20,7 +20,6 @@ mod output;
 mod place_cmd;
 mod plot_cmd;
 mod probe_cmd;
-mod probe_runs;
 mod run_args;
 mod score_cmd;
 mod sweep_cmd;

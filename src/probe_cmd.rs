@@ -13,6 +13,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+mod runs;
+
 pub(crate) struct Bar(Option<indicatif::ProgressBar>);
 
 impl Progress for Bar {
@@ -220,7 +222,7 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     crate::exit::install_ctrlc()?;
     let shown = roofline_kernels::comm::launched_rank().is_none_or(|r| r == 0);
     if a.runs > 1 {
-        return crate::probe_runs::calibrate(&a, &req);
+        return runs::calibrate(&a, &req);
     }
     let progress = progress_bar(shown);
     match run::probe(&req, &CANCEL, &progress) {

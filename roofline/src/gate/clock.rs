@@ -129,6 +129,17 @@ mod tests {
         assert!(fma.change.abs() < 1e-9);
         assert_eq!(fma.unit, "FLOP/cycle");
         assert_eq!(p.comparisons[1].unit, "B/s");
+        // Without a measured clock on one side, nothing is compared per cycle.
+        let mut unclocked = cur.clone();
+        unclocked.clocks = vec![None];
+        let p = gate_with(
+            &base,
+            &unclocked,
+            &Rules::default(),
+            Options { per_clock: true },
+        );
+        assert!(!p.per_clock);
+        assert_eq!(p.comparisons[0].unit, "FLOP/s");
         // A figure that moved against the clock is not the clock's.
         let against = input(2.7e9, 110e9, 20e9);
         assert_eq!(

@@ -524,7 +524,10 @@ pub fn gate(base: &GateInput, cur: &GateInput, rules: &Rules) -> Report {
 /// Compares every id of `base` found in `cur`.
 pub fn gate_with(base: &GateInput, cur: &GateInput, rules: &Rules, options: Options) -> Report {
     let (per_clock_base, per_clock_cur);
-    let (base, cur) = if options.per_clock {
+    // Per cycle only where both sides measured their clock (never cycles against seconds).
+    let per_clock =
+        options.per_clock && clock::clock_of(base).is_some() && clock::clock_of(cur).is_some();
+    let (base, cur) = if per_clock {
         per_clock_base = clock::per_clock(base);
         per_clock_cur = clock::per_clock(cur);
         (&per_clock_base, &per_clock_cur)
@@ -610,7 +613,7 @@ pub fn gate_with(base: &GateInput, cur: &GateInput, rules: &Rules, options: Opti
         noise::corroborate(&mut comparisons);
     }
     let clock_change = clock::change(base, cur);
-    if let (Some(k), false) = (clock_change, options.per_clock) {
+    if let (Some(k), false) = (clock_change, per_clock) {
         clock::annotate(&mut comparisons, k);
     }
     let added = cur
@@ -628,7 +631,7 @@ pub fn gate_with(base: &GateInput, cur: &GateInput, rules: &Rules, options: Opti
         single_runs: rules.from_spread && base.runs < noise::MIN_RUNS,
         runs: (base.runs, cur.runs),
         clock_change,
-        per_clock: options.per_clock,
+        per_clock,
         figures: input::figures(base),
     }
 }

@@ -1,9 +1,9 @@
 //! `roofline probe --runs N`: N probes of this machine merged into one calibrated baseline for
 //! `gate` (`roofline_model::calibration`), the file rewritten after every run.
 
+use super::{failed_checks, failure, progress_bar, ProbeArgs};
 use crate::exit::{Failure, CANCEL};
 use crate::output;
-use crate::probe_cmd::{failed_checks, failure, progress_bar, ProbeArgs};
 use anyhow::anyhow;
 use roofline_kernels::probe::run::{self, Request, RunError};
 use roofline_kernels::probe::Progress;
