@@ -273,7 +273,9 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
         gh.contains("::warning title=roofline gate: different machine"),
         "{gh}"
     );
-    // The provenance alone fails only with --strict; so do missing ids.
+    // The provenance alone fails only with --strict. Missing ids: more than 3 (the FMA
+    // ceilings: 4 with AVX2, 8 with AVX-512) fail unless allowed, and the verdict's first
+    // words say so; allowed, they are named; with --strict any missing id fails.
     m["ceilings"]
         .as_array_mut()
         .unwrap()
@@ -281,14 +283,21 @@ fn gate_catches_a_slower_fma_and_not_an_identical_run() {
     let other = dir.join("other.json");
     std::fs::write(&other, serde_json::to_string(&m).unwrap()).unwrap();
     let o = gate(&["--current", other.to_str().unwrap()]);
-    assert_eq!(
-        o.status.code(),
-        Some(0),
-        "{}",
-        String::from_utf8_lossy(&o.stdout)
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(out.contains("missing from the current result: cpu/fma/f32/all"));
+    let last = out.lines().last().unwrap();
+    assert!(
+        last.starts_with("FAIL: ") && last.contains("baseline ids missing from the current result"),
+        "{last}"
     );
-    assert!(String::from_utf8_lossy(&o.stdout)
-        .contains("missing from the current result: cpu/fma/f32/all"));
+    let o = gate(&["--current", other.to_str().unwrap(), "--allow-missing"]);
+    let out = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert_eq!(o.status.code(), Some(0), "{out}");
+    assert!(
+        out.lines().last().unwrap().starts_with("PASS, with "),
+        "{out}"
+    );
     let o = gate(&["--current", other.to_str().unwrap(), "--strict"]);
     assert_eq!(o.status.code(), Some(1));
     // Rules: ignore the FMA ceilings, and the slower run passes.

@@ -144,11 +144,13 @@ pub fn sides(
         return Err(SidesError::Empty);
     };
     // A runner whose clock fell as far as the probe's own load check calls busy within a run
-    // (below 90% of the reference) was slowed between the runs.
+    // (below 90% of the reference) was slowed between the runs. Not a fleet's: there a node's
+    // slower clock is the finding, named node by node.
+    let fleet = base.provenance.cluster.is_some() || current.provenance.cluster.is_some();
     if let (Some(b), Some(c), false) = (
         super::clock::clock_of(&base),
         super::clock::clock_of(&current),
-        per_clock,
+        per_clock || fleet,
     ) {
         if c < crate::LoadCheck::CLOCK_MIN * b {
             return Err(SidesError::Slowed {
