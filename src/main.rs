@@ -42,7 +42,8 @@ static ALLOCATOR: roofline_workloads::alloc::Caching = roofline_workloads::alloc
     long_about = "roofline measures a machine's ceilings (peak FMA, GEMM and convolution per precision; \
 bandwidth of every cache level and of DRAM) and writes them to machine.json; `roofline plot` draws \
 the roofline from that file.\n\nTypical use:\n  roofline probe              # about 2 minutes; writes machine.json\n  \
-roofline probe --quick      # under 30 s, same ceilings, fewer repeats\n  roofline plot machine.json  # writes roofline.svg"
+roofline probe --quick      # about 20 s on 2 cores, same ceilings, fewer repeats\n  \
+roofline plot machine.json  # writes roofline.svg (-o roofline.html: the interactive page)"
 )]
 struct Cli {
     #[command(subcommand)]

@@ -51,7 +51,8 @@ pub struct ProbeArgs {
     /// Where to write the result.
     #[arg(short, long, default_value = "machine.json")]
     pub output: PathBuf,
-    /// Fewer repeats and a coarser sweep (same ceiling ids); under 30 s on 2 cores.
+    /// Fewer repeats and a coarser sweep (same ceiling ids); about 20 s on 2 cores (19–22 s
+    /// on a 2-vCPU Zen 3 VM, 25 runs).
     #[arg(long)]
     pub quick: bool,
     /// Cap the CPU kernels' instruction set: avx512, avx2 or scalar (the portable code; on

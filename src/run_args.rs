@@ -77,7 +77,8 @@ pub struct RunArgs {
     /// ResNet version: 1.5 (stride in the 3×3) or 1 (stride in the first 1×1).
     #[arg(long, value_enum, default_value = "1.5")]
     pub version: Version,
-    /// Warm-up epochs (linear), as a fraction of the run when no epochs are given: steps/10.
+    /// Learning-rate warm-up, in steps: the rate rises linearly from 0 to its peak over these
+    /// first steps, then decays (default: a tenth of the run's steps).
     #[arg(long)]
     pub warmup_steps: Option<usize>,
     /// Learning rate: resnet50 per 256 images (default 0.1), ewa per 16 images (default 0.02,

@@ -60,6 +60,8 @@ pub struct SweepArgs {
     /// Measured steps per point (after --warm).
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
+    /// Warm-up steps per point, run before the measured --steps and not timed (the first
+    /// step allocates and fills the caches).
     #[arg(long, default_value_t = 1)]
     pub warm: usize,
     /// Train each point this many epochs over its --images (warm-up and measured steps
