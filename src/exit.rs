@@ -66,8 +66,16 @@ pub(crate) fn install_ctrlc() -> Result<(), Failure> {
 /// For verbs whose work cannot stop half-way (training runs): Ctrl-C says what it leaves
 /// (`kept`: what is on disk, or nothing) and exits 130 at once.
 pub(crate) fn exit_on_ctrlc(kept: String) -> Result<(), Failure> {
+    exit_on_ctrlc_with(move || kept.clone())
+}
+
+/// As [`exit_on_ctrlc`], what is kept said as it stands when Ctrl-C comes (a score's runs so
+/// far).
+pub(crate) fn exit_on_ctrlc_with(
+    kept: impl Fn() -> String + Send + 'static,
+) -> Result<(), Failure> {
     ctrlc::set_handler(move || {
-        eprintln!("\nroofline: interrupted; {kept}");
+        eprintln!("\nroofline: interrupted; {}", kept());
         std::process::exit(130);
     })
     .map_err(|e| Failure::Run(anyhow::anyhow!("cannot install the Ctrl-C handler: {e}")))

@@ -5,10 +5,12 @@ use crate::exit::Failure;
 use crate::run_args::{self, RunArgs};
 use anyhow::anyhow;
 use roofline_model::bagging::BaggedRun;
-use roofline_model::score::{Run, Target};
+use roofline_model::score::{Journal, Run, Target};
 use roofline_model::{write::write_atomic, Machine};
 use roofline_workloads::run::{scoring, Kind};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 /// HPC AI500 V2.0's benchmark levels.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -73,6 +75,13 @@ pub struct ScoreArgs {
     /// name with .html).
     #[arg(long, value_name = "HTML")]
     pub report: Option<PathBuf>,
+    /// Go on from the runs an interrupted score kept. Every finished run is written to the
+    /// output's name with .runs.json (score.runs.json) as soon as it ends; Ctrl-C or a failed
+    /// run leaves them there, and --resume, with the same arguments, trains the runs still
+    /// missing and scores them all (a resume asked with other settings is refused, naming
+    /// the first that differs). The file goes once score.json is written.
+    #[arg(long)]
+    pub resume: bool,
     #[command(flatten)]
     pub run: RunArgs,
 }
@@ -91,10 +100,20 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         .clone()
         .unwrap_or_else(|| a.output.with_extension("html"));
     crate::args::check_writable(&report_path, "--report").map_err(Failure::Input)?;
-    crate::exit::exit_on_ctrlc(
-        "nothing was written (score.json and its report are written when every run has ended)"
-            .into(),
-    )?;
+    let journal_path = journal_path(&a.output);
+    let resumed = kept_runs(&journal_path, a.resume)?;
+    let finished = Arc::new(AtomicUsize::new(
+        resumed.as_ref().map_or(0, |j| j.runs.len()),
+    ));
+    let (count, shown) = (finished.clone(), journal_path.display().to_string());
+    crate::exit::exit_on_ctrlc_with(move || {
+        match count.load(Ordering::SeqCst) {
+        0 => "no run had finished, so nothing was written (score.json and its report are written when every run has ended)".into(),
+        n => format!(
+            "the {n} finished run(s) are kept in {shown}; `roofline score --resume` with the same arguments goes on from them"
+        ),
+    }
+    })?;
     let machine = match &a.machine {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,
@@ -140,8 +159,13 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         warnings,
         valid: runs >= published.runs,
         machine: machine.as_ref().zip(a.machine.as_deref()),
+        resumed,
     };
-    let Some(score) = scoring::score(req, &Printed)? else {
+    let printed = Printed {
+        journal: journal_path.clone(),
+        finished,
+    };
+    let Some(score) = scoring::score(req, &printed)? else {
         // Another rank reports.
         return Ok(());
     };
@@ -156,13 +180,48 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     write_atomic(&a.output, text.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
     let page = roofline_plots::report::html(&score, svg.as_deref());
     write_atomic(&report_path, page.as_bytes()).map_err(|e| Failure::Input(e.into()))?;
+    // Every run is in score.json now.
+    let _ = std::fs::remove_file(&journal_path);
     crate::output::score_summary(&score);
     outln!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
 }
 
-/// The score's progress on stderr.
-struct Printed;
+/// Where a score keeps its finished runs: the output's name with .runs.json.
+fn journal_path(output: &std::path::Path) -> PathBuf {
+    output.with_extension("runs.json")
+}
+
+/// The runs an interrupted score kept at `path`, read when `resume` asks for them. Without
+/// --resume a journal there is refused rather than overwritten: it may hold hours of runs.
+fn kept_runs(path: &std::path::Path, resume: bool) -> Result<Option<Journal>, Failure> {
+    let input = |m: String| Failure::Input(anyhow!(m));
+    match (resume, path.exists()) {
+        (true, false) => Err(input(format!(
+            "--resume: no runs were kept at {} (an interrupted score writes them there); start without --resume",
+            path.display()
+        ))),
+        (false, true) => Err(input(format!(
+            "{} holds the runs of an interrupted score: --resume goes on from them; remove it to start afresh",
+            path.display()
+        ))),
+        (false, false) => Ok(None),
+        (true, true) => {
+            let text = std::fs::read_to_string(path)
+                .map_err(|e| input(format!("--resume: cannot read {}: {e}", path.display())))?;
+            let j = Journal::from_json(&text)
+                .map_err(|e| input(format!("--resume: {}: {e}", path.display())))?;
+            Ok(Some(j))
+        }
+    }
+}
+
+/// The score's progress on stderr, its finished runs written to `journal`.
+struct Printed {
+    journal: PathBuf,
+    /// How many runs are in the journal (what Ctrl-C says it keeps).
+    finished: Arc<AtomicUsize>,
+}
 
 impl scoring::Report for Printed {
     fn note(&self, line: &str) {
@@ -195,5 +254,18 @@ impl scoring::Report for Printed {
             roofline_plots::si(r.flops),
             roofline_plots::si(r.vflops)
         );
+    }
+    fn kept(&self, journal: &Journal) {
+        let written = journal
+            .to_json()
+            .map_err(|e| e.to_string())
+            .and_then(|t| write_atomic(&self.journal, t.as_bytes()).map_err(|e| e.to_string()));
+        match written {
+            Ok(()) => self.finished.store(journal.runs.len(), Ordering::SeqCst),
+            Err(e) => eprintln!(
+                "warning: cannot keep the finished runs in {}: {e}; an interrupted score would lose them",
+                self.journal.display()
+            ),
+        }
     }
 }

@@ -526,3 +526,103 @@ fn score_bags_two_models_in_one_process() {
     assert_eq!(o.status.code(), Some(2));
     assert!(stderr(&o).contains("at least one model"), "{}", stderr(&o));
 }
+
+/// Ctrl-C keeps a score's finished runs (exit 130, score.runs.json, a line saying so); a new
+/// score does not overwrite them, a resume asked with other settings is refused, and
+/// `--resume` trains only the runs still missing, the kept ones scored as they were.
+#[test]
+fn score_interrupted_keeps_its_runs_and_resumes() {
+    use std::process::Stdio;
+    use std::time::{Duration, Instant};
+    let _machine = shared();
+    let dir = tmpdir("score-int");
+    let out = dir.join("score.json");
+    let journal = dir.join("score.runs.json");
+    let args = |steps: &str| -> Vec<String> {
+        [
+            "score",
+            "--runs",
+            "3",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,1,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "4",
+            "--batch",
+            "8",
+            "--steps",
+            steps,
+            "--train-images",
+            "64",
+            "--eval-images",
+            "32",
+            "--threads",
+            "1",
+            "-o",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .chain([out.display().to_string()])
+        .collect()
+    };
+    let child = bin()
+        .args(args("400"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let kept = |min: usize| {
+        std::fs::read_to_string(&journal)
+            .ok()
+            .and_then(|t| roofline_model::score::Journal::from_json(&t).ok())
+            .is_some_and(|j| j.runs.len() >= min)
+    };
+    let t0 = Instant::now();
+    while !kept(1) && t0.elapsed() < Duration::from_secs(60) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // SAFETY: sending a signal to our own child process.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(err.contains("kept in") && err.contains("--resume"), "{err}");
+    assert!(
+        !out.exists(),
+        "score.json is written when every run has ended"
+    );
+    let before =
+        roofline_model::score::Journal::from_json(&std::fs::read_to_string(&journal).unwrap())
+            .unwrap();
+    assert!((1..3).contains(&before.runs.len()), "{}", before.runs.len());
+    // A fresh score would overwrite hours of runs: refused.
+    expect_input_error(&refs_of(&args("400")), None, "--resume");
+    // Other settings: refused, naming the setting.
+    let mut a = args("300");
+    a.push("--resume".into());
+    expect_input_error(&refs_of(&a), None, "400 there, 300 now");
+    let mut a = args("400");
+    a.push("--resume".into());
+    let o = bin().args(&a).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stderr(&o).contains(&format!("resuming: {} of 3 runs kept", before.runs.len())));
+    let s =
+        roofline_model::score::Score::from_json(&std::fs::read_to_string(&out).unwrap()).unwrap();
+    assert_eq!(s.runs.len(), 3);
+    assert_eq!(&s.runs[..before.runs.len()], &before.runs[..]);
+    let seeds: Vec<u64> = s.runs.iter().map(|r| r.seed).collect();
+    assert_eq!(seeds, [1, 2, 3]);
+    assert!(
+        !journal.exists(),
+        "the journal goes once score.json holds every run"
+    );
+    // Nothing left to resume.
+    expect_input_error(&refs_of(&a), None, "no runs were kept");
+}
+
+fn refs_of(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}

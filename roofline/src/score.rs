@@ -375,6 +375,54 @@ impl Score {
     }
 }
 
+/// The schema tag of a score's journal (`score.runs.json` beside `score.json`).
+pub const SCORE_RUNS_SCHEMA: &str = "roofline/score-runs/v1";
+
+/// The runs of a score that have finished, written after each one: a score stopped by Ctrl-C
+/// (or a failed run) keeps them, and `score --resume` goes on from the next one. Only a score
+/// asked with the same arguments may resume it ([`Journal::differs`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Journal {
+    pub schema: String,
+    /// What the runs were asked (the configuration, seed, target, level, bagging): every key
+    /// must be the same to resume.
+    pub request: serde_json::Map<String, serde_json::Value>,
+    pub runs: Vec<Run>,
+    /// The model's parameters, from the runs that trained it.
+    #[serde(default)]
+    pub parameters: Option<usize>,
+    /// The accelerator the runs trained on, when one did.
+    #[serde(default)]
+    pub accelerator: Option<String>,
+    pub energy_note: String,
+}
+
+impl Journal {
+    /// The first setting in which `request` differs from the journal's, said as
+    /// "name: journal's value, asked value"; None when the runs may go on.
+    pub fn differs(&self, request: &serde_json::Map<String, serde_json::Value>) -> Option<String> {
+        let keys = self.request.keys().chain(request.keys());
+        for k in keys {
+            let (was, now) = (self.request.get(k), request.get(k));
+            if was != now {
+                let show = |v: Option<&serde_json::Value>| {
+                    v.map_or_else(|| "(not set)".to_string(), |v| v.to_string())
+                };
+                return Some(format!("{k}: {} there, {} now", show(was), show(now)));
+            }
+        }
+        None
+    }
+
+    pub fn from_json(text: &str) -> Result<Journal, ModelError> {
+        crate::from_json_with_schema(text, SCORE_RUNS_SCHEMA)
+    }
+
+    pub fn to_json(&self) -> Result<String, ModelError> {
+        serde_json::to_string_pretty(self).map_err(ModelError::Json)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -464,5 +512,34 @@ mod tests {
         let e = Target::published("ewa").unwrap();
         assert_eq!((e.value, e.exponent, e.runs), (0.35, 10, 5));
         assert!(Target::published("bert").is_none());
+    }
+
+    #[test]
+    fn a_journal_names_the_first_setting_that_differs() {
+        let req = |steps: u64| {
+            let mut m = serde_json::Map::new();
+            m.insert("seed".into(), 1.into());
+            m.insert("steps".into(), steps.into());
+            m
+        };
+        let j = Journal {
+            schema: SCORE_RUNS_SCHEMA.into(),
+            request: req(6),
+            runs: vec![],
+            parameters: Some(10),
+            accelerator: None,
+            energy_note: String::new(),
+        };
+        assert_eq!(j.differs(&req(6)), None);
+        assert_eq!(j.differs(&req(7)).as_deref(), Some("steps: 6 there, 7 now"));
+        let mut more = req(6);
+        more.insert("level".into(), "free".into());
+        assert_eq!(
+            j.differs(&more).as_deref(),
+            Some("level: (not set) there, \"free\" now")
+        );
+        let back = Journal::from_json(&j.to_json().unwrap()).unwrap();
+        assert_eq!(back, j);
+        assert!(Journal::from_json("{\"schema\": \"roofline/score/v1\"}").is_err());
     }
 }

@@ -310,6 +310,77 @@ fn summary(id: &str, s: &Summary) -> Result<(), Invalid> {
     Ok(())
 }
 
+/// Every run of a score (or of its journal) checked: qualities are fractions, figures not
+/// negative, a bagged run's members and scale consistent.
+fn runs(runs: &[crate::score::Run]) -> Result<(), Invalid> {
+    for r in runs {
+        let id = format!("run {}", r.run);
+        fraction(&id, "quality", r.quality)?;
+        if let Some(t5) = r.top5 {
+            fraction(&id, "top5", t5)?;
+        }
+        for (f, v) in [
+            ("time_to_quality_s", r.time_to_quality_s),
+            ("train_seconds", r.train_seconds),
+            ("flops", r.flops),
+            ("vflops", r.vflops),
+            ("flops_series_max", r.flops_series_max),
+            ("aiperf_regulated", r.aiperf_regulated),
+            ("v3_flops_per_epoch", r.v3_flops_per_epoch),
+        ] {
+            non_negative(&id, f, v)?;
+        }
+        if let Some(v) = r
+            .flops_series
+            .iter()
+            .find(|v| !(v.is_finite() && **v >= 0.0))
+        {
+            return Err(bad(&id, "flops_series", format!("holds {v}")));
+        }
+        for (f, v) in [
+            ("energy_j", r.energy_j),
+            ("average_watts", r.average_watts),
+            ("vflops_per_watt", r.vflops_per_watt),
+        ] {
+            if let Some(v) = v {
+                non_negative(&id, f, v)?;
+            }
+        }
+        if let Some(b) = &r.bagging {
+            for (f, v) in [
+                ("bagging.apc_flops", b.apc_flops),
+                ("bagging.epoch_seconds", b.epoch_seconds),
+                ("bagging.flops", b.flops),
+                ("bagging.vflops", b.vflops),
+            ] {
+                non_negative(&id, f, v)?;
+            }
+            fraction(&id, "bagging.ensemble_quality", b.ensemble_quality)?;
+            if b.members.len() != b.models || b.sys_scale != b.models * b.ranks_per_model {
+                return Err(bad(
+                    &id,
+                    "bagging",
+                    format!(
+                        "has {} members for {} models and Sys_scale {} for {} × {}",
+                        b.members.len(),
+                        b.models,
+                        b.sys_scale,
+                        b.models,
+                        b.ranks_per_model
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Validate for crate::score::Journal {
+    fn validate(&self) -> Result<(), Invalid> {
+        runs(&self.runs)
+    }
+}
+
 impl Validate for Score {
     fn validate(&self) -> Result<(), Invalid> {
         let t = &self.target;
@@ -320,65 +391,7 @@ impl Validate for Score {
                 format!("is {}: a quality lies in (0, 1]", t.value),
             ));
         }
-        for r in &self.runs {
-            let id = format!("run {}", r.run);
-            fraction(&id, "quality", r.quality)?;
-            if let Some(t5) = r.top5 {
-                fraction(&id, "top5", t5)?;
-            }
-            for (f, v) in [
-                ("time_to_quality_s", r.time_to_quality_s),
-                ("train_seconds", r.train_seconds),
-                ("flops", r.flops),
-                ("vflops", r.vflops),
-                ("flops_series_max", r.flops_series_max),
-                ("aiperf_regulated", r.aiperf_regulated),
-                ("v3_flops_per_epoch", r.v3_flops_per_epoch),
-            ] {
-                non_negative(&id, f, v)?;
-            }
-            if let Some(v) = r
-                .flops_series
-                .iter()
-                .find(|v| !(v.is_finite() && **v >= 0.0))
-            {
-                return Err(bad(&id, "flops_series", format!("holds {v}")));
-            }
-            for (f, v) in [
-                ("energy_j", r.energy_j),
-                ("average_watts", r.average_watts),
-                ("vflops_per_watt", r.vflops_per_watt),
-            ] {
-                if let Some(v) = v {
-                    non_negative(&id, f, v)?;
-                }
-            }
-            if let Some(b) = &r.bagging {
-                for (f, v) in [
-                    ("bagging.apc_flops", b.apc_flops),
-                    ("bagging.epoch_seconds", b.epoch_seconds),
-                    ("bagging.flops", b.flops),
-                    ("bagging.vflops", b.vflops),
-                ] {
-                    non_negative(&id, f, v)?;
-                }
-                fraction(&id, "bagging.ensemble_quality", b.ensemble_quality)?;
-                if b.members.len() != b.models || b.sys_scale != b.models * b.ranks_per_model {
-                    return Err(bad(
-                        &id,
-                        "bagging",
-                        format!(
-                            "has {} members for {} models and Sys_scale {} for {} × {}",
-                            b.members.len(),
-                            b.models,
-                            b.sys_scale,
-                            b.models,
-                            b.ranks_per_model
-                        ),
-                    ));
-                }
-            }
-        }
+        runs(&self.runs)?;
         let s = &self.scores;
         if let Some(t) = &s.time_to_quality_s {
             summary("scores.time_to_quality_s", t)?;

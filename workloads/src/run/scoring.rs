@@ -10,7 +10,9 @@ use crate::train::Quiet;
 use roofline_collectors::energy;
 use roofline_model::bagging::BaggedRun;
 use roofline_model::placement::Energy;
-use roofline_model::score::{Run, Score, Scores, System, Target, SCORE_SCHEMA};
+use roofline_model::score::{
+    Journal, Run, Score, Scores, System, Target, SCORE_RUNS_SCHEMA, SCORE_SCHEMA,
+};
 use roofline_model::Machine;
 use std::path::Path;
 use std::time::Instant;
@@ -34,6 +36,9 @@ pub struct Request<'a> {
     pub valid: bool,
     /// The machine (and its file) the last run is placed on.
     pub machine: Option<(&'a Machine, &'a Path)>,
+    /// The runs an earlier, interrupted score finished (`score --resume`): they are kept, and
+    /// the runs go on from the next one. Refused when it was asked with other settings.
+    pub resumed: Option<Journal>,
 }
 
 /// Hears a score's progress (the command line prints it).
@@ -46,6 +51,9 @@ pub trait Report {
     fn run(&self, run: &Run, metric: &str);
     /// A bagged run ended.
     fn bagged(&self, run: &BaggedRun, metric: &str);
+    /// Every run finished so far, after each run (the command line writes them down, so that
+    /// an interrupted score keeps them).
+    fn kept(&self, journal: &Journal);
 }
 
 /// The score of `req`, on the reporting rank (None on the others).
@@ -65,11 +73,50 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
     let v3_per_image = accounting::hpc_ai500_v3(&prep.layers()).total();
     let bagged_ops = Rules::of(&prep.spec, prep.run(), 0.0).bagged_ops(v3_per_image);
     let (cuda, gpu_index) = (prep.spec.device == super::Device::Cuda, prep.spec.gpu);
-    let mut done = Vec::new();
-    let mut energy_note = String::new();
+    let asked = Asked {
+        level: req.level,
+        custom_target: req.custom_target,
+        bagging: req.bagging,
+    };
+    let request = asked.key(prep, target, ranks, topo.plan.as_ref());
+    let mut journal = match req.resumed.take() {
+        Some(j) => {
+            if let Some(d) = j.differs(&request) {
+                return Err(RunError::Input(format!(
+                    "--resume: the runs kept were asked with other settings ({d}); give the same arguments, or start afresh without --resume"
+                )));
+            }
+            j
+        }
+        None => Journal {
+            schema: SCORE_RUNS_SCHEMA.into(),
+            request,
+            runs: Vec::new(),
+            parameters: None,
+            accelerator: None,
+            energy_note: String::new(),
+        },
+    };
+    if journal.runs.len() > req.runs {
+        return Err(RunError::Input(format!(
+            "--resume: {} runs are kept, more than --runs {}; ask for at least {}",
+            journal.runs.len(),
+            req.runs,
+            journal.runs.len()
+        )));
+    }
+    if root && !journal.runs.is_empty() {
+        report.note(&format!(
+            "resuming: {} of {} runs kept from the interrupted score",
+            journal.runs.len(),
+            req.runs
+        ));
+    }
+    let mut done = std::mem::take(&mut journal.runs);
+    let mut energy_note = journal.energy_note.clone();
     let mut last = None;
-    let mut gpu = None;
-    for i in 0..req.runs {
+    let mut gpu = journal.accelerator.clone();
+    for i in done.len()..req.runs {
         let seed = req.seed + i as u64;
         // The same data set for every run; the seed changes the model and the order.
         prep.reseed(seed, req.seed);
@@ -92,6 +139,15 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
             done.push(run);
             report.bagged(&b.run, &target.metric);
             last = Some(b.first);
+            keep(
+                &mut journal,
+                &done,
+                last.as_ref(),
+                &gpu,
+                &energy_note,
+                root,
+                report,
+            );
             continue;
         }
         let (s, g) = execute(prep, &Quiet, reducer.clone())?;
@@ -115,6 +171,15 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         }
         done.push(run);
         last = Some(s);
+        keep(
+            &mut journal,
+            &done,
+            last.as_ref(),
+            &gpu,
+            &energy_note,
+            root,
+            report,
+        );
     }
     if !root {
         return Ok(None);
@@ -131,7 +196,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
     let provenance = roofline_collectors::provenance::here(cpu.clone(), false, start);
     let configuration = configuration(
         prep,
-        last.as_ref().map(|s| s.parameters),
+        last.as_ref().map(|s| s.parameters).or(journal.parameters),
         target,
         gpu.as_deref(),
         ranks,
@@ -202,6 +267,56 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         energy_note,
         placement,
     }))
+}
+
+/// What a score's runs are asked beside the prepared run, as its journal keeps it.
+struct Asked {
+    level: &'static str,
+    custom_target: bool,
+    bagging: Option<usize>,
+}
+
+impl Asked {
+    /// The configuration (without what the runs measure), the level, the target's origin and
+    /// where the runs stop: a resumed score must ask the same.
+    fn key(
+        &self,
+        p: &Prepared,
+        target: &Target,
+        ranks: usize,
+        plan: Option<&crate::bagging::Plan>,
+    ) -> serde_json::Map<String, serde_json::Value> {
+        let mut key = configuration(p, None, target, None, ranks, plan);
+        key.insert(
+            "device asked".into(),
+            serde_json::json!(format!("{:?} {}", p.spec.device, p.spec.precision)),
+        );
+        key.insert("level".into(), self.level.into());
+        key.insert("custom target".into(), self.custom_target.into());
+        key.insert("stop at target".into(), p.run().stop_at_target.into());
+        key.insert("bagging".into(), serde_json::json!(self.bagging));
+        key
+    }
+}
+
+/// The runs finished so far into `journal`, told to `report` (on the reporting rank).
+fn keep(
+    journal: &mut Journal,
+    done: &[Run],
+    last: Option<&crate::train::Summary>,
+    gpu: &Option<String>,
+    energy_note: &str,
+    root: bool,
+    report: &dyn Report,
+) {
+    if !root {
+        return;
+    }
+    journal.runs = done.to_vec();
+    journal.parameters = last.map(|s| s.parameters).or(journal.parameters);
+    journal.accelerator.clone_from(gpu);
+    journal.energy_note = energy_note.to_string();
+    report.kept(journal);
 }
 
 /// The reading of `span` stopped now (the GPU's energy over `gpu_seconds`), what it could not
