@@ -82,3 +82,125 @@ pub fn parse_seconds(s: &str) -> Result<Duration, String> {
     }
     Ok(Duration::from_secs_f64(v))
 }
+
+/// A number in [0, 1) (label smoothing: 1 would leave no signal in the labels).
+pub fn fraction_below_one(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if (0.0..1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!(
+            "{v} is out of range: give a fraction from 0 up to below 1"
+        ))
+    }
+}
+
+/// A number above 0 (a learning rate).
+pub fn positive_number(s: &str) -> Result<f64, String> {
+    let v: f64 = s
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number"))?;
+    if v > 0.0 && v.is_finite() {
+        Ok(v)
+    } else {
+        Err(format!("{v} is out of range: give a number above 0"))
+    }
+}
+
+/// The command line parsed. A mistake is answered in one line on stderr with exit 2 (what
+/// clap found, its tip, and the verb's `--help`); help and the version are printed, and a
+/// failure to print them (a full disk) is an error too, as for every other output.
+pub fn parse<C: clap::Parser>() -> Result<C, std::process::ExitCode> {
+    use clap::error::ErrorKind;
+    use std::process::ExitCode;
+    let parsed = negatives(C::command())
+        .try_get_matches()
+        .and_then(|m| C::from_arg_matches(&m));
+    parsed.map_err(|e| match e.kind() {
+        ErrorKind::DisplayHelp | ErrorKind::DisplayVersion => match e.print() {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(io) if io.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+            Err(io) => {
+                eprintln!("roofline: error: cannot write to standard output: {io}");
+                ExitCode::from(2)
+            }
+        },
+        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
+            let _ = e.print();
+            ExitCode::from(2)
+        }
+        _ => {
+            // The verb whose help to read: the first argument, where it is one.
+            let verb = std::env::args()
+                .nth(1)
+                .filter(|a| C::command().get_subcommands().any(|c| c.get_name() == a))
+                .map_or("roofline".to_string(), |v| format!("roofline {v}"));
+            eprintln!(
+                "roofline: error: {}",
+                one_line(&e.render().to_string(), &verb)
+            );
+            ExitCode::from(2)
+        }
+    })
+}
+
+/// Every option's value may be a negative number (`--lr -0.1`, `--batch -1`), so that the
+/// option's own check refuses it by its range rather than clap taking it for a flag.
+fn negatives(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if a.get_action().takes_values() && !a.is_positional() {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    })
+    .mut_subcommands(negatives)
+}
+
+/// clap's error text (`error: …`, a tip, the usage, a pointer to help) as one line that
+/// points at `verb`'s help.
+fn one_line(text: &str, verb: &str) -> String {
+    let mut lines = text.lines().map(str::trim).filter(|l| !l.is_empty());
+    let first = lines.next().unwrap_or("bad arguments");
+    let mut out = first.strip_prefix("error: ").unwrap_or(first).to_string();
+    // "the following required arguments were not provided:" and the list under it.
+    let mut lines = lines.peekable();
+    if out.ends_with(':') {
+        let mut listed = Vec::new();
+        while let Some(l) = lines.next_if(|l| !l.starts_with("Usage:") && !l.starts_with("tip:")) {
+            listed.push(l);
+        }
+        out = format!("{} {}", out, listed.join(", "));
+    }
+    if let Some(tip) = lines.find_map(|l| l.strip_prefix("tip: ")) {
+        out.push_str(&format!(" ({tip})"));
+    }
+    out.push_str(&format!("; see `{verb} --help`"));
+    out
+}
+
+#[cfg(test)]
+mod parse_tests {
+    #[test]
+    fn clap_errors_become_one_line_naming_the_verbs_help() {
+        let text = "error: unexpected argument '-0' found\n\n  tip: to pass '-0' as a value, use '-- -0'\n\nUsage: roofline train [OPTIONS]\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            super::one_line(text, "roofline train"),
+            "unexpected argument '-0' found (to pass '-0' as a value, use '-- -0'); see `roofline train --help`"
+        );
+        let text = "error: invalid value 'x' for '--batch <BATCH>': invalid digit found in string\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            super::one_line(text, "roofline"),
+            "invalid value 'x' for '--batch <BATCH>': invalid digit found in string; see `roofline --help`"
+        );
+        let text = "error: the following required arguments were not provided:\n  --baseline <FILE>\n\nUsage: roofline gate --baseline <FILE> --current <FILE>...\n\nFor more information, try '--help'.\n";
+        assert_eq!(
+            super::one_line(text, "roofline gate"),
+            "the following required arguments were not provided: --baseline <FILE>; see `roofline gate --help`"
+        );
+    }
+}

@@ -246,7 +246,9 @@ fn request(a: &AutomlArgs) -> Result<Request, Failure> {
 pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
     let req = request(a)?;
     let html = a.output.with_extension("html");
-    crate::args::check_writable(&html, "the report").map_err(Failure::Input)?;
+    // The report goes beside -o, so -o is the option to change for either.
+    crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
+    crate::args::check_writable(&html, "-o: the report goes beside it").map_err(Failure::Input)?;
     crate::exit::install_ctrlc()?;
     let launched = roofline_kernels::comm::launched_ranks();
     if launched.is_none() && a.team != 1 {

@@ -243,7 +243,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Draw the classic roofline of a machine.json as SVG.
+    /// Draw a machine.json's roofline (and placements) as SVG or an interactive HTML page.
     ///
     /// Log-log: operational intensity (FLOP per byte of memory traffic) against FLOP/s. Every
     /// memory level is a slanted roof, every compute ceiling a flat one, theoretical peaks are
@@ -263,7 +263,10 @@ enum Command {
 fn main() -> ExitCode {
     // Standard output is written through `out!`/`outln!`: a closed pipe ends the command
     // quietly (exit 0), a full disk with exit 2 and one line (`exit::write_stdout`).
-    let cli = Cli::parse();
+    let cli = match args::parse::<Cli>() {
+        Ok(c) => c,
+        Err(code) => return code,
+    };
     roofline_collectors::provenance::set_build(roofline_collectors::provenance::Build {
         tool: format!("roofline {}", env!("CARGO_PKG_VERSION")),
         git_revision: option_env!("ROOFLINE_GIT_REVISION")

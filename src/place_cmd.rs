@@ -11,6 +11,9 @@ use roofline_workloads::run::Kind;
 use std::path::PathBuf;
 
 #[derive(clap::Args)]
+#[command(mut_arg("steps", |a| a.help(
+    "Measured steps after --warm: training steps (default 5), or a kernel's samples (default 10)"
+)))]
 pub struct PlaceArgs {
     /// What to place: `resnet50` or `ewa` (a training run of the embedded trainer; the
     /// training options below apply; ewa at e.g. --resolution 192x288 on small machines),
@@ -88,6 +91,10 @@ pub fn parse_workload(w: &str) -> Result<Workload, String> {
 pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
     let input = |m: String| Failure::Input(anyhow!(m));
     let workload = parse_workload(&a.workload).map_err(input)?;
+    if let Workload::Micro(micro) = &workload {
+        let what = format!("--workload {}", a.workload);
+        roofline_collectors::fits_in_memory(micro.memory_bytes(), &what).map_err(input)?;
+    }
     let m = Machine::read(&a.machine).map_err(|e| {
         // A file of another kind (a placement, a score) is the user's: never suggest
         // overwriting it with a probe.

@@ -8,42 +8,14 @@ use roofline_kernels::probe::node::{self, Devices};
 use roofline_kernels::probe::run::{self, Request, RunError};
 use roofline_kernels::probe::{Progress, Section};
 use roofline_model::{write::write_atomic, Machine};
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+mod progress;
 mod runs;
 
-pub(crate) struct Bar(Option<indicatif::ProgressBar>);
-
-impl Progress for Bar {
-    fn note(&self, line: &str) {
-        match &self.0 {
-            Some(b) => b.suspend(|| eprintln!("roofline: {line}")),
-            None => eprintln!("roofline: {line}"),
-        }
-    }
-    fn finish(&self) {
-        if let Some(b) = &self.0 {
-            b.finish_and_clear();
-        }
-    }
-    fn begin(&self, total: u64) {
-        // The CPU probe and then the GPU probe each announce their own steps.
-        if let Some(b) = &self.0 {
-            b.inc_length(total);
-        }
-    }
-    fn advance(&self, label: &str) {
-        if let Some(b) = &self.0 {
-            if b.position() > 0 || !b.message().is_empty() {
-                b.inc(1);
-            }
-            b.set_message(label.to_string());
-        }
-    }
-}
+use progress::progress_bar;
 
 /// What `roofline probe` was asked.
 #[derive(clap::Args)]
@@ -108,7 +80,8 @@ pub struct ProbeArgs {
     /// Under mpirun with several nodes: a node whose ceiling falls more than this many percent
     /// (plus the noise of its own samples) below the fleet's median is named in the outliers,
     /// and so is a link below the median link by as much.
-    #[arg(long, default_value = "10", value_name = "PERCENT", value_parser = parse_percent)]
+    #[arg(long, default_value = "10", value_name = "PERCENT", value_parser = parse_percent,
+          allow_negative_numbers = true)]
     pub fleet_margin: f64,
     /// The batch of ResNet-50's convolutions in the GPU convolution ceilings (the detector's
     /// run at its own training batch, 2): the trainer's 128 by default, in the quick probe as
@@ -163,21 +136,6 @@ fn sections_of(a: &ProbeArgs) -> Result<Vec<Section>, Failure> {
     Ok(s)
 }
 
-pub(crate) fn progress_bar(show: bool) -> Bar {
-    let bar = (show && std::io::stderr().is_terminal()).then(|| {
-        let b = indicatif::ProgressBar::new(0);
-        b.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{elapsed_precise} [{bar:30}] {pos}/{len} {msg}",
-            )
-            .map(|s| s.progress_chars("=> "))
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        b
-    });
-    Bar(bar)
-}
-
 /// `--isa`: an instruction set by name.
 fn parse_isa(s: &str) -> Result<roofline_kernels::cpu::isa::Isa, String> {
     roofline_kernels::cpu::isa::Isa::parse(s).ok_or_else(|| {
@@ -195,6 +153,11 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
         // Read by the kernels wherever they choose their instruction set (this thread only
         // runs yet: nothing reads the environment concurrently).
         std::env::set_var(roofline_kernels::cpu::isa::ENV, isa.name());
+    }
+    if let Some(Some(dir)) = &a.io {
+        // Checked before minutes of probing: the test files are written there.
+        crate::args::check_writable(&dir.join(".roofline-io-test"), "--io")
+            .map_err(Failure::Input)?;
     }
     let io = a.io.as_ref().map(|p| match p {
         Some(p) => (p.clone(), roofline_kernels::io::label_for(p)),

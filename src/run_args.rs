@@ -51,14 +51,15 @@ pub struct RunArgs {
     /// resnet50: stop when held-out Top-1 reaches this fraction (e.g. 0.759), evaluating every
     /// --eval-every steps; the JSON then gives HPC AI500's time-to-quality (from the first
     /// batch read to the target).
-    #[arg(long, value_name = "FRACTION")]
+    #[arg(long, value_name = "FRACTION", allow_negative_numbers = true)]
     pub target_top1: Option<f64>,
     /// ewa: stop when held-out mAP@0.5 reaches this value (the paper's target: 0.35), as
     /// --target-top1 does.
-    #[arg(long, value_name = "MAP")]
+    #[arg(long, value_name = "MAP", allow_negative_numbers = true)]
     pub target_map: Option<f64>,
     /// Evaluate every this many steps (default: at the end only).
-    #[arg(long, value_name = "STEPS")]
+    #[arg(long, value_name = "STEPS",
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     pub eval_every: Option<usize>,
     /// resnet50: classes (ewa has its four weather classes).
     #[arg(long, default_value_t = 1000)]
@@ -83,10 +84,12 @@ pub struct RunArgs {
     pub warmup_steps: Option<usize>,
     /// Learning rate: resnet50 per 256 images (default 0.1), ewa per 16 images (default 0.02,
     /// torchvision's detection reference); scaled linearly with the batch.
-    #[arg(long)]
+    #[arg(long, allow_negative_numbers = true, value_parser = crate::args::positive_number)]
     pub lr: Option<f64>,
-    /// Label smoothing.
-    #[arg(long, default_value_t = 0.0)]
+    /// Label smoothing, from 0 (hard labels) up to below 1: the true class gets 1 − ε of the
+    /// target's probability and every class ε / classes (resnet50).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true,
+          value_parser = crate::args::fraction_below_one)]
     pub label_smoothing: f64,
     /// Which parameters weight decay (1e-4) applies to: all (every parameter, batch norm's γ
     /// and β and the biases included: HPC AI500 V2.0's rule, §5.4, and `score`'s default), or

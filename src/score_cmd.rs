@@ -94,6 +94,11 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     if runs == 0 {
         return Err(input("--runs 0: nothing to score".into()));
     }
+    if a.bagging == Some(0) {
+        return Err(input(
+            "--bagging 0: an ensemble needs at least one model".into(),
+        ));
+    }
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     let report_path = a
         .report
@@ -246,9 +251,9 @@ impl scoring::Report for Printed {
     }
     fn bagged(&self, r: &BaggedRun, metric: &str) {
         eprintln!(
-            "  {} models × {} ranks: ensemble {metric} {:.4} (models {:.4} on average), V3.0 FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
-            r.models,
-            r.ranks_per_model,
+            "  {} × {}: ensemble {metric} {:.4} (models {:.4} on average), V3.0 FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+            roofline_model::count(r.models, "model"),
+            roofline_model::count(r.ranks_per_model, "rank"),
             r.ensemble_quality,
             r.mean_member_quality(),
             roofline_plots::si(r.flops),

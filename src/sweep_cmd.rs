@@ -92,6 +92,12 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     crate::args::check_writable(&a.output, "-o").map_err(Failure::Input)?;
     // Ctrl-C ends the running point (the child has its own handler); the sweep then says what
     // it kept.
+    // Every thread count is checked here, as the other verbs check theirs, rather than by
+    // the first point that fails.
+    for &t in &a.threads {
+        roofline_kernels::affinity::cores(Some(t))
+            .map_err(|e| Failure::Input(anyhow!("--threads {t}: {e}")))?;
+    }
     crate::exit::install_ctrlc()?;
     let req = sweeping::Request {
         workload: a.workload,

@@ -45,7 +45,12 @@ pub struct TrainArgs {
     resume: Option<std::path::PathBuf>,
 }
 
-struct Bar(Option<indicatif::ProgressBar>);
+/// A run's progress: a bar on a terminal; on a log, the first and last steps and a line at
+/// least every ten seconds.
+struct Bar(
+    Option<indicatif::ProgressBar>,
+    Option<crate::output::Ticker>,
+);
 
 impl Monitor for Bar {
     fn step(&self, step: usize, steps: usize, loss: f64, ips: f64) {
@@ -53,6 +58,11 @@ impl Monitor for Bar {
             b.set_length(steps as u64);
             b.set_position(step as u64);
             b.set_message(format!("loss {loss:.4}, {ips:.1} images/s"));
+        }
+        if let Some(t) = &self.1 {
+            t.tick("", step <= 1 || step == steps, || {
+                format!("step {step}/{steps}: loss {loss:.4}, {ips:.1} images/s")
+            });
         }
     }
 }
@@ -140,7 +150,8 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
         );
         b
     });
-    let monitor = Bar(bar);
+    let log = (!a.json && !std::io::stderr().is_terminal()).then(crate::output::Ticker::new);
+    let monitor = Bar(bar, log);
     let Some(trained) = roofline_workloads::run::train(&prep, &monitor, a.trace.as_deref())? else {
         // Another rank reports.
         return Ok(());
@@ -159,7 +170,11 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     let (s, gpu) = (&trained.summary, &trained.gpu);
     let on = match gpu {
         Some(g) => format!("{g}, convolutions in {}", a.run.precision),
-        None => format!("{} threads, products in {}", prep.threads, a.run.precision),
+        None => format!(
+            "{}, products in {}",
+            roofline_model::count(prep.threads, "thread"),
+            a.run.precision
+        ),
     };
     match &prep.job {
         Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, s, &on),

@@ -11,6 +11,15 @@ fn quick_probe_writes_every_required_ceiling_with_statistics() {
     let (path, table) = quick_machine();
     let m = roofline_model::Machine::read(path).unwrap();
     assert_eq!(m.schema, "roofline/machine/v1");
+    // On a log the probe is not silent: a line for each section it enters.
+    let log = std::fs::read_to_string(path.with_file_name("stderr.txt")).unwrap();
+    for section in ["fma", "memory", "gemm", "conv"] {
+        assert!(
+            log.lines()
+                .any(|l| l.starts_with("roofline: [") && l.contains(&format!(" {section} "))),
+            "no line for {section}: {log}"
+        );
+    }
     let mut required: Vec<String> = [
         "cpu/fma/f64/t1",
         "cpu/fma/f32/t1",

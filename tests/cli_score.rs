@@ -457,7 +457,7 @@ fn score_bags_two_models_in_one_process() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(
-        text.contains("bagging: 2 models × 1 ranks (Sys_scale 2)"),
+        text.contains("bagging: 2 models × 1 rank (Sys_scale 2)"),
         "{text}"
     );
     let s: serde_json::Value =

@@ -123,6 +123,20 @@ fn train_runs_a_small_resnet_and_reports_json() {
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["steps"], 3);
     assert_eq!(v["images"], 4);
+    // A checkpoint at the run's end leaves nothing to train: one line and exit 2, not a run
+    // of no steps and a NaN loss.
+    let mut again: Vec<&str> = small.to_vec();
+    again.extend(["--steps", "2", "--resume"]);
+    expect_input_error(&again, Some(&ck), "nothing is left to train");
+    // On a log (stderr not a terminal) the run says its first and last steps.
+    let plain: Vec<&str> = small.iter().copied().filter(|a| *a != "--json").collect();
+    let o = bin().args(&plain).args(["--steps", "3"]).output().unwrap();
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("step 1/3: loss ") && err.contains("step 3/3: loss "),
+        "{err}"
+    );
     // No GPU here: the CUDA path and its self-test say so (exit 2) and never panic.
     expect_input_error(
         &["train", "--device", "cuda", "--steps", "1"],

@@ -271,7 +271,6 @@ pub fn cpu_ident() -> CpuIdent {
     parse_cpuinfo(&fs::read_to_string("/proc/cpuinfo").unwrap_or_default())
 }
 
-/// Host name.
 /// Physical memory (MemTotal of /proc/meminfo), bytes; 0 where unknown.
 pub fn memory_bytes() -> u64 {
     std::fs::read_to_string("/proc/meminfo")
@@ -284,6 +283,38 @@ pub fn memory_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
+/// Bytes in binary units, one decimal (`23.4 GiB`, `5.5 PiB`).
+pub fn binary_bytes(b: f64) -> String {
+    let units = ["bytes", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let mut v = b;
+    let mut i = 0;
+    while v >= 1024.0 && i + 1 < units.len() {
+        v /= 1024.0;
+        i += 1;
+    }
+    if i == 0 {
+        format!("{v:.0} bytes")
+    } else {
+        format!("{v:.1} {}", units[i])
+    }
+}
+
+/// Work that cannot fit in this machine's memory, refused before anything is allocated:
+/// `what` needs at least `needed` bytes (a lower bound: a refusal is never wrong), said
+/// against what the machine has. Where the machine's memory is unknown, nothing is refused.
+pub fn fits_in_memory(needed: f64, what: &str) -> Result<(), String> {
+    let have = memory_bytes();
+    if have > 0 && needed > have as f64 {
+        return Err(format!(
+            "{what} needs at least {} of memory, and this machine has {}",
+            binary_bytes(needed),
+            binary_bytes(have as f64)
+        ));
+    }
+    Ok(())
+}
+
+/// Host name.
 pub fn hostname() -> String {
     read(Path::new("/proc/sys/kernel/hostname"))
         .or_else(|| std::env::var("HOSTNAME").ok())
@@ -342,6 +373,23 @@ pub fn rfc3339(secs: u64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn memory_is_said_in_binary_units_and_refused_only_past_the_machine() {
+        assert_eq!(binary_bytes(512.0), "512 bytes");
+        assert_eq!(binary_bytes(1536.0), "1.5 KiB");
+        assert_eq!(binary_bytes(60_211_200_000_000.0), "54.8 TiB");
+        if memory_bytes() > 0 {
+            assert!(fits_in_memory(1024.0, "a kibibyte").is_ok());
+            let e = fits_in_memory(1e18, "--batch 100000000").unwrap_err();
+            assert!(
+                e.starts_with(
+                    "--batch 100000000 needs at least 888.2 PiB of memory, and this machine has "
+                ),
+                "{e}"
+            );
+        }
+    }
 
     /// An aarch64 /proc/cpuinfo (NVIDIA Grace, Neoverse V2): implementer, architecture and part
     /// stand for vendor, family and model; Features are the flags.

@@ -97,6 +97,20 @@ impl Micro {
         }
     }
 
+    /// The memory it needs at the least (its arrays: A, B and C; the convolution's input,
+    /// filter and output; the triad's three arrays), to refuse a size that cannot fit before
+    /// anything is allocated.
+    pub fn memory_bytes(&self) -> f64 {
+        match self {
+            Micro::Gemm(s, prec) => {
+                let (m, n, k) = (s.m as f64, s.n as f64, s.k as f64);
+                prec.bytes() as f64 * (m * k + k * n + m * n)
+            }
+            Micro::Conv(sh) => sh.min_bytes(),
+            Micro::Stream(bytes) => *bytes as f64,
+        }
+    }
+
     /// Runs it on `cores` (one pinned thread each): `warm` samples, then `samples` measured;
     /// `llc_bytes` (the last-level cache) decides whether a triad streams past it with
     /// non-temporal stores, as the probe's DRAM ceiling does. Returns the measurement (its
@@ -147,8 +161,9 @@ impl Micro {
                     format!("gemm:{}x{}x{}:{prec}", shape.m, shape.n, shape.k),
                     "gemm",
                     format!(
-                        "C = A·B, {} (gemm crate, the probe's GEMM kernel), {threads} pinned threads; the analytic minimum traffic reads A and B and writes C once",
-                        shape.describe()
+                        "C = A·B, {} (gemm crate, the probe's GEMM kernel), {} pinned; the analytic minimum traffic reads A and B and writes C once",
+                        shape.describe(),
+                        roofline_model::count(threads, "thread")
                     ),
                     // f16 products are computed in f32 (see the probe's method).
                     if *prec == Precision::F16 {
@@ -171,8 +186,9 @@ impl Micro {
                     ),
                     "conv",
                     format!(
-                        "forward convolution {} (the probe's im2col + GEMM kernel), {threads} pinned threads",
-                        sh.describe()
+                        "forward convolution {} (the probe's im2col + GEMM kernel), {} pinned",
+                        sh.describe(),
+                        roofline_model::count(threads, "thread")
                     ),
                     Precision::F32,
                     sh.min_bytes(),
@@ -192,7 +208,8 @@ impl Micro {
                     format!("stream:{bytes}"),
                     "stream",
                     format!(
-                        "triad a = b + q·c over {actual} bytes of f64 arrays, {threads} pinned threads{}; 2 FLOPs and 24 bytes per element",
+                        "triad a = b + q·c over {actual} bytes of f64 arrays, {} pinned{}; 2 FLOPs and 24 bytes per element",
+                        roofline_model::count(threads, "thread"),
                         if nt { ", non-temporal stores" } else { "" }
                     ),
                     Precision::F64,

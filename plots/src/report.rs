@@ -59,9 +59,9 @@ fn bagging(
     flops: &dyn Fn(f64) -> String,
 ) {
     h.push_str(&format!(
-        "<h2>Bagging (HPC AI500 V3.0)</h2>\n<p>{} base models of {} ranks each (Sys_scale {}), each trained on its own bootstrap sample with its own seed, no synchronisation between them. Bagged APC (eq. 4) {}FLOP per iteration ({}); FLOPS (eq. 6) = iterations per epoch × APC / T_epoch, T_epoch set by the slowest model; VFLOPS (eqs. 7–8) with the ensemble's quality. The runs' FLOPS and VFLOPS above are these.</p>\n<table id=\"bagging\">",
+        "<h2>Bagging (HPC AI500 V3.0)</h2>\n<p>{} base models of {} each (Sys_scale {}), each trained on its own bootstrap sample with its own seed, no synchronisation between them. Bagged APC (eq. 4) {}FLOP per iteration ({}); FLOPS (eq. 6) = iterations per epoch × APC / T_epoch, T_epoch set by the slowest model; VFLOPS (eqs. 7–8) with the ensemble's quality. The runs' FLOPS and VFLOPS above are these.</p>\n<table id=\"bagging\">",
         b.models,
-        b.ranks_per_model,
+        roofline_model::count(b.ranks_per_model, "rank"),
         b.sys_scale,
         si(b.apc_flops),
         match b.analytic_flops_per_sample {

@@ -123,6 +123,16 @@ impl ModelError {
     }
 }
 
+/// A count and its noun, the noun plural unless the count is one: `count(1, "thread")` is
+/// "1 thread", `count(2, "thread")` "2 threads".
+pub fn count(n: usize, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
+}
+
 /// SI prefix formatting: 1.2e11 → "120 G".
 pub fn si(v: f64) -> String {
     let (p, s) = [

@@ -6,9 +6,11 @@ pub mod gpus;
 mod kernels;
 mod placement;
 pub mod sweep;
+mod ticker;
 
 pub use kernels::{check_table, kernels, peaks};
 pub use placement::{placement_table, score_summary};
+pub use ticker::Ticker;
 
 use roofline_model::{Ceiling, Machine};
 use roofline_plots::si;
@@ -24,8 +26,10 @@ fn stats_cell(c: &Ceiling) -> String {
         ),
         _ => String::new(),
     };
+    // Padded to its widest (" −k!"), so that a row with samples left out keeps the columns
+    // after it where the others have them.
     format!(
-        "{:>2} × cv {:>5.2}%{left}",
+        "{:>2} × cv {:>5.2}%{left:<4}",
         c.stats.samples,
         100.0 * c.stats.cv
     )
@@ -131,7 +135,7 @@ pub fn machine_table(m: &Machine) {
     }
     outln!();
     outln!(
-        "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
+        "{:<32} {:>14} {:>7} {:<18} {:>24} {:>6}",
         "ceiling",
         "value",
         "threads",
@@ -146,7 +150,7 @@ pub fn machine_table(m: &Machine) {
             ""
         };
         outln!(
-            "{:<32} {:>14} {:>7} {:>14} {:>24} {:>6}",
+            "{:<32} {:>14} {:>7} {:<18} {:>24} {:>6}",
             format!("{}{mark}", c.id),
             format!("{}{}", si(c.value), c.unit),
             c.threads,
@@ -242,5 +246,34 @@ pub fn machine_table(m: &Machine) {
     }
     for n in &m.provenance.notes {
         outln!("note: {n}");
+    }
+}
+
+#[cfg(test)]
+mod table_tests {
+    /// A ceiling with samples left out takes the width of one without: the columns after it
+    /// stay in place.
+    #[test]
+    fn left_out_samples_do_not_shift_the_columns() {
+        let text = include_str!("../../docs/machine-example.json");
+        let m = roofline_model::Machine::from_json(text).unwrap();
+        let plain = m.ceilings[0].clone();
+        let mut marked = plain.clone();
+        marked.conditions = Some(
+            serde_json::from_value(serde_json::json!({
+                "clean": 2,
+                "too_few_clean": true,
+                "left_out": [
+                    {"sample": 0, "why": {"why": "low_clock", "clock_hz": 1e9, "reference_hz": 3e9}},
+                    {"sample": 1, "why": {"why": "low_clock", "clock_hz": 1e9, "reference_hz": 3e9}},
+                    {"sample": 2, "why": {"why": "low_clock", "clock_hz": 1e9, "reference_hz": 3e9}}
+                ]
+            }))
+            .unwrap(),
+        );
+        let (a, b) = (super::stats_cell(&plain), super::stats_cell(&marked));
+        assert!(b.ends_with(" −3!"), "{b}");
+        assert_eq!(a.chars().count(), b.chars().count(), "{a:?} against {b:?}");
+        assert!(a.chars().count() <= 18, "{a:?}: wider than its column");
     }
 }

@@ -17,7 +17,11 @@ pub fn placement_table(p: &roofline_model::placement::Placement) {
         if p.workload.device.starts_with("gpu") {
             p.workload.precision.clone()
         } else {
-            format!("{} threads, {}", p.workload.threads, p.workload.precision)
+            format!(
+                "{}, {}",
+                roofline_model::count(p.workload.threads, "thread"),
+                p.workload.precision
+            )
         },
         if p.workload.ranks > 1 {
             format!(", {} ranks", p.workload.ranks)
@@ -158,9 +162,9 @@ pub fn score_summary(score: &roofline_model::score::Score) {
     }
     if let Some(b) = &s.bagging {
         outln!(
-            "  bagging: {} models × {} ranks (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
-            b.models,
-            b.ranks_per_model,
+            "  bagging: {} × {} (Sys_scale {}), bagged APC {}FLOP per iteration, T_epoch {:.2} s; ensemble {} {:.4} against {:.4} for its models on average; the first model alone: FLOPS {}FLOP/s, VFLOPS {}FLOP/s",
+            roofline_model::count(b.models, "model"),
+            roofline_model::count(b.ranks_per_model, "rank"),
             b.sys_scale,
             si(b.apc_flops),
             b.epoch_seconds.mean,

@@ -49,7 +49,9 @@ pub fn quick_machine() -> &'static (PathBuf, String) {
             .map_or(0, |d| d.as_nanos());
         let dir = std::env::temp_dir().join(format!("roofline-cli-machine-{}-{stamp}", exe.len()));
         let (out, text) = (dir.join("machine.json"), dir.join("stdout.txt"));
-        if let (true, Ok(t)) = (out.exists(), std::fs::read_to_string(&text)) {
+        // A probe of this binary with its output and its log.
+        let complete = || out.exists() && dir.join("stderr.txt").exists();
+        if let (true, Ok(t)) = (complete(), std::fs::read_to_string(&text)) {
             return (out, t);
         }
         let tmp = tmpdir("quick");
@@ -61,8 +63,10 @@ pub fn quick_machine() -> &'static (PathBuf, String) {
         assert!(o.status.success(), "probe failed: {}", stderr(&o));
         let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
         std::fs::write(tmp.join("stdout.txt"), &stdout).unwrap();
+        // Its progress, as a log shows it (stderr is not a terminal here).
+        std::fs::write(tmp.join("stderr.txt"), &o.stderr).unwrap();
         // Into place in one step (another binary may have got there first: then use its).
-        if std::fs::rename(&tmp, &dir).is_err() && !out.exists() {
+        if std::fs::rename(&tmp, &dir).is_err() && !complete() {
             return (tmp.join("machine.json"), stdout);
         }
         (out, stdout)

@@ -5,6 +5,7 @@
 
 pub mod bagged;
 pub mod execute;
+mod memory;
 pub mod place;
 pub mod placing;
 pub mod ranks;

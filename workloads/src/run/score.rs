@@ -310,7 +310,7 @@ pub fn configuration(
             "device",
             json!(match gpu {
                 Some(g) => format!("cuda: {g}, {}", p.spec.precision),
-                None => format!("cpu, {} threads", p.threads),
+                None => format!("cpu, {}", roofline_model::count(p.threads, "thread")),
             }),
         ),
         ("ranks", json!(ranks)),
@@ -333,9 +333,9 @@ pub fn configuration(
         entries.push((
             "bagging (HPC AI500 V3.0)",
             json!(format!(
-                "{} models × {} ranks each (Sys_scale {}), each on a bootstrap sample of the {} training images with its own seed; {}",
-                b.models,
-                b.ranks_per_model,
+                "{} × {} each (Sys_scale {}), each on a bootstrap sample of the {} training images with its own seed; {}",
+                roofline_model::count(b.models, "model"),
+                roofline_model::count(b.ranks_per_model, "rank"),
                 b.sys_scale(),
                 p.workload().train_images(),
                 if ranks > 1 {

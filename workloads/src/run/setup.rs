@@ -447,14 +447,29 @@ pub fn prepare(spec: &Spec) -> Result<Prepared, RunError> {
     let cpus = roofline_kernels::affinity::cores(spec.threads)
         .map_err(|e| input(e.to_string()))?
         .chosen;
-    Ok(Prepared {
+    let prepared = Prepared {
         job,
         spec: spec.clone(),
         threads: cpus.len(),
         resolution,
         pool: pool(&cpus, products)?,
         cpus,
-    })
+    };
+    let ranks = roofline_kernels::comm::launched_ranks().unwrap_or(1);
+    let what = format!(
+        "--batch {} on {} training images at {}x{}{}",
+        prepared.batch(),
+        prepared.workload().train_images(),
+        resolution.h,
+        resolution.w,
+        if ranks > 1 {
+            format!(" ({ranks} ranks: each rank's share)")
+        } else {
+            String::new()
+        }
+    );
+    roofline_collectors::fits_in_memory(prepared.least_memory(ranks), &what).map_err(input)?;
+    Ok(prepared)
 }
 
 /// Steps from --steps / --epochs (default 20).
@@ -654,6 +669,12 @@ fn detector(a: &Spec) -> Result<(Job, Resolution), RunError> {
     if a.target_top1.is_some() {
         return Err(input(
             "--target-top1 is resnet50's; ewa stops at --target-map (mAP@0.5)".into(),
+        ));
+    }
+    if a.label_smoothing != 0.0 {
+        return Err(input(
+            "--label-smoothing smooths resnet50's class labels; the ewa detector's losses take none"
+                .into(),
         ));
     }
     let res = a.resolution.unwrap_or(Resolution { h: 768, w: 1152 });

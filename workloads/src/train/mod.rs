@@ -426,6 +426,13 @@ pub fn run<T: Float, W: Task<T>>(
     }
     if let Some(path) = &opts.resume {
         (start_step, order) = load(path, task, &mut model)?;
+        if start_step >= opts.steps {
+            return Err(TrainError::Setup(format!(
+                "--resume {}: the checkpoint is at step {start_step}, and this run ends at step {}: nothing is left to train (give --steps or --epochs past step {start_step})",
+                path.display(),
+                opts.steps
+            )));
+        }
     }
     device.begin(&mut model).map_err(TrainError::Device)?;
     let mut tally = Tally::new(opts.batch, ranks, opts.comm, start_step);
@@ -592,15 +599,22 @@ fn load<T: Float, W: Task<T>>(
     // Checkpoints written before the workload was recorded are the classifier's.
     let workload = c.meta("workload").unwrap_or("resnet50");
     let batch = task.options().batch.to_string();
-    if workload != task.name() || c.meta("model")? != model.describe() || c.meta("batch")? != batch
-    {
+    let (model_was, model_now) = (c.meta("model")?, model.describe());
+    let mut differs = Vec::new();
+    if workload != task.name() {
+        differs.push(format!("workload {workload} there, {} now", task.name()));
+    }
+    if model_was != model_now {
+        differs.extend(model_differences(model_was, &model_now));
+    }
+    if c.meta("batch")? != batch {
+        differs.push(format!("batch {} there, {batch} now", c.meta("batch")?));
+    }
+    if !differs.is_empty() {
         return Err(CheckpointError::Mismatch(format!(
-            "{} was written for another workload, model or batch: {workload} {} batch {}; this run is {} {} batch {batch}",
+            "{} was written for another run ({}): resume with the arguments it was written with",
             path.display(),
-            c.meta("model")?,
-            c.meta("batch")?,
-            task.name(),
-            model.describe(),
+            differs.join("; ")
         )));
     }
     c.take_params(model.params())?;
@@ -610,6 +624,46 @@ fn load<T: Float, W: Task<T>>(
         .parse::<usize>()
         .map_err(|_| CheckpointError::Mismatch("bad step in the checkpoint".into()))?;
     Ok((step, task.load_order(&c)?))
+}
+
+/// How two models' descriptions (`Model::describe`, `Name { key: value, … }`) differ, one
+/// "key value there, value now" each; "another model" where they cannot be read apart.
+fn model_differences(was: &str, now: &str) -> Vec<String> {
+    /// The top-level fields of `Name { a: 1, b: [2, 3] }`, in order.
+    fn fields(d: &str) -> Option<Vec<(&str, &str)>> {
+        let inner = d.split_once('{')?.1.trim_end().strip_suffix('}')?.trim();
+        let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
+        for (i, ch) in inner.char_indices().chain([(inner.len(), ',')]) {
+            match ch {
+                '[' | '{' | '(' => depth += 1,
+                ']' | '}' | ')' => depth -= 1,
+                ',' if depth == 0 => {
+                    let (k, v) = inner[start..i].split_once(':')?;
+                    out.push((k.trim(), v.trim()));
+                    start = i + 1;
+                }
+                _ => {}
+            }
+        }
+        Some(out)
+    }
+    let (Some(a), Some(b)) = (fields(was), fields(now)) else {
+        return vec!["another model".into()];
+    };
+    let mut out: Vec<String> = b
+        .iter()
+        .filter_map(|(k, v)| {
+            let old = a
+                .iter()
+                .find(|(ka, _)| ka == k)
+                .map_or("(none)", |(_, v)| v);
+            (old != *v).then(|| format!("model {} {old} there, {v} now", k.replace('_', " ")))
+        })
+        .collect();
+    if out.is_empty() {
+        out.push("another model".into());
+    }
+    out
 }
 
 #[cfg(test)]

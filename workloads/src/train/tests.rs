@@ -443,10 +443,31 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
         },
         ..tiny()
     };
-    assert!(train::<f32, _>(&other, &Quiet, None)
+    let e = train::<f32, _>(&other, &Quiet, None)
         .unwrap_err()
-        .to_string()
-        .contains("was written for another workload, model or batch"));
+        .to_string();
+    assert!(
+        e.contains("was written for another run (model width "),
+        "{e}"
+    );
+    assert!(e.contains(" there, 0.25 now)"), "{e}");
+    assert!(!e.contains("Config {"), "no debug struct: {e}");
+    // A checkpoint at or past the run's end leaves nothing to train: refused, not a NaN.
+    let short = TrainConfig {
+        run: RunOptions {
+            resume: Some(ckpt.clone()),
+            steps: 2,
+            ..tiny().run.clone()
+        },
+        ..tiny()
+    };
+    let e = train::<f32, _>(&short, &Quiet, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("the checkpoint is at step 2, and this run ends at step 2"),
+        "{e}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
