@@ -170,11 +170,10 @@ pub fn train(a: &TrainArgs) -> Result<(), Failure> {
     let (s, gpu) = (&trained.summary, &trained.gpu);
     let on = match gpu {
         Some(g) => format!("{g}, convolutions in {}", a.run.precision),
-        None => format!(
-            "{}, products in {}",
-            roofline_model::count(prep.threads, "thread"),
-            a.run.precision
-        ),
+        None => {
+            let threads = roofline_model::count(prep.threads, "thread");
+            format!("{threads}, products in {}", a.run.precision)
+        }
     };
     match &prep.job {
         Job::Classifier(_) | Job::Graph { .. } => print_classifier(&prep, s, &on),

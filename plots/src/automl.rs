@@ -319,7 +319,7 @@ pub fn html(doc: &Automl) -> String {
     for (k, v) in &doc.configuration {
         h.push_str(&format!(
             "<tr><th>{}</th><td>{}</td></tr>",
-            escape(k),
+            escape(&crate::html::config_key(k)),
             escape(&crate::html::config_value(v))
         ));
     }

@@ -76,7 +76,7 @@ pub fn interactive(svg: &str, title: &str) -> String {
     h.push_str("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
     h.push_str(&format!("<title>{}</title>", esc(title)));
     h.push_str(
-        "<style>body{font-family:sans-serif;margin:16px;color:#222}#controls{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:13px;margin:8px 0}#controls fieldset{border:1px solid #ccc}#tip{position:absolute;max-width:480px;background:#fffbe6;border:1px solid #999;padding:4px 6px;font-size:12px;pointer-events:none;white-space:pre-wrap}.hit{cursor:help}.point{cursor:help}svg text[data-tip]{cursor:help}</style></head><body>\n",
+        "<style>body{font-family:sans-serif;margin:16px;color:#222}#controls{display:flex;flex-wrap:wrap;gap:4px 16px;font-size:13px;margin:8px 0}#controls fieldset{border:1px solid #ccc}#controls label{white-space:nowrap;display:inline-block;margin-right:8px}#tip{position:absolute;max-width:480px;background:#fffbe6;border:1px solid #999;padding:4px 6px;font-size:12px;pointer-events:none;white-space:pre-wrap}.hit{cursor:help}.point{cursor:help}svg text[data-tip]{cursor:help}</style></head><body>\n",
     );
     h.push_str(&format!(
         "<h1 style=\"font-size:18px\">{}</h1>\n",
@@ -123,6 +123,8 @@ mod tests {
         assert_eq!(h.matches("data-key=\"group\" data-value=").count(), 1);
         assert!(!h.contains("http") && !h.contains("src="), "self-contained");
         assert!(h.contains("<svg>") && h.contains("id=\"tip\""));
+        // A switch and its name never break apart (a label wraps as one).
+        assert!(h.contains("#controls label{white-space:nowrap"));
     }
 }
 
@@ -134,7 +136,13 @@ pub fn config_value(v: &serde_json::Value) -> String {
     match v {
         Value::Null => "not set".into(),
         Value::Bool(b) => if *b { "yes" } else { "no" }.into(),
-        Value::Number(n) => n.to_string(),
+        // A whole number stored as a float (a parameter limit) reads as the whole number.
+        Value::Number(n) => match n.as_f64() {
+            Some(f) if !n.is_i64() && !n.is_u64() && f.fract() == 0.0 && f.abs() < 9e15 => {
+                format!("{}", f as i64)
+            }
+            _ => n.to_string(),
+        },
         Value::String(s) => s.clone(),
         Value::Array(a) if a.is_empty() => "none".into(),
         Value::Array(a) => a.iter().map(config_value).collect::<Vec<_>>().join(", "),
@@ -147,9 +155,29 @@ pub fn config_value(v: &serde_json::Value) -> String {
     }
 }
 
+/// A configuration key as a reader reads it: words, not an identifier (`budget_s` is
+/// "budget (s)", `lr_per_256` "lr per 256").
+pub fn config_key(k: &str) -> String {
+    match k.strip_suffix("_s") {
+        Some(stem) => format!("{} (s)", stem.replace('_', " ")),
+        None => k.replace('_', " "),
+    }
+}
+
 #[cfg(test)]
 mod config_tests {
-    use super::config_value;
+    use super::{config_key, config_value};
+
+    #[test]
+    fn keys_and_whole_numbers_read_as_words() {
+        assert_eq!(config_key("budget_s"), "budget (s)");
+        assert_eq!(config_key("lr_per_256"), "lr per 256");
+        assert_eq!(config_key("model"), "model");
+        let v = serde_json::json!({"max_parameters": 534128.0, "lr": 0.1, "n": 3});
+        assert_eq!(config_value(&v["max_parameters"]), "534128");
+        assert_eq!(config_value(&v["lr"]), "0.1");
+        assert_eq!(config_value(&v["n"]), "3");
+    }
 
     #[test]
     fn configuration_values_read_as_words() {

@@ -590,3 +590,43 @@ fn every_roof_is_labelled_whatever_the_values() {
         unlabelled.len()
     );
 }
+
+/// Where colour tells the points' groups apart (a sweep's thread counts), the subtitle names
+/// each group in its colour with its marker; one group needs no legend.
+#[test]
+fn colours_that_carry_meaning_have_a_legend() {
+    let m = machine();
+    let point = |group: &str, intensity: f64| PlotPoint {
+        label: format!("#{intensity}"),
+        group: group.into(),
+        intensity,
+        achieved: 1e9,
+        attainable: 1e10,
+        main: true,
+        share: None,
+        binding: None,
+    };
+    let two = ClassicOptions {
+        points: vec![
+            point("1 thread", 1.0),
+            point("2 threads", 2.0),
+            point("1 thread", 4.0),
+        ],
+        ..Default::default()
+    };
+    let svg = classic_svg(&m, &two).unwrap();
+    assert_eq!(svg.matches("data-legend=").count(), 2, "{svg}");
+    let (r, g, b) = crate::render::rgb(crate::render::POINT_COLORS[1]);
+    assert!(
+        svg.contains(&format!(
+            "data-legend=\"2 threads\" fill=\"rgb({r},{g},{b})\""
+        )),
+        "the second group in the second colour"
+    );
+    let one = ClassicOptions {
+        points: vec![point("resnet50", 1.0)],
+        ..Default::default()
+    };
+    let svg = classic_svg(&m, &one).unwrap();
+    assert!(!svg.contains("data-legend=") && svg.contains("placed: resnet50 · "));
+}

@@ -72,7 +72,7 @@ pub(super) fn draw(
     // in their own band: always drawn.
     let cx = opt.width as f64 / 2.0;
     shapes.push_str(&text_svg(&title, (cx, 28.0), 22.0, "middle"));
-    shapes.push_str(&text_svg(&subtitle(m, opt), (cx, 52.0), 14.0, "middle"));
+    shapes.push_str(&subtitle(m, opt, (cx, 52.0)));
     // The roofs that bind a placed workload are drawn thicker.
     let binding: Vec<&str> = opt
         .points
@@ -470,20 +470,14 @@ fn points(
     markers: &mut Vec<labels::Quad>,
     labels: &mut Vec<labels::Label>,
 ) {
-    let mut groups: Vec<&str> = Vec::new();
+    let groups = point_groups(opt);
     let mut point_labels: Vec<(bool, f64, labels::Label)> = Vec::new();
     for p in opt
         .points
         .iter()
         .filter(|p| p.intensity > 0.0 && p.achieved > 0.0)
     {
-        let g = match groups.iter().position(|g| *g == p.group) {
-            Some(i) => i,
-            None => {
-                groups.push(&p.group);
-                groups.len() - 1
-            }
-        };
+        let g = groups.iter().position(|g| *g == p.group).unwrap_or(0);
         let c = POINT_COLORS[g % POINT_COLORS.len()];
         let (x, y) = (p.intensity.clamp(x0, x1), p.achieved.clamp(y0, y1));
         let top = p.attainable.clamp(y0, y1);
@@ -663,27 +657,56 @@ fn title_of(m: &Machine, opt: &ClassicOptions) -> String {
     }
 }
 
-/// The subtitle: what is placed, and when and where the machine was measured.
-fn subtitle(m: &Machine, opt: &ClassicOptions) -> String {
-    let mut placed: Vec<&str> = Vec::new();
-    for p in &opt.points {
-        if !placed.contains(&p.group.as_str()) {
-            placed.push(&p.group);
+/// The groups of the points drawn, in the order their colours are given
+/// (`POINT_COLORS[i]`).
+fn point_groups(opt: &ClassicOptions) -> Vec<&str> {
+    let mut groups: Vec<&str> = Vec::new();
+    for p in opt
+        .points
+        .iter()
+        .filter(|p| p.intensity > 0.0 && p.achieved > 0.0)
+    {
+        if !groups.contains(&p.group.as_str()) {
+            groups.push(&p.group);
         }
     }
-    format!(
-        "{}measured {} on {}{}",
-        if placed.is_empty() {
-            String::new()
-        } else {
-            format!("placed: {} · ", placed.join(", "))
-        },
-        m.provenance.time_utc,
-        m.provenance.host,
-        if m.provenance.quick {
-            " (quick probe)"
-        } else {
-            ""
+    groups
+}
+
+/// The subtitle at `(x, y)`: what is placed, and when and where the machine was measured.
+/// Where the points' colours tell groups apart (two or more), each group is named in its
+/// colour, with its marker: the figure's legend.
+fn subtitle(m: &Machine, opt: &ClassicOptions, (x, y): (f64, f64)) -> String {
+    let groups = point_groups(opt);
+    let placed = match groups.len() {
+        0 => String::new(),
+        1 => format!("placed: {} · ", labels::esc(groups[0])),
+        _ => {
+            let named: Vec<String> = groups
+                .iter()
+                .enumerate()
+                .map(|(i, g)| {
+                    let (r, gr, b) = rgb(POINT_COLORS[i % POINT_COLORS.len()]);
+                    format!(
+                        "<tspan data-legend=\"{0}\" fill=\"rgb({r},{gr},{b})\" font-weight=\"bold\">● {0}</tspan>",
+                        labels::esc(g)
+                    )
+                })
+                .collect();
+            format!("placed: {} · ", named.join(", "))
         }
+    };
+    format!(
+        "<text x=\"{x:.1}\" y=\"{y:.1}\" text-anchor=\"middle\" font-family=\"sans-serif\" font-size=\"14.0\" fill=\"rgb(40,40,40)\">{placed}{}</text>\n",
+        labels::esc(&format!(
+            "measured {} on {}{}",
+            m.provenance.time_utc,
+            m.provenance.host,
+            if m.provenance.quick {
+                " (quick probe)"
+            } else {
+                ""
+            }
+        ))
     )
 }

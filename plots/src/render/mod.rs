@@ -155,7 +155,7 @@ pub fn roof_name(id: &str) -> String {
     words.join(" ")
 }
 
-fn rgb(c: RGBColor) -> (u8, u8, u8) {
+pub(crate) fn rgb(c: RGBColor) -> (u8, u8, u8) {
     (c.0, c.1, c.2)
 }
 
