@@ -139,38 +139,29 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
             done.push(run);
             report.bagged(&b.run, &target.metric);
             last = Some(b.first);
-            keep(
-                &mut journal,
-                &done,
-                last.as_ref(),
-                &gpu,
-                &energy_note,
-                root,
-                report,
+        } else {
+            let (s, g) = execute(prep, &Quiet, reducer.clone())?;
+            gpu = g;
+            let reading = stop(span, s.elapsed_seconds, report);
+            let energy = energy::per_step(&reading, 1, "per run");
+            energy_note = energy.note.clone();
+            let rules = Rules::of(&prep.spec, prep.run(), s.flops_step_per_image);
+            let run = record(
+                i,
+                seed,
+                &s,
+                prep.batch(),
+                target,
+                &rules,
+                v3_per_image,
+                &energy,
             );
-            continue;
+            if root {
+                report.run(&run, &target.metric);
+            }
+            done.push(run);
+            last = Some(s);
         }
-        let (s, g) = execute(prep, &Quiet, reducer.clone())?;
-        gpu = g;
-        let reading = stop(span, s.elapsed_seconds, report);
-        let energy = energy::per_step(&reading, 1, "per run");
-        energy_note = energy.note.clone();
-        let rules = Rules::of(&prep.spec, prep.run(), s.flops_step_per_image);
-        let run = record(
-            i,
-            seed,
-            &s,
-            prep.batch(),
-            target,
-            &rules,
-            v3_per_image,
-            &energy,
-        );
-        if root {
-            report.run(&run, &target.metric);
-        }
-        done.push(run);
-        last = Some(s);
         keep(
             &mut journal,
             &done,
