@@ -156,6 +156,12 @@ pub fn probe(a: ProbeArgs) -> Result<(), Failure> {
     }
     if let Some(Some(dir)) = &a.io {
         // Checked before minutes of probing: the test files are written there.
+        if !dir.is_dir() {
+            return Err(Failure::Input(anyhow!(
+                "--io {} is not a folder",
+                dir.display()
+            )));
+        }
         crate::args::check_writable(&dir.join(".roofline-io-test"), "--io")
             .map_err(Failure::Input)?;
     }

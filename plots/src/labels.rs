@@ -165,6 +165,19 @@ pub fn overlap(a: &Quad, b: &Quad, margin: f64) -> bool {
     true
 }
 
+/// Whether two segments cross each other properly (each one's ends on opposite sides of the
+/// other; segments that only touch, at a shared owner point, do not cross).
+pub fn segments_cross(a: Segment, b: Segment) -> bool {
+    let side = |p: (f64, f64), q: (f64, f64), r: (f64, f64)| {
+        (q.0 - p.0) * (r.1 - p.1) - (q.1 - p.1) * (r.0 - p.0)
+    };
+    let eps = 1e-6;
+    let (d1, d2) = (side(a.0, a.1, b.0), side(a.0, a.1, b.1));
+    let (d3, d4) = (side(b.0, b.1, a.0), side(b.0, b.1, a.1));
+    ((d1 > eps && d2 < -eps) || (d1 < -eps && d2 > eps))
+        && ((d3 > eps && d4 < -eps) || (d3 < -eps && d4 > eps))
+}
+
 /// Whether segment (p, q) crosses the rectangle (by more than half a pixel).
 pub fn crosses(quad: &Quad, p: (f64, f64), q: (f64, f64)) -> bool {
     meets(quad, p, q, -0.5)
@@ -232,6 +245,7 @@ pub fn place(
     let mut state = Placer {
         boxes: taken.to_vec(),
         lines: lines.to_vec(),
+        drawn: lines.len(),
         area,
     };
     let mut out = Vec::with_capacity(labels.len());
@@ -291,7 +305,10 @@ pub fn place(
 /// What [`place`] has placed so far: the boxes taken and the lines drawn (leaders included).
 struct Placer {
     boxes: Vec<Quad>,
+    /// The figure's lines, then the leaders placed.
     lines: Vec<Line>,
+    /// How many of `lines` are the figure's own (the rest are leaders).
+    drawn: usize,
     area: (f64, f64, f64, f64),
 }
 
@@ -344,10 +361,49 @@ impl Placer {
         } else {
             l.owners.clone()
         };
-        leader_spot(l.size, &owners, self.area, |s, seg, clearance| {
-            self.free(l, s, true) && leader_clear(&self.boxes, seg, clearance)
-        })
-        .map(|(s, seg)| (s, Some(seg)))
+        // A leader the eye can follow where there is one ([`Placer::untangled`]); else the
+        // nearest free spot (a point among many roofs may have no spot within one roof of
+        // it: its label out past them beats no label, and [`crate::order::tangled`] counts
+        // such leaders in the tests).
+        [true, false]
+            .into_iter()
+            .find_map(|strict| {
+                leader_spot(l.size, &owners, self.area, |s, seg, clearance| {
+                    self.free(l, s, true)
+                        && leader_clear(&self.boxes, seg, clearance)
+                        && (!strict || self.untangled(l, seg))
+                })
+            })
+            .map(|(s, seg)| (s, Some(seg)))
+    }
+
+    /// Whether a leader for `l` along `seg` reads as its own: it crosses no other leader,
+    /// and a placed point's (`data` "group") crosses at most one of the figure's
+    /// lines not its own (a roof it must reach past), so that the eye can follow it (a leader across
+    /// five roofs, or two leaders crossing, could not be told from another's). A roof's
+    /// label, out on a leader from its own roof inside a stack, may cross the stack.
+    fn untangled(&self, l: &Label, seg: Segment) -> bool {
+        let (figure, leaders) = self.lines.split_at(self.drawn);
+        if leaders
+            .iter()
+            .any(|k| k.own != l.own && segments_cross(k.seg, seg))
+        {
+            return false;
+        }
+        let point = l.data.as_ref().is_some_and(|(k, _)| *k == "group");
+        if !point {
+            return true;
+        }
+        let mut crossed: Vec<&str> = Vec::new();
+        for k in figure {
+            if k.own != l.own && !crossed.contains(&k.own.as_str()) && segments_cross(k.seg, seg) {
+                crossed.push(&k.own);
+                if crossed.len() > 1 {
+                    return false;
+                }
+            }
+        }
+        true
     }
 }
 

@@ -1,9 +1,10 @@
 //! Whether a reader matches every flat roof's label with its roof: a label beside a stack of
 //! roofs is read by its row (the top roof's label highest), and a label with another roof
 //! between it and its own reads as that roof's. [`misread`] lists the labels of an SVG that
-//! break either (the tests run it on every figure they draw).
+//! break either, and [`tangled`] the leader lines a reader cannot follow (the tests run both
+//! on every figure they draw).
 
-use crate::labels::{text_boxes, Quad};
+use crate::labels::{segments_cross, text_boxes, Quad, Segment};
 
 /// A flat roof's label as drawn: its roof's height, its box's centre and horizontal extent.
 struct Beside {
@@ -121,9 +122,82 @@ pub fn misread(svg: &str) -> Vec<String> {
     out
 }
 
+/// Every `<line>` of `svg` whose tag starts with `open`: its `data-own` (or `data-roof`) and
+/// its segment.
+fn lines_of(svg: &str, open: &str) -> Vec<(String, Segment)> {
+    elements(svg, open, ">")
+        .filter_map(|tag| {
+            let own = attr(tag, "data-own").or_else(|| attr(tag, "data-roof"))?;
+            let seg = (
+                (num(tag, "x1")?, num(tag, "y1")?),
+                (num(tag, "x2")?, num(tag, "y2")?),
+            );
+            Some((own.to_string(), seg))
+        })
+        .collect()
+}
+
+/// The leader lines of `svg` a reader cannot follow to their label: two leaders that cross,
+/// and a placed point's leader that crosses more than one roof (a roof's own label, out on a
+/// leader from inside a stack, may cross the stack).
+pub fn tangled(svg: &str) -> Vec<String> {
+    let leaders = lines_of(svg, "<line class=\"leader\"");
+    let roofs = lines_of(svg, "<line class=\"roof\"");
+    let mut out = Vec::new();
+    for (i, (a, sa)) in leaders.iter().enumerate() {
+        for (b, sb) in &leaders[i + 1..] {
+            if a != b && segments_cross(*sa, *sb) {
+                out.push(format!("the leaders of {a} and {b} cross"));
+            }
+        }
+        if roofs.iter().any(|(r, _)| r == a) {
+            continue;
+        }
+        let mut crossed: Vec<&str> = Vec::new();
+        for (r, s) in &roofs {
+            if r != a && !crossed.contains(&r.as_str()) && segments_cross(*s, *sa) {
+                crossed.push(r);
+            }
+        }
+        if crossed.len() > 1 {
+            out.push(format!(
+                "the leader of {a} crosses {} roofs: {}",
+                crossed.len(),
+                crossed.join(", ")
+            ));
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
-    use super::misread;
+    use super::{misread, tangled};
+
+    #[test]
+    fn crossing_leaders_and_a_leader_across_roofs_are_tangled() {
+        let leader = |own: &str, x1: f64, y1: f64, x2: f64, y2: f64| {
+            format!("<line class=\"leader\" data-own=\"{own}\" x1=\"{x1}\" y1=\"{y1}\" x2=\"{x2}\" y2=\"{y2}\"/>\n")
+        };
+        let roofs = roof("gemm", 200.0) + &roof("conv", 210.0) + &roof("f16", 240.0);
+        // Two leaders that cross, as layer3.0.downsample.0's and layer4.0.conv1's did.
+        let x = leader("a", 400.0, 100.0, 500.0, 150.0) + &leader("b", 400.0, 150.0, 500.0, 100.0);
+        assert_eq!(tangled(&x), ["the leaders of a and b cross"]);
+        // Side by side, or from one point: followed.
+        let apart =
+            leader("a", 400.0, 100.0, 500.0, 100.0) + &leader("b", 400.0, 150.0, 500.0, 150.0);
+        assert!(tangled(&apart).is_empty());
+        let fan = leader("a", 400.0, 100.0, 500.0, 50.0) + &leader("a", 400.0, 100.0, 500.0, 150.0);
+        assert!(tangled(&fan).is_empty());
+        // Down through the roof stack: three roofs crossed; through one: allowed.
+        let deep = roofs.clone() + &leader("p", 600.0, 260.0, 600.0, 150.0);
+        assert_eq!(
+            tangled(&deep),
+            ["the leader of p crosses 3 roofs: gemm, conv, f16"]
+        );
+        let one = roofs + &leader("p", 600.0, 260.0, 600.0, 220.0);
+        assert!(tangled(&one).is_empty());
+    }
 
     fn roof(id: &str, y: f64) -> String {
         format!("<line class=\"roof\" data-roof=\"{id}\" data-own=\"{id}\" x1=\"300.0\" y1=\"{y:.1}\" x2=\"1000.0\" y2=\"{y:.1}\"/>\n")
