@@ -111,14 +111,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         resumed.as_ref().map_or(0, |j| j.runs.len()),
     ));
     let (count, shown) = (finished.clone(), journal_path.display().to_string());
-    crate::exit::exit_on_ctrlc_with(move || {
-        match count.load(Ordering::SeqCst) {
-        0 => "no run had finished, so nothing was written (score.json and its report are written when every run has ended)".into(),
-        n => format!(
-            "the {n} finished run(s) are kept in {shown}; `roofline score --resume` with the same arguments goes on from them"
-        ),
-    }
-    })?;
+    crate::exit::exit_on_ctrlc_with(move || kept_note(count.load(Ordering::SeqCst), &shown))?;
     let machine = match &a.machine {
         Some(p) => Some(Machine::read(p).map_err(|e| input(e.to_string()))?),
         None => None,
@@ -190,6 +183,17 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
     crate::output::score_summary(&score);
     outln!("wrote {} and {}", a.output.display(), report_path.display());
     Ok(())
+}
+
+/// What Ctrl-C leaves when `n` runs are kept in `journal`.
+fn kept_note(n: usize, journal: &str) -> String {
+    match n {
+        0 => "no run had finished, so nothing was written (score.json and its report are written when every run has ended)".into(),
+        n => format!(
+            "the {} kept in {journal}; `roofline score --resume` with the same arguments goes on from them",
+            if n == 1 { "finished run is".to_string() } else { format!("{n} finished runs are") }
+        ),
+    }
 }
 
 /// Where a score keeps its finished runs: the output's name with .runs.json.
