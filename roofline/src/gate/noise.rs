@@ -2,8 +2,9 @@
 //! before a change is the code's.
 //!
 //! Three sources, the widest wins ([`tolerance`]):
-//! - the files' own samples: the wider of the two runs' (max − min) / median (what a figure
-//!   moved within one run);
+//! - the baseline's own samples: (max − min) / median (what a figure moved within a healthy
+//!   run; the current run's scatter is not asked, so that a loaded run cannot hide its own
+//!   fall behind its own noise);
 //! - the runs' spread, where several files are pooled per side: (max − min) / median of the
 //!   runs' medians (what it moved between runs here, today);
 //! - what this project measured of run-to-run noise per kind of figure ([`PRIORS`]): one run's
@@ -300,7 +301,11 @@ pub fn noise(b: &Metric, c: &Metric) -> Noise {
             }
         };
     }
-    let within = spread(&b.samples).max(spread(&c.samples));
+    // The baseline's own samples say how far the figure moves within a healthy run; the
+    // current's are not asked: a run whose samples scatter (a loaded core, a throttling GPU)
+    // would otherwise hide its own fall behind its own noise (a pretend node 36% short, its
+    // samples 38% apart, was "too noisy" on a CI run). Its scatter is in the interval.
+    let within = spread(&b.samples);
     let between = spread(&b.runs).max(spread(&c.runs));
     let tolerance = within.max(between).max(prior(&b.id));
     Noise {
