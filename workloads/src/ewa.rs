@@ -449,7 +449,8 @@ mod tests {
         .unwrap_err();
         let _ = std::fs::remove_file(&path);
         assert!(
-            e.to_string().contains("another workload, model or batch"),
+            e.to_string()
+                .contains("was written for another run (model "),
             "{e}"
         );
         // Any mAP reaches a target of zero at the first evaluation.

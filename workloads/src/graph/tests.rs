@@ -258,6 +258,6 @@ fn the_loop_trains_a_described_network() {
     let e = train::<f32, _>(&other, &Quiet, None)
         .unwrap_err()
         .to_string();
-    assert!(e.contains("another workload, model or batch"), "{e}");
+    assert!(e.contains("was written for another run (model "), "{e}");
     let _ = std::fs::remove_file(&ckpt);
 }
