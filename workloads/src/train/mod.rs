@@ -627,25 +627,39 @@ fn load<T: Float, W: Task<T>>(
 }
 
 /// How two models' descriptions (`Model::describe`, `Name { key: value, … }`) differ, one
-/// "key value there, value now" each; "another model" where they cannot be read apart.
-fn model_differences(was: &str, now: &str) -> Vec<String> {
-    /// The top-level fields of `Name { a: 1, b: [2, 3] }`, in order.
-    fn fields(d: &str) -> Option<Vec<(&str, &str)>> {
-        let inner = d.split_once('{')?.1.trim_end().strip_suffix('}')?.trim();
+/// "key value there, value now" each; a list too long to print by its length or its first
+/// item that differs ("model nodes: 12 there, 14 now", "model nodes: 4 of 12 differs");
+/// "another model" where they cannot be read apart.
+pub(crate) fn model_differences(was: &str, now: &str) -> Vec<String> {
+    /// The items of `[a, b, c]` (the top level of `inner` split at commas), in order.
+    fn split(inner: &str) -> Vec<&str> {
         let (mut out, mut depth, mut start) = (Vec::new(), 0i32, 0);
         for (i, ch) in inner.char_indices().chain([(inner.len(), ',')]) {
             match ch {
                 '[' | '{' | '(' => depth += 1,
                 ']' | '}' | ')' => depth -= 1,
                 ',' if depth == 0 => {
-                    let (k, v) = inner[start..i].split_once(':')?;
-                    out.push((k.trim(), v.trim()));
+                    if !inner[start..i].trim().is_empty() {
+                        out.push(inner[start..i].trim());
+                    }
                     start = i + 1;
                 }
                 _ => {}
             }
         }
-        Some(out)
+        out
+    }
+    /// The items of a `[a, b]` value.
+    fn list(v: &str) -> Option<Vec<&str>> {
+        Some(split(v.strip_prefix('[')?.strip_suffix(']')?))
+    }
+    /// The top-level fields of `Name { a: 1, b: [2, 3] }`, in order.
+    fn fields(d: &str) -> Option<Vec<(&str, &str)>> {
+        let inner = d.split_once('{')?.1.trim_end().strip_suffix('}')?.trim();
+        split(inner)
+            .into_iter()
+            .map(|f| f.split_once(':').map(|(k, v)| (k.trim(), v.trim())))
+            .collect()
     }
     let (Some(a), Some(b)) = (fields(was), fields(now)) else {
         return vec!["another model".into()];
@@ -657,7 +671,19 @@ fn model_differences(was: &str, now: &str) -> Vec<String> {
                 .iter()
                 .find(|(ka, _)| ka == k)
                 .map_or("(none)", |(_, v)| v);
-            (old != *v).then(|| format!("model {} {old} there, {v} now", k.replace('_', " ")))
+            let k = k.replace('_', " ");
+            Some(match (list(old), list(v)) {
+                _ if old == *v => return None,
+                (Some(a), Some(b)) if old.len() + v.len() > 80 && a.len() != b.len() => {
+                    format!("model {k}: {} there, {} now", a.len(), b.len())
+                }
+                (Some(a), Some(b)) if old.len() + v.len() > 80 => {
+                    let i = a.iter().zip(&b).position(|(x, y)| x != y).unwrap_or(0);
+                    format!("model {k}: {} of {} differs", i + 1, b.len())
+                }
+                _ if old.len() + v.len() > 80 => format!("model {k} differs"),
+                _ => format!("model {k} {old} there, {v} now"),
+            })
         })
         .collect();
     if out.is_empty() {

@@ -452,6 +452,24 @@ fn a_resumed_run_ends_exactly_where_an_uninterrupted_one_does() {
     );
     assert!(e.contains(" there, 0.25 now)"), "{e}");
     assert!(!e.contains("Config {"), "no debug struct: {e}");
+    // A described network's nodes (AutoML's graphs): by count, or the first that differs.
+    let node =
+        |c: usize| format!("Node {{ op: Conv {{ channels: {c}, kernel: 3 }}, inputs: [0] }}");
+    let graph = |cs: &[usize]| {
+        let nodes: Vec<String> = cs.iter().map(|&c| node(c)).collect();
+        format!(
+            "Description {{ channels: 3, nodes: [{}] }}",
+            nodes.join(", ")
+        )
+    };
+    assert_eq!(
+        super::model_differences(&graph(&[8, 16]), &graph(&[8, 16, 32])),
+        ["model nodes: 2 there, 3 now"]
+    );
+    assert_eq!(
+        super::model_differences(&graph(&[8, 16, 32]), &graph(&[8, 24, 32])),
+        ["model nodes: 2 of 3 differs"]
+    );
     // A checkpoint at or past the run's end leaves nothing to train: refused, not a NaN.
     let short = TrainConfig {
         run: RunOptions {
