@@ -57,8 +57,8 @@ pub fn scaling(result: &Sweep, kind: &str) {
             s.points
                 .iter()
                 .map(|p| format!(
-                    "{} {kind} ×{:.2} ({:.0}%)",
-                    p.processes,
+                    "{} ×{:.2} ({:.0}%)",
+                    roofline_plots::sweep::count(p.processes, kind),
                     p.speedup,
                     100.0 * p.efficiency
                 ))
@@ -72,7 +72,10 @@ pub fn scaling(result: &Sweep, kind: &str) {
             s.problem,
             s.points
                 .iter()
-                .map(|p| format!("{} {kind} {:.0}%", p.processes, 100.0 * p.efficiency))
+                .map(|p| {
+                    let n = roofline_plots::sweep::count(p.processes, kind);
+                    format!("{n} {:.0}%", 100.0 * p.efficiency)
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         );
