@@ -209,6 +209,8 @@ fn plot_draws_the_gpu_matrix() {
     let html = std::fs::read_to_string(&page).unwrap();
     assert_eq!(html.matches("data-cell=").count(), 6 + 6 + 6);
     assert!(html.contains("gpu2 → gpu1 by the copy engine: 180 GB/s, 40% of 450 GB/s"));
+    // Held to every figure's rules (no text under 12 px among them).
+    assert_figures_fit(&[&page]);
     let Some(chrome) = chromium("the browser check") else {
         return;
     };

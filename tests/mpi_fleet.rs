@@ -3,6 +3,7 @@
 //! which stops answering.
 #![cfg(feature = "mpi")]
 
+mod common;
 mod mpi_support;
 
 use mpi_support::{mpirun, shared, text, tmpdir, MACHINE};
@@ -203,6 +204,7 @@ fn a_busy_core_names_its_pretend_node_and_a_quiet_fleet_names_nobody() {
         6,
         "each of the three links, both ways"
     );
+    common::assert_figures_fit(&[&svg]);
 }
 
 /// Four pretend nodes: six links in three rounds, each pair once. A node that stops answering

@@ -105,7 +105,12 @@ pub fn script() -> String {
 /// A page that runs the check on `doc` (an SVG figure, or an HTML page holding figures) when
 /// it loads.
 pub fn page(doc: &str) -> String {
-    let run = format!("<script>{}\nfigureCheck();</script>", script());
+    // An interactive page carries the script already (its `#selftest`): only the call.
+    let run = if doc.contains(&script()) {
+        "<script>figureCheck();</script>".to_string()
+    } else {
+        format!("<script>{}\nfigureCheck();</script>", script())
+    };
     if let Some(i) = doc.rfind("</body>") {
         let mut s = doc.to_string();
         s.insert_str(i, &run);

@@ -43,7 +43,7 @@ fn cell(s: &mut String, x: f64, y: f64, what: &str, entry: Option<&Entry>) {
         .map(|f| format!("{:.0}%", 100.0 * f))
         .unwrap_or_default();
     s.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\" pointer-events=\"none\">{}B/s</text>\n<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"middle\" pointer-events=\"none\">{pct}</text>\n",
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\" pointer-events=\"none\">{}B/s</text>\n<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\" pointer-events=\"none\">{pct}</text>\n",
         x + CELL / 2.0,
         y + CELL / 2.0 - 2.0,
         si(e.value),
@@ -66,7 +66,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
         "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"{width:.0}\" height=\"{height:.0}\" viewBox=\"0 0 {width:.0} {height:.0}\" font-family=\"sans-serif\">\n"
     );
     s.push_str(&format!(
-        "<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n<text x=\"10\" y=\"38\" font-size=\"11\">one-way copies, rows from, columns to: by the copy engine (cuMemcpyPeerAsync), by the SMs (a kernel storing into the peer),</text>\n<text x=\"10\" y=\"53\" font-size=\"11\">and from (h2d) and to (d2h) pinned host memory; each cell against its NVLink or PCIe figure</text>\n",
+        "<text x=\"10\" y=\"20\" font-size=\"14\">{}</text>\n<text x=\"10\" y=\"38\" font-size=\"12\">one-way copies, rows from, columns to: by the copy engine (cuMemcpyPeerAsync),</text>\n<text x=\"10\" y=\"53\" font-size=\"12\">by the SMs (a kernel storing into the peer), and from (h2d) and to (d2h) pinned host memory;</text>\n<text x=\"10\" y=\"68\" font-size=\"12\">each cell against its NVLink or PCIe figure</text>\n",
         esc(title)
     ));
     for (x, heading) in [(xs[0], "copy engine"), (xs[1], "SMs"), (xs[2], "host")] {
@@ -78,7 +78,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
     for (i, g) in m.gpus.iter().enumerate() {
         let y = top + CELL * i as f64;
         s.push_str(&format!(
-            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"end\" dominant-baseline=\"middle\">gpu{g}</text>\n",
+            "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"end\" dominant-baseline=\"middle\">gpu{g}</text>\n",
             left - 6.0,
             y + CELL / 2.0
         ));
@@ -87,7 +87,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
                 let x = xs[p] + CELL * j as f64;
                 if i == 0 {
                     s.push_str(&format!(
-                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\">gpu{h}</text>\n",
+                        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\">gpu{h}</text>\n",
                         x + CELL / 2.0,
                         top - 8.0
                     ));
@@ -116,7 +116,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
             let x = xs[2] + CELL * j as f64;
             if i == 0 {
                 s.push_str(&format!(
-                    "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\" text-anchor=\"middle\">{label}</text>\n",
+                    "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"middle\">{label}</text>\n",
                     x + CELL / 2.0,
                     top - 8.0
                 ));
@@ -132,7 +132,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
     for (i, r) in [0.5, 0.75, 1.0].iter().enumerate() {
         let x = left + 150.0 * i as f64;
         s.push_str(&format!(
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{ly:.1}\" font-size=\"11\">{}</text>\n",
+            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{ly:.1}\" font-size=\"12\">{}</text>\n",
             ly - 11.0,
             colour(*r),
             x + 18.0,
@@ -140,7 +140,7 @@ pub fn matrix_svg(m: &GpuMatrix, title: &str) -> String {
         ));
     }
     s.push_str(&format!(
-        "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{NO_FIGURE}\"/><text x=\"{:.1}\" y=\"{ly:.1}\" font-size=\"11\">no figure known</text>\n",
+        "<rect x=\"{:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{NO_FIGURE}\"/><text x=\"{:.1}\" y=\"{ly:.1}\" font-size=\"12\">no figure known</text>\n",
         left + 450.0,
         ly - 11.0,
         left + 468.0

@@ -26,7 +26,9 @@ pub(crate) fn colour(ratio: f64) -> String {
 pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
     let n = l.hosts.len().max(1);
     let cell = (640.0 / n as f64).clamp(3.0, 36.0);
-    let labelled = n <= 64;
+    // Hosts named beside their rows and above their columns where a 12 px name fits a cell
+    // (the smallest text on a figure; the tooltips name them all).
+    let labelled = cell >= 14.0;
     let margin_left = if labelled { 150.0 } else { 40.0 };
     let top = if labelled { 150.0 } else { 60.0 };
     // Wide enough for the legend and its note whatever the matrix's size.
@@ -41,7 +43,7 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
         esc(title)
     ));
     s.push_str(&format!(
-        "<text x=\"10\" y=\"38\" font-size=\"11\">median link {}B/s, {}s one way; {} links in {} rounds{}</text>\n",
+        "<text x=\"10\" y=\"38\" font-size=\"12\">median link {}B/s, {}s one way; {} links in {} rounds{}</text>\n",
         si(l.median_bandwidth),
         si(l.median_latency),
         l.links.len(),
@@ -55,13 +57,13 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
         for (i, h) in l.hosts.iter().enumerate() {
             let c = margin_left + cell * (i as f64 + 0.5);
             s.push_str(&format!(
-                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"10\" text-anchor=\"end\" dominant-baseline=\"middle\">{}</text>\n",
+                "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\" text-anchor=\"end\" dominant-baseline=\"middle\">{}</text>\n",
                 margin_left - 4.0,
                 top + cell * (i as f64 + 0.5),
                 esc(h)
             ));
             s.push_str(&format!(
-                "<text x=\"{c:.1}\" y=\"{:.1}\" font-size=\"10\" transform=\"rotate(-60 {c:.1} {:.1})\" dominant-baseline=\"middle\">{}</text>\n",
+                "<text x=\"{c:.1}\" y=\"{:.1}\" font-size=\"12\" transform=\"rotate(-60 {c:.1} {:.1})\" dominant-baseline=\"middle\">{}</text>\n",
                 top - 4.0,
                 top - 4.0,
                 esc(h)
@@ -120,7 +122,7 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
     for (i, r) in [0.5, 0.75, 1.0].iter().enumerate() {
         let x = margin_left + 170.0 * i as f64;
         s.push_str(&format!(
-            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\">{}</text>\n",
+            "<rect x=\"{x:.1}\" y=\"{:.1}\" width=\"14\" height=\"14\" fill=\"{}\"/><text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">{}</text>\n",
             ly - 11.0,
             colour(*r),
             x + 18.0,
@@ -133,7 +135,7 @@ pub fn heat_map_svg(l: &LinkMatrix, title: &str) -> String {
         ));
     }
     s.push_str(&format!(
-        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"11\">outlined: slow (short of the median by more than {:.0}% plus its own noise)</text>\n",
+        "<text x=\"{:.1}\" y=\"{:.1}\" font-size=\"12\">outlined: slow (short of the median by more than {:.0}% plus its own noise)</text>\n",
         margin_left,
         ly + 20.0,
         100.0 * l.margin
