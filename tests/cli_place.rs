@@ -361,7 +361,12 @@ fn sweep_places_a_grid_and_scales_it() {
             .contains("--epochs E reads every image"),
         "{s}"
     );
-    assert!(String::from_utf8_lossy(&o.stdout).contains("departs from SAIH: each point trains"));
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("departs from SAIH: each point trains"));
+    assert!(
+        out.contains(": 1 thread ×1.00 (100%), 2 threads ×") && !out.contains("1 threads"),
+        "{out}"
+    );
     let pts = s["points"].as_array().unwrap();
     assert_eq!(pts.len(), 4);
     // Smallest problem first; SAIH's problem size = FLOPs per sample × samples.

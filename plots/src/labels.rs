@@ -80,6 +80,10 @@ pub struct Unit {
 pub struct Line {
     pub seg: Segment,
     pub own: String,
+    /// A roof, a measured curve, a series: a line a reader follows, of which a point's leader
+    /// crosses at most one band ([`Placer::untangled`]). A point's dotted line up to its
+    /// bound and a trajectory are not: a leader may cross those.
+    pub roof: bool,
 }
 
 /// An oriented rectangle: four corners.
@@ -226,6 +230,9 @@ pub struct Placed {
     pub label: Label,
     pub spot: Spot,
     pub leader: Option<Segment>,
+    /// Out on a leader the eye cannot follow ([`crate::order::tangled`]): no spot with a
+    /// clean one was left when it was placed.
+    pub tangled: bool,
 }
 
 /// Places `labels` in order (earlier labels win) inside the `area` (x0, y0, x1, y1), avoiding
@@ -236,7 +243,74 @@ pub struct Placed {
 /// free is left out (returned in the second list: the caller names it elsewhere). A [`Unit`]'s
 /// labels are placed together; those of them left without a row wait until every other label
 /// is placed.
+///
+/// Placing in one order is greedy: a point's label placed after the roofs' may find every
+/// spot near it taken, and only a leader across the roofs left (a ResNet-50 placement's
+/// cluster of layers, under a stack of roof labels), or no spot at all. Such labels
+/// ([`Placed::tangled`], and those left out, each with its [`Unit`]) are placed first next
+/// time, after those so moved before (moving the newest to the very front went round in a
+/// circle: each label first in turn pushed another out), up to [`ROUNDS`] times; the round
+/// with the fewest labels left out, then the fewest tangled, is kept (the earliest of equals).
 pub fn place(
+    labels: Vec<Label>,
+    taken: &[Quad],
+    lines: &[Line],
+    area: (f64, f64, f64, f64),
+) -> (Vec<Placed>, Vec<Label>) {
+    // A label's key across rounds: its unit, else its owner and text.
+    let key = |l: &Label| match &l.unit {
+        Some(u) => (u.id.to_string(), String::new()),
+        None => (l.own.clone(), l.text.clone()),
+    };
+    let mut pinned: Vec<(String, String)> = Vec::new();
+    let mut best: Option<(Vec<Placed>, Vec<Label>)> = None;
+    let score =
+        |r: &(Vec<Placed>, Vec<Label>)| (r.1.len(), r.0.iter().filter(|p| p.tangled).count());
+    for _ in 0..ROUNDS {
+        // The pinned labels first, in the order pinned (a unit's together, in its order),
+        // then the rest in the order given.
+        let rank = |l: &Label| {
+            pinned
+                .iter()
+                .position(|k| *k == key(l))
+                .unwrap_or(pinned.len())
+        };
+        let mut order: Vec<(usize, usize, Label)> = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| (rank(l), i, l.clone()))
+            .collect();
+        order.sort_by_key(|o| (o.0, o.1));
+        let round = place_in_order(order.into_iter().map(|o| o.2).collect(), taken, lines, area);
+        let tangled: Vec<(String, String)> = round
+            .0
+            .iter()
+            .filter(|p| p.tangled)
+            .map(|p| &p.label)
+            .chain(&round.1)
+            .map(key)
+            .filter(|k| !pinned.contains(k))
+            .collect();
+        if best.as_ref().is_none_or(|b| score(&round) < score(b)) {
+            best = Some(round);
+        }
+        if tangled.is_empty() {
+            break;
+        }
+        for k in tangled {
+            if !pinned.contains(&k) {
+                pinned.push(k);
+            }
+        }
+    }
+    best.unwrap_or_default()
+}
+
+/// How many orders [`place`] tries.
+pub const ROUNDS: usize = 6;
+
+/// [`place`] in the order given.
+fn place_in_order(
     labels: Vec<Label>,
     taken: &[Quad],
     lines: &[Line],
@@ -284,10 +358,10 @@ pub fn place(
         // where a point's label needs the room beside its point.
         for l in unit {
             match together.and_then(|t| arrangement(&l, t)) {
-                Some(s) => state.put(l, s, None, &mut out),
+                Some(s) => state.put(l, (s, None, false), &mut out),
                 None if l.unit.is_some() => deferred.push(l),
                 None => match state.find(&l) {
-                    Some((s, leader)) => state.put(l, s, leader, &mut out),
+                    Some(at) => state.put(l, at, &mut out),
                     None => left_out.push(l),
                 },
             }
@@ -295,7 +369,7 @@ pub fn place(
     }
     for l in deferred {
         match state.find(&l) {
-            Some((s, leader)) => state.put(l, s, leader, &mut out),
+            Some(at) => state.put(l, at, &mut out),
             None => left_out.push(l),
         }
     }
@@ -331,26 +405,35 @@ impl Placer {
             })
     }
 
-    /// Sets `l` down at `spot` (out on `leader`): its box and leader become obstacles.
-    fn put(&mut self, l: Label, spot: Spot, leader: Option<Segment>, out: &mut Vec<Placed>) {
+    /// Sets `l` down at `spot` (out on `leader`, `tangled` or not): its box and leader become
+    /// obstacles.
+    fn put(
+        &mut self,
+        l: Label,
+        (spot, leader, tangled): (Spot, Option<Segment>, bool),
+        out: &mut Vec<Placed>,
+    ) {
         self.boxes.push(quad_of(&l.text, l.size, l.bold, &spot));
         if let Some(seg) = leader {
             self.lines.push(Line {
                 seg,
                 own: l.own.clone(),
+                roof: false,
             });
         }
         out.push(Placed {
             label: l,
             spot,
             leader,
+            tangled,
         });
     }
 
-    /// `l`'s first free candidate, else a spot out on a leader ([`leader_spot`]).
-    fn find(&self, l: &Label) -> Option<(Spot, Option<Segment>)> {
+    /// `l`'s first free candidate, else a spot out on a leader ([`leader_spot`]), and whether
+    /// that leader is tangled.
+    fn find(&self, l: &Label) -> Option<(Spot, Option<Segment>, bool)> {
         if let Some(s) = l.spots.iter().find(|s| self.free(l, s, false)) {
-            return Some((*s, None));
+            return Some((*s, None, false));
         }
         let first = l
             .spots
@@ -361,27 +444,31 @@ impl Placer {
         } else {
             l.owners.clone()
         };
-        // A leader the eye can follow where there is one ([`Placer::untangled`]); else the
-        // nearest free spot (a point among many roofs may have no spot within one roof of
-        // it: its label out past them beats no label, and [`crate::order::tangled`] counts
-        // such leaders in the tests).
+        // A leader the eye can follow ([`Placer::untangled`]). A roof's label may go out
+        // past other lines to the nearest free spot (its colour and its row name its roof);
+        // a point's may not: out past a stack of roofs it could be anyone's (a ResNet-50
+        // layer's across 8 roofs), so it is left out, and named under the figure, and its
+        // marker's tooltip and the legend's colour name it.
+        let point = l.data.as_ref().is_some_and(|(k, _)| *k == "group");
         [true, false]
             .into_iter()
+            .take(if point { 1 } else { 2 })
             .find_map(|strict| {
                 leader_spot(l.size, &owners, self.area, |s, seg, clearance| {
                     self.free(l, s, true)
                         && leader_clear(&self.boxes, seg, clearance)
                         && (!strict || self.untangled(l, seg))
                 })
+                .map(|(s, seg)| (s, Some(seg), !strict))
             })
-            .map(|(s, seg)| (s, Some(seg)))
     }
 
     /// Whether a leader for `l` along `seg` reads as its own: it crosses no other leader,
-    /// and a placed point's (`data` "group") crosses at most one of the figure's
-    /// lines not its own (a roof it must reach past), so that the eye can follow it (a leader across
-    /// five roofs, or two leaders crossing, could not be told from another's). A roof's
-    /// label, out on a leader from its own roof inside a stack, may cross the stack.
+    /// and a placed point's (`data` "group") crosses at most one band of the figure's lines
+    /// not its own ([`crate::order::bands_crossed`]: a roof it must reach past), so that the
+    /// eye can follow it (a leader across five roofs, or two leaders crossing, could not be
+    /// told from another's). A roof's label, out on a leader from its own roof inside a
+    /// stack, may cross the stack.
     fn untangled(&self, l: &Label, seg: Segment) -> bool {
         let (figure, leaders) = self.lines.split_at(self.drawn);
         if leaders
@@ -391,19 +478,10 @@ impl Placer {
             return false;
         }
         let point = l.data.as_ref().is_some_and(|(k, _)| *k == "group");
-        if !point {
-            return true;
-        }
-        let mut crossed: Vec<&str> = Vec::new();
-        for k in figure {
-            if k.own != l.own && !crossed.contains(&k.own.as_str()) && segments_cross(k.seg, seg) {
-                crossed.push(&k.own);
-                if crossed.len() > 1 {
-                    return false;
-                }
-            }
-        }
-        true
+        let others = figure.iter().filter(|k| k.roof && k.own != l.own);
+        !point
+            || crate::order::bands_crossed(seg, others.map(|k| (k.own.as_str(), k.seg)), 1.0).len()
+                <= 1
     }
 }
 
@@ -447,22 +525,36 @@ fn leader_spot(
             for &(ox, oy) in &owners {
                 for k in 0..DIRECTIONS {
                     let t = std::f64::consts::TAU * k as f64 / DIRECTIONS as f64;
-                    let s = Spot {
-                        x: ox + r * t.cos(),
-                        y: oy - r * t.sin(),
-                        angle: 0.0,
-                        anchor: if t.cos() >= 0.0 {
-                            Anchor::Start
-                        } else {
-                            Anchor::End
-                        },
-                    };
-                    if s.x < area.0 || s.x > area.2 || s.y < area.1 || s.y > area.3 {
+                    let (x, y) = (ox + r * t.cos(), oy - r * t.sin());
+                    if x < area.0 || x > area.2 || y < area.1 || y > area.3 {
                         continue;
                     }
-                    let seg = ((ox, oy), (s.x, s.y - 0.3 * size));
-                    if ok(&s, seg, clearance) {
-                        return Some((s, seg));
+                    // Text pointing away from the owner, the leader at its side's middle;
+                    // steeply above or below it, also centred on the leader, which ends at
+                    // the text's near edge (a long label beside a point at the plot's edge
+                    // has room only there).
+                    let away = if t.cos() >= 0.0 {
+                        Anchor::Start
+                    } else {
+                        Anchor::End
+                    };
+                    let near_edge = if y > oy {
+                        y - 0.8 * size - 1.0
+                    } else {
+                        y + 0.25 * size + 1.0
+                    };
+                    let centred = (t.sin().abs() > 0.7).then_some((Anchor::Middle, near_edge));
+                    for (anchor, end_y) in [(away, y - 0.3 * size)].into_iter().chain(centred) {
+                        let s = Spot {
+                            x,
+                            y,
+                            angle: 0.0,
+                            anchor,
+                        };
+                        let seg = ((ox, oy), (x, end_y));
+                        if ok(&s, seg, clearance) {
+                            return Some((s, seg));
+                        }
                     }
                 }
             }

@@ -23,15 +23,62 @@ pub fn count(n: usize, unit: &str) -> String {
     }
 }
 
+/// The sweep's series: one per process count and model variant (resolution, width, depth),
+/// its points' indices into `points` in order of problem size, named by the count and by what
+/// varies between the variants ("1 thread, 64×64"). Within one, only the data grows: two
+/// variants' points of one size (64 images at 64×64 and 256 at 32×32 are one size) never
+/// join into a vertical line.
+pub fn series(points: &[SweepPoint], unit: &str) -> Vec<(String, Vec<usize>)> {
+    let variant = |p: &SweepPoint| {
+        (
+            p.problem.resolution.clone(),
+            p.problem.width.to_bits(),
+            p.problem.depth.clone(),
+        )
+    };
+    let differs = |f: &dyn Fn(&SweepPoint) -> String| points.iter().any(|p| f(p) != f(&points[0]));
+    let (res, width, depth) = (
+        differs(&|p| p.problem.resolution.clone()),
+        differs(&|p| p.problem.width.to_string()),
+        differs(&|p| p.problem.depth.clone()),
+    );
+    // (processes, resolution, width's bits, depth), the name, the points.
+    type Key = (usize, (String, u64, String));
+    let mut out: Vec<(Key, String, Vec<usize>)> = Vec::new();
+    for (i, p) in points.iter().enumerate() {
+        let key = (p.problem.processes, variant(p));
+        match out.iter_mut().find(|s| s.0 == key) {
+            Some(s) => s.2.push(i),
+            None => {
+                let mut name = count(p.problem.processes, unit);
+                if res {
+                    name.push_str(&format!(", {}", p.problem.resolution.replace('x', "×")));
+                }
+                if width {
+                    name.push_str(&format!(", width {}", p.problem.width));
+                }
+                if depth {
+                    name.push_str(&format!(", depth {}", p.problem.depth));
+                }
+                out.push((key, name, vec![i]));
+            }
+        }
+    }
+    out.sort_by_key(|s| s.0 .0);
+    out.into_iter()
+        .map(|(_, name, mut idx)| {
+            idx.sort_by(|&a, &b| points[a].problem_flops.total_cmp(&points[b].problem_flops));
+            (name, idx)
+        })
+        .collect()
+}
+
 /// % of peak against problem size (training FLOPs per epoch), log x, one line per process
-/// (or thread) count, `unit` naming which.
+/// (or thread) count and model variant ([`series`]), `unit` naming which.
 pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<String, PlotError> {
     if points.is_empty() {
         return Err(PlotError::Draw("no sweep point to draw".into()));
     }
-    let mut procs: Vec<usize> = points.iter().map(|p| p.problem.processes).collect();
-    procs.sort_unstable();
-    procs.dedup();
     let xs = points.iter().map(|p| p.problem_flops.max(1.0));
     let (x0, x1) = (
         xs.clone().fold(f64::INFINITY, f64::min) / 1.5,
@@ -97,23 +144,24 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
                 yr.end as f64 - 1.0 - y / y1 * (yr.end - yr.start - 1) as f64,
             )
         };
-        for (i, p) in procs.iter().enumerate() {
+        for (i, (own, idx)) in series(points, unit).into_iter().enumerate() {
             let c = POINT_COLORS[i % POINT_COLORS.len()];
-            let mut pts: Vec<(f64, f64)> = points
+            let pts: Vec<(f64, f64)> = idx
                 .iter()
-                .filter(|q| q.problem.processes == *p)
-                .map(|q| (q.problem_flops.max(1.0), 100.0 * q.fraction_of_peak))
+                .map(|&k| {
+                    let q = &points[k];
+                    (q.problem_flops.max(1.0), 100.0 * q.fraction_of_peak)
+                })
                 .collect();
-            pts.sort_by(|a, b| a.0.total_cmp(&b.0));
             // The line is ours (an obstacle for the other lines' labels); the legend's entry
             // plotters'.
-            let own = count(*p, unit);
             let pix: Vec<(f64, f64)> = pts.iter().map(|&(x, y)| px(x, y)).collect();
             shapes.push_str(&crate::render::polyline(&own, &pix, (c.0, c.1, c.2), 2.0));
             for w in pix.windows(2) {
                 lines.push(crate::labels::Line {
                     seg: (w[0], w[1]),
                     own: own.clone(),
+                    roof: true,
                 });
             }
             chart
@@ -126,7 +174,7 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
             chart
                 .draw_series(pts.iter().map(|&q| Circle::new(q, 5, c.filled())))
                 .map_err(err)?;
-            for &(x, y) in &pts {
+            for (&(x, y), k) in pts.iter().zip(&idx) {
                 let (sx, sy) = px(x, y);
                 let spot = |dx: f64, dy: f64, anchor| crate::labels::Spot {
                     x: sx + dx,
@@ -153,7 +201,8 @@ pub fn trend_svg(points: &[SweepPoint], title: &str, unit: &str) -> Result<Strin
                     title: None,
                     unit: None,
                     data: None,
-                    own: own.clone(),
+                    // Its own, not the line's: no line strikes through a figure.
+                    own: format!("{own} #{k}"),
                 });
             }
         }
@@ -332,27 +381,21 @@ pub fn charts(
     // of size.
     if !placements.is_empty() {
         let mut points = Vec::new();
-        let mut procs: Vec<usize> = s.points.iter().map(|p| p.problem.processes).collect();
-        procs.sort_unstable();
-        procs.dedup();
         let mut trajectories = Vec::new();
-        for q in &procs {
-            // In order of problem size (the sweep's order need not be), each at its median
-            // step's rate: the figure the table prints (the placement's own point is its best
-            // step).
-            let mut these: Vec<_> = s
-                .points
-                .iter()
-                .zip(placements)
-                .filter(|(sp, _)| sp.problem.processes == *q)
-                .collect();
-            these.sort_by(|a, b| a.0.problem_flops.total_cmp(&b.0.problem_flops));
+        // Each series' points in order of size (the sweep's order need not be), each at its
+        // median step's rate: the figure the table prints (the placement's own point is its
+        // best step). Coloured by process count, joined within a model variant.
+        for (_, idx) in series(&s.points, &s.processes) {
             let mut line = Vec::new();
-            for (sp, pl) in these {
+            for k in idx {
+                let Some(pl) = placements.get(k) else {
+                    continue;
+                };
+                let sp = &s.points[k];
                 line.push((pl.point.oi.analytic, sp.achieved_flops));
                 points.push(crate::PlotPoint {
                     label: format!("#{}", sp.index),
-                    group: count(*q, &s.processes),
+                    group: count(sp.problem.processes, &s.processes),
                     intensity: pl.point.oi.analytic,
                     achieved: sp.achieved_flops,
                     attainable: pl.point.bound.attainable,
@@ -456,5 +499,54 @@ mod tests {
         assert!(svg.contains("\n1\n") && svg.contains("\n2\n"), "{svg}");
         assert!(scaling_svg(&[], "x", "ranks").is_err());
         assert!(trend_svg(&[], "x", "ranks").is_err());
+        // 64 images at 64×64 and 256 at 32×32 are one problem size: each resolution its own
+        // line, none of them vertical, and no line through a figure (each its own owner).
+        let at = |images: usize, res: &str, procs: usize, pct: f64| {
+            let mut q = p(images, procs, pct);
+            q.problem.resolution = res.into();
+            q.flops_per_sample = if res == "64" { 4e9 } else { 1e9 };
+            q.problem_flops = q.flops_per_sample * images as f64;
+            q
+        };
+        let grid = vec![
+            at(64, "32", 1, 25.8),
+            at(256, "32", 1, 23.8),
+            at(64, "64", 1, 32.9),
+            at(256, "64", 1, 33.8),
+            at(64, "32", 2, 15.7),
+            at(256, "32", 2, 16.7),
+            at(64, "64", 2, 25.3),
+            at(256, "64", 2, 19.7),
+        ];
+        let named: Vec<String> = series(&grid, "threads").into_iter().map(|s| s.0).collect();
+        assert_eq!(
+            named,
+            [
+                "1 thread, 32",
+                "1 thread, 64",
+                "2 threads, 32",
+                "2 threads, 64"
+            ]
+        );
+        let svg = trend_svg(&grid, "trend", "threads").unwrap();
+        let mut lines = 0;
+        for (i, _) in svg.match_indices("<polyline data-own=") {
+            let tag = &svg[i..i + svg[i..].find("/>").unwrap()];
+            let pts = tag
+                .split("points=\"")
+                .nth(1)
+                .unwrap()
+                .split('"')
+                .next()
+                .unwrap();
+            let xs: Vec<f64> = pts
+                .split_whitespace()
+                .map(|p| p.split(',').next().unwrap().parse().unwrap())
+                .collect();
+            assert!(xs.windows(2).all(|w| w[1] > w[0] + 1.0), "{tag}");
+            lines += 1;
+        }
+        assert_eq!(lines, 4);
+        assert!(svg.contains("data-own=\"1 thread, 32 #1\""), "{svg}");
     }
 }

@@ -134,13 +134,17 @@ pub fn figure_check(file: &Path) -> Option<roofline_plots::check::Found> {
 }
 
 /// Asserts that every figure of `files` is fit for a report: every roof's label read as its
-/// own (`roofline_plots::order`, from the SVG, without a browser); no text overlapping
-/// another, none crossed by a line that is not its own, none smaller than the minimum font.
+/// own, and every leader followed to its label: no two crossing, none across more than one
+/// band of roofs (`roofline_plots::order`, from the SVG, without a browser); no text
+/// overlapping another, none crossed by a line that is not its own, none smaller than the
+/// minimum font.
 pub fn assert_figures_fit(files: &[&Path]) {
     for f in files {
         let doc = std::fs::read_to_string(f).unwrap();
         let misread = roofline_plots::order::misread(&doc);
         assert!(misread.is_empty(), "{}: {misread:#?}", f.display());
+        let tangled = roofline_plots::order::tangled(&doc);
+        assert!(tangled.is_empty(), "{}: {tangled:#?}", f.display());
         if let Some(found) = figure_check(f) {
             assert!(found.clean(), "{}: {found:?}", f.display());
         }

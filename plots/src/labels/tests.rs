@@ -85,6 +85,7 @@ fn a_leader_starts_inside_its_marker_and_its_label_keeps_off_its_own_line() {
     let own = Line {
         seg: ((0.0, y), (400.0, y)),
         own: "p".into(),
+        roof: true,
     };
     let label = Label {
         text: "point p".into(),

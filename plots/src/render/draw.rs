@@ -2,6 +2,7 @@
 //! displaced), plotters' axes with 1-2-5 ticks, then every roof, curve, trajectory and point as
 //! SVG of our own, each line an obstacle owned by what it draws, and the labels' candidates.
 
+use super::points::{around, point_groups, points, square};
 use super::*;
 
 /// The height of the title band above the chart, and of the footer below it.
@@ -9,7 +10,7 @@ const HEAD: u32 = 64;
 const FOOT: u32 = 26;
 /// Font sizes (pixels of the figure at its own size: readable at 1100 × 760).
 const ROOF_FONT: f64 = 13.0;
-const SMALL_FONT: f64 = 12.0;
+pub(super) const SMALL_FONT: f64 = 12.0;
 /// A flat roof's label moves left from the right end in this many steps of 70 px.
 const SHIFTS: usize = 14;
 
@@ -126,6 +127,7 @@ pub(super) fn draw(
         lines.push(labels::Line {
             seg: (pa, pb),
             own: r.label.clone(),
+            roof: true,
         });
         shapes.push_str(&roof_line(
             &r.label,
@@ -197,6 +199,7 @@ pub(super) fn draw(
         lines.push(labels::Line {
             seg,
             own: r.label.clone(),
+            roof: true,
         });
         shapes.push_str(&roof_line(
             &r.label,
@@ -362,6 +365,7 @@ pub(super) fn draw(
                 lines.push(labels::Line {
                     seg: (w[0], w[1]),
                     own: curve.id.clone(),
+                    roof: true,
                 });
             }
             labels.push(labels::Label {
@@ -436,11 +440,12 @@ pub(super) fn draw(
                 lines.push(labels::Line {
                     seg: (w[0], w[1]),
                     own: own.clone(),
+                    roof: false,
                 });
             }
         }
     }
-    points(
+    let unlabelled = points(
         opt,
         &px,
         (x0, x1, y0, y1),
@@ -455,131 +460,8 @@ pub(super) fn draw(
         lines,
         markers,
         area,
+        unlabelled,
     })
-}
-
-/// Placed points: one colour per workload, a dotted line up to the attainable bound; the
-/// workload's own label first, then its layers' by their share of the step. Each marker has a
-/// white rim, so that points at one intensity stay apart; their labels go out on leaders.
-fn points(
-    opt: &ClassicOptions,
-    px: &dyn Fn(f64, f64) -> (f64, f64),
-    (x0, x1, y0, y1): (f64, f64, f64, f64),
-    shapes: &mut String,
-    lines: &mut Vec<labels::Line>,
-    markers: &mut Vec<labels::Quad>,
-    labels: &mut Vec<labels::Label>,
-) {
-    let groups = point_groups(opt);
-    let mut point_labels: Vec<(bool, f64, labels::Label)> = Vec::new();
-    for p in opt
-        .points
-        .iter()
-        .filter(|p| p.intensity > 0.0 && p.achieved > 0.0)
-    {
-        let g = groups.iter().position(|g| *g == p.group).unwrap_or(0);
-        let c = POINT_COLORS[g % POINT_COLORS.len()];
-        let (x, y) = (p.intensity.clamp(x0, x1), p.achieved.clamp(y0, y1));
-        let top = p.attainable.clamp(y0, y1);
-        // Area by share of the step's time (layers), the workload itself larger.
-        let r = if p.main {
-            7.0
-        } else {
-            3.0 + 6.0 * p.share.unwrap_or(0.0).clamp(0.0, 1.0).sqrt()
-        };
-        let (sx, sy) = px(x, y);
-        let tip = format!(
-            "{}: {}FLOP/s at {:.3} FLOP/B; the roofline allows {}FLOP/s{}{}",
-            p.label,
-            si(p.achieved),
-            p.intensity,
-            si(p.attainable),
-            p.binding
-                .as_ref()
-                .map(|b| format!(" under {b}"))
-                .unwrap_or_default(),
-            p.share
-                .map(|s| format!("; {:.1}% of the step", 100.0 * s))
-                .unwrap_or_default()
-        );
-        let own = format!("{}: {}", p.group, p.label);
-        let top_px = (top > y).then(|| px(x, top).1);
-        shapes.push_str(&point_shape(
-            &p.group,
-            &own,
-            &tip,
-            (sx, sy),
-            top_px,
-            r,
-            rgb(c),
-        ));
-        if let Some(t) = top_px {
-            lines.push(labels::Line {
-                seg: ((sx, sy), (sx, t)),
-                own: own.clone(),
-            });
-            lines.push(labels::Line {
-                seg: ((sx - 6.0, t), (sx + 6.0, t)),
-                own: own.clone(),
-            });
-        }
-        markers.push(square(sx, sy, r + 1.0));
-        let text = if p.main {
-            format!("{} ({}FLOP/s)", p.label, si(p.achieved))
-        } else {
-            p.label.clone()
-        };
-        point_labels.push((
-            p.main,
-            p.share.unwrap_or(0.0),
-            labels::Label {
-                text,
-                size: if p.main { 14.0 } else { SMALL_FONT },
-                color: rgb(c),
-                bold: p.main,
-                spots: around(sx, sy, r),
-                avoid_lines: true,
-                owners: vec![(sx, sy)],
-                title: Some(tip),
-                unit: None,
-                data: Some(("group", p.group.clone())),
-                own,
-            },
-        ));
-    }
-    point_labels.sort_by(|a, b| b.0.cmp(&a.0).then(b.1.total_cmp(&a.1)));
-    labels.extend(point_labels.into_iter().map(|p| p.2));
-}
-
-/// Candidate spots around a marker of radius `r` at (x, y): right, left, above, below.
-fn around(x: f64, y: f64, r: f64) -> Vec<labels::Spot> {
-    let s = |dx: f64, dy: f64, anchor| labels::Spot {
-        x: x + dx,
-        y: y + dy,
-        angle: 0.0,
-        anchor,
-    };
-    use labels::Anchor::{End, Middle, Start};
-    vec![
-        s(r + 4.0, 4.0, Start),
-        s(r + 4.0, 17.0, Start),
-        s(r + 4.0, -9.0, Start),
-        s(-r - 4.0, 4.0, End),
-        s(-r - 4.0, 17.0, End),
-        s(-r - 4.0, -9.0, End),
-        s(0.0, -r - 5.0, Middle),
-        s(0.0, r + 15.0, Middle),
-    ]
-}
-
-/// The box of a marker.
-fn square(x: f64, y: f64, r: f64) -> labels::Quad {
-    [
-        (x - r, y - r),
-        (x + r, y - r),
-        (x + r, y + r),
-        (x - r, y + r),
-    ]
 }
 
 /// A flat roof's label: "FMA f32 574 of 577 GFLOP/s" for a measured roof with its peak ("FMA
@@ -655,22 +537,6 @@ fn title_of(m: &Machine, opt: &ClassicOptions) -> String {
         };
         format!("Roofline: {} {name}{which}", opt.device)
     }
-}
-
-/// The groups of the points drawn, in the order their colours are given
-/// (`POINT_COLORS[i]`).
-fn point_groups(opt: &ClassicOptions) -> Vec<&str> {
-    let mut groups: Vec<&str> = Vec::new();
-    for p in opt
-        .points
-        .iter()
-        .filter(|p| p.intensity > 0.0 && p.achieved > 0.0)
-    {
-        if !groups.contains(&p.group.as_str()) {
-            groups.push(&p.group);
-        }
-    }
-    groups
 }
 
 /// The subtitle at `(x, y)`: what is placed, and when and where the machine was measured.

@@ -31,9 +31,15 @@ pub fn classic_svg(m: &Machine, opt: &ClassicOptions) -> Result<String, PlotErro
         layer.shapes,
         labels::svg(&placed)
     );
-    // What found no free place is named under the figure, never drawn across a line.
-    if !left_out.is_empty() {
-        let names: Vec<&str> = left_out.iter().map(|l| l.text.as_str()).collect();
+    // What found no free place is named under the figure, never drawn across a line; the
+    // layers past the figure's share of labels are counted there.
+    let mut names: Vec<String> = left_out.iter().map(|l| l.text.clone()).collect();
+    match layer.unlabelled {
+        0 => {}
+        1 => names.push("1 smaller layer".into()),
+        n => names.push(format!("{n} smaller layers")),
+    }
+    if !names.is_empty() {
         group.push_str(&text_svg(
             &format!(
                 "not labelled for want of room (hover for each): {}",
@@ -128,6 +134,9 @@ struct LabelLayer {
     /// The markers (points, ridge dots): no label covers one.
     markers: Vec<labels::Quad>,
     area: (f64, f64, f64, f64),
+    /// Layers drawn without a label ([`points::LAYER_LABELS`]): their markers' tooltips name
+    /// them.
+    unlabelled: usize,
 }
 
 /// A roof's name on the plot: `cpu/mem/L2/triad/t1` → "L2 triad", `gpu0/gemm/bf16` →
@@ -236,4 +245,7 @@ pub(crate) const POINT_COLORS: [RGBColor; 6] = [
 type Area<'a> = DrawingArea<SVGBackend<'a>, plotters::coord::Shift>;
 
 mod draw;
+mod points;
 use draw::draw;
+#[cfg(test)]
+pub(crate) use points::joined;
