@@ -12,23 +12,26 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-/// HPC AI500 V2.0's benchmark levels.
+/// The benchmark level declared (`roofline_model::score::Level`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum Level {
-    /// The reference workload and hyper-parameters as given.
+    /// HPC AI500 V2.0's hardware level: the reference implementation as given (roofline's
+    /// own trainer is another framework: not comparable at this level).
     Hardware,
-    /// Software and hyper-parameters tuned.
+    /// HPC AI500 V2.0's system level: another framework, tuned hyper-parameters allowed (the
+    /// level a comparable roofline score declares).
     System,
-    /// Anything goes.
+    /// Not one of V2.0's levels: roofline's own score, never comparable with published ones.
     Free,
 }
 
 impl Level {
-    fn name(self) -> &'static str {
+    fn model(self) -> roofline_model::score::Level {
+        use roofline_model::score::Level as L;
         match self {
-            Level::Hardware => "hardware",
-            Level::System => "system",
-            Level::Free => "free",
+            Level::Hardware => L::Hardware,
+            Level::System => L::System,
+            Level::Free => L::Free,
         }
     }
 }
@@ -43,8 +46,11 @@ pub struct ScoreArgs {
     /// (ewa); fewer give a score marked not valid.
     #[arg(long)]
     pub runs: Option<usize>,
-    /// The benchmark level you declare (HPC AI500 V2.0): hardware (the reference workload and
-    /// hyper-parameters as given), system (software and hyper-parameters tuned), free.
+    /// The benchmark level you declare. HPC AI500 V2.0 has two: hardware (the reference
+    /// implementation as given) and system (another framework or tuned hyper-parameters).
+    /// roofline's trainer is another framework, so a score comparable with published ones
+    /// declares system; free (the default) is not one of V2.0's, and its score is never
+    /// comparable.
     #[arg(long, value_enum, default_value = "free")]
     pub level: Level,
     /// The machine's ceilings (from `roofline probe`): the report then places the workload on
@@ -153,7 +159,7 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         target,
         custom_target: custom,
         bagging: a.bagging,
-        level: a.level.name(),
+        level: a.level.model(),
         warnings,
         valid: runs >= published.runs,
         machine: machine.as_ref().zip(a.machine.as_deref()),

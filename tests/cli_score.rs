@@ -47,7 +47,13 @@ fn score_writes_score_json_and_a_report_that_renders() {
         .unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
-    assert!(text.starts_with("NOT COMPARABLE"), "{text}");
+    assert!(
+        text.starts_with("comparable with published HPC AI500 V2.0 scores: NO — --level free: not one of HPC AI500 V2.0's levels"),
+        "{text}"
+    );
+    // A subset is named with what it does to the score: 32 images, not ImageNet's 50,000.
+    assert!(text.contains("evaluated on 32 images"), "{text}");
+    assert!(text.contains("on VFLOPS through the exponent 5"), "{text}");
     assert!(text.contains("not valid"), "{text}");
     let s: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap();

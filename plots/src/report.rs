@@ -376,7 +376,10 @@ pub fn html(score: &Score, roofline_svg: Option<&str>) -> String {
         h.push_str(&row(&[escape(k), escape(&v)]));
     }
     h.push_str("</table>\n<h2>Configuration</h2>\n<table id=\"configuration\">");
-    h.push_str(&row(&["benchmark level".into(), escape(&score.level)]));
+    h.push_str(&row(&[
+        "benchmark level".into(),
+        escape(score.level.name()),
+    ]));
     for (k, v) in &score.configuration {
         h.push_str(&row(&[escape(k), escape(&crate::html::config_value(v))]));
     }

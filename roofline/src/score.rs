@@ -22,6 +22,44 @@ use serde::{Deserialize, Serialize};
 /// The schema tag every `score.json` of this version carries.
 pub const SCORE_SCHEMA: &str = "roofline/score/v1";
 
+/// The benchmark level a score declares. HPC AI500 V2.0 has two (§5.1.5, §5.2): hardware (the
+/// reference implementation and its hyper-parameters, as given) and system (another framework
+/// or tuned hyper-parameters allowed). `free` is not one of them: a score at it is roofline's
+/// own, never comparable with published ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Level {
+    Hardware,
+    System,
+    Free,
+}
+
+impl Level {
+    pub fn name(self) -> &'static str {
+        match self {
+            Level::Hardware => "hardware",
+            Level::System => "system",
+            Level::Free => "free",
+        }
+    }
+
+    /// Why a run of roofline's own trainer at this level is not an HPC AI500 V2.0 score at
+    /// it; None at the system level.
+    pub fn not_comparable(self) -> Option<&'static str> {
+        match self {
+            Level::System => None,
+            Level::Hardware => Some("--level hardware: V2.0's hardware level runs the reference implementation as given (§5.1.5, §5.2); roofline's own trainer is another framework, which V2.0 allows at the system level only (--level system)"),
+            Level::Free => Some("--level free: not one of HPC AI500 V2.0's levels (hardware, system); a score comparable with published ones declares --level system"),
+        }
+    }
+}
+
+impl std::fmt::Display for Level {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
 /// A workload's quality target and VFLOPS exponent (HPC AI500 V2.0 table 6).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Target {
@@ -326,8 +364,8 @@ pub struct Score {
     pub valid: bool,
     #[serde(default)]
     pub warnings: Vec<String>,
-    /// HPC AI500's benchmark level: `hardware`, `system` or `free`.
-    pub level: String,
+    /// The benchmark level declared: `hardware`, `system` or `free` (not one of V2.0's).
+    pub level: Level,
     pub workload: String,
     pub target: Target,
     /// Every hyper-parameter and communication setting, by name.
@@ -349,7 +387,7 @@ impl Score {
     pub fn headline(&self) -> String {
         if self.comparable {
             format!(
-                "HPC AI500 V2.0 score of {} ({} level){}",
+                "comparable with published HPC AI500 V2.0 scores: yes — {} at the {} level{}",
                 self.workload,
                 self.level,
                 if self.valid {
@@ -360,7 +398,7 @@ impl Score {
             )
         } else {
             format!(
-                "NOT COMPARABLE with published HPC AI500 scores: {}",
+                "comparable with published HPC AI500 V2.0 scores: NO — {}",
                 self.not_comparable.join("; ")
             )
         }

@@ -268,7 +268,7 @@ pub fn read_input(text: &str) -> Result<GateInput, ModelError> {
             }
             let work = vec![
                 ("workload", s.workload.clone()),
-                ("level", s.level.clone()),
+                ("level", s.level.to_string()),
                 ("target", format!("{} {}", s.target.metric, s.target.value)),
                 (
                     "configuration",

@@ -8,7 +8,7 @@ use crate::resnet::Version;
 use crate::run::Depth;
 use crate::train::Summary;
 use roofline_model::placement::Energy;
-use roofline_model::score::{aiperf_regulated, vflops, Run, Target};
+use roofline_model::score::{aiperf_regulated, vflops, Level, Run, Target};
 use serde_json::json;
 
 /// AIPerf's FLOPS curve of `s`, `batch` images a step: after each step, the operations of
@@ -207,10 +207,62 @@ pub fn record(
     }
 }
 
+/// ImageNet's training and validation images (ILSVRC 2012): the sets the rules train and
+/// evaluate ResNet-50 on.
+pub const IMAGENET_TRAIN: usize = 1_281_167;
+pub const IMAGENET_EVAL: usize = 50_000;
+
+/// What a score declares beside its run's spec, that the rules check: the level, its target
+/// (and whether it is the user's), and the images its runs train and evaluate on.
+pub struct Declared<'a> {
+    pub level: Level,
+    pub custom_target: bool,
+    pub target: &'a Target,
+    pub train_images: usize,
+    pub eval_images: usize,
+}
+
+/// Why top-1 from `n` images at quality `q` is not the full set's: its standard error
+/// (binomial, √(q(1 − q)/n)) in points, and what it does to VFLOPS through the exponent `e`
+/// (relative error e × se / q): 1,000 images at 0.763, ±1.3 points, ±9% on VFLOPS.
+pub fn evaluation_error(n: usize, q: f64, e: i32) -> (f64, f64) {
+    let se = (q * (1.0 - q) / n.max(1) as f64).sqrt();
+    (100.0 * se, 100.0 * e as f64 * se / q)
+}
+
 /// Why run `a` cannot be compared with published scores (empty: it can).
-pub fn not_comparable(a: &Spec, custom_target: bool, rules: &Rules) -> Vec<String> {
+pub fn not_comparable(a: &Spec, d: &Declared, rules: &Rules) -> Vec<String> {
     let mut v = Vec::new();
     let ewa = a.workload == Kind::Ewa;
+    let custom_target = d.custom_target;
+    v.extend(d.level.not_comparable().map(String::from));
+    let subset = a
+        .train_images
+        .map(|t| format!(" (--train-images {t})"))
+        .unwrap_or_default();
+    if ewa && a.train_images.is_some() {
+        v.push(format!(
+            "trained on {} images{subset}; the rules train on the whole of the Extreme Weather data's training years",
+            d.train_images
+        ));
+    } else if !ewa && d.train_images < IMAGENET_TRAIN {
+        v.push(format!(
+            "trained on {} images{subset}; the rules train on ImageNet's {IMAGENET_TRAIN}",
+            d.train_images
+        ));
+    }
+    if ewa {
+        v.push(format!(
+            "evaluated on {} images held out of the files given (--eval-images); the rules evaluate on the Extreme Weather data's own test split",
+            d.eval_images
+        ));
+    } else if d.eval_images < IMAGENET_EVAL {
+        let (se, on_vflops) = evaluation_error(d.eval_images, d.target.value, d.target.exponent);
+        v.push(format!(
+            "evaluated on {} images (--eval-images); the rules evaluate on ImageNet's {IMAGENET_EVAL} validation images: top-1 from {} has a standard error of ±{se:.1} points at {}, ±{on_vflops:.0}% on VFLOPS through the exponent {}",
+            d.eval_images, d.eval_images, d.target.value, d.target.exponent
+        ));
+    }
     if !rules.fixed_epochs {
         v.push("runs stopped at the target (--stop-at-target); the rules time a fixed number of epochs to their end (§5.3.2)".into());
     }
@@ -390,6 +442,65 @@ mod tests {
         }
     }
 
+    /// The rules' own declaration: the system level, the published target, ImageNet whole.
+    fn full() -> Declared<'static> {
+        static TARGET: std::sync::OnceLock<Target> = std::sync::OnceLock::new();
+        Declared {
+            level: Level::System,
+            custom_target: false,
+            target: TARGET.get_or_init(|| Target::published("resnet50").unwrap()),
+            train_images: IMAGENET_TRAIN,
+            eval_images: IMAGENET_EVAL,
+        }
+    }
+
+    #[test]
+    fn a_subset_another_level_or_a_custom_target_is_not_comparable() {
+        let (a, rules) = (
+            papers(),
+            Rules::of(&papers(), &options(false, true), 24.3e9),
+        );
+        let why = |d: Declared| not_comparable(&a, &d, &rules);
+        // 1,000 images at 0.763: ±1.3 points of top-1, ±9% on VFLOPS (exponent 5).
+        let few = why(Declared {
+            eval_images: 1000,
+            ..full()
+        });
+        assert_eq!(few.len(), 1, "{few:?}");
+        assert!(
+            few[0].contains("evaluated on 1000 images")
+                && few[0].contains("±1.3 points at 0.763, ±9% on VFLOPS"),
+            "{few:?}"
+        );
+        let part = why(Declared {
+            train_images: 12_800,
+            ..full()
+        });
+        assert!(
+            part.len() == 1 && part[0].contains("trained on 12800 images"),
+            "{part:?}"
+        );
+        for (level, says) in [
+            (Level::Hardware, "reference implementation"),
+            (Level::Free, "not one of HPC AI500 V2.0's levels"),
+        ] {
+            let w = why(Declared { level, ..full() });
+            assert!(w.len() == 1 && w[0].contains(says), "{w:?}");
+        }
+        let own = why(Declared {
+            custom_target: true,
+            ..full()
+        });
+        assert!(
+            own.len() == 1 && own[0].contains("its own target"),
+            "{own:?}"
+        );
+        assert_eq!(
+            evaluation_error(50_000, 0.763, 5).0,
+            100.0 * (0.763f64 * 0.237 / 5e4).sqrt()
+        );
+    }
+
     fn options(stop_at_target: bool, decay_all: bool) -> crate::run::RunOptions {
         crate::run::RunOptions {
             stop_at_target,
@@ -403,7 +514,7 @@ mod tests {
         let a = papers();
         let rules = Rules::of(&a, &options(false, true), 24.3e9);
         assert_eq!(rules.ops(), (23e9, "published"));
-        assert!(not_comparable(&a, false, &rules).is_empty());
+        assert!(not_comparable(&a, &full(), &rules).is_empty());
         let lines = rules.describe(a.workload);
         assert!(
             lines[0].contains("23.0 GFLOP") && lines[0].contains("24.3 GFLOP"),
@@ -447,18 +558,18 @@ mod tests {
     fn each_deviation_from_the_rules_is_named() {
         let a = papers();
         let early = Rules::of(&a, &options(true, true), 24.3e9);
-        let why = not_comparable(&a, false, &early);
+        let why = not_comparable(&a, &full(), &early);
         assert_eq!(why.len(), 1);
         assert!(why[0].contains("stopped at the target"), "{why:?}");
         let weights = Rules::of(&a, &options(false, false), 24.3e9);
-        let why = not_comparable(&a, false, &weights);
+        let why = not_comparable(&a, &full(), &weights);
         assert!(why.len() == 1 && why[0].contains("weight decay"), "{why:?}");
         let pretrained = Spec {
             init: Some("resnet50.safetensors".into()),
             ..papers()
         };
         let rules = Rules::of(&pretrained, &options(false, true), 24.3e9);
-        let why = not_comparable(&pretrained, false, &rules);
+        let why = not_comparable(&pretrained, &full(), &rules);
         assert!(
             why.len() == 1 && why[0].contains("--init resnet50.safetensors"),
             "{why:?}"
@@ -470,7 +581,7 @@ mod tests {
         };
         let rules = Rules::of(&small, &options(false, true), 1.5e9);
         assert_eq!(rules.ops(), (1.5e9, "analytic"));
-        let why = not_comparable(&small, false, &rules);
+        let why = not_comparable(&small, &full(), &rules);
         assert!(
             why.iter()
                 .any(|w| w.contains("counted analytically, 1.50 GFLOP")),

@@ -3,7 +3,7 @@
 //! provenance, and the placement of the last run on the machine's roofline. The command line
 //! parses, checks its files, calls it, writes and prints.
 
-use super::score::{configuration, not_comparable, record, Rules};
+use super::score::{configuration, not_comparable, record, Declared, Rules};
 use super::{bagged, energy_span, execute, ranks, Prepared, RunError};
 use crate::accounting;
 use crate::train::Quiet;
@@ -11,7 +11,7 @@ use roofline_collectors::energy;
 use roofline_model::bagging::BaggedRun;
 use roofline_model::placement::Energy;
 use roofline_model::score::{
-    Journal, Run, Score, Scores, System, Target, SCORE_RUNS_SCHEMA, SCORE_SCHEMA,
+    Journal, Level, Run, Score, Scores, System, Target, SCORE_RUNS_SCHEMA, SCORE_SCHEMA,
 };
 use roofline_model::Machine;
 use std::path::Path;
@@ -28,8 +28,8 @@ pub struct Request<'a> {
     pub custom_target: bool,
     /// HPC AI500 V3.0 bagging: this many base models per run.
     pub bagging: Option<usize>,
-    /// The level declared (HPC AI500 V2.0: hardware, system, free).
-    pub level: &'static str,
+    /// The level declared (HPC AI500 V2.0: hardware, system; or free, not one of V2.0's).
+    pub level: Level,
     /// The rules' warnings already known (too few runs).
     pub warnings: Vec<String>,
     /// Whether the runs are valid by the count of runs.
@@ -178,7 +178,14 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
     let scores = Scores::of(&done).ok_or_else(|| RunError::Run("no run finished".into()))?;
     let analytic = last.as_ref().map_or(0.0, |s| s.flops_step_per_image);
     let rules = Rules::of(&prep.spec, prep.run(), analytic);
-    let reasons = not_comparable(&prep.spec, req.custom_target, &rules);
+    let declared = Declared {
+        level: req.level,
+        custom_target: req.custom_target,
+        target,
+        train_images: prep.workload().train_images(),
+        eval_images: prep.workload().eval_images(),
+    };
+    let reasons = not_comparable(&prep.spec, &declared, &rules);
     let cores = roofline_kernels::affinity::cores(None)
         .map_err(|e| RunError::Run(e.to_string()))?
         .all
@@ -247,7 +254,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         rules: rules.describe(prep.spec.workload),
         valid: req.valid,
         warnings: req.warnings,
-        level: req.level.to_string(),
+        level: req.level,
         workload: prep.spec.workload.name().to_string(),
         target: req.target,
         configuration,
@@ -262,7 +269,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
 
 /// What a score's runs are asked beside the prepared run, as its journal keeps it.
 struct Asked {
-    level: &'static str,
+    level: Level,
     custom_target: bool,
     bagging: Option<usize>,
 }
@@ -282,7 +289,7 @@ impl Asked {
             "device asked".into(),
             serde_json::json!(format!("{:?} {}", p.spec.device, p.spec.precision)),
         );
-        key.insert("level".into(), self.level.into());
+        key.insert("level".into(), self.level.name().into());
         key.insert("custom target".into(), self.custom_target.into());
         key.insert("stop at target".into(), p.run().stop_at_target.into());
         key.insert("bagging".into(), serde_json::json!(self.bagging));
