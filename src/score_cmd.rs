@@ -4,7 +4,7 @@
 use crate::exit::Failure;
 use crate::run_args::{self, RunArgs};
 use anyhow::anyhow;
-use roofline_model::bagging::BaggedRun;
+use roofline_model::bagging::{BaggedRun, EpochTime};
 use roofline_model::score::{Journal, Run, Target};
 use roofline_model::{write::write_atomic, Machine};
 use roofline_workloads::run::{scoring, Kind};
@@ -34,6 +34,13 @@ impl Level {
             Level::Free => L::Free,
         }
     }
+}
+
+/// How a bagged run's T_epoch is had (`roofline_model::bagging::EpochTime`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EpochTimeArg {
+    Measured,
+    Projected,
 }
 
 #[derive(clap::Args)]
@@ -68,6 +75,11 @@ pub struct ScoreArgs {
     /// kept beside it.
     #[arg(long, value_name = "M")]
     pub bagging: Option<usize>,
+    /// With --bagging: how V3.0's T_epoch is had. measured (eq. 6): the slowest model's
+    /// training time per epoch of images it trained, first step, evaluations and stalls
+    /// included; projected: its mean steady step × N / |B|. The score names which.
+    #[arg(long, value_enum, default_value = "measured", requires = "bagging")]
+    pub epoch_time: EpochTimeArg,
     /// Stop each run as soon as the held-out quality reaches the target, and time it to there.
     /// The rules (HPC AI500 V2.0 §5.3.2) train a fixed number of epochs (90 for resnet50, 50
     /// for ewa) and time them to their end, recording when the target was first reached; a
@@ -159,6 +171,10 @@ pub fn score(a: &ScoreArgs) -> Result<(), Failure> {
         target,
         custom_target: custom,
         bagging: a.bagging,
+        epoch_time: match a.epoch_time {
+            EpochTimeArg::Measured => EpochTime::Measured,
+            EpochTimeArg::Projected => EpochTime::Projected,
+        },
         level: a.level.model(),
         warnings,
         valid: runs >= published.runs,

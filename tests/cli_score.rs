@@ -482,17 +482,29 @@ fn score_bags_two_models_in_one_process() {
         assert!((60..110).contains(&d), "about 63% of 128 distinct: {d}");
     }
     // Eq. 4 and 6 from the file's own figures: APC = M·B·f, FLOPS = (N/B)·APC / T_epoch,
-    // T_epoch = the slowest model's step time × N/B.
+    // T_epoch measured (the default): the slowest model's training time per epoch of images.
     let f = b["flops_per_sample"].as_f64().unwrap();
     let apc = b["apc_flops"].as_f64().unwrap();
     assert_eq!(apc, 2.0 * 16.0 * f);
     assert_eq!(b["iterations_per_epoch"].as_f64(), Some(8.0));
+    assert_eq!(b["epoch_time"], "measured");
     let slowest = members
         .iter()
-        .map(|m| m["step_seconds"].as_f64().unwrap())
+        .map(|m| {
+            let images = m["trained_images"].as_f64().unwrap();
+            m["train_seconds"].as_f64().unwrap() * 128.0 / images
+        })
         .fold(0.0, f64::max);
     let t = b["epoch_seconds"].as_f64().unwrap();
-    assert!((t - 8.0 * slowest).abs() <= 1e-12 * t);
+    assert!((t - slowest).abs() <= 1e-12 * t, "{t} {slowest}");
+    assert!(
+        s["rules"][1]
+            .as_str()
+            .unwrap()
+            .starts_with("timing (V3.0): T_epoch measured"),
+        "{}",
+        s["rules"]
+    );
     let flops = b["flops"].as_f64().unwrap();
     assert!((flops - 8.0 * apc / t).abs() <= 1e-9 * flops);
     // The run's figures are the ensemble's.

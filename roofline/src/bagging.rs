@@ -23,6 +23,27 @@ pub fn epoch_flops(apc: f64, iterations: f64, t_epoch: f64) -> f64 {
     iterations * apc / t_epoch.max(1e-300)
 }
 
+/// How T_epoch is had: measured (V3.0 eq. 6: the time of an epoch, first step, evaluations and
+/// stalls included: the slowest model's training time per epoch of images it trained), or
+/// projected from the steady steps (the slowest model's mean step × N / |B|: none of those).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EpochTime {
+    #[default]
+    Measured,
+    Projected,
+}
+
+impl EpochTime {
+    /// What T_epoch is, in words (the rules' line and the report).
+    pub fn describe(self) -> &'static str {
+        match self {
+            EpochTime::Measured => "T_epoch measured: the slowest model's training time per epoch of the images it trained, first step, evaluations and stalls included (V3.0 eq. 6)",
+            EpochTime::Projected => "T_epoch projected (--epoch-time projected): the slowest model's mean steady step × N / |B|, without the first step, evaluations or stalls",
+        }
+    }
+}
+
 /// One base model of a bagged run.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Member {
@@ -42,6 +63,9 @@ pub struct Member {
     pub step_seconds: f64,
     /// Training seconds.
     pub train_seconds: f64,
+    /// Images it trained in them (0 in files written before it was kept).
+    #[serde(default)]
+    pub trained_images: usize,
     /// As a single model: its FLOPS (its batch's FLOPs by the same rule / its seconds per
     /// step) and VFLOPS with its own quality.
     pub flops: f64,
@@ -71,8 +95,11 @@ pub struct BaggedRun {
     pub apc_flops: f64,
     /// N / |B|: iterations of one epoch.
     pub iterations_per_epoch: f64,
-    /// T_epoch: the slowest model's seconds per step × N / |B|.
+    /// T_epoch ([`EpochTime`]).
     pub epoch_seconds: f64,
+    /// How T_epoch was had.
+    #[serde(default)]
+    pub epoch_time: EpochTime,
     /// How the models' predictions are combined.
     pub ensemble_rule: String,
     pub ensemble_quality: f64,
@@ -94,12 +121,25 @@ impl BaggedRun {
         ensemble_rule: &str,
         ensemble_quality: f64,
         (target, n): (f64, i32),
+        epoch_time: EpochTime,
     ) -> BaggedRun {
         let models = members.len();
         let apc = bagged_apc(models, batch, flops_per_sample);
         let iterations = train_images as f64 / batch.max(1) as f64;
         let slowest = members.iter().map(|m| m.step_seconds).fold(0.0, f64::max);
-        let epoch_seconds = slowest * iterations;
+        // Measured where every model says what it trained; else the projection, and it says so.
+        let measured = members
+            .iter()
+            .map(|m| {
+                (m.trained_images > 0)
+                    .then(|| m.train_seconds * train_images as f64 / m.trained_images as f64)
+            })
+            .collect::<Option<Vec<f64>>>()
+            .filter(|_| epoch_time == EpochTime::Measured && !members.is_empty());
+        let (epoch_seconds, epoch_time) = match measured {
+            Some(t) => (t.into_iter().fold(0.0, f64::max), EpochTime::Measured),
+            None => (slowest * iterations, EpochTime::Projected),
+        };
         let flops = epoch_flops(apc, iterations, epoch_seconds);
         BaggedRun {
             models,
@@ -112,6 +152,7 @@ impl BaggedRun {
             apc_flops: apc,
             iterations_per_epoch: iterations,
             epoch_seconds,
+            epoch_time,
             ensemble_rule: ensemble_rule.to_string(),
             ensemble_quality,
             flops,
@@ -185,6 +226,7 @@ mod tests {
             quality,
             step_seconds,
             train_seconds: step_seconds * 10.0,
+            trained_images: 0,
             flops: 1.0,
             vflops: 1.0,
         }
@@ -205,7 +247,19 @@ mod tests {
             member(3, 0.71, 0.45),
             member(4, 0.69, 0.5),
         ];
-        let r = BaggedRun::new(members, 2, 512, 23e9, 1_281_167, "mean", 0.74, (0.763, 5));
+        let r = BaggedRun::new(
+            members.clone(),
+            2,
+            512,
+            23e9,
+            1_281_167,
+            "mean",
+            0.74,
+            (0.763, 5),
+            EpochTime::Measured,
+        );
+        // No model said what it trained: projected, and named so.
+        assert_eq!(r.epoch_time, EpochTime::Projected);
         assert_eq!((r.models, r.ranks_per_model, r.sys_scale), (4, 2, 8));
         assert!((r.iterations_per_epoch - 2_502.279_296_875).abs() < 1e-9);
         assert!((r.epoch_seconds - 1_251.139_648_437_5).abs() < 1e-9);
@@ -219,5 +273,29 @@ mod tests {
         assert_eq!(s.sys_scale, 8);
         assert_eq!(s.ensemble_quality.mean, 0.74);
         assert!(BaggingScores::of(&[], &[]).is_none());
+        // Measured: the slowest model's training time per epoch of images, its first step
+        // and stalls in it. Model 2 trained 5 120 images in 6 s: T_epoch = 6 × 1 281 167 /
+        // 5 120 = 1 501.37 s, where its steady steps project 1 251.14 s.
+        let mut timed = members;
+        for m in &mut timed {
+            m.trained_images = 5120;
+        }
+        timed[1].train_seconds = 6.0;
+        let r = BaggedRun::new(
+            timed,
+            2,
+            512,
+            23e9,
+            1_281_167,
+            "mean",
+            0.74,
+            (0.763, 5),
+            EpochTime::Measured,
+        );
+        assert_eq!(r.epoch_time, EpochTime::Measured);
+        assert!((r.epoch_seconds - 6.0 * 1_281_167.0 / 5120.0).abs() < 1e-9);
+        assert!(
+            (r.flops - epoch_flops(47_104e9, r.iterations_per_epoch, r.epoch_seconds)).abs() < 1.0
+        );
     }
 }

@@ -9,7 +9,7 @@ use crate::bagging::{ensemble, Member, Predictions};
 use crate::detect::map::Detection;
 use crate::layers::Reducer;
 use crate::train::{Quiet, Summary};
-use roofline_model::bagging::{BaggedRun, Member as MemberScore};
+use roofline_model::bagging::{BaggedRun, EpochTime, Member as MemberScore};
 use roofline_model::placement::Energy;
 use roofline_model::score::{aiperf_regulated, vflops, Run, Target};
 use std::time::Instant;
@@ -54,6 +54,7 @@ pub fn run(
     seed: u64,
     target: &Target,
     (flops_per_sample, analytic): (f64, Option<f64>),
+    epoch_time: EpochTime,
 ) -> Result<Option<Bagged>, RunError> {
     let plan = ranks
         .plan
@@ -115,6 +116,7 @@ pub fn run(
             quality: st[0],
             step_seconds: st[1],
             train_seconds: st[2],
+            trained_images: st[3] as usize,
             flops: alone(st),
             vflops: vflops(alone(st), st[0], target.value, target.exponent),
         })
@@ -129,6 +131,7 @@ pub fn run(
         e.rule,
         e.quality,
         (target.value, target.exponent),
+        epoch_time,
     );
     run.analytic_flops_per_sample = analytic;
     Ok(Some(Bagged {
@@ -304,7 +307,11 @@ impl Bagged {
             flops: r.flops,
             // V3.0's eq. 6 over its analytic APC (table 3).
             ops_per_image: r.apc_flops / (r.models.max(1) * batch.max(1)) as f64,
-            ops_count: "analytic (V3.0's APC)".into(),
+            ops_count: if r.analytic_flops_per_sample.is_some() {
+                "published (V3.0's APC of the paper's model)".into()
+            } else {
+                "analytic (V3.0's APC, table 3)".into()
+            },
             analytic_flops: None,
             // The score sets it from its rules.
             fixed_epochs: false,

@@ -144,7 +144,8 @@ fn papers_model(a: &Spec) -> bool {
 }
 
 /// Run `i` (seed `seed`) that ended with `s`, scored against `target` by `rules`;
-/// `v3_per_image` is V3.0's analytic training FLOPs per image, `energy` the run's.
+/// `v3_per_image` is V3.0's training FLOPs per image, counted as a bagged run counts them
+/// ([`Rules::bagged_ops`]: the published count for the paper's model), `energy` the run's.
 #[allow(clippy::too_many_arguments)]
 pub fn record(
     i: usize,

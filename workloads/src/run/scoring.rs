@@ -8,7 +8,7 @@ use super::{bagged, energy_span, execute, ranks, Prepared, RunError};
 use crate::accounting;
 use crate::train::Quiet;
 use roofline_collectors::energy;
-use roofline_model::bagging::BaggedRun;
+use roofline_model::bagging::{BaggedRun, EpochTime};
 use roofline_model::placement::Energy;
 use roofline_model::score::{
     Journal, Level, Run, Score, Scores, System, Target, SCORE_RUNS_SCHEMA, SCORE_SCHEMA,
@@ -28,6 +28,8 @@ pub struct Request<'a> {
     pub custom_target: bool,
     /// HPC AI500 V3.0 bagging: this many base models per run.
     pub bagging: Option<usize>,
+    /// How a bagged run's T_epoch is had (measured by default).
+    pub epoch_time: EpochTime,
     /// The level declared (HPC AI500 V2.0: hardware, system; or free, not one of V2.0's).
     pub level: Level,
     /// The rules' warnings already known (too few runs).
@@ -77,6 +79,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         level: req.level,
         custom_target: req.custom_target,
         bagging: req.bagging,
+        epoch_time: req.epoch_time,
     };
     let request = asked.key(prep, target, ranks, topo.plan.as_ref());
     let mut journal = match req.resumed.take() {
@@ -126,7 +129,8 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         // The GPU's energy joins the CPU packages' (or stands alone without them).
         let span = energy_span(cuda, gpu_index);
         if topo.plan.is_some() {
-            let Some(b) = bagged::run(prep, &topo, seed, target, bagged_ops)? else {
+            let Some(b) = bagged::run(prep, &topo, seed, target, bagged_ops, req.epoch_time)?
+            else {
                 continue;
             };
             let reading = stop(span, b.wall_seconds, report);
@@ -153,7 +157,7 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
                 prep.batch(),
                 target,
                 &rules,
-                v3_per_image,
+                bagged_ops.0,
                 &energy,
             );
             if root {
@@ -251,7 +255,14 @@ pub fn score(mut req: Request<'_>, report: &dyn Report) -> Result<Option<Score>,
         schema: SCORE_SCHEMA.into(),
         comparable: reasons.is_empty(),
         not_comparable: reasons,
-        rules: rules.describe(prep.spec.workload),
+        rules: {
+            let mut r = rules.describe(prep.spec.workload);
+            if req.bagging.is_some() {
+                // V3.0's FLOPS: its epoch time, measured or projected, never §5.3.2's.
+                r[1] = format!("timing (V3.0): {}", req.epoch_time.describe());
+            }
+            r
+        },
         valid: req.valid,
         warnings: req.warnings,
         level: req.level,
@@ -272,6 +283,7 @@ struct Asked {
     level: Level,
     custom_target: bool,
     bagging: Option<usize>,
+    epoch_time: EpochTime,
 }
 
 impl Asked {
@@ -293,6 +305,9 @@ impl Asked {
         key.insert("custom target".into(), self.custom_target.into());
         key.insert("stop at target".into(), p.run().stop_at_target.into());
         key.insert("bagging".into(), serde_json::json!(self.bagging));
+        if self.bagging.is_some() {
+            key.insert("epoch time".into(), serde_json::json!(self.epoch_time));
+        }
         key
     }
 }
