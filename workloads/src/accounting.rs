@@ -611,6 +611,25 @@ mod tests {
         assert_eq!(l.iter().map(|x| x.params).sum::<f64>() as usize, 25_557_032);
     }
 
+    /// AIPerf's Table VII, the analytic column: ResNet-50's operations over an epoch of
+    /// ImageNet at batch 1: FP 1.00E16 and BP 1.95E16 in training (BP/FP 1.9533), 2.95E16 in
+    /// all; the 50 000 validation images' FP 3.90E14; 2.99E16 with it.
+    #[test]
+    fn aiperf_table_vii_per_epoch() {
+        let c = aiperf(&layers(&v1(), 224));
+        let (train, eval) = (1_281_167.0, 50_000.0);
+        for (got, want) in [
+            (c.forward * train, 1.00e16),
+            (c.backward * train, 1.95e16),
+            (c.total() * train, 2.95e16),
+            (c.forward * eval, 3.90e14),
+            (c.total() * train + c.forward * eval, 2.99e16),
+        ] {
+            assert!((got / want - 1.0).abs() < 0.01, "{got:e} vs {want:e}");
+        }
+        assert!((c.backward / c.forward / 1.9533 - 1.0).abs() < 0.01);
+    }
+
     #[test]
     fn spans_name_their_layers() {
         let l = layers(&Config::resnet50(1000), 224);
