@@ -418,7 +418,10 @@ mod tests {
                 candidate(1, Some(0), 0.6),
                 candidate(2, Some(1), 0.5),
             ],
-            series: vec![sample(10.0, 1e12, Some(0.4)), sample(20.0, 3e12, Some(0.6))],
+            series: vec![
+                sample(10.0, 1e12, 10.0, Some(0.4)),
+                sample(20.0, 3e12, 20.0, Some(0.6)),
+            ],
             workers: Vec::new(),
             score: AutomlScore {
                 flops: 1.5e11,

@@ -136,12 +136,14 @@ impl Candidate {
     }
 }
 
-/// One point of the time series (AIPerf samples every 0.1 hour).
+/// One point of the time series (every 0.1 hour; AIPerf's `score.py` every hour).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Sample {
     pub at_s: f64,
     /// Operations of every finished epoch so far.
     pub ops: f64,
+    /// Those operations over the time from the start to the end of the last of those epochs
+    /// (`score.py`'s `run_sec`: the latest epoch's end, not the sample's moment).
     pub flops: f64,
     /// 1 − the best top-1 so far.
     pub error: f64,
@@ -253,9 +255,16 @@ impl Automl {
     }
 }
 
-/// The series point at `at_s` with `ops` done and `best_top1` the best accuracy.
-pub fn sample(at_s: f64, ops: f64, best_top1: Option<f64>) -> Sample {
-    let flops = if at_s > 0.0 { ops / at_s } else { 0.0 };
+/// The series point at `at_s` with `ops` done by epochs the last of which ended at `last_end_s`,
+/// and `best_top1` the best accuracy: FLOPS is `ops / last_end_s`, as AIPerf's `score.py`
+/// divides the operations of the epochs finished by a sample's time by the time to the latest
+/// of them (its `run_sec`).
+pub fn sample(at_s: f64, ops: f64, last_end_s: f64, best_top1: Option<f64>) -> Sample {
+    let flops = if last_end_s > 0.0 {
+        ops / last_end_s
+    } else {
+        0.0
+    };
     let error = 1.0 - best_top1.unwrap_or(0.0);
     Sample {
         at_s,
@@ -410,6 +419,16 @@ impl Validate for Automl {
 mod tests {
     use super::*;
     use crate::Precision;
+
+    /// `score.py`'s divisor: 6 epochs' 3.6e15 operations, the last ending at 1,800 s, sampled
+    /// at 3,600 s: 2 TFLOP/s (over the sample's 3,600 s it would have been 1).
+    #[test]
+    fn a_sample_divides_by_the_last_epochs_end() {
+        let s = sample(3600.0, 3.6e15, 1800.0, Some(0.75));
+        assert_eq!(s.flops, 2e12);
+        assert!((s.regulated - (-(0.25f64).ln()) * 2e12).abs() < 1.0);
+        assert_eq!(sample(10.0, 0.0, 0.0, None).flops, 0.0);
+    }
 
     /// AIPerf's validity rules, each alone: an hour, 30 % error, ImageNet at 224², ResNet-50 as
     /// the start, ImageNet's 50 000 held-out images, FP16 or wider.

@@ -394,6 +394,7 @@ pub fn deviations(init: Option<&crate::init::Pretrained>) -> Vec<String> {
     vec![
         start,
         "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB".into(),
+        "the FLOPS series is sampled every 0.1 h and at the end, where the reference's score.py samples every hour (its FLOPS, the operations of the epochs finished over the time to the last one's end, is counted as it counts it); an epoch counts the training images it trained (1,281,167 for ImageNet) where score.py counts a fixed 1,280,000 (0.09% fewer); the Skip morphism adds its value into a convolution's output before that convolution's batch norm, where the reference joins after it".into(),
     ]
 }
 

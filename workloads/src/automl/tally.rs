@@ -5,21 +5,19 @@
 use roofline_model::automl::{invalid_because, sample, Automl, AutomlScore, Conditions};
 use roofline_model::Stats;
 
-/// The point at `at_s` (operations of every finished epoch, the best top-1 so far); it replaces
-/// the last point when that is less than `close` seconds older.
+/// The point at `at_s` (operations of every finished epoch over the time to the last one's end,
+/// as AIPerf's `score.py` counts; the best top-1 so far); it replaces the last point when that
+/// is less than `close` seconds older.
 pub fn add_sample(doc: &mut Automl, at_s: f64, close: f64) {
-    let ops: f64 = doc
-        .candidates
-        .iter()
-        .flat_map(|c| &c.epochs)
-        .map(|e| e.ops)
-        .sum();
+    let epochs = doc.candidates.iter().flat_map(|c| &c.epochs);
+    let ops: f64 = epochs.clone().map(|e| e.ops).sum();
+    let last_end = epochs.map(|e| e.at_s).fold(0.0, f64::max);
     let best = doc
         .candidates
         .iter()
         .filter_map(|c| c.best_top1())
         .reduce(f64::max);
-    let point = sample(at_s, ops, best);
+    let point = sample(at_s, ops, last_end, best);
     match doc
         .series
         .last_mut()
