@@ -65,6 +65,13 @@ pub struct Label {
     pub own: String,
 }
 
+impl Label {
+    /// Whether it labels a placed point (`data` "group"), not a roof or a ridge.
+    fn is_point(&self) -> bool {
+        self.data.as_ref().is_some_and(|(k, _)| *k == "group")
+    }
+}
+
 /// Consecutive labels with the same unit `id` are set down together, at the first of their
 /// `arrangements` (one entry per label) where every label with a spot in it is free there.
 /// Those without a spot in it (all of them, where no arrangement is free) are placed after
@@ -449,7 +456,7 @@ impl Placer {
         // a point's may not: out past a stack of roofs it could be anyone's (a ResNet-50
         // layer's across 8 roofs), so it is left out, and named under the figure, and its
         // marker's tooltip and the legend's colour name it.
-        let point = l.data.as_ref().is_some_and(|(k, _)| *k == "group");
+        let point = l.is_point();
         [true, false]
             .into_iter()
             .take(if point { 1 } else { 2 })
@@ -477,7 +484,7 @@ impl Placer {
         {
             return false;
         }
-        let point = l.data.as_ref().is_some_and(|(k, _)| *k == "group");
+        let point = l.is_point();
         let others = figure.iter().filter(|k| k.roof && k.own != l.own);
         !point
             || crate::order::bands_crossed(seg, others.map(|k| (k.own.as_str(), k.seg)), 1.0).len()

@@ -247,17 +247,21 @@ mod tests {
             member(3, 0.71, 0.45),
             member(4, 0.69, 0.5),
         ];
-        let r = BaggedRun::new(
-            members.clone(),
-            2,
-            512,
-            23e9,
-            1_281_167,
-            "mean",
-            0.74,
-            (0.763, 5),
-            EpochTime::Measured,
-        );
+        // V3.0's example's run of `members`: M = 4, P = 2, |B| = 512, ImageNet, 0.74.
+        let bag = |members| {
+            BaggedRun::new(
+                members,
+                2,
+                512,
+                23e9,
+                1_281_167,
+                "mean",
+                0.74,
+                (0.763, 5),
+                EpochTime::Measured,
+            )
+        };
+        let r = bag(members.clone());
         // No model said what it trained: projected, and named so.
         assert_eq!(r.epoch_time, EpochTime::Projected);
         assert_eq!((r.models, r.ranks_per_model, r.sys_scale), (4, 2, 8));
@@ -281,17 +285,7 @@ mod tests {
             m.trained_images = 5120;
         }
         timed[1].train_seconds = 6.0;
-        let r = BaggedRun::new(
-            timed,
-            2,
-            512,
-            23e9,
-            1_281_167,
-            "mean",
-            0.74,
-            (0.763, 5),
-            EpochTime::Measured,
-        );
+        let r = bag(timed);
         assert_eq!(r.epoch_time, EpochTime::Measured);
         assert!((r.epoch_seconds - 6.0 * 1_281_167.0 / 5120.0).abs() < 1e-9);
         assert!(
