@@ -27,6 +27,11 @@ pub struct SweepArgs {
     /// Training samples per point, a list (SAIH's data augment: the epoch grows with them).
     #[arg(long, value_delimiter = ',', default_value = "256")]
     pub images: Vec<usize>,
+    /// SAIH's data scaling: --images is the whole set, and the points train on 1/D of it for
+    /// each D in the list (SAIH: 64,32,16,8,4,2,1 at 4 nodes); sweep.json's data_scaling
+    /// holds each share's FLOP/s per process against the smallest share's.
+    #[arg(long, value_delimiter = ',', value_name = "D,…")]
+    pub data_shares: Vec<usize>,
     /// Image sizes, a list of N or HxW (default 64 for resnet50, 128x192 for ewa).
     #[arg(long, value_delimiter = ',')]
     pub resolution: Vec<roofline_workloads::run::Resolution>,
@@ -54,9 +59,15 @@ pub struct SweepArgs {
     /// "mpirun --bind-to core").
     #[arg(long, default_value = "mpirun")]
     pub mpirun: String,
-    /// Global batch of every point (default 16; it must divide among the ranks).
+    /// Global batch of every point (default 16; it must divide among the ranks), or with
+    /// --per-process-batch each thread's or rank's.
     #[arg(long, default_value_t = 16)]
     pub batch: usize,
+    /// --batch is each process's, so that the global batch grows with the processes: SAIH's
+    /// node scaling (its per-GPU batches are 10, 4 and 1), the speedup then taken from the
+    /// epoch's time. Without it strong scaling holds one global batch.
+    #[arg(long)]
+    pub per_process_batch: bool,
     /// Measured steps per point (after --warm).
     #[arg(long, default_value_t = 3)]
     pub steps: usize,
@@ -111,14 +122,15 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
             threads: a.threads.clone(),
             ranks: a.ranks.clone(),
             batch: a.batch,
+            per_process_batch: a.per_process_batch,
             steps: a.steps,
+            data_shares: a.data_shares.clone(),
         },
         machine: &machine,
         machine_path: &a.machine,
         output: &a.output,
         exe: std::env::current_exe().map_err(|e| Failure::Run(e.into()))?,
         mpirun: a.mpirun.clone(),
-        batch: a.batch,
         steps: a.steps,
         warm: a.warm,
         epochs: a.epochs,
@@ -132,6 +144,7 @@ pub fn sweep(a: &SweepArgs) -> Result<(), Failure> {
     let kind = result.processes.as_str();
     let charts = charts(&result, &placements, &machine, &a.output)?;
     crate::output::sweep::scaling(&result, kind);
+    crate::output::sweep::intensity(&result);
     for n in &result.notes {
         outln!("note: {n}");
     }

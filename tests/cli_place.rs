@@ -352,6 +352,80 @@ fn sweep_epochs_read_every_image_and_scale_weakly() {
     assert!(String::from_utf8_lossy(&o.stdout).contains("weak scaling at 16 images per process"));
 }
 
+/// SAIH's node and data scaling: `--per-process-batch` holds each thread's batch (8 on 1, 16
+/// on 2), the speedup then the epochs' ratio (⌈32 / 8⌉ steps against ⌈32 / 16⌉); and
+/// `--data-shares 2,1` trains on half and all of 32 images, each share's FLOP/s per process
+/// against the half's. SAIH's Table 3 is printed beside our units.
+#[test]
+fn sweep_runs_saih_node_and_data_scaling() {
+    let dir = tmpdir("sweep-saih");
+    let (o, s) = small_sweep(
+        "32",
+        &[
+            "--per-process-batch",
+            "--data-shares",
+            "2,1",
+            "--steps",
+            "1",
+        ],
+        &dir.join("s.json"),
+    );
+    assert_eq!(s["per_process_batch"], true);
+    let dev = s["deviations"].as_array().unwrap();
+    assert!(
+        dev.iter()
+            .all(|d| !d.as_str().unwrap().contains("--per-process-batch runs")),
+        "{dev:?}"
+    );
+    let pts = s["points"].as_array().unwrap();
+    assert_eq!(pts.len(), 4);
+    let at = |threads: u64, images: u64| {
+        pts.iter()
+            .find(|p| p["problem"]["processes"] == threads && p["problem"]["images"] == images)
+            .unwrap()
+    };
+    for (threads, batch) in [(1, 8), (2, 16)] {
+        assert_eq!(at(threads, 32)["problem"]["batch"], batch);
+    }
+    let step = |threads: u64| at(threads, 32)["step_seconds"].as_f64().unwrap();
+    let full = s["scaling"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["problem"].as_str().unwrap().starts_with("32 images"))
+        .unwrap();
+    let speedup = full["points"][1]["speedup"].as_f64().unwrap();
+    let want = 4.0 * step(1) / (2.0 * step(2));
+    assert!((speedup - want).abs() < 1e-9 * want, "{speedup} vs {want}");
+    let data = s["data_scaling"].as_array().unwrap();
+    assert_eq!(data.len(), 2, "a series per thread count: {data:?}");
+    for d in data {
+        let p = d["points"].as_array().unwrap();
+        let shares: Vec<f64> = p.iter().map(|x| x["share"].as_f64().unwrap()).collect();
+        assert_eq!(shares, vec![0.5, 1.0]);
+        let f = |i: usize| p[i]["per_process_flops"].as_f64().unwrap();
+        assert_eq!(p[0]["relative"].as_f64(), Some(1.0));
+        assert!((p[1]["relative"].as_f64().unwrap() - f(1) / f(0)).abs() < 1e-12);
+    }
+    let t3 = &s["intensity_units"]["saih_table_3"];
+    assert!((t3[0]["saih_intensity"].as_f64().unwrap() / 808.0 - 1.0).abs() < 2e-3);
+    assert!(pts[0]["analytic_flop_per_byte"].as_f64().unwrap() > 0.0);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(out.contains("data scaling of 32×32"), "{out}");
+    assert!(out.contains("SAIH's Table 3"), "{out}");
+    // A share the set cannot give is refused before anything runs.
+    let (machine, _) = quick_machine();
+    let o = bin()
+        .args(["sweep", "--machine"])
+        .arg(machine)
+        .args(["--images", "4", "--data-shares", "8", "-o"])
+        .arg(dir.join("x.json"))
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("no 1/8 share"), "{}", stderr(&o));
+}
+
 /// `sweep`: two data sizes × two thread counts of a small model, and SAIH's model filter
 /// choosing among variants; every point placed, the strong-scaling series computed from the
 /// points' own step times, the charts written, bad input refused.
@@ -399,6 +473,8 @@ fn sweep_places_a_grid_and_scales_it() {
     }
     let scaling = s["scaling"].as_array().unwrap();
     assert_eq!(scaling.len(), 2, "each data size at 1 and 2 threads");
+    // And SAIH's data scaling: each thread count over the two data sizes.
+    assert_eq!(s["data_scaling"].as_array().unwrap().len(), 2);
     for sc in scaling {
         let sp = sc["points"].as_array().unwrap();
         let t = |i: usize| sp[i]["step_seconds"].as_f64().unwrap();

@@ -425,7 +425,7 @@ impl Validate for Sweep {
                 ("per_process_flops", p.per_process_flops),
                 ("peak_flops", p.peak_flops),
                 ("fraction_of_peak", p.fraction_of_peak),
-                ("arithmetic_intensity", p.arithmetic_intensity),
+                ("analytic_flop_per_byte", p.analytic_flop_per_byte),
                 ("attainable_flops", p.attainable_flops),
             ] {
                 non_negative(&id, f, v)?;

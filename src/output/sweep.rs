@@ -1,4 +1,5 @@
-//! `roofline sweep`'s table: a header, a row per point as it finishes, the strong scaling.
+//! `roofline sweep`'s table: a header, a row per point as it finishes, the scaling series and
+//! SAIH's intensities beside ours.
 
 use roofline_model::sweep::{Sweep, SweepPoint};
 
@@ -80,4 +81,43 @@ pub fn scaling(result: &Sweep, kind: &str) {
                 .join(", ")
         );
     }
+    for s in &result.data_scaling {
+        outln!(
+            "data scaling of {} at {}: {}",
+            s.problem,
+            roofline_plots::sweep::count(s.processes, kind),
+            s.points
+                .iter()
+                .map(|p| format!(
+                    "{} images ({:.3}) {}FLOP/s a process ({:.0}%)",
+                    p.images,
+                    p.share,
+                    roofline_plots::si(p.per_process_flops),
+                    100.0 * p.relative
+                ))
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+}
+
+/// Our intensity's units, and SAIH's Table 3 in its units and ours.
+pub fn intensity(result: &Sweep) {
+    let Some(u) = &result.intensity_units else {
+        return;
+    };
+    outln!("intensity: {}", u.ours);
+    outln!(
+        "SAIH's Table 3 ({}; ours = SAIH's / {}): {}",
+        u.saih,
+        u.factor,
+        u.saih_table_3
+            .iter()
+            .map(|r| format!(
+                "{} (batch {}) {:.0} = {:.1} FLOP/B",
+                r.model, r.batch, r.saih_intensity, r.flop_per_byte
+            ))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
 }

@@ -59,9 +59,14 @@ pub struct SweepSpec {
     pub model_flops: Option<FlopsRange>,
     pub threads: Vec<usize>,
     pub ranks: Vec<usize>,
-    /// The global batch of every point, and its measured steps.
+    /// The global batch of every point, or with `per_process_batch` each process's (SAIH's
+    /// node scaling: the global batch grows with the processes); and the measured steps.
     pub batch: usize,
+    pub per_process_batch: bool,
     pub steps: usize,
+    /// SAIH's data scaling: the one `images` is the whole set, and each point trains on
+    /// `images / d` of it for each `d` (64, 32, …, 1: 1/64 to 1/1); empty: `images` as given.
+    pub data_shares: Vec<usize>,
 }
 
 /// The sweep to run: every grid point at every process count, and a note for each variant the
@@ -72,6 +77,19 @@ pub struct SweepPlan {
     pub notes: Vec<String>,
     pub processes: Processes,
     pub counts: Vec<usize>,
+    batch: usize,
+    per_process_batch: bool,
+}
+
+impl SweepPlan {
+    /// The global batch of a point at `processes`.
+    pub fn global_batch(&self, processes: usize) -> usize {
+        if self.per_process_batch {
+            self.batch * processes.max(1)
+        } else {
+            self.batch
+        }
+    }
 }
 
 /// A sweep that cannot be run as asked (the command line's exit 2).
@@ -83,6 +101,10 @@ pub enum SweepError {
     NoProcess(Processes),
     #[error("--batch {batch} does not divide among {ranks} ranks")]
     Batch { batch: usize, ranks: usize },
+    #[error("--data-shares takes the whole data set as one --images (got {0} values)")]
+    SharesOfOne(usize),
+    #[error("--data-shares {share}: {images} images have no 1/{share} share (it must lie in 1..={images})")]
+    Share { share: usize, images: usize },
     #[error("no model variant's training FLOPs per sample lie in --model-flops: {}", .left_out.join("; "))]
     NoVariant { left_out: Vec<String> },
 }
@@ -128,7 +150,7 @@ impl SweepSpec {
         if counts.contains(&0) {
             return Err(SweepError::NoProcess(processes));
         }
-        if processes == Processes::Ranks {
+        if processes == Processes::Ranks && !self.per_process_batch {
             if let Some(&ranks) = counts.iter().find(|r| !self.batch.is_multiple_of(**r)) {
                 return Err(SweepError::Batch {
                     batch: self.batch,
@@ -141,7 +163,7 @@ impl SweepSpec {
             resolutions,
             widths,
             depths,
-            images: self.images.clone(),
+            images: self.images()?,
             model_flops: self.model_flops.map(|r| (r.0, r.1)),
         }
         .grid()?;
@@ -150,7 +172,33 @@ impl SweepSpec {
             notes,
             processes,
             counts,
+            batch: self.batch,
+            per_process_batch: self.per_process_batch,
         })
+    }
+
+    /// The numbers of training images: as given, or the shares of the one given, smallest
+    /// first.
+    fn images(&self) -> Result<Vec<usize>, SweepError> {
+        if self.data_shares.is_empty() {
+            return Ok(self.images.clone());
+        }
+        let &[all] = self.images.as_slice() else {
+            return Err(SweepError::SharesOfOne(self.images.len()));
+        };
+        let mut v = Vec::new();
+        for &d in &self.data_shares {
+            if d == 0 || d > all {
+                return Err(SweepError::Share {
+                    share: d,
+                    images: all,
+                });
+            }
+            v.push(all / d);
+        }
+        v.sort_unstable();
+        v.dedup();
+        Ok(v)
     }
 }
 
@@ -283,5 +331,71 @@ mod tests {
         assert_eq!("1e8..5e9".parse(), Ok(FlopsRange(1e8, 5e9)));
         assert!("5..1".parse::<FlopsRange>().is_err());
         assert!("5".parse::<FlopsRange>().is_err());
+    }
+
+    fn spec() -> SweepSpec {
+        SweepSpec {
+            workload: Kind::Resnet50,
+            resolutions: vec![Resolution { h: 32, w: 32 }],
+            widths: vec![],
+            depths: vec![],
+            images: vec![6400],
+            model_flops: None,
+            threads: vec![1],
+            ranks: vec![],
+            batch: 10,
+            per_process_batch: false,
+            steps: 1,
+            data_shares: vec![],
+        }
+    }
+
+    /// SAIH's data scaling: one whole set, its shares 1/64 … 1/1 as the images, smallest
+    /// first; a share the set cannot give, or shares of several sets, is refused.
+    #[test]
+    fn data_shares_divide_the_whole_set() {
+        let s = SweepSpec {
+            data_shares: vec![1, 2, 4, 8, 16, 32, 64],
+            ..spec()
+        };
+        let images: Vec<usize> = s.plan().unwrap().grid.iter().map(|g| g.images).collect();
+        assert_eq!(images, vec![100, 200, 400, 800, 1600, 3200, 6400]);
+        let too_fine = SweepSpec {
+            data_shares: vec![10000],
+            ..spec()
+        };
+        assert!(matches!(
+            too_fine.plan(),
+            Err(SweepError::Share { share: 10000, .. })
+        ));
+        let two = SweepSpec {
+            images: vec![64, 128],
+            data_shares: vec![2],
+            ..spec()
+        };
+        assert_eq!(two.plan().unwrap_err(), SweepError::SharesOfOne(2));
+    }
+
+    /// SAIH's node scaling holds each process's batch (10 on 1, 2, 4 ranks: 10, 20, 40), and
+    /// then needs no global batch that divides; one global batch must divide.
+    #[test]
+    fn per_process_batch_grows_the_global_batch() {
+        let ranks = SweepSpec {
+            threads: vec![],
+            ranks: vec![1, 2, 4],
+            ..spec()
+        };
+        assert!(matches!(
+            ranks.plan(),
+            Err(SweepError::Batch { ranks: 4, .. })
+        ));
+        let held = SweepSpec {
+            per_process_batch: true,
+            ..ranks
+        };
+        let plan = held.plan().unwrap();
+        let global: Vec<usize> = plan.counts.iter().map(|&p| plan.global_batch(p)).collect();
+        assert_eq!(global, vec![10, 20, 40]);
+        assert_eq!(spec().plan().unwrap().global_batch(4), 10);
     }
 }

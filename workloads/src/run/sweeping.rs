@@ -9,7 +9,8 @@ use super::sweep::{GridPoint, Processes, SweepSpec};
 use super::{Kind, RunError};
 use roofline_model::placement::Placement;
 use roofline_model::sweep::{
-    strong_scaling, weak_scaling, Problem, Sweep, SweepPoint, SWEEP_SCHEMA,
+    data_scaling, strong_scaling, weak_scaling, IntensityUnits, Problem, Sweep, SweepPoint,
+    SWEEP_SCHEMA,
 };
 use roofline_model::{write::write_atomic, Machine};
 use std::path::{Path, PathBuf};
@@ -30,7 +31,6 @@ pub struct Request<'a> {
     pub exe: PathBuf,
     /// The launcher for ranks, before `-np N`.
     pub mpirun: String,
-    pub batch: usize,
     pub steps: usize,
     pub warm: usize,
     /// Each point trains this many epochs over its images (warm-up and measured steps
@@ -60,15 +60,18 @@ pub struct Swept {
 }
 
 /// Where a sweep of `epochs` per point (None: `--warm` + `--steps` steps; `filtered`: with
-/// the model filter) departs from SAIH, which trains every point over its whole data: the data
-/// axis first where it is estimated, then what always differs (SAIH's units and regimes).
-pub fn deviations(epochs: Option<usize>, filtered: bool) -> Vec<String> {
+/// the model filter; `per_process`: each process's batch held) departs from SAIH, which trains
+/// every point over its whole data: the data axis first where it is estimated, then what
+/// always differs (SAIH's units) and what differs as asked.
+pub fn deviations(epochs: Option<usize>, filtered: bool, per_process: bool) -> Vec<String> {
     let mut v = Vec::new();
     if epochs.is_none() {
         v.push("each point trains --warm + --steps steps whatever its --images, so not every image is read and the data axis is the epoch time estimated from the measured steps; SAIH trains each point over all its data (--epochs E reads every image, ⌈E × images / batch⌉ steps)".into());
     }
-    v.push("arithmetic_intensity is the analytic FLOPs per byte of the minimum memory traffic; SAIH's (Table 3: 808, 2500, 1442 for its S, M, L 3D CNNs) is FLOPs per memory transaction nvprof counts, reads plus writes, 32 bytes each in DRAM: for the same traffic SAIH's figure is 32 times ours (roofline_model::sweep::saih_intensity)".into());
-    v.push("strong scaling holds the global batch (--batch) over the process counts; SAIH's node scaling holds each GPU's batch (10, 4, 1 for its S, M, L models), the global batch growing with the nodes; and weak scaling grows the data with the processes, where SAIH's data scaling holds 4 nodes and grows their share of the data (1/64 to 1/1)".into());
+    v.push("analytic_flop_per_byte is the trainer's FLOPs per byte of the analytic minimum of memory traffic; SAIH's arithmetic intensity (Table 3: 808, 2500, 1442 for its S, M, L 3D CNNs) is FLOPs per memory transaction nvprof counts, reads plus writes, 32 bytes each in DRAM: for the same traffic SAIH's figure is 32 times ours, and measured traffic exceeds the minimum (intensity_units holds Table 3 in both units)".into());
+    if !per_process {
+        v.push("strong scaling holds the global batch (--batch) over the process counts; SAIH's node scaling holds each GPU's batch (10, 4, 1 for its S, M, L models), the global batch growing with the nodes: --per-process-batch runs SAIH's".into());
+    }
     if filtered {
         v.push("the model filter (--model-flops) counts the trainer's FLOPs per sample (forward and backward as they run), not SAIH's eq. 1 (2 × 3 × the forward multiply-adds): 24.3 against 24.6 GFLOP an image for ResNet-50".into());
     }
@@ -86,7 +89,7 @@ pub fn sweep(
         .spec
         .plan()
         .map_err(|e| RunError::Input(e.to_string()))?;
-    let (grid, counts, processes) = (plan.grid, plan.counts, plan.processes);
+    let (grid, counts, processes) = (&plan.grid, &plan.counts, plan.processes);
     let kind = processes.name();
     let stem = req
         .output
@@ -113,15 +116,23 @@ pub fn sweep(
         points: Vec::new(),
         scaling: Vec::new(),
         weak_scaling: Vec::new(),
-        notes: plan.notes,
-        deviations: deviations(req.epochs, req.spec.model_flops.is_some()),
+        data_scaling: Vec::new(),
+        per_process_batch: req.spec.per_process_batch,
+        intensity_units: Some(IntensityUnits::saih()),
+        notes: plan.notes.clone(),
+        deviations: deviations(
+            req.epochs,
+            req.spec.model_flops.is_some(),
+            req.spec.per_process_batch,
+        ),
     };
     report.header(kind);
     let mut ran = 0;
     // Each point's placement, beside it (the trajectory chart draws them).
     let mut placements: Vec<Placement> = Vec::new();
-    for g in &grid {
-        for &p in &counts {
+    for g in grid {
+        for &p in counts {
+            let batch = plan.global_batch(p);
             ran += 1;
             let idx = result.points.len();
             let file = dir.join(format!("point-{idx}.json"));
@@ -131,12 +142,13 @@ pub fn sweep(
                 width: g.width,
                 depth: g.depth.to_string(),
                 processes: p,
+                batch,
             };
             if cancel.load(Ordering::SeqCst) {
                 return Err(interrupted(&result, total, req.output));
             }
             report.started(ran, total, &problem, kind);
-            match run_point(req, processes, p, g, &file) {
+            match run_point(req, processes, p, batch, g, &file) {
                 Ok(pl) => {
                     let pt = SweepPoint::from_placement(
                         idx,
@@ -151,6 +163,7 @@ pub fn sweep(
                     placements.push(pl);
                     result.scaling = strong_scaling(&result.points);
                     result.weak_scaling = weak_scaling(&result.points);
+                    result.data_scaling = data_scaling(&result.points);
                     report.point(&result);
                 }
                 Err(RunError::Interrupted) => return Err(interrupted(&result, total, req.output)),
@@ -195,11 +208,13 @@ fn interrupted(result: &Sweep, total: usize, output: &Path) -> RunError {
     }
 }
 
-/// Runs one point: `roofline place` in a child process (under the launcher for ranks).
+/// Runs one point: `roofline place` in a child process (under the launcher for ranks), at the
+/// global `batch`.
 fn run_point(
     req: &Request<'_>,
     processes: Processes,
     p: usize,
+    batch: usize,
     g: &GridPoint,
     out: &Path,
 ) -> Result<Placement, RunError> {
@@ -216,7 +231,7 @@ fn run_point(
     // With epochs, every image is read: the steps an epoch takes, warm-up included.
     let steps = match req.epochs {
         Some(e) => (e * g.images)
-            .div_ceil(req.batch.max(1))
+            .div_ceil(batch.max(1))
             .saturating_sub(req.warm)
             .max(1),
         None => req.steps,
@@ -227,7 +242,7 @@ fn run_point(
         .args(["--train-images", &g.images.to_string()])
         .args(["--width", &g.width.to_string()])
         .args(["--depth", &g.depth.to_string()])
-        .args(["--batch", &req.batch.to_string()])
+        .args(["--batch", &batch.to_string()])
         .args([
             "--steps",
             &steps.to_string(),
