@@ -46,6 +46,19 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 }
 
 /// A duration: seconds, or a number with s, m or h (90, 90s, 3m, 1.5h).
+/// A comma-separated list of numbers given to `what` (none given: empty).
+pub fn numbers(s: &Option<String>, what: &str) -> Result<Vec<usize>, crate::exit::Failure> {
+    let Some(s) = s else { return Ok(Vec::new()) };
+    s.split(',')
+        .map(|x| x.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|_| {
+            crate::exit::Failure::Input(anyhow::anyhow!(
+                "{what} {s}: expected numbers separated by commas"
+            ))
+        })
+}
+
 pub fn parse_duration(s: &str) -> Result<Duration, String> {
     let t = s.trim();
     let (num, unit) = match t.char_indices().last() {

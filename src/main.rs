@@ -162,14 +162,16 @@ enum Command {
     /// records what they propose (refusing a network already taken) and scores. Each candidate
     /// is its parent changed by morphisms — deeper (a convolution, batch norm and ReLU block),
     /// wider (a convolution's channels doubled), skip (an addition from an earlier ReLU) — and
-    /// starts from its parent's trained weights, carried over so that it computes what its
-    /// parent computed (Net2Net). The next candidate is chosen by a Gaussian process over
+    /// starts from He initialisation (AIPerf's default), or from pretrained weights (--init,
+    /// as AIPerf's reference code), or from its parent's trained weights carried through the
+    /// morphisms (--from-parent, Net2Net). The next candidate is chosen by a Gaussian process over
     /// architectures (edit-distance kernel, UCB, simulated annealing). AIPerf's per-trial
     /// rules: patience min(6 + 2·round, 20) on the validation loss, from round 4 a second
     /// training with a TPE draw (kernel, batch, dropout), the predicted accuracy at epoch 90
-    /// for trials of 10–79 epochs. Operations are counted per candidate
-    /// by AIPerf's rules (forward, backward, update) for the training and evaluation images of
-    /// every finished epoch; FLOPS = operations / time, sampled over time: the score is the
+    /// for trials of 10–79 epochs. Operations are counted per candidate by AIPerf's rules
+    /// (forward, backward, update) for the training and evaluation images of every finished
+    /// epoch (on ImageNet score.py's 1,280,000 and 50,000); FLOPS = operations / the time to
+    /// the last finished epoch's end, sampled over time: the score is the
     /// highest; regulated score = −ln(error) × FLOPS, error = 1 − best top-1. Valid by the
     /// rules: at least 1 hour, ImageNet at 224², ResNet-50 as the start, 50 000 held-out
     /// images, at least FP16, error at most 30 %; what departs from AIPerf's reference code is

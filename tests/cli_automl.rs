@@ -28,16 +28,17 @@ fn small(cmd: &mut Command, out: &std::path::Path, budget: &str) {
     .arg(out);
 }
 
-/// A search writes automl.json (valid by its schema, candidates made from trained parents,
-/// the series) and the report (its figures fit); gate compares it with itself and passes;
-/// place puts its best candidate on the machine's roofline from its trained weights.
+/// A search writes automl.json (valid by its schema, candidates made from trained parents and,
+/// with --from-parent, from their weights, the series) and the report (its figures fit); gate
+/// compares it with itself and passes; place puts its best candidate on the machine's roofline
+/// from its trained weights.
 #[test]
 fn automl_searches_reports_gates_and_places() {
     let dir = tmpdir("automl");
     let out = dir.join("run.json");
     let mut cmd = bin();
     small(&mut cmd, &out, "12s");
-    let o = cmd.output().unwrap();
+    let o = cmd.arg("--from-parent").output().unwrap();
     assert!(o.status.success(), "{}", stderr(&o));
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.starts_with("AIPerf AutoML: "), "{text}");
@@ -55,6 +56,21 @@ fn automl_searches_reports_gates_and_places() {
     );
     assert!(!doc.series.is_empty() && doc.score.flops > 0.0);
     assert_eq!(doc.configuration["resolution"], 32);
+    // The parent's weights, named as neither AIPerf's default nor its reference's start; the
+    // short run's sampling and its own image count named where they differ from score.py's.
+    assert_eq!(doc.configuration["weights"], "parent");
+    assert!(
+        doc.deviations[0].contains("--from-parent"),
+        "{:?}",
+        doc.deviations
+    );
+    for d in ["score.py samples every hour", "fixed 1,280,000"] {
+        assert!(
+            doc.deviations.iter().any(|x| x.contains(d)),
+            "{d}: {:?}",
+            doc.deviations
+        );
+    }
     let html = dir.join("run.html");
     let page = std::fs::read_to_string(&html).unwrap();
     for id in [
@@ -189,6 +205,13 @@ fn automl_interrupted_keeps_its_candidates_and_resumes() {
     );
     let before = roofline_model::automl::Automl::read(&out).unwrap();
     assert!(!before.running);
+    // AIPerf's default start (Table IV), named as such.
+    assert_eq!(before.configuration["weights"], "he");
+    assert!(
+        before.deviations[0].contains("He initialisation"),
+        "{:?}",
+        before.deviations
+    );
     assert!(dir.join("run.html").is_file());
     let trained: Vec<usize> = before
         .candidates
@@ -197,6 +220,12 @@ fn automl_interrupted_keeps_its_candidates_and_resumes() {
         .map(|c| c.id)
         .collect();
     assert!(trained.len() >= 2);
+    // Its candidates started from He's initialisation: going on from parents is refused.
+    let mut cmd = bin();
+    small(&mut cmd, &out, "60s");
+    let o = cmd.args(["--resume", "--from-parent"]).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert!(stderr(&o).contains("started with He's"), "{}", stderr(&o));
     let mut cmd = bin();
     small(
         &mut cmd,

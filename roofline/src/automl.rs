@@ -278,6 +278,35 @@ pub fn sample(at_s: f64, ops: f64, last_end_s: f64, best_top1: Option<f64>) -> S
 /// The held-out images AIPerf's reference evaluates and counts (ImageNet's validation set).
 pub const EVAL_IMAGES: usize = 50_000;
 
+/// ImageNet's training images, and the fixed number AIPerf's `score.py` counts an epoch by.
+pub const IMAGENET_TRAIN_IMAGES: usize = 1_281_167;
+pub const SCORE_PY_TRAIN_IMAGES: usize = 1_280_000;
+
+/// The operations of one finished epoch of a candidate of `train_ops` and `eval_ops` per image
+/// that trained `trained` images and evaluated `evaluated`, on a training set of
+/// `train_images`: on ImageNet's set as `score.py` counts them (a fixed 1,280,000 training and
+/// 50,000 held-out images); on any other set the images it trained and evaluated (`score.py`'s
+/// constants are ImageNet's).
+pub fn epoch_ops(
+    train_ops: f64,
+    eval_ops: f64,
+    trained: usize,
+    evaluated: usize,
+    train_images: usize,
+) -> f64 {
+    let (t, e) = if counts_as_score_py(train_images) {
+        (SCORE_PY_TRAIN_IMAGES, EVAL_IMAGES)
+    } else {
+        (trained, evaluated)
+    };
+    t as f64 * train_ops + e as f64 * eval_ops
+}
+
+/// Whether an epoch over `train_images` is counted as `score.py` counts it ([`epoch_ops`]).
+pub fn counts_as_score_py(train_images: usize) -> bool {
+    train_images == IMAGENET_TRAIN_IMAGES
+}
+
 /// What AIPerf's validity rules look at.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Conditions {
@@ -428,6 +457,20 @@ mod tests {
         assert_eq!(s.flops, 2e12);
         assert!((s.regulated - (-(0.25f64).ln()) * 2e12).abs() < 1.0);
         assert_eq!(sample(10.0, 0.0, 0.0, None).flops, 0.0);
+    }
+
+    /// An ImageNet epoch counts `score.py`'s 1,280,000 and 50,000 images whatever the batch
+    /// left out (1,281,167 at batch 256 trains 5,004 steps, 1,281,024 images); another set
+    /// counts what it trained and evaluated.
+    #[test]
+    fn an_imagenet_epoch_counts_as_score_py() {
+        let imagenet = epoch_ops(3.0, 1.0, 5004 * 256, 50_000, IMAGENET_TRAIN_IMAGES);
+        assert_eq!(imagenet, 3.0 * 1_280_000.0 + 50_000.0);
+        assert_eq!(epoch_ops(3.0, 1.0, 256, 128, 256), 3.0 * 256.0 + 128.0);
+        assert_eq!(
+            epoch_ops(3.0, 1.0, 1024, 10, 1_000_000),
+            3.0 * 1024.0 + 10.0
+        );
     }
 
     /// AIPerf's validity rules, each alone: an hour, 30 % error, ImageNet at 224², ResNet-50 as

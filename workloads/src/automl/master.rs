@@ -63,7 +63,9 @@ pub struct Settings {
     pub limits: Limits,
     /// Children sampled per morphism step (8).
     pub neighbours: usize,
-    /// The time series' interval (AIPerf: 0.1 hour).
+    /// Children start from their parent's weights (`--from-parent`; else He's or `--init`'s).
+    pub from_parent: bool,
+    /// The time series' interval (AIPerf's score.py: an hour).
     pub sample_every: Duration,
     /// A trial that sends nothing (no step) for this long is ended.
     pub stall: Duration,
@@ -239,7 +241,7 @@ impl<'a> Run<'a> {
             running: BTreeMap::new(),
             next_id,
             buffer,
-            cx: Context::new(&s.classify, s.fault, s.gpus.map(|g| g.run)),
+            cx: Context::new(&s.classify, s.from_parent, s.fault, s.gpus.map(|g| g.run)),
             start,
             last_sample: Instant::now(),
             dirty: true,
@@ -446,7 +448,7 @@ impl<'a> Run<'a> {
             }
         ));
         // With --init every candidate starts from the file: how much of it fits.
-        let pretrained = match &self.cx.init {
+        let pretrained = match self.cx.start.pretrained() {
             Some(f) => match f.filled(&prop.description, side) {
                 Ok(n) => Some(n),
                 Err(e) => return Ack::Rejected(e.to_string()),

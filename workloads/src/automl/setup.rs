@@ -36,6 +36,9 @@ pub struct Request {
     pub max_layers: Option<usize>,
     pub max_parameters: Option<f64>,
     pub neighbours: usize,
+    /// Children start from their parent's trained weights (else from He's initialisation, or
+    /// `spec.init`'s file).
+    pub from_parent: bool,
     pub sample_every: Duration,
     pub stall: Duration,
     pub out: PathBuf,
@@ -142,22 +145,40 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             )));
         }
         let doc = Automl::read(&req.out).map_err(|e| input(format!("--resume: {e}")))?;
-        // Its candidates started from one file (or from their parents): the rest must too.
-        let was = doc.configuration.get("init").and_then(|i| i.get("path"));
-        let now = classify
+        // Its candidates started from one file, He's initialisation or their parents: the
+        // rest must too (a file from before `weights` was kept started from its parents).
+        let was_path = doc
+            .configuration
+            .get("init")
+            .and_then(|i| i.get("path"))
+            .and_then(|p| p.as_str())
+            .map(str::to_string);
+        let was = doc
+            .configuration
+            .get("weights")
+            .and_then(|w| w.as_str())
+            .unwrap_or(if was_path.is_some() {
+                "pretrained"
+            } else {
+                "parent"
+            })
+            .to_string();
+        let now_path = classify
             .run
             .init
             .as_ref()
-            .map(|p| serde_json::json!(p.path));
-        if was.filter(|v| !v.is_null()) != now.as_ref() {
-            let say = |v: Option<&serde_json::Value>| match v.and_then(|v| v.as_str()) {
-                Some(p) => format!("--init {p}"),
-                None => "no --init (children from their parents)".to_string(),
+            .map(|p| p.path.display().to_string());
+        let now = start_name(&classify.run.init, req.from_parent);
+        if (was.as_str(), &was_path) != (now, &now_path) {
+            let say = |w: &str, p: &Option<String>| match (w, p) {
+                (_, Some(p)) => format!("--init {p}"),
+                ("parent", None) => "--from-parent".to_string(),
+                _ => "He's initialisation (neither --init nor --from-parent)".to_string(),
             };
             return Err(input(format!(
                 "--resume: {} started with {}; go on with the same",
                 req.out.display(),
-                say(was),
+                say(&was, &was_path),
             )));
         }
         Some(doc)
@@ -213,6 +234,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         "sample_every_s": req.sample_every.as_secs_f64(),
         "stall_s": req.stall.as_secs_f64(),
         "seed": req.spec.seed,
+        "weights": start_name(&classify.run.init, req.from_parent),
         "init": classify.run.init.as_ref().map(|p| serde_json::json!({
             "path": p.path,
             "layout": p.layout.to_string(),
@@ -243,6 +265,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         },
         limits,
         neighbours: req.neighbours,
+        from_parent: req.from_parent,
         sample_every: req.sample_every,
         stall: req.stall,
         out: req.out.clone(),
@@ -254,7 +277,11 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             // The graph trainer's precision: f32 on the CPU, `--precision` on the GPU.
             precision: req.spec.precision,
         },
-        deviations: deviations(classify.run.init.as_deref()),
+        deviations: deviations(
+            &super::worker::Start::new(classify.run.init.clone(), req.from_parent),
+            req.sample_every,
+            roofline_model::automl::counts_as_score_py(classify.train_images),
+        ),
         configuration: configuration.as_object().cloned().unwrap_or_default(),
         provenance,
         resume,
@@ -384,18 +411,35 @@ pub fn run(
     Ok((master::automl(&s, progress, cancel)?, cal))
 }
 
-/// Where `roofline automl` departs from AIPerf's reference code, each with its reason; `init`:
-/// the pretrained file the candidates start from (`--init`).
-pub fn deviations(init: Option<&crate::init::Pretrained>) -> Vec<String> {
-    let start = match init {
-        None => "candidates start from their parent's trained weights (Net2Net, function-preserving morphisms); the reference loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer, and never the parent's: --init FILE does so (Keras's ResNet50 .h5, the reference's file, or torchvision's safetensors)".to_string(),
-        Some(_) => "the pretrained file's layers go into a candidate's by name and shape (every layer still ResNet-50's, with its shape); the reference pairs them in the order they were created and skips a file layer that does not fit: the same pairing for the start and for children that only add layers (deeper, skip), but past a widened layer it tries each later file layer on that layer, loading the rest only where shapes happen to agree".to_string(),
-    };
-    vec![
-        start,
-        "the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB".into(),
-        "the FLOPS series is sampled every 0.1 h and at the end, where the reference's score.py samples every hour (its FLOPS, the operations of the epochs finished over the time to the last one's end, is counted as it counts it); an epoch counts the training images it trained (1,281,167 for ImageNet) where score.py counts a fixed 1,280,000 (0.09% fewer); the Skip morphism adds its value into a convolution's output before that convolution's batch norm, where the reference joins after it".into(),
-    ]
+/// automl.json's `weights`: what the candidates start from (`--init`'s file, `--from-parent`,
+/// or He's initialisation).
+fn start_name(init: &Option<Arc<crate::init::Pretrained>>, from_parent: bool) -> &'static str {
+    super::worker::Start::new(init.clone(), from_parent).name()
+}
+
+/// Where `roofline automl` departs from AIPerf (its paper's Table IV and its reference code),
+/// each with its reason: the candidates' `start`, the series sampled `every`, an epoch's
+/// operations counted as `score.py` counts them (`score_py_count`: on ImageNet's set) or not.
+pub fn deviations(
+    start: &super::worker::Start,
+    every: Duration,
+    score_py_count: bool,
+) -> Vec<String> {
+    use super::worker::Start;
+    let mut v = vec![match start {
+        Start::He => "candidates start from He initialisation, AIPerf's Table IV default (\"method in [21]\"; normal, fan-out mode), never their parent's weights; the reference code instead loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer: --init FILE does so (Keras's ResNet50 .h5, the reference's file, or torchvision's safetensors)".to_string(),
+        Start::Parent => "candidates start from their parent's trained weights (--from-parent: Net2Net, function-preserving morphisms), neither AIPerf's Table IV default (He initialisation, the default without it) nor the reference code's (ImageNet-pretrained weights in every candidate, --init FILE)".to_string(),
+        Start::Pretrained(_) => "the pretrained file's layers go into a candidate's by name and shape (every layer still ResNet-50's, with its shape); the reference pairs them in the order they were created and skips a file layer that does not fit: the same pairing for the start and for children that only add layers (deeper, skip), but past a widened layer it tries each later file layer on that layer, loading the rest only where shapes happen to agree".to_string(),
+    }];
+    v.push("the per-trial TPE's batch is drawn between the smallest and the largest of --batches; the reference's between 12 and 14 × the GPU's memory in GiB".into());
+    if every != Duration::from_secs(3600) {
+        v.push(format!("the FLOPS series is sampled every {} s and at the end, where the reference's score.py samples every hour (--sample-every 1h; its FLOPS, the operations of the epochs finished over the time to the last one's end, is counted as it counts it)", every.as_secs_f64()));
+    }
+    if !score_py_count {
+        v.push("an epoch counts the training and held-out images it trained and evaluated, where score.py counts a fixed 1,280,000 and 50,000 (ImageNet's, which a run on ImageNet's 1,281,167 training images counts too)".into());
+    }
+    v.push("the Skip morphism adds its value into a convolution's output before that convolution's batch norm, where the reference joins after it".into());
+    v
 }
 
 /// What every worker rank trains with (its own view of the data), and its cores.
@@ -405,7 +449,12 @@ pub fn worker_context(req: &Request) -> Result<(super::worker::Context, Vec<usiz
         return Err(RunError::Input("automl searches image classifiers".into()));
     };
     Ok((
-        super::worker::Context::new(classify, req.fault, gpus(&req.spec)?.map(|g| g.run)),
+        super::worker::Context::new(
+            classify,
+            req.from_parent,
+            req.fault,
+            gpus(&req.spec)?.map(|g| g.run),
+        ),
         prep.cpus.clone(),
     ))
 }

@@ -375,6 +375,8 @@ fn settings(name: &str, budget: f64, fault: Option<Fault>) -> Settings {
             parameters: 1e5,
         },
         neighbours: 8,
+        // The riskier start: each child's weights made from its parent's by the morphisms.
+        from_parent: true,
         sample_every: Duration::from_millis(500),
         stall: Duration::from_secs(2),
         out,
@@ -599,4 +601,41 @@ fn stalled_and_dead_workers_lose_their_trial_not_the_run() {
             "{log}"
         );
     }
+}
+
+/// A candidate's start by the run's choice: He's initialisation reads nothing of its parent
+/// (here a parent whose weights are not there), --from-parent reads the parent's weights and
+/// fails without them, and a starting network has no parent to read.
+#[test]
+fn he_starts_fresh_and_from_parent_reads_the_parent() {
+    use super::worker::{start_from, Context, Start, Trial};
+    let classify = settings("start", 1.0, None).classify;
+    let missing = std::env::temp_dir().join("roofline-no-such-parent.safetensors");
+    let trial = Trial {
+        id: 1,
+        parent: Some((chain(), missing)),
+        morphisms: vec![],
+        description: chain(),
+        batch: 8,
+        kernel: 3,
+        epochs: 1,
+        patience: 6,
+        tune: None,
+        checkpoint: std::env::temp_dir().join("roofline-start-1.safetensors"),
+        seed: 3,
+        train_ops: 1.0,
+        eval_ops: 1.0,
+    };
+    let he = Context::new(&classify, false, None, None);
+    assert!(matches!(he.start, Start::He));
+    assert!(start_from(&trial, &he, 16).unwrap().is_none());
+    let parent = Context::new(&classify, true, None, None);
+    assert_eq!(parent.start.name(), "parent");
+    let err = start_from(&trial, &parent, 16).unwrap_err();
+    assert!(err.contains("the parent's weights"), "{err}");
+    let first = Trial {
+        parent: None,
+        ..trial
+    };
+    assert!(start_from(&first, &parent, 16).unwrap().is_none());
 }

@@ -1,8 +1,9 @@
 //! An AutoML worker: proposes its next candidate from the shared history (the search runs on
-//! the worker, as AIPerf's does on its slaves) and trains what the master records; makes each
-//! child from its parent's trained weights (the morphisms, function-preserving), or with
-//! `--init` from the pretrained file as AIPerf's reference does (every layer still
-//! ResNet-50's from the file, the others from their own initialisation), and trains it
+//! the worker, as AIPerf's does on its slaves) and trains what the master records; starts each
+//! candidate from He initialisation (AIPerf's Table IV default), or with `--init` from the
+//! pretrained file as AIPerf's reference does (every layer still ResNet-50's from the file,
+//! the others from their own initialisation), or with `--from-parent` from its parent's
+//! trained weights (the morphisms, function-preserving), and trains it
 //! epoch by epoch in the one training loop (a checkpoint after every epoch, the next epoch
 //! resumed from it) under AIPerf's per-trial rules (`rules`: early stopping on the validation
 //! loss, the predicted accuracy, from round 4 a second training with a TPE draw), reporting
@@ -106,8 +107,8 @@ pub enum Fault {
 pub struct Context {
     /// The data, schedule and evaluation every candidate trains with.
     pub classify: TrainConfig,
-    /// `--init`'s pretrained ResNet-50: every candidate starts from it, not from its parent.
-    pub init: Option<Arc<Pretrained>>,
+    /// What every candidate's weights start from.
+    pub start: Start,
     pub fault: Option<Fault>,
     /// The GPU the worker trains on (None: the CPU, on its pool's cores).
     pub gpu: Option<GpuRun>,
@@ -132,16 +133,63 @@ impl Gpus {
     }
 }
 
+/// What a candidate's weights start from.
+#[derive(Clone)]
+pub enum Start {
+    /// He initialisation (normal, fan-out) from the trial's seed: AIPerf's Table IV default,
+    /// "method in [21]".
+    He,
+    /// The parent's trained weights through the morphisms, which keep what the parent
+    /// computes (`--from-parent`, Net2Net): neither Table IV's start nor the reference code's.
+    Parent,
+    /// `--init`'s pretrained ResNet-50, each layer a candidate still has from it: the
+    /// reference code's start.
+    Pretrained(Arc<Pretrained>),
+}
+
+impl Start {
+    /// The start of a run with `init` (`--init`'s file) or `from_parent`, He's otherwise.
+    pub fn new(init: Option<Arc<Pretrained>>, from_parent: bool) -> Start {
+        match (init, from_parent) {
+            (Some(p), _) => Start::Pretrained(p),
+            (None, true) => Start::Parent,
+            (None, false) => Start::He,
+        }
+    }
+
+    pub fn pretrained(&self) -> Option<&Pretrained> {
+        match self {
+            Start::Pretrained(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    /// As automl.json's configuration names it (`weights`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            Start::He => "he",
+            Start::Parent => "parent",
+            Start::Pretrained(_) => "pretrained",
+        }
+    }
+}
+
 impl Context {
-    /// The candidates' training settings, and the pretrained file `--init` gave the run (taken
-    /// out of the settings: a candidate's layers take it by name, [`Pretrained::into_graph`],
-    /// not as ResNet's training run takes it).
-    pub fn new(classify: &TrainConfig, fault: Option<Fault>, gpu: Option<GpuRun>) -> Context {
+    /// The candidates' training settings, and their start: the pretrained file `--init` gave
+    /// the run (taken out of the settings: a candidate's layers take it by name,
+    /// [`Pretrained::into_graph`], not as ResNet's training run takes it), or the parent's
+    /// weights with `from_parent`, or He's initialisation.
+    pub fn new(
+        classify: &TrainConfig,
+        from_parent: bool,
+        fault: Option<Fault>,
+        gpu: Option<GpuRun>,
+    ) -> Context {
         let mut classify = classify.clone();
-        let init = classify.run.init.take();
+        let start = Start::new(classify.run.init.take(), from_parent);
         Context {
             classify,
-            init,
+            start,
             fault,
             gpu,
         }
@@ -271,17 +319,23 @@ pub fn work(
     Ok(())
 }
 
-/// The candidate's starting weights: the pretrained file's where `--init` gave one (none of
-/// the parent's), else the parent's trained ones through the morphisms.
-fn start_from(trial: &Trial, cx: &Context, side: usize) -> Result<Option<Arc<Checkpoint>>, String> {
-    match &cx.init {
-        Some(p) => {
+/// The candidate's starting weights: none for He's initialisation (the network's own, from
+/// the trial's seed), the pretrained file's where `--init` gave one, or the parent's trained
+/// ones through the morphisms.
+pub(super) fn start_from(
+    trial: &Trial,
+    cx: &Context,
+    side: usize,
+) -> Result<Option<Arc<Checkpoint>>, String> {
+    match &cx.start {
+        Start::He => Ok(None),
+        Start::Pretrained(p) => {
             let (c, _) = p
                 .into_graph(&trial.description, side, trial.seed)
                 .map_err(|e| e.to_string())?;
             Ok(Some(Arc::new(c)))
         }
-        None => inherit(trial, side),
+        Start::Parent => inherit(trial, side),
     }
 }
 
@@ -339,7 +393,7 @@ fn run_trial(
     }
     let side = cx.classify.data.resolution();
     let draw = rules::draw(space, 1, &mut Rng::new(trial.seed ^ 0x7E_5EED));
-    let second = retuned(trial, draw, side, cx.init.is_none())?;
+    let second = retuned(trial, draw, side, matches!(cx.start, Start::Parent))?;
     let pass = train_pass(worker, &second, 1, link, cx, None)?;
     let won =
         pass.value().unwrap_or(f64::NEG_INFINITY) > first.value().unwrap_or(f64::NEG_INFINITY);
@@ -372,7 +426,7 @@ fn run_trial(
 /// The trial with the draw's batch, and its deeper layers with the draw's kernel (the
 /// reference sets the kernel of the layers the search added); its own checkpoint and ops.
 /// `inherits`: the child is made from its parent's weights (else only its description: it
-/// starts from the pretrained file).
+/// starts from He's initialisation or the pretrained file).
 fn retuned(trial: &Trial, draw: Draw, side: usize, inherits: bool) -> Result<Trial, String> {
     let mut t = trial.clone();
     t.batch = draw.batch.max(1);
@@ -499,8 +553,13 @@ fn train_pass(
             top1: ev.top1,
             loss: ev.loss,
             seconds: t0.elapsed().as_secs_f64(),
-            ops: (per_epoch * trial.batch) as f64 * trial.train_ops
-                + task.classify.eval_images as f64 * trial.eval_ops,
+            ops: roofline_model::automl::epoch_ops(
+                trial.train_ops,
+                trial.eval_ops,
+                per_epoch * trial.batch,
+                task.classify.eval_images,
+                task.classify.train_images,
+            ),
             // The master stamps its own clock when it hears of the epoch.
             at_s: 0.0,
             pass,
