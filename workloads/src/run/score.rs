@@ -270,6 +270,12 @@ pub fn not_comparable(a: &Spec, d: &Declared, rules: &Rules) -> Vec<String> {
     if !rules.decay_all {
         v.push("weight decay on the weights alone (--weight-decay-on weights); the rules decay every parameter, batch norm's γ and β included (§5.4)".into());
     }
+    if a.label_smoothing != 0.0 {
+        v.push(format!(
+            "label smoothing {} (--label-smoothing); the rules change only the batch size and the learning-rate policy and keep every other hyper-parameter as the reference implementation sets it (§5.1.2); the paper lists label smoothing among other work's optimisations, and this score's reference setting trains on hard labels",
+            a.label_smoothing
+        ));
+    }
     if let Some(f) = &a.init {
         v.push(format!(
             "started from pretrained weights (--init {}); the rules train from a random initialisation to the target quality",
@@ -488,6 +494,15 @@ mod tests {
             let w = why(Declared { level, ..full() });
             assert!(w.len() == 1 && w[0].contains(says), "{w:?}");
         }
+        let smoothed = Spec {
+            label_smoothing: 0.1,
+            ..papers()
+        };
+        let w = not_comparable(&smoothed, &full(), &rules);
+        assert!(
+            w.len() == 1 && w[0].contains("label smoothing 0.1"),
+            "{w:?}"
+        );
         let own = why(Declared {
             custom_target: true,
             ..full()
