@@ -98,14 +98,16 @@ fn the_command_line_stays_thin() {
 }
 
 /// The crates' dependencies point one way: the model imports no other crate of ours, plots
-/// only the model, collectors only the model, kernels the model and collectors, workloads
-/// not plots; no library imports the command line.
+/// only the model, collectors only the model, kernels the model and collectors, the tensor
+/// engine (workloads/nn) only the kernels, workloads not plots; no library imports the
+/// command line.
 #[test]
 fn crate_arrows_point_one_way() {
     let ours = [
         "roofline-model",
         "roofline-kernels",
         "roofline-collectors",
+        "roofline-nn",
         "roofline-workloads",
         "roofline-plots",
         "roofline-cli",
@@ -115,9 +117,15 @@ fn crate_arrows_point_one_way() {
         ("plots", &["roofline-model"]),
         ("collectors", &["roofline-model"]),
         ("kernels", &["roofline-model", "roofline-collectors"]),
+        ("workloads/nn", &["roofline-kernels"]),
         (
             "workloads",
-            &["roofline-model", "roofline-kernels", "roofline-collectors"],
+            &[
+                "roofline-model",
+                "roofline-kernels",
+                "roofline-collectors",
+                "roofline-nn",
+            ],
         ),
     ];
     for (dir, ok) in allowed {

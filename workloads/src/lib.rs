@@ -2,13 +2,13 @@
 //! against finite differences), ResNet-50, the optimiser and schedule, synthetic data, and the
 //! training loop whose every FLOP is counted analytically.
 
+// The CPU tensor engine, a crate of its own (workloads/nn), under its old paths.
+pub use roofline_nn::{alloc, conv, data, layers, tensor};
+
 pub mod accounting;
-pub mod alloc;
 pub mod automl;
 pub mod bagging;
 pub mod checkpoint;
-pub mod conv;
-pub mod data;
 pub mod detect;
 pub mod ewa;
 pub mod ewa_data;
@@ -17,8 +17,6 @@ pub mod folder;
 pub mod gpu;
 pub mod graph;
 pub mod init;
-pub mod layers;
 pub mod resnet;
 pub mod run;
-pub mod tensor;
 pub mod train;

@@ -558,21 +558,6 @@ impl Flops {
     }
 }
 
-impl<T: Float> Conv2d<T> {
-    /// The filter gradient alone (for a layer whose input needs no gradient).
-    pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
-        self.filter_gradient(&dy.data);
-    }
-
-    /// `backward_filter_only` from an output gradient kept in either precision.
-    pub fn backward_filter_only_act(&mut self, dy: &Act<T>) {
-        match dy {
-            Act::Full(t) => self.filter_gradient(&t.data),
-            Act::Half(t) => self.filter_gradient(&t.data),
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -253,12 +253,12 @@ impl<T: Float> BatchNorm<T> {
     /// The affine map `forward_act(x, train, true)` would apply, for a consumer that applies it
     /// (and the ReLU) as it reads `x` (`MaxPool::forward_relu_affine`): the normalised tensor
     /// is never written. Training then hands `x` and the map to `keep_relu_input`.
-    pub(crate) fn relu_maps<S: Lhs<T>>(&mut self, x: &Tensor<S>, train: bool) -> (Vec<T>, Vec<T>) {
+    pub fn relu_maps<S: Lhs<T>>(&mut self, x: &Tensor<S>, train: bool) -> (Vec<T>, Vec<T>) {
         self.affine(x, train)
     }
 
     /// Keeps the input and the map of `relu_maps` for `backward_relu_recomputed`.
-    pub(crate) fn keep_relu_input(&mut self, x: Kept<T>, map: (Vec<T>, Vec<T>)) {
+    pub fn keep_relu_input(&mut self, x: Kept<T>, map: (Vec<T>, Vec<T>)) {
         self.input = Some(x);
         self.relu_affine = Some(map);
     }
@@ -283,7 +283,7 @@ impl<T: Float> BatchNorm<T> {
     /// `backward_relu_recomputed`, its input gradient kept in bf16 where the activations are
     /// (`half_activations`), as `backward_relu_act` keeps it: a convolution's output gradient,
     /// which its products round to bf16 anyway.
-    pub(crate) fn backward_relu_recomputed_act(&mut self, dy: &Tensor<T>) -> Act<T> {
+    pub fn backward_relu_recomputed_act(&mut self, dy: &Tensor<T>) -> Act<T> {
         if !half_activations::<T>() {
             return Act::Full(Arc::new(self.backward_relu_recomputed(dy)));
         }

@@ -357,9 +357,22 @@ impl<T: Float> Conv2d<T> {
         unsafe { y.assume_init() }
     }
 
+    /// The filter gradient alone (for a layer whose input needs no gradient).
+    pub fn backward_filter_only(&mut self, dy: &Tensor<T>) {
+        self.filter_gradient(&dy.data);
+    }
+
+    /// `backward_filter_only` from an output gradient kept in either precision.
+    pub fn backward_filter_only_act(&mut self, dy: &Act<T>) {
+        match dy {
+            Act::Full(t) => self.filter_gradient(&t.data),
+            Act::Half(t) => self.filter_gradient(&t.data),
+        };
+    }
+
     /// The filter gradient, from the input kept by the last forward pass (then let go) and
     /// the output gradient `dy` (in `T` or bf16); returns the convolution's shape.
-    pub(crate) fn filter_gradient<D: Lhs<T>>(&mut self, dy: &[D]) -> ConvShape {
+    pub fn filter_gradient<D: Lhs<T>>(&mut self, dy: &[D]) -> ConvShape {
         let x = self.input.take().expect("backward before forward");
         let (name, g) = (&self.weight.name, &mut self.weight.grad);
         match &x {
@@ -428,7 +441,7 @@ impl<T: Float> Conv2d<T> {
 
 /// A convolution's shape for input `x` (its batch and size; its channels checked against the
 /// filter `name`'s).
-pub(crate) fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> ConvShape {
+pub fn shape_for<T>(shape: &ConvShape, name: &str, x: &Tensor<T>) -> ConvShape {
     assert_eq!(x.c, shape.c, "{name}: input channels");
     ConvShape {
         n: x.n,
