@@ -3,10 +3,10 @@
 AI-HPC-Research-Team/AIPerf, examples/trials/network_morphism/imagenet: scipy's curve_fit of
 a*log2(x+b)+c through the validation curve and the anchor (120, 0.75), read at epoch 90, less
 twice the RMSE, else max(acc_y[:-1])) on seeded validation curves of 10 to 79 epochs, for the
-test workloads/src/automl/curve.rs `the_fit_is_scipy_s`. Needs numpy and scipy; writes JSON
+test workloads/automl/src/curve.rs `the_fit_is_scipy_s`. Needs numpy and scipy; writes JSON
 to stdout:
 
-    python3 scripts/predict-acc-fixture.py > workloads/src/automl/curve_scipy.json
+    python3 scripts/predict-acc-fixture.py > workloads/automl/src/curve_scipy.json
 """
 import json
 import sys

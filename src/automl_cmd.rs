@@ -3,9 +3,9 @@
 use crate::args::numbers;
 use crate::exit::{Failure, CANCEL};
 use anyhow::anyhow;
+use roofline_automl::master::{weights_dir, Progress};
+use roofline_automl::setup::{self, Request};
 use roofline_plots::si;
-use roofline_workloads::automl::master::{weights_dir, Progress};
-use roofline_workloads::automl::setup::{self, Request};
 use roofline_workloads::exchange::CommOptions;
 use roofline_workloads::resnet::Version;
 use roofline_workloads::run::{Depth, Device, Kind, Resolution, Spec};
@@ -265,7 +265,7 @@ pub fn automl(a: &AutomlArgs) -> Result<(), Failure> {
     let result = match launched {
         None => setup::run(&req, &Printed, &CANCEL).map(Some),
         #[cfg(feature = "mpi")]
-        Some(_) => roofline_workloads::automl::ranks::run(&req, &Printed, &CANCEL),
+        Some(_) => roofline_automl::ranks::run(&req, &Printed, &CANCEL),
         #[cfg(not(feature = "mpi"))]
         Some(n) => {
             return Err(Failure::Input(anyhow!(

@@ -182,11 +182,8 @@ pub fn place(a: &PlaceArgs) -> Result<(), Failure> {
             }
         }
         Workload::Automl(file, id) => {
-            let prep = roofline_workloads::automl::setup::prepare_candidate(
-                file,
-                *id,
-                &a.run.spec(Kind::Resnet50)?,
-            )?;
+            let prep =
+                roofline_automl::setup::prepare_candidate(file, *id, &a.run.spec(Kind::Resnet50)?)?;
             let steps = a.run.steps.unwrap_or(5).max(1);
             eprintln!(
                 "placing {} of {}: {} warm-up and {steps} measured training steps, batch {}, {} …",

@@ -99,8 +99,8 @@ fn the_command_line_stays_thin() {
 
 /// The crates' dependencies point one way: the model imports no other crate of ours, plots
 /// only the model, collectors only the model, kernels the model and collectors, the tensor
-/// engine (workloads/nn) only the kernels, workloads not plots; no library imports the
-/// command line.
+/// engine (workloads/nn) only the kernels, workloads not plots, AutoML (workloads/automl) on
+/// top of workloads; no library imports the command line.
 #[test]
 fn crate_arrows_point_one_way() {
     let ours = [
@@ -109,6 +109,7 @@ fn crate_arrows_point_one_way() {
         "roofline-collectors",
         "roofline-nn",
         "roofline-workloads",
+        "roofline-automl",
         "roofline-plots",
         "roofline-cli",
     ];
@@ -125,6 +126,15 @@ fn crate_arrows_point_one_way() {
                 "roofline-kernels",
                 "roofline-collectors",
                 "roofline-nn",
+            ],
+        ),
+        (
+            "workloads/automl",
+            &[
+                "roofline-model",
+                "roofline-kernels",
+                "roofline-collectors",
+                "roofline-workloads",
             ],
         ),
     ];

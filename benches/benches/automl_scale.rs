@@ -10,10 +10,10 @@
 //!
 //! `cargo bench -p roofline-benches --bench automl_scale` (best of 5 each, this machine).
 
-use roofline_workloads::automl::buffer::Ack;
-use roofline_workloads::automl::propose::{propose, History};
-use roofline_workloads::automl::scale::{history, master_share, plan, taken, MasterCosts};
-use roofline_workloads::automl::worker::Event;
+use roofline_automl::buffer::Ack;
+use roofline_automl::propose::{propose, History};
+use roofline_automl::scale::{history, master_share, plan, taken, MasterCosts};
+use roofline_automl::worker::Event;
 use roofline_workloads::data::Rng;
 use roofline_workloads::graph::Description;
 use roofline_workloads::resnet::Config;

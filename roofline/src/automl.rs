@@ -94,7 +94,7 @@ pub struct Candidate {
     pub id: usize,
     /// The trained network it was made from (none for the starting network).
     pub parent: Option<usize>,
-    /// The morphisms from the parent, in order (`roofline_workloads::automl::morph::Morphism`).
+    /// The morphisms from the parent, in order (`roofline_workloads::graph::morph::Morphism`).
     pub morphisms: Vec<serde_json::Value>,
     /// The network (`roofline_workloads::graph::Description`).
     pub description: serde_json::Value,

@@ -647,7 +647,7 @@ pub struct GraphTask {
     pub net: Description,
     pub classify: TrainConfig,
     /// The weights the network starts from instead of its seed's (a morphed parent's:
-    /// [`crate::automl::morph`]), parameters, zero momenta and running statistics.
+    /// [`crate::graph::morph`]), parameters, zero momenta and running statistics.
     pub init: Option<Arc<Checkpoint>>,
 }
 
@@ -739,6 +739,8 @@ impl<T: Float> Task<T> for GraphTask {
         <TrainConfig as Task<T>>::predict(&self.classify, infer, local)
     }
 }
+
+pub mod morph;
 
 #[cfg(test)]
 pub(crate) mod tests;

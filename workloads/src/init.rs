@@ -521,8 +521,8 @@ mod tests {
     /// its channels pass and the layer that reads them are not filled.
     #[test]
     fn a_file_fills_a_described_resnet_by_name() {
-        use crate::automl::morph::{self, Morphism};
         use crate::data::Rng;
+        use crate::graph::morph::{self, Morphism};
         use crate::graph::Op;
         use crate::resnet::{Config, ResNet, Version};
         let cfg = Config {

@@ -6,7 +6,6 @@
 pub use roofline_nn::{alloc, conv, data, layers, tensor};
 
 pub mod accounting;
-pub mod automl;
 pub mod bagging;
 pub mod checkpoint;
 pub mod detect;

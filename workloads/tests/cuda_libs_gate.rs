@@ -349,7 +349,7 @@ fn every_convolution() -> Vec<(String, ConvShape)> {
     // children by a deeper block early and late at each of AIPerf's kernels (3, 5, 7) and by a
     // wider layer, each convolution as the description gives it (its input's size and
     // channels, padding kernel / 2).
-    use roofline_workloads::automl::morph::{applicable, child, Morphism};
+    use roofline_workloads::graph::morph::{applicable, child, Morphism};
     use roofline_workloads::graph::{Description, Op};
     let start = Description::resnet(&roofline_workloads::resnet::Config::resnet50(1000), 3);
     let mut nets = vec![("automl start".to_string(), start.clone())];

@@ -16,8 +16,8 @@
 
 use super::check_step::{values, Outcome, Tolerances};
 use super::*;
-use crate::automl::morph::{applicable, apply, Morphism, Weights};
 use crate::checkpoint::Checkpoint;
+use crate::graph::morph::{applicable, apply, Morphism, Weights};
 use crate::graph::{Description, Graph};
 use crate::train::{Labels, Model};
 

@@ -318,7 +318,7 @@ impl Prepared {
             Job::Classifier(_) => format!("ResNet-50 v{v} (width {}, depth {:?})", s.width, s.depth.0),
             Job::Graph { task, label } => format!(
                 "{label} ({} convolution and dense layers, {} nodes)",
-                crate::automl::morph::layer_count(&task.net),
+                crate::graph::morph::layer_count(&task.net),
                 task.net.nodes.len()
             ),
             Job::Detector(c) => format!(

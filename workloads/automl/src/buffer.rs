@@ -15,10 +15,10 @@
 //!   the master reads what is new.
 //! - The master ends the run by creating `stop`.
 
-use super::propose::{Plan, Proposal};
-use super::worker::{Event, Trial};
-use crate::layers::Reducer;
+use crate::propose::{Plan, Proposal};
+use crate::worker::{Event, Trial};
 use roofline_model::automl::Candidate;
+use roofline_workloads::layers::Reducer;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::io::{Read, Seek, SeekFrom, Write};

@@ -10,13 +10,13 @@
 //!   appended to the log; on a candidate's end, a line appended; `automl.json` rewritten at most
 //!   every 20 × its writing time (at least a second), so at most 5 % of the master's time.
 
-use super::morph::{self, Limits};
-use super::propose::{History, Plan};
-use super::rules::Space;
-use crate::accounting;
-use crate::data::Rng;
-use crate::graph::Description;
+use crate::propose::{History, Plan};
+use crate::rules::Space;
 use roofline_model::automl::{Automl, AutomlScore, Candidate, Epoch, Ops, Outcome};
+use roofline_workloads::accounting;
+use roofline_workloads::data::Rng;
+use roofline_workloads::graph::morph::{self, Limits};
+use roofline_workloads::graph::Description;
 use std::path::Path;
 
 /// A history of `n` candidates grown from `start` (each a child of an earlier one by one to
@@ -175,7 +175,7 @@ pub fn master_share(workers: usize, epoch_s: f64, epochs: f64, c: MasterCosts) -
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::Op;
+    use roofline_workloads::graph::Op;
 
     /// The synthetic history is a valid automl.json of distinct networks grown by morphisms,
     /// each trained with weights on disk; a worker proposes on it a network none has; the
@@ -206,7 +206,7 @@ mod tests {
         }
         assert_eq!(h.trained(&weights).len(), 40);
         let p = plan(&start, 8, &weights);
-        let prop = super::super::propose::propose(&h, &p, &mut Rng::new(2)).unwrap();
+        let prop = crate::propose::propose(&h, &p, &mut Rng::new(2)).unwrap();
         assert!(prop.parent.is_some() && taken(&h, &prop.description).is_none());
         assert_eq!(taken(&h, &start), Some(0));
         // 512 workers, an epoch a minute, 40 epochs a candidate; 1 ms an epoch, 50 ms a

@@ -6,12 +6,12 @@
 //! starts from its parent's hyper-parameters (the reference's father's best); the master only
 //! records what a worker proposes, refusing a network already taken.
 
-use super::morph::{self, Limits, Morphism};
-use super::rules::Space;
-use super::search::{self, Gp, Signature, Trained};
-use crate::data::Rng;
-use crate::graph::Description;
+use crate::rules::Space;
+use crate::search::{self, Gp, Signature, Trained};
 use roofline_model::automl::{Automl, Candidate, Outcome};
+use roofline_workloads::data::Rng;
+use roofline_workloads::graph::morph::{self, Limits, Morphism};
+use roofline_workloads::graph::Description;
 use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 

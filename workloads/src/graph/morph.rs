@@ -488,3 +488,6 @@ pub fn neighbours(
     }
     out
 }
+
+#[cfg(test)]
+mod tests;

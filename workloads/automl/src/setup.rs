@@ -3,15 +3,15 @@
 //! workers' cores, the hyper-parameter choices, the limits — with a calibration step that
 //! refuses a budget too short for one trial; then the run.
 
-use super::master::{self, Progress, Settings, Workers};
-use super::morph::{layer_count, Limits};
-use super::rules::Space;
-use super::worker::{Fault, Gpus};
-use crate::checkpoint::Checkpoint;
-use crate::graph::{Description, GraphTask};
-use crate::run::{self, Job, Prepared, RunError, Spec};
-use crate::train::{train, Quiet};
+use crate::master::{self, Progress, Settings, Workers};
+use crate::rules::Space;
+use crate::worker::{Fault, Gpus};
 use roofline_model::automl::Automl;
+use roofline_workloads::checkpoint::Checkpoint;
+use roofline_workloads::graph::morph::{layer_count, Limits};
+use roofline_workloads::graph::{Description, GraphTask};
+use roofline_workloads::run::{self, Job, Prepared, RunError, Spec};
+use roofline_workloads::train::{train, Quiet};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -270,7 +270,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
         stall: req.stall,
         out: req.out.clone(),
         seed: req.spec.seed,
-        checks: super::tally::Checks {
+        checks: crate::tally::Checks {
             imagenet_224,
             start_resnet50,
             eval_images: classify.eval_images,
@@ -278,7 +278,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
             precision: req.spec.precision,
         },
         deviations: deviations(
-            &super::worker::Start::new(classify.run.init.clone(), req.from_parent),
+            &crate::worker::Start::new(classify.run.init.clone(), req.from_parent),
             req.sample_every,
             roofline_model::automl::counts_as_score_py(classify.train_images),
         ),
@@ -289,7 +289,7 @@ pub fn settings(req: &Request, teams: Option<usize>) -> Result<(Settings, Calibr
     };
     // One step of the starting network on one worker's cores: is there time for a trial?
     let mut probe = classify.clone();
-    probe.run = crate::run::RunOptions::new(batch, 1, req.spec.seed);
+    probe.run = roofline_workloads::run::RunOptions::new(batch, 1, req.spec.seed);
     probe.eval_images = 0;
     let task = GraphTask::new(start, probe).map_err(|e| input(e.to_string()))?;
     let pool = roofline_kernels::affinity::pinned_pool(&calibration_cpus).map_err(|source| {
@@ -371,7 +371,7 @@ fn gpus(spec: &Spec) -> Result<Option<Gpus>, RunError> {
 fn gpu_step_seconds(task: &GraphTask, on: run::GpuRun) -> Result<f64, RunError> {
     let mut task = task.clone();
     task.classify.run.steps = 3;
-    let (s, _) = on.train::<crate::gpu::GpuGraph, _>(&task, &Quiet, None)?;
+    let (s, _) = on.train::<roofline_workloads::gpu::GpuGraph, _>(&task, &Quiet, None)?;
     s.timing
         .iter()
         .skip(1)
@@ -413,19 +413,22 @@ pub fn run(
 
 /// automl.json's `weights`: what the candidates start from (`--init`'s file, `--from-parent`,
 /// or He's initialisation).
-fn start_name(init: &Option<Arc<crate::init::Pretrained>>, from_parent: bool) -> &'static str {
-    super::worker::Start::new(init.clone(), from_parent).name()
+fn start_name(
+    init: &Option<Arc<roofline_workloads::init::Pretrained>>,
+    from_parent: bool,
+) -> &'static str {
+    crate::worker::Start::new(init.clone(), from_parent).name()
 }
 
 /// Where `roofline automl` departs from AIPerf (its paper's Table IV and its reference code),
 /// each with its reason: the candidates' `start`, the series sampled `every`, an epoch's
 /// operations counted as `score.py` counts them (`score_py_count`: on ImageNet's set) or not.
 pub fn deviations(
-    start: &super::worker::Start,
+    start: &crate::worker::Start,
     every: Duration,
     score_py_count: bool,
 ) -> Vec<String> {
-    use super::worker::Start;
+    use crate::worker::Start;
     let mut v = vec![match start {
         Start::He => "candidates start from He initialisation, AIPerf's Table IV default (\"method in [21]\"; normal, fan-out mode), never their parent's weights; the reference code instead loads ImageNet-pretrained ResNet-50 weights into every candidate, layer by layer: --init FILE does so (Keras's ResNet50 .h5, the reference's file, or torchvision's safetensors)".to_string(),
         Start::Parent => "candidates start from their parent's trained weights (--from-parent: Net2Net, function-preserving morphisms), neither AIPerf's Table IV default (He initialisation, the default without it) nor the reference code's (ImageNet-pretrained weights in every candidate, --init FILE)".to_string(),
@@ -443,13 +446,13 @@ pub fn deviations(
 }
 
 /// What every worker rank trains with (its own view of the data), and its cores.
-pub fn worker_context(req: &Request) -> Result<(super::worker::Context, Vec<usize>), RunError> {
+pub fn worker_context(req: &Request) -> Result<(crate::worker::Context, Vec<usize>), RunError> {
     let prep = run::prepare(&req.spec)?;
     let Job::Classifier(classify) = &prep.job else {
         return Err(RunError::Input("automl searches image classifiers".into()));
     };
     Ok((
-        super::worker::Context::new(
+        crate::worker::Context::new(
             classify,
             req.from_parent,
             req.fault,
@@ -529,7 +532,7 @@ pub fn prepare_candidate(
         }
         // A file that does not fit the network is refused here, not when the run builds it.
         let side = task.classify.data.resolution();
-        crate::graph::Graph::<f32>::new(task.net.clone(), side, side, 0)
+        roofline_workloads::graph::Graph::<f32>::new(task.net.clone(), side, side, 0)
             .map_err(|e| input(format!("candidate {id}: {e}")))?
             .load(&ck)
             .map_err(|e| {

@@ -11,18 +11,18 @@
 //! master's process or a team of MPI ranks training data parallel (the team's root speaks for
 //! it).
 
-use super::buffer::{Link, Tail};
-use super::morph::{self, Morphism, Weights};
-use super::propose::{self, History, Proposal};
-use super::rules::{self, Draw, EarlyStopping, Space};
-use crate::checkpoint::Checkpoint;
-use crate::data::Rng;
-use crate::gpu::GpuGraph;
-use crate::graph::{Description, GraphTask};
-use crate::init::Pretrained;
-use crate::run::GpuRun;
-use crate::train::{train, Monitor, TrainConfig};
+use crate::buffer::{Link, Tail};
+use crate::propose::{self, History, Proposal};
+use crate::rules::{self, Draw, EarlyStopping, Space};
 use roofline_model::automl::{Epoch, Outcome};
+use roofline_workloads::checkpoint::Checkpoint;
+use roofline_workloads::data::Rng;
+use roofline_workloads::gpu::GpuGraph;
+use roofline_workloads::graph::morph::{self, Morphism, Weights};
+use roofline_workloads::graph::{Description, GraphTask};
+use roofline_workloads::init::Pretrained;
+use roofline_workloads::run::GpuRun;
+use roofline_workloads::train::{train, Monitor, TrainConfig};
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;
 use std::sync::atomic::Ordering;
@@ -460,7 +460,7 @@ fn retuned(trial: &Trial, draw: Draw, side: usize, inherits: bool) -> Result<Tri
             }
         }
         let layers = net.layers(side, side).map_err(|e| e.to_string())?;
-        let ops = crate::accounting::aiperf(&layers);
+        let ops = roofline_workloads::accounting::aiperf(&layers);
         (t.train_ops, t.eval_ops) = (ops.total(), ops.forward);
         t.description = net;
     }
@@ -487,13 +487,13 @@ fn train_pass(
     let images = classify.train_images.max(1);
     let per_epoch = (images / trial.batch).max(1);
     let steps = per_epoch * trial.epochs;
-    classify.run = crate::run::RunOptions {
+    classify.run = roofline_workloads::run::RunOptions {
         warmup_steps: per_epoch.min(steps / 10),
         eval_every: per_epoch,
         checkpoint: Some(trial.checkpoint.clone()),
         stop: Some(Arc::clone(&link.stop)),
         comm: classify.run.comm,
-        ..crate::run::RunOptions::new(trial.batch, steps, trial.seed)
+        ..roofline_workloads::run::RunOptions::new(trial.batch, steps, trial.seed)
     };
     let mut task =
         GraphTask::new(trial.description.clone(), classify).map_err(|e| e.to_string())?;

@@ -342,7 +342,7 @@ mod tests {
                     .map(|(i, &y)| ((i + 1) as f64, y))
                     .collect();
             let best = c.y.iter().copied().fold(0.0, f64::max);
-            let pred = super::super::rules::predicted(curve.len(), &curve);
+            let pred = crate::rules::predicted(curve.len(), &curve);
             if k >= 44 {
                 let value = |p: Option<f64>| p.map_or(best, |p| p.max(best));
                 let (got, want) = (value(pred), value(c.predicted));
@@ -350,7 +350,7 @@ mod tests {
                 continue;
             }
             let mut pts = curve.clone();
-            pts.push(super::super::rules::ANCHOR);
+            pts.push(crate::rules::ANCHOR);
             let (p, want) = (fit(&pts).expect("scipy fitted it"), c.popt.unwrap());
             for (g, w) in p.iter().zip(want) {
                 worst = worst.max((g - w).abs() / w.abs().max(1.0));

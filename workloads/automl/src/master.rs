@@ -4,20 +4,20 @@
 //! candidate to another worker), samples the FLOPS time series and rewrites `automl.json` (the
 //! history the workers read) after every change.
 
-use super::buffer::{self, Ack, Folder, Link};
-use super::morph::{self, Limits, Morphism};
-use super::propose::{Plan, Proposal};
-use super::rules::{self, Space};
-use super::tally;
-use super::worker::{self, Context, Event, Fault, Trial};
-use crate::accounting;
-use crate::graph::Description;
-use crate::run::RunError;
-use crate::train::TrainConfig;
+use crate::buffer::{self, Ack, Folder, Link};
+use crate::propose::{Plan, Proposal};
+use crate::rules::{self, Space};
+use crate::tally;
+use crate::worker::{self, Context, Event, Fault, Trial};
 use roofline_model::automl::{
     Automl, AutomlScore, Candidate, Ops, Outcome, Retrain, Worker, AUTOML_SCHEMA,
 };
 use roofline_model::Provenance;
+use roofline_workloads::accounting;
+use roofline_workloads::graph::morph::{self, Limits, Morphism};
+use roofline_workloads::graph::Description;
+use roofline_workloads::run::RunError;
+use roofline_workloads::train::TrainConfig;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -55,7 +55,7 @@ pub struct Settings {
     pub budget: Duration,
     pub workers: Workers,
     /// The GPUs the worker threads train on, one each (None: the CPU).
-    pub gpus: Option<super::worker::Gpus>,
+    pub gpus: Option<crate::worker::Gpus>,
     /// The starting batch and kernel, and what the per-trial TPE draws from (from round 4).
     pub batch: usize,
     pub kernel: usize,
@@ -407,7 +407,7 @@ impl<'a> Run<'a> {
         let id = self.next_id;
         self.next_id += 1;
         self.handed += 1;
-        let ops = crate::accounting::aiperf(&layers);
+        let ops = roofline_workloads::accounting::aiperf(&layers);
         let t = Trial {
             id,
             parent,
@@ -593,7 +593,7 @@ impl<'a> Run<'a> {
                         // The candidate is the better of its two trainings (its weights too).
                         let side = self.s.classify.data.resolution();
                         if let Ok(layers) = t.description.layers(side, side) {
-                            let ops = crate::accounting::aiperf(&layers);
+                            let ops = roofline_workloads::accounting::aiperf(&layers);
                             c.ops_per_image = Ops {
                                 forward: ops.forward,
                                 backward: ops.backward,

@@ -15,8 +15,8 @@
 //!   seen 20, so the draw is the prior's: a kernel from the choices, a batch uniform in the
 //!   range (rounded down to a multiple of 16 from 16 up) and a dropout rate in [0, 0.2].
 
-use super::curve;
-use crate::data::Rng;
+use crate::curve;
+use roofline_workloads::data::Rng;
 use serde::{Deserialize, Serialize};
 
 /// Keras's `EarlyStopping(min_delta=…)`: an epoch improves on the best loss by more than this.

@@ -4,13 +4,13 @@
 //! inside the team). Master and workers speak through the shared buffer's folder, so the ranks
 //! must share a file system (as AIPerf's nodes do).
 
-use super::buffer::Link;
-use super::master::{self, buffer_dir, Progress};
-use super::setup::{self, Calibration, Request};
-use super::worker;
-use crate::run::RunError;
+use crate::buffer::Link;
+use crate::master::{self, buffer_dir, Progress};
+use crate::setup::{self, Calibration, Request};
+use crate::worker;
 use roofline_kernels::comm::mpi::{reducers, World};
 use roofline_model::automl::Automl;
+use roofline_workloads::run::RunError;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 

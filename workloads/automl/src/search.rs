@@ -3,9 +3,9 @@
 //! acquisition, and simulated annealing over chains of morphisms from the trained networks to
 //! pick the next one to train.
 
-use super::morph::{self, Limits, Morphism};
-use crate::data::Rng;
-use crate::graph::{Description, Op};
+use roofline_workloads::data::Rng;
+use roofline_workloads::graph::morph::{self, Limits, Morphism};
+use roofline_workloads::graph::{Description, Op};
 
 /// A network's shape as the distance sees it: its trainable layers in order (kind, width,
 /// kernel) and its additions as pairs of layer depths.

@@ -1,11 +1,12 @@
-//! AIPerf's AutoML benchmark on the embedded trainer: a master holds the history of trained
-//! networks and their accuracies and hands out candidates through a shared buffer; workers
-//! (each on its own share of the cores) make each child from its parent by network morphism
-//! and train it in the one training loop; the score is the FLOPS the machine sustains while
+//! AIPerf's AutoML benchmark on the embedded trainer, the top floor of the workloads: a master
+//! holds the history of trained networks and their accuracies and hands out candidates through
+//! a shared buffer; workers (each on its own share of the cores) make each child from its
+//! parent by network morphism and train it in the one training loop; the score is the FLOPS the machine sustains while
 //! searching, counted analytically (AIPerf's rules) for every finished epoch, sampled over
 //! time, with the error folded in as the regulated score.
 //!
-//! - [`morph`]: the morphisms (deeper, wider, skip) with function-preserving weights.
+//! - `roofline_workloads::graph::morph` (below, with the networks it changes): the morphisms
+//!   (deeper, wider, skip) with function-preserving weights.
 //! - [`search`]: the Gaussian process over architectures, UCB and simulated annealing.
 //! - [`propose`]: the search as a worker runs it, from the shared history.
 //! - [`rules`]: AIPerf's per-trial rules (patience, early stopping on the validation loss,
@@ -18,7 +19,6 @@
 pub mod buffer;
 pub mod curve;
 pub mod master;
-pub mod morph;
 pub mod propose;
 #[cfg(feature = "mpi")]
 pub mod ranks;
