@@ -35,10 +35,16 @@ mpi=()
 if command -v mpirun >/dev/null && command -v mpicc >/dev/null; then
     mpi=(--features mpi)
 fi
+# Each step's start, in seconds since the tests began (CI's log says where the minutes go).
+step() { echo "[test.sh ${SECONDS}s] $*"; }
+step "fmt"
 cargo fmt --check
+step "clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 if [ ${#mpi[@]} -gt 0 ]; then
+    step "clippy with MPI"
     cargo clippy --workspace --all-targets "${mpi[@]}" -- -D warnings
+    step "cargo test (build, then every test binary)"
     cargo test --workspace "${mpi[@]}"
 else
     cargo test --workspace
@@ -58,8 +64,10 @@ elif ! { ip netns add rl-can-i 2>/dev/null && ip netns del rl-can-i; }; then
     fi
     echo "the cluster harness (scripts/cluster.sh test): ip netns add is refused here (a container without CAP_SYS_ADMIN?)" >>"$ROOFLINE_SKIPPED"
 else
+    step "the cluster harness"
     ROOFLINE="$PWD/target/debug/roofline" scripts/cluster.sh test
 fi
+step "end"
 if [ -s "$ROOFLINE_SKIPPED" ]; then
     echo
     echo "PASSED, but these checks were skipped (a tool is missing here):"

@@ -156,6 +156,26 @@ fn crate_arrows_point_one_way() {
     }
 }
 
+/// Every library crate says its job at the top of its `lib.rs`.
+#[test]
+fn every_crate_says_its_job_first() {
+    for dir in [
+        "roofline",
+        "kernels",
+        "collectors",
+        "workloads/nn",
+        "workloads",
+        "workloads/automl",
+        "plots",
+    ] {
+        let lib = std::fs::read_to_string(root().join(dir).join("src/lib.rs")).unwrap();
+        assert!(
+            lib.starts_with("//! "),
+            "{dir}/src/lib.rs does not open with its job"
+        );
+    }
+}
+
 /// No source file past ~800 lines (the three measured exceptions are listed at their size;
 /// they are to shrink).
 #[test]

@@ -1,6 +1,7 @@
-//! The embedded trainer: tensors, layers with explicit forward and backward passes (each checked
-//! against finite differences), ResNet-50, the optimiser and schedule, synthetic data, and the
-//! training loop whose every FLOP is counted analytically.
+//! The embedded trainer above the tensor engine (`roofline_nn`, re-exported under its old
+//! paths): the models (ResNet-50, the detector, described networks and their morphisms, the
+//! analytic accounting, checkpoints, the readers), the device trainer (`gpu`), the one training
+//! loop and data parallelism, and the benchmarks' runs (`run`: place, score, sweep; bagging).
 
 // The CPU tensor engine, a crate of its own (workloads/nn), under its old paths.
 pub use roofline_nn::{alloc, conv, data, layers, tensor};
