@@ -326,30 +326,19 @@ pub struct DataScaling {
 pub fn data_scaling(points: &[SweepPoint]) -> Vec<DataScaling> {
     let key = |p: &SweepPoint| {
         let q = &p.problem;
-        (
+        Some((
             format!("{}, width {}, depth {}", q.resolution, q.width, q.depth),
             q.processes,
-        )
+        ))
     };
-    let mut keys: Vec<(String, usize)> = Vec::new();
-    for k in points.iter().map(key) {
-        if !keys.contains(&k) {
-            keys.push(k);
-        }
-    }
-    keys.into_iter()
-        .filter_map(|k| {
-            let mut s: Vec<&SweepPoint> = points.iter().filter(|p| key(p) == k).collect();
-            s.sort_by_key(|p| p.problem.images);
-            s.dedup_by_key(|p| p.problem.images);
-            if s.len() < 2 {
-                return None;
-            }
+    groups(points, key, |p| p.problem.images)
+        .into_iter()
+        .map(|((problem, processes), s)| {
             let largest = s[s.len() - 1].problem.images.max(1) as f64;
             let base = s[0].per_process_flops.max(1e-300);
-            Some(DataScaling {
-                problem: k.0,
-                processes: k.1,
+            DataScaling {
+                problem,
+                processes,
                 points: s
                     .iter()
                     .map(|p| DataSharePoint {
@@ -361,38 +350,50 @@ pub fn data_scaling(points: &[SweepPoint]) -> Vec<DataScaling> {
                         relative: p.per_process_flops / base,
                     })
                     .collect(),
-            })
+            }
         })
         .collect()
 }
 
-/// The points of each `key` (None: in no series) at two or more process counts, by process
-/// count, each scaled against the fewest by `scale` (first, point) → (speedup, efficiency).
+/// The points of each `key` (None: in no group), in the order the keys first appear, each
+/// group sorted by `axis` with one point per value, and only the groups of two or more values:
+/// what every series of the sweep is drawn over.
+fn groups<K: PartialEq>(
+    points: &[SweepPoint],
+    key: impl Fn(&SweepPoint) -> Option<K>,
+    axis: impl Fn(&SweepPoint) -> usize,
+) -> Vec<(K, Vec<&SweepPoint>)> {
+    let mut keys: Vec<K> = Vec::new();
+    for k in points.iter().filter_map(&key) {
+        if !keys.contains(&k) {
+            keys.push(k);
+        }
+    }
+    keys.into_iter()
+        .filter_map(|k| {
+            let mut s: Vec<&SweepPoint> = points
+                .iter()
+                .filter(|p| key(p).as_ref() == Some(&k))
+                .collect();
+            s.sort_by_key(|p| axis(p));
+            s.dedup_by_key(|p| axis(p));
+            (s.len() >= 2).then_some((k, s))
+        })
+        .collect()
+}
+
+/// The points of each `key` (None: in no series) at two or more process counts ([`groups`]),
+/// each scaled against the fewest by `scale` (first, point) → (speedup, efficiency).
 fn series(
     points: &[SweepPoint],
     key: impl Fn(&SweepPoint) -> Option<String>,
     scale: impl Fn(&SweepPoint, &SweepPoint) -> (f64, f64),
 ) -> Vec<Scaling> {
-    let mut labels: Vec<String> = Vec::new();
-    for l in points.iter().filter_map(&key) {
-        if !labels.contains(&l) {
-            labels.push(l);
-        }
-    }
-    labels
+    groups(points, key, |p| p.problem.processes)
         .into_iter()
-        .filter_map(|l| {
-            let mut s: Vec<&SweepPoint> = points
-                .iter()
-                .filter(|p| key(p).as_deref() == Some(l.as_str()))
-                .collect();
-            s.sort_by_key(|p| p.problem.processes);
-            s.dedup_by_key(|p| p.problem.processes);
-            if s.len() < 2 {
-                return None;
-            }
+        .map(|(l, s)| {
             let first = s[0];
-            Some(Scaling {
+            Scaling {
                 problem: l,
                 points: s
                     .iter()
@@ -406,7 +407,7 @@ fn series(
                         }
                     })
                     .collect(),
-            })
+            }
         })
         .collect()
 }
