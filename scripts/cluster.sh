@@ -11,7 +11,10 @@
 #   scripts/cluster.sh run HOST CMD...   run CMD on host HOST (h1..hN)
 #   scripts/cluster.sh mpi PER HOSTS CMD...   mpirun from h1: PER ranks on each of the first HOSTS
 #   scripts/cluster.sh slurm HOST CMD...      a Slurm command on HOST (srun, sbatch, sinfo, squeue)
-#   scripts/cluster.sh test       up, every check (one line each), down; ends "N passed, N failed"
+#   scripts/cluster.sh test [CHECK...]   up, every check (one line each), down; ends "N passed,
+#                                 N failed". CHECKs (default all): mpi slurm slow_link
+#                                 killed_rank link_down loaded_host; the hosts' own checks
+#                                 always run. One check again and again: its noise, alone.
 #
 # Needs root (namespaces, veth, the bridge, cgroups) and Open MPI's mpirun; says so in one line
 # when not.
@@ -315,7 +318,11 @@ slow_link() {
     done
     check "tc slows the h2 - h3 link alone" $ok "a cable of their own, TBF 500 Mbit/s each way"
     local m=$out/machine-slow.json
-    probe_run "mpirun with a slow link: probe --quick" 1 slow --only comm --max-size 4M
+    # A margin of 50%: the slowed cable is a tenth of a link, 90% short, and is named at any
+    # margin below that; the other links' noise here is not a real cluster's (four hosts' ranks
+    # on two shared cores: a link can read 30-60% short in its round and again alone, 1 run in
+    # 10 at the default 10%, docs/cluster.md).
+    probe_run "mpirun with a slow link: probe --quick" 1 slow --only comm --max-size 4M --fleet-margin 50
     local ran=$?
     ip netns exec "${prefix}2" ip link del "$a" 2>/dev/null
     [ "$ran" = 0 ] || return
@@ -562,7 +569,23 @@ sys.exit(0 if hosts == ["h1", "h2", "h3", "h4"] and l.get("by") == sys.argv[2] a
 EOF
 }
 
+# `wanted CHECK`: whether `scripts/cluster.sh test` was asked for CHECK (all when none named).
+wanted() {
+    [ ${#only[@]} = 0 ] && return 0
+    local c
+    for c in "${only[@]}"; do [ "$c" = "$1" ] && return 0; done
+    return 1
+}
+
 run_test() {
+    only=("$@")
+    local c
+    for c in "${only[@]}"; do
+        case $c in
+            mpi | slurm | slow_link | killed_rank | link_down | loaded_host) ;;
+            *) echo "test: no check '$c' (mpi slurm slow_link killed_rank link_down loaded_host)" >&2; exit 2 ;;
+        esac
+    done
     local rl=${ROOFLINE:-$root/target/release/roofline}
     [ -x "$rl" ] || { echo "test: no roofline binary at $rl (cargo build --release --features mpi, or set ROOFLINE)" >&2; exit 2; }
     command -v mpirun >/dev/null || { echo "test: needs Open MPI's mpirun" >&2; exit 2; }
@@ -592,6 +615,7 @@ run_test() {
     [ "$seen" = "$net.2" ]
     check "h2 reaches h4 over the bridge" $? "h4 saw a connection from $seen"
     for per in 1 2; do
+        wanted mpi || break
         local m=$out/machine-$per.json
         probe_run "mpirun $per rank(s) a host: probe --quick" "$per" "$per" --only fma,comm \
             --threads 1 --max-size 4M || continue
@@ -610,11 +634,11 @@ EOF
     # Slurm before the faults: a host whose link is down answers no ping of slurmctld's, and
     # a node marked not responding refuses jobs until a later ping finds it (a CI run's
     # `srun -N4` after the link-down check: "Required node not available", then revoked).
-    slurm_checks "$rl" "$out"
-    slow_link "$rl" "$out"
-    killed_rank "$rl" "$out"
-    link_down "$rl" "$out"
-    loaded_host "$rl" "$out"
+    wanted slurm && slurm_checks "$rl" "$out"
+    wanted slow_link && slow_link "$rl" "$out"
+    wanted killed_rank && killed_rank "$rl" "$out"
+    wanted link_down && link_down "$rl" "$out"
+    wanted loaded_host && loaded_host "$rl" "$out"
     trap - EXIT INT TERM
     down >/dev/null 2>&1
     local left
@@ -634,6 +658,6 @@ case ${1:-} in
     run) need_root; shift; [ $# -ge 2 ] || { echo "run: HOST CMD..." >&2; exit 2; }; run_on "$@" ;;
     mpi) need_root; shift; [ $# -ge 3 ] || { echo "mpi: PER_HOST HOSTS CMD..." >&2; exit 2; }; mpi "$@" ;;
     slurm) need_root; shift; [ $# -ge 2 ] || { echo "slurm: HOST CMD..." >&2; exit 2; }; slurm "$@" ;;
-    test) need_root; run_test ;;
-    *) echo "usage: scripts/cluster.sh up [N] | down | run HOST CMD... | mpi PER HOSTS CMD... | slurm HOST CMD... | test" >&2; exit 2 ;;
+    test) need_root; shift; run_test "$@" ;;
+    *) echo "usage: scripts/cluster.sh up [N] | down | run HOST CMD... | mpi PER HOSTS CMD... | slurm HOST CMD... | test [CHECK...]" >&2; exit 2 ;;
 esac

@@ -88,6 +88,7 @@ fn links() -> Vec<Link> {
                     bandwidth_ab: s(bw),
                     bandwidth_ba: s(bw),
                     again: None,
+                    in_round: None,
                 }
             })
         })

@@ -165,6 +165,7 @@ mod tests {
                 bandwidth_ab: st(if b == 4 { 2e9 } else { 1e10 }),
                 bandwidth_ba: st(1e10),
                 again: None,
+                in_round: None,
             })
             .collect();
         let hosts: Vec<String> = (0..5).map(|i| format!("node-{i}")).collect();

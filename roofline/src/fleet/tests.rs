@@ -173,6 +173,7 @@ fn gpu_links_are_kept_validated_and_gated_beside_the_host_links() {
                 bandwidth_ab: s(bw),
                 bandwidth_ba: s(bw),
                 again: None,
+                in_round: None,
             }],
             0.1,
         )

@@ -140,45 +140,39 @@ impl World {
             ));
             links.extend(self.round(inter, &names, pairs, round, &label, cfg, transport)?);
         }
-        // The slow ones again, each alone, until none is left unconfirmed (a link measured
-        // again moves the median link, which may name another), as many rounds again as the
-        // schedule had, or three judgements (each of a large fleet's takes a moment).
+        // The slow ones again, each alone, at most as many rounds again as the schedule had.
+        // One judgement: the typical link comes from the rounds' own figures, which a link
+        // measured again keeps (`Link::round_value`), so measuring again only ever clears a
+        // link, never names another.
         let mut total = schedule.len();
-        for _ in 0..3 {
-            if total >= 2 * schedule.len() {
-                break;
-            }
-            let cap = 2 * schedule.len() - total;
-            let again = self.to_confirm(inter, &names, &links, cfg, cap, transport);
-            if again.is_empty() {
-                break;
-            }
+        let again = self.to_confirm(inter, &names, &links, cfg, schedule.len(), transport);
+        if !again.is_empty() {
             progress.begin(again.len() as u64);
-            let planned = total + again.len();
-            for (k, &pair) in again.iter().enumerate() {
-                let round = total;
-                total += 1;
-                if self.is_root() {
-                    keep(&links, round, planned);
-                }
-                let label = format!(
-                    "{}link round {} of {planned} (a slow link measured again, alone)",
-                    transport.prefix(),
-                    round + 1,
-                );
-                progress.advance(&format!(
-                    "{}links: a slow link again, {} of {}",
-                    transport.prefix(),
-                    k + 1,
-                    again.len()
-                ));
-                for second in self.round(inter, &names, &[pair], round, &label, cfg, transport)? {
-                    if let Some(l) = links
-                        .iter_mut()
-                        .find(|l| (l.a, l.b) == (second.a, second.b))
-                    {
-                        *l = l.better_of(&second);
-                    }
+        }
+        let planned = total + again.len();
+        for (k, &pair) in again.iter().enumerate() {
+            let round = total;
+            total += 1;
+            if self.is_root() {
+                keep(&links, round, planned);
+            }
+            let label = format!(
+                "{}link round {} of {planned} (a slow link measured again, alone)",
+                transport.prefix(),
+                round + 1,
+            );
+            progress.advance(&format!(
+                "{}links: a slow link again, {} of {}",
+                transport.prefix(),
+                k + 1,
+                again.len()
+            ));
+            for second in self.round(inter, &names, &[pair], round, &label, cfg, transport)? {
+                if let Some(l) = links
+                    .iter_mut()
+                    .find(|l| (l.a, l.b) == (second.a, second.b))
+                {
+                    *l = l.better_of(&second);
                 }
             }
         }
@@ -328,6 +322,7 @@ impl World {
                 bandwidth_ab: stats(&ha.sent, "bandwidth")?,
                 bandwidth_ba: stats(&hb.sent, "bandwidth")?,
                 again: None,
+                in_round: None,
             });
         }
         Ok(links)
