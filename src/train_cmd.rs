@@ -69,7 +69,7 @@ impl Monitor for Bar {
 
 /// `--device cuda --check`: the GPU layers against the CPU layers.
 fn check(a: &TrainArgs) -> Result<(), Failure> {
-    let checks = roofline_workloads::gpu::check_all(
+    let checks = roofline_workloads::run::check_all(
         a.run.gpu,
         a.run.precision,
         a.workload == Kind::Ewa,
@@ -319,8 +319,7 @@ fn print_detector(prep: &Prepared, s: &Summary, on: &str) {
     );
     outln!(
         "  {}",
-        cfg.model
-            .flops(res.h, res.w)
+        roofline_workloads::accounting::detector_flops(&cfg.model, res.h, res.w)
             .parts()
             .iter()
             .map(|(n, f)| format!("{n} {}", si(f.training())))

@@ -18,6 +18,63 @@ fn run_ok(c: &mut Command) {
 
 /// Real documents of every kind, written by the binary.
 fn documents(dir: &Path) -> Vec<(&'static str, PathBuf)> {
+    // The score and the AutoML search need no machine file: they run while the probe does.
+    let s = dir.join("score.json");
+    let mut score = bin();
+    score
+        .args([
+            "score",
+            "--runs",
+            "1",
+            "--bagging",
+            "2",
+            "--width",
+            "0.125",
+            "--depth",
+            "1,0,0,0",
+            "--resolution",
+            "32",
+            "--classes",
+            "3",
+            "--batch",
+            "8",
+            "--steps",
+            "2",
+            "--train-images",
+            "16",
+            "--eval-images",
+            "8",
+            "-o",
+        ])
+        .arg(&s);
+    let a = dir.join("automl.json");
+    let mut automl = bin();
+    automl
+        .args([
+            "automl",
+            "--budget",
+            "4s",
+            "--rounds",
+            "1",
+            "--classes",
+            "3",
+            "--train-images",
+            "16",
+            "--eval-images",
+            "8",
+            "--batch",
+            "8",
+            "-o",
+        ])
+        .arg(&a);
+    let spawn = |c: &mut Command, name: &str| {
+        let log = std::fs::File::create(dir.join(format!("{name}.log"))).unwrap();
+        c.stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    };
+    let (score, automl) = (spawn(&mut score, "score"), spawn(&mut automl, "automl"));
     let m = dir.join("machine.json");
     run_ok(
         bin()
@@ -31,35 +88,6 @@ fn documents(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             .arg(&m)
             .arg("-o")
             .arg(&p),
-    );
-    let s = dir.join("score.json");
-    run_ok(
-        bin()
-            .args([
-                "score",
-                "--runs",
-                "1",
-                "--bagging",
-                "2",
-                "--width",
-                "0.125",
-                "--depth",
-                "1,0,0,0",
-                "--resolution",
-                "32",
-                "--classes",
-                "3",
-                "--batch",
-                "8",
-                "--steps",
-                "2",
-                "--train-images",
-                "16",
-                "--eval-images",
-                "8",
-                "-o",
-            ])
-            .arg(&s),
     );
     let w = dir.join("sweep.json");
     run_ok(
@@ -85,27 +113,11 @@ fn documents(dir: &Path) -> Vec<(&'static str, PathBuf)> {
             ])
             .arg(&w),
     );
-    let a = dir.join("automl.json");
-    run_ok(
-        bin()
-            .args([
-                "automl",
-                "--budget",
-                "4s",
-                "--rounds",
-                "1",
-                "--classes",
-                "3",
-                "--train-images",
-                "16",
-                "--eval-images",
-                "8",
-                "--batch",
-                "8",
-                "-o",
-            ])
-            .arg(&a),
-    );
+    for (name, mut child) in [("score", score), ("automl", automl)] {
+        let status = child.wait().unwrap();
+        let log = std::fs::read_to_string(dir.join(format!("{name}.log"))).unwrap_or_default();
+        assert!(status.success(), "{name}: {log}");
+    }
     vec![
         ("machine", m),
         ("placement", p),
@@ -259,59 +271,79 @@ fn consume(kind: &str, text: &str) -> bool {
     ok
 }
 
+/// 1,500 mutations of the `kind` document at `path` through its readers, every 30th through
+/// the binary too: (accepted, refused, runs of the binary).
+fn fuzz_kind(kind: &str, path: &Path, dir: &Path, k: u64) -> (usize, usize, usize) {
+    let mut r = Rng(0x9E37_79B9_7F4A_7C15 ^ (k.wrapping_mul(0x1000_0001) + 1));
+    let (mut accepted, mut refused, mut through_binary) = (0, 0, 0);
+    let text = std::fs::read_to_string(path).unwrap();
+    assert!(consume(kind, &text), "the unmutated {kind} file reads");
+    for i in 0..1500 {
+        let t = mutate(&text, &mut r);
+        match std::panic::catch_unwind(|| consume(kind, &t)) {
+            Ok(true) => accepted += 1,
+            Ok(false) => refused += 1,
+            Err(_) => {
+                let f = dir.join(format!("panic-{kind}-{i}.json"));
+                std::fs::write(&f, &t).unwrap();
+                panic!("a {kind} reader panicked on {}", f.display());
+            }
+        }
+        // Every 30th through the binary: exit 0 or 2, never a crash (101) or a signal.
+        if i % 30 == 0 {
+            let f = dir.join(format!("m-{kind}.json"));
+            std::fs::write(&f, &t).unwrap();
+            let mut cmds = vec![{
+                let mut c = bin();
+                c.arg("gate")
+                    .arg("--baseline")
+                    .arg(&f)
+                    .arg("--current")
+                    .arg(&f);
+                c
+            }];
+            if kind == "machine" {
+                let mut c = bin();
+                c.arg("plot").arg(&f).arg("-o").arg(dir.join("x.svg"));
+                cmds.push(c);
+            }
+            for mut c in cmds {
+                let o = c.output().unwrap();
+                let code = o.status.code();
+                assert!(
+                    matches!(code, Some(0) | Some(2)),
+                    "{kind} mutation {i}: exit {code:?}: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                through_binary += 1;
+            }
+        }
+    }
+    (accepted, refused, through_binary)
+}
+
 #[test]
 fn thousands_of_mutated_files_never_panic_a_reader() {
     let dir = std::env::temp_dir().join(format!("roofline-fuzz-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     let docs = documents(&dir);
-    let mut r = Rng(0x9E37_79B9_7F4A_7C15);
-    let (mut accepted, mut refused, mut through_binary) = (0, 0, 0);
-    for (kind, path) in &docs {
-        let text = std::fs::read_to_string(path).unwrap();
-        assert!(consume(kind, &text), "the unmutated {kind} file reads");
-        for i in 0..1500 {
-            let t = mutate(&text, &mut r);
-            match std::panic::catch_unwind(|| consume(kind, &t)) {
-                Ok(true) => accepted += 1,
-                Ok(false) => refused += 1,
-                Err(_) => {
-                    let f = dir.join(format!("panic-{kind}-{i}.json"));
-                    std::fs::write(&f, &t).unwrap();
-                    panic!("a {kind} reader panicked on {}", f.display());
-                }
-            }
-            // Every 30th through the binary: exit 0 or 2, never a crash (101) or a signal.
-            if i % 30 == 0 {
-                let f = dir.join(format!("m-{kind}.json"));
-                std::fs::write(&f, &t).unwrap();
-                let mut cmds = vec![{
-                    let mut c = bin();
-                    c.arg("gate")
-                        .arg("--baseline")
-                        .arg(&f)
-                        .arg("--current")
-                        .arg(&f);
-                    c
-                }];
-                if *kind == "machine" {
-                    let mut c = bin();
-                    c.arg("plot").arg(&f).arg("-o").arg(dir.join("x.svg"));
-                    cmds.push(c);
-                }
-                for mut c in cmds {
-                    let o = c.output().unwrap();
-                    let code = o.status.code();
-                    assert!(
-                        matches!(code, Some(0) | Some(2)),
-                        "{kind} mutation {i}: exit {code:?}: {}",
-                        String::from_utf8_lossy(&o.stderr)
-                    );
-                    through_binary += 1;
-                }
-            }
-        }
-    }
+    // One thread a kind (each its own mutations, from a seed of its own): the kinds share
+    // nothing but the binary.
+    let counts: Vec<(usize, usize, usize)> = std::thread::scope(|scope| {
+        let workers: Vec<_> = docs
+            .iter()
+            .enumerate()
+            .map(|(k, (kind, path))| {
+                let dir = &dir;
+                scope.spawn(move || fuzz_kind(kind, path, dir, k as u64))
+            })
+            .collect();
+        workers.into_iter().map(|w| w.join().unwrap()).collect()
+    });
+    let (accepted, refused, through_binary) = counts
+        .iter()
+        .fold((0, 0, 0), |t, c| (t.0 + c.0, t.1 + c.1, t.2 + c.2));
     eprintln!(
         "{accepted} mutations accepted, {refused} refused, {through_binary} runs of the binary"
     );

@@ -99,8 +99,10 @@ fn the_command_line_stays_thin() {
 
 /// The crates' dependencies point one way: the model imports no other crate of ours, plots
 /// only the model, collectors only the model, kernels the model and collectors, the tensor
-/// engine (workloads/nn) only the kernels, workloads not plots, AutoML (workloads/automl) on
-/// top of workloads; no library imports the command line.
+/// engine (workloads/nn) only the kernels, the models and their training loop
+/// (workloads/models) the tensor engine and nothing of the GPU trainer, the device trainer
+/// (workloads/gpu) the models, the benchmarks' runs (workloads) all three and not plots,
+/// AutoML (workloads/automl) on top of workloads; no library imports the command line.
 #[test]
 fn crate_arrows_point_one_way() {
     let ours = [
@@ -108,6 +110,8 @@ fn crate_arrows_point_one_way() {
         "roofline-kernels",
         "roofline-collectors",
         "roofline-nn",
+        "roofline-models",
+        "roofline-gpu",
         "roofline-workloads",
         "roofline-automl",
         "roofline-plots",
@@ -120,12 +124,32 @@ fn crate_arrows_point_one_way() {
         ("kernels", &["roofline-model", "roofline-collectors"]),
         ("workloads/nn", &["roofline-kernels"]),
         (
+            "workloads/models",
+            &[
+                "roofline-model",
+                "roofline-kernels",
+                "roofline-collectors",
+                "roofline-nn",
+            ],
+        ),
+        (
+            "workloads/gpu",
+            &[
+                "roofline-model",
+                "roofline-kernels",
+                "roofline-collectors",
+                "roofline-models",
+            ],
+        ),
+        (
             "workloads",
             &[
                 "roofline-model",
                 "roofline-kernels",
                 "roofline-collectors",
                 "roofline-nn",
+                "roofline-models",
+                "roofline-gpu",
             ],
         ),
         (
@@ -164,6 +188,8 @@ fn every_crate_says_its_job_first() {
         "kernels",
         "collectors",
         "workloads/nn",
+        "workloads/models",
+        "workloads/gpu",
         "workloads",
         "workloads/automl",
         "plots",
@@ -173,6 +199,97 @@ fn every_crate_says_its_job_first() {
             lib.starts_with("//! "),
             "{dir}/src/lib.rs does not open with its job"
         );
+    }
+}
+
+/// Inside the models' crate the modules stand on floors, and a module's code (its tests aside)
+/// names only its own floor's and lower ones: the files and the tensor engine; ResNet; the
+/// detector (on ResNet's backbone); the analytic accounting of both, and the ensemble of their
+/// predictions; described networks (counted by the accounting); their initialisation; the
+/// one training loop, which trains them all; EWA's task on it. A circle of modules cannot pass.
+#[test]
+fn the_models_floors_point_down() {
+    let floors: &[&[&str]] = &[
+        &[
+            "alloc",
+            "conv",
+            "data",
+            "layers",
+            "tensor",
+            "checkpoint",
+            "ewa_data",
+            "folder",
+            "exchange",
+        ],
+        &["resnet"],
+        &["detect"],
+        &["accounting", "bagging"],
+        &["graph"],
+        &["init"],
+        &["train"],
+        &["ewa"],
+    ];
+    let floor = |m: &str| floors.iter().position(|f| f.contains(&m));
+    let src = root().join("workloads/models/src");
+    let mut files = Vec::new();
+    rust_files(&src, &mut files);
+    let mut found = Vec::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap().to_string_lossy().into_owned();
+        if rel == "lib.rs" || rel.ends_with("tests.rs") {
+            continue;
+        }
+        let module = rel.split('/').next().unwrap().trim_end_matches(".rs");
+        let mine = floor(module).unwrap_or_else(|| panic!("{rel}: module {module} has no floor"));
+        let text = std::fs::read_to_string(&f).unwrap();
+        for line in text.lines() {
+            let code = line.trim_start();
+            if code.starts_with("#[cfg(test)]") {
+                break;
+            }
+            if code.starts_with("//") {
+                continue;
+            }
+            for (i, _) in code.match_indices("crate::") {
+                let name: String = code[i + 7..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                    .collect();
+                match floor(&name) {
+                    Some(theirs) if theirs > mine => found.push(format!(
+                        "{rel} (floor {mine}) names crate::{name} (floor {theirs})"
+                    )),
+                    None if name.is_empty() => found.push(format!(
+                        "{rel}: `crate::{{` (name each module: its floor is read)"
+                    )),
+                    None => found.push(format!("{rel}: crate::{name} has no floor")),
+                    _ => {}
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "{found:#?}");
+}
+
+/// The workloads' crates each hold one job in about 12,000 lines at most (a newcomer reads one
+/// at a time; the one that grew past it is to be cut again, not the limit raised).
+#[test]
+fn no_workloads_crate_holds_more_than_one_floor() {
+    for dir in [
+        "workloads/nn",
+        "workloads/models",
+        "workloads/gpu",
+        "workloads/src",
+        "workloads/automl",
+    ] {
+        let mut files = Vec::new();
+        rust_files(&root().join(dir), &mut files);
+        let lines: usize = files
+            .iter()
+            .map(|f| std::fs::read_to_string(f).unwrap().lines().count())
+            .sum();
+        assert!(lines <= 12_500, "{dir}: {lines} lines");
+        assert!(lines > 1_000, "{dir}: {lines} lines: is it still a crate?");
     }
 }
 

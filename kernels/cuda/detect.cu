@@ -1,5 +1,5 @@
 // The region proposal network's proposals on the GPU, the same function as
-// workloads/src/detect/rpn.rs `proposals` (its host twin), driven by workloads/src/gpu/proposals.rs.
+// workloads/models/src/detect/rpn.rs `proposals` (its host twin), driven by workloads/gpu/src/proposals.rs.
 // A segment is one image of one pyramid level; segment s = level · images + image, and each
 // segment has K slots (K = pre_nms, at most MAX_K) in every per-segment buffer.
 //
@@ -29,7 +29,7 @@ typedef unsigned long long u64;
 typedef unsigned int u32;
 
 #define TOPK_THREADS 1024
-// The most anchors a level keeps before NMS (workloads/src/gpu/proposals.rs MAX_PRE_NMS).
+// The most anchors a level keeps before NMS (workloads/gpu/src/proposals.rs MAX_PRE_NMS).
 #define MAX_K 4096
 #define MAX_WORDS (MAX_K / 64)
 
@@ -329,7 +329,7 @@ extern "C" __global__ void rpn_merge(const double* boxes, const float* scores, c
     }
 }
 
-// ---- The RPN's losses (rpn::rpn_loss), driven by workloads/src/gpu/rpn_loss.rs ----
+// ---- The RPN's losses (rpn::rpn_loss), driven by workloads/gpu/src/rpn_loss.rs ----
 // Image b's anchors are its levels' in turn: anchor a = first[l] + i is anchor i of level l
 // (first[levels] = N anchors an image). Its ground truth is truth[4·(tstart[b] + j) …], j < G_b.
 // Labels: j ≥ 0 foreground (matched to box j), −1 background, −2 ignored.
@@ -346,7 +346,7 @@ extern "C" __global__ void rpn_merge(const double* boxes, const float* scores, c
 // the anchors' order.
 
 #define MATCH_THREADS 1024
-// The most ground-truth boxes an image (workloads/src/gpu/rpn_loss.rs MAX_TRUTH).
+// The most ground-truth boxes an image (workloads/gpu/src/rpn_loss.rs MAX_TRUTH).
 #define MAX_TRUTH 256
 
 // The level of image anchor a (first[l] ≤ a < first[l + 1]).

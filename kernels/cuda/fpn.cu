@@ -1,5 +1,5 @@
 // The feature pyramid's own kernels on the GPU (its convolutions are cuDNN's), the same
-// functions as workloads/src/detect/fpn.rs: the top-down path's nearest-neighbour upsampling
+// functions as workloads/models/src/detect/fpn.rs: the top-down path's nearest-neighbour upsampling
 // added into the finer level's lateral output, P6 as P5 subsampled by 2, and their backward
 // passes. NHWC f32, 64-bit sizes, grid-stride loops (any grid is correct). The backward of the
 // upsampling is a gather (each coarse cell sums the contiguous run of fine cells that copied it,

@@ -1,6 +1,6 @@
 // RoIAlign of the detector on the GPU (torchvision's MultiScaleRoIAlign, aligned=True), the
-// same function as workloads/src/detect/roi_align.rs. The regions come as a plan the host
-// builds (workloads/src/gpu/roi_align.rs): 6 floats per region: its pyramid level (0 = P2 …
+// same function as workloads/models/src/detect/roi_align.rs. The regions come as a plan the host
+// builds (workloads/gpu/src/roi_align.rs): 6 floats per region: its pyramid level (0 = P2 …
 // 3 = P5), its image, and in that level's map cells y1 and x1 (shifted by half a cell), the
 // bin height and the bin width. Maps, outputs and gradients are NHWC f32; loops grid-stride.
 //

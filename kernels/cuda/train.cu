@@ -3,7 +3,7 @@
 // cross-entropy, SGD with momentum and weight decay, the finite check for loss scaling, and the
 // f32 <-> f16/bf16 casts of mixed precision. Tensors are NHWC (channel = index % c), sizes are
 // 64-bit, every loop is grid-stride, so any grid size is correct. No headers: the half
-// conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/src/layers` or
+// conversions are inline PTX. Each kernel mirrors a CPU function of `workloads/nn/src/layers` or
 // `train`, and the GPU self-test compares the two. Batch norm's statistics stay on the
 // device: a training step on one GPU makes no host round trip for them.
 //

@@ -41,7 +41,7 @@ pub fn json(p: &Prepared, t: &super::Trained) -> Value {
             })
         }
         Job::Detector(cfg) => {
-            let parts = cfg.model.flops(res.h, res.w);
+            let parts = crate::accounting::detector_flops(&cfg.model, res.h, res.w);
             json!({
                 "workload": spec.workload.name(),
                 "model": p.model_name(),
@@ -85,13 +85,13 @@ pub fn json(p: &Prepared, t: &super::Trained) -> Value {
 /// The paper's detector at the data's full size (768×1152), with `scales` anchor sizes a
 /// level (3: the paper's nine anchors a cell): training FLOPs per image.
 pub fn ewa_full_size_flops(scales: usize) -> f64 {
-    DetectorConfig {
+    let cfg = DetectorConfig {
         scales,
         ..DetectorConfig::ewa()
-    }
-    .flops(768, 1152)
-    .total()
-    .training()
+    };
+    crate::accounting::detector_flops(&cfg, 768, 1152)
+        .total()
+        .training()
 }
 
 /// What every run reports: steps, images, throughput, FLOPs, loss, the gradient exchange,

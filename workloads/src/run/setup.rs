@@ -163,7 +163,7 @@ pub enum Job {
     Detector(EwaConfig),
     /// A described network on the classifier's data (an AutoML candidate, `label`).
     Graph {
-        task: crate::graph::GraphTask,
+        task: crate::train::GraphTask,
         label: String,
     },
 }
@@ -263,7 +263,7 @@ impl Prepared {
             return Ok(None);
         }
         match &mut self.job {
-            Job::Classifier(c) | Job::Graph { task: crate::graph::GraphTask { classify: c, .. }, .. }
+            Job::Classifier(c) | Job::Graph { task: crate::train::GraphTask { classify: c, .. }, .. }
                 if matches!(c.data, Source::Synthetic(_)) =>
             {
                 c.eval_images = 512;
@@ -285,7 +285,7 @@ impl Prepared {
         // The detector's data are a file: already the same for every run.
         if let Job::Classifier(c)
         | Job::Graph {
-            task: crate::graph::GraphTask { classify: c, .. },
+            task: crate::train::GraphTask { classify: c, .. },
             ..
         } = &mut self.job
         {

@@ -205,10 +205,13 @@ impl SweepSpec {
 /// Training FLOPs per `r` sample of a `workload` variant (the trainer's count).
 pub fn flops_per_sample(workload: Kind, width: f64, depth: Depth, r: Resolution) -> f64 {
     match workload {
-        Kind::Ewa => DetectorConfig::scaled(width, depth.0, r.h, r.w)
-            .flops(r.h, r.w)
-            .total()
-            .training(),
+        Kind::Ewa => crate::accounting::detector_flops(
+            &DetectorConfig::scaled(width, depth.0, r.h, r.w),
+            r.h,
+            r.w,
+        )
+        .total()
+        .training(),
         Kind::Resnet50 => {
             let cfg = Config {
                 version: Version::V1_5,
