@@ -167,7 +167,7 @@ pub enum DecayOn {
 
 /// The trainer's precisions (the model's others are the probe's).
 pub(crate) fn precision_parser() -> impl clap::builder::TypedValueParser<Value = Precision> {
-    clap::builder::PossibleValuesParser::new(run::setup::TRAINER_PRECISIONS.map(|p| p.name()))
+    clap::builder::PossibleValuesParser::new(run::prepare::TRAINER_PRECISIONS.map(|p| p.name()))
         .try_map(|s| s.parse::<Precision>())
 }
 

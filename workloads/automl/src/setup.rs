@@ -354,7 +354,7 @@ fn gpus(spec: &Spec) -> Result<Option<Gpus>, RunError> {
         }
         return Ok(None);
     }
-    let precision = run::setup::trainer_precision(spec.precision)?;
+    let precision = run::prepare::trainer_precision(spec.precision)?;
     let count = roofline_kernels::cuda::device::init().map_err(RunError::NoGpu)?;
     Ok(Some(Gpus {
         run: run::GpuRun {

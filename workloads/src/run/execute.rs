@@ -1,6 +1,6 @@
 //! Runs a prepared training on the CPU's pinned pool or on this rank's GPU.
 
-use super::setup::{Device, Job, Prepared};
+use super::prepare::{Device, Job, Prepared};
 use super::RunError;
 use crate::gpu::{Ctx, CudaTrainer, GpuDetector, GpuGraph, GpuModel, GpuResNet, GraphMode};
 use crate::layers::Reducer;

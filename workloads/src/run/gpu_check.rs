@@ -22,7 +22,7 @@ pub fn check_all(
     detector: bool,
     opened: impl FnOnce(&Gpu),
 ) -> Result<Vec<Check>, RunError> {
-    let p = super::setup::trainer_precision(p)?;
+    let p = super::prepare::trainer_precision(p)?;
     let (gpu, ordinal) = super::open_gpu(gpu)?;
     opened(&gpu);
     let mut checks = Vec::new();

@@ -1,7 +1,7 @@
 //! What a run needs in memory, checked before anything is allocated: a size that cannot fit
 //! is refused with one line, not an abort.
 
-use super::setup::{Device, Prepared};
+use super::prepare::{Device, Prepared};
 
 impl Prepared {
     /// The host memory one of `ranks` ranks needs at the least to train a step: its share of

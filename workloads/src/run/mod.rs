@@ -1,6 +1,6 @@
 //! A training run of either workload, set up and driven the same way: the options both
 //! workloads share ([`RunOptions`]), what each workload answers about itself ([`Workload`]),
-//! the run built from typed command-line choices ([`setup::prepare`]) and executed on the CPU or
+//! the run built from typed command-line choices ([`prepare()`]) and executed on the CPU or
 //! a GPU ([`execute`]).
 
 pub mod bagged;
@@ -9,19 +9,19 @@ mod gpu_check;
 mod memory;
 pub mod place;
 pub mod placing;
+pub mod prepare;
 pub mod ranks;
 pub mod report;
 pub mod score;
 pub mod scoring;
-pub mod setup;
 pub mod sweep;
 pub mod sweeping;
 
 pub use crate::train::RunOptions;
 pub use execute::{energy_span, execute, open_gpu, GpuRun};
 pub use gpu_check::check_all;
+pub use prepare::{prepare, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 pub use ranks::{ranks, reducer, traced, train, Ranks, Trained};
-pub use setup::{prepare, Depth, Device, Job, Kind, Prepared, Resolution, Spec};
 
 /// What a workload's configuration says about itself, so that the verbs and the run's setup
 /// treat both alike.

@@ -1,7 +1,7 @@
 //! A training run measured for `roofline place`: the steps after the warm-up, each top layer's
 //! time from the timeline, this rank's FLOPs and analytic bytes by the accounting's rules.
 
-use super::setup::{Device, Prepared};
+use super::prepare::{Device, Prepared};
 use super::RunError;
 use crate::accounting;
 use crate::train::{StepTiming, Summary};

@@ -1,7 +1,7 @@
 //! A finished run in JSON (`train --json`): what was trained, how fast, how well, by the
 //! accounting's rules.
 
-use super::setup::{Job, Prepared};
+use super::prepare::{Job, Prepared};
 use crate::accounting;
 use crate::detect::model::DetectorConfig;
 use crate::train::Summary;

@@ -2,7 +2,7 @@
 //! VFLOPS, energy, AIPerf's regulated score, V3.0's FLOPS per epoch), the configuration the report
 //! lists, and why a run is not comparable with published scores.
 
-use super::setup::{Kind, Prepared, Resolution, Spec};
+use super::prepare::{Kind, Prepared, Resolution, Spec};
 use crate::bagging::Plan;
 use crate::resnet::Version;
 use crate::run::Depth;

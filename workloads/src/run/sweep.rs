@@ -2,7 +2,7 @@
 //! resolution and training-set size, each with its training FLOPs per sample by the trainer's
 //! count, kept or left out by a FLOPs range, smallest problem first.
 
-use super::setup::{Depth, Kind, Resolution};
+use super::prepare::{Depth, Kind, Resolution};
 use crate::accounting::{classifier, trainer};
 use crate::detect::model::DetectorConfig;
 use crate::resnet::{Config, Version};
