@@ -315,7 +315,7 @@ fn sweep_epochs_read_every_image_and_scale_weakly() {
         "{dev:?}"
     );
     let pts = s["points"].as_array().unwrap();
-    assert_eq!(pts.len(), 4);
+    assert_eq!(pts.len(), 4, "notes: {}", s["notes"]);
     for p in pts {
         assert_eq!(p["epochs"], 1);
         let images = p["problem"]["images"].as_u64().unwrap();
@@ -378,7 +378,7 @@ fn sweep_runs_saih_node_and_data_scaling() {
         "{dev:?}"
     );
     let pts = s["points"].as_array().unwrap();
-    assert_eq!(pts.len(), 4);
+    assert_eq!(pts.len(), 4, "notes: {}", s["notes"]);
     let at = |threads: u64, images: u64| {
         pts.iter()
             .find(|p| p["problem"]["processes"] == threads && p["problem"]["images"] == images)
@@ -450,7 +450,7 @@ fn sweep_places_a_grid_and_scales_it() {
         "{out}"
     );
     let pts = s["points"].as_array().unwrap();
-    assert_eq!(pts.len(), 4);
+    assert_eq!(pts.len(), 4, "notes: {}", s["notes"]);
     // Smallest problem first; SAIH's problem size = FLOPs per sample × samples.
     let sizes: Vec<f64> = pts
         .iter()

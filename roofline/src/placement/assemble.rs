@@ -124,6 +124,16 @@ fn stats(v: &[f64]) -> Result<Stats, PlaceError> {
     Stats::from_samples(v).ok_or(PlaceError::NoFiniteMeasurement)
 }
 
+/// A layer's share of the step: the median of its per-step times over the median step. Each
+/// step's layer time lies within that step, so the k-th smallest layer time is at most the k-th
+/// smallest step time, and the share never passes 1 however one step stalled. (The mean layer
+/// time over the median step did: a layer that stalled in one measured step of a sweep's point
+/// on a busy CI runner read 1.10 of the step, and the sweep refused the file it had written.)
+/// Where a layer's per-step times are not known its mean stands for them, held to 1.
+pub fn share_of_step(layer_median: f64, step_median: f64) -> f64 {
+    (layer_median / step_median.max(1e-12)).clamp(0.0, 1.0)
+}
+
 /// Places `r` on machine `m` (read from `path`): the point held against the roofs of its
 /// device and precision, its `top` layers by time each against theirs, the energy per FLOP, the
 /// advice; `provenance` is where and when it ran.
@@ -219,14 +229,16 @@ pub fn assemble(
         let Some(b) = bound(&roofs, oi, None, rate) else {
             continue;
         };
+        let per_step = stats(if l.step_seconds.is_empty() {
+            std::slice::from_ref(&l.seconds)
+        } else {
+            &l.step_seconds
+        })?;
+        let share = share_of_step(per_step.median, seconds.median);
         layers.push(Point {
             label: l.name,
             flops_per_step: l.flops,
-            seconds_per_step: stats(if l.step_seconds.is_empty() {
-                std::slice::from_ref(&l.seconds)
-            } else {
-                &l.step_seconds
-            })?,
+            seconds_per_step: per_step,
             achieved_flops: rate,
             // One rate per measured step (its mean is not `rate`: `rate` is the mean time's).
             achieved: stats(&if l.step_seconds.iter().all(|s| *s > 0.0)
@@ -247,7 +259,7 @@ pub fn assemble(
                 measured_note: measured_note.clone(),
             },
             coi: None,
-            share_of_step: Some(l.seconds / seconds.median.max(1e-12)),
+            share_of_step: Some(share),
             bound: b,
             // The fast-algorithm note and the library's algorithms, one footnote.
             note: match (l.note, l.algorithm) {

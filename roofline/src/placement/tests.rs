@@ -480,3 +480,17 @@ fn a_measured_convolution_shape_is_its_layers_roof() {
     });
     assert!(measured_conv_roof(&m, 0, Precision::Bf16, &conv(false)).is_none());
 }
+
+/// A layer's share of the step is its median step's over the median step: one stalled step
+/// (the layer 0.9 s of a 1.0 s step, the others 0.1 of 0.2) leaves it at a half, where the mean
+/// layer time (0.37 s) over the median step (0.2 s) read 1.8; never past 1.
+#[test]
+fn a_layers_share_of_the_step_stays_within_the_step() {
+    use super::assemble::share_of_step;
+    let layer = Stats::from_samples(&[0.1, 0.1, 0.9]).unwrap();
+    let step = Stats::from_samples(&[0.2, 0.2, 1.0]).unwrap();
+    assert_eq!(share_of_step(layer.median, step.median), 0.5);
+    assert!(layer.mean / step.median > 1.0);
+    assert_eq!(share_of_step(0.3, 0.2), 1.0);
+    assert_eq!(share_of_step(0.0, 0.0), 0.0);
+}
