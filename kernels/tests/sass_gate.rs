@@ -318,6 +318,43 @@ fn opcodes(f: &Function) -> String {
     v.join(" ")
 }
 
+/// Compiles `source` for `target`, disassembles it with `nvdisasm` and checks each of its
+/// kernels for `arch`: the report's lines and the failures.
+fn disassemble_and_check(
+    source: &nvrtc::Source,
+    arch: u32,
+    target: Target,
+    nvdisasm: &std::path::Path,
+    dir: &std::path::Path,
+) -> (Vec<String>, Vec<String>) {
+    let c = nvrtc::compile(source, target).unwrap_or_else(|e| panic!("{e}"));
+    let cubin = dir.join(format!("{}.{}.cubin", source.file, target.name()));
+    std::fs::write(&cubin, &c.image).unwrap();
+    let out = std::process::Command::new(nvdisasm)
+        .arg("-c")
+        .arg(&cubin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "nvdisasm {}: {}",
+        cubin.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let sass = parse_sass(&String::from_utf8_lossy(&out.stdout));
+    let (mut lines, mut failures) = (Vec::new(), Vec::new());
+    for k in source.kernels {
+        let Some(f) = sass.get(*k) else {
+            failures.push(format!("{k} sm_{arch}: not in the disassembly"));
+            continue;
+        };
+        let (mut fail, summary) = check_kernel(k, arch, f);
+        lines.push(format!("{:<24} sm_{arch:<4} {summary}", k));
+        failures.append(&mut fail);
+    }
+    (lines, failures)
+}
+
 #[test]
 fn every_kernel_is_the_instruction_it_measures() {
     if let Err(e) = nvrtc::ensure_nvrtc() {
@@ -350,40 +387,50 @@ fn every_kernel_is_the_instruction_it_measures() {
     );
     let dir = std::env::temp_dir().join(format!("roofline-sass-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
+    // One job per source and architecture; arch-specific code (sm_90a) is built for its own
+    // architecture only.
+    let jobs: Vec<_> = SOURCES
+        .iter()
+        .flat_map(|source| archs.iter().map(move |&arch| (source, arch)))
+        .filter_map(|(source, arch)| match source.arch_specific {
+            Some(a) if a == arch => Some((source, arch, Target::SassA(a))),
+            Some(_) => None,
+            None => Some((source, arch, Target::Sass(arch))),
+        })
+        .collect();
+    // NVRTC and nvdisasm take one core each: the jobs are shared among a worker per core
+    // (NVRTC's calls are thread-safe on separate programs), and reported in their order.
+    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let mut done: Vec<(usize, Vec<String>, Vec<String>)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                s.spawn(|| {
+                    let mut mine = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&(source, arch, target)) = jobs.get(i) else {
+                            return mine;
+                        };
+                        let (lines, failures) =
+                            disassemble_and_check(source, arch, target, &nvdisasm, &dir);
+                        mine.push((i, lines, failures));
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a SASS gate worker panicked"))
+            .collect()
+    });
+    done.sort_by_key(|d| d.0);
     let mut failures = Vec::new();
-    for source in SOURCES {
-        for &arch in &archs {
-            // Arch-specific code (sm_90a) is built for its own architecture only.
-            let target = match source.arch_specific {
-                Some(a) if a == arch => Target::SassA(a),
-                Some(_) => continue,
-                None => Target::Sass(arch),
-            };
-            let c = nvrtc::compile(source, target).unwrap_or_else(|e| panic!("{e}"));
-            let cubin = dir.join(format!("{}.{}.cubin", source.file, target.name()));
-            std::fs::write(&cubin, &c.image).unwrap();
-            let out = std::process::Command::new(&nvdisasm)
-                .arg("-c")
-                .arg(&cubin)
-                .output()
-                .unwrap();
-            assert!(
-                out.status.success(),
-                "nvdisasm {}: {}",
-                cubin.display(),
-                String::from_utf8_lossy(&out.stderr)
-            );
-            let sass = parse_sass(&String::from_utf8_lossy(&out.stdout));
-            for k in source.kernels {
-                let Some(f) = sass.get(*k) else {
-                    failures.push(format!("{k} sm_{arch}: not in the disassembly"));
-                    continue;
-                };
-                let (mut fail, summary) = check_kernel(k, arch, f);
-                println!("{:<24} sm_{arch:<4} {summary}", k);
-                failures.append(&mut fail);
-            }
+    for (_, lines, mut fail) in done {
+        for l in lines {
+            println!("{l}");
         }
+        failures.append(&mut fail);
     }
     let _ = std::fs::remove_dir_all(&dir);
     assert!(failures.is_empty(), "SASS gate:\n{}", failures.join("\n"));
