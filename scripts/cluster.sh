@@ -266,15 +266,17 @@ ranks_left() {
 
 passed=0
 failed=0
+# Each line starts with pass or FAIL and the seconds since the test began, when it was judged
+# (where the harness's minutes go).
 check() {
-    local name=$1 ok=$2 detail=$3
+    local name=$1 ok=$2 detail=$3 verdict=pass
     if [ "$ok" = 0 ]; then
         passed=$((passed + 1))
-        printf 'pass  %-40s %s\n' "$name" "$detail"
     else
         failed=$((failed + 1))
-        printf 'FAIL  %-40s %s\n' "$name" "$detail"
+        verdict=FAIL
     fi
+    printf '%-4s %4ss  %-40s %s\n' "$verdict" "$SECONDS" "$name" "$detail"
 }
 
 # `probe_run LABEL HOW NAME ARGS...`: `$rl probe --quick ARGS` launched from h1 on the four
@@ -518,6 +520,28 @@ EOF
 # from Slurm's environment: its node names, the job and step); the README's batch script,
 # scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
 # installed: one line, failed under CI=true, else skipped.
+# `job_exit JOB LIMIT`: waits up to LIMIT seconds for Slurm job JOB to end and prints its exit
+# code (a job killed by a signal: 128 + the signal); fails when it did not end in time.
+job_exit() {
+    # (Not `state`: that is the harness's folder, which `slurm` reads.)
+    local job=$1 limit=$2 info job_state code
+    for _ in $(seq "$limit"); do
+        info=$(slurm h1 scontrol -o show job "$job" 2>/dev/null)
+        job_state=$(sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p' <<<"$info")
+        case $job_state in
+            "" | PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED) sleep 1 ;;
+            *)
+                code=$(sed -n 's/.* ExitCode=\([0-9]*\):\([0-9]*\).*/\1 \2/p' <<<"$info")
+                set -- $code
+                [ -n "${1:-}" ] || { echo 1; return 0; }
+                if [ "${2:-0}" != 0 ]; then echo $((128 + $2)); else echo "$1"; fi
+                return 0
+                ;;
+        esac
+    done
+    return 1
+}
+
 slurm_checks() {
     local rl=$1 out=$2
     if ! have_slurm; then
@@ -545,10 +569,13 @@ slurm_checks() {
     # The batch script as the README gives it, its probe options from the environment.
     local job rc
     cp "$root/scripts/roofline.sbatch" "$state/bin/"
-    job=$(timeout 300 env ROOFLINE="$rl" ROOFLINE_PROBE_ARGS="--quick --only fma,comm --threads 1 --max-size 4M" \
-        "$here/cluster.sh" slurm h1 sbatch --parsable --wait --chdir="$out" "$state/bin/roofline.sbatch" 2>"$out/sbatch.err")
+    job=$(timeout 60 env ROOFLINE="$rl" ROOFLINE_PROBE_ARGS="--quick --only fma,comm --threads 1 --max-size 4M" \
+        "$here/cluster.sh" slurm h1 sbatch --parsable --chdir="$out" "$state/bin/roofline.sbatch" 2>"$out/sbatch.err")
     rc=$?
-    check "  sbatch scripts/roofline.sbatch" $rc "job ${job:-none}, exit $rc"
+    # The job's end, polled each second (sbatch --wait sleeps 2, 8, then 32 s between its
+    # polls: a 22 s job was seen to end at 42 s), and its exit code as Slurm kept it.
+    [ "$rc" = 0 ] && { rc=$(job_exit "$job" 300) || rc=1; }
+    check "  sbatch scripts/roofline.sbatch" "$rc" "job ${job:-none}, exit $rc"
     [ "$rc" = 0 ] || { cat "$out/sbatch.err" "$out/roofline-$job.out" 2>/dev/null | tail -n 5 | sed 's/^/      /'; }
     launched "$out/roofline-$job.json" srun "$out/check-sbatch.txt"
     check "    roofline-$job.json from the job's nodes" $? "$(head -1 "$out/check-sbatch.txt")"
@@ -579,6 +606,7 @@ wanted() {
 
 run_test() {
     only=("$@")
+    SECONDS=0
     local c
     for c in "${only[@]}"; do
         case $c in
