@@ -4,6 +4,7 @@
 //! thread, on shapes that cross its blocks' edges).
 
 use super::*;
+use roofline_kernels::cuda::device;
 
 #[test]
 fn filter_layouts_round_trip_and_put_k_outermost() {
