@@ -516,10 +516,6 @@ EOF
     check "  h3 named, the one with a cause" "$named" "$(head -1 "$out/check-loaded.txt")$which"
 }
 
-# Slurm: four idle nodes; srun across them; `srun -N4 roofline probe --quick` (the launch read
-# from Slurm's environment: its node names, the job and step); the README's batch script,
-# scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
-# installed: one line, failed under CI=true, else skipped.
 # `job_exit JOB LIMIT`: waits up to LIMIT seconds for Slurm job JOB to end and prints its exit
 # code (a job killed by a signal: 128 + the signal); fails when it did not end in time.
 job_exit() {
@@ -532,9 +528,11 @@ job_exit() {
             "" | PENDING | CONFIGURING | RUNNING | COMPLETING | SUSPENDED) sleep 1 ;;
             *)
                 code=$(sed -n 's/.* ExitCode=\([0-9]*\):\([0-9]*\).*/\1 \2/p' <<<"$info")
-                set -- $code
-                [ -n "${1:-}" ] || { echo 1; return 0; }
-                if [ "${2:-0}" != 0 ]; then echo $((128 + $2)); else echo "$1"; fi
+                local status signal
+                read -r status signal <<<"$code"
+                if [ -z "$status" ]; then echo 1
+                elif [ "${signal:-0}" != 0 ]; then echo $((128 + signal))
+                else echo "$status"; fi
                 return 0
                 ;;
         esac
@@ -542,6 +540,10 @@ job_exit() {
     return 1
 }
 
+# Slurm: four idle nodes; srun across them; `srun -N4 roofline probe --quick` (the launch read
+# from Slurm's environment: its node names, the job and step); the README's batch script,
+# scripts/roofline.sbatch, submitted as it is and waited for. Where Debian's Slurm is not
+# installed: one line, failed under CI=true, else skipped.
 slurm_checks() {
     local rl=$1 out=$2
     if ! have_slurm; then

@@ -29,6 +29,6 @@ export ROOFLINE_TEST_CC=aarch64-linux-gnu-gcc
 # Only roofline-kernels (the NEON kernels, the dispatch) and roofline-nn (the tensor engine's
 # x86-only paths and their fallbacks) hold code that differs by target (`target_arch`); every
 # other crate compiles to the same code on both, so its findings are the x86 clippy's, which
-# scripts/test.sh runs (on a clean clone here, the whole workspace took 62 s, these two crates 34 s).
+# scripts/test.sh runs (on a clean clone here, the whole workspace took 62 s, these two 34 s).
 cargo clippy -p roofline-kernels -p roofline-nn --all-targets --target "$TARGET" -- -D warnings
 cargo test --target "$TARGET" -p roofline-kernels -p roofline-model --lib
