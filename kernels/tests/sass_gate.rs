@@ -10,6 +10,7 @@
 //! through `ROOFLINE_NVDISASM`, beside the NVRTC loaded, `CUDA_HOME` or `/usr/local/cuda`).
 //! Under `CI=true` a missing one fails the gate; elsewhere the gate skips.
 
+use rayon::prelude::*;
 use roofline_kernels::cuda::nvrtc::{self, Target, SOURCES};
 use roofline_kernels::probe::gpu::{mma_support, wgmma_support};
 use std::collections::BTreeMap;
@@ -398,35 +399,14 @@ fn every_kernel_is_the_instruction_it_measures() {
             None => Some((source, arch, Target::Sass(arch))),
         })
         .collect();
-    // NVRTC and nvdisasm take one core each: the jobs are shared among a worker per core
-    // (NVRTC's calls are thread-safe on separate programs), and reported in their order.
-    let workers = std::thread::available_parallelism().map_or(1, |n| n.get());
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let mut done: Vec<(usize, Vec<String>, Vec<String>)> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                s.spawn(|| {
-                    let mut mine = Vec::new();
-                    loop {
-                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                        let Some(&(source, arch, target)) = jobs.get(i) else {
-                            return mine;
-                        };
-                        let (lines, failures) =
-                            disassemble_and_check(source, arch, target, &nvdisasm, &dir);
-                        mine.push((i, lines, failures));
-                    }
-                })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().expect("a SASS gate worker panicked"))
-            .collect()
-    });
-    done.sort_by_key(|d| d.0);
+    // NVRTC and nvdisasm take one core each: the jobs run on rayon's pool, a thread per core
+    // (NVRTC's calls are thread-safe on separate programs), and are reported in their order.
+    let done: Vec<(Vec<String>, Vec<String>)> = jobs
+        .par_iter()
+        .map(|&(source, arch, target)| disassemble_and_check(source, arch, target, &nvdisasm, &dir))
+        .collect();
     let mut failures = Vec::new();
-    for (_, lines, mut fail) in done {
+    for (lines, mut fail) in done {
         for l in lines {
             println!("{l}");
         }
