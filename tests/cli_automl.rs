@@ -9,23 +9,10 @@ use std::time::{Duration, Instant};
 
 /// A small, quick search: 32² synthetic images of 4 classes, rounds of 1 and 2 epochs.
 fn small(cmd: &mut Command, out: &std::path::Path, budget: &str) {
-    cmd.args([
-        "automl",
-        "--budget",
-        budget,
-        "--rounds",
-        "1,2",
-        "--classes",
-        "4",
-        "--train-images",
-        "64",
-        "--eval-images",
-        "32",
-        "--batch",
-        "16",
-        "-o",
-    ])
-    .arg(out);
+    cmd.args(["automl", "--budget", budget])
+        .args(SMALL_AUTOML)
+        .arg("-o")
+        .arg(out);
 }
 
 /// A search writes automl.json (valid by its schema, candidates made from trained parents and,

@@ -3,6 +3,7 @@
 //! TCP only (a real network stack), and a rank that stops answering.
 #![cfg(feature = "mpi")]
 
+mod common;
 mod mpi_support;
 
 use mpi_support::{mpirun, shared, text, tmpdir};
@@ -561,30 +562,10 @@ fn automl_in_teams(n: usize, team: usize, workers: usize) {
     let dir = tmpdir(&format!("automl-{n}-{team}"));
     let out = dir.join("run.json");
     let team_arg = team.to_string();
-    let o = mpirun(
-        n,
-        &[],
-        &[
-            "automl",
-            "--budget",
-            "15s",
-            "--rounds",
-            "1,2",
-            "--classes",
-            "4",
-            "--train-images",
-            "64",
-            "--eval-images",
-            "32",
-            "--batch",
-            "16",
-            "--threads",
-            "1",
-            "--team",
-            &team_arg,
-        ],
-        Some(&out),
-    );
+    let mut args = vec!["automl", "--budget", "15s"];
+    args.extend(common::SMALL_AUTOML);
+    args.extend(["--threads", "1", "--team", &team_arg]);
+    let o = mpirun(n, &[], &args, Some(&out));
     assert!(o.status.success(), "{}", text(&o));
     let stdout = String::from_utf8_lossy(&o.stdout);
     assert_eq!(

@@ -12,6 +12,21 @@ use std::sync::OnceLock;
 /// of its own (the gate's) runs `alone()`; every other test of its binary holds `shared()`.
 static MACHINE: std::sync::RwLock<()> = std::sync::RwLock::new(());
 
+/// A small, quick AutoML search, after `automl --budget B`: 32² synthetic images of 4 classes,
+/// rounds of 1 and 2 epochs (the AutoML tests, alone and under mpirun).
+pub const SMALL_AUTOML: [&str; 10] = [
+    "--rounds",
+    "1,2",
+    "--classes",
+    "4",
+    "--train-images",
+    "64",
+    "--eval-images",
+    "32",
+    "--batch",
+    "16",
+];
+
 pub fn shared() -> std::sync::RwLockReadGuard<'static, ()> {
     MACHINE.read().unwrap_or_else(|e| e.into_inner())
 }
